@@ -1,0 +1,31 @@
+# The two commands a user needs: `make demo` and `make test`. Both create .venv when missing.
+PYTHON ?= python3.11
+VENV := .venv
+BIN := $(VENV)/bin
+STAMP := $(VENV)/.installed
+
+.PHONY: demo test check bench clean
+
+$(STAMP): pyproject.toml
+	test -d $(VENV) || $(PYTHON) -m venv $(VENV)
+	$(BIN)/pip install --quiet --upgrade pip==25.3
+	$(BIN)/pip install --quiet -e '.[dev]'
+	touch $(STAMP)
+
+demo: $(STAMP)
+	$(BIN)/dmsc demo
+
+test: $(STAMP)
+	$(BIN)/pytest -n 2
+
+check: $(STAMP)
+	$(BIN)/ruff check src tests benchmarks
+	$(BIN)/ruff format --check src tests benchmarks
+	$(BIN)/mypy
+
+bench: $(STAMP)
+	$(BIN)/python benchmarks/validate_costmodel.py
+	$(BIN)/python benchmarks/estimate_speed.py
+
+clean:
+	rm -rf $(VENV) build *.egg-info src/*.egg-info

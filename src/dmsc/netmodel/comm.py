@@ -1,0 +1,199 @@
+"""Collectives of many concurrent groups over a :class:`Topology`: time and traffic by link.
+
+A collective step moves data along *hops* (device to device). Each hop follows the topology's path
+and shares every link with the other hops of the same step (all groups of one parallelism mode run
+their collective at the same time: every tensor-parallel group, every data-parallel ring). The
+slowest hop sets the pace: its bandwidth is ``min over its links of bandwidth x efficiency / load``.
+The closed forms of :mod:`dmsc.netmodel.collectives` then give the time.
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+
+from dmsc.netmodel import collectives as cf
+from dmsc.netmodel.constants import Calibration
+from dmsc.netmodel.topology import Hop, Topology
+
+Group = tuple[int, ...]
+
+
+@dataclass(frozen=True)
+class CommCost:
+    """Time of one collective call and the bytes it puts on each link (both directions summed)."""
+
+    time_s: float
+    bytes_sent: float = 0.0
+    link_bytes: dict[int, float] = field(default_factory=dict)
+
+    def scaled(self, times: float) -> CommCost:
+        """The same call made ``times`` times in a row."""
+        return CommCost(
+            self.time_s * times,
+            self.bytes_sent * times,
+            {k: v * times for k, v in self.link_bytes.items()},
+        )
+
+
+ZERO_COST = CommCost(0.0)
+
+
+@dataclass(frozen=True)
+class _HopSet:
+    """Concurrent hops: how fast the slowest goes and how often each link is crossed."""
+
+    inv_bw: float  # seconds per byte on the slowest hop
+    alpha: float  # latency of the slowest hop
+    link_hops: dict[int, int]  # link id -> hops crossing it (any direction)
+
+
+def _efficiency(kind: str, calib: Calibration) -> float:
+    if kind == "device":
+        return calib.intra_node_link_efficiency
+    if kind == "node":
+        return calib.network_link_efficiency
+    return calib.inter_dc_link_efficiency
+
+
+class CommModel:
+    """Costs collectives over one topology; caches hop sets, which do not depend on sizes."""
+
+    def __init__(self, topo: Topology, calib: Calibration) -> None:
+        self.topo = topo
+        self.calib = calib
+        self._cache: dict[tuple[str, tuple[Group, ...]], _HopSet] = {}
+
+    def _hopset(self, pairs: Sequence[tuple[int, int]]) -> _HopSet:
+        paths = [self.topo.path(a, b) for a, b in pairs if a != b]
+        load: Counter[Hop] = Counter()
+        for path in paths:
+            load.update(path)
+        links = self.topo.links
+        inv_bw = 0.0
+        alpha = 0.0
+        link_hops: Counter[int] = Counter()
+        for (lid, _), count in load.items():
+            link = links[lid]
+            eff = _efficiency(link.kind, self.calib)
+            inv_bw = max(inv_bw, count / (link.bandwidth_Bps * eff))
+            link_hops[lid] += count
+        for path in paths:
+            alpha = max(alpha, sum(links[lid].latency_s for lid, _ in path))
+        return _HopSet(inv_bw, alpha, dict(link_hops))
+
+    def _pattern(self, name: str, groups: tuple[Group, ...]) -> _HopSet:
+        key = (name, groups)
+        if key not in self._cache:
+            pairs: list[tuple[int, int]] = []
+            for g in groups:
+                n = len(g)
+                if name == "ring":
+                    pairs.extend((g[i], g[(i + 1) % n]) for i in range(n))
+                elif name == "tree":
+                    pairs.extend((g[(i - 1) // 2], g[i]) for i in range(1, n))
+                elif name == "pairs":
+                    pairs.extend((a, b) for a in g for b in g if a != b)
+                else:  # "p2p": each group is (source, destination)
+                    pairs.append((g[0], g[1]))
+            self._cache[key] = self._hopset(pairs)
+        return self._cache[key]
+
+    def _cost(self, hs: _HopSet, time_s: float, per_hop_bytes: float, sent: float) -> CommCost:
+        return CommCost(
+            time_s + self.calib.collective_overhead_s,
+            sent,
+            {lid: per_hop_bytes * c for lid, c in hs.link_hops.items()},
+        )
+
+    def p2p(self, flows: Sequence[tuple[int, int]], nbytes: float) -> CommCost:
+        """``nbytes`` from each source to its destination, all flows at once."""
+        flows = tuple((a, b) for a, b in flows if a != b)
+        if not flows or nbytes <= 0:
+            return ZERO_COST
+        hs = self._pattern("p2p", flows)
+        t = cf.p2p_time(nbytes, 1.0 / hs.inv_bw, hs.alpha)
+        return self._cost(hs, t, nbytes, nbytes * len(flows))
+
+    def collective(
+        self,
+        kind: cf.CollectiveKind,
+        groups: Sequence[Group],
+        nbytes: float,
+        algorithm: str = "auto",
+    ) -> CommCost:
+        """One call of ``kind`` in every group at once; ``nbytes`` is the full buffer size."""
+        groups = tuple(tuple(g) for g in groups if len(g) > 1)
+        if not groups or nbytes <= 0:
+            return ZERO_COST
+        n = max(len(g) for g in groups)
+        if kind == "all_reduce":
+            return self._all_reduce(groups, n, nbytes, algorithm)
+        if kind == "p2p":
+            return self.p2p([(g[0], g[1]) for g in groups], nbytes)
+        pattern = "pairs" if kind in ("all_to_all", "scatter", "gather") else "ring"
+        hs = self._pattern(pattern, groups)
+        t = cf.ring_time(kind, n, nbytes, 1.0 / hs.inv_bw, hs.alpha)
+        sent = cf.bytes_sent_per_rank(kind, n, nbytes) * sum(len(g) for g in groups)
+        hops = sum(len(g) * (len(g) - 1) if pattern == "pairs" else len(g) for g in groups)
+        return self._cost(hs, t, sent / hops, sent)
+
+    def _all_reduce(
+        self, groups: tuple[Group, ...], n: int, nbytes: float, algorithm: str
+    ) -> CommCost:
+        options: list[CommCost] = []
+        sent = 2 * (n - 1) / n * nbytes * sum(len(g) for g in groups)
+        if algorithm in ("auto", "ring"):
+            hs = self._pattern("ring", groups)
+            t = cf.ring_time("all_reduce", n, nbytes, 1.0 / hs.inv_bw, hs.alpha)
+            options.append(self._cost(hs, t, sent / sum(len(g) for g in groups), sent))
+        if algorithm in ("auto", "tree"):
+            hs = self._pattern("tree", groups)
+            t = cf.tree_all_reduce_time(n, nbytes, 1.0 / hs.inv_bw, hs.alpha)
+            tree_sent = 2 * nbytes * sum(len(g) - 1 for g in groups)
+            options.append(self._cost(hs, t, 2 * nbytes, tree_sent))
+        if algorithm in ("auto", "hierarchical"):
+            hier = self._hierarchical(groups, nbytes)
+            if hier is not None:
+                options.append(hier)
+            elif algorithm == "hierarchical":
+                hs = self._pattern("ring", groups)
+                t = cf.ring_time("all_reduce", n, nbytes, 1.0 / hs.inv_bw, hs.alpha)
+                options.append(self._cost(hs, t, sent / sum(len(g) for g in groups), sent))
+        return min(options, key=lambda c: c.time_s)
+
+    def _hierarchical(self, groups: tuple[Group, ...], nbytes: float) -> CommCost | None:
+        """Reduce-scatter inside each node, all-reduce across nodes, all-gather inside nodes.
+
+        Applies when every group has the same number of members on each of its nodes, and more
+        than one member per node and more than one node (else it is the flat ring).
+        """
+        devices = self.topo.devices
+        local_groups: list[Group] = []
+        cross_groups: list[Group] = []
+        for g in groups:
+            by_node: dict[int, list[int]] = {}
+            for d in g:
+                by_node.setdefault(devices[d].node, []).append(d)
+            sizes = {len(v) for v in by_node.values()}
+            if len(sizes) != 1 or len(by_node) < 2 or sizes == {1}:
+                return None
+            members = list(by_node.values())
+            local_groups.extend(tuple(m) for m in members)
+            per_node = len(members[0])
+            cross_groups.extend(tuple(m[i] for m in members) for i in range(per_node))
+        local = tuple(local_groups)
+        cross = tuple(cross_groups)
+        g_local = len(local[0])
+        rs = self.collective("reduce_scatter", local, nbytes)
+        ar = self._all_reduce(cross, len(cross[0]), nbytes / g_local, "ring")
+        ag = self.collective("all_gather", local, nbytes)
+        links: Counter[int] = Counter()
+        for part in (rs, ar, ag):
+            links.update(part.link_bytes)
+        return CommCost(
+            rs.time_s + ar.time_s + ag.time_s,
+            rs.bytes_sent + ar.bytes_sent + ag.bytes_sent,
+            dict(links),
+        )

@@ -1,0 +1,328 @@
+"""Iteration time of a job on a cluster: compute, communication per mode, bubble, memory, traffic.
+
+The pipeline is costed per device: one micro-batch on stage ``i`` takes ``t_i`` (compute of all its
+chunks, its tensor- and expert-parallel collectives, and the blocking send/receive of activations
+and gradients at each chunk boundary). With ``m`` micro-batches and ``v`` chunks per device, the
+pipeline runs ``m x max(t_i) + (pp - 1) / v x mean(t_i)`` (Narayanan et al. SC'21, sec. 2.2: the
+bubble is ``(p - 1) / v`` micro-batch times for 1F1B and interleaved, as for GPipe). Then the
+data-parallel gradient reduction (minus what overlaps the last backward pass) and the optimizer.
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from dataclasses import dataclass, field
+
+from dmsc.netmodel.comm import ZERO_COST, CommCost, CommModel
+from dmsc.netmodel.compute import DtypeUnsupported, LayerTime, layer_time, peak_flops
+from dmsc.netmodel.constants import DEFAULT_CALIBRATION, DTYPE_BYTES, Calibration
+from dmsc.netmodel.layers import LayerCost, build_layer_costs
+from dmsc.netmodel.memory import MemoryBreakdown, stage_memory
+from dmsc.netmodel.parallel import Layout, split_layers
+from dmsc.netmodel.topology import Topology
+from dmsc.spec.cluster import ClusterSpec
+from dmsc.spec.job import JobSpec
+from dmsc.spec.model import LayerListSpec, TransformerSpec
+
+MODES = ("dp", "pp", "tp", "ep")
+BREAKDOWN_KEYS = ("compute", "tp_comm", "pp_comm", "dp_comm", "ep_comm", "bubble", "optimizer")
+GIB = 1024**3
+
+
+class DoesNotFit(ValueError):
+    """The job cannot run on the cluster as configured; ``reasons`` says why."""
+
+    def __init__(self, reasons: list[str]) -> None:
+        self.reasons = reasons
+        super().__init__("; ".join(reasons))
+
+
+@dataclass(frozen=True)
+class StageEstimate:
+    """One pipeline stage: its layers, time per micro-batch and memory per device."""
+
+    index: int
+    layers: tuple[str, ...]
+    compute_s: float
+    tp_comm_s: float
+    ep_comm_s: float
+    pp_comm_s: float
+    memory: MemoryBreakdown
+    memory_capacity: float
+
+    @property
+    def microbatch_s(self) -> float:
+        return self.compute_s + self.tp_comm_s + self.ep_comm_s + self.pp_comm_s
+
+
+@dataclass(frozen=True)
+class Estimate:
+    """Everything the cost model predicts for one iteration of a job."""
+
+    iteration_time_s: float
+    breakdown_s: dict[str, float]
+    flops_per_iteration: float  # executed, recomputation included
+    model_flops_per_iteration: float  # without recomputation
+    devices: int
+    peak_flops_per_device: float
+    tokens_per_iteration: float
+    stages: tuple[StageEstimate, ...]
+    traffic_bytes: dict[str, float]
+    traffic_by_link: dict[int, dict[str, float]] = field(repr=False)
+    params: float = 0.0
+
+    @property
+    def tflops_per_gpu(self) -> float:
+        return self.flops_per_iteration / self.iteration_time_s / self.devices / 1e12
+
+    @property
+    def mfu(self) -> float:
+        """Model FLOPs utilisation: useful FLOP/s over the peak of the devices used."""
+        return self.model_flops_per_iteration / (
+            self.iteration_time_s * self.devices * self.peak_flops_per_device
+        )
+
+    @property
+    def tokens_per_s(self) -> float:
+        return self.tokens_per_iteration / self.iteration_time_s
+
+    @property
+    def memory_per_device(self) -> float:
+        """Bytes on the fullest device."""
+        return max(s.memory.total for s in self.stages)
+
+
+def check_fit(cluster: ClusterSpec, model: TransformerSpec | LayerListSpec, job: JobSpec) -> list[str]:
+    """Reasons (possibly none) why ``job`` cannot run ``model`` on ``cluster`` before costing."""
+    reasons: list[str] = []
+    available = cluster.device_count - job.first_device
+    if job.devices > available:
+        reasons.append(
+            f"needs tp x pp x dp = {job.devices} devices, the cluster has {available}"
+            + (f" from device {job.first_device}" if job.first_device else "")
+        )
+    n_layers = model.layers if isinstance(model, TransformerSpec) else len(model.layer_list)
+    if n_layers < job.pp * job.chunks:
+        reasons.append(
+            f"{n_layers} layers cannot fill pp x interleave = {job.pp * job.chunks} chunks"
+        )
+    if isinstance(model, TransformerSpec):
+        for name, value in (
+            ("heads", model.heads),
+            ("kv_heads", model.kv_heads_count),
+            ("ffn", model.ffn_size),
+            ("vocab", model.vocab),
+        ):
+            if value % job.tp:
+                reasons.append(f"{name}={value} is not divisible by tp={job.tp}")
+        if job.ep > 1 and (not model.is_moe or model.experts % job.ep):
+            reasons.append(f"ep={job.ep} needs a mixture of experts with experts divisible by ep")
+        if job.sequence_parallel and model.seq % job.tp:
+            reasons.append(f"seq={model.seq} is not divisible by tp={job.tp} (sequence parallel)")
+    else:
+        if job.tp > 1 or job.ep > 1:
+            reasons.append("tp and ep need a transformer model (a layer list has no shapes)")
+    return reasons
+
+
+def _stage_layers(layers: list[LayerCost], job: JobSpec) -> list[list[LayerCost]]:
+    """Layers of each stage, embedding with the first chunk and head with the last."""
+    body = [lc for lc in layers if lc.kind not in ("embedding", "head")]
+    chunks = split_layers(len(body), job.pp * job.chunks)
+    stages: list[list[LayerCost]] = [[] for _ in range(job.pp)]
+    for c, rng in enumerate(chunks):
+        stages[c % job.pp].extend(body[i] for i in rng)
+    if layers[0].kind == "embedding":
+        stages[0].insert(0, layers[0])
+    if layers[-1].kind == "head":
+        stages[-1].append(layers[-1])
+    return stages
+
+
+def estimate_iteration(
+    cluster: ClusterSpec,
+    model: TransformerSpec | LayerListSpec,
+    job: JobSpec,
+    calib: Calibration = DEFAULT_CALIBRATION,
+    topology: Topology | None = None,
+) -> Estimate:
+    """Predict one iteration of ``job``; raises :class:`DoesNotFit` when it cannot run."""
+    reasons = check_fit(cluster, model, job)
+    if reasons:
+        raise DoesNotFit(reasons)
+    topo = topology if topology is not None else Topology(cluster)
+    comm = CommModel(topo, calib)
+    layout = Layout.of(job)
+    dtype = model.dtype
+    B = DTYPE_BYTES[dtype]
+    train = job.mode == "train"
+    m, p, v = job.microbatches, job.pp, job.chunks
+    layers = build_layer_costs(model, job)
+    stage_layers = _stage_layers(layers, job)
+    traffic: dict[str, Counter[int]] = {mode: Counter() for mode in MODES}
+    sent: dict[str, float] = dict.fromkeys(MODES, 0.0)
+
+    def account(mode: str, cost: CommCost, times: float) -> None:
+        sent[mode] += cost.bytes_sent * times
+        for lid, nbytes in cost.link_bytes.items():
+            traffic[mode][lid] += nbytes * times
+
+    # Pipeline boundaries: every activation that leaves a stage (all chunk boundaries at once).
+    boundary_bytes = max((lc.output_bytes for lc in layers if lc.kind != "head"), default=0.0)
+    pp_cost = ZERO_COST
+    if p > 1:
+        flows = [f for s in range(p) for f in layout.pp_flows(s) if s < p - 1]
+        if v > 1:  # the last stage sends its chunk outputs around to the first
+            flows += [(b, a) for a, b in layout.pp_flows(0)]
+        pp_cost = comm.p2p(flows, boundary_bytes)
+        # Each micro-batch crosses each of the (pp x v - 1) chunk boundaries forward and back.
+        boundaries = p * v - 1
+        physical = len(flows) / (job.tp * job.dp)  # stage-to-stage links the flows stand for
+        account("pp", pp_cost, m * (2 if train else 1) * boundaries / physical)
+
+    stages: list[StageEstimate] = []
+    flops = 0.0
+    model_flops = 0.0
+    peak = 0.0
+    for s, members in enumerate(stage_layers):
+        devices = layout.stage_devices(s)
+        types = {topo.devices[d].type_name for d in devices}
+        compute_s = 0.0
+        for tname in types:
+            dtype_spec = cluster.device_types[tname]
+            t_total = 0.0
+            for lc in members:
+                policy = job.recompute if lc.kind in ("block", "moe_block", "layer") else "none"
+                try:
+                    lt: LayerTime = layer_time(lc, dtype_spec, dtype, policy, calib)
+                except DtypeUnsupported as exc:
+                    raise DoesNotFit([f"device type {tname!r}: {exc}"]) from None
+                t_total += lt.forward + (lt.backward + lt.recompute if train else 0.0)
+                if tname == min(types):
+                    f_fwd = lc.forward_flops
+                    extra = f_fwd if policy == "full" else lc.recompute_flops
+                    per_mb = (3 * f_fwd + extra) if train else f_fwd
+                    flops += per_mb * m * len(devices)
+                    model_flops += (3 * f_fwd if train else f_fwd) * m * len(devices)
+            compute_s = max(compute_s, t_total)
+            peak = max(peak, peak_flops(dtype_spec, dtype))
+        # Tensor-parallel all-reduces of one micro-batch on this stage.
+        tp_s = 0.0
+        if job.tp > 1:
+            n_calls = 0
+            for lc in members:
+                n_calls += lc.tp_allreduces_fwd
+                if train:
+                    n_calls += lc.tp_allreduces_bwd
+                    policy = job.recompute if lc.kind in ("block", "moe_block") else "none"
+                    if policy == "full":
+                        n_calls += lc.tp_allreduces_fwd
+            tp_bytes = max((lc.tp_allreduce_bytes for lc in members), default=0.0)
+            c = comm.collective("all_reduce", layout.tp_groups(s), tp_bytes, job.allreduce)
+            tp_s = c.time_s * n_calls
+            account("tp", c, n_calls * m)
+        ep_s = 0.0
+        if job.ep > 1:
+            calls = sum(1 for lc in members if lc.ep_alltoall_bytes) * (4 if train else 2)
+            a2a_bytes = max((lc.ep_alltoall_bytes for lc in members), default=0.0)
+            c = comm.collective("all_to_all", layout.ep_groups(s), a2a_bytes)
+            ep_s = c.time_s * calls
+            account("ep", c, calls * m)
+        pp_s = pp_cost.time_s * (2 if train else 1) * v if p > 1 else 0.0
+        dense = sum(lc.params_per_device - lc.expert_params_per_device for lc in members)
+        expert = sum(lc.expert_params_per_device for lc in members)
+        acts = sum(lc.activation_bytes for lc in members)
+        if not train and isinstance(model, TransformerSpec):  # KV cache of the prompt
+            n_blocks = sum(1 for lc in members if lc.kind in ("block", "moe_block"))
+            kv = 2 * n_blocks * job.micro_batch * model.seq * model.kv_heads_count
+            acts += kv * model.head_dim * B / job.tp
+        mem = stage_memory(job, dtype, s, dense, expert, acts)
+        capacity = min(cluster.device_types[t].memory_gib for t in types) * GIB
+        stages.append(
+            StageEstimate(
+                s, tuple(lc.name for lc in members), compute_s, tp_s, ep_s, pp_s, mem, capacity
+            )
+        )
+
+    too_big = [st for st in stages if st.memory.total > st.memory_capacity]
+    if too_big:
+        st = max(too_big, key=lambda x: x.memory.total)
+        raise DoesNotFit(
+            [
+                f"stage {st.index} needs {st.memory.total / GIB:.1f} GiB per device, "
+                f"devices have {st.memory_capacity / GIB:.0f} GiB"
+            ]
+        )
+
+    per_mb = [st.microbatch_s for st in stages]
+    slowest = max(range(p), key=lambda i: per_mb[i])
+    crit = stages[slowest]
+    pipeline_s = m * per_mb[slowest] + (p - 1) / v * (sum(per_mb) / p)
+    breakdown = dict.fromkeys(BREAKDOWN_KEYS, 0.0)
+    breakdown["compute"] = m * crit.compute_s
+    breakdown["tp_comm"] = m * crit.tp_comm_s
+    breakdown["ep_comm"] = m * crit.ep_comm_s
+    breakdown["pp_comm"] = m * crit.pp_comm_s
+    breakdown["bubble"] = pipeline_s - m * per_mb[slowest]
+
+    if train:
+        # Gradient reduction over the data-parallel replicas (all stages at once).
+        dp_s = 0.0
+        grad_dense = max(
+            sum(lc.params_per_device - lc.expert_params_per_device for lc in ms) * B
+            for ms in stage_layers
+        )
+        if job.dp > 1:
+            groups = [g for s in range(p) for g in layout.dp_groups(s)]
+            c = comm.collective("all_reduce", groups, grad_dense, job.allreduce)
+            dp_s = c.time_s
+            account("dp", c, 1)
+            if job.zero >= 3:  # weights gathered for every forward and backward
+                ag = comm.collective("all_gather", groups, grad_dense)
+                dp_s += ag.time_s * 2 * m
+                account("dp", ag, 2 * m)
+        grad_expert = max(
+            sum(lc.expert_params_per_device for lc in ms) * B for ms in stage_layers
+        )
+        if grad_expert and job.dp // job.ep > 1:
+            groups = [g for s in range(p) for g in layout.expert_dp_groups(s)]
+            c = comm.collective("all_reduce", groups, grad_expert, job.allreduce)
+            dp_s += c.time_s
+            account("dp", c, 1)
+        if job.overlap_dp_comm:
+            window = crit.compute_s * 2 / 3  # the backward of the last micro-batch
+            if job.zero >= 3:
+                window += m * crit.compute_s
+            dp_s = max(0.0, dp_s - window)
+        breakdown["dp_comm"] = dp_s
+        params_dev = max(
+            sum(lc.params_per_device for lc in ms) / (job.dp if job.zero >= 1 else 1)
+            for ms in stage_layers
+        )
+        dev = cluster.device_types[topo.devices[layout.first_device].type_name]
+        breakdown["optimizer"] = (
+            params_dev * calib.optimizer_bytes_per_param
+            / (dev.memory_bw_gbyte_s * 1e9 * calib.memory_efficiency)
+        )
+
+    total = sum(breakdown.values())
+    by_link: dict[int, dict[str, float]] = {}
+    for mode in MODES:
+        for lid, nbytes in traffic[mode].items():
+            by_link.setdefault(lid, dict.fromkeys(MODES, 0.0))[mode] = nbytes
+    tokens = job.global_batch * (
+        model.seq if isinstance(model, TransformerSpec) else model.tokens_per_sample
+    )
+    return Estimate(
+        iteration_time_s=total,
+        breakdown_s=breakdown,
+        flops_per_iteration=flops,
+        model_flops_per_iteration=model_flops,
+        devices=job.devices,
+        peak_flops_per_device=peak,
+        tokens_per_iteration=tokens,
+        stages=tuple(stages),
+        traffic_bytes=sent,
+        traffic_by_link=by_link,
+        params=sum(lc.params for lc in layers),
+    )

@@ -1,0 +1,241 @@
+"""Per-layer costs of a model for one micro-batch on one device: FLOPs, GEMMs, bytes, memory.
+
+The model becomes a chain ``embedding, block_0 .. block_{L-1}, head`` (or the spec's own layer
+list). Counts follow Narayanan et al. (SC'21, eq. 3: 24bsh^2 + 4bs^2h forward FLOPs per block) and
+the activation memory of Korthikanti et al., "Reducing Activation Recomputation in Large Transformer
+Models" (MLSys 2023, sec. 4), generalised to grouped-query attention, SwiGLU and mixtures of experts.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from dmsc.netmodel.constants import DTYPE_BYTES
+from dmsc.spec.job import JobSpec
+from dmsc.spec.model import LayerListSpec, TransformerSpec
+
+
+@dataclass(frozen=True)
+class Gemm:
+    """``batch`` matrix products of (m x k) by (k x n), forward pass."""
+
+    m: int
+    n: int
+    k: int
+    batch: int = 1
+
+    @property
+    def flops(self) -> float:
+        return 2.0 * self.m * self.n * self.k * self.batch
+
+
+@dataclass(frozen=True)
+class LayerCost:
+    """One layer on one device for one micro-batch (its tensor/expert-parallel share)."""
+
+    name: str
+    kind: str  # "embedding", "block", "moe_block", "head" or "layer"
+    params: float  # whole layer, all ranks together
+    params_per_device: float
+    expert_params_per_device: float  # part of params_per_device averaged over dp/ep only
+    gemms: tuple[Gemm, ...]
+    extra_flops: float  # forward FLOPs not in GEMMs (explicit layer lists)
+    elementwise_bytes: float  # forward memory traffic of non-GEMM kernels
+    elementwise_kernels: int
+    recompute_flops: float  # extra forward FLOPs of selective recomputation
+    recompute_bytes: float  # extra element-wise bytes of selective recomputation
+    activation_bytes: float  # kept for backward under the job's recompute policy
+    output_bytes: float  # boundary activation one device sends to the next stage
+    tp_allreduce_bytes: float  # size of each tensor-parallel all-reduce (fwd and bwd)
+    tp_allreduces_fwd: int
+    tp_allreduces_bwd: int
+    ep_alltoall_bytes: float  # size of each expert-parallel all-to-all (one way)
+
+    @property
+    def forward_flops(self) -> float:
+        return sum(g.flops for g in self.gemms) + self.extra_flops
+
+
+def _transformer_layers(model: TransformerSpec, job: JobSpec) -> list[LayerCost]:
+    B = DTYPE_BYTES[model.dtype]
+    b, s, h, t = job.micro_batch, model.seq, model.hidden, job.tp
+    T = b * s  # tokens in the micro-batch
+    a, d, f, V = model.heads, model.head_dim, model.ffn_size, model.vocab
+    kv = model.kv_heads_count * d  # width of K (and of V)
+    kvr = model.kv_heads_count / model.heads
+    sp = job.sequence_parallel
+    rep = 1 if sp else t  # replicated (non tensor-parallel) regions are split only under SP
+    mlp_mats = 3 if model.mlp == "swiglu" else 2
+    norm_params = 2 * h if model.mlp == "gelu" else h  # LayerNorm has a bias, RMSNorm has none
+
+    attn_params = h * (h + 2 * kv) + h * h + 2 * norm_params
+    if model.mlp == "gelu":
+        attn_params += (h + 2 * kv) + h  # biases
+    mlp_params = mlp_mats * h * f + (f + h if model.mlp == "gelu" else 0)
+
+    # Forward GEMMs of one block on one tensor-parallel rank.
+    attn_gemms = (
+        Gemm(T, (h + 2 * kv) // t, h),  # QKV projection
+        Gemm(s, s, d, b * a // t),  # scores Q K^T
+        Gemm(s, d, s, b * a // t),  # probabilities x V
+        Gemm(T, h, h // t),  # output projection
+    )
+    dense_mlp = (Gemm(T, (mlp_mats - 1) * f // t, h), Gemm(T, h, f // t))
+
+    # Non-GEMM kernels, forward bytes (read + write): two norms, softmax, attention dropout, two
+    # bias-dropout-residual adds, the MLP activation.
+    scores = b * (a // t) * s * s
+    eltwise = (
+        2 * (2 * B * T * h) / (t if sp else 1)
+        + scores * (2 * B)
+        + scores * (2 * B + 1)
+        + 2 * (3 * B + 1) * T * h / (t if sp else 1)
+        + (mlp_mats - 1 + 1) * B * T * f / t
+    )
+    # Activations kept for backward (bytes), per Korthikanti et al. with B bytes per element.
+    unsplit = (4 * B + 2) * T * h
+    split_attn = B * (2 + 2 * kvr) * T * h
+    split_mlp = B * (2 * f / h if model.mlp == "gelu" else 3 * f / h) * T * h
+    attn_core = (2 * B + 1) * b * a * s * s
+
+    layers: list[LayerCost] = []
+    emb_params = V * h + (s * h if model.mlp == "gelu" else 0)  # learned positions for GPT
+    layers.append(
+        LayerCost(
+            name="embedding",
+            kind="embedding",
+            params=emb_params,
+            params_per_device=V * h / t + (s * h if model.mlp == "gelu" else 0),
+            expert_params_per_device=0.0,
+            gemms=(),
+            extra_flops=0.0,
+            elementwise_bytes=3 * B * T * h,
+            elementwise_kernels=3,
+            recompute_flops=0.0,
+            recompute_bytes=0.0,
+            activation_bytes=B * T * h / rep if job.recompute != "full" else 0.0,
+            output_bytes=B * T * h / t,
+            tp_allreduce_bytes=B * T * h if t > 1 else 0.0,
+            tp_allreduces_fwd=1,
+            tp_allreduces_bwd=0,
+            ep_alltoall_bytes=0.0,
+        )
+    )
+    for i in range(model.layers):
+        moe = model.is_moe_layer(i)
+        if moe:
+            E, k, ep = model.experts, model.top_k, job.ep
+            tokens_per_expert = max(1, T * k * ep // E)
+            mlp_gemms: tuple[Gemm, ...] = (
+                Gemm(T, E, h),  # router
+                Gemm(tokens_per_expert, (mlp_mats - 1) * f // t, h, E // ep),
+                Gemm(tokens_per_expert, h, f // t, E // ep),
+            )
+            expert_p = E * mlp_params / (t * ep)
+            params = attn_params + E * mlp_params + h * E
+            per_dev = attn_params / t + expert_p + h * E
+            a2a = B * T * h * k
+            mlp_act = split_mlp * k
+        else:
+            mlp_gemms = dense_mlp
+            expert_p = 0.0
+            params = attn_params + mlp_params
+            per_dev = (attn_params + mlp_params) / t
+            a2a = 0.0
+            mlp_act = split_mlp
+        if job.recompute == "full":
+            act = B * T * h / rep
+        else:
+            act = unsplit / rep + (split_attn + mlp_act) / t
+            if job.recompute == "none":
+                act += attn_core / t
+        layers.append(
+            LayerCost(
+                name=f"block_{i}",
+                kind="moe_block" if moe else "block",
+                params=params,
+                params_per_device=per_dev,
+                expert_params_per_device=expert_p,
+                gemms=attn_gemms + mlp_gemms,
+                extra_flops=0.0,
+                elementwise_bytes=eltwise,
+                elementwise_kernels=7,
+                recompute_flops=(
+                    attn_gemms[1].flops + attn_gemms[2].flops if job.recompute == "selective" else 0
+                ),
+                recompute_bytes=scores * (4 * B + 1) if job.recompute == "selective" else 0,
+                activation_bytes=act,
+                output_bytes=B * T * h / t,
+                tp_allreduce_bytes=B * T * h if t > 1 else 0.0,
+                tp_allreduces_fwd=2,
+                tp_allreduces_bwd=2,
+                ep_alltoall_bytes=a2a if job.ep > 1 else 0.0,
+            )
+        )
+    head_params = (0 if model.tied_embeddings else V * h) + norm_params
+    layers.append(
+        LayerCost(
+            name="head",
+            kind="head",
+            params=head_params,
+            params_per_device=head_params / t,
+            expert_params_per_device=0.0,
+            gemms=(Gemm(T, V // t, h),),
+            extra_flops=0.0,
+            # Final norm, then a vocabulary-parallel cross-entropy over fp32 logits (four passes).
+            elementwise_bytes=2 * B * T * h / rep + 16 * T * V / t,
+            elementwise_kernels=5,
+            recompute_flops=0.0,
+            recompute_bytes=0.0,
+            activation_bytes=B * T * h / rep + 4 * T * V / t,
+            output_bytes=0.0,
+            tp_allreduce_bytes=B * T * h if t > 1 else 0.0,
+            tp_allreduces_fwd=0,
+            tp_allreduces_bwd=1,
+            ep_alltoall_bytes=0.0,
+        )
+    )
+    return layers
+
+
+def _explicit_layers(model: LayerListSpec, job: JobSpec) -> list[LayerCost]:
+    b = job.micro_batch
+    out: list[LayerCost] = []
+    for i, layer in enumerate(model.layer_list):
+        out.append(
+            LayerCost(
+                name=layer.name if layer.name != "layer" else f"layer_{i}",
+                kind="layer",
+                params=layer.params,
+                params_per_device=layer.params,
+                expert_params_per_device=0.0,
+                gemms=(),
+                extra_flops=layer.forward_gflop * 1e9 * b,
+                elementwise_bytes=float(layer.activation_bytes * b),
+                elementwise_kernels=1,
+                recompute_flops=0.0,
+                recompute_bytes=0.0,
+                activation_bytes=(
+                    layer.activation_bytes * b if job.recompute != "full" else layer.output_bytes * b
+                ),
+                output_bytes=float(layer.output_bytes * b),
+                tp_allreduce_bytes=0.0,
+                tp_allreduces_fwd=0,
+                tp_allreduces_bwd=0,
+                ep_alltoall_bytes=0.0,
+            )
+        )
+    return out
+
+
+def build_layer_costs(model: TransformerSpec | LayerListSpec, job: JobSpec) -> list[LayerCost]:
+    """The model as a chain of layer costs for one micro-batch on one device of ``job``."""
+    if isinstance(model, TransformerSpec):
+        return _transformer_layers(model, job)
+    return _explicit_layers(model, job)
+
+
+def count_params(model: TransformerSpec | LayerListSpec) -> float:
+    """Total parameters of the model."""
+    job = JobSpec(global_batch=1)
+    return sum(layer.params for layer in build_layer_costs(model, job))

@@ -1,0 +1,185 @@
+"""The cluster as a network: devices, node fabrics, datacenter fabrics and inter-DC fibers.
+
+Every link is full duplex: ``bandwidth_Bps`` is per direction. :meth:`Topology.path` gives the
+links between two devices from the structure (device -> node fabric -> DC fabric -> inter-DC route
+-> ...), in constant time per call; :attr:`Topology.graph` is the same network as a networkx graph,
+built on first use, and inter-DC routes are its shortest paths by propagation delay.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from functools import cached_property
+from typing import Literal
+
+import networkx as nx
+
+from dmsc.netmodel.optical import link_capacity_gbit_s
+from dmsc.spec.cluster import ClusterSpec, DeviceTypeSpec
+
+LinkKind = Literal["device", "node", "interdc"]
+Hop = tuple[int, int]  # (link id, direction): +1 from link.u to link.v, -1 the other way
+
+
+@dataclass(frozen=True)
+class Link:
+    """One full-duplex link of the topology."""
+
+    id: int
+    u: str
+    v: str
+    kind: LinkKind
+    bandwidth_Bps: float
+    latency_s: float
+    km: float = 0.0
+
+
+@dataclass(frozen=True)
+class Device:
+    """One accelerator: its global index, where it sits and its type."""
+
+    index: int
+    dc: int
+    node: int
+    local: int
+    type_name: str
+    link: int  # id of its link into the node fabric
+
+
+@dataclass(frozen=True)
+class NodeInfo:
+    """One server of the cluster."""
+
+    index: int
+    dc: int
+    type_name: str
+    first_device: int
+    devices: int
+    uplink: int  # id of its link into the DC fabric
+
+
+def _site(name: str) -> str:
+    return f"site:{name}"
+
+
+class Topology:
+    """Devices, nodes, datacenters and links built from a :class:`ClusterSpec`."""
+
+    def __init__(self, cluster: ClusterSpec) -> None:
+        self.cluster = cluster
+        self.links: list[Link] = []
+        self.devices: list[Device] = []
+        self.nodes: list[NodeInfo] = []
+        self.dc_names: list[str] = [dc.name for dc in cluster.datacenters]
+        self.dc_sites: list[str] = [dc.site_name for dc in cluster.datacenters]
+        for d, dc in enumerate(cluster.datacenters):
+            fabric = _site(dc.site_name)
+            for group in dc.nodes:
+                ntype = cluster.node_types[group.type]
+                for _ in range(group.count):
+                    n = len(self.nodes)
+                    uplink = self._add_link(
+                        f"node:{n}",
+                        fabric,
+                        "node",
+                        dc.network.gbit_s_per_node,
+                        dc.network.latency_us,
+                    )
+                    first = len(self.devices)
+                    self.nodes.append(NodeInfo(n, d, group.type, first, ntype.devices, uplink))
+                    for local in range(ntype.devices):
+                        i = len(self.devices)
+                        link = self._add_link(
+                            f"dev:{i}",
+                            f"node:{n}",
+                            "device",
+                            ntype.link.bandwidth_gbit_s,
+                            ntype.link.latency_us,
+                        )
+                        self.devices.append(Device(i, d, n, local, ntype.device, link))
+        self._interdc: dict[frozenset[str], int] = {}
+        for spec in cluster.links:
+            link = self._add_link(
+                _site(spec.a),
+                _site(spec.b),
+                "interdc",
+                link_capacity_gbit_s(spec),
+                spec.km * cluster.propagation_us_per_km,
+                km=spec.km,
+            )
+            self._interdc[frozenset((spec.a, spec.b))] = link
+        self._routes: dict[tuple[int, int], tuple[Hop, ...]] = {}
+        self._check_connected()
+
+    def _add_link(
+        self, u: str, v: str, kind: LinkKind, gbit_s: float, latency_us: float, km: float = 0.0
+    ) -> int:
+        link = Link(len(self.links), u, v, kind, gbit_s * 1e9 / 8, latency_us * 1e-6, km)
+        self.links.append(link)
+        return link.id
+
+    @cached_property
+    def site_graph(self) -> nx.Graph:
+        """Sites (datacenters and transit nodes) joined by inter-DC links, weighted by delay."""
+        g = nx.Graph()
+        g.add_nodes_from(self.dc_sites)
+        for link in self.links:
+            if link.kind == "interdc":
+                a, b = link.u.removeprefix("site:"), link.v.removeprefix("site:")
+                g.add_edge(a, b, link=link.id, delay=link.latency_s, km=link.km)
+        return g
+
+    @cached_property
+    def graph(self) -> nx.Graph:
+        """The whole network, one graph node per device, node fabric and site."""
+        g = nx.Graph()
+        for link in self.links:
+            g.add_edge(
+                link.u,
+                link.v,
+                link=link.id,
+                kind=link.kind,
+                delay=link.latency_s,
+                bandwidth_Bps=link.bandwidth_Bps,
+            )
+        return g
+
+    def _check_connected(self) -> None:
+        if len(self.dc_sites) > 1:
+            sg = self.site_graph
+            first = self.dc_sites[0]
+            for name, site in zip(self.dc_names, self.dc_sites, strict=True):
+                if not nx.has_path(sg, first, site):
+                    raise ValueError(
+                        f"links: datacenter {name!r} is not connected to {self.dc_names[0]!r}"
+                    )
+
+    def device_type(self, device: int) -> DeviceTypeSpec:
+        return self.cluster.device_types[self.devices[device].type_name]
+
+    def dc_route(self, a: int, b: int) -> tuple[Hop, ...]:
+        """Inter-DC hops from datacenter ``a`` to ``b`` along the lowest-delay route (cached)."""
+        key = (a, b)
+        if key not in self._routes:
+            sites = nx.shortest_path(self.site_graph, self.dc_sites[a], self.dc_sites[b], "delay")
+            hops: list[Hop] = []
+            for x, y in zip(sites, sites[1:], strict=False):
+                link = self.links[self._interdc[frozenset((x, y))]]
+                hops.append((link.id, 1 if link.u == _site(x) else -1))
+            self._routes[key] = tuple(hops)
+        return self._routes[key]
+
+    def path(self, a: int, b: int) -> tuple[Hop, ...]:
+        """Directed links from device ``a`` to device ``b`` (empty when ``a == b``)."""
+        if a == b:
+            return ()
+        da, db = self.devices[a], self.devices[b]
+        if da.node == db.node:
+            return ((da.link, 1), (db.link, -1))
+        up, down = self.nodes[da.node].uplink, self.nodes[db.node].uplink
+        if da.dc == db.dc:
+            return ((da.link, 1), (up, 1), (down, -1), (db.link, -1))
+        return ((da.link, 1), (up, 1), *self.dc_route(da.dc, db.dc), (down, -1), (db.link, -1))
+
+    def path_latency(self, a: int, b: int) -> float:
+        return sum(self.links[link].latency_s for link, _ in self.path(a, b))

@@ -1,0 +1,40 @@
+"""Typed inputs of dmsc: cluster, model and job specs, validated where they enter."""
+
+from dmsc.spec.cluster import (
+    ClusterSpec,
+    DatacenterSpec,
+    DCNetworkSpec,
+    DeviceTypeSpec,
+    InterDCLinkSpec,
+    LinkSpec,
+    NodeGroupSpec,
+    NodeTypeSpec,
+)
+from dmsc.spec.errors import SpecError
+from dmsc.spec.job import JobSpec
+from dmsc.spec.loader import load_spec, read_document, validate_document
+from dmsc.spec.model import LayerListSpec, LayerSpec, ModelSpec, TransformerSpec
+from dmsc.spec.presets import MODEL_PRESETS, parse_model, resolve_model
+
+__all__ = [
+    "MODEL_PRESETS",
+    "ClusterSpec",
+    "DCNetworkSpec",
+    "DatacenterSpec",
+    "DeviceTypeSpec",
+    "InterDCLinkSpec",
+    "JobSpec",
+    "LayerListSpec",
+    "LayerSpec",
+    "LinkSpec",
+    "ModelSpec",
+    "NodeGroupSpec",
+    "NodeTypeSpec",
+    "SpecError",
+    "TransformerSpec",
+    "load_spec",
+    "parse_model",
+    "read_document",
+    "resolve_model",
+    "validate_document",
+]

@@ -1,0 +1,155 @@
+"""The cluster spec: device types, node types, datacenters and the links between them.
+
+Units are in the field names: ``*_gbit_s`` is Gbit/s (links), ``*_gbyte_s`` GB/s (memory),
+``*_us`` microseconds, ``km`` kilometres, ``*_ghz`` GHz of optical spectrum.
+"""
+
+from __future__ import annotations
+
+from typing import Annotated, Literal, Self
+
+from pydantic import BaseModel, ConfigDict, Field, model_validator
+
+Dtype = Literal["fp32", "tf32", "fp16", "bf16", "fp8", "int8"]
+PositiveFloat = Annotated[float, Field(gt=0)]
+NonNegativeFloat = Annotated[float, Field(ge=0)]
+Name = Annotated[str, Field(min_length=1, max_length=128)]
+
+
+class _Spec(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+class DeviceTypeSpec(_Spec):
+    """One kind of accelerator (or CPU): its peak compute, memory and memory bandwidth."""
+
+    peak_tflops: dict[Dtype, PositiveFloat] = Field(
+        description="Peak dense TFLOP/s by data type (tensor cores where the device has them)."
+    )
+    memory_gib: PositiveFloat = Field(description="Device memory in GiB.")
+    memory_bw_gbyte_s: PositiveFloat = Field(description="Peak memory bandwidth in GB/s.")
+    sm_count: int | None = Field(
+        default=None,
+        gt=0,
+        description="Streaming multiprocessors (GPUs): used for the wave quantization of GEMMs.",
+    )
+
+    @model_validator(mode="after")
+    def _has_peak(self) -> Self:
+        if not self.peak_tflops:
+            raise ValueError("peak_tflops needs at least one data type")
+        return self
+
+
+class LinkSpec(_Spec):
+    """A point-to-point link: bandwidth per direction and one-way latency."""
+
+    bandwidth_gbit_s: PositiveFloat
+    latency_us: NonNegativeFloat = 1.0
+
+
+class NodeTypeSpec(_Spec):
+    """A server: ``devices`` accelerators of one type joined by an intra-node fabric."""
+
+    device: Name = Field(description="A key of device_types.")
+    devices: int = Field(gt=0, le=1024)
+    link: LinkSpec = Field(
+        description="Each device's link into the node fabric (NVLink/NVSwitch, PCIe, memory bus)."
+    )
+
+
+class NodeGroupSpec(_Spec):
+    """``count`` identical nodes of one node type."""
+
+    type: Name = Field(description="A key of node_types.")
+    count: int = Field(gt=0, le=1_000_000)
+
+
+class DCNetworkSpec(_Spec):
+    """The datacenter fabric as seen by one node: its total uplink and the one-way latency."""
+
+    gbit_s_per_node: PositiveFloat
+    latency_us: NonNegativeFloat = 2.0
+
+
+class DatacenterSpec(_Spec):
+    """A datacenter: groups of nodes on one fabric, attached to a site of the inter-DC network."""
+
+    name: Name
+    site: Name | None = Field(
+        default=None, description="Node of the inter-DC network it attaches to (default: name)."
+    )
+    nodes: list[NodeGroupSpec] = Field(min_length=1)
+    network: DCNetworkSpec
+
+    @property
+    def site_name(self) -> str:
+        return self.site if self.site is not None else self.name
+
+
+class InterDCLinkSpec(_Spec):
+    """A fiber (pair) between two sites: capacity in Gbit/s or as a grid of frequency slots."""
+
+    a: Name
+    b: Name
+    km: PositiveFloat
+    bandwidth_gbit_s: PositiveFloat | None = None
+    slots: int | None = Field(default=None, gt=0, le=10_000)
+    slot_ghz: PositiveFloat = 12.5
+    gbit_s_per_slot: PositiveFloat | None = Field(
+        default=None,
+        description="Line rate one slot carries; default from the modulation reach table by km.",
+    )
+
+    @model_validator(mode="after")
+    def _one_capacity(self) -> Self:
+        if (self.bandwidth_gbit_s is None) == (self.slots is None):
+            raise ValueError("give exactly one of bandwidth_gbit_s or slots")
+        if self.a == self.b:
+            raise ValueError(f"link joins site {self.a!r} to itself")
+        return self
+
+
+class ClusterSpec(_Spec):
+    """Devices in nodes in datacenters, and the links between datacenters."""
+
+    name: Name = "cluster"
+    propagation_us_per_km: PositiveFloat = Field(
+        default=5.0, description="Fiber propagation delay (light in glass, about 5 us/km)."
+    )
+    device_types: dict[Name, DeviceTypeSpec] = Field(min_length=1)
+    node_types: dict[Name, NodeTypeSpec] = Field(min_length=1)
+    datacenters: list[DatacenterSpec] = Field(min_length=1)
+    links: list[InterDCLinkSpec] = Field(default_factory=list)
+
+    @model_validator(mode="after")
+    def _references(self) -> Self:
+        for key, node in self.node_types.items():
+            if node.device not in self.device_types:
+                raise ValueError(
+                    f"node_types.{key}.device: unknown device type {node.device!r} "
+                    f"(known: {', '.join(sorted(self.device_types))})"
+                )
+        names: set[str] = set()
+        for i, dc in enumerate(self.datacenters):
+            if dc.name in names:
+                raise ValueError(f"datacenters[{i}].name: duplicate datacenter {dc.name!r}")
+            names.add(dc.name)
+            for j, group in enumerate(dc.nodes):
+                if group.type not in self.node_types:
+                    raise ValueError(
+                        f"datacenters[{i}].nodes[{j}].type: unknown node type {group.type!r} "
+                        f"(known: {', '.join(sorted(self.node_types))})"
+                    )
+        sites = {dc.site_name for dc in self.datacenters}
+        if len(sites) < len(self.datacenters):
+            raise ValueError("datacenters: two datacenters attach to the same site")
+        if len(self.datacenters) > 1 and not self.links:
+            raise ValueError("links: several datacenters but no link between them")
+        return self
+
+    @property
+    def device_count(self) -> int:
+        return sum(
+            g.count * self.node_types[g.type].devices for dc in self.datacenters for g in dc.nodes
+        )

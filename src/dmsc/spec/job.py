@@ -1,0 +1,73 @@
+"""The job spec: what to run (training or inference) and with which parallel configuration."""
+
+from __future__ import annotations
+
+from typing import Literal, Self
+
+from pydantic import BaseModel, ConfigDict, Field, model_validator
+
+Schedule = Literal["gpipe", "1f1b", "interleaved"]
+Recompute = Literal["none", "selective", "full"]
+AllReduceAlgo = Literal["auto", "ring", "tree", "hierarchical"]
+
+
+class JobSpec(BaseModel):
+    """A training or inference job and its parallelism.
+
+    Ranks are laid out the Megatron way: tensor-parallel ranks innermost (inside a node), then
+    data-parallel (expert-parallel groups are consecutive data-parallel ranks), then pipeline stages
+    outermost, so stages are what crosses nodes and datacenters first.
+    """
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    mode: Literal["train", "infer"] = "train"
+    global_batch: int = Field(gt=0, le=100_000_000, description="Samples per iteration.")
+    micro_batch: int = Field(default=1, gt=0)
+    tp: int = Field(default=1, gt=0, le=4096, description="Tensor-parallel degree.")
+    pp: int = Field(default=1, gt=0, le=100_000, description="Pipeline-parallel degree.")
+    dp: int = Field(default=1, gt=0, le=1_000_000, description="Data-parallel degree.")
+    ep: int = Field(default=1, gt=0, le=100_000, description="Expert-parallel degree (within dp).")
+    schedule: Schedule = "1f1b"
+    interleave: int = Field(default=1, gt=0, le=1024, description="Model chunks per device.")
+    recompute: Recompute = "none"
+    sequence_parallel: bool = False
+    zero: int = Field(default=0, ge=0, le=3, description="ZeRO stage (optimizer/grad/param sharding).")
+    overlap_dp_comm: bool = Field(
+        default=True, description="Overlap the gradient all-reduce with the last backward pass."
+    )
+    allreduce: AllReduceAlgo = "auto"
+    first_device: int = Field(default=0, ge=0, description="Index of the first device the job uses.")
+
+    @model_validator(mode="after")
+    def _consistent(self) -> Self:
+        if self.interleave > 1 and self.schedule != "interleaved":
+            raise ValueError("interleave: > 1 needs schedule 'interleaved'")
+        if self.schedule == "interleaved" and self.pp == 1:
+            raise ValueError("schedule: 'interleaved' needs pp > 1")
+        if self.dp % self.ep:
+            raise ValueError(f"ep: dp={self.dp} is not divisible by ep={self.ep}")
+        if self.global_batch % (self.micro_batch * self.dp):
+            raise ValueError(
+                f"global_batch: {self.global_batch} is not divisible by "
+                f"micro_batch x dp = {self.micro_batch * self.dp}"
+            )
+        if self.sequence_parallel and self.tp == 1:
+            raise ValueError("sequence_parallel: needs tp > 1")
+        if self.mode == "infer" and (self.zero or self.recompute != "none"):
+            raise ValueError("mode: inference uses neither ZeRO nor recomputation")
+        return self
+
+    @property
+    def devices(self) -> int:
+        return self.tp * self.pp * self.dp
+
+    @property
+    def microbatches(self) -> int:
+        """Micro-batches per pipeline per iteration (gradient accumulation steps)."""
+        return self.global_batch // (self.micro_batch * self.dp)
+
+    @property
+    def chunks(self) -> int:
+        """Model chunks per device (virtual stages of the interleaved schedule)."""
+        return self.interleave if self.schedule == "interleaved" else 1

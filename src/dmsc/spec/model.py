@@ -1,0 +1,89 @@
+"""The model spec: a transformer given by its shape, or any model given as a list of layers."""
+
+from __future__ import annotations
+
+from typing import Annotated, Literal, Self
+
+from pydantic import BaseModel, ConfigDict, Field, model_validator
+
+from dmsc.spec.cluster import Dtype, Name
+
+
+class _Spec(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+class TransformerSpec(_Spec):
+    """A decoder-only transformer by its shape (GPT, Llama, Mixtral families).
+
+    ``experts`` > 1 makes the MLP of every ``moe_every``-th layer a mixture of experts that sends
+    each token to ``top_k`` of them.
+    """
+
+    kind: Literal["transformer"] = "transformer"
+    name: Name = "transformer"
+    layers: int = Field(gt=0, le=10_000)
+    hidden: int = Field(gt=0, le=1_000_000)
+    heads: int = Field(gt=0, le=100_000)
+    kv_heads: int | None = Field(default=None, gt=0, description="Grouped-query attention.")
+    ffn: int | None = Field(default=None, gt=0, description="MLP width (default 4 x hidden).")
+    seq: int = Field(gt=0, le=10_000_000)
+    vocab: int = Field(gt=0, le=100_000_000)
+    dtype: Dtype = "bf16"
+    mlp: Literal["gelu", "swiglu"] = "gelu"
+    experts: int = Field(default=1, gt=0, le=100_000)
+    top_k: int = Field(default=1, gt=0)
+    moe_every: int = Field(default=1, gt=0)
+    tied_embeddings: bool = False
+
+    @model_validator(mode="after")
+    def _shape(self) -> Self:
+        if self.hidden % self.heads:
+            raise ValueError(f"hidden: {self.hidden} is not divisible by heads={self.heads}")
+        if self.kv_heads is not None and self.heads % self.kv_heads:
+            raise ValueError(f"kv_heads: heads={self.heads} is not divisible by {self.kv_heads}")
+        if self.top_k > self.experts:
+            raise ValueError(f"top_k: {self.top_k} is more than experts={self.experts}")
+        return self
+
+    @property
+    def ffn_size(self) -> int:
+        return self.ffn if self.ffn is not None else 4 * self.hidden
+
+    @property
+    def kv_heads_count(self) -> int:
+        return self.kv_heads if self.kv_heads is not None else self.heads
+
+    @property
+    def head_dim(self) -> int:
+        return self.hidden // self.heads
+
+    @property
+    def is_moe(self) -> bool:
+        return self.experts > 1
+
+    def is_moe_layer(self, index: int) -> bool:
+        return self.is_moe and (index % self.moe_every == self.moe_every - 1)
+
+
+class LayerSpec(_Spec):
+    """One layer of an arbitrary model, per sample (one sequence or one image)."""
+
+    name: Name = "layer"
+    forward_gflop: float = Field(ge=0, description="Forward FLOPs per sample, in GFLOP.")
+    params: int = Field(ge=0)
+    activation_bytes: int = Field(ge=0, description="Bytes kept for backward, per sample.")
+    output_bytes: int = Field(ge=0, description="Bytes sent to the next layer, per sample.")
+
+
+class LayerListSpec(_Spec):
+    """Any model as a chain of layers with their costs (CNNs, encoders, custom blocks)."""
+
+    kind: Literal["layers"] = "layers"
+    name: Name = "model"
+    dtype: Dtype = "fp32"
+    tokens_per_sample: int = Field(default=1, gt=0, description="For tokens/s figures.")
+    layer_list: list[LayerSpec] = Field(min_length=1)
+
+
+ModelSpec = Annotated[TransformerSpec | LayerListSpec, Field(discriminator="kind")]

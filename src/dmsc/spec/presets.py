@@ -1,0 +1,106 @@
+"""Models by name, and the command line's shape overrides.
+
+Shapes from the papers that introduced them: GPT-3 (Brown et al. 2020, Table 2.1; the 13B model is
+listed with d_model 5140 there, we use 5120 = 40 heads x 128 as public re-implementations do),
+Llama 3 (Meta, "The Llama 3 Herd of Models", 2024, Table 3), Mixtral (Jiang et al. 2024, Table 1).
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+from pydantic import TypeAdapter, ValidationError
+
+from dmsc.spec.errors import SpecError, spec_error_from_validation
+from dmsc.spec.loader import read_document
+from dmsc.spec.model import LayerListSpec, ModelSpec, TransformerSpec
+
+_GPT3 = {"seq": 2048, "vocab": 50257, "dtype": "fp16", "mlp": "gelu"}
+_LLAMA3 = {"seq": 8192, "vocab": 128256, "dtype": "bf16", "mlp": "swiglu", "kv_heads": 8}
+
+MODEL_PRESETS: dict[str, dict[str, Any]] = {
+    "gpt3-125m": {**_GPT3, "layers": 12, "hidden": 768, "heads": 12},
+    "gpt3-350m": {**_GPT3, "layers": 24, "hidden": 1024, "heads": 16},
+    "gpt3-760m": {**_GPT3, "layers": 24, "hidden": 1536, "heads": 16},
+    "gpt3-1.3b": {**_GPT3, "layers": 24, "hidden": 2048, "heads": 16},
+    "gpt3-2.7b": {**_GPT3, "layers": 32, "hidden": 2560, "heads": 32},
+    "gpt3-6.7b": {**_GPT3, "layers": 32, "hidden": 4096, "heads": 32},
+    "gpt3-13b": {**_GPT3, "layers": 40, "hidden": 5120, "heads": 40},
+    "gpt3-175b": {**_GPT3, "layers": 96, "hidden": 12288, "heads": 96},
+    "llama3-8b": {**_LLAMA3, "layers": 32, "hidden": 4096, "heads": 32, "ffn": 14336},
+    "llama3-70b": {**_LLAMA3, "layers": 80, "hidden": 8192, "heads": 64, "ffn": 28672},
+    # Mixtral's context is 32k tokens; 4096 is a common training sequence length for it.
+    "mixtral-8x7b": {
+        **_LLAMA3,
+        "vocab": 32000,
+        "seq": 4096,
+        "layers": 32,
+        "hidden": 4096,
+        "heads": 32,
+        "ffn": 14336,
+        "experts": 8,
+        "top_k": 2,
+    },
+    # Small enough to train on a laptop CPU in minutes: byte-level vocabulary, fp32.
+    "gpt-mini": {
+        "layers": 4,
+        "hidden": 128,
+        "heads": 4,
+        "seq": 128,
+        "vocab": 256,
+        "dtype": "fp32",
+        "mlp": "gelu",
+    },
+}
+
+SHAPE_FIELDS = ("layers", "hidden", "heads", "ffn", "seq", "vocab")
+_MODEL_ADAPTER: TypeAdapter[TransformerSpec | LayerListSpec] = TypeAdapter(ModelSpec)
+
+
+def parse_model(data: Any, source: str) -> TransformerSpec | LayerListSpec:
+    """Validate a model document (``kind`` defaults to ``transformer``)."""
+    if not isinstance(data, dict):
+        raise SpecError(source, "<root>", "expected a mapping of fields at the top level")
+    data = {"kind": "transformer", **data}
+    try:
+        return _MODEL_ADAPTER.validate_python(data)
+    except ValidationError as exc:
+        err = spec_error_from_validation(source, exc)
+        # Drop the union tag pydantic puts first in the location ("transformer.hidden").
+        for tag in ("transformer.", "layers."):
+            if err.field.startswith(tag):
+                err = SpecError(err.source, err.field[len(tag) :], err.reason)
+        raise err from None
+
+
+def resolve_model(
+    name_or_path: str | None, overrides: dict[str, int | None] | None = None
+) -> TransformerSpec | LayerListSpec:
+    """A preset name or a spec file, with the non-None ``overrides`` (shape flags) applied.
+
+    Without a name, the overrides alone define a transformer (they must then give every shape
+    field but ``ffn``).
+    """
+    given = {k: v for k, v in (overrides or {}).items() if v is not None}
+    if name_or_path is None:
+        missing = [f"--{k}" for k in SHAPE_FIELDS if k != "ffn" and k not in given]
+        if missing:
+            raise SpecError("--model", "", f"no model given; name a preset or give {', '.join(missing)}")
+        return parse_model({"name": "custom", **given}, "command line")
+    if name_or_path in MODEL_PRESETS:
+        base: dict[str, Any] = {"name": name_or_path, **MODEL_PRESETS[name_or_path]}
+        return parse_model({**base, **given}, f"preset {name_or_path}")
+    path = Path(name_or_path)
+    if not path.suffix and not path.exists():
+        raise SpecError(
+            "--model",
+            "",
+            f"unknown model {name_or_path!r} (presets: {', '.join(MODEL_PRESETS)}; or a file)",
+        )
+    data = read_document(path)
+    if given:
+        if not isinstance(data, dict) or data.get("kind", "transformer") != "transformer":
+            raise SpecError(str(path), "kind", "shape flags apply only to transformer models")
+        data = {**data, **given}
+    return parse_model(data, str(path))
