@@ -111,7 +111,6 @@ def check_fit(cluster: ClusterSpec, model: TransformerSpec | LayerListSpec, job:
             ("heads", model.heads),
             ("kv_heads", model.kv_heads_count),
             ("ffn", model.ffn_size),
-            ("vocab", model.vocab),
         ):
             if value % job.tp:
                 reasons.append(f"{name}={value} is not divisible by tp={job.tp}")

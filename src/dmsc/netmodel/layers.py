@@ -56,11 +56,18 @@ class LayerCost:
         return sum(g.flops for g in self.gemms) + self.extra_flops
 
 
+def padded_vocab(vocab: int, tp: int) -> int:
+    """Vocabulary rounded up to a multiple of 128 x tp, as Megatron-LM pads it for its kernels."""
+    unit = 128 * tp
+    return -(-vocab // unit) * unit
+
+
 def _transformer_layers(model: TransformerSpec, job: JobSpec) -> list[LayerCost]:
     B = DTYPE_BYTES[model.dtype]
     b, s, h, t = job.micro_batch, model.seq, model.hidden, job.tp
     T = b * s  # tokens in the micro-batch
-    a, d, f, V = model.heads, model.head_dim, model.ffn_size, model.vocab
+    a, d, f = model.heads, model.head_dim, model.ffn_size
+    V = padded_vocab(model.vocab, t)
     kv = model.kv_heads_count * d  # width of K (and of V)
     kvr = model.kv_heads_count / model.heads
     sp = job.sequence_parallel
@@ -173,12 +180,14 @@ def _transformer_layers(model: TransformerSpec, job: JobSpec) -> list[LayerCost]
             )
         )
     head_params = (0 if model.tied_embeddings else V * h) + norm_params
+    # A tied output layer still holds a copy of the embedding when it sits on another stage.
+    head_on_device = (V * h if (not model.tied_embeddings or job.pp > 1) else 0) + norm_params
     layers.append(
         LayerCost(
             name="head",
             kind="head",
             params=head_params,
-            params_per_device=head_params / t,
+            params_per_device=head_on_device / t,
             expert_params_per_device=0.0,
             gemms=(Gemm(T, V // t, h),),
             extra_flops=0.0,

@@ -35,11 +35,18 @@ def _loc_to_path(loc: tuple[int | str, ...]) -> str:
     return out
 
 
-def spec_error_from_validation(source: str, exc: ValidationError) -> SpecError:
-    """The first problem pydantic found, as a :class:`SpecError` (more are counted in the reason)."""
+def spec_error_from_validation(
+    source: str, exc: ValidationError, union_tags: tuple[str, ...] = ()
+) -> SpecError:
+    """The first problem pydantic found, as a :class:`SpecError` (more are counted in the reason).
+
+    ``union_tags`` are the tags of a discriminated union, which pydantic puts first in locations.
+    """
     errors = exc.errors(include_url=False)
     first = errors[0]
     loc = tuple(p for p in first["loc"] if not (isinstance(p, str) and p.startswith("function-")))
+    if loc and loc[0] in union_tags:
+        loc = loc[1:]
     reason = str(first["msg"])
     if reason.startswith("Value error, "):
         reason = reason[len("Value error, ") :]

@@ -16,7 +16,7 @@ from dmsc.spec.errors import SpecError, spec_error_from_validation
 from dmsc.spec.loader import read_document
 from dmsc.spec.model import LayerListSpec, ModelSpec, TransformerSpec
 
-_GPT3 = {"seq": 2048, "vocab": 50257, "dtype": "fp16", "mlp": "gelu"}
+_GPT3 = {"seq": 2048, "vocab": 50257, "dtype": "fp16", "mlp": "gelu", "tied_embeddings": True}
 _LLAMA3 = {"seq": 8192, "vocab": 128256, "dtype": "bf16", "mlp": "swiglu", "kv_heads": 8}
 
 MODEL_PRESETS: dict[str, dict[str, Any]] = {
@@ -66,12 +66,7 @@ def parse_model(data: Any, source: str) -> TransformerSpec | LayerListSpec:
     try:
         return _MODEL_ADAPTER.validate_python(data)
     except ValidationError as exc:
-        err = spec_error_from_validation(source, exc)
-        # Drop the union tag pydantic puts first in the location ("transformer.hidden").
-        for tag in ("transformer.", "layers."):
-            if err.field.startswith(tag):
-                err = SpecError(err.source, err.field[len(tag) :], err.reason)
-        raise err from None
+        raise spec_error_from_validation(source, exc, ("transformer", "layers")) from None
 
 
 def resolve_model(

@@ -1,0 +1,63 @@
+"""Turning command-line flags into validated specs (errors name the flag)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from pydantic import ValidationError
+
+from dmsc.spec import (
+    ClusterSpec,
+    JobSpec,
+    LayerListSpec,
+    SpecError,
+    TransformerSpec,
+    load_spec,
+    read_document,
+    resolve_model,
+)
+from dmsc.spec.errors import spec_error_from_validation
+
+
+def flag_name(field: str) -> str:
+    return "--" + field.replace("_", "-")
+
+
+def load_cluster(path: str) -> ClusterSpec:
+    from dmsc.netmodel import Topology
+
+    cluster = load_spec(ClusterSpec, path)
+    try:
+        Topology(cluster)  # unknown link endpoints, disconnected datacenters
+    except ValueError as exc:
+        field, _, reason = str(exc).partition(": ")
+        raise SpecError(path, field, reason or str(exc)) from None
+    return cluster
+
+
+def build_model(name: str | None, shape: dict[str, int | None]) -> TransformerSpec | LayerListSpec:
+    return resolve_model(name, shape)
+
+
+def build_job(job_file: str | None, flags: dict[str, Any]) -> JobSpec:
+    """A job from an optional file, with every flag that was given (not None) on top."""
+    data: dict[str, Any] = {}
+    source = "command line"
+    if job_file is not None:
+        doc = read_document(job_file)
+        if not isinstance(doc, dict):
+            raise SpecError(job_file, "<root>", "expected a mapping of fields at the top level")
+        data.update(doc)
+        source = job_file
+    given = {k: v for k, v in flags.items() if v is not None}
+    data.update(given)
+    if "global_batch" not in data:
+        raise SpecError(source, "--global-batch", "is required")
+    try:
+        return JobSpec.model_validate(data)
+    except ValidationError as exc:
+        err = spec_error_from_validation(source, exc)
+        field = err.field.split(".")[0]
+        if field in given:
+            raise SpecError("command line", flag_name(field), err.reason) from None
+        raise err from None

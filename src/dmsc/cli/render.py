@@ -1,0 +1,142 @@
+"""How an estimate reads: a rich table for people, a JSON object for programs."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from rich.console import Console
+from rich.table import Table
+
+from dmsc.netmodel import BREAKDOWN_KEYS, Estimate, Topology
+from dmsc.spec import ClusterSpec, JobSpec, LayerListSpec, TransformerSpec
+
+GIB = 1024**3
+
+
+def human_bytes(n: float) -> str:
+    for unit in ("B", "KB", "MB", "GB", "TB", "PB"):
+        if abs(n) < 1000 or unit == "PB":
+            return f"{n:.0f} {unit}" if unit == "B" else f"{n:.2f} {unit}"
+        n /= 1000
+    raise AssertionError
+
+
+def human_seconds(s: float) -> str:
+    if s >= 1:
+        return f"{s:.3f} s"
+    if s >= 1e-3:
+        return f"{s * 1e3:.2f} ms"
+    return f"{s * 1e6:.1f} us"
+
+
+def traffic_by_link_kind(est: Estimate, topo: Topology) -> dict[str, float]:
+    """Bytes carried by the links of each kind (device, node uplink, inter-DC), all modes."""
+    out = {"device": 0.0, "node": 0.0, "interdc": 0.0}
+    for lid, modes in est.traffic_by_link.items():
+        out[topo.links[lid].kind] += sum(modes.values())
+    return out
+
+
+def busiest_links(est: Estimate, topo: Topology, top: int = 10) -> list[dict[str, Any]]:
+    rows = sorted(est.traffic_by_link.items(), key=lambda kv: -sum(kv[1].values()))[:top]
+    out = []
+    for lid, modes in rows:
+        link = topo.links[lid]
+        out.append(
+            {
+                "link": f"{link.u}--{link.v}",
+                "kind": link.kind,
+                "bytes": sum(modes.values()),
+                "by_mode": modes,
+            }
+        )
+    return out
+
+
+def estimate_json(
+    est: Estimate,
+    cluster: ClusterSpec,
+    model: TransformerSpec | LayerListSpec,
+    job: JobSpec,
+    topo: Topology,
+) -> dict[str, Any]:
+    fullest = max(est.stages, key=lambda s: s.memory.total)
+    return {
+        "cluster": cluster.name,
+        "model": {"name": model.name, "params": est.params},
+        "job": job.model_dump(),
+        "iteration_time_s": est.iteration_time_s,
+        "tflops_per_gpu": est.tflops_per_gpu,
+        "mfu": est.mfu,
+        "tokens_per_s": est.tokens_per_s,
+        "memory_gib_per_device": est.memory_per_device / GIB,
+        "memory_breakdown_gib": {
+            "weights": fullest.memory.weights / GIB,
+            "gradients": fullest.memory.gradients / GIB,
+            "optimizer": fullest.memory.optimizer / GIB,
+            "activations": fullest.memory.activations / GIB,
+        },
+        "breakdown_s": dict(est.breakdown_s),
+        "traffic_bytes": dict(est.traffic_bytes),
+        "traffic_by_link_kind_bytes": traffic_by_link_kind(est, topo),
+        "busiest_links": busiest_links(est, topo),
+        "stages": [
+            {
+                "index": s.index,
+                "layers": len(s.layers),
+                "first_layer": s.layers[0] if s.layers else None,
+                "last_layer": s.layers[-1] if s.layers else None,
+                "microbatch_s": s.microbatch_s,
+                "memory_gib": s.memory.total / GIB,
+            }
+            for s in est.stages
+        ],
+    }
+
+
+def print_estimate(
+    console: Console,
+    est: Estimate,
+    cluster: ClusterSpec,
+    model: TransformerSpec | LayerListSpec,
+    job: JobSpec,
+    topo: Topology,
+) -> None:
+    title = (
+        f"{model.name} ({est.params / 1e9:.2f} B params) on {cluster.name}: "
+        f"{job.mode}, tp={job.tp} pp={job.pp} dp={job.dp} ep={job.ep}, "
+        f"{job.schedule}{f' v={job.interleave}' if job.chunks > 1 else ''}, "
+        f"batch {job.global_batch}/{job.micro_batch}, recompute {job.recompute}"
+    )
+    console.print(title, style="bold", highlight=False)
+    t = Table(show_header=True)
+    t.add_column("iteration", style="bold")
+    t.add_column("time", justify="right")
+    t.add_column("share", justify="right")
+    for key in BREAKDOWN_KEYS:
+        value = est.breakdown_s[key]
+        t.add_row(key, human_seconds(value), f"{value / est.iteration_time_s * 100:.1f}%")
+    t.add_row("total", human_seconds(est.iteration_time_s), "100%", style="bold")
+    console.print(t)
+
+    perf = Table(show_header=False, box=None)
+    perf.add_row("TFLOP/s per device", f"{est.tflops_per_gpu:.1f}")
+    perf.add_row("model FLOPs utilisation", f"{est.mfu * 100:.1f}%")
+    perf.add_row("tokens/s", f"{est.tokens_per_s:,.0f}")
+    fullest = max(est.stages, key=lambda s: s.memory.total)
+    mem = fullest.memory
+    perf.add_row(
+        "memory per device",
+        f"{mem.total / GIB:.1f} GiB of {fullest.memory_capacity / GIB:.0f} "
+        f"(weights {mem.weights / GIB:.1f}, grads {mem.gradients / GIB:.1f}, "
+        f"optimizer {mem.optimizer / GIB:.1f}, activations {mem.activations / GIB:.1f})",
+    )
+    traffic = ", ".join(f"{k.upper()} {human_bytes(v)}" for k, v in est.traffic_bytes.items())
+    perf.add_row("traffic per iteration", traffic)
+    kinds = traffic_by_link_kind(est, topo)
+    perf.add_row(
+        "carried by links",
+        f"device {human_bytes(kinds['device'])}, node uplinks {human_bytes(kinds['node'])}, "
+        f"inter-DC {human_bytes(kinds['interdc'])}",
+    )
+    console.print(perf)
