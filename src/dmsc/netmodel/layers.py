@@ -71,7 +71,7 @@ def _transformer_layers(model: TransformerSpec, job: JobSpec) -> list[LayerCost]
     kv = model.kv_heads_count * d  # width of K (and of V)
     kvr = model.kv_heads_count / model.heads
     sp = job.sequence_parallel
-    rep = 1 if sp else t  # replicated (non tensor-parallel) regions are split only under SP
+    rep = t if sp else 1  # replicated (non tensor-parallel) regions are split only under SP
     mlp_mats = 3 if model.mlp == "swiglu" else 2
     norm_params = 2 * h if model.mlp == "gelu" else h  # LayerNorm has a bias, RMSNorm has none
 

@@ -1,0 +1,140 @@
+from __future__ import annotations
+
+import pytest
+
+from dmsc.netmodel import (
+    BREAKDOWN_KEYS,
+    MODES,
+    DoesNotFit,
+    Topology,
+    check_fit,
+    estimate_iteration,
+)
+from dmsc.spec import ClusterSpec, JobSpec, LayerListSpec, resolve_model
+
+
+def test_breakdown_sums_to_iteration(selene: ClusterSpec) -> None:
+    job = JobSpec(global_batch=64, tp=8, pp=8, dp=1, schedule="interleaved", interleave=3,
+                  recompute="full")
+    est = estimate_iteration(selene, resolve_model("gpt3-175b"), job)
+    assert set(est.breakdown_s) == set(BREAKDOWN_KEYS)
+    assert sum(est.breakdown_s.values()) == pytest.approx(est.iteration_time_s)
+    assert 100 < est.tflops_per_gpu < 312
+    assert est.memory_per_device < 80 * 1024**3
+
+
+def test_traffic_by_link_sums_to_traffic_by_mode(nsfnet: ClusterSpec) -> None:
+    topo = Topology(nsfnet)
+    job = JobSpec(global_batch=256, tp=8, pp=4, dp=8, recompute="selective",
+                  sequence_parallel=True, zero=1)
+    est = estimate_iteration(nsfnet, resolve_model("llama3-70b"), job, topology=topo)
+    for mode in MODES:
+        device_bytes = sum(
+            modes[mode] for lid, modes in est.traffic_by_link.items()
+            if topo.links[lid].kind == "device"
+        )
+        assert device_bytes == pytest.approx(2 * est.traffic_bytes[mode])
+    assert est.traffic_bytes["tp"] > est.traffic_bytes["dp"] > 0
+    assert est.traffic_bytes["pp"] > 0 and est.traffic_bytes["ep"] == 0
+
+
+def test_dp_traffic_is_a_ring_all_reduce_of_the_gradients(selene: ClusterSpec) -> None:
+    model = resolve_model("gpt3-1.3b")
+    job = JobSpec(global_batch=64, dp=16)
+    est = estimate_iteration(selene, model, job)
+    grads = est.params * 2
+    # 16 replicas each send 2 (n-1)/n of the gradient buffer (any all-reduce algorithm).
+    assert est.traffic_bytes["dp"] == pytest.approx(16 * 2 * 15 / 16 * grads, rel=0.02)
+
+
+def test_more_microbatches_shrink_the_bubble_share(selene: ClusterSpec) -> None:
+    model = resolve_model("gpt3-13b")
+    shares = []
+    for gb in (8, 32, 128):
+        est = estimate_iteration(selene, model, JobSpec(global_batch=gb, tp=8, pp=4, dp=1))
+        shares.append(est.breakdown_s["bubble"] / est.iteration_time_s)
+    assert shares[0] > shares[1] > shares[2]
+    # 1F1B bubble: (p - 1) / m of the pipeline's busy time, to first order.
+    est = estimate_iteration(selene, model, JobSpec(global_batch=32, tp=8, pp=4, dp=1))
+    busy = est.iteration_time_s - est.breakdown_s["bubble"] - est.breakdown_s["optimizer"]
+    busy -= est.breakdown_s["dp_comm"]
+    assert est.breakdown_s["bubble"] / busy == pytest.approx(3 / 32, rel=0.15)
+
+
+def test_interleaving_shrinks_the_bubble(selene: ClusterSpec) -> None:
+    model = resolve_model("gpt3-13b")
+    plain = estimate_iteration(selene, model, JobSpec(global_batch=16, tp=8, pp=4))
+    inter = estimate_iteration(
+        selene, model, JobSpec(global_batch=16, tp=8, pp=4, schedule="interleaved", interleave=2)
+    )
+    assert inter.breakdown_s["bubble"] < plain.breakdown_s["bubble"]
+    assert inter.breakdown_s["pp_comm"] > plain.breakdown_s["pp_comm"]
+
+
+def test_cross_datacenter_pipeline_pays_for_the_fiber(nsfnet: ClusterSpec) -> None:
+    model = resolve_model("llama3-8b")
+    # 8 devices per stage: pp=4 inside one DC's 256 devices, or one stage per DC.
+    inside = estimate_iteration(nsfnet, model, JobSpec(global_batch=64, tp=8, pp=4, dp=1))
+    across = estimate_iteration(nsfnet, model, JobSpec(global_batch=64, tp=8, pp=4, dp=32,
+                                                       first_device=0))
+    assert across.stages[1].pp_comm_s > inside.stages[1].pp_comm_s * 10
+    assert across.traffic_bytes["pp"] > 0
+
+
+def test_overlap_hides_dp_communication(selene: ClusterSpec) -> None:
+    model = resolve_model("gpt3-2.7b")
+    base = JobSpec(global_batch=64, dp=32, overlap_dp_comm=False)
+    exposed = estimate_iteration(selene, model, base)
+    hidden = estimate_iteration(selene, model, base.model_copy(update={"overlap_dp_comm": True}))
+    assert hidden.breakdown_s["dp_comm"] < exposed.breakdown_s["dp_comm"]
+    assert hidden.traffic_bytes["dp"] == pytest.approx(exposed.traffic_bytes["dp"])
+
+
+def test_expert_parallel_all_to_all(selene: ClusterSpec) -> None:
+    est = estimate_iteration(
+        selene, resolve_model("mixtral-8x7b"),
+        JobSpec(global_batch=64, pp=4, dp=16, ep=8, recompute="full"),
+    )
+    assert est.breakdown_s["ep_comm"] > 0 and est.traffic_bytes["ep"] > 0
+
+
+def test_inference_has_no_backward(selene: ClusterSpec) -> None:
+    model = resolve_model("llama3-8b")
+    train = estimate_iteration(selene, model, JobSpec(global_batch=8, tp=8))
+    infer = estimate_iteration(selene, model, JobSpec(global_batch=8, tp=8, mode="infer"))
+    assert infer.iteration_time_s < train.iteration_time_s / 2.5
+    assert infer.breakdown_s["dp_comm"] == 0 and infer.breakdown_s["optimizer"] == 0
+
+
+@pytest.mark.parametrize(
+    ("job", "reason"),
+    [
+        (JobSpec(global_batch=4096, dp=4096), "devices"),
+        (JobSpec(global_batch=8, tp=5), "heads=96 is not divisible by tp=5"),
+        (JobSpec(global_batch=8, pp=64, schedule="interleaved", interleave=2), "chunks"),
+        (JobSpec(global_batch=8, dp=8, ep=8), "mixture of experts"),
+    ],
+)
+def test_does_not_fit_reasons(selene: ClusterSpec, job: JobSpec, reason: str) -> None:
+    reasons = check_fit(selene, resolve_model("gpt3-175b"), job)
+    assert any(reason in r for r in reasons)
+    with pytest.raises(DoesNotFit):
+        estimate_iteration(selene, resolve_model("gpt3-175b"), job)
+
+
+def test_memory_does_not_fit(selene: ClusterSpec) -> None:
+    with pytest.raises(DoesNotFit, match="GiB per device"):
+        estimate_iteration(selene, resolve_model("gpt3-175b"), JobSpec(global_batch=8))
+
+
+def test_layer_list_model(local_cpu: ClusterSpec) -> None:
+    model = LayerListSpec.model_validate(
+        {"layer_list": [{"forward_gflop": 2.0, "params": 1_000_000, "activation_bytes": 1 << 20,
+                         "output_bytes": 1 << 16}] * 6}
+    )
+    one = estimate_iteration(local_cpu, model, JobSpec(global_batch=8))
+    three = estimate_iteration(local_cpu, model, JobSpec(global_batch=8, pp=3))
+    assert three.breakdown_s["compute"] < one.breakdown_s["compute"]
+    assert three.traffic_bytes["pp"] == pytest.approx(8 * 2 * 2 * (1 << 16))
+    with pytest.raises(DoesNotFit, match="transformer"):
+        estimate_iteration(local_cpu, model, JobSpec(global_batch=8, tp=2, dp=1, pp=1))
