@@ -16,7 +16,7 @@ demo: $(STAMP)
 	$(BIN)/dmsc demo
 
 test: $(STAMP)
-	$(BIN)/pytest -n 2
+	$(BIN)/pytest -n 2 -q
 
 check: $(STAMP)
 	$(BIN)/ruff check src tests benchmarks

@@ -90,7 +90,9 @@ def validate_megatron(calib: Calibration = DEFAULT_CALIBRATION) -> list[Validati
             tied_embeddings=True,
         )
         per_stage = layers // pp
-        chunk_options = [1] if pp == 1 else [v for v in range(1, per_stage + 1) if per_stage % v == 0]
+        chunk_options = (
+            [1] if pp == 1 else [v for v in range(1, per_stage + 1) if per_stage % v == 0]
+        )
         best: ValidationRow | None = None
         for v in chunk_options:
             for mb in (1, 2, 4, 8):
@@ -112,8 +114,16 @@ def validate_megatron(calib: Calibration = DEFAULT_CALIBRATION) -> list[Validati
                 except DoesNotFit:
                     continue
                 cand = ValidationRow(
-                    row["params_billion"], gpus, tp, pp, dp, gb, mb, v,
-                    row["tflops_per_gpu"], est.tflops_per_gpu,
+                    row["params_billion"],
+                    gpus,
+                    tp,
+                    pp,
+                    dp,
+                    gb,
+                    mb,
+                    v,
+                    row["tflops_per_gpu"],
+                    est.tflops_per_gpu,
                 )
                 if best is None or cand.predicted_tflops > best.predicted_tflops:
                     best = cand

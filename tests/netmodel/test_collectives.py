@@ -6,8 +6,13 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from dmsc.netmodel import COLLECTIVES, all_reduce_lower_bound, p2p_time, ring_time
-from dmsc.netmodel import tree_all_reduce_time
+from dmsc.netmodel import (
+    COLLECTIVES,
+    all_reduce_lower_bound,
+    p2p_time,
+    ring_time,
+    tree_all_reduce_time,
+)
 from dmsc.netmodel.collectives import bytes_sent_per_rank
 
 

@@ -24,12 +24,18 @@ def _cluster(node_gbit: float = 1600, link_gbit: float = 2400) -> ClusterSpec:
                 "g": {"peak_tflops": {"bf16": 100}, "memory_gib": 80, "memory_bw_gbyte_s": 2000}
             },
             "node_types": {
-                "n": {"device": "g", "devices": 8,
-                      "link": {"bandwidth_gbit_s": link_gbit, "latency_us": 1}}
+                "n": {
+                    "device": "g",
+                    "devices": 8,
+                    "link": {"bandwidth_gbit_s": link_gbit, "latency_us": 1},
+                }
             },
             "datacenters": [
-                {"name": "a", "nodes": [{"type": "n", "count": 4}],
-                 "network": {"gbit_s_per_node": node_gbit, "latency_us": 2}}
+                {
+                    "name": "a",
+                    "nodes": [{"type": "n", "count": 4}],
+                    "network": {"gbit_s_per_node": node_gbit, "latency_us": 2},
+                }
             ],
         }
     )
@@ -94,8 +100,11 @@ def test_more_bandwidth_never_slower_on_topology(
 
 
 @settings(max_examples=40, deadline=None)
-@given(st.sampled_from(COLLECTIVES), st.sampled_from(["ring", "tree", "hierarchical"]),
-       st.floats(1e3, 1e10))
+@given(
+    st.sampled_from(COLLECTIVES),
+    st.sampled_from(["ring", "tree", "hierarchical"]),
+    st.floats(1e3, 1e10),
+)
 def test_every_byte_leaves_and_enters_a_device_link(kind: str, algo: str, m: float) -> None:
     topo = Topology(_cluster())
     comm = CommModel(topo, C)
@@ -103,7 +112,9 @@ def test_every_byte_leaves_and_enters_a_device_link(kind: str, algo: str, m: flo
     if kind == "p2p":
         groups = [(0, 9), (1, 17)]
     cost = comm.collective(kind, groups, m, algo)  # type: ignore[arg-type]
-    on_device_links = sum(b for lid, b in cost.link_bytes.items() if topo.links[lid].kind == "device")
+    on_device_links = sum(
+        b for lid, b in cost.link_bytes.items() if topo.links[lid].kind == "device"
+    )
     assert on_device_links == pytest.approx(2 * cost.bytes_sent)
 
 
@@ -117,5 +128,9 @@ def test_flat_ring_respects_bandwidth_bound(n: int, m: float) -> None:
     # The fastest link any rank has into the network bounds the all-reduce.
     fastest = 2400e9 / 8 if n <= 8 else 1600e9 / 8
     nodes = max(1, (n + 7) // 8)
-    bound = all_reduce_lower_bound(n, m, fastest) if n <= 8 else all_reduce_lower_bound(nodes, m, fastest)
+    bound = (
+        all_reduce_lower_bound(n, m, fastest)
+        if n <= 8
+        else all_reduce_lower_bound(nodes, m, fastest)
+    )
     assert cost.time_s >= bound * (1 - 1e-9)

@@ -14,8 +14,9 @@ from dmsc.spec import ClusterSpec, JobSpec, LayerListSpec, resolve_model
 
 
 def test_breakdown_sums_to_iteration(selene: ClusterSpec) -> None:
-    job = JobSpec(global_batch=64, tp=8, pp=8, dp=1, schedule="interleaved", interleave=3,
-                  recompute="full")
+    job = JobSpec(
+        global_batch=64, tp=8, pp=8, dp=1, schedule="interleaved", interleave=3, recompute="full"
+    )
     est = estimate_iteration(selene, resolve_model("gpt3-175b"), job)
     assert set(est.breakdown_s) == set(BREAKDOWN_KEYS)
     assert sum(est.breakdown_s.values()) == pytest.approx(est.iteration_time_s)
@@ -25,12 +26,14 @@ def test_breakdown_sums_to_iteration(selene: ClusterSpec) -> None:
 
 def test_traffic_by_link_sums_to_traffic_by_mode(nsfnet: ClusterSpec) -> None:
     topo = Topology(nsfnet)
-    job = JobSpec(global_batch=256, tp=8, pp=4, dp=8, recompute="selective",
-                  sequence_parallel=True, zero=1)
+    job = JobSpec(
+        global_batch=256, tp=8, pp=4, dp=8, recompute="selective", sequence_parallel=True, zero=1
+    )
     est = estimate_iteration(nsfnet, resolve_model("llama3-70b"), job, topology=topo)
     for mode in MODES:
         device_bytes = sum(
-            modes[mode] for lid, modes in est.traffic_by_link.items()
+            modes[mode]
+            for lid, modes in est.traffic_by_link.items()
             if topo.links[lid].kind == "device"
         )
         assert device_bytes == pytest.approx(2 * est.traffic_bytes[mode])
@@ -75,8 +78,9 @@ def test_cross_datacenter_pipeline_pays_for_the_fiber(nsfnet: ClusterSpec) -> No
     model = resolve_model("llama3-8b")
     # 8 devices per stage: pp=4 inside one DC's 256 devices, or one stage per DC.
     inside = estimate_iteration(nsfnet, model, JobSpec(global_batch=64, tp=8, pp=4, dp=1))
-    across = estimate_iteration(nsfnet, model, JobSpec(global_batch=64, tp=8, pp=4, dp=32,
-                                                       first_device=0))
+    across = estimate_iteration(
+        nsfnet, model, JobSpec(global_batch=64, tp=8, pp=4, dp=32, first_device=0)
+    )
     assert across.stages[1].pp_comm_s > inside.stages[1].pp_comm_s * 10
     assert across.traffic_bytes["pp"] > 0
 
@@ -92,7 +96,8 @@ def test_overlap_hides_dp_communication(selene: ClusterSpec) -> None:
 
 def test_expert_parallel_all_to_all(selene: ClusterSpec) -> None:
     est = estimate_iteration(
-        selene, resolve_model("mixtral-8x7b"),
+        selene,
+        resolve_model("mixtral-8x7b"),
         JobSpec(global_batch=64, pp=4, dp=16, ep=8, recompute="full"),
     )
     assert est.breakdown_s["ep_comm"] > 0 and est.traffic_bytes["ep"] > 0
@@ -129,8 +134,17 @@ def test_memory_does_not_fit(selene: ClusterSpec) -> None:
 
 def test_layer_list_model(local_cpu: ClusterSpec) -> None:
     model = LayerListSpec.model_validate(
-        {"layer_list": [{"forward_gflop": 2.0, "params": 1_000_000, "activation_bytes": 1 << 20,
-                         "output_bytes": 1 << 16}] * 6}
+        {
+            "layer_list": [
+                {
+                    "forward_gflop": 2.0,
+                    "params": 1_000_000,
+                    "activation_bytes": 1 << 20,
+                    "output_bytes": 1 << 16,
+                }
+            ]
+            * 6
+        }
     )
     one = estimate_iteration(local_cpu, model, JobSpec(global_batch=8))
     three = estimate_iteration(local_cpu, model, JobSpec(global_batch=8, pp=3))

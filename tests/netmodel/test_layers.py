@@ -11,8 +11,8 @@ GPT = TransformerSpec(layers=24, hidden=2304, heads=24, seq=2048, vocab=51200, d
 
 def _megatron_flops(model: TransformerSpec, batch: int) -> float:
     """Narayanan et al. SC'21 eq. 3: FLOPs per iteration with full recomputation."""
-    B, s, l, h, V = batch, model.seq, model.layers, model.hidden, model.vocab
-    return 96 * B * s * l * h * h * (1 + s / (6 * h) + V / (16 * l * h))
+    B, s, L, h, V = batch, model.seq, model.layers, model.hidden, model.vocab
+    return 96 * B * s * L * h * h * (1 + s / (6 * h) + V / (16 * L * h))
 
 
 def test_block_forward_flops_by_hand() -> None:
@@ -36,8 +36,8 @@ def test_iteration_flops_match_megatron_eq3(selene: ClusterSpec, tp: int, pp: in
 def test_params_match_megatron_formula() -> None:
     # 12 l h^2 (1 + 13/(12h) + (V + s)/(12 l h)) with tied embeddings (Megatron-LM SC'21 sec. 5.1).
     model = GPT.model_copy(update={"tied_embeddings": True})
-    l, h, V, s = model.layers, model.hidden, model.vocab, model.seq
-    expected = 12 * l * h * h * (1 + 13 / (12 * h) + (V + s) / (12 * l * h))
+    L, h, V, s = model.layers, model.hidden, model.vocab, model.seq
+    expected = 12 * L * h * h * (1 + 13 / (12 * h) + (V + s) / (12 * L * h))
     assert count_params(model) == pytest.approx(expected, rel=1e-3)
 
 

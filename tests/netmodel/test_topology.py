@@ -1,5 +1,7 @@
 from __future__ import annotations
 
+import itertools
+
 import networkx as nx
 import pytest
 
@@ -14,7 +16,7 @@ def test_structural_paths_match_networkx(nsfnet: ClusterSpec) -> None:
     for a, b in pairs:
         ours = topo.path(a, b)
         reference = nx.shortest_path(g, f"dev:{a}", f"dev:{b}", weight="delay")
-        ref_links = [g.edges[u, v]["link"] for u, v in zip(reference, reference[1:], strict=False)]
+        ref_links = [g.edges[u, v]["link"] for u, v in itertools.pairwise(reference)]
         assert [lid for lid, _ in ours] == ref_links
         ref_delay = nx.shortest_path_length(g, f"dev:{a}", f"dev:{b}", weight="delay")
         assert topo.path_latency(a, b) == pytest.approx(ref_delay)

@@ -39,7 +39,11 @@ def test_minimal_cluster(tmp_path: Path) -> None:
 @pytest.mark.parametrize(
     ("text", "field", "reason"),
     [
-        (BASE.replace("device: gpu", "device: tpu"), "node_types.box.device", "unknown device type"),
+        (
+            BASE.replace("device: gpu", "device: tpu"),
+            "node_types.box.device",
+            "unknown device type",
+        ),
         (BASE.replace("devices: 4", "devices: 0"), "node_types.box.devices", "greater than 0"),
         (BASE.replace("memory_gib: 40", "memory_gib: -1"), "memory_gib", "greater than 0"),
         (BASE.replace("type: box", "type: rack"), "datacenters[0].nodes[0].type", "unknown node"),

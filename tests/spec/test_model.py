@@ -62,8 +62,10 @@ def test_layer_list_file(tmp_path: Path) -> None:
     )
     model = resolve_model(str(path))
     assert isinstance(model, LayerListSpec) and len(model.layer_list) == 2
-    path.write_text("kind: layers\nlayer_list:\n  - {forward_gflop: -1, params: 1, "
-                    "activation_bytes: 1, output_bytes: 1}\n")
+    path.write_text(
+        "kind: layers\nlayer_list:\n  - {forward_gflop: -1, params: 1, "
+        "activation_bytes: 1, output_bytes: 1}\n"
+    )
     with pytest.raises(SpecError) as info:
         resolve_model(str(path))
     assert info.value.field == "layer_list[0].forward_gflop"

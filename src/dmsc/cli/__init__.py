@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import json
 import sys
-from enum import Enum
+from enum import StrEnum
 from pathlib import Path
 from typing import Annotated, Any
 
@@ -27,7 +27,7 @@ EXIT_DOES_NOT_FIT = 1
 EXIT_BAD_INPUT = 2
 
 
-class SpecKind(str, Enum):
+class SpecKind(StrEnum):
     cluster = "cluster"
     model = "model"
     job = "job"
@@ -96,7 +96,14 @@ def estimate(
     cluster_spec = load_cluster(cluster)
     model_spec = build_model(
         model,
-        {"layers": layers, "hidden": hidden, "heads": heads, "ffn": ffn, "seq": seq, "vocab": vocab},
+        {
+            "layers": layers,
+            "hidden": hidden,
+            "heads": heads,
+            "ffn": ffn,
+            "seq": seq,
+            "vocab": vocab,
+        },
     )
     flags = {
         "mode": mode,
@@ -143,14 +150,30 @@ def demo() -> None:
         (
             "a100-selene.yaml",
             "gpt3-175b",
-            dict(tp=8, pp=8, dp=1, global_batch=64, micro_batch=1, schedule="interleaved",
-                 interleave=3, recompute="full"),
+            dict(
+                tp=8,
+                pp=8,
+                dp=1,
+                global_batch=64,
+                micro_batch=1,
+                schedule="interleaved",
+                interleave=3,
+                recompute="full",
+            ),
         ),
         (
             "nsfnet-4dc.yaml",
             "llama3-70b",
-            dict(tp=8, pp=4, dp=32, global_batch=512, micro_batch=1, recompute="selective",
-                 sequence_parallel=True, zero=1),
+            dict(
+                tp=8,
+                pp=4,
+                dp=32,
+                global_batch=512,
+                micro_batch=1,
+                recompute="selective",
+                sequence_parallel=True,
+                zero=1,
+            ),
         ),
         (
             "a100-selene.yaml",

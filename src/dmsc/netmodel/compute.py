@@ -24,7 +24,7 @@ class DtypeUnsupported(ValueError):
 def peak_flops(device: DeviceTypeSpec, dtype: str) -> float:
     """Peak FLOP/s of ``device`` in ``dtype`` (fp32 math on tf32 units where only tf32 is given)."""
     if dtype in device.peak_tflops:
-        return device.peak_tflops[dtype] * 1e12  # type: ignore[index]
+        return device.peak_tflops[dtype] * 1e12
     if dtype == "fp32" and "tf32" in device.peak_tflops:
         return device.peak_tflops["tf32"] * 1e12
     raise DtypeUnsupported(
@@ -75,7 +75,9 @@ def layer_time(
     gemm_s = sum(gemm_time(g, device, dtype, calib) for g in layer.gemms)
     mem_rate = device.memory_bw_gbyte_s * 1e9 * calib.memory_efficiency
     flop_rate = peak_flops(device, dtype) * calib.gemm_efficiency
-    eltwise_s = layer.elementwise_bytes / mem_rate + layer.elementwise_kernels * calib.kernel_overhead_s
+    eltwise_s = (
+        layer.elementwise_bytes / mem_rate + layer.elementwise_kernels * calib.kernel_overhead_s
+    )
     other_s = layer.extra_flops / flop_rate
     forward = gemm_s + eltwise_s + other_s
     backward = 2 * forward

@@ -10,7 +10,6 @@ data-parallel gradient reduction (minus what overlaps the last backward pass) an
 
 from __future__ import annotations
 
-from collections import Counter
 from dataclasses import dataclass, field
 
 from dmsc.netmodel.comm import ZERO_COST, CommCost, CommModel
@@ -92,7 +91,9 @@ class Estimate:
         return max(s.memory.total for s in self.stages)
 
 
-def check_fit(cluster: ClusterSpec, model: TransformerSpec | LayerListSpec, job: JobSpec) -> list[str]:
+def check_fit(
+    cluster: ClusterSpec, model: TransformerSpec | LayerListSpec, job: JobSpec
+) -> list[str]:
     """Reasons (possibly none) why ``job`` cannot run ``model`` on ``cluster`` before costing."""
     reasons: list[str] = []
     available = cluster.device_count - job.first_device
@@ -107,11 +108,10 @@ def check_fit(cluster: ClusterSpec, model: TransformerSpec | LayerListSpec, job:
             f"{n_layers} layers cannot fill pp x interleave = {job.pp * job.chunks} chunks"
         )
     if isinstance(model, TransformerSpec):
-        for name, value in (
-            ("heads", model.heads),
-            ("kv_heads", model.kv_heads_count),
-            ("ffn", model.ffn_size),
-        ):
+        shapes = [("heads", model.heads), ("ffn", model.ffn_size)]
+        if model.kv_heads_count != model.heads:
+            shapes.insert(1, ("kv_heads", model.kv_heads_count))
+        for name, value in shapes:
             if value % job.tp:
                 reasons.append(f"{name}={value} is not divisible by tp={job.tp}")
         if job.ep > 1 and (not model.is_moe or model.experts % job.ep):
@@ -158,13 +158,13 @@ def estimate_iteration(
     m, p, v = job.microbatches, job.pp, job.chunks
     layers = build_layer_costs(model, job)
     stage_layers = _stage_layers(layers, job)
-    traffic: dict[str, Counter[int]] = {mode: Counter() for mode in MODES}
+    traffic: dict[str, dict[int, float]] = {mode: {} for mode in MODES}
     sent: dict[str, float] = dict.fromkeys(MODES, 0.0)
 
     def account(mode: str, cost: CommCost, times: float) -> None:
         sent[mode] += cost.bytes_sent * times
         for lid, nbytes in cost.link_bytes.items():
-            traffic[mode][lid] += nbytes * times
+            traffic[mode][lid] = traffic[mode].get(lid, 0.0) + nbytes * times
 
     # Pipeline boundaries: every activation that leaves a stage (all chunk boundaries at once).
     boundary_bytes = max((lc.output_bytes for lc in layers if lc.kind != "head"), default=0.0)
@@ -200,8 +200,8 @@ def estimate_iteration(
                 if tname == min(types):
                     f_fwd = lc.forward_flops
                     extra = f_fwd if policy == "full" else lc.recompute_flops
-                    per_mb = (3 * f_fwd + extra) if train else f_fwd
-                    flops += per_mb * m * len(devices)
+                    mb_flops = (3 * f_fwd + extra) if train else f_fwd
+                    flops += mb_flops * m * len(devices)
                     model_flops += (3 * f_fwd if train else f_fwd) * m * len(devices)
             compute_s = max(compute_s, t_total)
             peak = max(peak, peak_flops(dtype_spec, dtype))
@@ -280,9 +280,7 @@ def estimate_iteration(
                 ag = comm.collective("all_gather", groups, grad_dense)
                 dp_s += ag.time_s * 2 * m
                 account("dp", ag, 2 * m)
-        grad_expert = max(
-            sum(lc.expert_params_per_device for lc in ms) * B for ms in stage_layers
-        )
+        grad_expert = max(sum(lc.expert_params_per_device for lc in ms) * B for ms in stage_layers)
         if grad_expert and job.dp // job.ep > 1:
             groups = [g for s in range(p) for g in layout.expert_dp_groups(s)]
             c = comm.collective("all_reduce", groups, grad_expert, job.allreduce)
@@ -300,7 +298,8 @@ def estimate_iteration(
         )
         dev = cluster.device_types[topo.devices[layout.first_device].type_name]
         breakdown["optimizer"] = (
-            params_dev * calib.optimizer_bytes_per_param
+            params_dev
+            * calib.optimizer_bytes_per_param
             / (dev.memory_bw_gbyte_s * 1e9 * calib.memory_efficiency)
         )
 

@@ -2,8 +2,9 @@
 
 The model becomes a chain ``embedding, block_0 .. block_{L-1}, head`` (or the spec's own layer
 list). Counts follow Narayanan et al. (SC'21, eq. 3: 24bsh^2 + 4bs^2h forward FLOPs per block) and
-the activation memory of Korthikanti et al., "Reducing Activation Recomputation in Large Transformer
-Models" (MLSys 2023, sec. 4), generalised to grouped-query attention, SwiGLU and mixtures of experts.
+the activation memory of Korthikanti et al., "Reducing Activation Recomputation in Large$
+Transformer Models" (MLSys 2023, sec. 4), generalised to grouped-query attention, SwiGLU and
+mixtures of experts.
 """
 
 from __future__ import annotations
@@ -139,14 +140,14 @@ def _transformer_layers(model: TransformerSpec, job: JobSpec) -> list[LayerCost]
                 Gemm(tokens_per_expert, h, f // t, E // ep),
             )
             expert_p = E * mlp_params / (t * ep)
-            params = attn_params + E * mlp_params + h * E
+            params = float(attn_params + E * mlp_params + h * E)
             per_dev = attn_params / t + expert_p + h * E
-            a2a = B * T * h * k
+            a2a = float(B * T * h * k)
             mlp_act = split_mlp * k
         else:
             mlp_gemms = dense_mlp
             expert_p = 0.0
-            params = attn_params + mlp_params
+            params = float(attn_params + mlp_params)
             per_dev = (attn_params + mlp_params) / t
             a2a = 0.0
             mlp_act = split_mlp
@@ -225,7 +226,9 @@ def _explicit_layers(model: LayerListSpec, job: JobSpec) -> list[LayerCost]:
                 recompute_flops=0.0,
                 recompute_bytes=0.0,
                 activation_bytes=(
-                    layer.activation_bytes * b if job.recompute != "full" else layer.output_bytes * b
+                    layer.activation_bytes * b
+                    if job.recompute != "full"
+                    else layer.output_bytes * b
                 ),
                 output_bytes=float(layer.output_bytes * b),
                 tp_allreduce_bytes=0.0,

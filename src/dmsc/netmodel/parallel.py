@@ -38,14 +38,10 @@ class Layout:
         return list(range(base, base + self.tp * self.dp))
 
     def tp_groups(self, stage: int) -> list[Group]:
-        return [
-            tuple(self.device(stage, d, t) for t in range(self.tp)) for d in range(self.dp)
-        ]
+        return [tuple(self.device(stage, d, t) for t in range(self.tp)) for d in range(self.dp)]
 
     def dp_groups(self, stage: int) -> list[Group]:
-        return [
-            tuple(self.device(stage, d, t) for d in range(self.dp)) for t in range(self.tp)
-        ]
+        return [tuple(self.device(stage, d, t) for d in range(self.dp)) for t in range(self.tp)]
 
     def ep_groups(self, stage: int) -> list[Group]:
         return [
@@ -77,7 +73,9 @@ def split_layers(n_layers: int, chunks: int) -> list[range]:
     out: list[range] = []
     start = 0
     for c in range(chunks):
-        size = base + (1 if c < extra else 0)  # the first chunks take the remainder (the last has the head)
+        size = base + (
+            1 if c < extra else 0
+        )  # the first chunks take the remainder (the last has the head)
         out.append(range(start, start + size))
         start += size
     return out

@@ -8,6 +8,7 @@ built on first use, and inter-DC routes are its shortest paths by propagation de
 
 from __future__ import annotations
 
+import itertools
 from dataclasses import dataclass
 from functools import cached_property
 from typing import Literal
@@ -163,7 +164,7 @@ class Topology:
         if key not in self._routes:
             sites = nx.shortest_path(self.site_graph, self.dc_sites[a], self.dc_sites[b], "delay")
             hops: list[Hop] = []
-            for x, y in zip(sites, sites[1:], strict=False):
+            for x, y in itertools.pairwise(sites):
                 link = self.links[self._interdc[frozenset((x, y))]]
                 hops.append((link.id, 1 if link.u == _site(x) else -1))
             self._routes[key] = tuple(hops)

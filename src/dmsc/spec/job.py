@@ -32,12 +32,16 @@ class JobSpec(BaseModel):
     interleave: int = Field(default=1, gt=0, le=1024, description="Model chunks per device.")
     recompute: Recompute = "none"
     sequence_parallel: bool = False
-    zero: int = Field(default=0, ge=0, le=3, description="ZeRO stage (optimizer/grad/param sharding).")
+    zero: int = Field(
+        default=0, ge=0, le=3, description="ZeRO stage (optimizer/grad/param sharding)."
+    )
     overlap_dp_comm: bool = Field(
         default=True, description="Overlap the gradient all-reduce with the last backward pass."
     )
     allreduce: AllReduceAlgo = "auto"
-    first_device: int = Field(default=0, ge=0, description="Index of the first device the job uses.")
+    first_device: int = Field(
+        default=0, ge=0, description="Index of the first device the job uses."
+    )
 
     @model_validator(mode="after")
     def _consistent(self) -> Self:

@@ -81,7 +81,9 @@ def resolve_model(
     if name_or_path is None:
         missing = [f"--{k}" for k in SHAPE_FIELDS if k != "ffn" and k not in given]
         if missing:
-            raise SpecError("--model", "", f"no model given; name a preset or give {', '.join(missing)}")
+            raise SpecError(
+                "--model", "", f"no model given; name a preset or give {', '.join(missing)}"
+            )
         return parse_model({"name": "custom", **given}, "command line")
     if name_or_path in MODEL_PRESETS:
         base: dict[str, Any] = {"name": name_or_path, **MODEL_PRESETS[name_or_path]}

@@ -1,0 +1,263 @@
+"""The ``dmsc`` command as a user runs it: a real process, its output and exit code."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[2]
+SELENE = str(ROOT / "examples" / "clusters" / "a100-selene.yaml")
+ISSUE_FLAGS = [
+    "--tp",
+    "8",
+    "--pp",
+    "8",
+    "--dp",
+    "1",
+    "--global-batch",
+    "64",
+    "--micro-batch",
+    "1",
+    "--schedule",
+    "interleaved",
+    "--interleave",
+    "3",
+    "--recompute",
+    "full",
+]
+
+
+def dmsc(*args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "-m", "dmsc", *args],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        cwd=ROOT,
+    )
+
+
+def test_estimate_json_has_the_promised_keys() -> None:
+    res = dmsc("estimate", "--cluster", SELENE, "--model", "gpt3-175b", *ISSUE_FLAGS, "--json")
+    assert res.returncode == 0, res.stderr
+    out = json.loads(res.stdout)
+    for key in ("iteration_time_s", "tflops_per_gpu", "memory_gib_per_device"):
+        assert isinstance(out[key], float) and out[key] > 0
+    assert set(out["breakdown_s"]) >= {
+        "compute",
+        "tp_comm",
+        "pp_comm",
+        "dp_comm",
+        "ep_comm",
+        "bubble",
+    }
+    assert set(out["traffic_bytes"]) == {"dp", "pp", "tp", "ep"}
+    assert sum(out["breakdown_s"].values()) == pytest.approx(out["iteration_time_s"])
+    assert len(out["stages"]) == 8
+
+
+def test_estimate_table() -> None:
+    res = dmsc("estimate", "--cluster", SELENE, "--model", "gpt3-175b", *ISSUE_FLAGS)
+    assert res.returncode == 0, res.stderr
+    for word in ("compute", "bubble", "TFLOP/s per device", "memory per device", "traffic"):
+        assert word in res.stdout
+
+
+def test_shape_flags_define_a_model() -> None:
+    res = dmsc(
+        "estimate",
+        "--cluster",
+        SELENE,
+        "--layers",
+        "4",
+        "--hidden",
+        "512",
+        "--heads",
+        "8",
+        "--seq",
+        "256",
+        "--vocab",
+        "1000",
+        "--global-batch",
+        "8",
+        "--json",
+    )
+    assert res.returncode == 0, res.stderr
+    assert json.loads(res.stdout)["model"]["name"] == "custom"
+
+
+@pytest.mark.parametrize(
+    ("args", "needle"),
+    [
+        (
+            ["estimate", "--cluster", "nope.yaml", "--model", "gpt3-175b", "--global-batch", "8"],
+            "nope.yaml: no such file",
+        ),
+        (
+            ["estimate", "--cluster", SELENE, "--model", "gpt5", "--global-batch", "8"],
+            "unknown model 'gpt5'",
+        ),
+        (["estimate", "--cluster", SELENE, "--model", "gpt3-175b"], "--global-batch: is required"),
+        (
+            [
+                "estimate",
+                "--cluster",
+                SELENE,
+                "--model",
+                "gpt3-175b",
+                "--global-batch",
+                "10",
+                "--dp",
+                "3",
+            ],
+            "--global-batch: 10 is not divisible",
+        ),
+        (
+            [
+                "estimate",
+                "--cluster",
+                SELENE,
+                "--model",
+                "gpt3-175b",
+                "--global-batch",
+                "8",
+                "--schedule",
+                "zigzag",
+            ],
+            "--schedule",
+        ),
+        (
+            [
+                "estimate",
+                "--cluster",
+                SELENE,
+                "--model",
+                "gpt3-175b",
+                "--global-batch",
+                "8",
+                "--tp",
+                "x",
+            ],
+            "--tp",
+        ),
+        (
+            [
+                "estimate",
+                "--cluster",
+                SELENE,
+                "--model",
+                "gpt3-175b",
+                "--global-batch",
+                "8",
+                "--bogus",
+                "1",
+            ],
+            "--bogus",
+        ),
+        (
+            [
+                "estimate",
+                "--cluster",
+                SELENE,
+                "--model",
+                "gpt3-175b",
+                "--heads",
+                "7",
+                "--global-batch",
+                "8",
+            ],
+            "hidden",
+        ),
+        (["schema", "widget"], "widget"),
+    ],
+)
+def test_bad_input_is_one_line_and_exit_2(args: list[str], needle: str) -> None:
+    res = dmsc(*args)
+    assert res.returncode == 2, (res.stdout, res.stderr)
+    assert needle in res.stderr
+    assert "Traceback" not in res.stderr
+    assert len(res.stderr.strip().splitlines()) == 1
+
+
+def test_bad_cluster_file_names_file_and_field(tmp_path: Path) -> None:
+    text = Path(SELENE).read_text().replace("devices: 8", "devices: -8")
+    bad = tmp_path / "bad.yaml"
+    bad.write_text(text)
+    res = dmsc("estimate", "--cluster", str(bad), "--model", "gpt3-175b", "--global-batch", "8")
+    assert res.returncode == 2
+    assert f"{bad}: node_types.dgx-a100.devices:" in res.stderr
+    assert "Traceback" not in res.stderr
+
+
+def test_unknown_link_endpoint_is_a_spec_error(tmp_path: Path) -> None:
+    nsf = (ROOT / "examples" / "clusters" / "nsfnet-4dc.yaml").read_text()
+    bad = tmp_path / "cut.yaml"
+    bad.write_text(
+        "\n".join(line for line in nsf.splitlines() if '"13"' not in line or "dc-" in line)
+    )
+    res = dmsc("estimate", "--cluster", str(bad), "--model", "llama3-8b", "--global-batch", "8")
+    assert res.returncode == 2
+    assert "links: datacenter 'dc-d' is not connected" in res.stderr
+
+
+def test_does_not_fit_is_exit_1_with_reason() -> None:
+    res = dmsc("estimate", "--cluster", SELENE, "--model", "gpt3-175b", "--global-batch", "8")
+    assert res.returncode == 1
+    assert "does not fit" in res.stderr and "GiB per device" in res.stderr
+    res = dmsc(
+        "estimate",
+        "--cluster",
+        SELENE,
+        "--model",
+        "gpt3-175b",
+        "--global-batch",
+        "8",
+        "--tp",
+        "5",
+        "--json",
+    )
+    assert res.returncode == 1
+    assert json.loads(res.stdout) == {
+        "fits": False,
+        "reasons": ["heads=96 is not divisible by tp=5", "ffn=49152 is not divisible by tp=5"],
+    }
+
+
+def test_job_file_with_flag_override(tmp_path: Path) -> None:
+    job = tmp_path / "job.yaml"
+    job.write_text("global_batch: 64\ntp: 8\npp: 8\nrecompute: full\n")
+    res = dmsc(
+        "estimate",
+        "--cluster",
+        SELENE,
+        "--model",
+        "gpt3-175b",
+        "--job",
+        str(job),
+        "--micro-batch",
+        "2",
+        "--json",
+    )
+    assert res.returncode == 0, res.stderr
+    assert json.loads(res.stdout)["job"]["micro_batch"] == 2
+    job.write_text("global_batch: 64\ntp: [8]\n")
+    res = dmsc("estimate", "--cluster", SELENE, "--model", "gpt3-175b", "--job", str(job))
+    assert res.returncode == 2 and f"{job}: tp:" in res.stderr
+
+
+@pytest.mark.parametrize("kind", ["cluster", "model", "job"])
+def test_schema(kind: str) -> None:
+    res = dmsc("schema", kind)
+    assert res.returncode == 0
+    schema = json.loads(res.stdout)
+    assert "properties" in schema or "oneOf" in schema or "$defs" in schema
+
+
+def test_demo_runs() -> None:
+    res = dmsc("demo")
+    assert res.returncode == 0, res.stderr
+    assert res.stdout.count("TFLOP/s per device") == 3
