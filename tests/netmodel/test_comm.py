@@ -134,3 +134,27 @@ def test_flat_ring_respects_bandwidth_bound(n: int, m: float) -> None:
         else all_reduce_lower_bound(nodes, m, fastest)
     )
     assert cost.time_s >= bound * (1 - 1e-9)
+
+
+def test_hierarchical_across_datacenters() -> None:
+    spec = _cluster().model_dump()
+    spec["datacenters"] = [
+        {"name": name, "nodes": [{"type": "n", "count": 2}],
+         "network": {"gbit_s_per_node": 1600, "latency_us": 2}}
+        for name in ("east", "west")
+    ]
+    spec["links"] = [{"a": "east", "b": "west", "km": 500, "bandwidth_gbit_s": 100}]
+    topo = Topology(ClusterSpec.model_validate(spec))
+    comm = CommModel(topo, C)
+    group = [tuple(range(32))]
+    m = 1e9
+    flat = comm.collective("all_reduce", group, m, "ring")
+    best = comm.collective("all_reduce", group, m, "auto")
+    assert best.time_s < flat.time_s / 1.5
+    # Cut bound: each datacenter must send half the buffer over the 100 Gbit/s fiber.
+    assert best.time_s >= all_reduce_lower_bound(2, m, 100e9 / 8)
+    fiber = next(link.id for link in topo.links if link.kind == "interdc")
+    # The flat ring crosses the fiber twice with 2(n-1)/n of the buffer; the hierarchical
+    # all-reduce has 16 pairs of shards (m/16 each) that each rank sends once over it: 2m.
+    assert flat.link_bytes[fiber] == pytest.approx(2 * 2 * 31 / 32 * m)
+    assert best.link_bytes[fiber] == pytest.approx(2 * m)

@@ -154,40 +154,52 @@ class CommModel:
             tree_sent = 2 * nbytes * sum(len(g) - 1 for g in groups)
             options.append(self._cost(hs, t, 2 * nbytes, tree_sent))
         if algorithm in ("auto", "hierarchical"):
-            hier = self._hierarchical(groups, nbytes)
-            if hier is not None:
-                options.append(hier)
+            hier = [
+                c
+                for c in (
+                    self._hierarchical(groups, nbytes, "node"),
+                    self._hierarchical(groups, nbytes, "dc"),
+                )
+                if c is not None
+            ]
+            if hier:
+                options.extend(hier)
             elif algorithm == "hierarchical":
                 hs = self._pattern("ring", groups)
                 t = cf.ring_time("all_reduce", n, nbytes, 1.0 / hs.inv_bw, hs.alpha)
                 options.append(self._cost(hs, t, sent / sum(len(g) for g in groups), sent))
         return min(options, key=lambda c: c.time_s)
 
-    def _hierarchical(self, groups: tuple[Group, ...], nbytes: float) -> CommCost | None:
-        """Reduce-scatter inside each node, all-reduce across nodes, all-gather inside nodes.
+    def _hierarchical(
+        self, groups: tuple[Group, ...], nbytes: float, level: str
+    ) -> CommCost | None:
+        """Reduce-scatter inside each node (or datacenter), all-reduce across them, all-gather.
 
-        Applies when every group has the same number of members on each of its nodes, and more
-        than one member per node and more than one node (else it is the flat ring).
+        The all-reduce across domains is itself costed with every algorithm (so across
+        datacenters, the part inside each datacenter may be hierarchical by node again). Applies
+        when every group has the same number of members in each of its domains, more than one
+        member per domain and more than one domain; else ``None`` (it would be the flat ring).
         """
         devices = self.topo.devices
         local_groups: list[Group] = []
         cross_groups: list[Group] = []
         for g in groups:
-            by_node: dict[int, list[int]] = {}
+            by_domain: dict[int, list[int]] = {}
             for d in g:
-                by_node.setdefault(devices[d].node, []).append(d)
-            sizes = {len(v) for v in by_node.values()}
-            if len(sizes) != 1 or len(by_node) < 2 or sizes == {1}:
+                key = devices[d].node if level == "node" else devices[d].dc
+                by_domain.setdefault(key, []).append(d)
+            sizes = {len(v) for v in by_domain.values()}
+            if len(sizes) != 1 or len(by_domain) < 2 or sizes == {1}:
                 return None
-            members = list(by_node.values())
+            members = list(by_domain.values())
             local_groups.extend(tuple(m) for m in members)
-            per_node = len(members[0])
-            cross_groups.extend(tuple(m[i] for m in members) for i in range(per_node))
+            per_domain = len(members[0])
+            cross_groups.extend(tuple(m[i] for m in members) for i in range(per_domain))
         local = tuple(local_groups)
         cross = tuple(cross_groups)
         g_local = len(local[0])
         rs = self.collective("reduce_scatter", local, nbytes)
-        ar = self._all_reduce(cross, len(cross[0]), nbytes / g_local, "ring")
+        ar = self._all_reduce(cross, len(cross[0]), nbytes / g_local, "auto")
         ag = self.collective("all_gather", local, nbytes)
         links: Counter[int] = Counter()
         for part in (rs, ar, ag):
