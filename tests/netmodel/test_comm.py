@@ -139,8 +139,11 @@ def test_flat_ring_respects_bandwidth_bound(n: int, m: float) -> None:
 def test_hierarchical_across_datacenters() -> None:
     spec = _cluster().model_dump()
     spec["datacenters"] = [
-        {"name": name, "nodes": [{"type": "n", "count": 2}],
-         "network": {"gbit_s_per_node": 1600, "latency_us": 2}}
+        {
+            "name": name,
+            "nodes": [{"type": "n", "count": 2}],
+            "network": {"gbit_s_per_node": 1600, "latency_us": 2},
+        }
         for name in ("east", "west")
     ]
     spec["links"] = [{"a": "east", "b": "west", "km": 500, "bandwidth_gbit_s": 100}]
