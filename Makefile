@@ -26,6 +26,7 @@ check: $(STAMP)
 bench: $(STAMP)
 	$(BIN)/python benchmarks/validate_costmodel.py
 	$(BIN)/python benchmarks/estimate_speed.py
+	$(BIN)/python benchmarks/gpu_compare.py
 
 clean:
 	rm -rf $(VENV) build *.egg-info src/*.egg-info

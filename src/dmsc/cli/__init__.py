@@ -146,6 +146,8 @@ def demo() -> None:
     from dmsc.netmodel import Topology, estimate_iteration
 
     examples = Path(__file__).resolve().parents[3] / "examples" / "clusters"
+    if not examples.is_dir():
+        raise SpecError(str(examples), "", "example clusters not found: run from a source checkout")
     runs: list[tuple[str, str, dict[str, Any]]] = [
         (
             "a100-selene.yaml",
