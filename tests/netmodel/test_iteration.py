@@ -7,6 +7,7 @@ from dmsc.netmodel import (
     MODES,
     DoesNotFit,
     Topology,
+    build_layer_costs,
     check_fit,
     estimate_iteration,
 )
@@ -152,3 +153,15 @@ def test_layer_list_model(local_cpu: ClusterSpec) -> None:
     assert three.traffic_bytes["pp"] == pytest.approx(8 * 2 * 2 * (1 << 16))
     with pytest.raises(DoesNotFit, match="transformer"):
         estimate_iteration(local_cpu, model, JobSpec(global_batch=8, tp=2, dp=1, pp=1))
+
+
+def test_inference_memory_is_weights_kv_cache_and_one_layer(selene: ClusterSpec) -> None:
+    model = resolve_model("llama3-8b")
+    est = estimate_iteration(selene, model, JobSpec(global_batch=1, mode="infer"))
+    mem = est.stages[0].memory
+    assert mem.gradients == 0 and mem.optimizer == 0
+    kv_cache = 2 * 32 * 8192 * 8 * 128 * 2  # K and V, 32 layers, 8 kv heads of 128, bf16
+    job = JobSpec(global_batch=1, mode="infer")
+    largest = max(lc.activation_bytes for lc in build_layer_costs(model, job))
+    assert mem.activations == pytest.approx(kv_cache + largest)
+    assert mem.weights == pytest.approx(est.params * 2, rel=1e-3)

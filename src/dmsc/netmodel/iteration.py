@@ -230,7 +230,10 @@ def estimate_iteration(
         pp_s = pp_cost.time_s * (2 if train else 1) * v if p > 1 else 0.0
         dense = sum(lc.params_per_device - lc.expert_params_per_device for lc in members)
         expert = sum(lc.expert_params_per_device for lc in members)
-        acts = sum(lc.activation_bytes for lc in members)
+        if train:
+            acts = sum(lc.activation_bytes for lc in members)
+        else:  # forward only: one layer's working set at a time
+            acts = max((lc.activation_bytes for lc in members), default=0.0)
         if not train and isinstance(model, TransformerSpec):  # KV cache of the prompt
             n_blocks = sum(1 for lc in members if lc.kind in ("block", "moe_block"))
             kv = 2 * n_blocks * job.micro_batch * model.seq * model.kv_heads_count
