@@ -169,8 +169,8 @@ def solve_greedy(problem: PlacementProblem) -> PlacementResult:
 def solve_compute_first(
     problem: PlacementProblem, fixed_units: int | None = None
 ) -> PlacementResult:
-    """Communication-unaware baseline: each stage where it computes fastest (ties: the datacenter
-    with most free devices), every crossing boundary a fixed share of capacity on its shortest
+    """Communication-unaware baseline: each stage where it computes fastest (ties: the first
+    datacenter with room), every crossing boundary a fixed share of capacity on its shortest
     path, first-fit."""
     t0 = time.perf_counter()
     options = _feasible_dcs(problem)
@@ -181,7 +181,7 @@ def solve_compute_first(
         fits = [d for d in options[s] if free[d] >= problem.devices[s]]
         if not fits:
             raise Infeasible(f"compute-first: no datacenter left for stage {s}")
-        d = min(fits, key=lambda d: (problem.compute_us[s][d], -free[d], d))
+        d = min(fits, key=lambda d: (problem.compute_us[s][d], d))  # fastest, then first
         dcs.append(d)
         free[d] -= problem.devices[s]
     routes = route_boundaries(problem, dcs, fixed_units=units, shortest_only=True)
@@ -207,13 +207,18 @@ def solve_random(problem: PlacementProblem, seed: int = 0, tries: int = 1000) ->
 
 
 def solve_tabu(
-    problem: PlacementProblem, seed: int = 0, iterations: int = 300, tenure: int = 7
+    problem: PlacementProblem,
+    seed: int = 0,
+    iterations: int = 300,
+    tenure: int = 7,
+    patience: int = 40,
 ) -> PlacementResult:
     """Tabu search over stage datacenters and per-boundary capacity caps.
 
     Moves: put one stage, or a run of consecutive stages sharing a datacenter, in another
     datacenter, swap two stages' datacenters, or lower/raise one boundary's capacity cap (less spectrum for one boundary can free a better route for another).
-    A move is tabu for ``tenure`` iterations after it is undone, unless it beats the best.
+    A move is tabu for ``tenure`` iterations after it is undone, unless it beats the best. The
+    search stops after ``iterations``, or ``patience`` iterations without a new best.
     """
     t0 = time.perf_counter()
     rng = random.Random(seed)
@@ -259,6 +264,7 @@ def solve_tabu(
         best = (2**62, current[1], False)  # nothing feasible seen yet
     tabu: dict[tuple[object, ...], int] = {}
     evaluated = 1
+    last_gain = 0
     for it in range(iterations):
         dcs, caps = state
         moves: list[tuple[tuple[object, ...], tuple[tuple[int, ...], tuple[int, ...]]]] = []
@@ -323,6 +329,9 @@ def solve_tabu(
         state, current = st, v
         if v[2] and v[0] < best[0]:
             best_state, best = st, v
+            last_gain = it
+        elif it - last_gain >= patience:
+            break
     if not best[2]:
         raise Infeasible("tabu: no placement could be routed")
     return PlacementResult(

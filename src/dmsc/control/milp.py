@@ -57,6 +57,7 @@ def solve_milp(
     link_intervals: dict[int, list[cp_model.IntervalVar]] = {}
     choices: dict[tuple[int, int, int, int, int], tuple[cp_model.IntVar, cp_model.IntVar]] = {}
     boundary_terms: list[list[tuple[cp_model.IntVar, int]]] = []
+    crossing: list[cp_model.LinearExpr] = []  # 1 when boundary b changes datacenter
     max_cross = 0
     for b in range(P - 1):
         terms: list[tuple[cp_model.IntVar, int]] = []
@@ -94,6 +95,7 @@ def solve_milp(
                 model.add(sum(pair) <= x[b + 1][z])
                 model.add(sum(pair) >= x[b][a] + x[b + 1][z] - 1)
         boundary_terms.append(terms)
+        crossing.append(sum(v for (bb, *_), (v, _) in choices.items() if bb == b))
     for lid, ivs in link_intervals.items():
         fixed = [
             model.new_fixed_size_interval_var(s0, length, f"busy{lid}_{s0}")
@@ -110,9 +112,11 @@ def solve_milp(
         model.add(c == sum(v * w for v, w in terms))
         comm.append(c)
     t = []
+    comps = []
     for s in range(P):
         ts = model.new_int_var(0, horizon, f"t{s}")
         comp = sum(x[s][d] * (problem.compute_us[s][d] or 0) for d in options[s])
+        comps.append(comp)
         if s > 0:
             model.add(ts >= comp + 2 * comm[s - 1])
         if s < P - 1:
@@ -121,6 +125,27 @@ def solve_milp(
         t.append(ts)
     T = model.new_int_var(0, horizon, "T")
     model.add_max_equality(T, t)
+    # Redundant cuts that tighten the relaxation (both hold for every solution):
+    # t_s >= comp_s + comm_{s-1} + comm_s, summed over stages;
+    model.add(sum(t) >= sum(comps) + 2 * sum(comm))
+    # and when the stages need more devices than the largest datacenters hold, at least
+    # (datacenters needed - 1) boundaries cross.
+    need, room, used = sum(problem.devices), 0, 0
+    for f in sorted(problem.free_devices, reverse=True):
+        if room >= need:
+            break
+        room += f
+        used += 1
+    if used > 1:
+        model.add(sum(crossing) >= used - 1)
+        # Some boundary crosses, so the slowest stage waits at least the cheapest crossing.
+        cheapest = min(
+            cost
+            for (b, a, z, k, n), _ in choices.items()
+            for cost in [problem.cross_us(b, a, z, k, n)]
+        )
+        fastest = min(c for row in problem.compute_us for c in row if c is not None)
+        model.add(T >= fastest + 2 * cheapest)
     v, m = problem.chunks, problem.microbatches
     model.minimize(v * P * m * T + (P - 1) * sum(t))
 

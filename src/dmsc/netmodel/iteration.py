@@ -124,7 +124,7 @@ def check_fit(
     return reasons
 
 
-def _stage_layers(layers: list[LayerCost], job: JobSpec) -> list[list[LayerCost]]:
+def assign_stage_layers(layers: list[LayerCost], job: JobSpec) -> list[list[LayerCost]]:
     """Layers of each stage, embedding with the first chunk and head with the last."""
     body = [lc for lc in layers if lc.kind not in ("embedding", "head")]
     chunks = split_layers(len(body), job.pp * job.chunks)
@@ -138,26 +138,71 @@ def _stage_layers(layers: list[LayerCost], job: JobSpec) -> list[list[LayerCost]
     return stages
 
 
+def _check_memory(
+    cluster: ClusterSpec,
+    topo: Topology,
+    model: TransformerSpec | LayerListSpec,
+    job: JobSpec,
+    stage_layers: list[list[LayerCost]],
+) -> list[tuple[MemoryBreakdown, float]]:
+    """Memory and capacity per device of every stage; :class:`DoesNotFit` if one overflows."""
+    layout = Layout.of(job)
+    B = DTYPE_BYTES[model.dtype]
+    train = job.mode == "train"
+    out: list[tuple[MemoryBreakdown, float]] = []
+    for s, members in enumerate(stage_layers):
+        types = {topo.devices[d].type_name for d in layout.stage_devices(s)}
+        dense = sum(lc.params_per_device - lc.expert_params_per_device for lc in members)
+        expert = sum(lc.expert_params_per_device for lc in members)
+        if train:
+            acts = sum(lc.activation_bytes for lc in members)
+        else:  # forward only: one layer's working set at a time
+            acts = max((lc.activation_bytes for lc in members), default=0.0)
+        if not train and isinstance(model, TransformerSpec):  # KV cache of the prompt
+            n_blocks = sum(1 for lc in members if lc.kind in ("block", "moe_block"))
+            kv = 2 * n_blocks * job.micro_batch * model.seq * model.kv_heads_count
+            acts += kv * model.head_dim * B / job.tp
+        mem = stage_memory(job, model.dtype, s, dense, expert, acts)
+        capacity = min(cluster.device_types[t].memory_gib for t in types) * GIB
+        out.append((mem, capacity))
+    worst = max(range(len(out)), key=lambda i: out[i][0].total - out[i][1])
+    mem, capacity = out[worst]
+    if mem.total > capacity:
+        raise DoesNotFit(
+            [
+                f"stage {worst} needs {mem.total / GIB:.1f} GiB per device, "
+                f"devices have {capacity / GIB:.0f} GiB"
+            ]
+        )
+    return out
+
+
 def estimate_iteration(
     cluster: ClusterSpec,
     model: TransformerSpec | LayerListSpec,
     job: JobSpec,
     calib: Calibration = DEFAULT_CALIBRATION,
     topology: Topology | None = None,
+    comm_model: CommModel | None = None,
 ) -> Estimate:
-    """Predict one iteration of ``job``; raises :class:`DoesNotFit` when it cannot run."""
+    """Predict one iteration of ``job``; raises :class:`DoesNotFit` when it cannot run.
+
+    ``topology`` and ``comm_model`` may be shared between calls on the same cluster (a strategy
+    search): the communication model caches the link loads of each set of groups.
+    """
     reasons = check_fit(cluster, model, job)
     if reasons:
         raise DoesNotFit(reasons)
     topo = topology if topology is not None else Topology(cluster)
-    comm = CommModel(topo, calib)
+    comm = comm_model if comm_model is not None else CommModel(topo, calib)
     layout = Layout.of(job)
     dtype = model.dtype
     B = DTYPE_BYTES[dtype]
     train = job.mode == "train"
     m, p, v = job.microbatches, job.pp, job.chunks
     layers = build_layer_costs(model, job)
-    stage_layers = _stage_layers(layers, job)
+    stage_layers = assign_stage_layers(layers, job)
+    memories = _check_memory(cluster, topo, model, job, stage_layers)
     traffic: dict[str, dict[int, float]] = {mode: {} for mode in MODES}
     sent: dict[str, float] = dict.fromkeys(MODES, 0.0)
 
@@ -228,32 +273,11 @@ def estimate_iteration(
             ep_s = c.time_s * calls
             account("ep", c, calls * m)
         pp_s = pp_cost.time_s * (2 if train else 1) * v if p > 1 else 0.0
-        dense = sum(lc.params_per_device - lc.expert_params_per_device for lc in members)
-        expert = sum(lc.expert_params_per_device for lc in members)
-        if train:
-            acts = sum(lc.activation_bytes for lc in members)
-        else:  # forward only: one layer's working set at a time
-            acts = max((lc.activation_bytes for lc in members), default=0.0)
-        if not train and isinstance(model, TransformerSpec):  # KV cache of the prompt
-            n_blocks = sum(1 for lc in members if lc.kind in ("block", "moe_block"))
-            kv = 2 * n_blocks * job.micro_batch * model.seq * model.kv_heads_count
-            acts += kv * model.head_dim * B / job.tp
-        mem = stage_memory(job, dtype, s, dense, expert, acts)
-        capacity = min(cluster.device_types[t].memory_gib for t in types) * GIB
+        mem, capacity = memories[s]
         stages.append(
             StageEstimate(
                 s, tuple(lc.name for lc in members), compute_s, tp_s, ep_s, pp_s, mem, capacity
             )
-        )
-
-    too_big = [st for st in stages if st.memory.total > st.memory_capacity]
-    if too_big:
-        st = max(too_big, key=lambda x: x.memory.total)
-        raise DoesNotFit(
-            [
-                f"stage {st.index} needs {st.memory.total / GIB:.1f} GiB per device, "
-                f"devices have {st.memory_capacity / GIB:.0f} GiB"
-            ]
         )
 
     per_mb = [st.microbatch_s for st in stages]

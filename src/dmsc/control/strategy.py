@@ -1,0 +1,142 @@
+"""Strategy search: every valid (dp, pp, tp, ep, micro-batch, schedule, recompute), ranked.
+
+Candidates that cannot run (shapes not divisible, memory) are pruned with their reason; the rest
+are costed with the cost model on a shared topology and communication model, and the best comes
+back with the top-k runners-up and why each lost (the largest term of its extra time).
+"""
+
+from __future__ import annotations
+
+import time
+from collections import Counter
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
+
+from dmsc.netmodel import DEFAULT_CALIBRATION, Calibration, CommModel, DoesNotFit, Estimate
+from dmsc.netmodel import Topology, estimate_iteration
+from dmsc.spec import ClusterSpec, JobSpec, LayerListSpec, TransformerSpec
+
+
+@dataclass(frozen=True)
+class Candidate:
+    """A costed strategy."""
+
+    job: JobSpec
+    estimate: Estimate
+
+    @property
+    def time_s(self) -> float:
+        return self.estimate.iteration_time_s
+
+
+@dataclass(frozen=True)
+class StrategySearch:
+    """The outcome of a strategy search."""
+
+    best: Candidate
+    alternatives: tuple[tuple[Candidate, str], ...]  # runner-up and why it lost
+    considered: int
+    pruned: dict[str, int] = field(default_factory=dict)  # reason -> count
+    seconds: float = 0.0
+
+
+def _divisors(n: int) -> list[int]:
+    return [d for d in range(1, n + 1) if n % d == 0]
+
+
+def enumerate_jobs(
+    cluster: ClusterSpec,
+    model: TransformerSpec | LayerListSpec,
+    base: JobSpec,
+    devices: int,
+    max_stage_devices: int | None = None,
+) -> Iterator[JobSpec]:
+    """Every parallel configuration of ``base`` on exactly ``devices`` devices.
+
+    ``base`` fixes mode, global batch, ZeRO, sequence parallelism policy and what is not searched;
+    its tp/pp/dp/ep/micro-batch/schedule/recompute are searched. Tensor parallelism stays inside a
+    node (at most the smallest node's device count).
+    """
+    node_devices = min(nt.devices for nt in cluster.node_types.values())
+    is_tf = isinstance(model, TransformerSpec)
+    n_layers = model.layers if isinstance(model, TransformerSpec) else len(model.layer_list)
+    tps = (
+        [t for t in _divisors(node_devices) if not is_tf or model.heads % t == 0] if is_tf else [1]
+    )
+    experts = model.experts if isinstance(model, TransformerSpec) else 1
+    modes = ("none", "selective", "full") if base.mode == "train" else ("none",)
+    for tp in tps:
+        for pp in _divisors(devices // tp) if devices % tp == 0 else []:
+            if pp > n_layers:
+                continue
+            dp = devices // (tp * pp)
+            if max_stage_devices is not None and tp * dp > max_stage_devices:
+                continue
+            eps = [e for e in _divisors(dp) if experts % e == 0] if experts > 1 else [1]
+            for ep in eps:
+                for mb in (1, 2, 4, 8):
+                    if base.global_batch % (mb * dp):
+                        continue
+                    schedules: list[tuple[str, int]] = [("1f1b", 1)]
+                    if pp > 1:
+                        per = n_layers // pp
+                        schedules += [("interleaved", v) for v in _divisors(per) if 1 < v <= 8]
+                    for schedule, v in schedules:
+                        for rc in modes:
+                            yield base.model_copy(
+                                update={
+                                    "tp": tp,
+                                    "pp": pp,
+                                    "dp": dp,
+                                    "ep": ep,
+                                    "micro_batch": mb,
+                                    "schedule": schedule,
+                                    "interleave": v,
+                                    "recompute": rc,
+                                    "sequence_parallel": base.sequence_parallel and tp > 1,
+                                }
+                            )
+
+
+def _why_lost(best: Estimate, other: Estimate) -> str:
+    diffs = {k: other.breakdown_s[k] - best.breakdown_s[k] for k in best.breakdown_s}
+    key = max(diffs, key=lambda k: diffs[k])
+    extra = other.iteration_time_s - best.iteration_time_s
+    return f"+{extra:.3g} s, mostly {key} (+{diffs[key]:.3g} s)"
+
+
+def search_strategies(
+    cluster: ClusterSpec,
+    model: TransformerSpec | LayerListSpec,
+    base: JobSpec,
+    devices: int,
+    top_k: int = 5,
+    calib: Calibration = DEFAULT_CALIBRATION,
+    max_stage_devices: int | None = None,
+    progress: Callable[[int], None] | None = None,
+) -> StrategySearch:
+    """Cost every configuration and return the fastest with the top-k alternatives."""
+    t0 = time.perf_counter()
+    topo = Topology(cluster)
+    comm = CommModel(topo, calib)
+    costed: list[Candidate] = []
+    pruned: Counter[str] = Counter()
+    considered = 0
+    for job in enumerate_jobs(cluster, model, base, devices, max_stage_devices):
+        considered += 1
+        if progress is not None:
+            progress(considered)
+        try:
+            est = estimate_iteration(cluster, model, job, calib, topology=topo, comm_model=comm)
+        except DoesNotFit as exc:
+            reason = exc.reasons[0]
+            pruned["memory" if "GiB" in reason else reason.split(" is ")[0]] += 1
+            continue
+        costed.append(Candidate(job, est))
+    if not costed:
+        detail = ", ".join(f"{k}: {v}" for k, v in pruned.most_common(3)) or "no configuration"
+        raise DoesNotFit([f"no strategy fits on {devices} devices ({detail})"])
+    costed.sort(key=lambda c: c.time_s)
+    best = costed[0]
+    alternatives = tuple((c, _why_lost(best.estimate, c.estimate)) for c in costed[1 : 1 + top_k])
+    return StrategySearch(best, alternatives, considered, dict(pruned), time.perf_counter() - t0)
