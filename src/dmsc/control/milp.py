@@ -139,13 +139,10 @@ def solve_milp(
     if used > 1:
         model.add(sum(crossing) >= used - 1)
         # Some boundary crosses, so the slowest stage waits at least the cheapest crossing.
-        cheapest = min(
-            cost
-            for (b, a, z, k, n), _ in choices.items()
-            for cost in [problem.cross_us(b, a, z, k, n)]
-        )
+        costs = [problem.cross_us(b, a, z, k, n) for (b, a, z, k, n) in choices]
         fastest = min(c for row in problem.compute_us for c in row if c is not None)
-        model.add(T >= fastest + 2 * cheapest)
+        if costs:  # (with no crossing option at all the model is already infeasible)
+            model.add(T >= fastest + 2 * min(costs))
     v, m = problem.chunks, problem.microbatches
     model.minimize(v * P * m * T + (P - 1) * sum(t))
 
