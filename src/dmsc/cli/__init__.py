@@ -31,6 +31,15 @@ class SpecKind(StrEnum):
     cluster = "cluster"
     model = "model"
     job = "job"
+    plan = "plan"
+
+
+class Solver(StrEnum):
+    milp = "milp"
+    tabu = "tabu"
+    greedy = "greedy"
+    compute_first = "compute-first"
+    random = "random"
 
 
 def _schema(kind: SpecKind) -> dict[str, Any]:
@@ -42,12 +51,16 @@ def _schema(kind: SpecKind) -> dict[str, Any]:
         return ClusterSpec.model_json_schema()
     if kind is SpecKind.job:
         return JobSpec.model_json_schema()
+    if kind is SpecKind.plan:
+        from dmsc.control.plan import Plan
+
+        return Plan.model_json_schema()
     return TypeAdapter(ModelSpec).json_schema()
 
 
 @app.command()
 def schema(kind: Annotated[SpecKind, typer.Argument(help="cluster, model or job")]) -> None:
-    """Print the JSON Schema of a spec file."""
+    """Print the JSON Schema of a spec file (or of the plan)."""
     typer.echo(json.dumps(_schema(kind), indent=2))
 
 
@@ -136,6 +149,160 @@ def estimate(
         typer.echo(json.dumps(out))
     else:
         print_estimate(console, est, cluster_spec, model_spec, job_spec, topo)
+
+
+@app.command()
+def plan(
+    cluster: ClusterOpt,
+    model: ModelOpt = None,
+    global_batch: Annotated[int | None, typer.Option(help="Samples per iteration.")] = None,
+    gpus: Annotated[int | None, typer.Option(help="Devices to use (default: all).")] = None,
+    solver: Annotated[Solver, typer.Option(help="Placement solver.")] = Solver.milp,
+    mode: Annotated[str | None, typer.Option(help="train or infer.")] = None,
+    tp: Annotated[int | None, typer.Option(help="Fix tensor parallelism (with --pp --dp).")] = None,
+    pp: Annotated[int | None, typer.Option(help="Fix pipeline parallelism.")] = None,
+    dp: Annotated[int | None, typer.Option(help="Fix data parallelism.")] = None,
+    micro_batch: Annotated[int | None, typer.Option(help="Micro-batch (fixed strategy).")] = None,
+    schedule: Annotated[str | None, typer.Option(help="Schedule (fixed strategy).")] = None,
+    interleave: Annotated[int | None, typer.Option(help="Chunks (fixed strategy).")] = None,
+    recompute: Annotated[str | None, typer.Option(help="Recompute (fixed strategy).")] = None,
+    zero: Annotated[int | None, typer.Option(help="ZeRO stage 0-3.")] = None,
+    top_k: Annotated[int, typer.Option(help="Runner-up strategies to keep.")] = 5,
+    seed: Annotated[int, typer.Option(help="Seed of the randomised solvers.")] = 0,
+    time_limit: Annotated[float, typer.Option(help="Seconds the exact solver may take.")] = 10.0,
+    out: Annotated[str | None, typer.Option(help="Write the plan (JSON) here.")] = None,
+    gantt: Annotated[str | None, typer.Option(help="Draw one iteration to this PNG.")] = None,
+    compare: Annotated[bool, typer.Option(help="Run every solver side by side.")] = False,
+    as_json: Annotated[bool, typer.Option("--json", help="One JSON object on stdout.")] = False,
+) -> None:
+    """Split a model into stages, choose its parallelism and place it on the cluster."""
+    from dmsc.cli.options import build_job, build_model, load_cluster
+    from dmsc.cli.plan_render import plan_json, print_plan
+    from dmsc.control.planner import SOLVERS, plan_job, run_solver
+    from dmsc.control.problem import Infeasible, score_to_seconds
+    from dmsc.netmodel import DoesNotFit
+
+    cluster_spec = load_cluster(cluster)
+    model_spec = build_model(model, {})
+    fixed = tp is not None and pp is not None and dp is not None
+    flags = {"mode": mode, "global_batch": global_batch, "zero": zero}
+    if fixed:
+        flags.update(
+            tp=tp,
+            pp=pp,
+            dp=dp,
+            micro_batch=micro_batch,
+            schedule=schedule,
+            interleave=interleave,
+            recompute=recompute,
+            sequence_parallel=(tp or 1) > 1,
+        )
+    elif any(v is not None for v in (tp, pp, dp)):
+        raise SpecError("command line", "--tp/--pp/--dp", "give all three to fix the strategy")
+    job_spec = build_job(None, flags)
+    if gpus is not None and gpus <= 0:
+        raise SpecError("command line", "--gpus", "must be positive")
+
+    from rich.progress import Progress, SpinnerColumn, TextColumn, TimeElapsedColumn
+
+    with Progress(
+        SpinnerColumn(),
+        TextColumn("{task.description}"),
+        TimeElapsedColumn(),
+        console=err_console,
+        transient=True,
+        disable=as_json,
+    ) as progress:
+        task = progress.add_task("searching strategies", total=None)
+        try:
+            outcome = plan_job(
+                cluster_spec,
+                model_spec,
+                job_spec,
+                solver.value,
+                gpus,
+                fixed,
+                seed,
+                time_limit,
+                top_k,
+                progress=lambda n: progress.update(task, description=f"strategies costed: {n}"),
+            )
+        except (DoesNotFit, Infeasible) as exc:
+            reasons = exc.reasons if isinstance(exc, DoesNotFit) else [str(exc)]
+            if as_json:
+                typer.echo(json.dumps({"feasible": False, "reasons": reasons}))
+            for reason in reasons:
+                err_console.print(f"infeasible: {reason}", highlight=False)
+            raise typer.Exit(EXIT_DOES_NOT_FIT) from None
+        rows = []
+        if compare:
+            problem = outcome.built.problem
+            for name in SOLVERS:
+                progress.update(task, description=f"solver {name}")
+                try:
+                    r = run_solver(name, problem, seed, time_limit)
+                    rows.append(
+                        {
+                            "solver": name,
+                            "pipeline_s": score_to_seconds(problem, r.objective),
+                            "seconds": r.seconds,
+                            "optimal": r.optimal,
+                            "gap_pct": r.gap_pct,
+                            "blocked": False,
+                        }
+                    )
+                except Infeasible as exc:
+                    rows.append({"solver": name, "blocked": True, "reason": str(exc)})
+    the_plan = outcome.plan
+    if out is not None:
+        Path(out).write_text(the_plan.model_dump_json(indent=2))
+    if gantt is not None:
+        from dmsc.control.gantt import draw_gantt, replay
+        from dmsc.control.problem import boundary_us
+
+        pb = outcome.built.problem
+        dcs, routes = outcome.result.placement.dcs, outcome.result.placement.routes
+        comm = [c * 1e-6 for c in boundary_us(pb, dcs, routes)]
+        per_mb = [(pb.compute_us[s][dcs[s]] or 0) * 1e-6 for s in range(pb.n_stages)]
+        ops = replay(
+            [t / 3 for t in per_mb],
+            [2 * t / 3 for t in per_mb],
+            comm,
+            pb.microbatches,
+            the_plan.job.schedule,
+        )
+        draw_gantt(
+            ops,
+            pb.n_stages,
+            gantt,
+            f"{the_plan.model}: one iteration ({the_plan.search.solver} placement)",
+        )
+    if as_json:
+        out_obj = plan_json(the_plan)
+        if compare:
+            out_obj["compare"] = rows
+        typer.echo(json.dumps(out_obj))
+        return
+    print_plan(console, the_plan)
+    if compare:
+        from rich.table import Table
+
+        best = min((r["pipeline_s"] for r in rows if not r["blocked"]), default=None)
+        t = Table("solver", "pipeline time", "vs best", "gap", "seconds")
+        for r in rows:
+            if r["blocked"]:
+                t.add_row(r["solver"], "blocked", "", "", r["reason"])
+                continue
+            t.add_row(
+                r["solver"],
+                f"{r['pipeline_s']:.3f} s",
+                f"+{(r['pipeline_s'] / best - 1) * 100:.1f}%" if best else "",
+                "optimal"
+                if r["optimal"]
+                else (f"{r['gap_pct']:.1f}%" if r["gap_pct"] is not None else "-"),
+                f"{r['seconds']:.2f}",
+            )
+        console.print(t)
 
 
 @app.command()

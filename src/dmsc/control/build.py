@@ -42,6 +42,7 @@ class BuiltProblem:
     slot_ghz: tuple[float | None, ...]  # per problem link; None for Gbit/s links
     stage_devices: int
     dc_node_type: tuple[str, ...]
+    stage_parts: tuple[list[tuple[float, float, float]] | None, ...]  # [dc][stage] seconds
 
 
 def _dc_node_type(cluster: ClusterSpec, dc_index: int) -> str:
@@ -54,8 +55,9 @@ def _stage_times_on(
     job: JobSpec,
     node_type: str,
     calib: Calibration,
-) -> list[float] | None:
-    """Per-stage micro-batch time (compute + tensor/expert traffic) on nodes of ``node_type``."""
+) -> list[tuple[float, float, float]] | None:
+    """Per-stage micro-batch (compute, tensor-parallel, expert-parallel) seconds on nodes of
+    ``node_type``; None when the stages do not fit those devices."""
     ntype = cluster.node_types[node_type]
     nodes = math.ceil(job.devices / ntype.devices)
     src = next(dc for dc in cluster.datacenters if any(g.type == node_type for g in dc.nodes))
@@ -73,7 +75,7 @@ def _stage_times_on(
         est = estimate_iteration(sub, model, job.model_copy(update={"first_device": 0}), calib)
     except DoesNotFit:
         return None
-    return [st.compute_s + st.tp_comm_s + st.ep_comm_s for st in est.stages]
+    return [(st.compute_s, st.tp_comm_s, st.ep_comm_s) for st in est.stages]
 
 
 def build_problem(
@@ -94,12 +96,10 @@ def build_problem(
     stage_devices = job.tp * job.dp
     node_types = tuple(_dc_node_type(cluster, d) for d in range(n_dc))
     times_by_type = {nt: _stage_times_on(cluster, model, job, nt, calib) for nt in set(node_types)}
+    parts = tuple(times_by_type[node_types[d]] for d in range(n_dc))
     compute = tuple(
         tuple(
-            None
-            if times_by_type[node_types[d]] is None
-            else round(times_by_type[node_types[d]][s] * 1e6)  # type: ignore[index]
-            for d in range(n_dc)
+            None if (part := parts[d]) is None else round(sum(part[s]) * 1e6) for d in range(n_dc)
         )
         for s in range(job.pp)
     )
@@ -175,5 +175,11 @@ def build_problem(
         link_efficiency=calib.inter_dc_link_efficiency,
     )
     return BuiltProblem(
-        problem, topo, tuple(link.id for link in inter), tuple(slot_ghz), stage_devices, node_types
+        problem,
+        topo,
+        tuple(link.id for link in inter),
+        tuple(slot_ghz),
+        stage_devices,
+        node_types,
+        parts,
     )

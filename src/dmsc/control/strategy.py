@@ -93,7 +93,7 @@ def enumerate_jobs(
                                     "schedule": schedule,
                                     "interleave": v,
                                     "recompute": rc,
-                                    "sequence_parallel": base.sequence_parallel and tp > 1,
+                                    "sequence_parallel": tp > 1,  # as Megatron-LM advises
                                 }
                             )
 

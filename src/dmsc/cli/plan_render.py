@@ -1,0 +1,97 @@
+"""How a plan reads on the terminal, and the --json summary."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from rich.console import Console
+from rich.table import Table
+
+from dmsc.cli.render import human_bytes, human_seconds
+from dmsc.control.plan import Plan, strategy_of
+
+
+def plan_json(plan: Plan) -> dict[str, Any]:
+    full = plan.model_dump(mode="json")
+    return {
+        "iteration_time_s": plan.prediction.iteration_time_s,
+        "strategy": strategy_of(plan.job),
+        "stages": full["stages"],
+        "paths": full["paths"],
+        "solver": plan.search.solver,
+        "search_seconds": plan.search.search_seconds,
+        "optimal": plan.search.optimal,
+        "gap_pct": plan.search.gap_pct,
+        "breakdown_s": plan.prediction.breakdown_s,
+        "memory_gib_per_device": plan.prediction.memory_gib_per_device,
+        "traffic_bytes": plan.prediction.traffic_bytes,
+        "tflops_per_gpu": plan.prediction.tflops_per_gpu,
+        "alternatives": full["search"]["alternatives"],
+    }
+
+
+def print_plan(console: Console, plan: Plan) -> None:
+    j = plan.job
+    console.print(
+        f"{plan.model} on {plan.cluster}: tp={j.tp} pp={j.pp} dp={j.dp} ep={j.ep}, "
+        f"micro-batch {j.micro_batch}, {j.schedule}"
+        f"{f' v={j.interleave}' if j.chunks > 1 else ''}, recompute {j.recompute}"
+        f"{', sequence parallel' if j.sequence_parallel else ''}",
+        style="bold",
+        highlight=False,
+    )
+    p = plan.prediction
+    s = plan.search
+    gap = "optimal" if s.optimal else (f"gap {s.gap_pct:.1f}%" if s.gap_pct is not None else "")
+    console.print(
+        f"iteration {human_seconds(p.iteration_time_s)}, {p.tflops_per_gpu:.1f} TFLOP/s per "
+        f"device, {p.memory_gib_per_device:.1f} GiB per device; solver {s.solver} ({gap}), "
+        f"searched {s.strategies_considered} strategies and placed in "
+        f"{human_seconds(s.search_seconds)}",
+        highlight=False,
+    )
+    t = Table("stage", "SID", "layers", "datacenter", "replicas", "devices", "per micro-batch")
+    for st in plan.stages[:32]:
+        t.add_row(
+            str(st.index),
+            st.sid,
+            f"{st.chunks[0][0]} .. {st.chunks[-1][1]} ({st.layers})",
+            st.datacenter,
+            str(len(st.replicas)),
+            str(sum(len(r.devices) for r in st.replicas)),
+            human_seconds(st.microbatch_s),
+        )
+    if len(plan.stages) > 32:
+        t.add_row("...", f"{len(plan.stages) - 32} more", "", "", "", "", "")
+    console.print(t)
+    if plan.paths:
+        pt = Table("after stage", "from", "to", "links", "km", "reserved", "Gbit/s")
+        for path in plan.paths:
+            unit = "slots" if path.slot_ghz else "units"
+            pt.add_row(
+                str(path.after_stage),
+                path.source,
+                path.target,
+                " ".join(path.links),
+                f"{path.km:.0f}",
+                f"{unit} {path.first_unit}-{path.first_unit + path.units - 1}",
+                f"{path.gbit_s:.0f}",
+            )
+        console.print(pt)
+    b = Table("iteration", "time", "share")
+    for key, value in p.breakdown_s.items():
+        b.add_row(key, human_seconds(value), f"{value / p.iteration_time_s * 100:.1f}%")
+    console.print(b)
+    traffic = ", ".join(f"{k.upper()} {human_bytes(v)}" for k, v in p.traffic_bytes.items())
+    console.print(f"traffic per iteration: {traffic}", highlight=False)
+    if s.alternatives:
+        a = Table("runner-up strategy", "estimated iteration", "why it lost")
+        for alt in s.alternatives:
+            st = alt.strategy
+            a.add_row(
+                f"tp={st['tp']} pp={st['pp']} dp={st['dp']} mb={st['micro_batch']} "
+                f"{st['schedule']} v={st['interleave']} {st['recompute']}",
+                human_seconds(alt.iteration_time_s),
+                alt.why_lost,
+            )
+        console.print(a)

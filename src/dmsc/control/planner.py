@@ -1,0 +1,101 @@
+"""The planner: strategy search, then network-aware placement, then the plan."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+
+from dmsc.control.build import BuiltProblem, build_problem
+from dmsc.control.heuristics import solve_compute_first, solve_greedy, solve_random, solve_tabu
+from dmsc.control.milp import solve_milp
+from dmsc.control.plan import Plan, assemble_plan
+from dmsc.control.problem import Infeasible, PlacementProblem, PlacementResult
+from dmsc.control.strategy import StrategySearch, search_strategies
+from dmsc.netmodel import DEFAULT_CALIBRATION, Calibration, DoesNotFit, estimate_iteration
+from dmsc.spec import ClusterSpec, JobSpec, LayerListSpec, TransformerSpec
+
+SOLVERS: dict[str, Callable[..., PlacementResult]] = {
+    "milp": solve_milp,
+    "tabu": solve_tabu,
+    "greedy": solve_greedy,
+    "compute-first": solve_compute_first,
+    "random": solve_random,
+}
+
+
+@dataclass(frozen=True)
+class PlanOutcome:
+    """A plan and what produced it (for comparisons and drawings)."""
+
+    plan: Plan
+    built: BuiltProblem
+    result: PlacementResult
+    strategy: StrategySearch | None
+
+
+def run_solver(
+    name: str, problem: PlacementProblem, seed: int = 0, time_limit_s: float = 10.0
+) -> PlacementResult:
+    if name not in SOLVERS:
+        raise ValueError(f"unknown solver {name!r} (known: {', '.join(SOLVERS)})")
+    if name == "milp":
+        return solve_milp(problem, time_limit_s=time_limit_s, seed=seed)
+    if name in ("tabu", "random"):
+        return SOLVERS[name](problem, seed=seed)
+    return SOLVERS[name](problem)
+
+
+def choose_strategy(
+    cluster: ClusterSpec,
+    model: TransformerSpec | LayerListSpec,
+    job: JobSpec,
+    devices: int | None,
+    fixed: bool,
+    top_k: int = 5,
+    calib: Calibration = DEFAULT_CALIBRATION,
+    progress: Callable[[int], None] | None = None,
+) -> tuple[JobSpec, StrategySearch | None]:
+    """The job itself when its strategy is fixed, else the best found by the search."""
+    if fixed:
+        return job, None
+    n = devices if devices is not None else cluster.device_count
+    if n > cluster.device_count:
+        raise DoesNotFit([f"asked for {n} devices, the cluster has {cluster.device_count}"])
+    biggest = max(
+        sum(g.count * cluster.node_types[g.type].devices for g in dc.nodes)
+        for dc in cluster.datacenters
+    )
+    cap = biggest if len(cluster.datacenters) > 1 else None
+    search = search_strategies(cluster, model, job, n, top_k, calib, cap, progress)
+    return search.best.job, search
+
+
+def plan_job(
+    cluster: ClusterSpec,
+    model: TransformerSpec | LayerListSpec,
+    job: JobSpec,
+    solver: str = "milp",
+    devices: int | None = None,
+    fixed: bool = False,
+    seed: int = 0,
+    time_limit_s: float = 10.0,
+    top_k: int = 5,
+    calib: Calibration = DEFAULT_CALIBRATION,
+    progress: Callable[[int], None] | None = None,
+) -> PlanOutcome:
+    """Plan ``job``: search its strategy (unless ``fixed``), place it, and assemble the plan.
+
+    Raises :class:`DoesNotFit` or :class:`Infeasible` with the binding constraint.
+    """
+    chosen, search = choose_strategy(cluster, model, job, devices, fixed, top_k, calib, progress)
+    if chosen.devices > cluster.device_count:
+        raise DoesNotFit(
+            [f"needs {chosen.devices} devices, the cluster has {cluster.device_count}"]
+        )
+    estimate = estimate_iteration(cluster, model, chosen, calib)
+    built = build_problem(cluster, model, chosen, calib=calib)
+    if all(c is None for row in built.problem.compute_us for c in row):
+        raise Infeasible("no datacenter's devices can hold a stage (memory)")
+    result = run_solver(solver, built.problem, seed, time_limit_s)
+    plan = assemble_plan(cluster, model, chosen, built, result, estimate, search)
+    return PlanOutcome(plan, built, result, search)
