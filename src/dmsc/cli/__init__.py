@@ -170,6 +170,7 @@ def plan(
     top_k: Annotated[int, typer.Option(help="Runner-up strategies to keep.")] = 5,
     seed: Annotated[int, typer.Option(help="Seed of the randomised solvers.")] = 0,
     time_limit: Annotated[float, typer.Option(help="Seconds the exact solver may take.")] = 10.0,
+    paths: Annotated[int, typer.Option(help="Candidate routes per datacenter pair.")] = 2,
     out: Annotated[str | None, typer.Option(help="Write the plan (JSON) here.")] = None,
     gantt: Annotated[str | None, typer.Option(help="Draw one iteration to this PNG.")] = None,
     compare: Annotated[bool, typer.Option(help="Run every solver side by side.")] = False,
@@ -202,6 +203,10 @@ def plan(
     job_spec = build_job(None, flags)
     if gpus is not None and gpus <= 0:
         raise SpecError("command line", "--gpus", "must be positive")
+    if paths <= 0:
+        raise SpecError("command line", "--paths", "must be positive")
+    if time_limit <= 0:
+        raise SpecError("command line", "--time-limit", "must be positive")
 
     from rich.progress import Progress, SpinnerColumn, TextColumn, TimeElapsedColumn
 
@@ -226,6 +231,7 @@ def plan(
                 time_limit,
                 top_k,
                 progress=lambda n: progress.update(task, description=f"strategies costed: {n}"),
+                k_paths=paths,
             )
         except (DoesNotFit, Infeasible) as exc:
             reasons = exc.reasons if isinstance(exc, DoesNotFit) else [str(exc)]

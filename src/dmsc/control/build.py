@@ -83,7 +83,7 @@ def build_problem(
     model: TransformerSpec | LayerListSpec,
     job: JobSpec,
     busy: dict[int, frozenset[int]] | None = None,
-    k_paths: int = 3,
+    k_paths: int = 2,
     calib: Calibration = DEFAULT_CALIBRATION,
     free_devices: tuple[int, ...] | None = None,
 ) -> BuiltProblem:
@@ -147,9 +147,7 @@ def build_problem(
             km = sum(topo.links[i].km for i in ids)
             rates = []
             for i in idx:
-                if slot_ghz[i] is None:
-                    rates.append(unit_rate[i])
-                elif unit_rate[i] is not None:
+                if slot_ghz[i] is None or unit_rate[i] is not None:
                     rates.append(unit_rate[i])
                 else:
                     rates.append(choose_modulation(km).gbit_s_per_12g5_slot * slot_ghz[i] / 12.5)  # type: ignore[operator]

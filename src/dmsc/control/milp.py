@@ -142,7 +142,20 @@ def solve_milp(
         costs = [problem.cross_us(b, a, z, k, n) for (b, a, z, k, n) in choices]
         fastest = min(c for row in problem.compute_us for c in row if c is not None)
         if costs:  # (with no crossing option at all the model is already infeasible)
-            model.add(T >= fastest + 2 * min(costs))
+            model.add(fastest + 2 * min(costs) <= T)
+        # Every datacenter in use then has a crossing boundary at its edge, at least as slow as
+        # the cheapest option that touches it.
+        for d in range(D):
+            touching = [
+                problem.cross_us(b, a, z, k, n) for (b, a, z, k, n) in choices if d in (a, z)
+            ]
+            if not touching:
+                continue
+            u = model.new_bool_var(f"used{d}")
+            for s in range(P):
+                model.add_implication(x[s][d], u)
+            model.add(u <= sum(x[s][d] for s in range(P)))
+            model.add(fastest + 2 * min(touching) * u <= T)
     v, m = problem.chunks, problem.microbatches
     model.minimize(v * P * m * T + (P - 1) * sum(t))
 

@@ -82,6 +82,7 @@ def plan_job(
     top_k: int = 5,
     calib: Calibration = DEFAULT_CALIBRATION,
     progress: Callable[[int], None] | None = None,
+    k_paths: int = 2,
 ) -> PlanOutcome:
     """Plan ``job``: search its strategy (unless ``fixed``), place it, and assemble the plan.
 
@@ -93,7 +94,7 @@ def plan_job(
             [f"needs {chosen.devices} devices, the cluster has {cluster.device_count}"]
         )
     estimate = estimate_iteration(cluster, model, chosen, calib)
-    built = build_problem(cluster, model, chosen, calib=calib)
+    built = build_problem(cluster, model, chosen, k_paths=k_paths, calib=calib)
     if all(c is None for row in built.problem.compute_us for c in row):
         raise Infeasible("no datacenter's devices can hold a stage (memory)")
     result = run_solver(solver, built.problem, seed, time_limit_s)

@@ -12,8 +12,15 @@ from collections import Counter
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 
-from dmsc.netmodel import DEFAULT_CALIBRATION, Calibration, CommModel, DoesNotFit, Estimate
-from dmsc.netmodel import Topology, estimate_iteration
+from dmsc.netmodel import (
+    DEFAULT_CALIBRATION,
+    Calibration,
+    CommModel,
+    DoesNotFit,
+    Estimate,
+    Topology,
+    estimate_iteration,
+)
 from dmsc.spec import ClusterSpec, JobSpec, LayerListSpec, TransformerSpec
 
 

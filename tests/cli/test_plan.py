@@ -1,0 +1,216 @@
+"""``dmsc plan`` as a user runs it."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import jsonschema
+import pytest
+
+from dmsc.control.plan import Plan
+
+ROOT = Path(__file__).resolve().parents[2]
+LOCAL = str(ROOT / "examples" / "clusters" / "local-cpu.yaml")
+NSF = str(ROOT / "examples" / "clusters" / "nsfnet-4dc.yaml")
+SELENE = str(ROOT / "examples" / "clusters" / "a100-selene.yaml")
+
+
+def dmsc(*args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "-m", "dmsc", *args],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        cwd=ROOT,
+    )
+
+
+def test_plan_json_and_file_validate_against_the_schema(tmp_path: Path) -> None:
+    out = tmp_path / "plan.json"
+    res = dmsc(
+        "plan",
+        "--cluster",
+        LOCAL,
+        "--model",
+        "gpt-mini",
+        "--global-batch",
+        "8",
+        "--tp",
+        "1",
+        "--pp",
+        "3",
+        "--dp",
+        "1",
+        "--out",
+        str(out),
+        "--json",
+    )
+    assert res.returncode == 0, res.stderr
+    summary = json.loads(res.stdout)
+    for key in ("iteration_time_s", "strategy", "stages", "paths", "solver", "search_seconds"):
+        assert key in summary
+    assert summary["solver"] == "milp" and summary["optimal"]
+    assert len(summary["stages"]) == 3
+    schema = json.loads(dmsc("schema", "plan").stdout)
+    document = json.loads(out.read_text())
+    jsonschema.validate(document, schema)
+    plan = Plan.model_validate(document)
+    assert plan.schema_version == "dmsc.plan/1"
+    # Every stage has a SID, its devices are distinct, and every crossing has a path.
+    assert len({s.sid for s in plan.stages}) == 3
+    devices = [d for s in plan.stages for r in s.replicas for d in r.devices]
+    assert len(devices) == len(set(devices))
+    crossings = sum(a.datacenter != b.datacenter for a, b in zip(plan.stages, plan.stages[1:]))
+    assert len(plan.paths) == crossings
+
+
+def test_plan_searches_the_strategy_and_compares_solvers(tmp_path: Path) -> None:
+    png = tmp_path / "gantt.png"
+    res = dmsc(
+        "plan",
+        "--cluster",
+        NSF,
+        "--model",
+        "llama3-8b",
+        "--global-batch",
+        "64",
+        "--gpus",
+        "256",
+        "--compare",
+        "--gantt",
+        str(png),
+        "--json",
+    )
+    assert res.returncode == 0, res.stderr
+    out = json.loads(res.stdout)
+    assert out["strategy"]["tp"] * out["strategy"]["pp"] * out["strategy"]["dp"] == 256
+    assert {r["solver"] for r in out["compare"]} == {
+        "milp",
+        "tabu",
+        "greedy",
+        "compute-first",
+        "random",
+    }
+    best = min(r["pipeline_s"] for r in out["compare"] if not r["blocked"])
+    milp = next(r for r in out["compare"] if r["solver"] == "milp")
+    assert milp["pipeline_s"] == pytest.approx(best)
+    assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    assert out["alternatives"]
+
+
+def test_plan_table() -> None:
+    res = dmsc(
+        "plan",
+        "--cluster",
+        LOCAL,
+        "--model",
+        "gpt-mini",
+        "--global-batch",
+        "8",
+        "--tp",
+        "1",
+        "--pp",
+        "3",
+        "--dp",
+        "1",
+        "--solver",
+        "tabu",
+    )
+    assert res.returncode == 0, res.stderr
+    assert "SID" in res.stdout and "solver tabu" in res.stdout
+
+
+def test_seeded_plans_repeat() -> None:
+    args = (
+        "plan",
+        "--cluster",
+        LOCAL,
+        "--model",
+        "gpt-mini",
+        "--global-batch",
+        "8",
+        "--tp",
+        "1",
+        "--pp",
+        "3",
+        "--dp",
+        "1",
+        "--solver",
+        "random",
+        "--seed",
+        "7",
+        "--json",
+    )
+    a, b = json.loads(dmsc(*args).stdout), json.loads(dmsc(*args).stdout)
+    assert a["stages"] == b["stages"] and a["paths"] == b["paths"]
+
+
+@pytest.mark.parametrize(
+    ("args", "needle"),
+    [
+        (
+            ["--cluster", SELENE, "--model", "gpt3-175b", "--global-batch", "8", "--gpus", "99999"],
+            "asked for 99999 devices",
+        ),
+        (["--cluster", LOCAL, "--model", "gpt3-175b", "--global-batch", "8"], "no strategy fits"),
+        (
+            [
+                "--cluster",
+                LOCAL,
+                "--model",
+                "gpt-mini",
+                "--global-batch",
+                "8",
+                "--tp",
+                "1",
+                "--pp",
+                "4",
+                "--dp",
+                "1",
+            ],
+            "needs 4 devices",
+        ),
+        (
+            [
+                "--cluster",
+                LOCAL,
+                "--model",
+                "llama3-8b",
+                "--global-batch",
+                "8",
+                "--tp",
+                "1",
+                "--pp",
+                "3",
+                "--dp",
+                "1",
+            ],
+            "GiB per device",
+        ),
+    ],
+)
+def test_infeasible_requests_exit_1_with_the_binding_constraint(
+    args: list[str], needle: str
+) -> None:
+    res = dmsc("plan", *args)
+    assert res.returncode == 1, (res.stdout, res.stderr)
+    assert needle in res.stderr
+    assert "Traceback" not in res.stderr
+
+
+@pytest.mark.parametrize(
+    ("args", "needle"),
+    [
+        (["--tp", "2"], "--tp/--pp/--dp"),
+        (["--solver", "magic"], "--solver"),
+        (["--paths", "0"], "--paths"),
+        (["--gpus", "0"], "--gpus"),
+    ],
+)
+def test_bad_plan_flags_exit_2(args: list[str], needle: str) -> None:
+    res = dmsc("plan", "--cluster", LOCAL, "--model", "gpt-mini", "--global-batch", "8", *args)
+    assert res.returncode == 2, (res.stdout, res.stderr)
+    assert needle in res.stderr and "Traceback" not in res.stderr
