@@ -155,8 +155,9 @@ def main() -> None:
         tail = f"  {extra:.1f}% shorter than compute-first" if extra is not None else ""
         print(f"  {name:15s} {r['pipeline_s']:8.3f} s  (solved in {r['seconds']:.2f} s){tail}")
     s = result["speed"]
+    search_s = s["gpt3_175b_1024_gpus_strategy_search_s"]
     print(
-        f"\nstrategy search, GPT-3 175B on 1024 GPUs: {s['gpt3_175b_1024_gpus_strategy_search_s']:.2f} s"
+        f"\nstrategy search, GPT-3 175B on 1024 GPUs: {search_s:.2f} s"
         f" ({s['strategies_considered']} strategies)"
     )
     print(

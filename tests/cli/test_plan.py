@@ -63,7 +63,9 @@ def test_plan_json_and_file_validate_against_the_schema(tmp_path: Path) -> None:
     assert len({s.sid for s in plan.stages}) == 3
     devices = [d for s in plan.stages for r in s.replicas for d in r.devices]
     assert len(devices) == len(set(devices))
-    crossings = sum(a.datacenter != b.datacenter for a, b in zip(plan.stages, plan.stages[1:]))
+    crossings = sum(
+        a.datacenter != b.datacenter for a, b in zip(plan.stages, plan.stages[1:], strict=False)
+    )
     assert len(plan.paths) == crossings
 
 

@@ -240,20 +240,20 @@ def plan(
             for reason in reasons:
                 err_console.print(f"infeasible: {reason}", highlight=False)
             raise typer.Exit(EXIT_DOES_NOT_FIT) from None
-        rows = []
+        rows: list[dict[str, Any]] = []
         if compare:
             problem = outcome.built.problem
             for name in SOLVERS:
                 progress.update(task, description=f"solver {name}")
                 try:
-                    r = run_solver(name, problem, seed, time_limit)
+                    res = run_solver(name, problem, seed, time_limit)
                     rows.append(
                         {
                             "solver": name,
-                            "pipeline_s": score_to_seconds(problem, r.objective),
-                            "seconds": r.seconds,
-                            "optimal": r.optimal,
-                            "gap_pct": r.gap_pct,
+                            "pipeline_s": score_to_seconds(problem, res.objective),
+                            "seconds": res.seconds,
+                            "optimal": res.optimal,
+                            "gap_pct": res.gap_pct,
                             "blocked": False,
                         }
                     )
@@ -293,20 +293,20 @@ def plan(
     if compare:
         from rich.table import Table
 
-        best = min((r["pipeline_s"] for r in rows if not r["blocked"]), default=None)
+        best = min((row["pipeline_s"] for row in rows if not row["blocked"]), default=None)
         t = Table("solver", "pipeline time", "vs best", "gap", "seconds")
-        for r in rows:
-            if r["blocked"]:
-                t.add_row(r["solver"], "blocked", "", "", r["reason"])
+        for row in rows:
+            if row["blocked"]:
+                t.add_row(row["solver"], "blocked", "", "", row["reason"])
                 continue
             t.add_row(
-                r["solver"],
-                f"{r['pipeline_s']:.3f} s",
-                f"+{(r['pipeline_s'] / best - 1) * 100:.1f}%" if best else "",
+                row["solver"],
+                f"{row['pipeline_s']:.3f} s",
+                f"+{(row['pipeline_s'] / best - 1) * 100:.1f}%" if best else "",
                 "optimal"
-                if r["optimal"]
-                else (f"{r['gap_pct']:.1f}%" if r["gap_pct"] is not None else "-"),
-                f"{r['seconds']:.2f}",
+                if row["optimal"]
+                else (f"{row['gap_pct']:.1f}%" if row["gap_pct"] is not None else "-"),
+                f"{row['seconds']:.2f}",
             )
         console.print(t)
 

@@ -87,10 +87,10 @@ def print_plan(console: Console, plan: Plan) -> None:
     if s.alternatives:
         a = Table("runner-up strategy", "estimated iteration", "why it lost")
         for alt in s.alternatives:
-            st = alt.strategy
+            k = alt.strategy
             a.add_row(
-                f"tp={st['tp']} pp={st['pp']} dp={st['dp']} mb={st['micro_batch']} "
-                f"{st['schedule']} v={st['interleave']} {st['recompute']}",
+                f"tp={k['tp']} pp={k['pp']} dp={k['dp']} mb={k['micro_batch']} "
+                f"{k['schedule']} v={k['interleave']} {k['recompute']}",
                 human_seconds(alt.iteration_time_s),
                 alt.why_lost,
             )

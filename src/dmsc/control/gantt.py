@@ -84,6 +84,7 @@ def draw_gantt(ops: list[Op], stages: int, path: str | Path, title: str) -> None
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
+    from matplotlib.patches import Rectangle
 
     colors = {"F": "#4C72B0", "B": "#55A868", "comm": "#DD8452"}
     fig, ax = plt.subplots(figsize=(12, 0.5 * stages + 1.5))
@@ -95,7 +96,7 @@ def draw_gantt(ops: list[Op], stages: int, path: str | Path, title: str) -> None
     ax.invert_yaxis()
     ax.set_xlabel("seconds")
     ax.set_title(title)
-    handles = [plt.Rectangle((0, 0), 1, 1, color=c) for c in colors.values()]
+    handles = [Rectangle((0, 0), 1, 1, color=c) for c in colors.values()]
     ax.legend(handles, ["forward", "backward", "boundary transfer"], loc="lower right")
     fig.tight_layout()
     fig.savefig(path, dpi=110)

@@ -216,7 +216,8 @@ def solve_tabu(
     """Tabu search over stage datacenters and per-boundary capacity caps.
 
     Moves: put one stage, or a run of consecutive stages sharing a datacenter, in another
-    datacenter, swap two stages' datacenters, or lower/raise one boundary's capacity cap (less spectrum for one boundary can free a better route for another).
+    datacenter, swap two stages' datacenters, or lower/raise one boundary's capacity cap (less
+    spectrum for one boundary can free a better route for another).
     A move is tabu for ``tenure`` iterations after it is undone, unless it beats the best. The
     search stops after ``iterations``, or ``patience`` iterations without a new best.
     """
@@ -323,7 +324,8 @@ def solve_tabu(
         key, st, v = chosen
         # Forbid undoing the move for a while.
         if key[0] == "move":
-            tabu[("move", key[1], state[0][key[1]])] = it + tenure  # type: ignore[index]
+            moved = int(str(key[1]))
+            tabu[("move", moved, state[0][moved])] = it + tenure
         else:
             tabu[key] = it + tenure
         state, current = st, v

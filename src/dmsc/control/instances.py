@@ -51,8 +51,8 @@ def random_problem(
         for route in itertools.islice(
             nx.shortest_simple_paths(g, dc_sites[a], dc_sites[z], "km"), k_paths
         ):
-            hops = [index[frozenset(e)] for e in zip(route, route[1:], strict=False)]
-            km = sum(g.edges[e]["km"] for e in zip(route, route[1:], strict=False))
+            hops = [index[frozenset(e)] for e in itertools.pairwise(route)]
+            km = sum(g.edges[e]["km"] for e in itertools.pairwise(route))
             opts.append(PathOption(tuple(hops), km, int(km * 5), 12.5 * (4 if km <= 600 else 2)))
         paths[(a, z)] = tuple(opts)
     free = tuple(rng.randint(1, 3) * 8 for _ in range(n_dcs))

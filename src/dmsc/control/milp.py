@@ -95,7 +95,9 @@ def solve_milp(
                 model.add(sum(pair) <= x[b + 1][z])
                 model.add(sum(pair) >= x[b][a] + x[b + 1][z] - 1)
         boundary_terms.append(terms)
-        crossing.append(sum(v for (bb, *_), (v, _) in choices.items() if bb == b))
+        crossing.append(
+            cp_model.LinearExpr.sum([v for (bb, *_), (v, _) in choices.items() if bb == b])
+        )
     for lid, ivs in link_intervals.items():
         fixed = [
             model.new_fixed_size_interval_var(s0, length, f"busy{lid}_{s0}")
@@ -112,7 +114,7 @@ def solve_milp(
         model.add(c == sum(v * w for v, w in terms))
         comm.append(c)
     t = []
-    comps = []
+    comps: list[cp_model.LinearExprT] = []
     for s in range(P):
         ts = model.new_int_var(0, horizon, f"t{s}")
         comp = sum(x[s][d] * (problem.compute_us[s][d] or 0) for d in options[s])
@@ -127,7 +129,10 @@ def solve_milp(
     model.add_max_equality(T, t)
     # Redundant cuts that tighten the relaxation (both hold for every solution):
     # t_s >= comp_s + comm_{s-1} + comm_s, summed over stages;
-    model.add(sum(t) >= sum(comps) + 2 * sum(comm))
+    model.add(
+        cp_model.LinearExpr.sum(t)
+        >= cp_model.LinearExpr.sum(comps) + 2 * cp_model.LinearExpr.sum(comm)
+    )
     # and when the stages need more devices than the largest datacenters hold, at least
     # (datacenters needed - 1) boundaries cross.
     need, room, used = sum(problem.devices), 0, 0
@@ -178,10 +183,10 @@ def solve_milp(
         raise Infeasible(f"the solver found no placement within {time_limit_s:g} s")
     dcs = tuple(next(d for d in range(D) if solver.value(x[s][d])) for s in range(P))
     routes: list[Route | None] = [None] * (P - 1)
-    for (b, a, z, k, n), (y, start) in choices.items():
+    for (b, _a, _z, k, n), (y, start) in choices.items():
         if solver.value(y):
             routes[b] = Route(k, n, int(solver.value(start)))
-    objective = int(round(solver.objective_value))
+    objective = round(solver.objective_value)
     bound = solver.best_objective_bound
     gap = 0.0 if status == cp_model.OPTIMAL else max(0.0, (objective - bound) / objective * 100)
     return PlacementResult(

@@ -19,7 +19,7 @@ from dmsc.netmodel import Estimate, build_layer_costs
 from dmsc.netmodel.iteration import assign_stage_layers
 from dmsc.spec import ClusterSpec, JobSpec, LayerListSpec, TransformerSpec
 
-PLAN_VERSION = "dmsc.plan/1"
+PLAN_VERSION: Literal["dmsc.plan/1"] = "dmsc.plan/1"
 _SID_NAMESPACE = uuid.UUID("6f1c2d9e-4b8a-4c3e-9a57-d0e5c1b2a3f4")
 
 

@@ -65,11 +65,11 @@ def enumerate_jobs(
     node (at most the smallest node's device count).
     """
     node_devices = min(nt.devices for nt in cluster.node_types.values())
-    is_tf = isinstance(model, TransformerSpec)
     n_layers = model.layers if isinstance(model, TransformerSpec) else len(model.layer_list)
-    tps = (
-        [t for t in _divisors(node_devices) if not is_tf or model.heads % t == 0] if is_tf else [1]
-    )
+    if isinstance(model, TransformerSpec):
+        tps = [t for t in _divisors(node_devices) if model.heads % t == 0]
+    else:
+        tps = [1]
     experts = model.experts if isinstance(model, TransformerSpec) else 1
     modes = ("none", "selective", "full") if base.mode == "train" else ("none",)
     for tp in tps:
