@@ -27,6 +27,7 @@ bench: $(STAMP)
 	$(BIN)/python benchmarks/validate_costmodel.py
 	$(BIN)/python benchmarks/estimate_speed.py
 	$(BIN)/python benchmarks/gpu_compare.py
+	$(BIN)/python benchmarks/planner_optimality.py
 
 clean:
 	rm -rf $(VENV) build *.egg-info src/*.egg-info
