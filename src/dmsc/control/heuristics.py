@@ -6,6 +6,7 @@ All take a :class:`PlacementProblem` and return a :class:`PlacementResult` score
 
 from __future__ import annotations
 
+import dataclasses
 import itertools
 import random
 import time
@@ -212,6 +213,40 @@ def solve_tabu(
     iterations: int = 300,
     tenure: int = 7,
     patience: int = 40,
+    restarts: int = 3,
+) -> PlacementResult:
+    """Tabu search (see :func:`_tabu_once`) from the greedy placement and from ``restarts - 1``
+    seeded random ones; the best result wins."""
+    t0 = time.perf_counter()
+    starts: list[tuple[int, ...] | None] = [None]
+    for r in range(1, restarts):
+        try:
+            starts.append(solve_random(problem, seed + r).placement.dcs)
+        except Infeasible:
+            break
+    results = []
+    for i, start in enumerate(starts):
+        try:
+            results.append(_tabu_once(problem, seed + i, iterations, tenure, patience, start))
+        except Infeasible:
+            continue
+    if not results:
+        raise Infeasible("tabu: no placement could be routed")
+    best = min(results, key=lambda r: r.objective)
+    return dataclasses.replace(
+        best,
+        seconds=time.perf_counter() - t0,
+        candidates=sum(r.candidates for r in results),
+    )
+
+
+def _tabu_once(
+    problem: PlacementProblem,
+    seed: int,
+    iterations: int,
+    tenure: int,
+    patience: int,
+    start_dcs: tuple[int, ...] | None,
 ) -> PlacementResult:
     """Tabu search over stage datacenters and per-boundary capacity caps.
 
@@ -224,10 +259,13 @@ def solve_tabu(
     t0 = time.perf_counter()
     rng = random.Random(seed)
     options = _feasible_dcs(problem)
-    try:
-        start = solve_greedy(problem).placement.dcs
-    except Infeasible:
-        start = solve_random(problem, seed).placement.dcs
+    if start_dcs is not None:
+        start = start_dcs
+    else:
+        try:
+            start = solve_greedy(problem).placement.dcs
+        except Infeasible:
+            start = solve_random(problem, seed).placement.dcs
     top = len(problem.levels) - 1
     state = (tuple(start), tuple([top] * (problem.n_stages - 1)))
 
