@@ -33,13 +33,17 @@ def test_dynamic_program_equals_enumeration(
     send = data.draw(st.lists(st.floats(0.0, 3.0), min_size=n, max_size=n))
     speeds = data.draw(st.lists(st.floats(0.5, 3.0), min_size=k, max_size=k))
     caps = data.draw(st.lists(st.floats(2.0, 30.0), min_size=k, max_size=k))
+    offsets = data.draw(st.lists(st.floats(0.0, 2.0), min_size=k, max_size=k))
+    acts = data.draw(st.lists(st.floats(0.0, 1.0), min_size=n, max_size=n))
+    inflight = data.draw(st.lists(st.floats(0.0, 4.0), min_size=k, max_size=k))
+    extra = (offsets, acts, inflight)
     try:
-        ref = segment_layers_bruteforce(layers, memory, send, speeds, caps)
+        ref = segment_layers_bruteforce(layers, memory, send, speeds, caps, *extra)
     except SegmentationInfeasible:
         with pytest.raises(SegmentationInfeasible):
-            segment_layers(layers, memory, send, speeds, caps)
+            segment_layers(layers, memory, send, speeds, caps, *extra)
         return
-    dp = segment_layers(layers, memory, send, speeds, caps)
+    dp = segment_layers(layers, memory, send, speeds, caps, *extra)
     assert dp.cost == pytest.approx(ref.cost)
     assert [len(r) for r in dp.ranges if len(r)] == [len(r) for r in dp.ranges]
     assert sum(len(r) for r in dp.ranges) == n

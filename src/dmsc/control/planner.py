@@ -9,7 +9,8 @@ from dmsc.control.build import BuiltProblem, build_problem
 from dmsc.control.heuristics import solve_compute_first, solve_greedy, solve_random, solve_tabu
 from dmsc.control.milp import solve_milp
 from dmsc.control.plan import Plan, assemble_plan
-from dmsc.control.problem import Infeasible, PlacementProblem, PlacementResult
+from dmsc.control.problem import Infeasible, PlacementProblem, PlacementResult, score_to_seconds
+from dmsc.control.rebalance import rebalanced_job
 from dmsc.control.strategy import StrategySearch, search_strategies
 from dmsc.netmodel import DEFAULT_CALIBRATION, Calibration, DoesNotFit, estimate_iteration
 from dmsc.spec import ClusterSpec, JobSpec, LayerListSpec, TransformerSpec
@@ -98,5 +99,18 @@ def plan_job(
     if all(c is None for row in built.problem.compute_us for c in row):
         raise Infeasible("no datacenter's devices can hold a stage (memory)")
     result = run_solver(solver, built.problem, seed, time_limit_s)
+    # Re-cut the layers for the placed pipeline (exact DP) and keep the faster of the two.
+    better = rebalanced_job(cluster, model, chosen, built, result, calib)
+    if better is not None:
+        try:
+            built2 = build_problem(cluster, model, better, k_paths=k_paths, calib=calib)
+            result2 = run_solver(solver, built2.problem, seed, time_limit_s)
+            if score_to_seconds(built2.problem, result2.objective) < score_to_seconds(
+                built.problem, result.objective
+            ):
+                chosen, built, result = better, built2, result2
+                estimate = estimate_iteration(cluster, model, chosen, calib)
+        except (DoesNotFit, Infeasible):
+            pass
     plan = assemble_plan(cluster, model, chosen, built, result, estimate, search)
     return PlanOutcome(plan, built, result, search)

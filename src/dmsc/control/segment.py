@@ -51,9 +51,34 @@ def _stage_cost(
     hi: int,
     prefix: Sequence[float],
     last: bool,
+    offset: float = 0.0,
 ) -> float:
     work = (prefix[hi] - prefix[lo]) / speed
-    return work + (0.0 if last else send[hi - 1])
+    return work + (0.0 if last else send[hi - 1]) + offset
+
+
+@dataclass(frozen=True)
+class _Extras:
+    """Optional per-stage terms: a fixed time, and activations held ``inflight`` times."""
+
+    offsets: Sequence[float]
+    activation: Sequence[float]
+    inflight: Sequence[float]
+
+    @classmethod
+    def of(
+        cls,
+        n: int,
+        k: int,
+        offsets: Sequence[float] | None,
+        activation: Sequence[float] | None,
+        inflight: Sequence[float] | None,
+    ) -> _Extras:
+        return cls(
+            offsets if offsets is not None else [0.0] * k,
+            activation if activation is not None else [0.0] * n,
+            inflight if inflight is not None else [0.0] * k,
+        )
 
 
 def segment_layers(
@@ -62,15 +87,24 @@ def segment_layers(
     send: Sequence[float],
     speeds: Sequence[float],
     capacities: Sequence[float],
+    offsets: Sequence[float] | None = None,
+    activation: Sequence[float] | None = None,
+    inflight: Sequence[float] | None = None,
 ) -> LayerSegmentation:
     """Cut ``len(compute)`` layers into ``len(speeds)`` contiguous non-empty stages.
 
     ``compute[l]``: time of layer ``l`` on a unit-speed device; ``memory[l]``: its bytes;
     ``send[l]``: time to send layer ``l``'s output to the next stage; stage ``i`` runs at
-    ``speeds[i]`` with ``capacities[i]`` bytes. Minimises the slowest stage exactly, in
+    ``speeds[i]`` with ``capacities[i]`` bytes, plus ``offsets[i]`` of fixed time (its boundary
+    transfers, when they do not depend on the cut) and ``inflight[i]`` copies of the layers'
+    ``activation`` bytes (micro-batches in flight). Minimises the slowest stage exactly, in
     O(stages x layers^2).
     """
     n, k = len(compute), len(speeds)
+    ex = _Extras.of(n, k, offsets, activation, inflight)
+    act_prefix = [0.0]
+    for a in ex.activation:
+        act_prefix.append(act_prefix[-1] + a)
     if not (len(memory) == len(send) == n and len(capacities) == k):
         raise ValueError("compute, memory and send need one entry per layer; capacities per stage")
     if k > n:
@@ -91,11 +125,14 @@ def segment_layers(
             for lo in range(i - 1, j):
                 if best[i - 1][lo] == INF:
                     continue
-                if _over(mem_prefix[j] - mem_prefix[lo], capacities[i - 1]):
+                used = mem_prefix[j] - mem_prefix[lo]
+                used += ex.inflight[i - 1] * (act_prefix[j] - act_prefix[lo])
+                if _over(used, capacities[i - 1]):
                     continue
-                c = max(
-                    best[i - 1][lo], _stage_cost(compute, send, speeds[i - 1], lo, j, prefix, last)
+                stage = _stage_cost(
+                    compute, send, speeds[i - 1], lo, j, prefix, last, ex.offsets[i - 1]
                 )
+                c = max(best[i - 1][lo], stage)
                 if c < best[i][j]:
                     best[i][j] = c
                     cut[i][j] = lo
@@ -109,7 +146,7 @@ def segment_layers(
         j = lo
     ranges.reverse()
     costs = tuple(
-        _stage_cost(compute, send, speeds[i], r.start, r.stop, prefix, i == k - 1)
+        _stage_cost(compute, send, speeds[i], r.start, r.stop, prefix, i == k - 1, ex.offsets[i])
         for i, r in enumerate(ranges)
     )
     return LayerSegmentation(tuple(ranges), costs)
@@ -121,9 +158,13 @@ def segment_layers_bruteforce(
     send: Sequence[float],
     speeds: Sequence[float],
     capacities: Sequence[float],
+    offsets: Sequence[float] | None = None,
+    activation: Sequence[float] | None = None,
+    inflight: Sequence[float] | None = None,
 ) -> LayerSegmentation:
     """Every placement of the cuts (the reference for :func:`segment_layers`)."""
     n, k = len(compute), len(speeds)
+    ex = _Extras.of(n, k, offsets, activation, inflight)
     prefix = [0.0]
     for c in compute:
         prefix.append(prefix[-1] + c)
@@ -131,10 +172,19 @@ def segment_layers_bruteforce(
     for cuts in itertools.combinations(range(1, n), k - 1):
         bounds = (0, *cuts, n)
         ranges = tuple(range(bounds[i], bounds[i + 1]) for i in range(k))
-        if any(_over(sum(memory[r.start : r.stop]), capacities[i]) for i, r in enumerate(ranges)):
+        if any(
+            _over(
+                sum(memory[r.start : r.stop])
+                + ex.inflight[i] * sum(ex.activation[r.start : r.stop]),
+                capacities[i],
+            )
+            for i, r in enumerate(ranges)
+        ):
             continue
         costs = tuple(
-            _stage_cost(compute, send, speeds[i], r.start, r.stop, prefix, i == k - 1)
+            _stage_cost(
+                compute, send, speeds[i], r.start, r.stop, prefix, i == k - 1, ex.offsets[i]
+            )
             for i, r in enumerate(ranges)
         )
         if best is None or max(costs) < best.cost:

@@ -103,6 +103,8 @@ def check_fit(
             + (f" from device {job.first_device}" if job.first_device else "")
         )
     n_layers = model.layers if isinstance(model, TransformerSpec) else len(model.layer_list)
+    if job.stage_layers is not None and sum(job.stage_layers) != n_layers:
+        reasons.append(f"stage_layers add up to {sum(job.stage_layers)}, the model has {n_layers}")
     if n_layers < job.pp * job.chunks:
         reasons.append(
             f"{n_layers} layers cannot fill pp x interleave = {job.pp * job.chunks} chunks"
@@ -127,7 +129,11 @@ def check_fit(
 def assign_stage_layers(layers: list[LayerCost], job: JobSpec) -> list[list[LayerCost]]:
     """Layers of each stage, embedding with the first chunk and head with the last."""
     body = [lc for lc in layers if lc.kind not in ("embedding", "head")]
-    chunks = split_layers(len(body), job.pp * job.chunks)
+    if job.stage_layers is not None:
+        starts = [sum(job.stage_layers[:i]) for i in range(job.pp + 1)]
+        chunks = [range(starts[i], starts[i + 1]) for i in range(job.pp)]
+    else:
+        chunks = split_layers(len(body), job.pp * job.chunks)
     stages: list[list[LayerCost]] = [[] for _ in range(job.pp)]
     for c, rng in enumerate(chunks):
         stages[c % job.pp].extend(body[i] for i in rng)

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import Literal, Self
+from typing import Annotated, Literal, Self
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
@@ -42,6 +42,10 @@ class JobSpec(BaseModel):
     first_device: int = Field(
         default=0, ge=0, description="Index of the first device the job uses."
     )
+    stage_layers: list[Annotated[int, Field(gt=0)]] | None = Field(
+        default=None,
+        description="Blocks per pipeline stage (default: as even as possible); one per stage.",
+    )
 
     @model_validator(mode="after")
     def _consistent(self) -> Self:
@@ -58,6 +62,13 @@ class JobSpec(BaseModel):
             )
         if self.sequence_parallel and self.tp == 1:
             raise ValueError("sequence_parallel: needs tp > 1")
+        if self.stage_layers is not None:
+            if len(self.stage_layers) != self.pp:
+                raise ValueError(
+                    f"stage_layers: {len(self.stage_layers)} entries for pp={self.pp} stages"
+                )
+            if self.schedule == "interleaved":
+                raise ValueError("stage_layers: uneven stages need a non-interleaved schedule")
         if self.mode == "infer" and (self.zero or self.recompute != "none"):
             raise ValueError("mode: inference uses neither ZeRO nor recomputation")
         return self
