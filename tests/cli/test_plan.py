@@ -216,3 +216,29 @@ def test_bad_plan_flags_exit_2(args: list[str], needle: str) -> None:
     res = dmsc("plan", "--cluster", LOCAL, "--model", "gpt-mini", "--global-batch", "8", *args)
     assert res.returncode == 2, (res.stdout, res.stderr)
     assert needle in res.stderr and "Traceback" not in res.stderr
+
+
+VISION = str(ROOT / "examples" / "models" / "multitask-vision.yaml")
+
+
+@pytest.mark.parametrize(
+    ("args", "count"),
+    [
+        (["--model", "gpt3-1.3b", "--stages", "3", "--method", "layer"], 3),
+        (["--model", VISION, "--stages", "3", "--method", "block"], 3),
+        (["--model", VISION, "--method", "business"], 3),
+    ],
+)
+def test_segment_command(args: list[str], count: int) -> None:
+    res = dmsc("segment", "--cluster", SELENE, *args, "--json")
+    assert res.returncode == 0, res.stderr
+    out = json.loads(res.stdout)
+    assert len(out["segments"]) == count
+    assert out["slowest_s"] == max(s["time_s"] for s in out["segments"])
+
+
+def test_segment_errors() -> None:
+    res = dmsc("segment", "--cluster", SELENE, "--model", "gpt3-1.3b", "--method", "block")
+    assert res.returncode == 2 and "kind: blocks" not in res.stdout
+    res = dmsc("segment", "--cluster", SELENE, "--model", "gpt3-175b", "--stages", "2")
+    assert res.returncode == 1 and "infeasible" in res.stderr

@@ -16,7 +16,7 @@ from __future__ import annotations
 import itertools
 import math
 import random
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
 import networkx as nx
@@ -311,7 +311,9 @@ class MicroModel:
     reads_from: str | None
 
 
-def segment_business(backbone: Sequence[str], heads: dict[str, Sequence[str]]) -> list[MicroModel]:
+def segment_business(
+    backbone: Sequence[str], heads: Mapping[str, Sequence[str]]
+) -> list[MicroModel]:
     """The shared backbone as one micro-model and every task head as its own, reading the
     backbone's output."""
     if not backbone:

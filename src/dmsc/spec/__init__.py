@@ -13,11 +13,20 @@ from dmsc.spec.cluster import (
 from dmsc.spec.errors import SpecError
 from dmsc.spec.job import JobSpec
 from dmsc.spec.loader import load_spec, read_document, validate_document
-from dmsc.spec.model import LayerListSpec, LayerSpec, ModelSpec, TransformerSpec
-from dmsc.spec.presets import MODEL_PRESETS, parse_model, resolve_model
+from dmsc.spec.model import (
+    BlockGraphSpec,
+    BlockSpec,
+    LayerListSpec,
+    LayerSpec,
+    ModelSpec,
+    TransformerSpec,
+)
+from dmsc.spec.presets import MODEL_PRESETS, parse_any_model, parse_model, resolve_model
 
 __all__ = [
     "MODEL_PRESETS",
+    "BlockGraphSpec",
+    "BlockSpec",
     "ClusterSpec",
     "DCNetworkSpec",
     "DatacenterSpec",
@@ -33,6 +42,7 @@ __all__ = [
     "SpecError",
     "TransformerSpec",
     "load_spec",
+    "parse_any_model",
     "parse_model",
     "read_document",
     "resolve_model",

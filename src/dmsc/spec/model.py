@@ -86,4 +86,40 @@ class LayerListSpec(_Spec):
     layer_list: list[LayerSpec] = Field(min_length=1)
 
 
-ModelSpec = Annotated[TransformerSpec | LayerListSpec, Field(discriminator="kind")]
+class BlockSpec(LayerSpec):
+    """A block of a model given as a graph; ``task`` marks it as part of a task head."""
+
+    task: Name | None = None
+
+
+class BlockGraphSpec(_Spec):
+    """A model as a directed graph of blocks (branches, shared backbone with task heads).
+
+    ``edges`` are ``[source, target]`` pairs of block names; a block's ``output_bytes`` is what
+    each of its out-edges carries per sample.
+    """
+
+    kind: Literal["blocks"] = "blocks"
+    name: Name = "model"
+    dtype: Dtype = "fp32"
+    blocks: list[BlockSpec] = Field(min_length=1)
+    edges: list[tuple[Name, Name]] = Field(default_factory=list)
+
+    @model_validator(mode="after")
+    def _graph(self) -> Self:
+        names = [b.name for b in self.blocks]
+        seen: set[str] = set()
+        for i, n in enumerate(names):
+            if n in seen:
+                raise ValueError(f"blocks[{i}].name: duplicate block {n!r}")
+            seen.add(n)
+        for i, (a, b) in enumerate(self.edges):
+            for end in (a, b):
+                if end not in seen:
+                    raise ValueError(f"edges[{i}]: unknown block {end!r}")
+            if a == b:
+                raise ValueError(f"edges[{i}]: block {a!r} feeds itself")
+        return self
+
+
+ModelSpec = Annotated[TransformerSpec | LayerListSpec | BlockGraphSpec, Field(discriminator="kind")]

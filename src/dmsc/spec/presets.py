@@ -14,7 +14,7 @@ from pydantic import TypeAdapter, ValidationError
 
 from dmsc.spec.errors import SpecError, spec_error_from_validation
 from dmsc.spec.loader import read_document
-from dmsc.spec.model import LayerListSpec, ModelSpec, TransformerSpec
+from dmsc.spec.model import BlockGraphSpec, LayerListSpec, ModelSpec, TransformerSpec
 
 _GPT3 = {"seq": 2048, "vocab": 50257, "dtype": "fp16", "mlp": "gelu", "tied_embeddings": True}
 _LLAMA3 = {"seq": 8192, "vocab": 128256, "dtype": "bf16", "mlp": "swiglu", "kv_heads": 8}
@@ -55,18 +55,31 @@ MODEL_PRESETS: dict[str, dict[str, Any]] = {
 }
 
 SHAPE_FIELDS = ("layers", "hidden", "heads", "ffn", "seq", "vocab")
-_MODEL_ADAPTER: TypeAdapter[TransformerSpec | LayerListSpec] = TypeAdapter(ModelSpec)
+AnyModel = TransformerSpec | LayerListSpec | BlockGraphSpec
+_MODEL_ADAPTER: TypeAdapter[AnyModel] = TypeAdapter(ModelSpec)
 
 
-def parse_model(data: Any, source: str) -> TransformerSpec | LayerListSpec:
-    """Validate a model document (``kind`` defaults to ``transformer``)."""
+def parse_any_model(data: Any, source: str) -> AnyModel:
+    """Validate a model document of any kind (``kind`` defaults to ``transformer``)."""
     if not isinstance(data, dict):
         raise SpecError(source, "<root>", "expected a mapping of fields at the top level")
     data = {"kind": "transformer", **data}
     try:
         return _MODEL_ADAPTER.validate_python(data)
     except ValidationError as exc:
-        raise spec_error_from_validation(source, exc, ("transformer", "layers")) from None
+        raise spec_error_from_validation(source, exc, ("transformer", "layers", "blocks")) from None
+
+
+def parse_model(data: Any, source: str) -> TransformerSpec | LayerListSpec:
+    """Validate a model document (``kind`` defaults to ``transformer``)."""
+    if not isinstance(data, dict):
+        raise SpecError(source, "<root>", "expected a mapping of fields at the top level")
+    model = parse_any_model(data, source)
+    if isinstance(model, BlockGraphSpec):
+        raise SpecError(
+            source, "kind", "a block graph is segmented with `dmsc segment`, not costed"
+        )
+    return model
 
 
 def resolve_model(
