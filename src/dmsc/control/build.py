@@ -49,7 +49,7 @@ def _dc_node_type(cluster: ClusterSpec, dc_index: int) -> str:
     return cluster.datacenters[dc_index].nodes[0].type
 
 
-def _stage_times_on(
+def stage_times_on(
     cluster: ClusterSpec,
     model: TransformerSpec | LayerListSpec,
     job: JobSpec,
@@ -95,7 +95,7 @@ def build_problem(
     n_dc = len(cluster.datacenters)
     stage_devices = job.tp * job.dp
     node_types = tuple(_dc_node_type(cluster, d) for d in range(n_dc))
-    times_by_type = {nt: _stage_times_on(cluster, model, job, nt, calib) for nt in set(node_types)}
+    times_by_type = {nt: stage_times_on(cluster, model, job, nt, calib) for nt in set(node_types)}
     parts = tuple(times_by_type[node_types[d]] for d in range(n_dc))
     compute = tuple(
         tuple(

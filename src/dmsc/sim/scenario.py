@@ -1,0 +1,71 @@
+"""The scenario of a simulation: the network, the job mix, the load and the schedulers' knobs."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Annotated, Literal, Self
+
+from pydantic import BaseModel, ConfigDict, Field, model_validator
+
+from dmsc.spec import ClusterSpec, SpecError, load_spec, read_document, validate_document
+
+
+class JobTypeSpec(BaseModel):
+    """One kind of training job of the mix."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    model: str = Field(description="A model preset name.")
+    weight: float = Field(default=1.0, gt=0, description="Share of the arrivals.")
+    pp: int = Field(gt=0, le=64, description="Pipeline stages.")
+    tp: int = Field(default=8, gt=0)
+    dp: int = Field(default=1, gt=0)
+    global_batch: int = Field(gt=0)
+    micro_batch: int = Field(default=1, gt=0)
+    recompute: Literal["none", "selective", "full"] = "selective"
+    iterations: int = Field(gt=0, description="Iterations until the job completes.")
+
+    @property
+    def stage_gpus(self) -> int:
+        return self.tp * self.dp
+
+
+class ScenarioSpec(BaseModel):
+    """Many training jobs arriving over a multi-datacenter optical network."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    name: str = "scenario"
+    cluster: str = Field(description="Cluster spec file, relative to the scenario file.")
+    jobs: list[JobTypeSpec] = Field(min_length=1)
+    load_erlang: Annotated[float, Field(gt=0)] = Field(
+        description="Offered load: arrival rate x mean nominal job duration."
+    )
+    arrivals: int = Field(default=1000, gt=0, le=10_000_000)
+    seed: int = 0
+    k_paths: int = Field(default=3, gt=0, le=10)
+    fit: Literal["first", "best"] = "first"
+    baseline_slots: int = Field(default=4, gt=0, description="Fixed slots per transfer (baseline).")
+    max_slots: int = Field(default=32, gt=0, description="Most slots one transfer may take.")
+    warmup_fraction: float = Field(default=0.1, ge=0, lt=1, description="Arrivals not counted.")
+
+    @model_validator(mode="after")
+    def _slots(self) -> Self:
+        if self.baseline_slots > self.max_slots:
+            raise ValueError("baseline_slots: more than max_slots")
+        return self
+
+
+def load_scenario(path: str | Path) -> tuple[ScenarioSpec, ClusterSpec]:
+    """The scenario and its cluster; errors name the file and field."""
+    scenario = validate_document(ScenarioSpec, read_document(path), str(path))
+    cluster_path = Path(path).parent / scenario.cluster
+    if not cluster_path.exists():
+        raise SpecError(str(path), "cluster", f"no such file {cluster_path}")
+    cluster = load_spec(ClusterSpec, cluster_path)
+    from dmsc.spec import MODEL_PRESETS
+
+    for i, job in enumerate(scenario.jobs):
+        if job.model not in MODEL_PRESETS:
+            raise SpecError(str(path), f"jobs[{i}].model", f"unknown model preset {job.model!r}")
+    return scenario, cluster
