@@ -423,6 +423,31 @@ def segment(
 
 
 @app.command()
+def simulate(
+    scenario: Annotated[str, typer.Option(help="Scenario file (YAML or JSON).")],
+    scheduler: Annotated[str, typer.Option(help="baseline, cba or joint.")] = "cba",
+    compare: Annotated[
+        str | None, typer.Option(help="Comma-separated schedulers to run side by side.")
+    ] = None,
+    loads: Annotated[str | None, typer.Option(help="Comma-separated loads in Erlang.")] = None,
+    seeds: Annotated[int, typer.Option(help="Seeds per point (confidence intervals).")] = 1,
+    arrivals: Annotated[int | None, typer.Option(help="Job arrivals per run.")] = None,
+    plot: Annotated[str | None, typer.Option(help="Draw blocking vs load to this PNG.")] = None,
+    csv_out: Annotated[str | None, typer.Option("--csv", help="Per-run rows to this CSV.")] = None,
+    as_json: Annotated[bool, typer.Option("--json", help="One JSON object on stdout.")] = False,
+) -> None:
+    """Simulate training jobs arriving over a multi-datacenter optical network."""
+    from dmsc.cli.simulate_cmd import parse_list
+    from dmsc.cli.simulate_cmd import simulate as run_simulation
+
+    names = parse_list(compare, "--compare", str) if compare else [scheduler]
+    load_list = parse_list(loads, "--loads", float) if loads else None
+    run_simulation(
+        scenario, names, load_list, seeds, arrivals, as_json, plot, csv_out, console, err_console
+    )
+
+
+@app.command()
 def demo() -> None:
     """The main job on its embedded defaults: estimates and a plan on the example clusters."""
     from dmsc.cli.options import build_job, build_model, load_cluster

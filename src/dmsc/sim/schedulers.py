@@ -24,9 +24,15 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import ClassVar, Protocol
 
-from dmsc.control.heuristics import solve_tabu
+from dmsc.control.heuristics import solve_greedy, solve_tabu
 from dmsc.control.milp import solve_milp
-from dmsc.control.problem import Infeasible, LinkState, PathOption, PlacementProblem
+from dmsc.control.problem import (
+    Infeasible,
+    LinkState,
+    PathOption,
+    PlacementProblem,
+    PlacementResult,
+)
 from dmsc.sim.network import OpticalNetwork, Route
 from dmsc.sim.profile import JobProfile
 from dmsc.sim.scenario import ScenarioSpec
@@ -230,7 +236,7 @@ class JointScheduler:
     name: ClassVar[str] = "joint"
 
     def __init__(
-        self, scenario: ScenarioSpec, exact_max_stages: int = 4, time_limit_s: float = 0.5
+        self, scenario: ScenarioSpec, exact_max_stages: int = 4, time_limit_s: float = 0.2
     ):
         self.scenario = scenario
         self.exact_max_stages = exact_max_stages
@@ -276,23 +282,41 @@ class JointScheduler:
         )
 
     def admit(self, net: OpticalNetwork, profile: JobProfile, job_id: int) -> Admission:
-        if (
-            max(net.gpus_free) < profile.stage_gpus
-            or sum(net.gpus_free) < profile.stage_gpus * profile.pp
-        ):
+        need = profile.stage_gpus * profile.pp
+        if max(net.gpus_free) < profile.stage_gpus or sum(net.gpus_free) < need:
             return Admission(None, 0, 0, "gpu")
+        # A job that fits in one datacenter has no cross-DC boundary: that is the optimum of the
+        # placement model (equal devices everywhere), so skip the solver and take the datacenter
+        # it fills best (keeping large holes for large jobs).
+        fits = [d for d, free in enumerate(net.gpus_free) if free >= need]
+        if fits:
+            d = min(fits, key=lambda i: (net.gpus_free[i], i))
+            net.gpus_free[d] -= need
+            job = RunningJob(job_id, profile, [d] * profile.pp)
+            job.transfers = [Transfer(b, d, d) for b in range(profile.pp - 1)]
+            return Admission(job, 0, 0)
         problem = self._problem(net, profile)
         crossing_requests = 0
-        try:
-            if profile.pp <= self.exact_max_stages:
-                result = solve_milp(problem, time_limit_s=self.time_limit_s, workers=1)
-            else:
-                result = solve_tabu(problem, restarts=1)
-        except Infeasible as exc:
-            reason = "gpu" if "devices" in str(exc) else "spectrum"
-            return Admission(
-                None, 1 if reason == "spectrum" else 0, 1 if reason == "spectrum" else 0, reason
-            )
+        # The greedy placement, and the exact model (small instances, within a short time limit)
+        # or a short tabu search; the best of them. Under a short limit CP-SAT may return less
+        # than the greedy start it was hinted with (measured), hence the comparison.
+        found: list[PlacementResult] = []
+        last_error: Infeasible | None = None
+        for solve in (
+            solve_greedy,
+            (lambda p: solve_milp(p, time_limit_s=self.time_limit_s, workers=1))
+            if profile.pp <= self.exact_max_stages
+            else (lambda p: solve_tabu(p, restarts=1, iterations=50, patience=10)),
+        ):
+            try:
+                found.append(solve(problem))
+            except Infeasible as exc:
+                last_error = exc
+        if not found:
+            reason = "gpu" if "devices" in str(last_error) else "spectrum"
+            blocked = 1 if reason == "spectrum" else 0
+            return Admission(None, blocked, blocked, reason)
+        result = min(found, key=lambda r: r.objective)
         dcs = list(result.placement.dcs)
         for d in dcs:
             net.gpus_free[d] -= profile.stage_gpus

@@ -50,7 +50,8 @@ class SpectrumGrid:
 
     def free_mask(self, links: Sequence[int]) -> np.ndarray:
         """Slots free on every link of ``links``."""
-        return np.all(self.owner[list(links)] < 0, axis=0)
+        mask: np.ndarray = np.all(self.owner[list(links)] < 0, axis=0)
+        return mask
 
     def find(self, links: Sequence[int], slots: int, fit: Fit = "first") -> int | None:
         """First slot of a free run of ``slots`` on every link, or None."""

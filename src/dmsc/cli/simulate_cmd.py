@@ -1,0 +1,255 @@
+"""``dmsc simulate``: run schedulers over loads and seeds, print, save and plot the figures."""
+
+from __future__ import annotations
+
+import csv
+import json
+import math
+from pathlib import Path
+from typing import Any
+
+from rich.console import Console
+from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
+from rich.table import Table
+
+from dmsc.sim import SCHEDULERS, OpticalNetwork, build_profiles, load_scenario, run
+from dmsc.sim.engine import RunResult
+from dmsc.sim.metrics import relative_change, summarize
+from dmsc.spec import SpecError
+
+
+def parse_list(text: str, flag: str, kind: type) -> list[Any]:
+    try:
+        values = [kind(x) for x in text.split(",") if x.strip()]
+    except ValueError:
+        raise SpecError(
+            "command line", flag, f"expected a comma-separated list, got {text!r}"
+        ) from None
+    if not values:
+        raise SpecError("command line", flag, "is empty")
+    return values
+
+
+def simulate(
+    scenario_path: str,
+    schedulers: list[str],
+    loads: list[float] | None,
+    seeds: int,
+    arrivals: int | None,
+    as_json: bool,
+    plot: str | None,
+    csv_path: str | None,
+    console: Console,
+    err_console: Console,
+) -> dict[str, Any]:
+    for name in schedulers:
+        if name not in SCHEDULERS:
+            raise SpecError(
+                "command line",
+                "--scheduler/--compare",
+                f"unknown scheduler {name!r} (known: {', '.join(SCHEDULERS)})",
+            )
+    if seeds <= 0:
+        raise SpecError("command line", "--seeds", "must be positive")
+    if loads is not None and any(x <= 0 for x in loads):
+        raise SpecError("command line", "--loads", "loads must be positive")
+    if arrivals is not None and arrivals <= 0:
+        raise SpecError("command line", "--arrivals", "must be positive")
+    scenario, cluster = load_scenario(scenario_path)
+    try:
+        OpticalNetwork.from_cluster(cluster, scenario.k_paths)
+        profiles = build_profiles(cluster, scenario.jobs)
+    except ValueError as exc:
+        field, _, reason = str(exc).partition(": ")
+        raise SpecError(scenario_path, field, reason or str(exc)) from None
+    loads = loads or [scenario.load_erlang]
+    n = arrivals or scenario.arrivals
+    runs: dict[tuple[str, float], list[RunResult]] = {}
+    total = len(schedulers) * len(loads) * seeds * n
+    with Progress(
+        TextColumn("{task.description}"),
+        BarColumn(),
+        TimeElapsedColumn(),
+        console=err_console,
+        transient=True,
+        disable=as_json,
+    ) as progress:
+        task = progress.add_task("simulating", total=total)
+        done = 0
+        for name in schedulers:
+            for load in loads:
+                for k in range(seeds):
+                    progress.update(task, description=f"{name} at {load:g} Erlang, seed {k}")
+
+                    def tick(i: int, base: int = done) -> None:
+                        progress.update(task, completed=base + i)
+
+                    result = run(
+                        scenario,
+                        profiles,
+                        lambda: OpticalNetwork.from_cluster(cluster, scenario.k_paths),
+                        name,
+                        load,
+                        scenario.seed + k,
+                        n,
+                        progress=tick,
+                    )
+                    done += n
+                    runs.setdefault((name, load), []).append(result)
+    summaries = {key: summarize(value) for key, value in runs.items()}
+    single = len(loads) == 1
+    out: dict[str, Any] = {
+        "scenario": scenario.name,
+        "seeds": seeds,
+        "arrivals": n,
+        "loads": loads,
+        "schedulers": {},
+    }
+    for name in schedulers:
+        per_load = {f"{load:g}": summaries[(name, load)] for load in loads}
+        out["schedulers"][name] = summaries[(name, loads[0])] if single else per_load
+    if "baseline" in schedulers and len(schedulers) > 1:
+        rel: dict[str, Any] = {}
+        for name in schedulers:
+            if name == "baseline":
+                continue
+            per = {
+                f"{load:g}": relative_change(summaries[(name, load)], summaries[("baseline", load)])
+                for load in loads
+            }
+            rel[name] = per[f"{loads[0]:g}"] if single else per
+        out["relative_to_baseline_pct"] = rel
+    if csv_path:
+        _write_csv(csv_path, runs)
+    if plot:
+        _plot(plot, schedulers, loads, summaries, runs)
+    if as_json:
+        print(json.dumps(_clean(out)))
+    else:
+        _print(console, out, schedulers, loads, summaries)
+    return out
+
+
+def _clean(obj: Any) -> Any:
+    if isinstance(obj, float) and math.isnan(obj):
+        return None
+    if isinstance(obj, dict):
+        return {k: _clean(v) for k, v in obj.items()}
+    if isinstance(obj, list):
+        return [_clean(v) for v in obj]
+    return obj
+
+
+def _write_csv(path: str, runs: dict[tuple[str, float], list[RunResult]]) -> None:
+    fields = [
+        "scheduler",
+        "load_erlang",
+        "seed",
+        "arrivals",
+        "blocked",
+        "blocking_probability",
+        "transfer_requests",
+        "transfer_blocked",
+        "mean_iteration_time_s",
+        "p95_iteration_time_s",
+        "bubble_ratio",
+        "spectrum_utilization",
+        "gpu_utilization",
+        "events",
+        "wall_s",
+    ]
+    with Path(path).open("w", newline="") as fh:
+        w = csv.writer(fh)
+        w.writerow(fields)
+        for results in runs.values():
+            for r in results:
+                w.writerow([r.scheduler if f == "scheduler" else getattr(r, f) for f in fields])
+
+
+def _plot(
+    path: str,
+    schedulers: list[str],
+    loads: list[float],
+    summaries: dict[tuple[str, float], dict[str, Any]],
+    runs: dict[tuple[str, float], list[RunResult]],
+) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, (left, right) = plt.subplots(1, 2, figsize=(12, 4.5))
+    for name in schedulers:
+        ys = [summaries[(name, x)]["blocking_probability"] for x in loads]
+        es = [summaries[(name, x)]["blocking_probability_ci95"] for x in loads]
+        left.errorbar(loads, ys, yerr=es, marker="o", capsize=3, label=name)
+    left.set_xlabel("offered load (Erlang)")
+    left.set_ylabel("blocking probability")
+    left.set_title("Blocking vs load (95% CI over seeds)")
+    left.legend()
+    data = [[t for r in runs[(name, loads[-1])] for t in r.iteration_times] for name in schedulers]
+    right.boxplot(data, showfliers=False)
+    right.set_xticks(range(1, len(schedulers) + 1), schedulers)
+    right.set_ylabel("iteration time (s)")
+    right.set_title(f"Iteration time per job at {loads[-1]:g} Erlang")
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+
+
+def _print(
+    console: Console,
+    out: dict[str, Any],
+    schedulers: list[str],
+    loads: list[float],
+    summaries: dict[tuple[str, float], dict[str, Any]],
+) -> None:
+    t = Table(title=f"{out['scenario']}: {out['seeds']} seed(s) x {out['arrivals']} arrivals")
+    for col in (
+        "scheduler",
+        "load",
+        "blocking",
+        "transfer blocking",
+        "mean iter",
+        "p95 iter",
+        "bubble",
+        "spectrum",
+        "GPU",
+        "wall",
+    ):
+        t.add_column(col, justify="right")
+    for name in schedulers:
+        for load in loads:
+            s = summaries[(name, load)]
+            t.add_row(
+                name,
+                f"{load:g}",
+                f"{s['blocking_probability']:.3f} ±{s['blocking_probability_ci95']:.3f}",
+                f"{s['transfer_blocking_probability']:.3f}",
+                f"{s['mean_iteration_time_s']:.2f} s ±{s['mean_iteration_time_s_ci95']:.2f}",
+                f"{s['p95_iteration_time_s']:.2f} s",
+                f"{s['bubble_ratio'] * 100:.1f}%",
+                f"{s['spectrum_utilization'] * 100:.1f}%",
+                f"{s['gpu_utilization'] * 100:.1f}%",
+                f"{s['wall_s']:.1f} s",
+            )
+    console.print(t)
+    rel = out.get("relative_to_baseline_pct")
+    if rel:
+        r = Table(title="change against baseline")
+        for col in ("scheduler", "load", "blocking", "mean iteration", "p95 iteration", "spectrum"):
+            r.add_column(col, justify="right")
+        for name in schedulers:
+            if name == "baseline":
+                continue
+            for load in loads:
+                c = relative_change(summaries[(name, load)], summaries[("baseline", load)])
+                r.add_row(
+                    name,
+                    f"{load:g}",
+                    f"{c['blocking_probability']:+.1f}%",
+                    f"{c['mean_iteration_time_s']:+.1f}%",
+                    f"{c['p95_iteration_time_s']:+.1f}%",
+                    f"{c['spectrum_utilization']:+.1f}%",
+                )
+        console.print(r)
