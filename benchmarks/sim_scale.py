@@ -1,0 +1,54 @@
+"""How the simulator scales: wall time and events per second from 1,000 to 100,000 job arrivals
+on nsfnet-cba (baseline and cba schedulers). Prints a table, or with --json one object."""
+
+from __future__ import annotations
+
+import argparse
+import json
+from pathlib import Path
+
+from dmsc.sim import OpticalNetwork, build_profiles, load_scenario, run
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__)
+    parser.add_argument("--json", action="store_true")
+    parser.add_argument("--max", type=int, default=100_000)
+    args = parser.parse_args()
+    scenario, cluster = load_scenario(ROOT / "examples" / "scenarios" / "nsfnet-cba.yaml")
+    profiles = build_profiles(cluster, scenario.jobs)
+    rows = []
+    for name in ("baseline", "cba"):
+        n = 1000
+        while n <= args.max:
+            r = run(
+                scenario,
+                profiles,
+                lambda: OpticalNetwork.from_cluster(cluster, scenario.k_paths),
+                name,
+                arrivals=n,
+            )
+            rows.append(
+                {
+                    "scheduler": name,
+                    "arrivals": n,
+                    "events": r.events,
+                    "wall_s": r.wall_s,
+                    "events_per_s": r.events / r.wall_s,
+                }
+            )
+            n *= 10
+    if args.json:
+        print(json.dumps({"rows": rows}))
+        return
+    for row in rows:
+        print(
+            f"{row['scheduler']:9s} {row['arrivals']:>7d} arrivals: {row['wall_s']:7.2f} s, "
+            f"{row['events']:>7d} events, {row['events_per_s']:>9.0f} events/s"
+        )
+
+
+if __name__ == "__main__":
+    main()
