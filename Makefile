@@ -28,6 +28,9 @@ bench: $(STAMP)
 	$(BIN)/python benchmarks/estimate_speed.py
 	$(BIN)/python benchmarks/gpu_compare.py
 	$(BIN)/python benchmarks/planner_optimality.py
+	$(BIN)/python benchmarks/sim_reproduce_cba.py
+	$(BIN)/python benchmarks/sim_rmsa.py
+	$(BIN)/python benchmarks/sim_scale.py
 
 clean:
 	rm -rf $(VENV) build *.egg-info src/*.egg-info
