@@ -523,6 +523,23 @@ def demo() -> None:
         highlight=False,
     )
 
+    # The simulator: jobs arriving over the four datacenters, baseline vs CBA vs ours.
+    from dmsc.cli.simulate_cmd import simulate as run_simulation
+
+    scenario_file = examples.parent / "scenarios" / "nsfnet-cba.yaml"
+    run_simulation(
+        str(scenario_file),
+        ["baseline", "cba", "joint"],
+        None,
+        1,
+        400,
+        False,
+        None,
+        None,
+        console,
+        err_console,
+    )
+
 
 def main(argv: list[str] | None = None) -> None:
     """Entry point: runs the app, turning bad input into one line and exit code 2."""

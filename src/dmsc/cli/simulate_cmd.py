@@ -204,14 +204,18 @@ def _print(
     loads: list[float],
     summaries: dict[tuple[str, float], dict[str, Any]],
 ) -> None:
-    t = Table(title=f"{out['scenario']}: {out['seeds']} seed(s) x {out['arrivals']} arrivals")
+    ci = out["seeds"] > 1
+    t = Table(
+        title=f"{out['scenario']}: {out['seeds']} seed(s) x {out['arrivals']} arrivals"
+        + (" (± 95% CI)" if ci else "")
+    )
     for col in (
         "scheduler",
         "load",
         "blocking",
-        "transfer blocking",
-        "mean iter",
-        "p95 iter",
+        "xfer blk",
+        "iter (s)",
+        "p95 (s)",
         "bubble",
         "spectrum",
         "GPU",
@@ -224,14 +228,16 @@ def _print(
             t.add_row(
                 name,
                 f"{load:g}",
-                f"{s['blocking_probability']:.3f} ±{s['blocking_probability_ci95']:.3f}",
+                f"{s['blocking_probability']:.3f}"
+                + (f"±{s['blocking_probability_ci95']:.3f}" if ci else ""),
                 f"{s['transfer_blocking_probability']:.3f}",
-                f"{s['mean_iteration_time_s']:.2f} s ±{s['mean_iteration_time_s_ci95']:.2f}",
-                f"{s['p95_iteration_time_s']:.2f} s",
-                f"{s['bubble_ratio'] * 100:.1f}%",
+                f"{s['mean_iteration_time_s']:.2f}"
+                + (f"±{s['mean_iteration_time_s_ci95']:.2f}" if ci else ""),
+                f"{s['p95_iteration_time_s']:.2f}",
+                f"{s['bubble_ratio'] * 100:.0f}%",
                 f"{s['spectrum_utilization'] * 100:.1f}%",
-                f"{s['gpu_utilization'] * 100:.1f}%",
-                f"{s['wall_s']:.1f} s",
+                f"{s['gpu_utilization'] * 100:.0f}%",
+                f"{s['wall_s']:.1f}s",
             )
     console.print(t)
     rel = out.get("relative_to_baseline_pct")
