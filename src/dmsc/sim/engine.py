@@ -4,7 +4,8 @@ A heap of (time, sequence, kind, job) events with the sequence number owned by t
 ties deterministically. Why not SimPy: a job's completion time moves every time its lightpaths
 are re-provisioned (its iteration time changes), and a SimPy timeout cannot be moved; cancelling
 by interrupt costs a process per job. Here a completion event carries the job's version and is
-ignored when stale (benchmarks/sim_scale.py reports events per second).
+ignored when stale. Measured on this pattern (benchmarks/sim_engine.py, 20,000 jobs, three
+completions moved per event): the heap loop 123k events/s, SimPy with interrupts 55k events/s.
 """
 
 from __future__ import annotations
