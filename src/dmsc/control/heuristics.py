@@ -74,7 +74,7 @@ def _route(
     shortest_only: bool,
 ) -> tuple[tuple[Route | None, ...], list[int]]:
     """Routes as far as they go, and the crossing boundaries that found no free spectrum."""
-    taken: dict[int, set[int]] = {}
+    taken: dict[int, int] = {}
     routes: list[Route | None] = []
     failed: list[int] = []
     for b in range(problem.n_stages - 1):

@@ -306,7 +306,7 @@ class JointScheduler:
             solve_greedy,
             (lambda p: solve_milp(p, time_limit_s=self.time_limit_s, workers=1))
             if profile.pp <= self.exact_max_stages
-            else (lambda p: solve_tabu(p, restarts=1, iterations=50, patience=10)),
+            else (lambda p: solve_tabu(p, restarts=1, iterations=15, patience=5)),
         ):
             try:
                 found.append(solve(problem))
