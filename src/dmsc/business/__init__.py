@@ -1,0 +1,1 @@
+"""The business layer: service registry and the RPC plumbing services share."""

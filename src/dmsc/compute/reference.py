@@ -1,0 +1,33 @@
+"""Single-process training of the same model: the reference the pipeline is tested against."""
+
+from __future__ import annotations
+
+import torch
+
+from dmsc.compute.model import build_stage, layer_names, loss_fn
+from dmsc.spec import TransformerSpec
+
+
+def train_reference(
+    spec: TransformerSpec,
+    seed: int,
+    lr: float,
+    batches: list[tuple[torch.Tensor, torch.Tensor]],
+    microbatches: int,
+) -> list[float]:
+    """Losses of each step: the global batch split into ``microbatches``, gradients accumulated,
+    one AdamW step, exactly as the pipeline does it."""
+    names = layer_names(spec)
+    model = build_stage(spec, seed, names[0], names[-1])
+    opt = torch.optim.AdamW(model.parameters(), lr=lr)
+    losses = []
+    for tokens, targets in batches:
+        total = 0.0
+        for x, y in zip(tokens.chunk(microbatches), targets.chunk(microbatches), strict=True):
+            loss = loss_fn(model(x), y) / microbatches
+            loss.backward()
+            total += float(loss.detach()) * microbatches
+        opt.step()
+        opt.zero_grad(set_to_none=True)
+        losses.append(total / microbatches)
+    return losses

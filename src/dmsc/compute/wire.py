@@ -1,0 +1,104 @@
+"""The data plane's message: a small fixed header and the tensor's raw bytes. Never pickle.
+
+Layout (network byte order): magic ``DMSC``, version (u8), kind (u8), dtype (u8), ndim (u8),
+step (u32), micro-batch (u32), payload length (u64), then ``ndim`` dimensions (u32 each), then
+the payload. :func:`decode` checks every field against the bytes actually received and raises
+:class:`WireError` (never anything else) on a bad message.
+"""
+
+from __future__ import annotations
+
+import math
+import struct
+from dataclasses import dataclass
+from enum import IntEnum
+
+import numpy as np
+import torch
+
+MAGIC = b"DMSC"
+VERSION = 1
+_HEAD = struct.Struct("!4sBBBBIIQ")
+MAX_DIMS = 8
+DEFAULT_MAX_BYTES = 256 * 1024 * 1024
+
+
+class WireError(ValueError):
+    """A message that cannot be accepted; the reason says why."""
+
+
+class Kind(IntEnum):
+    ACTIVATION = 1
+    GRADIENT = 2
+    TOKENS = 3
+    TARGETS = 4
+
+
+_DTYPES: dict[int, torch.dtype] = {
+    1: torch.float32,
+    2: torch.float16,
+    3: torch.bfloat16,
+    4: torch.int64,
+    5: torch.int32,
+}
+_CODES = {v: k for k, v in _DTYPES.items()}
+
+
+@dataclass(frozen=True)
+class Message:
+    kind: Kind
+    step: int
+    microbatch: int
+    tensor: torch.Tensor
+
+
+def encode(kind: Kind, step: int, microbatch: int, tensor: torch.Tensor) -> bytes:
+    t = tensor.detach().contiguous().cpu()
+    if t.dtype not in _CODES:
+        raise WireError(f"dtype {t.dtype} cannot travel")
+    if t.dim() > MAX_DIMS:
+        raise WireError(f"{t.dim()} dimensions, at most {MAX_DIMS}")
+    raw = (
+        t.view(torch.int16).numpy().tobytes() if t.dtype == torch.bfloat16 else t.numpy().tobytes()
+    )
+    head = _HEAD.pack(
+        MAGIC, VERSION, int(kind), _CODES[t.dtype], t.dim(), step, microbatch, len(raw)
+    )
+    dims = struct.pack(f"!{t.dim()}I", *t.shape)
+    return head + dims + raw
+
+
+def decode(data: bytes, max_bytes: int = DEFAULT_MAX_BYTES) -> Message:
+    if len(data) < _HEAD.size:
+        raise WireError(f"truncated header: {len(data)} bytes, need {_HEAD.size}")
+    magic, version, kind, code, ndim, step, mb, length = _HEAD.unpack_from(data)
+    if magic != MAGIC:
+        raise WireError("not a dmsc message (bad magic)")
+    if version != VERSION:
+        raise WireError(f"unsupported version {version}")
+    try:
+        kind_e = Kind(kind)
+    except ValueError:
+        raise WireError(f"unknown message kind {kind}") from None
+    if code not in _DTYPES:
+        raise WireError(f"unknown dtype code {code}")
+    if ndim > MAX_DIMS:
+        raise WireError(f"{ndim} dimensions, at most {MAX_DIMS}")
+    if length > max_bytes:
+        raise WireError(f"payload of {length} bytes exceeds the limit of {max_bytes}")
+    dims_end = _HEAD.size + 4 * ndim
+    if len(data) < dims_end:
+        raise WireError("truncated shape")
+    shape = struct.unpack_from(f"!{ndim}I", data, _HEAD.size)
+    dtype = _DTYPES[code]
+    itemsize = torch.empty((), dtype=dtype).element_size()
+    if math.prod(shape) * itemsize != length:
+        raise WireError(f"shape {tuple(shape)} of {dtype} does not match {length} payload bytes")
+    if len(data) - dims_end != length:
+        raise WireError(f"payload is {len(data) - dims_end} bytes, header says {length}")
+    buf = np.frombuffer(data, dtype=np.uint8, count=length, offset=dims_end).copy()
+    if dtype == torch.bfloat16:
+        tensor = torch.from_numpy(buf.view(np.int16)).view(torch.bfloat16)
+    else:
+        tensor = torch.from_numpy(buf).view(dtype)
+    return Message(kind_e, step, mb, tensor.reshape(shape))
