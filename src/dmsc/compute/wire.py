@@ -96,9 +96,14 @@ def decode(data: bytes, max_bytes: int = DEFAULT_MAX_BYTES) -> Message:
         raise WireError(f"shape {tuple(shape)} of {dtype} does not match {length} payload bytes")
     if len(data) - dims_end != length:
         raise WireError(f"payload is {len(data) - dims_end} bytes, header says {length}")
+    if length == 0:
+        return Message(kind_e, step, mb, torch.empty(shape, dtype=dtype))
     buf = np.frombuffer(data, dtype=np.uint8, count=length, offset=dims_end).copy()
-    if dtype == torch.bfloat16:
-        tensor = torch.from_numpy(buf.view(np.int16)).view(torch.bfloat16)
-    else:
-        tensor = torch.from_numpy(buf).view(dtype)
-    return Message(kind_e, step, mb, tensor.reshape(shape))
+    try:
+        if dtype == torch.bfloat16:
+            tensor = torch.from_numpy(buf.view(np.int16)).view(torch.bfloat16)
+        else:
+            tensor = torch.from_numpy(buf).view(dtype)
+        return Message(kind_e, step, mb, tensor.reshape(shape))
+    except (RuntimeError, ValueError) as exc:  # belt and braces: never let torch errors escape
+        raise WireError(f"cannot build the tensor: {exc}") from None

@@ -184,7 +184,9 @@ class StageWorker:
                     outputs[i].backward(grad)
                 compute += time.perf_counter() - c0
                 if not mod.is_first:
-                    self.send(cfg.stage - 1, Kind.GRADIENT, step, i, inputs[i].grad)
+                    grad_in = inputs[i].grad
+                    assert grad_in is not None
+                    self.send(cfg.stage - 1, Kind.GRADIENT, step, i, grad_in)
                 del inputs[i], outputs[i]
         if train:
             c0 = time.perf_counter()

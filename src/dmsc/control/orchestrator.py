@@ -52,12 +52,13 @@ class LocalLauncher:
     def start(self, cfg: WorkerConfig, workdir: Path) -> WorkerHandle:
         path = workdir / f"{cfg.sid}.json"
         path.write_text(json.dumps(asdict(cfg)))
-        proc = subprocess.Popen(
-            [sys.executable, "-m", "dmsc.compute.worker", "--config", str(path)],
-            stdout=subprocess.PIPE,
-            stderr=open(workdir / f"{cfg.sid}.log", "w"),
-            text=True,
-        )
+        with open(workdir / f"{cfg.sid}.log", "w") as log:  # the child keeps its own handle
+            proc = subprocess.Popen(
+                [sys.executable, "-m", "dmsc.compute.worker", "--config", str(path)],
+                stdout=subprocess.PIPE,
+                stderr=log,
+                text=True,
+            )
         assert proc.stdout is not None
         line = proc.stdout.readline()  # blocks until READY or exit
         if not line.startswith("READY "):
@@ -98,7 +99,7 @@ class Deployment:
         self.layout = layout
         self.launcher = launcher or LocalLauncher()
         self._tmp = tempfile.TemporaryDirectory(prefix="dmsc-") if workdir is None else None
-        self.workdir = Path(self._tmp.name) if self._tmp else workdir  # type: ignore[arg-type]
+        self.workdir: Path = Path(self._tmp.name) if self._tmp else Path(str(workdir))
         self.workdir.mkdir(parents=True, exist_ok=True)
         self.registry = Registry(ttl_s=registry_ttl_s)
         self.server, port = serve(REGISTRY_SERVICE, registry_methods(self.registry))

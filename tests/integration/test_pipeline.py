@@ -1,0 +1,88 @@
+"""Pipelines of real worker processes on 127.0.0.1 against single-process training."""
+
+from __future__ import annotations
+
+import grpc
+import pytest
+import torch
+
+from dmsc.business.rpc import Client
+from dmsc.compute.reference import train_reference
+from dmsc.compute.wire import Kind, encode
+from dmsc.compute.worker import STAGE_SERVICE
+from dmsc.control.orchestrator import Deployment, StageLayout
+from dmsc.data.corpus import Corpus, stdlib_text
+from dmsc.spec import resolve_model
+
+SPEC = resolve_model("gpt-mini")
+STEPS = 20
+MICRO = 4
+
+
+@pytest.fixture(scope="module")
+def batches() -> list[tuple[torch.Tensor, torch.Tensor]]:
+    train, _ = stdlib_text(max_bytes=400_000)
+    corpus = Corpus(train, SPEC.seq, seed=1)
+    return [corpus.batch(s, 8) for s in range(STEPS)]
+
+
+@pytest.fixture(scope="module")
+def reference(batches) -> list[float]:  # type: ignore[no-untyped-def]
+    return train_reference(SPEC, 0, 1e-3, batches, MICRO)
+
+
+RANGES = {
+    2: [("embedding", "block_1"), ("block_2", "head")],
+    3: [("embedding", "block_0"), ("block_1", "block_2"), ("block_3", "head")],
+}
+
+
+@pytest.mark.parametrize("stages", [2, 3])
+def test_pipeline_equals_single_process(stages: int, batches, reference) -> None:  # type: ignore[no-untyped-def]
+    for schedule in ("gpipe", "1f1b"):
+        with Deployment(StageLayout(SPEC, RANGES[stages])) as dep:
+            losses = [
+                dep.train_step(s, x, y, MICRO, schedule)["loss"] for s, (x, y) in enumerate(batches)
+            ]
+        assert max(abs(a - b) for a, b in zip(losses, reference, strict=True)) < 1e-5, schedule
+
+
+def test_data_parallel_pipeline_equals_single_process(batches, reference) -> None:  # type: ignore[no-untyped-def]
+    with Deployment(StageLayout(SPEC, RANGES[2], replicas=2)) as dep:
+        losses = [
+            dep.train_step(s, x, y, MICRO // 2, "1f1b")["loss"] for s, (x, y) in enumerate(batches)
+        ]
+    assert max(abs(a - b) for a, b in zip(losses, reference, strict=True)) < 1e-5
+
+
+def test_malformed_messages_get_an_error_and_the_worker_keeps_serving(batches) -> None:  # type: ignore[no-untyped-def]
+    with Deployment(StageLayout(SPEC, RANGES[2])) as dep:
+        addr = dep.handles[0].address
+        client = Client(addr, STAGE_SERVICE)
+        good = encode(Kind.TOKENS, 99, 0, torch.zeros(1, SPEC.seq, dtype=torch.int64))
+        for bad in (b"", b"garbage", good[:-3], b"XXXX" + good[4:]):
+            with pytest.raises(grpc.RpcError) as info:
+                client.raw("Push", bad)
+            assert info.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+        with pytest.raises(grpc.RpcError) as info:
+            client.raw("RunStep", b"{not json")
+        assert info.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+        with pytest.raises(grpc.RpcError):
+            client.call("RunStep", {"step": 1, "microbatches": 0})
+        assert client.call("Health")["status"] == "ok"
+        x, y = batches[0]
+        assert dep.train_step(0, x, y, MICRO)["loss"] > 0  # still trains
+        client.close()
+
+
+def test_sampling_and_checkpoint(tmp_path, batches) -> None:  # type: ignore[no-untyped-def]
+    with Deployment(StageLayout(SPEC, RANGES[2])) as dep:
+        x, y = batches[0]
+        dep.train_step(0, x, y, MICRO)
+        text = dep.generate(b"def ", 5)
+        assert len(text) == 5
+        client = dep.clients[(0, 0)]
+        saved = client.call("Save", {"path": str(tmp_path / "s0.pt")})
+        assert client.call("Load", saved)["steps"] == 1
+        with pytest.raises(grpc.RpcError, match="hash"):
+            client.call("Load", {"path": saved["path"], "sha256": "0" * 64})
