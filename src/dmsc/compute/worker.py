@@ -130,14 +130,17 @@ class StageWorker:
             m = int(req["microbatches"])
             schedule = str(req.get("schedule", "1f1b"))
             train = bool(req.get("train", True))
+            evaluate = bool(req.get("eval", False))
         except (KeyError, TypeError, ValueError) as exc:
             raise BadRequest(f"bad RunStep request: {exc}") from None
         if m <= 0 or schedule not in ("gpipe", "1f1b"):
             raise BadRequest("microbatches must be positive and schedule gpipe or 1f1b")
         with self._lock:
-            return self._run(step, m, schedule, train)
+            return self._run(step, m, schedule, train, evaluate)
 
-    def _run(self, step: int, m: int, schedule: str, train: bool) -> dict[str, Any]:
+    def _run(
+        self, step: int, m: int, schedule: str, train: bool, evaluate: bool = False
+    ) -> dict[str, Any]:
         cfg, mod = self.cfg, self.module
         t0 = time.perf_counter()
         compute = 0.0
@@ -161,7 +164,7 @@ class StageWorker:
                 c0 = time.perf_counter()
                 with torch.set_grad_enabled(train):
                     y = mod(x)
-                    if mod.is_last and train:
+                    if mod.is_last and (train or evaluate):
                         targets = self.inbox.get(Kind.TARGETS, step, i, cfg.recv_timeout_s)
                         loss = loss_fn(y, targets) / m
                         losses[i] = float(loss.detach()) * m
@@ -169,19 +172,16 @@ class StageWorker:
                 compute += time.perf_counter() - c0
                 if train:
                     inputs[i], outputs[i] = x, y
-                if mod.is_last and not train:
+                if mod.is_last and not train and not evaluate:
                     last_logits.extend(y[:, -1, :].tolist())
                 if not mod.is_last:
                     self.send(cfg.stage + 1, Kind.ACTIVATION, step, i, y)
             else:
-                c0 = time.perf_counter()
-                if mod.is_last:
-                    outputs[i].backward()
-                else:
+                grad = None
+                if not mod.is_last:  # wait for the gradient first: waiting is not compute
                     grad = self.inbox.get(Kind.GRADIENT, step, i, cfg.recv_timeout_s)
-                    compute -= time.perf_counter() - c0  # waiting is not compute
-                    c0 = time.perf_counter()
-                    outputs[i].backward(grad)
+                c0 = time.perf_counter()
+                outputs[i].backward(grad)
                 compute += time.perf_counter() - c0
                 if not mod.is_first:
                     grad_in = inputs[i].grad
@@ -209,7 +209,7 @@ class StageWorker:
         }
         if mod.is_last:
             out["loss"] = sum(losses.values()) / m if losses else None
-            if not train:
+            if not train and not evaluate:
                 out["logits"] = last_logits
         return out
 

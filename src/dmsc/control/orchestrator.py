@@ -189,6 +189,18 @@ class Deployment:
             "compute_s": {f"{r['stage']}/{r['replica']}": r["compute_s"] for r in replies},
         }
 
+    def eval_step(
+        self, step: int, tokens: torch.Tensor, targets: torch.Tensor, microbatches: int
+    ) -> float:
+        """Loss of a batch without training (every replica, forward only)."""
+        self._feed(step, tokens, targets, microbatches)
+        req = {"step": step, "microbatches": microbatches, "train": False, "eval": True}
+        replies = list(
+            self.pool.map(lambda c: c.call("RunStep", req, timeout_s=300), self.clients.values())
+        )
+        losses = [r["loss"] for r in replies if r.get("loss") is not None]
+        return sum(losses) / len(losses)
+
     def logits(self, step: int, tokens: torch.Tensor) -> torch.Tensor:
         """Next-token logits of every sequence (forward only, replica 0)."""
         for i, x in enumerate(tokens.chunk(1)):

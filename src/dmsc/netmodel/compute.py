@@ -32,6 +32,13 @@ def peak_flops(device: DeviceTypeSpec, dtype: str) -> float:
     )
 
 
+def _overhead(device: DeviceTypeSpec, calib: Calibration) -> float:
+    """Fixed cost of one kernel: the device's measured figure, else the calibration's."""
+    if device.op_overhead_us is not None:
+        return device.op_overhead_us * 1e-6
+    return calib.kernel_overhead_s
+
+
 def wave_efficiency(gemm: Gemm, sm_count: int | None, calib: Calibration) -> float:
     """Useful fraction of the tile-waves a GEMM occupies (1.0 when the SM count is unknown)."""
     if sm_count is None:
@@ -52,7 +59,7 @@ def gemm_time(gemm: Gemm, device: DeviceTypeSpec, dtype: str, calib: Calibration
     rate = peak_flops(device, dtype) * calib.gemm_efficiency
     t_compute = gemm.flops / (rate * wave_efficiency(gemm, device.sm_count, calib))
     t_memory = nbytes / (device.memory_bw_gbyte_s * 1e9 * calib.memory_efficiency)
-    return max(t_compute, t_memory) + calib.kernel_overhead_s
+    return max(t_compute, t_memory) + _overhead(device, calib)
 
 
 @dataclass(frozen=True)
@@ -75,8 +82,8 @@ def layer_time(
     gemm_s = sum(gemm_time(g, device, dtype, calib) for g in layer.gemms)
     mem_rate = device.memory_bw_gbyte_s * 1e9 * calib.memory_efficiency
     flop_rate = peak_flops(device, dtype) * calib.gemm_efficiency
-    eltwise_s = (
-        layer.elementwise_bytes / mem_rate + layer.elementwise_kernels * calib.kernel_overhead_s
+    eltwise_s = layer.elementwise_bytes / mem_rate + layer.elementwise_kernels * _overhead(
+        device, calib
     )
     other_s = layer.extra_flops / flop_rate
     forward = gemm_s + eltwise_s + other_s

@@ -33,6 +33,11 @@ class DeviceTypeSpec(_Spec):
         gt=0,
         description="Streaming multiprocessors (GPUs): used for the wave quantization of GEMMs.",
     )
+    op_overhead_us: float | None = Field(
+        default=None,
+        gt=0,
+        description="Fixed cost of one kernel (launch, framework dispatch); measured by calibrate.",
+    )
 
     @model_validator(mode="after")
     def _has_peak(self) -> Self:

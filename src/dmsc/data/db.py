@@ -1,0 +1,166 @@
+"""The data layer: runs, tasks and their states, services, metrics per step and model versions.
+
+SQLAlchemy 2 ORM over SQLite by default (a file under the project data directory, ``.dmsc/`` or
+``$DMSC_HOME``); any SQLAlchemy URL (``postgresql+psycopg://...``) selects another engine.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import json
+import os
+from pathlib import Path
+from typing import Any
+
+from sqlalchemy import ForeignKey, String, create_engine, select
+from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column, sessionmaker
+
+
+def data_dir() -> Path:
+    """Where dmsc keeps its database, checkpoints and control-plane state."""
+    path = Path(os.environ.get("DMSC_HOME", ".dmsc"))
+    path.mkdir(parents=True, exist_ok=True)
+    return path
+
+
+def default_url() -> str:
+    return os.environ.get("DMSC_DATABASE_URL", f"sqlite:///{data_dir() / 'dmsc.sqlite'}")
+
+
+def _now() -> dt.datetime:
+    return dt.datetime.now(dt.UTC)
+
+
+class Base(DeclarativeBase):
+    pass
+
+
+class RunRecord(Base):
+    __tablename__ = "runs"
+    id: Mapped[int] = mapped_column(primary_key=True)
+    created_at: Mapped[dt.datetime] = mapped_column(default=_now)
+    model: Mapped[str] = mapped_column(String(128))
+    cluster: Mapped[str] = mapped_column(String(128))
+    plan_json: Mapped[str]
+    status: Mapped[str] = mapped_column(String(32), default="running")
+
+
+class TaskRecord(Base):
+    __tablename__ = "tasks"
+    id: Mapped[int] = mapped_column(primary_key=True)
+    run_id: Mapped[int] = mapped_column(ForeignKey("runs.id"))
+    kind: Mapped[str] = mapped_column(String(32))
+    state: Mapped[str] = mapped_column(String(32), default="queued")
+    params_json: Mapped[str] = mapped_column(default="{}")
+    created_at: Mapped[dt.datetime] = mapped_column(default=_now)
+    started_at: Mapped[dt.datetime | None]
+    finished_at: Mapped[dt.datetime | None]
+    error: Mapped[str | None]
+
+
+class ServiceRecord(Base):
+    __tablename__ = "services"
+    id: Mapped[int] = mapped_column(primary_key=True)
+    run_id: Mapped[int] = mapped_column(ForeignKey("runs.id"))
+    sid: Mapped[str] = mapped_column(String(128))
+    stage: Mapped[int]
+    replica: Mapped[int]
+    address: Mapped[str] = mapped_column(String(64))
+    datacenter: Mapped[str] = mapped_column(String(64), default="local")
+    status: Mapped[str] = mapped_column(String(32), default="up")
+
+
+class MetricRecord(Base):
+    __tablename__ = "metrics"
+    id: Mapped[int] = mapped_column(primary_key=True)
+    task_id: Mapped[int] = mapped_column(ForeignKey("tasks.id"))
+    step: Mapped[int]
+    loss: Mapped[float]
+    step_s: Mapped[float]
+    tokens_per_s: Mapped[float]
+    val_loss: Mapped[float | None]
+
+
+class ModelVersionRecord(Base):
+    __tablename__ = "model_versions"
+    id: Mapped[int] = mapped_column(primary_key=True)
+    run_id: Mapped[int] = mapped_column(ForeignKey("runs.id"))
+    step: Mapped[int]
+    path: Mapped[str]
+    sha256: Mapped[str] = mapped_column(String(64))
+    created_at: Mapped[dt.datetime] = mapped_column(default=_now)
+    metrics_json: Mapped[str] = mapped_column(default="{}")
+
+
+class Database:
+    """Sessions on one engine, and the few writes the runtime makes."""
+
+    def __init__(self, url: str | None = None) -> None:
+        self.url = url or default_url()
+        self.engine = create_engine(self.url)
+        Base.metadata.create_all(self.engine)
+        self.sessions = sessionmaker(self.engine, expire_on_commit=False)
+
+    def add(self, record: Base) -> Any:
+        with self.sessions() as s, s.begin():
+            s.add(record)
+        return record
+
+    def new_run(self, model: str, cluster: str, plan: dict[str, Any]) -> RunRecord:
+        return self.add(RunRecord(model=model, cluster=cluster, plan_json=json.dumps(plan)))
+
+    def new_task(self, run_id: int, kind: str, params: dict[str, Any]) -> TaskRecord:
+        return self.add(TaskRecord(run_id=run_id, kind=kind, params_json=json.dumps(params)))
+
+    def set_task_state(self, task_id: int, state: str, error: str | None = None) -> None:
+        with self.sessions() as s, s.begin():
+            task = s.get(TaskRecord, task_id)
+            if task is None:
+                raise KeyError(f"no task {task_id}")
+            task.state = state
+            if state == "running":
+                task.started_at = _now()
+            if state in ("done", "failed"):
+                task.finished_at = _now()
+                task.error = error
+
+    def add_metric(
+        self,
+        task_id: int,
+        step: int,
+        loss: float,
+        step_s: float,
+        tokens_per_s: float,
+        val_loss: float | None = None,
+    ) -> None:
+        self.add(
+            MetricRecord(
+                task_id=task_id,
+                step=step,
+                loss=loss,
+                step_s=step_s,
+                tokens_per_s=tokens_per_s,
+                val_loss=val_loss,
+            )
+        )
+
+    def metrics(self, task_id: int) -> list[MetricRecord]:
+        with self.sessions() as s:
+            q = (
+                select(MetricRecord)
+                .where(MetricRecord.task_id == task_id)
+                .order_by(MetricRecord.step)
+            )
+            return list(s.scalars(q))
+
+    def tasks(self, run_id: int | None = None) -> list[TaskRecord]:
+        with self.sessions() as s:
+            q = select(TaskRecord).order_by(TaskRecord.id)
+            if run_id is not None:
+                q = q.where(TaskRecord.run_id == run_id)
+            return list(s.scalars(q))
+
+    def versions(self, run_id: int) -> list[ModelVersionRecord]:
+        with self.sessions() as s:
+            q = select(ModelVersionRecord).where(ModelVersionRecord.run_id == run_id)
+            return list(s.scalars(q.order_by(ModelVersionRecord.step)))

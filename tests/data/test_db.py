@@ -1,0 +1,28 @@
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from dmsc.data.db import Database, ModelVersionRecord, ServiceRecord
+
+
+def test_runs_tasks_metrics_versions(tmp_path: Path) -> None:
+    db = Database(f"sqlite:///{tmp_path / 'x.sqlite'}")
+    run = db.new_run("gpt-mini", "local-cpu", {"stages": 2})
+    task = db.new_task(run.id, "train", {"steps": 3})
+    assert task.state == "queued"
+    db.set_task_state(task.id, "running")
+    for step in range(3):
+        db.add_metric(task.id, step, 5.0 - step, 0.1, 1000.0)
+    db.set_task_state(task.id, "done")
+    db.add(ServiceRecord(run_id=run.id, sid="s0", stage=0, replica=0, address="127.0.0.1:1"))
+    db.add(ModelVersionRecord(run_id=run.id, step=3, path="/x", sha256="0" * 64))
+    # A second connection (as after a restart) sees everything.
+    again = Database(db.url)
+    [t] = again.tasks(run.id)
+    assert t.state == "done" and t.started_at is not None and t.finished_at is not None
+    assert [m.loss for m in again.metrics(task.id)] == [5.0, 4.0, 3.0]
+    assert again.versions(run.id)[0].step == 3
+    with pytest.raises(KeyError):
+        again.set_task_state(999, "done")
