@@ -448,8 +448,74 @@ def simulate(
 
 
 @app.command()
+def calibrate(
+    cluster: Annotated[
+        str | None, typer.Option(help="Template cluster (default local-cpu).")
+    ] = None,
+    out: Annotated[str | None, typer.Option(help="Where to write the calibrated spec.")] = None,
+) -> None:
+    """Measure this machine (FLOP/s, memory, loopback) into a cluster spec."""
+    from dmsc.cli.runtime_cmd import do_calibrate
+
+    do_calibrate(cluster, out, console)
+
+
+@app.command()
+def up(
+    plan_file: Annotated[str, typer.Option("--plan", help="Plan file (dmsc plan --out).")],
+) -> None:
+    """Start the control plane and one worker process per stage replica."""
+    from dmsc.cli.runtime_cmd import do_up
+
+    do_up(plan_file, console)
+
+
+@app.command()
+def status(as_json: Annotated[bool, typer.Option("--json")] = False) -> None:
+    """Services (SID, stage, address, health) and tasks of the running deployment."""
+    from dmsc.cli.runtime_cmd import do_status
+
+    do_status(console, as_json)
+
+
+@app.command(name="train")
+def train_cmd(
+    steps: Annotated[int, typer.Option(help="Training steps.")] = 200,
+    as_json: Annotated[bool, typer.Option("--json")] = False,
+) -> None:
+    """Run a training task on the running services."""
+    from dmsc.cli.runtime_cmd import do_train
+
+    do_train(steps, console, as_json)
+
+
+@app.command()
+def infer(
+    prompt: Annotated[str, typer.Option(help="Text to continue.")],
+    tokens: Annotated[int, typer.Option(help="Bytes to generate.")] = 80,
+) -> None:
+    """Sample a continuation through the stage services."""
+    from dmsc.cli.runtime_cmd import do_infer
+
+    do_infer(prompt, tokens, console)
+
+
+@app.command()
+def down() -> None:
+    """Stop the services and the control plane."""
+    from dmsc.cli.runtime_cmd import do_down
+
+    do_down(console)
+
+
+@app.command()
 def demo() -> None:
-    """The main job on its embedded defaults: estimates and a plan on the example clusters."""
+    """The main job on its embedded defaults: gpt-mini trained as micro-model services on this
+    machine, then estimates, a plan and a simulation on the example clusters."""
+    from dmsc.cli.runtime_cmd import runtime_demo
+
+    runtime_demo(console)
+    console.rule("cost model, planner and simulator on the example clusters")
     from dmsc.cli.options import build_job, build_model, load_cluster
     from dmsc.cli.render import print_estimate
     from dmsc.netmodel import Topology, estimate_iteration

@@ -61,9 +61,10 @@ def measure_op_overhead(threads: int = 1) -> float:
     block on 8 tokens (compute negligible), divided by the block's kernel count x 3."""
     from dmsc.compute.model import Block
     from dmsc.netmodel import build_layer_costs
-    from dmsc.spec import JobSpec, resolve_model
+    from dmsc.spec import JobSpec, TransformerSpec, resolve_model
 
     spec = resolve_model("gpt-mini")
+    assert isinstance(spec, TransformerSpec)
     block = Block(spec.hidden, spec.heads, spec.ffn_size)
     x = torch.randn(1, 8, spec.hidden, requires_grad=True)
     old = torch.get_num_threads()
@@ -125,6 +126,11 @@ def calibrated_cluster(template: ClusterSpec, measured: dict[str, float]) -> dic
 def calibrate(template_path: str | Path, out_path: str | Path) -> dict[str, float]:
     """Measure, write the calibrated cluster spec to ``out_path``, return the figures."""
     template = load_spec(ClusterSpec, template_path)
+    # A first pass warms up what a fresh process pays once (allocator, kernels, thread pools,
+    # the CPU's clock); the figures come from the second.
+    measure_matmul_flops()
+    measure_op_overhead()
+    measure_loopback(rounds=5)
     rate, rtt = measure_loopback()
     measured = {
         "matmul_flops": measure_matmul_flops(),

@@ -198,7 +198,7 @@ class Deployment:
         replies = list(
             self.pool.map(lambda c: c.call("RunStep", req, timeout_s=300), self.clients.values())
         )
-        losses = [r["loss"] for r in replies if r.get("loss") is not None]
+        losses = [float(r["loss"]) for r in replies if r.get("loss") is not None]
         return sum(losses) / len(losses)
 
     def logits(self, step: int, tokens: torch.Tensor) -> torch.Tensor:

@@ -10,7 +10,7 @@ import datetime as dt
 import json
 import os
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 from sqlalchemy import ForeignKey, String, create_engine, select
 from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column, sessionmaker
@@ -92,6 +92,9 @@ class ModelVersionRecord(Base):
     metrics_json: Mapped[str] = mapped_column(default="{}")
 
 
+RecordT = TypeVar("RecordT", bound=Base)
+
+
 class Database:
     """Sessions on one engine, and the few writes the runtime makes."""
 
@@ -101,7 +104,7 @@ class Database:
         Base.metadata.create_all(self.engine)
         self.sessions = sessionmaker(self.engine, expire_on_commit=False)
 
-    def add(self, record: Base) -> Any:
+    def add(self, record: RecordT) -> RecordT:
         with self.sessions() as s, s.begin():
             s.add(record)
         return record

@@ -1,0 +1,252 @@
+"""The runtime commands: calibrate, up, status, train, infer, down, and the demo's main job."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+from rich.console import Console
+from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
+from rich.table import Table
+
+from dmsc.spec import SpecError
+
+ROOT = Path(__file__).resolve().parents[3]
+LOCAL_CPU = ROOT / "examples" / "clusters" / "local-cpu.yaml"
+
+
+def calibrated_path() -> Path:
+    from dmsc.data.db import data_dir
+
+    return data_dir() / "local-cpu.calibrated.yaml"
+
+
+def do_calibrate(template: str | None, out: str | None, console: Console) -> dict[str, float]:
+    from dmsc.compute.calibrate import calibrate
+
+    src = Path(template) if template else LOCAL_CPU
+    dst = Path(out) if out else calibrated_path()
+    measured = calibrate(src, dst)
+    console.print(
+        f"matmul {measured['matmul_flops'] / 1e9:.1f} GFLOP/s per core, memory "
+        f"{measured['memory_bytes_s'] / 1e9:.1f} GB/s, loopback "
+        f"{measured['loopback_bytes_s'] * 8 / 1e9:.2f} Gbit/s, round trip "
+        f"{measured['loopback_rtt_s'] * 1e6:.0f} us, per-kernel overhead "
+        f"{measured['op_overhead_s'] * 1e6:.1f} us, {measured['cores']:.0f} cores -> {dst}",
+        highlight=False,
+    )
+    return measured
+
+
+def _control() -> Any:
+    from dmsc.business.rpc import Client
+    from dmsc.control.daemon import CONTROL_SERVICE, control_file
+
+    path = control_file()
+    if not path.exists():
+        raise SpecError("control plane", "", "not running (start it with `dmsc up --plan FILE`)")
+    info = json.loads(path.read_text())
+    return Client(info["address"], CONTROL_SERVICE, timeout_s=3600)
+
+
+def do_up(plan_path: str, console: Console) -> None:
+    from dmsc.control.daemon import control_file
+    from dmsc.control.plan import Plan
+
+    if not Path(plan_path).is_file():
+        raise SpecError(plan_path, "", "no such file")
+    try:
+        Plan.model_validate_json(Path(plan_path).read_text())
+    except ValueError as exc:
+        raise SpecError(plan_path, "", f"not a dmsc plan ({str(exc).splitlines()[0]})") from None
+    if control_file().exists():
+        raise SpecError("control plane", "", "already running (`dmsc down` first)")
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "dmsc.control.daemon", "--plan", plan_path],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.DEVNULL,
+        text=True,
+        start_new_session=True,
+    )
+    assert proc.stdout is not None
+    line = proc.stdout.readline()
+    if not line.startswith("READY"):
+        raise SpecError(plan_path, "", "the control plane failed to start")
+    console.print(f"control plane up at {line.split()[1]} (pid {proc.pid})", highlight=False)
+
+
+def do_status(console: Console, as_json: bool) -> dict[str, Any]:
+    out: dict[str, Any] = _control().call("Status")
+    if as_json:
+        print(json.dumps(out))
+        return out
+    t = Table(
+        "SID",
+        "stage",
+        "replica",
+        "address",
+        "health",
+        "registered",
+        "pid",
+        title=f"run {out['run']}: {out['model']}, {out['steps']} steps trained",
+    )
+    for s in out["services"]:
+        t.add_row(
+            s["sid"],
+            str(s["stage"]),
+            str(s["replica"]),
+            s["address"],
+            s["health"],
+            "yes" if s["registered"] else "no",
+            str(s["pid"]),
+        )
+    console.print(t)
+    if out["tasks"]:
+        tt = Table("task", "kind", "state")
+        for task in out["tasks"]:
+            tt.add_row(str(task["id"]), task["kind"], task["state"])
+        console.print(tt)
+    return out
+
+
+def do_train(steps: int, console: Console, as_json: bool) -> dict[str, Any]:
+    if steps <= 0:
+        raise SpecError("command line", "--steps", "must be positive")
+    out: dict[str, Any] = _control().call("Train", {"steps": steps})
+    if as_json:
+        print(json.dumps(out))
+    else:
+        console.print(
+            f"task {out['task']}: {out['steps']} steps, loss {out['loss_first']:.3f} -> "
+            f"{out['loss_last']:.3f}, validation {out['val_start']:.3f} -> {out['val_end']:.3f}, "
+            f"step {out['median_step_s'] * 1e3:.1f} ms (predicted "
+            f"{out['predicted_step_s'] * 1e3:.1f} ms), {out['tokens_per_s']:,.0f} tokens/s",
+            highlight=False,
+        )
+    return out
+
+
+def do_infer(prompt: str, tokens: int, console: Console) -> str:
+    out = _control().call("Infer", {"prompt": prompt, "tokens": tokens})
+    console.print(prompt + out["text"], highlight=False, markup=False)
+    return str(out["text"])
+
+
+def do_down(console: Console) -> None:
+    from dmsc.control.daemon import control_file
+
+    info = json.loads(control_file().read_text()) if control_file().exists() else None
+    _control().call("Down")
+    deadline = time.time() + 30
+    while control_file().exists() and time.time() < deadline:
+        time.sleep(0.2)
+    console.print(f"control plane down (pid {info['pid'] if info else '?'})", highlight=False)
+
+
+def runtime_demo(console: Console, steps: int = 200) -> dict[str, Any]:
+    """Calibrate, plan gpt-mini on this machine, deploy, train, compare, sample, shut down."""
+    from dmsc.cli.plan_render import print_plan
+    from dmsc.control.orchestrator import Deployment
+    from dmsc.control.planner import plan_job
+    from dmsc.control.session import layout_from_plan, train
+    from dmsc.data.corpus import Corpus, stdlib_text
+    from dmsc.data.db import Database, ModelVersionRecord, ServiceRecord
+    from dmsc.spec import ClusterSpec, JobSpec, TransformerSpec, load_spec, resolve_model
+
+    console.rule("runtime: gpt-mini as three micro-model services on this machine")
+    do_calibrate(None, None, console)
+    cluster = load_spec(ClusterSpec, calibrated_path())
+    model = resolve_model("gpt-mini")
+    assert isinstance(model, TransformerSpec)
+    job = JobSpec(global_batch=16, micro_batch=4, pp=3, schedule="1f1b", overlap_dp_comm=False)
+    plan = plan_job(cluster, model, job, fixed=True).plan
+    print_plan(console, plan)
+    db = Database()
+    run = db.new_run(plan.model, plan.cluster, json.loads(plan.model_dump_json()))
+    train_text, valid_text = stdlib_text()
+    corpus, valid = Corpus(train_text, model.seq, 0), Corpus(valid_text, model.seq, 1)
+    with Deployment(layout_from_plan(plan, model)) as dep:
+        for h in dep.handles:
+            db.add(
+                ServiceRecord(
+                    run_id=run.id,
+                    sid=h.config.sid,
+                    stage=h.config.stage,
+                    replica=h.config.replica,
+                    address=h.address,
+                )
+            )
+        console.print(
+            "services: " + ", ".join(f"{h.config.sid}@{h.address}" for h in dep.handles),
+            highlight=False,
+        )
+        task = db.new_task(run.id, "train", {"steps": steps})
+        with Progress(
+            TextColumn("{task.description}"),
+            BarColumn(),
+            TimeElapsedColumn(),
+            console=console,
+            transient=False,
+        ) as progress:
+            bar = progress.add_task("training", total=steps)
+
+            def on_step(step: int, out: dict[str, Any]) -> None:
+                progress.update(
+                    bar,
+                    advance=1,
+                    description=(
+                        f"step {step + 1}/{steps} loss {out['loss']:.3f} "
+                        f"{out['tokens_per_s']:,.0f} tok/s {out['step_s'] * 1e3:.0f} ms"
+                    ),
+                )
+
+            report = train(
+                dep,
+                corpus,
+                valid,
+                steps,
+                job.global_batch,
+                job.microbatches,
+                "1f1b",
+                db,
+                task.id,
+                on_step,
+            )
+        saved = dep.clients[(0, 0)].call(
+            "Save",
+            {
+                "path": str(
+                    Path(db.url.split("///")[-1]).parent / "checkpoints" / f"demo-run{run.id}.pt"
+                )
+            },
+        )
+        db.add(
+            ModelVersionRecord(
+                run_id=run.id, step=steps, path=saved["path"], sha256=saved["sha256"]
+            )
+        )
+        sample = dep.generate(b"def main(", 80)
+    predicted = plan.prediction.iteration_time_s
+    measured = report.median_step_s
+    console.print(
+        f"validation loss {report.val_start:.3f} -> {report.val_end:.3f}; step time measured "
+        f"{measured * 1e3:.1f} ms vs predicted {predicted * 1e3:.1f} ms "
+        f"({(predicted / measured - 1) * 100:+.1f}%)",
+        highlight=False,
+    )
+    console.print(
+        "sample: def main(" + sample.decode("utf-8", errors="replace"),
+        highlight=False,
+        markup=False,
+    )
+    console.print(f"run {run.id} recorded in {db.url}", highlight=False)
+    return {
+        "val_start": report.val_start,
+        "val_end": report.val_end,
+        "measured_step_s": measured,
+        "predicted_step_s": predicted,
+    }

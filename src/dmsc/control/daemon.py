@@ -1,0 +1,202 @@
+"""The control plane as a process: ``dmsc up`` starts it, the other commands talk to it.
+
+It deploys a plan (stage workers through the local launcher, the registry in this process),
+serves ``dmsc.Control`` (Status, Train, Infer, Down) on 127.0.0.1, records runs, tasks, services,
+metrics and model versions in the database, and writes ``control.json`` (address, pid) under the
+data directory so that later commands can find it.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import threading
+from pathlib import Path
+from typing import Any
+
+from dmsc.business.rpc import BadRequest, json_handler, serve
+from dmsc.control.orchestrator import Deployment
+from dmsc.control.plan import Plan
+from dmsc.control.session import layout_from_plan, train
+from dmsc.data.corpus import Corpus, stdlib_text
+from dmsc.data.db import Database, ModelVersionRecord, ServiceRecord, data_dir
+from dmsc.spec import TransformerSpec, resolve_model
+
+CONTROL_SERVICE = "dmsc.Control"
+
+
+def control_file() -> Path:
+    return data_dir() / "control.json"
+
+
+class ControlPlane:
+    """A deployment plus the database and the Control service methods."""
+
+    def __init__(self, plan: Plan, db: Database) -> None:
+        model = resolve_model(plan.model)
+        if not isinstance(model, TransformerSpec):
+            raise ValueError("the runtime serves transformer models")
+        self.plan, self.model, self.db = plan, model, db
+        self.deployment = Deployment(layout_from_plan(plan, model), workdir=data_dir() / "workers")
+        self.run = db.new_run(plan.model, plan.cluster, json.loads(plan.model_dump_json()))
+        train_text, valid_text = stdlib_text()
+        self.corpus = Corpus(train_text, model.seq, seed=0)
+        self.valid = Corpus(valid_text, model.seq, seed=1)
+        self.steps_done = 0
+        self.lock = threading.Lock()
+        self.stopped = threading.Event()
+
+    def start(self) -> None:
+        self.deployment.start()
+        for h in self.deployment.handles:
+            self.db.add(
+                ServiceRecord(
+                    run_id=self.run.id,
+                    sid=h.config.sid,
+                    stage=h.config.stage,
+                    replica=h.config.replica,
+                    address=h.address,
+                )
+            )
+
+    def status(self, req: dict[str, Any]) -> dict[str, Any]:
+        services = []
+        for h in self.deployment.handles:
+            try:
+                health = self.deployment.clients[(h.config.stage, h.config.replica)].call(
+                    "Health", timeout_s=3
+                )["status"]
+            except Exception:
+                health = "unreachable"
+            services.append(
+                {
+                    "sid": h.config.sid,
+                    "stage": h.config.stage,
+                    "replica": h.config.replica,
+                    "address": h.address,
+                    "health": health,
+                    "pid": h.process.pid,
+                }
+            )
+        seen = {s.sid: s for s in self.deployment.registry.lookup()}
+        for s in services:
+            s["registered"] = s["sid"] in seen
+        tasks = [{"id": t.id, "kind": t.kind, "state": t.state} for t in self.db.tasks(self.run.id)]
+        return {
+            "run": self.run.id,
+            "model": self.plan.model,
+            "steps": self.steps_done,
+            "services": services,
+            "tasks": tasks,
+        }
+
+    def train(self, req: dict[str, Any]) -> dict[str, Any]:
+        try:
+            steps = int(req.get("steps", 100))
+            batch = int(req.get("batch", self.plan.job.global_batch))
+            micro = int(req.get("microbatches", self.plan.job.microbatches))
+        except (TypeError, ValueError) as exc:
+            raise BadRequest(f"bad train request: {exc}") from None
+        if steps <= 0 or batch <= 0 or micro <= 0 or batch % (micro * self.plan.job.dp):
+            raise BadRequest("steps, batch and microbatches must be positive, batch divisible")
+        schedule = "gpipe" if self.plan.job.schedule == "gpipe" else "1f1b"
+        with self.lock:
+            task = self.db.new_task(self.run.id, "train", {"steps": steps, "batch": batch})
+            try:
+                report = train(
+                    self.deployment,
+                    self.corpus,
+                    self.valid,
+                    steps,
+                    batch,
+                    micro,
+                    schedule,
+                    self.db,
+                    task.id,
+                    first_step=self.steps_done,
+                )
+            except Exception as exc:
+                self.db.set_task_state(task.id, "failed", str(exc))
+                raise
+            self.steps_done += steps
+            version = self._checkpoint()
+        return {
+            "task": task.id,
+            "steps": steps,
+            "loss_first": report.losses[0],
+            "loss_last": report.losses[-1],
+            "val_start": report.val_start,
+            "val_end": report.val_end,
+            "median_step_s": report.median_step_s,
+            "predicted_step_s": self.plan.prediction.iteration_time_s,
+            "tokens_per_s": report.tokens_per_step / report.median_step_s,
+            "model_version": version,
+        }
+
+    def _checkpoint(self) -> int:
+        folder = data_dir() / "checkpoints" / f"run{self.run.id}" / f"step{self.steps_done}"
+        digests = {}
+        for (stage, replica), client in self.deployment.clients.items():
+            if replica == 0:
+                out = client.call("Save", {"path": str(folder / f"stage{stage}.pt")})
+                digests[out["path"]] = out["sha256"]
+        record = self.db.add(
+            ModelVersionRecord(
+                run_id=self.run.id,
+                step=self.steps_done,
+                path=str(folder),
+                sha256=next(iter(digests.values())),
+                metrics_json=json.dumps(digests),
+            )
+        )
+        return record.id
+
+    def infer(self, req: dict[str, Any]) -> dict[str, Any]:
+        prompt = str(req.get("prompt", ""))
+        try:
+            tokens = int(req.get("tokens", 40))
+        except (TypeError, ValueError):
+            raise BadRequest("tokens must be an integer") from None
+        if not prompt or not 0 < tokens <= 4096:
+            raise BadRequest("a prompt and 1..4096 tokens are needed")
+        with self.lock:
+            task = self.db.new_task(self.run.id, "infer", {"tokens": tokens})
+            self.db.set_task_state(task.id, "running")
+            text = self.deployment.generate(prompt.encode(), tokens)
+            self.db.set_task_state(task.id, "done")
+        return {"task": task.id, "text": text.decode("utf-8", errors="replace")}
+
+    def down(self, req: dict[str, Any]) -> dict[str, Any]:
+        self.stopped.set()
+        return {"ok": True}
+
+    def methods(self) -> dict[str, Any]:
+        return {
+            "Status": json_handler(self.status),
+            "Train": json_handler(self.train),
+            "Infer": json_handler(self.infer),
+            "Down": json_handler(self.down),
+        }
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(description="dmsc control plane")
+    parser.add_argument("--plan", required=True)
+    args = parser.parse_args(argv)
+    plan = Plan.model_validate_json(Path(args.plan).read_text())
+    cp = ControlPlane(plan, Database())
+    cp.start()
+    server, port = serve(CONTROL_SERVICE, cp.methods())
+    control_file().write_text(
+        json.dumps({"address": f"127.0.0.1:{port}", "pid": os.getpid(), "run": cp.run.id})
+    )
+    print(f"READY 127.0.0.1:{port}", flush=True)
+    cp.stopped.wait()
+    cp.deployment.shutdown()
+    server.stop(grace=1)
+    control_file().unlink(missing_ok=True)
+
+
+if __name__ == "__main__":
+    main()
