@@ -1,0 +1,84 @@
+"""``dmsc up / status / train / infer / down`` as a user runs them: real processes."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def dmsc(home: Path, *args: str, timeout: int = 300) -> subprocess.CompletedProcess[str]:
+    env = {**os.environ, "DMSC_HOME": str(home)}
+    return subprocess.run(
+        [sys.executable, "-m", "dmsc", *args],
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        cwd=ROOT,
+        env=env,
+    )
+
+
+def test_up_status_train_infer_down(tmp_path: Path) -> None:
+    plan = tmp_path / "plan.json"
+    res = dmsc(
+        tmp_path,
+        "plan",
+        "--cluster",
+        str(ROOT / "examples/clusters/local-cpu.yaml"),
+        "--model",
+        "gpt-mini",
+        "--global-batch",
+        "8",
+        "--micro-batch",
+        "2",
+        "--tp",
+        "1",
+        "--pp",
+        "2",
+        "--dp",
+        "1",
+        "--out",
+        str(plan),
+    )
+    assert res.returncode == 0, res.stderr
+    res = dmsc(tmp_path, "status")
+    assert res.returncode == 2 and "not running" in res.stderr
+    res = dmsc(tmp_path, "up", "--plan", str(plan))
+    assert res.returncode == 0, res.stderr
+    try:
+        assert dmsc(tmp_path, "up", "--plan", str(plan)).returncode == 2  # already running
+        status = json.loads(dmsc(tmp_path, "status", "--json").stdout)
+        assert len(status["services"]) == 2
+        assert all(s["health"] == "ok" and s["registered"] for s in status["services"])
+        res = dmsc(tmp_path, "train", "--steps", "3", "--json")
+        assert res.returncode == 0, res.stderr
+        out = json.loads(res.stdout)
+        assert out["steps"] == 3 and out["model_version"] >= 1
+        assert out["val_end"] < out["val_start"] + 0.5
+        bad = dmsc(tmp_path, "train", "--steps", "0")
+        assert bad.returncode == 2 and "--steps" in bad.stderr
+        res = dmsc(tmp_path, "infer", "--prompt", "def ", "--tokens", "5")
+        assert res.returncode == 0 and res.stdout.startswith("def ")
+        res = dmsc(tmp_path, "infer", "--prompt", "def ", "--tokens", "0")
+        assert res.returncode == 2 and "tokens" in res.stderr and "Traceback" not in res.stderr
+        status = json.loads(dmsc(tmp_path, "status", "--json").stdout)
+        assert [t["state"] for t in status["tasks"]] == ["done", "done"]
+    finally:
+        res = dmsc(tmp_path, "down")
+    assert res.returncode == 0, res.stderr
+    assert not (tmp_path / "control.json").exists()
+    assert (tmp_path / "dmsc.sqlite").exists()
+
+
+def test_up_with_a_bad_plan(tmp_path: Path) -> None:
+    bad = tmp_path / "plan.json"
+    bad.write_text("{}")
+    res = dmsc(tmp_path, "up", "--plan", str(bad))
+    assert res.returncode == 2 and "not a dmsc plan" in res.stderr
+    res = dmsc(tmp_path, "up", "--plan", str(tmp_path / "missing.json"))
+    assert res.returncode == 2 and "no such file" in res.stderr
