@@ -93,6 +93,10 @@ class Client:
         result: bytes = self._stub(method)(data, timeout=timeout_s or self.timeout_s)
         return result
 
+    def raw_future(self, method: str, data: bytes, timeout_s: float | None = None) -> Any:
+        """Send without waiting: a grpc future whose ``result()`` is the reply."""
+        return self._stub(method).future(data, timeout=timeout_s or self.timeout_s)
+
     def call(
         self, method: str, payload: dict[str, Any] | None = None, timeout_s: float | None = None
     ) -> dict[str, Any]:

@@ -89,6 +89,7 @@ class StageWorker:
         self.steps_done = 0
         self.registry = Client(cfg.registry, REGISTRY_SERVICE)
         self._neighbours: dict[int, Client] = {}
+        self._pending: list[tuple[int, bytes, Any]] = []
         self._lock = threading.Lock()
         self.address = ""
         if cfg.replicas > 1:
@@ -109,11 +110,17 @@ class StageWorker:
         return self._neighbours[stage]
 
     def send(self, stage: int, kind: Kind, step: int, mb: int, tensor: torch.Tensor) -> None:
+        """Send without blocking the schedule (like an isend); :meth:`flush` waits for all."""
         frame = encode(kind, step, mb, tensor)
-        try:
-            self.neighbour(stage).raw("Push", frame)
-        except Exception:  # the neighbour moved or restarted: ask the registry again, once
-            self.neighbour(stage, refresh=True).raw("Push", frame)
+        self._pending.append((stage, frame, self.neighbour(stage).raw_future("Push", frame)))
+
+    def flush(self) -> None:
+        pending, self._pending = self._pending, []
+        for stage, frame, fut in pending:
+            try:
+                fut.result()
+            except Exception:  # the neighbour moved or restarted: ask the registry again, once
+                self.neighbour(stage, refresh=True).raw("Push", frame)
 
     # -- RPC methods -----------------------------------------------------------------------
     def push(self, data: bytes) -> bytes:
@@ -188,6 +195,7 @@ class StageWorker:
                     assert grad_in is not None
                     self.send(cfg.stage - 1, Kind.GRADIENT, step, i, grad_in)
                 del inputs[i], outputs[i]
+        self.flush()
         if train:
             c0 = time.perf_counter()
             if cfg.replicas > 1:

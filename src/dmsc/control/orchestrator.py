@@ -149,10 +149,12 @@ class Deployment:
 
     def _push(
         self, stage: int, replica: int, kind: Kind, step: int, mb: int, t: torch.Tensor
-    ) -> None:
-        self.clients[(stage, replica)].raw("Push", encode(kind, step, mb, t))
+    ) -> Any:
+        return self.clients[(stage, replica)].raw_future("Push", encode(kind, step, mb, t))
 
     def _feed(self, step: int, tokens: torch.Tensor, targets: torch.Tensor | None, m: int) -> None:
+        """Tokens to the first stage and targets to the last, all frames in flight at once."""
+        sent = []
         R = self.layout.replicas
         for r, (xr, yr) in enumerate(
             zip(
@@ -162,10 +164,12 @@ class Deployment:
             )
         ):
             for i, x in enumerate(xr.chunk(m)):
-                self._push(0, r, Kind.TOKENS, step, i, x)
+                sent.append(self._push(0, r, Kind.TOKENS, step, i, x))
             if yr is not None:
                 for i, y in enumerate(yr.chunk(m)):
-                    self._push(self.stages - 1, r, Kind.TARGETS, step, i, y)
+                    sent.append(self._push(self.stages - 1, r, Kind.TARGETS, step, i, y))
+        for fut in sent:
+            fut.result()
 
     def train_step(
         self,
@@ -203,8 +207,7 @@ class Deployment:
 
     def logits(self, step: int, tokens: torch.Tensor) -> torch.Tensor:
         """Next-token logits of every sequence (forward only, replica 0)."""
-        for i, x in enumerate(tokens.chunk(1)):
-            self._push(0, 0, Kind.TOKENS, step, i, x)
+        self._push(0, 0, Kind.TOKENS, step, 0, tokens).result()
         req = {"step": step, "microbatches": 1, "train": False}
         stage_clients = [self.clients[(s, 0)] for s in range(self.stages)]
         replies = list(

@@ -1,0 +1,111 @@
+"""dmsc's pipeline against torch.distributed.pipelining on the same model, split and schedule.
+
+gpt-mini in 3 stages ((embedding, block_0), (block_1, block_2), (block_3, head)), global batch
+16 in 4 micro-batches, 1F1B, AdamW; torch runs one gloo process per stage (CPU), dmsc one
+worker process per stage with gRPC between them. Median step time over the measured steps.
+Prints a table, or with --json one object: dmsc_step_s, torch_step_s, ratio (dmsc / torch).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import time
+
+import torch
+import torch.distributed as dist
+import torch.multiprocessing as mp
+
+from dmsc.compute.model import build_stage, loss_fn
+from dmsc.control.orchestrator import Deployment, StageLayout
+from dmsc.data.corpus import Corpus, stdlib_text
+from dmsc.spec import TransformerSpec, resolve_model
+
+RANGES = [("embedding", "block_0"), ("block_1", "block_2"), ("block_3", "head")]
+BATCH, MICRO = 16, 4
+
+
+def _torch_rank(rank: int, world: int, port: int, steps: int, queue: mp.Queue) -> None:  # type: ignore[type-arg]
+    from torch.distributed.pipelining import PipelineStage, Schedule1F1B
+
+    torch.set_num_threads(1)
+    os.environ["MASTER_ADDR"], os.environ["MASTER_PORT"] = "127.0.0.1", str(port)
+    dist.init_process_group("gloo", rank=rank, world_size=world)
+    spec = resolve_model("gpt-mini")
+    assert isinstance(spec, TransformerSpec)
+    module = build_stage(spec, 0, *RANGES[rank])
+    stage = PipelineStage(module, rank, world, torch.device("cpu"))
+    schedule = Schedule1F1B(stage, MICRO, loss_fn=loss_fn)
+    opt = torch.optim.AdamW(module.parameters(), lr=1e-3)
+    train, _ = stdlib_text(max_bytes=400_000)
+    corpus = Corpus(train, spec.seq, seed=0)
+    times = []
+    for step in range(steps):
+        x, y = corpus.batch(step, BATCH)
+        dist.barrier()
+        t0 = time.perf_counter()
+        if rank == 0:
+            schedule.step(x)
+        elif rank == world - 1:
+            schedule.step(target=y, losses=[])
+        else:
+            schedule.step()
+        opt.step()
+        opt.zero_grad(set_to_none=True)
+        dist.barrier()
+        times.append(time.perf_counter() - t0)
+    if rank == 0:
+        queue.put(times)
+    dist.destroy_process_group()
+
+
+def torch_step_s(steps: int) -> float:
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    ctx = mp.get_context("spawn")
+    queue = ctx.Queue()
+    procs = [ctx.Process(target=_torch_rank, args=(r, 3, port, steps, queue)) for r in range(3)]
+    for p in procs:
+        p.start()
+    times = queue.get(timeout=600)
+    for p in procs:
+        p.join(timeout=60)
+    return statistics.median(times[steps // 5 :])
+
+
+def dmsc_step_s(steps: int) -> float:
+    spec = resolve_model("gpt-mini")
+    assert isinstance(spec, TransformerSpec)
+    train, _ = stdlib_text(max_bytes=400_000)
+    corpus = Corpus(train, spec.seq, seed=0)
+    with Deployment(StageLayout(spec, RANGES)) as dep:
+        times = [
+            dep.train_step(s, *corpus.batch(s, BATCH), MICRO, "1f1b")["step_s"]
+            for s in range(steps)
+        ]
+    return statistics.median(times[steps // 5 :])
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__)
+    parser.add_argument("--json", action="store_true")
+    parser.add_argument("--steps", type=int, default=40)
+    args = parser.parse_args()
+    t_torch = torch_step_s(args.steps)
+    t_dmsc = dmsc_step_s(args.steps)
+    out = {"dmsc_step_s": t_dmsc, "torch_step_s": t_torch, "ratio": t_dmsc / t_torch}
+    if args.json:
+        print(json.dumps(out))
+        return
+    print(f"torch.distributed.pipelining (gloo): {t_torch * 1e3:.1f} ms per step")
+    print(f"dmsc (gRPC stage services):          {t_dmsc * 1e3:.1f} ms per step")
+    print(f"ratio dmsc / torch: {out['ratio']:.2f} (target <= 1.25)")
+
+
+if __name__ == "__main__":
+    main()

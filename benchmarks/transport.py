@@ -1,0 +1,110 @@
+"""The data plane (gRPC frames, as stage workers exchange activations) against a raw loopback
+TCP socket, side by side: throughput of activation-sized transfers and small-message round trip.
+
+Prints a table, or with --json one object.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import socket
+import statistics
+import threading
+import time
+
+import torch
+
+from dmsc.business.rpc import Client, bytes_handler, serve
+from dmsc.compute.wire import Kind, decode, encode
+
+
+def _recv_exact(conn: socket.socket, n: int) -> bytes:
+    buf = bytearray()
+    while len(buf) < n:
+        chunk = conn.recv(min(1 << 20, n - len(buf)))
+        if not chunk:
+            raise ConnectionError("closed")
+        buf += chunk
+    return bytes(buf)
+
+
+def tcp_server() -> tuple[socket.socket, int]:
+    """Length-prefixed frames; replies with a 1-byte ack."""
+    srv = socket.socket()
+    srv.bind(("127.0.0.1", 0))
+    srv.listen()
+
+    def run() -> None:
+        conn, _ = srv.accept()
+        conn.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+        try:
+            while True:
+                n = int.from_bytes(_recv_exact(conn, 8), "big")
+                _recv_exact(conn, n)
+                conn.sendall(b"k")
+        except ConnectionError:
+            conn.close()
+
+    threading.Thread(target=run, daemon=True).start()
+    return srv, srv.getsockname()[1]
+
+
+def measure(fn, repeats: int) -> float:  # type: ignore[no-untyped-def]
+    for _ in range(3):
+        fn()
+    times = []
+    for _ in range(repeats):
+        t0 = time.perf_counter()
+        fn()
+        times.append(time.perf_counter() - t0)
+    return statistics.median(times)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__)
+    parser.add_argument("--json", action="store_true")
+    args = parser.parse_args()
+    server, port = serve("dmsc.Bench", {"Push": bytes_handler(lambda b: (decode(b), b"")[1])})
+    grpc_client = Client(f"127.0.0.1:{port}", "dmsc.Bench")
+    srv, tport = tcp_server()
+    sock = socket.create_connection(("127.0.0.1", tport))
+    sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+
+    def tcp_send(data: bytes) -> None:
+        sock.sendall(len(data).to_bytes(8, "big") + data)
+        _recv_exact(sock, 1)
+
+    rows = []
+    for mb in (0.064, 1.0, 4.0, 16.0):
+        tensor = torch.zeros(int(mb * 1e6 / 4), dtype=torch.float32)
+        frame = encode(Kind.ACTIVATION, 0, 0, tensor)
+        t_grpc = measure(lambda f=frame: grpc_client.raw("Push", f), 20)
+        t_tcp = measure(lambda f=frame: tcp_send(f), 20)
+        rows.append(
+            {
+                "mb": mb,
+                "dmsc_mb_s": len(frame) / t_grpc / 1e6,
+                "tcp_mb_s": len(frame) / t_tcp / 1e6,
+                "ratio": t_tcp / t_grpc,
+            }
+        )
+    small = encode(Kind.ACTIVATION, 0, 0, torch.zeros(1))
+    rtt_grpc = measure(lambda: grpc_client.raw("Push", small), 300)
+    rtt_tcp = measure(lambda: tcp_send(small), 300)
+    out = {"throughput": rows, "small_rtt_us": {"dmsc": rtt_grpc * 1e6, "tcp": rtt_tcp * 1e6}}
+    sock.close()
+    srv.close()
+    grpc_client.close()
+    server.stop(grace=0)
+    if args.json:
+        print(json.dumps(out))
+        return
+    print(f"{'size':>8s} {'dmsc (gRPC) MB/s':>18s} {'raw TCP MB/s':>14s} {'dmsc/tcp':>9s}")
+    for r in rows:
+        print(f"{r['mb']:7.3f}M {r['dmsc_mb_s']:18.0f} {r['tcp_mb_s']:14.0f} {r['ratio']:9.2f}")
+    print(f"small-message round trip: dmsc {rtt_grpc * 1e6:.0f} us, raw TCP {rtt_tcp * 1e6:.0f} us")
+
+
+if __name__ == "__main__":
+    main()
