@@ -616,15 +616,6 @@ def main(argv: list[str] | None = None) -> None:
         sys.exit(EXIT_BAD_INPUT)
     except (typer.Exit, typer.Abort) as exc:
         sys.exit(getattr(exc, "exit_code", 130))
-    except Exception as exc:  # a service answered with an error
-        import grpc
-
-        if not isinstance(exc, grpc.RpcError):
-            raise
-        code = exc.code() if hasattr(exc, "code") else None
-        details = exc.details() if hasattr(exc, "details") else str(exc)
-        err_console.print(f"error: {details}", highlight=False, soft_wrap=True)
-        sys.exit(EXIT_BAD_INPUT if code == grpc.StatusCode.INVALID_ARGUMENT else 1)
     except TyperException as exc:  # a usage error: unknown flag, bad value, missing option
         if type(exc).__name__ == "NoArgsIsHelpError":
             show = getattr(exc, "show", None)
@@ -634,4 +625,13 @@ def main(argv: list[str] | None = None) -> None:
         message = exc.format_message() if hasattr(exc, "format_message") else str(exc)
         err_console.print(f"error: {message}", highlight=False, soft_wrap=True)
         sys.exit(getattr(exc, "exit_code", EXIT_BAD_INPUT))
+    except Exception as exc:  # a service answered with an error
+        import grpc
+
+        if not isinstance(exc, grpc.RpcError):
+            raise
+        code = exc.code() if hasattr(exc, "code") else None
+        details = exc.details() if hasattr(exc, "details") else str(exc)
+        err_console.print(f"error: {details}", highlight=False, soft_wrap=True)
+        sys.exit(EXIT_BAD_INPUT if code == grpc.StatusCode.INVALID_ARGUMENT else 1)
     sys.exit(result if isinstance(result, int) else 0)
