@@ -62,3 +62,12 @@ def test_watch_wakes_on_change() -> None:
     assert seen == [1]
     version, services = reg.watch(since=1, timeout_s=0.01)  # nothing new: returns on timeout
     assert version == 1 and len(services) == 1
+
+
+def test_heartbeat_age() -> None:
+    clock = Clock()
+    reg = Registry(ttl_s=10, clock=clock)
+    reg.register(_svc("a", 0))
+    clock.t = 4
+    assert reg.heartbeat_age("a") == 4
+    assert reg.heartbeat_age("zzz") is None

@@ -68,6 +68,12 @@ class Registry:
             self._services[sid] = (info, self.clock())
             return True
 
+    def heartbeat_age(self, sid: str) -> float | None:
+        """Seconds since the service was last heard from (None if unknown)."""
+        with self._cond:
+            entry = self._services.get(sid)
+            return None if entry is None else self.clock() - entry[1]
+
     def deregister(self, sid: str) -> None:
         with self._cond:
             if self._services.pop(sid, None) is not None:

@@ -90,18 +90,20 @@ def do_status(console: Console, as_json: bool) -> dict[str, Any]:
         "replica",
         "address",
         "health",
-        "registered",
+        "last heartbeat",
         "pid",
         title=f"run {out['run']}: {out['model']}, {out['steps']} steps trained",
     )
     for s in out["services"]:
+        age = s.get("heartbeat_age_s")
+        beat = f"{age:.1f} s ago" if s["registered"] and age is not None else "not registered"
         t.add_row(
             s["sid"],
             str(s["stage"]),
             str(s["replica"]),
             s["address"],
             s["health"],
-            "yes" if s["registered"] else "no",
+            beat,
             str(s["pid"]),
         )
     console.print(t)

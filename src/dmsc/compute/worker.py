@@ -11,9 +11,11 @@ stage's replicas is static) before the optimizer step.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import hashlib
 import json
 import os
+import signal
 import sys
 import threading
 import time
@@ -292,6 +294,7 @@ def main(argv: list[str] | None = None) -> None:
     ttl = float(reply.get("ttl_s", 10.0))
     print(f"READY {worker.address}", flush=True)
     stop = threading.Event()
+    signal.signal(signal.SIGTERM, lambda *_: stop.set())
     while not stop.wait(ttl / 3):
         try:
             if not worker.registry.call("Heartbeat", {"sid": cfg.sid}, timeout_s=5)["known"]:
@@ -299,6 +302,9 @@ def main(argv: list[str] | None = None) -> None:
         except Exception:
             if os.getppid() == 1:  # the control plane is gone and so is our parent
                 break
+    # Leave the registry on the way out (a kill -9 leaves it to the TTL).
+    with contextlib.suppress(Exception):
+        worker.registry.call("Deregister", {"sid": cfg.sid}, timeout_s=2)
     server.stop(grace=1)
     sys.exit(0)
 

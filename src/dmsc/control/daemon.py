@@ -82,6 +82,7 @@ class ControlPlane:
         seen = {s.sid: s for s in self.deployment.registry.lookup()}
         for s in services:
             s["registered"] = s["sid"] in seen
+            s["heartbeat_age_s"] = self.deployment.registry.heartbeat_age(s["sid"])
         tasks = [{"id": t.id, "kind": t.kind, "state": t.state} for t in self.db.tasks(self.run.id)]
         return {
             "run": self.run.id,
