@@ -31,6 +31,8 @@ bench: $(STAMP)
 	$(BIN)/python benchmarks/sim_reproduce_cba.py
 	$(BIN)/python benchmarks/sim_rmsa.py
 	$(BIN)/python benchmarks/sim_scale.py
+	$(BIN)/python benchmarks/pipeline_vs_torch.py
+	$(BIN)/python benchmarks/transport.py
 
 clean:
 	rm -rf $(VENV) build *.egg-info src/*.egg-info
