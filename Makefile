@@ -15,8 +15,9 @@ $(STAMP): pyproject.toml
 demo: $(STAMP)
 	$(BIN)/dmsc demo
 
+# The data layer is also tested against a real PostgreSQL server (scripts/postgres.sh starts one).
 test: $(STAMP)
-	$(BIN)/pytest -n 2 -q
+	DMSC_TEST_POSTGRES_URL=$$(scripts/postgres.sh) $(BIN)/pytest -n 2 -q
 
 check: $(STAMP)
 	$(BIN)/ruff check src tests benchmarks

@@ -26,3 +26,24 @@ def test_runs_tasks_metrics_versions(tmp_path: Path) -> None:
     assert again.versions(run.id)[0].step == 3
     with pytest.raises(KeyError):
         again.set_task_state(999, "done")
+
+
+def test_postgresql_server() -> None:
+    """The same records through a real PostgreSQL server (``make test`` starts one)."""
+    import os
+    import uuid
+
+    url = os.environ.get("DMSC_TEST_POSTGRES_URL")
+    assert url, "DMSC_TEST_POSTGRES_URL is not set: run the tests with `make test`"
+    db = Database(url)
+    tag = uuid.uuid4().hex[:8]
+    run = db.new_run(f"gpt-mini-{tag}", "local-cpu", {"tag": tag})
+    task = db.new_task(run.id, "train", {})
+    db.set_task_state(task.id, "running")
+    db.add_metric(task.id, 0, 1.5, 0.1, 10.0, val_loss=1.7)
+    db.set_task_state(task.id, "failed", error="boom")
+    again = Database(url)
+    [t] = again.tasks(run.id)
+    assert (t.state, t.error) == ("failed", "boom")
+    assert again.metrics(task.id)[0].val_loss == 1.7
+    assert again.engine.dialect.name == "postgresql"
