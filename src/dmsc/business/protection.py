@@ -1,0 +1,116 @@
+"""Protection of backends: per-tenant token-bucket rate limits and per-backend circuit breakers.
+
+Both are pure state machines over a clock they are given (never ``time.time()`` inside), so the
+gateway runs them on wall time and the simulator on simulated time. Libraries such as ``limits``
+or ``pybreaker`` read the system clock themselves, which is why these few lines are ours.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from enum import StrEnum
+
+Clock = Callable[[], float]
+
+
+@dataclass
+class TokenBucket:
+    """``rate`` tokens per second, at most ``burst`` saved up."""
+
+    rate: float
+    burst: float
+    clock: Clock = time.monotonic
+    tokens: float = field(init=False)
+    stamp: float = field(init=False)
+
+    def __post_init__(self) -> None:
+        if self.rate <= 0 or self.burst <= 0:
+            raise ValueError("rate and burst must be positive")
+        self.tokens = self.burst
+        self.stamp = self.clock()
+
+    def _refill(self) -> None:
+        now = self.clock()
+        self.tokens = min(self.burst, self.tokens + (now - self.stamp) * self.rate)
+        self.stamp = now
+
+    def take(self, cost: float = 1.0) -> tuple[bool, float]:
+        """(allowed, seconds until it would be): take ``cost`` tokens if there are enough."""
+        self._refill()
+        if self.tokens >= cost:
+            self.tokens -= cost
+            return True, 0.0
+        return False, (cost - self.tokens) / self.rate
+
+
+class RateLimiter:
+    """One token bucket per tenant."""
+
+    def __init__(self, rate: float, burst: float, clock: Clock = time.monotonic) -> None:
+        self.rate, self.burst, self.clock = rate, burst, clock
+        self._buckets: dict[str, TokenBucket] = {}
+
+    def check(self, tenant: str, cost: float = 1.0) -> tuple[bool, int]:
+        """(allowed, Retry-After in whole seconds, at least 1 when refused)."""
+        bucket = self._buckets.get(tenant)
+        if bucket is None:
+            bucket = self._buckets[tenant] = TokenBucket(self.rate, self.burst, self.clock)
+        ok, wait = bucket.take(cost)
+        return ok, 0 if ok else max(1, math.ceil(wait))
+
+
+class BreakerState(StrEnum):
+    CLOSED = "closed"
+    OPEN = "open"
+    HALF_OPEN = "half_open"
+
+
+@dataclass
+class CircuitBreaker:
+    """Closed until ``threshold`` consecutive failures; open (refusing) for ``reset_s``; then
+    half-open: ``probes`` trial calls, closed again if they succeed, open again if one fails."""
+
+    threshold: int = 5
+    reset_s: float = 10.0
+    probes: int = 1
+    clock: Clock = time.monotonic
+    state: BreakerState = BreakerState.CLOSED
+    failures: int = 0
+    opened_at: float = 0.0
+    in_flight_probes: int = 0
+
+    def allow(self) -> bool:
+        if self.state is BreakerState.OPEN:
+            if self.clock() - self.opened_at < self.reset_s:
+                return False
+            self.state = BreakerState.HALF_OPEN
+            self.in_flight_probes = 0
+        if self.state is BreakerState.HALF_OPEN:
+            if self.in_flight_probes >= self.probes:
+                return False
+            self.in_flight_probes += 1
+        return True
+
+    def success(self) -> None:
+        if self.state is BreakerState.HALF_OPEN:
+            self.in_flight_probes -= 1
+            if self.in_flight_probes <= 0:
+                self.state = BreakerState.CLOSED
+        self.failures = 0
+
+    def failure(self) -> None:
+        if self.state is BreakerState.HALF_OPEN:
+            self._open()
+            return
+        self.failures += 1
+        if self.failures >= self.threshold:
+            self._open()
+
+    def _open(self) -> None:
+        self.state = BreakerState.OPEN
+        self.opened_at = self.clock()
+        self.failures = 0
+        self.in_flight_probes = 0
