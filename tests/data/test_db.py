@@ -47,3 +47,32 @@ def test_postgresql_server() -> None:
     assert (t.state, t.error) == ("failed", "boom")
     assert again.metrics(task.id)[0].val_loss == 1.7
     assert again.engine.dialect.name == "postgresql"
+
+
+def test_an_older_database_gets_the_new_columns(tmp_path: Path) -> None:
+    import sqlite3
+
+    path = tmp_path / "old.sqlite"
+    con = sqlite3.connect(path)
+    con.execute(
+        "CREATE TABLE runs (id INTEGER PRIMARY KEY, created_at DATETIME, model VARCHAR(128),"
+        " cluster VARCHAR(128), plan_json VARCHAR, status VARCHAR(32))"
+    )
+    con.execute(
+        "CREATE TABLE tasks (id INTEGER PRIMARY KEY, run_id INTEGER, kind VARCHAR(32),"
+        " state VARCHAR(32), params_json VARCHAR, created_at DATETIME, started_at DATETIME,"
+        " finished_at DATETIME, error VARCHAR)"
+    )
+    con.execute(
+        "INSERT INTO runs (id, model, cluster, plan_json, status) VALUES (1, 'm', 'c', '{}',"
+        " 'running')"
+    )
+    con.execute(
+        "INSERT INTO tasks (id, run_id, kind, state, params_json) VALUES (1, 1, 'train',"
+        " 'queued', '{}')"
+    )
+    con.commit()
+    con.close()
+    db = Database(f"sqlite:///{path}")
+    [task] = db.tasks(1)
+    assert (task.tenant, task.priority, task.attempts, task.max_attempts) == ("default", 0, 0, 3)

@@ -56,6 +56,15 @@ class TaskRecord(Base):
     started_at: Mapped[dt.datetime | None]
     finished_at: Mapped[dt.datetime | None]
     error: Mapped[str | None]
+    # Queueing (dmsc.control.queue): who asked, how urgent, how often tried, why it failed.
+    tenant: Mapped[str] = mapped_column(String(64), default="default")
+    priority: Mapped[int] = mapped_column(default=0)
+    weight: Mapped[float] = mapped_column(default=1.0)
+    lane: Mapped[str] = mapped_column(String(16), default="sync")
+    attempts: Mapped[int] = mapped_column(default=0)
+    max_attempts: Mapped[int] = mapped_column(default=3)
+    exception_type: Mapped[str | None] = mapped_column(String(128))
+    log_excerpt: Mapped[str | None]
 
 
 class ServiceRecord(Base):
@@ -102,7 +111,31 @@ class Database:
         self.url = url or default_url()
         self.engine = create_engine(self.url)
         Base.metadata.create_all(self.engine)
+        self._add_missing_columns()
         self.sessions = sessionmaker(self.engine, expire_on_commit=False)
+
+    def _add_missing_columns(self) -> None:
+        """Bring a database made by an older dmsc up to date: add the columns it lacks (new
+        columns are nullable or have defaults, so ADD COLUMN suffices on SQLite and PostgreSQL)."""
+        from sqlalchemy import inspect, text
+
+        insp = inspect(self.engine)
+        with self.engine.begin() as conn:
+            for table in Base.metadata.sorted_tables:
+                have = {c["name"] for c in insp.get_columns(table.name)}
+                for col in table.columns:
+                    if col.name in have:
+                        continue
+                    kind = col.type.compile(dialect=self.engine.dialect)
+                    default = ""
+                    if col.default is not None and getattr(col.default, "is_scalar", False):
+                        value = getattr(col.default, "arg", None)
+                        default = (
+                            f" DEFAULT {value!r}" if isinstance(value, str) else f" DEFAULT {value}"
+                        )
+                    conn.execute(
+                        text(f"ALTER TABLE {table.name} ADD COLUMN {col.name} {kind}{default}")
+                    )
 
     def add(self, record: RecordT) -> RecordT:
         with self.sessions() as s, s.begin():
