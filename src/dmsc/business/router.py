@@ -12,7 +12,7 @@ from __future__ import annotations
 import bisect
 import hashlib
 import random
-from collections.abc import Collection, Sequence
+from collections.abc import Callable, Collection, Sequence
 from typing import Protocol
 
 
@@ -143,7 +143,7 @@ class ConsistentHash(_Base):
         return owners[i]
 
 
-POLICIES = {
+POLICIES: dict[str, Callable[[], Router]] = {
     "round_robin": RoundRobin,
     "least_outstanding": LeastOutstanding,
     "latency": LatencyAware,

@@ -104,6 +104,18 @@ class ModelVersionRecord(Base):
 RecordT = TypeVar("RecordT", bound=Base)
 
 
+class ApiKeyRecord(Base):
+    """An API key, stored as its SHA-256 (the key itself is shown once, at creation)."""
+
+    __tablename__ = "api_keys"
+    id: Mapped[int] = mapped_column(primary_key=True)
+    key_hash: Mapped[str] = mapped_column(String(64), unique=True)
+    tenant: Mapped[str] = mapped_column(String(64))
+    scopes: Mapped[str] = mapped_column(String(256))  # comma-separated
+    revoked: Mapped[bool] = mapped_column(default=False)
+    created_at: Mapped[dt.datetime] = mapped_column(default=_now)
+
+
 class Database:
     """Sessions on one engine, and the few writes the runtime makes."""
 

@@ -1,0 +1,203 @@
+"""The API gateway: one HTTP entry for clients (FastAPI; OpenAPI at ``/docs``).
+
+Per request: authentication (API key -> tenant and scopes), the tenant's rate limit (429 with
+Retry-After), the body size limit (413), then the endpoint. Inference goes through the service
+router to a pipeline replica under a circuit breaker per replica, failing over to another
+replica; training and other long work goes into the persistent task queue. Prometheus metrics at
+``/metrics``.
+"""
+
+
+import time
+from collections.abc import Awaitable, Callable
+from typing import Annotated, Any, Protocol
+
+from fastapi import Depends, FastAPI, HTTPException, Request, Response
+from fastapi.responses import JSONResponse
+from prometheus_client import (
+    CONTENT_TYPE_LATEST,
+    CollectorRegistry,
+    Counter,
+    Histogram,
+    generate_latest,
+)
+from pydantic import BaseModel, Field
+
+from dmsc.business.auth import Principal, authenticate
+from dmsc.business.protection import CircuitBreaker, RateLimiter
+from dmsc.business.router import POLICIES, NoReplica, Router
+from dmsc.control.queue import TaskQueue
+from dmsc.data.db import Database, TaskRecord
+
+
+class Backend(Protocol):
+    """What the gateway serves from: pipeline replicas that answer inference."""
+
+    def replicas(self) -> list[str]: ...
+
+    def infer(self, replica: str, prompt: str, tokens: int) -> str: ...
+
+    def services(self) -> list[dict[str, Any]]: ...
+
+
+class InferRequest(BaseModel):
+    prompt: str = Field(min_length=1, max_length=10_000)
+    tokens: int = Field(default=40, gt=0, le=1024)
+    session: str | None = Field(default=None, max_length=256)
+
+
+class TaskRequest(BaseModel):
+    steps: int = Field(gt=0, le=1_000_000)
+    priority: int = Field(default=0, ge=-100, le=100)
+    lane: str = Field(default="async", pattern="^(sync|async)$")
+
+
+def _task_json(t: TaskRecord) -> dict[str, Any]:
+    return {
+        "id": t.id,
+        "kind": t.kind,
+        "state": t.state,
+        "tenant": t.tenant,
+        "priority": t.priority,
+        "attempts": t.attempts,
+        "error": t.error,
+        "exception_type": t.exception_type,
+    }
+
+
+def create_app(
+    backend: Backend,
+    db: Database,
+    queue: TaskQueue,
+    rate: float = 20.0,
+    burst: float = 40.0,
+    max_body_bytes: int = 64 * 1024,
+    router: str = "least_outstanding",
+    breaker_threshold: int = 3,
+    breaker_reset_s: float = 5.0,
+    clock: Callable[[], float] = time.monotonic,
+) -> FastAPI:
+    app = FastAPI(title="dmsc gateway", version="1")
+    limiter = RateLimiter(rate, burst, clock)
+    route: Router = POLICIES[router]()
+    breakers: dict[str, CircuitBreaker] = {}
+    reg = CollectorRegistry()
+    requests = Counter(
+        "dmsc_gateway_requests_total", "Requests", ["endpoint", "status"], registry=reg
+    )
+    latency = Histogram(
+        "dmsc_gateway_latency_seconds", "Request latency", ["endpoint"], registry=reg
+    )
+
+    @app.middleware("http")
+    async def limits(
+        request: Request, call_next: Callable[[Request], Awaitable[Response]]
+    ) -> Response:
+        t0 = time.perf_counter()
+        size = request.headers.get("content-length")
+        if size is not None and size.isdigit() and int(size) > max_body_bytes:
+            response: Response = JSONResponse(
+                {"detail": f"body over {max_body_bytes} bytes"}, status_code=413
+            )
+        else:
+            response = await call_next(request)
+        path = request.scope.get("route").path if request.scope.get("route") else request.url.path  # type: ignore[union-attr]
+        requests.labels(path, str(response.status_code)).inc()
+        latency.labels(path).observe(time.perf_counter() - t0)
+        return response
+
+    def principal(scope: str) -> Callable[[Request], Principal]:
+        def check(request: Request) -> Principal:
+            who = authenticate(db, request.headers.get("authorization"))
+            if who is None:
+                raise HTTPException(
+                    401,
+                    "missing, unknown or revoked API key",
+                    headers={"WWW-Authenticate": "Bearer"},
+                )
+            if not who.may(scope):
+                raise HTTPException(403, f"this key lacks the {scope!r} scope")
+            ok, retry = limiter.check(who.tenant)
+            if not ok:
+                raise HTTPException(429, "rate limit exceeded", headers={"Retry-After": str(retry)})
+            return who
+
+        return check
+
+    InferWho = Annotated[Principal, Depends(principal("infer"))]
+    SubmitWho = Annotated[Principal, Depends(principal("submit"))]
+    ReadWho = Annotated[Principal, Depends(principal("read"))]
+
+    @app.get("/v1/health")
+    def health() -> dict[str, Any]:
+        return {"status": "ok", "replicas": len(backend.replicas())}
+
+    @app.post("/v1/infer")
+    def infer(req: InferRequest, who: InferWho) -> dict[str, Any]:
+        tried: set[str] = set()
+        replicas = backend.replicas()
+        while True:
+            try:
+                replica = route.choose(replicas, key=req.session, exclude=tried)
+            except NoReplica:
+                raise HTTPException(
+                    503,
+                    "no replica could serve the request "
+                    f"(tried {', '.join(sorted(tried)) or 'none'})",
+                ) from None
+            br = breakers.setdefault(
+                replica, CircuitBreaker(breaker_threshold, breaker_reset_s, clock=clock)
+            )
+            tried.add(replica)
+            if not br.allow():
+                continue
+            route.started(replica)
+            t0 = time.perf_counter()
+            try:
+                text = backend.infer(replica, req.prompt, req.tokens)
+            except Exception as exc:
+                route.finished(replica, time.perf_counter() - t0, ok=False)
+                br.failure()
+                last_error = f"{type(exc).__name__}: {exc}"
+                if len(tried) >= len(replicas):
+                    raise HTTPException(502, f"replica {replica} failed: {last_error}") from None
+                continue
+            route.finished(replica, time.perf_counter() - t0)
+            br.success()
+            return {"text": text, "replica": replica, "tenant": who.tenant}
+
+    @app.post("/v1/tasks", status_code=202)
+    def submit(req: TaskRequest, who: SubmitWho) -> dict[str, Any]:
+        task = queue.submit(
+            "train", {"steps": req.steps}, tenant=who.tenant, priority=req.priority, lane=req.lane
+        )
+        return _task_json(task)
+
+    def _own_task(task_id: int, who: Principal) -> TaskRecord:
+        with db.sessions() as s:
+            task = s.get(TaskRecord, task_id)
+        if task is None or (task.tenant != who.tenant and not who.may("admin")):
+            raise HTTPException(404, f"no task {task_id}")
+        return task
+
+    @app.get("/v1/tasks/{task_id}")
+    def get_task(task_id: int, who: ReadWho) -> dict[str, Any]:
+        return _task_json(_own_task(task_id, who))
+
+    @app.delete("/v1/tasks/{task_id}")
+    def cancel(task_id: int, who: SubmitWho) -> dict[str, Any]:
+        task = _own_task(task_id, who)
+        if task.state != "queued":
+            raise HTTPException(409, f"task {task_id} is {task.state}, only queued tasks cancel")
+        db.set_task_state(task_id, "cancelled")
+        return {"id": task_id, "state": "cancelled"}
+
+    @app.get("/v1/services")
+    def services(who: ReadWho) -> list[dict[str, Any]]:
+        return backend.services()
+
+    @app.get("/metrics")
+    def metrics() -> Response:
+        return Response(generate_latest(reg), media_type=CONTENT_TYPE_LATEST)
+
+    return app
