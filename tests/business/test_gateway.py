@@ -32,7 +32,7 @@ class Backend:
     def replicas(self) -> list[str]:
         return ["replica-0", "replica-1"]
 
-    def infer(self, replica: str, prompt: str, tokens: int) -> str:
+    def infer_on(self, replica: str, prompt: str, tokens: int) -> str:
         self.calls.append(replica)
         if replica in self.broken:
             raise ConnectionError(f"{replica} is down")
@@ -76,7 +76,7 @@ def _h(key: str) -> dict[str, str]:
 
 
 def test_auth_outcomes(env) -> None:  # type: ignore[no-untyped-def]
-    client, db, clock, backend, keys = env
+    client, db, _clock, _backend, keys = env
     body = {"prompt": "def ", "tokens": 3}
     assert client.post("/v1/infer", json=body).status_code == 401
     assert client.post("/v1/infer", json=body, headers=_h("nope")).status_code == 401
@@ -89,7 +89,7 @@ def test_auth_outcomes(env) -> None:  # type: ignore[no-untyped-def]
 
 
 def test_rate_limit_and_body_limit(env) -> None:  # type: ignore[no-untyped-def]
-    client, db, clock, backend, keys = env
+    client, _db, clock, _backend, keys = env
     body = {"prompt": "a", "tokens": 1}
     codes = [
         client.post("/v1/infer", json=body, headers=_h(keys["bob"][1])).status_code
@@ -108,7 +108,7 @@ def test_rate_limit_and_body_limit(env) -> None:  # type: ignore[no-untyped-def]
 
 
 def test_failover_and_circuit_breaker(env) -> None:  # type: ignore[no-untyped-def]
-    client, db, clock, backend, keys = env
+    client, _db, clock, backend, keys = env
     backend.broken = {"replica-0"}
     for _ in range(2):
         clock.t += 1
@@ -130,7 +130,7 @@ def test_failover_and_circuit_breaker(env) -> None:  # type: ignore[no-untyped-d
 
 
 def test_tasks_and_metrics(env) -> None:  # type: ignore[no-untyped-def]
-    client, db, clock, backend, keys = env
+    client, _db, clock, _backend, keys = env
     r = client.post("/v1/tasks", json={"steps": 10, "priority": 5}, headers=_h(keys["alice"][1]))
     assert r.status_code == 202 and r.json()["state"] == "queued"
     tid = r.json()["id"]

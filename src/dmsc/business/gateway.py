@@ -7,7 +7,6 @@ replica; training and other long work goes into the persistent task queue. Prome
 ``/metrics``.
 """
 
-
 import time
 from collections.abc import Awaitable, Callable
 from typing import Annotated, Any, Protocol
@@ -35,7 +34,7 @@ class Backend(Protocol):
 
     def replicas(self) -> list[str]: ...
 
-    def infer(self, replica: str, prompt: str, tokens: int) -> str: ...
+    def infer_on(self, replica: str, prompt: str, tokens: int) -> str: ...
 
     def services(self) -> list[dict[str, Any]]: ...
 
@@ -154,7 +153,7 @@ def create_app(
             route.started(replica)
             t0 = time.perf_counter()
             try:
-                text = backend.infer(replica, req.prompt, req.tokens)
+                text = backend.infer_on(replica, req.prompt, req.tokens)
             except Exception as exc:
                 route.finished(replica, time.perf_counter() - t0, ok=False)
                 br.failure()

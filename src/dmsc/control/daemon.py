@@ -18,6 +18,7 @@ from typing import Any
 from dmsc.business.rpc import BadRequest, json_handler, serve
 from dmsc.control.orchestrator import Deployment
 from dmsc.control.plan import Plan
+from dmsc.control.queue import TaskQueue
 from dmsc.control.session import layout_from_plan, train
 from dmsc.data.corpus import Corpus, stdlib_text
 from dmsc.data.db import Database, ModelVersionRecord, ServiceRecord, data_dir
@@ -45,6 +46,8 @@ class ControlPlane:
         self.valid = Corpus(valid_text, model.seq, seed=1)
         self.steps_done = 0
         self.lock = threading.Lock()
+        self.replica_locks = [threading.Lock() for _ in range(plan.job.dp)]
+        self._infer_calls = 0
         self.stopped = threading.Event()
 
     def start(self) -> None:
@@ -172,6 +175,49 @@ class ControlPlane:
         self.stopped.set()
         return {"ok": True}
 
+    # -- queued work and the gateway's backend -----------------------------------------------
+    def work_queue(self, queue: TaskQueue) -> None:
+        """Run queued training tasks (the asynchronous lane) until the plane stops."""
+        while not self.stopped.is_set():
+            task = queue.claim("priority", lane="async") or queue.claim("priority", lane="sync")
+            if task is None:
+                self.stopped.wait(0.5)
+                continue
+            try:
+                steps = int(json.loads(task.params_json).get("steps", 1))
+                with self.lock:
+                    train(
+                        self.deployment,
+                        self.corpus,
+                        self.valid,
+                        steps,
+                        self.plan.job.global_batch,
+                        self.plan.job.microbatches,
+                        "1f1b",
+                        self.db,
+                        None,
+                        first_step=self.steps_done,
+                    )
+                    self.steps_done += steps
+                queue.complete(task.id)
+            except Exception as exc:  # isolate it in the exception queue (or retry)
+                queue.fail(task.id, exc)
+
+    def replicas(self) -> list[str]:
+        return [f"replica-{r}" for r in range(self.plan.job.dp)]
+
+    def infer_on(self, replica: str, prompt: str, tokens: int) -> str:
+        r = int(replica.rsplit("-", 1)[1])
+        with self.replica_locks[r]:
+            self._infer_calls += 1
+            base = 10_000_000 + self._infer_calls * 10_000
+            out = self.deployment.generate(prompt.encode(), tokens, step_base=base, replica=r)
+        return out.decode("utf-8", errors="replace")
+
+    def services(self) -> list[dict[str, Any]]:
+        services: list[dict[str, Any]] = self.status({})["services"]
+        return services
+
     def methods(self) -> dict[str, Any]:
         return {
             "Status": json_handler(self.status),
@@ -184,16 +230,34 @@ class ControlPlane:
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description="dmsc control plane")
     parser.add_argument("--plan", required=True)
+    parser.add_argument("--gateway", default=None, help="HOST:PORT for the HTTP gateway")
     args = parser.parse_args(argv)
     plan = Plan.model_validate_json(Path(args.plan).read_text())
-    cp = ControlPlane(plan, Database())
+    db = Database()
+    cp = ControlPlane(plan, db)
     cp.start()
+    queue = TaskQueue(db, cp.run.id)
+    threading.Thread(target=cp.work_queue, args=(queue,), daemon=True).start()
+    gateway = None
+    if args.gateway:
+        import uvicorn
+
+        from dmsc.business.gateway import create_app
+
+        host, _, gport = args.gateway.rpartition(":")
+        app = create_app(cp, db, queue)
+        gateway = uvicorn.Server(
+            uvicorn.Config(app, host=host or "127.0.0.1", port=int(gport), log_level="warning")
+        )
+        threading.Thread(target=gateway.run, daemon=True).start()
     server, port = serve(CONTROL_SERVICE, cp.methods())
     control_file().write_text(
         json.dumps({"address": f"127.0.0.1:{port}", "pid": os.getpid(), "run": cp.run.id})
     )
     print(f"READY 127.0.0.1:{port}", flush=True)
     cp.stopped.wait()
+    if gateway is not None:
+        gateway.should_exit = True
     cp.deployment.shutdown()
     server.stop(grace=1)
     control_file().unlink(missing_ok=True)

@@ -205,11 +205,11 @@ class Deployment:
         losses = [float(r["loss"]) for r in replies if r.get("loss") is not None]
         return sum(losses) / len(losses)
 
-    def logits(self, step: int, tokens: torch.Tensor) -> torch.Tensor:
-        """Next-token logits of every sequence (forward only, replica 0)."""
-        self._push(0, 0, Kind.TOKENS, step, 0, tokens).result()
+    def logits(self, step: int, tokens: torch.Tensor, replica: int = 0) -> torch.Tensor:
+        """Next-token logits of every sequence (forward only, through one replica's pipeline)."""
+        self._push(0, replica, Kind.TOKENS, step, 0, tokens).result()
         req = {"step": step, "microbatches": 1, "train": False}
-        stage_clients = [self.clients[(s, 0)] for s in range(self.stages)]
+        stage_clients = [self.clients[(s, replica)] for s in range(self.stages)]
         replies = list(
             self.pool.map(lambda c: c.call("RunStep", req, timeout_s=120), stage_clients)
         )
@@ -222,13 +222,14 @@ class Deployment:
         step_base: int = 1_000_000,
         temperature: float = 0.8,
         seed: int = 0,
+        replica: int = 0,
     ) -> bytes:
         g = torch.Generator().manual_seed(seed)
         seq = self.layout.model.seq
         out = bytearray(prompt)
         for k in range(tokens):
             ctx = torch.tensor([list(out[-seq:])], dtype=torch.int64)
-            logits = self.logits(step_base + k, ctx)[0] / max(temperature, 1e-6)
+            logits = self.logits(step_base + k, ctx, replica)[0] / max(temperature, 1e-6)
             nxt = int(torch.multinomial(torch.softmax(logits, -1), 1, generator=g))
             out.append(nxt)
         return bytes(out[len(prompt) :])

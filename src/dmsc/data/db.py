@@ -99,6 +99,9 @@ class ModelVersionRecord(Base):
     sha256: Mapped[str] = mapped_column(String(64))
     created_at: Mapped[dt.datetime] = mapped_column(default=_now)
     metrics_json: Mapped[str] = mapped_column(default="{}")
+    # candidate, production, canary or retired; the canary's share of inference traffic.
+    status: Mapped[str] = mapped_column(String(16), default="candidate")
+    canary_percent: Mapped[float] = mapped_column(default=0.0)
 
 
 RecordT = TypeVar("RecordT", bound=Base)
