@@ -82,3 +82,71 @@ def test_up_with_a_bad_plan(tmp_path: Path) -> None:
     assert res.returncode == 2 and "not a dmsc plan" in res.stderr
     res = dmsc(tmp_path, "up", "--plan", str(tmp_path / "missing.json"))
     assert res.returncode == 2 and "no such file" in res.stderr
+
+
+def test_gateway_in_front_of_a_live_deployment(tmp_path: Path) -> None:
+    import socket
+    import time
+
+    import httpx
+
+    plan = tmp_path / "plan.json"
+    res = dmsc(
+        tmp_path,
+        "plan",
+        "--cluster",
+        str(ROOT / "examples/clusters/local-cpu.yaml"),
+        "--model",
+        "gpt-mini",
+        "--global-batch",
+        "8",
+        "--micro-batch",
+        "2",
+        "--tp",
+        "1",
+        "--pp",
+        "2",
+        "--dp",
+        "1",
+        "--out",
+        str(plan),
+    )
+    assert res.returncode == 0, res.stderr
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    key = dmsc(
+        tmp_path, "token", "create", "--tenant", "alice", "--scopes", "infer,submit,read"
+    ).stdout.strip()
+    assert key.startswith("dmsc_")
+    res = dmsc(tmp_path, "up", "--plan", str(plan), "--gateway", f"127.0.0.1:{port}")
+    assert res.returncode == 0, res.stderr
+    base = f"http://127.0.0.1:{port}"
+    auth = {"Authorization": f"Bearer {key}"}
+    try:
+        for _ in range(50):
+            try:
+                if httpx.get(f"{base}/v1/health").status_code == 200:
+                    break
+            except httpx.TransportError:
+                time.sleep(0.2)
+        assert (
+            httpx.post(f"{base}/v1/infer", json={"prompt": "def ", "tokens": 4}).status_code == 401
+        )
+        r = httpx.post(
+            f"{base}/v1/infer", json={"prompt": "def ", "tokens": 4}, headers=auth, timeout=60
+        )
+        assert r.status_code == 200 and len(r.json()["text"]) >= 1
+        r = httpx.post(f"{base}/v1/tasks", json={"steps": 2, "priority": 3}, headers=auth)
+        assert r.status_code == 202
+        task_id = r.json()["id"]
+        state = "queued"
+        for _ in range(120):
+            state = httpx.get(f"{base}/v1/tasks/{task_id}", headers=auth).json()["state"]
+            if state in ("done", "failed"):
+                break
+            time.sleep(0.5)
+        assert state == "done"
+        assert "dmsc_gateway_requests_total" in httpx.get(f"{base}/metrics").text
+    finally:
+        assert dmsc(tmp_path, "down").returncode == 0

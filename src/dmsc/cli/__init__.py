@@ -463,11 +463,118 @@ def calibrate(
 @app.command()
 def up(
     plan_file: Annotated[str, typer.Option("--plan", help="Plan file (dmsc plan --out).")],
+    gateway: Annotated[
+        str | None, typer.Option(help="Serve the HTTP gateway on HOST:PORT.")
+    ] = None,
 ) -> None:
     """Start the control plane and one worker process per stage replica."""
     from dmsc.cli.runtime_cmd import do_up
 
-    do_up(plan_file, console)
+    do_up(plan_file, console, gateway)
+
+
+token_app = typer.Typer(help="API keys of the gateway.", no_args_is_help=True)
+app.add_typer(token_app, name="token")
+
+
+@token_app.command("create")
+def token_create(
+    tenant: Annotated[str, typer.Option(help="Tenant the key acts for.")],
+    scopes: Annotated[str, typer.Option(help="Comma-separated: admin, submit, infer, read.")],
+) -> None:
+    """Create an API key (printed once; only its hash is stored)."""
+    from dmsc.business.auth import create_key
+    from dmsc.data.db import Database
+
+    try:
+        key_id, key = create_key(Database(), tenant, [s.strip() for s in scopes.split(",") if s])
+    except ValueError as exc:
+        raise SpecError("command line", "--scopes", str(exc)) from None
+    err_console.print(f"key {key_id} for tenant {tenant!r} (shown once):", highlight=False)
+    typer.echo(key)
+
+
+@token_app.command("revoke")
+def token_revoke(key_id: Annotated[int, typer.Argument(help="Key id.")]) -> None:
+    """Revoke an API key."""
+    from dmsc.business.auth import revoke_key
+    from dmsc.data.db import Database
+
+    try:
+        revoke_key(Database(), key_id)
+    except KeyError as exc:
+        raise SpecError("command line", "KEY_ID", str(exc)) from None
+    console.print(f"key {key_id} revoked")
+
+
+models_app = typer.Typer(
+    help="Model versions: list, promote, canary, rollback.", no_args_is_help=True
+)
+app.add_typer(models_app, name="models")
+
+
+@models_app.command("list")
+def models_list() -> None:
+    """Every model version with its status."""
+    from rich.table import Table
+
+    from dmsc.control.versions import versions
+    from dmsc.data.db import Database
+
+    t = Table("version", "run", "step", "sha256", "status", "canary %")
+    for v in versions(Database()):
+        t.add_row(
+            str(v.id),
+            str(v.run_id),
+            str(v.step),
+            v.sha256[:12],
+            v.status,
+            f"{v.canary_percent:g}" if v.status == "canary" else "",
+        )
+    console.print(t)
+
+
+@models_app.command("promote")
+def models_promote(version: Annotated[int, typer.Argument()]) -> None:
+    """Serve all traffic with VERSION."""
+    from dmsc.control.versions import promote
+    from dmsc.data.db import Database
+
+    try:
+        promote(Database(), version)
+    except KeyError as exc:
+        raise SpecError("command line", "VERSION", str(exc)) from None
+    console.print(f"version {version} in production")
+
+
+@models_app.command("canary")
+def models_canary(
+    version: Annotated[int, typer.Argument()],
+    percent: Annotated[float, typer.Option(help="Share of inference traffic.")] = 10.0,
+) -> None:
+    """Send a share of inference traffic to VERSION (gray release)."""
+    from dmsc.control.versions import canary
+    from dmsc.data.db import Database
+
+    try:
+        canary(Database(), version, percent)
+    except (KeyError, ValueError) as exc:
+        field = "--percent" if isinstance(exc, ValueError) else "VERSION"
+        raise SpecError("command line", field, str(exc)) from None
+    console.print(f"version {version} takes {percent:g}% of inference traffic")
+
+
+@models_app.command("rollback")
+def models_rollback() -> None:
+    """Back to the previous production version."""
+    from dmsc.control.versions import rollback
+    from dmsc.data.db import Database
+
+    try:
+        back = rollback(Database())
+    except KeyError as exc:
+        raise SpecError("models", "", str(exc)) from None
+    console.print(f"rolled back to version {back}")
 
 
 @app.command()

@@ -53,7 +53,7 @@ def _control() -> Any:
     return Client(info["address"], CONTROL_SERVICE, timeout_s=3600)
 
 
-def do_up(plan_path: str, console: Console) -> None:
+def do_up(plan_path: str, console: Console, gateway: str | None = None) -> None:
     from dmsc.control.daemon import control_file
     from dmsc.control.plan import Plan
 
@@ -65,8 +65,14 @@ def do_up(plan_path: str, console: Console) -> None:
         raise SpecError(plan_path, "", f"not a dmsc plan ({str(exc).splitlines()[0]})") from None
     if control_file().exists():
         raise SpecError("control plane", "", "already running (`dmsc down` first)")
+    cmd = [sys.executable, "-m", "dmsc.control.daemon", "--plan", plan_path]
+    if gateway:
+        host, _, port = gateway.rpartition(":")
+        if host not in ("127.0.0.1", "localhost") or not port.isdigit():
+            raise SpecError("command line", "--gateway", "expected 127.0.0.1:PORT")
+        cmd += ["--gateway", gateway]
     proc = subprocess.Popen(
-        [sys.executable, "-m", "dmsc.control.daemon", "--plan", plan_path],
+        cmd,
         stdout=subprocess.PIPE,
         stderr=subprocess.DEVNULL,
         text=True,
@@ -76,7 +82,11 @@ def do_up(plan_path: str, console: Console) -> None:
     line = proc.stdout.readline()
     if not line.startswith("READY"):
         raise SpecError(plan_path, "", "the control plane failed to start")
-    console.print(f"control plane up at {line.split()[1]} (pid {proc.pid})", highlight=False)
+    console.print(
+        f"control plane up at {line.split()[1]} (pid {proc.pid})"
+        + (f", gateway http://{gateway}" if gateway else ""),
+        highlight=False,
+    )
 
 
 def do_status(console: Console, as_json: bool) -> dict[str, Any]:
