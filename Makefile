@@ -34,6 +34,7 @@ bench: $(STAMP)
 	$(BIN)/python benchmarks/sim_scale.py
 	$(BIN)/python benchmarks/pipeline_vs_torch.py
 	$(BIN)/python benchmarks/transport.py
+	$(BIN)/python benchmarks/gateway_load.py
 
 clean:
 	rm -rf $(VENV) build *.egg-info src/*.egg-info
