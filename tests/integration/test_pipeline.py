@@ -58,7 +58,15 @@ def test_data_parallel_pipeline_equals_single_process(batches, reference) -> Non
 def test_malformed_messages_get_an_error_and_the_worker_keeps_serving(batches) -> None:  # type: ignore[no-untyped-def]
     with Deployment(StageLayout(SPEC, RANGES[2])) as dep:
         addr = dep.handles[0].address
-        client = Client(addr, STAGE_SERVICE)
+        stranger = Client(addr, STAGE_SERVICE)  # no service credential: refused
+        with pytest.raises(grpc.RpcError) as info:
+            stranger.call("Health")
+        assert info.value.code() == grpc.StatusCode.UNAUTHENTICATED
+        wrong = Client(addr, STAGE_SERVICE, token="not-the-token")
+        with pytest.raises(grpc.RpcError) as info:
+            wrong.raw("Push", b"")
+        assert info.value.code() == grpc.StatusCode.UNAUTHENTICATED
+        client = Client(addr, STAGE_SERVICE, token=dep.token)
         good = encode(Kind.TOKENS, 99, 0, torch.zeros(1, SPEC.seq, dtype=torch.int64))
         for bad in (b"", b"garbage", good[:-3], b"XXXX" + good[4:]):
             with pytest.raises(grpc.RpcError) as info:

@@ -56,14 +56,42 @@ def json_handler(fn: Callable[[dict[str, Any]], dict[str, Any]]) -> grpc.RpcMeth
     return bytes_handler(wrapped)
 
 
+class _CredentialCheck(grpc.ServerInterceptor):  # type: ignore[misc]
+    """Refuses every call that does not carry the deployment's service credential."""
+
+    def __init__(self, token: str) -> None:
+        self.expected = f"Bearer {token}"
+
+        def deny(request: bytes, context: grpc.ServicerContext) -> bytes:
+            context.abort(grpc.StatusCode.UNAUTHENTICATED, "missing or wrong service credential")
+            return b""
+
+        self._deny = grpc.unary_unary_rpc_method_handler(
+            deny, request_deserializer=_identity, response_serializer=_identity
+        )
+
+    def intercept_service(self, continuation: Any, details: Any) -> Any:
+        metadata = dict(details.invocation_metadata or ())
+        if metadata.get("authorization") == self.expected:
+            return continuation(details)
+        return self._deny
+
+
 def serve(
     service: str,
     methods: dict[str, grpc.RpcMethodHandler],
     address: str = "127.0.0.1:0",
     workers: int = 16,
+    token: str | None = None,
 ) -> tuple[grpc.Server, int]:
-    """Start a server for ``service`` on ``address``; returns it and its port."""
-    server = grpc.server(futures.ThreadPoolExecutor(max_workers=workers), options=CHANNEL_OPTIONS)
+    """Start a server for ``service`` on ``address``; returns it and its port. With ``token``,
+    only callers that present it (``authorization: Bearer <token>``) are served."""
+    interceptors = [_CredentialCheck(token)] if token else []
+    server = grpc.server(
+        futures.ThreadPoolExecutor(max_workers=workers),
+        options=CHANNEL_OPTIONS,
+        interceptors=interceptors,
+    )
     server.add_generic_rpc_handlers((grpc.method_handlers_generic_handler(service, methods),))
     port = server.add_insecure_port(address)
     server.start()
@@ -73,10 +101,13 @@ def serve(
 class Client:
     """Calls one service at one address; JSON or raw bytes."""
 
-    def __init__(self, address: str, service: str, timeout_s: float = 30.0) -> None:
+    def __init__(
+        self, address: str, service: str, timeout_s: float = 30.0, token: str | None = None
+    ) -> None:
         self.address = address
         self.service = service
         self.timeout_s = timeout_s
+        self.metadata = [("authorization", f"Bearer {token}")] if token else None
         self.channel = grpc.insecure_channel(address, options=CHANNEL_OPTIONS)
         self._stubs: dict[str, Any] = {}
 
@@ -90,12 +121,16 @@ class Client:
         return self._stubs[method]
 
     def raw(self, method: str, data: bytes, timeout_s: float | None = None) -> bytes:
-        result: bytes = self._stub(method)(data, timeout=timeout_s or self.timeout_s)
+        result: bytes = self._stub(method)(
+            data, timeout=timeout_s or self.timeout_s, metadata=self.metadata
+        )
         return result
 
     def raw_future(self, method: str, data: bytes, timeout_s: float | None = None) -> Any:
         """Send without waiting: a grpc future whose ``result()`` is the reply."""
-        return self._stub(method).future(data, timeout=timeout_s or self.timeout_s)
+        return self._stub(method).future(
+            data, timeout=timeout_s or self.timeout_s, metadata=self.metadata
+        )
 
     def call(
         self, method: str, payload: dict[str, Any] | None = None, timeout_s: float | None = None

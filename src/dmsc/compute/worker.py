@@ -55,6 +55,7 @@ class WorkerConfig:
     recv_timeout_s: float = 60.0
     max_message_bytes: int = 64 * 1024 * 1024
     threads: int = 1
+    token: str | None = None  # the deployment's service credential
     extra: dict[str, Any] = field(default_factory=dict)
 
 
@@ -89,7 +90,7 @@ class StageWorker:
         self.optimizer = torch.optim.AdamW(self.module.parameters(), lr=cfg.lr)
         self.inbox = Inbox()
         self.steps_done = 0
-        self.registry = Client(cfg.registry, REGISTRY_SERVICE)
+        self.registry = Client(cfg.registry, REGISTRY_SERVICE, token=cfg.token)
         self._neighbours: dict[int, Client] = {}
         self._pending: list[tuple[int, bytes, Any]] = []
         self._lock = threading.Lock()
@@ -108,7 +109,9 @@ class StageWorker:
             mine = [s for s in found if s["replica"] == self.cfg.replica]
             if not mine:
                 raise RuntimeError(f"no live replica {self.cfg.replica} of stage {stage}")
-            self._neighbours[stage] = Client(mine[0]["address"], STAGE_SERVICE)
+            self._neighbours[stage] = Client(
+                mine[0]["address"], STAGE_SERVICE, token=self.cfg.token
+            )
         return self._neighbours[stage]
 
     def send(self, stage: int, kind: Kind, step: int, mb: int, tensor: torch.Tensor) -> None:
@@ -280,7 +283,7 @@ def main(argv: list[str] | None = None) -> None:
     args = parser.parse_args(argv)
     cfg = WorkerConfig(**json.loads(Path(args.config).read_text()))
     worker = StageWorker(cfg)
-    server, port = serve(STAGE_SERVICE, worker.methods())
+    server, port = serve(STAGE_SERVICE, worker.methods(), token=cfg.token)
     worker.address = f"127.0.0.1:{port}"
     record = {
         "sid": cfg.sid,

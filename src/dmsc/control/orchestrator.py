@@ -10,6 +10,7 @@ the data in and collects losses and timings.
 from __future__ import annotations
 
 import json
+import secrets
 import subprocess
 import sys
 import tempfile
@@ -102,7 +103,11 @@ class Deployment:
         self.workdir: Path = Path(self._tmp.name) if self._tmp else Path(str(workdir))
         self.workdir.mkdir(parents=True, exist_ok=True)
         self.registry = Registry(ttl_s=registry_ttl_s)
-        self.server, port = serve(REGISTRY_SERVICE, registry_methods(self.registry))
+        # The service credential of this deployment: workers refuse calls without it.
+        self.token = secrets.token_urlsafe(24)
+        self.server, port = serve(
+            REGISTRY_SERVICE, registry_methods(self.registry), token=self.token
+        )
         self.registry_address = f"127.0.0.1:{port}"
         self.handles: list[WorkerHandle] = []
         self.clients: dict[tuple[int, int], Client] = {}
@@ -139,13 +144,16 @@ class Deployment:
                         seed=lay.seed,
                         lr=lay.lr,
                         dp_init=dp_init,
+                        token=self.token,
                     )
                 )
             # Replicas of a stage join one gloo group: start them together.
             started = list(self.pool.map(lambda c: self.launcher.start(c, self.workdir), cfgs))
             for h in started:
                 self.handles.append(h)
-                self.clients[(h.config.stage, h.config.replica)] = Client(h.address, STAGE_SERVICE)
+                self.clients[(h.config.stage, h.config.replica)] = Client(
+                    h.address, STAGE_SERVICE, token=self.token
+                )
 
     def _push(
         self, stage: int, replica: int, kind: Kind, step: int, mb: int, t: torch.Tensor
