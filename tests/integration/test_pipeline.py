@@ -89,6 +89,11 @@ def test_sampling_and_checkpoint(tmp_path, batches) -> None:  # type: ignore[no-
         dep.train_step(0, x, y, MICRO)
         text = dep.generate(b"def ", 5)
         assert len(text) == 5
+        import httpx
+
+        metrics = dep.clients[(1, 0)].call("Health")["metrics"]
+        body = httpx.get(f"http://{metrics}/metrics").text
+        assert "dmsc_worker_step_seconds_count" in body and "dmsc_worker_bytes_sent_total" in body
         client = dep.clients[(0, 0)]
         saved = client.call("Save", {"path": str(tmp_path / "s0.pt")})
         assert client.call("Load", saved)["steps"] == 1

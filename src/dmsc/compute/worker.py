@@ -24,7 +24,9 @@ from pathlib import Path
 from typing import Any
 
 import torch
+from prometheus_client import CollectorRegistry, Counter, Histogram
 
+from dmsc.business.observe import json_logger, metrics_server
 from dmsc.business.registry import REGISTRY_SERVICE
 from dmsc.business.rpc import BadRequest, Client, bytes_handler, json_handler, serve
 from dmsc.compute.model import build_stage, loss_fn
@@ -95,6 +97,24 @@ class StageWorker:
         self._pending: list[tuple[int, bytes, Any]] = []
         self._lock = threading.Lock()
         self.address = ""
+        self.metrics = CollectorRegistry()
+        self.m_steps = Histogram(
+            "dmsc_worker_step_seconds", "RunStep wall time", ["mode"], registry=self.metrics
+        )
+        self.m_compute = Counter(
+            "dmsc_worker_compute_seconds_total", "Compute time", registry=self.metrics
+        )
+        self.m_bytes = Counter(
+            "dmsc_worker_bytes_sent_total",
+            "Bytes sent to neighbours",
+            ["kind"],
+            registry=self.metrics,
+        )
+        self.m_rejected = Counter(
+            "dmsc_worker_rejected_messages_total", "Malformed messages", registry=self.metrics
+        )
+        self.metrics_address = ""
+        self.log = json_logger(f"dmsc.worker.{cfg.sid}")
         if cfg.replicas > 1:
             import torch.distributed as dist
 
@@ -117,6 +137,7 @@ class StageWorker:
     def send(self, stage: int, kind: Kind, step: int, mb: int, tensor: torch.Tensor) -> None:
         """Send without blocking the schedule (like an isend); :meth:`flush` waits for all."""
         frame = encode(kind, step, mb, tensor)
+        self.m_bytes.labels(kind.name.lower()).inc(len(frame))
         self._pending.append((stage, frame, self.neighbour(stage).raw_future("Push", frame)))
 
     def flush(self) -> None:
@@ -132,6 +153,8 @@ class StageWorker:
         try:
             msg = decode(data, self.cfg.max_message_bytes)
         except WireError as exc:
+            self.m_rejected.inc()
+            self.log.warning("rejected message: %s", exc, extra={"sid": self.cfg.sid})
             raise BadRequest(str(exc)) from None
         self.inbox.put(msg.kind, msg.step, msg.microbatch, msg.tensor)
         return b""
@@ -214,6 +237,14 @@ class StageWorker:
             self.optimizer.zero_grad(set_to_none=True)
             compute += time.perf_counter() - c0
             self.steps_done += 1
+        wall = time.perf_counter() - t0
+        self.m_steps.labels("train" if train else ("eval" if evaluate else "infer")).observe(wall)
+        self.m_compute.inc(compute)
+        if train:
+            self.log.info(
+                "step done",
+                extra={"sid": cfg.sid, "step": step, "stage": cfg.stage, "replica": cfg.replica},
+            )
         out: dict[str, Any] = {
             "stage": cfg.stage,
             "replica": cfg.replica,
@@ -234,6 +265,7 @@ class StageWorker:
             "status": "ok",
             "steps": self.steps_done,
             "pid": os.getpid(),
+            "metrics": self.metrics_address,
         }
 
     def save(self, req: dict[str, Any]) -> dict[str, Any]:
@@ -284,6 +316,7 @@ def main(argv: list[str] | None = None) -> None:
     cfg = WorkerConfig(**json.loads(Path(args.config).read_text()))
     worker = StageWorker(cfg)
     server, port = serve(STAGE_SERVICE, worker.methods(), token=cfg.token)
+    worker.metrics_address = metrics_server(worker.metrics)
     worker.address = f"127.0.0.1:{port}"
     record = {
         "sid": cfg.sid,

@@ -15,6 +15,9 @@ import threading
 from pathlib import Path
 from typing import Any
 
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
+
+from dmsc.business.observe import json_logger, metrics_server
 from dmsc.business.rpc import BadRequest, json_handler, serve
 from dmsc.control.orchestrator import Deployment
 from dmsc.control.plan import Plan
@@ -47,6 +50,15 @@ class ControlPlane:
         self.steps_done = 0
         self.lock = threading.Lock()
         self.replica_locks = [threading.Lock() for _ in range(plan.job.dp)]
+        self.metrics = CollectorRegistry()
+        self.m_tasks = Counter(
+            "dmsc_control_tasks_total", "Tasks finished", ["kind", "state"], registry=self.metrics
+        )
+        self.m_queue = Gauge("dmsc_control_queue_depth", "Queued tasks", registry=self.metrics)
+        self.m_step = Histogram(
+            "dmsc_control_train_step_seconds", "Training step time", registry=self.metrics
+        )
+        self.log = json_logger("dmsc.control")
         self._infer_calls = 0
         self.stopped = threading.Event()
 
@@ -125,6 +137,10 @@ class ControlPlane:
                 raise
             self.steps_done += steps
             version = self._checkpoint()
+        for s in report.step_s:
+            self.m_step.observe(s)
+        self.m_tasks.labels("train", "done").inc()
+        self.log.info("train task done", extra={"task_id": task.id, "run": self.run.id})
         return {
             "task": task.id,
             "steps": steps,
@@ -179,6 +195,7 @@ class ControlPlane:
     def work_queue(self, queue: TaskQueue) -> None:
         """Run queued training tasks (the asynchronous lane) until the plane stops."""
         while not self.stopped.is_set():
+            self.m_queue.set(queue.depth())
             task = queue.claim("priority", lane="async") or queue.claim("priority", lane="sync")
             if task is None:
                 self.stopped.wait(0.5)
@@ -200,8 +217,12 @@ class ControlPlane:
                     )
                     self.steps_done += steps
                 queue.complete(task.id)
+                self.m_tasks.labels("train", "done").inc()
+                self.log.info("task done", extra={"task_id": task.id, "run": self.run.id})
             except Exception as exc:  # isolate it in the exception queue (or retry)
-                queue.fail(task.id, exc)
+                state = queue.fail(task.id, exc)
+                self.m_tasks.labels("train", state).inc()
+                self.log.warning("task failed: %s", exc, extra={"task_id": task.id})
 
     def replicas(self) -> list[str]:
         return [f"replica-{r}" for r in range(self.plan.job.dp)]
@@ -252,7 +273,14 @@ def main(argv: list[str] | None = None) -> None:
         threading.Thread(target=gateway.run, daemon=True).start()
     server, port = serve(CONTROL_SERVICE, cp.methods())
     control_file().write_text(
-        json.dumps({"address": f"127.0.0.1:{port}", "pid": os.getpid(), "run": cp.run.id})
+        json.dumps(
+            {
+                "address": f"127.0.0.1:{port}",
+                "pid": os.getpid(),
+                "run": cp.run.id,
+                "metrics": metrics_server(cp.metrics),
+            }
+        )
     )
     print(f"READY 127.0.0.1:{port}", flush=True)
     cp.stopped.wait()
