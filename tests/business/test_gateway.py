@@ -146,3 +146,20 @@ def test_tasks_and_metrics(env) -> None:  # type: ignore[no-untyped-def]
     text = client.get("/metrics").text
     assert "dmsc_gateway_requests_total" in text and 'status="202"' in text
     assert client.get("/openapi.json").json()["info"]["title"] == "dmsc gateway"
+
+
+def test_a_stuck_replica_times_out_and_fails_over(tmp_path: Path) -> None:
+    import time as _time
+
+    class Slow(Backend):
+        def infer_on(self, replica: str, prompt: str, tokens: int) -> str:
+            if replica == "replica-0":
+                _time.sleep(1.0)
+            return super().infer_on(replica, prompt, tokens)
+
+    db = Database(f"sqlite:///{tmp_path / 's.sqlite'}")
+    run = db.new_run("m", "c", {})
+    app = create_app(Slow(), db, TaskQueue(db, run.id), router="round_robin", backend_timeout_s=0.2)
+    _, key = create_key(db, "t", ["infer"])
+    r = TestClient(app).post("/v1/infer", json={"prompt": "a", "tokens": 1}, headers=_h(key))
+    assert r.status_code == 200 and r.json()["replica"] == "replica-1"

@@ -9,9 +9,11 @@ replica; training and other long work goes into the persistent task queue. Prome
 
 import time
 from collections.abc import Awaitable, Callable
+from concurrent.futures import ThreadPoolExecutor
 from typing import Annotated, Any, Protocol
 
 from fastapi import Depends, FastAPI, HTTPException, Request, Response
+from fastapi import Path as PathParam
 from fastapi.responses import JSONResponse
 from prometheus_client import (
     CONTENT_TYPE_LATEST,
@@ -74,9 +76,11 @@ def create_app(
     router: str = "least_outstanding",
     breaker_threshold: int = 3,
     breaker_reset_s: float = 5.0,
+    backend_timeout_s: float = 60.0,
     clock: Callable[[], float] = time.monotonic,
 ) -> FastAPI:
     app = FastAPI(title="dmsc gateway", version="1")
+    calls = ThreadPoolExecutor(max_workers=32, thread_name_prefix="dmsc-backend")
     limiter = RateLimiter(rate, burst, clock)
     route: Router = POLICIES[router]()
     breakers: dict[str, CircuitBreaker] = {}
@@ -123,6 +127,7 @@ def create_app(
 
         return check
 
+    TaskId = Annotated[int, PathParam(ge=1, le=2**62, description="Task id")]
     InferWho = Annotated[Principal, Depends(principal("infer"))]
     SubmitWho = Annotated[Principal, Depends(principal("submit"))]
     ReadWho = Annotated[Principal, Depends(principal("read"))]
@@ -153,7 +158,10 @@ def create_app(
             route.started(replica)
             t0 = time.perf_counter()
             try:
-                text = backend.infer_on(replica, req.prompt, req.tokens)
+                # A per-backend deadline: a stuck replica counts as failed (its call is left to
+                # finish in the background) and the request fails over.
+                call = calls.submit(backend.infer_on, replica, req.prompt, req.tokens)
+                text = call.result(timeout=backend_timeout_s)
             except Exception as exc:
                 route.finished(replica, time.perf_counter() - t0, ok=False)
                 br.failure()
@@ -180,11 +188,11 @@ def create_app(
         return task
 
     @app.get("/v1/tasks/{task_id}")
-    def get_task(task_id: int, who: ReadWho) -> dict[str, Any]:
+    def get_task(task_id: TaskId, who: ReadWho) -> dict[str, Any]:
         return _task_json(_own_task(task_id, who))
 
     @app.delete("/v1/tasks/{task_id}")
-    def cancel(task_id: int, who: SubmitWho) -> dict[str, Any]:
+    def cancel(task_id: TaskId, who: SubmitWho) -> dict[str, Any]:
         task = _own_task(task_id, who)
         if task.state != "queued":
             raise HTTPException(409, f"task {task_id} is {task.state}, only queued tasks cancel")
