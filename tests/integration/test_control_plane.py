@@ -150,3 +150,79 @@ def test_gateway_in_front_of_a_live_deployment(tmp_path: Path) -> None:
         assert "dmsc_gateway_requests_total" in httpx.get(f"{base}/metrics").text
     finally:
         assert dmsc(tmp_path, "down").returncode == 0
+
+
+def test_a_restarted_control_plane_loses_no_queued_task(tmp_path: Path) -> None:
+    import signal
+    import socket
+    import time
+
+    import httpx
+
+    plan = tmp_path / "plan.json"
+    assert (
+        dmsc(
+            tmp_path,
+            "plan",
+            "--cluster",
+            str(ROOT / "examples/clusters/local-cpu.yaml"),
+            "--model",
+            "gpt-mini",
+            "--global-batch",
+            "8",
+            "--micro-batch",
+            "2",
+            "--tp",
+            "1",
+            "--pp",
+            "2",
+            "--dp",
+            "1",
+            "--out",
+            str(plan),
+        ).returncode
+        == 0
+    )
+    key = dmsc(
+        tmp_path, "token", "create", "--tenant", "t", "--scopes", "submit,read"
+    ).stdout.strip()
+    auth = {"Authorization": f"Bearer {key}"}
+
+    def up() -> str:
+        with socket.socket() as s:
+            s.bind(("127.0.0.1", 0))
+            port = s.getsockname()[1]
+        res = dmsc(tmp_path, "up", "--plan", str(plan), "--gateway", f"127.0.0.1:{port}")
+        assert res.returncode == 0, res.stderr
+        base = f"http://127.0.0.1:{port}"
+        for _ in range(100):
+            try:
+                httpx.get(f"{base}/v1/health")
+                return base
+            except httpx.TransportError:
+                time.sleep(0.1)
+        raise AssertionError("gateway did not come up")
+
+    base = up()
+    ids = [
+        httpx.post(f"{base}/v1/tasks", json={"steps": 20}, headers=auth).json()["id"]
+        for _ in range(3)
+    ]
+    for _ in range(100):  # wait until the first task runs, then kill the control plane
+        if httpx.get(f"{base}/v1/tasks/{ids[0]}", headers=auth).json()["state"] == "running":
+            break
+        time.sleep(0.1)
+    pid = json.loads((tmp_path / "control.json").read_text())["pid"]
+    os.kill(pid, signal.SIGKILL)
+    time.sleep(1)
+    base = up()  # the stale control file is noticed; the run resumes
+    try:
+        states: list[str] = []
+        for _ in range(240):
+            states = [httpx.get(f"{base}/v1/tasks/{i}", headers=auth).json()["state"] for i in ids]
+            if all(s in ("done", "failed") for s in states):
+                break
+            time.sleep(0.5)
+        assert states == ["done", "done", "done"]
+    finally:
+        assert dmsc(tmp_path, "down").returncode == 0

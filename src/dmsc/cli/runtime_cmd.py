@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 import time
@@ -64,7 +65,13 @@ def do_up(plan_path: str, console: Console, gateway: str | None = None) -> None:
     except ValueError as exc:
         raise SpecError(plan_path, "", f"not a dmsc plan ({str(exc).splitlines()[0]})") from None
     if control_file().exists():
-        raise SpecError("control plane", "", "already running (`dmsc down` first)")
+        pid = json.loads(control_file().read_text()).get("pid", 0)
+        try:
+            os.kill(int(pid), 0)
+        except (OSError, ValueError):  # it died without cleaning up: a stale file
+            control_file().unlink()
+        else:
+            raise SpecError("control plane", "", "already running (`dmsc down` first)")
     cmd = [sys.executable, "-m", "dmsc.control.daemon", "--plan", plan_path]
     if gateway:
         host, _, port = gateway.rpartition(":")

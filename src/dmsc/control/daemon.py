@@ -16,6 +16,7 @@ from pathlib import Path
 from typing import Any
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
+from sqlalchemy import select
 
 from dmsc.business.observe import json_logger, metrics_server
 from dmsc.business.rpc import BadRequest, json_handler, serve
@@ -24,7 +25,14 @@ from dmsc.control.plan import Plan
 from dmsc.control.queue import TaskQueue
 from dmsc.control.session import layout_from_plan, train
 from dmsc.data.corpus import Corpus, stdlib_text
-from dmsc.data.db import Database, ModelVersionRecord, ServiceRecord, data_dir
+from dmsc.data.db import (
+    Database,
+    ModelVersionRecord,
+    RunRecord,
+    ServiceRecord,
+    TaskRecord,
+    data_dir,
+)
 from dmsc.spec import TransformerSpec, resolve_model
 
 CONTROL_SERVICE = "dmsc.Control"
@@ -43,7 +51,7 @@ class ControlPlane:
             raise ValueError("the runtime serves transformer models")
         self.plan, self.model, self.db = plan, model, db
         self.deployment = Deployment(layout_from_plan(plan, model), workdir=data_dir() / "workers")
-        self.run = db.new_run(plan.model, plan.cluster, json.loads(plan.model_dump_json()))
+        self.run = self._resume_or_new_run(plan)
         train_text, valid_text = stdlib_text()
         self.corpus = Corpus(train_text, model.seq, seed=0)
         self.valid = Corpus(valid_text, model.seq, seed=1)
@@ -61,6 +69,33 @@ class ControlPlane:
         self.log = json_logger("dmsc.control")
         self._infer_calls = 0
         self.stopped = threading.Event()
+
+    def _resume_or_new_run(self, plan: Plan) -> RunRecord:
+        """After a crash, the same plan resumes its run: queued tasks stay queued and tasks that
+        were running when the control plane died go back to the queue."""
+        plan_json = json.dumps(json.loads(plan.model_dump_json()))
+        with self.db.sessions() as s, s.begin():
+            run = s.scalars(
+                select(RunRecord)
+                .where(RunRecord.status == "running", RunRecord.plan_json == plan_json)
+                .order_by(RunRecord.id.desc())
+            ).first()
+            if run is not None:
+                interrupted = s.scalars(
+                    select(TaskRecord).where(
+                        TaskRecord.run_id == run.id, TaskRecord.state == "running"
+                    )
+                )
+                for task in interrupted:
+                    task.state = "queued"
+                return run
+        return self.db.new_run(plan.model, plan.cluster, json.loads(plan.model_dump_json()))
+
+    def end_run(self) -> None:
+        with self.db.sessions() as s, s.begin():
+            run = s.get(RunRecord, self.run.id)
+            if run is not None:
+                run.status = "stopped"
 
     def start(self) -> None:
         self.deployment.start()
@@ -284,6 +319,7 @@ def main(argv: list[str] | None = None) -> None:
     )
     print(f"READY 127.0.0.1:{port}", flush=True)
     cp.stopped.wait()
+    cp.end_run()  # a clean stop ends the run; a crash leaves it to be resumed
     if gateway is not None:
         gateway.should_exit = True
     cp.deployment.shutdown()
