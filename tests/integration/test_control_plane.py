@@ -226,3 +226,67 @@ def test_a_restarted_control_plane_loses_no_queued_task(tmp_path: Path) -> None:
         assert states == ["done", "done", "done"]
     finally:
         assert dmsc(tmp_path, "down").returncode == 0
+
+
+def test_gray_release_sends_the_canary_share_to_the_canary_replica(tmp_path: Path) -> None:
+    import socket
+    import time
+
+    import httpx
+
+    plan = tmp_path / "plan.json"
+    cluster = tmp_path / "one-box.yaml"  # two replicas need two devices in one datacenter
+    cluster.write_text(
+        "device_types: {cpu: {peak_tflops: {fp32: 0.1}, memory_gib: 4, memory_bw_gbyte_s: 10}}\n"
+        "node_types: {host: {device: cpu, devices: 2, link: {bandwidth_gbit_s: 10}}}\n"
+        "datacenters: [{name: dc, nodes: [{type: host, count: 1}],\n"
+        "               network: {gbit_s_per_node: 10}}]\n"
+    )
+    res = dmsc(
+        tmp_path,
+        "plan",
+        "--cluster",
+        str(cluster),
+        "--model",
+        "gpt-mini",
+        "--global-batch",
+        "8",
+        "--micro-batch",
+        "2",
+        "--tp",
+        "1",
+        "--pp",
+        "1",
+        "--dp",
+        "2",
+        "--out",
+        str(plan),
+    )
+    assert res.returncode == 0, res.stderr
+    key = dmsc(tmp_path, "token", "create", "--tenant", "t", "--scopes", "infer").stdout.strip()
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    assert (
+        dmsc(tmp_path, "up", "--plan", str(plan), "--gateway", f"127.0.0.1:{port}").returncode == 0
+    )
+    base, auth = f"http://127.0.0.1:{port}", {"Authorization": f"Bearer {key}"}
+    try:
+        v1 = json.loads(dmsc(tmp_path, "train", "--steps", "1", "--json").stdout)["model_version"]
+        v2 = json.loads(dmsc(tmp_path, "train", "--steps", "1", "--json").stdout)["model_version"]
+        assert dmsc(tmp_path, "models", "promote", str(v1)).returncode == 0
+        assert dmsc(tmp_path, "models", "canary", str(v2), "--percent", "50").returncode == 0
+        time.sleep(2)  # the control plane loads the versions into the replicas
+        seen: dict[int, set[str]] = {}
+        for i in range(30):
+            r = httpx.post(
+                f"{base}/v1/infer",
+                json={"prompt": "a", "tokens": 1, "session": f"user-{i}"},
+                headers=auth,
+                timeout=60,
+            ).json()
+            seen.setdefault(r["model_version"], set()).add(r["replica"])
+        assert set(seen) == {v1, v2}
+        assert seen[v2] == {"replica-1"} and seen[v1] == {"replica-0"}
+    finally:
+        assert dmsc(tmp_path, "down").returncode == 0

@@ -28,6 +28,7 @@ from dmsc.business.auth import Principal, authenticate
 from dmsc.business.protection import CircuitBreaker, RateLimiter
 from dmsc.business.router import POLICIES, NoReplica, Router
 from dmsc.control.queue import TaskQueue
+from dmsc.control.versions import pick_version, versions
 from dmsc.data.db import Database, TaskRecord
 
 
@@ -139,7 +140,12 @@ def create_app(
     @app.post("/v1/infer")
     def infer(req: InferRequest, who: InferWho) -> dict[str, Any]:
         tried: set[str] = set()
-        replicas = backend.replicas()
+        # Gray release: the version that serves this request (sticky per session), and the
+        # replicas that serve that version.
+        request_key = req.session or f"{who.tenant}/{time.perf_counter_ns()}"
+        version = pick_version(versions(db), request_key)
+        by_version = getattr(backend, "replicas_for_version", None)
+        replicas = by_version(version.id if version else None) if by_version else backend.replicas()
         while True:
             try:
                 replica = route.choose(replicas, key=req.session, exclude=tried)
@@ -171,7 +177,12 @@ def create_app(
                 continue
             route.finished(replica, time.perf_counter() - t0)
             br.success()
-            return {"text": text, "replica": replica, "tenant": who.tenant}
+            return {
+                "text": text,
+                "replica": replica,
+                "tenant": who.tenant,
+                "model_version": version.id if version else None,
+            }
 
     @app.post("/v1/tasks", status_code=202)
     def submit(req: TaskRequest, who: SubmitWho) -> dict[str, Any]:

@@ -24,6 +24,7 @@ from dmsc.control.orchestrator import Deployment
 from dmsc.control.plan import Plan
 from dmsc.control.queue import TaskQueue
 from dmsc.control.session import layout_from_plan, train
+from dmsc.control.versions import versions
 from dmsc.data.corpus import Corpus, stdlib_text
 from dmsc.data.db import (
     Database,
@@ -58,6 +59,8 @@ class ControlPlane:
         self.steps_done = 0
         self.lock = threading.Lock()
         self.replica_locks = [threading.Lock() for _ in range(plan.job.dp)]
+        self.served: dict[int, int] = {}  # replica -> model version it serves
+        self._version_signature: list[tuple[int, str]] = []
         self.metrics = CollectorRegistry()
         self.m_tasks = Counter(
             "dmsc_control_tasks_total", "Tasks finished", ["kind", "state"], registry=self.metrics
@@ -231,6 +234,10 @@ class ControlPlane:
         """Run queued training tasks (the asynchronous lane) until the plane stops."""
         while not self.stopped.is_set():
             self.m_queue.set(queue.depth())
+            try:
+                self.sync_versions()
+            except Exception as exc:  # a bad checkpoint must not stop the queue
+                self.log.warning("version sync failed: %s", exc)
             task = queue.claim("priority", lane="async") or queue.claim("priority", lane="sync")
             if task is None:
                 self.stopped.wait(0.5)
@@ -261,6 +268,35 @@ class ControlPlane:
 
     def replicas(self) -> list[str]:
         return [f"replica-{r}" for r in range(self.plan.job.dp)]
+
+    def sync_versions(self) -> None:
+        """Load the production version into the replicas and, during a gray release, the
+        canary into the last replica (with two or more replicas)."""
+        all_versions = versions(self.db)
+        signature = [(v.id, v.status) for v in all_versions]
+        if signature == self._version_signature:
+            return
+        self._version_signature = signature
+        production = next((v for v in all_versions if v.status == "production"), None)
+        canary_v = next((v for v in all_versions if v.status == "canary"), None)
+        R = self.plan.job.dp
+        for r in range(R):
+            want = canary_v if (canary_v is not None and R > 1 and r == R - 1) else production
+            if want is None or self.served.get(r) == want.id:
+                continue
+            digests = json.loads(want.metrics_json or "{}")
+            with self.lock:
+                for s in range(self.deployment.stages):
+                    path = str(Path(want.path) / f"stage{s}.pt")
+                    self.deployment.clients[(s, r)].call(
+                        "Load", {"path": path, "sha256": digests.get(path, "")}
+                    )
+            self.served[r] = want.id
+            self.log.info("replica %d serves version %d", r, want.id, extra={"run": self.run.id})
+
+    def replicas_for_version(self, version_id: int | None) -> list[str]:
+        serving = [f"replica-{r}" for r, v in self.served.items() if v == version_id]
+        return serving or self.replicas()
 
     def infer_on(self, replica: str, prompt: str, tokens: int) -> str:
         r = int(replica.rsplit("-", 1)[1])
