@@ -163,3 +163,33 @@ def test_a_stuck_replica_times_out_and_fails_over(tmp_path: Path) -> None:
     _, key = create_key(db, "t", ["infer"])
     r = TestClient(app).post("/v1/infer", json={"prompt": "a", "tokens": 1}, headers=_h(key))
     assert r.status_code == 200 and r.json()["replica"] == "replica-1"
+
+
+def test_models_exceptions_and_admin_requeue(env) -> None:  # type: ignore[no-untyped-def]
+    from dmsc.control.versions import promote
+    from dmsc.data.db import ModelVersionRecord
+
+    client, db, clock, _, keys = env
+    run_id = db.tasks()[0].run_id if db.tasks() else 1
+    v = db.add(ModelVersionRecord(run_id=run_id, step=5, path="/x", sha256="a" * 64))
+    promote(db, v.id)
+    assert (
+        client.get("/v1/models", headers=_h(keys["reader"][1])).json()[0]["status"] == "production"
+    )
+    clock.t += 10
+    tid = client.post("/v1/tasks", json={"steps": 1}, headers=_h(keys["alice"][1])).json()["id"]
+    from dmsc.control.queue import TaskQueue
+
+    q = TaskQueue(db, run_id)
+    task = q.claim("fcfs", lane="async")
+    assert task is not None and task.id == tid
+    for _ in range(3):
+        q.fail(tid, RuntimeError("boom"))
+        q.claim("fcfs", lane="async")
+    clock.t += 10
+    parked = client.get("/v1/exceptions", headers=_h(keys["reader"][1])).json()
+    assert [p["id"] for p in parked] == [tid] and parked[0]["exception_type"] == "RuntimeError"
+    assert client.post(f"/v1/tasks/{tid}/requeue", headers=_h(keys["alice"][1])).status_code == 403
+    admin = create_key(db, "ops", ["admin"])[1]
+    assert client.post(f"/v1/tasks/{tid}/requeue", headers=_h(admin)).json()["state"] == "queued"
+    assert client.post(f"/v1/tasks/{tid}/requeue", headers=_h(admin)).status_code == 409

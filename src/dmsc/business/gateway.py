@@ -210,6 +210,38 @@ def create_app(
         db.set_task_state(task_id, "cancelled")
         return {"id": task_id, "state": "cancelled"}
 
+    AdminWho = Annotated[Principal, Depends(principal("admin"))]
+
+    @app.post("/v1/tasks/{task_id}/requeue")
+    def requeue(task_id: TaskId, who: AdminWho) -> dict[str, Any]:
+        try:
+            queue.requeue(task_id)
+        except KeyError as exc:
+            raise HTTPException(409, str(exc).strip("'")) from None
+        return {"id": task_id, "state": "queued"}
+
+    @app.get("/v1/exceptions")
+    def exceptions(who: ReadWho) -> list[dict[str, Any]]:
+        return [
+            {**_task_json(t), "log_excerpt": t.log_excerpt}
+            for t in queue.exceptions()
+            if t.tenant == who.tenant or who.may("admin")
+        ]
+
+    @app.get("/v1/models")
+    def models(who: ReadWho) -> list[dict[str, Any]]:
+        return [
+            {
+                "id": v.id,
+                "run": v.run_id,
+                "step": v.step,
+                "sha256": v.sha256,
+                "status": v.status,
+                "canary_percent": v.canary_percent,
+            }
+            for v in versions(db)
+        ]
+
     @app.get("/v1/services")
     def services(who: ReadWho) -> list[dict[str, Any]]:
         return backend.services()

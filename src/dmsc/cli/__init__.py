@@ -466,11 +466,14 @@ def up(
     gateway: Annotated[
         str | None, typer.Option(help="Serve the HTTP gateway on HOST:PORT.")
     ] = None,
+    router: Annotated[
+        str, typer.Option(help="round_robin, least_outstanding, latency, p2c or sticky.")
+    ] = "least_outstanding",
 ) -> None:
     """Start the control plane and one worker process per stage replica."""
     from dmsc.cli.runtime_cmd import do_up
 
-    do_up(plan_file, console, gateway)
+    do_up(plan_file, console, gateway, router)
 
 
 token_app = typer.Typer(help="API keys of the gateway.", no_args_is_help=True)

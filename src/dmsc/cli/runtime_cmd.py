@@ -54,7 +54,9 @@ def _control() -> Any:
     return Client(info["address"], CONTROL_SERVICE, timeout_s=3600)
 
 
-def do_up(plan_path: str, console: Console, gateway: str | None = None) -> None:
+def do_up(
+    plan_path: str, console: Console, gateway: str | None = None, router: str = "least_outstanding"
+) -> None:
     from dmsc.control.daemon import control_file
     from dmsc.control.plan import Plan
 
@@ -64,6 +66,12 @@ def do_up(plan_path: str, console: Console, gateway: str | None = None) -> None:
         Plan.model_validate_json(Path(plan_path).read_text())
     except ValueError as exc:
         raise SpecError(plan_path, "", f"not a dmsc plan ({str(exc).splitlines()[0]})") from None
+    from dmsc.business.router import POLICIES
+
+    if router not in POLICIES:
+        raise SpecError(
+            "command line", "--router", f"unknown policy (known: {', '.join(POLICIES)})"
+        )
     if control_file().exists():
         pid = json.loads(control_file().read_text()).get("pid", 0)
         try:
@@ -77,7 +85,7 @@ def do_up(plan_path: str, console: Console, gateway: str | None = None) -> None:
         host, _, port = gateway.rpartition(":")
         if host not in ("127.0.0.1", "localhost") or not port.isdigit():
             raise SpecError("command line", "--gateway", "expected 127.0.0.1:PORT")
-        cmd += ["--gateway", gateway]
+        cmd += ["--gateway", gateway, "--router", router]
     proc = subprocess.Popen(
         cmd,
         stdout=subprocess.PIPE,

@@ -323,6 +323,7 @@ def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description="dmsc control plane")
     parser.add_argument("--plan", required=True)
     parser.add_argument("--gateway", default=None, help="HOST:PORT for the HTTP gateway")
+    parser.add_argument("--router", default="least_outstanding", help="replica routing policy")
     args = parser.parse_args(argv)
     plan = Plan.model_validate_json(Path(args.plan).read_text())
     db = Database()
@@ -337,7 +338,7 @@ def main(argv: list[str] | None = None) -> None:
         from dmsc.business.gateway import create_app
 
         host, _, gport = args.gateway.rpartition(":")
-        app = create_app(cp, db, queue)
+        app = create_app(cp, db, queue, router=args.router)
         gateway = uvicorn.Server(
             uvicorn.Config(app, host=host or "127.0.0.1", port=int(gport), log_level="warning")
         )
