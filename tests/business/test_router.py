@@ -58,7 +58,7 @@ def test_power_of_two_keeps_the_spread_small(seed: int) -> None:
     for _ in range(500):
         p2.started(p2.choose(REPLICAS))
     loads = [p2.outstanding.get(r, 0) for r in REPLICAS]
-    assert max(loads) - min(loads) <= 6  # random choice spreads ~10x more at this size
+    assert max(loads) - min(loads) <= 8  # worst over 3,000 seeds: 6; uniform random: ~23
 
 
 def test_sticky_sessions_move_only_the_leaving_share() -> None:
