@@ -4,7 +4,7 @@ import pytest
 import torch
 
 from dmsc.compute.model import build_stage, layer_names, loss_fn
-from dmsc.compute.schedule import schedule_ops
+from dmsc.netmodel.schedule import schedule_ops
 from dmsc.spec import resolve_model
 
 SPEC = resolve_model("gpt-mini")

@@ -30,8 +30,8 @@ from dmsc.business.observe import json_logger, metrics_server
 from dmsc.business.registry import REGISTRY_SERVICE
 from dmsc.business.rpc import BadRequest, Client, bytes_handler, json_handler, serve
 from dmsc.compute.model import build_stage, loss_fn
-from dmsc.compute.schedule import schedule_ops
 from dmsc.compute.wire import Kind, WireError, decode, encode
+from dmsc.netmodel.schedule import schedule_ops
 from dmsc.spec import TransformerSpec
 
 STAGE_SERVICE = "dmsc.Stage"

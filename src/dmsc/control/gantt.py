@@ -11,6 +11,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from pathlib import Path
 
+from dmsc.netmodel.schedule import schedule_ops
+
 
 @dataclass(frozen=True)
 class Op:
@@ -28,21 +30,8 @@ def replay(
 ) -> list[Op]:
     """Start and end of every forward, backward and boundary transfer of one iteration."""
     p, m = len(fwd_s), microbatches
-    orders: list[list[tuple[str, int]]] = []
-    for s in range(p):
-        if schedule == "gpipe":
-            order = [("F", i) for i in range(m)] + [("B", i) for i in range(m)]
-        else:
-            warm = min(m, p - s - 1)
-            order = [("F", i) for i in range(warm)]
-            f, b = warm, 0
-            while b < m:
-                if f < m:
-                    order.append(("F", f))
-                    f += 1
-                order.append(("B", b))
-                b += 1
-        orders.append(order)
+    name = "gpipe" if schedule == "gpipe" else "1f1b"
+    orders = [schedule_ops(name, s, p, m) for s in range(p)]
     done: dict[tuple[str, int, int], float] = {}
     free = [0.0] * p
     pos = [0] * p

@@ -1,4 +1,6 @@
-"""Pipeline schedules as the order of a stage's operations: ("F", i) forward, ("B", i) backward."""
+"""Pipeline schedules as the order of a stage's operations: ("F", i) forward, ("B", i) backward.
+
+Shared by the runtime (the order a stage worker runs) and the planner's Gantt replay."""
 
 from __future__ import annotations
 
