@@ -12,9 +12,8 @@ from __future__ import annotations
 from dmsc.control.build import BuiltProblem
 from dmsc.control.problem import PlacementResult, boundary_us
 from dmsc.control.segment import SegmentationInfeasible, segment_layers
-from dmsc.netmodel import DEFAULT_CALIBRATION, Calibration, build_layer_costs
-from dmsc.netmodel.compute import layer_time
-from dmsc.netmodel.memory import inflight_microbatches, stage_memory
+from dmsc.control.segmenting import layer_dp_inputs
+from dmsc.netmodel import DEFAULT_CALIBRATION, Calibration
 from dmsc.spec import ClusterSpec, JobSpec, LayerListSpec, TransformerSpec
 
 _BLOCK_KINDS = ("block", "moe_block", "layer")
@@ -37,15 +36,9 @@ def rebalanced_job(
     ref_parts = built.stage_parts[dcs[0]]  # the first stage's devices are the reference
     if ref_parts is None:
         return None
-    layers = build_layer_costs(model, job)
     node_type = cluster.node_types[built.dc_node_type[dcs[0]]]
-    device = cluster.device_types[node_type.device]
-    train = job.mode == "train"
-    compute = []
-    for lc in layers:
-        policy = job.recompute if lc.kind in _BLOCK_KINDS else "none"
-        lt = layer_time(lc, device, model.dtype, policy, calib)
-        compute.append(lt.forward + (lt.backward + lt.recompute if train else 0.0))
+    dp_in = layer_dp_inputs(model, job, cluster.device_types[node_type.device], calib)
+    layers, compute = dp_in.layers, dp_in.compute
     # Tensor/expert-parallel time per block, from the costed stages on the reference devices.
     per_stage_blocks = job.stage_layers or _even_counts(
         sum(1 for lc in layers if lc.kind in _BLOCK_KINDS), job.pp
@@ -66,26 +59,20 @@ def rebalanced_job(
         2e-6 * max(comm[s - 1] if s > 0 else 0, comm[s] if s < job.pp - 1 else 0)
         for s in range(job.pp)
     ]
-    static = [
-        stage_memory(
-            job,
-            model.dtype,
-            0,
-            lc.params_per_device - lc.expert_params_per_device,
-            lc.expert_params_per_device,
-            0.0,
-        ).total
-        for lc in layers
-    ]
-    activation = [lc.activation_bytes for lc in layers]
-    inflight = [inflight_microbatches(job, s) for s in range(job.pp)]
     capacities = [
         cluster.device_types[cluster.node_types[built.dc_node_type[d]].device].memory_gib * 1024**3
         for d in dcs
     ]
     try:
         seg = segment_layers(
-            compute, static, [0.0] * len(layers), speeds, capacities, offsets, activation, inflight
+            compute,
+            dp_in.static,
+            [0.0] * len(layers),
+            speeds,
+            capacities,
+            offsets,
+            dp_in.activation,
+            dp_in.inflight,
         )
     except SegmentationInfeasible:
         return None

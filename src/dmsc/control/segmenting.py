@@ -20,7 +20,13 @@ from dmsc.control.segment import (
     segment_business,
     segment_layers,
 )
-from dmsc.netmodel import DEFAULT_CALIBRATION, DTYPE_BYTES, Calibration, build_layer_costs
+from dmsc.netmodel import (
+    DEFAULT_CALIBRATION,
+    DTYPE_BYTES,
+    Calibration,
+    LayerCost,
+    build_layer_costs,
+)
 from dmsc.netmodel.compute import layer_time, peak_flops
 from dmsc.netmodel.memory import inflight_microbatches, stage_memory
 from dmsc.spec import (
@@ -52,24 +58,32 @@ def _dc_device(cluster: ClusterSpec, dc: int) -> tuple[str, DeviceTypeSpec]:
     return name, cluster.device_types[name]
 
 
-def segment_by_layers(
-    cluster: ClusterSpec,
+@dataclass(frozen=True)
+class LayerDPInputs:
+    """Per-layer figures the layer DP needs: time on a reference device, bytes that stay
+    (weights, gradients, optimizer states), activation bytes per micro-batch in flight, and the
+    micro-batches each stage keeps in flight."""
+
+    layers: list[LayerCost]
+    compute: list[float]
+    static: list[float]
+    activation: list[float]
+    inflight: list[float]
+
+
+def layer_dp_inputs(
     model: TransformerSpec | LayerListSpec,
     job: JobSpec,
+    device: DeviceTypeSpec,
     calib: Calibration = DEFAULT_CALIBRATION,
-) -> list[Segment]:
-    """``job.pp`` contiguous stages minimising the slowest (exact DP), memory respected."""
+) -> LayerDPInputs:
     layers = build_layer_costs(model, job)
-    n_dc = len(cluster.datacenters)
-    devices = [_dc_device(cluster, s % n_dc) for s in range(job.pp)]
-    ref = devices[0][1]
     train = job.mode == "train"
     compute = []
     for lc in layers:
         policy = job.recompute if lc.kind in ("block", "moe_block", "layer") else "none"
-        lt = layer_time(lc, ref, model.dtype, policy, calib)
+        lt = layer_time(lc, device, model.dtype, policy, calib)
         compute.append(lt.forward + (lt.backward + lt.recompute if train else 0.0))
-    speeds = [peak_flops(dev, model.dtype) / peak_flops(ref, model.dtype) for _, dev in devices]
     static = [
         stage_memory(
             job,
@@ -81,8 +95,34 @@ def segment_by_layers(
         ).total
         for lc in layers
     ]
-    activation = [lc.activation_bytes for lc in layers]
-    inflight = [inflight_microbatches(job, s) for s in range(job.pp)]
+    return LayerDPInputs(
+        layers,
+        compute,
+        static,
+        [lc.activation_bytes for lc in layers],
+        [inflight_microbatches(job, s) for s in range(job.pp)],
+    )
+
+
+def segment_by_layers(
+    cluster: ClusterSpec,
+    model: TransformerSpec | LayerListSpec,
+    job: JobSpec,
+    calib: Calibration = DEFAULT_CALIBRATION,
+) -> list[Segment]:
+    """``job.pp`` contiguous stages minimising the slowest (exact DP), memory respected."""
+    n_dc = len(cluster.datacenters)
+    devices = [_dc_device(cluster, s % n_dc) for s in range(job.pp)]
+    ref = devices[0][1]
+    d = layer_dp_inputs(model, job, ref, calib)
+    layers, compute, static, activation, inflight = (
+        d.layers,
+        d.compute,
+        d.static,
+        d.activation,
+        d.inflight,
+    )
+    speeds = [peak_flops(dev, model.dtype) / peak_flops(ref, model.dtype) for _, dev in devices]
     caps = [dev.memory_gib * 1024**3 for _, dev in devices]
     seg = segment_layers(
         compute, static, [0.0] * len(layers), speeds, caps, None, activation, inflight
