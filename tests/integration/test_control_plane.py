@@ -204,10 +204,11 @@ def test_a_restarted_control_plane_loses_no_queued_task(tmp_path: Path) -> None:
         raise AssertionError("gateway did not come up")
 
     base = up()
-    ids = [
-        httpx.post(f"{base}/v1/tasks", json={"steps": 20}, headers=auth).json()["id"]
-        for _ in range(3)
-    ]
+    ids = []
+    for _ in range(3):
+        r = httpx.post(f"{base}/v1/tasks", json={"steps": 20}, headers=auth, timeout=60)
+        assert r.status_code == 202, r.text
+        ids.append(r.json()["id"])
     for _ in range(100):  # wait until the first task runs, then kill the control plane
         if httpx.get(f"{base}/v1/tasks/{ids[0]}", headers=auth).json()["state"] == "running":
             break

@@ -12,7 +12,7 @@ import os
 from pathlib import Path
 from typing import Any, TypeVar
 
-from sqlalchemy import ForeignKey, String, create_engine, select
+from sqlalchemy import ForeignKey, String, create_engine, event, select
 from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column, sessionmaker
 
 
@@ -124,7 +124,20 @@ class Database:
 
     def __init__(self, url: str | None = None) -> None:
         self.url = url or default_url()
-        self.engine = create_engine(self.url)
+        if self.url.startswith("sqlite"):
+            # Several threads and processes write here (control plane, queue worker, gateway):
+            # write-ahead logging lets readers run beside the writer, and a writer waits for the
+            # lock instead of failing at once.
+            self.engine = create_engine(self.url, connect_args={"timeout": 30})
+
+            @event.listens_for(self.engine, "connect")
+            def _pragmas(dbapi_conn: Any, _record: Any) -> None:
+                cur = dbapi_conn.cursor()
+                cur.execute("PRAGMA journal_mode=WAL")
+                cur.execute("PRAGMA busy_timeout=30000")
+                cur.close()
+        else:
+            self.engine = create_engine(self.url, pool_pre_ping=True)
         Base.metadata.create_all(self.engine)
         self._add_missing_columns()
         self.sessions = sessionmaker(self.engine, expire_on_commit=False)
