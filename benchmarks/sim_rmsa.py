@@ -14,14 +14,7 @@ import json
 from importlib import resources
 
 from dmsc.sim.network import OpticalNetwork
-from dmsc.sim.rmsa import simulate_lightpaths
-
-
-def erlang_b(load: float, servers: int) -> float:
-    b = 1.0
-    for k in range(1, servers + 1):
-        b = load * b / (k + load * b)
-    return b
+from dmsc.sim.rmsa import erlang_b, simulate_lightpaths
 
 
 def nsfnet(slots: int, k_paths: int) -> OpticalNetwork:

@@ -23,13 +23,13 @@ def dmsc(home: Path, *args: str, timeout: int = 300) -> subprocess.CompletedProc
     )
 
 
-def test_up_status_train_infer_down(tmp_path: Path) -> None:
-    plan = tmp_path / "plan.json"
+def make_plan(home: Path, cluster: Path | None = None, pp: int = 2, dp: int = 1) -> Path:
+    plan = home / "plan.json"
     res = dmsc(
-        tmp_path,
+        home,
         "plan",
         "--cluster",
-        str(ROOT / "examples/clusters/local-cpu.yaml"),
+        str(cluster or ROOT / "examples/clusters/local-cpu.yaml"),
         "--model",
         "gpt-mini",
         "--global-batch",
@@ -39,13 +39,18 @@ def test_up_status_train_infer_down(tmp_path: Path) -> None:
         "--tp",
         "1",
         "--pp",
-        "2",
+        str(pp),
         "--dp",
-        "1",
+        str(dp),
         "--out",
         str(plan),
     )
     assert res.returncode == 0, res.stderr
+    return plan
+
+
+def test_up_status_train_infer_down(tmp_path: Path) -> None:
+    plan = make_plan(tmp_path)
     res = dmsc(tmp_path, "status")
     assert res.returncode == 2 and "not running" in res.stderr
     res = dmsc(tmp_path, "up", "--plan", str(plan))
@@ -90,28 +95,7 @@ def test_gateway_in_front_of_a_live_deployment(tmp_path: Path) -> None:
 
     import httpx
 
-    plan = tmp_path / "plan.json"
-    res = dmsc(
-        tmp_path,
-        "plan",
-        "--cluster",
-        str(ROOT / "examples/clusters/local-cpu.yaml"),
-        "--model",
-        "gpt-mini",
-        "--global-batch",
-        "8",
-        "--micro-batch",
-        "2",
-        "--tp",
-        "1",
-        "--pp",
-        "2",
-        "--dp",
-        "1",
-        "--out",
-        str(plan),
-    )
-    assert res.returncode == 0, res.stderr
+    plan = make_plan(tmp_path)
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
@@ -159,30 +143,7 @@ def test_a_restarted_control_plane_loses_no_queued_task(tmp_path: Path) -> None:
 
     import httpx
 
-    plan = tmp_path / "plan.json"
-    assert (
-        dmsc(
-            tmp_path,
-            "plan",
-            "--cluster",
-            str(ROOT / "examples/clusters/local-cpu.yaml"),
-            "--model",
-            "gpt-mini",
-            "--global-batch",
-            "8",
-            "--micro-batch",
-            "2",
-            "--tp",
-            "1",
-            "--pp",
-            "2",
-            "--dp",
-            "1",
-            "--out",
-            str(plan),
-        ).returncode
-        == 0
-    )
+    plan = make_plan(tmp_path)
     key = dmsc(
         tmp_path, "token", "create", "--tenant", "t", "--scopes", "submit,read"
     ).stdout.strip()
@@ -235,7 +196,6 @@ def test_gray_release_sends_the_canary_share_to_the_canary_replica(tmp_path: Pat
 
     import httpx
 
-    plan = tmp_path / "plan.json"
     cluster = tmp_path / "one-box.yaml"  # two replicas need two devices in one datacenter
     cluster.write_text(
         "device_types: {cpu: {peak_tflops: {fp32: 0.1}, memory_gib: 4, memory_bw_gbyte_s: 10}}\n"
@@ -243,27 +203,7 @@ def test_gray_release_sends_the_canary_share_to_the_canary_replica(tmp_path: Pat
         "datacenters: [{name: dc, nodes: [{type: host, count: 1}],\n"
         "               network: {gbit_s_per_node: 10}}]\n"
     )
-    res = dmsc(
-        tmp_path,
-        "plan",
-        "--cluster",
-        str(cluster),
-        "--model",
-        "gpt-mini",
-        "--global-batch",
-        "8",
-        "--micro-batch",
-        "2",
-        "--tp",
-        "1",
-        "--pp",
-        "1",
-        "--dp",
-        "2",
-        "--out",
-        str(plan),
-    )
-    assert res.returncode == 0, res.stderr
+    plan = make_plan(tmp_path, cluster, pp=1, dp=2)
     key = dmsc(tmp_path, "token", "create", "--tenant", "t", "--scopes", "infer").stdout.strip()
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))

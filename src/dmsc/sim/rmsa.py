@@ -19,6 +19,14 @@ import numpy as np
 from dmsc.sim.network import OpticalNetwork
 
 
+def erlang_b(load: float, servers: int) -> float:
+    """Blocking of an M/M/c/c queue (the recurrence B(k) = a B(k-1) / (k + a B(k-1)))."""
+    b = 1.0
+    for k in range(1, servers + 1):
+        b = load * b / (k + load * b)
+    return b
+
+
 @dataclass(frozen=True)
 class RMSAResult:
     load: float
