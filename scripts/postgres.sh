@@ -12,7 +12,11 @@ version=$(ls /usr/lib/postgresql | sort -n | tail -1)
 if ! pg_lsclusters -h | grep -q "^$version main"; then
   pg_createcluster "$version" main >/dev/null
 fi
-pg_ctlcluster "$version" main start 2>/dev/null || true
+# The server must inherit none of our descriptors: fd 3 is the caller's `$(...)` pipe, and a
+# daemon holding it (or any pipe of the CI runner) open keeps `make test` waiting forever.
+# Python's subprocess closes every descriptor above 2 (close_fds), which bash cannot do by itself.
+python3 -c 'import subprocess as s, sys; s.run(sys.argv[1:], stdin=s.DEVNULL,
+  stdout=s.DEVNULL, stderr=s.DEVNULL, close_fds=True)' pg_ctlcluster "$version" main start || true
 for _ in $(seq 1 30); do
   pg_isready -h 127.0.0.1 -p 5432 -q && break
   sleep 0.5
