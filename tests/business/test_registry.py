@@ -71,3 +71,25 @@ def test_heartbeat_age() -> None:
     clock.t = 4
     assert reg.heartbeat_age("a") == 4
     assert reg.heartbeat_age("zzz") is None
+
+
+def test_a_replacement_fences_the_older_instance_of_its_sid() -> None:
+    reg = Registry(ttl_s=10.0, clock=lambda: 0.0)
+    assert reg.register(_svc("s1", 1))
+    newer = ServiceInfo("s1", "stage", 1, "127.0.0.1:2", epoch=1)
+    assert reg.register(newer)
+    assert reg.lookup(stage=1) == [newer]
+    # The old instance (epoch 0) comes back: refused, its heartbeat says so, and leaving on its
+    # way out does not remove the replacement.
+    assert not reg.register(_svc("s1", 1))
+    assert not reg.heartbeat("s1", 0) and reg.fenced("s1", 0)
+    reg.deregister("s1", 0)
+    assert reg.lookup(stage=1) == [newer] and reg.heartbeat("s1", 1)
+
+
+def test_fence_removes_a_failed_instance_before_its_replacement_exists() -> None:
+    reg = Registry(ttl_s=10.0, clock=lambda: 0.0)
+    reg.register(_svc("s2", 2))
+    reg.fence("s2", 1)
+    assert reg.lookup(stage=2) == [] and not reg.register(_svc("s2", 2))
+    assert reg.register(ServiceInfo("s2", "stage", 2, "127.0.0.1:3", epoch=1))

@@ -8,6 +8,7 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from dmsc.compute import wire
 from dmsc.compute.wire import Kind, WireError, decode, encode
 
 
@@ -16,8 +17,8 @@ from dmsc.compute.wire import Kind, WireError, decode, encode
 )
 def test_round_trip(dtype: torch.dtype) -> None:
     t = (torch.randn(2, 3, 4) * 10).to(dtype)
-    msg = decode(encode(Kind.ACTIVATION, 7, 3, t))
-    assert (msg.kind, msg.step, msg.microbatch) == (Kind.ACTIVATION, 7, 3)
+    msg = decode(encode(Kind.ACTIVATION, 7, 3, t, epoch=5))
+    assert (msg.kind, msg.step, msg.microbatch, msg.epoch) == (Kind.ACTIVATION, 7, 3, 5)
     assert msg.tensor.dtype == dtype and torch.equal(msg.tensor, t)
 
 
@@ -41,7 +42,8 @@ def test_rejections() -> None:
     with pytest.raises(WireError, match="exceeds"):
         decode(good, max_bytes=16)
     # A shape that does not match the payload.
-    bad_shape = good[:24] + struct.pack("!2I", 4, 5) + good[32:]
+    n = wire._HEAD.size
+    bad_shape = good[:n] + struct.pack("!2I", 4, 5) + good[n + 8 :]
     with pytest.raises(WireError, match="does not match"):
         decode(bad_shape)
     with pytest.raises(WireError):

@@ -33,6 +33,7 @@ class ServiceInfo:
     model_version: str = "0"
     datacenter: str = "local"
     capacity: float = 1.0
+    epoch: int = 0  # the incarnation: a replacement registers the same SID with a higher one
 
 
 class Registry:
@@ -42,6 +43,7 @@ class Registry:
         self.ttl_s = ttl_s
         self.clock = clock
         self._services: dict[str, tuple[ServiceInfo, float]] = {}
+        self._fence_floor: dict[str, int] = {}  # per SID: instances below this epoch are fenced
         self._version = 0
         self._cond = threading.Condition()
 
@@ -53,20 +55,42 @@ class Registry:
         self._version += 1
         self._cond.notify_all()
 
-    def register(self, info: ServiceInfo) -> None:
+    def register(self, info: ServiceInfo) -> bool:
+        """Record ``info``; False (fenced) when its SID is held by a newer epoch."""
         with self._cond:
+            if self._fence_floor.get(info.sid, 0) > info.epoch:
+                return False
+            self._fence_floor[info.sid] = max(self._fence_floor.get(info.sid, 0), info.epoch)
             self._services[info.sid] = (info, self.clock())
             self._changed()
+            return True
 
-    def heartbeat(self, sid: str) -> bool:
+    def heartbeat(self, sid: str, epoch: int | None = None) -> bool:
         """False when the service is unknown (expired or never registered): register again."""
         with self._cond:
             self._expire()
             if sid not in self._services:
                 return False
             info, _ = self._services[sid]
+            if epoch is not None and epoch != info.epoch:
+                return False
             self._services[sid] = (info, self.clock())
             return True
+
+    def fenced(self, sid: str, epoch: int) -> bool:
+        """Whether an instance of ``sid`` at ``epoch`` has been replaced by a newer one."""
+        with self._cond:
+            return self._fence_floor.get(sid, 0) > epoch
+
+    def fence(self, sid: str, epoch: int) -> None:
+        """Refuse every instance of ``sid`` older than ``epoch`` from now on (the orchestrator
+        calls this when it declares an instance failed, before its replacement registers)."""
+        with self._cond:
+            self._fence_floor[sid] = max(self._fence_floor.get(sid, 0), epoch)
+            held = self._services.get(sid)
+            if held is not None and held[0].epoch < epoch:
+                del self._services[sid]
+                self._changed()
 
     def heartbeat_age(self, sid: str) -> float | None:
         """Seconds since the service was last heard from (None if unknown)."""
@@ -74,10 +98,15 @@ class Registry:
             entry = self._services.get(sid)
             return None if entry is None else self.clock() - entry[1]
 
-    def deregister(self, sid: str) -> None:
+    def deregister(self, sid: str, epoch: int | None = None) -> None:
+        """Remove ``sid`` (only the instance at ``epoch``, when given: a fenced instance on
+        its way out must not remove its replacement)."""
         with self._cond:
-            if self._services.pop(sid, None) is not None:
-                self._changed()
+            held = self._services.get(sid)
+            if held is None or (epoch is not None and held[0].epoch != epoch):
+                return
+            del self._services[sid]
+            self._changed()
 
     def _expire(self) -> None:
         now = self.clock()
@@ -116,19 +145,28 @@ def registry_methods(reg: Registry) -> dict[str, grpc.RpcMethodHandler]:
                 model_version=str(p.get("model_version", "0")),
                 datacenter=str(p.get("datacenter", "local")),
                 capacity=float(p.get("capacity", 1.0)),
+                epoch=int(p.get("epoch", 0)),
             )
         except (KeyError, TypeError, ValueError) as exc:
             raise BadRequest(f"bad service record: {exc}") from None
 
     def register(p: dict[str, Any]) -> dict[str, Any]:
-        reg.register(info_from(p))
-        return {"ok": True, "ttl_s": reg.ttl_s}
+        info = info_from(p)
+        ok = reg.register(info)
+        return {"ok": ok, "fenced": not ok, "ttl_s": reg.ttl_s}
 
     def heartbeat(p: dict[str, Any]) -> dict[str, Any]:
-        return {"known": reg.heartbeat(str(p.get("sid", "")))}
+        sid = str(p.get("sid", ""))
+        try:
+            epoch = int(p.get("epoch", 0))
+        except (TypeError, ValueError):
+            raise BadRequest("epoch must be an integer") from None
+        known = reg.heartbeat(sid, epoch)
+        return {"known": known, "fenced": reg.fenced(sid, epoch)}
 
     def deregister(p: dict[str, Any]) -> dict[str, Any]:
-        reg.deregister(str(p.get("sid", "")))
+        epoch = p.get("epoch")
+        reg.deregister(str(p.get("sid", "")), int(epoch) if isinstance(epoch, int) else None)
         return {"ok": True}
 
     def lookup(p: dict[str, Any]) -> dict[str, Any]:

@@ -26,6 +26,10 @@ class BadRequest(ValueError):
     """The request cannot be served; the message is the reason sent back."""
 
 
+class Abandoned(RuntimeError):
+    """The work was given up on purpose (a newer epoch, a dropped step): answered ABORTED."""
+
+
 def _identity(b: bytes) -> bytes:
     return b
 
@@ -37,6 +41,9 @@ def bytes_handler(fn: Callable[[bytes], bytes]) -> grpc.RpcMethodHandler:
         except (BadRequest, ValueError) as exc:
             context.abort(grpc.StatusCode.INVALID_ARGUMENT, str(exc))
             raise  # unreachable: abort raises
+        except Abandoned as exc:
+            context.abort(grpc.StatusCode.ABORTED, str(exc))
+            raise
 
     return grpc.unary_unary_rpc_method_handler(
         handle, request_deserializer=_identity, response_serializer=_identity

@@ -1,8 +1,10 @@
 """The data plane's message: a small fixed header and the tensor's raw bytes. Never pickle.
 
 Layout (network byte order): magic ``DMSC``, version (u8), kind (u8), dtype (u8), ndim (u8),
-step (u32), micro-batch (u32), payload length (u64), then ``ndim`` dimensions (u32 each), then
-the payload. :func:`decode` checks every field against the bytes actually received and raises
+step (u32), micro-batch (u32), epoch (u32), payload length (u64), then ``ndim`` dimensions (u32
+each), then the payload. The epoch is the deployment's generation: after a recovery the
+orchestrator moves every worker to a new epoch and frames of an older one are refused (fencing).
+:func:`decode` checks every field against the bytes actually received and raises
 :class:`WireError` (never anything else) on a bad message.
 """
 
@@ -17,8 +19,8 @@ import numpy as np
 import torch
 
 MAGIC = b"DMSC"
-VERSION = 1
-_HEAD = struct.Struct("!4sBBBBIIQ")
+VERSION = 2
+_HEAD = struct.Struct("!4sBBBBIIIQ")
 MAX_DIMS = 8
 DEFAULT_MAX_BYTES = 256 * 1024 * 1024
 
@@ -32,6 +34,8 @@ class Kind(IntEnum):
     GRADIENT = 2
     TOKENS = 3
     TARGETS = 4
+    GRAD_PART = 5  # a data-parallel replica's flattened gradient, to its stage's leader
+    GRAD_AVG = 6  # the leader's averaged gradient back to the replicas (empty: restart)
 
 
 _DTYPES: dict[int, torch.dtype] = {
@@ -50,9 +54,10 @@ class Message:
     step: int
     microbatch: int
     tensor: torch.Tensor
+    epoch: int = 0
 
 
-def encode(kind: Kind, step: int, microbatch: int, tensor: torch.Tensor) -> bytes:
+def encode(kind: Kind, step: int, microbatch: int, tensor: torch.Tensor, epoch: int = 0) -> bytes:
     t = tensor.detach().contiguous().cpu()
     if t.dtype not in _CODES:
         raise WireError(f"dtype {t.dtype} cannot travel")
@@ -62,7 +67,7 @@ def encode(kind: Kind, step: int, microbatch: int, tensor: torch.Tensor) -> byte
         t.view(torch.int16).numpy().tobytes() if t.dtype == torch.bfloat16 else t.numpy().tobytes()
     )
     head = _HEAD.pack(
-        MAGIC, VERSION, int(kind), _CODES[t.dtype], t.dim(), step, microbatch, len(raw)
+        MAGIC, VERSION, int(kind), _CODES[t.dtype], t.dim(), step, microbatch, epoch, len(raw)
     )
     dims = struct.pack(f"!{t.dim()}I", *t.shape)
     return head + dims + raw
@@ -71,7 +76,7 @@ def encode(kind: Kind, step: int, microbatch: int, tensor: torch.Tensor) -> byte
 def decode(data: bytes, max_bytes: int = DEFAULT_MAX_BYTES) -> Message:
     if len(data) < _HEAD.size:
         raise WireError(f"truncated header: {len(data)} bytes, need {_HEAD.size}")
-    magic, version, kind, code, ndim, step, mb, length = _HEAD.unpack_from(data)
+    magic, version, kind, code, ndim, step, mb, epoch, length = _HEAD.unpack_from(data)
     if magic != MAGIC:
         raise WireError("not a dmsc message (bad magic)")
     if version != VERSION:
@@ -97,13 +102,13 @@ def decode(data: bytes, max_bytes: int = DEFAULT_MAX_BYTES) -> Message:
     if len(data) - dims_end != length:
         raise WireError(f"payload is {len(data) - dims_end} bytes, header says {length}")
     if length == 0:
-        return Message(kind_e, step, mb, torch.empty(shape, dtype=dtype))
+        return Message(kind_e, step, mb, torch.empty(shape, dtype=dtype), epoch)
     buf = np.frombuffer(data, dtype=np.uint8, count=length, offset=dims_end).copy()
     try:
         if dtype == torch.bfloat16:
             tensor = torch.from_numpy(buf.view(np.int16)).view(torch.bfloat16)
         else:
             tensor = torch.from_numpy(buf).view(dtype)
-        return Message(kind_e, step, mb, tensor.reshape(shape))
+        return Message(kind_e, step, mb, tensor.reshape(shape), epoch)
     except (RuntimeError, ValueError) as exc:  # belt and braces: never let torch errors escape
         raise WireError(f"cannot build the tensor: {exc}") from None

@@ -3,9 +3,23 @@
 It registers itself in the registry (and heartbeats), receives activations, gradients, tokens and
 targets as wire frames on ``Push``, and on ``RunStep`` runs its part of a pipeline schedule
 (GPipe or 1F1B over the step's micro-batches), sending its outputs straight to the neighbouring
-stage's replica of the same data-parallel rank (addresses from the registry, cached). Replicas of
-one stage average their gradients with an all-reduce (torch.distributed, gloo: the group of a
-stage's replicas is static) before the optimizer step.
+stage's replica of the same data-parallel rank (addresses from the registry, cached).
+
+Replicas of one stage average their gradients through the stage's leader (replica 0) over the same
+``Push`` channel: every replica sends its flattened gradient, the leader waits a bounded time and
+sends the average back. A torch.distributed (gloo) all-reduce did this before; it was replaced
+because a gloo group is fixed at start: a collective with a dead or late member can only time out
+the whole group, it cannot skip the late replica, and admitting a replacement means re-forming the
+group on every member. The leader keeps the late-gradient policy in one place (``wait``: no bound
+but the step's; ``skip``: average what arrived in time, re-weighted by the count, and send that to
+everyone, the late replica included; ``restart``: tell every replica to drop the step, so that the
+orchestrator runs it again). Optimizer steps are applied only on ``Commit``, once every stage has
+finished the step, so a step that fails anywhere is applied nowhere.
+
+Fencing: each worker serves one epoch (the deployment's generation, carried in every frame and
+``RunStep``). ``Abort`` moves a worker to a newer epoch, which wakes and fails the step it is in
+and drops frames of older epochs; a worker that the registry reports as fenced (its SID taken by
+a newer incarnation) stops serving and exits.
 """
 
 from __future__ import annotations
@@ -23,18 +37,20 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+import grpc
 import torch
 from prometheus_client import CollectorRegistry, Counter, Histogram
 
 from dmsc.business.observe import json_logger, metrics_server
 from dmsc.business.registry import REGISTRY_SERVICE
-from dmsc.business.rpc import BadRequest, Client, bytes_handler, json_handler, serve
+from dmsc.business.rpc import Abandoned, BadRequest, Client, bytes_handler, json_handler, serve
 from dmsc.compute.model import build_stage, loss_fn
 from dmsc.compute.wire import Kind, WireError, decode, encode
 from dmsc.netmodel.schedule import schedule_ops
 from dmsc.spec import TransformerSpec
 
 STAGE_SERVICE = "dmsc.Stage"
+LATE_POLICIES = ("wait", "skip", "restart")
 
 
 @dataclass
@@ -52,33 +68,67 @@ class WorkerConfig:
     replicas: int = 1
     seed: int = 0
     lr: float = 1e-3
-    dp_init: str | None = None
+    epoch: int = 0  # the deployment generation this worker was launched in
     datacenter: str = "local"
     recv_timeout_s: float = 60.0
     max_message_bytes: int = 64 * 1024 * 1024
     threads: int = 1
     token: str | None = None  # the deployment's service credential
+    # Fault injection for rehearsals and tests: {"slow_grads": {"steps": [3], "seconds": 2.0}}
+    # holds this replica's gradient back before it goes to the stage leader.
+    faults: dict[str, Any] = field(default_factory=dict)
     extra: dict[str, Any] = field(default_factory=dict)
 
 
-class Inbox:
-    """Frames waiting to be consumed, by (kind, step, micro-batch)."""
+class Aborted(Abandoned):
+    """The step was abandoned: the worker moved to a newer epoch."""
 
-    def __init__(self) -> None:
+
+class StepRestart(Abandoned):
+    """The stage leader dropped the step (late gradients, policy ``restart``)."""
+
+
+class Inbox:
+    """Frames of the current epoch waiting to be consumed, by (kind, step, micro-batch)."""
+
+    def __init__(self, epoch: int = 0) -> None:
         self._items: dict[tuple[int, int, int], torch.Tensor] = {}
         self._cond = threading.Condition()
+        self.epoch = epoch
 
-    def put(self, kind: Kind, step: int, mb: int, tensor: torch.Tensor) -> None:
+    def put(self, kind: Kind, step: int, mb: int, tensor: torch.Tensor, epoch: int) -> None:
         with self._cond:
+            if epoch != self.epoch:
+                raise BadRequest(
+                    f"fenced: a frame of epoch {epoch}, this worker is at {self.epoch}"
+                )
             self._items[(int(kind), step, mb)] = tensor
             self._cond.notify_all()
 
     def get(self, kind: Kind, step: int, mb: int, timeout_s: float) -> torch.Tensor:
         key = (int(kind), step, mb)
         with self._cond:
-            if not self._cond.wait_for(lambda: key in self._items, timeout=timeout_s):
+            epoch = self.epoch
+            if not self._cond.wait_for(
+                lambda: key in self._items or self.epoch != epoch, timeout=timeout_s
+            ):
                 raise TimeoutError(f"no {kind.name.lower()} for step {step} micro-batch {mb}")
+            if self.epoch != epoch:
+                raise Aborted(f"step {step} abandoned: moved to epoch {self.epoch}")
             return self._items.pop(key)
+
+    def advance(self, epoch: int) -> None:
+        """Move to ``epoch``: drop every frame held and fail every wait in progress."""
+        with self._cond:
+            self.epoch = epoch
+            self._items.clear()
+            self._cond.notify_all()
+
+    def drop(self, kind: Kind, before_step: int) -> None:
+        """Forget frames of ``kind`` from steps before ``before_step`` (a late replica's)."""
+        with self._cond:
+            for key in [k for k in self._items if k[0] == int(kind) and k[1] < before_step]:
+                del self._items[key]
 
 
 class StageWorker:
@@ -88,13 +138,16 @@ class StageWorker:
         self.cfg = cfg
         torch.set_num_threads(cfg.threads)
         spec = TransformerSpec.model_validate(cfg.model)
+        self.spec = spec
         self.module = build_stage(spec, cfg.seed, cfg.first, cfg.last)
         self.optimizer = torch.optim.AdamW(self.module.parameters(), lr=cfg.lr)
-        self.inbox = Inbox()
+        self.n_params = sum(p.numel() for p in self.module.parameters())
+        self.inbox = Inbox(cfg.epoch)
         self.steps_done = 0
+        self.uncommitted: int | None = None  # the step whose gradients wait for Commit
         self.registry = Client(cfg.registry, REGISTRY_SERVICE, token=cfg.token)
-        self._neighbours: dict[int, Client] = {}
-        self._pending: list[tuple[int, bytes, Any]] = []
+        self._peers: dict[tuple[int, int], Client] = {}
+        self._pending: list[tuple[tuple[int, int], bytes, Any]] = []
         self._lock = threading.Lock()
         self.address = ""
         self.metrics = CollectorRegistry()
@@ -115,49 +168,143 @@ class StageWorker:
         )
         self.metrics_address = ""
         self.log = json_logger(f"dmsc.worker.{cfg.sid}")
-        if cfg.replicas > 1:
-            import torch.distributed as dist
 
-            dist.init_process_group(
-                "gloo", init_method=cfg.dp_init, rank=cfg.replica, world_size=cfg.replicas
-            )
+    @property
+    def epoch(self) -> int:
+        return self.inbox.epoch
 
-    # -- neighbours -----------------------------------------------------------------------
-    def neighbour(self, stage: int, refresh: bool = False) -> Client:
-        if refresh or stage not in self._neighbours:
+    # -- peers ------------------------------------------------------------------------------
+    def peer(self, stage: int, replica: int | None = None, refresh: bool = False) -> Client:
+        """The client of ``stage``'s replica (ours by default), found in the registry."""
+        key = (stage, self.cfg.replica if replica is None else replica)
+        if refresh or key not in self._peers:
             found = self.registry.call("Lookup", {"stage": stage, "kind": "stage"})["services"]
-            mine = [s for s in found if s["replica"] == self.cfg.replica]
+            mine = [s for s in found if s["replica"] == key[1]]
             if not mine:
-                raise RuntimeError(f"no live replica {self.cfg.replica} of stage {stage}")
-            self._neighbours[stage] = Client(
-                mine[0]["address"], STAGE_SERVICE, token=self.cfg.token
-            )
-        return self._neighbours[stage]
+                raise RuntimeError(f"no live replica {key[1]} of stage {stage}")
+            self._peers[key] = Client(mine[0]["address"], STAGE_SERVICE, token=self.cfg.token)
+        return self._peers[key]
 
-    def send(self, stage: int, kind: Kind, step: int, mb: int, tensor: torch.Tensor) -> None:
+    def send(
+        self,
+        stage: int,
+        kind: Kind,
+        step: int,
+        mb: int,
+        tensor: torch.Tensor,
+        replica: int | None = None,
+    ) -> None:
         """Send without blocking the schedule (like an isend); :meth:`flush` waits for all."""
-        frame = encode(kind, step, mb, tensor)
+        key = (stage, self.cfg.replica if replica is None else replica)
+        frame = encode(kind, step, mb, tensor, self.epoch)
         self.m_bytes.labels(kind.name.lower()).inc(len(frame))
-        self._pending.append((stage, frame, self.neighbour(stage).raw_future("Push", frame)))
+        self._pending.append((key, frame, self.peer(*key).raw_future("Push", frame)))
 
     def flush(self) -> None:
+        """Wait for every send; a peer that moved is looked up again (once). Gives up with
+        :class:`Aborted` as soon as the worker moves to a newer epoch (a stalled peer must not
+        hold the survivors of a failure)."""
         pending, self._pending = self._pending, []
-        for stage, frame, fut in pending:
-            try:
-                fut.result()
-            except Exception:  # the neighbour moved or restarted: ask the registry again, once
-                self.neighbour(stage, refresh=True).raw("Push", frame)
+        epoch = self.epoch
+        for key, frame, fut in pending:
+            while True:
+                try:
+                    fut.result(timeout=0.05)
+                except grpc.FutureTimeoutError:
+                    if self.epoch == epoch:
+                        continue
+                    fut.cancel()
+                    raise Aborted("sends abandoned: moved to a newer epoch") from None
+                except Exception:  # the peer moved or restarted: ask the registry again
+                    self.peer(*key, refresh=True).raw("Push", frame, timeout_s=10)
+                break
+
+    def expected_shape(self, kind: Kind) -> tuple[torch.dtype, str]:
+        """What a frame of ``kind`` must hold at this stage (dtype and a shape description);
+        raises BadRequest for a kind this stage never receives."""
+        mod, spec = self.module, self.spec
+        if kind in (Kind.TOKENS, Kind.TARGETS):
+            if (kind == Kind.TOKENS and not mod.is_first) or (
+                kind == Kind.TARGETS and not mod.is_last
+            ):
+                raise BadRequest(f"stage {self.cfg.stage} does not take {kind.name.lower()}")
+            return torch.int64, f"[batch, 1..{spec.seq}] token ids below {spec.vocab}"
+        if kind in (Kind.ACTIVATION, Kind.GRADIENT):
+            if (kind == Kind.ACTIVATION and mod.is_first) or (
+                kind == Kind.GRADIENT and mod.is_last
+            ):
+                raise BadRequest(f"stage {self.cfg.stage} does not take {kind.name.lower()}s")
+            return torch.float32, f"[batch, 1..{spec.seq}, {spec.hidden}]"
+        return torch.float32, f"[{self.n_params}]"
+
+    def check_frame(self, kind: Kind, t: torch.Tensor) -> None:
+        """Refuse a tensor of the wrong dtype, shape or range for ``kind`` at this stage."""
+        dtype, shape = self.expected_shape(kind)
+        spec = self.spec
+        ok = t.dtype == dtype
+        if ok and kind in (Kind.TOKENS, Kind.TARGETS):
+            ok = t.dim() == 2 and t.shape[0] > 0 and 0 < t.shape[1] <= spec.seq
+            if kind == Kind.TOKENS and ok:  # -100 is not a token; out-of-range ids are refused
+                ok = t.numel() == 0 or (int(t.min()) >= 0 and int(t.max()) < spec.vocab)
+            if kind == Kind.TARGETS and ok:
+                ok = int(t.min()) >= 0 and int(t.max()) < spec.vocab
+        elif ok and kind in (Kind.ACTIVATION, Kind.GRADIENT):
+            ok = t.dim() == 3 and t.shape[0] > 0 and 0 < t.shape[1] <= spec.seq
+            ok = ok and t.shape[2] == spec.hidden
+        elif ok:
+            restart = kind == Kind.GRAD_AVG and t.numel() == 0
+            ok = t.dim() == 1 and (t.numel() == self.n_params or restart)
+        if not ok:
+            raise BadRequest(
+                f"{kind.name.lower()} of {t.dtype} {tuple(t.shape)} refused: "
+                f"stage {self.cfg.stage} takes {dtype} {shape}"
+            )
 
     # -- RPC methods -----------------------------------------------------------------------
     def push(self, data: bytes) -> bytes:
         try:
             msg = decode(data, self.cfg.max_message_bytes)
-        except WireError as exc:
+            self.check_frame(msg.kind, msg.tensor)
+            self.inbox.put(msg.kind, msg.step, msg.microbatch, msg.tensor, msg.epoch)
+        except (WireError, BadRequest) as exc:
             self.m_rejected.inc()
             self.log.warning("rejected message: %s", exc, extra={"sid": self.cfg.sid})
             raise BadRequest(str(exc)) from None
-        self.inbox.put(msg.kind, msg.step, msg.microbatch, msg.tensor)
         return b""
+
+    def abort(self, req: dict[str, Any]) -> dict[str, Any]:
+        """Move to a newer epoch: the step in progress fails, held frames are dropped."""
+        try:
+            epoch = int(req["epoch"])
+        except (KeyError, TypeError, ValueError):
+            raise BadRequest("Abort needs an integer epoch") from None
+        if epoch < self.epoch:
+            raise BadRequest(f"fenced: epoch {epoch} is older than {self.epoch}")
+        self.inbox.advance(epoch)
+        self._peers = {}  # a replaced peer has a new address
+        self.log.info("moved to epoch %d", epoch, extra={"sid": self.cfg.sid})
+        return {"epoch": epoch}
+
+    def commit(self, req: dict[str, Any]) -> dict[str, Any]:
+        """Apply the optimizer step of the gradients the last training RunStep left."""
+        try:
+            step, epoch = int(req["step"]), int(req.get("epoch", self.epoch))
+        except (KeyError, TypeError, ValueError):
+            raise BadRequest("Commit needs an integer step") from None
+        with self._lock:
+            if epoch != self.epoch:
+                raise BadRequest(f"fenced: epoch {epoch}, this worker is at {self.epoch}")
+            if self.uncommitted != step:
+                raise BadRequest(f"nothing to commit for step {step} (have {self.uncommitted})")
+            c0 = time.perf_counter()
+            self.optimizer.step()
+            self.optimizer.zero_grad(set_to_none=True)
+            self.uncommitted = None
+            self.steps_done += 1
+            compute = time.perf_counter() - c0
+        self.m_compute.inc(compute)
+        self.log.info("step committed", extra={"sid": self.cfg.sid, "step": step})
+        return {"steps": self.steps_done, "compute_s": compute}
 
     def run_step(self, req: dict[str, Any]) -> dict[str, Any]:
         try:
@@ -166,17 +313,34 @@ class StageWorker:
             schedule = str(req.get("schedule", "1f1b"))
             train = bool(req.get("train", True))
             evaluate = bool(req.get("eval", False))
+            epoch = int(req.get("epoch", self.epoch))
+            policy = str(req.get("late_policy", "wait"))
+            grad_wait_s = float(req.get("grad_wait_s", 5.0))
         except (KeyError, TypeError, ValueError) as exc:
             raise BadRequest(f"bad RunStep request: {exc}") from None
         if m <= 0 or schedule not in ("gpipe", "1f1b"):
             raise BadRequest("microbatches must be positive and schedule gpipe or 1f1b")
+        if policy not in LATE_POLICIES or not grad_wait_s > 0:
+            raise BadRequest(f"late_policy must be one of {LATE_POLICIES}, grad_wait_s positive")
+        if epoch != self.epoch:
+            raise BadRequest(f"fenced: epoch {epoch}, this worker is at {self.epoch}")
         with self._lock:
-            return self._run(step, m, schedule, train, evaluate)
+            return self._run(step, m, schedule, train, evaluate, policy, grad_wait_s)
 
     def _run(
-        self, step: int, m: int, schedule: str, train: bool, evaluate: bool = False
+        self,
+        step: int,
+        m: int,
+        schedule: str,
+        train: bool,
+        evaluate: bool = False,
+        policy: str = "wait",
+        grad_wait_s: float = 5.0,
     ) -> dict[str, Any]:
         cfg, mod = self.cfg, self.module
+        if train:  # gradients of a step that was never committed are dropped
+            self.optimizer.zero_grad(set_to_none=True)
+            self.uncommitted = None
         t0 = time.perf_counter()
         compute = 0.0
         inputs: dict[int, torch.Tensor] = {}
@@ -224,19 +388,11 @@ class StageWorker:
                     self.send(cfg.stage - 1, Kind.GRADIENT, step, i, grad_in)
                 del inputs[i], outputs[i]
         self.flush()
+        skipped: list[int] = []
         if train:
-            c0 = time.perf_counter()
             if cfg.replicas > 1:
-                import torch.distributed as dist
-
-                for p in mod.parameters():
-                    if p.grad is not None:
-                        dist.all_reduce(p.grad)
-                        p.grad /= cfg.replicas
-            self.optimizer.step()
-            self.optimizer.zero_grad(set_to_none=True)
-            compute += time.perf_counter() - c0
-            self.steps_done += 1
+                skipped = self.sync_grads(step, policy, grad_wait_s)
+            self.uncommitted = step
         wall = time.perf_counter() - t0
         self.m_steps.labels("train" if train else ("eval" if evaluate else "infer")).observe(wall)
         self.m_compute.inc(compute)
@@ -251,11 +407,59 @@ class StageWorker:
             "compute_s": compute,
             "wall_s": time.perf_counter() - t0,
         }
+        if skipped:
+            out["skipped_replicas"] = skipped
         if mod.is_last:
             out["loss"] = sum(losses.values()) / m if losses else None
             if not train and not evaluate:
                 out["logits"] = last_logits
         return out
+
+    def sync_grads(self, step: int, policy: str, wait_s: float) -> list[int]:
+        """Average the gradients of this stage's replicas through replica 0 (the leader).
+        Returns the replicas whose gradient was left out (policy ``skip``)."""
+        cfg = self.cfg
+        params = list(self.module.parameters())
+        flat = torch.cat(
+            [(p.grad if p.grad is not None else torch.zeros_like(p)).reshape(-1) for p in params]
+        )
+        late: list[int] = []
+        if cfg.replica == 0:
+            self.inbox.drop(Kind.GRAD_PART, before_step=step)
+            bound = cfg.recv_timeout_s if policy == "wait" else wait_s
+            deadline = time.monotonic() + bound
+            parts = [flat]
+            for r in range(1, cfg.replicas):
+                try:
+                    left = max(0.0, deadline - time.monotonic())
+                    parts.append(self.inbox.get(Kind.GRAD_PART, step, r, left))
+                except TimeoutError:
+                    late.append(r)
+            if late and policy == "wait":
+                raise TimeoutError(f"stage {cfg.stage}: no gradient from replicas {late}")
+            avg = torch.empty(0) if late and policy == "restart" else torch.stack(parts).mean(0)
+            for r in range(1, cfg.replicas):
+                frame = encode(Kind.GRAD_AVG, step, 0, avg, self.epoch)
+                fut = self.peer(cfg.stage, r).raw_future("Push", frame)
+                if r not in late:  # a late replica may be stalled: do not wait on it
+                    self._pending.append(((cfg.stage, r), frame, fut))
+            self.flush()
+            if not avg.numel():
+                raise StepRestart(f"restart: stage {cfg.stage}, gradients of replicas {late} late")
+        else:
+            slow = cfg.faults.get("slow_grads", {})
+            if step in slow.get("steps", []):
+                time.sleep(float(slow.get("seconds", 0.0)))
+            self.send(cfg.stage, Kind.GRAD_PART, step, cfg.replica, flat, replica=0)
+            self.flush()
+            avg = self.inbox.get(Kind.GRAD_AVG, step, 0, cfg.recv_timeout_s)
+            if not avg.numel():
+                raise StepRestart(f"restart: stage {cfg.stage}, the leader dropped step {step}")
+        offset = 0
+        for p in params:
+            p.grad = avg[offset : offset + p.numel()].view_as(p).clone()
+            offset += p.numel()
+        return late
 
     def health(self, req: dict[str, Any]) -> dict[str, Any]:
         return {
@@ -264,6 +468,7 @@ class StageWorker:
             "replica": self.cfg.replica,
             "status": "ok",
             "steps": self.steps_done,
+            "epoch": self.epoch,
             "pid": os.getpid(),
             "metrics": self.metrics_address,
         }
@@ -296,6 +501,8 @@ class StageWorker:
             state = torch.load(path, weights_only=True)
             self.module.load_state_dict(state["model"])
             self.optimizer.load_state_dict(state["optimizer"])
+            self.optimizer.zero_grad(set_to_none=True)
+            self.uncommitted = None
             self.steps_done = int(state["steps"])
         return {"steps": self.steps_done}
 
@@ -306,6 +513,8 @@ class StageWorker:
             "Health": json_handler(self.health),
             "Save": json_handler(self.save),
             "Load": json_handler(self.load),
+            "Abort": json_handler(self.abort),
+            "Commit": json_handler(self.commit),
         }
 
 
@@ -325,22 +534,31 @@ def main(argv: list[str] | None = None) -> None:
         "replica": cfg.replica,
         "address": worker.address,
         "datacenter": cfg.datacenter,
+        "epoch": cfg.epoch,
     }
     reply = worker.registry.call("Register", record)
+    if reply.get("fenced"):
+        print(f"FENCED {cfg.sid} epoch {cfg.epoch}", flush=True)
+        sys.exit(3)
     ttl = float(reply.get("ttl_s", 10.0))
     print(f"READY {worker.address}", flush=True)
     stop = threading.Event()
     signal.signal(signal.SIGTERM, lambda *_: stop.set())
+    beat = {"sid": cfg.sid, "epoch": cfg.epoch}
     while not stop.wait(ttl / 3):
         try:
-            if not worker.registry.call("Heartbeat", {"sid": cfg.sid}, timeout_s=5)["known"]:
+            reply = worker.registry.call("Heartbeat", beat, timeout_s=5)
+            if reply.get("fenced"):  # a newer incarnation holds our SID: stop serving
+                worker.log.warning("fenced by a newer epoch; exiting", extra={"sid": cfg.sid})
+                break
+            if not reply["known"]:
                 worker.registry.call("Register", record)
         except Exception:
             if os.getppid() == 1:  # the control plane is gone and so is our parent
                 break
     # Leave the registry on the way out (a kill -9 leaves it to the TTL).
     with contextlib.suppress(Exception):
-        worker.registry.call("Deregister", {"sid": cfg.sid}, timeout_s=2)
+        worker.registry.call("Deregister", beat, timeout_s=2)
     server.stop(grace=1)
     sys.exit(0)
 

@@ -3,23 +3,35 @@
 A :class:`Deployment` starts one worker process per stage replica through a :class:`Launcher`
 (:class:`LocalLauncher` runs them on this machine), waits until each has registered, then runs
 training steps (tokens to the first stage, targets to the last, every replica's ``RunStep`` at
-once) and sampling. Workers find each other through the registry; the orchestrator only pushes
-the data in and collects losses and timings.
+once, then ``Commit`` everywhere) and sampling. Workers find each other through the registry; the
+orchestrator only pushes the data in and collects losses and timings.
+
+Failures. While a step runs the orchestrator watches every call and every worker: a call that
+fails, a process that exits, or a registry heartbeat older than the TTL (default 10 s, heartbeats
+every TTL/3) marks the worker failed at once and raises :class:`WorkerFailure`, which names the
+stage and SID. :meth:`Deployment.recover` then fences the failed incarnation (its SID is refused
+below the new epoch), moves the survivors to a new epoch (their step in progress fails and their
+stale frames are dropped), launches a replacement, and loads the last consistent checkpoint into
+every worker. Since an optimizer step is applied only by ``Commit`` after every stage finished,
+no step is applied twice; the steps after the checkpoint are run again.
 """
 
 from __future__ import annotations
 
+import contextlib
 import json
 import secrets
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any, Protocol
 
+import grpc
 import torch
 
 from dmsc.business.registry import REGISTRY_SERVICE, Registry, registry_methods
@@ -42,6 +54,10 @@ class Launcher(Protocol):
     def start(self, cfg: WorkerConfig, workdir: Path) -> WorkerHandle: ...
 
     def stop(self, handle: WorkerHandle) -> None: ...
+
+    def alive(self, handle: WorkerHandle) -> bool: ...
+
+    def exit_reason(self, handle: WorkerHandle) -> str: ...
 
 
 class LocalLauncher:
@@ -73,6 +89,14 @@ class LocalLauncher:
             handle.process.wait(timeout=10)
         except subprocess.TimeoutExpired:
             handle.process.kill()
+            handle.process.wait(timeout=10)
+
+    def alive(self, handle: WorkerHandle) -> bool:
+        return handle.process.poll() is None
+
+    def exit_reason(self, handle: WorkerHandle) -> str:
+        code = handle.process.poll()
+        return f"exited (signal {-code})" if code is not None and code < 0 else f"exited ({code})"
 
 
 @dataclass
@@ -85,6 +109,50 @@ class StageLayout:
     seed: int = 0
     lr: float = 1e-3
     sids: list[str] = field(default_factory=list)
+    faults: dict[str, dict[str, Any]] = field(default_factory=dict)  # SID -> worker faults
+
+
+Key = tuple[int, int]  # (stage, replica)
+
+
+class WorkerFailure(RuntimeError):
+    """Workers that failed (possibly none identified) and why; ``at`` is the detection time."""
+
+    def __init__(self, failed: dict[Key, str], sids: dict[Key, str], reason: str = "") -> None:
+        self.failed = failed
+        self.at = time.time()
+        parts = [
+            f"stage {k[0]} replica {k[1]} ({sids.get(k, '?')}): {r}" for k, r in failed.items()
+        ]
+        super().__init__("; ".join(parts) or reason or "a step failed")
+
+
+class StepRestartNeeded(RuntimeError):
+    """A stage leader dropped the step (late gradients, policy ``restart``); nothing applied."""
+
+
+@dataclass
+class Checkpoint:
+    """A consistent snapshot: every stage saved between the same two steps."""
+
+    step: int
+    files: dict[int, tuple[str, str]]  # stage -> (path, sha256)
+
+
+@dataclass
+class Recovery:
+    """What one recovery did, for the report and the exception queue."""
+
+    failed: list[str]
+    reason: str
+    detected_at: float
+    recovered_at: float
+    checkpoint_step: int
+    epoch: int
+
+
+def _rpc_code(exc: BaseException) -> grpc.StatusCode | None:
+    return exc.code() if isinstance(exc, grpc.RpcError) else None
 
 
 class Deployment:
@@ -96,6 +164,7 @@ class Deployment:
         launcher: Launcher | None = None,
         workdir: Path | None = None,
         registry_ttl_s: float = 10.0,
+        step_deadline_s: float = 300.0,
     ) -> None:
         self.layout = layout
         self.launcher = launcher or LocalLauncher()
@@ -103,6 +172,7 @@ class Deployment:
         self.workdir: Path = Path(self._tmp.name) if self._tmp else Path(str(workdir))
         self.workdir.mkdir(parents=True, exist_ok=True)
         self.registry = Registry(ttl_s=registry_ttl_s)
+        self.step_deadline_s = step_deadline_s
         # The service credential of this deployment: workers refuse calls without it.
         self.token = secrets.token_urlsafe(24)
         self.server, port = serve(
@@ -110,55 +180,143 @@ class Deployment:
         )
         self.registry_address = f"127.0.0.1:{port}"
         self.handles: list[WorkerHandle] = []
-        self.clients: dict[tuple[int, int], Client] = {}
+        self.clients: dict[Key, Client] = {}
+        self.epoch = 0  # the newest generation; each worker serves one (``epochs``)
+        self.epochs: dict[Key, int] = {}
+        self.abandoned: list[WorkerHandle] = []  # failed instances, fenced, reaped at shutdown
+        self.recoveries: list[Recovery] = []
         self.pool = ThreadPoolExecutor(max_workers=max(4, 2 * len(layout.ranges) * layout.replicas))
 
     @property
     def stages(self) -> int:
         return len(self.layout.ranges)
 
-    def start(self) -> None:
+    def sid(self, stage: int, replica: int) -> str:
+        base = self.layout.sids[stage] if stage < len(self.layout.sids) else f"stage{stage}"
+        return f"{base}-r{replica}"
+
+    def handle(self, key: Key) -> WorkerHandle:
+        return next(h for h in self.handles if (h.config.stage, h.config.replica) == key)
+
+    def _config(self, stage: int, replica: int, epoch: int) -> WorkerConfig:
         lay = self.layout
-        import socket
+        first, last = lay.ranges[stage]
+        sid = self.sid(stage, replica)
+        return WorkerConfig(
+            sid=sid,
+            stage=stage,
+            stages=self.stages,
+            model=lay.model.model_dump(),
+            first=first,
+            last=last,
+            registry=self.registry_address,
+            replica=replica,
+            replicas=lay.replicas,
+            seed=lay.seed,
+            lr=lay.lr,
+            epoch=epoch,
+            token=self.token,
+            faults=lay.faults.get(sid, {}),
+        )
 
-        for s, (first, last) in enumerate(lay.ranges):
-            dp_init = None
-            if lay.replicas > 1:
-                with socket.socket() as sock:
-                    sock.bind(("127.0.0.1", 0))
-                    dp_init = f"tcp://127.0.0.1:{sock.getsockname()[1]}"
-            cfgs = []
-            for r in range(lay.replicas):
-                sid = lay.sids[s] if s < len(lay.sids) else f"stage{s}"
-                cfgs.append(
-                    WorkerConfig(
-                        sid=f"{sid}-r{r}",
-                        stage=s,
-                        stages=self.stages,
-                        model=lay.model.model_dump(),
-                        first=first,
-                        last=last,
-                        registry=self.registry_address,
-                        replica=r,
-                        replicas=lay.replicas,
-                        seed=lay.seed,
-                        lr=lay.lr,
-                        dp_init=dp_init,
-                        token=self.token,
-                    )
-                )
-            # Replicas of a stage join one gloo group: start them together.
-            started = list(self.pool.map(lambda c: self.launcher.start(c, self.workdir), cfgs))
-            for h in started:
-                self.handles.append(h)
-                self.clients[(h.config.stage, h.config.replica)] = Client(
-                    h.address, STAGE_SERVICE, token=self.token
-                )
+    def _adopt(self, h: WorkerHandle) -> None:
+        key = (h.config.stage, h.config.replica)
+        self.handles = [x for x in self.handles if (x.config.stage, x.config.replica) != key]
+        self.handles.append(h)
+        self.handles.sort(key=lambda x: (x.config.stage, x.config.replica))
+        old = self.clients.get(key)
+        if old is not None:
+            old.close()
+        self.clients[key] = Client(h.address, STAGE_SERVICE, token=self.token)
+        self.epochs[key] = h.config.epoch
 
+    def start(self) -> None:
+        cfgs = [
+            self._config(s, r, self.epoch)
+            for s in range(self.stages)
+            for r in range(self.layout.replicas)
+        ]
+        for h in self.pool.map(lambda c: self.launcher.start(c, self.workdir), cfgs):
+            self._adopt(h)
+
+    # -- failure detection ------------------------------------------------------------------
+    def suspects(self) -> dict[Key, str]:
+        """Workers that are not alive: exited, or silent in the registry past its TTL."""
+        out: dict[Key, str] = {}
+        ttl = self.registry.ttl_s
+        for h in self.handles:
+            key = (h.config.stage, h.config.replica)
+            if not self.launcher.alive(h):
+                out[key] = self.launcher.exit_reason(h)
+                continue
+            age = self.registry.heartbeat_age(h.config.sid)
+            if age is None or age > ttl:
+                out[key] = (
+                    "no heartbeat for the registry TTL"
+                    if age is None
+                    else (f"no heartbeat for {age:.1f} s (TTL {ttl:g} s)")
+                )
+        return out
+
+    def _failure(self, reason: str, culprits: dict[Key, str] | None = None) -> WorkerFailure:
+        """The failure to raise after ``reason``: the workers found dead, if any."""
+        failed = dict(culprits or {})
+        deadline = time.monotonic() + 1.0  # an exit may take a moment to be seen
+        while not failed and time.monotonic() < deadline:
+            failed = self.suspects()
+            if not failed:
+                time.sleep(0.05)
+        sids = {(h.config.stage, h.config.replica): h.config.sid for h in self.handles}
+        return WorkerFailure(failed, sids, reason)
+
+    def _gather(self, futures: dict[Key, Any], deadline_s: float) -> dict[Key, dict[str, Any]]:
+        """Wait for calls to every worker in ``futures``, watching the workers meanwhile.
+        Raises :class:`WorkerFailure` at the first sign of one, :class:`StepRestartNeeded` when a
+        stage leader dropped the step."""
+        end = time.monotonic() + deadline_s
+        replies: dict[Key, dict[str, Any]] = {}
+        pending = dict(futures)
+        wake = threading.Event()  # grpc futures are not concurrent.futures ones: a callback
+        for fut in futures.values():
+            fut.add_done_callback(lambda _: wake.set())
+        while pending:
+            wake.wait(0.1)
+            wake.clear()
+            for key in [k for k, f in pending.items() if f.done()]:
+                fut = pending.pop(key)
+                exc = fut.exception()
+                if exc is None:
+                    replies[key] = json.loads(fut.result())
+                    continue
+                details = exc.details() if isinstance(exc, grpc.RpcError) else str(exc)
+                if _rpc_code(exc) == grpc.StatusCode.ABORTED and details.startswith("restart:"):
+                    raise StepRestartNeeded(details)
+                if _rpc_code(exc) == grpc.StatusCode.INVALID_ARGUMENT:
+                    raise RuntimeError(f"stage {key[0]} replica {key[1]} refused: {details}")
+                raise self._failure(f"stage {key[0]} replica {key[1]}: {details}")
+            found = self.suspects()
+            if found:
+                raise self._failure("", found)
+            if time.monotonic() > end:
+                slow = {k: "missed the step deadline" for k in pending}
+                raise self._failure("step deadline", slow)
+        return replies
+
+    def _calls(
+        self, method: str, req: dict[str, Any], keys: list[Key], timeout_s: float
+    ) -> dict[Key, Any]:
+        futures = {}
+        for key in keys:
+            body = json.dumps({**req, "epoch": self.epochs[key]}).encode()
+            futures[key] = self.clients[key].raw_future(method, body, timeout_s=timeout_s)
+        return futures
+
+    # -- data in ----------------------------------------------------------------------------
     def _push(
         self, stage: int, replica: int, kind: Kind, step: int, mb: int, t: torch.Tensor
     ) -> Any:
-        return self.clients[(stage, replica)].raw_future("Push", encode(kind, step, mb, t))
+        frame = encode(kind, step, mb, t, self.epochs[(stage, replica)])
+        return self.clients[(stage, replica)].raw_future("Push", frame)
 
     def _feed(self, step: int, tokens: torch.Tensor, targets: torch.Tensor | None, m: int) -> None:
         """Tokens to the first stage and targets to the last, all frames in flight at once."""
@@ -172,12 +330,20 @@ class Deployment:
             )
         ):
             for i, x in enumerate(xr.chunk(m)):
-                sent.append(self._push(0, r, Kind.TOKENS, step, i, x))
+                sent.append(((0, r), self._push(0, r, Kind.TOKENS, step, i, x)))
             if yr is not None:
                 for i, y in enumerate(yr.chunk(m)):
-                    sent.append(self._push(self.stages - 1, r, Kind.TARGETS, step, i, y))
-        for fut in sent:
-            fut.result()
+                    sent.append(
+                        (
+                            (self.stages - 1, r),
+                            self._push(self.stages - 1, r, Kind.TARGETS, step, i, y),
+                        )
+                    )
+        for key, fut in sent:
+            try:
+                fut.result()
+            except grpc.RpcError as exc:
+                raise self._failure(f"stage {key[0]} replica {key[1]}: {exc.details()}") from None
 
     def train_step(
         self,
@@ -186,19 +352,40 @@ class Deployment:
         targets: torch.Tensor,
         microbatches: int,
         schedule: str = "1f1b",
+        late_policy: str = "wait",
+        grad_wait_s: float = 5.0,
     ) -> dict[str, Any]:
-        """One training step of the global batch; returns the loss and timings."""
+        """One training step of the global batch; returns the loss and timings. The step is
+        applied (``Commit``) only once every stage has finished it."""
         t0 = time.perf_counter()
+        if len(set(self.epochs.values())) > 1:  # a replica was healed alone: align everyone
+            self._move_to_epoch(list(self.clients), self.epoch)
         self._feed(step, tokens, targets, microbatches)
-        req = {"step": step, "microbatches": microbatches, "schedule": schedule, "train": True}
-        replies = list(
-            self.pool.map(lambda c: c.call("RunStep", req, timeout_s=300), self.clients.values())
+        req = {
+            "step": step,
+            "microbatches": microbatches,
+            "schedule": schedule,
+            "train": True,
+            "late_policy": late_policy,
+            "grad_wait_s": grad_wait_s,
+        }
+        keys = list(self.clients)
+        replies = self._gather(
+            self._calls("RunStep", req, keys, self.step_deadline_s), self.step_deadline_s
         )
-        losses = [r["loss"] for r in replies if r.get("loss") is not None]
+        commits = self._gather(self._calls("Commit", {"step": step}, keys, 30.0), 30.0)
+        losses = [r["loss"] for r in replies.values() if r.get("loss") is not None]
+        skipped = sorted(
+            {(k[0], x) for k, r in replies.items() for x in r.get("skipped_replicas", [])}
+        )
         return {
             "loss": sum(losses) / len(losses),
             "step_s": time.perf_counter() - t0,
-            "compute_s": {f"{r['stage']}/{r['replica']}": r["compute_s"] for r in replies},
+            "compute_s": {
+                f"{k[0]}/{k[1]}": r["compute_s"] + commits[k]["compute_s"]
+                for k, r in replies.items()
+            },
+            "skipped": skipped,
         }
 
     def eval_step(
@@ -207,21 +394,23 @@ class Deployment:
         """Loss of a batch without training (every replica, forward only)."""
         self._feed(step, tokens, targets, microbatches)
         req = {"step": step, "microbatches": microbatches, "train": False, "eval": True}
-        replies = list(
-            self.pool.map(lambda c: c.call("RunStep", req, timeout_s=300), self.clients.values())
-        )
-        losses = [float(r["loss"]) for r in replies if r.get("loss") is not None]
+        replies = self._gather(self._calls("RunStep", req, list(self.clients), 300.0), 300.0)
+        losses = [float(r["loss"]) for r in replies.values() if r.get("loss") is not None]
         return sum(losses) / len(losses)
 
-    def logits(self, step: int, tokens: torch.Tensor, replica: int = 0) -> torch.Tensor:
-        """Next-token logits of every sequence (forward only, through one replica's pipeline)."""
-        self._push(0, replica, Kind.TOKENS, step, 0, tokens).result()
+    def logits(
+        self, step: int, tokens: torch.Tensor, replica: int = 0, timeout_s: float = 120.0
+    ) -> torch.Tensor:
+        """Next-token logits of every sequence (forward only, through one replica's pipeline).
+        A failure raises :class:`WorkerFailure` naming the stage that failed."""
+        try:
+            self._push(0, replica, Kind.TOKENS, step, 0, tokens).result()
+        except grpc.RpcError as exc:
+            raise self._failure(f"stage 0 replica {replica}: {exc.details()}") from None
         req = {"step": step, "microbatches": 1, "train": False}
-        stage_clients = [self.clients[(s, replica)] for s in range(self.stages)]
-        replies = list(
-            self.pool.map(lambda c: c.call("RunStep", req, timeout_s=120), stage_clients)
-        )
-        return torch.tensor(replies[-1]["logits"])
+        keys = [(s, replica) for s in range(self.stages)]
+        replies = self._gather(self._calls("RunStep", req, keys, timeout_s), timeout_s)
+        return torch.tensor(replies[(self.stages - 1, replica)]["logits"])
 
     def generate(
         self,
@@ -231,16 +420,109 @@ class Deployment:
         temperature: float = 0.8,
         seed: int = 0,
         replica: int = 0,
+        cancel: Any = None,
     ) -> bytes:
+        """Sample ``tokens`` bytes after ``prompt``. ``cancel`` (an Event) stops it between
+        tokens (the slower copy of a redundant request)."""
         g = torch.Generator().manual_seed(seed)
         seq = self.layout.model.seq
         out = bytearray(prompt)
         for k in range(tokens):
+            if cancel is not None and cancel.is_set():
+                raise Cancelled("cancelled: another replica answered first")
             ctx = torch.tensor([list(out[-seq:])], dtype=torch.int64)
             logits = self.logits(step_base + k, ctx, replica)[0] / max(temperature, 1e-6)
             nxt = int(torch.multinomial(torch.softmax(logits, -1), 1, generator=g))
             out.append(nxt)
         return bytes(out[len(prompt) :])
+
+    # -- checkpoints and recovery -----------------------------------------------------------
+    def checkpoint(self, step: int, folder: Path | None = None) -> Checkpoint:
+        """Save every stage (replica 0: replicas hold the same weights) between two steps."""
+        folder = folder or self.workdir / "checkpoints" / f"step{step}"
+        keys = [(s, 0) for s in range(self.stages)]
+        futures = {
+            k: self.clients[k].raw_future(
+                "Save", json.dumps({"path": str(folder / f"stage{k[0]}.pt")}).encode(), 120.0
+            )
+            for k in keys
+        }
+        out = self._gather(futures, 120.0)
+        return Checkpoint(step, {k[0]: (r["path"], r["sha256"]) for k, r in out.items()})
+
+    def restore(self, ckpt: Checkpoint, keys: list[Key] | None = None) -> None:
+        """Load ``ckpt`` into the workers (all by default); each file's hash is checked."""
+        keys = keys if keys is not None else list(self.clients)
+        futures = {
+            k: self.clients[k].raw_future(
+                "Load",
+                json.dumps({"path": ckpt.files[k[0]][0], "sha256": ckpt.files[k[0]][1]}).encode(),
+                120.0,
+            )
+            for k in keys
+        }
+        self._gather(futures, 120.0)
+
+    def _move_to_epoch(self, keys: list[Key], epoch: int) -> list[Key]:
+        """Abort the step in progress on ``keys`` and move them to ``epoch``; returns the
+        workers that did not answer."""
+        futures = {
+            k: self.clients[k].raw_future("Abort", json.dumps({"epoch": epoch}).encode(), 5.0)
+            for k in keys
+        }
+        lost = []
+        for k, fut in futures.items():
+            try:
+                fut.result()
+                self.epochs[k] = epoch
+            except grpc.RpcError:
+                lost.append(k)
+        return lost
+
+    def replace(self, keys: list[Key]) -> None:
+        """Fence the instances at ``keys`` and launch replacements at the current epoch. A
+        failed instance is not killed: if it comes back it finds itself fenced and leaves."""
+        for key in keys:
+            old = self.handle(key)
+            self.registry.fence(old.config.sid, self.epoch)
+            self.abandoned.append(old)
+        cfgs = [self._config(k[0], k[1], self.epoch) for k in keys]
+        for h in self.pool.map(lambda c: self.launcher.start(c, self.workdir), cfgs):
+            self._adopt(h)
+
+    def recover(self, failure: WorkerFailure, ckpt: Checkpoint) -> Recovery:
+        """Replace the failed workers, move everyone to a new epoch and back to ``ckpt``."""
+        self.epoch += 1
+        failed = set(failure.failed)
+        survivors = [k for k in self.clients if k not in failed]
+        failed |= set(self._move_to_epoch(survivors, self.epoch))
+        sids = [self.sid(*k) for k in sorted(failed)]
+        self.replace(sorted(failed))
+        self.restore(ckpt)
+        rec = Recovery(sids, str(failure), failure.at, time.time(), ckpt.step, self.epoch)
+        self.recoveries.append(rec)
+        return rec
+
+    def heal(self, failure: WorkerFailure, replica: int, ckpt: Checkpoint | None) -> Recovery:
+        """Repair one replica's pipeline (inference): its survivors move to a new epoch, the
+        failed workers are replaced, and the pipeline loads ``ckpt`` (when there is one)."""
+        self.epoch += 1
+        keys = [(s, replica) for s in range(self.stages)]
+        failed = {k for k in failure.failed if k[1] == replica}
+        failed |= set(self._move_to_epoch([k for k in keys if k not in failed], self.epoch))
+        self.replace(sorted(failed))
+        if ckpt is not None:
+            self.restore(ckpt, keys)
+        rec = Recovery(
+            [self.sid(*k) for k in sorted(failed)],
+            str(failure),
+            failure.at,
+            time.time(),
+            ckpt.step if ckpt else 0,
+            self.epoch,
+        )
+        self.recoveries.append(rec)
+        return rec
 
     def health(self) -> list[dict[str, Any]]:
         return [c.call("Health", timeout_s=5) for c in self.clients.values()]
@@ -248,6 +530,10 @@ class Deployment:
     def shutdown(self) -> None:
         for h in self.handles:
             self.launcher.stop(h)
+        for h in self.abandoned:  # fenced instances (a frozen one cannot act on SIGTERM)
+            with contextlib.suppress(Exception):
+                h.process.kill()
+                h.process.wait(timeout=10)
         for c in self.clients.values():
             c.close()
         self.server.stop(grace=1)
@@ -261,3 +547,7 @@ class Deployment:
 
     def __exit__(self, *exc: object) -> None:
         self.shutdown()
+
+
+class Cancelled(RuntimeError):
+    """A request given up because another replica answered first."""
