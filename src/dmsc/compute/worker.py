@@ -338,6 +338,7 @@ class StageWorker:
         grad_wait_s: float = 5.0,
     ) -> dict[str, Any]:
         cfg, mod = self.cfg, self.module
+        self._pending = []  # sends left by an abandoned step are not ours to finish
         if train:  # gradients of a step that was never committed are dropped
             self.optimizer.zero_grad(set_to_none=True)
             self.uncommitted = None

@@ -1,16 +1,33 @@
-"""A training session on a deployed plan: steps, validation, metrics in the database."""
+"""A training session on a deployed plan: steps, validation, checkpoints, recovery, metrics.
+
+The session takes a checkpoint before its first step and every ``checkpoint_every`` steps. When a
+worker fails, the deployment replaces it and every worker goes back to the last checkpoint; the
+steps since then run again on the same data (batches are a function of the step), so the run goes
+on as the same run without the failure would have from that checkpoint. Metrics of the lost steps
+are dropped and written again. A step that a stage leader dropped (late gradients, policy
+``restart``) was applied nowhere and simply runs again.
+"""
 
 from __future__ import annotations
 
+import json
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
-from dmsc.control.orchestrator import Deployment, StageLayout
+from dmsc.control.orchestrator import (
+    Checkpoint,
+    Deployment,
+    Recovery,
+    StageLayout,
+    StepRestartNeeded,
+    WorkerFailure,
+)
 from dmsc.control.plan import Plan
 from dmsc.data.corpus import Corpus
-from dmsc.data.db import Database
+from dmsc.data.db import CheckpointRecord, Database, FaultRecord
 from dmsc.spec import TransformerSpec
 
 
@@ -31,11 +48,17 @@ def layout_from_plan(
 @dataclass
 class TrainReport:
     steps: int
-    losses: list[float] = field(default_factory=list)
+    losses: list[float] = field(default_factory=list)  # by step, as finally applied
     step_s: list[float] = field(default_factory=list)
     val_start: float | None = None
     val_end: float | None = None
     tokens_per_step: int = 0
+    first_step: int = 0
+    recoveries: list[Recovery] = field(default_factory=list)
+    steps_lost: int = 0  # steps run again after recoveries
+    restarts: int = 0  # steps dropped by a stage leader and run again
+    skipped: list[tuple[int, int, int]] = field(default_factory=list)  # step, stage, replica
+    checkpoint: Checkpoint | None = None  # the last one taken
 
     @property
     def median_step_s(self) -> float:
@@ -58,6 +81,19 @@ def validation_loss(
     return sum(losses) / len(losses)
 
 
+@dataclass
+class Recovering:
+    """How a session survives failures."""
+
+    checkpoint_every: int = 0  # steps between checkpoints (0: only the one before step 1)
+    checkpoint_dir: Path | None = None
+    late_policy: str = "wait"  # wait | skip | restart (see dmsc.compute.worker)
+    grad_wait_s: float = 5.0  # the bound on waiting for a replica's gradient (skip, restart)
+    max_recoveries: int = 5
+    max_restarts: int = 20
+    start: Checkpoint | None = None  # resume from this checkpoint instead of taking one
+
+
 def train(
     dep: Deployment,
     corpus: Corpus,
@@ -70,24 +106,123 @@ def train(
     task_id: int | None = None,
     on_step: Callable[[int, dict[str, Any]], None] | None = None,
     first_step: int = 0,
+    recovering: Recovering | None = None,
+    run_id: int | None = None,
+    validate: bool = True,
 ) -> TrainReport:
-    """Run ``steps`` training steps; validation loss before and after."""
-    report = TrainReport(steps, tokens_per_step=batch * dep.layout.model.seq)
-    report.val_start = validation_loss(dep, valid, batch, microbatches)
-    if db is not None and task_id is not None:
+    """Run steps ``first_step`` .. ``first_step + steps - 1``; validation loss before and after.
+    With ``recovering.start``, the session resumes from that checkpoint (its step must lie in
+    the range) and the steps before it are taken as done."""
+    rec = recovering or Recovering()
+    end = first_step + steps
+    report = TrainReport(steps, tokens_per_step=batch * dep.layout.model.seq, first_step=first_step)
+    logged = db is not None and task_id is not None
+
+    def folder(step: int) -> Path | None:
+        return rec.checkpoint_dir / f"step{step}" if rec.checkpoint_dir else None
+
+    def save(step: int) -> Checkpoint:
+        ckpt = dep.checkpoint(step, folder(step))
+        if db is not None and run_id is not None:
+            files = {str(k): list(v) for k, v in ckpt.files.items()}
+            db.add(
+                CheckpointRecord(
+                    run_id=run_id, task_id=task_id, step=step, files_json=json.dumps(files)
+                )
+            )
+        report.checkpoint = ckpt
+        return ckpt
+
+    def recover(failure: WorkerFailure, ckpt: Checkpoint, at_step: int) -> None:
+        if len(report.recoveries) >= rec.max_recoveries:
+            raise failure
+        r = dep.recover(failure, ckpt)
+        report.recoveries.append(r)
+        report.steps_lost += at_step - ckpt.step
+        if logged:
+            assert db is not None and task_id is not None
+            db.drop_metrics_from(task_id, ckpt.step)
+        if db is not None and run_id is not None:
+            db.add(
+                FaultRecord(
+                    run_id=run_id,
+                    task_id=task_id,
+                    kind="worker",
+                    services=",".join(r.failed),
+                    reason=r.reason[:2000],
+                    detected_at=r.detected_at,
+                    recovered_at=r.recovered_at,
+                    checkpoint_step=ckpt.step,
+                    steps_lost=at_step - ckpt.step,
+                    epoch=r.epoch,
+                )
+            )
+
+    if rec.start is not None:
+        if not first_step <= rec.start.step <= end:
+            raise ValueError(f"checkpoint of step {rec.start.step} is outside {first_step}..{end}")
+        dep.restore(rec.start)
+        ckpt = report.checkpoint = rec.start
+    else:
+        ckpt = save(first_step)
+    if validate:
+        try:
+            report.val_start = validation_loss(dep, valid, batch, microbatches)
+        except WorkerFailure as failure:
+            recover(failure, ckpt, ckpt.step)
+            report.val_start = validation_loss(dep, valid, batch, microbatches)
+    if logged:
+        assert db is not None and task_id is not None
         db.set_task_state(task_id, "running")
-    for step in range(first_step, first_step + steps):
-        x, y = corpus.batch(step, batch)
-        t0 = time.perf_counter()
-        out = dep.train_step(step, x, y, microbatches, schedule)
-        dt = time.perf_counter() - t0
-        report.losses.append(out["loss"])
-        report.step_s.append(dt)
-        if db is not None and task_id is not None:
-            db.add_metric(task_id, step, out["loss"], dt, report.tokens_per_step / dt)
-        if on_step is not None:
-            on_step(step, {**out, "tokens_per_s": report.tokens_per_step / dt})
-    report.val_end = validation_loss(dep, valid, batch, microbatches)
-    if db is not None and task_id is not None:
+    losses: dict[int, float] = {}
+    step = ckpt.step
+
+    def roll_back(failure: WorkerFailure, at_step: int) -> int:
+        recover(failure, ckpt, at_step)
+        for s in range(ckpt.step, at_step):
+            losses.pop(s, None)
+        return ckpt.step
+
+    while True:
+        while step < end:
+            x, y = corpus.batch(step, batch)
+            t0 = time.perf_counter()
+            try:
+                out = dep.train_step(
+                    step, x, y, microbatches, schedule, rec.late_policy, rec.grad_wait_s
+                )
+            except StepRestartNeeded:
+                report.restarts += 1
+                if report.restarts > rec.max_restarts:
+                    raise
+                continue
+            except WorkerFailure as failure:
+                step = roll_back(failure, step)
+                continue
+            dt = time.perf_counter() - t0
+            losses[step] = out["loss"]
+            report.step_s.append(dt)
+            report.skipped += [(step, st, r) for st, r in out.get("skipped", [])]
+            if logged:
+                assert db is not None and task_id is not None
+                db.add_metric(task_id, step, out["loss"], dt, report.tokens_per_step / dt)
+            if on_step is not None:
+                on_step(step, {**out, "tokens_per_s": report.tokens_per_step / dt})
+            step += 1
+            if rec.checkpoint_every and (step - first_step) % rec.checkpoint_every == 0:
+                try:
+                    ckpt = save(step)
+                except WorkerFailure as failure:
+                    step = roll_back(failure, step)
+        if not validate:
+            break
+        try:
+            report.val_end = validation_loss(dep, valid, batch, microbatches)
+            break
+        except WorkerFailure as failure:  # the weights go back to the checkpoint: run again
+            step = roll_back(failure, step)
+    report.losses = [losses[s] for s in sorted(losses)]
+    if logged:
+        assert db is not None and task_id is not None
         db.set_task_state(task_id, "done")
     return report

@@ -104,6 +104,35 @@ class ModelVersionRecord(Base):
     canary_percent: Mapped[float] = mapped_column(default=0.0)
 
 
+class CheckpointRecord(Base):
+    """A consistent training checkpoint (every stage between the same two steps)."""
+
+    __tablename__ = "checkpoints"
+    id: Mapped[int] = mapped_column(primary_key=True)
+    run_id: Mapped[int] = mapped_column(ForeignKey("runs.id"))
+    task_id: Mapped[int | None]
+    step: Mapped[int]
+    files_json: Mapped[str]  # stage -> [path, sha256]
+    created_at: Mapped[dt.datetime] = mapped_column(default=_now)
+
+
+class FaultRecord(Base):
+    """A failure the runtime detected and what it did about it."""
+
+    __tablename__ = "faults"
+    id: Mapped[int] = mapped_column(primary_key=True)
+    run_id: Mapped[int] = mapped_column(ForeignKey("runs.id"))
+    task_id: Mapped[int | None]
+    kind: Mapped[str] = mapped_column(String(32))  # worker, late-gradients, control-plane
+    services: Mapped[str] = mapped_column(default="")  # the SIDs replaced
+    reason: Mapped[str] = mapped_column(default="")
+    detected_at: Mapped[float] = mapped_column(default=0.0)  # unix time
+    recovered_at: Mapped[float | None]
+    checkpoint_step: Mapped[int | None]
+    steps_lost: Mapped[int] = mapped_column(default=0)
+    epoch: Mapped[int] = mapped_column(default=0)
+
+
 RecordT = TypeVar("RecordT", bound=Base)
 
 
@@ -207,6 +236,29 @@ class Database:
                 val_loss=val_loss,
             )
         )
+
+    def drop_metrics_from(self, task_id: int, step: int) -> int:
+        """Forget the metrics of steps ``step`` and later (they are run again after a
+        recovery); returns how many rows went."""
+        from sqlalchemy import delete
+
+        with self.sessions() as s, s.begin():
+            gone = s.execute(
+                delete(MetricRecord).where(
+                    MetricRecord.task_id == task_id, MetricRecord.step >= step
+                )
+            )
+            return int(getattr(gone, "rowcount", 0) or 0)
+
+    def faults(self, run_id: int) -> list[FaultRecord]:
+        with self.sessions() as s:
+            q = select(FaultRecord).where(FaultRecord.run_id == run_id)
+            return list(s.scalars(q.order_by(FaultRecord.id)))
+
+    def last_checkpoint(self, run_id: int) -> CheckpointRecord | None:
+        with self.sessions() as s:
+            q = select(CheckpointRecord).where(CheckpointRecord.run_id == run_id)
+            return s.scalars(q.order_by(CheckpointRecord.id.desc())).first()
 
     def metrics(self, task_id: int) -> list[MetricRecord]:
         with self.sessions() as s:
