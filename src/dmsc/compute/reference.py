@@ -13,21 +13,23 @@ def train_reference(
     seed: int,
     lr: float,
     batches: list[tuple[torch.Tensor, torch.Tensor]],
-    microbatches: int,
+    microbatches: int | list[int],
 ) -> list[float]:
-    """Losses of each step: the global batch split into ``microbatches``, gradients accumulated,
-    one AdamW step, exactly as the pipeline does it."""
+    """Losses of each step: the global batch split into ``microbatches`` (one count for all
+    steps, or one per step), gradients accumulated, one AdamW step, exactly as the pipeline
+    does it."""
     names = layer_names(spec)
     model = build_stage(spec, seed, names[0], names[-1])
     opt = torch.optim.AdamW(model.parameters(), lr=lr)
     losses = []
-    for tokens, targets in batches:
+    counts = microbatches if isinstance(microbatches, list) else [microbatches] * len(batches)
+    for (tokens, targets), m in zip(batches, counts, strict=True):
         total = 0.0
-        for x, y in zip(tokens.chunk(microbatches), targets.chunk(microbatches), strict=True):
-            loss = loss_fn(model(x), y) / microbatches
+        for x, y in zip(tokens.chunk(m), targets.chunk(m), strict=True):
+            loss = loss_fn(model(x), y) / m
             loss.backward()
-            total += float(loss.detach()) * microbatches
+            total += float(loss.detach()) * m
         opt.step()
         opt.zero_grad(set_to_none=True)
-        losses.append(total / microbatches)
+        losses.append(total / m)
     return losses

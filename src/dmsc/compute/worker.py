@@ -28,6 +28,7 @@ import argparse
 import contextlib
 import hashlib
 import json
+import logging
 import os
 import signal
 import sys
@@ -75,7 +76,7 @@ class WorkerConfig:
     threads: int = 1
     token: str | None = None  # the deployment's service credential
     # Fault injection for rehearsals and tests: {"slow_grads": {"steps": [3], "seconds": 2.0}}
-    # holds this replica's gradient back before it goes to the stage leader.
+    # delivers this replica's gradient to the stage leader late, as a slow link would.
     faults: dict[str, Any] = field(default_factory=dict)
     extra: dict[str, Any] = field(default_factory=dict)
 
@@ -145,6 +146,8 @@ class StageWorker:
         self.inbox = Inbox(cfg.epoch)
         self.steps_done = 0
         self.uncommitted: int | None = None  # the step whose gradients wait for Commit
+        self._faults_fired: set[int] = set()
+        self._detached: list[Any] = []  # sends nobody waits for
         self.registry = Client(cfg.registry, REGISTRY_SERVICE, token=cfg.token)
         self._peers: dict[tuple[int, int], Client] = {}
         self._pending: list[tuple[tuple[int, int], bytes, Any]] = []
@@ -442,17 +445,31 @@ class StageWorker:
             for r in range(1, cfg.replicas):
                 frame = encode(Kind.GRAD_AVG, step, 0, avg, self.epoch)
                 fut = self.peer(cfg.stage, r).raw_future("Push", frame)
-                if r not in late:  # a late replica may be stalled: do not wait on it
+                if r not in late:
                     self._pending.append(((cfg.stage, r), frame, fut))
+                else:  # a late replica may be stalled: do not wait on it (but keep the call
+                    # alive: a grpc future that is garbage-collected is cancelled)
+                    self._detached = [f for f in self._detached if not f.done()] + [fut]
             self.flush()
             if not avg.numel():
                 raise StepRestart(f"restart: stage {cfg.stage}, gradients of replicas {late} late")
         else:
             slow = cfg.faults.get("slow_grads", {})
-            if step in slow.get("steps", []):
-                time.sleep(float(slow.get("seconds", 0.0)))
-            self.send(cfg.stage, Kind.GRAD_PART, step, cfg.replica, flat, replica=0)
-            self.flush()
+            if step in slow.get("steps", []) and step not in self._faults_fired:
+                # A slow link: the gradient reaches the leader ``seconds`` late (once: a step run
+                # again is on time). This replica goes on to wait for the average meanwhile.
+                self._faults_fired.add(step)
+                frame = encode(Kind.GRAD_PART, step, cfg.replica, flat, self.epoch)
+                leader = self.peer(cfg.stage, 0)
+
+                def deliver() -> None:
+                    with contextlib.suppress(Exception):
+                        leader.raw("Push", frame, timeout_s=10)
+
+                threading.Timer(float(slow.get("seconds", 0.0)), deliver).start()
+            else:
+                self.send(cfg.stage, Kind.GRAD_PART, step, cfg.replica, flat, replica=0)
+                self.flush()
             avg = self.inbox.get(Kind.GRAD_AVG, step, 0, cfg.recv_timeout_s)
             if not avg.numel():
                 raise StepRestart(f"restart: stage {cfg.stage}, the leader dropped step {step}")
@@ -560,8 +577,10 @@ def main(argv: list[str] | None = None) -> None:
     # Leave the registry on the way out (a kill -9 leaves it to the TTL).
     with contextlib.suppress(Exception):
         worker.registry.call("Deregister", beat, timeout_s=2)
-    server.stop(grace=1)
-    sys.exit(0)
+    worker.inbox.advance(-1)  # fail any wait in progress: the handlers return at once
+    server.stop(grace=1).wait(2)
+    logging.shutdown()
+    os._exit(0)  # do not wait for handler threads (a stalled send) to wind down
 
 
 if __name__ == "__main__":

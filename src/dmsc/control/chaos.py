@@ -190,9 +190,7 @@ def serve_under_fault(
                         with lock:
                             if futures[fut] not in down:
                                 down.add(futures[fut])
-                                fr.detected_after_s = fr.detected_after_s or (
-                                    exc.at - injected_at
-                                )
+                                fr.detected_after_s = fr.detected_after_s or (exc.at - injected_at)
                         continue
                     except Exception as exc:  # a timeout or a cancelled copy
                         errors.append(f"{type(exc).__name__}: {exc}")
@@ -224,4 +222,3 @@ def _first_done(futures: list[Any], timeout_s: float) -> list[Any]:
     except TimeoutError:
         pass
     return out
-

@@ -370,9 +370,15 @@ class Deployment:
             "grad_wait_s": grad_wait_s,
         }
         keys = list(self.clients)
-        replies = self._gather(
-            self._calls("RunStep", req, keys, self.step_deadline_s), self.step_deadline_s
-        )
+        try:
+            replies = self._gather(
+                self._calls("RunStep", req, keys, self.step_deadline_s), self.step_deadline_s
+            )
+        except StepRestartNeeded:
+            # Drop the step everywhere: a new epoch fails what still runs and empties inboxes.
+            self.epoch += 1
+            self._move_to_epoch(keys, self.epoch)
+            raise
         commits = self._gather(self._calls("Commit", {"step": step}, keys, 30.0), 30.0)
         losses = [r["loss"] for r in replies.values() if r.get("loss") is not None]
         skipped = sorted(
