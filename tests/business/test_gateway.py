@@ -2,8 +2,9 @@
 
 from __future__ import annotations
 
+import threading
 from pathlib import Path
-from typing import Any
+from typing import Any, ClassVar
 
 import pytest
 from fastapi.testclient import TestClient
@@ -32,7 +33,9 @@ class Backend:
     def replicas(self) -> list[str]:
         return ["replica-0", "replica-1"]
 
-    def infer_on(self, replica: str, prompt: str, tokens: int) -> str:
+    def infer_on(
+        self, replica: str, prompt: str, tokens: int, cancel: threading.Event | None = None
+    ) -> str:
         self.calls.append(replica)
         if replica in self.broken:
             raise ConnectionError(f"{replica} is down")
@@ -163,6 +166,53 @@ def test_a_stuck_replica_times_out_and_fails_over(tmp_path: Path) -> None:
     _, key = create_key(db, "t", ["infer"])
     r = TestClient(app).post("/v1/infer", json={"prompt": "a", "tokens": 1}, headers=_h(key))
     assert r.status_code == 200 and r.json()["replica"] == "replica-1"
+
+
+def test_redundant_execution_takes_the_first_answer_and_cancels_the_other(tmp_path: Path) -> None:
+    import time as _time
+
+    class Race(Backend):
+        cancelled: ClassVar[list[str]] = []
+
+        def infer_on(
+            self, replica: str, prompt: str, tokens: int, cancel: threading.Event | None = None
+        ) -> str:
+            if replica == "replica-0":  # slow, token by token, honouring the cancel
+                for _ in range(50):
+                    if cancel is not None and cancel.is_set():
+                        self.cancelled.append(replica)
+                        raise RuntimeError("cancelled")
+                    _time.sleep(0.02)
+            return super().infer_on(replica, prompt, tokens, cancel)
+
+    db = Database(f"sqlite:///{tmp_path / 'r.sqlite'}")
+    run = db.new_run("m", "c", {})
+    backend = Race()
+    app = create_app(backend, db, TaskQueue(db, run.id), router="round_robin")
+    _, key = create_key(db, "t", ["infer"])
+    client = TestClient(app)
+    t0 = _time.perf_counter()
+    body = {"prompt": "a", "tokens": 2, "redundant": True}
+    r = client.post("/v1/infer", json=body, headers=_h(key))
+    assert r.status_code == 200, r.text
+    out = r.json()
+    assert out["replica"] == "replica-1" and sorted(out["raced"]) == ["replica-0", "replica-1"]
+    assert _time.perf_counter() - t0 < 0.9  # did not wait for the slow copy
+    for _ in range(50):
+        if backend.cancelled:
+            break
+        _time.sleep(0.02)
+    assert backend.cancelled == ["replica-0"]
+    # One copy fails outright: the other answers.
+    backend.broken = {"replica-1"}
+    r = client.post("/v1/infer", json=body, headers=_h(key))
+    assert r.status_code == 200 and r.json()["replica"] == "replica-0"
+    # Both fail: a 502 that says which.
+    backend.broken = {"replica-0", "replica-1"}
+    r = client.post(
+        "/v1/infer", json={"prompt": "a", "tokens": 1, "redundant": True}, headers=_h(key)
+    )
+    assert r.status_code == 502 and "is down" in r.json()["detail"]
 
 
 def test_models_exceptions_and_admin_requeue(env) -> None:  # type: ignore[no-untyped-def]

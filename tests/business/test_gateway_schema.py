@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import tempfile
+import threading
 from pathlib import Path
 
 import schemathesis
@@ -18,7 +19,9 @@ class Backend:
     def replicas(self) -> list[str]:
         return ["replica-0", "replica-1"]
 
-    def infer_on(self, replica: str, prompt: str, tokens: int) -> str:
+    def infer_on(
+        self, replica: str, prompt: str, tokens: int, cancel: threading.Event | None = None
+    ) -> str:
         return prompt[:tokens]
 
     def services(self) -> list[dict[str, str]]:

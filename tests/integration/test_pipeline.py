@@ -77,7 +77,38 @@ def test_malformed_messages_get_an_error_and_the_worker_keeps_serving(batches) -
         assert info.value.code() == grpc.StatusCode.INVALID_ARGUMENT
         with pytest.raises(grpc.RpcError):
             client.call("RunStep", {"step": 1, "microbatches": 0})
+        # Well-formed frames with the wrong content for this stage are refused too.
+        wrong = {
+            "wrong dtype": encode(Kind.TOKENS, 99, 0, torch.zeros(1, SPEC.seq)),
+            "wrong shape": encode(Kind.TOKENS, 99, 0, torch.zeros(2, 3, 4, dtype=torch.int64)),
+            "too long": encode(Kind.TOKENS, 99, 0, torch.zeros(1, SPEC.seq + 1, dtype=torch.int64)),
+            "token out of range": encode(
+                Kind.TOKENS, 99, 0, torch.full((1, SPEC.seq), SPEC.vocab, dtype=torch.int64)
+            ),
+            "not for the first stage": encode(
+                Kind.ACTIVATION, 99, 0, torch.zeros(1, 4, SPEC.hidden)
+            ),
+            "not for the first stage (targets)": encode(
+                Kind.TARGETS, 99, 0, torch.zeros(1, SPEC.seq, dtype=torch.int64)
+            ),
+            "gradient of the wrong size": encode(Kind.GRAD_PART, 99, 1, torch.zeros(7)),
+            "a stale epoch": encode(
+                Kind.TOKENS, 99, 0, torch.zeros(1, SPEC.seq, dtype=torch.int64), epoch=7
+            ),
+        }
+        unknown_kind = bytearray(good)
+        unknown_kind[5] = 42
+        for why, frame in [*wrong.items(), ("unknown kind", bytes(unknown_kind))]:
+            with pytest.raises(grpc.RpcError) as info:
+                client.raw("Push", frame)
+            assert info.value.code() == grpc.StatusCode.INVALID_ARGUMENT, why
+        for bad_req in ({"step": 1, "microbatches": 1, "late_policy": "ignore"}, {"epoch": "x"}):
+            with pytest.raises(grpc.RpcError) as info:
+                client.call("RunStep", bad_req)
+            assert info.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+        # and the worker still trains: a step runs with the good frames
         assert client.call("Health")["status"] == "ok"
+        assert dep.train_step(0, *batches[0], MICRO)["loss"] > 0
         x, y = batches[0]
         assert dep.train_step(0, x, y, MICRO)["loss"] > 0  # still trains
         client.close()

@@ -3,13 +3,17 @@
 Per request: authentication (API key -> tenant and scopes), the tenant's rate limit (429 with
 Retry-After), the body size limit (413), then the endpoint. Inference goes through the service
 router to a pipeline replica under a circuit breaker per replica, failing over to another
-replica; training and other long work goes into the persistent task queue. Prometheus metrics at
-``/metrics``.
+replica when one fails or misses its deadline (``redundant``: two replicas at once, the first
+answer wins and the other is cancelled); training and other long work goes into the persistent
+task queue. Prometheus metrics at ``/metrics``.
 """
 
+import contextlib
+import threading
 import time
 from collections.abc import Awaitable, Callable
-from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import FIRST_COMPLETED, Future, ThreadPoolExecutor, wait
+from functools import partial
 from typing import Annotated, Any, Protocol
 
 from fastapi import Depends, FastAPI, HTTPException, Request, Response
@@ -37,7 +41,9 @@ class Backend(Protocol):
 
     def replicas(self) -> list[str]: ...
 
-    def infer_on(self, replica: str, prompt: str, tokens: int) -> str: ...
+    def infer_on(
+        self, replica: str, prompt: str, tokens: int, cancel: threading.Event | None = None
+    ) -> str: ...
 
     def services(self) -> list[dict[str, Any]]: ...
 
@@ -46,12 +52,17 @@ class InferRequest(BaseModel):
     prompt: str = Field(min_length=1, max_length=10_000)
     tokens: int = Field(default=40, gt=0, le=1024)
     session: str | None = Field(default=None, max_length=256)
+    # Redundant execution: two replicas at once, the first answer wins, the other is cancelled.
+    redundant: bool = False
 
 
 class TaskRequest(BaseModel):
     steps: int = Field(gt=0, le=1_000_000)
     priority: int = Field(default=0, ge=-100, le=100)
     lane: str = Field(default="async", pattern="^(sync|async)$")
+    checkpoint_every: int = Field(default=50, ge=0, le=1_000_000)
+    late_policy: str = Field(default="wait", pattern="^(wait|skip|restart)$")
+    grad_wait_s: float = Field(default=5.0, gt=0, le=3600)
 
 
 def _task_json(t: TaskRecord) -> dict[str, Any]:
@@ -65,6 +76,10 @@ def _task_json(t: TaskRecord) -> dict[str, Any]:
         "error": t.error,
         "exception_type": t.exception_type,
     }
+
+
+def _finished_later(route: Router, replica: str, _fut: Future[str]) -> None:
+    route.finished(replica, 0.0)
 
 
 def create_app(
@@ -85,6 +100,12 @@ def create_app(
     limiter = RateLimiter(rate, burst, clock)
     route: Router = POLICIES[router]()
     breakers: dict[str, CircuitBreaker] = {}
+
+    def breaker(replica: str) -> CircuitBreaker:
+        return breakers.setdefault(
+            replica, CircuitBreaker(breaker_threshold, breaker_reset_s, clock=clock)
+        )
+
     reg = CollectorRegistry()
     requests = Counter(
         "dmsc_gateway_requests_total", "Requests", ["endpoint", "status"], registry=reg
@@ -146,48 +167,82 @@ def create_app(
         version = pick_version(versions(db), request_key)
         by_version = getattr(backend, "replicas_for_version", None)
         replicas = by_version(version.id if version else None) if by_version else backend.replicas()
+        last_error = "no replica answered"
         while True:
             try:
-                replica = route.choose(replicas, key=req.session, exclude=tried)
+                picks = [route.choose(replicas, key=req.session, exclude=tried)]
             except NoReplica:
                 raise HTTPException(
                     503,
                     "no replica could serve the request "
                     f"(tried {', '.join(sorted(tried)) or 'none'})",
                 ) from None
-            br = breakers.setdefault(
-                replica, CircuitBreaker(breaker_threshold, breaker_reset_s, clock=clock)
-            )
-            tried.add(replica)
-            if not br.allow():
+            tried.add(picks[0])
+            if req.redundant:
+                with contextlib.suppress(NoReplica):
+                    picks.append(route.choose(replicas, exclude=tried))
+                    tried.add(picks[-1])
+            picks = [p for p in picks if breaker(p).allow()]
+            if not picks:
                 continue
-            route.started(replica)
-            t0 = time.perf_counter()
-            try:
-                # A per-backend deadline: a stuck replica counts as failed (its call is left to
-                # finish in the background) and the request fails over.
-                call = calls.submit(backend.infer_on, replica, req.prompt, req.tokens)
-                text = call.result(timeout=backend_timeout_s)
-            except Exception as exc:
-                route.finished(replica, time.perf_counter() - t0, ok=False)
-                br.failure()
-                last_error = f"{type(exc).__name__}: {exc}"
-                if len(tried) >= len(replicas):
-                    raise HTTPException(502, f"replica {replica} failed: {last_error}") from None
-                continue
-            route.finished(replica, time.perf_counter() - t0)
-            br.success()
-            return {
-                "text": text,
-                "replica": replica,
-                "tenant": who.tenant,
-                "model_version": version.id if version else None,
-            }
+            cancel = threading.Event()
+            started = time.perf_counter()
+            # A per-backend deadline: a stuck replica counts as failed (its call is left to
+            # finish in the background) and the request fails over.
+            futures: dict[Future[str], str] = {}
+            for p in picks:
+                route.started(p)
+                if req.redundant:
+                    fut = calls.submit(backend.infer_on, p, req.prompt, req.tokens, cancel)
+                else:
+                    fut = calls.submit(backend.infer_on, p, req.prompt, req.tokens)
+                futures[fut] = p
+            winner: tuple[str, str] | None = None
+            pending = set(futures)
+            deadline = time.monotonic() + backend_timeout_s
+            while pending and winner is None:
+                left = deadline - time.monotonic()
+                done, pending = wait(pending, timeout=max(0.0, left), return_when=FIRST_COMPLETED)
+                if not done:
+                    break
+                for fut in done:
+                    p, dt = futures[fut], time.perf_counter() - started
+                    exc = fut.exception()
+                    if exc is None and winner is None:
+                        winner = (p, fut.result())
+                        route.finished(p, dt)
+                        breaker(p).success()
+                    elif exc is None:  # the slower copy also finished
+                        route.finished(p, dt)
+                    else:
+                        route.finished(p, dt, ok=False)
+                        breaker(p).failure()
+                        last_error = f"replica {p} failed: {type(exc).__name__}: {exc}"
+            cancel.set()  # the slower copy stops at its next token
+            for fut in pending:
+                p = futures[fut]
+                if winner is None:  # past the deadline
+                    route.finished(p, time.perf_counter() - started, ok=False)
+                    breaker(p).failure()
+                    last_error = f"replica {p} failed: no answer within {backend_timeout_s:g} s"
+                else:  # cancelled: count it done when it stops
+                    fut.add_done_callback(partial(_finished_later, route, p))
+            if winner is not None:
+                return {
+                    "text": winner[1],
+                    "replica": winner[0],
+                    "raced": picks if len(picks) > 1 else None,
+                    "tenant": who.tenant,
+                    "model_version": version.id if version else None,
+                }
+            if len(tried) >= len(replicas):
+                raise HTTPException(502, last_error)
 
     @app.post("/v1/tasks", status_code=202)
     def submit(req: TaskRequest, who: SubmitWho) -> dict[str, Any]:
+        params = req.model_dump(include={"steps", "checkpoint_every", "late_policy", "grad_wait_s"})
         task = queue.submit(
-            "train", {"steps": req.steps}, tenant=who.tenant, priority=req.priority, lane=req.lane
+            "train", params, tenant=who.tenant, priority=req.priority, lane=req.lane
         )
         return _task_json(task)
 

@@ -591,12 +591,41 @@ def status(as_json: Annotated[bool, typer.Option("--json")] = False) -> None:
 @app.command(name="train")
 def train_cmd(
     steps: Annotated[int, typer.Option(help="Training steps.")] = 200,
+    checkpoint_every: Annotated[
+        int, typer.Option(help="Steps between checkpoints (0: only one before the first step).")
+    ] = 50,
+    late_policy: Annotated[
+        str,
+        typer.Option(help="Late data-parallel gradients: wait, skip (re-weight) or restart."),
+    ] = "wait",
+    grad_wait: Annotated[
+        float, typer.Option(help="Seconds to wait for a replica's gradient (skip, restart).")
+    ] = 5.0,
     as_json: Annotated[bool, typer.Option("--json")] = False,
 ) -> None:
-    """Run a training task on the running services."""
+    """Run a training task on the running services; it survives failed workers."""
     from dmsc.cli.runtime_cmd import do_train
 
-    do_train(steps, console, as_json)
+    do_train(steps, console, as_json, checkpoint_every, late_policy, grad_wait)
+
+
+@app.command()
+def chaos(
+    kill_worker: Annotated[
+        str, typer.Option("--kill-worker", help="The worker: stage=N[,replica=R].")
+    ],
+    after: Annotated[float, typer.Option(help="Seconds to wait before the fault.")] = 0.0,
+    freeze: Annotated[
+        bool, typer.Option(help="SIGSTOP (a hung worker) instead of kill -9.")
+    ] = False,
+    watch: Annotated[float, typer.Option(help="Seconds to watch for the recovery.")] = 120.0,
+    as_json: Annotated[bool, typer.Option("--json")] = False,
+) -> None:
+    """Rehearse a failure: kill (or freeze) a stage worker of the running deployment and report
+    how long the control plane took to detect and repair it."""
+    from dmsc.cli.runtime_cmd import do_chaos
+
+    do_chaos(kill_worker, after, freeze, watch, console, as_json)
 
 
 @app.command()

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import subprocess
@@ -137,13 +138,49 @@ def do_status(console: Console, as_json: bool) -> dict[str, Any]:
         for task in out["tasks"]:
             tt.add_row(str(task["id"]), task["kind"], task["state"])
         console.print(tt)
+    if out.get("faults"):
+        ft = Table(
+            "fault", "task", "replaced", "reason", "recovered after", "back to step", title="faults"
+        )
+        for f in out["faults"]:
+            took = (
+                f"{f['recovered_at'] - f['detected_at']:.1f} s" if f["recovered_at"] else "not yet"
+            )
+            ft.add_row(
+                str(f["id"]),
+                str(f["task"] or ""),
+                f["services"],
+                f["reason"][:80],
+                took,
+                str(f["checkpoint_step"]),
+            )
+        console.print(ft)
     return out
 
 
-def do_train(steps: int, console: Console, as_json: bool) -> dict[str, Any]:
+def do_train(
+    steps: int,
+    console: Console,
+    as_json: bool,
+    checkpoint_every: int = 50,
+    late_policy: str = "wait",
+    grad_wait_s: float = 5.0,
+) -> dict[str, Any]:
     if steps <= 0:
         raise SpecError("command line", "--steps", "must be positive")
-    out: dict[str, Any] = _control().call("Train", {"steps": steps})
+    if checkpoint_every < 0:
+        raise SpecError("command line", "--checkpoint-every", "must be 0 or positive")
+    if late_policy not in ("wait", "skip", "restart"):
+        raise SpecError("command line", "--late-policy", "must be wait, skip or restart")
+    if not grad_wait_s > 0:
+        raise SpecError("command line", "--grad-wait", "must be positive")
+    req = {
+        "steps": steps,
+        "checkpoint_every": checkpoint_every,
+        "late_policy": late_policy,
+        "grad_wait_s": grad_wait_s,
+    }
+    out: dict[str, Any] = _control().call("Train", req)
     if as_json:
         print(json.dumps(out))
     else:
@@ -154,6 +191,98 @@ def do_train(steps: int, console: Console, as_json: bool) -> dict[str, Any]:
             f"{out['predicted_step_s'] * 1e3:.1f} ms), {out['tokens_per_s']:,.0f} tokens/s",
             highlight=False,
         )
+        for r in out.get("recoveries", []):
+            console.print(
+                f"recovered: replaced {', '.join(r['services']) or 'nothing'} "
+                f"({r['reason'][:100]}) in {r['recovered_after_s']:.1f} s, "
+                f"back to the checkpoint of step {r['checkpoint_step']}",
+                highlight=False,
+            )
+    return out
+
+
+def parse_target(text: str) -> tuple[int, int]:
+    """``stage=N[,replica=R]`` -> (stage, replica)."""
+    fields: dict[str, int] = {}
+    for part in text.split(","):
+        name, _, value = part.partition("=")
+        if name.strip() not in ("stage", "replica") or not value.strip().isdigit():
+            raise SpecError(
+                "command line", "--kill-worker", f"expected stage=N[,replica=R], got {text!r}"
+            )
+        fields[name.strip()] = int(value)
+    if "stage" not in fields:
+        raise SpecError("command line", "--kill-worker", "names no stage (stage=N)")
+    return fields["stage"], fields.get("replica", 0)
+
+
+def do_chaos(
+    target: str, after_s: float, freeze: bool, watch_s: float, console: Console, as_json: bool
+) -> dict[str, Any]:
+    """Kill -9 (or freeze) one stage worker of the running deployment after ``after_s`` seconds,
+    then watch the control plane detect and repair it."""
+    import signal
+
+    stage, replica = parse_target(target)
+    if after_s < 0 or watch_s <= 0:
+        raise SpecError("command line", "--after", "must be 0 or positive (and --watch positive)")
+    control = _control()
+    before = control.call("Status")
+    victim = next(
+        (s for s in before["services"] if (s["stage"], s["replica"]) == (stage, replica)), None
+    )
+    if victim is None:
+        raise SpecError(
+            "command line", "--kill-worker", f"no worker at stage {stage} replica {replica}"
+        )
+    seen = {f["id"] for f in before.get("faults", [])}
+    time.sleep(after_s)
+    os.kill(int(victim["pid"]), signal.SIGSTOP if freeze else signal.SIGKILL)
+    injected = time.time()
+    fault = None
+    deadline = time.monotonic() + watch_s
+    while time.monotonic() < deadline:
+        now = control.call("Status")
+        fresh = [
+            f
+            for f in now.get("faults", [])
+            if f["id"] not in seen and victim["sid"] in f["services"].split(",")
+        ]
+        if fresh and fresh[-1]["recovered_at"]:
+            fault = fresh[-1]
+            break
+        time.sleep(0.2)
+    if freeze:  # let the frozen instance run again: fencing must keep it out
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(int(victim["pid"]), signal.SIGCONT)
+    out = {
+        "fault": "freeze" if freeze else "kill -9",
+        "target": victim["sid"],
+        "pid": victim["pid"],
+        "recovered": fault is not None,
+        "detected_after_s": fault["detected_at"] - injected if fault else None,
+        "recovered_after_s": fault["recovered_at"] - injected if fault else None,
+        "checkpoint_step": fault["checkpoint_step"] if fault else None,
+        "steps_lost": fault["steps_lost"] if fault else None,
+    }
+    if as_json:
+        print(json.dumps(out))
+    elif fault is None:
+        console.print(
+            f"{out['fault']} {victim['sid']} (pid {victim['pid']}): "
+            f"no recovery seen within {watch_s:g} s",
+            highlight=False,
+        )
+    else:
+        console.print(
+            f"{out['fault']} {victim['sid']} (pid {victim['pid']}): detected after "
+            f"{out['detected_after_s']:.2f} s, recovered after {out['recovered_after_s']:.2f} s, "
+            f"back to the checkpoint of step {out['checkpoint_step']} "
+            f"({out['steps_lost']} steps run again)",
+            highlight=False,
+        )
+    if fault is None:
+        raise SystemExit(1)
     return out
 
 

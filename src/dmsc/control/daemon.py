@@ -4,6 +4,14 @@ It deploys a plan (stage workers through the local launcher, the registry in thi
 serves ``dmsc.Control`` (Status, Train, Infer, Down) on 127.0.0.1, records runs, tasks, services,
 metrics and model versions in the database, and writes ``control.json`` (address, pid) under the
 data directory so that later commands can find it.
+
+Recovery. Training tasks checkpoint every ``checkpoint_every`` steps (default 50) and survive a
+failed worker (see :mod:`dmsc.control.session`). A watchdog checks the workers every second
+while no task runs and replaces a failed one (loading the last checkpoint into its pipeline); a
+replica whose pipeline failed leaves inference routing until it is healed. Every fault and what
+was done about it goes to the ``faults`` table, shown by ``dmsc status``. After a crash of the
+control plane, the same plan resumes its run: workers load the run's last checkpoint, queued tasks
+stay queued, and a task that was running resumes from its own last checkpoint.
 """
 
 from __future__ import annotations
@@ -20,14 +28,17 @@ from sqlalchemy import select
 
 from dmsc.business.observe import json_logger, metrics_server
 from dmsc.business.rpc import BadRequest, json_handler, serve
-from dmsc.control.orchestrator import Deployment
+from dmsc.compute.worker import LATE_POLICIES
+from dmsc.control.orchestrator import Checkpoint, Deployment, WorkerFailure
 from dmsc.control.plan import Plan
 from dmsc.control.queue import TaskQueue
-from dmsc.control.session import layout_from_plan, train
+from dmsc.control.session import Recovering, TrainReport, layout_from_plan, train
 from dmsc.control.versions import versions
 from dmsc.data.corpus import Corpus, stdlib_text
 from dmsc.data.db import (
+    CheckpointRecord,
     Database,
+    FaultRecord,
     ModelVersionRecord,
     RunRecord,
     ServiceRecord,
@@ -37,6 +48,7 @@ from dmsc.data.db import (
 from dmsc.spec import TransformerSpec, resolve_model
 
 CONTROL_SERVICE = "dmsc.Control"
+CHECKPOINT_EVERY = 50  # steps, unless a task asks otherwise
 
 
 def control_file() -> Path:
@@ -46,12 +58,16 @@ def control_file() -> Path:
 class ControlPlane:
     """A deployment plus the database and the Control service methods."""
 
-    def __init__(self, plan: Plan, db: Database) -> None:
+    def __init__(self, plan: Plan, db: Database, registry_ttl_s: float = 10.0) -> None:
         model = resolve_model(plan.model)
         if not isinstance(model, TransformerSpec):
             raise ValueError("the runtime serves transformer models")
         self.plan, self.model, self.db = plan, model, db
-        self.deployment = Deployment(layout_from_plan(plan, model), workdir=data_dir() / "workers")
+        self.deployment = Deployment(
+            layout_from_plan(plan, model),
+            workdir=data_dir() / "workers",
+            registry_ttl_s=registry_ttl_s,
+        )
         self.run = self._resume_or_new_run(plan)
         train_text, valid_text = stdlib_text()
         self.corpus = Corpus(train_text, model.seq, seed=0)
@@ -60,6 +76,7 @@ class ControlPlane:
         self.lock = threading.Lock()
         self.replica_locks = [threading.Lock() for _ in range(plan.job.dp)]
         self.served: dict[int, int] = {}  # replica -> model version it serves
+        self.replicas_down: set[int] = set()  # replicas out of inference routing until healed
         self._version_signature: list[tuple[int, str]] = []
         self.metrics = CollectorRegistry()
         self.m_tasks = Counter(
@@ -102,6 +119,14 @@ class ControlPlane:
 
     def start(self) -> None:
         self.deployment.start()
+        last = self.last_checkpoint()
+        if last is not None:  # a resumed run: the workers continue from where it stopped
+            self.deployment.restore(last)
+            self.steps_done = last.step
+            self.log.info("resumed from the checkpoint of step %d", last.step)
+        self._record_services()
+
+    def _record_services(self) -> None:
         for h in self.deployment.handles:
             self.db.add(
                 ServiceRecord(
@@ -112,6 +137,13 @@ class ControlPlane:
                     address=h.address,
                 )
             )
+
+    def last_checkpoint(self, task_id: int | None = None) -> Checkpoint | None:
+        rec = self.db.last_checkpoint(self.run.id, task_id)
+        if rec is None:
+            return None
+        files = {int(k): (v[0], v[1]) for k, v in json.loads(rec.files_json).items()}
+        return Checkpoint(rec.step, files)
 
     def status(self, req: dict[str, Any]) -> dict[str, Any]:
         services = []
@@ -137,44 +169,110 @@ class ControlPlane:
             s["registered"] = s["sid"] in seen
             s["heartbeat_age_s"] = self.deployment.registry.heartbeat_age(s["sid"])
         tasks = [{"id": t.id, "kind": t.kind, "state": t.state} for t in self.db.tasks(self.run.id)]
+        faults = [
+            {
+                "id": f.id,
+                "kind": f.kind,
+                "task": f.task_id,
+                "services": f.services,
+                "reason": f.reason,
+                "detected_at": f.detected_at,
+                "recovered_at": f.recovered_at,
+                "checkpoint_step": f.checkpoint_step,
+                "steps_lost": f.steps_lost,
+                "epoch": f.epoch,
+            }
+            for f in self.db.faults(self.run.id)
+        ]
         return {
             "run": self.run.id,
             "model": self.plan.model,
             "steps": self.steps_done,
+            "epoch": self.deployment.epoch,
             "services": services,
             "tasks": tasks,
+            "faults": faults,
+            "replicas_down": sorted(self.replicas_down),
         }
 
-    def train(self, req: dict[str, Any]) -> dict[str, Any]:
+    def train_params(self, req: dict[str, Any]) -> dict[str, Any]:
+        """A training task's parameters, checked (BadRequest says which one is wrong)."""
         try:
             steps = int(req.get("steps", 100))
             batch = int(req.get("batch", self.plan.job.global_batch))
             micro = int(req.get("microbatches", self.plan.job.microbatches))
+            every = int(req.get("checkpoint_every", CHECKPOINT_EVERY))
+            policy = str(req.get("late_policy", "wait"))
+            grad_wait_s = float(req.get("grad_wait_s", 5.0))
         except (TypeError, ValueError) as exc:
             raise BadRequest(f"bad train request: {exc}") from None
+        params: dict[str, Any] = {
+            "steps": steps,
+            "batch": batch,
+            "microbatches": micro,
+            "checkpoint_every": every,
+            "late_policy": policy,
+            "grad_wait_s": grad_wait_s,
+        }
         if steps <= 0 or batch <= 0 or micro <= 0 or batch % (micro * self.plan.job.dp):
             raise BadRequest("steps, batch and microbatches must be positive, batch divisible")
+        if params["checkpoint_every"] < 0:
+            raise BadRequest("checkpoint_every must be 0 (only at the start) or positive")
+        if params["late_policy"] not in LATE_POLICIES or not params["grad_wait_s"] > 0:
+            raise BadRequest(f"late_policy must be one of {LATE_POLICIES}, grad_wait_s positive")
+        if "first_step" in req:
+            params["first_step"] = int(req["first_step"])
+        return params
+
+    def run_task(self, task_id: int, params: dict[str, Any]) -> TrainReport:
+        """Run a training task (holding the lock). A task that was running when the control
+        plane died resumes from its last checkpoint."""
         schedule = "gpipe" if self.plan.job.schedule == "gpipe" else "1f1b"
+        start = None
+        if "first_step" in params:  # it ran before: resume
+            start = self.last_checkpoint(task_id)
+        else:
+            params = {**params, "first_step": self.steps_done}
+            self.db.set_task_params(task_id, params)
+        first = int(params["first_step"])
+        folder = data_dir() / "checkpoints" / f"run{self.run.id}" / f"task{task_id}"
+        report = train(
+            self.deployment,
+            self.corpus,
+            self.valid,
+            int(params["steps"]),
+            int(params["batch"]),
+            int(params["microbatches"]),
+            schedule,
+            self.db,
+            task_id,
+            first_step=first,
+            recovering=Recovering(
+                checkpoint_every=int(params["checkpoint_every"]),
+                checkpoint_dir=folder,
+                late_policy=str(params["late_policy"]),
+                grad_wait_s=float(params["grad_wait_s"]),
+                start=start,
+            ),
+            run_id=self.run.id,
+        )
+        self.steps_done = first + int(params["steps"])
+        for r in report.recoveries:
+            self.log.warning("recovered from a failure: %s", r.reason, extra={"task_id": task_id})
+        return report
+
+    def train(self, req: dict[str, Any]) -> dict[str, Any]:
+        params = self.train_params(req)
+        params.pop("first_step", None)
         with self.lock:
-            task = self.db.new_task(self.run.id, "train", {"steps": steps, "batch": batch})
+            task = self.db.new_task(self.run.id, "train", params)
             try:
-                report = train(
-                    self.deployment,
-                    self.corpus,
-                    self.valid,
-                    steps,
-                    batch,
-                    micro,
-                    schedule,
-                    self.db,
-                    task.id,
-                    first_step=self.steps_done,
-                )
+                report = self.run_task(task.id, params)
             except Exception as exc:
                 self.db.set_task_state(task.id, "failed", str(exc))
                 raise
-            self.steps_done += steps
             version = self._checkpoint()
+        steps = params["steps"]
         for s in report.step_s:
             self.m_step.observe(s)
         self.m_tasks.labels("train", "done").inc()
@@ -190,15 +288,30 @@ class ControlPlane:
             "predicted_step_s": self.plan.prediction.iteration_time_s,
             "tokens_per_s": report.tokens_per_step / report.median_step_s,
             "model_version": version,
+            "recoveries": [
+                {
+                    "services": r.failed,
+                    "reason": r.reason,
+                    "detected_at": r.detected_at,
+                    "recovered_after_s": r.recovered_at - r.detected_at,
+                    "checkpoint_step": r.checkpoint_step,
+                }
+                for r in report.recoveries
+            ],
+            "steps_lost": report.steps_lost,
+            "restarts": report.restarts,
+            "skipped": report.skipped,
         }
 
     def _checkpoint(self) -> int:
+        """Save the model as a new version (and as the run's latest checkpoint)."""
         folder = data_dir() / "checkpoints" / f"run{self.run.id}" / f"step{self.steps_done}"
-        digests = {}
-        for (stage, replica), client in self.deployment.clients.items():
-            if replica == 0:
-                out = client.call("Save", {"path": str(folder / f"stage{stage}.pt")})
-                digests[out["path"]] = out["sha256"]
+        ckpt = self.deployment.checkpoint(self.steps_done, folder)
+        digests = {path: sha for path, sha in ckpt.files.values()}
+        files = {str(k): list(v) for k, v in ckpt.files.items()}
+        self.db.add(
+            CheckpointRecord(run_id=self.run.id, step=ckpt.step, files_json=json.dumps(files))
+        )
         record = self.db.add(
             ModelVersionRecord(
                 run_id=self.run.id,
@@ -218,12 +331,19 @@ class ControlPlane:
             raise BadRequest("tokens must be an integer") from None
         if not prompt or not 0 < tokens <= 4096:
             raise BadRequest("a prompt and 1..4096 tokens are needed")
-        with self.lock:
-            task = self.db.new_task(self.run.id, "infer", {"tokens": tokens})
-            self.db.set_task_state(task.id, "running")
-            text = self.deployment.generate(prompt.encode(), tokens)
+        task = self.db.new_task(self.run.id, "infer", {"tokens": tokens})
+        self.db.set_task_state(task.id, "running")
+        errors = []
+        for replica in self.replicas():  # a failed replica: the request goes to the next one
+            try:
+                text = self.infer_on(replica, prompt, tokens)
+            except WorkerFailure as exc:
+                errors.append(f"{replica}: {exc}")
+                continue
             self.db.set_task_state(task.id, "done")
-        return {"task": task.id, "text": text.decode("utf-8", errors="replace")}
+            return {"task": task.id, "text": text, "replica": replica}
+        self.db.set_task_state(task.id, "failed", "; ".join(errors))
+        raise BadRequest(f"no replica could serve the request: {'; '.join(errors) or 'none up'}")
 
     def down(self, req: dict[str, Any]) -> dict[str, Any]:
         self.stopped.set()
@@ -243,21 +363,9 @@ class ControlPlane:
                 self.stopped.wait(0.5)
                 continue
             try:
-                steps = int(json.loads(task.params_json).get("steps", 1))
+                params = self.train_params(json.loads(task.params_json))
                 with self.lock:
-                    train(
-                        self.deployment,
-                        self.corpus,
-                        self.valid,
-                        steps,
-                        self.plan.job.global_batch,
-                        self.plan.job.microbatches,
-                        "1f1b",
-                        self.db,
-                        None,
-                        first_step=self.steps_done,
-                    )
-                    self.steps_done += steps
+                    self.run_task(task.id, params)
                 queue.complete(task.id)
                 self.m_tasks.labels("train", "done").inc()
                 self.log.info("task done", extra={"task_id": task.id, "run": self.run.id})
@@ -267,7 +375,8 @@ class ControlPlane:
                 self.log.warning("task failed: %s", exc, extra={"task_id": task.id})
 
     def replicas(self) -> list[str]:
-        return [f"replica-{r}" for r in range(self.plan.job.dp)]
+        """The replicas in inference routing (a failed one leaves until it is healed)."""
+        return [f"replica-{r}" for r in range(self.plan.job.dp) if r not in self.replicas_down]
 
     def sync_versions(self) -> None:
         """Load the production version into the replicas and, during a gray release, the
@@ -295,16 +404,82 @@ class ControlPlane:
             self.log.info("replica %d serves version %d", r, want.id, extra={"run": self.run.id})
 
     def replicas_for_version(self, version_id: int | None) -> list[str]:
-        serving = [f"replica-{r}" for r, v in self.served.items() if v == version_id]
+        serving = [
+            f"replica-{r}"
+            for r, v in self.served.items()
+            if v == version_id and r not in self.replicas_down
+        ]
         return serving or self.replicas()
 
-    def infer_on(self, replica: str, prompt: str, tokens: int) -> str:
+    def infer_on(
+        self, replica: str, prompt: str, tokens: int, cancel: threading.Event | None = None
+    ) -> str:
+        """Generate on one replica. A failure names the stage and takes the replica out of
+        routing (the watchdog heals it); ``cancel`` stops it between tokens."""
         r = int(replica.rsplit("-", 1)[1])
         with self.replica_locks[r]:
             self._infer_calls += 1
             base = 10_000_000 + self._infer_calls * 10_000
-            out = self.deployment.generate(prompt.encode(), tokens, step_base=base, replica=r)
+            try:
+                out = self.deployment.generate(
+                    prompt.encode(), tokens, step_base=base, replica=r, cancel=cancel
+                )
+            except WorkerFailure as exc:
+                self.replicas_down.add(r)
+                self.log.warning("%s failed: %s", replica, exc, extra={"run": self.run.id})
+                raise
         return out.decode("utf-8", errors="replace")
+
+    # -- the watchdog -------------------------------------------------------------------------
+    def watch_workers(self, interval_s: float = 1.0) -> None:
+        """Replace failed workers while no task runs (a task recovers its own failures), and
+        bring healed replicas back into routing."""
+        while not self.stopped.wait(interval_s):
+            if not self.lock.acquire(blocking=False):
+                continue
+            try:
+                self.heal_once()
+            except Exception as exc:  # keep watching; the next round tries again
+                self.log.warning("healing failed: %s", exc, extra={"run": self.run.id})
+            finally:
+                self.lock.release()
+
+    def heal_once(self) -> None:
+        dep = self.deployment
+        found = dep.suspects()
+        sids = {(h.config.stage, h.config.replica): h.config.sid for h in dep.handles}
+        replicas = sorted({k[1] for k in found} | set(self.replicas_down))
+        for r in replicas:
+            mine = {k: v for k, v in found.items() if k[1] == r}
+            if not mine:  # marked down by a failed request, but every worker is alive
+                try:
+                    for s in range(dep.stages):
+                        dep.clients[(s, r)].call("Health", timeout_s=3)
+                except Exception:
+                    continue
+                self.replicas_down.discard(r)
+                continue
+            self.replicas_down.add(r)
+            failure = WorkerFailure(mine, sids)
+            with self.replica_locks[r]:
+                rec = dep.heal(failure, r, self.last_checkpoint())
+            self.db.add(
+                FaultRecord(
+                    run_id=self.run.id,
+                    kind="worker",
+                    services=",".join(rec.failed),
+                    reason=rec.reason[:2000],
+                    detected_at=rec.detected_at,
+                    recovered_at=rec.recovered_at,
+                    checkpoint_step=rec.checkpoint_step,
+                    epoch=rec.epoch,
+                )
+            )
+            self._record_services()
+            self.served.pop(r, None)  # load the served version again
+            self._version_signature = []
+            self.replicas_down.discard(r)
+            self.log.info("replica %d healed", r, extra={"run": self.run.id})
 
     def services(self) -> list[dict[str, Any]]:
         services: list[dict[str, Any]] = self.status({})["services"]
@@ -324,13 +499,20 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--plan", required=True)
     parser.add_argument("--gateway", default=None, help="HOST:PORT for the HTTP gateway")
     parser.add_argument("--router", default="least_outstanding", help="replica routing policy")
+    parser.add_argument(
+        "--failure-timeout",
+        type=float,
+        default=10.0,
+        help="seconds without a heartbeat before a worker is declared failed",
+    )
     args = parser.parse_args(argv)
     plan = Plan.model_validate_json(Path(args.plan).read_text())
     db = Database()
-    cp = ControlPlane(plan, db)
+    cp = ControlPlane(plan, db, registry_ttl_s=args.failure_timeout)
     cp.start()
     queue = TaskQueue(db, cp.run.id)
     threading.Thread(target=cp.work_queue, args=(queue,), daemon=True).start()
+    threading.Thread(target=cp.watch_workers, daemon=True).start()
     gateway = None
     if args.gateway:
         import uvicorn

@@ -496,16 +496,19 @@ class Deployment:
         for h in self.pool.map(lambda c: self.launcher.start(c, self.workdir), cfgs):
             self._adopt(h)
 
-    def recover(self, failure: WorkerFailure, ckpt: Checkpoint) -> Recovery:
-        """Replace the failed workers, move everyone to a new epoch and back to ``ckpt``."""
+    def recover(self, failure: WorkerFailure, ckpt: Checkpoint | None) -> Recovery:
+        """Replace the failed workers, move everyone to a new epoch and back to ``ckpt`` (with
+        none, every worker must still hold its initial weights, as a replacement does)."""
         self.epoch += 1
         failed = set(failure.failed)
         survivors = [k for k in self.clients if k not in failed]
         failed |= set(self._move_to_epoch(survivors, self.epoch))
         sids = [self.sid(*k) for k in sorted(failed)]
         self.replace(sorted(failed))
-        self.restore(ckpt)
-        rec = Recovery(sids, str(failure), failure.at, time.time(), ckpt.step, self.epoch)
+        if ckpt is not None:
+            self.restore(ckpt)
+        step = ckpt.step if ckpt is not None else 0
+        rec = Recovery(sids, str(failure), failure.at, time.time(), step, self.epoch)
         self.recoveries.append(rec)
         return rec
 

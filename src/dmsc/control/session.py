@@ -163,6 +163,9 @@ def train(
             raise ValueError(f"checkpoint of step {rec.start.step} is outside {first_step}..{end}")
         dep.restore(rec.start)
         ckpt = report.checkpoint = rec.start
+        if logged:  # steps after the checkpoint run again: their old metrics go
+            assert db is not None and task_id is not None
+            db.drop_metrics_from(task_id, ckpt.step)
     else:
         ckpt = save(first_step)
     if validate:

@@ -255,10 +255,20 @@ class Database:
             q = select(FaultRecord).where(FaultRecord.run_id == run_id)
             return list(s.scalars(q.order_by(FaultRecord.id)))
 
-    def last_checkpoint(self, run_id: int) -> CheckpointRecord | None:
+    def last_checkpoint(self, run_id: int, task_id: int | None = None) -> CheckpointRecord | None:
+        """The run's newest checkpoint (of one task, when given)."""
         with self.sessions() as s:
             q = select(CheckpointRecord).where(CheckpointRecord.run_id == run_id)
+            if task_id is not None:
+                q = q.where(CheckpointRecord.task_id == task_id)
             return s.scalars(q.order_by(CheckpointRecord.id.desc())).first()
+
+    def set_task_params(self, task_id: int, params: dict[str, Any]) -> None:
+        with self.sessions() as s, s.begin():
+            task = s.get(TaskRecord, task_id)
+            if task is None:
+                raise KeyError(f"no task {task_id}")
+            task.params_json = json.dumps(params)
 
     def metrics(self, task_id: int) -> list[MetricRecord]:
         with self.sessions() as s:
