@@ -3,50 +3,9 @@
 from __future__ import annotations
 
 import json
-import os
-import subprocess
-import sys
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[2]
-
-
-def dmsc(home: Path, *args: str, timeout: int = 300) -> subprocess.CompletedProcess[str]:
-    env = {**os.environ, "DMSC_HOME": str(home)}
-    return subprocess.run(
-        [sys.executable, "-m", "dmsc", *args],
-        capture_output=True,
-        text=True,
-        timeout=timeout,
-        cwd=ROOT,
-        env=env,
-    )
-
-
-def make_plan(home: Path, cluster: Path | None = None, pp: int = 2, dp: int = 1) -> Path:
-    plan = home / "plan.json"
-    res = dmsc(
-        home,
-        "plan",
-        "--cluster",
-        str(cluster or ROOT / "examples/clusters/local-cpu.yaml"),
-        "--model",
-        "gpt-mini",
-        "--global-batch",
-        "8",
-        "--micro-batch",
-        "2",
-        "--tp",
-        "1",
-        "--pp",
-        str(pp),
-        "--dp",
-        str(dp),
-        "--out",
-        str(plan),
-    )
-    assert res.returncode == 0, res.stderr
-    return plan
+from runtime_helpers import dmsc, make_plan, one_box, up_with_gateway
 
 
 def test_up_status_train_infer_down(tmp_path: Path) -> None:
@@ -90,30 +49,18 @@ def test_up_with_a_bad_plan(tmp_path: Path) -> None:
 
 
 def test_gateway_in_front_of_a_live_deployment(tmp_path: Path) -> None:
-    import socket
     import time
 
     import httpx
 
     plan = make_plan(tmp_path)
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
     key = dmsc(
         tmp_path, "token", "create", "--tenant", "alice", "--scopes", "infer,submit,read"
     ).stdout.strip()
     assert key.startswith("dmsc_")
-    res = dmsc(tmp_path, "up", "--plan", str(plan), "--gateway", f"127.0.0.1:{port}")
-    assert res.returncode == 0, res.stderr
-    base = f"http://127.0.0.1:{port}"
+    base = up_with_gateway(tmp_path, plan)
     auth = {"Authorization": f"Bearer {key}"}
     try:
-        for _ in range(50):
-            try:
-                if httpx.get(f"{base}/v1/health").status_code == 200:
-                    break
-            except httpx.TransportError:
-                time.sleep(0.2)
         assert (
             httpx.post(f"{base}/v1/infer", json={"prompt": "def ", "tokens": 4}).status_code == 401
         )
@@ -136,82 +83,14 @@ def test_gateway_in_front_of_a_live_deployment(tmp_path: Path) -> None:
         assert dmsc(tmp_path, "down").returncode == 0
 
 
-def test_a_restarted_control_plane_loses_no_queued_task(tmp_path: Path) -> None:
-    import signal
-    import socket
-    import time
-
-    import httpx
-
-    plan = make_plan(tmp_path)
-    key = dmsc(
-        tmp_path, "token", "create", "--tenant", "t", "--scopes", "submit,read"
-    ).stdout.strip()
-    auth = {"Authorization": f"Bearer {key}"}
-
-    def up() -> str:
-        with socket.socket() as s:
-            s.bind(("127.0.0.1", 0))
-            port = s.getsockname()[1]
-        res = dmsc(tmp_path, "up", "--plan", str(plan), "--gateway", f"127.0.0.1:{port}")
-        assert res.returncode == 0, res.stderr
-        base = f"http://127.0.0.1:{port}"
-        for _ in range(100):
-            try:
-                httpx.get(f"{base}/v1/health")
-                return base
-            except httpx.TransportError:
-                time.sleep(0.1)
-        raise AssertionError("gateway did not come up")
-
-    base = up()
-    ids = []
-    for _ in range(3):
-        r = httpx.post(f"{base}/v1/tasks", json={"steps": 20}, headers=auth, timeout=60)
-        assert r.status_code == 202, r.text
-        ids.append(r.json()["id"])
-    for _ in range(100):  # wait until the first task runs, then kill the control plane
-        if httpx.get(f"{base}/v1/tasks/{ids[0]}", headers=auth).json()["state"] == "running":
-            break
-        time.sleep(0.1)
-    pid = json.loads((tmp_path / "control.json").read_text())["pid"]
-    os.kill(pid, signal.SIGKILL)
-    time.sleep(1)
-    base = up()  # the stale control file is noticed; the run resumes
-    try:
-        states: list[str] = []
-        for _ in range(240):
-            states = [httpx.get(f"{base}/v1/tasks/{i}", headers=auth).json()["state"] for i in ids]
-            if all(s in ("done", "failed") for s in states):
-                break
-            time.sleep(0.5)
-        assert states == ["done", "done", "done"]
-    finally:
-        assert dmsc(tmp_path, "down").returncode == 0
-
-
 def test_gray_release_sends_the_canary_share_to_the_canary_replica(tmp_path: Path) -> None:
-    import socket
     import time
 
     import httpx
 
-    cluster = tmp_path / "one-box.yaml"  # two replicas need two devices in one datacenter
-    cluster.write_text(
-        "device_types: {cpu: {peak_tflops: {fp32: 0.1}, memory_gib: 4, memory_bw_gbyte_s: 10}}\n"
-        "node_types: {host: {device: cpu, devices: 2, link: {bandwidth_gbit_s: 10}}}\n"
-        "datacenters: [{name: dc, nodes: [{type: host, count: 1}],\n"
-        "               network: {gbit_s_per_node: 10}}]\n"
-    )
-    plan = make_plan(tmp_path, cluster, pp=1, dp=2)
+    plan = make_plan(tmp_path, one_box(tmp_path, 2), pp=1, dp=2)
     key = dmsc(tmp_path, "token", "create", "--tenant", "t", "--scopes", "infer").stdout.strip()
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
-    assert (
-        dmsc(tmp_path, "up", "--plan", str(plan), "--gateway", f"127.0.0.1:{port}").returncode == 0
-    )
-    base, auth = f"http://127.0.0.1:{port}", {"Authorization": f"Bearer {key}"}
+    base, auth = up_with_gateway(tmp_path, plan), {"Authorization": f"Bearer {key}"}
     try:
         v1 = json.loads(dmsc(tmp_path, "train", "--steps", "1", "--json").stdout)["model_version"]
         v2 = json.loads(dmsc(tmp_path, "train", "--steps", "1", "--json").stdout)["model_version"]

@@ -469,11 +469,15 @@ def up(
     router: Annotated[
         str, typer.Option(help="round_robin, least_outstanding, latency, p2c or sticky.")
     ] = "least_outstanding",
+    failure_timeout: Annotated[
+        float,
+        typer.Option(help="Seconds without a heartbeat before a worker is declared failed."),
+    ] = 10.0,
 ) -> None:
     """Start the control plane and one worker process per stage replica."""
     from dmsc.cli.runtime_cmd import do_up
 
-    do_up(plan_file, console, gateway, router)
+    do_up(plan_file, console, gateway, router, failure_timeout)
 
 
 token_app = typer.Typer(help="API keys of the gateway.", no_args_is_help=True)

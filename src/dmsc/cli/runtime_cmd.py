@@ -56,7 +56,11 @@ def _control() -> Any:
 
 
 def do_up(
-    plan_path: str, console: Console, gateway: str | None = None, router: str = "least_outstanding"
+    plan_path: str,
+    console: Console,
+    gateway: str | None = None,
+    router: str = "least_outstanding",
+    failure_timeout_s: float = 10.0,
 ) -> None:
     from dmsc.control.daemon import control_file
     from dmsc.control.plan import Plan
@@ -81,7 +85,10 @@ def do_up(
             control_file().unlink()
         else:
             raise SpecError("control plane", "", "already running (`dmsc down` first)")
+    if not failure_timeout_s > 0:
+        raise SpecError("command line", "--failure-timeout", "must be positive")
     cmd = [sys.executable, "-m", "dmsc.control.daemon", "--plan", plan_path]
+    cmd += ["--failure-timeout", str(failure_timeout_s)]
     if gateway:
         host, _, port = gateway.rpartition(":")
         if host not in ("127.0.0.1", "localhost") or not port.isdigit():

@@ -56,7 +56,8 @@ def inject(pid: int, fault: Fault) -> float:
     return time.time()
 
 
-def _alive(pid: int) -> bool:
+def alive(pid: int) -> bool:
+    """Whether process ``pid`` runs (a zombie does not)."""
     try:
         os.kill(pid, 0)
     except ProcessLookupError:
@@ -127,12 +128,12 @@ def train_under_fault(
         if fault == "freeze" and injected:
             os.kill(victim.process.pid, signal.SIGCONT)
             deadline = time.monotonic() + 4 * registry_ttl_s
-            while _alive(victim.process.pid) and time.monotonic() < deadline:
+            while alive(victim.process.pid) and time.monotonic() < deadline:
                 time.sleep(0.1)
-            fr.fenced = not _alive(victim.process.pid)
+            fr.fenced = not alive(victim.process.pid)
             sid = victim.config.sid
             live = [h for h in [*dep.handles, *dep.abandoned] if h.config.sid == sid]
-            fr.live_copies = sum(_alive(h.process.pid) for h in live)
+            fr.live_copies = sum(alive(h.process.pid) for h in live)
             fr.extra["registered"] = [
                 s.address for s in dep.registry.lookup(stage=stage) if s.sid == sid
             ]

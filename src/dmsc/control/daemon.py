@@ -20,6 +20,7 @@ import argparse
 import json
 import os
 import threading
+import time
 from pathlib import Path
 from typing import Any
 
@@ -101,13 +102,24 @@ class ControlPlane:
                 .order_by(RunRecord.id.desc())
             ).first()
             if run is not None:
-                interrupted = s.scalars(
-                    select(TaskRecord).where(
-                        TaskRecord.run_id == run.id, TaskRecord.state == "running"
+                interrupted = list(
+                    s.scalars(
+                        select(TaskRecord).where(
+                            TaskRecord.run_id == run.id, TaskRecord.state == "running"
+                        )
                     )
                 )
                 for task in interrupted:
                     task.state = "queued"
+                s.add(
+                    FaultRecord(
+                        run_id=run.id,
+                        kind="control-plane",
+                        reason="the control plane restarted; running tasks requeued: "
+                        + (", ".join(str(t.id) for t in interrupted) or "none"),
+                        detected_at=time.time(),
+                    )
+                )
                 return run
         return self.db.new_run(plan.model, plan.cluster, json.loads(plan.model_dump_json()))
 
@@ -125,6 +137,16 @@ class ControlPlane:
             self.steps_done = last.step
             self.log.info("resumed from the checkpoint of step %d", last.step)
         self._record_services()
+        with self.db.sessions() as s, s.begin():
+            for fault in s.scalars(
+                select(FaultRecord).where(
+                    FaultRecord.run_id == self.run.id,
+                    FaultRecord.kind == "control-plane",
+                    FaultRecord.recovered_at.is_(None),
+                )
+            ):
+                fault.recovered_at = time.time()
+                fault.checkpoint_step = last.step if last is not None else None
 
     def _record_services(self) -> None:
         for h in self.deployment.handles:

@@ -26,6 +26,7 @@ import sys
 import tempfile
 import threading
 import time
+from collections.abc import Collection
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -240,12 +241,15 @@ class Deployment:
             self._adopt(h)
 
     # -- failure detection ------------------------------------------------------------------
-    def suspects(self) -> dict[Key, str]:
-        """Workers that are not alive: exited, or silent in the registry past its TTL."""
+    def suspects(self, keys: Collection[Key] | None = None) -> dict[Key, str]:
+        """Workers (of ``keys``, default all) that are not alive: exited, or silent in the
+        registry past its TTL."""
         out: dict[Key, str] = {}
         ttl = self.registry.ttl_s
         for h in self.handles:
             key = (h.config.stage, h.config.replica)
+            if keys is not None and key not in keys:
+                continue
             if not self.launcher.alive(h):
                 out[key] = self.launcher.exit_reason(h)
                 continue
@@ -258,12 +262,14 @@ class Deployment:
                 )
         return out
 
-    def _failure(self, reason: str, culprits: dict[Key, str] | None = None) -> WorkerFailure:
-        """The failure to raise after ``reason``: the workers found dead, if any."""
+    def _failure(
+        self, reason: str, keys: Collection[Key], culprits: dict[Key, str] | None = None
+    ) -> WorkerFailure:
+        """The failure to raise after ``reason``: the workers of ``keys`` found dead, if any."""
         failed = dict(culprits or {})
         deadline = time.monotonic() + 1.0  # an exit may take a moment to be seen
         while not failed and time.monotonic() < deadline:
-            failed = self.suspects()
+            failed = self.suspects(keys)
             if not failed:
                 time.sleep(0.05)
         sids = {(h.config.stage, h.config.replica): h.config.sid for h in self.handles}
@@ -293,13 +299,13 @@ class Deployment:
                     raise StepRestartNeeded(details)
                 if _rpc_code(exc) == grpc.StatusCode.INVALID_ARGUMENT:
                     raise RuntimeError(f"stage {key[0]} replica {key[1]} refused: {details}")
-                raise self._failure(f"stage {key[0]} replica {key[1]}: {details}")
-            found = self.suspects()
+                raise self._failure(f"stage {key[0]} replica {key[1]}: {details}", futures)
+            found = self.suspects(futures)
             if found:
-                raise self._failure("", found)
+                raise self._failure("", futures, found)
             if time.monotonic() > end:
                 slow = {k: "missed the step deadline" for k in pending}
-                raise self._failure("step deadline", slow)
+                raise self._failure("step deadline", futures, slow)
         return replies
 
     def _calls(
@@ -343,7 +349,10 @@ class Deployment:
             try:
                 fut.result()
             except grpc.RpcError as exc:
-                raise self._failure(f"stage {key[0]} replica {key[1]}: {exc.details()}") from None
+                keys = {k for k, _ in sent}
+                raise self._failure(
+                    f"stage {key[0]} replica {key[1]}: {exc.details()}", keys
+                ) from None
 
     def train_step(
         self,
@@ -412,7 +421,8 @@ class Deployment:
         try:
             self._push(0, replica, Kind.TOKENS, step, 0, tokens).result()
         except grpc.RpcError as exc:
-            raise self._failure(f"stage 0 replica {replica}: {exc.details()}") from None
+            keys = [(s, replica) for s in range(self.stages)]
+            raise self._failure(f"stage 0 replica {replica}: {exc.details()}", keys) from None
         req = {"step": step, "microbatches": 1, "train": False}
         keys = [(s, replica) for s in range(self.stages)]
         replies = self._gather(self._calls("RunStep", req, keys, timeout_s), timeout_s)

@@ -1,0 +1,83 @@
+"""Helpers of the runtime tests: the ``dmsc`` command as a user runs it, with its own home."""
+
+from __future__ import annotations
+
+import os
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import httpx
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def dmsc(home: Path, *args: str, timeout: int = 300) -> subprocess.CompletedProcess[str]:
+    env = {**os.environ, "DMSC_HOME": str(home)}
+    return subprocess.run(
+        [sys.executable, "-m", "dmsc", *args],
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        cwd=ROOT,
+        env=env,
+    )
+
+
+def make_plan(home: Path, cluster: Path | None = None, pp: int = 2, dp: int = 1) -> Path:
+    plan = home / "plan.json"
+    res = dmsc(
+        home,
+        "plan",
+        "--cluster",
+        str(cluster or ROOT / "examples/clusters/local-cpu.yaml"),
+        "--model",
+        "gpt-mini",
+        "--global-batch",
+        "8",
+        "--micro-batch",
+        "2",
+        "--tp",
+        "1",
+        "--pp",
+        str(pp),
+        "--dp",
+        str(dp),
+        "--out",
+        str(plan),
+    )
+    assert res.returncode == 0, res.stderr
+    return plan
+
+
+def one_box(home: Path, devices: int) -> Path:
+    """A cluster of one datacenter with one host of ``devices`` CPU devices (data parallelism on
+    this machine)."""
+    cluster = home / "one-box.yaml"
+    cluster.write_text(
+        "device_types: {cpu: {peak_tflops: {fp32: 0.1}, memory_gib: 4, memory_bw_gbyte_s: 10}}\n"
+        f"node_types: {{host: {{device: cpu, devices: {devices},\n"
+        "                      link: {bandwidth_gbit_s: 10}}}\n"
+        "datacenters: [{name: dc, nodes: [{type: host, count: 1}],\n"
+        "               network: {gbit_s_per_node: 10}}]\n"
+    )
+    return cluster
+
+
+def up_with_gateway(home: Path, plan: Path, *extra: str) -> str:
+    """``dmsc up`` with a gateway on a free port; returns the gateway's base URL once it answers."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    res = dmsc(home, "up", "--plan", str(plan), "--gateway", f"127.0.0.1:{port}", *extra)
+    assert res.returncode == 0, res.stderr
+    base = f"http://127.0.0.1:{port}"
+    for _ in range(100):
+        try:
+            httpx.get(f"{base}/v1/health")
+            return base
+        except httpx.TransportError:
+            time.sleep(0.1)
+    raise AssertionError("gateway did not come up")
