@@ -36,12 +36,9 @@ def _serve(app) -> tuple[uvicorn.Server, str]:  # type: ignore[no-untyped-def]
     server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=port, log_level="error"))
     threading.Thread(target=server.run, daemon=True).start()
     base = f"http://127.0.0.1:{port}"
-    for _ in range(100):
-        try:
-            httpx.get(f"{base}/v1/health")
-            break
-        except httpx.TransportError:
-            time.sleep(0.05)
+    from dmsc.business.gateway import wait_ready
+
+    wait_ready(base)
     return server, base
 
 

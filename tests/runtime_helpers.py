@@ -6,10 +6,9 @@ import os
 import socket
 import subprocess
 import sys
-import time
 from pathlib import Path
 
-import httpx
+from dmsc.business.gateway import wait_ready
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -74,10 +73,5 @@ def up_with_gateway(home: Path, plan: Path, *extra: str) -> str:
     res = dmsc(home, "up", "--plan", str(plan), "--gateway", f"127.0.0.1:{port}", *extra)
     assert res.returncode == 0, res.stderr
     base = f"http://127.0.0.1:{port}"
-    for _ in range(100):
-        try:
-            httpx.get(f"{base}/v1/health")
-            return base
-        except httpx.TransportError:
-            time.sleep(0.1)
-    raise AssertionError("gateway did not come up")
+    assert wait_ready(base), "gateway did not come up"
+    return base

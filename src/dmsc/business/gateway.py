@@ -78,6 +78,20 @@ def _task_json(t: TaskRecord) -> dict[str, Any]:
     }
 
 
+def wait_ready(base: str, timeout_s: float = 10.0) -> bool:
+    """Wait until a gateway at ``base`` answers ``/v1/health``; False if it did not in time."""
+    import httpx
+
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        try:
+            httpx.get(f"{base}/v1/health", timeout=2.0)
+            return True
+        except httpx.TransportError:
+            time.sleep(0.05)
+    return False
+
+
 def _finished_later(route: Router, replica: str, _fut: Future[str]) -> None:
     route.finished(replica, 0.0)
 
