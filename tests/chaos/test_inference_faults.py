@@ -30,3 +30,5 @@ def test_every_request_is_answered_or_fails_clearly_within_its_deadline(redundan
     assert fr.requests_failed == 0
     assert all(o["replica"] == 1 for o in outcomes[4:])
     assert fr.detected_after_s is not None and fr.detected_after_s < 2.0
+    # healed: a replacement at a new epoch, and replica 0 serves again
+    assert fr.recovered_after_s is not None and fr.extra["healed_serves"]

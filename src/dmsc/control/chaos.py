@@ -205,6 +205,11 @@ def serve_under_fault(
             outcome["seconds"] = time.monotonic() - t0
             outcomes.append(outcome)
         pool.shutdown(wait=True, cancel_futures=True)
+        if 0 in down:  # heal replica 0 (a replacement at a new epoch) and check it serves again
+            failure = WorkerFailure(dep.suspects(), {})
+            dep.heal(failure, 0, None)
+            fr.recovered_after_s = time.time() - injected_at
+            fr.extra["healed_serves"] = len(dep.generate(b"def ", 2, step_base=9_000_000)) == 2
     fr.requests_total = len(outcomes)
     fr.requests_failed = sum("replica" not in o for o in outcomes)
     return outcomes, fr

@@ -187,9 +187,10 @@ def train(
         return ckpt.step
 
     while True:
+        t0: float | None = None  # the step's first attempt (a restarted step counts whole)
         while step < end:
             x, y = corpus.batch(step, batch)
-            t0 = time.perf_counter()
+            t0 = t0 if t0 is not None else time.perf_counter()
             try:
                 out = dep.train_step(
                     step, x, y, microbatches, schedule, rec.late_policy, rec.grad_wait_s
@@ -200,9 +201,9 @@ def train(
                     raise
                 continue
             except WorkerFailure as failure:
-                step = roll_back(failure, step)
+                step, t0 = roll_back(failure, step), None
                 continue
-            dt = time.perf_counter() - t0
+            dt, t0 = time.perf_counter() - t0, None
             losses[step] = out["loss"]
             report.step_s.append(dt)
             report.skipped += [(step, st, r) for st, r in out.get("skipped", [])]
