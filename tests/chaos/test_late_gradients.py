@@ -80,8 +80,9 @@ def test_skip_policy_averages_what_arrived_in_time(corpora) -> None:  # type: ig
 
 
 def test_restart_policy_runs_the_step_again(corpora) -> None:  # type: ignore[no-untyped-def]
-    report, _ = _run("restart", corpora)
+    report, times = _run("restart", corpora)
     assert report.restarts == 1 and not report.skipped
+    assert 0.5 <= times[LATE_STEP] < DELAY  # the bound, then the step again at once
     reference = train_reference(SPEC, 0, 1e-3, _batches(corpora[0]), MICRO)
     # Nothing of the dropped attempt was applied: the curve is the failure-free one.
     assert max(abs(a - b) for a, b in zip(report.losses, reference, strict=True)) < 1e-5

@@ -211,7 +211,7 @@ def train(
                 assert db is not None and task_id is not None
                 db.add_metric(task_id, step, out["loss"], dt, report.tokens_per_step / dt)
             if on_step is not None:
-                on_step(step, {**out, "tokens_per_s": report.tokens_per_step / dt})
+                on_step(step, {**out, "step_s": dt, "tokens_per_s": report.tokens_per_step / dt})
             step += 1
             if rec.checkpoint_every and (step - first_step) % rec.checkpoint_every == 0:
                 try:
