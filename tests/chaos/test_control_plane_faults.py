@@ -15,7 +15,13 @@ from runtime_helpers import dmsc, make_plan, one_box, up_with_gateway
 from dmsc.control.chaos import alive
 from dmsc.data.db import Database
 
-TIMEOUT = "3"  # seconds without a heartbeat before a worker is declared failed
+TIMEOUT = "3"
+TRAIN_ARGS = (
+    "--steps",
+    "80",
+    "--checkpoint-every",
+    "10",
+)  # seconds without a heartbeat before a worker is declared failed
 
 
 def _db(home: Path) -> Database:
@@ -140,5 +146,38 @@ def test_dmsc_chaos_kills_a_worker_and_reports_the_recovery(tmp_path: Path) -> N
         status = json.loads(dmsc(tmp_path, "status", "--json").stdout)
         assert all(s["health"] == "ok" for s in status["services"])
         assert len([f for f in status["faults"] if f["kind"] == "worker"]) == 2
+    finally:
+        assert dmsc(tmp_path, "down").returncode == 0
+
+
+def test_dmsc_chaos_during_dmsc_train(tmp_path: Path) -> None:
+    """The issue's user story: a training task keeps going while `dmsc chaos` kills a worker."""
+    import subprocess
+    import sys
+
+    plan = make_plan(tmp_path)
+    assert dmsc(tmp_path, "up", "--plan", str(plan), "--failure-timeout", TIMEOUT).returncode == 0
+    try:
+        env = {**os.environ, "DMSC_HOME": str(tmp_path)}
+        trainer = subprocess.Popen(
+            [*(sys.executable, "-m", "dmsc", "train", "--json"), *TRAIN_ARGS],
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+            env=env,
+        )
+        db = _db(tmp_path)
+        _wait(lambda: db.tasks() and len(db.metrics(db.tasks()[-1].id)) >= 5, 60, "training")
+        res = dmsc(tmp_path, "chaos", "--kill-worker", "stage=1", "--watch", "60", "--json")
+        assert res.returncode == 0, res.stderr
+        chaos = json.loads(res.stdout)
+        assert chaos["recovered"] and chaos["detected_after_s"] < 3.0
+        out, err = trainer.communicate(timeout=300)
+        assert trainer.returncode == 0, err
+        report = json.loads(out)
+        assert report["steps"] == 80 and len(report["recoveries"]) == 1
+        assert report["steps_lost"] <= 10
+        steps = [m.step for m in db.metrics(report["task"])]
+        assert steps == list(range(80))
     finally:
         assert dmsc(tmp_path, "down").returncode == 0
