@@ -2,9 +2,10 @@
 runtime does about them: time to detect, time to recover, steps lost, requests failed.
 
 Scenarios: kill -9 and SIGSTOP of a stage worker during training (3 stages, checkpoint every
-4 steps), a replica's stage worker killed during a stream of inference requests (2 replicas of
-2 stages, with and without redundant execution), kill -9 of the control plane during a training
-task (``dmsc up`` in a scratch home), and a late data-parallel gradient under each policy.
+4 steps; the replacement launched, or a warm spare taking the stage over), a replica's stage
+worker killed during a stream of inference requests (2 replicas of 2 stages, with and without
+redundant execution), kill -9 of the control plane during a training task (``dmsc up`` in a
+scratch home), and a late data-parallel gradient under each policy.
 
 Prints a table, or with --json one object with the same figures.
 """
@@ -39,7 +40,7 @@ TTL = 3.0
 
 def training_faults(corpora: tuple[Corpus, Corpus], steps: int) -> list[FaultReport]:
     out = []
-    for fault in ("kill", "freeze"):
+    for fault, spares in (("kill", 0), ("freeze", 0), ("kill", 1)):
         report, fr = train_under_fault(
             StageLayout(SPEC, THREE),
             *corpora,
@@ -51,8 +52,11 @@ def training_faults(corpora: tuple[Corpus, Corpus], steps: int) -> list[FaultRep
             at_step=steps // 2 + 1,
             checkpoint_every=4,
             registry_ttl_s=TTL,
+            spares=spares,
         )
         fr.extra["steps_completed"] = len(report.losses)
+        if spares:
+            fr.fault += " (warm spare)"
         out.append(fr)
     return out
 

@@ -125,8 +125,10 @@ def test_inference_survives_a_killed_replica_and_the_replica_is_healed(tmp_path:
 
 def test_dmsc_chaos_kills_a_worker_and_reports_the_recovery(tmp_path: Path) -> None:
     plan = make_plan(tmp_path)
-    assert dmsc(tmp_path, "up", "--plan", str(plan), "--failure-timeout", TIMEOUT).returncode == 0
+    up = dmsc(tmp_path, "up", "--plan", str(plan), "--failure-timeout", TIMEOUT, "--spares", "1")
+    assert up.returncode == 0, up.stderr
     try:
+        spare = json.loads(dmsc(tmp_path, "status", "--json").stdout)["spares"][0]
         bad = dmsc(tmp_path, "chaos", "--kill-worker", "stage=x")
         assert bad.returncode == 2 and "--kill-worker" in bad.stderr
         bad = dmsc(tmp_path, "chaos", "--kill-worker", "stage=7")
@@ -135,6 +137,14 @@ def test_dmsc_chaos_kills_a_worker_and_reports_the_recovery(tmp_path: Path) -> N
         assert res.returncode == 0, res.stderr
         out = json.loads(res.stdout)
         assert out["recovered"] and out["detected_after_s"] < 3.0
+        # the warm spare took stage 1 over, and a new spare was started
+        now = json.loads(dmsc(tmp_path, "status", "--json").stdout)
+        assert next(s for s in now["services"] if s["stage"] == 1)["pid"] == spare["pid"]
+        _wait(
+            lambda: json.loads(dmsc(tmp_path, "status", "--json").stdout)["spares"],
+            30,
+            "a new spare",
+        )
         res = dmsc(tmp_path, "chaos", "--kill-worker", "stage=0", "--freeze", "--json")
         assert res.returncode == 0, res.stderr
         frozen = json.loads(res.stdout)

@@ -36,9 +36,11 @@ def reference(corpora) -> list[float]:  # type: ignore[no-untyped-def]
     return train_reference(SPEC, 0, 1e-3, batches, MICRO)
 
 
-@pytest.mark.parametrize("fault", ["kill", "freeze"])
-def test_training_recovers_from_a_failed_stage_worker(fault: str, corpora, reference) -> None:  # type: ignore[no-untyped-def]
-    at_step = random.Random(fault).randint(6, STEPS - 3)
+@pytest.mark.parametrize(("fault", "spares"), [("kill", 0), ("freeze", 0), ("kill", 1)])
+def test_training_recovers_from_a_failed_stage_worker(
+    fault: str, spares: int, corpora, reference
+) -> None:  # type: ignore[no-untyped-def]
+    at_step = random.Random(f"{fault}{spares}").randint(6, STEPS - 3)
     report, fr = train_under_fault(
         StageLayout(SPEC, RANGES),
         *corpora,
@@ -50,6 +52,7 @@ def test_training_recovers_from_a_failed_stage_worker(fault: str, corpora, refer
         at_step=at_step,
         checkpoint_every=4,
         registry_ttl_s=TTL,
+        spares=spares,
     )
     assert len(report.recoveries) == 1, report.recoveries
     assert report.recoveries[0].failed == ["stage1-r0"]
@@ -62,6 +65,8 @@ def test_training_recovers_from_a_failed_stage_worker(fault: str, corpora, refer
     assert fr.detected_after_s is not None and fr.recovered_after_s is not None
     assert fr.detected_after_s < (2.0 if fault == "kill" else TTL + TTL / 3 + 1.5)
     assert fr.recovered_after_s < fr.detected_after_s + 30
+    if spares:  # a warm spare takes the stage over: no process start on the recovery path
+        assert fr.recovered_after_s - fr.detected_after_s < 2.0
     if fault == "freeze":
         # Thawed, the old instance finds its SID held by a newer epoch and leaves: one copy.
         assert fr.fenced and fr.live_copies == 1

@@ -473,11 +473,14 @@ def up(
         float,
         typer.Option(help="Seconds without a heartbeat before a worker is declared failed."),
     ] = 10.0,
+    spares: Annotated[
+        int, typer.Option(help="Warm spare workers that take a failed worker's stage over.")
+    ] = 0,
 ) -> None:
     """Start the control plane and one worker process per stage replica."""
     from dmsc.cli.runtime_cmd import do_up
 
-    do_up(plan_file, console, gateway, router, failure_timeout)
+    do_up(plan_file, console, gateway, router, failure_timeout, spares)
 
 
 token_app = typer.Typer(help="API keys of the gateway.", no_args_is_help=True)

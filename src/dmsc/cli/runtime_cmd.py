@@ -61,6 +61,7 @@ def do_up(
     gateway: str | None = None,
     router: str = "least_outstanding",
     failure_timeout_s: float = 10.0,
+    spares: int = 0,
 ) -> None:
     from dmsc.control.daemon import control_file
     from dmsc.control.plan import Plan
@@ -88,7 +89,9 @@ def do_up(
     if not failure_timeout_s > 0:
         raise SpecError("command line", "--failure-timeout", "must be positive")
     cmd = [sys.executable, "-m", "dmsc.control.daemon", "--plan", plan_path]
-    cmd += ["--failure-timeout", str(failure_timeout_s)]
+    if not 0 <= spares <= 64:
+        raise SpecError("command line", "--spares", "must be between 0 and 64")
+    cmd += ["--failure-timeout", str(failure_timeout_s), "--spares", str(spares)]
     if gateway:
         host, _, port = gateway.rpartition(":")
         if host not in ("127.0.0.1", "localhost") or not port.isdigit():

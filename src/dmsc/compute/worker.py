@@ -70,6 +70,7 @@ class WorkerConfig:
     seed: int = 0
     lr: float = 1e-3
     epoch: int = 0  # the deployment generation this worker was launched in
+    spare: bool = False  # a warm spare: registered as such, takes a stage over on ``Assume``
     datacenter: str = "local"
     recv_timeout_s: float = 60.0
     max_message_bytes: int = 64 * 1024 * 1024
@@ -136,20 +137,11 @@ class StageWorker:
     """The state and the RPC methods of one stage replica."""
 
     def __init__(self, cfg: WorkerConfig) -> None:
-        self.cfg = cfg
         torch.set_num_threads(cfg.threads)
-        spec = TransformerSpec.model_validate(cfg.model)
-        self.spec = spec
-        self.module = build_stage(spec, cfg.seed, cfg.first, cfg.last)
-        self.optimizer = torch.optim.AdamW(self.module.parameters(), lr=cfg.lr)
-        self.n_params = sum(p.numel() for p in self.module.parameters())
+        self._build(cfg)
         self.inbox = Inbox(cfg.epoch)
-        self.steps_done = 0
-        self.uncommitted: int | None = None  # the step whose gradients wait for Commit
-        self._faults_fired: set[int] = set()
         self._detached: list[Any] = []  # sends nobody waits for
         self.registry = Client(cfg.registry, REGISTRY_SERVICE, token=cfg.token)
-        self._peers: dict[tuple[int, int], Client] = {}
         self._pending: list[tuple[tuple[int, int], bytes, Any]] = []
         self._lock = threading.Lock()
         self.address = ""
@@ -172,9 +164,57 @@ class StageWorker:
         self.metrics_address = ""
         self.log = json_logger(f"dmsc.worker.{cfg.sid}")
 
+    def _build(self, cfg: WorkerConfig) -> None:
+        """The stage this process serves: its layers, optimizer and step state."""
+        self.cfg = cfg
+        self.spec = TransformerSpec.model_validate(cfg.model)
+        self.module = build_stage(self.spec, cfg.seed, cfg.first, cfg.last)
+        self.optimizer = torch.optim.AdamW(self.module.parameters(), lr=cfg.lr)
+        self.n_params = sum(p.numel() for p in self.module.parameters())
+        self.steps_done = 0
+        self.uncommitted: int | None = None  # the step whose gradients wait for Commit
+        self._faults_fired: set[int] = set()
+        self._peers: dict[tuple[int, int], Client] = {}
+
     @property
     def epoch(self) -> int:
         return self.inbox.epoch
+
+    def record(self) -> dict[str, Any]:
+        """This worker's registry record."""
+        return {
+            "sid": self.cfg.sid,
+            "kind": "spare" if self.cfg.spare else "stage",
+            "stage": self.cfg.stage,
+            "replica": self.cfg.replica,
+            "address": self.address,
+            "datacenter": self.cfg.datacenter,
+            "epoch": self.cfg.epoch,
+        }
+
+    def assume(self, req: dict[str, Any]) -> dict[str, Any]:
+        """A spare takes a stage over: builds its layers, registers under its SID and epoch."""
+        if not self.cfg.spare:
+            raise BadRequest("only a spare can assume a stage")
+        try:
+            cfg = WorkerConfig(**req["config"])
+            TransformerSpec.model_validate(cfg.model)
+        except (KeyError, TypeError, ValueError) as exc:
+            raise BadRequest(f"bad worker config: {exc}") from None
+        if cfg.spare or cfg.token != self.cfg.token:
+            raise BadRequest("the config must be a stage of this deployment")
+        with self._lock:
+            spare_sid = self.cfg.sid
+            try:
+                self._build(cfg)
+            except ValueError as exc:
+                raise BadRequest(f"cannot build the stage: {exc}") from None
+            self.inbox.advance(cfg.epoch)
+            if self.registry.call("Register", self.record()).get("fenced"):
+                raise BadRequest(f"{cfg.sid} is held by a newer epoch than {cfg.epoch}")
+            self.registry.call("Deregister", {"sid": spare_sid}, timeout_s=5)
+        self.log.info("took over %s", cfg.sid, extra={"sid": cfg.sid, "stage": cfg.stage})
+        return {"sid": cfg.sid, "stage": cfg.stage, "epoch": cfg.epoch}
 
     # -- peers ------------------------------------------------------------------------------
     def peer(self, stage: int, replica: int | None = None, refresh: bool = False) -> Client:
@@ -532,6 +572,7 @@ class StageWorker:
             "Save": json_handler(self.save),
             "Load": json_handler(self.load),
             "Abort": json_handler(self.abort),
+            "Assume": json_handler(self.assume),
             "Commit": json_handler(self.commit),
         }
 
@@ -545,16 +586,7 @@ def main(argv: list[str] | None = None) -> None:
     server, port = serve(STAGE_SERVICE, worker.methods(), token=cfg.token)
     worker.metrics_address = metrics_server(worker.metrics)
     worker.address = f"127.0.0.1:{port}"
-    record = {
-        "sid": cfg.sid,
-        "kind": "stage",
-        "stage": cfg.stage,
-        "replica": cfg.replica,
-        "address": worker.address,
-        "datacenter": cfg.datacenter,
-        "epoch": cfg.epoch,
-    }
-    reply = worker.registry.call("Register", record)
+    reply = worker.registry.call("Register", worker.record())
     if reply.get("fenced"):
         print(f"FENCED {cfg.sid} epoch {cfg.epoch}", flush=True)
         sys.exit(3)
@@ -562,20 +594,21 @@ def main(argv: list[str] | None = None) -> None:
     print(f"READY {worker.address}", flush=True)
     stop = threading.Event()
     signal.signal(signal.SIGTERM, lambda *_: stop.set())
-    beat = {"sid": cfg.sid, "epoch": cfg.epoch}
     while not stop.wait(ttl / 3):
+        beat = {"sid": worker.cfg.sid, "epoch": worker.cfg.epoch}  # a spare may take a stage
         try:
             reply = worker.registry.call("Heartbeat", beat, timeout_s=5)
             if reply.get("fenced"):  # a newer incarnation holds our SID: stop serving
-                worker.log.warning("fenced by a newer epoch; exiting", extra={"sid": cfg.sid})
+                worker.log.warning("fenced by a newer epoch; exiting", extra=beat)
                 break
             if not reply["known"]:
-                worker.registry.call("Register", record)
+                worker.registry.call("Register", worker.record())
         except Exception:
             if os.getppid() == 1:  # the control plane is gone and so is our parent
                 break
     # Leave the registry on the way out (a kill -9 leaves it to the TTL).
     with contextlib.suppress(Exception):
+        beat = {"sid": worker.cfg.sid, "epoch": worker.cfg.epoch}
         worker.registry.call("Deregister", beat, timeout_s=2)
     worker.inbox.advance(-1)  # fail any wait in progress: the handlers return at once
     server.stop(grace=1).wait(2)

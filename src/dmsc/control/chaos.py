@@ -84,6 +84,7 @@ def train_under_fault(
     checkpoint_every: int = 4,
     registry_ttl_s: float = 3.0,
     seed: int = 0,
+    spares: int = 0,
 ) -> tuple[TrainReport, FaultReport]:
     """Train ``steps`` steps and inject ``fault`` into (stage, replica) while step ``at_step``
     runs (after a random share of a step's time). A frozen worker is thawed once training has
@@ -92,7 +93,7 @@ def train_under_fault(
     target = (stage, replica)
     injected: list[float] = []
     report_box: dict[str, Any] = {}
-    with Deployment(layout, registry_ttl_s=registry_ttl_s) as dep:
+    with Deployment(layout, registry_ttl_s=registry_ttl_s, spares=spares) as dep:
         victim = dep.handle(target)
         fr = FaultReport(fault, victim.config.sid)
         typical = [0.05]

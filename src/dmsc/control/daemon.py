@@ -59,7 +59,9 @@ def control_file() -> Path:
 class ControlPlane:
     """A deployment plus the database and the Control service methods."""
 
-    def __init__(self, plan: Plan, db: Database, registry_ttl_s: float = 10.0) -> None:
+    def __init__(
+        self, plan: Plan, db: Database, registry_ttl_s: float = 10.0, spares: int = 0
+    ) -> None:
         model = resolve_model(plan.model)
         if not isinstance(model, TransformerSpec):
             raise ValueError("the runtime serves transformer models")
@@ -68,6 +70,7 @@ class ControlPlane:
             layout_from_plan(plan, model),
             workdir=data_dir() / "workers",
             registry_ttl_s=registry_ttl_s,
+            spares=spares,
         )
         self.run = self._resume_or_new_run(plan)
         train_text, valid_text = stdlib_text()
@@ -215,6 +218,10 @@ class ControlPlane:
             "tasks": tasks,
             "faults": faults,
             "replicas_down": sorted(self.replicas_down),
+            "spares": [
+                {"sid": h.config.sid, "address": h.address, "pid": h.process.pid}
+                for h in self.deployment.spares
+            ],
         }
 
     def train_params(self, req: dict[str, Any]) -> dict[str, Any]:
@@ -527,10 +534,11 @@ def main(argv: list[str] | None = None) -> None:
         default=10.0,
         help="seconds without a heartbeat before a worker is declared failed",
     )
+    parser.add_argument("--spares", type=int, default=0, help="warm spare worker processes")
     args = parser.parse_args(argv)
     plan = Plan.model_validate_json(Path(args.plan).read_text())
     db = Database()
-    cp = ControlPlane(plan, db, registry_ttl_s=args.failure_timeout)
+    cp = ControlPlane(plan, db, registry_ttl_s=args.failure_timeout, spares=args.spares)
     cp.start()
     queue = TaskQueue(db, cp.run.id)
     threading.Thread(target=cp.work_queue, args=(queue,), daemon=True).start()

@@ -28,7 +28,7 @@ import threading
 import time
 from collections.abc import Collection
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Any, Protocol
 
@@ -166,6 +166,7 @@ class Deployment:
         workdir: Path | None = None,
         registry_ttl_s: float = 10.0,
         step_deadline_s: float = 300.0,
+        spares: int = 0,
     ) -> None:
         self.layout = layout
         self.launcher = launcher or LocalLauncher()
@@ -186,6 +187,13 @@ class Deployment:
         self.epochs: dict[Key, int] = {}
         self.abandoned: list[WorkerHandle] = []  # failed instances, fenced, reaped at shutdown
         self.recoveries: list[Recovery] = []
+        # Warm spares: worker processes started ahead, each can take any stage over (``Assume``)
+        # in a fraction of a process start. The pool is refilled after each use.
+        self.spares_wanted = spares
+        self.spares: list[WorkerHandle] = []
+        self._spare_lock = threading.Lock()
+        self._spare_count = 0
+        self._refills: list[Any] = []
         self.pool = ThreadPoolExecutor(max_workers=max(4, 2 * len(layout.ranges) * layout.replicas))
 
     @property
@@ -237,8 +245,44 @@ class Deployment:
             for s in range(self.stages)
             for r in range(self.layout.replicas)
         ]
+        cfgs += [self._spare_config() for _ in range(self.spares_wanted)]
         for h in self.pool.map(lambda c: self.launcher.start(c, self.workdir), cfgs):
-            self._adopt(h)
+            if h.config.spare:
+                self.spares.append(h)
+            else:
+                self._adopt(h)
+
+    def _spare_config(self) -> WorkerConfig:
+        with self._spare_lock:
+            self._spare_count += 1
+            n = self._spare_count
+        return replace(self._config(0, 0, self.epoch), sid=f"spare-{n}", spare=True)
+
+    def _refill_spares(self) -> None:
+        while True:
+            with self._spare_lock:
+                if len(self.spares) >= self.spares_wanted:
+                    return
+            h = self.launcher.start(self._spare_config(), self.workdir)
+            with self._spare_lock:
+                self.spares.append(h)
+
+    def _take_spare(self, cfg: WorkerConfig) -> WorkerHandle | None:
+        """A spare that has taken over ``cfg``'s stage, or None when no spare could."""
+        while True:
+            with self._spare_lock:
+                if not self.spares:
+                    return None
+                spare = self.spares.pop(0)
+            client = Client(spare.address, STAGE_SERVICE, token=self.token)
+            try:
+                client.call("Assume", {"config": asdict(cfg)}, timeout_s=30)
+            except grpc.RpcError:  # a dead spare: drop it, try the next
+                self.abandoned.append(spare)
+                continue
+            finally:
+                client.close()
+            return WorkerHandle(cfg, spare.process, spare.address)
 
     # -- failure detection ------------------------------------------------------------------
     def suspects(self, keys: Collection[Key] | None = None) -> dict[Key, str]:
@@ -502,9 +546,17 @@ class Deployment:
             old = self.handle(key)
             self.registry.fence(old.config.sid, self.epoch)
             self.abandoned.append(old)
-        cfgs = [self._config(k[0], k[1], self.epoch) for k in keys]
-        for h in self.pool.map(lambda c: self.launcher.start(c, self.workdir), cfgs):
+        launch = []
+        for cfg in (self._config(k[0], k[1], self.epoch) for k in keys):
+            taken = self._take_spare(cfg)
+            if taken is None:
+                launch.append(cfg)
+            else:
+                self._adopt(taken)
+        for h in self.pool.map(lambda c: self.launcher.start(c, self.workdir), launch):
             self._adopt(h)
+        if self.spares_wanted:
+            self._refills.append(self.pool.submit(self._refill_spares))
 
     def recover(self, failure: WorkerFailure, ckpt: Checkpoint | None) -> Recovery:
         """Replace the failed workers, move everyone to a new epoch and back to ``ckpt`` (with
@@ -547,7 +599,10 @@ class Deployment:
         return [c.call("Health", timeout_s=5) for c in self.clients.values()]
 
     def shutdown(self) -> None:
-        for h in self.handles:
+        for fut in self._refills:  # a spare being started must not outlive the deployment
+            with contextlib.suppress(Exception):
+                fut.result(timeout=60)
+        for h in [*self.handles, *self.spares]:
             self.launcher.stop(h)
         for h in self.abandoned:  # fenced instances (a frozen one cannot act on SIGTERM)
             with contextlib.suppress(Exception):
