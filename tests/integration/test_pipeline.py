@@ -106,6 +106,16 @@ def test_malformed_messages_get_an_error_and_the_worker_keeps_serving(batches) -
             with pytest.raises(grpc.RpcError) as info:
                 client.call("RunStep", bad_req)
             assert info.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+        # Control calls with bad arguments: refused, nothing changes.
+        for method, body in (
+            ("Assume", {"config": {}}),  # only a spare takes a stage over
+            ("Abort", {"epoch": -1}),  # an older epoch: fenced
+            ("Abort", {}),
+            ("Commit", {"step": 12345}),  # nothing to commit
+        ):
+            with pytest.raises(grpc.RpcError) as info:
+                client.call(method, body)
+            assert info.value.code() == grpc.StatusCode.INVALID_ARGUMENT, method
         # and the worker still trains: a step runs with the good frames
         assert client.call("Health")["status"] == "ok"
         assert dep.train_step(0, *batches[0], MICRO)["loss"] > 0
