@@ -1,8 +1,8 @@
 """Late gradients in data-parallel averaging: a bounded wait, then the task's policy.
 
 Two replicas of a two-stage pipeline; replica 1 of every stage delivers its gradient 3 s late at
-step 3 (fault injection in the worker: a slow link) while the bound is 1 s. References are single-process
-training runs on the same batches.
+step 3 (fault injection in the worker: a slow link) while the bound is 1 s. References are
+single-process training runs on the same batches.
 """
 
 from __future__ import annotations
