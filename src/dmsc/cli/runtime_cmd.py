@@ -157,7 +157,7 @@ def do_status(console: Console, as_json: bool) -> dict[str, Any]:
                 f"{f['recovered_at'] - f['detected_at']:.1f} s" if f["recovered_at"] else "not yet"
             )
             ft.add_row(
-                str(f["id"]),
+                f"{f['id']} {f['kind']}",
                 str(f["task"] or ""),
                 f["services"],
                 f["reason"][:80],
