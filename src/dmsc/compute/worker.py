@@ -77,7 +77,8 @@ class WorkerConfig:
     threads: int = 1
     token: str | None = None  # the deployment's service credential
     # Fault injection for rehearsals and tests: {"slow_grads": {"steps": [3], "seconds": 2.0}}
-    # delivers this replica's gradient to the stage leader late, as a slow link would.
+    # delivers this replica's gradient to the stage leader late, as a slow link would;
+    # {"hang_health": 60} makes Health hang that long while heartbeats go on (a stuck worker).
     faults: dict[str, Any] = field(default_factory=dict)
     extra: dict[str, Any] = field(default_factory=dict)
 
@@ -520,6 +521,8 @@ class StageWorker:
         return late
 
     def health(self, req: dict[str, Any]) -> dict[str, Any]:
+        if "hang_health" in self.cfg.faults:  # a stuck worker that still heartbeats (rehearsal)
+            time.sleep(float(self.cfg.faults["hang_health"]))
         return {
             "sid": self.cfg.sid,
             "stage": self.cfg.stage,

@@ -71,6 +71,8 @@ class ControlPlane:
             workdir=data_dir() / "workers",
             registry_ttl_s=registry_ttl_s,
             spares=spares,
+            # a step that takes 50 times its predicted time has a stuck worker in it
+            step_deadline_s=max(30.0, 50 * plan.prediction.iteration_time_s),
         )
         self.run = self._resume_or_new_run(plan)
         train_text, valid_text = stdlib_text()
@@ -476,6 +478,8 @@ class ControlPlane:
     def heal_once(self) -> None:
         dep = self.deployment
         found = dep.suspects()
+        # Alive and heartbeating is not enough: a worker must answer within the failure timeout.
+        found.update({k: v for k, v in dep.probe(dep.registry.ttl_s).items() if k not in found})
         sids = {(h.config.stage, h.config.replica): h.config.sid for h in dep.handles}
         replicas = sorted({k[1] for k in found} | set(self.replicas_down))
         for r in replicas:

@@ -225,7 +225,7 @@ class Deployment:
             lr=lay.lr,
             epoch=epoch,
             token=self.token,
-            faults=lay.faults.get(sid, {}),
+            faults=lay.faults.get(sid, {}) if epoch == 0 else {},  # the first incarnation's
         )
 
     def _adopt(self, h: WorkerHandle) -> None:
@@ -304,6 +304,19 @@ class Deployment:
                     if age is None
                     else (f"no heartbeat for {age:.1f} s (TTL {ttl:g} s)")
                 )
+        return out
+
+    def probe(self, timeout_s: float, keys: Collection[Key] | None = None) -> dict[Key, str]:
+        """Workers (of ``keys``, default all) that do not answer Health within ``timeout_s``: a
+        worker can heartbeat and still be stuck."""
+        keys = list(self.clients) if keys is None else list(keys)
+        futures = {k: self.clients[k].raw_future("Health", b"{}", timeout_s) for k in keys}
+        out = {}
+        for k, fut in futures.items():
+            try:
+                fut.result()
+            except grpc.RpcError as exc:
+                out[k] = f"no answer to Health within {timeout_s:g} s ({exc.code().name})"
         return out
 
     def _failure(

@@ -1,0 +1,27 @@
+"""A worker that still heartbeats but no longer answers: found by probing, then replaced."""
+
+from __future__ import annotations
+
+import time
+
+from dmsc.control.orchestrator import Deployment, StageLayout, WorkerFailure
+from dmsc.spec import resolve_model
+
+SPEC = resolve_model("gpt-mini")
+TWO = [("embedding", "block_1"), ("block_2", "head")]
+
+
+def test_a_stuck_worker_is_found_within_the_probe_deadline_and_replaced() -> None:
+    layout = StageLayout(SPEC, TWO, faults={"stage1-r0": {"hang_health": 60}})
+    with Deployment(layout, registry_ttl_s=3.0) as dep:
+        time.sleep(1.5)
+        assert dep.suspects() == {}  # alive, and its heartbeats keep coming
+        t0 = time.monotonic()
+        found = dep.probe(1.0)
+        assert time.monotonic() - t0 < 2.5
+        assert list(found) == [(1, 0)] and "Health" in found[(1, 0)]
+        old_pid = dep.handle((1, 0)).process.pid
+        rec = dep.heal(WorkerFailure(found, {}), 0, None)
+        assert rec.failed == ["stage1-r0"] and dep.handle((1, 0)).process.pid != old_pid
+        assert dep.probe(1.0) == {}  # the replacement answers (faults are the first one's)
+        assert len(dep.generate(b"def ", 2)) == 2
