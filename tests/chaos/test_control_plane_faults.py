@@ -15,13 +15,9 @@ from runtime_helpers import dmsc, make_plan, one_box, up_with_gateway
 from dmsc.control.chaos import alive
 from dmsc.data.db import Database
 
-TIMEOUT = "3"
-TRAIN_ARGS = (
-    "--steps",
-    "80",
-    "--checkpoint-every",
-    "10",
-)  # seconds without a heartbeat before a worker is declared failed
+TIMEOUT = "3"  # seconds without a heartbeat before a worker is declared failed
+TRAIN_STEPS = 200  # long enough that the kill lands while training, on a loaded machine too
+TRAIN_ARGS = ("--steps", str(TRAIN_STEPS), "--checkpoint-every", "10")
 
 
 def _db(home: Path) -> Database:
@@ -182,12 +178,13 @@ def test_dmsc_chaos_during_dmsc_train(tmp_path: Path) -> None:
         assert res.returncode == 0, res.stderr
         chaos = json.loads(res.stdout)
         assert chaos["recovered"] and chaos["detected_after_s"] < 3.0
+        assert trainer.poll() is None  # the fault hit the running task
         out, err = trainer.communicate(timeout=300)
         assert trainer.returncode == 0, err
         report = json.loads(out)
-        assert report["steps"] == 80 and len(report["recoveries"]) == 1
+        assert report["steps"] == TRAIN_STEPS and len(report["recoveries"]) == 1
         assert report["steps_lost"] <= 10
         steps = [m.step for m in db.metrics(report["task"])]
-        assert steps == list(range(80))
+        assert steps == list(range(TRAIN_STEPS))
     finally:
         assert dmsc(tmp_path, "down").returncode == 0
