@@ -92,7 +92,6 @@ def train_under_fault(
     rng = random.Random(seed)
     target = (stage, replica)
     injected: list[float] = []
-    report_box: dict[str, Any] = {}
     with Deployment(layout, registry_ttl_s=registry_ttl_s, spares=spares) as dep:
         victim = dep.handle(target)
         fr = FaultReport(fault, victim.config.sid)
@@ -120,7 +119,6 @@ def train_under_fault(
             recovering=Recovering(checkpoint_every=checkpoint_every),
             validate=False,
         )
-        report_box["report"] = report
         if injected and report.recoveries:
             first = report.recoveries[0]
             fr.detected_after_s = first.detected_at - injected[0]
@@ -139,7 +137,7 @@ def train_under_fault(
                 s.address for s in dep.registry.lookup(stage=stage) if s.sid == sid
             ]
             fr.extra["replacement"] = dep.handle(target).address
-    return report_box["report"], fr
+    return report, fr
 
 
 def serve_under_fault(

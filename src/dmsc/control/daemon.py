@@ -33,7 +33,13 @@ from dmsc.compute.worker import LATE_POLICIES
 from dmsc.control.orchestrator import Checkpoint, Deployment, WorkerFailure
 from dmsc.control.plan import Plan
 from dmsc.control.queue import TaskQueue
-from dmsc.control.session import Recovering, TrainReport, layout_from_plan, train
+from dmsc.control.session import (
+    Recovering,
+    TrainReport,
+    fault_record,
+    layout_from_plan,
+    train,
+)
 from dmsc.control.versions import versions
 from dmsc.data.corpus import Corpus, stdlib_text
 from dmsc.data.db import (
@@ -153,8 +159,11 @@ class ControlPlane:
                 fault.recovered_at = time.time()
                 fault.checkpoint_step = last.step if last is not None else None
 
-    def _record_services(self) -> None:
+    def _record_services(self, sids: list[str] | None = None) -> None:
+        """Record the services (only ``sids``, the replacements, after a heal)."""
         for h in self.deployment.handles:
+            if sids is not None and h.config.sid not in sids:
+                continue
             self.db.add(
                 ServiceRecord(
                     run_id=self.run.id,
@@ -496,19 +505,8 @@ class ControlPlane:
             failure = WorkerFailure(mine, sids)
             with self.replica_locks[r]:
                 rec = dep.heal(failure, r, self.last_checkpoint())
-            self.db.add(
-                FaultRecord(
-                    run_id=self.run.id,
-                    kind="worker",
-                    services=",".join(rec.failed),
-                    reason=rec.reason[:2000],
-                    detected_at=rec.detected_at,
-                    recovered_at=rec.recovered_at,
-                    checkpoint_step=rec.checkpoint_step,
-                    epoch=rec.epoch,
-                )
-            )
-            self._record_services()
+            self.db.add(fault_record(rec, self.run.id))
+            self._record_services(rec.failed)
             self.served.pop(r, None)  # load the served version again
             self._version_signature = []
             self.replicas_down.discard(r)

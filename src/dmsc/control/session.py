@@ -81,6 +81,24 @@ def validation_loss(
     return sum(losses) / len(losses)
 
 
+def fault_record(
+    rec: Recovery, run_id: int, task_id: int | None = None, steps_lost: int = 0
+) -> FaultRecord:
+    """The database row of a recovery from failed workers."""
+    return FaultRecord(
+        run_id=run_id,
+        task_id=task_id,
+        kind="worker",
+        services=",".join(rec.failed),
+        reason=rec.reason[:2000],
+        detected_at=rec.detected_at,
+        recovered_at=rec.recovered_at,
+        checkpoint_step=rec.checkpoint_step,
+        steps_lost=steps_lost,
+        epoch=rec.epoch,
+    )
+
+
 @dataclass
 class Recovering:
     """How a session survives failures."""
@@ -143,20 +161,7 @@ def train(
             assert db is not None and task_id is not None
             db.drop_metrics_from(task_id, ckpt.step)
         if db is not None and run_id is not None:
-            db.add(
-                FaultRecord(
-                    run_id=run_id,
-                    task_id=task_id,
-                    kind="worker",
-                    services=",".join(r.failed),
-                    reason=r.reason[:2000],
-                    detected_at=r.detected_at,
-                    recovered_at=r.recovered_at,
-                    checkpoint_step=ckpt.step,
-                    steps_lost=at_step - ckpt.step,
-                    epoch=r.epoch,
-                )
-            )
+            db.add(fault_record(r, run_id, task_id, steps_lost=at_step - ckpt.step))
 
     if rec.start is not None:
         if not first_step <= rec.start.step <= end:
