@@ -182,29 +182,8 @@ class ControlPlane:
         return Checkpoint(rec.step, files)
 
     def status(self, req: dict[str, Any]) -> dict[str, Any]:
-        services = []
-        for h in self.deployment.handles:
-            try:
-                health = self.deployment.clients[(h.config.stage, h.config.replica)].call(
-                    "Health", timeout_s=3
-                )["status"]
-            except Exception:
-                health = "unreachable"
-            services.append(
-                {
-                    "sid": h.config.sid,
-                    "stage": h.config.stage,
-                    "replica": h.config.replica,
-                    "address": h.address,
-                    "health": health,
-                    "pid": h.process.pid,
-                }
-            )
-        seen = {s.sid: s for s in self.deployment.registry.lookup()}
-        for s in services:
-            s["registered"] = s["sid"] in seen
-            s["heartbeat_age_s"] = self.deployment.registry.heartbeat_age(s["sid"])
-        tasks = [{"id": t.id, "kind": t.kind, "state": t.state} for t in self.db.tasks(self.run.id)]
+        # The faults first, the services after: a heal replaces the handles before it records
+        # its fault, so a fault shown as recovered is never shown beside the worker it replaced.
         faults = [
             {
                 "id": f.id,
@@ -220,6 +199,37 @@ class ControlPlane:
             }
             for f in self.db.faults(self.run.id)
         ]
+        replicas_down = sorted(self.replicas_down)
+        dep = self.deployment
+        handles = list(dep.handles)
+        clients = dict(dep.clients)
+        asks = {  # every worker asked at once: a dead one costs one timeout, not one each
+            h.config.sid: clients[(h.config.stage, h.config.replica)].raw_future(
+                "Health", b"{}", 3.0
+            )
+            for h in handles
+        }
+        services = []
+        for h in handles:
+            try:
+                health = json.loads(asks[h.config.sid].result())["status"]
+            except Exception:
+                health = "unreachable"
+            services.append(
+                {
+                    "sid": h.config.sid,
+                    "stage": h.config.stage,
+                    "replica": h.config.replica,
+                    "address": h.address,
+                    "health": health,
+                    "pid": h.process.pid,
+                }
+            )
+        seen = {s.sid: s for s in dep.registry.lookup()}
+        for s in services:
+            s["registered"] = s["sid"] in seen
+            s["heartbeat_age_s"] = dep.registry.heartbeat_age(s["sid"])
+        tasks = [{"id": t.id, "kind": t.kind, "state": t.state} for t in self.db.tasks(self.run.id)]
         return {
             "run": self.run.id,
             "model": self.plan.model,
@@ -228,7 +238,7 @@ class ControlPlane:
             "services": services,
             "tasks": tasks,
             "faults": faults,
-            "replicas_down": sorted(self.replicas_down),
+            "replicas_down": replicas_down,
             "spares": [
                 {"sid": h.config.sid, "address": h.address, "pid": h.process.pid}
                 for h in self.deployment.spares
