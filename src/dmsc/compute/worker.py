@@ -52,6 +52,7 @@ from dmsc.spec import TransformerSpec
 
 STAGE_SERVICE = "dmsc.Stage"
 LATE_POLICIES = ("wait", "skip", "restart")
+RESEND_AFTER_S = 0.5  # a receive this long without its frame checks for failed sends
 
 
 @dataclass
@@ -108,10 +109,14 @@ class Inbox:
             self._items[(int(kind), step, mb)] = tensor
             self._cond.notify_all()
 
-    def get(self, kind: Kind, step: int, mb: int, timeout_s: float) -> torch.Tensor:
+    def get(
+        self, kind: Kind, step: int, mb: int, timeout_s: float, epoch: int | None = None
+    ) -> torch.Tensor:
+        """The frame, waiting at most ``timeout_s``; :class:`Aborted` once the inbox leaves
+        ``epoch`` (default: the epoch it is at on entry)."""
         key = (int(kind), step, mb)
         with self._cond:
-            epoch = self.epoch
+            epoch = self.epoch if epoch is None else epoch
             if not self._cond.wait_for(
                 lambda: key in self._items or self.epoch != epoch, timeout=timeout_s
             ):
@@ -263,6 +268,34 @@ class StageWorker:
                     self.peer(*key, refresh=True).raw("Push", frame, timeout_s=10)
                 break
 
+    def recv(self, kind: Kind, step: int, mb: int) -> torch.Tensor:
+        """Wait for a frame of this step. Meanwhile a send that failed because its peer is gone
+        (replaced since it was looked up) goes again to the address the registry has now: the
+        peer may be waiting for exactly that frame before it sends the one awaited here."""
+        epoch = self.epoch
+        end = time.monotonic() + self.cfg.recv_timeout_s
+        while True:
+            left = end - time.monotonic()
+            try:
+                return self.inbox.get(kind, step, mb, max(0.0, min(RESEND_AFTER_S, left)), epoch)
+            except TimeoutError:
+                if left <= RESEND_AFTER_S:
+                    raise
+                self._resend_failed()
+
+    def _resend_failed(self) -> None:
+        for n, (key, frame, fut) in enumerate(self._pending):
+            if not fut.done() or fut.cancelled():
+                continue
+            exc = fut.exception()
+            if not isinstance(exc, grpc.RpcError) or exc.code() != grpc.StatusCode.UNAVAILABLE:
+                continue
+            try:
+                peer = self.peer(*key, refresh=True)
+            except Exception:  # no replacement registered yet: try again on the next round
+                continue
+            self._pending[n] = (key, frame, peer.raw_future("Push", frame))
+
     def expected_shape(self, kind: Kind) -> tuple[torch.dtype, str]:
         """What a frame of ``kind`` must hold at this stage (dtype and a shape description);
         raises BadRequest for a kind this stage never receives."""
@@ -401,15 +434,15 @@ class StageWorker:
         for op, i in ops:
             if op == "F":
                 if mod.is_first:
-                    x = self.inbox.get(Kind.TOKENS, step, i, cfg.recv_timeout_s)
+                    x = self.recv(Kind.TOKENS, step, i)
                 else:
-                    x = self.inbox.get(Kind.ACTIVATION, step, i, cfg.recv_timeout_s)
+                    x = self.recv(Kind.ACTIVATION, step, i)
                     x.requires_grad_(train)
                 c0 = time.perf_counter()
                 with torch.set_grad_enabled(train):
                     y = mod(x)
                     if mod.is_last and (train or evaluate):
-                        targets = self.inbox.get(Kind.TARGETS, step, i, cfg.recv_timeout_s)
+                        targets = self.recv(Kind.TARGETS, step, i)
                         loss = loss_fn(y, targets) / m
                         losses[i] = float(loss.detach()) * m
                         y = loss
@@ -423,7 +456,7 @@ class StageWorker:
             else:
                 grad = None
                 if not mod.is_last:  # wait for the gradient first: waiting is not compute
-                    grad = self.inbox.get(Kind.GRADIENT, step, i, cfg.recv_timeout_s)
+                    grad = self.recv(Kind.GRADIENT, step, i)
                 c0 = time.perf_counter()
                 outputs[i].backward(grad)
                 compute += time.perf_counter() - c0
@@ -511,7 +544,7 @@ class StageWorker:
             else:
                 self.send(cfg.stage, Kind.GRAD_PART, step, cfg.replica, flat, replica=0)
                 self.flush()
-            avg = self.inbox.get(Kind.GRAD_AVG, step, 0, cfg.recv_timeout_s)
+            avg = self.recv(Kind.GRAD_AVG, step, 0)
             if not avg.numel():
                 raise StepRestart(f"restart: stage {cfg.stage}, the leader dropped step {step}")
         offset = 0

@@ -576,6 +576,10 @@ class Deployment:
         none, every worker must still hold its initial weights, as a replacement does)."""
         self.epoch += 1
         failed = set(failure.failed)
+        # Out of the registry before the survivors look their peers up again: none of them
+        # may cache the address of a dead worker for the step that follows.
+        for key in failed:
+            self.registry.fence(self.sid(*key), self.epoch)
         survivors = [k for k in self.clients if k not in failed]
         failed |= set(self._move_to_epoch(survivors, self.epoch))
         sids = [self.sid(*k) for k in sorted(failed)]
@@ -593,6 +597,8 @@ class Deployment:
         self.epoch += 1
         keys = [(s, replica) for s in range(self.stages)]
         failed = {k for k in failure.failed if k[1] == replica}
+        for key in failed:  # as in recover
+            self.registry.fence(self.sid(*key), self.epoch)
         failed |= set(self._move_to_epoch([k for k in keys if k not in failed], self.epoch))
         self.replace(sorted(failed))
         if ckpt is not None:
