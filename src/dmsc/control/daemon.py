@@ -202,29 +202,18 @@ class ControlPlane:
         replicas_down = sorted(self.replicas_down)
         dep = self.deployment
         handles = list(dep.handles)
-        clients = dict(dep.clients)
-        asks = {  # every worker asked at once: a dead one costs one timeout, not one each
-            h.config.sid: clients[(h.config.stage, h.config.replica)].raw_future(
-                "Health", b"{}", 3.0
-            )
+        silent = dep.probe(3.0)  # every worker asked at once: a dead one costs one timeout
+        services: list[dict[str, Any]] = [
+            {
+                "sid": h.config.sid,
+                "stage": h.config.stage,
+                "replica": h.config.replica,
+                "address": h.address,
+                "health": "unreachable" if (h.config.stage, h.config.replica) in silent else "ok",
+                "pid": h.process.pid,
+            }
             for h in handles
-        }
-        services = []
-        for h in handles:
-            try:
-                health = json.loads(asks[h.config.sid].result())["status"]
-            except Exception:
-                health = "unreachable"
-            services.append(
-                {
-                    "sid": h.config.sid,
-                    "stage": h.config.stage,
-                    "replica": h.config.replica,
-                    "address": h.address,
-                    "health": health,
-                    "pid": h.process.pid,
-                }
-            )
+        ]
         seen = {s.sid: s for s in dep.registry.lookup()}
         for s in services:
             s["registered"] = s["sid"] in seen

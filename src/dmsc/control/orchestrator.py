@@ -552,13 +552,17 @@ class Deployment:
                 lost.append(k)
         return lost
 
+    def _fence(self, keys: Collection[Key]) -> None:
+        """Refuse the current instances at ``keys`` in the registry (their records go): a peer
+        looking them up from now on finds their replacement or nothing, never a dead address."""
+        for key in keys:
+            self.registry.fence(self.sid(*key), self.epoch)
+
     def replace(self, keys: list[Key]) -> None:
         """Fence the instances at ``keys`` and launch replacements at the current epoch. A
         failed instance is not killed: if it comes back it finds itself fenced and leaves."""
-        for key in keys:
-            old = self.handle(key)
-            self.registry.fence(old.config.sid, self.epoch)
-            self.abandoned.append(old)
+        self._fence(keys)
+        self.abandoned.extend(self.handle(key) for key in keys)
         launch = []
         for cfg in (self._config(k[0], k[1], self.epoch) for k in keys):
             taken = self._take_spare(cfg)
@@ -576,10 +580,7 @@ class Deployment:
         none, every worker must still hold its initial weights, as a replacement does)."""
         self.epoch += 1
         failed = set(failure.failed)
-        # Out of the registry before the survivors look their peers up again: none of them
-        # may cache the address of a dead worker for the step that follows.
-        for key in failed:
-            self.registry.fence(self.sid(*key), self.epoch)
+        self._fence(failed)  # before the survivors, moving on, look their peers up again
         survivors = [k for k in self.clients if k not in failed]
         failed |= set(self._move_to_epoch(survivors, self.epoch))
         sids = [self.sid(*k) for k in sorted(failed)]
@@ -597,8 +598,7 @@ class Deployment:
         self.epoch += 1
         keys = [(s, replica) for s in range(self.stages)]
         failed = {k for k in failure.failed if k[1] == replica}
-        for key in failed:  # as in recover
-            self.registry.fence(self.sid(*key), self.epoch)
+        self._fence(failed)  # before the survivors, moving on, look their peers up again
         failed |= set(self._move_to_epoch([k for k in keys if k not in failed], self.epoch))
         self.replace(sorted(failed))
         if ckpt is not None:
