@@ -24,12 +24,12 @@ import time
 from pathlib import Path
 from typing import Any
 
-from dmsc.business.gateway import wait_ready
-from dmsc.control.chaos import FaultReport, serve_under_fault, train_under_fault
-from dmsc.control.orchestrator import Deployment, StageLayout
-from dmsc.control.session import Recovering, train
 from dmsc.data.corpus import Corpus, stdlib_text
 from dmsc.data.db import Database
+from dmsc.runtime.business.gateway import wait_ready
+from dmsc.runtime.control.chaos import FaultReport, serve_under_fault, train_under_fault
+from dmsc.runtime.control.deployment import Deployment, StageLayout
+from dmsc.runtime.control.training import Recovering, train
 from dmsc.spec import resolve_model
 
 SPEC = resolve_model("gpt-mini")

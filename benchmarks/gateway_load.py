@@ -36,7 +36,7 @@ def _serve(app) -> tuple[uvicorn.Server, str]:  # type: ignore[no-untyped-def]
     server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=port, log_level="error"))
     threading.Thread(target=server.run, daemon=True).start()
     base = f"http://127.0.0.1:{port}"
-    from dmsc.business.gateway import wait_ready
+    from dmsc.runtime.business.gateway import wait_ready
 
     wait_ready(base)
     return server, base
@@ -79,12 +79,12 @@ def main() -> None:
     parser.add_argument("--clients", type=int, default=4)
     args = parser.parse_args()
     os.environ["DMSC_HOME"] = tempfile.mkdtemp(prefix="dmsc-bench-")
-    from dmsc.business.auth import create_key
-    from dmsc.business.gateway import create_app
-    from dmsc.control.daemon import ControlPlane
-    from dmsc.control.planner import plan_job
-    from dmsc.control.queue import TaskQueue
     from dmsc.data.db import Database
+    from dmsc.planner.solve import plan_job
+    from dmsc.runtime.business.auth import create_key
+    from dmsc.runtime.business.gateway import create_app
+    from dmsc.runtime.control.plane import ControlPlane
+    from dmsc.runtime.control.task_queue import TaskQueue
     from dmsc.spec import ClusterSpec, JobSpec, load_spec, resolve_model
 
     cluster = load_spec(ClusterSpec, ROOT / "examples" / "clusters" / "local-cpu.yaml")

@@ -18,9 +18,9 @@ import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
 
-from dmsc.compute.model import build_stage, loss_fn
-from dmsc.control.orchestrator import Deployment, StageLayout
 from dmsc.data.corpus import Corpus, stdlib_text
+from dmsc.runtime.compute.models.gpt import build_stage, loss_fn
+from dmsc.runtime.control.deployment import Deployment, StageLayout
 from dmsc.spec import TransformerSpec, resolve_model
 
 RANGES = [("embedding", "block_0"), ("block_1", "block_2"), ("block_3", "head")]

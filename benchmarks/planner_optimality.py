@@ -13,19 +13,19 @@ import statistics
 import time
 from pathlib import Path
 
-from dmsc.control.build import build_problem
-from dmsc.control.heuristics import (
+from dmsc.planner.placement import (
     solve_bruteforce,
     solve_compute_first,
     solve_greedy,
     solve_random,
     solve_tabu,
 )
-from dmsc.control.instances import random_problem
-from dmsc.control.milp import solve_milp
-from dmsc.control.planner import plan_job
-from dmsc.control.problem import Infeasible, score_to_seconds
-from dmsc.control.strategy import search_strategies
+from dmsc.planner.placement.from_specs import build_problem
+from dmsc.planner.placement.instance_generator import random_problem
+from dmsc.planner.placement.milp import solve_milp
+from dmsc.planner.placement.problem import Infeasible, score_to_seconds
+from dmsc.planner.solve import plan_job
+from dmsc.planner.strategy import search_strategies
 from dmsc.spec import ClusterSpec, JobSpec, TransformerSpec, load_spec, resolve_model
 
 ROOT = Path(__file__).resolve().parents[1]

@@ -15,8 +15,8 @@ import time
 
 import torch
 
-from dmsc.business.rpc import Client, bytes_handler, serve
-from dmsc.compute.wire import Kind, decode, encode
+from dmsc.runtime.transport.rpc import Client, bytes_handler, serve
+from dmsc.runtime.transport.wire import Kind, decode, encode
 
 
 def _recv_exact(conn: socket.socket, n: int) -> bytes:

@@ -14,7 +14,7 @@ from rich.console import Console
 from rich.table import Table
 
 from dmsc.netmodel import DEFAULT_CALIBRATION
-from dmsc.validation import ValidationRow, validate_megatron
+from dmsc.netmodel.validation import ValidationRow, validate_megatron
 
 
 def _summary(rows: list[ValidationRow]) -> tuple[float, float]:

@@ -8,7 +8,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-from dmsc.business.gateway import wait_ready
+from dmsc.runtime.business.gateway import wait_ready
 
 ROOT = Path(__file__).resolve().parents[1]
 

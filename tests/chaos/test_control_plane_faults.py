@@ -12,8 +12,8 @@ from pathlib import Path
 import httpx
 from runtime_helpers import dmsc, make_plan, one_box, up_with_gateway
 
-from dmsc.control.chaos import alive
 from dmsc.data.db import Database
+from dmsc.runtime.control.chaos import alive
 
 TIMEOUT = "3"  # seconds without a heartbeat before a worker is declared failed
 TRAIN_STEPS = 200  # long enough that the kill lands while training, on a loaded machine too

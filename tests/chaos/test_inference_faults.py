@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from dmsc.control.chaos import serve_under_fault
-from dmsc.control.orchestrator import StageLayout
+from dmsc.runtime.control.chaos import serve_under_fault
+from dmsc.runtime.control.deployment import StageLayout
 from dmsc.spec import resolve_model
 
 SPEC = resolve_model("gpt-mini")

@@ -12,10 +12,10 @@ import time
 import pytest
 import torch
 
-from dmsc.compute.reference import train_reference
-from dmsc.control.orchestrator import Deployment, StageLayout
-from dmsc.control.session import Recovering, train
 from dmsc.data.corpus import Corpus, stdlib_text
+from dmsc.runtime.compute.reference import train_reference
+from dmsc.runtime.control.deployment import Deployment, StageLayout
+from dmsc.runtime.control.training import Recovering, train
 from dmsc.spec import resolve_model
 
 SPEC = resolve_model("gpt-mini")

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import time
 
-from dmsc.control.orchestrator import Deployment, StageLayout, WorkerFailure
+from dmsc.runtime.control.deployment import Deployment, StageLayout, WorkerFailure
 from dmsc.spec import resolve_model
 
 SPEC = resolve_model("gpt-mini")

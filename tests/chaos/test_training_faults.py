@@ -11,11 +11,11 @@ import random
 
 import pytest
 
-from dmsc.compute.reference import train_reference
-from dmsc.control.chaos import train_under_fault
-from dmsc.control.orchestrator import Deployment, StageLayout
-from dmsc.control.session import Recovering, train
 from dmsc.data.corpus import Corpus, stdlib_text
+from dmsc.runtime.compute.reference import train_reference
+from dmsc.runtime.control.chaos import train_under_fault
+from dmsc.runtime.control.deployment import Deployment, StageLayout
+from dmsc.runtime.control.training import Recovering, train
 from dmsc.spec import resolve_model
 
 SPEC = resolve_model("gpt-mini")

@@ -10,7 +10,7 @@ from pathlib import Path
 import jsonschema
 import pytest
 
-from dmsc.control.plan import Plan
+from dmsc.planner.plan import Plan
 
 ROOT = Path(__file__).resolve().parents[2]
 LOCAL = str(ROOT / "examples" / "clusters" / "local-cpu.yaml")

@@ -6,12 +6,12 @@ import grpc
 import pytest
 import torch
 
-from dmsc.business.rpc import Client
-from dmsc.compute.reference import train_reference
-from dmsc.compute.wire import Kind, encode
-from dmsc.compute.worker import STAGE_SERVICE
-from dmsc.control.orchestrator import Deployment, StageLayout
 from dmsc.data.corpus import Corpus, stdlib_text
+from dmsc.runtime.compute.reference import train_reference
+from dmsc.runtime.compute.worker import STAGE_SERVICE
+from dmsc.runtime.control.deployment import Deployment, StageLayout
+from dmsc.runtime.transport.rpc import Client
+from dmsc.runtime.transport.wire import Kind, encode
 from dmsc.spec import resolve_model
 
 SPEC = resolve_model("gpt-mini")

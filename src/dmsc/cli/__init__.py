@@ -58,7 +58,7 @@ def _schema(kind: SpecKind) -> dict[str, Any]:
     if kind is SpecKind.job:
         return JobSpec.model_json_schema()
     if kind is SpecKind.plan:
-        from dmsc.control.plan import Plan
+        from dmsc.planner.plan import Plan
 
         return Plan.model_json_schema()
     return TypeAdapter(ModelSpec).json_schema()
@@ -185,9 +185,9 @@ def plan(
     """Split a model into stages, choose its parallelism and place it on the cluster."""
     from dmsc.cli.options import build_job, build_model, load_cluster
     from dmsc.cli.plan_render import plan_json, print_plan
-    from dmsc.control.planner import SOLVERS, plan_job, run_solver
-    from dmsc.control.problem import Infeasible, score_to_seconds
     from dmsc.netmodel import DoesNotFit
+    from dmsc.planner.placement.problem import Infeasible, score_to_seconds
+    from dmsc.planner.solve import SOLVERS, plan_job, run_solver
 
     cluster_spec = load_cluster(cluster)
     model_spec = build_model(model, {})
@@ -269,8 +269,8 @@ def plan(
     if out is not None:
         Path(out).write_text(the_plan.model_dump_json(indent=2))
     if gantt is not None:
-        from dmsc.control.gantt import draw_gantt, replay
-        from dmsc.control.problem import boundary_us
+        from dmsc.planner.gantt import draw_gantt, replay
+        from dmsc.planner.placement.problem import boundary_us
 
         pb = outcome.built.problem
         dcs, routes = outcome.result.placement.dcs, outcome.result.placement.routes
@@ -335,8 +335,8 @@ def segment(
     from rich.table import Table
 
     from dmsc.cli.options import build_job, load_cluster
-    from dmsc.control.segment import SegmentationInfeasible
-    from dmsc.control.segmenting import (
+    from dmsc.planner.segmentation.cuts import SegmentationInfeasible
+    from dmsc.planner.segmentation.from_specs import (
         segment_by_blocks,
         segment_by_business,
         segment_by_layers,
@@ -437,8 +437,8 @@ def simulate(
     as_json: Annotated[bool, typer.Option("--json", help="One JSON object on stdout.")] = False,
 ) -> None:
     """Simulate training jobs arriving over a multi-datacenter optical network."""
-    from dmsc.cli.simulate_cmd import parse_list
-    from dmsc.cli.simulate_cmd import simulate as run_simulation
+    from dmsc.cli.simulate import parse_list
+    from dmsc.cli.simulate import simulate as run_simulation
 
     names = parse_list(compare, "--compare", str) if compare else [scheduler]
     load_list = parse_list(loads, "--loads", float) if loads else None
@@ -455,7 +455,7 @@ def calibrate(
     out: Annotated[str | None, typer.Option(help="Where to write the calibrated spec.")] = None,
 ) -> None:
     """Measure this machine (FLOP/s, memory, loopback) into a cluster spec."""
-    from dmsc.cli.runtime_cmd import do_calibrate
+    from dmsc.cli.runtime import do_calibrate
 
     do_calibrate(cluster, out, console)
 
@@ -478,7 +478,7 @@ def up(
     ] = 0,
 ) -> None:
     """Start the control plane and one worker process per stage replica."""
-    from dmsc.cli.runtime_cmd import do_up
+    from dmsc.cli.runtime import do_up
 
     do_up(plan_file, console, gateway, router, failure_timeout, spares)
 
@@ -493,8 +493,8 @@ def token_create(
     scopes: Annotated[str, typer.Option(help="Comma-separated: admin, submit, infer, read.")],
 ) -> None:
     """Create an API key (printed once; only its hash is stored)."""
-    from dmsc.business.auth import create_key
     from dmsc.data.db import Database
+    from dmsc.runtime.business.auth import create_key
 
     try:
         key_id, key = create_key(Database(), tenant, [s.strip() for s in scopes.split(",") if s])
@@ -507,8 +507,8 @@ def token_create(
 @token_app.command("revoke")
 def token_revoke(key_id: Annotated[int, typer.Argument(help="Key id.")]) -> None:
     """Revoke an API key."""
-    from dmsc.business.auth import revoke_key
     from dmsc.data.db import Database
+    from dmsc.runtime.business.auth import revoke_key
 
     try:
         revoke_key(Database(), key_id)
@@ -528,8 +528,8 @@ def models_list() -> None:
     """Every model version with its status."""
     from rich.table import Table
 
-    from dmsc.control.versions import versions
     from dmsc.data.db import Database
+    from dmsc.runtime.control.model_store import versions
 
     t = Table("version", "run", "step", "sha256", "status", "canary %")
     for v in versions(Database()):
@@ -547,8 +547,8 @@ def models_list() -> None:
 @models_app.command("promote")
 def models_promote(version: Annotated[int, typer.Argument()]) -> None:
     """Serve all traffic with VERSION."""
-    from dmsc.control.versions import promote
     from dmsc.data.db import Database
+    from dmsc.runtime.control.model_store import promote
 
     try:
         promote(Database(), version)
@@ -563,8 +563,8 @@ def models_canary(
     percent: Annotated[float, typer.Option(help="Share of inference traffic.")] = 10.0,
 ) -> None:
     """Send a share of inference traffic to VERSION (gray release)."""
-    from dmsc.control.versions import canary
     from dmsc.data.db import Database
+    from dmsc.runtime.control.model_store import canary
 
     try:
         canary(Database(), version, percent)
@@ -577,8 +577,8 @@ def models_canary(
 @models_app.command("rollback")
 def models_rollback() -> None:
     """Back to the previous production version."""
-    from dmsc.control.versions import rollback
     from dmsc.data.db import Database
+    from dmsc.runtime.control.model_store import rollback
 
     try:
         back = rollback(Database())
@@ -590,7 +590,7 @@ def models_rollback() -> None:
 @app.command()
 def status(as_json: Annotated[bool, typer.Option("--json")] = False) -> None:
     """Services (SID, stage, address, health) and tasks of the running deployment."""
-    from dmsc.cli.runtime_cmd import do_status
+    from dmsc.cli.runtime import do_status
 
     do_status(console, as_json)
 
@@ -611,7 +611,7 @@ def train_cmd(
     as_json: Annotated[bool, typer.Option("--json")] = False,
 ) -> None:
     """Run a training task on the running services; it survives failed workers."""
-    from dmsc.cli.runtime_cmd import do_train
+    from dmsc.cli.runtime import do_train
 
     do_train(steps, console, as_json, checkpoint_every, late_policy, grad_wait)
 
@@ -630,7 +630,7 @@ def chaos(
 ) -> None:
     """Rehearse a failure: kill (or freeze) a stage worker of the running deployment and report
     how long the control plane took to detect and repair it."""
-    from dmsc.cli.runtime_cmd import do_chaos
+    from dmsc.cli.runtime import do_chaos
 
     do_chaos(kill_worker, after, freeze, watch, console, as_json)
 
@@ -641,7 +641,7 @@ def infer(
     tokens: Annotated[int, typer.Option(help="Bytes to generate.")] = 80,
 ) -> None:
     """Sample a continuation through the stage services."""
-    from dmsc.cli.runtime_cmd import do_infer
+    from dmsc.cli.runtime import do_infer
 
     do_infer(prompt, tokens, console)
 
@@ -649,7 +649,7 @@ def infer(
 @app.command()
 def down() -> None:
     """Stop the services and the control plane."""
-    from dmsc.cli.runtime_cmd import do_down
+    from dmsc.cli.runtime import do_down
 
     do_down(console)
 
@@ -658,7 +658,7 @@ def down() -> None:
 def demo() -> None:
     """The main job on its embedded defaults: gpt-mini trained as micro-model services on this
     machine, then estimates, a plan and a simulation on the example clusters."""
-    from dmsc.cli.runtime_cmd import runtime_demo
+    from dmsc.cli.runtime import runtime_demo
 
     runtime_demo(console)
     console.rule("cost model, planner and simulator on the example clusters")
@@ -717,8 +717,8 @@ def demo() -> None:
     # The planner: Llama 3 70B over the four NSFNET datacenters, strategy searched, placed by
     # the exact model, beside the communication-unaware baseline.
     from dmsc.cli.plan_render import print_plan
-    from dmsc.control.planner import plan_job, run_solver
-    from dmsc.control.problem import score_to_seconds
+    from dmsc.planner.placement.problem import score_to_seconds
+    from dmsc.planner.solve import plan_job, run_solver
 
     cluster_spec = load_cluster(str(examples / "nsfnet-4dc.yaml"))
     outcome = plan_job(
@@ -736,7 +736,7 @@ def demo() -> None:
     )
 
     # The simulator: jobs arriving over the four datacenters, baseline vs CBA vs ours.
-    from dmsc.cli.simulate_cmd import simulate as run_simulation
+    from dmsc.cli.simulate import simulate as run_simulation
 
     scenario_file = examples.parent / "scenarios" / "nsfnet-cba.yaml"
     run_simulation(

@@ -8,7 +8,7 @@ from rich.console import Console
 from rich.table import Table
 
 from dmsc.cli.render import human_bytes, human_seconds
-from dmsc.control.plan import Plan, strategy_of
+from dmsc.planner.plan import Plan, strategy_of
 
 
 def plan_json(plan: Plan) -> dict[str, Any]:

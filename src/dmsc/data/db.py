@@ -56,7 +56,7 @@ class TaskRecord(Base):
     started_at: Mapped[dt.datetime | None]
     finished_at: Mapped[dt.datetime | None]
     error: Mapped[str | None]
-    # Queueing (dmsc.control.queue): who asked, how urgent, how often tried, why it failed.
+    # Queueing (dmsc.runtime.control.task_queue): who asked, how urgent, tries, why it failed.
     tenant: Mapped[str] = mapped_column(String(64), default="default")
     priority: Mapped[int] = mapped_column(default=0)
     weight: Mapped[float] = mapped_column(default=1.0)
@@ -290,3 +290,8 @@ class Database:
         with self.sessions() as s:
             q = select(ModelVersionRecord).where(ModelVersionRecord.run_id == run_id)
             return list(s.scalars(q.order_by(ModelVersionRecord.step)))
+
+    def model_versions(self) -> list[ModelVersionRecord]:
+        """Every model version, oldest first."""
+        with self.sessions() as s:
+            return list(s.scalars(select(ModelVersionRecord).order_by(ModelVersionRecord.id)))

@@ -20,9 +20,9 @@ import math
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from dmsc.control.build import stage_times_on
 from dmsc.netmodel import DEFAULT_CALIBRATION, build_layer_costs
 from dmsc.netmodel.iteration import assign_stage_layers
+from dmsc.planner.placement.from_specs import stage_times_on
 from dmsc.sim.scenario import JobTypeSpec
 from dmsc.spec import ClusterSpec, JobSpec, resolve_model
 

@@ -24,15 +24,16 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import ClassVar, Protocol
 
-from dmsc.control.heuristics import solve_greedy, solve_tabu
-from dmsc.control.milp import solve_milp
-from dmsc.control.problem import (
+from dmsc.planner.placement.baselines import solve_greedy
+from dmsc.planner.placement.milp import solve_milp
+from dmsc.planner.placement.problem import (
     Infeasible,
     LinkState,
     PathOption,
     PlacementProblem,
     PlacementResult,
 )
+from dmsc.planner.placement.tabu import solve_tabu
 from dmsc.sim.network import OpticalNetwork, Route
 from dmsc.sim.profile import JobProfile
 from dmsc.sim.scenario import ScenarioSpec

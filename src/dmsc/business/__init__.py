@@ -1,1 +1,0 @@
-"""The business layer: service registry and the RPC plumbing services share."""

@@ -1,0 +1,249 @@
+"""The plan: the contract between planning and running (``dmsc.plan/1``).
+
+A plan names the strategy, every stage (its layers, its SID, its replicas with datacenter, nodes
+and devices), every reserved inter-datacenter path (links, capacity units or slot range), the
+predicted iteration with its breakdown, memory and traffic, and how it was found.
+"""
+
+from __future__ import annotations
+
+import uuid
+from typing import Literal
+
+from pydantic import BaseModel, ConfigDict, Field
+
+from dmsc.netmodel import Estimate, build_layer_costs
+from dmsc.netmodel.iteration import assign_stage_layers
+from dmsc.planner.placement.from_specs import BuiltProblem
+from dmsc.planner.placement.problem import PlacementResult, boundary_us, score_to_seconds, stage_us
+from dmsc.planner.strategy import StrategySearch
+from dmsc.spec import ClusterSpec, JobSpec, LayerListSpec, TransformerSpec
+
+PLAN_VERSION: Literal["dmsc.plan/1"] = "dmsc.plan/1"
+_SID_NAMESPACE = uuid.UUID("6f1c2d9e-4b8a-4c3e-9a57-d0e5c1b2a3f4")
+
+
+class _Record(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+class ReplicaRecord(_Record):
+    """One data-parallel replica of a stage: where its tensor-parallel ranks run."""
+
+    dp_rank: int
+    datacenter: str
+    nodes: list[int]
+    devices: list[int]
+
+
+class StageRecord(_Record):
+    """One pipeline stage (micro-model) and its replicas."""
+
+    index: int
+    sid: str = Field(description="Service ID of the micro-model.")
+    chunks: list[tuple[str, str]] = Field(description="First and last layer of each chunk.")
+    layers: int
+    datacenter: str
+    microbatch_s: float
+    replicas: list[ReplicaRecord]
+
+
+class PathRecord(_Record):
+    """A reserved route for the boundary after stage ``after_stage``."""
+
+    after_stage: int
+    source: str
+    target: str
+    links: list[str]
+    km: float
+    units: int
+    first_unit: int
+    slot_ghz: float | None = Field(description="Slot width when the units are frequency slots.")
+    gbit_s: float
+
+
+class PredictionRecord(_Record):
+    iteration_time_s: float
+    breakdown_s: dict[str, float]
+    memory_gib_per_device: float
+    traffic_bytes: dict[str, float]
+    tflops_per_gpu: float
+
+
+class AlternativeRecord(_Record):
+    strategy: dict[str, int | str | bool]
+    iteration_time_s: float
+    why_lost: str
+
+
+class SearchRecord(_Record):
+    solver: str
+    candidates: int
+    search_seconds: float
+    placement_seconds: float
+    optimal: bool
+    gap_pct: float | None
+    strategies_considered: int
+    strategies_pruned: dict[str, int]
+    alternatives: list[AlternativeRecord]
+
+
+class Plan(_Record):
+    """A deployable plan."""
+
+    schema_version: Literal["dmsc.plan/1"] = PLAN_VERSION
+    cluster: str
+    model: str
+    params: float
+    job: JobSpec
+    stages: list[StageRecord]
+    paths: list[PathRecord]
+    prediction: PredictionRecord
+    search: SearchRecord
+
+
+STRATEGY_KEYS = (
+    "tp",
+    "pp",
+    "dp",
+    "ep",
+    "micro_batch",
+    "schedule",
+    "interleave",
+    "recompute",
+    "sequence_parallel",
+    "zero",
+)
+
+
+def strategy_of(job: JobSpec) -> dict[str, int | str | bool]:
+    return {k: getattr(job, k) for k in STRATEGY_KEYS}
+
+
+def make_sid(model: str, stage: int, first: str, last: str) -> str:
+    """A stable Service ID: the same model and layers always give the same SID."""
+    return f"sid-{stage}-{uuid.uuid5(_SID_NAMESPACE, f'{model}/{stage}/{first}/{last}').hex[:10]}"
+
+
+def assemble_plan(
+    cluster: ClusterSpec,
+    model: TransformerSpec | LayerListSpec,
+    job: JobSpec,
+    built: BuiltProblem,
+    result: PlacementResult,
+    estimate: Estimate,
+    strategy: StrategySearch | None,
+) -> Plan:
+    """The plan of ``job`` placed as ``result`` says, with its prediction and search record."""
+    problem, topo = built.problem, built.topology
+    dcs, routes = result.placement.dcs, result.placement.routes
+    comm = boundary_us(problem, dcs, routes)
+    times = stage_us(problem, dcs, comm)
+    m = problem.microbatches
+    crit = max(range(problem.n_stages), key=lambda s: times[s])
+    parts = built.stage_parts[dcs[crit]]
+    assert parts is not None
+    compute_s, tp_s, ep_s = parts[crit]
+    pipeline_s = score_to_seconds(problem, result.objective)
+    breakdown = {
+        "compute": m * compute_s,
+        "tp_comm": m * tp_s,
+        "ep_comm": m * ep_s,
+        "pp_comm": m * (times[crit] * 1e-6 - compute_s - tp_s - ep_s),
+        "bubble": pipeline_s - m * times[crit] * 1e-6,
+        "dp_comm": estimate.breakdown_s["dp_comm"],
+        "optimizer": estimate.breakdown_s["optimizer"],
+    }
+    total = sum(breakdown.values())
+    traffic = dict(estimate.traffic_bytes)
+    traffic["pp"] = sum(problem.boundary_bytes) * m * (2 if job.mode == "train" else 1)
+
+    # Devices: each datacenter hands out its devices in order, a stage's replicas node-aligned.
+    cursor = {d: 0 for d in range(problem.n_dcs)}
+    dc_devices = {
+        d: [dev.index for dev in topo.devices if dev.dc == d] for d in range(problem.n_dcs)
+    }
+    per_stage = assign_stage_layers(build_layer_costs(model, job), job)
+    stages: list[StageRecord] = []
+    for s, members in enumerate(per_stage):
+        d = dcs[s]
+        take = dc_devices[d][cursor[d] : cursor[d] + built.stage_devices]
+        cursor[d] += built.stage_devices
+        replicas = []
+        for r in range(job.dp):
+            devs = take[r * job.tp : (r + 1) * job.tp]
+            replicas.append(
+                ReplicaRecord(
+                    dp_rank=r,
+                    datacenter=problem.dc_names[d],
+                    nodes=sorted({topo.devices[i].node for i in devs}),
+                    devices=devs,
+                )
+            )
+        names = [lc.name for lc in members]
+        chunk_size = max(1, len(names) // job.chunks)
+        chunks = [
+            (names[i], names[min(i + chunk_size, len(names)) - 1])
+            for i in range(0, len(names), chunk_size)
+        ]
+        stages.append(
+            StageRecord(
+                index=s,
+                sid=make_sid(model.name, s, names[0], names[-1]),
+                chunks=chunks,
+                layers=len(names),
+                datacenter=problem.dc_names[d],
+                microbatch_s=times[s] * 1e-6,
+                replicas=replicas,
+            )
+        )
+    paths = []
+    for b, route in enumerate(routes):
+        if route is None:
+            continue
+        option = problem.paths[(dcs[b], dcs[b + 1])][route.path]
+        paths.append(
+            PathRecord(
+                after_stage=b,
+                source=problem.dc_names[dcs[b]],
+                target=problem.dc_names[dcs[b + 1]],
+                links=[problem.links[i].name for i in option.links],
+                km=option.km,
+                units=route.units,
+                first_unit=route.start,
+                slot_ghz=built.slot_ghz[option.links[0]],
+                gbit_s=route.units * option.gbit_s_per_unit,
+            )
+        )
+    alternatives = []
+    if strategy is not None:
+        alternatives = [
+            AlternativeRecord(strategy=strategy_of(c.job), iteration_time_s=c.time_s, why_lost=why)
+            for c, why in strategy.alternatives
+        ]
+    return Plan(
+        cluster=cluster.name,
+        model=model.name,
+        params=estimate.params,
+        job=job,
+        stages=stages,
+        paths=paths,
+        prediction=PredictionRecord(
+            iteration_time_s=total,
+            breakdown_s=breakdown,
+            memory_gib_per_device=estimate.memory_per_device / 1024**3,
+            traffic_bytes=traffic,
+            tflops_per_gpu=estimate.flops_per_iteration / total / job.devices / 1e12,
+        ),
+        search=SearchRecord(
+            solver=result.solver,
+            candidates=result.candidates,
+            search_seconds=(strategy.seconds if strategy else 0.0) + result.seconds,
+            placement_seconds=result.seconds,
+            optimal=result.optimal,
+            gap_pct=result.gap_pct,
+            strategies_considered=strategy.considered if strategy else 1,
+            strategies_pruned=strategy.pruned if strategy else {},
+            alternatives=alternatives,
+        ),
+    )

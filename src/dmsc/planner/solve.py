@@ -1,0 +1,122 @@
+"""The planner: strategy search, then network-aware placement, then the plan."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+
+from dmsc.netmodel import DEFAULT_CALIBRATION, Calibration, DoesNotFit, estimate_iteration
+from dmsc.planner.placement.baselines import solve_compute_first, solve_greedy, solve_random
+from dmsc.planner.placement.from_specs import BuiltProblem, build_problem
+from dmsc.planner.placement.milp import solve_milp
+from dmsc.planner.placement.problem import (
+    Infeasible,
+    PlacementProblem,
+    PlacementResult,
+    score_to_seconds,
+)
+from dmsc.planner.placement.tabu import solve_tabu
+from dmsc.planner.plan import Plan, assemble_plan
+from dmsc.planner.recut import rebalanced_job
+from dmsc.planner.strategy import StrategySearch, search_strategies
+from dmsc.spec import ClusterSpec, JobSpec, LayerListSpec, TransformerSpec
+
+SOLVERS: dict[str, Callable[..., PlacementResult]] = {
+    "milp": solve_milp,
+    "tabu": solve_tabu,
+    "greedy": solve_greedy,
+    "compute-first": solve_compute_first,
+    "random": solve_random,
+}
+
+
+@dataclass(frozen=True)
+class PlanOutcome:
+    """A plan and what produced it (for comparisons and drawings)."""
+
+    plan: Plan
+    built: BuiltProblem
+    result: PlacementResult
+    strategy: StrategySearch | None
+
+
+def run_solver(
+    name: str, problem: PlacementProblem, seed: int = 0, time_limit_s: float = 10.0
+) -> PlacementResult:
+    if name not in SOLVERS:
+        raise ValueError(f"unknown solver {name!r} (known: {', '.join(SOLVERS)})")
+    if name == "milp":
+        return solve_milp(problem, time_limit_s=time_limit_s, seed=seed)
+    if name in ("tabu", "random"):
+        return SOLVERS[name](problem, seed=seed)
+    return SOLVERS[name](problem)
+
+
+def choose_strategy(
+    cluster: ClusterSpec,
+    model: TransformerSpec | LayerListSpec,
+    job: JobSpec,
+    devices: int | None,
+    fixed: bool,
+    top_k: int = 5,
+    calib: Calibration = DEFAULT_CALIBRATION,
+    progress: Callable[[int], None] | None = None,
+) -> tuple[JobSpec, StrategySearch | None]:
+    """The job itself when its strategy is fixed, else the best found by the search."""
+    if fixed:
+        return job, None
+    n = devices if devices is not None else cluster.device_count
+    if n > cluster.device_count:
+        raise DoesNotFit([f"asked for {n} devices, the cluster has {cluster.device_count}"])
+    biggest = max(
+        sum(g.count * cluster.node_types[g.type].devices for g in dc.nodes)
+        for dc in cluster.datacenters
+    )
+    cap = biggest if len(cluster.datacenters) > 1 else None
+    search = search_strategies(cluster, model, job, n, top_k, calib, cap, progress)
+    return search.best.job, search
+
+
+def plan_job(
+    cluster: ClusterSpec,
+    model: TransformerSpec | LayerListSpec,
+    job: JobSpec,
+    solver: str = "milp",
+    devices: int | None = None,
+    fixed: bool = False,
+    seed: int = 0,
+    time_limit_s: float = 10.0,
+    top_k: int = 5,
+    calib: Calibration = DEFAULT_CALIBRATION,
+    progress: Callable[[int], None] | None = None,
+    k_paths: int = 2,
+) -> PlanOutcome:
+    """Plan ``job``: search its strategy (unless ``fixed``), place it, and assemble the plan.
+
+    Raises :class:`DoesNotFit` or :class:`Infeasible` with the binding constraint.
+    """
+    chosen, search = choose_strategy(cluster, model, job, devices, fixed, top_k, calib, progress)
+    if chosen.devices > cluster.device_count:
+        raise DoesNotFit(
+            [f"needs {chosen.devices} devices, the cluster has {cluster.device_count}"]
+        )
+    estimate = estimate_iteration(cluster, model, chosen, calib)
+    built = build_problem(cluster, model, chosen, k_paths=k_paths, calib=calib)
+    if all(c is None for row in built.problem.compute_us for c in row):
+        raise Infeasible("no datacenter's devices can hold a stage (memory)")
+    result = run_solver(solver, built.problem, seed, time_limit_s)
+    # Re-cut the layers for the placed pipeline (exact DP) and keep the faster of the two.
+    better = rebalanced_job(cluster, model, chosen, built, result, calib)
+    if better is not None:
+        try:
+            built2 = build_problem(cluster, model, better, k_paths=k_paths, calib=calib)
+            result2 = run_solver(solver, built2.problem, seed, time_limit_s)
+            if score_to_seconds(built2.problem, result2.objective) < score_to_seconds(
+                built.problem, result.objective
+            ):
+                chosen, built, result = better, built2, result2
+                estimate = estimate_iteration(cluster, model, chosen, calib)
+        except (DoesNotFit, Infeasible):
+            pass
+    plan = assemble_plan(cluster, model, chosen, built, result, estimate, search)
+    return PlanOutcome(plan, built, result, search)

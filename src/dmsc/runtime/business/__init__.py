@@ -1,0 +1,1 @@
+"""The business layer: API gateway, authentication, rate limits, service registry and router."""

@@ -1,0 +1,185 @@
+"""Service registration and discovery: who serves which stage, where, and is it alive.
+
+A service registers (SID, kind, stage, replica, model version, address, datacenter, capacity)
+and heartbeats within its TTL; a lookup returns the live ones; ``watch`` returns the services once
+the registry's version moves past the one the caller knows. The clock is injected, so tests and
+the simulator can drive time. :func:`registry_methods` exposes it over gRPC (JSON messages).
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import asdict, dataclass
+from typing import Any
+
+import grpc
+
+from dmsc.runtime.transport.rpc import BadRequest, json_handler
+
+
+@dataclass(frozen=True)
+class ServiceInfo:
+    """A registered service instance."""
+
+    sid: str
+    kind: str
+    stage: int
+    address: str
+    replica: int = 0
+    model_version: str = "0"
+    datacenter: str = "local"
+    capacity: float = 1.0
+    epoch: int = 0  # the incarnation: a replacement registers the same SID with a higher one
+
+
+class Registry:
+    """Live services with a heartbeat TTL (thread-safe)."""
+
+    def __init__(self, ttl_s: float = 10.0, clock: Callable[[], float] = time.monotonic) -> None:
+        self.ttl_s = ttl_s
+        self.clock = clock
+        self._services: dict[str, tuple[ServiceInfo, float]] = {}
+        self._fence_floor: dict[str, int] = {}  # per SID: instances below this epoch are fenced
+        self._version = 0
+        self._cond = threading.Condition()
+
+    @property
+    def version(self) -> int:
+        return self._version
+
+    def _changed(self) -> None:
+        self._version += 1
+        self._cond.notify_all()
+
+    def register(self, info: ServiceInfo) -> bool:
+        """Record ``info``; False (fenced) when its SID is held by a newer epoch."""
+        with self._cond:
+            if self._fence_floor.get(info.sid, 0) > info.epoch:
+                return False
+            self._fence_floor[info.sid] = max(self._fence_floor.get(info.sid, 0), info.epoch)
+            self._services[info.sid] = (info, self.clock())
+            self._changed()
+            return True
+
+    def heartbeat(self, sid: str, epoch: int | None = None) -> bool:
+        """False when the service is unknown (expired or never registered): register again."""
+        with self._cond:
+            self._expire()
+            if sid not in self._services:
+                return False
+            info, _ = self._services[sid]
+            if epoch is not None and epoch != info.epoch:
+                return False
+            self._services[sid] = (info, self.clock())
+            return True
+
+    def fenced(self, sid: str, epoch: int) -> bool:
+        """Whether an instance of ``sid`` at ``epoch`` has been replaced by a newer one."""
+        with self._cond:
+            return self._fence_floor.get(sid, 0) > epoch
+
+    def fence(self, sid: str, epoch: int) -> None:
+        """Refuse every instance of ``sid`` older than ``epoch`` from now on (the orchestrator
+        calls this when it declares an instance failed, before its replacement registers)."""
+        with self._cond:
+            self._fence_floor[sid] = max(self._fence_floor.get(sid, 0), epoch)
+            held = self._services.get(sid)
+            if held is not None and held[0].epoch < epoch:
+                del self._services[sid]
+                self._changed()
+
+    def heartbeat_age(self, sid: str) -> float | None:
+        """Seconds since the service was last heard from (None if unknown)."""
+        with self._cond:
+            entry = self._services.get(sid)
+            return None if entry is None else self.clock() - entry[1]
+
+    def deregister(self, sid: str, epoch: int | None = None) -> None:
+        """Remove ``sid`` (only the instance at ``epoch``, when given: a fenced instance on
+        its way out must not remove its replacement)."""
+        with self._cond:
+            held = self._services.get(sid)
+            if held is None or (epoch is not None and held[0].epoch != epoch):
+                return
+            del self._services[sid]
+            self._changed()
+
+    def _expire(self) -> None:
+        now = self.clock()
+        dead = [sid for sid, (_, seen) in self._services.items() if now - seen > self.ttl_s]
+        for sid in dead:
+            del self._services[sid]
+        if dead:
+            self._changed()
+
+    def lookup(self, stage: int | None = None, kind: str | None = None) -> list[ServiceInfo]:
+        with self._cond:
+            self._expire()
+            found = [
+                info
+                for info, _ in self._services.values()
+                if (stage is None or info.stage == stage) and (kind is None or info.kind == kind)
+            ]
+        return sorted(found, key=lambda s: (s.stage, s.replica, s.sid))
+
+    def watch(self, since: int, timeout_s: float) -> tuple[int, list[ServiceInfo]]:
+        """Wait (wall time, at most ``timeout_s``) until the version passes ``since``."""
+        with self._cond:
+            self._cond.wait_for(lambda: self._version > since, timeout=timeout_s)
+        return self._version, self.lookup()
+
+
+def registry_methods(reg: Registry) -> dict[str, grpc.RpcMethodHandler]:
+    def info_from(p: dict[str, Any]) -> ServiceInfo:
+        try:
+            return ServiceInfo(
+                sid=str(p["sid"]),
+                kind=str(p["kind"]),
+                stage=int(p["stage"]),
+                address=str(p["address"]),
+                replica=int(p.get("replica", 0)),
+                model_version=str(p.get("model_version", "0")),
+                datacenter=str(p.get("datacenter", "local")),
+                capacity=float(p.get("capacity", 1.0)),
+                epoch=int(p.get("epoch", 0)),
+            )
+        except (KeyError, TypeError, ValueError) as exc:
+            raise BadRequest(f"bad service record: {exc}") from None
+
+    def register(p: dict[str, Any]) -> dict[str, Any]:
+        info = info_from(p)
+        ok = reg.register(info)
+        return {"ok": ok, "fenced": not ok, "ttl_s": reg.ttl_s}
+
+    def heartbeat(p: dict[str, Any]) -> dict[str, Any]:
+        sid = str(p.get("sid", ""))
+        try:
+            epoch = int(p.get("epoch", 0))
+        except (TypeError, ValueError):
+            raise BadRequest("epoch must be an integer") from None
+        known = reg.heartbeat(sid, epoch)
+        return {"known": known, "fenced": reg.fenced(sid, epoch)}
+
+    def deregister(p: dict[str, Any]) -> dict[str, Any]:
+        epoch = p.get("epoch")
+        reg.deregister(str(p.get("sid", "")), int(epoch) if isinstance(epoch, int) else None)
+        return {"ok": True}
+
+    def lookup(p: dict[str, Any]) -> dict[str, Any]:
+        stage = p.get("stage")
+        services = reg.lookup(int(stage) if stage is not None else None, p.get("kind"))
+        return {"version": reg.version, "services": [asdict(s) for s in services]}
+
+    def watch(p: dict[str, Any]) -> dict[str, Any]:
+        version, services = reg.watch(int(p.get("since", -1)), float(p.get("timeout_s", 5.0)))
+        return {"version": version, "services": [asdict(s) for s in services]}
+
+    return {
+        "Register": json_handler(register),
+        "Heartbeat": json_handler(heartbeat),
+        "Deregister": json_handler(deregister),
+        "Lookup": json_handler(lookup),
+        "Watch": json_handler(watch),
+    }

@@ -1,0 +1,1 @@
+"""The computing-power layer: stage workers that run micro-models, and calibration."""

@@ -1,0 +1,1 @@
+"""The control layer as it runs: deployments, recovery, training sessions, queues, versions."""

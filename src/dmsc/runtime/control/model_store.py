@@ -1,0 +1,79 @@
+"""Model storage: every checkpoint a version; promote, gray release (canary) and rollback.
+
+State lives in ``model_versions`` (status: candidate, production, canary, retired). Which
+version serves a request is the gateway's business
+(:func:`dmsc.runtime.business.router.pick_version`).
+"""
+
+from __future__ import annotations
+
+from sqlalchemy import select
+from sqlalchemy.orm import Session
+
+from dmsc.data.db import Database, ModelVersionRecord
+
+
+def versions(db: Database) -> list[ModelVersionRecord]:
+    """Every version, oldest first."""
+    return db.model_versions()
+
+
+def _get(s: Session, version_id: int) -> ModelVersionRecord:
+    v = s.get(ModelVersionRecord, version_id)
+    if v is None:
+        raise KeyError(f"no model version {version_id}")
+    return v
+
+
+def promote(db: Database, version_id: int) -> None:
+    """``version_id`` serves all traffic; the previous production version is retired."""
+    with db.sessions() as s, s.begin():
+        target = _get(s, version_id)
+        for v in s.scalars(
+            select(ModelVersionRecord).where(
+                ModelVersionRecord.status.in_(("production", "canary"))
+            )
+        ):
+            v.status, v.canary_percent = (
+                ("retired" if v.status == "production" else "candidate"),
+                0.0,
+            )
+        target.status, target.canary_percent = "production", 0.0
+
+
+def canary(db: Database, version_id: int, percent: float) -> None:
+    """Send ``percent`` of inference traffic to ``version_id`` (one canary at a time)."""
+    if not 0 < percent < 100:
+        raise ValueError("percent must be between 0 and 100")
+    with db.sessions() as s, s.begin():
+        target = _get(s, version_id)
+        if target.status == "production":
+            raise ValueError(f"version {version_id} is already in production")
+        for v in s.scalars(select(ModelVersionRecord).where(ModelVersionRecord.status == "canary")):
+            v.status, v.canary_percent = "candidate", 0.0
+        target.status, target.canary_percent = "canary", percent
+
+
+def rollback(db: Database) -> int:
+    """Back to the most recently retired version; the current one is retired. Returns its id."""
+    with db.sessions() as s, s.begin():
+        retired = list(
+            s.scalars(
+                select(ModelVersionRecord)
+                .where(ModelVersionRecord.status == "retired")
+                .order_by(ModelVersionRecord.id.desc())
+            )
+        )
+        if not retired:
+            raise KeyError("no earlier version to roll back to")
+        for v in s.scalars(
+            select(ModelVersionRecord).where(
+                ModelVersionRecord.status.in_(("production", "canary"))
+            )
+        ):
+            v.status, v.canary_percent = (
+                ("retired" if v.status == "production" else "candidate"),
+                0.0,
+            )
+        retired[0].status = "production"
+        return retired[0].id

@@ -1,0 +1,1 @@
+"""Plumbing shared by every service: gRPC, wire frames, typed control messages, logs, metrics."""

@@ -1,0 +1,205 @@
+"""Typed control messages: one pydantic model per control RPC, shared by sender and receiver.
+
+Every JSON request between the services (a stage worker's ``dmsc.Stage``, the registry's
+``dmsc.Registry``, the control plane's ``dmsc.Control``) and the HTTP gateway's bodies are
+validated by the models here, and the limits (tokens, steps, batch sizes, waits) are defined once
+in this module, so the gateway, the control plane and the workers cannot drift apart. A request
+that fails its model is refused with the field and the reason (see
+:func:`dmsc.runtime.transport.rpc.message_handler`). Replies stay plain JSON objects.
+
+Tensors never travel here: they go as :mod:`dmsc.runtime.transport.wire` frames on ``Push``.
+"""
+
+from __future__ import annotations
+
+from typing import Annotated, Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
+
+# -- service names -------------------------------------------------------------------------------
+STAGE_SERVICE = "dmsc.Stage"
+REGISTRY_SERVICE = "dmsc.Registry"
+CONTROL_SERVICE = "dmsc.Control"
+
+# -- limits, defined once ------------------------------------------------------------------------
+MAX_PROMPT_CHARS = 10_000
+MAX_INFER_TOKENS = 1024
+MAX_TRAIN_STEPS = 1_000_000
+MAX_BATCH = 65_536
+MAX_MICROBATCHES = 4096
+MAX_GRAD_WAIT_S = 3600.0
+MAX_PRIORITY = 100
+MAX_SESSION_CHARS = 256
+DEFAULT_CHECKPOINT_EVERY = 50  # steps between a training task's checkpoints
+DEFAULT_GRAD_WAIT_S = 5.0
+
+LatePolicy = Literal["wait", "skip", "restart"]
+LATE_POLICIES: tuple[str, ...] = ("wait", "skip", "restart")
+Schedule = Literal["gpipe", "1f1b"]
+Lane = Literal["sync", "async"]
+
+Step = Annotated[int, Field(ge=0)]
+Epoch = Annotated[int, Field(ge=0)]
+Tokens = Annotated[int, Field(gt=0, le=MAX_INFER_TOKENS)]
+Prompt = Annotated[str, Field(min_length=1, max_length=MAX_PROMPT_CHARS)]
+TrainSteps = Annotated[int, Field(gt=0, le=MAX_TRAIN_STEPS)]
+GradWait = Annotated[float, Field(gt=0, le=MAX_GRAD_WAIT_S)]
+CheckpointEvery = Annotated[int, Field(ge=0, le=MAX_TRAIN_STEPS)]
+
+
+class Message(BaseModel):
+    """A control message: unknown fields are refused, values are checked, nothing is coerced
+    from a string that a typo would produce (``"steps": "ten"`` names ``steps``)."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+def explain(exc: ValidationError, what: str) -> str:
+    """One line naming every bad field and why: ``bad RunStep: microbatches: must be > 0``."""
+    parts = []
+    for err in exc.errors():
+        field = ".".join(str(p) for p in err["loc"]) or "body"
+        parts.append(f"{field}: {err['msg']}")
+    return f"bad {what}: " + "; ".join(parts)
+
+
+# -- dmsc.Stage (a stage worker) -----------------------------------------------------------------
+class RunStep(Message):
+    """Run this worker's part of one step (training, evaluation or inference)."""
+
+    step: Step
+    microbatches: Annotated[int, Field(gt=0, le=MAX_MICROBATCHES)]
+    schedule: Schedule = "1f1b"
+    train: bool = True
+    eval: bool = False
+    epoch: Epoch | None = None  # default: the worker's own
+    late_policy: LatePolicy = "wait"
+    grad_wait_s: GradWait = DEFAULT_GRAD_WAIT_S
+
+
+class Commit(Message):
+    """Apply the optimizer step of the gradients the last training ``RunStep`` left."""
+
+    step: Step
+    epoch: Epoch | None = None
+
+
+class Abort(Message):
+    """Move to a newer epoch: the step in progress fails, held frames are dropped."""
+
+    epoch: Epoch
+
+
+class Save(Message):
+    """Write this stage's weights and optimizer state to ``path``."""
+
+    path: Annotated[str, Field(min_length=1, max_length=4096)]
+    epoch: Epoch | None = None
+
+
+class Load(Message):
+    """Load a checkpoint written by ``Save``; ``sha256`` (when given) must match the file."""
+
+    path: Annotated[str, Field(min_length=1, max_length=4096)]
+    sha256: str = ""
+    epoch: Epoch | None = None
+
+
+class Assume(Message):
+    """A warm spare takes a stage over; ``config`` is the stage's worker configuration."""
+
+    config: dict[str, Any]
+    epoch: Epoch | None = None
+
+
+class Health(Message):
+    """Is the worker serving? (no fields)"""
+
+    epoch: Epoch | None = None
+
+
+# -- dmsc.Registry -------------------------------------------------------------------------------
+class ServiceRecord(Message):
+    """A service instance as the registry publishes it (``Register``, and ``Lookup`` replies)."""
+
+    sid: Annotated[str, Field(min_length=1, max_length=256)]
+    kind: Annotated[str, Field(min_length=1, max_length=32)]
+    stage: Annotated[int, Field(ge=0)]
+    address: Annotated[str, Field(min_length=1, max_length=256)]
+    replica: Annotated[int, Field(ge=0)] = 0
+    model_version: str = "0"
+    datacenter: str = "local"
+    capacity: Annotated[float, Field(ge=0)] = 1.0
+    epoch: Epoch = 0  # the incarnation: a replacement registers the same SID with a higher one
+
+
+class Heartbeat(Message):
+    sid: Annotated[str, Field(min_length=1, max_length=256)]
+    epoch: Epoch | None = None
+
+
+class Deregister(Message):
+    sid: Annotated[str, Field(min_length=1, max_length=256)]
+    epoch: Epoch | None = None  # only the instance at this epoch (a fenced one leaving)
+
+
+class Lookup(Message):
+    stage: Annotated[int, Field(ge=0)] | None = None
+    kind: str | None = None
+
+
+class Watch(Message):
+    since: int = -1
+    timeout_s: Annotated[float, Field(ge=0, le=60)] = 5.0
+
+
+# -- dmsc.Control (the control plane) ------------------------------------------------------------
+class TrainRequest(Message):
+    """A training task. Batch and micro-batches default to the plan's."""
+
+    steps: TrainSteps = 100
+    batch: Annotated[int, Field(gt=0, le=MAX_BATCH)] | None = None
+    microbatches: Annotated[int, Field(gt=0, le=MAX_MICROBATCHES)] | None = None
+    checkpoint_every: CheckpointEvery = DEFAULT_CHECKPOINT_EVERY
+    late_policy: LatePolicy = "wait"
+    grad_wait_s: GradWait = DEFAULT_GRAD_WAIT_S
+    first_step: Step | None = None  # set by the control plane once the task has started
+
+
+class InferRequest(Message):
+    """Generate ``tokens`` bytes after ``prompt``."""
+
+    prompt: Prompt
+    tokens: Tokens = 40
+
+
+class StatusRequest(Message):
+    """The deployment's state (no fields)."""
+
+
+class DownRequest(Message):
+    """Stop the control plane and its workers (no fields)."""
+
+
+# -- the HTTP gateway's bodies (the same limits) ------------------------------------------------
+class GatewayInferRequest(Message):
+    """``POST /v1/infer``."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    prompt: Prompt
+    tokens: Tokens = 40
+    session: Annotated[str, Field(max_length=MAX_SESSION_CHARS)] | None = None
+    # Redundant execution: two replicas at once, the first answer wins, the other is cancelled.
+    redundant: bool = False
+
+
+class GatewayTaskRequest(Message):
+    """``POST /v1/tasks``: a queued training task."""
+
+    steps: TrainSteps
+    priority: Annotated[int, Field(ge=-MAX_PRIORITY, le=MAX_PRIORITY)] = 0
+    lane: Lane = "async"
+    checkpoint_every: CheckpointEvery = DEFAULT_CHECKPOINT_EVERY
+    late_policy: LatePolicy = "wait"
+    grad_wait_s: GradWait = DEFAULT_GRAD_WAIT_S

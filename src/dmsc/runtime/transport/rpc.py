@@ -1,0 +1,151 @@
+"""gRPC without code generation: generic handlers whose messages are bytes.
+
+Control messages are JSON objects (:mod:`.messages`); data-plane messages are :mod:`.wire` frames. A
+handler that raises :class:`BadRequest` (or a wire error) answers INVALID_ARGUMENT with the
+reason and the server keeps serving. Using generic handlers keeps grpcio-tools (and its protobuf)
+out of the process that also imports OR-Tools.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable
+from concurrent import futures
+from typing import Any
+
+import grpc
+
+MAX_MESSAGE_BYTES = 256 * 1024 * 1024
+CHANNEL_OPTIONS = [
+    ("grpc.max_send_message_length", MAX_MESSAGE_BYTES),
+    ("grpc.max_receive_message_length", MAX_MESSAGE_BYTES),
+]
+
+
+class BadRequest(ValueError):
+    """The request cannot be served; the message is the reason sent back."""
+
+
+class Abandoned(RuntimeError):
+    """The work was given up on purpose (a newer epoch, a dropped step): answered ABORTED."""
+
+
+def _identity(b: bytes) -> bytes:
+    return b
+
+
+def bytes_handler(fn: Callable[[bytes], bytes]) -> grpc.RpcMethodHandler:
+    def handle(request: bytes, context: grpc.ServicerContext) -> bytes:
+        try:
+            return fn(request)
+        except (BadRequest, ValueError) as exc:
+            context.abort(grpc.StatusCode.INVALID_ARGUMENT, str(exc))
+            raise  # unreachable: abort raises
+        except Abandoned as exc:
+            context.abort(grpc.StatusCode.ABORTED, str(exc))
+            raise
+
+    return grpc.unary_unary_rpc_method_handler(
+        handle, request_deserializer=_identity, response_serializer=_identity
+    )
+
+
+def json_handler(fn: Callable[[dict[str, Any]], dict[str, Any]]) -> grpc.RpcMethodHandler:
+    def wrapped(request: bytes) -> bytes:
+        try:
+            payload = json.loads(request or b"{}")
+        except json.JSONDecodeError as exc:
+            raise BadRequest(f"malformed JSON: {exc.msg}") from None
+        if not isinstance(payload, dict):
+            raise BadRequest("expected a JSON object")
+        return json.dumps(fn(payload)).encode()
+
+    return bytes_handler(wrapped)
+
+
+class _CredentialCheck(grpc.ServerInterceptor):  # type: ignore[misc]
+    """Refuses every call that does not carry the deployment's service credential."""
+
+    def __init__(self, token: str) -> None:
+        self.expected = f"Bearer {token}"
+
+        def deny(request: bytes, context: grpc.ServicerContext) -> bytes:
+            context.abort(grpc.StatusCode.UNAUTHENTICATED, "missing or wrong service credential")
+            return b""
+
+        self._deny = grpc.unary_unary_rpc_method_handler(
+            deny, request_deserializer=_identity, response_serializer=_identity
+        )
+
+    def intercept_service(self, continuation: Any, details: Any) -> Any:
+        metadata = dict(details.invocation_metadata or ())
+        if metadata.get("authorization") == self.expected:
+            return continuation(details)
+        return self._deny
+
+
+def serve(
+    service: str,
+    methods: dict[str, grpc.RpcMethodHandler],
+    address: str = "127.0.0.1:0",
+    workers: int = 16,
+    token: str | None = None,
+) -> tuple[grpc.Server, int]:
+    """Start a server for ``service`` on ``address``; returns it and its port. With ``token``,
+    only callers that present it (``authorization: Bearer <token>``) are served."""
+    interceptors = [_CredentialCheck(token)] if token else []
+    server = grpc.server(
+        futures.ThreadPoolExecutor(max_workers=workers),
+        options=CHANNEL_OPTIONS,
+        interceptors=interceptors,
+    )
+    server.add_generic_rpc_handlers((grpc.method_handlers_generic_handler(service, methods),))
+    port = server.add_insecure_port(address)
+    server.start()
+    return server, port
+
+
+class Client:
+    """Calls one service at one address; JSON or raw bytes."""
+
+    def __init__(
+        self, address: str, service: str, timeout_s: float = 30.0, token: str | None = None
+    ) -> None:
+        self.address = address
+        self.service = service
+        self.timeout_s = timeout_s
+        self.metadata = [("authorization", f"Bearer {token}")] if token else None
+        self.channel = grpc.insecure_channel(address, options=CHANNEL_OPTIONS)
+        self._stubs: dict[str, Any] = {}
+
+    def _stub(self, method: str) -> Any:
+        if method not in self._stubs:
+            self._stubs[method] = self.channel.unary_unary(
+                f"/{self.service}/{method}",
+                request_serializer=_identity,
+                response_deserializer=_identity,
+            )
+        return self._stubs[method]
+
+    def raw(self, method: str, data: bytes, timeout_s: float | None = None) -> bytes:
+        result: bytes = self._stub(method)(
+            data, timeout=timeout_s or self.timeout_s, metadata=self.metadata
+        )
+        return result
+
+    def raw_future(self, method: str, data: bytes, timeout_s: float | None = None) -> Any:
+        """Send without waiting: a grpc future whose ``result()`` is the reply."""
+        return self._stub(method).future(
+            data, timeout=timeout_s or self.timeout_s, metadata=self.metadata
+        )
+
+    def call(
+        self, method: str, payload: dict[str, Any] | None = None, timeout_s: float | None = None
+    ) -> dict[str, Any]:
+        out: dict[str, Any] = json.loads(
+            self.raw(method, json.dumps(payload or {}).encode(), timeout_s)
+        )
+        return out
+
+    def close(self) -> None:
+        self.channel.close()

@@ -1,0 +1,245 @@
+"""The gateway over HTTP (FastAPI's TestClient), with a scripted backend and a real database."""
+
+from __future__ import annotations
+
+import threading
+from pathlib import Path
+from typing import Any, ClassVar
+
+import pytest
+from fastapi.testclient import TestClient
+
+from dmsc.data.db import Database
+from dmsc.runtime.business.auth import create_key, revoke_key
+from dmsc.runtime.business.gateway import create_app
+from dmsc.runtime.control.task_queue import TaskQueue
+
+
+class Clock:
+    def __init__(self) -> None:
+        self.t = 0.0
+
+    def __call__(self) -> float:
+        return self.t
+
+
+class Backend:
+    """Two pipeline replicas; ``broken`` ones raise."""
+
+    def __init__(self) -> None:
+        self.broken: set[str] = set()
+        self.calls: list[str] = []
+
+    def replicas(self) -> list[str]:
+        return ["replica-0", "replica-1"]
+
+    def infer_on(
+        self, replica: str, prompt: str, tokens: int, cancel: threading.Event | None = None
+    ) -> str:
+        self.calls.append(replica)
+        if replica in self.broken:
+            raise ConnectionError(f"{replica} is down")
+        return "x" * tokens
+
+    def services(self) -> list[dict[str, Any]]:
+        return [{"sid": r} for r in self.replicas()]
+
+
+@pytest.fixture
+def env(tmp_path: Path):  # type: ignore[no-untyped-def]
+    db = Database(f"sqlite:///{tmp_path / 'g.sqlite'}")
+    run = db.new_run("gpt-mini", "local", {})
+    clock = Clock()
+    backend = Backend()
+    app = create_app(
+        backend,
+        db,
+        TaskQueue(db, run.id),
+        rate=2,
+        burst=4,
+        max_body_bytes=2000,
+        router="round_robin",
+        breaker_threshold=2,
+        breaker_reset_s=10,
+        clock=clock,
+    )
+    keys = {
+        name: create_key(db, tenant, scopes)
+        for name, tenant, scopes in [
+            ("alice", "alice", ["infer", "submit", "read"]),
+            ("reader", "alice", ["read"]),
+            ("bob", "bob", ["infer", "submit", "read"]),
+        ]
+    }
+    return TestClient(app), db, clock, backend, keys
+
+
+def _h(key: str) -> dict[str, str]:
+    return {"Authorization": f"Bearer {key}"}
+
+
+def test_auth_outcomes(env) -> None:  # type: ignore[no-untyped-def]
+    client, db, _clock, _backend, keys = env
+    body = {"prompt": "def ", "tokens": 3}
+    assert client.post("/v1/infer", json=body).status_code == 401
+    assert client.post("/v1/infer", json=body, headers=_h("nope")).status_code == 401
+    assert client.post("/v1/infer", json=body, headers=_h(keys["reader"][1])).status_code == 403
+    r = client.post("/v1/infer", json=body, headers=_h(keys["alice"][1]))
+    assert r.status_code == 200 and r.json()["text"] == "xxx"
+    revoke_key(db, keys["alice"][0])
+    assert client.post("/v1/infer", json=body, headers=_h(keys["alice"][1])).status_code == 401
+    assert client.get("/v1/health").status_code == 200  # no key needed
+
+
+def test_rate_limit_and_body_limit(env) -> None:  # type: ignore[no-untyped-def]
+    client, _db, clock, _backend, keys = env
+    body = {"prompt": "a", "tokens": 1}
+    codes = [
+        client.post("/v1/infer", json=body, headers=_h(keys["bob"][1])).status_code
+        for _ in range(6)
+    ]
+    assert codes == [200] * 4 + [429] * 2
+    r = client.post("/v1/infer", json=body, headers=_h(keys["bob"][1]))
+    assert r.status_code == 429 and r.headers["Retry-After"] == "1"
+    assert client.post("/v1/infer", json=body, headers=_h(keys["alice"][1])).status_code == 200
+    clock.t = 1.0  # two tokens back
+    assert client.post("/v1/infer", json=body, headers=_h(keys["bob"][1])).status_code == 200
+    big = {"prompt": "a" * 5000, "tokens": 1}
+    assert client.post("/v1/infer", json=big, headers=_h(keys["alice"][1])).status_code == 413
+    bad = client.post("/v1/infer", json={"prompt": "", "tokens": 0}, headers=_h(keys["alice"][1]))
+    assert bad.status_code == 422
+
+
+def test_failover_and_circuit_breaker(env) -> None:  # type: ignore[no-untyped-def]
+    client, _db, clock, backend, keys = env
+    backend.broken = {"replica-0"}
+    for _ in range(2):
+        clock.t += 1
+        r = client.post(
+            "/v1/infer", json={"prompt": "a", "tokens": 1}, headers=_h(keys["alice"][1])
+        )
+        assert r.status_code == 200 and r.json()["replica"] == "replica-1"
+    # replica-0 failed twice: its breaker is open, so it is no longer even tried.
+    backend.calls.clear()
+    clock.t += 1
+    client.post("/v1/infer", json={"prompt": "a", "tokens": 1}, headers=_h(keys["alice"][1]))
+    clock.t += 1
+    client.post("/v1/infer", json={"prompt": "a", "tokens": 1}, headers=_h(keys["alice"][1]))
+    assert backend.calls == ["replica-1", "replica-1"]
+    backend.broken = {"replica-0", "replica-1"}
+    clock.t += 20
+    r = client.post("/v1/infer", json={"prompt": "a", "tokens": 1}, headers=_h(keys["alice"][1]))
+    assert r.status_code == 502 and "failed" in r.json()["detail"]
+
+
+def test_tasks_and_metrics(env) -> None:  # type: ignore[no-untyped-def]
+    client, _db, clock, _backend, keys = env
+    r = client.post("/v1/tasks", json={"steps": 10, "priority": 5}, headers=_h(keys["alice"][1]))
+    assert r.status_code == 202 and r.json()["state"] == "queued"
+    tid = r.json()["id"]
+    assert client.get(f"/v1/tasks/{tid}", headers=_h(keys["reader"][1])).json()["priority"] == 5
+    assert client.get(f"/v1/tasks/{tid}", headers=_h(keys["bob"][1])).status_code == 404
+    assert (
+        client.delete(f"/v1/tasks/{tid}", headers=_h(keys["alice"][1])).json()["state"]
+        == "cancelled"
+    )
+    assert client.delete(f"/v1/tasks/{tid}", headers=_h(keys["alice"][1])).status_code == 409
+    clock.t += 10  # alice spent her burst above
+    assert client.get("/v1/services", headers=_h(keys["reader"][1])).json()[0]["sid"] == "replica-0"
+    text = client.get("/metrics").text
+    assert "dmsc_gateway_requests_total" in text and 'status="202"' in text
+    assert client.get("/openapi.json").json()["info"]["title"] == "dmsc gateway"
+
+
+def test_a_stuck_replica_times_out_and_fails_over(tmp_path: Path) -> None:
+    import time as _time
+
+    class Slow(Backend):
+        def infer_on(self, replica: str, prompt: str, tokens: int) -> str:
+            if replica == "replica-0":
+                _time.sleep(1.0)
+            return super().infer_on(replica, prompt, tokens)
+
+    db = Database(f"sqlite:///{tmp_path / 's.sqlite'}")
+    run = db.new_run("m", "c", {})
+    app = create_app(Slow(), db, TaskQueue(db, run.id), router="round_robin", backend_timeout_s=0.2)
+    _, key = create_key(db, "t", ["infer"])
+    r = TestClient(app).post("/v1/infer", json={"prompt": "a", "tokens": 1}, headers=_h(key))
+    assert r.status_code == 200 and r.json()["replica"] == "replica-1"
+
+
+def test_redundant_execution_takes_the_first_answer_and_cancels_the_other(tmp_path: Path) -> None:
+    import time as _time
+
+    class Race(Backend):
+        cancelled: ClassVar[list[str]] = []
+
+        def infer_on(
+            self, replica: str, prompt: str, tokens: int, cancel: threading.Event | None = None
+        ) -> str:
+            if replica == "replica-0":  # slow, token by token, honouring the cancel
+                for _ in range(50):
+                    if cancel is not None and cancel.is_set():
+                        self.cancelled.append(replica)
+                        raise RuntimeError("cancelled")
+                    _time.sleep(0.02)
+            return super().infer_on(replica, prompt, tokens, cancel)
+
+    db = Database(f"sqlite:///{tmp_path / 'r.sqlite'}")
+    run = db.new_run("m", "c", {})
+    backend = Race()
+    app = create_app(backend, db, TaskQueue(db, run.id), router="round_robin")
+    _, key = create_key(db, "t", ["infer"])
+    client = TestClient(app)
+    t0 = _time.perf_counter()
+    body = {"prompt": "a", "tokens": 2, "redundant": True}
+    r = client.post("/v1/infer", json=body, headers=_h(key))
+    assert r.status_code == 200, r.text
+    out = r.json()
+    assert out["replica"] == "replica-1" and sorted(out["raced"]) == ["replica-0", "replica-1"]
+    assert _time.perf_counter() - t0 < 0.9  # did not wait for the slow copy
+    for _ in range(50):
+        if backend.cancelled:
+            break
+        _time.sleep(0.02)
+    assert backend.cancelled == ["replica-0"]
+    # One copy fails outright: the other answers.
+    backend.broken = {"replica-1"}
+    r = client.post("/v1/infer", json=body, headers=_h(key))
+    assert r.status_code == 200 and r.json()["replica"] == "replica-0"
+    # Both fail: a 502 that says which.
+    backend.broken = {"replica-0", "replica-1"}
+    r = client.post(
+        "/v1/infer", json={"prompt": "a", "tokens": 1, "redundant": True}, headers=_h(key)
+    )
+    assert r.status_code == 502 and "is down" in r.json()["detail"]
+
+
+def test_models_exceptions_and_admin_requeue(env) -> None:  # type: ignore[no-untyped-def]
+    from dmsc.data.db import ModelVersionRecord
+    from dmsc.runtime.control.model_store import promote
+
+    client, db, clock, _, keys = env
+    run_id = db.tasks()[0].run_id if db.tasks() else 1
+    v = db.add(ModelVersionRecord(run_id=run_id, step=5, path="/x", sha256="a" * 64))
+    promote(db, v.id)
+    assert (
+        client.get("/v1/models", headers=_h(keys["reader"][1])).json()[0]["status"] == "production"
+    )
+    clock.t += 10
+    tid = client.post("/v1/tasks", json={"steps": 1}, headers=_h(keys["alice"][1])).json()["id"]
+    from dmsc.runtime.control.task_queue import TaskQueue
+
+    q = TaskQueue(db, run_id)
+    task = q.claim("fcfs", lane="async")
+    assert task is not None and task.id == tid
+    for _ in range(3):
+        q.fail(tid, RuntimeError("boom"))
+        q.claim("fcfs", lane="async")
+    clock.t += 10
+    parked = client.get("/v1/exceptions", headers=_h(keys["reader"][1])).json()
+    assert [p["id"] for p in parked] == [tid] and parked[0]["exception_type"] == "RuntimeError"
+    assert client.post(f"/v1/tasks/{tid}/requeue", headers=_h(keys["alice"][1])).status_code == 403
+    admin = create_key(db, "ops", ["admin"])[1]
+    assert client.post(f"/v1/tasks/{tid}/requeue", headers=_h(admin)).json()["state"] == "queued"
+    assert client.post(f"/v1/tasks/{tid}/requeue", headers=_h(admin)).status_code == 409
