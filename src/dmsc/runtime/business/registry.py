@@ -16,7 +16,11 @@ from typing import Any
 
 import grpc
 
-from dmsc.runtime.transport.rpc import BadRequest, json_handler
+from dmsc.runtime.transport import messages as msg
+from dmsc.runtime.transport.messages import REGISTRY_SERVICE
+from dmsc.runtime.transport.rpc import message_handler
+
+__all__ = ["REGISTRY_SERVICE", "Registry", "ServiceInfo", "registry_methods"]
 
 
 @dataclass(frozen=True)
@@ -132,54 +136,33 @@ class Registry:
 
 
 def registry_methods(reg: Registry) -> dict[str, grpc.RpcMethodHandler]:
-    def info_from(p: dict[str, Any]) -> ServiceInfo:
-        try:
-            return ServiceInfo(
-                sid=str(p["sid"]),
-                kind=str(p["kind"]),
-                stage=int(p["stage"]),
-                address=str(p["address"]),
-                replica=int(p.get("replica", 0)),
-                model_version=str(p.get("model_version", "0")),
-                datacenter=str(p.get("datacenter", "local")),
-                capacity=float(p.get("capacity", 1.0)),
-                epoch=int(p.get("epoch", 0)),
-            )
-        except (KeyError, TypeError, ValueError) as exc:
-            raise BadRequest(f"bad service record: {exc}") from None
+    """The ``dmsc.Registry`` service over ``reg``; every request is a typed message."""
 
-    def register(p: dict[str, Any]) -> dict[str, Any]:
-        info = info_from(p)
-        ok = reg.register(info)
+    def register(m: msg.Register) -> dict[str, Any]:
+        ok = reg.register(ServiceInfo(**m.model_dump()))
         return {"ok": ok, "fenced": not ok, "ttl_s": reg.ttl_s}
 
-    def heartbeat(p: dict[str, Any]) -> dict[str, Any]:
-        sid = str(p.get("sid", ""))
-        try:
-            epoch = int(p.get("epoch", 0))
-        except (TypeError, ValueError):
-            raise BadRequest("epoch must be an integer") from None
-        known = reg.heartbeat(sid, epoch)
-        return {"known": known, "fenced": reg.fenced(sid, epoch)}
+    def heartbeat(m: msg.Heartbeat) -> dict[str, Any]:
+        epoch = m.epoch if m.epoch is not None else 0
+        known = reg.heartbeat(m.sid, epoch)
+        return {"known": known, "fenced": reg.fenced(m.sid, epoch)}
 
-    def deregister(p: dict[str, Any]) -> dict[str, Any]:
-        epoch = p.get("epoch")
-        reg.deregister(str(p.get("sid", "")), int(epoch) if isinstance(epoch, int) else None)
+    def deregister(m: msg.Deregister) -> dict[str, Any]:
+        reg.deregister(m.sid, m.epoch)
         return {"ok": True}
 
-    def lookup(p: dict[str, Any]) -> dict[str, Any]:
-        stage = p.get("stage")
-        services = reg.lookup(int(stage) if stage is not None else None, p.get("kind"))
+    def lookup(m: msg.Lookup) -> dict[str, Any]:
+        services = reg.lookup(m.stage, m.kind)
         return {"version": reg.version, "services": [asdict(s) for s in services]}
 
-    def watch(p: dict[str, Any]) -> dict[str, Any]:
-        version, services = reg.watch(int(p.get("since", -1)), float(p.get("timeout_s", 5.0)))
+    def watch(m: msg.Watch) -> dict[str, Any]:
+        version, services = reg.watch(m.since, m.timeout_s)
         return {"version": version, "services": [asdict(s) for s in services]}
 
     return {
-        "Register": json_handler(register),
-        "Heartbeat": json_handler(heartbeat),
-        "Deregister": json_handler(deregister),
-        "Lookup": json_handler(lookup),
-        "Watch": json_handler(watch),
+        "Register": message_handler(msg.Register, register),
+        "Heartbeat": message_handler(msg.Heartbeat, heartbeat),
+        "Deregister": message_handler(msg.Deregister, deregister),
+        "Lookup": message_handler(msg.Lookup, lookup),
+        "Watch": message_handler(msg.Watch, watch),
     }

@@ -119,8 +119,8 @@ class Health(Message):
 
 
 # -- dmsc.Registry -------------------------------------------------------------------------------
-class ServiceRecord(Message):
-    """A service instance as the registry publishes it (``Register``, and ``Lookup`` replies)."""
+class Register(Message):
+    """A service instance announcing itself (the registry keeps it as a ``ServiceInfo``)."""
 
     sid: Annotated[str, Field(min_length=1, max_length=256)]
     kind: Annotated[str, Field(min_length=1, max_length=32)]

@@ -11,9 +11,12 @@ from __future__ import annotations
 import json
 from collections.abc import Callable
 from concurrent import futures
-from typing import Any
+from typing import Any, TypeVar
 
 import grpc
+from pydantic import BaseModel, ValidationError
+
+from dmsc.runtime.transport.messages import explain
 
 MAX_MESSAGE_BYTES = 256 * 1024 * 1024
 CHANNEL_OPTIONS = [
@@ -59,6 +62,29 @@ def json_handler(fn: Callable[[dict[str, Any]], dict[str, Any]]) -> grpc.RpcMeth
         if not isinstance(payload, dict):
             raise BadRequest("expected a JSON object")
         return json.dumps(fn(payload)).encode()
+
+    return bytes_handler(wrapped)
+
+
+M = TypeVar("M", bound=BaseModel)
+
+
+def parse(model: type[M], payload: bytes | dict[str, Any]) -> M:
+    """``payload`` as a ``model``; :class:`BadRequest` names each bad field and why."""
+    try:
+        if isinstance(payload, dict):
+            return model.model_validate(payload)
+        return model.model_validate_json(payload or b"{}")
+    except ValidationError as exc:
+        raise BadRequest(explain(exc, model.__name__)) from None
+
+
+def message_handler(model: type[M], fn: Callable[[M], dict[str, Any]]) -> grpc.RpcMethodHandler:
+    """A JSON method whose request is checked against ``model`` (one of
+    :mod:`dmsc.runtime.transport.messages`) before ``fn`` sees it."""
+
+    def wrapped(request: bytes) -> bytes:
+        return json.dumps(fn(parse(model, request))).encode()
 
     return bytes_handler(wrapped)
 
@@ -146,6 +172,18 @@ class Client:
             self.raw(method, json.dumps(payload or {}).encode(), timeout_s)
         )
         return out
+
+    def send(self, method: str, msg: BaseModel, timeout_s: float | None = None) -> dict[str, Any]:
+        """Call ``method`` with a typed message; the reply as a JSON object."""
+        out: dict[str, Any] = json.loads(
+            self.raw(method, msg.model_dump_json(exclude_none=True).encode(), timeout_s)
+        )
+        return out
+
+    def send_future(self, method: str, msg: BaseModel, timeout_s: float | None = None) -> Any:
+        """Send a typed message without waiting: a grpc future whose ``result()`` is the reply
+        (JSON bytes)."""
+        return self.raw_future(method, msg.model_dump_json(exclude_none=True).encode(), timeout_s)
 
     def close(self) -> None:
         self.channel.close()
