@@ -45,7 +45,8 @@ def do_calibrate(template: str | None, out: str | None, console: Console) -> dic
 
 
 def _control() -> Any:
-    from dmsc.runtime.control.plane import CONTROL_SERVICE, control_file
+    from dmsc.runtime.control.plane import control_file
+    from dmsc.runtime.transport.messages import CONTROL_SERVICE
     from dmsc.runtime.transport.rpc import Client
 
     path = control_file()

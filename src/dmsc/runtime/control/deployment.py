@@ -36,7 +36,8 @@ import grpc
 import torch
 
 from dmsc.runtime.business.registry import REGISTRY_SERVICE, Registry, registry_methods
-from dmsc.runtime.compute.worker import STAGE_SERVICE, WorkerConfig
+from dmsc.runtime.compute.worker import WorkerConfig
+from dmsc.runtime.transport.messages import STAGE_SERVICE
 from dmsc.runtime.transport.rpc import Client, serve
 from dmsc.runtime.transport.wire import Kind, encode
 from dmsc.spec import TransformerSpec

@@ -203,3 +203,16 @@ class GatewayTaskRequest(Message):
     checkpoint_every: CheckpointEvery = DEFAULT_CHECKPOINT_EVERY
     late_policy: LatePolicy = "wait"
     grad_wait_s: GradWait = DEFAULT_GRAD_WAIT_S
+
+
+# -- from the CLI to the control-plane process -------------------------------------------------
+class ControlSettings(Message):
+    """What ``dmsc up`` tells the control-plane process (as JSON on its standard input): the
+    settings are parsed once, by the CLI, and the daemon has no parser of its own."""
+
+    plan: Annotated[str, Field(min_length=1)]  # path of the plan file
+    home: Annotated[str, Field(min_length=1)]  # the data directory (DMSC_HOME)
+    gateway: str | None = None  # HOST:PORT of the HTTP gateway, when one is wanted
+    router: str = "least_outstanding"  # replica routing policy of the gateway
+    failure_timeout_s: Annotated[float, Field(gt=0, le=3600)] = 10.0
+    spares: Annotated[int, Field(ge=0, le=64)] = 0
