@@ -1,0 +1,41 @@
+"""A stage worker's configuration: what the launcher writes as a JSON file for each process.
+
+It lives apart from :mod:`dmsc.runtime.compute.worker` (the process entry, which re-exports it)
+because the server builds one from an ``Assume`` request, and the worker module imports the
+server: one module each way would be an import cycle.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+
+@dataclass
+class WorkerConfig:
+    """What a worker needs to start (written by the launcher as a JSON file)."""
+
+    sid: str
+    stage: int
+    stages: int
+    model: dict[str, Any]
+    first: str
+    last: str
+    registry: str
+    replica: int = 0
+    replicas: int = 1
+    seed: int = 0
+    lr: float = 1e-3
+    epoch: int = 0  # the deployment generation this worker was launched in
+    spare: bool = False  # a warm spare: registered as such, takes a stage over on ``Assume``
+    datacenter: str = "local"
+    recv_timeout_s: float = 60.0
+    max_message_bytes: int = 64 * 1024 * 1024
+    threads: int = 1
+    token: str | None = None  # the deployment's service credential
+    log_file: str = ""  # JSON log lines go here, rotated (see dmsc.runtime.transport.logs)
+    # Fault injection for rehearsals and tests: {"slow_grads": {"steps": [3], "seconds": 2.0}}
+    # delivers this replica's gradient to the stage leader late, as a slow link would;
+    # {"hang_health": 60} makes Health hang that long while heartbeats go on (a stuck worker).
+    faults: dict[str, Any] = field(default_factory=dict)
+    extra: dict[str, Any] = field(default_factory=dict)

@@ -1,0 +1,93 @@
+"""The pipeline executor: one step's schedule of forward and backward ops at one stage.
+
+A training step runs GPipe or 1F1B over the step's micro-batches (the order comes from
+:func:`dmsc.netmodel.schedule.schedule_ops`, the same one the cost model replays); evaluation and
+inference run the forwards only. Inputs come from the inbox through :class:`Peers`, outputs go
+straight to the neighbouring stage; the last stage computes the loss (scaled by the number of
+micro-batches, so that the gradients add up to those of the whole batch) or, for inference, keeps
+the logits of every sequence's last position. Gradients stay in the module: averaging them
+between replicas and applying them are the server's business.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+
+import torch
+
+from dmsc.netmodel.schedule import schedule_ops
+from dmsc.runtime.compute.models.gpt import StageModule, loss_fn
+from dmsc.runtime.compute.peers import Peers
+from dmsc.runtime.transport.wire import Kind
+
+Op = tuple[str, int]  # ("F" or "B", micro-batch)
+
+
+@dataclass
+class StepOutcome:
+    """What one stage's part of a step produced."""
+
+    compute_s: float = 0.0  # forward and backward time, waiting excluded
+    losses: dict[int, float] = field(default_factory=dict)  # per micro-batch (last stage)
+    logits: list[list[float]] = field(default_factory=list)  # last position (inference)
+
+
+def step_ops(schedule: str, stage: int, stages: int, microbatches: int, train: bool) -> list[Op]:
+    """The ops of one step at ``stage``: the schedule's when training, forwards otherwise."""
+    if train:
+        return schedule_ops(schedule, stage, stages, microbatches)
+    return [("F", i) for i in range(microbatches)]
+
+
+def run_ops(
+    module: StageModule,
+    peers: Peers,
+    stage: int,
+    step: int,
+    ops: list[Op],
+    microbatches: int,
+    train: bool,
+    evaluate: bool = False,
+) -> StepOutcome:
+    """Run ``ops`` of ``step`` at ``stage`` and wait for every send (:meth:`Peers.flush`)."""
+    m, out = microbatches, StepOutcome()
+    inputs: dict[int, torch.Tensor] = {}
+    outputs: dict[int, torch.Tensor] = {}
+    module.train(train)
+    for op, i in ops:
+        if op == "F":
+            if module.is_first:
+                x = peers.recv(Kind.TOKENS, step, i)
+            else:
+                x = peers.recv(Kind.ACTIVATION, step, i)
+                x.requires_grad_(train)
+            c0 = time.perf_counter()
+            with torch.set_grad_enabled(train):
+                y = module(x)
+                if module.is_last and (train or evaluate):
+                    targets = peers.recv(Kind.TARGETS, step, i)
+                    loss = loss_fn(y, targets) / m
+                    out.losses[i] = float(loss.detach()) * m
+                    y = loss
+            out.compute_s += time.perf_counter() - c0
+            if train:
+                inputs[i], outputs[i] = x, y
+            if module.is_last and not train and not evaluate:
+                out.logits.extend(y[:, -1, :].tolist())
+            if not module.is_last:
+                peers.send(stage + 1, Kind.ACTIVATION, step, i, y)
+        else:
+            grad = None
+            if not module.is_last:  # wait for the gradient first: waiting is not compute
+                grad = peers.recv(Kind.GRADIENT, step, i)
+            c0 = time.perf_counter()
+            outputs[i].backward(grad)
+            out.compute_s += time.perf_counter() - c0
+            if not module.is_first:
+                grad_in = inputs[i].grad
+                assert grad_in is not None
+                peers.send(stage - 1, Kind.GRADIENT, step, i, grad_in)
+            del inputs[i], outputs[i]
+    peers.flush()
+    return out

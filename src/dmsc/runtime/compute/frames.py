@@ -1,0 +1,66 @@
+"""What a frame must hold at a stage, and the check that refuses any other (pure functions).
+
+A well-formed wire frame can still be wrong for the stage that receives it: tokens sent to a
+middle stage, activations of the wrong width, token ids past the vocabulary, a gradient of another
+stage's size. ``Push`` checks every frame here before it reaches the inbox, so a bad frame is
+refused with INVALID_ARGUMENT and never fails a step later in the schedule.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from dmsc.runtime.transport.rpc import BadRequest
+from dmsc.runtime.transport.wire import Kind
+
+
+@dataclass(frozen=True)
+class FrameSpec:
+    """What frames a stage takes: its place in the pipeline and the sizes they must match."""
+
+    stage: int
+    first: bool  # takes tokens, never activations
+    last: bool  # takes targets, never gradients from a next stage
+    seq: int
+    vocab: int
+    hidden: int
+    n_params: int  # the length of a flattened gradient (averaging between replicas)
+
+
+def expected_frame(at: FrameSpec, kind: Kind) -> tuple[torch.dtype, str]:
+    """What a frame of ``kind`` must hold at this stage (dtype and a shape description);
+    raises BadRequest for a kind this stage never receives."""
+    if kind in (Kind.TOKENS, Kind.TARGETS):
+        if (kind == Kind.TOKENS and not at.first) or (kind == Kind.TARGETS and not at.last):
+            raise BadRequest(f"stage {at.stage} does not take {kind.name.lower()}")
+        return torch.int64, f"[batch, 1..{at.seq}] token ids below {at.vocab}"
+    if kind in (Kind.ACTIVATION, Kind.GRADIENT):
+        if (kind == Kind.ACTIVATION and at.first) or (kind == Kind.GRADIENT and at.last):
+            raise BadRequest(f"stage {at.stage} does not take {kind.name.lower()}s")
+        return torch.float32, f"[batch, 1..{at.seq}, {at.hidden}]"
+    return torch.float32, f"[{at.n_params}]"
+
+
+def check_frame(at: FrameSpec, kind: Kind, t: torch.Tensor) -> None:
+    """Refuse (BadRequest) a tensor of the wrong dtype, shape or range for ``kind`` here."""
+    dtype, shape = expected_frame(at, kind)
+    ok = t.dtype == dtype
+    if ok and kind in (Kind.TOKENS, Kind.TARGETS):
+        ok = t.dim() == 2 and t.shape[0] > 0 and 0 < t.shape[1] <= at.seq
+        if kind == Kind.TOKENS and ok:  # -100 is not a token; out-of-range ids are refused
+            ok = t.numel() == 0 or (int(t.min()) >= 0 and int(t.max()) < at.vocab)
+        if kind == Kind.TARGETS and ok:
+            ok = int(t.min()) >= 0 and int(t.max()) < at.vocab
+    elif ok and kind in (Kind.ACTIVATION, Kind.GRADIENT):
+        ok = t.dim() == 3 and t.shape[0] > 0 and 0 < t.shape[1] <= at.seq
+        ok = ok and t.shape[2] == at.hidden
+    elif ok:  # a gradient part or average; an empty average is the leader's "restart"
+        restart = kind == Kind.GRAD_AVG and t.numel() == 0
+        ok = t.dim() == 1 and (t.numel() == at.n_params or restart)
+    if not ok:
+        raise BadRequest(
+            f"{kind.name.lower()} of {t.dtype} {tuple(t.shape)} refused: "
+            f"stage {at.stage} takes {dtype} {shape}"
+        )

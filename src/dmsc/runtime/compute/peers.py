@@ -1,0 +1,151 @@
+"""Peer transport of a stage worker: where its neighbours are and the frames sent to them.
+
+A worker sends its activations and gradients straight to the neighbouring stage's replica of the
+same data-parallel rank (and gradients to and from its stage leader), as wire frames on
+``Push``. Addresses come from the registry and are cached until a send fails or the worker moves
+to a newer epoch. Sends do not block the schedule (like an ``isend``); :meth:`Peers.flush` waits
+for them at the end of a step.
+
+A peer may be replaced while a step runs (a recovery gives it a new address): a send to its old
+address fails with UNAVAILABLE, and the frame goes again to the address the registry has now,
+while the sender waits for its own frames (the peer may be waiting for exactly that frame before
+it sends the one awaited here), or at the latest when the step flushes.
+"""
+
+from __future__ import annotations
+
+import time
+from typing import Any
+
+import grpc
+import torch
+from prometheus_client import Counter
+
+from dmsc.runtime.compute.inbox import Aborted, Inbox
+from dmsc.runtime.transport.messages import STAGE_SERVICE
+from dmsc.runtime.transport.rpc import Client
+from dmsc.runtime.transport.wire import Kind, encode
+
+RESEND_AFTER_S = 0.5  # a receive this long without its frame checks for failed sends
+
+PeerKey = tuple[int, int]  # (stage, replica)
+
+
+class Peers:
+    """The clients of this worker's peers and its sends in flight, at the inbox's epoch."""
+
+    def __init__(
+        self,
+        registry: Client,
+        inbox: Inbox,
+        replica: int,
+        recv_timeout_s: float,
+        bytes_sent: Counter,
+        token: str | None = None,
+    ) -> None:
+        self.registry = registry
+        self.inbox = inbox
+        self.replica = replica  # this worker's: the default peer of every stage
+        self.recv_timeout_s = recv_timeout_s
+        self.token = token
+        self._bytes_sent = bytes_sent
+        self._clients: dict[PeerKey, Client] = {}
+        self._pending: list[tuple[PeerKey, bytes, Any]] = []
+        self._detached: list[Any] = []  # sends nobody waits for
+
+    @property
+    def epoch(self) -> int:
+        return self.inbox.epoch
+
+    def _key(self, stage: int, replica: int | None) -> PeerKey:
+        return (stage, self.replica if replica is None else replica)
+
+    def client(self, stage: int, replica: int | None = None, refresh: bool = False) -> Client:
+        """The client of ``stage``'s replica (ours by default), found in the registry."""
+        key = self._key(stage, replica)
+        if refresh or key not in self._clients:
+            found = self.registry.call("Lookup", {"stage": stage, "kind": "stage"})["services"]
+            mine = [s for s in found if s["replica"] == key[1]]
+            if not mine:
+                raise RuntimeError(f"no live replica {key[1]} of stage {stage}")
+            self._clients[key] = Client(mine[0]["address"], STAGE_SERVICE, token=self.token)
+        return self._clients[key]
+
+    def forget(self) -> None:
+        """Drop every cached address (after a move to a newer epoch: a replaced peer has a new
+        one)."""
+        self._clients = {}
+
+    def send(
+        self,
+        stage: int,
+        kind: Kind,
+        step: int,
+        mb: int,
+        tensor: torch.Tensor,
+        replica: int | None = None,
+    ) -> None:
+        """Send without blocking the schedule (like an isend); :meth:`flush` waits for all."""
+        frame = encode(kind, step, mb, tensor, self.epoch)
+        self._bytes_sent.labels(kind.name.lower()).inc(len(frame))
+        self.push(self._key(stage, replica), frame)
+
+    def push(self, key: PeerKey, frame: bytes) -> None:
+        """Send an encoded frame to the peer at ``key``; :meth:`flush` waits for it."""
+        self._pending.append((key, frame, self.client(*key).raw_future("Push", frame)))
+
+    def push_detached(self, key: PeerKey, frame: bytes) -> None:
+        """Send an encoded frame that nobody waits for (its peer may be stalled). The call is
+        kept alive here: a grpc future that is garbage-collected is cancelled."""
+        fut = self.client(*key).raw_future("Push", frame)
+        self._detached = [f for f in self._detached if not f.done()] + [fut]
+
+    def abandon(self) -> None:
+        """Forget the sends in flight: those left by an abandoned step are not ours to finish."""
+        self._pending = []
+
+    def flush(self) -> None:
+        """Wait for every send; a peer that moved is looked up again (once). Gives up with
+        :class:`Aborted` as soon as the worker moves to a newer epoch (a stalled peer must not
+        hold the survivors of a failure)."""
+        pending, self._pending = self._pending, []
+        epoch = self.epoch
+        for key, frame, fut in pending:
+            while True:
+                try:
+                    fut.result(timeout=0.05)
+                except grpc.FutureTimeoutError:
+                    if self.epoch == epoch:
+                        continue
+                    fut.cancel()
+                    raise Aborted("sends abandoned: moved to a newer epoch") from None
+                except Exception:  # the peer moved or restarted: ask the registry again
+                    self.client(*key, refresh=True).raw("Push", frame, timeout_s=10)
+                break
+
+    def recv(self, kind: Kind, step: int, mb: int) -> torch.Tensor:
+        """Wait for a frame of this step. Meanwhile a send that failed because its peer is gone
+        (replaced since it was looked up) goes again to the address the registry has now."""
+        epoch = self.epoch
+        end = time.monotonic() + self.recv_timeout_s
+        while True:
+            left = end - time.monotonic()
+            try:
+                return self.inbox.get(kind, step, mb, max(0.0, min(RESEND_AFTER_S, left)), epoch)
+            except TimeoutError:
+                if left <= RESEND_AFTER_S:
+                    raise
+                self._resend_failed()
+
+    def _resend_failed(self) -> None:
+        for n, (key, frame, fut) in enumerate(self._pending):
+            if not fut.done() or fut.cancelled():
+                continue
+            exc = fut.exception()
+            if not isinstance(exc, grpc.RpcError) or exc.code() != grpc.StatusCode.UNAVAILABLE:
+                continue
+            try:
+                peer = self.client(*key, refresh=True)
+            except Exception:  # no replacement registered yet: try again on the next round
+                continue
+            self._pending[n] = (key, frame, peer.raw_future("Push", frame))

@@ -1,0 +1,274 @@
+"""The ``dmsc.Stage`` service: one stage replica's state and the RPC methods over it.
+
+``Push`` takes a wire frame (checked by :mod:`.frames`) into the inbox; every other method takes
+the typed message of the same name from :mod:`dmsc.runtime.transport.messages`, so this module
+only checks what needs the worker's state. ``RunStep`` runs this stage's part of a step
+(:mod:`.executor`) and, with several replicas, averages the gradients (:mod:`.gradient_sync`);
+optimizer steps are applied only on ``Commit``, once every stage has finished the step, so a step
+that fails anywhere is applied nowhere. ``Save`` and ``Load`` go through :mod:`.checkpoints`,
+``Assume`` makes a warm spare the stage it is told.
+
+Fencing: each worker serves one epoch (the deployment's generation, carried in every frame and
+``RunStep``). ``Abort`` moves a worker to a newer epoch, which wakes and fails the step it is in
+and drops frames of older epochs; a worker that the registry reports as fenced (its SID taken by
+a newer incarnation) stops serving and exits (see :mod:`.worker`).
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import threading
+import time
+from pathlib import Path
+from typing import Any
+
+import grpc
+import torch
+from prometheus_client import CollectorRegistry, Counter, Histogram
+
+from dmsc.runtime.compute.checkpoints import (
+    CheckpointError,
+    file_sha256,
+    read_checkpoint,
+    verify_checkpoint,
+    write_checkpoint,
+)
+from dmsc.runtime.compute.config import WorkerConfig
+from dmsc.runtime.compute.executor import run_ops, step_ops
+from dmsc.runtime.compute.frames import FrameSpec, check_frame
+from dmsc.runtime.compute.gradient_sync import GradientSync
+from dmsc.runtime.compute.inbox import Inbox
+from dmsc.runtime.compute.models.gpt import build_stage
+from dmsc.runtime.compute.peers import Peers
+from dmsc.runtime.transport import messages as msg
+from dmsc.runtime.transport.messages import REGISTRY_SERVICE
+from dmsc.runtime.transport.observe import json_logger
+from dmsc.runtime.transport.rpc import BadRequest, Client, bytes_handler, message_handler
+from dmsc.runtime.transport.wire import WireError, decode
+from dmsc.spec import TransformerSpec
+
+
+class StageWorker:
+    """The state and the RPC methods of one stage replica."""
+
+    def __init__(self, cfg: WorkerConfig, log: logging.Logger | None = None) -> None:
+        torch.set_num_threads(cfg.threads)
+        self.metrics = CollectorRegistry()
+        self.m_steps = Histogram(
+            "dmsc_worker_step_seconds", "RunStep wall time", ["mode"], registry=self.metrics
+        )
+        self.m_compute = Counter(
+            "dmsc_worker_compute_seconds_total", "Compute time", registry=self.metrics
+        )
+        self.m_bytes = Counter(
+            "dmsc_worker_bytes_sent_total",
+            "Bytes sent to neighbours",
+            ["kind"],
+            registry=self.metrics,
+        )
+        self.m_rejected = Counter(
+            "dmsc_worker_rejected_messages_total", "Malformed messages", registry=self.metrics
+        )
+        self.inbox = Inbox(cfg.epoch)
+        self.registry = Client(cfg.registry, REGISTRY_SERVICE, token=cfg.token)
+        self._build(cfg)
+        self._lock = threading.Lock()
+        self.address = ""
+        self.metrics_address = ""
+        self.log = log or json_logger(f"dmsc.worker.{cfg.sid}")
+
+    def _build(self, cfg: WorkerConfig) -> None:
+        """The stage this process serves: its layers, optimizer, peers and step state."""
+        self.cfg = cfg
+        self.spec = TransformerSpec.model_validate(cfg.model)
+        self.module = build_stage(self.spec, cfg.seed, cfg.first, cfg.last)
+        self.optimizer = torch.optim.AdamW(self.module.parameters(), lr=cfg.lr)
+        self.n_params = sum(p.numel() for p in self.module.parameters())
+        self.frames = FrameSpec(
+            stage=cfg.stage,
+            first=self.module.is_first,
+            last=self.module.is_last,
+            seq=self.spec.seq,
+            vocab=self.spec.vocab,
+            hidden=self.spec.hidden,
+            n_params=self.n_params,
+        )
+        self.steps_done = 0
+        self.uncommitted: int | None = None  # the step whose gradients wait for Commit
+        self.peers = Peers(
+            self.registry, self.inbox, cfg.replica, cfg.recv_timeout_s, self.m_bytes, cfg.token
+        )
+        self.grads = GradientSync(cfg, self.module, self.peers, self.inbox)
+
+    @property
+    def epoch(self) -> int:
+        return self.inbox.epoch
+
+    def record(self) -> dict[str, Any]:
+        """This worker's registry record."""
+        return {
+            "sid": self.cfg.sid,
+            "kind": "spare" if self.cfg.spare else "stage",
+            "stage": self.cfg.stage,
+            "replica": self.cfg.replica,
+            "address": self.address,
+            "datacenter": self.cfg.datacenter,
+            "epoch": self.cfg.epoch,
+        }
+
+    def _check_epoch(self, epoch: int | None) -> None:
+        """Refuse a call of another epoch than this worker's (none given: this worker's)."""
+        if epoch is not None and epoch != self.epoch:
+            raise BadRequest(f"fenced: epoch {epoch}, this worker is at {self.epoch}")
+
+    # -- RPC methods -----------------------------------------------------------------------
+    def push(self, data: bytes) -> bytes:
+        try:
+            frame = decode(data, self.cfg.max_message_bytes)
+            check_frame(self.frames, frame.kind, frame.tensor)
+            self.inbox.put(frame.kind, frame.step, frame.microbatch, frame.tensor, frame.epoch)
+        except (WireError, BadRequest) as exc:
+            self.m_rejected.inc()
+            self.log.warning("rejected message: %s", exc, extra={"sid": self.cfg.sid})
+            raise BadRequest(str(exc)) from None
+        return b""
+
+    def run_step(self, m: msg.RunStep) -> dict[str, Any]:
+        self._check_epoch(m.epoch)
+        with self._lock:
+            return self._run(m)
+
+    def _run(self, m: msg.RunStep) -> dict[str, Any]:
+        cfg = self.cfg
+        self.peers.abandon()  # sends left by an abandoned step are not ours to finish
+        if m.train:  # gradients of a step that was never committed are dropped
+            self.optimizer.zero_grad(set_to_none=True)
+            self.uncommitted = None
+        t0 = time.perf_counter()
+        ops = step_ops(m.schedule, cfg.stage, cfg.stages, m.microbatches, m.train)
+        done = run_ops(
+            self.module, self.peers, cfg.stage, m.step, ops, m.microbatches, m.train, m.eval
+        )
+        skipped: list[int] = []
+        if m.train:
+            if cfg.replicas > 1:
+                skipped = self.grads.sync(m.step, m.late_policy, m.grad_wait_s)
+            self.uncommitted = m.step
+        wall = time.perf_counter() - t0
+        mode = "train" if m.train else ("eval" if m.eval else "infer")
+        self.m_steps.labels(mode).observe(wall)
+        self.m_compute.inc(done.compute_s)
+        if m.train:
+            self.log.info(
+                "step done",
+                extra={"sid": cfg.sid, "step": m.step, "stage": cfg.stage, "replica": cfg.replica},
+            )
+        out: dict[str, Any] = {
+            "stage": cfg.stage,
+            "replica": cfg.replica,
+            "compute_s": done.compute_s,
+            "wall_s": time.perf_counter() - t0,
+        }
+        if skipped:
+            out["skipped_replicas"] = skipped
+        if self.module.is_last:
+            out["loss"] = sum(done.losses.values()) / m.microbatches if done.losses else None
+            if not m.train and not m.eval:
+                out["logits"] = done.logits
+        return out
+
+    def commit(self, m: msg.Commit) -> dict[str, Any]:
+        """Apply the optimizer step of the gradients the last training RunStep left."""
+        epoch = self.epoch if m.epoch is None else m.epoch
+        with self._lock:
+            self._check_epoch(epoch)
+            if self.uncommitted != m.step:
+                raise BadRequest(f"nothing to commit for step {m.step} (have {self.uncommitted})")
+            c0 = time.perf_counter()
+            self.optimizer.step()
+            self.optimizer.zero_grad(set_to_none=True)
+            self.uncommitted = None
+            self.steps_done += 1
+            compute = time.perf_counter() - c0
+        self.m_compute.inc(compute)
+        self.log.info("step committed", extra={"sid": self.cfg.sid, "step": m.step})
+        return {"steps": self.steps_done, "compute_s": compute}
+
+    def abort(self, m: msg.Abort) -> dict[str, Any]:
+        """Move to a newer epoch: the step in progress fails, held frames are dropped."""
+        if m.epoch < self.epoch:
+            raise BadRequest(f"fenced: epoch {m.epoch} is older than {self.epoch}")
+        self.inbox.advance(m.epoch)
+        self.peers.forget()  # a replaced peer has a new address
+        self.log.info("moved to epoch %d", m.epoch, extra={"sid": self.cfg.sid})
+        return {"epoch": m.epoch}
+
+    def assume(self, m: msg.Assume) -> dict[str, Any]:
+        """A spare takes a stage over: builds its layers, registers under its SID and epoch."""
+        if not self.cfg.spare:
+            raise BadRequest("only a spare can assume a stage")
+        try:
+            cfg = WorkerConfig(**m.config)
+            TransformerSpec.model_validate(cfg.model)
+        except (TypeError, ValueError) as exc:
+            raise BadRequest(f"bad worker config: {exc}") from None
+        if cfg.spare or cfg.token != self.cfg.token:
+            raise BadRequest("the config must be a stage of this deployment")
+        with self._lock:
+            spare_sid = self.cfg.sid
+            try:
+                self._build(cfg)
+            except ValueError as exc:
+                raise BadRequest(f"cannot build the stage: {exc}") from None
+            self.inbox.advance(cfg.epoch)
+            if self.registry.call("Register", self.record()).get("fenced"):
+                raise BadRequest(f"{cfg.sid} is held by a newer epoch than {cfg.epoch}")
+            self.registry.call("Deregister", {"sid": spare_sid}, timeout_s=5)
+        self.log.info("took over %s", cfg.sid, extra={"sid": cfg.sid, "stage": cfg.stage})
+        return {"sid": cfg.sid, "stage": cfg.stage, "epoch": cfg.epoch}
+
+    def health(self, m: msg.Health) -> dict[str, Any]:
+        if "hang_health" in self.cfg.faults:  # a stuck worker that still heartbeats (rehearsal)
+            time.sleep(float(self.cfg.faults["hang_health"]))
+        return {
+            "sid": self.cfg.sid,
+            "stage": self.cfg.stage,
+            "replica": self.cfg.replica,
+            "status": "ok",
+            "steps": self.steps_done,
+            "epoch": self.epoch,
+            "pid": os.getpid(),
+            "metrics": self.metrics_address,
+        }
+
+    def save(self, m: msg.Save) -> dict[str, Any]:
+        path = Path(m.path)
+        if not path.name:
+            raise BadRequest("save needs a path")
+        with self._lock:
+            write_checkpoint(path, self.module, self.optimizer, self.steps_done)
+        return {"path": str(path), "sha256": file_sha256(path)}
+
+    def load(self, m: msg.Load) -> dict[str, Any]:
+        path = Path(m.path)
+        try:
+            verify_checkpoint(path, m.sha256)
+        except CheckpointError as exc:
+            raise BadRequest(str(exc)) from None
+        with self._lock:
+            self.steps_done = read_checkpoint(path, self.module, self.optimizer)
+            self.uncommitted = None
+        return {"steps": self.steps_done}
+
+    def methods(self) -> dict[str, grpc.RpcMethodHandler]:
+        return {
+            "Push": bytes_handler(self.push),
+            "RunStep": message_handler(msg.RunStep, self.run_step),
+            "Health": message_handler(msg.Health, self.health),
+            "Save": message_handler(msg.Save, self.save),
+            "Load": message_handler(msg.Load, self.load),
+            "Abort": message_handler(msg.Abort, self.abort),
+            "Assume": message_handler(msg.Assume, self.assume),
+            "Commit": message_handler(msg.Commit, self.commit),
+        }

@@ -1,0 +1,67 @@
+"""What a frame must hold at a stage: the check refuses every other tensor, with the reason."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from dmsc.runtime.compute.frames import FrameSpec, check_frame, expected_frame
+from dmsc.runtime.transport.rpc import BadRequest
+from dmsc.runtime.transport.wire import Kind
+
+FIRST = FrameSpec(stage=0, first=True, last=False, seq=8, vocab=16, hidden=4, n_params=10)
+LAST = FrameSpec(stage=1, first=False, last=True, seq=8, vocab=16, hidden=4, n_params=6)
+
+
+def _ids(*shape: int, value: int = 3) -> torch.Tensor:
+    return torch.full(shape, value, dtype=torch.int64)
+
+
+@pytest.mark.parametrize(
+    ("at", "kind", "tensor"),
+    [
+        (FIRST, Kind.TOKENS, _ids(2, 8)),
+        (FIRST, Kind.TOKENS, _ids(1, 1, value=15)),
+        (FIRST, Kind.GRADIENT, torch.zeros(2, 5, 4)),
+        (FIRST, Kind.GRAD_PART, torch.zeros(10)),
+        (FIRST, Kind.GRAD_AVG, torch.zeros(0)),  # an empty average: the leader's restart
+        (LAST, Kind.TARGETS, _ids(2, 8, value=0)),
+        (LAST, Kind.ACTIVATION, torch.zeros(1, 8, 4)),
+        (LAST, Kind.GRAD_AVG, torch.zeros(6)),
+    ],
+)
+def test_frames_a_stage_takes_pass(at: FrameSpec, kind: Kind, tensor: torch.Tensor) -> None:
+    check_frame(at, kind, tensor)
+
+
+@pytest.mark.parametrize(
+    ("at", "kind", "tensor", "why"),
+    [
+        (FIRST, Kind.TOKENS, torch.zeros(2, 8), "torch.float32"),  # wrong dtype
+        (FIRST, Kind.TOKENS, _ids(2, 3, 4), "(2, 3, 4)"),  # wrong shape
+        (FIRST, Kind.TOKENS, _ids(1, 9), "1..8"),  # longer than the sequence
+        (FIRST, Kind.TOKENS, _ids(0, 8), "(0, 8)"),  # an empty batch
+        (FIRST, Kind.TOKENS, _ids(1, 8, value=16), "below 16"),  # past the vocabulary
+        (FIRST, Kind.TOKENS, _ids(1, 8, value=-100), "below 16"),  # -100 is not a token
+        (LAST, Kind.TARGETS, _ids(1, 8, value=-1), "below 16"),
+        (LAST, Kind.ACTIVATION, torch.zeros(1, 8, 5), "4]"),  # wrong width
+        (FIRST, Kind.GRAD_PART, torch.zeros(7), "[10]"),  # another stage's gradient
+        (FIRST, Kind.GRAD_PART, torch.zeros(0), "[10]"),  # only an average may be empty
+        (FIRST, Kind.ACTIVATION, torch.zeros(1, 8, 4), "does not take activations"),
+        (FIRST, Kind.TARGETS, _ids(1, 8), "does not take targets"),
+        (LAST, Kind.TOKENS, _ids(1, 8), "does not take tokens"),
+        (LAST, Kind.GRADIENT, torch.zeros(1, 8, 4), "does not take gradients"),
+    ],
+)
+def test_other_frames_are_refused_with_the_reason(
+    at: FrameSpec, kind: Kind, tensor: torch.Tensor, why: str
+) -> None:
+    with pytest.raises(BadRequest, match=f"stage {at.stage}") as info:
+        check_frame(at, kind, tensor)
+    assert why in str(info.value)
+
+
+def test_expected_frame_describes_what_is_taken() -> None:
+    assert expected_frame(FIRST, Kind.TOKENS) == (torch.int64, "[batch, 1..8] token ids below 16")
+    assert expected_frame(LAST, Kind.ACTIVATION) == (torch.float32, "[batch, 1..8, 4]")
+    assert expected_frame(LAST, Kind.GRAD_PART) == (torch.float32, "[6]")

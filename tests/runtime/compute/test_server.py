@@ -1,0 +1,97 @@
+"""The ``dmsc.Stage`` methods over real gRPC on 127.0.0.1: typed requests, refusals, fencing."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from typing import Any
+
+import grpc
+import pytest
+
+from dmsc.runtime.business.registry import REGISTRY_SERVICE, Registry, registry_methods
+from dmsc.runtime.compute.worker import STAGE_SERVICE, StageWorker, WorkerConfig
+from dmsc.runtime.transport.rpc import Client, serve
+from dmsc.spec import resolve_model
+
+SPEC = resolve_model("gpt-mini")
+
+
+@pytest.fixture
+def client() -> Iterator[Client]:
+    """A client of stage 0 (of two), served in this process at epoch 2."""
+    reg_server, reg_port = serve(REGISTRY_SERVICE, registry_methods(Registry(ttl_s=60)))
+    cfg = WorkerConfig(
+        sid="s0",
+        stage=0,
+        stages=2,
+        model=SPEC.model_dump(),
+        first="embedding",
+        last="block_1",
+        registry=f"127.0.0.1:{reg_port}",
+        epoch=2,
+    )
+    worker = StageWorker(cfg)
+    server, port = serve(STAGE_SERVICE, worker.methods())
+    c = Client(f"127.0.0.1:{port}", STAGE_SERVICE)
+    try:
+        yield c
+    finally:
+        c.close()
+        server.stop(0)
+        reg_server.stop(0)
+
+
+def _refused(client: Client, method: str, body: dict[str, Any]) -> str:
+    """The details of the INVALID_ARGUMENT that ``method`` answers ``body`` with."""
+    with pytest.raises(grpc.RpcError) as info:
+        client.call(method, body)
+    assert info.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+    details: str = info.value.details()
+    return details
+
+
+def test_run_step_without_microbatches_is_refused_naming_the_field(client: Client) -> None:
+    details = _refused(client, "RunStep", {"step": 1, "microbatches": 0})
+    assert "RunStep" in details and "microbatches" in details
+
+
+def test_an_unknown_field_is_refused_naming_it(client: Client) -> None:
+    details = _refused(client, "RunStep", {"step": 1, "microbatches": 1, "micro_batches": 2})
+    assert "micro_batches" in details
+
+
+def test_abort_without_an_epoch_is_refused_naming_the_field(client: Client) -> None:
+    details = _refused(client, "Abort", {})
+    assert "Abort" in details and "epoch" in details
+
+
+def test_checks_that_need_the_worker_state_stay(client: Client) -> None:
+    assert "fenced" in _refused(client, "RunStep", {"step": 1, "microbatches": 1, "epoch": 1})
+    assert "fenced" in _refused(client, "Abort", {"epoch": 1})
+    assert "nothing to commit" in _refused(client, "Commit", {"step": 3, "epoch": 2})
+    assert "only a spare" in _refused(client, "Assume", {"config": {}, "epoch": 2})
+    # the orchestrator adds the epoch to every call: accepted
+    assert client.call("Health", {"epoch": 2})["epoch"] == 2
+    assert client.call("Abort", {"epoch": 3}) == {"epoch": 3}
+    assert client.call("Health")["epoch"] == 3
+
+
+def test_a_spare_refuses_a_bad_stage_config() -> None:
+    cfg = WorkerConfig(
+        sid="spare-0",
+        stage=0,
+        stages=2,
+        model=SPEC.model_dump(),
+        first="embedding",
+        last="block_1",
+        registry="127.0.0.1:1",
+        spare=True,
+    )
+    server, port = serve(STAGE_SERVICE, StageWorker(cfg).methods())
+    client = Client(f"127.0.0.1:{port}", STAGE_SERVICE)
+    try:
+        details = _refused(client, "Assume", {"config": {"sid": "s1", "stage": 1}})
+        assert "bad worker config" in details
+    finally:
+        client.close()
+        server.stop(0)
