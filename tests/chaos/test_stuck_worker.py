@@ -4,7 +4,10 @@ from __future__ import annotations
 
 import time
 
-from dmsc.runtime.control.deployment import Deployment, StageLayout, WorkerFailure
+from dmsc.runtime.control.deployment import Deployment, StageLayout
+from dmsc.runtime.control.failures import WorkerFailure
+from dmsc.runtime.control.recovery import heal
+from dmsc.runtime.transport import logs
 from dmsc.spec import resolve_model
 
 SPEC = resolve_model("gpt-mini")
@@ -21,7 +24,11 @@ def test_a_stuck_worker_is_found_within_the_probe_deadline_and_replaced() -> Non
         assert time.monotonic() - t0 < 2.5
         assert list(found) == [(1, 0)] and "Health" in found[(1, 0)]
         old_pid = dep.handle((1, 0)).process.pid
-        rec = dep.heal(WorkerFailure(found, {}), 0, None)
+        rec = heal(dep, WorkerFailure(found, {}), 0, None)
         assert rec.failed == ["stage1-r0"] and dep.handle((1, 0)).process.pid != old_pid
         assert dep.probe(1.0) == {}  # the replacement answers (faults are the first one's)
         assert len(dep.generate(b"def ", 2)) == 2
+        # each worker's logs are where a user looks for them (the deployment's home/logs)
+        for h in dep.handles:
+            assert h.config.log_file == str(logs.log_file(dep.home, h.config.sid))
+            assert logs.stderr_file(dep.home, h.config.sid).is_file()

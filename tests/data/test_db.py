@@ -76,3 +76,67 @@ def test_an_older_database_gets_the_new_columns(tmp_path: Path) -> None:
     db = Database(f"sqlite:///{path}")
     [task] = db.tasks(1)
     assert (task.tenant, task.priority, task.attempts, task.max_attempts) == ("default", 0, 0, 3)
+
+
+def _db(tmp_path: Path) -> Database:
+    return Database(f"sqlite:///{tmp_path / 'x.sqlite'}")
+
+
+def test_a_new_plan_gets_a_new_run(tmp_path: Path) -> None:
+    db = _db(tmp_path)
+    run = db.resume_or_new_run("gpt-mini", "local-cpu", {"stages": 2})
+    assert run.status == "running" and db.faults(run.id) == []
+    other = db.resume_or_new_run("gpt-mini", "local-cpu", {"stages": 3})
+    assert other.id != run.id  # another plan: another run
+
+
+def test_the_same_plan_resumes_its_run_and_requeues_running_tasks(tmp_path: Path) -> None:
+    db = _db(tmp_path)
+    plan = {"stages": 2, "dp": 1}
+    run = db.resume_or_new_run("gpt-mini", "local-cpu", plan)
+    queued = db.new_task(run.id, "train", {"steps": 5})
+    running = db.new_task(run.id, "train", {"steps": 30, "first_step": 0})
+    db.set_task_state(running.id, "running")
+    done = db.new_task(run.id, "train", {"steps": 1})
+    db.set_task_state(done.id, "done")
+    # the control plane is killed; a new one starts with the same plan (a second connection)
+    again = Database(db.url)
+    resumed = again.resume_or_new_run("gpt-mini", "local-cpu", dict(plan))
+    assert resumed.id == run.id
+    states = {t.id: t.state for t in again.tasks(run.id)}
+    assert states == {queued.id: "queued", running.id: "queued", done.id: "done"}
+    [fault] = again.faults(run.id)
+    assert fault.kind == "control-plane" and fault.recovered_at is None
+    assert fault.reason.endswith(f"requeued: {running.id}")
+    # once the workers are back, the restart is closed, with the checkpoint it resumed from
+    assert again.close_control_plane_faults(run.id, 20) == 1
+    [fault] = again.faults(run.id)
+    assert fault.recovered_at is not None and fault.checkpoint_step == 20
+    assert again.close_control_plane_faults(run.id, 30) == 0  # closed once
+    # a second restart with nothing running says so
+    again.resume_or_new_run("gpt-mini", "local-cpu", plan)
+    assert again.faults(run.id)[-1].reason.endswith("requeued: none")
+
+
+def test_a_stopped_run_is_not_resumed(tmp_path: Path) -> None:
+    db = _db(tmp_path)
+    plan = {"stages": 2}
+    run = db.resume_or_new_run("gpt-mini", "local-cpu", plan)
+    db.end_run(run.id)
+    assert db.resume_or_new_run("gpt-mini", "local-cpu", plan).id != run.id
+    db.end_run(12345)  # no such run: nothing to do
+
+
+def test_services_are_recorded_in_order(tmp_path: Path) -> None:
+    db = _db(tmp_path)
+    run = db.new_run("gpt-mini", "local-cpu", {})
+    db.add_service(run.id, "stage0-r0", 0, 0, "127.0.0.1:1")
+    db.add_service(run.id, "stage1-r0", 1, 0, "127.0.0.1:2")
+    db.add_service(run.id, "stage1-r0", 1, 0, "127.0.0.1:3")  # its replacement
+    got = [(s.sid, s.stage, s.replica, s.address) for s in db.services(run.id)]
+    assert got == [
+        ("stage0-r0", 0, 0, "127.0.0.1:1"),
+        ("stage1-r0", 1, 0, "127.0.0.1:2"),
+        ("stage1-r0", 1, 0, "127.0.0.1:3"),
+    ]
+    assert db.services(run.id + 1) == []

@@ -19,6 +19,10 @@ def test_up_status_train_infer_down(tmp_path: Path) -> None:
         status = json.loads(dmsc(tmp_path, "status", "--json").stdout)
         assert len(status["services"]) == 2
         assert all(s["health"] == "ok" and s["registered"] for s in status["services"])
+        # logs a user can find: the control plane's and each worker's, under $DMSC_HOME/logs
+        assert "serving at" in (tmp_path / "logs" / "control.log").read_text()
+        for s in status["services"]:
+            assert (tmp_path / "logs" / f"{s['sid']}.stderr").is_file()
         res = dmsc(tmp_path, "train", "--steps", "3", "--json")
         assert res.returncode == 0, res.stderr
         out = json.loads(res.stdout)

@@ -9,6 +9,7 @@ from __future__ import annotations
 import datetime as dt
 import json
 import os
+import time
 from pathlib import Path
 from typing import Any, TypeVar
 
@@ -201,6 +202,79 @@ class Database:
 
     def new_run(self, model: str, cluster: str, plan: dict[str, Any]) -> RunRecord:
         return self.add(RunRecord(model=model, cluster=cluster, plan_json=json.dumps(plan)))
+
+    def resume_or_new_run(self, model: str, cluster: str, plan: dict[str, Any]) -> RunRecord:
+        """The run a control plane serves ``plan`` in. After a crash (a run of the same plan still
+        ``running``) the run resumes: its queued tasks stay queued, the tasks that were running
+        go back to the queue, and a ``control-plane`` fault records the restart (closed by
+        :meth:`close_control_plane_faults` once the workers are back). Else a new run."""
+        plan_json = json.dumps(plan)
+        with self.sessions() as s, s.begin():
+            run = s.scalars(
+                select(RunRecord)
+                .where(RunRecord.status == "running", RunRecord.plan_json == plan_json)
+                .order_by(RunRecord.id.desc())
+            ).first()
+            if run is not None:
+                interrupted = list(
+                    s.scalars(
+                        select(TaskRecord).where(
+                            TaskRecord.run_id == run.id, TaskRecord.state == "running"
+                        )
+                    )
+                )
+                for task in interrupted:
+                    task.state = "queued"
+                s.add(
+                    FaultRecord(
+                        run_id=run.id,
+                        kind="control-plane",
+                        reason="the control plane restarted; running tasks requeued: "
+                        + (", ".join(str(t.id) for t in interrupted) or "none"),
+                        detected_at=time.time(),
+                    )
+                )
+                return run
+        return self.new_run(model, cluster, plan)
+
+    def end_run(self, run_id: int) -> None:
+        """A clean stop: the run is over (a crash leaves it ``running``, to be resumed)."""
+        with self.sessions() as s, s.begin():
+            run = s.get(RunRecord, run_id)
+            if run is not None:
+                run.status = "stopped"
+
+    def close_control_plane_faults(self, run_id: int, checkpoint_step: int | None) -> int:
+        """Mark the run's open control-plane restarts recovered (now, resumed from the
+        checkpoint of ``checkpoint_step``); returns how many there were."""
+        with self.sessions() as s, s.begin():
+            open_faults = list(
+                s.scalars(
+                    select(FaultRecord).where(
+                        FaultRecord.run_id == run_id,
+                        FaultRecord.kind == "control-plane",
+                        FaultRecord.recovered_at.is_(None),
+                    )
+                )
+            )
+            for fault in open_faults:
+                fault.recovered_at = time.time()
+                fault.checkpoint_step = checkpoint_step
+            return len(open_faults)
+
+    def add_service(
+        self, run_id: int, sid: str, stage: int, replica: int, address: str
+    ) -> ServiceRecord:
+        """Record a service instance started for the run (a replacement adds another row)."""
+        return self.add(
+            ServiceRecord(run_id=run_id, sid=sid, stage=stage, replica=replica, address=address)
+        )
+
+    def services(self, run_id: int) -> list[ServiceRecord]:
+        """The run's service instances, in the order they were recorded."""
+        with self.sessions() as s:
+            q = select(ServiceRecord).where(ServiceRecord.run_id == run_id)
+            return list(s.scalars(q.order_by(ServiceRecord.id)))
 
     def new_task(self, run_id: int, kind: str, params: dict[str, Any]) -> TaskRecord:
         return self.add(TaskRecord(run_id=run_id, kind=kind, params_json=json.dumps(params)))

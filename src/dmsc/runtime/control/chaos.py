@@ -16,7 +16,9 @@ from dataclasses import dataclass, field
 from typing import Any, Literal
 
 from dmsc.data.corpus import Corpus
-from dmsc.runtime.control.deployment import Deployment, StageLayout, WorkerFailure
+from dmsc.runtime.control.deployment import Deployment, StageLayout
+from dmsc.runtime.control.failures import WorkerFailure
+from dmsc.runtime.control.recovery import heal
 from dmsc.runtime.control.training import Recovering, TrainReport, train
 
 Fault = Literal["kill", "freeze"]
@@ -206,7 +208,7 @@ def serve_under_fault(
         pool.shutdown(wait=True, cancel_futures=True)
         if 0 in down:  # heal replica 0 (a replacement at a new epoch) and check it serves again
             failure = WorkerFailure(dep.suspects(), {})
-            dep.heal(failure, 0, None)
+            heal(dep, failure, 0, None)
             fr.recovered_after_s = time.time() - injected_at
             fr.extra["healed_serves"] = len(dep.generate(b"def ", 2, step_base=9_000_000)) == 2
     fr.requests_total = len(outcomes)

@@ -20,14 +20,11 @@ from typing import Any
 from dmsc.data.corpus import Corpus
 from dmsc.data.db import CheckpointRecord, Database, FaultRecord
 from dmsc.planner.plan import Plan
-from dmsc.runtime.control.deployment import (
-    Checkpoint,
-    Deployment,
-    Recovery,
-    StageLayout,
-    StepRestartNeeded,
-    WorkerFailure,
-)
+from dmsc.runtime.control import recovery
+from dmsc.runtime.control.deployment import Checkpoint, Deployment, StageLayout
+from dmsc.runtime.control.failures import StepRestartNeeded, WorkerFailure
+from dmsc.runtime.control.recovery import Recovery
+from dmsc.runtime.transport.messages import DEFAULT_GRAD_WAIT_S, LatePolicy, Schedule
 from dmsc.spec import TransformerSpec
 
 
@@ -105,8 +102,10 @@ class Recovering:
 
     checkpoint_every: int = 0  # steps between checkpoints (0: only the one before step 1)
     checkpoint_dir: Path | None = None
-    late_policy: str = "wait"  # wait | skip | restart (see dmsc.runtime.compute.worker)
-    grad_wait_s: float = 5.0  # the bound on waiting for a replica's gradient (skip, restart)
+    late_policy: LatePolicy = "wait"  # see dmsc.runtime.compute.worker
+    grad_wait_s: float = (
+        DEFAULT_GRAD_WAIT_S  # the bound on waiting for a replica's gradient (skip, restart)
+    )
     max_recoveries: int = 5
     max_restarts: int = 20
     start: Checkpoint | None = None  # resume from this checkpoint instead of taking one
@@ -119,7 +118,7 @@ def train(
     steps: int,
     batch: int,
     microbatches: int,
-    schedule: str = "1f1b",
+    schedule: Schedule = "1f1b",
     db: Database | None = None,
     task_id: int | None = None,
     on_step: Callable[[int, dict[str, Any]], None] | None = None,
@@ -151,10 +150,10 @@ def train(
         report.checkpoint = ckpt
         return ckpt
 
-    def recover(failure: WorkerFailure, ckpt: Checkpoint, at_step: int) -> None:
+    def bring_back(failure: WorkerFailure, ckpt: Checkpoint, at_step: int) -> None:
         if len(report.recoveries) >= rec.max_recoveries:
             raise failure
-        r = dep.recover(failure, ckpt)
+        r = recovery.recover(dep, failure, ckpt)
         report.recoveries.append(r)
         report.steps_lost += at_step - ckpt.step
         if logged:
@@ -177,7 +176,7 @@ def train(
         try:
             report.val_start = validation_loss(dep, valid, batch, microbatches)
         except WorkerFailure as failure:
-            recover(failure, ckpt, ckpt.step)
+            bring_back(failure, ckpt, ckpt.step)
             report.val_start = validation_loss(dep, valid, batch, microbatches)
     if logged:
         assert db is not None and task_id is not None
@@ -186,7 +185,7 @@ def train(
     step = ckpt.step
 
     def roll_back(failure: WorkerFailure, at_step: int) -> int:
-        recover(failure, ckpt, at_step)
+        bring_back(failure, ckpt, at_step)
         for s in range(ckpt.step, at_step):
             losses.pop(s, None)
         return ckpt.step

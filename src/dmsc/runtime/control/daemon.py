@@ -1,0 +1,129 @@
+"""The control-plane process: ``python -m dmsc.runtime.control.daemon``, started by ``dmsc up``.
+
+Settings come from the CLI once, as one :class:`~dmsc.runtime.transport.messages.ControlSettings`
+JSON object on standard input (the CLI parsed and checked the command line; a second parser here
+would drift from it). The daemon then deploys the plan (:class:`.plane.ControlPlane`), runs the
+task queue and the watchdog in threads, the HTTP gateway when asked, serves ``dmsc.Control`` on
+127.0.0.1, writes ``control.json`` (address, pid, run, metrics) under the data directory and
+prints ``READY 127.0.0.1:PORT`` on standard output once it serves. Bad settings or a bad plan:
+the reason on standard error, exit status 2, no READY line.
+
+Its log goes to ``$DMSC_HOME/logs/control.log`` (JSON lines, rotated); the workers' logs beside
+it (see :mod:`dmsc.runtime.transport.logs`). A clean stop (``Down``) ends the run; a crash leaves
+it to be resumed by the next start with the same plan.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+import threading
+from pathlib import Path
+from typing import TextIO
+
+from dmsc.data.db import Database, data_dir
+from dmsc.planner.plan import Plan
+from dmsc.runtime.control.plane import ControlPlane, control_file
+from dmsc.runtime.control.task_queue import TaskQueue
+from dmsc.runtime.control.watchdog import watch_workers
+from dmsc.runtime.transport import logs
+from dmsc.runtime.transport.messages import CONTROL_SERVICE, ControlSettings
+from dmsc.runtime.transport.observe import metrics_server
+from dmsc.runtime.transport.rpc import BadRequest, parse, serve
+
+
+def read_settings(stream: TextIO) -> ControlSettings:
+    """One settings object from ``stream``: lines are read until they parse as JSON (or the
+    stream ends), so the CLI may keep the pipe open or close it."""
+    text = ""
+    while True:
+        line = stream.readline()
+        text += line
+        if not line:
+            break
+        try:
+            json.loads(text)
+        except json.JSONDecodeError:
+            continue
+        break
+    if not text.strip():
+        raise BadRequest("bad ControlSettings: no settings on standard input")
+    return parse(ControlSettings, text.encode())
+
+
+def _fail(reason: str) -> None:
+    print(f"dmsc control plane: {reason}", file=sys.stderr, flush=True)
+    sys.exit(2)
+
+
+def main(stdin: TextIO | None = None) -> None:
+    try:
+        settings = read_settings(stdin or sys.stdin)
+    except BadRequest as exc:
+        _fail(str(exc))
+        return
+    os.environ["DMSC_HOME"] = settings.home  # data_dir(), the database and checkpoints follow
+    home = data_dir()
+    log = logs.file_logger("dmsc.control", logs.log_file(home, logs.CONTROL))
+    try:
+        plan = Plan.model_validate_json(Path(settings.plan).read_text())
+    except (OSError, ValueError) as exc:
+        log.error("cannot read the plan %s: %s", settings.plan, exc)
+        _fail(f"cannot read the plan {settings.plan}: {str(exc).splitlines()[0]}")
+        return
+    db = Database()
+    cp = ControlPlane(
+        plan,
+        db,
+        registry_ttl_s=settings.failure_timeout_s,
+        spares=settings.spares,
+        home=home,
+        log=log,
+    )
+    try:
+        cp.start()
+    except Exception:
+        log.exception("the deployment failed to start")
+        cp.deployment.shutdown()
+        raise
+    queue = TaskQueue(db, cp.run.id)
+    threading.Thread(target=cp.work_queue, args=(queue,), daemon=True).start()
+    threading.Thread(target=watch_workers, args=(cp,), daemon=True).start()
+    gateway = None
+    if settings.gateway:
+        import uvicorn
+
+        from dmsc.runtime.business.gateway import create_app
+
+        host, _, gport = settings.gateway.rpartition(":")
+        app = create_app(cp, db, queue, router=settings.router)
+        gateway = uvicorn.Server(
+            uvicorn.Config(app, host=host or "127.0.0.1", port=int(gport), log_level="warning")
+        )
+        threading.Thread(target=gateway.run, daemon=True).start()
+    server, port = serve(CONTROL_SERVICE, cp.methods())
+    control_file().write_text(
+        json.dumps(
+            {
+                "address": f"127.0.0.1:{port}",
+                "pid": os.getpid(),
+                "run": cp.run.id,
+                "metrics": metrics_server(cp.metrics),
+            }
+        )
+    )
+    log.info("serving at 127.0.0.1:%d", port, extra={"run": cp.run.id})
+    print(f"READY 127.0.0.1:{port}", flush=True)
+    cp.stopped.wait()
+    cp.end_run()  # a clean stop ends the run; a crash leaves it to be resumed
+    if gateway is not None:
+        gateway.should_exit = True
+    cp.deployment.shutdown()
+    server.stop(grace=1)
+    control_file().unlink(missing_ok=True)
+    log.info("stopped", extra={"run": cp.run.id})
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,119 @@
+"""Inference over a deployment's data-parallel replicas: routing, failover and model versions.
+
+Each replica is a whole pipeline and answers requests on its own (one at a time: its workers
+serve one step at a time). A request whose replica fails goes to the next replica at once; the
+failed replica leaves routing until the watchdog has healed it (:mod:`.watchdog`). Model
+versions: the production version is loaded into every replica and, during a gray release, the
+canary into the last one (with two or more replicas), so the gateway can route by version.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import threading
+from pathlib import Path
+
+from dmsc.data.db import Database
+from dmsc.runtime.control.deployment import Deployment
+from dmsc.runtime.control.failures import WorkerFailure
+from dmsc.runtime.control.model_store import versions
+from dmsc.runtime.transport.messages import Load
+
+STEP_BASE = 10_000_000  # inference steps live far above training ones; 10_000 per request
+
+
+class NoReplica(RuntimeError):
+    """No replica could serve a request; the message says what each one answered."""
+
+
+class Replicas:
+    """The replicas of a deployment as inference sees them: which serve, and which version."""
+
+    def __init__(
+        self,
+        dep: Deployment,
+        db: Database,
+        lock: threading.Lock,
+        log: logging.Logger,
+        run_id: int,
+    ) -> None:
+        self.dep, self.db, self.log = dep, db, log
+        self.extra = {"run": run_id}  # the context of every log line
+        self.lock = lock  # the control plane's: loading weights must not overlap training
+        self.count = dep.layout.replicas
+        self.locks = [threading.Lock() for _ in range(self.count)]
+        self.served: dict[int, int] = {}  # replica -> model version it serves
+        self.down: set[int] = set()  # replicas out of routing until healed
+        self._signature: list[tuple[int, str]] = []
+        self._calls = 0
+
+    def names(self) -> list[str]:
+        """The replicas in routing (a failed one leaves until it is healed)."""
+        return [f"replica-{r}" for r in range(self.count) if r not in self.down]
+
+    def for_version(self, version_id: int | None) -> list[str]:
+        """The replicas in routing that serve ``version_id`` (all of them when none does)."""
+        serving = [
+            f"replica-{r}" for r, v in self.served.items() if v == version_id and r not in self.down
+        ]
+        return serving or self.names()
+
+    def infer_on(
+        self, replica: str, prompt: str, tokens: int, cancel: threading.Event | None = None
+    ) -> str:
+        """Generate on one replica. A failure names the stage and takes the replica out of
+        routing (the watchdog heals it); ``cancel`` stops it between tokens."""
+        r = int(replica.rsplit("-", 1)[1])
+        with self.locks[r]:
+            self._calls += 1
+            base = STEP_BASE + self._calls * 10_000
+            try:
+                out = self.dep.generate(
+                    prompt.encode(), tokens, step_base=base, replica=r, cancel=cancel
+                )
+            except WorkerFailure as exc:
+                self.down.add(r)
+                self.log.warning("%s failed: %s", replica, exc, extra=self.extra)
+                raise
+        return out.decode("utf-8", errors="replace")
+
+    def generate(self, prompt: str, tokens: int) -> tuple[str, str]:
+        """``(replica, text)`` from the first replica that answers, trying each in turn."""
+        errors = []
+        for replica in self.names():
+            try:
+                return replica, self.infer_on(replica, prompt, tokens)
+            except WorkerFailure as exc:
+                errors.append(f"{replica}: {exc}")
+        raise NoReplica(f"no replica could serve the request: {'; '.join(errors) or 'none up'}")
+
+    def healed(self, r: int) -> None:
+        """Replica ``r`` was repaired: back into routing, its version loaded again."""
+        self.served.pop(r, None)
+        self._signature = []
+        self.down.discard(r)
+
+    def sync_versions(self) -> None:
+        """Load the production version into the replicas and, during a gray release, the
+        canary into the last replica (with two or more replicas)."""
+        all_versions = versions(self.db)
+        signature = [(v.id, v.status) for v in all_versions]
+        if signature == self._signature:
+            return
+        self._signature = signature
+        production = next((v for v in all_versions if v.status == "production"), None)
+        canary = next((v for v in all_versions if v.status == "canary"), None)
+        R = self.count
+        for r in range(R):
+            want = canary if (canary is not None and R > 1 and r == R - 1) else production
+            if want is None or self.served.get(r) == want.id:
+                continue
+            digests = json.loads(want.metrics_json or "{}")
+            with self.lock:
+                for key in self.dep.pipeline(r):
+                    path = str(Path(want.path) / f"stage{key[0]}.pt")
+                    load = Load(path=path, sha256=digests.get(path, ""), epoch=self.dep.epochs[key])
+                    self.dep.clients[key].send("Load", load)
+            self.served[r] = want.id
+            self.log.info("replica %d serves version %d", r, want.id, extra=self.extra)

@@ -1,0 +1,103 @@
+"""Starting and stopping stage-worker processes: the :class:`Launcher` protocol and the local one.
+
+A deployment asks its launcher for a worker per stage replica (and for warm spares); it never
+starts processes itself, so that another launcher (containers, a remote host) can take the local
+one's place. :class:`LocalLauncher` runs ``python -m dmsc.runtime.compute.worker`` on this
+machine and waits for its ``READY host:port`` line.
+
+Logs a user can find: each worker logs JSON lines to ``<home>/logs/<SID>.log`` (rotated by the
+worker, see :mod:`dmsc.runtime.transport.logs`) and its standard error is appended to
+``<home>/logs/<SID>.stderr``, so a worker that dies before its logger starts still leaves its
+traceback there. ``home`` is the data directory when a control plane runs (``$DMSC_HOME``), the
+deployment's working directory otherwise. A worker that fails to start raises
+:class:`WorkerStartError` carrying the last lines of both files.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from dataclasses import asdict, dataclass, replace
+from pathlib import Path
+from typing import Protocol
+
+from dmsc.runtime.compute.worker import WorkerConfig
+from dmsc.runtime.transport import logs
+
+
+@dataclass
+class WorkerHandle:
+    """A started worker process: its configuration, process and gRPC address."""
+
+    config: WorkerConfig
+    process: subprocess.Popen[str]
+    address: str
+
+
+class WorkerStartError(RuntimeError):
+    """A worker process exited (or said something else) before it was ready."""
+
+
+class Launcher(Protocol):
+    """Starts and stops worker processes somewhere."""
+
+    def start(self, cfg: WorkerConfig, workdir: Path) -> WorkerHandle: ...
+
+    def stop(self, handle: WorkerHandle) -> None: ...
+
+    def alive(self, handle: WorkerHandle) -> bool: ...
+
+    def exit_reason(self, handle: WorkerHandle) -> str: ...
+
+
+class LocalLauncher:
+    """Worker processes on this machine (``python -m dmsc.runtime.compute.worker``); their logs
+    go under ``home`` (default: the ``workdir`` each start is given)."""
+
+    def __init__(self, ready_timeout_s: float = 60.0, home: Path | None = None) -> None:
+        self.ready_timeout_s = ready_timeout_s
+        self.home = home
+
+    def start(self, cfg: WorkerConfig, workdir: Path) -> WorkerHandle:
+        home = self.home if self.home is not None else workdir
+        cfg = replace(cfg, log_file=str(logs.log_file(home, cfg.sid)))
+        path = workdir / f"{cfg.sid}.json"
+        path.write_text(json.dumps(asdict(cfg)))
+        stderr = logs.open_stderr(home, cfg.sid)
+        try:
+            proc = subprocess.Popen(
+                [sys.executable, "-m", "dmsc.runtime.compute.worker", "--config", str(path)],
+                stdout=subprocess.PIPE,
+                stderr=stderr,
+                text=True,
+            )
+        finally:
+            os.close(stderr)  # the child holds its own copy
+        assert proc.stdout is not None
+        line = proc.stdout.readline()  # blocks until READY or exit
+        if not line.startswith("READY "):
+            proc.kill()
+            proc.wait(timeout=10)  # its last words are written once it has gone
+            said = f" (it said {line.strip()!r})" if line.strip() else ""
+            raise WorkerStartError(
+                f"worker {cfg.sid} failed to start{said}; its last log lines:\n"
+                + (logs.last_words(home, cfg.sid) or "(none)")
+            )
+        return WorkerHandle(cfg, proc, line.split()[1])
+
+    def stop(self, handle: WorkerHandle) -> None:
+        handle.process.terminate()
+        try:
+            handle.process.wait(timeout=10)
+        except subprocess.TimeoutExpired:
+            handle.process.kill()
+            handle.process.wait(timeout=10)
+
+    def alive(self, handle: WorkerHandle) -> bool:
+        return handle.process.poll() is None
+
+    def exit_reason(self, handle: WorkerHandle) -> str:
+        code = handle.process.poll()
+        return f"exited (signal {-code})" if code is not None and code < 0 else f"exited ({code})"

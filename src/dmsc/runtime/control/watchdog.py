@@ -1,0 +1,61 @@
+"""The watchdog: repairs failed workers while no task runs.
+
+A training task recovers its own failures (:mod:`dmsc.runtime.control.training`); between tasks
+nobody would notice a dead worker until the next request hit it. Every second, while the control
+plane's lock is free, the watchdog looks for workers that exited, stopped heartbeating, or do not
+answer ``Health`` within the registry's TTL (alive and heartbeating is not enough: a stuck worker
+does both), and heals each affected replica's pipeline
+(:func:`dmsc.runtime.control.recovery.heal`, loading the run's last checkpoint). A replica that a
+failed request took out of routing, but whose workers all answer, simply comes back. Every heal
+is recorded in the ``faults`` table and the replacements in ``services``.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+from dmsc.runtime.control import recovery
+from dmsc.runtime.control.failures import WorkerFailure, key_of
+from dmsc.runtime.control.training import fault_record
+from dmsc.runtime.transport.messages import Health
+
+if TYPE_CHECKING:
+    from dmsc.runtime.control.plane import ControlPlane
+
+
+def heal_once(cp: ControlPlane) -> None:
+    """One round: find failed workers and heal their replicas (the caller holds ``cp.lock``)."""
+    dep, replicas = cp.deployment, cp.inference
+    found = dep.suspects()
+    found.update({k: v for k, v in dep.probe(dep.registry.ttl_s).items() if k not in found})
+    sids = {key_of(h): h.config.sid for h in dep.handles}
+    for r in sorted({k[1] for k in found} | set(replicas.down)):
+        mine = {k: v for k, v in found.items() if k[1] == r}
+        if not mine:  # marked down by a failed request, but every worker is alive
+            try:
+                for key in dep.pipeline(r):
+                    dep.clients[key].send("Health", Health(), timeout_s=3)
+            except Exception:
+                continue
+            replicas.down.discard(r)
+            continue
+        replicas.down.add(r)
+        with replicas.locks[r]:
+            rec = recovery.heal(dep, WorkerFailure(mine, sids), r, cp.last_checkpoint())
+        cp.db.add(fault_record(rec, cp.run.id))
+        cp.record_services(rec.failed)
+        replicas.healed(r)
+        cp.log.info("replica %d healed", r, extra={"run": cp.run.id})
+
+
+def watch_workers(cp: ControlPlane, interval_s: float = 1.0) -> None:
+    """Heal failed workers every ``interval_s`` while no task runs, until the plane stops."""
+    while not cp.stopped.wait(interval_s):
+        if not cp.lock.acquire(blocking=False):
+            continue
+        try:
+            heal_once(cp)
+        except Exception as exc:  # keep watching; the next round tries again
+            cp.log.warning("healing failed: %s", exc, extra={"run": cp.run.id})
+        finally:
+            cp.lock.release()
