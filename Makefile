@@ -4,7 +4,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: demo test check bench clean
+.PHONY: demo test test-quick check bench clean
 
 $(STAMP): pyproject.toml
 	test -d $(VENV) || $(PYTHON) -m venv $(VENV)
@@ -19,10 +19,15 @@ demo: $(STAMP)
 test: $(STAMP)
 	DMSC_TEST_POSTGRES_URL=$$(scripts/postgres.sh) $(BIN)/pytest -n 2 -q
 
+# The tests that start no processes (about a minute); `make test` runs them all.
+test-quick: $(STAMP)
+	$(BIN)/pytest -n 2 -q -m "not integration"
+
 check: $(STAMP)
 	$(BIN)/ruff check src tests benchmarks
 	$(BIN)/ruff format --check src tests benchmarks
 	$(BIN)/mypy
+	$(BIN)/lint-imports
 
 bench: $(STAMP)
 	$(BIN)/python benchmarks/validate_costmodel.py

@@ -1,7 +1,23 @@
-"""Shared fixtures: the example clusters."""
+"""Shared test fixtures and the rules that sort the tests.
+
+- The example clusters (``selene``, ``nsfnet``, ``local_cpu``).
+- :func:`run_dmsc`, the ``dmsc`` command as a user runs it (a real process, its output and exit
+  code), and the ``dmsc`` fixture: the same with a data directory (``DMSC_HOME``) of the test's own.
+- Markers (registered in ``pyproject.toml``): ``integration`` for tests that start processes or
+  services, ``chaos`` for fault injection. Test modules of this tree mark themselves; the folders
+  listed in :data:`MARKED_BY_PATH` are marked here, by path. ``pytest -m "not integration"`` is
+  the quick run.
+- PostgreSQL: a test that needs the server (its name says ``postgresql``, or it is marked
+  ``postgresql``, or it asks for the ``postgres_url`` fixture) is skipped when
+  ``DMSC_TEST_POSTGRES_URL`` is not set. ``make test`` always sets it (``scripts/postgres.sh``).
+"""
 
 from __future__ import annotations
 
+import os
+import subprocess
+import sys
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -10,6 +26,78 @@ from dmsc.spec import ClusterSpec, load_spec
 
 ROOT = Path(__file__).resolve().parents[1]
 EXAMPLES = ROOT / "examples" / "clusters"
+
+POSTGRES_ENV = "DMSC_TEST_POSTGRES_URL"
+NO_POSTGRES = f"{POSTGRES_ENV} is not set: `make test` starts a server (scripts/postgres.sh)"
+
+# Markers of tests in folders whose files are marked from here: a path relative to tests/ (a
+# folder or a module) and the markers of every test under it.
+MARKED_BY_PATH: dict[str, tuple[str, ...]] = {
+    "chaos": ("chaos", "integration"),
+    "integration": ("integration",),
+    # Modules that start worker processes.
+    "runtime/compute/test_worker.py": ("integration",),
+    "runtime/control/test_launchers.py": ("integration",),
+}
+
+DmscRunner = Callable[..., "subprocess.CompletedProcess[str]"]
+
+
+def run_dmsc(
+    *args: str, home: Path | None = None, timeout: float = 300
+) -> subprocess.CompletedProcess[str]:
+    """Run ``python -m dmsc ARGS`` in the repository root, with ``DMSC_HOME=home`` when given
+    (else the caller's environment), and return its exit code and captured output."""
+    env = {**os.environ, "DMSC_HOME": str(home)} if home is not None else None
+    return subprocess.run(
+        [sys.executable, "-m", "dmsc", *args],
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        cwd=ROOT,
+        env=env,
+    )
+
+
+@pytest.fixture
+def dmsc_home(tmp_path: Path) -> Path:
+    """The data directory of one test's ``dmsc`` commands."""
+    home = tmp_path / "dmsc-home"
+    home.mkdir()
+    return home
+
+
+@pytest.fixture
+def dmsc(dmsc_home: Path) -> DmscRunner:
+    """``dmsc(*args, timeout=300)``: :func:`run_dmsc` with the test's own ``DMSC_HOME``."""
+
+    def run(*args: str, timeout: float = 300) -> subprocess.CompletedProcess[str]:
+        return run_dmsc(*args, home=dmsc_home, timeout=timeout)
+
+    return run
+
+
+@pytest.fixture
+def postgres_url() -> str:
+    """The URL of the PostgreSQL server of the tests (the test is skipped without one)."""
+    url = os.environ.get(POSTGRES_ENV)
+    if not url:
+        pytest.skip(NO_POSTGRES)
+    return url
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    tests = Path(__file__).resolve().parent
+    for item in items:
+        path = Path(str(item.path)).resolve()
+        rel = path.relative_to(tests).as_posix() if path.is_relative_to(tests) else ""
+        for prefix, markers in MARKED_BY_PATH.items():
+            if rel == prefix or rel.startswith(prefix + "/"):
+                for name in markers:
+                    item.add_marker(name)
+        needs_postgres = "postgresql" in item.name or item.get_closest_marker("postgresql")
+        if needs_postgres and not os.environ.get(POSTGRES_ENV):
+            item.add_marker(pytest.mark.skip(reason=NO_POSTGRES))
 
 
 @pytest.fixture(scope="session")

@@ -1,28 +1,20 @@
-"""Helpers of the runtime tests: the ``dmsc`` command as a user runs it, with its own home."""
+"""Helpers of the runtime tests: a plan, a one-box cluster and a deployment with a gateway, made
+with the ``dmsc`` command as a user runs it, in a data directory ``home`` of the test's own."""
 
 from __future__ import annotations
 
-import os
 import socket
 import subprocess
-import sys
 from pathlib import Path
+
+from conftest import ROOT, run_dmsc
 
 from dmsc.runtime.business.gateway import wait_ready
 
-ROOT = Path(__file__).resolve().parents[1]
 
-
-def dmsc(home: Path, *args: str, timeout: int = 300) -> subprocess.CompletedProcess[str]:
-    env = {**os.environ, "DMSC_HOME": str(home)}
-    return subprocess.run(
-        [sys.executable, "-m", "dmsc", *args],
-        capture_output=True,
-        text=True,
-        timeout=timeout,
-        cwd=ROOT,
-        env=env,
-    )
+def dmsc(home: Path, *args: str, timeout: float = 300) -> subprocess.CompletedProcess[str]:
+    """:func:`conftest.run_dmsc` with ``home`` first (the runtime tests' way of calling it)."""
+    return run_dmsc(*args, home=home, timeout=timeout)
 
 
 def make_plan(home: Path, cluster: Path | None = None, pp: int = 2, dp: int = 1) -> Path:

@@ -3,11 +3,16 @@
 from __future__ import annotations
 
 import json
-import subprocess
-import sys
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import pytest
+
+if TYPE_CHECKING:
+    from conftest import DmscRunner
+
+# Each test runs `dmsc` as a process (a second or more each).
+pytestmark = pytest.mark.integration
 
 ROOT = Path(__file__).resolve().parents[2]
 SELENE = str(ROOT / "examples" / "clusters" / "a100-selene.yaml")
@@ -31,17 +36,7 @@ ISSUE_FLAGS = [
 ]
 
 
-def dmsc(*args: str) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(
-        [sys.executable, "-m", "dmsc", *args],
-        capture_output=True,
-        text=True,
-        timeout=120,
-        cwd=ROOT,
-    )
-
-
-def test_estimate_json_has_the_promised_keys() -> None:
+def test_estimate_json_has_the_promised_keys(dmsc: DmscRunner) -> None:
     res = dmsc("estimate", "--cluster", SELENE, "--model", "gpt3-175b", *ISSUE_FLAGS, "--json")
     assert res.returncode == 0, res.stderr
     out = json.loads(res.stdout)
@@ -60,14 +55,14 @@ def test_estimate_json_has_the_promised_keys() -> None:
     assert len(out["stages"]) == 8
 
 
-def test_estimate_table() -> None:
+def test_estimate_table(dmsc: DmscRunner) -> None:
     res = dmsc("estimate", "--cluster", SELENE, "--model", "gpt3-175b", *ISSUE_FLAGS)
     assert res.returncode == 0, res.stderr
     for word in ("compute", "bubble", "TFLOP/s per device", "memory per device", "traffic"):
         assert word in res.stdout
 
 
-def test_shape_flags_define_a_model() -> None:
+def test_shape_flags_define_a_model(dmsc: DmscRunner) -> None:
     res = dmsc(
         "estimate",
         "--cluster",
@@ -175,7 +170,7 @@ def test_shape_flags_define_a_model() -> None:
         (["schema", "widget"], "widget"),
     ],
 )
-def test_bad_input_is_one_line_and_exit_2(args: list[str], needle: str) -> None:
+def test_bad_input_is_one_line_and_exit_2(args: list[str], needle: str, dmsc: DmscRunner) -> None:
     res = dmsc(*args)
     assert res.returncode == 2, (res.stdout, res.stderr)
     assert needle in res.stderr
@@ -183,7 +178,7 @@ def test_bad_input_is_one_line_and_exit_2(args: list[str], needle: str) -> None:
     assert len(res.stderr.strip().splitlines()) == 1
 
 
-def test_bad_cluster_file_names_file_and_field(tmp_path: Path) -> None:
+def test_bad_cluster_file_names_file_and_field(tmp_path: Path, dmsc: DmscRunner) -> None:
     text = Path(SELENE).read_text().replace("devices: 8", "devices: -8")
     bad = tmp_path / "bad.yaml"
     bad.write_text(text)
@@ -193,7 +188,7 @@ def test_bad_cluster_file_names_file_and_field(tmp_path: Path) -> None:
     assert "Traceback" not in res.stderr
 
 
-def test_unknown_link_endpoint_is_a_spec_error(tmp_path: Path) -> None:
+def test_unknown_link_endpoint_is_a_spec_error(tmp_path: Path, dmsc: DmscRunner) -> None:
     nsf = (ROOT / "examples" / "clusters" / "nsfnet-4dc.yaml").read_text()
     bad = tmp_path / "cut.yaml"
     bad.write_text(
@@ -204,7 +199,7 @@ def test_unknown_link_endpoint_is_a_spec_error(tmp_path: Path) -> None:
     assert "links: datacenter 'dc-d' is not connected" in res.stderr
 
 
-def test_does_not_fit_is_exit_1_with_reason() -> None:
+def test_does_not_fit_is_exit_1_with_reason(dmsc: DmscRunner) -> None:
     res = dmsc("estimate", "--cluster", SELENE, "--model", "gpt3-175b", "--global-batch", "8")
     assert res.returncode == 1
     assert "does not fit" in res.stderr and "GiB per device" in res.stderr
@@ -227,7 +222,7 @@ def test_does_not_fit_is_exit_1_with_reason() -> None:
     }
 
 
-def test_job_file_with_flag_override(tmp_path: Path) -> None:
+def test_job_file_with_flag_override(tmp_path: Path, dmsc: DmscRunner) -> None:
     job = tmp_path / "job.yaml"
     job.write_text("global_batch: 64\ntp: 8\npp: 8\nrecompute: full\n")
     res = dmsc(
@@ -250,14 +245,14 @@ def test_job_file_with_flag_override(tmp_path: Path) -> None:
 
 
 @pytest.mark.parametrize("kind", ["cluster", "model", "job"])
-def test_schema(kind: str) -> None:
+def test_schema(kind: str, dmsc: DmscRunner) -> None:
     res = dmsc("schema", kind)
     assert res.returncode == 0
     schema = json.loads(res.stdout)
     assert "properties" in schema or "oneOf" in schema or "$defs" in schema
 
 
-def test_demo_runs() -> None:
+def test_demo_runs(dmsc: DmscRunner) -> None:
     res = dmsc("demo")
     assert res.returncode == 0, res.stderr
     assert res.stdout.count("TFLOP/s per device") >= 3

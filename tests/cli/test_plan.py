@@ -3,14 +3,19 @@
 from __future__ import annotations
 
 import json
-import subprocess
-import sys
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import jsonschema
 import pytest
 
 from dmsc.planner.plan import Plan
+
+if TYPE_CHECKING:
+    from conftest import DmscRunner
+
+# Each test runs `dmsc` as a process (a second or more each).
+pytestmark = pytest.mark.integration
 
 ROOT = Path(__file__).resolve().parents[2]
 LOCAL = str(ROOT / "examples" / "clusters" / "local-cpu.yaml")
@@ -18,17 +23,7 @@ NSF = str(ROOT / "examples" / "clusters" / "nsfnet-4dc.yaml")
 SELENE = str(ROOT / "examples" / "clusters" / "a100-selene.yaml")
 
 
-def dmsc(*args: str) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(
-        [sys.executable, "-m", "dmsc", *args],
-        capture_output=True,
-        text=True,
-        timeout=300,
-        cwd=ROOT,
-    )
-
-
-def test_plan_json_and_file_validate_against_the_schema(tmp_path: Path) -> None:
+def test_plan_json_and_file_validate_against_the_schema(tmp_path: Path, dmsc: DmscRunner) -> None:
     out = tmp_path / "plan.json"
     res = dmsc(
         "plan",
@@ -69,7 +64,7 @@ def test_plan_json_and_file_validate_against_the_schema(tmp_path: Path) -> None:
     assert len(plan.paths) == crossings
 
 
-def test_plan_searches_the_strategy_and_compares_solvers(tmp_path: Path) -> None:
+def test_plan_searches_the_strategy_and_compares_solvers(tmp_path: Path, dmsc: DmscRunner) -> None:
     png = tmp_path / "gantt.png"
     res = dmsc(
         "plan",
@@ -103,7 +98,7 @@ def test_plan_searches_the_strategy_and_compares_solvers(tmp_path: Path) -> None
     assert out["alternatives"]
 
 
-def test_plan_table() -> None:
+def test_plan_table(dmsc: DmscRunner) -> None:
     res = dmsc(
         "plan",
         "--cluster",
@@ -125,7 +120,7 @@ def test_plan_table() -> None:
     assert "SID" in res.stdout and "solver tabu" in res.stdout
 
 
-def test_seeded_plans_repeat() -> None:
+def test_seeded_plans_repeat(dmsc: DmscRunner) -> None:
     args = (
         "plan",
         "--cluster",
@@ -195,7 +190,7 @@ def test_seeded_plans_repeat() -> None:
     ],
 )
 def test_infeasible_requests_exit_1_with_the_binding_constraint(
-    args: list[str], needle: str
+    args: list[str], needle: str, dmsc: DmscRunner
 ) -> None:
     res = dmsc("plan", *args)
     assert res.returncode == 1, (res.stdout, res.stderr)
@@ -212,7 +207,7 @@ def test_infeasible_requests_exit_1_with_the_binding_constraint(
         (["--gpus", "0"], "--gpus"),
     ],
 )
-def test_bad_plan_flags_exit_2(args: list[str], needle: str) -> None:
+def test_bad_plan_flags_exit_2(args: list[str], needle: str, dmsc: DmscRunner) -> None:
     res = dmsc("plan", "--cluster", LOCAL, "--model", "gpt-mini", "--global-batch", "8", *args)
     assert res.returncode == 2, (res.stdout, res.stderr)
     assert needle in res.stderr and "Traceback" not in res.stderr
@@ -229,7 +224,7 @@ VISION = str(ROOT / "examples" / "models" / "multitask-vision.yaml")
         (["--model", VISION, "--method", "business"], 3),
     ],
 )
-def test_segment_command(args: list[str], count: int) -> None:
+def test_segment_command(args: list[str], count: int, dmsc: DmscRunner) -> None:
     res = dmsc("segment", "--cluster", SELENE, *args, "--json")
     assert res.returncode == 0, res.stderr
     out = json.loads(res.stdout)
@@ -237,7 +232,7 @@ def test_segment_command(args: list[str], count: int) -> None:
     assert out["slowest_s"] == max(s["time_s"] for s in out["segments"])
 
 
-def test_segment_errors() -> None:
+def test_segment_errors(dmsc: DmscRunner) -> None:
     res = dmsc("segment", "--cluster", SELENE, "--model", "gpt3-1.3b", "--method", "block")
     assert res.returncode == 2 and "kind: blocks" not in res.stdout
     res = dmsc("segment", "--cluster", SELENE, "--model", "gpt3-175b", "--stages", "2")

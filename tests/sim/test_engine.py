@@ -1,9 +1,8 @@
 from __future__ import annotations
 
 import json
-import subprocess
-import sys
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import pytest
 
@@ -11,6 +10,9 @@ from dmsc.sim import SCHEDULERS, OpticalNetwork, build_profiles, load_scenario, 
 from dmsc.sim.profile import JobProfile
 from dmsc.sim.schedulers import RunningJob, Transfer, release
 from dmsc.spec import SpecError
+
+if TYPE_CHECKING:
+    from conftest import DmscRunner
 
 ROOT = Path(__file__).resolve().parents[2]
 SCENARIO = ROOT / "examples" / "scenarios" / "nsfnet-cba.yaml"
@@ -125,13 +127,8 @@ def test_bad_scenarios(tmp_path: Path) -> None:
         load_scenario(bad2)
 
 
-def dmsc(*args: str) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(
-        [sys.executable, "-m", "dmsc", *args], capture_output=True, text=True, timeout=300, cwd=ROOT
-    )
-
-
-def test_simulate_command(tmp_path: Path) -> None:
+@pytest.mark.integration
+def test_simulate_command(tmp_path: Path, dmsc: DmscRunner) -> None:
     png, csv_path = tmp_path / "b.png", tmp_path / "r.csv"
     res = dmsc(
         "simulate",
@@ -181,6 +178,7 @@ def test_simulate_command(tmp_path: Path) -> None:
         (["--loads", "-1"], "--loads"),
     ],
 )
-def test_simulate_bad_flags(args: list[str], needle: str) -> None:
+@pytest.mark.integration
+def test_simulate_bad_flags(args: list[str], needle: str, dmsc: DmscRunner) -> None:
     res = dmsc("simulate", "--scenario", str(SCENARIO), *args)
     assert res.returncode == 2 and needle in res.stderr and "Traceback" not in res.stderr

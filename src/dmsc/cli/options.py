@@ -1,9 +1,11 @@
-"""Turning command-line flags into validated specs (errors name the flag)."""
+"""Options several commands share, and turning command-line flags into validated specs (errors
+name the flag)."""
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Annotated, Any
 
+import typer
 from pydantic import ValidationError
 
 from dmsc.spec import (
@@ -17,6 +19,13 @@ from dmsc.spec import (
     resolve_model,
 )
 from dmsc.spec.errors import spec_error_from_validation
+
+# Options several commands share, declared once so that they read the same everywhere.
+ClusterOpt = Annotated[str, typer.Option("--cluster", help="Cluster spec file (YAML or JSON).")]
+ModelOpt = Annotated[
+    str | None, typer.Option("--model", help="Model preset name or model spec file.")
+]
+JsonOpt = Annotated[bool, typer.Option("--json", help="One JSON object on stdout.")]
 
 
 def flag_name(field: str) -> str:

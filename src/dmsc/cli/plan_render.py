@@ -1,14 +1,18 @@
-"""How a plan reads on the terminal, and the --json summary."""
+"""How a plan reads: on the terminal, as the --json summary, and as a Gantt chart (PNG)."""
 
 from __future__ import annotations
 
-from typing import Any
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
 
 from rich.console import Console
 from rich.table import Table
 
 from dmsc.cli.render import human_bytes, human_seconds
 from dmsc.planner.plan import Plan, strategy_of
+
+if TYPE_CHECKING:
+    from dmsc.planner.gantt import Op
 
 
 def plan_json(plan: Plan) -> dict[str, Any]:
@@ -95,3 +99,28 @@ def print_plan(console: Console, plan: Plan) -> None:
                 alt.why_lost,
             )
         console.print(a)
+
+
+def draw_gantt(ops: list[Op], stages: int, path: str | Path, title: str) -> None:
+    """Write the blocks of :func:`dmsc.planner.gantt.replay` to ``path`` as a PNG chart."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    from matplotlib.patches import Rectangle
+
+    colors = {"F": "#4C72B0", "B": "#55A868", "comm": "#DD8452"}
+    fig, ax = plt.subplots(figsize=(12, 0.5 * stages + 1.5))
+    for op in ops:
+        y = op.stage + (0.35 if op.kind == "comm" else 0.0)
+        h = 0.25 if op.kind == "comm" else 0.6
+        ax.broken_barh([(op.start, op.end - op.start)], (y - 0.3, h), color=colors[op.kind])
+    ax.set_yticks(range(stages), [f"stage {s}" for s in range(stages)])
+    ax.invert_yaxis()
+    ax.set_xlabel("seconds")
+    ax.set_title(title)
+    handles = [Rectangle((0, 0), 1, 1, color=c) for c in colors.values()]
+    ax.legend(handles, ["forward", "backward", "boundary transfer"], loc="lower right")
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)

@@ -1,4 +1,12 @@
-"""The runtime commands: calibrate, up, status, train, infer, down, and the demo's main job."""
+"""The commands that manage a deployment on this machine: ``calibrate``, ``up``, ``status`` and
+``down``, and the client of the running control plane that every runtime command talks to.
+
+``dmsc up`` starts the control plane as a child process (``python -m
+dmsc.runtime.control.daemon``): the settings are checked here and handed over as one
+:class:`~dmsc.runtime.transport.messages.ControlSettings` JSON object on the child's standard
+input; the child answers ``READY ADDRESS`` on its standard output. Its standard error goes to
+``$DMSC_HOME/logs/control.stderr`` beside its log, so a failed start can say why.
+"""
 
 from __future__ import annotations
 
@@ -9,25 +17,63 @@ import subprocess
 import sys
 import time
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Annotated, Any
 
+import typer
 from rich.console import Console
-from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
+from dmsc.cli.app import console
+from dmsc.cli.options import JsonOpt
 from dmsc.spec import SpecError
+
+if TYPE_CHECKING:
+    from dmsc.runtime.transport.messages import ControlSettings
 
 ROOT = Path(__file__).resolve().parents[3]
 LOCAL_CPU = ROOT / "examples" / "clusters" / "local-cpu.yaml"
 
+# ControlSettings fields and the flags that set them, for errors that name the flag.
+_SETTING_FLAGS = {
+    "gateway": "--gateway",
+    "router": "--router",
+    "failure_timeout_s": "--failure-timeout",
+    "spares": "--spares",
+}
+
 
 def calibrated_path() -> Path:
+    """Where ``dmsc calibrate`` writes the measured cluster spec by default."""
     from dmsc.data.db import data_dir
 
     return data_dir() / "local-cpu.calibrated.yaml"
 
 
+def control_client() -> Any:
+    """A client of the running control plane (an error when none runs)."""
+    from dmsc.runtime.control.plane import control_file
+    from dmsc.runtime.transport.messages import CONTROL_SERVICE
+    from dmsc.runtime.transport.rpc import Client
+
+    path = control_file()
+    if not path.exists():
+        raise SpecError("control plane", "", "not running (start it with `dmsc up --plan FILE`)")
+    info = json.loads(path.read_text())
+    return Client(info["address"], CONTROL_SERVICE, timeout_s=3600)
+
+
+def calibrate(
+    cluster: Annotated[
+        str | None, typer.Option(help="Template cluster (default local-cpu).")
+    ] = None,
+    out: Annotated[str | None, typer.Option(help="Where to write the calibrated spec.")] = None,
+) -> None:
+    """Measure this machine (FLOP/s, memory, loopback) into a cluster spec."""
+    do_calibrate(cluster, out, console)
+
+
 def do_calibrate(template: str | None, out: str | None, console: Console) -> dict[str, float]:
+    """Measure this machine into a copy of ``template``; prints and returns the measurements."""
     from dmsc.runtime.compute.calibrate import calibrate
 
     src = Path(template) if template else LOCAL_CPU
@@ -44,28 +90,87 @@ def do_calibrate(template: str | None, out: str | None, console: Console) -> dic
     return measured
 
 
-def _control() -> Any:
-    from dmsc.runtime.control.plane import control_file
-    from dmsc.runtime.transport.messages import CONTROL_SERVICE
-    from dmsc.runtime.transport.rpc import Client
-
-    path = control_file()
-    if not path.exists():
-        raise SpecError("control plane", "", "not running (start it with `dmsc up --plan FILE`)")
-    info = json.loads(path.read_text())
-    return Client(info["address"], CONTROL_SERVICE, timeout_s=3600)
-
-
-def do_up(
-    plan_path: str,
-    console: Console,
-    gateway: str | None = None,
-    router: str = "least_outstanding",
-    failure_timeout_s: float = 10.0,
-    spares: int = 0,
+def up(
+    plan_file: Annotated[str, typer.Option("--plan", help="Plan file (dmsc plan --out).")],
+    gateway: Annotated[
+        str | None, typer.Option(help="Serve the HTTP gateway on HOST:PORT.")
+    ] = None,
+    router: Annotated[
+        str, typer.Option(help="round_robin, least_outstanding, latency, p2c or sticky.")
+    ] = "least_outstanding",
+    failure_timeout: Annotated[
+        float,
+        typer.Option(help="Seconds without a heartbeat before a worker is declared failed."),
+    ] = 10.0,
+    spares: Annotated[
+        int, typer.Option(help="Warm spare workers that take a failed worker's stage over.")
+    ] = 0,
 ) -> None:
+    """Start the control plane and one worker process per stage replica."""
+    from dmsc.data.db import data_dir
+    from dmsc.runtime.transport import logs
+
+    home = data_dir().resolve()
+    settings = _control_settings(plan_file, home, gateway, router, failure_timeout, spares)
+    stderr = logs.open_stderr(home, logs.CONTROL)
+    try:
+        proc = subprocess.Popen(
+            [sys.executable, "-m", "dmsc.runtime.control.daemon"],
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            stderr=stderr,
+            text=True,
+            start_new_session=True,
+        )
+    finally:
+        os.close(stderr)
+    assert proc.stdin is not None and proc.stdout is not None
+    # A child that died before reading its settings breaks the pipe; its stderr says why.
+    with contextlib.suppress(BrokenPipeError):
+        proc.stdin.write(settings.model_dump_json() + "\n")
+    with contextlib.suppress(BrokenPipeError):
+        proc.stdin.close()
+    line = proc.stdout.readline()
+    if not line.startswith("READY"):
+        with contextlib.suppress(subprocess.TimeoutExpired):
+            proc.wait(timeout=5)  # let it finish writing its last words
+        words = logs.last_words(home, logs.CONTROL)
+        raise SpecError(
+            plan_file,
+            "",
+            "the control plane failed to start"
+            + (f"; the end of its logs:\n{words}" if words else f" (exit code {proc.poll()})"),
+        )
+    console.print(
+        f"control plane up at {line.split()[1]} (pid {proc.pid})"
+        + (f", gateway http://{gateway}" if gateway else ""),
+        highlight=False,
+    )
+    console.print(
+        f"logs in {logs.log_dir(home)}: `dmsc logs` (control plane), "
+        "`dmsc logs --service SID` (a worker), `--follow` to keep reading",
+        highlight=False,
+        markup=False,
+        soft_wrap=True,
+    )
+
+
+def _control_settings(
+    plan_path: str,
+    home: Path,
+    gateway: str | None,
+    router: str,
+    failure_timeout_s: float,
+    spares: int,
+) -> ControlSettings:
+    """The flags of ``dmsc up`` checked (errors name the flag) into a ``ControlSettings``."""
+    from pydantic import ValidationError
+
     from dmsc.planner.plan import Plan
+    from dmsc.runtime.business.router import POLICIES
     from dmsc.runtime.control.plane import control_file
+    from dmsc.runtime.transport.messages import ControlSettings
+    from dmsc.spec.errors import spec_error_from_validation
 
     if not Path(plan_path).is_file():
         raise SpecError(plan_path, "", "no such file")
@@ -73,8 +178,6 @@ def do_up(
         Plan.model_validate_json(Path(plan_path).read_text())
     except ValueError as exc:
         raise SpecError(plan_path, "", f"not a dmsc plan ({str(exc).splitlines()[0]})") from None
-    from dmsc.runtime.business.router import POLICIES
-
     if router not in POLICIES:
         raise SpecError(
             "command line", "--router", f"unknown policy (known: {', '.join(POLICIES)})"
@@ -89,38 +192,33 @@ def do_up(
             raise SpecError("control plane", "", "already running (`dmsc down` first)")
     if not failure_timeout_s > 0:
         raise SpecError("command line", "--failure-timeout", "must be positive")
-    cmd = [sys.executable, "-m", "dmsc.runtime.control.plane", "--plan", plan_path]
     if not 0 <= spares <= 64:
         raise SpecError("command line", "--spares", "must be between 0 and 64")
-    cmd += ["--failure-timeout", str(failure_timeout_s), "--spares", str(spares)]
     if gateway:
         host, _, port = gateway.rpartition(":")
         if host not in ("127.0.0.1", "localhost") or not port.isdigit():
             raise SpecError("command line", "--gateway", "expected 127.0.0.1:PORT")
-        cmd += ["--gateway", gateway, "--router", router]
-    proc = subprocess.Popen(
-        cmd,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.DEVNULL,
-        text=True,
-        start_new_session=True,
-    )
-    assert proc.stdout is not None
-    line = proc.stdout.readline()
-    if not line.startswith("READY"):
-        raise SpecError(plan_path, "", "the control plane failed to start")
-    console.print(
-        f"control plane up at {line.split()[1]} (pid {proc.pid})"
-        + (f", gateway http://{gateway}" if gateway else ""),
-        highlight=False,
-    )
+    try:
+        return ControlSettings(
+            plan=str(Path(plan_path).resolve()),
+            home=str(home),
+            gateway=gateway or None,
+            router=router,
+            failure_timeout_s=failure_timeout_s,
+            spares=spares,
+        )
+    except ValidationError as exc:
+        err = spec_error_from_validation("command line", exc)
+        flag = _SETTING_FLAGS.get(err.field.split(".")[0], err.field)
+        raise SpecError("command line", flag, err.reason) from None
 
 
-def do_status(console: Console, as_json: bool) -> dict[str, Any]:
-    out: dict[str, Any] = _control().call("Status")
+def status(as_json: JsonOpt = False) -> None:
+    """Services (SID, stage, address, health) and tasks of the running deployment."""
+    out: dict[str, Any] = control_client().call("Status")
     if as_json:
         print(json.dumps(out))
-        return out
+        return
     t = Table(
         "SID",
         "stage",
@@ -166,254 +264,15 @@ def do_status(console: Console, as_json: bool) -> dict[str, Any]:
                 str(f["checkpoint_step"]),
             )
         console.print(ft)
-    return out
 
 
-def do_train(
-    steps: int,
-    console: Console,
-    as_json: bool,
-    checkpoint_every: int = 50,
-    late_policy: str = "wait",
-    grad_wait_s: float = 5.0,
-) -> dict[str, Any]:
-    if steps <= 0:
-        raise SpecError("command line", "--steps", "must be positive")
-    if checkpoint_every < 0:
-        raise SpecError("command line", "--checkpoint-every", "must be 0 or positive")
-    if late_policy not in ("wait", "skip", "restart"):
-        raise SpecError("command line", "--late-policy", "must be wait, skip or restart")
-    if not grad_wait_s > 0:
-        raise SpecError("command line", "--grad-wait", "must be positive")
-    req = {
-        "steps": steps,
-        "checkpoint_every": checkpoint_every,
-        "late_policy": late_policy,
-        "grad_wait_s": grad_wait_s,
-    }
-    out: dict[str, Any] = _control().call("Train", req)
-    if as_json:
-        print(json.dumps(out))
-    else:
-        console.print(
-            f"task {out['task']}: {out['steps']} steps, loss {out['loss_first']:.3f} -> "
-            f"{out['loss_last']:.3f}, validation {out['val_start']:.3f} -> {out['val_end']:.3f}, "
-            f"step {out['median_step_s'] * 1e3:.1f} ms (predicted "
-            f"{out['predicted_step_s'] * 1e3:.1f} ms), {out['tokens_per_s']:,.0f} tokens/s",
-            highlight=False,
-        )
-        for r in out.get("recoveries", []):
-            console.print(
-                f"recovered: replaced {', '.join(r['services']) or 'nothing'} "
-                f"({r['reason'][:100]}) in {r['recovered_after_s']:.1f} s, "
-                f"back to the checkpoint of step {r['checkpoint_step']}",
-                highlight=False,
-            )
-    return out
-
-
-def parse_target(text: str) -> tuple[int, int]:
-    """``stage=N[,replica=R]`` -> (stage, replica)."""
-    fields: dict[str, int] = {}
-    for part in text.split(","):
-        name, _, value = part.partition("=")
-        if name.strip() not in ("stage", "replica") or not value.strip().isdigit():
-            raise SpecError(
-                "command line", "--kill-worker", f"expected stage=N[,replica=R], got {text!r}"
-            )
-        fields[name.strip()] = int(value)
-    if "stage" not in fields:
-        raise SpecError("command line", "--kill-worker", "names no stage (stage=N)")
-    return fields["stage"], fields.get("replica", 0)
-
-
-def do_chaos(
-    target: str, after_s: float, freeze: bool, watch_s: float, console: Console, as_json: bool
-) -> dict[str, Any]:
-    """Kill -9 (or freeze) one stage worker of the running deployment after ``after_s`` seconds,
-    then watch the control plane detect and repair it."""
-    import signal
-
-    stage, replica = parse_target(target)
-    if after_s < 0 or watch_s <= 0:
-        raise SpecError("command line", "--after", "must be 0 or positive (and --watch positive)")
-    control = _control()
-    before = control.call("Status")
-    victim = next(
-        (s for s in before["services"] if (s["stage"], s["replica"]) == (stage, replica)), None
-    )
-    if victim is None:
-        raise SpecError(
-            "command line", "--kill-worker", f"no worker at stage {stage} replica {replica}"
-        )
-    seen = {f["id"] for f in before.get("faults", [])}
-    time.sleep(after_s)
-    os.kill(int(victim["pid"]), signal.SIGSTOP if freeze else signal.SIGKILL)
-    injected = time.time()
-    fault = None
-    deadline = time.monotonic() + watch_s
-    while time.monotonic() < deadline:
-        now = control.call("Status")
-        fresh = [
-            f
-            for f in now.get("faults", [])
-            if f["id"] not in seen and victim["sid"] in f["services"].split(",")
-        ]
-        if fresh and fresh[-1]["recovered_at"]:
-            fault = fresh[-1]
-            break
-        time.sleep(0.2)
-    if freeze:  # let the frozen instance run again: fencing must keep it out
-        with contextlib.suppress(ProcessLookupError):
-            os.kill(int(victim["pid"]), signal.SIGCONT)
-    out = {
-        "fault": "freeze" if freeze else "kill -9",
-        "target": victim["sid"],
-        "pid": victim["pid"],
-        "recovered": fault is not None,
-        "detected_after_s": fault["detected_at"] - injected if fault else None,
-        "recovered_after_s": fault["recovered_at"] - injected if fault else None,
-        "checkpoint_step": fault["checkpoint_step"] if fault else None,
-        "steps_lost": fault["steps_lost"] if fault else None,
-    }
-    if as_json:
-        print(json.dumps(out))
-    elif fault is None:
-        console.print(
-            f"{out['fault']} {victim['sid']} (pid {victim['pid']}): "
-            f"no recovery seen within {watch_s:g} s",
-            highlight=False,
-        )
-    else:
-        console.print(
-            f"{out['fault']} {victim['sid']} (pid {victim['pid']}): detected after "
-            f"{out['detected_after_s']:.2f} s, recovered after {out['recovered_after_s']:.2f} s, "
-            f"back to the checkpoint of step {out['checkpoint_step']} "
-            f"({out['steps_lost']} steps run again)",
-            highlight=False,
-        )
-    if fault is None:
-        raise SystemExit(1)
-    return out
-
-
-def do_infer(prompt: str, tokens: int, console: Console) -> str:
-    out = _control().call("Infer", {"prompt": prompt, "tokens": tokens})
-    console.print(prompt + out["text"], highlight=False, markup=False)
-    return str(out["text"])
-
-
-def do_down(console: Console) -> None:
+def down() -> None:
+    """Stop the services and the control plane."""
     from dmsc.runtime.control.plane import control_file
 
     info = json.loads(control_file().read_text()) if control_file().exists() else None
-    _control().call("Down")
+    control_client().call("Down")
     deadline = time.time() + 30
     while control_file().exists() and time.time() < deadline:
         time.sleep(0.2)
     console.print(f"control plane down (pid {info['pid'] if info else '?'})", highlight=False)
-
-
-def runtime_demo(console: Console, steps: int = 200) -> dict[str, Any]:
-    """Calibrate, plan gpt-mini on this machine, deploy, train, compare, sample, shut down."""
-    from dmsc.cli.plan_render import print_plan
-    from dmsc.data.corpus import Corpus, stdlib_text
-    from dmsc.data.db import Database, ModelVersionRecord, ServiceRecord
-    from dmsc.planner.solve import plan_job
-    from dmsc.runtime.control.deployment import Deployment
-    from dmsc.runtime.control.training import layout_from_plan, train
-    from dmsc.spec import ClusterSpec, JobSpec, TransformerSpec, load_spec, resolve_model
-
-    console.rule("runtime: gpt-mini as three micro-model services on this machine")
-    do_calibrate(None, None, console)
-    cluster = load_spec(ClusterSpec, calibrated_path())
-    model = resolve_model("gpt-mini")
-    assert isinstance(model, TransformerSpec)
-    job = JobSpec(global_batch=16, micro_batch=4, pp=3, schedule="1f1b", overlap_dp_comm=False)
-    plan = plan_job(cluster, model, job, fixed=True).plan
-    print_plan(console, plan)
-    db = Database()
-    run = db.new_run(plan.model, plan.cluster, json.loads(plan.model_dump_json()))
-    train_text, valid_text = stdlib_text()
-    corpus, valid = Corpus(train_text, model.seq, 0), Corpus(valid_text, model.seq, 1)
-    with Deployment(layout_from_plan(plan, model)) as dep:
-        for h in dep.handles:
-            db.add(
-                ServiceRecord(
-                    run_id=run.id,
-                    sid=h.config.sid,
-                    stage=h.config.stage,
-                    replica=h.config.replica,
-                    address=h.address,
-                )
-            )
-        console.print(
-            "services: " + ", ".join(f"{h.config.sid}@{h.address}" for h in dep.handles),
-            highlight=False,
-        )
-        task = db.new_task(run.id, "train", {"steps": steps})
-        with Progress(
-            TextColumn("{task.description}"),
-            BarColumn(),
-            TimeElapsedColumn(),
-            console=console,
-            transient=False,
-        ) as progress:
-            bar = progress.add_task("training", total=steps)
-
-            def on_step(step: int, out: dict[str, Any]) -> None:
-                progress.update(
-                    bar,
-                    advance=1,
-                    description=(
-                        f"step {step + 1}/{steps} loss {out['loss']:.3f} "
-                        f"{out['tokens_per_s']:,.0f} tok/s {out['step_s'] * 1e3:.0f} ms"
-                    ),
-                )
-
-            report = train(
-                dep,
-                corpus,
-                valid,
-                steps,
-                job.global_batch,
-                job.microbatches,
-                "1f1b",
-                db,
-                task.id,
-                on_step,
-            )
-        saved = dep.clients[(0, 0)].call(
-            "Save",
-            {
-                "path": str(
-                    Path(db.url.split("///")[-1]).parent / "checkpoints" / f"demo-run{run.id}.pt"
-                )
-            },
-        )
-        db.add(
-            ModelVersionRecord(
-                run_id=run.id, step=steps, path=saved["path"], sha256=saved["sha256"]
-            )
-        )
-        sample = dep.generate(b"def main(", 80)
-    predicted = plan.prediction.iteration_time_s
-    measured = report.median_step_s
-    console.print(
-        f"validation loss {report.val_start:.3f} -> {report.val_end:.3f}; step time measured "
-        f"{measured * 1e3:.1f} ms vs predicted {predicted * 1e3:.1f} ms "
-        f"({(predicted / measured - 1) * 100:+.1f}%)",
-        highlight=False,
-    )
-    console.print(
-        "sample: def main(" + sample.decode("utf-8", errors="replace"),
-        highlight=False,
-        markup=False,
-    )
-    console.print(f"run {run.id} recorded in {db.url}", highlight=False)
-    return {
-        "val_start": report.val_start,
-        "val_end": report.val_end,
-        "measured_step_s": measured,
-        "predicted_step_s": predicted,
-    }

@@ -1,4 +1,8 @@
-"""``dmsc simulate``: run schedulers over loads and seeds, print, save and plot the figures."""
+"""``dmsc simulate``: run schedulers over loads and seeds, print, save and plot the figures.
+
+The simulator is imported when a simulation runs, not when the command is registered: every other
+``dmsc`` command starts without it.
+"""
 
 from __future__ import annotations
 
@@ -6,19 +10,23 @@ import csv
 import json
 import math
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Annotated, Any
 
+import typer
 from rich.console import Console
 from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
-from dmsc.sim import SCHEDULERS, OpticalNetwork, build_profiles, load_scenario, run
-from dmsc.sim.engine import RunResult
-from dmsc.sim.metrics import relative_change, summarize
+from dmsc.cli.app import console, err_console
+from dmsc.cli.options import JsonOpt
 from dmsc.spec import SpecError
+
+if TYPE_CHECKING:
+    from dmsc.sim.engine import RunResult
 
 
 def parse_list(text: str, flag: str, kind: type) -> list[Any]:
+    """A comma-separated flag value as a list of ``kind``; an error names the flag."""
     try:
         values = [kind(x) for x in text.split(",") if x.strip()]
     except ValueError:
@@ -31,6 +39,27 @@ def parse_list(text: str, flag: str, kind: type) -> list[Any]:
 
 
 def simulate(
+    scenario: Annotated[str, typer.Option(help="Scenario file (YAML or JSON).")],
+    scheduler: Annotated[str, typer.Option(help="baseline, cba or joint.")] = "cba",
+    compare: Annotated[
+        str | None, typer.Option(help="Comma-separated schedulers to run side by side.")
+    ] = None,
+    loads: Annotated[str | None, typer.Option(help="Comma-separated loads in Erlang.")] = None,
+    seeds: Annotated[int, typer.Option(help="Seeds per point (confidence intervals).")] = 1,
+    arrivals: Annotated[int | None, typer.Option(help="Job arrivals per run.")] = None,
+    plot: Annotated[str | None, typer.Option(help="Draw blocking vs load to this PNG.")] = None,
+    csv_out: Annotated[str | None, typer.Option("--csv", help="Per-run rows to this CSV.")] = None,
+    as_json: JsonOpt = False,
+) -> None:
+    """Simulate training jobs arriving over a multi-datacenter optical network."""
+    names = parse_list(compare, "--compare", str) if compare else [scheduler]
+    load_list = parse_list(loads, "--loads", float) if loads else None
+    run_simulation(
+        scenario, names, load_list, seeds, arrivals, as_json, plot, csv_out, console, err_console
+    )
+
+
+def run_simulation(
     scenario_path: str,
     schedulers: list[str],
     loads: list[float] | None,
@@ -42,6 +71,10 @@ def simulate(
     console: Console,
     err_console: Console,
 ) -> dict[str, Any]:
+    """Every scheduler at every load and seed; prints (or writes) the summaries and returns them."""
+    from dmsc.sim import SCHEDULERS, OpticalNetwork, build_profiles, load_scenario, run
+    from dmsc.sim.metrics import relative_change, summarize
+
     for name in schedulers:
         if name not in SCHEDULERS:
             raise SpecError(
@@ -204,6 +237,8 @@ def _print(
     loads: list[float],
     summaries: dict[tuple[str, float], dict[str, Any]],
 ) -> None:
+    from dmsc.sim.metrics import relative_change
+
     ci = out["seeds"] > 1
     t = Table(
         title=f"{out['scenario']}: {out['seeds']} seed(s) x {out['arrivals']} arrivals"

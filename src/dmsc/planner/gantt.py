@@ -1,17 +1,19 @@
-"""One iteration of a planned pipeline as a Gantt chart: stages x time.
+"""One iteration of a planned pipeline replayed in time: the blocks of a Gantt chart.
 
-The schedule is replayed from the plan's per-stage times: each stage runs its micro-batches
-forward and backward in 1F1B order (GPipe: all forwards, then all backwards), an operation starts
-when its stage is free and its input has crossed the boundary. Interleaved plans are drawn with
-one chunk per device (the chart then shows the 1F1B bubble, larger than the interleaved one).
+Pure: it returns the blocks (stage, kind, start, end); the CLI draws them (``dmsc plan --gantt``,
+see :mod:`dmsc.cli.plan_render`). The schedule is replayed from the plan's per-stage times: each
+stage runs its micro-batches forward and backward in 1F1B order (GPipe: all forwards, then all
+backwards), an operation starts when its stage is free and its input has crossed the boundary.
+Interleaved plans are replayed with one chunk per device (the chart then shows the 1F1B bubble,
+larger than the interleaved one).
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
-from pathlib import Path
 
 from dmsc.netmodel.schedule import schedule_ops
+from dmsc.planner.placement.problem import Placement, PlacementProblem, boundary_us
 
 
 @dataclass(frozen=True)
@@ -67,26 +69,16 @@ def replay(
     return ops
 
 
-def draw_gantt(ops: list[Op], stages: int, path: str | Path, title: str) -> None:
-    """Write the chart to ``path`` (PNG)."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-    from matplotlib.patches import Rectangle
-
-    colors = {"F": "#4C72B0", "B": "#55A868", "comm": "#DD8452"}
-    fig, ax = plt.subplots(figsize=(12, 0.5 * stages + 1.5))
-    for op in ops:
-        y = op.stage + (0.35 if op.kind == "comm" else 0.0)
-        h = 0.25 if op.kind == "comm" else 0.6
-        ax.broken_barh([(op.start, op.end - op.start)], (y - 0.3, h), color=colors[op.kind])
-    ax.set_yticks(range(stages), [f"stage {s}" for s in range(stages)])
-    ax.invert_yaxis()
-    ax.set_xlabel("seconds")
-    ax.set_title(title)
-    handles = [Rectangle((0, 0), 1, 1, color=c) for c in colors.values()]
-    ax.legend(handles, ["forward", "backward", "boundary transfer"], loc="lower right")
-    fig.tight_layout()
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
+def replay_placement(problem: PlacementProblem, placement: Placement, schedule: str) -> list[Op]:
+    """:func:`replay` of a placed pipeline: each stage's compute time in its datacenter (a third
+    forward, two thirds backward) and the transfer time of each boundary on its route."""
+    dcs = placement.dcs
+    comm = [c * 1e-6 for c in boundary_us(problem, dcs, placement.routes)]
+    per_mb = [(problem.compute_us[s][dcs[s]] or 0) * 1e-6 for s in range(problem.n_stages)]
+    return replay(
+        [t / 3 for t in per_mb],
+        [2 * t / 3 for t in per_mb],
+        comm,
+        problem.microbatches,
+        schedule,
+    )

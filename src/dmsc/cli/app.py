@@ -1,0 +1,54 @@
+"""The Typer application every command module registers on, its consoles and exit codes, and
+:func:`main`: the one place that turns errors into a line on standard error and an exit code."""
+
+from __future__ import annotations
+
+import sys
+
+import typer
+from rich.console import Console
+from typer.exceptions import TyperException
+
+from dmsc.spec import SpecError
+
+app = typer.Typer(
+    add_completion=False,
+    no_args_is_help=True,
+    pretty_exceptions_enable=False,
+    help="dmsc: plan, simulate and run distributed AI models across datacenters.",
+)
+console = Console()
+err_console = Console(stderr=True)
+
+EXIT_DOES_NOT_FIT = 1
+EXIT_BAD_INPUT = 2
+
+
+def main(argv: list[str] | None = None) -> None:
+    """Entry point: runs the app, turning bad input into one line and exit code 2."""
+    try:
+        result = app(args=argv, standalone_mode=False)
+    except SpecError as exc:
+        err_console.print(f"error: {exc.line()}", highlight=False, soft_wrap=True)
+        sys.exit(EXIT_BAD_INPUT)
+    except (typer.Exit, typer.Abort) as exc:
+        sys.exit(getattr(exc, "exit_code", 130))
+    except TyperException as exc:  # a usage error: unknown flag, bad value, missing option
+        if type(exc).__name__ == "NoArgsIsHelpError":
+            show = getattr(exc, "show", None)
+            if show is not None:
+                show()
+            sys.exit(0)
+        message = exc.format_message() if hasattr(exc, "format_message") else str(exc)
+        err_console.print(f"error: {message}", highlight=False, soft_wrap=True)
+        sys.exit(getattr(exc, "exit_code", EXIT_BAD_INPUT))
+    except Exception as exc:  # a service answered with an error
+        import grpc
+
+        if not isinstance(exc, grpc.RpcError):
+            raise
+        code = exc.code() if hasattr(exc, "code") else None
+        details = exc.details() if hasattr(exc, "details") else str(exc)
+        err_console.print(f"error: {details}", highlight=False, soft_wrap=True)
+        sys.exit(EXIT_BAD_INPUT if code == grpc.StatusCode.INVALID_ARGUMENT else 1)
+    sys.exit(result if isinstance(result, int) else 0)

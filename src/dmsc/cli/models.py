@@ -1,0 +1,79 @@
+"""``dmsc models``: the versions of the trained model in the database, and which of them serve
+inference: promote one to production, send a share of traffic to a canary, roll back."""
+
+from __future__ import annotations
+
+from typing import Annotated
+
+import typer
+
+from dmsc.cli.app import console
+from dmsc.spec import SpecError
+
+models_app = typer.Typer(
+    help="Model versions: list, promote, canary, rollback.", no_args_is_help=True
+)
+
+
+@models_app.command("list")
+def models_list() -> None:
+    """Every model version with its status."""
+    from rich.table import Table
+
+    from dmsc.data.db import Database
+    from dmsc.runtime.control.model_store import versions
+
+    t = Table("version", "run", "step", "sha256", "status", "canary %")
+    for v in versions(Database()):
+        t.add_row(
+            str(v.id),
+            str(v.run_id),
+            str(v.step),
+            v.sha256[:12],
+            v.status,
+            f"{v.canary_percent:g}" if v.status == "canary" else "",
+        )
+    console.print(t)
+
+
+@models_app.command("promote")
+def models_promote(version: Annotated[int, typer.Argument()]) -> None:
+    """Serve all traffic with VERSION."""
+    from dmsc.data.db import Database
+    from dmsc.runtime.control.model_store import promote
+
+    try:
+        promote(Database(), version)
+    except KeyError as exc:
+        raise SpecError("command line", "VERSION", str(exc)) from None
+    console.print(f"version {version} in production")
+
+
+@models_app.command("canary")
+def models_canary(
+    version: Annotated[int, typer.Argument()],
+    percent: Annotated[float, typer.Option(help="Share of inference traffic.")] = 10.0,
+) -> None:
+    """Send a share of inference traffic to VERSION (gray release)."""
+    from dmsc.data.db import Database
+    from dmsc.runtime.control.model_store import canary
+
+    try:
+        canary(Database(), version, percent)
+    except (KeyError, ValueError) as exc:
+        field = "--percent" if isinstance(exc, ValueError) else "VERSION"
+        raise SpecError("command line", field, str(exc)) from None
+    console.print(f"version {version} takes {percent:g}% of inference traffic")
+
+
+@models_app.command("rollback")
+def models_rollback() -> None:
+    """Back to the previous production version."""
+    from dmsc.data.db import Database
+    from dmsc.runtime.control.model_store import rollback
+
+    try:
+        back = rollback(Database())
+    except KeyError as exc:
+        raise SpecError("models", "", str(exc)) from None
+    console.print(f"rolled back to version {back}")

@@ -1,0 +1,181 @@
+"""``dmsc plan``: split a model into stages, choose its parallelism and place it on the cluster.
+
+The strategy is searched unless ``--tp --pp --dp`` fix it; ``--compare`` runs every placement
+solver on the same problem, ``--gantt`` draws one iteration. An infeasible job exits with code 1.
+"""
+
+from __future__ import annotations
+
+import json
+from enum import StrEnum
+from pathlib import Path
+from typing import Annotated, Any
+
+import typer
+
+from dmsc.cli.app import EXIT_DOES_NOT_FIT, console, err_console
+from dmsc.cli.options import ClusterOpt, JsonOpt, ModelOpt
+from dmsc.spec import SpecError
+
+
+class Solver(StrEnum):
+    milp = "milp"
+    tabu = "tabu"
+    greedy = "greedy"
+    compute_first = "compute-first"
+    random = "random"
+
+
+def plan(
+    cluster: ClusterOpt,
+    model: ModelOpt = None,
+    global_batch: Annotated[int | None, typer.Option(help="Samples per iteration.")] = None,
+    gpus: Annotated[int | None, typer.Option(help="Devices to use (default: all).")] = None,
+    solver: Annotated[Solver, typer.Option(help="Placement solver.")] = Solver.milp,
+    mode: Annotated[str | None, typer.Option(help="train or infer.")] = None,
+    tp: Annotated[int | None, typer.Option(help="Fix tensor parallelism (with --pp --dp).")] = None,
+    pp: Annotated[int | None, typer.Option(help="Fix pipeline parallelism.")] = None,
+    dp: Annotated[int | None, typer.Option(help="Fix data parallelism.")] = None,
+    micro_batch: Annotated[int | None, typer.Option(help="Micro-batch (fixed strategy).")] = None,
+    schedule: Annotated[str | None, typer.Option(help="Schedule (fixed strategy).")] = None,
+    interleave: Annotated[int | None, typer.Option(help="Chunks (fixed strategy).")] = None,
+    recompute: Annotated[str | None, typer.Option(help="Recompute (fixed strategy).")] = None,
+    zero: Annotated[int | None, typer.Option(help="ZeRO stage 0-3.")] = None,
+    top_k: Annotated[int, typer.Option(help="Runner-up strategies to keep.")] = 5,
+    seed: Annotated[int, typer.Option(help="Seed of the randomised solvers.")] = 0,
+    time_limit: Annotated[float, typer.Option(help="Seconds the exact solver may take.")] = 10.0,
+    paths: Annotated[int, typer.Option(help="Candidate routes per datacenter pair.")] = 2,
+    out: Annotated[str | None, typer.Option(help="Write the plan (JSON) here.")] = None,
+    gantt: Annotated[str | None, typer.Option(help="Draw one iteration to this PNG.")] = None,
+    compare: Annotated[bool, typer.Option(help="Run every solver side by side.")] = False,
+    as_json: JsonOpt = False,
+) -> None:
+    """Split a model into stages, choose its parallelism and place it on the cluster."""
+    from dmsc.cli.options import build_job, build_model, load_cluster
+    from dmsc.cli.plan_render import plan_json, print_plan
+    from dmsc.netmodel import DoesNotFit
+    from dmsc.planner.placement.problem import Infeasible, score_to_seconds
+    from dmsc.planner.solve import SOLVERS, plan_job, run_solver
+
+    cluster_spec = load_cluster(cluster)
+    model_spec = build_model(model, {})
+    fixed = tp is not None and pp is not None and dp is not None
+    flags = {"mode": mode, "global_batch": global_batch, "zero": zero}
+    if fixed:
+        flags.update(
+            tp=tp,
+            pp=pp,
+            dp=dp,
+            micro_batch=micro_batch,
+            schedule=schedule,
+            interleave=interleave,
+            recompute=recompute,
+            sequence_parallel=(tp or 1) > 1,
+        )
+    elif any(v is not None for v in (tp, pp, dp)):
+        raise SpecError("command line", "--tp/--pp/--dp", "give all three to fix the strategy")
+    job_spec = build_job(None, flags)
+    if gpus is not None and gpus <= 0:
+        raise SpecError("command line", "--gpus", "must be positive")
+    if paths <= 0:
+        raise SpecError("command line", "--paths", "must be positive")
+    if time_limit <= 0:
+        raise SpecError("command line", "--time-limit", "must be positive")
+
+    from rich.progress import Progress, SpinnerColumn, TextColumn, TimeElapsedColumn
+
+    with Progress(
+        SpinnerColumn(),
+        TextColumn("{task.description}"),
+        TimeElapsedColumn(),
+        console=err_console,
+        transient=True,
+        disable=as_json,
+    ) as progress:
+        task = progress.add_task("searching strategies", total=None)
+        try:
+            outcome = plan_job(
+                cluster_spec,
+                model_spec,
+                job_spec,
+                solver.value,
+                gpus,
+                fixed,
+                seed,
+                time_limit,
+                top_k,
+                progress=lambda n: progress.update(task, description=f"strategies costed: {n}"),
+                k_paths=paths,
+            )
+        except (DoesNotFit, Infeasible) as exc:
+            reasons = exc.reasons if isinstance(exc, DoesNotFit) else [str(exc)]
+            if as_json:
+                typer.echo(json.dumps({"feasible": False, "reasons": reasons}))
+            for reason in reasons:
+                err_console.print(f"infeasible: {reason}", highlight=False)
+            raise typer.Exit(EXIT_DOES_NOT_FIT) from None
+        rows: list[dict[str, Any]] = []
+        if compare:
+            problem = outcome.built.problem
+            for name in SOLVERS:
+                progress.update(task, description=f"solver {name}")
+                try:
+                    res = run_solver(name, problem, seed, time_limit)
+                    rows.append(
+                        {
+                            "solver": name,
+                            "pipeline_s": score_to_seconds(problem, res.objective),
+                            "seconds": res.seconds,
+                            "optimal": res.optimal,
+                            "gap_pct": res.gap_pct,
+                            "blocked": False,
+                        }
+                    )
+                except Infeasible as exc:
+                    rows.append({"solver": name, "blocked": True, "reason": str(exc)})
+    the_plan = outcome.plan
+    if out is not None:
+        Path(out).write_text(the_plan.model_dump_json(indent=2))
+    if gantt is not None:
+        from dmsc.cli.plan_render import draw_gantt
+        from dmsc.planner.gantt import replay_placement
+
+        pb = outcome.built.problem
+        ops = replay_placement(pb, outcome.result.placement, the_plan.job.schedule)
+        draw_gantt(
+            ops,
+            pb.n_stages,
+            gantt,
+            f"{the_plan.model}: one iteration ({the_plan.search.solver} placement)",
+        )
+    if as_json:
+        out_obj = plan_json(the_plan)
+        if compare:
+            out_obj["compare"] = rows
+        typer.echo(json.dumps(out_obj))
+        return
+    print_plan(console, the_plan)
+    if compare:
+        _print_compare(rows)
+
+
+def _print_compare(rows: list[dict[str, Any]]) -> None:
+    """The solvers side by side: pipeline time, distance to the best, optimality gap, time."""
+    from rich.table import Table
+
+    best = min((row["pipeline_s"] for row in rows if not row["blocked"]), default=None)
+    t = Table("solver", "pipeline time", "vs best", "gap", "seconds")
+    for row in rows:
+        if row["blocked"]:
+            t.add_row(row["solver"], "blocked", "", "", row["reason"])
+            continue
+        t.add_row(
+            row["solver"],
+            f"{row['pipeline_s']:.3f} s",
+            f"+{(row['pipeline_s'] / best - 1) * 100:.1f}%" if best else "",
+            "optimal"
+            if row["optimal"]
+            else (f"{row['gap_pct']:.1f}%" if row["gap_pct"] is not None else "-"),
+            f"{row['seconds']:.2f}",
+        )
+    console.print(t)

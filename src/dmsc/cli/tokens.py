@@ -1,0 +1,43 @@
+"""``dmsc token``: the API keys of the HTTP gateway. A key is shown once, when it is created; the
+database keeps only its hash."""
+
+from __future__ import annotations
+
+from typing import Annotated
+
+import typer
+
+from dmsc.cli.app import console, err_console
+from dmsc.spec import SpecError
+
+token_app = typer.Typer(help="API keys of the gateway.", no_args_is_help=True)
+
+
+@token_app.command("create")
+def token_create(
+    tenant: Annotated[str, typer.Option(help="Tenant the key acts for.")],
+    scopes: Annotated[str, typer.Option(help="Comma-separated: admin, submit, infer, read.")],
+) -> None:
+    """Create an API key (printed once; only its hash is stored)."""
+    from dmsc.data.db import Database
+    from dmsc.runtime.business.auth import create_key
+
+    try:
+        key_id, key = create_key(Database(), tenant, [s.strip() for s in scopes.split(",") if s])
+    except ValueError as exc:
+        raise SpecError("command line", "--scopes", str(exc)) from None
+    err_console.print(f"key {key_id} for tenant {tenant!r} (shown once):", highlight=False)
+    typer.echo(key)
+
+
+@token_app.command("revoke")
+def token_revoke(key_id: Annotated[int, typer.Argument(help="Key id.")]) -> None:
+    """Revoke an API key."""
+    from dmsc.data.db import Database
+    from dmsc.runtime.business.auth import revoke_key
+
+    try:
+        revoke_key(Database(), key_id)
+    except KeyError as exc:
+        raise SpecError("command line", "KEY_ID", str(exc)) from None
+    console.print(f"key {key_id} revoked")

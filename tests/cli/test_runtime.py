@@ -1,0 +1,127 @@
+"""The CLI side of the runtime commands, in this process and without a deployment.
+
+``dmsc up`` is checked against a stand-in for the control-plane process (``sys.executable``
+replaced by a shell script): what it is told on its standard input, where its standard error
+goes, and what the user reads when it starts or fails to. The real control plane is started by
+the tests in tests/integration.
+"""
+
+from __future__ import annotations
+
+import stat
+import sys
+from pathlib import Path
+
+import pytest
+
+from dmsc.cli import main
+from dmsc.planner.solve import plan_job
+from dmsc.runtime.transport import logs
+from dmsc.runtime.transport.messages import MAX_INFER_TOKENS, ControlSettings
+from dmsc.spec import ClusterSpec, JobSpec, resolve_model
+
+
+@pytest.fixture
+def home(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    monkeypatch.setenv("DMSC_HOME", str(tmp_path / "home"))
+    return tmp_path / "home"
+
+
+@pytest.fixture
+def plan_file(tmp_path: Path, local_cpu: ClusterSpec) -> Path:
+    job = JobSpec(global_batch=8, micro_batch=2, pp=2)
+    plan = plan_job(local_cpu, resolve_model("gpt-mini"), job, fixed=True).plan
+    path = tmp_path / "plan.json"
+    path.write_text(plan.model_dump_json())
+    return path
+
+
+def stand_in(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, body: str) -> None:
+    """Make ``sys.executable`` a script that saves its stdin and arguments, then runs ``body``."""
+    script = tmp_path / "control-plane"
+    script.write_text(
+        f'#!/bin/sh\necho "$@" > {tmp_path}/argv\ncat > {tmp_path}/settings.json\n' + body
+    )
+    script.chmod(script.stat().st_mode | stat.S_IEXEC)
+    monkeypatch.setattr(sys, "executable", str(script))
+
+
+def run(capsys: pytest.CaptureFixture[str], *args: str) -> tuple[int, str, str]:
+    with pytest.raises(SystemExit) as exit_:
+        main(list(args))
+    out = capsys.readouterr()
+    return int(exit_.value.code or 0), out.out, out.err
+
+
+def test_up_hands_the_settings_over_on_stdin(
+    home: Path,
+    plan_file: Path,
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    stand_in(tmp_path, monkeypatch, 'echo "READY 127.0.0.1:4242"\n')
+    code, out, err = run(
+        capsys, "up", "--plan", str(plan_file), "--failure-timeout", "2.5", "--spares", "1"
+    )
+    assert code == 0, err
+    assert (tmp_path / "argv").read_text().split() == ["-m", "dmsc.runtime.control.daemon"]
+    settings = ControlSettings.model_validate_json((tmp_path / "settings.json").read_text())
+    assert settings == ControlSettings(
+        plan=str(plan_file.resolve()),
+        home=str(home.resolve()),
+        failure_timeout_s=2.5,
+        spares=1,
+    )
+    assert "control plane up at 127.0.0.1:4242" in out
+    assert f"logs in {logs.log_dir(home.resolve())}" in out and "`dmsc logs`" in out
+
+
+def test_a_failed_start_shows_the_end_of_the_control_planes_stderr(
+    home: Path,
+    plan_file: Path,
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    stand_in(tmp_path, monkeypatch, 'echo "ValueError: the reason it died" >&2\nexit 3\n')
+    code, out, err = run(capsys, "up", "--plan", str(plan_file))
+    assert code == 2 and out == ""
+    assert "the control plane failed to start" in err
+    assert "ValueError: the reason it died" in err
+    stderr = logs.stderr_file(home.resolve(), "control")
+    assert str(stderr) in err and "the reason it died" in stderr.read_text()
+
+
+@pytest.mark.parametrize(
+    ("args", "needle"),
+    [
+        (["--failure-timeout", "0"], "--failure-timeout: must be positive"),
+        (["--failure-timeout", "5000"], "--failure-timeout: Input should be less than or equal"),
+        (["--spares", "65"], "--spares: must be between 0 and 64"),
+        (["--router", "magic"], "--router: unknown policy"),
+        (["--gateway", "example.com:80"], "--gateway: expected 127.0.0.1:PORT"),
+    ],
+)
+def test_bad_up_flags_exit_2_before_starting_anything(
+    home: Path,
+    plan_file: Path,
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    capsys: pytest.CaptureFixture[str],
+    args: list[str],
+    needle: str,
+) -> None:
+    stand_in(tmp_path, monkeypatch, 'echo "READY 127.0.0.1:4242"\n')
+    code, _, err = run(capsys, "up", "--plan", str(plan_file), *args)
+    assert code == 2 and needle in err and len(err.strip().splitlines()) == 1
+    assert not (tmp_path / "argv").exists()
+
+
+@pytest.mark.parametrize("tokens", ["0", str(MAX_INFER_TOKENS + 1)])
+def test_infer_tokens_are_limited(
+    home: Path, capsys: pytest.CaptureFixture[str], tokens: str
+) -> None:
+    code, _, err = run(capsys, "infer", "--prompt", "x", "--tokens", tokens)
+    assert code == 2
+    assert f"--tokens: must be between 1 and {MAX_INFER_TOKENS}" in err
