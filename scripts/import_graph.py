@@ -49,8 +49,11 @@ def main() -> None:
     g = nx.DiGraph(list(edges))
     cycles = [list(c) for c in nx.simple_cycles(g)]
     if args.json:
-        print(json.dumps({"edges": [[a, b, n] for (a, b), n in sorted(edges.items())],
-                          "cycles": cycles}))
+        print(
+            json.dumps(
+                {"edges": [[a, b, n] for (a, b), n in sorted(edges.items())], "cycles": cycles}
+            )
+        )
         return
     for (a, b), n in sorted(edges.items()):
         print(f"{a:24} -> {b:24} {n:3} imports")
