@@ -3,9 +3,12 @@
 from __future__ import annotations
 
 import json
+import time
 from pathlib import Path
 
 from runtime_helpers import dmsc, make_plan, one_box, up_with_gateway
+
+from dmsc.data.db import Database
 
 
 def test_up_status_train_infer_down(tmp_path: Path) -> None:
@@ -36,6 +39,16 @@ def test_up_status_train_infer_down(tmp_path: Path) -> None:
         assert res.returncode == 2 and "tokens" in res.stderr and "Traceback" not in res.stderr
         status = json.loads(dmsc(tmp_path, "status", "--json").stdout)
         assert [t["state"] for t in status["tasks"]] == ["done", "done"]
+        # The train task ran once, in the Train call: the task queue never claimed it (it used to
+        # claim it while the call ran and run it again once the call released the lock).
+        time.sleep(1.0)  # the queue polls every 0.5 s
+        db = Database(f"sqlite:///{tmp_path / 'dmsc.sqlite'}")
+        assert [(t.kind, t.state, t.attempts) for t in db.tasks()] == [
+            ("train", "done", 0),
+            ("infer", "done", 0),
+        ]
+        log = (tmp_path / "logs" / "control.log").read_text().splitlines()
+        assert [json.loads(x)["msg"] for x in log].count("task done") == 0
     finally:
         res = dmsc(tmp_path, "down")
     assert res.returncode == 0, res.stderr

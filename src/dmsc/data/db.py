@@ -276,8 +276,21 @@ class Database:
             q = select(ServiceRecord).where(ServiceRecord.run_id == run_id)
             return list(s.scalars(q.order_by(ServiceRecord.id)))
 
-    def new_task(self, run_id: int, kind: str, params: dict[str, Any]) -> TaskRecord:
-        return self.add(TaskRecord(run_id=run_id, kind=kind, params_json=json.dumps(params)))
+    def new_task(
+        self, run_id: int, kind: str, params: dict[str, Any], state: str = "queued"
+    ) -> TaskRecord:
+        """A task row. Work the control plane runs at once is created ``running``: a ``queued``
+        row is the task queue's to claim, and it would run the task a second time."""
+        started = _now() if state == "running" else None
+        return self.add(
+            TaskRecord(
+                run_id=run_id,
+                kind=kind,
+                params_json=json.dumps(params),
+                state=state,
+                started_at=started,
+            )
+        )
 
     def set_task_state(self, task_id: int, state: str, error: str | None = None) -> None:
         with self.sessions() as s, s.begin():

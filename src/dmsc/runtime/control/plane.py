@@ -206,13 +206,14 @@ class ControlPlane:
     def train(self, req: TrainRequest) -> dict[str, Any]:
         params = self.train_params(req.model_copy(update={"first_step": None}))
         with self.lock:
-            task = self.db.new_task(self.run.id, "train", params.as_json())
+            task = self.db.new_task(self.run.id, "train", params.as_json(), state="running")
             try:
                 report = self.run_task(task.id, params)
             except Exception as exc:
                 self.db.set_task_state(task.id, "failed", str(exc))
                 raise
             version = self._save_version()
+            self.db.set_task_state(task.id, "done")
         for s in report.step_s:
             self.m_step.observe(s)
         self.m_tasks.labels("train", "done").inc()
@@ -264,8 +265,7 @@ class ControlPlane:
         return record.id
 
     def infer(self, req: InferRequest) -> dict[str, Any]:
-        task = self.db.new_task(self.run.id, "infer", {"tokens": req.tokens})
-        self.db.set_task_state(task.id, "running")
+        task = self.db.new_task(self.run.id, "infer", {"tokens": req.tokens}, state="running")
         try:
             replica, text = self.inference.generate(req.prompt, req.tokens)
         except NoReplica as exc:
