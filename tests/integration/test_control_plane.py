@@ -3,6 +3,9 @@
 from __future__ import annotations
 
 import json
+import os
+import subprocess
+import sys
 import time
 from pathlib import Path
 
@@ -63,6 +66,34 @@ def test_up_with_a_bad_plan(tmp_path: Path) -> None:
     assert res.returncode == 2 and "not a dmsc plan" in res.stderr
     res = dmsc(tmp_path, "up", "--plan", str(tmp_path / "missing.json"))
     assert res.returncode == 2 and "no such file" in res.stderr
+
+
+def test_a_worker_that_cannot_start_shows_its_last_log_lines(tmp_path: Path) -> None:
+    """``dmsc up`` when a stage worker dies at start: the error names the worker and shows the
+    end of its standard error, and nothing is left running."""
+    plan = make_plan(tmp_path)
+    inject = tmp_path / "inject"
+    inject.mkdir()
+    (inject / "sitecustomize.py").write_text(  # runs in every Python process started below
+        "import os, sys\n"
+        "if '--config' in sys.argv:  # a stage worker\n"
+        "    sys.stderr.write('injected: no accelerator driver\\n'); sys.stderr.flush()\n"
+        "    os._exit(7)\n"
+    )
+    path = os.pathsep.join(p for p in (str(inject), os.environ.get("PYTHONPATH")) if p)
+    res = subprocess.run(
+        [sys.executable, "-m", "dmsc", "up", "--plan", str(plan)],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        env={**os.environ, "DMSC_HOME": str(tmp_path), "PYTHONPATH": path},
+    )
+    assert res.returncode == 2, res.stderr
+    assert "the control plane failed to start" in res.stderr
+    assert "failed to start; its last log lines" in res.stderr
+    assert "injected: no accelerator driver" in res.stderr
+    assert str(tmp_path / "logs") in res.stderr
+    assert not (tmp_path / "control.json").exists()
 
 
 def test_gateway_in_front_of_a_live_deployment(tmp_path: Path) -> None:

@@ -112,6 +112,8 @@ def up(
 
     home = data_dir().resolve()
     settings = _control_settings(plan_file, home, gateway, router, failure_timeout, spares)
+    stderr_path = logs.stderr_file(home, logs.CONTROL)
+    seen = stderr_path.stat().st_size if stderr_path.exists() else 0  # earlier starts' lines
     stderr = logs.open_stderr(home, logs.CONTROL)
     try:
         proc = subprocess.Popen(
@@ -134,12 +136,17 @@ def up(
     if not line.startswith("READY"):
         with contextlib.suppress(subprocess.TimeoutExpired):
             proc.wait(timeout=5)  # let it finish writing its last words
-        words = logs.last_words(home, logs.CONTROL)
+        with stderr_path.open(errors="replace") as f:  # what this start wrote, the reason last
+            f.seek(seen)
+            said = f.read().strip().splitlines()[-40:]
+        words = f"--- {stderr_path}\n" + "\n".join(said) if said else ""
+        words = words or logs.last_words(home, logs.CONTROL)
         raise SpecError(
             plan_file,
             "",
             "the control plane failed to start"
-            + (f"; the end of its logs:\n{words}" if words else f" (exit code {proc.poll()})"),
+            + (f":\n{words}" if words else f" (exit code {proc.poll()})")
+            + f"\n(logs in {logs.log_dir(home)}: `dmsc logs`)",
         )
     console.print(
         f"control plane up at {line.split()[1]} (pid {proc.pid})"

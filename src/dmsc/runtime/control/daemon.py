@@ -83,10 +83,11 @@ def main(stdin: TextIO | None = None) -> None:
     )
     try:
         cp.start()
-    except Exception:
+    except Exception as exc:  # the reason, with a failed worker's last log lines, for dmsc up
         log.exception("the deployment failed to start")
         cp.deployment.shutdown()
-        raise
+        _fail(f"the deployment failed to start: {exc}")
+        return
     queue = TaskQueue(db, cp.run.id)
     threading.Thread(target=cp.work_queue, args=(queue,), daemon=True).start()
     threading.Thread(target=watch_workers, args=(cp,), daemon=True).start()
