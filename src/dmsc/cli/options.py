@@ -3,10 +3,10 @@ name the flag)."""
 
 from __future__ import annotations
 
-from typing import Annotated, Any
+from typing import Annotated, Any, TypeVar
 
 import typer
-from pydantic import ValidationError
+from pydantic import BaseModel, ValidationError
 
 from dmsc.spec import (
     ClusterSpec,
@@ -70,3 +70,18 @@ def build_job(job_file: str | None, flags: dict[str, Any]) -> JobSpec:
         if field in given:
             raise SpecError("command line", flag_name(field), err.reason) from None
         raise err from None
+
+
+M = TypeVar("M", bound=BaseModel)
+
+
+def message_from_flags(model: type[M], flags: dict[str, str], **values: Any) -> M:
+    """A typed control message (:mod:`dmsc.runtime.transport.messages`) from command-line
+    values: the message's own limits check them, and an error names the flag (``flags`` maps a
+    field to its flag) with the message's reason, before anything is sent."""
+    try:
+        return model(**values)
+    except ValidationError as exc:
+        err = spec_error_from_validation("command line", exc)
+        field = err.field.split(".")[0]
+        raise SpecError("command line", flags.get(field, flag_name(field)), err.reason) from None

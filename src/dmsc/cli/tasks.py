@@ -9,9 +9,10 @@ from typing import Annotated, Any
 import typer
 
 from dmsc.cli.app import console
-from dmsc.cli.options import JsonOpt
+from dmsc.cli.options import JsonOpt, message_from_flags
 from dmsc.cli.runtime import control_client
-from dmsc.spec import SpecError
+
+_TRAIN_FLAGS = {"grad_wait_s": "--grad-wait"}
 
 
 def train(
@@ -29,21 +30,17 @@ def train(
     as_json: JsonOpt = False,
 ) -> None:
     """Run a training task on the running services; it survives failed workers."""
-    if steps <= 0:
-        raise SpecError("command line", "--steps", "must be positive")
-    if checkpoint_every < 0:
-        raise SpecError("command line", "--checkpoint-every", "must be 0 or positive")
-    if late_policy not in ("wait", "skip", "restart"):
-        raise SpecError("command line", "--late-policy", "must be wait, skip or restart")
-    if not grad_wait > 0:
-        raise SpecError("command line", "--grad-wait", "must be positive")
-    req = {
-        "steps": steps,
-        "checkpoint_every": checkpoint_every,
-        "late_policy": late_policy,
-        "grad_wait_s": grad_wait,
-    }
-    out: dict[str, Any] = control_client().call("Train", req)
+    from dmsc.runtime.transport.messages import TrainRequest
+
+    req = message_from_flags(
+        TrainRequest,
+        _TRAIN_FLAGS,
+        steps=steps,
+        checkpoint_every=checkpoint_every,
+        late_policy=late_policy,
+        grad_wait_s=grad_wait,
+    )
+    out: dict[str, Any] = control_client().send("Train", req)
     if as_json:
         print(json.dumps(out))
     else:
@@ -68,9 +65,8 @@ def infer(
     tokens: Annotated[int, typer.Option(help="Bytes to generate.")] = 80,
 ) -> None:
     """Sample a continuation through the stage services."""
-    from dmsc.runtime.transport.messages import MAX_INFER_TOKENS
+    from dmsc.runtime.transport.messages import InferRequest
 
-    if not 0 < tokens <= MAX_INFER_TOKENS:
-        raise SpecError("command line", "--tokens", f"must be between 1 and {MAX_INFER_TOKENS}")
-    out = control_client().call("Infer", {"prompt": prompt, "tokens": tokens})
+    req = message_from_flags(InferRequest, {}, prompt=prompt, tokens=tokens)
+    out = control_client().send("Infer", req)
     console.print(prompt + out["text"], highlight=False, markup=False)
