@@ -11,13 +11,14 @@ task queue. Prometheus metrics at ``/metrics``.
 import contextlib
 import threading
 import time
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Sequence
 from concurrent.futures import FIRST_COMPLETED, Future, ThreadPoolExecutor, wait
 from functools import partial
 from typing import Annotated, Any, Protocol
 
 from fastapi import Depends, FastAPI, HTTPException, Request, Response
 from fastapi import Path as PathParam
+from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
 from prometheus_client import (
     CONTENT_TYPE_LATEST,
@@ -94,6 +95,24 @@ def wait_ready(base: str, timeout_s: float = 10.0) -> bool:
     return False
 
 
+def _printable(part: object) -> str | int:
+    if isinstance(part, int):
+        return part
+    return str(part).encode("utf-8", "backslashreplace").decode("utf-8")
+
+
+def _safe_errors(errors: Sequence[Any]) -> list[dict[str, Any]]:
+    """Validation errors as JSON can carry them: location, message and type, no input."""
+    return [
+        {
+            "loc": [_printable(p) for p in e.get("loc", ())],
+            "msg": _printable(e.get("msg", "")),
+            "type": _printable(e.get("type", "")),
+        }
+        for e in errors
+    ]
+
+
 def _finished_later(route: Router, replica: str, _fut: Future[str]) -> None:
     route.finished(replica, 0.0)
 
@@ -142,10 +161,19 @@ def create_app(
             )
         else:
             response = await call_next(request)
-        path = request.scope.get("route").path if request.scope.get("route") else request.url.path  # type: ignore[union-attr]
+        # The route's template, never the raw path: a label per unknown URL would let anyone grow
+        # /metrics without bound.
+        found = request.scope.get("route")
+        path = getattr(found, "path", None) or "<unmatched>"
         requests.labels(path, str(response.status_code)).inc()
         latency.labels(path).observe(time.perf_counter() - t0)
         return response
+
+    @app.exception_handler(RequestValidationError)
+    async def invalid(request: Request, exc: RequestValidationError) -> JSONResponse:
+        """422 with where and why, never the offending value: a NaN or a lone surrogate echoed
+        back cannot be rendered as JSON (it was a 500)."""
+        return JSONResponse({"detail": _safe_errors(exc.errors())}, status_code=422)
 
     def principal(scope: str) -> Callable[[Request], Principal]:
         def check(request: Request) -> Principal:
