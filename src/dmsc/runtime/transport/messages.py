@@ -14,7 +14,7 @@ from __future__ import annotations
 
 from typing import Annotated, Any, Literal
 
-from pydantic import AfterValidator, BaseModel, ConfigDict, Field, ValidationError
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 # -- service names -------------------------------------------------------------------------------
 STAGE_SERVICE = "dmsc.Stage"
@@ -41,18 +41,7 @@ Lane = Literal["sync", "async"]
 Step = Annotated[int, Field(ge=0)]
 Epoch = Annotated[int, Field(ge=0)]
 Tokens = Annotated[int, Field(gt=0, le=MAX_INFER_TOKENS)]
-
-
-def _utf8(text: str) -> str:
-    """Refuse text that has no UTF-8 form (a lone surrogate, which JSON can carry as \\udXXX)."""
-    try:
-        text.encode("utf-8")
-    except UnicodeEncodeError:
-        raise ValueError("must be valid Unicode text (it holds a lone surrogate)") from None
-    return text
-
-
-Prompt = Annotated[str, Field(min_length=1, max_length=MAX_PROMPT_CHARS), AfterValidator(_utf8)]
+Prompt = Annotated[str, Field(min_length=1, max_length=MAX_PROMPT_CHARS)]
 TrainSteps = Annotated[int, Field(gt=0, le=MAX_TRAIN_STEPS)]
 GradWait = Annotated[float, Field(gt=0, le=MAX_GRAD_WAIT_S)]
 CheckpointEvery = Annotated[int, Field(ge=0, le=MAX_TRAIN_STEPS)]
