@@ -15,6 +15,7 @@ it to be resumed by the next start with the same plan.
 
 from __future__ import annotations
 
+import fcntl
 import json
 import os
 import sys
@@ -52,6 +53,24 @@ def read_settings(stream: TextIO) -> ControlSettings:
     return parse(ControlSettings, text.encode())
 
 
+def _hold_home(home: Path) -> TextIO | None:
+    """Take the home's lock (held by the open file until this process exits, crash or not), or
+    None when another control plane holds it: two control planes on one run would each declare
+    the other's workers failed. ``dmsc up`` checks ``control.json`` first, but two started at
+    once both pass that check; the lock is what decides."""
+    lock = (home / "control.lock").open("a+")
+    try:
+        fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except OSError:
+        lock.close()
+        return None
+    lock.seek(0)
+    lock.truncate()
+    lock.write(f"{os.getpid()}\n")
+    lock.flush()
+    return lock
+
+
 def _fail(reason: str) -> None:
     print(f"dmsc control plane: {reason}", file=sys.stderr, flush=True)
     sys.exit(2)
@@ -65,6 +84,10 @@ def main(stdin: TextIO | None = None) -> None:
         return
     os.environ["DMSC_HOME"] = settings.home  # data_dir(), the database and checkpoints follow
     home = data_dir()
+    held = _hold_home(home)
+    if held is None:
+        _fail(f"another control plane runs on {home} (`dmsc down` first)")
+        return
     log = logs.file_logger("dmsc.control", logs.log_file(home, logs.CONTROL))
     try:
         plan = Plan.model_validate_json(Path(settings.plan).read_text())
