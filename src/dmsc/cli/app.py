@@ -49,6 +49,11 @@ def main(argv: list[str] | None = None) -> None:
             raise
         code = exc.code() if hasattr(exc, "code") else None
         details = exc.details() if hasattr(exc, "details") else str(exc)
+        if code in (grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.DEADLINE_EXCEEDED):
+            details = (
+                f"control plane: not answering ({code.name.lower()}); it may be starting or "
+                "stopping: try again, or `dmsc down`"
+            )
         err_console.print(f"error: {details}", highlight=False, soft_wrap=True)
         sys.exit(EXIT_BAD_INPUT if code == grpc.StatusCode.INVALID_ARGUMENT else 1)
     sys.exit(result if isinstance(result, int) else 0)

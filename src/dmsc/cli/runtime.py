@@ -51,15 +51,30 @@ def calibrated_path() -> Path:
 
 def control_client() -> Any:
     """A client of the running control plane (an error when none runs)."""
-    from dmsc.runtime.control.plane import control_file
+    from dmsc.data.db import control_file
     from dmsc.runtime.transport.messages import CONTROL_SERVICE
     from dmsc.runtime.transport.rpc import Client
 
     path = control_file()
     if not path.exists():
         raise SpecError("control plane", "", "not running (start it with `dmsc up --plan FILE`)")
-    info = json.loads(path.read_text())
-    return Client(info["address"], CONTROL_SERVICE, timeout_s=3600)
+    try:
+        info = json.loads(path.read_text())
+        address, pid = str(info["address"]), int(info["pid"])
+    except (ValueError, KeyError, TypeError):
+        raise SpecError(str(path), "", "unreadable; remove it if no control plane runs") from None
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:  # killed without cleaning up: its run resumes at the next up
+        raise SpecError(
+            "control plane",
+            "",
+            f"not running (pid {pid} is gone without a clean stop; "
+            "`dmsc up --plan FILE` with the same plan resumes its run)",
+        ) from None
+    except PermissionError:  # alive, another user's
+        pass
+    return Client(address, CONTROL_SERVICE, timeout_s=3600)
 
 
 def calibrate(
@@ -173,9 +188,9 @@ def _control_settings(
     """The flags of ``dmsc up`` checked (errors name the flag) into a ``ControlSettings``."""
     from pydantic import ValidationError
 
+    from dmsc.data.db import control_file
     from dmsc.planner.plan import Plan
     from dmsc.runtime.business.router import POLICIES
-    from dmsc.runtime.control.plane import control_file
     from dmsc.runtime.transport.messages import ControlSettings
     from dmsc.spec.errors import spec_error_from_validation
 
@@ -275,7 +290,7 @@ def status(as_json: JsonOpt = False) -> None:
 
 def down() -> None:
     """Stop the services and the control plane."""
-    from dmsc.runtime.control.plane import control_file
+    from dmsc.data.db import control_file
 
     info = json.loads(control_file().read_text()) if control_file().exists() else None
     control_client().call("Down")

@@ -24,6 +24,11 @@ def data_dir() -> Path:
     return path
 
 
+def control_file() -> Path:
+    """Where a running control plane leaves its address and pid (under the data directory)."""
+    return data_dir() / "control.json"
+
+
 def default_url() -> str:
     return os.environ.get("DMSC_DATABASE_URL", f"sqlite:///{data_dir() / 'dmsc.sqlite'}")
 

@@ -12,10 +12,10 @@ from pathlib import Path
 import grpc
 import pytest
 
-from dmsc.data.db import Database
+from dmsc.data.db import Database, control_file
 from dmsc.planner.plan import Plan
 from dmsc.planner.solve import plan_job
-from dmsc.runtime.control.plane import ControlPlane, control_file
+from dmsc.runtime.control.plane import ControlPlane
 from dmsc.runtime.transport.messages import CONTROL_SERVICE, MAX_INFER_TOKENS, TrainRequest
 from dmsc.runtime.transport.rpc import BadRequest, Client, serve
 from dmsc.spec import ClusterSpec, JobSpec, resolve_model

@@ -23,9 +23,9 @@ import threading
 from pathlib import Path
 from typing import TextIO
 
-from dmsc.data.db import Database, data_dir
+from dmsc.data.db import Database, control_file, data_dir
 from dmsc.planner.plan import Plan
-from dmsc.runtime.control.plane import ControlPlane, control_file
+from dmsc.runtime.control.plane import ControlPlane
 from dmsc.runtime.control.task_queue import TaskQueue
 from dmsc.runtime.control.watchdog import watch_workers
 from dmsc.runtime.transport import logs

@@ -48,11 +48,6 @@ from dmsc.runtime.transport.rpc import BadRequest, message_handler, parse
 from dmsc.spec import TransformerSpec, resolve_model
 
 
-def control_file() -> Path:
-    """Where a running control plane leaves its address and pid (under the data directory)."""
-    return data_dir() / "control.json"
-
-
 @dataclass(frozen=True)
 class TrainParams:
     """A training task's parameters, checked against the plan (stored with the task)."""
