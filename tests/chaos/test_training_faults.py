@@ -77,7 +77,7 @@ def test_a_resumed_session_continues_from_its_checkpoint(corpora, reference, tmp
     """Checkpoint at step 6 in one deployment, resume in a fresh one: the same curve."""
     train_c, valid_c = corpora
     keep = Recovering(checkpoint_every=6, checkpoint_dir=tmp_path)
-    with Deployment(StageLayout(SPEC, RANGES)) as dep:
+    with Deployment(StageLayout(SPEC, RANGES), home=tmp_path) as dep:
         first = train(dep, train_c, valid_c, 6, BATCH, MICRO, recovering=keep, validate=False)
     assert first.checkpoint is not None and first.checkpoint.step == 6
     with Deployment(StageLayout(SPEC, RANGES)) as dep:

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import grpc
 import pytest
 import torch
@@ -125,7 +127,7 @@ def test_malformed_messages_get_an_error_and_the_worker_keeps_serving(batches) -
 
 
 def test_sampling_and_checkpoint(tmp_path, batches) -> None:  # type: ignore[no-untyped-def]
-    with Deployment(StageLayout(SPEC, RANGES[2])) as dep:
+    with Deployment(StageLayout(SPEC, RANGES[2]), home=tmp_path) as dep:
         x, y = batches[0]
         dep.train_step(0, x, y, MICRO)
         text = dep.generate(b"def ", 5)
@@ -140,3 +142,8 @@ def test_sampling_and_checkpoint(tmp_path, batches) -> None:  # type: ignore[no-
         assert client.call("Load", saved)["steps"] == 1
         with pytest.raises(grpc.RpcError, match="hash"):
             client.call("Load", {"path": saved["path"], "sha256": "0" * 64})
+        # A worker writes only below its deployment's directory (issue 11: Save wrote anywhere).
+        for outside in ("/tmp/dmsc-escape.pt", str(tmp_path / ".." / "escape.pt")):
+            with pytest.raises(grpc.RpcError, match="outside the deployment directory"):
+                client.call("Save", {"path": outside})
+        assert not Path("/tmp/dmsc-escape.pt").exists()

@@ -115,7 +115,7 @@ def runtime_demo(console: Console, steps: int = 200) -> dict[str, Any]:
     """Calibrate, plan gpt-mini on this machine, deploy, train, compare, sample, shut down."""
     from dmsc.cli.plan_render import print_plan
     from dmsc.data.corpus import Corpus, stdlib_text
-    from dmsc.data.db import Database, ModelVersionRecord, ServiceRecord
+    from dmsc.data.db import Database, ModelVersionRecord, ServiceRecord, data_dir
     from dmsc.planner.solve import plan_job
     from dmsc.runtime.control.deployment import Deployment
     from dmsc.runtime.control.training import layout_from_plan, train
@@ -133,7 +133,7 @@ def runtime_demo(console: Console, steps: int = 200) -> dict[str, Any]:
     run = db.new_run(plan.model, plan.cluster, json.loads(plan.model_dump_json()))
     train_text, valid_text = stdlib_text()
     corpus, valid = Corpus(train_text, model.seq, 0), Corpus(valid_text, model.seq, 1)
-    with Deployment(layout_from_plan(plan, model)) as dep:
+    with Deployment(layout_from_plan(plan, model), home=data_dir()) as dep:
         for h in dep.handles:
             db.add(
                 ServiceRecord(

@@ -74,7 +74,7 @@ def control_client() -> Any:
         ) from None
     except PermissionError:  # alive, another user's
         pass
-    return Client(address, CONTROL_SERVICE, timeout_s=3600)
+    return Client(address, CONTROL_SERVICE, timeout_s=3600, token=info.get("token"))
 
 
 def calibrate(

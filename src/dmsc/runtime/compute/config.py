@@ -33,7 +33,10 @@ class WorkerConfig:
     max_message_bytes: int = 64 * 1024 * 1024
     threads: int = 1
     token: str | None = None  # the deployment's service credential
-    log_file: str = ""  # JSON log lines go here, rotated (see dmsc.runtime.transport.logs)
+    log_file: str = ""
+    # The deployment's directory: Save writes only below it (empty: anywhere, for tests that
+    # build a worker by hand).
+    root: str = ""  # JSON log lines go here, rotated (see dmsc.runtime.transport.logs)
     # Fault injection for rehearsals and tests: {"slow_grads": {"steps": [3], "seconds": 2.0}}
     # delivers this replica's gradient to the stage leader late, as a slow link would;
     # {"hang_health": 60} makes Health hang that long while heartbeats go on (a stuck worker).

@@ -246,6 +246,9 @@ class StageWorker:
         path = Path(m.path)
         if not path.name:
             raise BadRequest("save needs a path")
+        root = Path(self.cfg.root).resolve() if self.cfg.root else None
+        if root is not None and not path.resolve().is_relative_to(root):
+            raise BadRequest(f"save: {path} is outside the deployment directory {root}")
         with self._lock:
             write_checkpoint(path, self.module, self.optimizer, self.steps_done)
         return {"path": str(path), "sha256": file_sha256(path)}

@@ -18,6 +18,7 @@ from __future__ import annotations
 import fcntl
 import json
 import os
+import secrets
 import sys
 import threading
 from pathlib import Path
@@ -126,17 +127,19 @@ def main(stdin: TextIO | None = None) -> None:
             uvicorn.Config(app, host=host or "127.0.0.1", port=int(gport), log_level="warning")
         )
         threading.Thread(target=gateway.run, daemon=True).start()
-    server, port = serve(CONTROL_SERVICE, cp.methods())
-    control_file().write_text(
-        json.dumps(
-            {
-                "address": f"127.0.0.1:{port}",
-                "pid": os.getpid(),
-                "run": cp.run.id,
-                "metrics": metrics_server(cp.metrics),
-            }
-        )
-    )
+    # The Control service takes only callers holding its credential, like the workers and the
+    # registry: any local process could otherwise stop the deployment or bypass the gateway's
+    # keys. The credential is in control.json, readable by its owner only.
+    token = secrets.token_urlsafe(24)
+    server, port = serve(CONTROL_SERVICE, cp.methods(), token=token)
+    info = {
+        "address": f"127.0.0.1:{port}",
+        "pid": os.getpid(),
+        "run": cp.run.id,
+        "metrics": metrics_server(cp.metrics),
+        "token": token,
+    }
+    logs.write_private(control_file(), json.dumps(info))
     log.info("serving at 127.0.0.1:%d", port, extra={"run": cp.run.id})
     print(f"READY 127.0.0.1:{port}", flush=True)
     cp.stopped.wait()

@@ -158,6 +158,7 @@ class Deployment:
             epoch=self.epoch,
             token=self.token,
             log_file=str(logs.log_file(self.home, sid)),
+            root=str(self.home),
             faults=lay.faults.get(sid, {}) if self.epoch == 0 else {},  # the first incarnation's
         )
 

@@ -63,8 +63,8 @@ class LocalLauncher:
     def start(self, cfg: WorkerConfig, workdir: Path) -> WorkerHandle:
         home = self.home if self.home is not None else workdir
         cfg = replace(cfg, log_file=str(logs.log_file(home, cfg.sid)))
-        path = workdir / f"{cfg.sid}.json"
-        path.write_text(json.dumps(asdict(cfg)))
+        path = workdir / f"{cfg.sid}.json"  # holds the service credential: owner only
+        logs.write_private(path, json.dumps(asdict(cfg)))
         stderr = logs.open_stderr(home, cfg.sid)
         try:
             proc = subprocess.Popen(
@@ -77,6 +77,7 @@ class LocalLauncher:
             os.close(stderr)  # the child holds its own copy
         assert proc.stdout is not None
         line = proc.stdout.readline()  # blocks until READY or exit
+        path.unlink(missing_ok=True)  # read at start: the credential stays in no file
         if not line.startswith("READY "):
             proc.kill()
             proc.wait(timeout=10)  # its last words are written once it has gone

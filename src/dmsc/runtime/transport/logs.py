@@ -23,6 +23,15 @@ BACKUPS = 3
 CONTROL = "control"
 
 
+def write_private(path: Path, text: str) -> None:
+    """Write ``text`` to ``path`` readable and writable by its owner only (mode 0600, also when
+    the file existed with a wider mode): for files that hold a credential."""
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    os.fchmod(fd, 0o600)
+    with os.fdopen(fd, "w") as f:
+        f.write(text)
+
+
 def log_dir(home: Path) -> Path:
     """The folder of a deployment's logs under its data directory ``home``."""
     path = home / "logs"
