@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-from pathlib import Path
-
 import grpc
 import pytest
 import torch
@@ -143,7 +141,8 @@ def test_sampling_and_checkpoint(tmp_path, batches) -> None:  # type: ignore[no-
         with pytest.raises(grpc.RpcError, match="hash"):
             client.call("Load", {"path": saved["path"], "sha256": "0" * 64})
         # A worker writes only below its deployment's directory (issue 11: Save wrote anywhere).
-        for outside in ("/tmp/dmsc-escape.pt", str(tmp_path / ".." / "escape.pt")):
+        escape = tmp_path.parent / f"{tmp_path.name}-escape.pt"
+        for outside in (escape, tmp_path / ".." / escape.name):
             with pytest.raises(grpc.RpcError, match="outside the deployment directory"):
-                client.call("Save", {"path": outside})
-        assert not Path("/tmp/dmsc-escape.pt").exists()
+                client.call("Save", {"path": str(outside)})
+        assert not escape.exists()

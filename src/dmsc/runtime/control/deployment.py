@@ -352,7 +352,8 @@ class Deployment:
     # -- checkpoints and epochs --------------------------------------------------------------
     def checkpoint(self, step: int, folder: Path | None = None) -> Checkpoint:
         """Save every stage (replica 0: replicas hold the same weights) between two steps."""
-        folder = folder or self.workdir / "checkpoints" / f"step{step}"
+        # Below ``home``: a worker writes nowhere else (its Save is confined there).
+        folder = folder or self.home / "checkpoints" / f"step{step}"
 
         def save(k: Key) -> Callable[[int], Save]:
             return lambda epoch: Save(path=str(folder / f"stage{k[0]}.pt"), epoch=epoch)
