@@ -6,10 +6,13 @@ from __future__ import annotations
 import socket
 import subprocess
 from pathlib import Path
+from typing import Any
 
 from conftest import ROOT, run_dmsc
 
 from dmsc.runtime.business.gateway import wait_ready
+from dmsc.runtime.compute.worker import WorkerConfig
+from dmsc.spec import resolve_model
 
 
 def dmsc(home: Path, *args: str, timeout: float = 300) -> subprocess.CompletedProcess[str]:
@@ -67,3 +70,18 @@ def up_with_gateway(home: Path, plan: Path, *extra: str) -> str:
     base = f"http://127.0.0.1:{port}"
     assert wait_ready(base), "gateway did not come up"
     return base
+
+
+def first_stage(registry: str, **overrides: Any) -> WorkerConfig:
+    """The config of gpt-mini's stage 0 of two (embedding .. block_1), registering at
+    ``registry``: the worker tests' standard stage."""
+    fields: dict[str, Any] = {
+        "sid": "s0",
+        "stage": 0,
+        "stages": 2,
+        "model": resolve_model("gpt-mini").model_dump(),
+        "first": "embedding",
+        "last": "block_1",
+        "registry": registry,
+    }
+    return WorkerConfig(**{**fields, **overrides})

@@ -7,9 +7,10 @@ from typing import Any
 
 import grpc
 import pytest
+from runtime_helpers import first_stage
 
 from dmsc.runtime.business.registry import REGISTRY_SERVICE, Registry, registry_methods
-from dmsc.runtime.compute.worker import STAGE_SERVICE, StageWorker, WorkerConfig
+from dmsc.runtime.compute.worker import STAGE_SERVICE, StageWorker
 from dmsc.runtime.transport.rpc import Client, serve
 from dmsc.spec import resolve_model
 
@@ -20,16 +21,7 @@ SPEC = resolve_model("gpt-mini")
 def client() -> Iterator[Client]:
     """A client of stage 0 (of two), served in this process at epoch 2."""
     reg_server, reg_port = serve(REGISTRY_SERVICE, registry_methods(Registry(ttl_s=60)))
-    cfg = WorkerConfig(
-        sid="s0",
-        stage=0,
-        stages=2,
-        model=SPEC.model_dump(),
-        first="embedding",
-        last="block_1",
-        registry=f"127.0.0.1:{reg_port}",
-        epoch=2,
-    )
+    cfg = first_stage(f"127.0.0.1:{reg_port}", epoch=2)
     worker = StageWorker(cfg)
     server, port = serve(STAGE_SERVICE, worker.methods())
     c = Client(f"127.0.0.1:{port}", STAGE_SERVICE)
@@ -77,16 +69,7 @@ def test_checks_that_need_the_worker_state_stay(client: Client) -> None:
 
 
 def test_a_spare_refuses_a_bad_stage_config() -> None:
-    cfg = WorkerConfig(
-        sid="spare-0",
-        stage=0,
-        stages=2,
-        model=SPEC.model_dump(),
-        first="embedding",
-        last="block_1",
-        registry="127.0.0.1:1",
-        spare=True,
-    )
+    cfg = first_stage("127.0.0.1:1", sid="spare-0", spare=True)
     server, port = serve(STAGE_SERVICE, StageWorker(cfg).methods())
     client = Client(f"127.0.0.1:{port}", STAGE_SERVICE)
     try:

@@ -8,8 +8,10 @@ import sys
 from dataclasses import asdict
 from pathlib import Path
 
+from runtime_helpers import first_stage
+
 from dmsc.runtime.business.registry import REGISTRY_SERVICE, Registry, registry_methods
-from dmsc.runtime.compute.worker import STAGE_SERVICE, WorkerConfig
+from dmsc.runtime.compute.worker import STAGE_SERVICE
 from dmsc.runtime.transport.rpc import Client, serve
 from dmsc.spec import resolve_model
 
@@ -20,16 +22,7 @@ def test_a_worker_with_a_log_file_logs_there_and_not_on_stderr(tmp_path: Path) -
     reg = Registry(ttl_s=60)
     reg_server, reg_port = serve(REGISTRY_SERVICE, registry_methods(reg))
     log_file = tmp_path / "logs" / "s0.log"
-    cfg = WorkerConfig(
-        sid="s0",
-        stage=0,
-        stages=2,
-        model=SPEC.model_dump(),
-        first="embedding",
-        last="block_1",
-        registry=f"127.0.0.1:{reg_port}",
-        log_file=str(log_file),
-    )
+    cfg = first_stage(f"127.0.0.1:{reg_port}", log_file=str(log_file))
     path = tmp_path / "s0.json"
     path.write_text(json.dumps(asdict(cfg)))
     proc = subprocess.Popen(
