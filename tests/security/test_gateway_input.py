@@ -21,12 +21,21 @@ class Backend:
         return ["replica-0"]
 
     def infer_on(
-        self, replica: str, prompt: str, tokens: int, cancel: threading.Event | None = None
+        self,
+        replica: str,
+        prompt: str,
+        tokens: int,
+        cancel: threading.Event | None = None,
+        tenant: str = "default",
+        deadline: float | None = None,
     ) -> str:
         return "x" * tokens
 
     def services(self) -> list[dict[str, Any]]:
         return []
+
+    def stage_count(self) -> int:
+        return 2
 
 
 @pytest.fixture

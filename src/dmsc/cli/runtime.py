@@ -39,6 +39,9 @@ _SETTING_FLAGS = {
     "router": "--router",
     "failure_timeout_s": "--failure-timeout",
     "spares": "--spares",
+    "rate_limit": "--rate-limit",
+    "burst": "--burst",
+    "tenant_requests": "--tenant-requests",
 }
 
 
@@ -120,13 +123,25 @@ def up(
     spares: Annotated[
         int, typer.Option(help="Warm spare workers that take a failed worker's stage over.")
     ] = 0,
+    rate_limit: Annotated[
+        float, typer.Option(help="Gateway: requests per second per tenant.")
+    ] = 20.0,
+    burst: Annotated[
+        float, typer.Option(help="Gateway: requests a tenant may save up and send at once.")
+    ] = 40.0,
+    tenant_requests: Annotated[
+        int, typer.Option(help="Gateway: inference requests in flight per tenant.")
+    ] = 4,
 ) -> None:
     """Start the control plane and one worker process per stage replica."""
     from dmsc.data.db import data_dir
     from dmsc.runtime.transport import logs
 
     home = data_dir().resolve()
-    settings = _control_settings(plan_file, home, gateway, router, failure_timeout, spares)
+    limits = {"rate_limit": rate_limit, "burst": burst, "tenant_requests": tenant_requests}
+    settings = _control_settings(
+        plan_file, home, gateway, router, failure_timeout, spares, **limits
+    )
     stderr_path = logs.stderr_file(home, logs.CONTROL)
     seen = stderr_path.stat().st_size if stderr_path.exists() else 0  # earlier starts' lines
     stderr = logs.open_stderr(home, logs.CONTROL)
@@ -184,6 +199,7 @@ def _control_settings(
     router: str,
     failure_timeout_s: float,
     spares: int,
+    **limits: float,
 ) -> ControlSettings:
     """The flags of ``dmsc up`` checked (errors name the flag) into a ``ControlSettings``."""
     from pydantic import ValidationError
@@ -228,6 +244,7 @@ def _control_settings(
             router=router,
             failure_timeout_s=failure_timeout_s,
             spares=spares,
+            **limits,
         )
     except ValidationError as exc:
         err = spec_error_from_validation("command line", exc)

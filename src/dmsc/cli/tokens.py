@@ -32,12 +32,29 @@ def token_create(
 
 @token_app.command("revoke")
 def token_revoke(key_id: Annotated[int, typer.Argument(help="Key id.")]) -> None:
-    """Revoke an API key."""
-    from dmsc.data.db import Database
+    """Revoke an API key. With a control plane running, through it: its gateway refuses the
+    key from the next request on (otherwise within a second, its key cache's lifetime)."""
+    from dmsc.data.db import Database, control_file
     from dmsc.runtime.business.auth import revoke_key
 
+    if control_file().exists():
+        import grpc
+
+        from dmsc.cli.runtime import control_client
+        from dmsc.runtime.transport.messages import RevokeRequest
+
+        try:
+            control_client().send("Revoke", RevokeRequest(key_id=key_id), timeout_s=10)
+        except grpc.RpcError as exc:
+            if exc.code() == grpc.StatusCode.INVALID_ARGUMENT:
+                raise SpecError("command line", "KEY_ID", str(exc.details())) from None
+        except SpecError:
+            pass  # no control plane after all: the database alone
+        else:
+            console.print(f"key {key_id} revoked")
+            return
     try:
         revoke_key(Database(), key_id)
     except KeyError as exc:
-        raise SpecError("command line", "KEY_ID", str(exc)) from None
+        raise SpecError("command line", "KEY_ID", str(exc).strip("'")) from None
     console.print(f"key {key_id} revoked")

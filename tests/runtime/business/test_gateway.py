@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import threading
+import time
 from pathlib import Path
 from typing import Any, ClassVar
 
@@ -10,7 +11,7 @@ import pytest
 from fastapi.testclient import TestClient
 
 from dmsc.data.db import Database
-from dmsc.runtime.business.auth import create_key, revoke_key
+from dmsc.runtime.business.auth import PrincipalCache, create_key, revoke, revoke_key
 from dmsc.runtime.business.gateway import create_app
 from dmsc.runtime.control.task_queue import TaskQueue
 
@@ -34,7 +35,13 @@ class Backend:
         return ["replica-0", "replica-1"]
 
     def infer_on(
-        self, replica: str, prompt: str, tokens: int, cancel: threading.Event | None = None
+        self,
+        replica: str,
+        prompt: str,
+        tokens: int,
+        cancel: threading.Event | None = None,
+        tenant: str = "default",
+        deadline: float | None = None,
     ) -> str:
         self.calls.append(replica)
         if replica in self.broken:
@@ -43,6 +50,9 @@ class Backend:
 
     def services(self) -> list[dict[str, Any]]:
         return [{"sid": r} for r in self.replicas()]
+
+    def stage_count(self) -> int:
+        return 2
 
 
 @pytest.fixture
@@ -55,6 +65,7 @@ def env(tmp_path: Path):  # type: ignore[no-untyped-def]
         backend,
         db,
         TaskQueue(db, run.id),
+        principals=PrincipalCache(db, ttl_s=0.5),
         rate=2,
         burst=4,
         max_body_bytes=2000,
@@ -71,6 +82,7 @@ def env(tmp_path: Path):  # type: ignore[no-untyped-def]
             ("bob", "bob", ["infer", "submit", "read"]),
         ]
     }
+    app.state.principals = app.user_middleware[0].kwargs["principals"]
     return TestClient(app), db, clock, backend, keys
 
 
@@ -86,9 +98,18 @@ def test_auth_outcomes(env) -> None:  # type: ignore[no-untyped-def]
     assert client.post("/v1/infer", json=body, headers=_h(keys["reader"][1])).status_code == 403
     r = client.post("/v1/infer", json=body, headers=_h(keys["alice"][1]))
     assert r.status_code == 200 and r.json()["text"] == "xxx"
-    revoke_key(db, keys["alice"][0])
+    revoke(db, keys["alice"][0], client.app.state.principals)  # type: ignore[attr-defined]
     assert client.post("/v1/infer", json=body, headers=_h(keys["alice"][1])).status_code == 401
     assert client.get("/v1/health").status_code == 200  # no key needed
+
+
+def test_a_key_revoked_in_the_database_alone_is_refused_once_the_cache_lapses(env) -> None:  # type: ignore[no-untyped-def]
+    client, db, _clock, _backend, keys = env
+    h = _h(keys["bob"][1])
+    assert client.get("/v1/models", headers=h).status_code == 200  # cached now
+    revoke_key(db, keys["bob"][0])  # by another process: the gateway's cache is not told
+    time.sleep(0.6)  # the cache's lifetime in this app
+    assert client.get("/v1/models", headers=h).status_code == 401
 
 
 def test_rate_limit_and_body_limit(env) -> None:  # type: ignore[no-untyped-def]
@@ -155,7 +176,7 @@ def test_a_stuck_replica_times_out_and_fails_over(tmp_path: Path) -> None:
     import time as _time
 
     class Slow(Backend):
-        def infer_on(self, replica: str, prompt: str, tokens: int) -> str:
+        def infer_on(self, replica: str, prompt: str, tokens: int, **_: Any) -> str:
             if replica == "replica-0":
                 _time.sleep(1.0)
             return super().infer_on(replica, prompt, tokens)
@@ -175,7 +196,12 @@ def test_redundant_execution_takes_the_first_answer_and_cancels_the_other(tmp_pa
         cancelled: ClassVar[list[str]] = []
 
         def infer_on(
-            self, replica: str, prompt: str, tokens: int, cancel: threading.Event | None = None
+            self,
+            replica: str,
+            prompt: str,
+            tokens: int,
+            cancel: threading.Event | None = None,
+            **_: Any,
         ) -> str:
             if replica == "replica-0":  # slow, token by token, honouring the cancel
                 for _ in range(50):

@@ -20,12 +20,21 @@ class Backend:
         return ["replica-0", "replica-1"]
 
     def infer_on(
-        self, replica: str, prompt: str, tokens: int, cancel: threading.Event | None = None
+        self,
+        replica: str,
+        prompt: str,
+        tokens: int,
+        cancel: threading.Event | None = None,
+        tenant: str = "default",
+        deadline: float | None = None,
     ) -> str:
         return prompt[:tokens]
 
     def services(self) -> list[dict[str, str]]:
         return [{"sid": r} for r in self.replicas()]
+
+    def stage_count(self) -> int:
+        return 2
 
 
 _db = Database(f"sqlite:///{Path(tempfile.mkdtemp()) / 'schema.sqlite'}")

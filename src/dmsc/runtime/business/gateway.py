@@ -1,21 +1,30 @@
 """The API gateway: one HTTP entry for clients (FastAPI; OpenAPI at ``/docs``).
 
-Per request: authentication (API key -> tenant and scopes), the tenant's rate limit (429 with
-Retry-After), the body size limit (413), then the endpoint. Inference goes through the service
-router to a pipeline replica under a circuit breaker per replica, failing over to another
-replica when one fails or misses its deadline (``redundant``: two replicas at once, the first
-answer wins and the other is cancelled); training and other long work goes into the persistent
-task queue. Prometheus metrics at ``/metrics``.
+Per request (:mod:`.http_guard` first): authentication before any body is read (API key ->
+tenant and scopes, cached), the body limit on the stream (413) and a read deadline (408), then
+the endpoint's scope (403) and the tenant's rate limit (429 with Retry-After). Inference is
+admitted per tenant by requests and cost in flight (tokens x stages; 429 over either), then goes
+through the service router to a pipeline replica under a circuit breaker per replica, failing
+over to another replica when one fails; the request's deadline holds everywhere: past it, its
+calls stop and free their replica (504). ``redundant``: two replicas at once, the first answer
+wins and the other is cancelled. Training and other long work goes into the persistent task
+queue. Prometheus metrics at ``/metrics``.
+
+The hot path stays on the event loop: health, inference (which waits on its backend calls
+without a thread of its own), model versions (cached for a second) and authentication of a
+known key touch neither the database nor the thread pool.
 """
 
+import asyncio
 import contextlib
 import threading
 import time
-from collections.abc import Awaitable, Callable, Sequence
-from concurrent.futures import FIRST_COMPLETED, Future, ThreadPoolExecutor, wait
+from collections.abc import Callable, Sequence
+from concurrent.futures import Future, ThreadPoolExecutor
 from functools import partial
 from typing import Annotated, Any, Protocol
 
+from anyio import to_thread
 from fastapi import Depends, FastAPI, HTTPException, Request, Response
 from fastapi import Path as PathParam
 from fastapi.exceptions import RequestValidationError
@@ -28,9 +37,10 @@ from prometheus_client import (
     generate_latest,
 )
 
-from dmsc.data.db import Database, TaskRecord
-from dmsc.runtime.business.auth import Principal, authenticate
-from dmsc.runtime.business.protection import CircuitBreaker, RateLimiter
+from dmsc.data.db import Database, ModelVersionRecord, TaskRecord
+from dmsc.runtime.business.auth import Principal, PrincipalCache
+from dmsc.runtime.business.http_guard import UNAUTHORIZED, Guard
+from dmsc.runtime.business.protection import CircuitBreaker, RateLimiter, TenantAdmission
 from dmsc.runtime.business.router import POLICIES, NoReplica, Router, pick_version
 from dmsc.runtime.transport.messages import GatewayInferRequest as InferRequest
 from dmsc.runtime.transport.messages import GatewayTaskRequest as TaskRequest
@@ -42,10 +52,23 @@ class Backend(Protocol):
     def replicas(self) -> list[str]: ...
 
     def infer_on(
-        self, replica: str, prompt: str, tokens: int, cancel: threading.Event | None = None
-    ) -> str: ...
+        self,
+        replica: str,
+        prompt: str,
+        tokens: int,
+        cancel: threading.Event | None = None,
+        tenant: str = "default",
+        deadline: float | None = None,
+    ) -> str:
+        """Generate on ``replica`` for ``tenant``; stop when ``cancel`` is set or at
+        ``deadline`` (``time.monotonic()``)."""
+        ...
 
     def services(self) -> list[dict[str, Any]]: ...
+
+    def stage_count(self) -> int:
+        """Stages a request passes (its cost is tokens times this)."""
+        ...
 
 
 class TaskQueue(Protocol):
@@ -113,8 +136,26 @@ def _safe_errors(errors: Sequence[Any]) -> list[dict[str, Any]]:
     ]
 
 
+DEADLINE_GRACE_S = 0.25  # for a backend that stopped at the deadline to say so
+
+
 def _finished_later(route: Router, replica: str, _fut: Future[str]) -> None:
     route.finished(replica, 0.0)
+
+
+class _Versions:
+    """The model versions, read from the database at most once per ``ttl_s`` (a promotion
+    made with ``dmsc models`` reaches the gateway within it)."""
+
+    def __init__(self, db: Database, ttl_s: float = 1.0) -> None:
+        self.db, self.ttl_s = db, ttl_s
+        self._at, self._versions = -float("inf"), list[ModelVersionRecord]()
+
+    async def get(self) -> list[ModelVersionRecord]:
+        if time.monotonic() - self._at > self.ttl_s:
+            self._versions = await to_thread.run_sync(self.db.model_versions)
+            self._at = time.monotonic()
+        return self._versions
 
 
 def create_app(
@@ -128,13 +169,27 @@ def create_app(
     breaker_threshold: int = 3,
     breaker_reset_s: float = 5.0,
     backend_timeout_s: float = 60.0,
+    request_timeout_s: float = 120.0,
     clock: Callable[[], float] = time.monotonic,
+    principals: PrincipalCache | None = None,
+    tenant_requests: int = 4,
+    tenant_cost_tokens: int = 2048,
+    read_timeout_s: float = 10.0,
 ) -> FastAPI:
+    """The gateway over ``backend``. Per tenant: ``rate``/``burst`` requests per second, and
+    at most ``tenant_requests`` inference requests and ``tenant_cost_tokens`` tokens (times the
+    stages they pass) in flight. A request has ``request_timeout_s`` (or its own ``timeout_s``)
+    in all, one replica ``backend_timeout_s`` of it. ``principals``: the key cache (shared with
+    whoever revokes keys)."""
     app = FastAPI(title="dmsc gateway", version="1")
     calls = ThreadPoolExecutor(max_workers=32, thread_name_prefix="dmsc-backend")
     limiter = RateLimiter(rate, burst, clock)
+    stages = max(1, backend.stage_count())
+    admission = TenantAdmission(tenant_requests, float(tenant_cost_tokens * stages))
     route: Router = POLICIES[router]()
     breakers: dict[str, CircuitBreaker] = {}
+    versions = _Versions(db)
+    principals = principals or PrincipalCache(db)
 
     def breaker(replica: str) -> CircuitBreaker:
         return breakers.setdefault(
@@ -148,26 +203,14 @@ def create_app(
     latency = Histogram(
         "dmsc_gateway_latency_seconds", "Request latency", ["endpoint"], registry=reg
     )
-
-    @app.middleware("http")
-    async def limits(
-        request: Request, call_next: Callable[[Request], Awaitable[Response]]
-    ) -> Response:
-        t0 = time.perf_counter()
-        size = request.headers.get("content-length")
-        if size is not None and size.isdigit() and int(size) > max_body_bytes:
-            response: Response = JSONResponse(
-                {"detail": f"body over {max_body_bytes} bytes"}, status_code=413
-            )
-        else:
-            response = await call_next(request)
-        # The route's template, never the raw path: a label per unknown URL would let anyone grow
-        # /metrics without bound.
-        found = request.scope.get("route")
-        path = getattr(found, "path", None) or "<unmatched>"
-        requests.labels(path, str(response.status_code)).inc()
-        latency.labels(path).observe(time.perf_counter() - t0)
-        return response
+    app.add_middleware(
+        Guard,
+        principals=principals,
+        requests=requests,
+        latency=latency,
+        max_body_bytes=max_body_bytes,
+        read_timeout_s=read_timeout_s,
+    )
 
     @app.exception_handler(RequestValidationError)
     async def invalid(request: Request, exc: RequestValidationError) -> JSONResponse:
@@ -177,13 +220,10 @@ def create_app(
 
     def principal(scope: str) -> Callable[[Request], Principal]:
         def check(request: Request) -> Principal:
-            who = authenticate(db, request.headers.get("authorization"))
+            # Found by the Guard (cache first), before the body was read.
+            who: Principal | None = request.scope.get("state", {}).get("principal")
             if who is None:
-                raise HTTPException(
-                    401,
-                    "missing, unknown or revoked API key",
-                    headers={"WWW-Authenticate": "Bearer"},
-                )
+                raise HTTPException(401, UNAUTHORIZED, headers={"WWW-Authenticate": "Bearer"})
             if not who.may(scope):
                 raise HTTPException(403, f"this key lacks the {scope!r} scope")
             ok, retry = limiter.check(who.tenant)
@@ -191,7 +231,10 @@ def create_app(
                 raise HTTPException(429, "rate limit exceeded", headers={"Retry-After": str(retry)})
             return who
 
-        return check
+        async def check_async(request: Request) -> Principal:  # no thread for a dict lookup
+            return check(request)
+
+        return check_async  # type: ignore[return-value]
 
     TaskId = Annotated[int, PathParam(ge=1, le=2**62, description="Task id")]
     InferWho = Annotated[Principal, Depends(principal("infer"))]
@@ -199,20 +242,34 @@ def create_app(
     ReadWho = Annotated[Principal, Depends(principal("read"))]
 
     @app.get("/v1/health")
-    def health() -> dict[str, Any]:
+    async def health() -> dict[str, Any]:
         return {"status": "ok", "replicas": len(backend.replicas())}
 
     @app.post("/v1/infer")
-    def infer(req: InferRequest, who: InferWho) -> dict[str, Any]:
+    async def infer(req: InferRequest, who: InferWho) -> dict[str, Any]:
+        cost = float(req.tokens * stages)
+        refused = admission.enter(who.tenant, cost)
+        if refused is not None:
+            raise HTTPException(429, refused, headers={"Retry-After": "1"})
+        try:
+            return await _infer(req, who)
+        finally:
+            admission.leave(who.tenant, cost)
+
+    async def _infer(req: InferRequest, who: Principal) -> dict[str, Any]:
+        budget = req.timeout_s or request_timeout_s
+        deadline = time.monotonic() + budget
         tried: set[str] = set()
         # Gray release: the version that serves this request (sticky per session), and the
         # replicas that serve that version.
         request_key = req.session or f"{who.tenant}/{time.perf_counter_ns()}"
-        version = pick_version(db.model_versions(), request_key)
+        version = pick_version(await versions.get(), request_key)
         by_version = getattr(backend, "replicas_for_version", None)
         replicas = by_version(version.id if version else None) if by_version else backend.replicas()
         last_error = "no replica answered"
         while True:
+            if time.monotonic() >= deadline:
+                raise HTTPException(504, f"no answer within {budget:g} s ({last_error})")
             try:
                 picks = [route.choose(replicas, key=req.session, exclude=tried)]
             except NoReplica:
@@ -229,46 +286,58 @@ def create_app(
             picks = [p for p in picks if breaker(p).allow()]
             if not picks:
                 continue
+            # One attempt's deadline: a replica that has not answered by then counts as failed
+            # and the request fails over; the backend stops there itself, freeing the replica.
+            until = min(time.monotonic() + backend_timeout_s, deadline)
             cancel = threading.Event()
             started = time.perf_counter()
-            # A per-backend deadline: a stuck replica counts as failed (its call is left to
-            # finish in the background) and the request fails over.
-            futures: dict[Future[str], str] = {}
+            futures: dict[asyncio.Future[str], tuple[str, Future[str]]] = {}
             for p in picks:
                 route.started(p)
-                if req.redundant:
-                    fut = calls.submit(backend.infer_on, p, req.prompt, req.tokens, cancel)
-                else:
-                    fut = calls.submit(backend.infer_on, p, req.prompt, req.tokens)
-                futures[fut] = p
+                call = partial(
+                    backend.infer_on,
+                    p,
+                    req.prompt,
+                    req.tokens,
+                    cancel=cancel,
+                    tenant=who.tenant,
+                    deadline=until,
+                )
+                fut = calls.submit(call)
+                futures[asyncio.wrap_future(fut)] = (p, fut)
             winner: tuple[str, str] | None = None
-            pending = set(futures)
-            deadline = time.monotonic() + backend_timeout_s
+            pending, late = set(futures), set[asyncio.Future[str]]()
             while pending and winner is None:
-                left = deadline - time.monotonic()
-                done, pending = wait(pending, timeout=max(0.0, left), return_when=FIRST_COMPLETED)
+                left = until - time.monotonic() + DEADLINE_GRACE_S
+                done, pending = await asyncio.wait(
+                    pending, timeout=max(0.0, left), return_when=asyncio.FIRST_COMPLETED
+                )
                 if not done:
                     break
-                for fut in done:
-                    p, dt = futures[fut], time.perf_counter() - started
-                    exc = fut.exception()
+                for afut in done:
+                    p, dt = futures[afut][0], time.perf_counter() - started
+                    exc = afut.exception()
                     if exc is None and winner is None:
-                        winner = (p, fut.result())
+                        winner = (p, afut.result())
                         route.finished(p, dt)
                         breaker(p).success()
                     elif exc is None:  # the slower copy also finished
                         route.finished(p, dt)
+                    elif time.monotonic() >= until:  # stopped at the attempt's deadline
+                        late.add(afut)
                     else:
                         route.finished(p, dt, ok=False)
                         breaker(p).failure()
                         last_error = f"replica {p} failed: {type(exc).__name__}: {exc}"
-            cancel.set()  # the slower copy stops at its next token
-            for fut in pending:
-                p = futures[fut]
-                if winner is None:  # past the deadline
-                    route.finished(p, time.perf_counter() - started, ok=False)
+            cancel.set()  # whatever still runs stops at its next token
+            out_of_time = time.monotonic() >= deadline
+            for afut in pending | late:
+                p, fut = futures[afut]
+                if winner is None and not out_of_time:  # stuck, or too slow: fail over
                     breaker(p).failure()
-                    last_error = f"replica {p} failed: no answer within {backend_timeout_s:g} s"
+                    last_error = f"replica {p} gave no answer within {backend_timeout_s:g} s"
+                if fut.done():
+                    route.finished(p, time.perf_counter() - started, ok=winner is not None)
                 else:  # cancelled: count it done when it stops
                     fut.add_done_callback(partial(_finished_later, route, p))
             if winner is not None:
@@ -279,6 +348,8 @@ def create_app(
                     "tenant": who.tenant,
                     "model_version": version.id if version else None,
                 }
+            if out_of_time:
+                raise HTTPException(504, f"no answer within {budget:g} s ({last_error})")
             if len(tried) >= len(replicas):
                 raise HTTPException(502, last_error)
 
@@ -328,7 +399,7 @@ def create_app(
         ]
 
     @app.get("/v1/models")
-    def models(who: ReadWho) -> list[dict[str, Any]]:
+    async def models(who: ReadWho) -> list[dict[str, Any]]:
         return [
             {
                 "id": v.id,
@@ -338,7 +409,7 @@ def create_app(
                 "status": v.status,
                 "canary_percent": v.canary_percent,
             }
-            for v in db.model_versions()
+            for v in await versions.get()
         ]
 
     @app.get("/v1/services")
@@ -346,7 +417,7 @@ def create_app(
         return backend.services()
 
     @app.get("/metrics")
-    def metrics() -> Response:
+    async def metrics() -> Response:
         return Response(generate_latest(reg), media_type=CONTENT_TYPE_LATEST)
 
     return app

@@ -114,3 +114,47 @@ class CircuitBreaker:
         self.opened_at = self.clock()
         self.failures = 0
         self.in_flight_probes = 0
+
+
+@dataclass
+class TenantAdmission:
+    """How much work each tenant may have in flight at once: at most ``max_requests`` requests
+    and ``max_cost`` cost units (a request's cost is what it asks of the replicas: tokens x
+    stages). A request over either limit is refused at once (429), never queued, so one
+    tenant's burst cannot take the capacity (threads, replicas) the other tenants need; the
+    rate limit bounds how fast requests come, this bounds how much runs at once."""
+
+    max_requests: int = 4
+    max_cost: float = 4096.0
+    _requests: dict[str, int] = field(default_factory=dict)
+    _cost: dict[str, float] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        if self.max_requests <= 0 or self.max_cost <= 0:
+            raise ValueError("max_requests and max_cost must be positive")
+
+    def enter(self, tenant: str, cost: float) -> str | None:
+        """Admit a request of ``cost`` for ``tenant`` (None), or the reason it is refused."""
+        if cost > self.max_cost:
+            return f"a request may cost at most {self.max_cost:g} (tokens x stages), not {cost:g}"
+        n, c = self._requests.get(tenant, 0), self._cost.get(tenant, 0.0)
+        if n + 1 > self.max_requests:
+            return f"tenant {tenant!r} has {n} requests in flight (limit {self.max_requests})"
+        if c + cost > self.max_cost:
+            return (
+                f"tenant {tenant!r} has {c:g} cost in flight; {cost:g} more would pass "
+                f"its limit of {self.max_cost:g} (tokens x stages)"
+            )
+        self._requests[tenant], self._cost[tenant] = n + 1, c + cost
+        return None
+
+    def leave(self, tenant: str, cost: float) -> None:
+        """A request admitted by :meth:`enter` finished."""
+        n = self._requests[tenant] - 1
+        if n:
+            self._requests[tenant], self._cost[tenant] = n, self._cost[tenant] - cost
+        else:  # no entry left behind for a tenant with nothing in flight
+            del self._requests[tenant], self._cost[tenant]
+
+    def in_flight(self, tenant: str) -> tuple[int, float]:
+        return self._requests.get(tenant, 0), self._cost.get(tenant, 0.0)

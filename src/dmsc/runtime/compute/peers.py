@@ -52,6 +52,7 @@ class Peers:
         self._clients: dict[PeerKey, Client] = {}
         self._pending: list[tuple[PeerKey, bytes, Any]] = []
         self._detached: list[Any] = []  # sends nobody waits for
+        self.deadline: float | None = None  # the step's own end (time.monotonic()), if any
 
     @property
     def epoch(self) -> int:
@@ -128,6 +129,8 @@ class Peers:
         (replaced since it was looked up) goes again to the address the registry has now."""
         epoch = self.epoch
         end = time.monotonic() + self.recv_timeout_s
+        if self.deadline is not None:  # nobody waits for the step past its deadline
+            end = min(end, self.deadline)
         while True:
             left = end - time.monotonic()
             try:

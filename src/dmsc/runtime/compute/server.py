@@ -44,7 +44,13 @@ from dmsc.runtime.compute.peers import Peers
 from dmsc.runtime.transport import messages as msg
 from dmsc.runtime.transport.messages import REGISTRY_SERVICE
 from dmsc.runtime.transport.observe import json_logger
-from dmsc.runtime.transport.rpc import BadRequest, Client, bytes_handler, message_handler
+from dmsc.runtime.transport.rpc import (
+    Abandoned,
+    BadRequest,
+    Client,
+    bytes_handler,
+    message_handler,
+)
 from dmsc.runtime.transport.wire import WireError, decode
 from dmsc.spec import TransformerSpec
 
@@ -135,9 +141,22 @@ class StageWorker:
         return b""
 
     def run_step(self, m: msg.RunStep) -> dict[str, Any]:
+        """One step. With a ``budget_s`` the step gives up once its caller stopped waiting: it
+        waits for the worker and for frames no longer, so a request past its deadline frees
+        the worker instead of holding it for the next one."""
         self._check_epoch(m.epoch)
-        with self._lock:
+        if m.budget_s is None:
+            with self._lock:
+                return self._run(m)
+        deadline = time.monotonic() + m.budget_s
+        if not self._lock.acquire(timeout=m.budget_s):
+            raise Abandoned(f"step {m.step}: worker busy past the step's {m.budget_s:g} s budget")
+        try:
+            self.peers.deadline = deadline
             return self._run(m)
+        finally:
+            self.peers.deadline = None
+            self._lock.release()
 
     def _run(self, m: msg.RunStep) -> dict[str, Any]:
         cfg = self.cfg

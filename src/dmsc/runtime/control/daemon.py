@@ -21,18 +21,31 @@ import os
 import secrets
 import sys
 import threading
+from functools import partial
 from pathlib import Path
-from typing import TextIO
+from typing import Any, TextIO
 
 from dmsc.data.db import Database, control_file, data_dir
 from dmsc.planner.plan import Plan
+from dmsc.runtime.business.auth import PrincipalCache, revoke
 from dmsc.runtime.control.plane import ControlPlane
 from dmsc.runtime.control.task_queue import TaskQueue
 from dmsc.runtime.control.watchdog import watch_workers
 from dmsc.runtime.transport import logs
-from dmsc.runtime.transport.messages import CONTROL_SERVICE, ControlSettings
+from dmsc.runtime.transport.messages import CONTROL_SERVICE, ControlSettings, RevokeRequest
 from dmsc.runtime.transport.observe import metrics_server
-from dmsc.runtime.transport.rpc import BadRequest, parse, serve
+from dmsc.runtime.transport.rpc import BadRequest, message_handler, parse, serve
+
+GATEWAY_CONNECTIONS = 1000  # uvicorn's limit_concurrency: connections and requests at once
+
+
+def _revoke(db: Database, principals: PrincipalCache, req: RevokeRequest) -> dict[str, Any]:
+    """``dmsc token revoke`` while the gateway runs: refused from the next request on."""
+    try:
+        revoke(db, req.key_id, principals)
+    except KeyError as exc:
+        raise BadRequest(str(exc).strip("'")) from None
+    return {"revoked": req.key_id}
 
 
 def read_settings(stream: TextIO) -> ControlSettings:
@@ -115,6 +128,7 @@ def main(stdin: TextIO | None = None) -> None:
     queue = TaskQueue(db, cp.run.id)
     threading.Thread(target=cp.work_queue, args=(queue,), daemon=True).start()
     threading.Thread(target=watch_workers, args=(cp,), daemon=True).start()
+    principals = PrincipalCache(db)  # the gateway's; a revocation here empties it at once
     gateway = None
     if settings.gateway:
         import uvicorn
@@ -122,16 +136,34 @@ def main(stdin: TextIO | None = None) -> None:
         from dmsc.runtime.business.gateway import create_app
 
         host, _, gport = settings.gateway.rpartition(":")
-        app = create_app(cp, db, queue, router=settings.router)
+        app = create_app(
+            cp,
+            db,
+            queue,
+            router=settings.router,
+            principals=principals,
+            rate=settings.rate_limit,
+            burst=settings.burst,
+            tenant_requests=settings.tenant_requests,
+        )
         gateway = uvicorn.Server(
-            uvicorn.Config(app, host=host or "127.0.0.1", port=int(gport), log_level="warning")
+            uvicorn.Config(
+                app,
+                host=host or "127.0.0.1",
+                port=int(gport),
+                log_level="warning",
+                # Open connections and requests at once: past it, 503 rather than exhaustion.
+                limit_concurrency=GATEWAY_CONNECTIONS,
+            )
         )
         threading.Thread(target=gateway.run, daemon=True).start()
     # The Control service takes only callers holding its credential, like the workers and the
     # registry: any local process could otherwise stop the deployment or bypass the gateway's
     # keys. The credential is in control.json, readable by its owner only.
     token = secrets.token_urlsafe(24)
-    server, port = serve(CONTROL_SERVICE, cp.methods(), token=token)
+    revoking = partial(_revoke, db, principals)
+    methods = {**cp.methods(), "Revoke": message_handler(RevokeRequest, revoking)}
+    server, port = serve(CONTROL_SERVICE, methods, token=token)
     info = {
         "address": f"127.0.0.1:{port}",
         "pid": os.getpid(),

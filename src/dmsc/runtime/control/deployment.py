@@ -81,6 +81,10 @@ class Cancelled(RuntimeError):
     """A request given up because another replica answered first."""
 
 
+class DeadlineExceeded(Cancelled):
+    """A request stopped at its deadline: it frees its replica instead of running on unseen."""
+
+
 class Deployment:
     """A running pipeline of stage workers and the registry they use. Worker logs go under
     ``home``/logs (default: the working directory)."""
@@ -213,9 +217,17 @@ class Deployment:
         }
 
     # -- data in ----------------------------------------------------------------------------
-    def push(self, key: Key, kind: Kind, step: int, mb: int, t: torch.Tensor) -> Any:
+    def push(
+        self,
+        key: Key,
+        kind: Kind,
+        step: int,
+        mb: int,
+        t: torch.Tensor,
+        timeout_s: float | None = None,
+    ) -> Any:
         frame = encode(kind, step, mb, t, self.epochs[key])
-        return self.clients[key].raw_future("Push", frame)
+        return self.clients[key].raw_future("Push", frame, timeout_s)
 
     def feed(self, step: int, tokens: torch.Tensor, targets: torch.Tensor | None, m: int) -> None:
         """Tokens to each replica's first stage and targets to its last, ``m`` micro-batches
@@ -314,13 +326,13 @@ class Deployment:
         A failure raises :class:`WorkerFailure` naming the stage that failed."""
         keys = self.pipeline(replica)
         try:
-            self.push((0, replica), Kind.TOKENS, step, 0, tokens).result()
+            self.push((0, replica), Kind.TOKENS, step, 0, tokens, timeout_s).result()
         except grpc.RpcError as exc:
             reason = f"stage 0 replica {replica}: {exc.details()}"
             raise failures.failure(self, reason, keys) from None
 
         def run(epoch: int) -> RunStep:
-            return RunStep(step=step, microbatches=1, train=False, epoch=epoch)
+            return RunStep(step=step, microbatches=1, train=False, epoch=epoch, budget_s=timeout_s)
 
         replies = self.gather(self.calls("RunStep", run, keys, timeout_s), timeout_s)
         return torch.tensor(replies[(self.stages - 1, replica)]["logits"])
@@ -334,17 +346,42 @@ class Deployment:
         seed: int = 0,
         replica: int = 0,
         cancel: threading.Event | None = None,
+        deadline: float | None = None,
+        turn: Callable[[float | None], contextlib.AbstractContextManager[None]] | None = None,
+        token_timeout_s: float = 120.0,
     ) -> bytes:
         """Sample ``tokens`` bytes after ``prompt``. ``cancel`` stops it between tokens (the
-        slower copy of a redundant request)."""
+        slower copy of a redundant request); so does ``deadline`` (``time.monotonic()``), and
+        no worker call outlives it. ``turn(deadline)`` is entered around each token (a replica's
+        fair lock: requests take turns per token, not per request); each token's worker calls
+        wait at most ``token_timeout_s`` (a frozen worker fails the request within it)."""
         g = torch.Generator().manual_seed(seed)
         seq = self.layout.model.seq
         out = bytearray(prompt)
         for k in range(tokens):
             if cancel is not None and cancel.is_set():
                 raise Cancelled("cancelled: another replica answered first")
+            timeout_s = token_timeout_s
+            if deadline is not None:
+                timeout_s = min(timeout_s, deadline - time.monotonic())
+                if timeout_s <= 0:
+                    raise DeadlineExceeded(f"deadline passed after {k} of {tokens} tokens")
             ctx = torch.tensor([list(out[-seq:])], dtype=torch.int64)
-            logits = self.logits(step_base + k, ctx, replica)[0] / max(temperature, 1e-6)
+            try:
+                with turn(deadline) if turn is not None else contextlib.nullcontext():
+                    logits = self.logits(step_base + k, ctx, replica, timeout_s)[0]
+            except TimeoutError:
+                raise DeadlineExceeded(
+                    f"deadline passed after {k} of {tokens} tokens, waiting for a turn"
+                ) from None
+            except failures.WorkerFailure:
+                # The request's own deadline cut the call short: the replica is not at fault.
+                if deadline is not None and time.monotonic() >= deadline:
+                    raise DeadlineExceeded(
+                        f"deadline passed after {k} of {tokens} tokens"
+                    ) from None
+                raise
+            logits = logits / max(temperature, 1e-6)
             nxt = int(torch.multinomial(torch.softmax(logits, -1), 1, generator=g))
             out.append(nxt)
         return bytes(out[len(prompt) :])

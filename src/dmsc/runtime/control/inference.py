@@ -1,14 +1,20 @@
 """Inference over a deployment's data-parallel replicas: routing, failover and model versions.
 
-Each replica is a whole pipeline and answers requests on its own (one at a time: its workers
-serve one step at a time). A request whose replica fails goes to the next replica at once; the
-failed replica leaves routing until the watchdog has healed it (:mod:`.watchdog`). Model
+Each replica is a whole pipeline and answers requests on its own. Its workers serve one step at
+a time, and a request takes the replica per token (a :class:`~.turns.FairLock`): the requests on
+a replica interleave token by token, tenants in round robin, so a tenant's long requests cannot
+hold a replica against another tenant's short one. A request stops at its deadline and frees the
+replica (no call outlives it); each token's worker calls wait at most the failure timeout, so a
+frozen worker fails its request within it. A request whose replica fails goes to the next
+replica at once; the failed replica leaves routing until the watchdog has healed it
+(:mod:`.watchdog`). Model
 versions: the production version is loaded into every replica and, during a gray release, the
 canary into the last one (with two or more replicas), so the gateway can route by version.
 """
 
 from __future__ import annotations
 
+import itertools
 import json
 import logging
 import threading
@@ -18,6 +24,7 @@ from dmsc.data.db import Database
 from dmsc.runtime.control.deployment import Deployment
 from dmsc.runtime.control.failures import WorkerFailure
 from dmsc.runtime.control.model_store import versions
+from dmsc.runtime.control.turns import FairLock
 from dmsc.runtime.transport.messages import Load
 
 STEP_BASE = 10_000_000  # inference steps live far above training ones; 10_000 per request
@@ -37,16 +44,18 @@ class Replicas:
         lock: threading.Lock,
         log: logging.Logger,
         run_id: int,
+        token_timeout_s: float = 120.0,
     ) -> None:
         self.dep, self.db, self.log = dep, db, log
         self.extra = {"run": run_id}  # the context of every log line
         self.lock = lock  # the control plane's: loading weights must not overlap training
         self.count = dep.layout.replicas
-        self.locks = [threading.Lock() for _ in range(self.count)]
+        self.locks = [FairLock() for _ in range(self.count)]
+        self.token_timeout_s = token_timeout_s
         self.served: dict[int, int] = {}  # replica -> model version it serves
         self.down: set[int] = set()  # replicas out of routing until healed
         self._signature: list[tuple[int, str]] = []
-        self._calls = 0
+        self._calls = itertools.count(1)
 
     def names(self) -> list[str]:
         """The replicas in routing (a failed one leaves until it is healed)."""
@@ -60,22 +69,35 @@ class Replicas:
         return serving or self.names()
 
     def infer_on(
-        self, replica: str, prompt: str, tokens: int, cancel: threading.Event | None = None
+        self,
+        replica: str,
+        prompt: str,
+        tokens: int,
+        cancel: threading.Event | None = None,
+        tenant: str = "default",
+        deadline: float | None = None,
     ) -> str:
-        """Generate on one replica. A failure names the stage and takes the replica out of
-        routing (the watchdog heals it); ``cancel`` stops it between tokens."""
+        """Generate on one replica, taking its turns as ``tenant``. A failure names the stage
+        and takes the replica out of routing (the watchdog heals it); ``cancel`` and
+        ``deadline`` (``time.monotonic()``) stop it between tokens."""
         r = int(replica.rsplit("-", 1)[1])
-        with self.locks[r]:
-            self._calls += 1
-            base = STEP_BASE + self._calls * 10_000
-            try:
-                out = self.dep.generate(
-                    prompt.encode(), tokens, step_base=base, replica=r, cancel=cancel
-                )
-            except WorkerFailure as exc:
-                self.down.add(r)
-                self.log.warning("%s failed: %s", replica, exc, extra=self.extra)
-                raise
+        base = STEP_BASE + next(self._calls) * 10_000  # next() on a count is atomic
+        lock = self.locks[r]
+        try:
+            out = self.dep.generate(
+                prompt.encode(),
+                tokens,
+                step_base=base,
+                replica=r,
+                cancel=cancel,
+                deadline=deadline,
+                turn=lambda until: lock.turn(tenant, until),
+                token_timeout_s=self.token_timeout_s,
+            )
+        except WorkerFailure as exc:
+            self.down.add(r)
+            self.log.warning("%s failed: %s", replica, exc, extra=self.extra)
+            raise
         return out.decode("utf-8", errors="replace")
 
     def generate(self, prompt: str, tokens: int) -> tuple[str, str]:

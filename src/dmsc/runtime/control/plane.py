@@ -98,7 +98,14 @@ class ControlPlane:
         self.steps_done = 0
         self.lock = threading.Lock()  # one task at a time touches the weights
         self.log = log or json_logger("dmsc.control")
-        self.inference = Replicas(self.deployment, db, self.lock, self.log, self.run.id)
+        self.inference = Replicas(
+            self.deployment,
+            db,
+            self.lock,
+            self.log,
+            self.run.id,
+            token_timeout_s=self.deployment.registry.ttl_s,  # the failure timeout
+        )
         self.metrics = CollectorRegistry()
         self.m_tasks = Counter(
             "dmsc_control_tasks_total", "Tasks finished", ["kind", "state"], registry=self.metrics
@@ -289,9 +296,19 @@ class ControlPlane:
         return self.inference.for_version(version_id)
 
     def infer_on(
-        self, replica: str, prompt: str, tokens: int, cancel: threading.Event | None = None
+        self,
+        replica: str,
+        prompt: str,
+        tokens: int,
+        cancel: threading.Event | None = None,
+        tenant: str = "default",
+        deadline: float | None = None,
     ) -> str:
-        return self.inference.infer_on(replica, prompt, tokens, cancel)
+        return self.inference.infer_on(replica, prompt, tokens, cancel, tenant, deadline)
+
+    def stage_count(self) -> int:
+        """Stages of a replica's pipeline: a request's cost is its tokens times this."""
+        return self.deployment.stages
 
     def services(self) -> list[dict[str, Any]]:
         return status.services(self.deployment)

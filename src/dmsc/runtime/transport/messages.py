@@ -75,6 +75,8 @@ class RunStep(Message):
     epoch: Epoch | None = None  # default: the worker's own
     late_policy: LatePolicy = "wait"
     grad_wait_s: GradWait = DEFAULT_GRAD_WAIT_S
+    # Seconds the caller waits for the answer: past them the worker drops the step.
+    budget_s: Annotated[float, Field(gt=0, le=3600)] | None = None
 
 
 class Commit(Message):
@@ -181,6 +183,12 @@ class DownRequest(Message):
     """Stop the control plane and its workers (no fields)."""
 
 
+class RevokeRequest(Message):
+    """Revoke an API key: in the database and in the running gateway's key cache."""
+
+    key_id: Annotated[int, Field(ge=1, le=2**62)]
+
+
 # -- the HTTP gateway's bodies (the same limits) ------------------------------------------------
 class GatewayInferRequest(Message):
     """``POST /v1/infer``."""
@@ -192,6 +200,9 @@ class GatewayInferRequest(Message):
     session: Annotated[str, Field(max_length=MAX_SESSION_CHARS)] | None = None
     # Redundant execution: two replicas at once, the first answer wins, the other is cancelled.
     redundant: bool = False
+    # The request's deadline in seconds (at most the gateway's own): past it, it stops and
+    # frees its replica, and the client gets 504.
+    timeout_s: Annotated[float, Field(ge=0.1, le=600)] | None = None
 
 
 class GatewayTaskRequest(Message):
@@ -216,3 +227,8 @@ class ControlSettings(Message):
     router: str = "least_outstanding"  # replica routing policy of the gateway
     failure_timeout_s: Annotated[float, Field(gt=0, le=3600)] = 10.0
     spares: Annotated[int, Field(ge=0, le=64)] = 0
+    # The gateway's limits per tenant: requests per second (and the burst saved up), and
+    # inference requests in flight at once.
+    rate_limit: Annotated[float, Field(gt=0, le=1e6)] = 20.0
+    burst: Annotated[float, Field(ge=1, le=1e6)] = 40.0
+    tenant_requests: Annotated[int, Field(ge=1, le=1024)] = 4

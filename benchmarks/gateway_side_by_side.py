@@ -1,0 +1,168 @@
+"""The gateway's own overhead, side by side in one run: a bare FastAPI endpoint, dmsc's
+unauthenticated ``/v1/health`` and an authenticated read (``/v1/models``), each served by
+uvicorn with the same settings and loaded by wrk (16 connections, one wrk thread) from another
+process.
+
+The dmsc gateway is the real one: ``dmsc up --gateway`` on a gpt-mini pp=2 plan in a
+temporary home, with a key made by ``dmsc token create`` and a rate limit the load cannot reach
+(``--rate-limit 1e6``: the gateway's work is measured, not its 429 answers). The bare app runs in a process of its
+own (``--serve-bare PORT``), as the gateway does inside the control plane's process.
+
+wrk comes from the system's packages (Debian: ``apt-get install wrk``); without it the program
+says so and exits 2. Prints a table, or with --json one object: per target requests_per_s,
+latency p50/p99 in ms, non-2xx answers, and ``ratio_to_bare`` (requests/s over the bare
+endpoint's, measured in the same run).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import re
+import shutil
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import httpx
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def _port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def _wait(url: str, timeout_s: float = 60.0) -> None:
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        try:
+            httpx.get(url, timeout=2.0)
+            return
+        except httpx.TransportError:
+            time.sleep(0.1)
+    raise SystemExit(f"{url} did not answer within {timeout_s:g} s")
+
+
+def serve_bare(port: int) -> None:
+    """The reference: FastAPI's smallest JSON endpoint under uvicorn's defaults."""
+    import uvicorn
+    from fastapi import FastAPI
+
+    app = FastAPI()
+
+    @app.get("/ping")
+    async def ping() -> dict[str, str]:
+        return {"status": "ok"}
+
+    uvicorn.run(app, host="127.0.0.1", port=port, log_level="warning")
+
+
+_UNITS = {"us": 1e-3, "ms": 1.0, "s": 1e3}
+
+
+def _ms(text: str) -> float:
+    m = re.fullmatch(r"([\d.]+)(us|ms|s)", text)
+    if m is None:
+        raise ValueError(f"wrk latency {text!r}")
+    return float(m.group(1)) * _UNITS[m.group(2)]
+
+
+def wrk(url: str, seconds: float, connections: int, header: str | None = None) -> dict[str, float]:
+    cmd = ["wrk", "-t1", f"-c{connections}", f"-d{seconds:g}s", "--latency", url]
+    if header:
+        cmd[1:1] = ["-H", header]
+    out = subprocess.run(cmd, capture_output=True, text=True, check=True).stdout
+    rps = float(re.search(r"Requests/sec:\s+([\d.]+)", out).group(1))  # type: ignore[union-attr]
+    pct = dict(re.findall(r"^\s+(50|99)%\s+(\S+)$", out, re.M))
+    bad = re.search(r"Non-2xx or 3xx responses:\s+(\d+)", out)
+    errors = re.search(r"Socket errors: (.*)", out)
+    return {
+        "requests_per_s": rps,
+        "p50_ms": _ms(pct["50"]),
+        "p99_ms": _ms(pct["99"]),
+        "non_2xx": int(bad.group(1)) if bad else 0,
+        "socket_errors": errors.group(1) if errors else "",  # type: ignore[dict-item]
+    }
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__)
+    parser.add_argument("--json", action="store_true")
+    parser.add_argument("--seconds", type=float, default=10.0)
+    parser.add_argument("--connections", type=int, default=16)
+    parser.add_argument("--rounds", type=int, default=2, help="Each target this many times.")
+    parser.add_argument("--serve-bare", type=int, metavar="PORT", help=argparse.SUPPRESS)
+    args = parser.parse_args()
+    if args.serve_bare:
+        serve_bare(args.serve_bare)
+        return
+    if shutil.which("wrk") is None:
+        print("wrk is not installed (Debian: apt-get install wrk)", file=sys.stderr)
+        raise SystemExit(2)
+    home = Path(tempfile.mkdtemp(prefix="dmsc-gw-bench-"))
+    env = {**os.environ, "DMSC_HOME": str(home)}
+    dmsc = [sys.executable, "-m", "dmsc"]
+
+    def run(*a: str) -> str:
+        res = subprocess.run([*dmsc, *a], env=env, capture_output=True, text=True, timeout=600)
+        if res.returncode:
+            raise SystemExit(f"dmsc {' '.join(a)} failed: {res.stderr}")
+        return res.stdout
+
+    plan = home / "plan.json"
+    cluster = ROOT / "examples/clusters/local-cpu.yaml"
+    run(
+        *("plan", "--cluster", str(cluster), "--model", "gpt-mini", "--global-batch", "8"),
+        *("--micro-batch", "2", "--tp", "1", "--pp", "2", "--dp", "1", "--out", str(plan)),
+    )
+    gport, bport = _port(), _port()
+    bare = subprocess.Popen([sys.executable, __file__, "--serve-bare", str(bport)])
+    try:
+        # A rate limit the load cannot reach: the gateway's work is measured, not its 429s.
+        run("up", "--plan", str(plan), "--gateway", f"127.0.0.1:{gport}", "--rate-limit", "1e6")
+        key = run("token", "create", "--tenant", "bench", "--scopes", "read").strip()
+        _wait(f"http://127.0.0.1:{bport}/ping")
+        _wait(f"http://127.0.0.1:{gport}/v1/health")
+        targets = {
+            "bare FastAPI GET /ping": (f"http://127.0.0.1:{bport}/ping", None),
+            "dmsc GET /v1/health": (f"http://127.0.0.1:{gport}/v1/health", None),
+            "dmsc GET /v1/models (key)": (
+                f"http://127.0.0.1:{gport}/v1/models",
+                f"Authorization: Bearer {key}",
+            ),
+        }
+        runs: dict[str, list[dict[str, float]]] = {name: [] for name in targets}
+        for _ in range(args.rounds):  # interleaved, so drift hits all targets alike
+            for name, (url, header) in targets.items():
+                runs[name].append(wrk(url, args.seconds, args.connections, header))
+    finally:
+        bare.terminate()
+        subprocess.run([*dmsc, "down"], env=env, capture_output=True, timeout=120)
+    results: dict[str, dict[str, float]] = {}
+    for name, rs in runs.items():
+        best = max(rs, key=lambda r: r["requests_per_s"])
+        results[name] = {**best, "all_requests_per_s": [r["requests_per_s"] for r in rs]}  # type: ignore[dict-item]
+    bare_rps = results["bare FastAPI GET /ping"]["requests_per_s"]
+    for r in results.values():
+        r["ratio_to_bare"] = r["requests_per_s"] / bare_rps
+    out = {"connections": args.connections, "seconds": args.seconds, "targets": results}
+    if args.json:
+        print(json.dumps(out))
+        return
+    print(f"wrk, {args.connections} connections, {args.seconds:g} s each, best of {args.rounds}")
+    for name, r in results.items():
+        print(
+            f"{name:28s} {r['requests_per_s']:8.0f} req/s  x{r['ratio_to_bare']:.2f} of bare  "
+            f"p50 {r['p50_ms']:.1f} ms  p99 {r['p99_ms']:.1f} ms  non-2xx {r['non_2xx']}"
+        )
+
+
+if __name__ == "__main__":
+    main()
