@@ -5,8 +5,9 @@ process.
 
 The dmsc gateway is the real one: ``dmsc up --gateway`` on a gpt-mini pp=2 plan in a
 temporary home, with a key made by ``dmsc token create`` and a rate limit the load cannot reach
-(``--rate-limit 1e6``: the gateway's work is measured, not its 429 answers). The bare app runs in a process of its
-own (``--serve-bare PORT``), as the gateway does inside the control plane's process.
+(``--rate-limit 1e6``: the gateway's work is measured, not its 429 answers). The bare app runs
+in a process of its own (``--serve-bare PORT``), as the gateway does inside the control
+plane's process.
 
 wrk comes from the system's packages (Debian: ``apt-get install wrk``); without it the program
 says so and exits 2. Prints a table, or with --json one object: per target requests_per_s,

@@ -143,6 +143,12 @@ def _finished_later(route: Router, replica: str, _fut: Future[str]) -> None:
     route.finished(replica, 0.0)
 
 
+async def _disconnected(request: Request) -> None:
+    """Returns when the client has gone (its connection closed)."""
+    while (await request.receive())["type"] != "http.disconnect":
+        pass
+
+
 class _Versions:
     """The model versions, read from the database at most once per ``ttl_s`` (a promotion
     made with ``dmsc models`` reaches the gateway within it)."""
@@ -246,17 +252,21 @@ def create_app(
         return {"status": "ok", "replicas": len(backend.replicas())}
 
     @app.post("/v1/infer")
-    async def infer(req: InferRequest, who: InferWho) -> dict[str, Any]:
+    async def infer(req: InferRequest, who: InferWho, request: Request) -> dict[str, Any]:
         cost = float(req.tokens * stages)
         refused = admission.enter(who.tenant, cost)
         if refused is not None:
             raise HTTPException(429, refused, headers={"Retry-After": "1"})
+        gone = asyncio.ensure_future(_disconnected(request))
         try:
-            return await _infer(req, who)
+            return await _infer(req, who, gone)
         finally:
+            gone.cancel()
             admission.leave(who.tenant, cost)
 
-    async def _infer(req: InferRequest, who: Principal) -> dict[str, Any]:
+    async def _infer(
+        req: InferRequest, who: Principal, gone: asyncio.Future[None]
+    ) -> dict[str, Any]:
         budget = req.timeout_s or request_timeout_s
         deadline = time.monotonic() + budget
         tried: set[str] = set()
@@ -309,9 +319,17 @@ def create_app(
             pending, late = set(futures), set[asyncio.Future[str]]()
             while pending and winner is None:
                 left = until - time.monotonic() + DEADLINE_GRACE_S
-                done, pending = await asyncio.wait(
-                    pending, timeout=max(0.0, left), return_when=asyncio.FIRST_COMPLETED
+                done, _ = await asyncio.wait(
+                    pending | {gone}, timeout=max(0.0, left), return_when=asyncio.FIRST_COMPLETED
                 )
+                if gone in done:  # nobody waits for the answer: stop computing it
+                    cancel.set()
+                    for afut in pending:
+                        futures[afut][1].add_done_callback(
+                            partial(_finished_later, route, futures[afut][0])
+                        )
+                    raise HTTPException(499, "the client closed the request")
+                pending -= done
                 if not done:
                     break
                 for afut in done:
