@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 
 from dmsc.runtime.control.chaos import serve_under_fault
-from dmsc.runtime.control.deployment import StageLayout
+from dmsc.runtime.control.deployment import Deployment, StageLayout
 from dmsc.spec import resolve_model
 
 SPEC = resolve_model("gpt-mini")
@@ -32,3 +34,70 @@ def test_every_request_is_answered_or_fails_clearly_within_its_deadline(redundan
     assert fr.detected_after_s is not None and fr.detected_after_s < 2.0
     # healed: a replacement at a new epoch, and replica 0 serves again
     assert fr.recovered_after_s is not None and fr.extra["healed_serves"]
+
+
+def test_a_frozen_worker_fails_its_request_within_the_failure_timeout(tmp_path: Path) -> None:
+    """SIGSTOP a serving worker mid-stream: the request on its replica fails within the failure
+    timeout (it was held 30 s), naming the stage, and the other replica serves meanwhile."""
+    import logging
+    import os
+    import signal
+    import threading
+    import time
+
+    from dmsc.data.db import Database
+    from dmsc.runtime.control.failures import WorkerFailure
+    from dmsc.runtime.control.inference import Replicas
+
+    ttl = 2.0
+    db = Database(f"sqlite:///{tmp_path / 'f.sqlite'}")
+    with Deployment(StageLayout(SPEC, TWO, replicas=2), registry_ttl_s=ttl) as dep:
+        replicas = Replicas(
+            dep, db, threading.Lock(), logging.getLogger("t"), 1, token_timeout_s=ttl
+        )
+        assert len(replicas.infer_on("replica-0", "def ", 2)) == 2
+        frozen = dep.handle((1, 0)).process.pid
+        os.kill(frozen, signal.SIGSTOP)
+        try:
+            t0 = time.monotonic()
+            with pytest.raises(WorkerFailure, match="stage 1"):
+                replicas.infer_on("replica-0", "def ", 50)
+            assert time.monotonic() - t0 < ttl + 2.0
+            assert "replica-0" not in replicas.names()  # out of routing until healed
+            assert len(replicas.infer_on("replica-1", "def ", 3)) == 3
+        finally:
+            os.kill(frozen, signal.SIGCONT)
+
+
+def test_requests_on_one_replica_take_turns_per_token_and_stop_at_their_deadline() -> None:
+    """A 4-token request behind a 400-token one on the same replica is answered long before the
+    long one ends; a request past its deadline stops and frees the replica."""
+    import logging
+    import threading
+    import time
+    from concurrent.futures import ThreadPoolExecutor
+
+    from dmsc.data.db import Database
+    from dmsc.runtime.control.deployment import DeadlineExceeded
+    from dmsc.runtime.control.inference import Replicas
+
+    with Deployment(StageLayout(SPEC, TWO, replicas=1)) as dep:
+        replicas = Replicas(dep, Database("sqlite://"), threading.Lock(), logging.getLogger("t"), 1)
+        replicas.infer_on("replica-0", "def ", 2)  # warm
+        with ThreadPoolExecutor(2) as pool:
+            t0 = time.monotonic()
+            long = pool.submit(replicas.infer_on, "replica-0", "def ", 400, tenant="mallory")
+            time.sleep(0.3)
+            short = pool.submit(replicas.infer_on, "replica-0", "def ", 4, tenant="alice")
+            short.result(timeout=60)
+            answered = time.monotonic() - t0
+            assert not long.done(), "the short request waited for the whole long one"
+            long.result(timeout=120)
+            assert answered < 0.5 * (time.monotonic() - t0)
+        t0 = time.monotonic()
+        with pytest.raises(DeadlineExceeded):
+            replicas.infer_on("replica-0", "def ", 1000, deadline=time.monotonic() + 0.5)
+        assert time.monotonic() - t0 < 1.5
+        t0 = time.monotonic()
+        assert len(replicas.infer_on("replica-0", "def ", 2)) == 2  # the replica is free
+        assert time.monotonic() - t0 < 1.0

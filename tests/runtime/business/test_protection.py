@@ -4,7 +4,13 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from dmsc.runtime.business.protection import BreakerState, CircuitBreaker, RateLimiter, TokenBucket
+from dmsc.runtime.business.protection import (
+    BreakerState,
+    CircuitBreaker,
+    RateLimiter,
+    TenantAdmission,
+    TokenBucket,
+)
 
 
 class Clock:
@@ -75,3 +81,23 @@ def test_breaker_transitions() -> None:
     assert br.allow()
     br.success()
     assert br.state is BreakerState.CLOSED and br.allow()
+
+
+def test_a_tenant_is_refused_past_its_requests_or_its_cost_and_others_are_not() -> None:
+    adm = TenantAdmission(max_requests=2, max_cost=100)
+    assert adm.enter("a", 40) is None and adm.enter("a", 40) is None
+    assert "2 requests in flight" in (adm.enter("a", 1) or "")
+    assert adm.enter("b", 100) is None  # another tenant has its own allowance
+    adm.leave("a", 40)
+    assert "cost in flight" in (adm.enter("a", 70) or "")  # 40 + 70 > 100
+    assert adm.enter("a", 60) is None
+    adm.leave("a", 40)
+    adm.leave("a", 60)
+    adm.leave("b", 100)
+    assert adm.in_flight("a") == (0, 0.0) and adm.in_flight("b") == (0, 0.0)
+
+
+def test_a_request_costlier_than_the_whole_allowance_is_refused_with_the_reason() -> None:
+    assert "at most 100" in (TenantAdmission(4, 100).enter("a", 101) or "")
+    with pytest.raises(ValueError):
+        TenantAdmission(0, 1)
