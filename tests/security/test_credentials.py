@@ -39,3 +39,26 @@ def test_control_calls_need_the_credential_and_secrets_stay_private(tmp_path: Pa
     finally:
         assert dmsc(tmp_path, "down").returncode == 0
     assert not (tmp_path / "control.json").exists()
+
+
+def test_a_key_revoked_with_dmsc_token_revoke_is_refused_at_once(tmp_path: Path) -> None:
+    """The gateway caches principals; a revocation through the running control plane empties
+    the cache entry, so the next request is refused (not a second later)."""
+    import re
+
+    import httpx
+    from runtime_helpers import up_with_gateway
+
+    base = up_with_gateway(tmp_path, make_plan(tmp_path))
+    try:
+        made = dmsc(tmp_path, "token", "create", "--tenant", "t", "--scopes", "read")
+        key_id = re.search(r"key (\d+)", made.stderr).group(1)  # type: ignore[union-attr]
+        h = {"Authorization": f"Bearer {made.stdout.strip()}"}
+        with httpx.Client(timeout=10) as c:
+            assert c.get(f"{base}/v1/models", headers=h).status_code == 200  # now cached
+            assert dmsc(tmp_path, "token", "revoke", key_id).returncode == 0
+            assert c.get(f"{base}/v1/models", headers=h).status_code == 401
+        bad = dmsc(tmp_path, "token", "revoke", "999")
+        assert bad.returncode == 2 and "no key 999" in bad.stderr
+    finally:
+        assert dmsc(tmp_path, "down").returncode == 0
