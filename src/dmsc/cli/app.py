@@ -22,6 +22,7 @@ err_console = Console(stderr=True)
 
 EXIT_DOES_NOT_FIT = 1
 EXIT_BAD_INPUT = 2
+EXIT_STORAGE = 1  # the database cannot be opened or written
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -42,9 +43,14 @@ def main(argv: list[str] | None = None) -> None:
         message = exc.format_message() if hasattr(exc, "format_message") else str(exc)
         err_console.print(f"error: {message}", highlight=False, soft_wrap=True)
         sys.exit(getattr(exc, "exit_code", EXIT_BAD_INPUT))
-    except Exception as exc:  # a service answered with an error
+    except Exception as exc:  # a service answered with an error, or the database failed
         import grpc
 
+        from dmsc.data.db import StorageError
+
+        if isinstance(exc, StorageError):  # its message names the database and the reason
+            err_console.print(f"error: {exc}", highlight=False, soft_wrap=True)
+            sys.exit(EXIT_STORAGE)
         if not isinstance(exc, grpc.RpcError):
             raise
         code = exc.code() if hasattr(exc, "code") else None

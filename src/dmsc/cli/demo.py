@@ -113,9 +113,10 @@ def demo() -> None:
 
 def runtime_demo(console: Console, steps: int = 200) -> dict[str, Any]:
     """Calibrate, plan gpt-mini on this machine, deploy, train, compare, sample, shut down."""
+    from dmsc.cli.database import open_database
     from dmsc.cli.plan_render import print_plan
     from dmsc.data.corpus import Corpus, stdlib_text
-    from dmsc.data.db import Database, ModelVersionRecord, ServiceRecord, data_dir
+    from dmsc.data.db import ModelVersionRecord, ServiceRecord, data_dir
     from dmsc.planner.solve import plan_job
     from dmsc.runtime.control.deployment import Deployment
     from dmsc.runtime.control.training import layout_from_plan, train
@@ -129,7 +130,7 @@ def runtime_demo(console: Console, steps: int = 200) -> dict[str, Any]:
     job = JobSpec(global_batch=16, micro_batch=4, pp=3, schedule="1f1b", overlap_dp_comm=False)
     plan = plan_job(cluster, model, job, fixed=True).plan
     print_plan(console, plan)
-    db = Database()
+    db = open_database()
     run = db.new_run(plan.model, plan.cluster, json.loads(plan.model_dump_json()))
     train_text, valid_text = stdlib_text()
     corpus, valid = Corpus(train_text, model.seq, 0), Corpus(valid_text, model.seq, 1)

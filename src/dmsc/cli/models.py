@@ -20,11 +20,11 @@ def models_list() -> None:
     """Every model version with its status."""
     from rich.table import Table
 
-    from dmsc.data.db import Database
+    from dmsc.cli.database import open_database
     from dmsc.runtime.control.model_store import versions
 
     t = Table("version", "run", "step", "sha256", "status", "canary %")
-    for v in versions(Database()):
+    for v in versions(open_database()):
         t.add_row(
             str(v.id),
             str(v.run_id),
@@ -39,11 +39,11 @@ def models_list() -> None:
 @models_app.command("promote")
 def models_promote(version: Annotated[int, typer.Argument()]) -> None:
     """Serve all traffic with VERSION."""
-    from dmsc.data.db import Database
+    from dmsc.cli.database import open_database
     from dmsc.runtime.control.model_store import promote
 
     try:
-        promote(Database(), version)
+        promote(open_database(), version)
     except KeyError as exc:
         raise SpecError("command line", "VERSION", str(exc)) from None
     console.print(f"version {version} in production")
@@ -55,11 +55,11 @@ def models_canary(
     percent: Annotated[float, typer.Option(help="Share of inference traffic.")] = 10.0,
 ) -> None:
     """Send a share of inference traffic to VERSION (gray release)."""
-    from dmsc.data.db import Database
+    from dmsc.cli.database import open_database
     from dmsc.runtime.control.model_store import canary
 
     try:
-        canary(Database(), version, percent)
+        canary(open_database(), version, percent)
     except (KeyError, ValueError) as exc:
         field = "--percent" if isinstance(exc, ValueError) else "VERSION"
         raise SpecError("command line", field, str(exc)) from None
@@ -69,11 +69,11 @@ def models_canary(
 @models_app.command("rollback")
 def models_rollback() -> None:
     """Back to the previous production version."""
-    from dmsc.data.db import Database
+    from dmsc.cli.database import open_database
     from dmsc.runtime.control.model_store import rollback
 
     try:
-        back = rollback(Database())
+        back = rollback(open_database())
     except KeyError as exc:
         raise SpecError("models", "", str(exc)) from None
     console.print(f"rolled back to version {back}")

@@ -19,11 +19,13 @@ def token_create(
     scopes: Annotated[str, typer.Option(help="Comma-separated: admin, submit, infer, read.")],
 ) -> None:
     """Create an API key (printed once; only its hash is stored)."""
-    from dmsc.data.db import Database
+    from dmsc.cli.database import open_database
     from dmsc.runtime.business.auth import create_key
 
     try:
-        key_id, key = create_key(Database(), tenant, [s.strip() for s in scopes.split(",") if s])
+        key_id, key = create_key(
+            open_database(), tenant, [s.strip() for s in scopes.split(",") if s]
+        )
     except ValueError as exc:
         raise SpecError("command line", "--scopes", str(exc)) from None
     err_console.print(f"key {key_id} for tenant {tenant!r} (shown once):", highlight=False)
@@ -34,7 +36,8 @@ def token_create(
 def token_revoke(key_id: Annotated[int, typer.Argument(help="Key id.")]) -> None:
     """Revoke an API key. With a control plane running, through it: its gateway refuses the
     key from the next request on (otherwise within a second, its key cache's lifetime)."""
-    from dmsc.data.db import Database, control_file
+    from dmsc.cli.database import open_database
+    from dmsc.data.db import control_file
     from dmsc.runtime.business.auth import revoke_key
 
     if control_file().exists():
@@ -54,7 +57,7 @@ def token_revoke(key_id: Annotated[int, typer.Argument(help="Key id.")]) -> None
             console.print(f"key {key_id} revoked")
             return
     try:
-        revoke_key(Database(), key_id)
+        revoke_key(open_database(), key_id)
     except KeyError as exc:
         raise SpecError("command line", "KEY_ID", str(exc).strip("'")) from None
     console.print(f"key {key_id} revoked")

@@ -13,8 +13,11 @@ import time
 from pathlib import Path
 from typing import Any, TypeVar
 
-from sqlalchemy import ForeignKey, String, create_engine, event, select
+from sqlalchemy import ForeignKey, String, create_engine, event, exc, select
+from sqlalchemy.engine import ExceptionContext
 from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column, sessionmaker
+
+from dmsc.data import storage
 
 
 def data_dir() -> Path:
@@ -154,8 +157,31 @@ class ApiKeyRecord(Base):
     created_at: Mapped[dt.datetime] = mapped_column(default=_now)
 
 
+class StorageError(RuntimeError):
+    """The database cannot be opened, read or written (a read-only or full file system, a file
+    gone, a server down). The message names the database and the reason, never the statement or
+    its parameters; the CLI prints it, the gateway answers 503."""
+
+
+def _storage_error(url: str, ctx: ExceptionContext) -> StorageError | None:
+    """The engine's failure as a :class:`StorageError` when the storage is at fault (SQLAlchemy
+    raises what this returns); a constraint or a bad statement stays what it is, and so does a
+    failed pre-ping (the pool reconnects on it)."""
+    err = ctx.sqlalchemy_exception
+    if ctx.is_pre_ping:
+        return None
+    if not isinstance(err, exc.OperationalError | exc.InterfaceError) and (
+        type(err) is not exc.DatabaseError
+    ):
+        return None
+    return StorageError(
+        storage.failure(url, ctx.statement, ctx.original_exception, ctx.connection is not None)
+    )
+
+
 class Database:
-    """Sessions on one engine, and the few writes the runtime makes."""
+    """Sessions on one engine, and the few writes the runtime makes. A statement the storage
+    refuses raises :class:`StorageError`."""
 
     def __init__(self, url: str | None = None) -> None:
         self.url = url or default_url()
@@ -163,7 +189,9 @@ class Database:
             # Several threads and processes write here (control plane, queue worker, gateway):
             # write-ahead logging lets readers run beside the writer, and a writer waits for the
             # lock instead of failing at once.
-            self.engine = create_engine(self.url, connect_args={"timeout": 30})
+            self.engine = create_engine(
+                self.url, connect_args={"timeout": 30}, hide_parameters=True
+            )
 
             @event.listens_for(self.engine, "connect")
             def _pragmas(dbapi_conn: Any, _record: Any) -> None:
@@ -172,7 +200,9 @@ class Database:
                 cur.execute("PRAGMA busy_timeout=30000")
                 cur.close()
         else:
-            self.engine = create_engine(self.url, pool_pre_ping=True)
+            self.engine = create_engine(self.url, pool_pre_ping=True, hide_parameters=True)
+        url = self.url
+        event.listen(self.engine, "handle_error", lambda ctx: _storage_error(url, ctx))
         Base.metadata.create_all(self.engine)
         self._add_missing_columns()
         self.sessions = sessionmaker(self.engine, expire_on_commit=False)

@@ -67,9 +67,8 @@ def test_a_waiter_past_its_deadline_leaves_the_queue() -> None:
     assert not lock.acquire("late", deadline=time.monotonic() + 0.1)
     assert 0.09 <= time.monotonic() - t0 < 1.0
     assert lock.waiting() == {}
-    with pytest.raises(TimeoutError):
-        with lock.turn("late", deadline=time.monotonic() + 0.05):
-            pass
+    with pytest.raises(TimeoutError), lock.turn("late", deadline=time.monotonic() + 0.05):
+        pass
     lock.release()
     assert lock.acquire("next", deadline=time.monotonic() + 0.1)  # free again
     lock.release()

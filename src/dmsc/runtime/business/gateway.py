@@ -37,7 +37,7 @@ from prometheus_client import (
     generate_latest,
 )
 
-from dmsc.data.db import Database, ModelVersionRecord, TaskRecord
+from dmsc.data.db import Database, ModelVersionRecord, StorageError, TaskRecord
 from dmsc.runtime.business.auth import Principal, PrincipalCache
 from dmsc.runtime.business.http_guard import UNAUTHORIZED, Guard
 from dmsc.runtime.business.protection import CircuitBreaker, RateLimiter, TenantAdmission
@@ -224,6 +224,12 @@ def create_app(
         back cannot be rendered as JSON (it was a 500)."""
         return JSONResponse({"detail": _safe_errors(exc.errors())}, status_code=422)
 
+    @app.exception_handler(StorageError)
+    async def storage(request: Request, exc: StorageError) -> JSONResponse:
+        """The database cannot be used (read-only, full, gone): the service is unavailable, and
+        the reason names the database, never a statement or a key's hash."""
+        return JSONResponse({"detail": str(exc)}, status_code=503)
+
     def principal(scope: str) -> Callable[[Request], Principal]:
         def check(request: Request) -> Principal:
             # Found by the Guard (cache first), before the body was read.
@@ -329,10 +335,11 @@ def create_app(
                             partial(_finished_later, route, futures[afut][0])
                         )
                     raise HTTPException(499, "the client closed the request")
-                pending -= done
-                if not done:
+                finished = {f for f in pending if f in done}
+                pending -= finished
+                if not finished:
                     break
-                for afut in done:
+                for afut in finished:
                     p, dt = futures[afut][0], time.perf_counter() - started
                     exc = afut.exception()
                     if exc is None and winner is None:

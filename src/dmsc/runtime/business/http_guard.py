@@ -28,6 +28,7 @@ from typing import Any
 from anyio import to_thread
 from prometheus_client import Counter, Histogram
 
+from dmsc.data.db import StorageError
 from dmsc.runtime.business.auth import PrincipalCache
 
 Scope = MutableMapping[str, Any]
@@ -101,7 +102,11 @@ class Guard:
         headers = {k: v for k, v in scope["headers"] if k in (b"authorization", b"content-length")}
         raw_auth = headers.get(b"authorization")
         authorization = raw_auth.decode("latin-1") if raw_auth is not None else None
-        who = await self._principal(authorization)
+        try:
+            who = await self._principal(authorization)
+        except StorageError as exc:  # the key store cannot be read: nobody can be let in
+            await refuse(send, 503, str(exc))
+            return
         scope.setdefault("state", {})["principal"] = who
         if scope["method"] in BODYLESS:
             await self.app(scope, receive, send)

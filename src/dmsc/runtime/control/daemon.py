@@ -10,7 +10,9 @@ the reason on standard error, exit status 2, no READY line.
 
 Its log goes to ``$DMSC_HOME/logs/control.log`` (JSON lines, rotated); the workers' logs beside
 it (see :mod:`dmsc.runtime.transport.logs`). A clean stop (``Down``) ends the run; a crash leaves
-it to be resumed by the next start with the same plan.
+it to be resumed by the next start with the same plan. A SQLite database file deleted or
+replaced while it runs stops it (:mod:`.db_watch`): the reason in its log and on standard error,
+the workers shut down, exit status 1.
 """
 
 from __future__ import annotations
@@ -26,8 +28,10 @@ from pathlib import Path
 from typing import Any, TextIO
 
 from dmsc.data.db import Database, control_file, data_dir
+from dmsc.data.storage import location
 from dmsc.planner.plan import Plan
 from dmsc.runtime.business.auth import PrincipalCache, revoke
+from dmsc.runtime.control.db_watch import watch_database
 from dmsc.runtime.control.plane import ControlPlane
 from dmsc.runtime.control.task_queue import TaskQueue
 from dmsc.runtime.control.watchdog import watch_workers
@@ -118,6 +122,12 @@ def main(stdin: TextIO | None = None) -> None:
         home=home,
         log=log,
     )
+
+    def db_lost(message: str) -> None:
+        log.error(message)
+        print(f"dmsc control plane: {message}", file=sys.stderr, flush=True)
+
+    watch = watch_database(db, cp.stopped, db_lost)
     try:
         cp.start()
     except Exception as exc:  # the reason, with a failed worker's last log lines, for dmsc up
@@ -170,17 +180,23 @@ def main(stdin: TextIO | None = None) -> None:
         "run": cp.run.id,
         "metrics": metrics_server(cp.metrics),
         "token": token,
+        "database": location(db.url),  # CLI commands that open it check it is this one
     }
     logs.write_private(control_file(), json.dumps(info))
     log.info("serving at 127.0.0.1:%d", port, extra={"run": cp.run.id})
     print(f"READY 127.0.0.1:{port}", flush=True)
     cp.stopped.wait()
-    cp.end_run()  # a clean stop ends the run; a crash leaves it to be resumed
+    lost = watch.lost if watch is not None else None
+    if lost is None:
+        cp.end_run()  # a clean stop ends the run; a crash or a lost database leaves it resumable
     if gateway is not None:
         gateway.should_exit = True
     cp.deployment.shutdown()
     server.stop(grace=1)
     control_file().unlink(missing_ok=True)
+    if lost is not None:
+        log.error("stopped: the database was lost", extra={"run": cp.run.id})
+        sys.exit(1)
     log.info("stopped", extra={"run": cp.run.id})
 
 

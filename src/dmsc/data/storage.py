@@ -1,0 +1,76 @@
+"""Where a database URL keeps its data, and why it cannot be used, in words a user can act on.
+
+:class:`dmsc.data.db.Database` turns a failing statement into a
+:class:`~dmsc.data.db.StorageError` with :func:`failure`: the database (a SQLite file's path, or
+the URL without its password) and the driver's reason, with what the file system says about the
+file when it explains the reason (a read-only file system, no permission, a folder in its
+place). Never the statement or its parameters: an API key's hash is one of them.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+from sqlalchemy.engine import make_url
+
+_WRITES = ("insert", "update", "delete", "create", "alter", "drop", "replace")
+
+
+def sqlite_file(url: str) -> Path | None:
+    """The file of a SQLite URL, absolute (``None`` for another engine or an in-memory one)."""
+    parsed = make_url(url)
+    if parsed.get_backend_name() != "sqlite":
+        return None
+    name = parsed.database or ""
+    if name.startswith("file:"):  # a SQLite URI (``?uri=true``): file:PATH?mode=ro
+        name = name[len("file:") :].split("?", 1)[0]
+    if not name or name == ":memory:" or parsed.query.get("mode") == "memory":
+        return None
+    return Path(name).resolve()
+
+
+def location(url: str) -> str:
+    """The database as a user names it: the SQLite file, or the URL without its password."""
+    path = sqlite_file(url)
+    if path is not None:
+        return str(path)
+    return make_url(url).render_as_string(hide_password=True)
+
+
+def _file_trouble(path: Path) -> str | None:
+    """What is wrong with a SQLite file (or its folder) that stops writes, if it shows."""
+    folder = path.parent
+    if path.is_dir():
+        return "a folder is in its place"
+    if not folder.exists():
+        return f"its folder {folder} does not exist"
+    if not folder.is_dir():
+        return f"{folder} is not a folder"
+    try:
+        if os.statvfs(folder).f_flag & os.ST_RDONLY:
+            return "read-only file system"
+    except OSError:
+        pass
+    if (path.exists() and not os.access(path, os.W_OK)) or not os.access(folder, os.W_OK):
+        return "permission denied"
+    return None
+
+
+def failure(url: str, statement: str | None, driver_error: BaseException, connected: bool) -> str:
+    """One line: what could not be done to which database, and why (no statement, no
+    parameters). ``statement`` is what failed (``None``: a connect, or a commit when
+    ``connected``)."""
+    if not connected:
+        doing = "open"
+    elif statement is None or statement.lstrip().lower().startswith(_WRITES):
+        doing = "write"
+    else:
+        doing = "use"
+    said = str(driver_error).strip().splitlines()
+    reason = said[0] if said else type(driver_error).__name__
+    path = sqlite_file(url)
+    trouble = _file_trouble(path) if path is not None else None
+    if trouble is not None and trouble not in reason:
+        reason = f"{trouble} ({reason})"
+    return f"cannot {doing} the database {location(url)}: {reason}"

@@ -1,0 +1,144 @@
+"""The control plane's watch on its database file: deleted or replaced, the control plane stops.
+
+A SQLite connection keeps writing to a file that was unlinked: the runs, tasks and versions go
+to a file no one can open again, and the next ``dmsc`` command that opens the database creates a
+new, empty one at the path. So the control plane holds the file open from the start (its own
+read-only connection) and looks at the path every second: when the path is gone, or names
+another file (another inode: a copy moved over it, a restored backup), the watch
+
+- refuses every new connection of the control plane's engine (a new connection would create an
+  empty file at the path; the ones open keep their file),
+- copies what the held connection still reads into ``<file>.salvaged-<time>`` beside it (the
+  SQLite backup API, consistent), and
+- reports it (the daemon writes it to its log and its standard error) and sets the stop event:
+  the daemon shuts the workers down and exits non-zero, leaving the run ``running`` in the copy
+  so that moving it back and ``dmsc up`` with the same plan resumes it.
+
+A PostgreSQL (or any non-SQLite) URL has no file to watch: the server owns its storage and a
+lost server fails every statement loudly, so no watch runs there.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import sqlite3
+import threading
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+from urllib.parse import quote
+
+from sqlalchemy import event
+
+from dmsc.data.db import Database, StorageError
+from dmsc.data.storage import sqlite_file
+
+FileId = tuple[int, int]  # (device, inode)
+
+
+def file_id(path: Path) -> FileId | None:
+    """The file at ``path`` (device and inode), or None when there is none."""
+    try:
+        st = os.stat(path)
+    except FileNotFoundError:
+        return None
+    except NotADirectoryError:  # its folder was replaced by a file
+        return None
+    return st.st_dev, st.st_ino
+
+
+def change(before: FileId, now: FileId | None) -> str | None:
+    """What happened to the file once ``before`` when the path now shows ``now``."""
+    if now is None:
+        return "was deleted"
+    if now != before:
+        return "was replaced by another file"
+    return None
+
+
+class DbWatch:
+    """One SQLite file, held open since construction, and what became of its path."""
+
+    def __init__(self, path: Path, interval_s: float = 1.0) -> None:
+        before = file_id(path)
+        if before is None:
+            raise StorageError(f"cannot watch the database {path}: it does not exist")
+        self.path, self.interval_s, self.before = path, interval_s, before
+        self.lost: str | None = None
+        # mode=rw never creates the file; nothing is written through this connection. One read
+        # opens the write-ahead log too, so both stay readable once unlinked.
+        self._held = sqlite3.connect(
+            f"file:{quote(str(path))}?mode=rw", uri=True, check_same_thread=False
+        )
+        self._held.execute("SELECT count(*) FROM sqlite_master").fetchall()
+
+    def check(self) -> str | None:
+        """What happened to the file, or None while the path still names it."""
+        return change(self.before, file_id(self.path))
+
+    def salvage(self) -> Path:
+        """Copy what the held connection reads into a new file beside the lost one."""
+        stamp = time.strftime("%Y%m%d-%H%M%S")
+        target = self.path.with_name(f"{self.path.name}.salvaged-{stamp}")
+        with contextlib.closing(sqlite3.connect(target)) as out:
+            self._held.backup(out)
+        return target
+
+    def report(self, what: str) -> str:
+        """Salvage the contents and say what happened, where they are and what to do."""
+        try:
+            saved = self.salvage()
+        except (sqlite3.Error, OSError) as exc:
+            kept = f"its contents could not be saved ({exc})"
+        else:
+            kept = (
+                f"what it held is saved in {saved}: move that file to {self.path} and "
+                "`dmsc up` the same plan to resume the run"
+            )
+        return (
+            f"the database {self.path} {what} while the control plane ran; {kept}. "
+            "Stopping the control plane and its workers"
+        )
+
+    def run(self, stop: threading.Event, on_lost: Callable[[str], None]) -> None:
+        """Look every ``interval_s`` until ``stop``; on a loss call ``on_lost`` with the report
+        and return."""
+        while not stop.wait(self.interval_s):
+            what = self.check()
+            if what is not None:
+                self.lost = self.report(what)
+                on_lost(self.lost)
+                return
+
+
+def refuse_connections(db: Database, reason: str) -> None:
+    """Make ``db``'s engine refuse new connections (SQLite would create an empty file)."""
+
+    def refuse(*_args: Any) -> None:
+        raise StorageError(reason)
+
+    event.listen(db.engine, "do_connect", refuse)
+
+
+def watch_database(
+    db: Database,
+    stop: threading.Event,
+    report: Callable[[str], None],
+    interval_s: float = 1.0,
+) -> DbWatch | None:
+    """Start watching ``db``'s file in a thread: a loss refuses new connections, calls
+    ``report`` and sets ``stop``. None (no watch) for a database that is not a SQLite file."""
+    path = sqlite_file(db.url)
+    if path is None:  # PostgreSQL and the like: no file to lose (see the module's doc)
+        return None
+    watch = DbWatch(path, interval_s)
+
+    def lost(message: str) -> None:
+        refuse_connections(db, message)
+        report(message)
+        stop.set()
+
+    threading.Thread(target=watch.run, args=(stop, lost), name="db-watch", daemon=True).start()
+    return watch
