@@ -257,6 +257,21 @@ def create_app(
     async def health() -> dict[str, Any]:
         return {"status": "ok", "replicas": len(backend.replicas())}
 
+    # The hot reads first: routes are matched in order.
+    @app.get("/v1/models")
+    async def models(who: ReadWho) -> list[dict[str, Any]]:
+        return [
+            {
+                "id": v.id,
+                "run": v.run_id,
+                "step": v.step,
+                "sha256": v.sha256,
+                "status": v.status,
+                "canary_percent": v.canary_percent,
+            }
+            for v in await versions.get()
+        ]
+
     @app.post("/v1/infer")
     async def infer(req: InferRequest, who: InferWho, request: Request) -> dict[str, Any]:
         cost = float(req.tokens * stages)
@@ -421,20 +436,6 @@ def create_app(
             {**_task_json(t), "log_excerpt": t.log_excerpt}
             for t in queue.exceptions()
             if t.tenant == who.tenant or who.may("admin")
-        ]
-
-    @app.get("/v1/models")
-    async def models(who: ReadWho) -> list[dict[str, Any]]:
-        return [
-            {
-                "id": v.id,
-                "run": v.run_id,
-                "step": v.step,
-                "sha256": v.sha256,
-                "status": v.status,
-                "canary_percent": v.canary_percent,
-            }
-            for v in await versions.get()
         ]
 
     @app.get("/v1/services")
