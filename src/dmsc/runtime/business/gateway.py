@@ -25,7 +25,7 @@ from functools import partial
 from typing import Annotated, Any, Protocol
 
 from anyio import to_thread
-from fastapi import Depends, FastAPI, HTTPException, Request, Response
+from fastapi import FastAPI, HTTPException, Request, Response
 from fastapi import Path as PathParam
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
@@ -230,28 +230,21 @@ def create_app(
         the reason names the database, never a statement or a key's hash."""
         return JSONResponse({"detail": str(exc)}, status_code=503)
 
-    def principal(scope: str) -> Callable[[Request], Principal]:
-        def check(request: Request) -> Principal:
-            # Found by the Guard (cache first), before the body was read.
-            who: Principal | None = request.scope.get("state", {}).get("principal")
-            if who is None:
-                raise HTTPException(401, UNAUTHORIZED, headers={"WWW-Authenticate": "Bearer"})
-            if not who.may(scope):
-                raise HTTPException(403, f"this key lacks the {scope!r} scope")
-            ok, retry = limiter.check(who.tenant)
-            if not ok:
-                raise HTTPException(429, "rate limit exceeded", headers={"Retry-After": str(retry)})
-            return who
-
-        async def check_async(request: Request) -> Principal:  # no thread for a dict lookup
-            return check(request)
-
-        return check_async  # type: ignore[return-value]
+    def authorize(request: Request, scope: str) -> Principal:
+        """The caller (found by the Guard, cache first, before the body was read) if its key
+        has ``scope`` and it is within its rate limit. A plain call rather than a FastAPI
+        dependency: resolving one took 15 of the 105 microseconds of an authenticated read."""
+        who: Principal | None = request.scope.get("state", {}).get("principal")
+        if who is None:
+            raise HTTPException(401, UNAUTHORIZED, headers={"WWW-Authenticate": "Bearer"})
+        if not who.may(scope):
+            raise HTTPException(403, f"this key lacks the {scope!r} scope")
+        ok, retry = limiter.check(who.tenant)
+        if not ok:
+            raise HTTPException(429, "rate limit exceeded", headers={"Retry-After": str(retry)})
+        return who
 
     TaskId = Annotated[int, PathParam(ge=1, le=2**62, description="Task id")]
-    InferWho = Annotated[Principal, Depends(principal("infer"))]
-    SubmitWho = Annotated[Principal, Depends(principal("submit"))]
-    ReadWho = Annotated[Principal, Depends(principal("read"))]
 
     @app.get("/v1/health")
     async def health() -> dict[str, Any]:
@@ -259,7 +252,8 @@ def create_app(
 
     # The hot reads first: routes are matched in order.
     @app.get("/v1/models")
-    async def models(who: ReadWho) -> list[dict[str, Any]]:
+    async def models(request: Request) -> list[dict[str, Any]]:
+        authorize(request, "read")
         return [
             {
                 "id": v.id,
@@ -273,7 +267,8 @@ def create_app(
         ]
 
     @app.post("/v1/infer")
-    async def infer(req: InferRequest, who: InferWho, request: Request) -> dict[str, Any]:
+    async def infer(req: InferRequest, request: Request) -> dict[str, Any]:
+        who = authorize(request, "infer")
         cost = float(req.tokens * stages)
         refused = admission.enter(who.tenant, cost)
         if refused is not None:
@@ -394,7 +389,8 @@ def create_app(
                 raise HTTPException(502, last_error)
 
     @app.post("/v1/tasks", status_code=202)
-    def submit(req: TaskRequest, who: SubmitWho) -> dict[str, Any]:
+    def submit(req: TaskRequest, request: Request) -> dict[str, Any]:
+        who = authorize(request, "submit")
         params = req.model_dump(include={"steps", "checkpoint_every", "late_policy", "grad_wait_s"})
         task = queue.submit(
             "train", params, tenant=who.tenant, priority=req.priority, lane=req.lane
@@ -409,21 +405,20 @@ def create_app(
         return task
 
     @app.get("/v1/tasks/{task_id}")
-    def get_task(task_id: TaskId, who: ReadWho) -> dict[str, Any]:
-        return _task_json(_own_task(task_id, who))
+    def get_task(task_id: TaskId, request: Request) -> dict[str, Any]:
+        return _task_json(_own_task(task_id, authorize(request, "read")))
 
     @app.delete("/v1/tasks/{task_id}")
-    def cancel(task_id: TaskId, who: SubmitWho) -> dict[str, Any]:
-        task = _own_task(task_id, who)
+    def cancel(task_id: TaskId, request: Request) -> dict[str, Any]:
+        task = _own_task(task_id, authorize(request, "submit"))
         if task.state != "queued":
             raise HTTPException(409, f"task {task_id} is {task.state}, only queued tasks cancel")
         db.set_task_state(task_id, "cancelled")
         return {"id": task_id, "state": "cancelled"}
 
-    AdminWho = Annotated[Principal, Depends(principal("admin"))]
-
     @app.post("/v1/tasks/{task_id}/requeue")
-    def requeue(task_id: TaskId, who: AdminWho) -> dict[str, Any]:
+    def requeue(task_id: TaskId, request: Request) -> dict[str, Any]:
+        authorize(request, "admin")
         try:
             queue.requeue(task_id)
         except KeyError as exc:
@@ -431,7 +426,8 @@ def create_app(
         return {"id": task_id, "state": "queued"}
 
     @app.get("/v1/exceptions")
-    def exceptions(who: ReadWho) -> list[dict[str, Any]]:
+    def exceptions(request: Request) -> list[dict[str, Any]]:
+        who = authorize(request, "read")
         return [
             {**_task_json(t), "log_excerpt": t.log_excerpt}
             for t in queue.exceptions()
@@ -439,7 +435,8 @@ def create_app(
         ]
 
     @app.get("/v1/services")
-    def services(who: ReadWho) -> list[dict[str, Any]]:
+    def services(request: Request) -> list[dict[str, Any]]:
+        authorize(request, "read")
         return backend.services()
 
     @app.get("/metrics")

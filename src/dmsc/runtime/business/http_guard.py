@@ -71,6 +71,8 @@ class Guard:
         self.app, self.principals = app, principals
         self.requests, self.latency = requests, latency
         self.max_body_bytes, self.read_timeout_s = max_body_bytes, read_timeout_s
+        self._counters: dict[tuple[str, int], Any] = {}
+        self._histograms: dict[str, Any] = {}
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] != "http":
@@ -89,8 +91,22 @@ class Guard:
             await self._guarded(scope, receive, send_seen)
         finally:
             path = getattr(scope.get("route"), "path", None) or "<unmatched>"
-            self.requests.labels(path, str(status)).inc()
-            self.latency.labels(path).observe(time.perf_counter() - t0)
+            self._counter(path, status).inc()
+            self._histogram(path).observe(time.perf_counter() - t0)
+
+    def _counter(self, path: str, status: int) -> Any:
+        """The labelled child, kept: ``labels()`` takes a lock and builds a key every call.
+        Bounded: paths are route templates, statuses a few codes."""
+        child = self._counters.get((path, status))
+        if child is None:
+            child = self._counters[(path, status)] = self.requests.labels(path, str(status))
+        return child
+
+    def _histogram(self, path: str) -> Any:
+        child = self._histograms.get(path)
+        if child is None:
+            child = self._histograms[path] = self.latency.labels(path)
+        return child
 
     async def _principal(self, authorization: str | None) -> Any:
         who = self.principals.cached(authorization)

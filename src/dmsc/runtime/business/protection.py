@@ -8,6 +8,7 @@ or ``pybreaker`` read the system clock themselves, which is why these few lines 
 from __future__ import annotations
 
 import math
+import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -47,18 +48,21 @@ class TokenBucket:
 
 
 class RateLimiter:
-    """One token bucket per tenant."""
+    """One token bucket per tenant. Thread-safe (the gateway checks from its event loop and
+    from its thread pool)."""
 
     def __init__(self, rate: float, burst: float, clock: Clock = time.monotonic) -> None:
         self.rate, self.burst, self.clock = rate, burst, clock
         self._buckets: dict[str, TokenBucket] = {}
+        self._lock = threading.Lock()
 
     def check(self, tenant: str, cost: float = 1.0) -> tuple[bool, int]:
         """(allowed, Retry-After in whole seconds, at least 1 when refused)."""
-        bucket = self._buckets.get(tenant)
-        if bucket is None:
-            bucket = self._buckets[tenant] = TokenBucket(self.rate, self.burst, self.clock)
-        ok, wait = bucket.take(cost)
+        with self._lock:
+            bucket = self._buckets.get(tenant)
+            if bucket is None:
+                bucket = self._buckets[tenant] = TokenBucket(self.rate, self.burst, self.clock)
+            ok, wait = bucket.take(cost)
         return ok, 0 if ok else max(1, math.ceil(wait))
 
 
@@ -122,7 +126,8 @@ class TenantAdmission:
     and ``max_cost`` cost units (a request's cost is what it asks of the replicas: tokens x
     stages). A request over either limit is refused at once (429), never queued, so one
     tenant's burst cannot take the capacity (threads, replicas) the other tenants need; the
-    rate limit bounds how fast requests come, this bounds how much runs at once."""
+    rate limit bounds how fast requests come, this bounds how much runs at once. Not
+    thread-safe: the gateway uses it from its event loop only."""
 
     max_requests: int = 4
     max_cost: float = 4096.0
