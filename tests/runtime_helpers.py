@@ -1,18 +1,27 @@
 """Helpers of the runtime tests: a plan, a one-box cluster and a deployment with a gateway, made
-with the ``dmsc`` command as a user runs it, in a data directory ``home`` of the test's own."""
+with the ``dmsc`` command as a user runs it, in a data directory ``home`` of the test's own; and
+a control plane in the test's process (real workers) where a test must reach into it."""
 
 from __future__ import annotations
 
 import socket
 import subprocess
+import time
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
-from conftest import ROOT, run_dmsc
+from conftest import EXAMPLES, ROOT, run_dmsc
 
+from dmsc.data.db import Database
+from dmsc.planner.plan import Plan
 from dmsc.runtime.business.gateway import wait_ready
 from dmsc.runtime.compute.worker import WorkerConfig
-from dmsc.spec import resolve_model
+from dmsc.runtime.control.plane import ControlPlane
+from dmsc.spec import ClusterSpec, JobSpec, load_spec, resolve_model
+
+T = TypeVar("T")
 
 
 def dmsc(home: Path, *args: str, timeout: float = 300) -> subprocess.CompletedProcess[str]:
@@ -85,3 +94,37 @@ def first_stage(registry: str, **overrides: Any) -> WorkerConfig:
         "registry": registry,
     }
     return WorkerConfig(**{**fields, **overrides})
+
+
+def local_plan() -> Plan:
+    """gpt-mini in two stages on the local CPU cluster (what :func:`make_plan` makes), planned in
+    this process."""
+    from dmsc.planner.solve import plan_job
+
+    cluster = load_spec(ClusterSpec, EXAMPLES / "local-cpu.yaml")
+    job = JobSpec(global_batch=8, micro_batch=2, pp=2)
+    return plan_job(cluster, resolve_model("gpt-mini"), job, fixed=True).plan
+
+
+@contextmanager
+def control_plane(plan: Plan, home: Path) -> Iterator[ControlPlane]:
+    """A started control plane on ``home`` (its database there) with real workers. Leaving it
+    does not end the run: that is a crash, and the next control plane on ``home`` resumes it."""
+    cp = ControlPlane(plan, Database(f"sqlite:///{home / 'dmsc.sqlite'}"), home=home)
+    try:
+        cp.start()
+        yield cp
+    finally:
+        cp.stopped.set()
+        cp.deployment.shutdown()
+
+
+def wait_for(predicate: Callable[[], T], seconds: float, what: str, every: float = 0.1) -> T:
+    """``predicate()`` once it is true; AssertionError after ``seconds``."""
+    deadline = time.monotonic() + seconds
+    while time.monotonic() < deadline:
+        value = predicate()
+        if value:
+            return value
+        time.sleep(every)
+    raise AssertionError(f"timed out waiting for {what}")

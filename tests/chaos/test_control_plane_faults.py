@@ -24,13 +24,13 @@ def _db(home: Path) -> Database:
     return Database(f"sqlite:///{home / 'dmsc.sqlite'}")
 
 
-def _wait(predicate, seconds: float, what: str):  # type: ignore[no-untyped-def]
+def _wait(predicate, seconds: float, what: str, every: float = 0.2):  # type: ignore[no-untyped-def]
     deadline = time.monotonic() + seconds
     while time.monotonic() < deadline:
         value = predicate()
         if value:
             return value
-        time.sleep(0.2)
+        time.sleep(every)
     raise AssertionError(f"timed out waiting for {what}")
 
 
@@ -46,11 +46,16 @@ def test_kill_9_of_the_control_plane_loses_and_repeats_no_step(tmp_path: Path) -
         assert r.status_code == 202, r.text
         ids.append(r.json()["id"])
     db = _db(tmp_path)
-    _wait(lambda: len(db.metrics(ids[0])) >= 12, 120, "12 steps of the first task")
-    pid = json.loads((tmp_path / "control.json").read_text())["pid"]
-    os.kill(pid, signal.SIGKILL)
+    # 12 steps or more, and some steps past a checkpoint (every 5): those will run again
+    _wait(lambda: (n := len(db.metrics(ids[0]))) >= 12 and n % 5 in (1, 2, 3), 120, "steps", 0.01)
+    info = json.loads((tmp_path / "control.json").read_text())
+    os.kill(info["pid"], signal.SIGKILL)
     killed = time.time()
     time.sleep(1)
+    newest = db.last_checkpoint(info["run"], ids[0])  # the first task's, before the crash
+    assert newest is not None
+    redone = len([m for m in db.metrics(ids[0]) if m.step >= newest.step])
+    assert redone > 0
     base = up_with_gateway(tmp_path, plan, "--failure-timeout", TIMEOUT)  # the run resumes
     try:
 
@@ -72,6 +77,11 @@ def test_kill_9_of_the_control_plane_loses_and_repeats_no_step(tmp_path: Path) -
     # the first task went back to a checkpoint at most 5 steps old, not to its start
     assert restart[0]["checkpoint_step"] is not None and restart[0]["checkpoint_step"] >= 10
     assert restart[0]["recovered_at"] - killed < 60
+    # the steps done after that checkpoint ran again, and the restart's fault counts them
+    assert restart[0]["steps_lost"] == redone
+    # every task records the model version it produced, the resumed one too
+    versions = {v.task_id: v.step for v in db.versions(info["run"])}
+    assert versions == {ids[0]: 30, ids[1]: 35, ids[2]: 40}
 
 
 def test_inference_survives_a_killed_replica_and_the_replica_is_healed(tmp_path: Path) -> None:

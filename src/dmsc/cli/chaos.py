@@ -80,7 +80,9 @@ def do_chaos(
         fresh = [
             f
             for f in now.get("faults", [])
-            if f["id"] not in seen and victim["sid"] in f["services"].split(",")
+            if f["id"] not in seen
+            and f["kind"] == "worker"
+            and victim["sid"] in f["services"].split(",")
         ]
         if fresh and fresh[-1]["recovered_at"]:
             fault = fresh[-1]

@@ -149,7 +149,7 @@ def runtime_demo(console: Console, steps: int = 200) -> dict[str, Any]:
             "services: " + ", ".join(f"{h.config.sid}@{h.address}" for h in dep.handles),
             highlight=False,
         )
-        task = db.new_task(run.id, "train", {"steps": steps})
+        task = db.new_task(run.id, "train", {"steps": steps}, state="running")
         with Progress(
             TextColumn("{task.description}"),
             BarColumn(),
@@ -181,6 +181,7 @@ def runtime_demo(console: Console, steps: int = 200) -> dict[str, Any]:
                 task.id,
                 on_step,
             )
+        db.set_task_state(task.id, "done")
         saved = dep.clients[(0, 0)].call(
             "Save",
             {

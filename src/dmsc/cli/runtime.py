@@ -281,6 +281,8 @@ def status(as_json: JsonOpt = False) -> None:
             str(s["pid"]),
         )
     console.print(t)
+    if out.get("weights_lost"):
+        console.print(f"[bold red]weights not restored:[/] {out['weights_lost']}", highlight=False)
     if out["tasks"]:
         tt = Table("task", "kind", "state")
         for task in out["tasks"]:

@@ -43,6 +43,12 @@ def train(
     out: dict[str, Any] = control_client().send("Train", req)
     if as_json:
         print(json.dumps(out))
+    elif out.get("state") == "cancelled":
+        console.print(
+            f"task {out['task']}: cancelled after {out['steps']} steps "
+            f"(model version {out['model_version']})",
+            highlight=False,
+        )
     else:
         console.print(
             f"task {out['task']}: {out['steps']} steps, loss {out['loss_first']:.3f} -> "

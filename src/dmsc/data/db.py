@@ -111,6 +111,7 @@ class ModelVersionRecord(Base):
     # candidate, production, canary or retired; the canary's share of inference traffic.
     status: Mapped[str] = mapped_column(String(16), default="candidate")
     canary_percent: Mapped[float] = mapped_column(default=0.0)
+    task_id: Mapped[int | None]  # the training task that produced it
 
 
 class CheckpointRecord(Base):
@@ -123,6 +124,7 @@ class CheckpointRecord(Base):
     step: Mapped[int]
     files_json: Mapped[str]  # stage -> [path, sha256]
     created_at: Mapped[dt.datetime] = mapped_column(default=_now)
+    refused: Mapped[str | None]  # why a recovery could not load it (then it is not tried again)
 
 
 class FaultRecord(Base):
@@ -132,7 +134,7 @@ class FaultRecord(Base):
     id: Mapped[int] = mapped_column(primary_key=True)
     run_id: Mapped[int] = mapped_column(ForeignKey("runs.id"))
     task_id: Mapped[int | None]
-    kind: Mapped[str] = mapped_column(String(32))  # worker, late-gradients, control-plane
+    kind: Mapped[str] = mapped_column(String(32))  # worker, checkpoint, control-plane, ...
     services: Mapped[str] = mapped_column(default="")  # the SIDs replaced
     reason: Mapped[str] = mapped_column(default="")
     detected_at: Mapped[float] = mapped_column(default=0.0)  # unix time
@@ -335,7 +337,7 @@ class Database:
             task.state = state
             if state == "running":
                 task.started_at = _now()
-            if state in ("done", "failed"):
+            if state in ("done", "failed", "cancelled"):
                 task.finished_at = _now()
                 task.error = error
 
@@ -384,6 +386,38 @@ class Database:
             if task_id is not None:
                 q = q.where(CheckpointRecord.task_id == task_id)
             return s.scalars(q.order_by(CheckpointRecord.id.desc())).first()
+
+    def checkpoints(
+        self, run_id: int, task_id: int | None = None, refused: bool = False
+    ) -> list[CheckpointRecord]:
+        """The run's checkpoints (of one task, when given), newest first; those a recovery
+        refused only with ``refused``."""
+        with self.sessions() as s:
+            q = select(CheckpointRecord).where(CheckpointRecord.run_id == run_id)
+            if task_id is not None:
+                q = q.where(CheckpointRecord.task_id == task_id)
+            if not refused:
+                q = q.where(CheckpointRecord.refused.is_(None))
+            return list(s.scalars(q.order_by(CheckpointRecord.id.desc())))
+
+    def refuse_checkpoint(self, checkpoint_id: int, reason: str) -> None:
+        """Mark a checkpoint that did not verify: recoveries no longer try it."""
+        with self.sessions() as s, s.begin():
+            rec = s.get(CheckpointRecord, checkpoint_id)
+            if rec is not None:
+                rec.refused = reason[:2000]
+
+    def add_restart_steps_lost(self, run_id: int, steps: int) -> None:
+        """Count ``steps`` run again (after a resumed task's checkpoint) against the run's
+        newest control-plane restart."""
+        with self.sessions() as s, s.begin():
+            fault = s.scalars(
+                select(FaultRecord)
+                .where(FaultRecord.run_id == run_id, FaultRecord.kind == "control-plane")
+                .order_by(FaultRecord.id.desc())
+            ).first()
+            if fault is not None:
+                fault.steps_lost += steps
 
     def set_task_params(self, task_id: int, params: dict[str, Any]) -> None:
         with self.sessions() as s, s.begin():

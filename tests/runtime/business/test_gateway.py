@@ -269,3 +269,33 @@ def test_models_exceptions_and_admin_requeue(env) -> None:  # type: ignore[no-un
     admin = create_key(db, "ops", ["admin"])[1]
     assert client.post(f"/v1/tasks/{tid}/requeue", headers=_h(admin)).json()["state"] == "queued"
     assert client.post(f"/v1/tasks/{tid}/requeue", headers=_h(admin)).status_code == 409
+
+
+def test_queued_work_past_the_tenants_quota_is_429_and_running_tasks_cancel(
+    tmp_path: Path,
+) -> None:
+    """A fuzzing tenant cannot fill the queue (it queued 101 tasks, 11.2 M steps); a running
+    task is asked to stop (``cancelling``) instead of refused."""
+    db = Database(f"sqlite:///{tmp_path / 'q.sqlite'}")
+    run = db.new_run("m", "c", {})
+    queue = TaskQueue(db, run.id, max_queued_tasks=3, max_queued_steps=1000)
+    app = create_app(Backend(), db, queue, rate=1000, burst=1000)
+    h = {t: _h(create_key(db, t, ["submit", "read"])[1]) for t in ("fuzz", "other")}
+    client = TestClient(app)
+    codes = [
+        client.post("/v1/tasks", json={"steps": 10}, headers=h["fuzz"]).status_code
+        for _ in range(4)
+    ]
+    assert codes == [202, 202, 202, 429]
+    r = client.post("/v1/tasks", json={"steps": 10}, headers=h["fuzz"])
+    assert "queued tasks" in r.json()["detail"] and r.headers["retry-after"]
+    many = client.post("/v1/tasks", json={"steps": 1001}, headers=h["other"])
+    assert many.status_code == 429 and "steps" in many.json()["detail"]
+    assert client.post("/v1/tasks", json={"steps": 10}, headers=h["other"]).status_code == 202
+    running = queue.claim("priority", lane="async")
+    assert running is not None
+    r = client.delete(f"/v1/tasks/{running.id}", headers=h[running.tenant])
+    assert r.status_code == 200 and r.json()["state"] == "cancelling"
+    queue.complete(running.id, cancelled=True)
+    r = client.delete(f"/v1/tasks/{running.id}", headers=h[running.tenant])
+    assert r.status_code == 409

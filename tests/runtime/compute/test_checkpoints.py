@@ -10,7 +10,9 @@ import torch
 from dmsc.runtime.compute.checkpoints import (
     CheckpointError,
     file_sha256,
+    load_state,
     read_checkpoint,
+    read_state,
     verify_checkpoint,
     write_checkpoint,
 )
@@ -41,3 +43,19 @@ def test_a_checkpoint_round_trips_and_fails_a_wrong_hash(tmp_path: Path) -> None
     assert read_checkpoint(path, other, other_opt) == 7
     assert torch.equal(other.weight, module.weight) and other.weight.grad is None
     assert other_opt.state_dict()["state"][0]["step"] == optimizer.state_dict()["state"][0]["step"]
+
+
+def test_an_unreadable_or_misfit_checkpoint_fails_before_anything_loads(tmp_path: Path) -> None:
+    module, optimizer = _stage(0)
+    path = tmp_path / "stage0.pt"
+    write_checkpoint(path, module, optimizer, steps=3)
+    whole = path.read_bytes()
+    path.write_bytes(whole[: len(whole) // 2])
+    with pytest.raises(CheckpointError, match="cannot be read"):
+        read_state(path)
+    path.write_bytes(whole)
+    wider = torch.nn.Linear(3, 5)  # not this stage's layers
+    before = wider.weight.detach().clone()
+    with pytest.raises(CheckpointError, match="does not fit"):
+        load_state(read_state(path), wider, torch.optim.AdamW(wider.parameters()))
+    assert torch.equal(wider.weight, before)

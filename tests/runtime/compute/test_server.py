@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
 
 import grpc
@@ -78,3 +79,24 @@ def test_a_spare_refuses_a_bad_stage_config() -> None:
     finally:
         client.close()
         server.stop(0)
+
+
+def test_a_missing_or_corrupt_checkpoint_is_refused_as_data_loss(
+    client: Client, tmp_path: Path
+) -> None:
+    """DATA_LOSS (not a bad request): the control plane then tries an older checkpoint."""
+    saved = client.call("Save", {"path": str(tmp_path / "s0.pt")})
+    whole = Path(saved["path"]).read_bytes()
+    Path(saved["path"]).write_bytes(whole[: len(whole) // 2])  # truncated: fails its hash
+    tries = [
+        (saved, "fails its hash"),
+        ({"path": saved["path"]}, "cannot be read"),  # no hash given: it must still read
+        ({"path": str(tmp_path / "gone.pt")}, "no checkpoint"),
+    ]
+    for body, why in tries:
+        with pytest.raises(grpc.RpcError) as info:
+            client.call("Load", body)
+        assert info.value.code() == grpc.StatusCode.DATA_LOSS
+        assert why in info.value.details() and str(tmp_path) in info.value.details()
+    Path(saved["path"]).write_bytes(whole)
+    assert client.call("Load", saved)["steps"] == 0

@@ -1,5 +1,6 @@
 from __future__ import annotations
 
+import json
 import os
 import threading
 from pathlib import Path
@@ -7,13 +8,18 @@ from pathlib import Path
 import pytest
 
 from dmsc.data.db import Database
-from dmsc.runtime.control.task_queue import TaskQueue
+from dmsc.runtime.control.task_queue import (
+    QuotaExceeded,
+    TaskFinished,
+    TaskQueue,
+    cancel_requested,
+)
 
 
-def _queue(url: str) -> TaskQueue:
+def _queue(url: str, **quotas: int) -> TaskQueue:
     db = Database(url)
     run = db.new_run("gpt-mini", "local", {})
-    return TaskQueue(db, run.id)
+    return TaskQueue(db, run.id, **quotas)
 
 
 @pytest.fixture(params=["sqlite", "postgresql"])
@@ -78,7 +84,7 @@ def test_a_restart_loses_no_queued_task(url: str) -> None:
 
 
 def test_concurrent_claims_never_share_a_task(url: str) -> None:
-    q = _queue(url)
+    q = _queue(url, max_queued_tasks=30)
     for _ in range(30):
         q.submit("infer", {})
     got: list[int] = []
@@ -96,3 +102,82 @@ def test_concurrent_claims_never_share_a_task(url: str) -> None:
     for t in threads:
         t.join()
     assert len(got) == 30 and len(set(got)) == 30
+
+
+def test_quotas_per_tenant_on_queued_tasks_and_steps(url: str) -> None:
+    """Issue 10: a fuzzing tenant queued 101 tasks, 11.2 million steps, in 29 s."""
+    q = _queue(url, max_queued_tasks=3, max_queued_steps=1000)
+    for _ in range(3):
+        q.submit("train", {"steps": 100}, tenant="fuzz")
+    with pytest.raises(QuotaExceeded, match="queued tasks per tenant"):
+        q.submit("train", {"steps": 1}, tenant="fuzz")
+    q.submit("train", {"steps": 900}, tenant="other")  # another tenant's quota is its own
+    with pytest.raises(QuotaExceeded, match="queued steps per tenant"):
+        q.submit("train", {"steps": 101}, tenant="other")
+    assert q.depth() == 4
+    q.claim("fcfs")  # a task that runs no longer counts as queued
+    q.submit("train", {"steps": 100}, tenant="fuzz")
+    with pytest.raises(ValueError, match="steps"):
+        q.submit("train", {"steps": "many"}, tenant="x")
+    default = _queue(url)
+    assert (default.max_queued_tasks, default.max_queued_steps) == (16, 100_000)
+    with pytest.raises(QuotaExceeded, match="queued steps per tenant"):
+        default.submit("train", {"steps": 100_001})
+    assert issubclass(QuotaExceeded, ValueError)
+
+
+def test_cancel_queued_at_once_running_on_request(url: str) -> None:
+    q = _queue(url)
+    waiting = q.submit("train", {"steps": 5})
+    running = q.submit("train", {"steps": 5})
+    assert q.cancel(waiting.id) == "cancelled"
+    assert q.claim("fcfs").id == running.id  # type: ignore[union-attr]  # never the cancelled
+    assert not cancel_requested(q.db, running.id)
+    assert q.cancel(running.id) == "cancelling"
+    assert q.cancel(running.id) == "cancelling"  # asking again changes nothing
+    assert cancel_requested(q.db, running.id)
+    q.complete(running.id, cancelled=True)
+    states = {t.id: t for t in q.db.tasks(q.run_id)}
+    assert states[running.id].state == "cancelled" and states[running.id].finished_at
+    assert states[waiting.id].state == "cancelled" and states[waiting.id].finished_at
+    with pytest.raises(TaskFinished, match="cancelled"):
+        q.cancel(running.id)
+    with pytest.raises(KeyError):
+        q.cancel(10_000_000)
+    # a running task that fails while asked to cancel ends cancelled, not retried
+    other = q.submit("train", {"steps": 5})
+    q.claim("fcfs")
+    q.cancel(other.id)
+    assert q.fail(other.id, RuntimeError("stage 1 died")) == "cancelled"
+
+
+def test_orphans_of_a_stopped_run_move_into_the_next_or_fail(url: str) -> None:
+    """Issue 10: tasks queued before `dmsc down` stayed `queued` forever after `dmsc up`."""
+    db = Database(url)
+    old = db.new_run("gpt-mini", "local", {})
+    q_old = TaskQueue(db, old.id)
+    queued = q_old.submit("train", {"steps": 5}, tenant="t", priority=2)
+    cut = q_old.submit("train", {"steps": 5})
+    q_old.claim("fcfs")  # cut short by the stop, with its progress in the old run
+    db.set_task_params(cut.id, {"steps": 5, "first_step": 40})
+    infer = db.new_task(old.id, "infer", {"tokens": 3}, state="running")
+    other_model = db.new_run("gpt-small", "local", {})
+    foreign = TaskQueue(db, other_model.id).submit("train", {"steps": 5})
+    db.end_run(old.id)
+    db.end_run(other_model.id)
+    live = db.new_run("gpt-mini", "elsewhere", {})  # running: another control plane's, untouched
+    theirs = TaskQueue(db, live.id).submit("train", {"steps": 5})
+    new = db.new_run("gpt-mini", "local", {})
+    q = TaskQueue(db, new.id)
+    out = q.adopt_orphans("gpt-mini")
+    assert out["requeued"] == [queued.id, cut.id]
+    assert sorted(out["failed"]) == sorted([infer.id, foreign.id])
+    tasks = {t.id: t for t in db.tasks()}
+    assert tasks[queued.id].run_id == new.id and tasks[queued.id].state == "queued"
+    assert tasks[queued.id].priority == 2 and tasks[queued.id].tenant == "t"
+    assert json.loads(tasks[cut.id].params_json) == {"steps": 5}  # starts afresh in this run
+    assert tasks[foreign.id].state == "failed" and "gpt-small" in (tasks[foreign.id].error or "")
+    assert tasks[infer.id].state == "failed" and tasks[infer.id].finished_at
+    assert tasks[theirs.id].run_id == live.id and tasks[theirs.id].state == "queued"
+    assert [q.claim("fcfs").id for _ in range(2)] == [queued.id, cut.id]  # type: ignore[union-attr]
+    assert q.adopt_orphans("gpt-mini") == {"requeued": [], "failed": [], "cancelled": []}

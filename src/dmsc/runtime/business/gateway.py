@@ -41,6 +41,7 @@ from dmsc.data.db import Database, ModelVersionRecord, StorageError, TaskRecord
 from dmsc.runtime.business.auth import Principal, PrincipalCache
 from dmsc.runtime.business.http_guard import UNAUTHORIZED, Guard
 from dmsc.runtime.business.protection import CircuitBreaker, RateLimiter, TenantAdmission
+from dmsc.runtime.business.queueing import QuotaExceeded, TaskFinished, TaskQueue
 from dmsc.runtime.business.router import POLICIES, NoReplica, Router, pick_version
 from dmsc.runtime.transport.messages import GatewayInferRequest as InferRequest
 from dmsc.runtime.transport.messages import GatewayTaskRequest as TaskRequest
@@ -69,26 +70,6 @@ class Backend(Protocol):
     def stage_count(self) -> int:
         """Stages a request passes (its cost is tokens times this)."""
         ...
-
-
-class TaskQueue(Protocol):
-    """Where the gateway puts long work: the control plane's persistent task queue
-    (:class:`dmsc.runtime.control.task_queue.TaskQueue`)."""
-
-    def submit(
-        self,
-        kind: str,
-        params: dict[str, Any],
-        tenant: str = "default",
-        priority: int = 0,
-        weight: float = 1.0,
-        lane: str = "sync",
-        max_attempts: int = 3,
-    ) -> TaskRecord: ...
-
-    def requeue(self, task_id: int) -> None: ...
-
-    def exceptions(self) -> list[TaskRecord]: ...
 
 
 def _task_json(t: TaskRecord) -> dict[str, Any]:
@@ -262,6 +243,7 @@ def create_app(
                 "sha256": v.sha256,
                 "status": v.status,
                 "canary_percent": v.canary_percent,
+                "task": v.task_id,
             }
             for v in await versions.get()
         ]
@@ -392,9 +374,12 @@ def create_app(
     def submit(req: TaskRequest, request: Request) -> dict[str, Any]:
         who = authorize(request, "submit")
         params = req.model_dump(include={"steps", "checkpoint_every", "late_policy", "grad_wait_s"})
-        task = queue.submit(
-            "train", params, tenant=who.tenant, priority=req.priority, lane=req.lane
-        )
+        try:
+            task = queue.submit(
+                "train", params, tenant=who.tenant, priority=req.priority, lane=req.lane
+            )
+        except QuotaExceeded as exc:  # queued work, not a rate: retrying soon will not help
+            raise HTTPException(429, str(exc), headers={"Retry-After": "60"}) from None
         return _task_json(task)
 
     def _own_task(task_id: int, who: Principal) -> TaskRecord:
@@ -410,11 +395,16 @@ def create_app(
 
     @app.delete("/v1/tasks/{task_id}")
     def cancel(task_id: TaskId, request: Request) -> dict[str, Any]:
-        task = _own_task(task_id, authorize(request, "submit"))
-        if task.state != "queued":
-            raise HTTPException(409, f"task {task_id} is {task.state}, only queued tasks cancel")
-        db.set_task_state(task_id, "cancelled")
-        return {"id": task_id, "state": "cancelled"}
+        """A queued task is cancelled at once; a running one is asked to stop (``cancelling``:
+        it stops between two steps, keeps what it trained, and ends ``cancelled``)."""
+        _own_task(task_id, authorize(request, "submit"))
+        try:
+            state = queue.cancel(task_id)
+        except KeyError:
+            raise HTTPException(404, f"no task {task_id}") from None
+        except TaskFinished as exc:
+            raise HTTPException(409, str(exc)) from None
+        return {"id": task_id, "state": state}
 
     @app.post("/v1/tasks/{task_id}/requeue")
     def requeue(task_id: TaskId, request: Request) -> dict[str, Any]:

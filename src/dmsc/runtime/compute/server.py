@@ -30,7 +30,8 @@ from prometheus_client import CollectorRegistry, Counter, Histogram
 from dmsc.runtime.compute.checkpoints import (
     CheckpointError,
     file_sha256,
-    read_checkpoint,
+    load_state,
+    read_state,
     verify_checkpoint,
     write_checkpoint,
 )
@@ -48,6 +49,7 @@ from dmsc.runtime.transport.rpc import (
     Abandoned,
     BadRequest,
     Client,
+    DataLost,
     bytes_handler,
     message_handler,
 )
@@ -273,14 +275,18 @@ class StageWorker:
         return {"path": str(path), "sha256": file_sha256(path)}
 
     def load(self, m: msg.Load) -> dict[str, Any]:
+        """Load a checkpoint; one that is missing, fails its hash or cannot be read is refused
+        with DATA_LOSS (the caller may try an older one) before anything is loaded."""
         path = Path(m.path)
         try:
             verify_checkpoint(path, m.sha256)
+            state = read_state(path)
+            with self._lock:
+                self.steps_done = load_state(state, self.module, self.optimizer)
+                self.uncommitted = None
         except CheckpointError as exc:
-            raise BadRequest(str(exc)) from None
-        with self._lock:
-            self.steps_done = read_checkpoint(path, self.module, self.optimizer)
-            self.uncommitted = None
+            self.log.warning("refused %s: %s", path, exc, extra={"sid": self.cfg.sid})
+            raise DataLost(f"{exc}: {path}") from None
         return {"steps": self.steps_done}
 
     def methods(self) -> dict[str, grpc.RpcMethodHandler]:

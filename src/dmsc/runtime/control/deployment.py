@@ -75,6 +75,7 @@ class Checkpoint:
 
     step: int
     files: dict[int, tuple[str, str]]  # stage -> (path, sha256)
+    id: int | None = None  # its database record, when it has one
 
 
 class Cancelled(RuntimeError):
@@ -401,14 +402,26 @@ class Deployment:
         return Checkpoint(step, {k[0]: (r["path"], r["sha256"]) for k, r in out.items()})
 
     def restore(self, ckpt: Checkpoint, keys: Collection[Key] | None = None) -> None:
-        """Load ``ckpt`` into the workers (all by default); each file's hash is checked."""
+        """Load ``ckpt`` into the workers (all by default); each file's hash is checked. A file
+        missing or corrupt raises :class:`~dmsc.runtime.control.failures.CheckpointRefused`
+        naming every worker that refused, once every Load is over (so that no Load of this
+        checkpoint lands after one of another)."""
         keys = list(self.clients) if keys is None else list(keys)
 
         def load(k: Key) -> Callable[[int], Load]:
             path, sha = ckpt.files[k[0]]
             return lambda epoch: Load(path=path, sha256=sha, epoch=epoch)
 
-        self.gather({k: self.calls("Load", load(k), [k], 120.0)[k] for k in keys}, 120.0)
+        futures = {k: self.calls("Load", load(k), [k], 120.0)[k] for k in keys}
+        try:
+            self.gather(futures, 120.0)
+        except failures.CheckpointRefused:
+            refused = {}
+            for k, fut in futures.items():
+                exc = fut.exception()  # waits for the call to end
+                if isinstance(exc, grpc.RpcError) and exc.code() == grpc.StatusCode.DATA_LOSS:
+                    refused[k] = str(exc.details())
+            raise failures.CheckpointRefused(refused, ckpt.step) from None
 
     def move_to_epoch(self, keys: Collection[Key], epoch: int) -> list[Key]:
         """Abort the step in progress on ``keys`` and move them to ``epoch``; returns the

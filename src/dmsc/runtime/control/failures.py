@@ -45,6 +45,19 @@ class WorkerFailure(RuntimeError):
         super().__init__("; ".join(parts) or reason or "a step failed")
 
 
+class CheckpointRefused(RuntimeError):
+    """Workers refused to load a checkpoint (its file missing, failing its hash, unreadable):
+    ``refused`` says which and why; ``step`` is the checkpoint's, when known."""
+
+    def __init__(self, refused: dict[Key, str], step: int | None = None) -> None:
+        self.refused = refused
+        self.step = step
+        self.at = time.time()
+        parts = [f"stage {k[0]} replica {k[1]}: {r}" for k, r in sorted(refused.items())]
+        what = f"the checkpoint of step {step}" if step is not None else "a checkpoint"
+        super().__init__(f"{what} does not verify: " + "; ".join(parts))
+
+
 class StepRestartNeeded(RuntimeError):
     """A stage leader dropped the step (late gradients, policy ``restart``); nothing applied."""
 
@@ -119,8 +132,9 @@ def _code(exc: BaseException) -> grpc.StatusCode | None:
 def gather(ws: Workers, futures: dict[Key, Any], deadline_s: float) -> dict[Key, dict[str, Any]]:
     """Wait for calls to every worker in ``futures`` (grpc futures of JSON replies), watching
     the workers meanwhile. Raises :class:`WorkerFailure` at the first sign of one,
-    :class:`StepRestartNeeded` when a stage leader dropped the step, RuntimeError when a worker
-    refused the request (a bug, not a failure: no recovery would help)."""
+    :class:`StepRestartNeeded` when a stage leader dropped the step, :class:`CheckpointRefused`
+    when a worker found the checkpoint it was told to load missing or corrupt, RuntimeError when
+    a worker refused the request (a bug, not a failure: no recovery would help)."""
     end = time.monotonic() + deadline_s
     replies: dict[Key, dict[str, Any]] = {}
     pending = dict(futures)
@@ -139,6 +153,8 @@ def gather(ws: Workers, futures: dict[Key, Any], deadline_s: float) -> dict[Key,
             details = exc.details() if isinstance(exc, grpc.RpcError) else str(exc)
             if _code(exc) == grpc.StatusCode.ABORTED and details.startswith("restart:"):
                 raise StepRestartNeeded(details)
+            if _code(exc) == grpc.StatusCode.DATA_LOSS:
+                raise CheckpointRefused({key: details})
             if _code(exc) == grpc.StatusCode.INVALID_ARGUMENT:
                 raise RuntimeError(f"stage {key[0]} replica {key[1]} refused: {details}")
             raise failure(ws, f"stage {key[0]} replica {key[1]}: {details}", futures)

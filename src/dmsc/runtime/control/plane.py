@@ -12,7 +12,13 @@ Recovery. Training tasks checkpoint every ``checkpoint_every`` steps (default 50
 failed worker (see :mod:`dmsc.runtime.control.training`). After a crash of the control plane,
 the same plan resumes its run (:meth:`dmsc.data.db.Database.resume_or_new_run`): workers load
 the run's last checkpoint, queued tasks stay queued, and a task that was running resumes from its
-own last checkpoint.
+own last checkpoint (the steps it had done since count as lost in the restart's fault). Every
+recovery loads the newest checkpoint that verifies (:mod:`.fallback`): a missing or corrupt one
+is a ``checkpoint`` fault, and with none that verifies the control plane does not start (or, once
+running, refuses training: :attr:`ControlPlane.weights_lost`) rather than serve fresh weights.
+Tasks that an earlier, stopped run left queued move into this run when it starts
+(:meth:`.task_queue.TaskQueue.adopt_orphans`). Every training task that ends, resumed or
+cancelled, records the model version it produced.
 """
 
 from __future__ import annotations
@@ -30,10 +36,11 @@ from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 from dmsc.data.corpus import Corpus, stdlib_text
 from dmsc.data.db import CheckpointRecord, Database, ModelVersionRecord, data_dir
 from dmsc.planner.plan import Plan
-from dmsc.runtime.control import status
+from dmsc.runtime.control import fallback, status
 from dmsc.runtime.control.deployment import Checkpoint, Deployment
+from dmsc.runtime.control.fallback import NoGoodCheckpoint, Restored
 from dmsc.runtime.control.inference import NoReplica, Replicas
-from dmsc.runtime.control.task_queue import TaskQueue
+from dmsc.runtime.control.task_queue import TaskQueue, cancel_requested
 from dmsc.runtime.control.training import Recovering, TrainReport, layout_from_plan, train
 from dmsc.runtime.transport.messages import (
     DownRequest,
@@ -115,16 +122,53 @@ class ControlPlane:
             "dmsc_control_train_step_seconds", "Training step time", registry=self.metrics
         )
         self.stopped = threading.Event()
+        # Set when no checkpoint could restore the workers: training is refused (see start).
+        self.weights_lost: str | None = None
+        self.unrestored: set[int] = set()  # replicas kept out of routing for that reason
+        self.interrupted: set[int] = set()  # tasks a crash cut short, to resume
 
     def start(self) -> None:
+        """Start the workers; a resumed run's go back to its newest checkpoint that verifies
+        (NoGoodCheckpoint, after recording the fault, when it has some but none does)."""
         self.deployment.start()
-        last = self.last_checkpoint()
+        self.interrupted = {
+            t.id
+            for t in self.db.tasks(self.run.id)
+            if t.state == "queued" and "first_step" in json.loads(t.params_json)
+        }
+        last = self.restore_run("resuming the run")
         if last is not None:  # a resumed run: the workers continue from where it stopped
-            self.deployment.restore(last)
             self.steps_done = last.step
             self.log.info("resumed from the checkpoint of step %d", last.step)
         self.record_services()
         self.db.close_control_plane_faults(self.run.id, last.step if last is not None else None)
+        orphans = TaskQueue(self.db, self.run.id).adopt_orphans(self.plan.model)
+        for outcome, ids in orphans.items():
+            if ids:
+                self.log.warning(
+                    "tasks left by an earlier run %s: %s", outcome, ids, extra={"run": self.run.id}
+                )
+
+    def restore_run(self, what: str) -> Checkpoint | None:
+        """Load the run's newest checkpoint that verifies into every worker; None when the run
+        has none, NoGoodCheckpoint (recorded) when it has some but none verifies."""
+        restored = fallback.restore_newest(self.deployment, self.checkpoints())
+        self.record_refused(restored)
+        if restored.lost:
+            raise restored.error(f"{what}, run {self.run.id}")
+        return restored.checkpoint
+
+    def record_refused(self, restored: Restored, task_id: int | None = None) -> None:
+        """Record and log the checkpoints a recovery skipped (they are not tried again)."""
+        dep = self.deployment
+        for ckpt, exc in restored.refused:
+            if ckpt.id is not None:
+                self.db.refuse_checkpoint(ckpt.id, str(exc))
+        sids = {k: dep.sid(*k) for k in dep.clients}
+        for row in fallback.checkpoint_faults(restored, self.run.id, sids, task_id, dep.epoch):
+            self.db.add(row)
+            say = self.log.error if restored.lost else self.log.warning
+            say("checkpoint fault: %s", row.reason, extra={"run": self.run.id})
 
     def end_run(self) -> None:
         self.db.end_run(self.run.id)
@@ -136,17 +180,24 @@ class ControlPlane:
                 c = h.config
                 self.db.add_service(self.run.id, c.sid, c.stage, c.replica, h.address)
 
-    def last_checkpoint(self, task_id: int | None = None) -> Checkpoint | None:
-        rec = self.db.last_checkpoint(self.run.id, task_id)
-        if rec is None:
-            return None
-        files = {int(k): (v[0], v[1]) for k, v in json.loads(rec.files_json).items()}
-        return Checkpoint(rec.step, files)
+    def checkpoints(self, task_id: int | None = None) -> list[Checkpoint]:
+        """The run's checkpoints (of one task, when given) not refused yet, newest first."""
+        return [
+            Checkpoint(
+                rec.step,
+                {int(k): (v[0], v[1]) for k, v in json.loads(rec.files_json).items()},
+                rec.id,
+            )
+            for rec in self.db.checkpoints(self.run.id, task_id)
+        ]
 
     # -- dmsc.Control -------------------------------------------------------------------------
     def status(self, req: StatusRequest) -> dict[str, Any]:
         dep, down = self.deployment, self.inference.down
-        return status.report(dep, self.db, self.run.id, self.plan.model, self.steps_done, down)
+        out = status.report(dep, self.db, self.run.id, self.plan.model, self.steps_done, down)
+        if self.weights_lost:
+            out["weights_lost"] = self.weights_lost
+        return out
 
     def train_params(self, req: TrainRequest) -> TrainParams:
         """A training request completed from the plan (batch and micro-batches default to its)
@@ -168,19 +219,70 @@ class ControlPlane:
             first_step=req.first_step,
         )
 
-    def run_task(self, task_id: int, params: TrainParams) -> TrainReport:
-        """Run a training task (holding the lock). A task that was running when the control
-        plane died resumes from its last checkpoint."""
+    def run_task(self, task_id: int, params: TrainParams) -> tuple[TrainReport, int]:
+        """Run a training task (holding the lock) and save the model version it produced;
+        returns the report and the version. A task that was running when the control plane
+        died resumes from its newest checkpoint that verifies; the steps it had done after its
+        newest checkpoint count as lost in the restart's fault. A cancel request stops it
+        between two steps (``report.cancelled``)."""
+        if self.weights_lost:
+            raise RuntimeError(
+                f"training refused: {self.weights_lost} (`dmsc down` and `dmsc up` start a new "
+                "run with fresh weights)"
+            )
         schedule: Schedule = "gpipe" if self.plan.job.schedule == "gpipe" else "1f1b"
-        start = None
+        start, older = None, []
         if params.first_step is not None:  # it ran before: resume
-            start = self.last_checkpoint(task_id)
             first = params.first_step
+            saved = self.db.checkpoints(self.run.id, task_id, refused=True)
+            if saved and task_id in self.interrupted:  # what ran after its newest checkpoint
+                self.interrupted.discard(task_id)
+                redone = [m for m in self.db.metrics(task_id) if m.step >= saved[0].step]
+                self.db.add_restart_steps_lost(self.run.id, len(redone))
+            usable = self.checkpoints(task_id)
+            if saved and not usable:
+                raise NoGoodCheckpoint([], f"none of task {task_id}'s checkpoints is usable")
+            start, older = (usable[0], usable[1:]) if usable else (None, [])
         else:
             first = self.steps_done
             self.db.set_task_params(task_id, {**params.as_json(), "first_step": first})
         folder = self.home / "checkpoints" / f"run{self.run.id}" / f"task{task_id}"
-        report = train(
+        try:
+            report = self._train(task_id, params, first, schedule, folder, start, older)
+        except NoGoodCheckpoint:  # the workers are not at one step: back to the run's newest
+            self._restore_after_loss()
+            raise
+        self.steps_done = report.end_step
+        for r in report.recoveries:
+            self.log.warning("recovered from a failure: %s", r.reason, extra={"task_id": task_id})
+        return report, self._save_version(task_id)
+
+    def _restore_after_loss(self) -> None:
+        """After a task found no checkpoint of its own that verifies: every worker goes back to
+        the run's newest that does, or training is refused from now on."""
+        try:
+            last = self.restore_run("after a task lost its checkpoints")
+        except NoGoodCheckpoint as exc:
+            last, why = None, str(exc)
+        else:
+            why = "no checkpoint of the run is left to go back to"
+        if last is None:  # the survivors trained, a replacement did not: not one model
+            self.weights_lost = why
+            self.log.error("the weights cannot be restored: %s", why, extra={"run": self.run.id})
+            return
+        self.steps_done = last.step
+
+    def _train(
+        self,
+        task_id: int,
+        params: TrainParams,
+        first: int,
+        schedule: Schedule,
+        folder: Path,
+        start: Checkpoint | None,
+        older: list[Checkpoint],
+    ) -> TrainReport:
+        return train(
             self.deployment,
             self.corpus,
             self.valid,
@@ -197,39 +299,40 @@ class ControlPlane:
                 late_policy=params.late_policy,
                 grad_wait_s=params.grad_wait_s,
                 start=start,
+                older=older,
             ),
             run_id=self.run.id,
+            stop=lambda: cancel_requested(self.db, task_id),
         )
-        self.steps_done = first + params.steps
-        for r in report.recoveries:
-            self.log.warning("recovered from a failure: %s", r.reason, extra={"task_id": task_id})
-        return report
 
     def train(self, req: TrainRequest) -> dict[str, Any]:
         params = self.train_params(req.model_copy(update={"first_step": None}))
         with self.lock:
             task = self.db.new_task(self.run.id, "train", params.as_json(), state="running")
             try:
-                report = self.run_task(task.id, params)
+                report, version = self.run_task(task.id, params)
             except Exception as exc:
                 self.db.set_task_state(task.id, "failed", str(exc))
                 raise
-            version = self._save_version()
-            self.db.set_task_state(task.id, "done")
+            state = "cancelled" if report.cancelled else "done"
+            self.db.set_task_state(task.id, state)
         for s in report.step_s:
             self.m_step.observe(s)
-        self.m_tasks.labels("train", "done").inc()
-        self.log.info("train task done", extra={"task_id": task.id, "run": self.run.id})
+        self.m_tasks.labels("train", state).inc()
+        self.log.info(f"train task {state}", extra={"task_id": task.id, "run": self.run.id})
         return {
             "task": task.id,
-            "steps": params.steps,
-            "loss_first": report.losses[0],
-            "loss_last": report.losses[-1],
+            "state": state,
+            "steps": report.end_step - report.first_step,
+            "loss_first": report.losses[0] if report.losses else None,
+            "loss_last": report.losses[-1] if report.losses else None,
             "val_start": report.val_start,
             "val_end": report.val_end,
-            "median_step_s": report.median_step_s,
+            "median_step_s": report.median_step_s if report.step_s else None,
             "predicted_step_s": self.plan.prediction.iteration_time_s,
-            "tokens_per_s": report.tokens_per_step / report.median_step_s,
+            "tokens_per_s": (
+                report.tokens_per_step / report.median_step_s if report.step_s else None
+            ),
             "model_version": version,
             "recoveries": [
                 {
@@ -246,8 +349,9 @@ class ControlPlane:
             "skipped": report.skipped,
         }
 
-    def _save_version(self) -> int:
-        """Save the model as a new version (and as the run's latest checkpoint)."""
+    def _save_version(self, task_id: int | None = None) -> int:
+        """Save the model as a new version of ``task_id`` (and as the run's latest
+        checkpoint)."""
         folder = self.home / "checkpoints" / f"run{self.run.id}" / f"step{self.steps_done}"
         ckpt = self.deployment.checkpoint(self.steps_done, folder)
         digests = {path: sha for path, sha in ckpt.files.values()}
@@ -262,6 +366,7 @@ class ControlPlane:
                 path=str(folder),
                 sha256=next(iter(digests.values())),
                 metrics_json=json.dumps(digests),
+                task_id=task_id,
             )
         )
         return record.id
@@ -330,11 +435,14 @@ class ControlPlane:
             try:
                 params = self.train_params(parse(TrainRequest, json.loads(task.params_json)))
                 with self.lock:
-                    self.run_task(task.id, params)
-                queue.complete(task.id)
-                self.m_tasks.labels("train", "done").inc()
-                self.log.info("task done", extra={"task_id": task.id, "run": self.run.id})
+                    report, _ = self.run_task(task.id, params)
+                queue.complete(task.id, cancelled=report.cancelled)
+                state = "cancelled" if report.cancelled else "done"
+                self.m_tasks.labels("train", state).inc()
+                self.log.info(f"task {state}", extra={"task_id": task.id, "run": self.run.id})
             except Exception as exc:  # isolate it in the exception queue (or retry)
-                state = queue.fail(task.id, exc)
+                # a task whose checkpoints are gone fails at once: a retry would meet the same
+                retry = not isinstance(exc, NoGoodCheckpoint) and not self.weights_lost
+                state = queue.fail(task.id, exc, retry=retry)
                 self.m_tasks.labels("train", state).inc()
                 self.log.warning("task failed: %s", exc, extra={"task_id": task.id})

@@ -13,8 +13,11 @@ the group it
    frames are dropped); one that does not answer is taken as failed too;
 3. replaces the failed workers, by a warm spare (``Assume``) where one is ready, else by a new
    process, and refills the spares in the background;
-4. loads the checkpoint into the group (with none, every worker must still hold its initial
-   weights, as a replacement does).
+4. loads into the group the newest of the candidate checkpoints that verifies
+   (:func:`dmsc.runtime.control.fallback.restore_newest`: a checkpoint whose file is missing or
+   corrupt is skipped, and the :class:`Recovery` lists it); with no candidates every worker must
+   still hold its initial weights, as a replacement does. With candidates but none that
+   verifies, :attr:`Recovery.lost` is set and the caller must not go on as if restored.
 
 Since an optimizer step is applied only by ``Commit`` after every stage finished, no step is
 applied twice; the steps after the checkpoint are run again by the caller.
@@ -23,11 +26,12 @@ applied twice; the steps after the checkpoint are run again by the caller.
 from __future__ import annotations
 
 import time
-from collections.abc import Collection
-from dataclasses import dataclass
+from collections.abc import Collection, Sequence
+from dataclasses import dataclass, field
 
 from dmsc.runtime.control.deployment import Checkpoint, Deployment
 from dmsc.runtime.control.failures import Key, WorkerFailure
+from dmsc.runtime.control.fallback import Restored, restore_newest
 
 
 @dataclass
@@ -40,6 +44,17 @@ class Recovery:
     recovered_at: float
     checkpoint_step: int
     epoch: int
+    restored: Restored = field(default_factory=lambda: Restored(None))
+
+    @property
+    def checkpoint(self) -> Checkpoint | None:
+        """The checkpoint the group went back to (None: none, see :attr:`lost`)."""
+        return self.restored.checkpoint
+
+    @property
+    def lost(self) -> bool:
+        """Checkpoints to go back to, but none verified: the group's weights are not restored."""
+        return self.restored.lost
 
 
 def fence(dep: Deployment, keys: Collection[Key]) -> None:
@@ -68,19 +83,20 @@ def replace(dep: Deployment, keys: Collection[Key]) -> None:
 def recover(
     dep: Deployment,
     failure: WorkerFailure,
-    ckpt: Checkpoint | None,
+    candidates: Sequence[Checkpoint] | None,
     keys: Collection[Key] | None = None,
 ) -> Recovery:
     """Bring the group ``keys`` (default: every worker) back after ``failure``: a new epoch,
-    the failed workers of the group replaced, the group at ``ckpt`` (see the module docstring)."""
+    the failed workers of the group replaced, the group at the newest of ``candidates`` (newest
+    first; None: none) that verifies (see the module docstring)."""
     group = list(dep.clients) if keys is None else list(keys)
     dep.epoch += 1
     failed = {k for k in failure.failed if k in group}
     fence(dep, failed)  # before the survivors, moving on, look their peers up again
     failed |= set(dep.move_to_epoch([k for k in group if k not in failed], dep.epoch))
     replace(dep, sorted(failed))
-    if ckpt is not None:
-        dep.restore(ckpt, group)
+    restored = restore_newest(dep, candidates, group)
+    ckpt = restored.checkpoint
     return Recovery(
         failed=[dep.sid(*k) for k in sorted(failed)],
         reason=str(failure),
@@ -88,11 +104,15 @@ def recover(
         recovered_at=time.time(),
         checkpoint_step=ckpt.step if ckpt is not None else 0,
         epoch=dep.epoch,
+        restored=restored,
     )
 
 
 def heal(
-    dep: Deployment, failure: WorkerFailure, replica: int, ckpt: Checkpoint | None
+    dep: Deployment,
+    failure: WorkerFailure,
+    replica: int,
+    candidates: Sequence[Checkpoint] | None,
 ) -> Recovery:
     """Repair one replica's pipeline (inference): :func:`recover` over that pipeline only."""
-    return recover(dep, failure, ckpt, dep.pipeline(replica))
+    return recover(dep, failure, candidates, dep.pipeline(replica))

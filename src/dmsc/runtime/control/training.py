@@ -6,11 +6,21 @@ steps since then run again on the same data (batches are a function of the step)
 on as the same run without the failure would have from that checkpoint. Metrics of the lost steps
 are dropped and written again. A step that a stage leader dropped (late gradients, policy
 ``restart``) was applied nowhere and simply runs again.
+
+A checkpoint whose files are missing or corrupt when a rollback (or a resume) needs it is skipped
+for the session's next older one (:mod:`dmsc.runtime.control.fallback`): a ``checkpoint`` fault
+is recorded, the checkpoint is marked refused in the database, and more steps run again. With
+none left that verifies the session stops with
+:class:`~dmsc.runtime.control.fallback.NoGoodCheckpoint`.
+
+Cancelling: ``stop`` is asked before every step; once it says so, the session checkpoints the
+step it reached and ends (``report.cancelled``; the weights stay at ``report.end_step``).
 """
 
 from __future__ import annotations
 
 import json
+import logging
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -23,9 +33,12 @@ from dmsc.planner.plan import Plan
 from dmsc.runtime.control import recovery
 from dmsc.runtime.control.deployment import Checkpoint, Deployment, StageLayout
 from dmsc.runtime.control.failures import StepRestartNeeded, WorkerFailure
+from dmsc.runtime.control.fallback import Restored, checkpoint_faults, restore_newest
 from dmsc.runtime.control.recovery import Recovery
 from dmsc.runtime.transport.messages import DEFAULT_GRAD_WAIT_S, LatePolicy, Schedule
 from dmsc.spec import TransformerSpec
+
+log = logging.getLogger("dmsc.control.training")  # the control plane's log, where it has one
 
 
 def layout_from_plan(
@@ -55,7 +68,9 @@ class TrainReport:
     steps_lost: int = 0  # steps run again after recoveries
     restarts: int = 0  # steps dropped by a stage leader and run again
     skipped: list[tuple[int, int, int]] = field(default_factory=list)  # step, stage, replica
-    checkpoint: Checkpoint | None = None  # the last one taken
+    checkpoint: Checkpoint | None = None  # the last one taken (or gone back to)
+    cancelled: bool = False  # stopped before its last step (``stop`` said so)
+    end_step: int = 0  # the step the weights are at when the session ends
 
     @property
     def median_step_s(self) -> float:
@@ -81,16 +96,18 @@ def validation_loss(
 def fault_record(
     rec: Recovery, run_id: int, task_id: int | None = None, steps_lost: int = 0
 ) -> FaultRecord:
-    """The database row of a recovery from failed workers."""
+    """The database row of a recovery from failed workers (left open when no checkpoint could
+    be loaded: the workers are back, their weights are not)."""
+    lost = " (no checkpoint verifies: the weights are not restored)" if rec.lost else ""
     return FaultRecord(
         run_id=run_id,
         task_id=task_id,
         kind="worker",
         services=",".join(rec.failed),
-        reason=rec.reason[:2000],
+        reason=(rec.reason + lost)[:2000],
         detected_at=rec.detected_at,
-        recovered_at=rec.recovered_at,
-        checkpoint_step=rec.checkpoint_step,
+        recovered_at=None if rec.lost else rec.recovered_at,
+        checkpoint_step=None if rec.lost else rec.checkpoint_step,
         steps_lost=steps_lost,
         epoch=rec.epoch,
     )
@@ -109,6 +126,7 @@ class Recovering:
     max_recoveries: int = 5
     max_restarts: int = 20
     start: Checkpoint | None = None  # resume from this checkpoint instead of taking one
+    older: list[Checkpoint] = field(default_factory=list)  # start's fallbacks, newest first
 
 
 def train(
@@ -126,47 +144,81 @@ def train(
     recovering: Recovering | None = None,
     run_id: int | None = None,
     validate: bool = True,
+    stop: Callable[[], bool] | None = None,
 ) -> TrainReport:
     """Run steps ``first_step`` .. ``first_step + steps - 1``; validation loss before and after.
-    With ``recovering.start``, the session resumes from that checkpoint (its step must lie in
-    the range) and the steps before it are taken as done."""
+    With ``recovering.start``, the session resumes from that checkpoint (or, when it does not
+    verify, the newest of ``recovering.older`` that does; each must lie in the range) and the
+    steps before it are taken as done. ``stop`` (asked before each step) cancels the session.
+    The task's state is the caller's to set (running, then done or cancelled once it has
+    recorded what the session produced)."""
     rec = recovering or Recovering()
     end = first_step + steps
     report = TrainReport(steps, tokens_per_step=batch * dep.layout.model.seq, first_step=first_step)
     logged = db is not None and task_id is not None
+    recorded = db is not None and run_id is not None
+    # The session's checkpoints, oldest first; the last is the one a rollback goes back to.
+    history: list[Checkpoint] = []
 
     def folder(step: int) -> Path | None:
         return rec.checkpoint_dir / f"step{step}" if rec.checkpoint_dir else None
 
     def save(step: int) -> Checkpoint:
         ckpt = dep.checkpoint(step, folder(step))
-        if db is not None and run_id is not None:
+        if recorded:
+            assert db is not None and run_id is not None
             files = {str(k): list(v) for k, v in ckpt.files.items()}
-            db.add(
+            row = db.add(
                 CheckpointRecord(
                     run_id=run_id, task_id=task_id, step=step, files_json=json.dumps(files)
                 )
             )
+            ckpt.id = row.id
+        history.append(ckpt)
         report.checkpoint = ckpt
         return ckpt
 
-    def bring_back(failure: WorkerFailure, ckpt: Checkpoint, at_step: int) -> None:
+    def settle(restored: Restored, what: str) -> Checkpoint:
+        """Record the checkpoints ``restored`` skipped; the one it loaded (else raise)."""
+        for ckpt, exc in restored.refused:
+            if ckpt in history:
+                history.remove(ckpt)
+            if db is not None and ckpt.id is not None:
+                db.refuse_checkpoint(ckpt.id, str(exc))
+        if recorded:
+            assert db is not None and run_id is not None
+            sids = {k: dep.sid(*k) for k in dep.clients}
+            for row in checkpoint_faults(restored, run_id, sids, task_id, dep.epoch):
+                db.add(row)
+        for _, exc in restored.refused:
+            log.warning("checkpoint skipped while %s: %s", what, exc, extra={"task_id": task_id})
+        if restored.checkpoint is None:
+            raise restored.error(what)
+        report.checkpoint = restored.checkpoint
+        return restored.checkpoint
+
+    def bring_back(failure: WorkerFailure, at_step: int) -> Checkpoint:
         if len(report.recoveries) >= rec.max_recoveries:
             raise failure
-        r = recovery.recover(dep, failure, ckpt)
+        r = recovery.recover(dep, failure, history[::-1])
         report.recoveries.append(r)
-        report.steps_lost += at_step - ckpt.step
+        lost = at_step - r.checkpoint.step if r.checkpoint is not None else 0
+        if recorded:
+            assert db is not None and run_id is not None
+            db.add(fault_record(r, run_id, task_id, steps_lost=lost))
+        ckpt = settle(r.restored, f"rolling back from step {at_step}")
+        report.steps_lost += lost
         if logged:
             assert db is not None and task_id is not None
             db.drop_metrics_from(task_id, ckpt.step)
-        if db is not None and run_id is not None:
-            db.add(fault_record(r, run_id, task_id, steps_lost=at_step - ckpt.step))
+        return ckpt
 
     if rec.start is not None:
-        if not first_step <= rec.start.step <= end:
-            raise ValueError(f"checkpoint of step {rec.start.step} is outside {first_step}..{end}")
-        dep.restore(rec.start)
-        ckpt = report.checkpoint = rec.start
+        for c in (rec.start, *rec.older):
+            if not first_step <= c.step <= end:
+                raise ValueError(f"checkpoint of step {c.step} is outside {first_step}..{end}")
+        history.extend([*rec.older[::-1], rec.start])
+        ckpt = settle(restore_newest(dep, history[::-1]), "resuming")
         if logged:  # steps after the checkpoint run again: their old metrics go
             assert db is not None and task_id is not None
             db.drop_metrics_from(task_id, ckpt.step)
@@ -176,23 +228,23 @@ def train(
         try:
             report.val_start = validation_loss(dep, valid, batch, microbatches)
         except WorkerFailure as failure:
-            bring_back(failure, ckpt, ckpt.step)
+            bring_back(failure, ckpt.step)
             report.val_start = validation_loss(dep, valid, batch, microbatches)
-    if logged:
-        assert db is not None and task_id is not None
-        db.set_task_state(task_id, "running")
     losses: dict[int, float] = {}
-    step = ckpt.step
+    step = history[-1].step
 
     def roll_back(failure: WorkerFailure, at_step: int) -> int:
-        bring_back(failure, ckpt, at_step)
-        for s in range(ckpt.step, at_step):
+        back = bring_back(failure, at_step).step
+        for s in range(back, at_step):
             losses.pop(s, None)
-        return ckpt.step
+        return back
 
     while True:
         t0: float | None = None  # the step's first attempt (a restarted step counts whole)
         while step < end:
+            if stop is not None and stop():
+                report.cancelled = True
+                break
             x, y = corpus.batch(step, batch)
             t0 = t0 if t0 is not None else time.perf_counter()
             try:
@@ -219,9 +271,16 @@ def train(
             step += 1
             if rec.checkpoint_every and (step - first_step) % rec.checkpoint_every == 0:
                 try:
-                    ckpt = save(step)
+                    save(step)
                 except WorkerFailure as failure:
                     step = roll_back(failure, step)
+        if report.cancelled:  # keep what was done: a checkpoint where it stopped
+            if step > history[-1].step:
+                try:
+                    save(step)
+                except WorkerFailure as failure:
+                    step = roll_back(failure, step)
+            break
         if not validate:
             break
         try:
@@ -230,7 +289,5 @@ def train(
         except WorkerFailure as failure:  # the weights go back to the checkpoint: run again
             step = roll_back(failure, step)
     report.losses = [losses[s] for s in sorted(losses)]
-    if logged:
-        assert db is not None and task_id is not None
-        db.set_task_state(task_id, "done")
+    report.end_step = step
     return report

@@ -5,9 +5,14 @@ nobody would notice a dead worker until the next request hit it. Every second, w
 plane's lock is free, the watchdog looks for workers that exited, stopped heartbeating, or do not
 answer ``Health`` within the registry's TTL (alive and heartbeating is not enough: a stuck worker
 does both), and heals each affected replica's pipeline
-(:func:`dmsc.runtime.control.recovery.heal`, loading the run's last checkpoint). A replica that a
-failed request took out of routing, but whose workers all answer, simply comes back. Every heal
-is recorded in the ``faults`` table and the replacements in ``services``.
+(:func:`dmsc.runtime.control.recovery.heal`, loading the run's newest checkpoint that verifies).
+A replica that a failed request took out of routing, but whose workers all answer, simply comes
+back. Every heal is recorded in the ``faults`` table and the replacements in ``services``.
+
+A heal that had to skip a corrupt checkpoint records a ``checkpoint`` fault too, and, since the
+replica is now older than the others, every other replica goes back to the same checkpoint (the
+run continues from there). A heal that found no checkpoint that verifies leaves the replica out
+of routing (it holds fresh weights) and training refused (``ControlPlane.weights_lost``).
 """
 
 from __future__ import annotations
@@ -16,6 +21,7 @@ from typing import TYPE_CHECKING
 
 from dmsc.runtime.control import recovery
 from dmsc.runtime.control.failures import WorkerFailure, key_of
+from dmsc.runtime.control.recovery import Recovery
 from dmsc.runtime.control.training import fault_record
 from dmsc.runtime.transport.messages import Health
 
@@ -31,6 +37,8 @@ def heal_once(cp: ControlPlane) -> None:
     sids = {key_of(h): h.config.sid for h in dep.handles}
     for r in sorted({k[1] for k in found} | set(replicas.down)):
         mine = {k: v for k, v in found.items() if k[1] == r}
+        if not mine and r in cp.unrestored:  # alive, but with weights no checkpoint restored
+            continue
         if not mine:  # marked down by a failed request, but every worker is alive
             try:
                 for key in dep.pipeline(r):
@@ -41,11 +49,37 @@ def heal_once(cp: ControlPlane) -> None:
             continue
         replicas.down.add(r)
         with replicas.locks[r]:
-            rec = recovery.heal(dep, WorkerFailure(mine, sids), r, cp.last_checkpoint())
+            rec = recovery.heal(dep, WorkerFailure(mine, sids), r, cp.checkpoints())
         cp.db.add(fault_record(rec, cp.run.id))
         cp.record_services(rec.failed)
+        cp.record_refused(rec.restored)
+        if rec.lost:
+            cp.unrestored.add(r)
+            cp.weights_lost = f"replica {r} healed without weights: {rec.restored.error()}"
+            cp.log.error("replica %d stays out of routing: %s", r, cp.weights_lost)
+            continue
+        if rec.restored.refused:
+            _align(cp, r, rec)
+        cp.unrestored.discard(r)
         replicas.healed(r)
         cp.log.info("replica %d healed", r, extra={"run": cp.run.id})
+
+
+def _align(cp: ControlPlane, healed: int, rec: Recovery) -> None:
+    """After a heal fell back to an older checkpoint: every other replica goes back to it too,
+    so that the replicas hold the same weights and the run continues from that step."""
+    dep, replicas = cp.deployment, cp.inference
+    ckpt = rec.checkpoint
+    assert ckpt is not None
+    for r in range(dep.layout.replicas):
+        if r != healed and r not in replicas.down:  # (one down is healed, from there, in turn)
+            with replicas.locks[r]:
+                dep.restore(ckpt, dep.pipeline(r))
+            replicas.healed(r)  # its model version is loaded again too
+    cp.steps_done = ckpt.step
+    cp.log.warning(
+        "the run went back to the checkpoint of step %d", ckpt.step, extra={"run": cp.run.id}
+    )
 
 
 def watch_workers(cp: ControlPlane, interval_s: float = 1.0) -> None:

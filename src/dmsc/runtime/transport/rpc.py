@@ -2,8 +2,9 @@
 
 Control messages are JSON objects (:mod:`.messages`); data-plane messages are :mod:`.wire` frames. A
 handler that raises :class:`BadRequest` (or a wire error) answers INVALID_ARGUMENT with the
-reason and the server keeps serving. Using generic handlers keeps grpcio-tools (and its protobuf)
-out of the process that also imports OR-Tools.
+reason, one that raises :class:`DataLost` (stored data the request names is missing or corrupt)
+DATA_LOSS, and the server keeps serving. Using generic handlers keeps grpcio-tools (and its
+protobuf) out of the process that also imports OR-Tools.
 """
 
 from __future__ import annotations
@@ -29,6 +30,11 @@ class BadRequest(ValueError):
     """The request cannot be served; the message is the reason sent back."""
 
 
+class DataLost(RuntimeError):
+    """Stored data the request names (a checkpoint file) is missing or fails its check: answered
+    DATA_LOSS, so that a caller can tell it from a bad request and try other data."""
+
+
 class Abandoned(RuntimeError):
     """The work was given up on purpose (a newer epoch, a dropped step): answered ABORTED."""
 
@@ -41,6 +47,9 @@ def bytes_handler(fn: Callable[[bytes], bytes]) -> grpc.RpcMethodHandler:
     def handle(request: bytes, context: grpc.ServicerContext) -> bytes:
         try:
             return fn(request)
+        except DataLost as exc:
+            context.abort(grpc.StatusCode.DATA_LOSS, str(exc))
+            raise
         except (BadRequest, ValueError) as exc:
             context.abort(grpc.StatusCode.INVALID_ARGUMENT, str(exc))
             raise  # unreachable: abort raises
