@@ -97,7 +97,7 @@ def test_requests_on_one_replica_take_turns_per_token_and_stop_at_their_deadline
         t0 = time.monotonic()
         with pytest.raises(DeadlineExceeded):
             replicas.infer_on("replica-0", "def ", 1000, deadline=time.monotonic() + 0.5)
-        assert time.monotonic() - t0 < 1.5
+        assert time.monotonic() - t0 < 2.0  # 1,000 tokens would take 10 s and more
         t0 = time.monotonic()
         assert len(replicas.infer_on("replica-0", "def ", 2)) == 2  # the replica is free
         assert time.monotonic() - t0 < 1.0

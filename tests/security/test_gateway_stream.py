@@ -18,6 +18,7 @@ from dmsc.data.db import Database
 from dmsc.runtime.business import auth
 from dmsc.runtime.business.auth import create_key
 from dmsc.runtime.business.gateway import create_app, wait_ready
+from dmsc.runtime.business.http_guard import header_deadline_protocol
 from dmsc.runtime.control.task_queue import TaskQueue
 
 LIMIT = 2000  # the gateway's body limit in these tests
@@ -85,7 +86,14 @@ def gateway(tmp_path: Path) -> Iterator[tuple[str, dict[str, str], Backend, Data
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
-    server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=port, log_level="error"))
+    config = uvicorn.Config(
+        app,
+        host="127.0.0.1",
+        port=port,
+        log_level="error",
+        http=header_deadline_protocol(READ_TIMEOUT_S),
+    )
+    server = uvicorn.Server(config)
     thread = threading.Thread(target=server.run, daemon=True)
     thread.start()
     base = f"http://127.0.0.1:{port}"
@@ -150,6 +158,16 @@ def test_a_body_that_stops_coming_gets_408_and_the_connection_closes(gateway) ->
     out, took = _raw(base, head, b'{"prompt"')  # 9 of the 100 bytes announced
     assert out.startswith(b"HTTP/1.1 408"), out[:200]
     assert READ_TIMEOUT_S <= took < READ_TIMEOUT_S + 3
+
+
+def test_headers_that_never_finish_lose_their_connection(gateway) -> None:  # type: ignore[no-untyped-def]
+    """Slowloris: a request line and half a header, then nothing. The connection is closed at
+    the header deadline (uvicorn alone keeps it open for good)."""
+    base, _keys, _backend, _db = gateway
+    out, took = _raw(base, b"GET /v1/health HTTP/1.1\r\nHost: x\r\nX-Slow: 1")
+    assert out == b"" and READ_TIMEOUT_S <= took < READ_TIMEOUT_S + 3
+    out, _ = _raw(base, b"GET /v1/health HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n")
+    assert out.startswith(b"HTTP/1.1 200")  # a prompt client is served as before
 
 
 def test_a_bad_content_length_is_400(gateway) -> None:  # type: ignore[no-untyped-def]

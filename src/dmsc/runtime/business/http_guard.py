@@ -171,3 +171,48 @@ class Guard:
                 return None
             if not message.get("more_body", False):
                 return bytes(body)
+
+
+def header_deadline_protocol(seconds: float) -> type:
+    """uvicorn's HTTP protocol (httptools) with a deadline on request headers: a connection
+    whose request line and headers are not complete ``seconds`` after it opened (or after its
+    previous response) is closed. uvicorn times out idle keep-alive connections but not a
+    request that trickles in, so without this a few hundred slow clients hold as many
+    connections open for as long as they like (and ``limit_concurrency`` then turns everyone
+    else away). Subclassing is the hook uvicorn offers (``Config(http=...)``)."""
+    from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
+
+    class HeaderDeadline(HttpToolsProtocol):
+        _timer: asyncio.TimerHandle | None = None
+
+        def _arm(self) -> None:
+            self._disarm()
+            self._timer = self.loop.call_later(seconds, self._too_slow)
+
+        def _disarm(self) -> None:
+            if self._timer is not None:
+                self._timer.cancel()
+                self._timer = None
+
+        def _too_slow(self) -> None:
+            self._timer = None
+            if not self.transport.is_closing():
+                self.transport.close()
+
+        def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
+            super().connection_made(transport)
+            self._arm()
+
+        def on_message_begin(self) -> None:
+            super().on_message_begin()
+            self._arm()
+
+        def on_headers_complete(self) -> None:
+            self._disarm()
+            super().on_headers_complete()
+
+        def connection_lost(self, exc: Exception | None) -> None:
+            self._disarm()
+            super().connection_lost(exc)
+
+    return HeaderDeadline

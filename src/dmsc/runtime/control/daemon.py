@@ -41,6 +41,7 @@ from dmsc.runtime.transport.observe import metrics_server
 from dmsc.runtime.transport.rpc import BadRequest, message_handler, parse, serve
 
 GATEWAY_CONNECTIONS = 1000  # uvicorn's limit_concurrency: connections and requests at once
+HEADER_DEADLINE_S = 10.0  # for a request's line and headers to arrive
 
 
 def _revoke(db: Database, principals: PrincipalCache, req: RevokeRequest) -> dict[str, Any]:
@@ -144,6 +145,7 @@ def main(stdin: TextIO | None = None) -> None:
         import uvicorn
 
         from dmsc.runtime.business.gateway import create_app
+        from dmsc.runtime.business.http_guard import header_deadline_protocol
 
         host, _, gport = settings.gateway.rpartition(":")
         app = create_app(
@@ -164,6 +166,8 @@ def main(stdin: TextIO | None = None) -> None:
                 log_level="warning",
                 # Open connections and requests at once: past it, 503 rather than exhaustion.
                 limit_concurrency=GATEWAY_CONNECTIONS,
+                # A request's headers have this long to arrive (a body: the Guard's deadline).
+                http=header_deadline_protocol(HEADER_DEADLINE_S),
             )
         )
         threading.Thread(target=gateway.run, daemon=True).start()

@@ -330,6 +330,9 @@ class Deployment:
             self.push((0, replica), Kind.TOKENS, step, 0, tokens, timeout_s).result()
         except grpc.RpcError as exc:
             reason = f"stage 0 replica {replica}: {exc.details()}"
+            if exc.code() == grpc.StatusCode.DEADLINE_EXCEEDED:  # slow, not (yet) seen dead
+                late = {(0, replica): "missed the step deadline"}
+                raise failures.failure(self, reason, keys, late) from None
             raise failures.failure(self, reason, keys) from None
 
         def run(epoch: int) -> RunStep:
