@@ -1,7 +1,7 @@
 """The gateway's own overhead, side by side in one run: a bare FastAPI endpoint, dmsc's
 unauthenticated ``/v1/health`` and an authenticated read (``/v1/models``), each served by
 uvicorn with the same settings and loaded by wrk (16 connections, one wrk thread) from another
-process.
+process. With taskset (util-linux) both servers run on CPU 1 and wrk on CPU 0.
 
 The dmsc gateway is the real one: ``dmsc up --gateway`` on a gpt-mini pp=2 plan in a
 temporary home, with a key made by ``dmsc token create`` and a rate limit the load cannot reach
@@ -75,10 +75,18 @@ def _ms(text: str) -> float:
     return float(m.group(1)) * _UNITS[m.group(2)]
 
 
+def _pin(pid: int, cpu: int) -> None:
+    """Every thread of ``pid`` onto ``cpu`` (with util-linux's taskset; a no-op without it)."""
+    if shutil.which("taskset") and (os.cpu_count() or 1) > 1:
+        subprocess.run(["taskset", "-a", "-p", "-c", str(cpu), str(pid)], capture_output=True)
+
+
 def wrk(url: str, seconds: float, connections: int, header: str | None = None) -> dict[str, float]:
     cmd = ["wrk", "-t1", f"-c{connections}", f"-d{seconds:g}s", "--latency", url]
+    if shutil.which("taskset") and (os.cpu_count() or 1) > 1:  # the load on its own CPU
+        cmd = ["taskset", "-c", "0", *cmd]
     if header:
-        cmd[1:1] = ["-H", header]
+        cmd += ["-H", header]
     out = subprocess.run(cmd, capture_output=True, text=True, check=True).stdout
     rps = float(re.search(r"Requests/sec:\s+([\d.]+)", out).group(1))  # type: ignore[union-attr]
     pct = dict(re.findall(r"^\s+(50|99)%\s+(\S+)$", out, re.M))
@@ -131,6 +139,11 @@ def main() -> None:
         key = run("token", "create", "--tenant", "bench", "--scopes", "read").strip()
         _wait(f"http://127.0.0.1:{bport}/ping")
         _wait(f"http://127.0.0.1:{gport}/v1/health")
+        # Both servers on CPU 1, wrk on CPU 0: each server has one core, as uvicorn uses one,
+        # and the load generator does not compete with it (far less noise on a 2-core machine).
+        control = json.loads((home / "control.json").read_text())["pid"]
+        _pin(bare.pid, 1)
+        _pin(control, 1)
         targets = {
             "bare FastAPI GET /ping": (f"http://127.0.0.1:{bport}/ping", None),
             "dmsc GET /v1/health": (f"http://127.0.0.1:{gport}/v1/health", None),

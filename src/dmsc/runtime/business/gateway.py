@@ -17,6 +17,7 @@ known key touch neither the database nor the thread pool.
 
 import asyncio
 import contextlib
+import json
 import threading
 import time
 from collections.abc import Callable, Sequence
@@ -132,17 +133,32 @@ async def _disconnected(request: Request) -> None:
 
 class _Versions:
     """The model versions, read from the database at most once per ``ttl_s`` (a promotion
-    made with ``dmsc models`` reaches the gateway within it)."""
+    made with ``dmsc models`` reaches the gateway within it), and their JSON for
+    ``GET /v1/models`` made once per read."""
 
     def __init__(self, db: Database, ttl_s: float = 1.0) -> None:
         self.db, self.ttl_s = db, ttl_s
         self._at, self._versions = -float("inf"), list[ModelVersionRecord]()
+        self.json = b"[]"
 
     async def get(self) -> list[ModelVersionRecord]:
         if time.monotonic() - self._at > self.ttl_s:
             self._versions = await to_thread.run_sync(self.db.model_versions)
+            self.json = json.dumps([_version_json(v) for v in self._versions]).encode()
             self._at = time.monotonic()
         return self._versions
+
+
+def _version_json(v: ModelVersionRecord) -> dict[str, Any]:
+    return {
+        "id": v.id,
+        "run": v.run_id,
+        "step": v.step,
+        "sha256": v.sha256,
+        "status": v.status,
+        "canary_percent": v.canary_percent,
+        "task": v.task_id,
+    }
 
 
 def create_app(
@@ -232,21 +248,12 @@ def create_app(
         return {"status": "ok", "replicas": len(backend.replicas())}
 
     # The hot reads first: routes are matched in order.
-    @app.get("/v1/models")
-    async def models(request: Request) -> list[dict[str, Any]]:
+    @app.get("/v1/models", response_class=Response)
+    async def models(request: Request) -> Response:
+        """Every model version (id, run, step, sha256, status, canary_percent, task)."""
         authorize(request, "read")
-        return [
-            {
-                "id": v.id,
-                "run": v.run_id,
-                "step": v.step,
-                "sha256": v.sha256,
-                "status": v.status,
-                "canary_percent": v.canary_percent,
-                "task": v.task_id,
-            }
-            for v in await versions.get()
-        ]
+        await versions.get()
+        return Response(versions.json, media_type="application/json")
 
     @app.post("/v1/infer")
     async def infer(req: InferRequest, request: Request) -> dict[str, Any]:

@@ -108,21 +108,21 @@ class Guard:
             child = self._histograms[path] = self.latency.labels(path)
         return child
 
-    async def _principal(self, authorization: str | None) -> Any:
-        who = self.principals.cached(authorization)
-        if who is None and authorization:  # a database read: off the event loop
-            who = await to_thread.run_sync(self.principals.lookup, authorization)
-        return who
-
     async def _guarded(self, scope: Scope, receive: Receive, send: Send) -> None:
-        headers = {k: v for k, v in scope["headers"] if k in (b"authorization", b"content-length")}
-        raw_auth = headers.get(b"authorization")
+        raw_auth = length = None
+        for k, v in scope["headers"]:
+            if k == b"authorization":
+                raw_auth = v
+            elif k == b"content-length":
+                length = v
         authorization = raw_auth.decode("latin-1") if raw_auth is not None else None
-        try:
-            who = await self._principal(authorization)
-        except StorageError as exc:  # the key store cannot be read: nobody can be let in
-            await refuse(send, 503, str(exc))
-            return
+        who = self.principals.cached(authorization)  # a known key: no database, no thread
+        if who is None and authorization:
+            try:  # a database read: off the event loop
+                who = await to_thread.run_sync(self.principals.lookup, authorization)
+            except StorageError as exc:  # the key store cannot be read: nobody gets in
+                await refuse(send, 503, str(exc))
+                return
         scope.setdefault("state", {})["principal"] = who
         if scope["method"] in BODYLESS:
             await self.app(scope, receive, send)
@@ -130,7 +130,6 @@ class Guard:
         if who is None:
             await refuse(send, 401, UNAUTHORIZED, {"WWW-Authenticate": "Bearer"})
             return
-        length = headers.get(b"content-length")
         if length is not None and (not length.isdigit() or int(length) > self.max_body_bytes):
             bad = not length.isdigit()
             await refuse(
