@@ -5,7 +5,7 @@ process. With taskset (util-linux) both servers run on CPU 1 and wrk on CPU 0.
 
 The dmsc gateway is the real one: ``dmsc up --gateway`` on a gpt-mini pp=2 plan in a
 temporary home, with a key made by ``dmsc token create`` and a rate limit the load cannot reach
-(``--rate-limit 1e6``: the gateway's work is measured, not its 429 answers). The bare app runs
+(``--rate 1e6``: the gateway's work is measured, not its 429 answers). The bare app runs
 in a process of its own (``--serve-bare PORT``), as the gateway does inside the control
 plane's process.
 
@@ -135,7 +135,7 @@ def main() -> None:
     bare = subprocess.Popen([sys.executable, __file__, "--serve-bare", str(bport)])
     try:
         # A rate limit the load cannot reach: the gateway's work is measured, not its 429s.
-        run("up", "--plan", str(plan), "--gateway", f"127.0.0.1:{gport}", "--rate-limit", "1e6")
+        run("up", "--plan", str(plan), "--gateway", f"127.0.0.1:{gport}", "--rate", "1e6")
         key = run("token", "create", "--tenant", "bench", "--scopes", "read").strip()
         _wait(f"http://127.0.0.1:{bport}/ping")
         _wait(f"http://127.0.0.1:{gport}/v1/health")

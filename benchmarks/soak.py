@@ -96,7 +96,7 @@ def main() -> None:
     )
     port = _port()
     url = f"http://127.0.0.1:{port}/v1/infer"
-    dmsc("up", "--plan", str(plan), "--gateway", f"127.0.0.1:{port}", "--rate-limit", "1000")
+    dmsc("up", "--plan", str(plan), "--gateway", f"127.0.0.1:{port}", "--rate", "1000")
     control = json.loads((home / "control.json").read_text())["pid"]
     pids = {"control plane": control} | {
         f"worker {n}": p for n, p in enumerate(sorted(_children(control)))

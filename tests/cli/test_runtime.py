@@ -127,3 +127,23 @@ def test_infer_tokens_are_limited(
     assert "--tokens: Input should be" in err  # the reason of messages.InferRequest
     if tokens != "0":
         assert f"less than or equal to {MAX_INFER_TOKENS}" in err
+
+
+def test_token_list_and_per_key_limits(home: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """``dmsc token list`` shows what a revocation needs (never a key or its hash); a key's
+    own rate limit is checked at the boundary."""
+    code, out, err = run(capsys, "token", "create", "--tenant", "ann", "--scopes", "read")
+    assert code == 0 and out.strip().startswith("dmsc_")
+    key = out.strip()
+    code, _, _ = run(
+        capsys, "token", "create", "--tenant", "bob", "--scopes", "infer", "--rate", "2"
+    )
+    assert code == 0
+    code, out, _ = run(capsys, "token", "list")
+    assert code == 0 and "ann" in out and "bob" in out and key not in out
+    bob = next(line for line in out.splitlines() if "bob" in line)
+    assert " 2 " in bob  # its own rate
+    code, _, err = run(
+        capsys, "token", "create", "--tenant", "c", "--scopes", "read", "--rate", "0"
+    )
+    assert code == 2 and "--rate" in err

@@ -51,13 +51,28 @@ def models_promote(version: Annotated[int, typer.Argument()]) -> None:
 
 @models_app.command("canary")
 def models_canary(
-    version: Annotated[int, typer.Argument()],
-    percent: Annotated[float, typer.Option(help="Share of inference traffic.")] = 10.0,
+    version: Annotated[
+        int | None, typer.Argument(help="Version to release (not with --stop).")
+    ] = None,
+    percent: Annotated[
+        float, typer.Option(help="Share of inference traffic; 0 withdraws the canary.")
+    ] = 10.0,
+    stop: Annotated[
+        bool, typer.Option("--stop", help="Withdraw the canary: production takes all traffic.")
+    ] = False,
 ) -> None:
-    """Send a share of inference traffic to VERSION (gray release)."""
+    """Send a share of inference traffic to VERSION (gray release), or withdraw it."""
     from dmsc.cli.database import open_database
-    from dmsc.runtime.control.model_store import canary
+    from dmsc.runtime.control.model_store import canary, stop_canary
 
+    if stop or (version is not None and percent == 0):
+        withdrawn = stop_canary(open_database())
+        console.print(
+            f"canary version {withdrawn} withdrawn" if withdrawn else "no canary to withdraw"
+        )
+        return
+    if version is None:
+        raise SpecError("command line", "VERSION", "a version is needed (or --stop)")
     try:
         canary(open_database(), version, percent)
     except (KeyError, ValueError) as exc:

@@ -39,8 +39,9 @@ _SETTING_FLAGS = {
     "router": "--router",
     "failure_timeout_s": "--failure-timeout",
     "spares": "--spares",
-    "rate_limit": "--rate-limit",
+    "rate_limit": "--rate",
     "burst": "--burst",
+    "max_body_bytes": "--max-body",
     "tenant_requests": "--tenant-requests",
 }
 
@@ -123,12 +124,15 @@ def up(
     spares: Annotated[
         int, typer.Option(help="Warm spare workers that take a failed worker's stage over.")
     ] = 0,
-    rate_limit: Annotated[
-        float, typer.Option(help="Gateway: requests per second per tenant.")
+    rate: Annotated[
+        float,
+        typer.Option(help="Gateway: requests per second per tenant (a key may set its own)."),
     ] = 20.0,
     burst: Annotated[
         float, typer.Option(help="Gateway: requests a tenant may save up and send at once.")
     ] = 40.0,
+    max_body: Annotated[int, typer.Option(help="Gateway: largest request body, in bytes.")] = 64
+    * 1024,
     tenant_requests: Annotated[
         int, typer.Option(help="Gateway: inference requests in flight per tenant.")
     ] = 4,
@@ -138,7 +142,12 @@ def up(
     from dmsc.runtime.transport import logs
 
     home = data_dir().resolve()
-    limits = {"rate_limit": rate_limit, "burst": burst, "tenant_requests": tenant_requests}
+    limits = {
+        "rate_limit": rate,
+        "burst": burst,
+        "tenant_requests": tenant_requests,
+        "max_body_bytes": max_body,
+    }
     settings = _control_settings(
         plan_file, home, gateway, router, failure_timeout, spares, **limits
     )

@@ -17,19 +17,55 @@ token_app = typer.Typer(help="API keys of the gateway.", no_args_is_help=True)
 def token_create(
     tenant: Annotated[str, typer.Option(help="Tenant the key acts for.")],
     scopes: Annotated[str, typer.Option(help="Comma-separated: admin, submit, infer, read.")],
+    rate: Annotated[
+        float | None,
+        typer.Option(help="This tenant's requests per second (default: the gateway's --rate)."),
+    ] = None,
+    burst: Annotated[
+        float | None,
+        typer.Option(help="Requests it may save up (default: the gateway's --burst)."),
+    ] = None,
 ) -> None:
     """Create an API key (printed once; only its hash is stored)."""
     from dmsc.cli.database import open_database
     from dmsc.runtime.business.auth import create_key
 
+    for flag, value in (("--rate", rate), ("--burst", burst)):
+        if value is not None and not 0 < value <= 1e6:
+            raise SpecError(
+                "command line", flag, f"must be above 0 and at most 1e6 (got {value:g})"
+            )
     try:
         key_id, key = create_key(
-            open_database(), tenant, [s.strip() for s in scopes.split(",") if s]
+            open_database(), tenant, [s.strip() for s in scopes.split(",") if s], rate, burst
         )
     except ValueError as exc:
         raise SpecError("command line", "--scopes", str(exc)) from None
     err_console.print(f"key {key_id} for tenant {tenant!r} (shown once):", highlight=False)
     typer.echo(key)
+
+
+@token_app.command("list")
+def token_list() -> None:
+    """Every key: id, tenant, scopes, limits, when it was made and whether it is revoked (the
+    keys themselves are never stored, so never shown)."""
+    from rich.table import Table
+
+    from dmsc.cli.database import open_database
+    from dmsc.runtime.business.auth import list_keys
+
+    t = Table("id", "tenant", "scopes", "rate/s", "burst", "created (UTC)", "revoked")
+    for k in list_keys(open_database()):
+        t.add_row(
+            str(k.id),
+            k.tenant,
+            k.scopes,
+            "" if k.rate is None else f"{k.rate:g}",
+            "" if k.burst is None else f"{k.burst:g}",
+            k.created_at.strftime("%Y-%m-%d %H:%M:%S"),
+            "yes" if k.revoked else "",
+        )
+    console.print(t)
 
 
 @token_app.command("revoke")

@@ -157,6 +157,9 @@ class ApiKeyRecord(Base):
     scopes: Mapped[str] = mapped_column(String(256))  # comma-separated
     revoked: Mapped[bool] = mapped_column(default=False)
     created_at: Mapped[dt.datetime] = mapped_column(default=_now)
+    # The tenant's rate limit when this key is used (requests/s, burst); None: the gateway's.
+    rate: Mapped[float | None] = mapped_column(default=None)
+    burst: Mapped[float | None] = mapped_column(default=None)
 
 
 class StorageError(RuntimeError):

@@ -299,3 +299,24 @@ def test_queued_work_past_the_tenants_quota_is_429_and_running_tasks_cancel(
     queue.complete(running.id, cancelled=True)
     r = client.delete(f"/v1/tasks/{running.id}", headers=h[running.tenant])
     assert r.status_code == 409
+
+
+def test_a_json_body_sent_as_a_form_is_read_as_json_and_a_key_has_its_own_rate(
+    tmp_path: Path,
+) -> None:
+    """``curl -d '{...}'`` declares a form: the README's example got 422. A key made with
+    ``--rate`` is limited at its own rate, the others at the gateway's."""
+    db = Database(f"sqlite:///{tmp_path / 'f.sqlite'}")
+    run = db.new_run("m", "c", {})
+    app = create_app(Backend(), db, TaskQueue(db, run.id), rate=100, burst=100)
+    _, slow = create_key(db, "slow", ["infer"], rate=0.5, burst=1)
+    _, fast = create_key(db, "fast", ["infer"])
+    client = TestClient(app)
+    form = {"Content-Type": "application/x-www-form-urlencoded"}
+    body = '{"prompt": "def ", "tokens": 2}'
+    r = client.post("/v1/infer", content=body, headers={**_h(fast), **form})
+    assert r.status_code == 200 and r.json()["text"] == "xx"
+    assert client.post("/v1/infer", content=body, headers=_h(fast)).status_code == 200
+    codes = [client.post("/v1/infer", content=body, headers=_h(slow)).status_code for _ in range(3)]
+    assert codes == [200, 429, 429]
+    assert client.post("/v1/infer", content=body, headers=_h(fast)).status_code == 200

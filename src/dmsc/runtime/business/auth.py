@@ -33,6 +33,8 @@ class Principal:
     tenant: str
     scopes: frozenset[str]
     key_id: int
+    rate: float | None = None  # the key's own rate limit (requests/s), if it has one
+    burst: float | None = None
 
     def may(self, scope: str) -> bool:
         return scope in self.scopes or "admin" in self.scopes
@@ -42,16 +44,36 @@ def digest(key: str) -> str:
     return hashlib.sha256(key.encode()).hexdigest()
 
 
-def create_key(db: Database, tenant: str, scopes: list[str]) -> tuple[int, str]:
-    """A new key for ``tenant`` with ``scopes``: (id, key). The key is not stored."""
+def create_key(
+    db: Database,
+    tenant: str,
+    scopes: list[str],
+    rate: float | None = None,
+    burst: float | None = None,
+) -> tuple[int, str]:
+    """A new key for ``tenant`` with ``scopes`` (and its own rate limit: ``rate`` requests per
+    second, ``burst`` saved up): (id, key). The key is not stored."""
     unknown = [s for s in scopes if s not in SCOPES]
     if unknown or not scopes:
         raise ValueError(f"scopes must be some of {', '.join(SCOPES)} (got {', '.join(scopes)})")
     if not tenant:
         raise ValueError("a tenant name is needed")
+    for name, value in (("rate", rate), ("burst", burst)):
+        if value is not None and not 0 < value <= 1e6:
+            raise ValueError(f"{name} must be above 0 and at most 1e6 (got {value:g})")
     key = "dmsc_" + secrets.token_urlsafe(32)
-    record = db.add(ApiKeyRecord(key_hash=digest(key), tenant=tenant, scopes=",".join(scopes)))
+    record = db.add(
+        ApiKeyRecord(
+            key_hash=digest(key), tenant=tenant, scopes=",".join(scopes), rate=rate, burst=burst
+        )
+    )
     return record.id, key
+
+
+def list_keys(db: Database) -> list[ApiKeyRecord]:
+    """Every key (id, tenant, scopes, created, revoked, limits), oldest first; never a hash."""
+    with db.sessions() as s:
+        return list(s.scalars(select(ApiKeyRecord).order_by(ApiKeyRecord.id)))
 
 
 def revoke_key(db: Database, key_id: int) -> None:
@@ -73,7 +95,9 @@ def _lookup(db: Database, key_hash: str) -> Principal | None:
         record = s.scalar(select(ApiKeyRecord).where(ApiKeyRecord.key_hash == key_hash))
     if record is None or record.revoked:
         return None
-    return Principal(record.tenant, frozenset(record.scopes.split(",")), record.id)
+    return Principal(
+        record.tenant, frozenset(record.scopes.split(",")), record.id, record.rate, record.burst
+    )
 
 
 def authenticate(db: Database, authorization: str | None) -> Principal | None:

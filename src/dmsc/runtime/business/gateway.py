@@ -236,7 +236,7 @@ def create_app(
             raise HTTPException(401, UNAUTHORIZED, headers={"WWW-Authenticate": "Bearer"})
         if not who.may(scope):
             raise HTTPException(403, f"this key lacks the {scope!r} scope")
-        ok, retry = limiter.check(who.tenant)
+        ok, retry = limiter.check(who.tenant, rate=who.rate, burst=who.burst)
         if not ok:
             raise HTTPException(429, "rate limit exceeded", headers={"Retry-After": str(retry)})
         return who

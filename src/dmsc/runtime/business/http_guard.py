@@ -8,6 +8,8 @@
   refused there if the endpoint needs a key).
 - **Body limits on the stream.** ``Content-Length`` over the limit is 413 at once; a chunked or
   lying body is counted as it arrives and answered 413 the moment it passes the limit.
+- **JSON bodies.** Every body the API takes is JSON, so it is read as JSON whatever content
+  type the client declared (``curl -d`` declares a form).
 - **A read deadline.** The whole body must arrive within ``read_timeout_s``; a client that
   announces 100 bytes and sends 9 gets 408 and its connection closed, rather than holding it.
 - **Metrics** labelled by the route's template (never the raw path, which anyone could vary to
@@ -141,6 +143,10 @@ class Guard:
         body = await self._read_body(receive, send)
         if body is None:
             return
+        # Every body this API takes is JSON: read it as JSON whatever the client declared
+        # (``curl -d`` says application/x-www-form-urlencoded, and got 422).
+        scope["headers"] = [(k, v) for k, v in scope["headers"] if k != b"content-type"]
+        scope["headers"].append((b"content-type", b"application/json"))
         delivered = False
 
         async def replay() -> Message:

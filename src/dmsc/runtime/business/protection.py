@@ -56,12 +56,23 @@ class RateLimiter:
         self._buckets: dict[str, TokenBucket] = {}
         self._lock = threading.Lock()
 
-    def check(self, tenant: str, cost: float = 1.0) -> tuple[bool, int]:
-        """(allowed, Retry-After in whole seconds, at least 1 when refused)."""
+    def check(
+        self,
+        tenant: str,
+        cost: float = 1.0,
+        rate: float | None = None,
+        burst: float | None = None,
+    ) -> tuple[bool, int]:
+        """(allowed, Retry-After in whole seconds, at least 1 when refused). ``rate`` and
+        ``burst``: the tenant's own limit (its key's), instead of the limiter's."""
+        rate, burst = rate or self.rate, burst or self.burst
         with self._lock:
             bucket = self._buckets.get(tenant)
             if bucket is None:
-                bucket = self._buckets[tenant] = TokenBucket(self.rate, self.burst, self.clock)
+                bucket = self._buckets[tenant] = TokenBucket(rate, burst, self.clock)
+            elif (bucket.rate, bucket.burst) != (rate, burst):  # the key's limit changed
+                bucket.rate, bucket.burst = rate, burst
+                bucket.tokens = min(bucket.tokens, burst)
             ok, wait = bucket.take(cost)
         return ok, 0 if ok else max(1, math.ceil(wait))
 

@@ -157,6 +157,7 @@ def main(stdin: TextIO | None = None) -> None:
             rate=settings.rate_limit,
             burst=settings.burst,
             tenant_requests=settings.tenant_requests,
+            max_body_bytes=settings.max_body_bytes,
         )
         gateway = uvicorn.Server(
             uvicorn.Config(

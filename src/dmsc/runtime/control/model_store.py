@@ -41,10 +41,37 @@ def promote(db: Database, version_id: int) -> None:
         target.status, target.canary_percent = "production", 0.0
 
 
+def promote_if_first(db: Database, version_id: int) -> bool:
+    """Promote ``version_id`` when no version is in production yet: a deployment's first
+    trained model serves without a manual promote. True if it did."""
+    with db.sessions() as s:
+        serving = s.scalar(
+            select(ModelVersionRecord.id).where(ModelVersionRecord.status == "production")
+        )
+    if serving is not None:
+        return False
+    promote(db, version_id)
+    return True
+
+
+def stop_canary(db: Database) -> int | None:
+    """Withdraw the canary (it goes back to candidate, production takes all traffic); the id
+    of the withdrawn version, None when there was none."""
+    with db.sessions() as s, s.begin():
+        withdrawn = None
+        for v in s.scalars(select(ModelVersionRecord).where(ModelVersionRecord.status == "canary")):
+            v.status, v.canary_percent, withdrawn = "candidate", 0.0, v.id
+        return withdrawn
+
+
 def canary(db: Database, version_id: int, percent: float) -> None:
-    """Send ``percent`` of inference traffic to ``version_id`` (one canary at a time)."""
-    if not 0 < percent < 100:
-        raise ValueError("percent must be between 0 and 100")
+    """Send ``percent`` of inference traffic to ``version_id`` (one canary at a time);
+    ``percent`` 0 withdraws the canary (no traffic)."""
+    if not 0 <= percent < 100:
+        raise ValueError("percent must be at least 0 and below 100")
+    if percent == 0:
+        stop_canary(db)
+        return
     with db.sessions() as s, s.begin():
         target = _get(s, version_id)
         if target.status == "production":

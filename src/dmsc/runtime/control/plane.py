@@ -40,6 +40,7 @@ from dmsc.runtime.control import fallback, status
 from dmsc.runtime.control.deployment import Checkpoint, Deployment
 from dmsc.runtime.control.fallback import NoGoodCheckpoint, Restored
 from dmsc.runtime.control.inference import NoReplica, Replicas
+from dmsc.runtime.control.model_store import promote_if_first
 from dmsc.runtime.control.task_queue import TaskQueue, cancel_requested
 from dmsc.runtime.control.training import Recovering, TrainReport, layout_from_plan, train
 from dmsc.runtime.transport.messages import (
@@ -369,6 +370,8 @@ class ControlPlane:
                 task_id=task_id,
             )
         )
+        if promote_if_first(self.db, record.id):  # the first model serves without a promote
+            self.log.info("version %d in production (the first)", record.id)
         return record.id
 
     def infer(self, req: InferRequest) -> dict[str, Any]:

@@ -232,3 +232,4 @@ class ControlSettings(Message):
     rate_limit: Annotated[float, Field(gt=0, le=1e6)] = 20.0
     burst: Annotated[float, Field(ge=1, le=1e6)] = 40.0
     tenant_requests: Annotated[int, Field(ge=1, le=1024)] = 4
+    max_body_bytes: Annotated[int, Field(ge=1024, le=16 * 1024 * 1024)] = 64 * 1024
