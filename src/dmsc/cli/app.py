@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import sys
+from typing import Annotated
 
 import typer
 from rich.console import Console
@@ -23,6 +24,33 @@ err_console = Console(stderr=True)
 EXIT_DOES_NOT_FIT = 1
 EXIT_BAD_INPUT = 2
 EXIT_STORAGE = 1  # the database cannot be opened or written
+
+
+def _print_version(value: bool) -> None:
+    if value:
+        from importlib.metadata import PackageNotFoundError, version
+
+        try:
+            number = version("dmsc")
+        except PackageNotFoundError:  # run from a source tree that was never installed
+            number = "unknown"
+        typer.echo(f"dmsc {number}")
+        raise typer.Exit()
+
+
+@app.callback()
+def _options(
+    show_version: Annotated[
+        bool,
+        typer.Option(
+            "--version",
+            help="Print the version of dmsc and exit.",
+            is_eager=True,
+            callback=_print_version,
+        ),
+    ] = False,
+) -> None:
+    """Options of ``dmsc`` itself, before the command."""
 
 
 def main(argv: list[str] | None = None) -> None:

@@ -30,11 +30,19 @@ def estimate(
     interleave: Annotated[int | None, typer.Option(help="Chunks per device (interleaved).")] = None,
     recompute: Annotated[str | None, typer.Option(help="none, selective or full.")] = None,
     sequence_parallel: Annotated[
-        bool | None, typer.Option("--sequence-parallel/--no-sequence-parallel")
+        bool | None,
+        typer.Option(
+            "--sequence-parallel/--no-sequence-parallel",
+            help="Split norm and dropout activations over the tensor-parallel group (tp > 1).",
+        ),
     ] = None,
     zero: Annotated[int | None, typer.Option(help="ZeRO stage 0-3.")] = None,
     overlap_dp_comm: Annotated[
-        bool | None, typer.Option("--overlap-dp-comm/--no-overlap-dp-comm")
+        bool | None,
+        typer.Option(
+            "--overlap-dp-comm/--no-overlap-dp-comm",
+            help="Overlap the gradient all-reduce with the last backward pass (default: on).",
+        ),
     ] = None,
     allreduce: Annotated[str | None, typer.Option(help="auto, ring, tree, hierarchical.")] = None,
     layers: Annotated[int | None, typer.Option(help="Override: transformer layers.")] = None,

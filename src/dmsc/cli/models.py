@@ -37,7 +37,9 @@ def models_list() -> None:
 
 
 @models_app.command("promote")
-def models_promote(version: Annotated[int, typer.Argument()]) -> None:
+def models_promote(
+    version: Annotated[int, typer.Argument(help="The model version (`dmsc models list`).")],
+) -> None:
     """Serve all traffic with VERSION."""
     from dmsc.cli.database import open_database
     from dmsc.runtime.control.model_store import promote
@@ -52,7 +54,7 @@ def models_promote(version: Annotated[int, typer.Argument()]) -> None:
 @models_app.command("canary")
 def models_canary(
     version: Annotated[
-        int | None, typer.Argument(help="Version to release (not with --stop).")
+        int | None, typer.Argument(help="The model version (`dmsc models list`); not with --stop.")
     ] = None,
     percent: Annotated[
         float, typer.Option(help="Share of inference traffic; 0 withdraws the canary.")

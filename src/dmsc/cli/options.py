@@ -60,12 +60,13 @@ def build_job(job_file: str | None, flags: dict[str, Any]) -> JobSpec:
         source = job_file
     given = {k: v for k, v in flags.items() if v is not None}
     data.update(given)
-    if "global_batch" not in data:
-        raise SpecError(source, "--global-batch", "is required")
     try:
         return JobSpec.model_validate(data)
     except ValidationError as exc:
-        err = spec_error_from_validation(source, exc)
+        if "global_batch" not in data and exc.error_count() == 1:
+            raise SpecError(source, "--global-batch", "is required") from None
+        # A bad flag (--tp 0) or a misspelt field is the problem to name, not the missing batch.
+        err = spec_error_from_validation(source, exc, model=JobSpec, later=("global_batch",))
         field = err.field.split(".")[0]
         if field in given:
             raise SpecError("command line", flag_name(field), err.reason) from None

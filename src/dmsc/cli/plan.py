@@ -52,11 +52,14 @@ def plan(
 ) -> None:
     """Split a model into stages, choose its parallelism and place it on the cluster."""
     from dmsc.cli.options import build_job, build_model, load_cluster
+    from dmsc.cli.paths import check_output
     from dmsc.cli.plan_render import plan_json, print_plan
     from dmsc.netmodel import DoesNotFit
     from dmsc.planner.placement.problem import Infeasible, score_to_seconds
     from dmsc.planner.solve import SOLVERS, plan_job, run_solver
 
+    check_output(out, "--out")
+    check_output(gantt, "--gantt", image=True)
     cluster_spec = load_cluster(cluster)
     model_spec = build_model(model, {})
     fixed = tp is not None and pp is not None and dp is not None

@@ -88,6 +88,9 @@ def calibrate(
     out: Annotated[str | None, typer.Option(help="Where to write the calibrated spec.")] = None,
 ) -> None:
     """Measure this machine (FLOP/s, memory, loopback) into a cluster spec."""
+    from dmsc.cli.paths import check_output
+
+    check_output(out, "--out")  # before measuring; a missing directory is never created
     do_calibrate(cluster, out, console)
 
 

@@ -43,7 +43,13 @@ def segment(
         segment_by_business,
         segment_by_layers,
     )
-    from dmsc.spec import BlockGraphSpec, parse_any_model, read_document, resolve_model
+    from dmsc.spec import (
+        MODEL_PRESETS,
+        BlockGraphSpec,
+        parse_any_model,
+        read_document,
+        resolve_model,
+    )
 
     cluster_spec = load_cluster(cluster)
     if model is None:
@@ -53,7 +59,14 @@ def segment(
     note = ""
     try:
         if method is SegmentMethod.layer:
-            spec = resolve_model(model)
+            try:
+                spec = resolve_model(model)
+            except SpecError as err:
+                if err.field != "kind" or "block graph" not in err.reason:
+                    raise
+                raise SpecError(
+                    model, "kind", "a block graph is cut with --method block or --method business"
+                ) from None
             job = build_job(
                 None,
                 {
@@ -65,9 +78,20 @@ def segment(
             )
             segments = segment_by_layers(cluster_spec, spec, job)
         else:
+            needs = (
+                f"{method.value} segmentation needs a block graph (a model file with kind: blocks)"
+            )
+            if model in MODEL_PRESETS:
+                raise SpecError(
+                    "command line",
+                    "--method",
+                    f"{needs}; {model} is a transformer preset: use --method layer",
+                )
             graph = parse_any_model(read_document(model), model)
             if not isinstance(graph, BlockGraphSpec):
-                raise SpecError(model, "kind", f"--method {method.value} needs kind: blocks")
+                raise SpecError(
+                    model, "kind", f"{needs}, not kind: {graph.kind}; use --method layer"
+                )
             if method is SegmentMethod.block:
                 segments, how = segment_by_blocks(cluster_spec, graph, stages, micro_batch, seed)
                 note = f" ({how} search)"

@@ -28,7 +28,7 @@ if TYPE_CHECKING:
 def parse_list(text: str, flag: str, kind: type) -> list[Any]:
     """A comma-separated flag value as a list of ``kind``; an error names the flag."""
     try:
-        values = [kind(x) for x in text.split(",") if x.strip()]
+        values = [kind(x.strip()) for x in text.split(",") if x.strip()]
     except ValueError:
         raise SpecError(
             "command line", flag, f"expected a comma-separated list, got {text!r}"
@@ -52,6 +52,10 @@ def simulate(
     as_json: JsonOpt = False,
 ) -> None:
     """Simulate training jobs arriving over a multi-datacenter optical network."""
+    from dmsc.cli.paths import check_output
+
+    check_output(plot, "--plot", image=True)
+    check_output(csv_out, "--csv")
     names = parse_list(compare, "--compare", str) if compare else [scheduler]
     load_list = parse_list(loads, "--loads", float) if loads else None
     run_simulation(

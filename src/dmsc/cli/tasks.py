@@ -11,6 +11,7 @@ import typer
 from dmsc.cli.app import console
 from dmsc.cli.options import JsonOpt, message_from_flags
 from dmsc.cli.runtime import control_client
+from dmsc.runtime.transport.messages import MAX_INFER_TOKENS
 
 _TRAIN_FLAGS = {"grad_wait_s": "--grad-wait"}
 
@@ -68,7 +69,9 @@ def train(
 
 def infer(
     prompt: Annotated[str, typer.Option(help="Text to continue.")],
-    tokens: Annotated[int, typer.Option(help="Bytes to generate.")] = 80,
+    tokens: Annotated[
+        int, typer.Option(help=f"Bytes to generate (at most {MAX_INFER_TOKENS}, as the gateway).")
+    ] = 80,
 ) -> None:
     """Sample a continuation through the stage services."""
     from dmsc.runtime.transport.messages import InferRequest

@@ -46,7 +46,7 @@ def validate_document(model: type[SpecT], data: Any, source: str) -> SpecT:
     try:
         return model.model_validate(data)
     except ValidationError as exc:
-        raise spec_error_from_validation(source, exc) from None
+        raise spec_error_from_validation(source, exc, model=model) from None
 
 
 def load_spec(model: type[SpecT], path: str | Path) -> SpecT:

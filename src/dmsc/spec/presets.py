@@ -67,7 +67,9 @@ def parse_any_model(data: Any, source: str) -> AnyModel:
     try:
         return _MODEL_ADAPTER.validate_python(data)
     except ValidationError as exc:
-        raise spec_error_from_validation(source, exc, ("transformer", "layers", "blocks")) from None
+        raise spec_error_from_validation(
+            source, exc, ("transformer", "layers", "blocks"), model=ModelSpec
+        ) from None
 
 
 def parse_model(data: Any, source: str) -> TransformerSpec | LayerListSpec:
@@ -91,6 +93,17 @@ def resolve_model(
     field but ``ffn``).
     """
     given = {k: v for k, v in (overrides or {}).items() if v is not None}
+    try:
+        return _resolve(name_or_path, given)
+    except SpecError as err:
+        # A bad value that a shape flag gave is the flag's fault, not the preset's or the file's.
+        field = err.field.split(".")[0]
+        if field in given:
+            raise SpecError("command line", f"--{field}", err.reason) from None
+        raise
+
+
+def _resolve(name_or_path: str | None, given: dict[str, int]) -> TransformerSpec | LayerListSpec:
     if name_or_path is None:
         missing = [f"--{k}" for k in SHAPE_FIELDS if k != "ffn" and k not in given]
         if missing:

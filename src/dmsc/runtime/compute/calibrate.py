@@ -18,7 +18,7 @@ import yaml
 
 from dmsc.netmodel import DEFAULT_CALIBRATION
 from dmsc.runtime.transport.rpc import Client, bytes_handler, serve
-from dmsc.spec import ClusterSpec, load_spec
+from dmsc.spec import ClusterSpec, SpecError, load_spec
 
 
 def _best_rate(fn: Any, work: float, repeats: int = 30) -> float:
@@ -124,8 +124,12 @@ def calibrated_cluster(template: ClusterSpec, measured: dict[str, float]) -> dic
 
 
 def calibrate(template_path: str | Path, out_path: str | Path) -> dict[str, float]:
-    """Measure, write the calibrated cluster spec to ``out_path``, return the figures."""
+    """Measure, write the calibrated cluster spec to ``out_path``, return the figures.
+
+    ``out_path``'s directory must exist (checked before measuring; none is created)."""
     template = load_spec(ClusterSpec, template_path)
+    if not Path(out_path).parent.is_dir():
+        raise SpecError(str(out_path), "", f"directory {Path(out_path).parent} does not exist")
     # A first pass warms up what a fresh process pays once (allocator, kernels, thread pools,
     # the CPU's clock); the figures come from the second.
     measure_matmul_flops()
@@ -146,7 +150,6 @@ def calibrate(template_path: str | Path, out_path: str | Path) -> dict[str, floa
     }
     spec = calibrated_cluster(template, measured)
     ClusterSpec.model_validate(spec)
-    Path(out_path).parent.mkdir(parents=True, exist_ok=True)
     Path(out_path).write_text(
         "# Written by `dmsc calibrate` from measurements of this machine.\n"
         + yaml.safe_dump(spec, sort_keys=False)
