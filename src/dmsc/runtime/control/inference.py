@@ -14,10 +14,12 @@ canary into the last one (with two or more replicas), so the gateway can route b
 
 from __future__ import annotations
 
+import contextlib
 import itertools
 import json
 import logging
 import threading
+from collections.abc import Iterator
 from pathlib import Path
 
 from dmsc.data.db import Database
@@ -27,6 +29,7 @@ from dmsc.runtime.control.model_store import versions
 from dmsc.runtime.control.turns import FairLock
 from dmsc.runtime.transport.messages import Load
 
+TRAINING = "\x00training"  # the training session's party at the replicas' fair locks
 STEP_BASE = 10_000_000  # inference steps live far above training ones; 10_000 per request
 
 
@@ -99,6 +102,22 @@ class Replicas:
             self.log.warning("%s failed: %s", replica, exc, extra=self.extra)
             raise
         return out.decode("utf-8", errors="replace")
+
+    @contextlib.contextmanager
+    def training_turn(self) -> Iterator[None]:
+        """Every replica, for one training step: a step runs on all of them (gradients are
+        averaged across replicas), so inference waits for it to end, and takes its next token
+        between two steps. Without this, a request's forward pass ran inside a training step,
+        the worker dropped the step's sends, and training rolled back to its checkpoint."""
+        held: list[FairLock] = []
+        try:
+            for lock in self.locks:  # in order: two holders of several never deadlock
+                lock.acquire(TRAINING)
+                held.append(lock)
+            yield
+        finally:
+            for lock in reversed(held):
+                lock.release()
 
     def generate(self, prompt: str, tokens: int) -> tuple[str, str]:
         """``(replica, text)`` from the first replica that answers, trying each in turn."""

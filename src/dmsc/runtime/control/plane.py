@@ -304,6 +304,7 @@ class ControlPlane:
             ),
             run_id=self.run.id,
             stop=lambda: cancel_requested(self.db, task_id),
+            turn=self.inference.training_turn,
         )
 
     def train(self, req: TrainRequest) -> dict[str, Any]:

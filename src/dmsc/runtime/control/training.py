@@ -19,6 +19,7 @@ step it reached and ends (``report.cancelled``; the weights stay at ``report.end
 
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
 import time
@@ -145,8 +146,11 @@ def train(
     run_id: int | None = None,
     validate: bool = True,
     stop: Callable[[], bool] | None = None,
+    turn: Callable[[], contextlib.AbstractContextManager[None]] | None = None,
 ) -> TrainReport:
     """Run steps ``first_step`` .. ``first_step + steps - 1``; validation loss before and after.
+    ``turn()`` is held around each step and validation (the replicas' fair locks: inference
+    requests take their tokens between two steps, never inside one).
     With ``recovering.start``, the session resumes from that checkpoint (or, when it does not
     verify, the newest of ``recovering.older`` that does; each must lie in the range) and the
     steps before it are taken as done. ``stop`` (asked before each step) cancels the session.
@@ -224,12 +228,15 @@ def train(
             db.drop_metrics_from(task_id, ckpt.step)
     else:
         ckpt = save(first_step)
+    hold = turn or contextlib.nullcontext
     if validate:
         try:
-            report.val_start = validation_loss(dep, valid, batch, microbatches)
+            with hold():
+                report.val_start = validation_loss(dep, valid, batch, microbatches)
         except WorkerFailure as failure:
             bring_back(failure, ckpt.step)
-            report.val_start = validation_loss(dep, valid, batch, microbatches)
+            with hold():
+                report.val_start = validation_loss(dep, valid, batch, microbatches)
     losses: dict[int, float] = {}
     step = history[-1].step
 
@@ -246,11 +253,12 @@ def train(
                 report.cancelled = True
                 break
             x, y = corpus.batch(step, batch)
-            t0 = t0 if t0 is not None else time.perf_counter()
             try:
-                out = dep.train_step(
-                    step, x, y, microbatches, schedule, rec.late_policy, rec.grad_wait_s
-                )
+                with hold():
+                    t0 = t0 if t0 is not None else time.perf_counter()
+                    out = dep.train_step(
+                        step, x, y, microbatches, schedule, rec.late_policy, rec.grad_wait_s
+                    )
             except StepRestartNeeded:
                 report.restarts += 1
                 if report.restarts > rec.max_restarts:
@@ -284,7 +292,8 @@ def train(
         if not validate:
             break
         try:
-            report.val_end = validation_loss(dep, valid, batch, microbatches)
+            with hold():
+                report.val_end = validation_loss(dep, valid, batch, microbatches)
             break
         except WorkerFailure as failure:  # the weights go back to the checkpoint: run again
             step = roll_back(failure, step)
