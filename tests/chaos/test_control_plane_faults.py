@@ -191,7 +191,7 @@ def test_dmsc_chaos_during_dmsc_train(tmp_path: Path) -> None:
         assert trainer.poll() is None  # the fault hit the running task
         out, err = trainer.communicate(timeout=300)
         assert trainer.returncode == 0, err
-        report = json.loads(out)
+        report = json.loads(out.splitlines()[-1])  # after a JSON line per step
         assert report["steps"] == TRAIN_STEPS and len(report["recoveries"]) == 1
         assert report["steps_lost"] <= 10
         steps = [m.step for m in db.metrics(report["task"])]

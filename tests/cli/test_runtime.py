@@ -147,3 +147,31 @@ def test_token_list_and_per_key_limits(home: Path, capsys: pytest.CaptureFixture
         capsys, "token", "create", "--tenant", "c", "--scopes", "read", "--rate", "0"
     )
     assert code == 2 and "--rate" in err
+
+
+def test_tasks_list_show_cancel(home: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """``dmsc tasks``: what is queued or running, one task's detail, and cancelling it."""
+    import json
+
+    from dmsc.data.db import Database
+    from dmsc.runtime.control.task_queue import TaskQueue
+
+    db = Database()
+    run_id = db.new_run("gpt-mini", "c", {}).id
+    queue = TaskQueue(db, run_id)
+    queued = queue.submit("train", {"steps": 30}, tenant="ann")
+    running = queue.submit("train", {"steps": 40}, tenant="bob")
+    with db.sessions() as s, s.begin():  # as the control plane's claim leaves it
+        s.get(type(running), running.id).state = "running"  # type: ignore[union-attr]
+    code, out, _ = run(capsys, "tasks", "list", "--json")
+    assert code == 0 and [t["id"] for t in json.loads(out)] == [running.id, queued.id]
+    code, out, _ = run(capsys, "tasks", "list", "--tenant", "ann", "--json")
+    assert [t["tenant"] for t in json.loads(out)] == ["ann"]
+    code, out, _ = run(capsys, "tasks", "show", str(queued.id), "--json")
+    assert code == 0 and json.loads(out)["params"] == {"steps": 30}
+    assert run(capsys, "tasks", "cancel", str(queued.id))[1].strip().endswith("cancelled")
+    assert run(capsys, "tasks", "cancel", str(running.id))[1].strip().endswith("cancelling")
+    code, _, err = run(capsys, "tasks", "cancel", str(queued.id))
+    assert code == 2 and "cancelled" in err
+    code, _, err = run(capsys, "tasks", "show", "999")
+    assert code == 2 and "no task 999" in err

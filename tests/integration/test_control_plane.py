@@ -31,7 +31,9 @@ def test_up_status_train_infer_down(tmp_path: Path) -> None:
             assert (tmp_path / "logs" / f"{s['sid']}.stderr").is_file()
         res = dmsc(tmp_path, "train", "--steps", "3", "--json")
         assert res.returncode == 0, res.stderr
-        out = json.loads(res.stdout)
+        *progress, last = [json.loads(line) for line in res.stdout.splitlines()]
+        assert [p["step"] for p in progress] == [0, 1, 2]  # a JSON line per step, then the task
+        out = last
         assert out["steps"] == 3 and out["model_version"] >= 1
         assert out["val_end"] < out["val_start"] + 0.5
         bad = dmsc(tmp_path, "train", "--steps", "0")
@@ -140,8 +142,12 @@ def test_gray_release_sends_the_canary_share_to_the_canary_replica(tmp_path: Pat
     key = dmsc(tmp_path, "token", "create", "--tenant", "t", "--scopes", "infer").stdout.strip()
     base, auth = up_with_gateway(tmp_path, plan), {"Authorization": f"Bearer {key}"}
     try:
-        v1 = json.loads(dmsc(tmp_path, "train", "--steps", "1", "--json").stdout)["model_version"]
-        v2 = json.loads(dmsc(tmp_path, "train", "--steps", "1", "--json").stdout)["model_version"]
+        v1, v2 = (
+            json.loads(dmsc(tmp_path, "train", "--steps", "1", "--json").stdout.splitlines()[-1])[
+                "model_version"
+            ]
+            for _ in range(2)
+        )
         assert dmsc(tmp_path, "models", "promote", str(v1)).returncode == 0
         assert dmsc(tmp_path, "models", "canary", str(v2), "--percent", "50").returncode == 0
         time.sleep(2)  # the control plane loads the versions into the replicas

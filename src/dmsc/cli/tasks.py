@@ -1,5 +1,6 @@
 """The work a running deployment does for the user: ``dmsc train`` and ``dmsc infer``, each one
-call to the control plane (which queues it as a task and survives failed workers)."""
+call to the control plane (which queues it as a task and survives failed workers), and
+``dmsc tasks list|show|cancel``."""
 
 from __future__ import annotations
 
@@ -12,6 +13,7 @@ from dmsc.cli.app import console
 from dmsc.cli.options import JsonOpt, message_from_flags
 from dmsc.cli.runtime import control_client
 from dmsc.runtime.transport.messages import MAX_INFER_TOKENS
+from dmsc.spec import SpecError
 
 _TRAIN_FLAGS = {"grad_wait_s": "--grad-wait"}
 
@@ -30,7 +32,8 @@ def train(
     ] = 5.0,
     as_json: JsonOpt = False,
 ) -> None:
-    """Run a training task on the running services; it survives failed workers."""
+    """Run a training task on the running services; it survives failed workers. Progress shows
+    while it runs (JSON lines with --json); Ctrl-C cancels it after its current step."""
     from dmsc.runtime.transport.messages import TrainRequest
 
     req = message_from_flags(
@@ -41,7 +44,10 @@ def train(
         late_policy=late_policy,
         grad_wait_s=grad_wait,
     )
-    out: dict[str, Any] = control_client().send("Train", req)
+    from dmsc.cli.progress import follow
+
+    # The call answers when the task ends; meanwhile its steps show (Ctrl-C cancels it).
+    out = follow(control_client().send_future("Train", req), steps, as_json)
     if as_json:
         print(json.dumps(out))
     elif out.get("state") == "cancelled":
@@ -79,3 +85,100 @@ def infer(
     req = message_from_flags(InferRequest, {}, prompt=prompt, tokens=tokens)
     out = control_client().send("Infer", req)
     console.print(prompt + out["text"], highlight=False, markup=False)
+
+
+tasks_app = typer.Typer(help="Tasks of the deployment: list, show, cancel.", no_args_is_help=True)
+
+
+@tasks_app.command("list")
+def tasks_list(
+    tenant: Annotated[str | None, typer.Option(help="Only this tenant's tasks.")] = None,
+    state: Annotated[
+        str | None, typer.Option(help="Only tasks in this state (queued, running, done...).")
+    ] = None,
+    limit: Annotated[int, typer.Option(help="At most this many, newest first.")] = 50,
+    as_json: JsonOpt = False,
+) -> None:
+    """The newest tasks, newest first."""
+    from rich.table import Table
+
+    from dmsc.cli.database import open_database
+
+    rows = open_database().recent_tasks(tenant, state, max(1, limit))
+    if as_json:
+        print(json.dumps([_task_row(t) for t in rows]))
+        return
+    t = Table("id", "kind", "state", "tenant", "steps", "attempts", "created (UTC)", "error")
+    for r in rows:
+        steps = json.loads(r.params_json or "{}").get("steps", "")
+        t.add_row(
+            str(r.id),
+            r.kind,
+            r.state,
+            r.tenant,
+            str(steps),
+            str(r.attempts),
+            r.created_at.strftime("%Y-%m-%d %H:%M:%S"),
+            (r.error or "")[:60],
+        )
+    console.print(t)
+
+
+@tasks_app.command("show")
+def tasks_show(
+    task_id: Annotated[int, typer.Argument(help="Task id (`dmsc tasks list`).")],
+    as_json: JsonOpt = False,
+) -> None:
+    """One task: its parameters, state, and the steps it has recorded."""
+    from dmsc.cli.database import open_database
+    from dmsc.data.db import TaskRecord
+
+    db = open_database()
+    with db.sessions() as s:
+        task = s.get(TaskRecord, task_id)
+    if task is None:
+        raise SpecError("command line", "TASK_ID", f"no task {task_id}")
+    out = _task_row(task)
+    metrics = db.metrics(task_id)
+    if metrics:
+        out["steps_recorded"] = len(metrics)
+        out["last_step"], out["last_loss"] = metrics[-1].step, metrics[-1].loss
+    if as_json:
+        print(json.dumps(out))
+        return
+    for k, v in out.items():
+        console.print(f"{k:15s} {v}", highlight=False, markup=False)
+
+
+@tasks_app.command("cancel")
+def tasks_cancel(task_id: Annotated[int, typer.Argument(help="Task id.")]) -> None:
+    """Cancel a task: a queued one at once, a running one between two steps (it keeps what it
+    trained and records a model version)."""
+    from dmsc.cli.database import open_database
+    from dmsc.data.db import TaskRecord
+    from dmsc.runtime.business.queueing import TaskFinished
+    from dmsc.runtime.control.task_queue import TaskQueue
+
+    db = open_database()
+    with db.sessions() as s:
+        task = s.get(TaskRecord, task_id)
+    if task is None:
+        raise SpecError("command line", "TASK_ID", f"no task {task_id}")
+    try:
+        state = TaskQueue(db, task.run_id).cancel(task_id)
+    except (KeyError, TaskFinished) as exc:
+        raise SpecError("command line", "TASK_ID", str(exc).strip("'")) from None
+    console.print(f"task {task_id}: {state}")
+
+
+def _task_row(t: Any) -> dict[str, Any]:
+    return {
+        "id": t.id,
+        "kind": t.kind,
+        "state": t.state,
+        "tenant": t.tenant,
+        "params": json.loads(t.params_json or "{}"),
+        "attempts": t.attempts,
+        "created": t.created_at.isoformat(),
+        "error": t.error,
+    }

@@ -429,6 +429,18 @@ class Database:
                 raise KeyError(f"no task {task_id}")
             task.params_json = json.dumps(params)
 
+    def recent_tasks(
+        self, tenant: str | None = None, state: str | None = None, limit: int = 100
+    ) -> list[TaskRecord]:
+        """The newest ``limit`` tasks, newest first (of ``tenant``, in ``state``, if given)."""
+        q = select(TaskRecord).order_by(TaskRecord.id.desc()).limit(limit)
+        if tenant is not None:
+            q = q.where(TaskRecord.tenant == tenant)
+        if state is not None:
+            q = q.where(TaskRecord.state == state)
+        with self.sessions() as s:
+            return list(s.scalars(q))
+
     def metrics(self, task_id: int) -> list[MetricRecord]:
         with self.sessions() as s:
             q = (

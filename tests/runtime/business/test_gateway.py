@@ -320,3 +320,19 @@ def test_a_json_body_sent_as_a_form_is_read_as_json_and_a_key_has_its_own_rate(
     codes = [client.post("/v1/infer", content=body, headers=_h(slow)).status_code for _ in range(3)]
     assert codes == [200, 429, 429]
     assert client.post("/v1/infer", content=body, headers=_h(fast)).status_code == 200
+
+
+def test_a_tenant_lists_its_own_tasks_and_an_admin_everyones(tmp_path: Path) -> None:
+    db = Database(f"sqlite:///{tmp_path / 'l.sqlite'}")
+    run = db.new_run("m", "c", {})
+    client = TestClient(create_app(Backend(), db, TaskQueue(db, run.id), rate=100, burst=100))
+    h = {t: _h(create_key(db, t, ["submit", "read"])[1]) for t in ("ann", "bob")}
+    admin = _h(create_key(db, "ops", ["admin"])[1])
+    for tenant, steps in (("ann", 5), ("bob", 6), ("ann", 7)):
+        client.post("/v1/tasks", json={"steps": steps}, headers=h[tenant])
+    mine = client.get("/v1/tasks", headers=h["ann"]).json()
+    assert [t["tenant"] for t in mine] == ["ann", "ann"] and mine[0]["id"] > mine[1]["id"]
+    assert len(client.get("/v1/tasks", headers=admin).json()) == 3
+    assert client.get("/v1/tasks?state=done", headers=h["ann"]).json() == []
+    assert client.get("/v1/tasks?limit=0", headers=h["ann"]).status_code == 422
+    assert client.get("/v1/tasks").status_code == 401

@@ -26,7 +26,7 @@ from functools import partial
 from typing import Annotated, Any, Protocol
 
 from anyio import to_thread
-from fastapi import FastAPI, HTTPException, Request, Response
+from fastapi import FastAPI, HTTPException, Query, Request, Response
 from fastapi import Path as PathParam
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
@@ -395,6 +395,17 @@ def create_app(
         if task is None or (task.tenant != who.tenant and not who.may("admin")):
             raise HTTPException(404, f"no task {task_id}")
         return task
+
+    @app.get("/v1/tasks")
+    def list_tasks(
+        request: Request,
+        state: Annotated[str | None, Query(max_length=32)] = None,
+        limit: Annotated[int, Query(ge=1, le=1000)] = 100,
+    ) -> list[dict[str, Any]]:
+        """The caller's tenant's newest tasks, newest first (an admin key: every tenant's)."""
+        who = authorize(request, "read")
+        tenant = None if who.may("admin") else who.tenant
+        return [_task_json(t) for t in db.recent_tasks(tenant, state, limit)]
 
     @app.get("/v1/tasks/{task_id}")
     def get_task(task_id: TaskId, request: Request) -> dict[str, Any]:
