@@ -37,7 +37,7 @@ def segment(
     from rich.table import Table
 
     from dmsc.cli.options import build_job, load_cluster
-    from dmsc.planner.segmentation.cuts import SegmentationInfeasible
+    from dmsc.planner.segmentation.cuts import CyclicBlockGraph, SegmentationInfeasible
     from dmsc.planner.segmentation.from_specs import (
         segment_by_blocks,
         segment_by_business,
@@ -97,6 +97,8 @@ def segment(
                 note = f" ({how} search)"
             else:
                 segments = segment_by_business(cluster_spec, graph, micro_batch)
+    except CyclicBlockGraph as exc:
+        raise SpecError(model, "edges", str(exc)) from None
     except SegmentationInfeasible as exc:
         if as_json:
             typer.echo(json.dumps({"feasible": False, "reasons": [str(exc)]}))

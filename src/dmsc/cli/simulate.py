@@ -9,6 +9,7 @@ from __future__ import annotations
 import csv
 import json
 import math
+from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Annotated, Any
 
@@ -23,6 +24,11 @@ from dmsc.spec import SpecError
 
 if TYPE_CHECKING:
     from dmsc.sim.engine import RunResult
+    from dmsc.sim.scenario import ScenarioSpec
+
+FITS = ("first", "best")
+MAX_K_PATHS = 10  # as the scenario file allows
+MAX_SLOTS = 10_000  # as a cluster file allows per fiber
 
 
 def parse_list(text: str, flag: str, kind: type) -> list[Any]:
@@ -38,6 +44,57 @@ def parse_list(text: str, flag: str, kind: type) -> list[Any]:
     return values
 
 
+@dataclass(frozen=True)
+class Overrides:
+    """Scenario settings given on the command line, over the scenario file's."""
+
+    k_paths: int | None = None
+    fit: str | None = None
+    slots: int | None = None
+    mix: str | None = None  # the --mix text: MODEL[=WEIGHT],...
+
+
+def parse_mix(text: str) -> list[tuple[str, float | None]]:
+    """``--mix``: comma-separated job types, each ``NAME`` or ``NAME=WEIGHT``."""
+    picks: list[tuple[str, float | None]] = []
+    for item in (x.strip() for x in text.split(",")):
+        if not item:
+            continue
+        name, eq, weight = item.partition("=")
+        try:
+            picks.append((name.strip(), float(weight) if eq else None))
+        except ValueError:
+            raise SpecError(
+                "command line", "--mix", f"expected NAME or NAME=WEIGHT, got {item!r}"
+            ) from None
+    if not picks:
+        raise SpecError("command line", "--mix", "is empty")
+    return picks
+
+
+def apply_overrides(scenario: ScenarioSpec, over: Overrides) -> ScenarioSpec:
+    """The scenario with the command line's values on top; an error names the flag."""
+    from dmsc.sim.scenario import mix_jobs
+
+    update: dict[str, Any] = {}
+    if over.k_paths is not None:
+        if not 1 <= over.k_paths <= MAX_K_PATHS:
+            raise SpecError("command line", "--k", f"must be between 1 and {MAX_K_PATHS}")
+        update["k_paths"] = over.k_paths
+    if over.fit is not None:
+        if over.fit not in FITS:
+            raise SpecError("command line", "--fit", f"expected first or best, got {over.fit!r}")
+        update["fit"] = over.fit
+    if over.slots is not None and not 1 <= over.slots <= MAX_SLOTS:
+        raise SpecError("command line", "--slots", f"must be between 1 and {MAX_SLOTS}")
+    if over.mix is not None:
+        try:
+            update["jobs"] = mix_jobs(scenario.jobs, parse_mix(over.mix))
+        except ValueError as exc:
+            raise SpecError("command line", "--mix", str(exc)) from None
+    return scenario.model_copy(update=update)
+
+
 def simulate(
     scenario: Annotated[str, typer.Option(help="Scenario file (YAML or JSON).")],
     scheduler: Annotated[str, typer.Option(help="baseline, cba or joint.")] = "cba",
@@ -47,6 +104,23 @@ def simulate(
     loads: Annotated[str | None, typer.Option(help="Comma-separated loads in Erlang.")] = None,
     seeds: Annotated[int, typer.Option(help="Seeds per point (confidence intervals).")] = 1,
     arrivals: Annotated[int | None, typer.Option(help="Job arrivals per run.")] = None,
+    k: Annotated[
+        int | None,
+        typer.Option("--k", help="Shortest routes tried per datacenter pair (scenario: k_paths)."),
+    ] = None,
+    fit: Annotated[
+        str | None, typer.Option(help="Spectrum fit: first or best (scenario: fit).")
+    ] = None,
+    slots: Annotated[
+        int | None, typer.Option(help="Frequency slots on every fiber (cluster: links' slots).")
+    ] = None,
+    mix: Annotated[
+        str | None,
+        typer.Option(
+            help="Job mix: comma-separated job types of the scenario, NAME or NAME=WEIGHT "
+            "(NAME: model preset, or model/ppN); the others are left out (scenario: jobs)."
+        ),
+    ] = None,
     plot: Annotated[str | None, typer.Option(help="Draw blocking vs load to this PNG.")] = None,
     csv_out: Annotated[str | None, typer.Option("--csv", help="Per-run rows to this CSV.")] = None,
     as_json: JsonOpt = False,
@@ -59,7 +133,17 @@ def simulate(
     names = parse_list(compare, "--compare", str) if compare else [scheduler]
     load_list = parse_list(loads, "--loads", float) if loads else None
     run_simulation(
-        scenario, names, load_list, seeds, arrivals, as_json, plot, csv_out, console, err_console
+        scenario,
+        names,
+        load_list,
+        seeds,
+        arrivals,
+        as_json,
+        plot,
+        csv_out,
+        console,
+        err_console,
+        Overrides(k, fit, slots, mix),
     )
 
 
@@ -74,10 +158,13 @@ def run_simulation(
     csv_path: str | None,
     console: Console,
     err_console: Console,
+    overrides: Overrides | None = None,
 ) -> dict[str, Any]:
-    """Every scheduler at every load and seed; prints (or writes) the summaries and returns them."""
+    """Every scheduler at every load and seed; prints (or writes) the summaries and returns them.
+    ``overrides``: settings from the command line over the scenario file's."""
     from dmsc.sim import SCHEDULERS, OpticalNetwork, build_profiles, load_scenario, run
     from dmsc.sim.metrics import relative_change, summarize
+    from dmsc.sim.scenario import job_label
 
     for name in schedulers:
         if name not in SCHEDULERS:
@@ -93,8 +180,11 @@ def run_simulation(
     if arrivals is not None and arrivals <= 0:
         raise SpecError("command line", "--arrivals", "must be positive")
     scenario, cluster = load_scenario(scenario_path)
+    over = overrides or Overrides()
+    scenario = apply_overrides(scenario, over)
+    slots = over.slots
     try:
-        OpticalNetwork.from_cluster(cluster, scenario.k_paths)
+        slots_per_fiber = OpticalNetwork.from_cluster(cluster, scenario.k_paths, slots).n_slots
         profiles = build_profiles(cluster, scenario.jobs)
     except ValueError as exc:
         field, _, reason = str(exc).partition(": ")
@@ -124,7 +214,7 @@ def run_simulation(
                     result = run(
                         scenario,
                         profiles,
-                        lambda: OpticalNetwork.from_cluster(cluster, scenario.k_paths),
+                        lambda: OpticalNetwork.from_cluster(cluster, scenario.k_paths, slots),
                         name,
                         load,
                         scenario.seed + k,
@@ -140,6 +230,10 @@ def run_simulation(
         "seeds": seeds,
         "arrivals": n,
         "loads": loads,
+        "k_paths": scenario.k_paths,
+        "fit": scenario.fit,
+        "slots": slots_per_fiber,
+        "jobs": [{"job": job_label(j), "weight": j.weight} for j in scenario.jobs],
         "schedulers": {},
     }
     for name in schedulers:

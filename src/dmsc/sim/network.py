@@ -58,8 +58,11 @@ class OpticalNetwork:
         self._graph = g
 
     @classmethod
-    def from_cluster(cls, cluster: ClusterSpec, k_paths: int = 3) -> OpticalNetwork:
-        """The inter-DC network of ``cluster`` (its links must be slot grids of one size)."""
+    def from_cluster(
+        cls, cluster: ClusterSpec, k_paths: int = 3, slots: int | None = None
+    ) -> OpticalNetwork:
+        """The inter-DC network of ``cluster`` (its links must be slot grids of one size), with
+        ``slots`` frequency slots on every fiber instead of the cluster's when given."""
         slotted = [link for link in cluster.links if link.slots is not None]
         if not slotted or len(slotted) != len(cluster.links):
             raise ValueError("links: the simulator needs every inter-DC link as frequency slots")
@@ -79,7 +82,7 @@ class OpticalNetwork:
             sites=sites,
             link_ends=[(link.a, link.b) for link in slotted],
             link_km=[link.km for link in slotted],
-            n_slots=int(sizes.pop() or 0),
+            n_slots=slots if slots is not None else int(sizes.pop() or 0),
             slot_ghz=float(widths.pop()),
             k_paths=k_paths,
             dc_names=[dc.name for dc in cluster.datacenters],

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import math
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Annotated, Literal, Self
 
@@ -69,3 +71,40 @@ def load_scenario(path: str | Path) -> tuple[ScenarioSpec, ClusterSpec]:
         if job.model not in MODEL_PRESETS:
             raise SpecError(str(path), f"jobs[{i}].model", f"unknown model preset {job.model!r}")
     return scenario, cluster
+
+
+def job_label(job: JobTypeSpec) -> str:
+    """How a job type is named on the command line and in results: ``model/ppN``."""
+    return f"{job.model}/pp{job.pp}"
+
+
+def mix_jobs(
+    jobs: Sequence[JobTypeSpec], picks: Sequence[tuple[str, float | None]]
+) -> list[JobTypeSpec]:
+    """The job types named in ``picks``, in that order, each with the weight given (None: its
+    weight in the scenario). A name is a model preset, or ``model/ppN`` where a preset comes in
+    several shapes; ValueError naming the pick otherwise."""
+    labels = [job_label(j) for j in jobs]
+    out: list[JobTypeSpec] = []
+    chosen: set[int] = set()
+    for name, weight in picks:
+        hits = [i for i, j in enumerate(jobs) if name in (j.model, labels[i])]
+        if not hits:
+            raise ValueError(
+                f"no job type {name!r} in the scenario (job types: {', '.join(labels)})"
+            )
+        if len(hits) > 1:
+            raise ValueError(
+                f"{name!r} names {len(hits)} job types: use one of "
+                + ", ".join(labels[i] for i in hits)
+            )
+        if hits[0] in chosen:
+            raise ValueError(f"job type {labels[hits[0]]} named twice")
+        if weight is not None and not (weight > 0 and math.isfinite(weight)):
+            raise ValueError(f"the weight of {name!r} must be a positive number")
+        chosen.add(hits[0])
+        job = jobs[hits[0]]
+        out.append(job if weight is None else job.model_copy(update={"weight": weight}))
+    if not out:
+        raise ValueError("names no job type")
+    return out

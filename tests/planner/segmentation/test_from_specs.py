@@ -5,6 +5,7 @@ from pathlib import Path
 import pytest
 
 from dmsc.netmodel import DoesNotFit, estimate_iteration
+from dmsc.planner.segmentation.cuts import CyclicBlockGraph
 from dmsc.planner.segmentation.from_specs import (
     segment_by_blocks,
     segment_by_business,
@@ -54,6 +55,30 @@ def test_block_groups_partition_the_graph(local_cpu: ClusterSpec) -> None:
     )
     _, method = segment_by_blocks(local_cpu, small, 2)
     assert method == "exact"
+
+
+@pytest.mark.parametrize("groups", [2, 3, 4])
+def test_block_groups_are_a_chain_and_name_their_inputs(
+    local_cpu: ClusterSpec, groups: int
+) -> None:
+    model = _vision()
+    segments, _ = segment_by_blocks(local_cpu, model, groups)
+    where = {b: k for k, s in enumerate(segments) for b in s.members}
+    assert all(where[a] <= where[b] for a, b in model.edges)
+    for k, s in enumerate(segments):
+        inputs = sorted({where[a] for a, b in model.edges if where[b] == k and where[a] != k})
+        assert s.reads_from == (", ".join(f"group {i}" for i in inputs) or None)
+    assert all(s.reads_from for s in segments[1:])
+
+
+def test_a_cyclic_block_graph_names_its_cycle(local_cpu: ClusterSpec) -> None:
+    doc = _vision().model_dump()
+    doc["edges"] = [*doc["edges"], ("det_head", "stage4")]
+    cyclic = BlockGraphSpec.model_validate(doc)
+    with pytest.raises(CyclicBlockGraph, match="stage4 -> det_neck -> det_head -> stage4"):
+        segment_by_blocks(local_cpu, cyclic, 2)
+    with pytest.raises(CyclicBlockGraph):
+        segment_by_business(local_cpu, cyclic)
 
 
 def test_business_split(local_cpu: ClusterSpec) -> None:

@@ -65,6 +65,10 @@ class PlacementProblem:
     cross_us_cache: dict[tuple[int, int, int, int, int], int] = field(
         default_factory=dict, compare=False, repr=False
     )
+    # What the routing step derives from the problem alone (see dmsc.planner.placement.routing).
+    routing_cache: dict[tuple[object, ...], object] = field(
+        default_factory=dict, init=False, compare=False, repr=False
+    )
 
     @property
     def n_stages(self) -> int:
@@ -117,13 +121,15 @@ def boundary_us(
 
 
 def stage_us(problem: PlacementProblem, dcs: Sequence[int], comm: Sequence[int]) -> list[int]:
+    n = len(problem.devices)
+    compute = problem.compute_us
     times = []
-    for s in range(problem.n_stages):
-        c = problem.compute_us[s][dcs[s]]
+    for s in range(n):
+        c = compute[s][dcs[s]]
         assert c is not None
         before = comm[s - 1] if s > 0 else 0
-        after = comm[s] if s < problem.n_stages - 1 else 0
-        times.append(c + 2 * max(before, after))
+        after = comm[s] if s < n - 1 else 0
+        times.append(c + 2 * (before if before > after else after))
     return times
 
 
@@ -139,10 +145,11 @@ def score_to_seconds(problem: PlacementProblem, value: int) -> float:
 
 
 def capacity_ok(problem: PlacementProblem, dcs: Sequence[int]) -> bool:
-    used = [0] * problem.n_dcs
+    used = [0] * len(problem.dc_names)
+    devices, compute = problem.devices, problem.compute_us
     for s, d in enumerate(dcs):
-        used[d] += problem.devices[s]
-        if problem.compute_us[s][d] is None:
+        used[d] += devices[s]
+        if compute[s][d] is None:
             return False
     return all(u <= f for u, f in zip(used, problem.free_devices, strict=True))
 

@@ -13,7 +13,6 @@ from dmsc.planner.placement.problem import (
     PlacementResult,
     Reservation,
     boundary_us,
-    first_fit,
     reserve,
     score,
     stage_us,
@@ -67,37 +66,125 @@ def route_first_fit(
     shortest_only: bool,
 ) -> tuple[tuple[Reservation | None, ...], list[int]]:
     """Routes as far as they go, and the crossing boundaries that found no free spectrum."""
+    routes, failed, _ = route_with_times(problem, dcs, caps, fixed_units, shortest_only)
+    return routes, failed
+
+
+def route_with_times(
+    problem: PlacementProblem,
+    dcs: Sequence[int],
+    caps: Sequence[int] | None,
+    fixed_units: int | None,
+    shortest_only: bool,
+    unrouted_us: int = 0,
+) -> tuple[tuple[Reservation | None, ...], list[int], list[int]]:
+    """:func:`route_first_fit` with each boundary's transfer time (as
+    :func:`~dmsc.planner.placement.problem.boundary_us` gives it; ``unrouted_us`` for a
+    boundary that found no spectrum).
+
+    Each boundary takes, of the (path, units) options that fit, the one with the shortest
+    transfer, ties to the first in path-then-level order: the options are ranked once per
+    problem (:func:`ranked_options`) and tried in that order until one fits."""
     taken: dict[int, int] = {}
     routes: list[Reservation | None] = []
     failed: list[int] = []
-    for b in range(problem.n_stages - 1):
+    comm: list[int] = []
+    cache = problem.routing_cache
+    for b in range(len(dcs) - 1):
         a, z = dcs[b], dcs[b + 1]
         if a == z:
             routes.append(None)
+            comm.append(problem.local_us[b][a])
             continue
-        options = problem.paths.get((a, z), ())
-        if shortest_only:
-            options = options[:1]
-        levels = problem.levels if caps is None else problem.levels[: caps[b] + 1]
-        if fixed_units is not None:
-            levels = (fixed_units,)
-        best: tuple[int, Reservation] | None = None
-        for k, path in enumerate(options):
-            for n in levels:
-                start = first_fit(problem, path, n, taken)
-                if start is None:
-                    continue
-                t = problem.cross_us(b, a, z, k, n)
-                if best is None or t < best[0]:
-                    best = (t, Reservation(k, n, start))
-        if best is None:
+        key = ("ranked", b, a, z, fixed_units, None if caps is None else caps[b], shortest_only)
+        ranked = cache.get(key)
+        if ranked is None:
+            if fixed_units is not None:
+                levels: tuple[int, ...] = (fixed_units,)
+            else:
+                levels = problem.levels if caps is None else problem.levels[: caps[b] + 1]
+            ranked = cache[key] = ranked_options(problem, b, a, z, levels, shortest_only)
+        route: Reservation | None = None
+        for t, k, n in ranked:  # type: ignore[attr-defined]
+            start = _fit(problem, a, z, k, n, taken)
+            if start is not None:
+                route = Reservation(k, n, start)
+                comm.append(t)
+                break
+        if route is None:
             failed.append(b)
             routes.append(None)
+            comm.append(unrouted_us)
             continue
-        route = best[1]
-        reserve(options[route.path], route.start, route.units, taken)
+        reserve(problem.paths[(a, z)][route.path], route.start, route.units, taken)
         routes.append(route)
-    return tuple(routes), failed
+    return tuple(routes), failed, comm
+
+
+def ranked_options(
+    problem: PlacementProblem,
+    b: int,
+    a: int,
+    z: int,
+    levels: tuple[int, ...],
+    shortest_only: bool,
+) -> tuple[tuple[int, int, int], ...]:
+    """(transfer us, path, units) options of boundary ``b`` from DC ``a`` to ``z``, fastest
+    transfer first, ties in path-then-level order (a stable sort)."""
+    options = problem.paths.get((a, z), ())
+    n_paths = min(1, len(options)) if shortest_only else len(options)
+    timed = [(problem.cross_us(b, a, z, k, n), k, n) for k in range(n_paths) for n in levels]
+    timed.sort(key=lambda c: c[0])
+    return tuple(timed)
+
+
+def _path_state(problem: PlacementProblem, a: int, z: int, k: int) -> tuple[int, int]:
+    """Units busy on any link of path ``k`` from ``a`` to ``z`` (bits), and its unit count."""
+    key = ("path", a, z, k)
+    hit = problem.routing_cache.get(key)
+    if hit is None:
+        path = problem.paths[(a, z)][k]
+        busy = 0
+        for lid in path.links:
+            busy |= problem.links[lid].busy_mask
+        hit = (busy, min(problem.links[lid].units for lid in path.links))
+        problem.routing_cache[key] = hit
+    return hit  # type: ignore[return-value]
+
+
+def _fit(
+    problem: PlacementProblem, a: int, z: int, k: int, units: int, taken: dict[int, int]
+) -> int | None:
+    """:func:`~dmsc.planner.placement.problem.first_fit` on path ``k`` from ``a`` to ``z``,
+    with the path's busy units computed once, runs found by doubling shifts, and the answer
+    kept while nothing is ``taken`` (it then depends on the problem alone)."""
+    if not taken:
+        key = ("fit", a, z, k, units)
+        cache = problem.routing_cache
+        if key not in cache:
+            cache[key] = _fit_on(problem, a, z, k, units, taken)
+        return cache[key]  # type: ignore[return-value]
+    return _fit_on(problem, a, z, k, units, taken)
+
+
+def _fit_on(
+    problem: PlacementProblem, a: int, z: int, k: int, units: int, taken: dict[int, int]
+) -> int | None:
+    busy, limit = _path_state(problem, a, z, k)
+    if units > limit:
+        return None
+    if taken:
+        for lid in problem.paths[(a, z)][k].links:
+            busy |= taken.get(lid, 0)
+    run = ~busy & ((1 << limit) - 1)
+    length = 1  # bit s of run set: units s .. s + length - 1 are free
+    while run and length < units:
+        step = min(length, units - length)
+        run &= run >> step
+        length += step
+    if not run:
+        return None
+    return (run & -run).bit_length() - 1
 
 
 def objective(

@@ -19,7 +19,7 @@ from dmsc.planner.placement.problem import (
     score,
     stage_us,
 )
-from dmsc.planner.placement.routing import feasible_dcs, objective, route_first_fit
+from dmsc.planner.placement.routing import feasible_dcs, route_with_times
 
 
 def solve_tabu(
@@ -88,27 +88,27 @@ def _tabu_once(
     # if it took ten times the slowest compute), so the search can cross them.
     penalty = 10 * max(c for row in problem.compute_us for c in row if c is not None)
 
+    seen: dict[
+        tuple[tuple[int, ...], tuple[int, ...]],
+        tuple[int, tuple[Reservation | None, ...], bool] | None,
+    ] = {}
+
     def value(
+        st: tuple[tuple[int, ...], tuple[int, ...]],
+    ) -> tuple[int, tuple[Reservation | None, ...], bool] | None:
+        """The state's score (a pure function of it: neighbourhoods overlap, so it is kept)."""
+        if st not in seen:
+            seen[st] = _value(st)
+        return seen[st]
+
+    def _value(
         st: tuple[tuple[int, ...], tuple[int, ...]],
     ) -> tuple[int, tuple[Reservation | None, ...], bool] | None:
         dcs, caps = st
         if not capacity_ok(problem, dcs):
             return None
-        routes, failed = route_first_fit(problem, dcs, caps, None, False)
-        if not failed:
-            return objective(problem, dcs, routes), routes, True
-        comm = [
-            penalty
-            if b in failed
-            else (
-                problem.local_us[b][dcs[b]]
-                if dcs[b] == dcs[b + 1]
-                else problem.cross_us(b, dcs[b], dcs[b + 1], r.path, r.units)
-            )
-            for b, r in enumerate(routes)
-            for r in [routes[b] or Reservation(0, 0, 0)]
-        ]
-        return score(problem, stage_us(problem, dcs, comm)), routes, False
+        routes, failed, comm = route_with_times(problem, dcs, caps, None, False, penalty)
+        return score(problem, stage_us(problem, dcs, comm)), routes, not failed
 
     current = value(state)
     if current is None:

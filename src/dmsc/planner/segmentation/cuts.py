@@ -4,8 +4,10 @@
   that minimises the slowest stage (its compute on its own device plus sending its boundary
   activation) under each stage's memory, for heterogeneous stages too.
 - Block-based: a model given as a graph of blocks (not a chain) is split into groups, one per
-  node, by :func:`segment_blocks_tabu` (tabu search, as 002_0021f8a50f21532c.txt suggests for cut
-  points); :func:`segment_blocks_exact` enumerates every grouping of small graphs.
+  node, that form a chain of micro-models (every edge goes to the same or a later group: data
+  never flows back), by :func:`segment_blocks_tabu` (tabu search, as 002_0021f8a50f21532c.txt
+  suggests for cut points); :func:`segment_blocks_exact` enumerates every chain grouping of
+  small graphs. A graph with a cycle is refused (:class:`CyclicBlockGraph` names the cycle).
 - Business-based: :func:`segment_business` makes the shared backbone one micro-model and each
   task head its own.
 All functions are pure: costs in, cuts out.
@@ -194,16 +196,36 @@ def segment_layers_bruteforce(
     return best
 
 
+class CyclicBlockGraph(ValueError):
+    """The blocks' edges form a cycle: no chain of micro-models can hold them."""
+
+    def __init__(self, cycle: Sequence[str]) -> None:
+        self.cycle = tuple(cycle)
+        super().__init__("the blocks form a cycle: " + " -> ".join([*cycle, cycle[0]]))
+
+
+def block_order(graph: nx.DiGraph) -> list[str]:
+    """The blocks in topological order (ties by name); a graph with a cycle has none and raises
+    :class:`CyclicBlockGraph` naming one of its cycles."""
+    try:
+        return list(nx.lexicographical_topological_sort(graph))
+    except nx.NetworkXUnfeasible:
+        raise CyclicBlockGraph([u for u, _ in nx.find_cycle(graph)]) from None
+
+
 @dataclass(frozen=True)
 class BlockSegmentation:
-    """Group of each block, and the objective: slowest group plus the heaviest cut traffic."""
+    """Group of each block, and the objective: slowest group plus the heaviest cut traffic.
+
+    Groups form a chain: every edge goes from a group to the same or a later one, so group
+    ``k`` only reads what groups ``0..k-1`` produced and data never flows back."""
 
     groups: dict[str, int]
     cost: float
 
 
 def block_cost(graph: nx.DiGraph, groups: dict[str, int], n_groups: int, bandwidth: float) -> float:
-    """Slowest group's compute plus the time of the largest inter-group transfer it waits on.
+    """Slowest group's compute plus the time of the inter-group transfers it waits on.
 
     Node attribute ``compute`` (s), edge attribute ``bytes``; ``bandwidth`` in bytes/s.
     """
@@ -217,31 +239,91 @@ def block_cost(graph: nx.DiGraph, groups: dict[str, int], n_groups: int, bandwid
     return max(load[g] + incoming[g] for g in range(n_groups))
 
 
+def is_chain(graph: nx.DiGraph, groups: Mapping[str, int]) -> bool:
+    """Every edge stays in its group or goes to a later one (no data flows back)."""
+    return all(groups[u] <= groups[v] for u, v in graph.edges)
+
+
+def group_inputs(graph: nx.DiGraph, groups: Mapping[str, int], n_groups: int) -> list[list[int]]:
+    """For each group, the (earlier) groups it reads from, in order."""
+    reads: list[set[int]] = [set() for _ in range(n_groups)]
+    for u, v in graph.edges:
+        if groups[u] != groups[v]:
+            reads[groups[v]].add(groups[u])
+    return [sorted(r) for r in reads]
+
+
 def _valid(graph: nx.DiGraph, groups: dict[str, int], n_groups: int, memory: float) -> bool:
     used = [0.0] * n_groups
     for node, data in graph.nodes(data=True):
         used[groups[node]] += data.get("memory", 0.0)
-    return all(u <= memory for u in used) and len(set(groups.values())) == n_groups
+    return (
+        all(not _over(u, memory) for u in used)
+        and len(set(groups.values())) == n_groups
+        and is_chain(graph, groups)
+    )
+
+
+def _check_groups(graph: nx.DiGraph, n_groups: int) -> list[str]:
+    order = block_order(graph)
+    if n_groups <= 0:
+        raise ValueError("the number of groups must be positive")
+    if len(order) < n_groups:
+        raise SegmentationInfeasible(f"{n_groups} groups need at least {n_groups} blocks")
+    return order
 
 
 def segment_blocks_exact(
     graph: nx.DiGraph, n_groups: int, bandwidth: float, memory: float = math.inf
 ) -> BlockSegmentation:
-    """Every assignment of blocks to groups (n_groups ** blocks): small graphs only."""
-    nodes = sorted(graph.nodes)
+    """Every chain grouping of the blocks (depth-first along a topological order, a block's
+    group at least its inputs' groups): small graphs only."""
+    order = _check_groups(graph, n_groups)
+    preds = {n: list(graph.predecessors(n)) for n in order}
+    mem = {n: graph.nodes[n].get("memory", 0.0) for n in order}
+    groups: dict[str, int] = {}
+    used = [0.0] * n_groups
+    count = [0] * n_groups  # blocks per group so far
     best: BlockSegmentation | None = None
-    for combo in itertools.product(range(n_groups), repeat=len(nodes)):
-        if combo[0] != 0:  # groups are interchangeable: fix the first block's group
-            continue
-        groups = dict(zip(nodes, combo, strict=True))
-        if not _valid(graph, groups, n_groups, memory):
-            continue
-        c = block_cost(graph, groups, n_groups, bandwidth)
-        if best is None or c < best.cost:
-            best = BlockSegmentation(groups, c)
+
+    def visit(i: int, empty: int) -> None:
+        nonlocal best
+        if i == len(order):
+            c = block_cost(graph, groups, n_groups, bandwidth)
+            if best is None or c < best.cost:
+                best = BlockSegmentation(dict(groups), c)
+            return
+        n = order[i]
+        left = len(order) - i - 1  # blocks still to place after this one
+        for g in range(max((groups[p] for p in preds[n]), default=0), n_groups):
+            now_empty = empty - (count[g] == 0)
+            if now_empty > left or _over(used[g] + mem[n], memory):
+                continue  # the blocks left cannot fill every group, or over memory
+            groups[n] = g
+            used[g] += mem[n]
+            count[g] += 1
+            visit(i + 1, now_empty)
+            used[g] -= mem[n]
+            count[g] -= 1
+        groups.pop(n, None)
+
+    visit(0, n_groups)
     if best is None:
-        raise SegmentationInfeasible("no grouping of the blocks fits the memory")
+        raise SegmentationInfeasible("no chain grouping of the blocks fits the memory")
     return best
+
+
+def _start_groups(graph: nx.DiGraph, order: Sequence[str], n_groups: int) -> dict[str, int]:
+    """The topological order cut into ``n_groups`` non-empty runs of about equal compute."""
+    total = sum(graph.nodes[n]["compute"] for n in order)
+    groups: dict[str, int] = {}
+    acc, prev = 0.0, -1
+    for i, n in enumerate(order):
+        target = min(n_groups - 1, int(acc / total * n_groups)) if total else 0
+        g = max(prev, min(target, prev + 1), n_groups - (len(order) - i))
+        groups[n] = prev = g
+        acc += graph.nodes[n]["compute"]
+    return groups
 
 
 def segment_blocks_tabu(
@@ -253,34 +335,45 @@ def segment_blocks_tabu(
     iterations: int = 500,
     tenure: int = 7,
 ) -> BlockSegmentation:
-    """Tabu search over block-to-group assignments (moves: one block to another group)."""
+    """Tabu search over chain groupings (moves: one block to another group), from the
+    topological order cut into runs of equal compute; groupings that are not chains or do not
+    fit memory are crossed at a penalty, never returned."""
     rng = random.Random(seed)
-    nodes = sorted(graph.nodes)
-    if len(nodes) < n_groups:
-        raise SegmentationInfeasible(f"{n_groups} groups need at least {n_groups} blocks")
-    # Start: topological order cut into equal-compute runs.
-    order = list(nx.topological_sort(graph)) if nx.is_directed_acyclic_graph(graph) else nodes
-    total = sum(graph.nodes[n]["compute"] for n in order)
-    groups: dict[str, int] = {}
-    acc = 0.0
-    for n in order:
-        groups[n] = min(n_groups - 1, int(acc / total * n_groups)) if total else 0
-        acc += graph.nodes[n]["compute"]
-    for g in range(n_groups):  # every group non-empty
-        if g not in groups.values():
-            groups[rng.choice(nodes)] = g
+    order = _check_groups(graph, n_groups)
+    # A grouping over memory or with an edge back to an earlier group stays reachable at a
+    # penalty above every valid grouping (the slowest group cannot take longer than all compute
+    # and all transfers), growing with the excess and the edges back, so the search can cross
+    # such groupings on its way to better ones.
+    scale = float(sum(graph.nodes[n]["compute"] for n in order)) + sum(
+        float(d["bytes"]) / bandwidth for _, _, d in graph.edges(data=True)
+    )
 
     def value(gs: dict[str, int]) -> float:
-        if not _valid(graph, gs, n_groups, memory):
+        """The grouping's cost, or a penalty above all costs when it is not valid."""
+        if len(set(gs.values())) != n_groups:
             return math.inf
-        return block_cost(graph, gs, n_groups, bandwidth)
+        used = [0.0] * n_groups
+        for n in order:
+            used[gs[n]] += graph.nodes[n].get("memory", 0.0)
+        cost = block_cost(graph, gs, n_groups, bandwidth)
+        back = sum(1 for u, v in graph.edges if gs[u] > gs[v])
+        if not back and not any(_over(u, memory) for u in used):
+            return cost
+        excess = sum(max(0.0, u - memory) for u in used) / max(memory, 1e-300)
+        return cost + scale * (1.0 + excess + back)
 
-    current = dict(groups)
-    best = BlockSegmentation(dict(current), value(current))
+    def fits(gs: dict[str, int]) -> bool:
+        return _valid(graph, gs, n_groups, memory)
+
+    current = _start_groups(graph, order, n_groups)
+    start = value(current)
+    best = BlockSegmentation(dict(current), start if fits(current) else math.inf)
     tabu: dict[tuple[str, int], int] = {}
+    # A tenure as long as the neighbourhood would forbid every move: at most half of it.
+    tenure = max(1, min(tenure, len(order) * (n_groups - 1) // 2))
     for it in range(iterations):
         candidates = []
-        for n in nodes:
+        for n in order:
             for g in range(n_groups):
                 if g == current[n]:
                     continue
@@ -295,10 +388,10 @@ def segment_blocks_tabu(
         v, _, n, g, trial = min(candidates, key=lambda c: (c[0], c[1]))
         tabu[(n, current[n])] = it + tenure
         current = trial
-        if v < best.cost:
+        if v < best.cost and fits(trial):
             best = BlockSegmentation(dict(trial), v)
     if best.cost == math.inf:
-        raise SegmentationInfeasible("tabu search found no grouping that fits the memory")
+        raise SegmentationInfeasible("tabu search found no chain grouping that fits the memory")
     return best
 
 

@@ -1,0 +1,80 @@
+"""``dmsc simulate``: the scenario's knobs from the command line (--k, --fit, --slots, --mix)."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import pytest
+import yaml
+
+if TYPE_CHECKING:
+    from conftest import DmscRunner
+
+ROOT = Path(__file__).resolve().parents[2]
+SCENARIO = ROOT / "examples" / "scenarios" / "nsfnet-cba.yaml"
+CLUSTER = ROOT / "examples" / "clusters" / "nsfnet-4dc.yaml"
+RUN = ("--compare", "baseline,cba", "--arrivals", "60", "--loads", "3", "--json")
+
+pytestmark = pytest.mark.integration
+
+
+def _results(out: dict[str, Any]) -> dict[str, Any]:
+    """The figures of every scheduler, without the wall-clock ones."""
+    return {
+        name: {k: v for k, v in s.items() if k != "wall_s"} for name, s in out["schedulers"].items()
+    }
+
+
+def test_flags_act_as_the_edited_scenario_file(tmp_path: Path, dmsc: DmscRunner) -> None:
+    """The flags give the same figures as a scenario file edited by hand, and differ from the
+    file's own settings."""
+    cluster = yaml.safe_load(CLUSTER.read_text())
+    for link in cluster["links"]:
+        link["slots"] = 24
+    (tmp_path / "narrow.yaml").write_text(yaml.safe_dump(cluster))
+    scenario = yaml.safe_load(SCENARIO.read_text())
+    scenario.update(cluster="narrow.yaml", k_paths=1, fit="best")
+    scenario["jobs"] = [
+        {**scenario["jobs"][1], "weight": 2.0},
+        scenario["jobs"][3],
+    ]
+    edited = tmp_path / "edited.yaml"
+    edited.write_text(yaml.safe_dump(scenario))
+
+    flags = ("--k", "1", "--fit", "best", "--slots", "24", "--mix", "gpt3-13b=2,llama3-70b")
+    by_flags = dmsc("simulate", "--scenario", str(SCENARIO), *flags, *RUN)
+    by_file = dmsc("simulate", "--scenario", str(edited), *RUN)
+    plain = dmsc("simulate", "--scenario", str(SCENARIO), *RUN)
+    for res in (by_flags, by_file, plain):
+        assert res.returncode == 0, res.stderr
+    a, b, c = (json.loads(r.stdout) for r in (by_flags, by_file, plain))
+    assert _results(a) == _results(b)
+    assert _results(a) != _results(c)
+    assert (a["k_paths"], a["fit"], a["slots"]) == (1, "best", 24)
+    assert a["jobs"] == [
+        {"job": "gpt3-13b/pp8", "weight": 2.0},
+        {"job": "llama3-70b/pp8", "weight": 0.2},
+    ]
+    assert (c["k_paths"], c["fit"], c["slots"], len(c["jobs"])) == (3, "first", 80, 4)
+
+
+@pytest.mark.parametrize(
+    ("args", "needle"),
+    [
+        (["--k", "0"], "--k: must be between 1 and 10"),
+        (["--k", "11"], "--k: must be between 1 and 10"),
+        (["--fit", "worst"], "--fit: expected first or best"),
+        (["--slots", "0"], "--slots: must be between 1 and 10000"),
+        (["--mix", "gpt9"], "no job type 'gpt9'"),
+        (["--mix", "gpt3-13b=x"], "NAME=WEIGHT"),
+        (["--mix", "gpt3-13b=-1"], "must be a positive number"),
+    ],
+)
+def test_bad_overrides_exit_2_naming_the_flag(
+    args: list[str], needle: str, dmsc: DmscRunner
+) -> None:
+    res = dmsc("simulate", "--scenario", str(SCENARIO), "--arrivals", "5", *args)
+    err = " ".join(res.stderr.split())
+    assert res.returncode == 2 and needle in err and "Traceback" not in err, res.stderr
