@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import re
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -257,3 +258,5 @@ def test_demo_runs(dmsc: DmscRunner) -> None:
     assert res.returncode == 0, res.stderr
     assert res.stdout.count("TFLOP/s per device") >= 3
     assert "network-aware placement" in res.stdout and "compute-first" in res.stdout
+    # The step time against its prediction says which way it missed.
+    assert re.search(r"measured\s+(\d+\.\d%\s+(slower|faster)\s+than|as)\s+predicted", res.stdout)

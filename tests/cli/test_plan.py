@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import re
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -96,6 +97,33 @@ def test_plan_searches_the_strategy_and_compares_solvers(tmp_path: Path, dmsc: D
     assert milp["pipeline_s"] == pytest.approx(best)
     assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     assert out["alternatives"]
+
+
+@pytest.mark.parametrize(
+    "case",
+    [
+        [LOCAL, "--model", "gpt-mini", "--global-batch", "16"],
+        [NSF, "--model", "llama3-8b", "--global-batch", "64", "--gpus", "256"],
+    ],
+)
+def test_compare_gives_each_solver_the_figure_its_own_run_gives(
+    case: list[str], dmsc: DmscRunner
+) -> None:
+    args = ["plan", "--cluster", *case, "--time-limit", "5"]
+    res = dmsc(*args, "--compare", "--json")
+    assert res.returncode == 0, res.stderr
+    rows = {r["solver"]: r for r in json.loads(res.stdout)["compare"]}
+    table = dmsc(*args, "--compare").stdout
+    for solver in ("tabu", "greedy", "compute-first"):
+        one = dmsc(*args, "--solver", solver)
+        assert one.returncode == 0, one.stderr
+        # The iteration `--solver` prints is the one in its row of the comparison.
+        shown = re.search(r"^iteration (\S+ \S+),", one.stdout, re.M)
+        assert shown, one.stdout
+        row = next(line for line in table.splitlines() if f" {solver} " in line)
+        assert shown.group(1) in row, (solver, row, shown.group(1))
+        alone = json.loads(dmsc(*args, "--solver", solver, "--json").stdout)
+        assert rows[solver]["iteration_s"] == pytest.approx(alone["iteration_time_s"], rel=1e-9)
 
 
 def test_plan_table(dmsc: DmscRunner) -> None:

@@ -175,3 +175,81 @@ def test_tasks_list_show_cancel(home: Path, capsys: pytest.CaptureFixture[str]) 
     assert code == 2 and "cancelled" in err
     code, _, err = run(capsys, "tasks", "show", "999")
     assert code == 2 and "no task 999" in err
+
+
+def test_calibrate_prints_the_figures_it_writes(
+    home: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    import yaml
+
+    out_file = tmp_path / "calibrated.yaml"
+    code, out, err = run(capsys, "calibrate", "--out", str(out_file))
+    assert code == 0, err
+    written = yaml.safe_load(out_file.read_text())
+    dev = next(iter(written["device_types"].values()))
+    # The memory bandwidth and the peak the cost model will read are the ones printed.
+    assert f"memory {dev['memory_bw_gbyte_s']:.2f} GB/s" in out
+    peak = dev["peak_tflops"]["fp32"]
+    assert f"peak {peak * 1e3:.1f} GFLOP/s" in out or f"peak {peak:.1f} TFLOP/s" in out
+    link = next(iter(written["node_types"].values()))["link"]
+    assert f"link {link['bandwidth_gbit_s']:.2f} Gbit/s" in out
+    assert str(out_file) in out
+
+
+def test_status_keeps_sids_and_addresses_whole_at_80_columns(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    import io
+
+    from rich.console import Console
+
+    from dmsc.cli import runtime
+
+    sids = [f"sid-{s}-{'0123456789abcdef' * 2}" for s in range(3)]
+    answer = {
+        "run": 12,
+        "model": "gpt-mini",
+        "steps": 40,
+        "services": [
+            {
+                "sid": sid,
+                "stage": s,
+                "replica": 0,
+                "address": f"127.0.0.1:{50000 + s}",
+                "health": "serving",
+                "registered": True,
+                "heartbeat_age_s": 0.4,
+                "pid": 123456 + s,
+            }
+            for s, sid in enumerate(sids)
+        ],
+        "tasks": [{"id": 1, "kind": "train", "state": "running"}],
+        "faults": [
+            {
+                "id": 1,
+                "kind": "crash",
+                "task": 1,
+                "services": sids[1],
+                "reason": "worker exited with code -9 " + "and a long explanation " * 6 + "END",
+                "detected_at": 1.0,
+                "recovered_at": 3.5,
+                "checkpoint_step": 30,
+            }
+        ],
+    }
+
+    class Client:
+        def call(self, method: str) -> dict[str, object]:
+            assert method == "Status"
+            return answer
+
+    buf = io.StringIO()
+    monkeypatch.setattr(runtime, "console", Console(file=buf, width=80, force_terminal=False))
+    monkeypatch.setattr(runtime, "control_client", Client)
+    runtime.status(as_json=False)
+    text = buf.getvalue()
+    assert "…" not in text
+    for s, sid in enumerate(sids):
+        assert sid in text
+        assert f"127.0.0.1:{50000 + s}" in text
+    assert "END" in text  # the fault's reason is not cut

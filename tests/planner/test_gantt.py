@@ -8,7 +8,9 @@ import itertools
 
 import pytest
 
-from dmsc.planner.gantt import Op, replay
+from dmsc.planner.gantt import Op, replay, replay_placement
+from dmsc.planner.solve import PlanOutcome, plan_job
+from dmsc.spec import ClusterSpec, JobSpec, resolve_model
 
 
 def _span(ops: list[Op]) -> float:
@@ -41,3 +43,53 @@ def test_blocks_never_overlap_and_wait_for_their_input(schedule: str) -> None:
         if op.kind == "B" and op.stage < 2:
             assert op.start >= end[("B", op.stage + 1, op.microbatch)] + comm[op.stage]
     assert any(op.kind == "comm" for op in ops)
+
+
+@pytest.mark.parametrize("schedule", ["gpipe", "1f1b"])
+def test_a_blocking_exchange_adds_two_per_microbatch_slot(schedule: str) -> None:
+    # The planner's stage model: t = compute + 2 x per micro-batch, (m + p - 1) t in all.
+    f, b, x, p, m = 1.0, 2.0, 0.25, 4, 6
+    ops = replay([f] * p, [b] * p, [0.0] * (p - 1), m, schedule, [x] * p)
+    assert _span(ops) == pytest.approx((m + p - 1) * (f + b + 2 * x))
+    assert sum(op.kind == "comm" for op in ops) == 2 * p * m
+
+
+def _local_plan(local_cpu: ClusterSpec, stage_layers: list[int] | None = None) -> PlanOutcome:
+    job = JobSpec(global_batch=16, micro_batch=2, pp=3, stage_layers=stage_layers)
+    return plan_job(local_cpu, resolve_model("gpt-mini"), job, fixed=True)
+
+
+@pytest.mark.parametrize("stage_layers", [None, [2, 1, 1]])
+def test_the_chart_ends_at_the_plans_iteration_time(
+    local_cpu: ClusterSpec, stage_layers: list[int] | None
+) -> None:
+    from dmsc.planner.gantt import with_tail
+
+    outcome = _local_plan(local_cpu, stage_layers)
+    plan, problem = outcome.plan, outcome.built.problem
+    ops = replay_placement(problem, outcome.result.placement, plan.job.schedule)
+    b = plan.prediction.breakdown_s
+    whole = with_tail(ops, problem.n_stages, b["dp_comm"], b["optimizer"])
+    assert _span(whole) == pytest.approx(plan.prediction.iteration_time_s, rel=1e-9)
+    # The busiest stage is busy m x its micro-batch time; the rest of its span is bubble.
+    m = problem.microbatches
+    busiest = max(plan.stages, key=lambda s: s.microbatch_s)
+    busy = sum(
+        op.end - op.start for op in ops if op.stage == busiest.index and op.kind != "wait-dci"
+    )
+    assert busy == pytest.approx(m * busiest.microbatch_s, rel=1e-6)
+
+
+def test_inter_dc_exchanges_and_waits_are_marked(local_cpu: ClusterSpec) -> None:
+    outcome = _local_plan(local_cpu)
+    dcs = outcome.result.placement.dcs
+    assert len(set(dcs)) > 1, "the case should cross datacenters"
+    ops = replay_placement(outcome.built.problem, outcome.result.placement, "1f1b")
+    crossing = {b for b in range(len(dcs) - 1) if dcs[b] != dcs[b + 1]}
+    next_to_dci = {s for b in crossing for s in (b, b + 1)}
+    marked = {op.stage for op in ops if op.kind == "dci"}
+    assert marked and marked <= next_to_dci
+    assert any(op.kind == "wait-dci" for op in ops)
+    # The same pipeline inside one datacenter: nothing marked.
+    ops = replay([1.0] * 3, [2.0] * 3, [0.0] * 2, 4, "1f1b", [0.5] * 3, [False] * 2, [False] * 3)
+    assert not any(op.kind in ("dci", "wait-dci") for op in ops)

@@ -13,6 +13,7 @@ from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
 
 from dmsc.cli.app import console, err_console
 from dmsc.cli.options import build_job, build_model, load_cluster
+from dmsc.cli.render import measured_vs_predicted
 from dmsc.cli.runtime import calibrated_path, do_calibrate
 from dmsc.cli.simulate import run_simulation
 from dmsc.spec import SpecError
@@ -201,8 +202,9 @@ def runtime_demo(console: Console, steps: int = 200) -> dict[str, Any]:
     console.print(
         f"validation loss {report.val_start:.3f} -> {report.val_end:.3f}; step time measured "
         f"{measured * 1e3:.1f} ms vs predicted {predicted * 1e3:.1f} ms "
-        f"({(predicted / measured - 1) * 100:+.1f}%)",
+        f"({measured_vs_predicted(measured, predicted)})",
         highlight=False,
+        soft_wrap=True,
     )
     console.print(
         "sample: def main(" + sample.decode("utf-8", errors="replace"),

@@ -1,7 +1,8 @@
 """``dmsc plan``: split a model into stages, choose its parallelism and place it on the cluster.
 
-The strategy is searched unless ``--tp --pp --dp`` fix it; ``--compare`` runs every placement
-solver on the same problem, ``--gantt`` draws one iteration. An infeasible job exits with code 1.
+The strategy is searched unless ``--tp --pp --dp`` fix it; ``--compare`` places the chosen
+strategy with every solver, each as ``--solver`` would (so each row's time is that plan's),
+``--gantt`` draws one iteration. An infeasible job exits with code 1.
 """
 
 from __future__ import annotations
@@ -55,8 +56,9 @@ def plan(
     from dmsc.cli.paths import check_output
     from dmsc.cli.plan_render import plan_json, print_plan
     from dmsc.netmodel import DoesNotFit
-    from dmsc.planner.placement.problem import Infeasible, score_to_seconds
-    from dmsc.planner.solve import SOLVERS, plan_job, run_solver
+    from dmsc.planner.placement.problem import Infeasible
+    from dmsc.planner.plan import pipeline_seconds
+    from dmsc.planner.solve import SOLVERS, place_job, plan_job
 
     check_output(out, "--out")
     check_output(gantt, "--gantt", image=True)
@@ -119,38 +121,47 @@ def plan(
             raise typer.Exit(EXIT_DOES_NOT_FIT) from None
         rows: list[dict[str, Any]] = []
         if compare:
-            problem = outcome.built.problem
+            # Each solver gets what `--solver NAME` does with the same strategy: its placement,
+            # the layers re-cut for it, the plan; so the row's time is that plan's.
+            searched = outcome.searched or outcome.plan.job
             for name in SOLVERS:
                 progress.update(task, description=f"solver {name}")
                 try:
-                    res = run_solver(name, problem, seed, time_limit)
-                    rows.append(
-                        {
-                            "solver": name,
-                            "pipeline_s": score_to_seconds(problem, res.objective),
-                            "seconds": res.seconds,
-                            "optimal": res.optimal,
-                            "gap_pct": res.gap_pct,
-                            "blocked": False,
-                        }
+                    other = (
+                        outcome
+                        if name == solver.value
+                        else place_job(
+                            cluster_spec,
+                            model_spec,
+                            searched,
+                            outcome.strategy,
+                            name,
+                            seed,
+                            time_limit,
+                            k_paths=paths,
+                        )
                     )
-                except Infeasible as exc:
-                    rows.append({"solver": name, "blocked": True, "reason": str(exc)})
+                except (DoesNotFit, Infeasible) as exc:
+                    why = exc.reasons[0] if isinstance(exc, DoesNotFit) else str(exc)
+                    rows.append({"solver": name, "blocked": True, "reason": why})
+                    continue
+                rows.append(
+                    {
+                        "solver": name,
+                        "iteration_s": other.plan.prediction.iteration_time_s,
+                        "pipeline_s": pipeline_seconds(other.plan),
+                        "seconds": other.plan.search.placement_seconds,
+                        "optimal": other.plan.search.optimal,
+                        "gap_pct": other.plan.search.gap_pct,
+                        "blocked": False,
+                    }
+                )
     the_plan = outcome.plan
     if out is not None:
         Path(out).write_text(the_plan.model_dump_json(indent=2))
+    drawn = None
     if gantt is not None:
-        from dmsc.cli.plan_render import draw_gantt
-        from dmsc.planner.gantt import replay_placement
-
-        pb = outcome.built.problem
-        ops = replay_placement(pb, outcome.result.placement, the_plan.job.schedule)
-        draw_gantt(
-            ops,
-            pb.n_stages,
-            gantt,
-            f"{the_plan.model}: one iteration ({the_plan.search.solver} placement)",
-        )
+        drawn = _draw_gantt(outcome, gantt)
     if as_json:
         out_obj = plan_json(the_plan)
         if compare:
@@ -160,22 +171,47 @@ def plan(
     print_plan(console, the_plan)
     if compare:
         _print_compare(rows)
+    if drawn is not None:
+        console.print(drawn, highlight=False, soft_wrap=True)
+
+
+def _draw_gantt(outcome: Any, path: str) -> str:
+    """Draw one iteration of the plan to ``path``; the line that says so, with its total."""
+    from dmsc.cli.plan_render import draw_gantt
+    from dmsc.cli.render import human_seconds
+    from dmsc.planner.gantt import replay_placement, span, with_tail
+
+    plan, pb = outcome.plan, outcome.built.problem
+    b = plan.prediction.breakdown_s
+    ops = replay_placement(pb, outcome.result.placement, plan.job.schedule)
+    ops = with_tail(ops, pb.n_stages, b.get("dp_comm", 0.0), b.get("optimizer", 0.0))
+    total = human_seconds(span(ops))
+    note = ", interleaving drawn as 1F1B" if plan.job.chunks > 1 else ""
+    draw_gantt(
+        ops,
+        pb.n_stages,
+        path,
+        f"{plan.model}: one iteration, {total} ({plan.search.solver} placement{note})",
+    )
+    return f"Gantt chart of one iteration ({total}{note}) written to {path}"
 
 
 def _print_compare(rows: list[dict[str, Any]]) -> None:
-    """The solvers side by side: pipeline time, distance to the best, optimality gap, time."""
-    from rich.table import Table
+    """The solvers side by side: the iteration of each one's plan (as `--solver` gives it), its
+    pipeline part, distance to the best, optimality gap, placement time."""
+    from dmsc.cli.render import fit_table, human_seconds
 
-    best = min((row["pipeline_s"] for row in rows if not row["blocked"]), default=None)
-    t = Table("solver", "pipeline time", "vs best", "gap", "seconds")
+    best = min((row["iteration_s"] for row in rows if not row["blocked"]), default=None)
+    t = fit_table("solver", "iteration", "pipeline", "vs best", "gap", "seconds", keep=(0,))
     for row in rows:
         if row["blocked"]:
-            t.add_row(row["solver"], "blocked", "", "", row["reason"])
+            t.add_row(row["solver"], "blocked", "", "", "", row["reason"])
             continue
         t.add_row(
             row["solver"],
-            f"{row['pipeline_s']:.3f} s",
-            f"+{(row['pipeline_s'] / best - 1) * 100:.1f}%" if best else "",
+            human_seconds(row["iteration_s"]),
+            human_seconds(row["pipeline_s"]),
+            f"+{(row['iteration_s'] / best - 1) * 100:.1f}%" if best else "",
             "optimal"
             if row["optimal"]
             else (f"{row['gap_pct']:.1f}%" if row["gap_pct"] is not None else "-"),

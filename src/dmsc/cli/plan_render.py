@@ -8,7 +8,7 @@ from typing import TYPE_CHECKING, Any
 from rich.console import Console
 from rich.table import Table
 
-from dmsc.cli.render import human_bytes, human_seconds
+from dmsc.cli.render import fit_table, human_bytes, human_flops, human_gib, human_seconds
 from dmsc.planner.plan import Plan, strategy_of
 
 if TYPE_CHECKING:
@@ -48,48 +48,40 @@ def print_plan(console: Console, plan: Plan) -> None:
     s = plan.search
     gap = "optimal" if s.optimal else (f"gap {s.gap_pct:.1f}%" if s.gap_pct is not None else "")
     console.print(
-        f"iteration {human_seconds(p.iteration_time_s)}, {p.tflops_per_gpu:.1f} TFLOP/s per "
-        f"device, {p.memory_gib_per_device:.1f} GiB per device; solver {s.solver} ({gap}), "
+        f"iteration {human_seconds(p.iteration_time_s)}, "
+        f"{human_flops(p.tflops_per_gpu * 1e12)} per device, "
+        f"{human_gib(p.memory_gib_per_device)} per device; solver {s.solver} ({gap}), "
         f"searched {s.strategies_considered} strategies and placed in "
         f"{human_seconds(s.search_seconds)}",
         highlight=False,
     )
-    t = Table("stage", "SID", "layers", "datacenter", "replicas", "devices", "per micro-batch")
+    # Devices as "all (replicas x per replica)": one column, so that the table fits 80 columns.
+    t = fit_table("stage", "SID", "layers", "DC", "devices", "per micro-batch", keep=(1,))
     for st in plan.stages[:32]:
+        devices = [len(r.devices) for r in st.replicas]
         t.add_row(
             str(st.index),
             st.sid,
             f"{st.chunks[0][0]} .. {st.chunks[-1][1]} ({st.layers})",
             st.datacenter,
-            str(len(st.replicas)),
-            str(sum(len(r.devices) for r in st.replicas)),
+            f"{sum(devices)} ({len(devices)} x {max(devices, default=0)})",
             human_seconds(st.microbatch_s),
         )
     if len(plan.stages) > 32:
-        t.add_row("...", f"{len(plan.stages) - 32} more", "", "", "", "", "")
+        t.add_row("...", f"{len(plan.stages) - 32} more", "", "", "", "")
     console.print(t)
     if plan.paths:
-        pt = Table("after stage", "from", "to", "links", "km", "reserved", "Gbit/s")
-        for path in plan.paths:
-            unit = "slots" if path.slot_ghz else "units"
-            pt.add_row(
-                str(path.after_stage),
-                path.source,
-                path.target,
-                " ".join(path.links),
-                f"{path.km:.0f}",
-                f"{unit} {path.first_unit}-{path.first_unit + path.units - 1}",
-                f"{path.gbit_s:.0f}",
-            )
-        console.print(pt)
-    b = Table("iteration", "time", "share")
+        console.print(paths_table(plan))
+    b = fit_table("iteration", "time", "share")
     for key, value in p.breakdown_s.items():
+        if value == 0:  # no such term here (no tensor parallelism, one replica, ...)
+            continue
         b.add_row(key, human_seconds(value), f"{value / p.iteration_time_s * 100:.1f}%")
     console.print(b)
     traffic = ", ".join(f"{k.upper()} {human_bytes(v)}" for k, v in p.traffic_bytes.items())
     console.print(f"traffic per iteration: {traffic}", highlight=False)
     if s.alternatives:
-        a = Table("runner-up strategy", "estimated iteration", "why it lost")
+        a = fit_table("runner-up strategy", "estimated iteration", "vs this plan, why it lost")
         for alt in s.alternatives:
             k = alt.strategy
             a.add_row(
@@ -101,26 +93,96 @@ def print_plan(console: Console, plan: Plan) -> None:
         console.print(a)
 
 
-def draw_gantt(ops: list[Op], stages: int, path: str | Path, title: str) -> None:
-    """Write the blocks of :func:`dmsc.planner.gantt.replay` to ``path`` as a PNG chart."""
+def paths_table(plan: Plan) -> Table:
+    """The reserved inter-datacenter paths. On one machine (the "datacenters" joined by
+    loopback, no fibre: every path under a kilometre) length and reserved units mean nothing
+    and are left out."""
+    fibre = any(path.km >= 1 for path in plan.paths)
+    headers = ["after stage", "from", "to", "links"]
+    headers += ["km", "reserved"] if fibre else []
+    pt = fit_table(*headers, "Gbit/s", keep=(1, 2))
+    for path in plan.paths:
+        unit = "slots" if path.slot_ghz else "units"
+        row = [str(path.after_stage), path.source, path.target, " ".join(path.links)]
+        if fibre:
+            last = path.first_unit + path.units - 1
+            row += [f"{path.km:.0f}", f"{unit} {path.first_unit}-{last}"]
+        row.append(f"{path.gbit_s:.0f}" if path.gbit_s >= 10 else f"{path.gbit_s:.2f}")
+        pt.add_row(*row)
+    return pt
+
+
+# Kind of block: colour, hatch, legend label (in this order on the legend).
+_GANTT_STYLE: dict[str, tuple[str, str | None, str]] = {
+    "F": ("#4C72B0", None, "forward"),
+    "B": ("#55A868", None, "backward"),
+    "comm": ("#DD8452", None, "boundary exchange (inside a datacenter)"),
+    "dci": ("#C44E52", None, "exchange over an inter-DC link"),
+    "wait-dci": ("none", "////", "idle: input on an inter-DC link"),
+    "dp": ("#8172B3", None, "gradient all-reduce"),
+    "optimizer": ("#937860", None, "optimizer step"),
+}
+
+
+def gantt_figure(ops: list[Op], stages: int, title: str) -> Any:
+    """The chart of :func:`dmsc.planner.gantt.replay` blocks as a matplotlib figure: a row per
+    stage, the x axis ending where the iteration ends, the legend outside the plot."""
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
-    from matplotlib.patches import Rectangle
+    from matplotlib.patches import Patch
 
-    colors = {"F": "#4C72B0", "B": "#55A868", "comm": "#DD8452"}
-    fig, ax = plt.subplots(figsize=(12, 0.5 * stages + 1.5))
+    from dmsc.planner.gantt import span
+
+    fig, ax = plt.subplots(figsize=(12, 0.5 * stages + 2.0))
+    seen: set[str] = set()
     for op in ops:
-        y = op.stage + (0.35 if op.kind == "comm" else 0.0)
-        h = 0.25 if op.kind == "comm" else 0.6
-        ax.broken_barh([(op.start, op.end - op.start)], (y - 0.3, h), color=colors[op.kind])
+        color, hatch, _ = _GANTT_STYLE.get(op.kind, ("#999999", None, op.kind))
+        seen.add(op.kind)
+        # A message in flight is a thin bar under the row; what the stage does fills the row.
+        y, h = (op.stage + 0.32, 0.14) if op.in_flight else (op.stage - 0.3, 0.6)
+        ax.broken_barh(
+            [(op.start, op.end - op.start)],
+            (y, h),
+            facecolor=color,
+            edgecolor="#C44E52" if hatch else "none",
+            hatch=hatch,
+            linewidth=0,
+        )
+    total = span(ops)
+    ax.set_xlim(0, total * 1.005 if total > 0 else 1)
+    ax.axvline(total, color="black", linewidth=0.8)
     ax.set_yticks(range(stages), [f"stage {s}" for s in range(stages)])
-    ax.invert_yaxis()
-    ax.set_xlabel("seconds")
+    ax.set_ylim(stages - 0.5, -0.5)
+    ax.set_xlabel(f"seconds (the iteration ends at {human_seconds(total)})")
     ax.set_title(title)
-    handles = [Rectangle((0, 0), 1, 1, color=c) for c in colors.values()]
-    ax.legend(handles, ["forward", "backward", "boundary transfer"], loc="lower right")
+    kinds = [k for k in _GANTT_STYLE if k in seen]
+    handles = [
+        Patch(
+            facecolor=_GANTT_STYLE[k][0],
+            hatch=_GANTT_STYLE[k][1],
+            edgecolor="#C44E52" if _GANTT_STYLE[k][1] else "none",
+        )
+        for k in kinds
+    ]
+    # Below the axes, never over the bars.
+    ax.legend(
+        handles,
+        [_GANTT_STYLE[k][2] for k in kinds],
+        loc="upper center",
+        bbox_to_anchor=(0.5, -0.12 - 0.5 / (stages + 4)),
+        ncol=min(4, max(1, len(kinds))),
+        frameon=False,
+    )
     fig.tight_layout()
-    fig.savefig(path, dpi=110)
+    return fig
+
+
+def draw_gantt(ops: list[Op], stages: int, path: str | Path, title: str) -> None:
+    """Write the blocks of :func:`dmsc.planner.gantt.replay` to ``path`` as a PNG chart."""
+    import matplotlib.pyplot as plt
+
+    fig = gantt_figure(ops, stages, title)
+    fig.savefig(path, dpi=110, bbox_inches="tight")
     plt.close(fig)

@@ -29,6 +29,45 @@ def human_seconds(s: float) -> str:
     return f"{s * 1e6:.1f} us"
 
 
+def human_flops(flop_s: float) -> str:
+    """FLOP/s with a unit that keeps three digits: a CPU's 0.02 TFLOP/s is 20.0 GFLOP/s."""
+    for unit, scale in (("PFLOP/s", 1e15), ("TFLOP/s", 1e12), ("GFLOP/s", 1e9)):
+        if abs(flop_s) >= scale:
+            return f"{flop_s / scale:.1f} {unit}"
+    return f"{flop_s / 1e6:.1f} MFLOP/s"
+
+
+def human_gib(gib: float) -> str:
+    """Memory given in GiB, in GiB or (below one) MiB: 0.01 GiB is 10.2 MiB, not 0.0 GiB."""
+    if abs(gib) >= 1:
+        return f"{gib:.1f} GiB"
+    return f"{gib * 1024:.1f} MiB"
+
+
+def measured_vs_predicted(measured: float, predicted: float) -> str:
+    """Which way a measurement missed its prediction, in words: "measured 12.0% slower than
+    predicted" when it took longer (times: larger is slower)."""
+    if predicted <= 0 or measured <= 0:
+        return "no prediction to compare with"
+    diff = (measured / predicted - 1) * 100
+    if abs(diff) < 0.05:
+        return "measured as predicted"
+    return f"measured {abs(diff):.1f}% {'slower' if diff > 0 else 'faster'} than predicted"
+
+
+def fit_table(*headers: str, keep: tuple[int, ...] = (), **kwargs: Any) -> Table:
+    """A table that never cuts what it shows: on a narrow terminal its cells wrap, or fold where
+    a word is too long, instead of ending in an ellipsis. The columns in ``keep`` (SIDs,
+    addresses: what gets copied) stay on one line and whole; the others give way to them."""
+    t = Table(**kwargs)
+    for i, header in enumerate(headers):
+        if i in keep:
+            t.add_column(header, no_wrap=True, overflow="fold", min_width=len(header))
+        else:
+            t.add_column(header, overflow="fold")
+    return t
+
+
 def traffic_by_link_kind(est: Estimate, topo: Topology) -> dict[str, float]:
     """Bytes carried by the links of each kind (device, node uplink, inter-DC), all modes."""
     out = {"device": 0.0, "node": 0.0, "interdc": 0.0}

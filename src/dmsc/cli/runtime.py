@@ -21,7 +21,6 @@ from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
 from rich.console import Console
-from rich.table import Table
 
 from dmsc.cli.app import console
 from dmsc.cli.options import JsonOpt
@@ -101,15 +100,49 @@ def do_calibrate(template: str | None, out: str | None, console: Console) -> dic
     src = Path(template) if template else LOCAL_CPU
     dst = Path(out) if out else calibrated_path()
     measured = calibrate(src, dst)
-    console.print(
-        f"matmul {measured['matmul_flops'] / 1e9:.1f} GFLOP/s per core, memory "
-        f"{measured['memory_bytes_s'] / 1e9:.1f} GB/s, loopback "
+    import yaml
+
+    written = yaml.safe_load(dst.read_text())
+    for line in calibration_report(measured, written, dst):
+        console.print(line, highlight=False, soft_wrap=True)
+    return measured
+
+
+def calibration_report(measured: dict[str, float], written: dict[str, Any], dst: Path) -> list[str]:
+    """What ``dmsc calibrate`` measured, then the figures it wrote (those the cost model reads):
+    a device's peak is the measurement over the model's efficiency, shared by the devices that
+    run on this machine's cores, so the written figures differ from the measured ones."""
+    from dmsc.cli.render import human_flops
+
+    seen = (
+        f"measured: matmul {human_flops(measured['matmul_flops'])} on one core, memory copy "
+        f"{measured['memory_bytes_s'] / 1e9:.2f} GB/s, loopback "
         f"{measured['loopback_bytes_s'] * 8 / 1e9:.2f} Gbit/s, round trip "
         f"{measured['loopback_rtt_s'] * 1e6:.0f} us, per-kernel overhead "
-        f"{measured['op_overhead_s'] * 1e6:.1f} us, {measured['cores']:.0f} cores -> {dst}",
-        highlight=False,
+        f"{measured['op_overhead_s'] * 1e6:.1f} us, {measured['cores']:.0f} cores"
     )
-    return measured
+    lines = [seen]
+    devices = sum(
+        g["count"] * written["node_types"][g["type"]]["devices"]
+        for dc in written["datacenters"]
+        for g in dc["nodes"]
+    )
+    n = measured["cores"]
+    cores = f"{n:.0f} cores shared by {devices} devices" if n < devices else "a core per device"
+    for name, dev in written["device_types"].items():
+        lines.append(
+            f"wrote {dst}: device {name}: peak {human_flops(dev['peak_tflops']['fp32'] * 1e12)} "
+            f"fp32, memory {dev['memory_bw_gbyte_s']:.2f} GB/s, kernel overhead "
+            f"{dev['op_overhead_us']:.1f} us (peak and memory: measured / the cost model's "
+            f"efficiency, {cores})"
+        )
+    for node_name, node in written["node_types"].items():
+        link = node["link"]
+        lines.append(
+            f"  node {node_name}: link {link['bandwidth_gbit_s']:.2f} Gbit/s, "
+            f"{link['latency_us']:.1f} us"
+        )
+    return lines
 
 
 def up(
@@ -270,7 +303,14 @@ def status(as_json: JsonOpt = False) -> None:
     if as_json:
         print(json.dumps(out))
         return
-    t = Table(
+    print_status(console, out)
+
+
+def print_status(console: Console, out: dict[str, Any]) -> None:
+    """The Status answer as tables; SIDs and addresses whole on any terminal width."""
+    from dmsc.cli.render import fit_table
+
+    t = fit_table(
         "SID",
         "stage",
         "replica",
@@ -278,6 +318,7 @@ def status(as_json: JsonOpt = False) -> None:
         "health",
         "last heartbeat",
         "pid",
+        keep=(0, 3),
         title=f"run {out['run']}: {out['model']}, {out['steps']} steps trained",
     )
     for s in out["services"]:
@@ -296,13 +337,19 @@ def status(as_json: JsonOpt = False) -> None:
     if out.get("weights_lost"):
         console.print(f"[bold red]weights not restored:[/] {out['weights_lost']}", highlight=False)
     if out["tasks"]:
-        tt = Table("task", "kind", "state")
+        tt = fit_table("task", "kind", "state")
         for task in out["tasks"]:
             tt.add_row(str(task["id"]), task["kind"], task["state"])
         console.print(tt)
     if out.get("faults"):
-        ft = Table(
-            "fault", "task", "replaced", "reason", "recovered after", "back to step", title="faults"
+        ft = fit_table(
+            "fault",
+            "task",
+            "replaced",
+            "reason",
+            "recovered after",
+            "back to step",
+            title="faults",
         )
         for f in out["faults"]:
             took = (
@@ -312,7 +359,7 @@ def status(as_json: JsonOpt = False) -> None:
                 f"{f['id']} {f['kind']}",
                 str(f["task"] or ""),
                 f["services"],
-                f["reason"][:80],
+                f["reason"],
                 took,
                 str(f["checkpoint_step"]),
             )

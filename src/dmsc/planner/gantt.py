@@ -1,15 +1,28 @@
 """One iteration of a planned pipeline replayed in time: the blocks of a Gantt chart.
 
 Pure: it returns the blocks (stage, kind, start, end); the CLI draws them (``dmsc plan --gantt``,
-see :mod:`dmsc.cli.plan_render`). The schedule is replayed from the plan's per-stage times: each
-stage runs its micro-batches forward and backward in 1F1B order (GPipe: all forwards, then all
-backwards), an operation starts when its stage is free and its input has crossed the boundary.
-Interleaved plans are replayed with one chunk per device (the chart then shows the 1F1B bubble,
-larger than the interleaved one).
+see :mod:`dmsc.cli.plan_render`). Each stage runs its micro-batches forward and backward in 1F1B
+order (GPipe: all forwards, then all backwards); an operation starts when its stage is free and
+its input has arrived.
+
+A placed plan is replayed with the planner's own stage model (:mod:`.placement.problem`): a
+micro-batch on stage ``s`` computes (a third forward, two thirds backward) and then exchanges
+with its neighbours for ``max(c_in, c_out)`` per direction, the stage blocked meanwhile, so that a
+stage spends ``t_s = compute + 2 max(c_in, c_out)`` per micro-batch. The replay's span is the
+plan's pipeline time (:func:`dmsc.planner.plan.assemble_plan` takes it from here); the gradient
+all-reduce and the optimizer step follow it on every stage (:func:`with_tail`), so the chart ends
+at the plan's iteration time. Interleaved plans are replayed with one chunk per device (the
+chart then shows the 1F1B bubble, larger than the interleaved one the plan counts).
+
+Kinds of block: ``F`` and ``B`` (compute), ``comm`` (a boundary exchange inside a datacenter),
+``dci`` (an exchange over an inter-datacenter link), ``wait-dci`` (the stage idle, waiting for an
+input that crosses an inter-datacenter link: a DCI-induced bubble), ``dp`` (gradient all-reduce
+not hidden by the backward pass) and ``optimizer``.
 """
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 from dmsc.netmodel.schedule import schedule_ops
@@ -21,17 +34,35 @@ class Op:
     """One block on the chart."""
 
     stage: int
-    kind: str  # "F", "B" or "comm"
+    kind: str  # see the module docstring
     microbatch: int
     start: float
     end: float
+    in_flight: bool = False  # a message on its way while both stages go on (``comm_s``)
 
 
 def replay(
-    fwd_s: list[float], bwd_s: list[float], comm_s: list[float], microbatches: int, schedule: str
+    fwd_s: Sequence[float],
+    bwd_s: Sequence[float],
+    comm_s: Sequence[float],
+    microbatches: int,
+    schedule: str,
+    exchange_s: Sequence[float] | None = None,
+    dci: Sequence[bool] | None = None,
+    exchange_dci: Sequence[bool] | None = None,
 ) -> list[Op]:
-    """Start and end of every forward, backward and boundary transfer of one iteration."""
+    """Start and end of every forward, backward and boundary transfer of one iteration.
+
+    ``comm_s[b]``: the time a message takes over boundary ``b`` (stage ``b`` to ``b + 1``) while
+    both stages go on working. ``exchange_s[s]``: the time stage ``s`` stays blocked after each
+    forward and each backward, exchanging with its neighbours. ``dci[b]``: boundary ``b``
+    crosses an inter-datacenter link; ``exchange_dci[s]``: stage ``s``'s exchange waits for
+    one. Transfers over such links are ``dci`` blocks, and the time a stage idles while its input
+    is on such a link a ``wait-dci`` block."""
     p, m = len(fwd_s), microbatches
+    xs = list(exchange_s) if exchange_s is not None else [0.0] * p
+    crossing = list(dci) if dci is not None else [False] * max(0, p - 1)
+    x_dci = list(exchange_dci) if exchange_dci is not None else [False] * p
     name = "gpipe" if schedule == "gpipe" else "1f1b"
     orders = [schedule_ops(name, s, p, m) for s in range(p)]
     done: dict[tuple[str, int, int], float] = {}
@@ -47,18 +78,31 @@ def replay(
             kind, i = orders[s][pos[s]]
             if kind == "F":
                 dep = done.get(("F", s - 1, i)) if s > 0 else 0.0
-                lag = comm_s[s - 1] if s > 0 else 0.0
+                boundary, producer = (s - 1, s - 1) if s > 0 else (None, None)
             else:
                 dep = done.get(("B", s + 1, i)) if s < p - 1 else done.get(("F", s, i))
-                lag = comm_s[s] if s < p - 1 else 0.0
+                boundary, producer = (s, s + 1) if s < p - 1 else (None, None)
             if dep is None:
                 continue
+            lag = comm_s[boundary] if boundary is not None else 0.0
             ready = dep + lag
+            # What of the wait is an inter-DC transfer: the producer's exchange, the message.
+            dci_from = ready
+            if producer is not None and x_dci[producer]:
+                dci_from = dep - xs[producer]
+            if boundary is not None and crossing[boundary] and lag:
+                dci_from = min(dci_from, dep)
             if lag:
-                ops.append(Op(s, "comm", i, dep, ready))
+                kind_lag = "dci" if boundary is not None and crossing[boundary] else "comm"
+                ops.append(Op(s, kind_lag, i, dep, ready, in_flight=True))
+            if ready > free[s] and dci_from < ready:
+                ops.append(Op(s, "wait-dci", i, max(free[s], dci_from), ready))
             start = max(free[s], ready)
             end = start + (fwd_s[s] if kind == "F" else bwd_s[s])
             ops.append(Op(s, kind, i, start, end))
+            if xs[s]:
+                ops.append(Op(s, "dci" if x_dci[s] else "comm", i, end, end + xs[s]))
+                end += xs[s]
             done[(kind, s, i)] = end
             free[s] = end
             pos[s] += 1
@@ -69,16 +113,47 @@ def replay(
     return ops
 
 
+def span(ops: Sequence[Op]) -> float:
+    """When the last block ends."""
+    return max((op.end for op in ops), default=0.0)
+
+
 def replay_placement(problem: PlacementProblem, placement: Placement, schedule: str) -> list[Op]:
-    """:func:`replay` of a placed pipeline: each stage's compute time in its datacenter (a third
-    forward, two thirds backward) and the transfer time of each boundary on its route."""
+    """:func:`replay` of a placed pipeline as the planner costs it (see the module docstring):
+    each stage's compute time in its datacenter and its blocking exchange with its neighbours,
+    as long as the slower of its boundaries (``dci`` when that one crosses datacenters)."""
     dcs = placement.dcs
+    p = problem.n_stages
     comm = [c * 1e-6 for c in boundary_us(problem, dcs, placement.routes)]
-    per_mb = [(problem.compute_us[s][dcs[s]] or 0) * 1e-6 for s in range(problem.n_stages)]
+    per_mb = [(problem.compute_us[s][dcs[s]] or 0) * 1e-6 for s in range(p)]
+    crossing = [dcs[b] != dcs[b + 1] for b in range(p - 1)]
+    exchange: list[float] = []
+    exchange_dci: list[bool] = []
+    for s in range(p):
+        sides = [b for b in (s - 1, s) if 0 <= b < p - 1]
+        slowest = max(sides, key=lambda b: (comm[b], crossing[b]), default=None)
+        exchange.append(comm[slowest] if slowest is not None else 0.0)
+        exchange_dci.append(slowest is not None and crossing[slowest])
     return replay(
         [t / 3 for t in per_mb],
         [2 * t / 3 for t in per_mb],
-        comm,
+        [0.0] * (p - 1),
         problem.microbatches,
         schedule,
+        exchange,
+        crossing,
+        exchange_dci,
     )
+
+
+def with_tail(ops: Sequence[Op], stages: int, dp_s: float, optimizer_s: float) -> list[Op]:
+    """``ops`` followed, on every stage, by the gradient all-reduce the backward pass did not
+    hide and the optimizer step: the whole iteration."""
+    end = span(ops)
+    out = list(ops)
+    for s in range(stages):
+        if dp_s > 0:
+            out.append(Op(s, "dp", -1, end, end + dp_s))
+        if optimizer_s > 0:
+            out.append(Op(s, "optimizer", -1, end + dp_s, end + dp_s + optimizer_s))
+    return out

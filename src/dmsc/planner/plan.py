@@ -14,9 +14,16 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from dmsc.netmodel import Estimate, build_layer_costs
 from dmsc.netmodel.iteration import assign_stage_layers
+from dmsc.planner.gantt import replay_placement, span
 from dmsc.planner.placement.from_specs import BuiltProblem
-from dmsc.planner.placement.problem import PlacementResult, boundary_us, score_to_seconds, stage_us
-from dmsc.planner.strategy import StrategySearch
+from dmsc.planner.placement.problem import (
+    PlacementProblem,
+    PlacementResult,
+    boundary_us,
+    score_to_seconds,
+    stage_us,
+)
+from dmsc.planner.strategy import StrategySearch, why_lost
 from dmsc.spec import ClusterSpec, JobSpec, LayerListSpec, TransformerSpec
 
 PLAN_VERSION: Literal["dmsc.plan/1"] = "dmsc.plan/1"
@@ -120,6 +127,21 @@ def strategy_of(job: JobSpec) -> dict[str, int | str | bool]:
     return {k: getattr(job, k) for k in STRATEGY_KEYS}
 
 
+def placed_pipeline_s(problem: PlacementProblem, result: PlacementResult, job: JobSpec) -> float:
+    """Seconds of pipeline per iteration of a placement: the replay of its schedule
+    (:mod:`dmsc.planner.gantt`, what ``--gantt`` draws), or the solvers' closed form for an
+    interleaved schedule, which the replay does not model."""
+    if job.chunks > 1:
+        return score_to_seconds(problem, result.objective)
+    return span(replay_placement(problem, result.placement, job.schedule))
+
+
+def pipeline_seconds(plan: Plan) -> float:
+    """The pipeline part of a plan's iteration (without gradient all-reduce and optimizer)."""
+    b = plan.prediction.breakdown_s
+    return plan.prediction.iteration_time_s - b.get("dp_comm", 0.0) - b.get("optimizer", 0.0)
+
+
 def make_sid(model: str, stage: int, first: str, last: str) -> str:
     """A stable Service ID: the same model and layers always give the same SID."""
     return f"sid-{stage}-{uuid.uuid5(_SID_NAMESPACE, f'{model}/{stage}/{first}/{last}').hex[:10]}"
@@ -144,7 +166,7 @@ def assemble_plan(
     parts = built.stage_parts[dcs[crit]]
     assert parts is not None
     compute_s, tp_s, ep_s = parts[crit]
-    pipeline_s = score_to_seconds(problem, result.objective)
+    pipeline_s = placed_pipeline_s(problem, result, job)
     breakdown = {
         "compute": m * compute_s,
         "tp_comm": m * tp_s,
@@ -217,9 +239,14 @@ def assemble_plan(
         )
     alternatives = []
     if strategy is not None:
+        # Measured against this plan's iteration (placed, layers re-cut), the one it prints.
         alternatives = [
-            AlternativeRecord(strategy=strategy_of(c.job), iteration_time_s=c.time_s, why_lost=why)
-            for c, why in strategy.alternatives
+            AlternativeRecord(
+                strategy=strategy_of(c.job),
+                iteration_time_s=c.time_s,
+                why_lost=why_lost(breakdown, total, c.estimate.breakdown_s, c.time_s),
+            )
+            for c, _ in strategy.alternatives
         ]
     return Plan(
         cluster=cluster.name,

@@ -38,6 +38,7 @@ class PlanOutcome:
     built: BuiltProblem
     result: PlacementResult
     strategy: StrategySearch | None
+    searched: JobSpec | None = None  # the strategy before the layers were re-cut
 
 
 def run_solver(
@@ -96,6 +97,26 @@ def plan_job(
     Raises :class:`DoesNotFit` or :class:`Infeasible` with the binding constraint.
     """
     chosen, search = choose_strategy(cluster, model, job, devices, fixed, top_k, calib, progress)
+    return place_job(
+        cluster, model, chosen, search, solver, seed, time_limit_s, calib, k_paths=k_paths
+    )
+
+
+def place_job(
+    cluster: ClusterSpec,
+    model: TransformerSpec | LayerListSpec,
+    chosen: JobSpec,
+    search: StrategySearch | None,
+    solver: str = "milp",
+    seed: int = 0,
+    time_limit_s: float = 10.0,
+    calib: Calibration = DEFAULT_CALIBRATION,
+    k_paths: int = 2,
+) -> PlanOutcome:
+    """Place the strategy ``chosen`` with ``solver``, re-cut its layers for the placement, and
+    assemble the plan: what ``plan_job`` does once the strategy is known (``--compare`` runs it
+    once per solver, so that each row is the plan ``--solver`` would give)."""
+    searched = chosen
     if chosen.devices > cluster.device_count:
         raise DoesNotFit(
             [f"needs {chosen.devices} devices, the cluster has {cluster.device_count}"]
@@ -119,4 +140,4 @@ def plan_job(
         except (DoesNotFit, Infeasible):
             pass
     plan = assemble_plan(cluster, model, chosen, built, result, estimate, search)
-    return PlanOutcome(plan, built, result, search)
+    return PlanOutcome(plan, built, result, search, searched)

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import time
 from collections import Counter
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass, field
 
 from dmsc.netmodel import (
@@ -105,11 +105,24 @@ def enumerate_jobs(
                             )
 
 
-def _why_lost(best: Estimate, other: Estimate) -> str:
-    diffs = {k: other.breakdown_s[k] - best.breakdown_s[k] for k in best.breakdown_s}
+def why_lost(
+    best: Mapping[str, float], best_s: float, other: Mapping[str, float], other_s: float
+) -> str:
+    """Why a runner-up lost to the chosen strategy: its extra seconds per iteration and the term
+    of the breakdown that grew most. ``best`` is what is reported for the chosen one (the placed
+    plan's breakdown), so that the delta is between the two figures shown side by side."""
+    extra = other_s - best_s
+    if extra < 0:  # the chosen one got slower once placed: it won on the estimates
+        return f"{extra:+.3g} s, but ranked behind before placement"
+    diffs = {k: other.get(k, 0.0) - best.get(k, 0.0) for k in best}
     key = max(diffs, key=lambda k: diffs[k])
-    extra = other.iteration_time_s - best.iteration_time_s
-    return f"+{extra:.3g} s, mostly {key} (+{diffs[key]:.3g} s)"
+    return f"{extra:+.3g} s, mostly {key} ({diffs[key]:+.3g} s)"
+
+
+def _why_lost(best: Estimate, other: Estimate) -> str:
+    return why_lost(
+        best.breakdown_s, best.iteration_time_s, other.breakdown_s, other.iteration_time_s
+    )
 
 
 def search_strategies(
