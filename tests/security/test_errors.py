@@ -39,3 +39,26 @@ def test_a_control_plane_that_does_not_answer(tmp_path: Path) -> None:
     assert res.returncode == 1, res.stderr
     assert "control plane: not answering" in res.stderr
     assert "Traceback" not in res.stderr and "failed to connect" not in res.stderr
+
+
+def test_up_with_the_gateways_port_in_use_fails_at_once_and_leaves_nothing_running(
+    tmp_path: Path,
+) -> None:
+    """The port was taken after the deployment started: ``dmsc up`` said it was up, with a
+    control plane and workers but no gateway (seen as a flaky test: a worker's server took the
+    port the test had picked)."""
+    import time
+
+    from runtime_helpers import make_plan
+
+    plan = make_plan(tmp_path)
+    with socket.create_server(("127.0.0.1", 0)) as taken:
+        port = taken.getsockname()[1]
+        t0 = time.monotonic()
+        res = run_dmsc("up", "--plan", str(plan), "--gateway", f"127.0.0.1:{port}", home=tmp_path)
+        took = time.monotonic() - t0
+    assert res.returncode == 2, res.stdout
+    assert f"cannot serve the gateway on 127.0.0.1:{port}" in res.stderr
+    assert "in use" in res.stderr and "Traceback" not in res.stderr
+    assert not (tmp_path / "control.json").exists() and not list(tmp_path.glob("workers/*"))
+    assert took < 30  # before any worker was started

@@ -21,8 +21,10 @@ import fcntl
 import json
 import os
 import secrets
+import socket
 import sys
 import threading
+import time
 from functools import partial
 from pathlib import Path
 from typing import Any, TextIO
@@ -114,6 +116,18 @@ def main(stdin: TextIO | None = None) -> None:
         log.error("cannot read the plan %s: %s", settings.plan, exc)
         _fail(f"cannot read the plan {settings.plan}: {str(exc).splitlines()[0]}")
         return
+    # The gateway's port is taken before anything starts: a port in use fails the start at once
+    # (it used to leave a control plane without its gateway), and the deployment's own servers,
+    # on ports the system picks, cannot take it meanwhile.
+    gateway_socket = None
+    if settings.gateway:
+        host, _, gport = settings.gateway.rpartition(":")
+        try:
+            gateway_socket = socket.create_server((host or "127.0.0.1", int(gport)))
+        except OSError as exc:
+            log.error("cannot serve the gateway on %s: %s", settings.gateway, exc)
+            _fail(f"cannot serve the gateway on {settings.gateway}: {exc.strerror or exc}")
+            return
     db = Database()
     cp = ControlPlane(
         plan,
@@ -141,13 +155,12 @@ def main(stdin: TextIO | None = None) -> None:
     threading.Thread(target=watch_workers, args=(cp,), daemon=True).start()
     principals = PrincipalCache(db)  # the gateway's; a revocation here empties it at once
     gateway = None
-    if settings.gateway:
+    if gateway_socket is not None:
         import uvicorn
 
         from dmsc.runtime.business.gateway import create_app
         from dmsc.runtime.business.http_guard import header_deadline_protocol
 
-        host, _, gport = settings.gateway.rpartition(":")
         app = create_app(
             cp,
             db,
@@ -162,8 +175,6 @@ def main(stdin: TextIO | None = None) -> None:
         gateway = uvicorn.Server(
             uvicorn.Config(
                 app,
-                host=host or "127.0.0.1",
-                port=int(gport),
                 log_level="warning",
                 # Open connections and requests at once: past it, 503 rather than exhaustion.
                 limit_concurrency=GATEWAY_CONNECTIONS,
@@ -171,7 +182,17 @@ def main(stdin: TextIO | None = None) -> None:
                 http=header_deadline_protocol(HEADER_DEADLINE_S),
             )
         )
-        threading.Thread(target=gateway.run, daemon=True).start()
+        threading.Thread(
+            target=gateway.run, kwargs={"sockets": [gateway_socket]}, daemon=True
+        ).start()
+        deadline = time.monotonic() + 30
+        while not gateway.started and time.monotonic() < deadline:
+            time.sleep(0.02)
+        if not gateway.started:
+            log.error("the gateway did not start on %s", settings.gateway)
+            cp.deployment.shutdown()
+            _fail(f"the gateway did not start on {settings.gateway} (see the log)")
+            return
     # The Control service takes only callers holding its credential, like the workers and the
     # registry: any local process could otherwise stop the deployment or bypass the gateway's
     # keys. The credential is in control.json, readable by its owner only.
