@@ -253,3 +253,19 @@ def test_status_keeps_sids_and_addresses_whole_at_80_columns(
         assert sid in text
         assert f"127.0.0.1:{50000 + s}" in text
     assert "END" in text  # the fault's reason is not cut
+
+
+def test_token_and_task_tables_cut_nothing_at_80_columns(
+    home: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """``token list`` showed ``infer,submit,re…``: cells wrap instead."""
+    import importlib
+
+    monkeypatch.setattr(importlib.import_module("dmsc.cli.app").console, "width", 80)
+    scopes = "admin,infer,read,submit"
+    assert (
+        run(capsys, "token", "create", "--tenant", "a-long-tenant-name", "--scopes", scopes)[0] == 0
+    )
+    code, out, _ = run(capsys, "token", "list")
+    assert code == 0 and "…" not in out
+    assert all(part in out for part in ("admin", "infer", "read", "submit", "-name"))

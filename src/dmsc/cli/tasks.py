@@ -103,15 +103,16 @@ def tasks_list(
     as_json: JsonOpt = False,
 ) -> None:
     """The newest tasks, newest first."""
-    from rich.table import Table
-
     from dmsc.cli.database import open_database
+    from dmsc.cli.render import fit_table
 
     rows = open_database().recent_tasks(tenant, state, max(1, limit))
     if as_json:
         print(json.dumps([_task_row(t) for t in rows]))
         return
-    t = Table("id", "kind", "state", "tenant", "steps", "attempts", "created (UTC)", "error")
+    t = fit_table(
+        "id", "kind", "state", "tenant", "steps", "attempts", "created (UTC)", "error", keep=(0,)
+    )
     for r in rows:
         steps = json.loads(r.params_json or "{}").get("steps", "")
         t.add_row(

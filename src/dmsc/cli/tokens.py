@@ -49,12 +49,12 @@ def token_create(
 def token_list() -> None:
     """Every key: id, tenant, scopes, limits, when it was made and whether it is revoked (the
     keys themselves are never stored, so never shown)."""
-    from rich.table import Table
-
     from dmsc.cli.database import open_database
+    from dmsc.cli.render import fit_table
     from dmsc.runtime.business.auth import list_keys
 
-    t = Table("id", "tenant", "scopes", "rate/s", "burst", "created (UTC)", "revoked")
+    headers = ("id", "tenant", "scopes", "rate/s", "burst", "created (UTC)", "revoked")
+    t = fit_table(*headers, keep=(0,))
     for k in list_keys(open_database()):
         t.add_row(
             str(k.id),
