@@ -17,27 +17,17 @@ import argparse
 import json
 import os
 import random
-import socket
-import subprocess
-import sys
-import tempfile
 import threading
 import time
 from collections import Counter
 from concurrent.futures import ThreadPoolExecutor
-from pathlib import Path
 
 import httpx
 import numpy as np
+from _deployment import free_port, home_and_dmsc, two_by_two_plan
 
 TENANTS = ("t0", "t1", "t2", "t3")
 BODY = {"prompt": "def ", "tokens": 8}
-
-
-def _port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 def _rss_mib(pid: int) -> float | None:
@@ -71,30 +61,9 @@ def main() -> None:
     parser.add_argument("--probe-s", type=float, default=20.0)
     parser.add_argument("--load", type=float, default=0.8, help="Share of the capacity offered.")
     args = parser.parse_args()
-    home = Path(tempfile.mkdtemp(prefix="dmsc-soak-"))
-    env = {**os.environ, "DMSC_HOME": str(home)}
-
-    def dmsc(*a: str) -> str:
-        res = subprocess.run(
-            [sys.executable, "-m", "dmsc", *a], env=env, capture_output=True, text=True, timeout=600
-        )
-        if res.returncode:
-            raise SystemExit(f"dmsc {' '.join(a)} failed: {res.stderr}")
-        return res.stdout.strip()
-
-    cluster = home / "one-box.yaml"
-    cluster.write_text(
-        "device_types: {cpu: {peak_tflops: {fp32: 0.1}, memory_gib: 4, memory_bw_gbyte_s: 10}}\n"
-        "node_types: {host: {device: cpu, devices: 4, link: {bandwidth_gbit_s: 10}}}\n"
-        "datacenters: [{name: dc, nodes: [{type: host, count: 1}],\n"
-        "               network: {gbit_s_per_node: 10}}]\n"
-    )
-    plan = home / "plan.json"
-    dmsc(
-        *("plan", "--cluster", str(cluster), "--model", "gpt-mini", "--global-batch", "8"),
-        *("--micro-batch", "2", "--tp", "1", "--pp", "2", "--dp", "2", "--out", str(plan)),
-    )
-    port = _port()
+    home, dmsc = home_and_dmsc("dmsc-soak-")
+    plan = two_by_two_plan(home, dmsc)
+    port = free_port()
     url = f"http://127.0.0.1:{port}/v1/infer"
     dmsc("up", "--plan", str(plan), "--gateway", f"127.0.0.1:{port}", "--rate", "1000")
     control = json.loads((home / "control.json").read_text())["pid"]

@@ -16,10 +16,8 @@ import argparse
 import json
 import os
 import signal
-import socket
 import subprocess
 import sys
-import tempfile
 import threading
 import time
 from collections import Counter
@@ -27,15 +25,10 @@ from pathlib import Path
 
 import httpx
 import numpy as np
+from _deployment import free_port, home_and_dmsc, two_by_two_plan
 
 ROOT = Path(__file__).resolve().parents[1]
 TENANTS = ("mallory", "alice")  # the attacker, the victim
-
-
-def _port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 def _summary(lat: list[float], errors: int) -> dict[str, float | int | None]:
@@ -92,30 +85,9 @@ def main() -> None:
     if args.attack:
         attack(args.attack[0], args.attack[1], int(args.attack[2]))
         return
-    home = Path(tempfile.mkdtemp(prefix="dmsc-tenants-"))
-    env = {**os.environ, "DMSC_HOME": str(home)}
-
-    def dmsc(*a: str) -> str:
-        res = subprocess.run(
-            [sys.executable, "-m", "dmsc", *a], env=env, capture_output=True, text=True, timeout=600
-        )
-        if res.returncode:
-            raise SystemExit(f"dmsc {' '.join(a)} failed: {res.stderr}")
-        return res.stdout.strip()
-
-    cluster = home / "one-box.yaml"
-    cluster.write_text(
-        "device_types: {cpu: {peak_tflops: {fp32: 0.1}, memory_gib: 4, memory_bw_gbyte_s: 10}}\n"
-        "node_types: {host: {device: cpu, devices: 4, link: {bandwidth_gbit_s: 10}}}\n"
-        "datacenters: [{name: dc, nodes: [{type: host, count: 1}],\n"
-        "               network: {gbit_s_per_node: 10}}]\n"
-    )
-    plan = home / "plan.json"
-    dmsc(
-        *("plan", "--cluster", str(cluster), "--model", "gpt-mini", "--global-batch", "8"),
-        *("--micro-batch", "2", "--tp", "1", "--pp", "2", "--dp", "2", "--out", str(plan)),
-    )
-    port = _port()
+    home, dmsc = home_and_dmsc("dmsc-tenants-")
+    plan = two_by_two_plan(home, dmsc)
+    port = free_port()
     base = f"http://127.0.0.1:{port}"
     dmsc("up", "--plan", str(plan), "--gateway", f"127.0.0.1:{port}")
     try:

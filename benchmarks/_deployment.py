@@ -1,0 +1,58 @@
+"""What the runtime benchmarks share: a temporary data directory, the ``dmsc`` command run in
+it, a gpt-mini pp=2 x dp=2 plan on a one-box cluster of four CPU devices, and a free port."""
+
+from __future__ import annotations
+
+import os
+import socket
+import subprocess
+import sys
+import tempfile
+from collections.abc import Callable
+from pathlib import Path
+
+ONE_BOX = (
+    "device_types: {cpu: {peak_tflops: {fp32: 0.1}, memory_gib: 4, memory_bw_gbyte_s: 10}}\n"
+    "node_types: {host: {device: cpu, devices: 4, link: {bandwidth_gbit_s: 10}}}\n"
+    "datacenters: [{name: dc, nodes: [{type: host, count: 1}],\n"
+    "               network: {gbit_s_per_node: 10}}]\n"
+)
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def home_and_dmsc(prefix: str) -> tuple[Path, Callable[..., str]]:
+    """A new data directory and a function running ``dmsc ARGS`` there (its stdout; a failure
+    ends the benchmark with the command's stderr)."""
+    home = Path(tempfile.mkdtemp(prefix=prefix))
+    env = {**os.environ, "DMSC_HOME": str(home)}
+
+    def dmsc(*args: str) -> str:
+        res = subprocess.run(
+            [sys.executable, "-m", "dmsc", *args],
+            env=env,
+            capture_output=True,
+            text=True,
+            timeout=600,
+        )
+        if res.returncode:
+            raise SystemExit(f"dmsc {' '.join(args)} failed: {res.stderr}")
+        return res.stdout.strip()
+
+    return home, dmsc
+
+
+def two_by_two_plan(home: Path, dmsc: Callable[..., str]) -> Path:
+    """gpt-mini, pp=2 x dp=2, on one box of four CPU devices: the plan file."""
+    cluster = home / "one-box.yaml"
+    cluster.write_text(ONE_BOX)
+    plan = home / "plan.json"
+    dmsc(
+        *("plan", "--cluster", str(cluster), "--model", "gpt-mini", "--global-batch", "8"),
+        *("--micro-batch", "2", "--tp", "1", "--pp", "2", "--dp", "2", "--out", str(plan)),
+    )
+    return plan
