@@ -84,6 +84,60 @@ def test_a_bad_shape_flag_blames_the_flag_not_the_preset(
     assert "preset" not in err
 
 
+@pytest.mark.parametrize(
+    ("model", "flags", "line"),
+    [
+        (
+            "gpt-mini",
+            ["--heads", "7"],
+            "command line: --heads: 7 does not divide the hidden size 128 of preset gpt-mini",
+        ),
+        (
+            "gpt-mini",
+            ["--hidden", "130"],
+            "command line: --hidden: 130 is not divisible by the 4 heads of preset gpt-mini",
+        ),
+        (
+            "gpt-mini",
+            ["--hidden", "130", "--heads", "4"],
+            "command line: --heads: 4 does not divide the hidden size 130 given by --hidden",
+        ),
+        (
+            "llama3-8b",
+            ["--heads", "4"],
+            "command line: --heads: 4 is not a multiple of the 8 kv_heads of preset llama3-8b",
+        ),
+        (
+            None,
+            ["--layers", "2", "--hidden", "130", "--heads", "4", "--seq", "8", "--vocab", "9"],
+            "command line: --heads: 4 does not divide the hidden size 130 given by --hidden",
+        ),
+    ],
+)
+def test_a_shape_flag_that_clashes_with_the_preset_is_blamed_not_the_preset(
+    model: str | None, flags: list[str], line: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """``--heads 7`` on gpt-mini said ``preset gpt-mini: hidden: 128 is not divisible by
+    heads=7``: the preset is fine, the flag is what to change."""
+    named = ["--model", model] if model else []
+    err = bad_input(capsys, "estimate", "--cluster", SELENE, *named, *flags, "--global-batch", "16")
+    assert err.strip() == f"error: {line}"
+
+
+def test_a_shape_flag_that_clashes_with_a_model_file_names_the_file(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    spec = tmp_path / "model.yaml"
+    spec.write_text("layers: 2\nhidden: 256\nheads: 8\nkv_heads: 4\nseq: 64\nvocab: 100\n")
+    args = ["estimate", "--cluster", SELENE, "--model", str(spec), "--global-batch", "16"]
+    err = bad_input(capsys, *args, "--heads", "6")
+    assert f"command line: --heads: 6 does not divide the hidden size 256 of {spec}" in err
+    err = bad_input(capsys, *args, "--heads", "2")
+    assert f"command line: --heads: 2 is not a multiple of the 4 kv_heads of {spec}" in err
+    err = bad_input(capsys, *args, "--hidden", "260")
+    assert f"command line: --hidden: 260 is not divisible by the 8 heads of {spec}" in err
+
+
 @pytest.mark.parametrize("method", ["block", "business"])
 def test_block_segmentation_of_a_preset_says_it_needs_a_block_graph(
     method: str, capsys: pytest.CaptureFixture[str]

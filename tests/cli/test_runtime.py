@@ -269,3 +269,34 @@ def test_token_and_task_tables_cut_nothing_at_80_columns(
     code, out, _ = run(capsys, "token", "list")
     assert code == 0 and "…" not in out
     assert all(part in out for part in ("admin", "infer", "read", "submit", "-name"))
+
+
+@pytest.mark.parametrize("how", ["--wide", "DMSC_WIDE=1"])
+def test_wide_keeps_every_table_row_on_one_line(
+    how: str, home: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """``dmsc --wide`` (or DMSC_WIDE=1) lays tables out for no width limit: a long tenant name
+    and its scopes stay on the key's row, which wraps over several lines at 80 columns without
+    it (a pipe is 80 columns to rich)."""
+    import importlib
+
+    console = importlib.import_module("dmsc.cli.app").console
+    monkeypatch.setattr(console, "width", 80)  # also puts the width back after --wide
+    monkeypatch.delenv("DMSC_WIDE", raising=False)
+    tenant = "a-tenant-whose-name-is-far-too-long-for-one-column-at-80"
+    scopes = "admin,infer,read,submit"
+    assert run(capsys, "token", "create", "--tenant", tenant, "--scopes", scopes)[0] == 0
+
+    def key_rows(out: str) -> list[str]:
+        return [line for line in out.splitlines() if line.startswith("│")]
+
+    code, out, _ = run(capsys, "token", "list")
+    assert code == 0 and len(key_rows(out)) > 1 and tenant not in out  # wrapped at 80
+    if how == "--wide":
+        code, out, _ = run(capsys, "--wide", "token", "list")
+    else:
+        monkeypatch.setenv("DMSC_WIDE", "1")
+        code, out, _ = run(capsys, "token", "list")
+    assert code == 0
+    [row] = key_rows(out)
+    assert tenant in row and scopes in row and len(row) > 80

@@ -75,5 +75,6 @@ def test_a_bad_shape_flag_is_the_flags_fault() -> None:
         resolve_model("gpt3-1.3b", {"hidden": 100})  # not divisible by the preset's heads
     assert (err.value.source, err.value.field) == ("command line", "--hidden")
     with pytest.raises(SpecError) as err:
-        resolve_model("gpt3-1.3b", {"heads": 7})  # the preset's hidden is what does not divide
-    assert err.value.source == "preset gpt3-1.3b"
+        resolve_model("gpt3-1.3b", {"heads": 7})  # it does not divide the preset's hidden
+    assert (err.value.source, err.value.field) == ("command line", "--heads")
+    assert err.value.reason == "7 does not divide the hidden size 2048 of preset gpt3-1.3b"

@@ -48,7 +48,7 @@ def test_shape_flags_define_a_model() -> None:
 def test_bad_shapes() -> None:
     with pytest.raises(SpecError) as info:
         resolve_model("gpt3-175b", {"heads": 7})
-    assert info.value.field == "hidden" and "divisible" in info.value.reason
+    assert info.value.field == "--heads" and "does not divide the hidden size" in info.value.reason
     with pytest.raises(SpecError, match="unknown model"):
         resolve_model("gpt5")
 

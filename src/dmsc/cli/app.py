@@ -25,6 +25,10 @@ EXIT_DOES_NOT_FIT = 1
 EXIT_BAD_INPUT = 2
 EXIT_STORAGE = 1  # the database cannot be opened or written
 
+# ``--wide``: the width tables and text on standard output are laid out for, wide enough that no
+# cell wraps or folds and every row stays on one line (to read in a pager, or to cut from a pipe).
+WIDE_COLUMNS = 10_000
+
 
 def _print_version(value: bool) -> None:
     if value:
@@ -49,8 +53,18 @@ def _options(
             callback=_print_version,
         ),
     ] = False,
+    wide: Annotated[
+        bool,
+        typer.Option(
+            "--wide",
+            envvar="DMSC_WIDE",
+            help="Do not wrap tables to the terminal: every row stays on one line, however long.",
+        ),
+    ] = False,
 ) -> None:
     """Options of ``dmsc`` itself, before the command."""
+    if wide:
+        console.width = WIDE_COLUMNS
 
 
 def main(argv: list[str] | None = None) -> None:

@@ -93,27 +93,35 @@ def resolve_model(
     field but ``ffn``).
     """
     given = {k: v for k, v in (overrides or {}).items() if v is not None}
+    data, source = _document(name_or_path, given)
     try:
-        return _resolve(name_or_path, given)
+        return parse_model(data, source)
     except SpecError as err:
-        # A bad value that a shape flag gave is the flag's fault, not the preset's or the file's.
+        # A bad value that a shape flag gave is the flag's fault, not the preset's or the file's,
+        # also where it only clashes with a value the preset or file gave (--heads 7 on a
+        # preset whose hidden size 7 does not divide).
+        if given and isinstance(data, dict):
+            clash = _shape_flag_clash(data, given, source)
+            if clash is not None:
+                raise clash from None
         field = err.field.split(".")[0]
         if field in given:
             raise SpecError("command line", f"--{field}", err.reason) from None
         raise
 
 
-def _resolve(name_or_path: str | None, given: dict[str, int]) -> TransformerSpec | LayerListSpec:
+def _document(name_or_path: str | None, given: dict[str, int]) -> tuple[Any, str]:
+    """The model document (with the shape flags applied) and the source its errors name."""
     if name_or_path is None:
         missing = [f"--{k}" for k in SHAPE_FIELDS if k != "ffn" and k not in given]
         if missing:
             raise SpecError(
                 "--model", "", f"no model given; name a preset or give {', '.join(missing)}"
             )
-        return parse_model({"name": "custom", **given}, "command line")
+        return {"name": "custom", **given}, "command line"
     if name_or_path in MODEL_PRESETS:
         base: dict[str, Any] = {"name": name_or_path, **MODEL_PRESETS[name_or_path]}
-        return parse_model({**base, **given}, f"preset {name_or_path}")
+        return {**base, **given}, f"preset {name_or_path}"
     path = Path(name_or_path)
     if not path.suffix and not path.exists():
         raise SpecError(
@@ -126,4 +134,32 @@ def _resolve(name_or_path: str | None, given: dict[str, int]) -> TransformerSpec
         if not isinstance(data, dict) or data.get("kind", "transformer") != "transformer":
             raise SpecError(str(path), "kind", "shape flags apply only to transformer models")
         data = {**data, **given}
-    return parse_model(data, str(path))
+    return data, str(path)
+
+
+def _shape_flag_clash(data: dict[str, Any], given: dict[str, int], source: str) -> SpecError | None:
+    """The check across shape fields (heads divide hidden, kv_heads divide heads) that a shape
+    flag fails, as an error that names the flag and where the other value came from; None where
+    no flag is involved (or a value is not a positive whole number: its own check reports it)."""
+
+    def number(field: str) -> int | None:
+        value = data.get(field)
+        if isinstance(value, int) and not isinstance(value, bool) and value > 0:
+            return value
+        return None
+
+    def origin(field: str) -> str:
+        return f"given by --{field}" if field in given else f"of {source}"
+
+    hidden, heads, kv_heads = number("hidden"), number("heads"), number("kv_heads")
+    if hidden is not None and heads is not None and hidden % heads:
+        if "heads" in given:
+            reason = f"{heads} does not divide the hidden size {hidden} {origin('hidden')}"
+            return SpecError("command line", "--heads", reason)
+        if "hidden" in given:
+            reason = f"{hidden} is not divisible by the {heads} heads {origin('heads')}"
+            return SpecError("command line", "--hidden", reason)
+    if heads is not None and kv_heads is not None and heads % kv_heads and "heads" in given:
+        reason = f"{heads} is not a multiple of the {kv_heads} kv_heads {origin('kv_heads')}"
+        return SpecError("command line", "--heads", reason)
+    return None
