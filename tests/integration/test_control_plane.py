@@ -6,6 +6,7 @@ import json
 import os
 import subprocess
 import sys
+import sysconfig
 import time
 from pathlib import Path
 
@@ -29,7 +30,14 @@ def test_up_status_train_infer_down(tmp_path: Path) -> None:
         assert "serving at" in (tmp_path / "logs" / "control.log").read_text()
         for s in status["services"]:
             assert (tmp_path / "logs" / f"{s['sid']}.stderr").is_file()
-        res = dmsc(tmp_path, "train", "--steps", "3", "--json")
+        # the user's own text, a learning-rate schedule, a seed (issue 12, item 4)
+        data = tmp_path / "text"
+        data.mkdir()
+        stdlib = Path(sysconfig.get_paths()["stdlib"])
+        for name in ("json/decoder.py", "json/encoder.py", "csv.py"):
+            (data / name.replace("/", "_")).write_bytes((stdlib / name).read_bytes())
+        settings = ["--lr", "3e-3", "--lr-schedule", "cosine", "--warmup", "1", "--seed", "2"]
+        res = dmsc(tmp_path, "train", "--steps", "3", "--json", "--data", str(data), *settings)
         assert res.returncode == 0, res.stderr
         *progress, last = [json.loads(line) for line in res.stdout.splitlines()]
         assert [p["step"] for p in progress] == [0, 1, 2]  # a JSON line per step, then the task
@@ -40,18 +48,29 @@ def test_up_status_train_infer_down(tmp_path: Path) -> None:
         assert bad.returncode == 2 and "--steps" in bad.stderr
         res = dmsc(tmp_path, "infer", "--prompt", "def ", "--tokens", "5")
         assert res.returncode == 0 and res.stdout.startswith("def ")
+        # sampling settings; streamed or not, the same seed gives the same text
+        seeded = ["--prompt", "def ", "--tokens", "12", "--temperature", "1.5", "--seed", "5"]
+        streamed = dmsc(tmp_path, "infer", *seeded)
+        whole = dmsc(tmp_path, "infer", *seeded, "--no-stream")
+        out = json.loads(dmsc(tmp_path, "infer", *seeded, "--json").stdout)
+        assert streamed.stdout == whole.stdout == "def " + out["text"] + "\n"
+        assert out["seed"] == 5 and out["replica"] == "replica-0"
+        bad = dmsc(tmp_path, "infer", "--prompt", "x", "--top-p", "0")
+        assert bad.returncode == 2 and "--top-p" in bad.stderr
         res = dmsc(tmp_path, "infer", "--prompt", "def ", "--tokens", "0")
         assert res.returncode == 2 and "tokens" in res.stderr and "Traceback" not in res.stderr
         status = json.loads(dmsc(tmp_path, "status", "--json").stdout)
-        assert [t["state"] for t in status["tasks"]] == ["done", "done"]
+        assert [t["state"] for t in status["tasks"]] == ["done"] * 5
         # The train task ran once, in the Train call: the task queue never claimed it (it used to
         # claim it while the call ran and run it again once the call released the lock).
         time.sleep(1.0)  # the queue polls every 0.5 s
         db = Database(f"sqlite:///{tmp_path / 'dmsc.sqlite'}")
         assert [(t.kind, t.state, t.attempts) for t in db.tasks()] == [
             ("train", "done", 0),
-            ("infer", "done", 0),
+            *[("infer", "done", 0)] * 4,
         ]
+        params = json.loads(db.tasks()[0].params_json)
+        assert params["data"] == str(data) and params["lr_schedule"] == "cosine"
         log = (tmp_path / "logs" / "control.log").read_text().splitlines()
         assert [json.loads(x)["msg"] for x in log].count("task done") == 0
     finally:

@@ -20,6 +20,7 @@ from dmsc.runtime.business.auth import create_key
 from dmsc.runtime.business.gateway import create_app, wait_ready
 from dmsc.runtime.business.http_guard import header_deadline_protocol
 from dmsc.runtime.control.task_queue import TaskQueue
+from dmsc.runtime.transport.messages import Sampling
 
 LIMIT = 2000  # the gateway's body limit in these tests
 READ_TIMEOUT_S = 0.5
@@ -44,6 +45,7 @@ class Backend:
         cancel: threading.Event | None = None,
         tenant: str = "default",
         deadline: float | None = None,
+        sampling: Sampling | None = None,
     ) -> str:
         if tokens < 100:
             return "x" * tokens

@@ -5,18 +5,24 @@ call to the control plane (which queues it as a task and survives failed workers
 from __future__ import annotations
 
 import json
+import sys
+from pathlib import Path
 from typing import Annotated, Any
 
 import typer
 
-from dmsc.cli.app import console
+from dmsc.cli.app import console, err_console
 from dmsc.cli.options import JsonOpt, message_from_flags
 from dmsc.cli.render import measured_vs_predicted
 from dmsc.cli.runtime import control_client
-from dmsc.runtime.transport.messages import MAX_INFER_TOKENS
+from dmsc.runtime.transport.messages import DEFAULT_LR, LR_SCHEDULES, MAX_INFER_TOKENS
 from dmsc.spec import SpecError
 
-_TRAIN_FLAGS = {"grad_wait_s": "--grad-wait"}
+_TRAIN_FLAGS = {
+    "grad_wait_s": "--grad-wait",
+    "warmup_steps": "--warmup",
+    "min_lr_ratio": "--min-lr",
+}
 
 
 def train(
@@ -24,6 +30,35 @@ def train(
     checkpoint_every: Annotated[
         int, typer.Option(help="Steps between checkpoints (0: only one before the first step).")
     ] = 50,
+    lr: Annotated[float, typer.Option(help="Peak learning rate (AdamW).")] = DEFAULT_LR,
+    lr_schedule: Annotated[
+        str,
+        typer.Option(
+            help=f"Learning-rate schedule after the warm-up: {', '.join(LR_SCHEDULES)} "
+            "(decay to --min-lr x --lr at the last step)."
+        ),
+    ] = "constant",
+    warmup: Annotated[
+        int, typer.Option(help="Steps of linear warm-up from --lr/warmup to --lr.")
+    ] = 0,
+    min_lr: Annotated[
+        float, typer.Option(help="Where cosine and linear decay end, as a fraction of --lr.")
+    ] = 0.0,
+    batch: Annotated[
+        int | None, typer.Option(help="Global batch in sequences (default: the plan's).")
+    ] = None,
+    microbatches: Annotated[
+        int | None,
+        typer.Option(help="Micro-batches per step (default: the plan's; divides --batch / dp)."),
+    ] = None,
+    seed: Annotated[int, typer.Option(help="Seed of the order the data is drawn in.")] = 0,
+    data: Annotated[
+        Path | None,
+        typer.Option(
+            help="Train on this text file or directory of files (its last tenth held out for "
+            "validation) instead of the Python standard library's sources."
+        ),
+    ] = None,
     late_policy: Annotated[
         str,
         typer.Option(help="Late data-parallel gradients: wait, skip (re-weight) or restart."),
@@ -37,6 +72,10 @@ def train(
     while it runs (JSON lines with --json); Ctrl-C cancels it after its current step."""
     from dmsc.runtime.transport.messages import TrainRequest
 
+    if data is not None:  # the control plane reads it: a path it can resolve, checked here first
+        if not data.exists():
+            raise SpecError("command line", "--data", f"{data}: no such file or directory")
+        data = data.resolve()
     req = message_from_flags(
         TrainRequest,
         _TRAIN_FLAGS,
@@ -44,6 +83,14 @@ def train(
         checkpoint_every=checkpoint_every,
         late_policy=late_policy,
         grad_wait_s=grad_wait,
+        lr=lr,
+        lr_schedule=lr_schedule,
+        warmup_steps=warmup,
+        min_lr_ratio=min_lr,
+        batch=batch,
+        microbatches=microbatches,
+        seed=seed,
+        data=str(data) if data is not None else None,
     )
     from dmsc.cli.progress import follow
 
@@ -81,13 +128,70 @@ def infer(
     tokens: Annotated[
         int, typer.Option(help=f"Bytes to generate (at most {MAX_INFER_TOKENS}, as the gateway).")
     ] = 80,
+    temperature: Annotated[
+        float, typer.Option(help="Sampling temperature (0: always the most likely byte).")
+    ] = 0.8,
+    top_k: Annotated[
+        int, typer.Option(help="Draw among the k most likely bytes only (0: all).")
+    ] = 0,
+    top_p: Annotated[
+        float,
+        typer.Option(help="Draw among the most likely bytes that hold this probability (1: all)."),
+    ] = 1.0,
+    seed: Annotated[
+        int | None,
+        typer.Option(help="Seed of the draws: the same seed gives the same text (default: new)."),
+    ] = None,
+    stream: Annotated[
+        bool, typer.Option(help="Print the text as it is generated, byte by byte.")
+    ] = True,
+    as_json: JsonOpt = False,
 ) -> None:
-    """Sample a continuation through the stage services."""
+    """Sample a continuation through the stage services. Ctrl-C stops the generation (the
+    workers stop at their next token)."""
     from dmsc.runtime.transport.messages import InferRequest
 
-    req = message_from_flags(InferRequest, {}, prompt=prompt, tokens=tokens)
-    out = control_client().send("Infer", req)
-    console.print(prompt + out["text"], highlight=False, markup=False)
+    req = message_from_flags(
+        InferRequest,
+        {},
+        prompt=prompt,
+        tokens=tokens,
+        temperature=temperature,
+        top_k=top_k,
+        top_p=top_p,
+        seed=seed,
+    )
+    # Streamed from the control plane in every mode: cancelling the call (Ctrl-C) stops the
+    # workers at their next token.
+    show = stream and not as_json
+    calls = control_client().stream("InferStream", req)
+    pieces: list[str] = []
+    end: dict[str, Any] = {}
+    if show:
+        sys.stdout.write(prompt)
+        sys.stdout.flush()
+    try:
+        for piece in calls:
+            if "text" in piece:
+                pieces.append(piece["text"])
+                if show:
+                    sys.stdout.write(piece["text"])
+                    sys.stdout.flush()
+            else:
+                end = piece
+    except KeyboardInterrupt:
+        calls.cancel()
+        if show:
+            sys.stdout.write("\n")
+        err_console.print(f"cancelled after {len(''.join(pieces))} characters")
+        raise typer.Exit(130) from None
+    text = "".join(pieces)
+    if as_json:
+        print(json.dumps({"text": text, **{k: v for k, v in end.items() if k != "done"}}))
+    elif show:
+        sys.stdout.write("\n")
+    else:
+        console.print(prompt + text, highlight=False, markup=False)
 
 
 tasks_app = typer.Typer(help="Tasks of the deployment: list, show, cancel.", no_args_is_help=True)

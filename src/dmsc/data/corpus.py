@@ -1,5 +1,6 @@
-"""Training text present on every machine with no download: the Python standard library's own
-source files, as bytes (a 256-symbol vocabulary). The last files (by path) are held out."""
+"""Training text as bytes (a 256-symbol vocabulary). By default the text present on every machine
+with no download: the Python standard library's own source files, the last files (by path) held
+out for validation. A user's own text comes from a file or a directory (:func:`text_from`)."""
 
 from __future__ import annotations
 
@@ -21,13 +22,51 @@ def stdlib_text(max_bytes: int = 4_000_000) -> tuple[bytes, bytes]:
     return train, valid
 
 
+MAX_DATA_BYTES = 1 << 30  # what a training task reads into memory at most (1 GiB)
+
+
+def text_from(path: Path, max_bytes: int = MAX_DATA_BYTES) -> tuple[bytes, bytes]:
+    """(train, validation) bytes from ``path``: a file, whose last tenth is held out, or a
+    directory, whose regular files below it (hidden ones skipped) are read in path order and
+    the last tenth of them held out (at least one; the last tenth of the bytes when it holds
+    one file). ValueError names the path and what is wrong with it."""
+    if not path.exists():
+        raise ValueError(f"{path}: no such file or directory")
+    if path.is_dir():
+        files = sorted(
+            p
+            for p in path.rglob("*")
+            if p.is_file() and not any(part.startswith(".") for part in p.relative_to(path).parts)
+        )
+        if not files:
+            raise ValueError(f"{path}: the directory holds no files")
+    else:
+        files = [path]
+    total = sum(p.stat().st_size for p in files)
+    if total > max_bytes:
+        raise ValueError(f"{path}: {total:,} bytes, more than the {max_bytes:,} a task reads")
+    try:
+        texts = [p.read_bytes() for p in files]
+    except OSError as exc:
+        raise ValueError(f"{exc.filename}: cannot read it ({exc.strerror})") from None
+    if len(texts) >= 2:
+        cut = min(len(texts) - 1, max(1, round(len(texts) * 0.9)))
+        return b"".join(texts[:cut]), b"".join(texts[cut:])
+    data = texts[0]
+    cut = len(data) - len(data) // 10
+    return data[:cut], data[cut:]
+
+
 class Corpus:
     """Seeded batches of (tokens, next-token targets) windows."""
 
     def __init__(self, data: bytes, seq: int, seed: int = 0) -> None:
-        self.data = torch.frombuffer(bytearray(data), dtype=torch.uint8).to(torch.int64)
+        # bytes as they are (a quarter of the memory int64 would take), widened per batch
+        self.data = torch.frombuffer(bytearray(data), dtype=torch.uint8)
         if self.data.numel() <= seq + 1:
-            raise ValueError("corpus shorter than one sequence")
+            raise ValueError(
+                f"{self.data.numel():,} bytes of text: a sequence needs {seq + 2:,} at least"
+            )
         self.seq = seq
         self.seed = seed
 
@@ -36,4 +75,4 @@ class Corpus:
         starts = torch.randint(0, self.data.numel() - self.seq - 1, (size,), generator=g)
         x = torch.stack([self.data[s : s + self.seq] for s in starts.tolist()])
         y = torch.stack([self.data[s + 1 : s + self.seq + 1] for s in starts.tolist()])
-        return x, y
+        return x.to(torch.int64), y.to(torch.int64)

@@ -14,6 +14,7 @@ from dmsc.data.db import Database
 from dmsc.runtime.business.auth import PrincipalCache, create_key, revoke, revoke_key
 from dmsc.runtime.business.gateway import create_app
 from dmsc.runtime.control.task_queue import TaskQueue
+from dmsc.runtime.transport.messages import Sampling
 
 
 class Clock:
@@ -30,6 +31,7 @@ class Backend:
     def __init__(self) -> None:
         self.broken: set[str] = set()
         self.calls: list[str] = []
+        self.sampling: list[Sampling | None] = []
 
     def replicas(self) -> list[str]:
         return ["replica-0", "replica-1"]
@@ -42,8 +44,10 @@ class Backend:
         cancel: threading.Event | None = None,
         tenant: str = "default",
         deadline: float | None = None,
+        sampling: Sampling | None = None,
     ) -> str:
         self.calls.append(replica)
+        self.sampling.append(sampling)
         if replica in self.broken:
             raise ConnectionError(f"{replica} is down")
         return "x" * tokens
@@ -336,3 +340,41 @@ def test_a_tenant_lists_its_own_tasks_and_an_admin_everyones(tmp_path: Path) -> 
     assert client.get("/v1/tasks?state=done", headers=h["ann"]).json() == []
     assert client.get("/v1/tasks?limit=0", headers=h["ann"]).status_code == 422
     assert client.get("/v1/tasks").status_code == 401
+
+
+def test_sampling_settings_reach_the_backend_with_one_seed(env) -> None:  # type: ignore[no-untyped-def]
+    client, _db, _clock, backend, keys = env
+    h = _h(keys["alice"][1])
+    body = {"prompt": "def ", "tokens": 3, "temperature": 0.5, "top_k": 7, "top_p": 0.9}
+    r = client.post("/v1/infer", json={**body, "seed": 11}, headers=h)
+    assert r.status_code == 200 and r.json()["seed"] == 11
+    assert backend.sampling[-1] == Sampling(temperature=0.5, top_k=7, top_p=0.9, seed=11)
+    r = client.post("/v1/infer", json={**body, "redundant": True}, headers=h)
+    seeds = {s.seed for s in backend.sampling[-2:]}  # both copies draw the same bytes
+    assert r.status_code == 200 and seeds == {r.json()["seed"]}
+    bad = client.post("/v1/infer", json={**body, "top_p": 0}, headers=h)
+    assert bad.status_code == 422 and "top_p" in bad.text
+
+
+def test_task_settings_are_queued_and_checked_before_they_queue(env) -> None:  # type: ignore[no-untyped-def]
+    client, db, _clock, backend, keys = env
+    h = _h(keys["alice"][1])
+    body = {"steps": 10, "lr": 3e-4, "lr_schedule": "cosine", "warmup_steps": 2, "seed": 4}
+    r = client.post("/v1/tasks", json=body, headers=h)
+    assert r.status_code == 202
+    import json
+
+    params = json.loads(db.tasks()[-1].params_json)
+    assert {k: params[k] for k in body} == body
+    # a client of the gateway names no file of the server's
+    r = client.post("/v1/tasks", json={"steps": 1, "data": "/etc"}, headers=h)
+    assert r.status_code == 422 and "data" in r.text
+
+    def check(params: dict[str, Any]) -> None:
+        if params.get("batch") == 7:
+            raise ValueError("batch (7) must be divisible by microbatches x dp (2 x 1)")
+
+    backend.check_train = check
+    r = client.post("/v1/tasks", json={"steps": 1, "batch": 7}, headers=h)
+    assert r.status_code == 422 and "divisible" in r.json()["detail"]
+    assert len(db.tasks()) == 1

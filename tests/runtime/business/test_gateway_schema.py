@@ -13,6 +13,7 @@ from dmsc.data.db import Database
 from dmsc.runtime.business.auth import create_key
 from dmsc.runtime.business.gateway import create_app
 from dmsc.runtime.control.task_queue import TaskQueue
+from dmsc.runtime.transport.messages import Sampling
 
 
 class Backend:
@@ -27,6 +28,7 @@ class Backend:
         cancel: threading.Event | None = None,
         tenant: str = "default",
         deadline: float | None = None,
+        sampling: Sampling | None = None,
     ) -> str:
         return prompt[:tokens]
 

@@ -11,6 +11,7 @@ from pathlib import Path
 
 import grpc
 import pytest
+import torch
 
 from dmsc.data.db import Database, control_file
 from dmsc.planner.plan import Plan
@@ -65,9 +66,11 @@ def test_infer_refuses_more_tokens_than_the_gateway_allows(control) -> None:  # 
 
 def test_unknown_fields_are_refused_by_name(control) -> None:  # type: ignore[no-untyped-def]
     _, client = control
-    assert "temperature" in _refusal(
-        client, "Infer", {"prompt": "def ", "tokens": 4, "temperature": 2}
+    assert "temprature" in _refusal(
+        client, "Infer", {"prompt": "def ", "tokens": 4, "temprature": 2}
     )
+    assert "top_p" in _refusal(client, "Infer", {"prompt": "def ", "top_p": 0})
+    assert "lr_schedule" in _refusal(client, "Train", {"steps": 3, "lr_schedule": "step"})
     assert "stepz" in _refusal(client, "Train", {"stepz": 3})
     assert "verbose" in _refusal(client, "Status", {"verbose": True})
     assert "steps" in _refusal(client, "Train", {"steps": "ten"})
@@ -92,3 +95,40 @@ def test_train_params_default_to_the_plan(control) -> None:  # type: ignore[no-u
 
 def test_control_file_is_under_the_data_directory(control, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
     assert control_file() == tmp_path / "control.json"
+
+
+def test_training_settings_are_checked_before_a_task_exists(control, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
+    cp, client = control
+    assert "warmup_steps (9) exceeds steps (3)" in _refusal(
+        client, "Train", {"steps": 3, "warmup_steps": 9}
+    )
+    missing = tmp_path / "nowhere.txt"
+    assert f"data: {missing}: no such file" in _refusal(
+        client, "Train", {"steps": 3, "data": str(missing)}
+    )
+    short = tmp_path / "short.txt"
+    short.write_text("too short to hold one sequence")
+    assert "bytes of text" in _refusal(client, "Train", {"steps": 3, "data": str(short)})
+    (tmp_path / "empty").mkdir()
+    assert "holds no files" in _refusal(
+        client, "Train", {"steps": 3, "data": str(tmp_path / "empty")}
+    )
+    assert not cp.db.tasks(cp.run.id)
+
+
+def test_a_data_directory_holds_out_its_last_files(control, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
+    cp, _ = control
+    corpus = tmp_path / "corpus"
+    (corpus / "sub").mkdir(parents=True)
+    for i in range(10):
+        (corpus / "sub" / f"f{i}.txt").write_bytes(bytes([65 + i]) * 300)
+    (corpus / ".hidden").write_bytes(b"!" * 300)
+    train, valid = cp.corpora(str(corpus), seed=3)
+    assert sorted(set(train.data.tolist())) == list(range(65, 74))  # A..I
+    assert set(valid.data.tolist()) == {74}  # J: the last file, held out
+    x, y = train.batch(0, 2)
+    assert x.dtype == torch.int64 and torch.equal(x[:, 1:], y[:, :-1])
+    again, _ = cp.corpora(str(corpus), seed=3)
+    other, _ = cp.corpora(str(corpus), seed=4)
+    assert torch.equal(again.batch(5, 4)[0], train.batch(5, 4)[0])
+    assert not torch.equal(other.batch(5, 4)[0], train.batch(5, 4)[0])

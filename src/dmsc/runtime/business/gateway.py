@@ -46,6 +46,7 @@ from dmsc.runtime.business.queueing import QuotaExceeded, TaskFinished, TaskQueu
 from dmsc.runtime.business.router import POLICIES, NoReplica, Router, pick_version
 from dmsc.runtime.transport.messages import GatewayInferRequest as InferRequest
 from dmsc.runtime.transport.messages import GatewayTaskRequest as TaskRequest
+from dmsc.runtime.transport.messages import Sampling
 
 
 class Backend(Protocol):
@@ -61,9 +62,10 @@ class Backend(Protocol):
         cancel: threading.Event | None = None,
         tenant: str = "default",
         deadline: float | None = None,
+        sampling: Sampling | None = None,
     ) -> str:
-        """Generate on ``replica`` for ``tenant``; stop when ``cancel`` is set or at
-        ``deadline`` (``time.monotonic()``)."""
+        """Generate on ``replica`` for ``tenant``, drawing tokens as ``sampling`` says; stop
+        when ``cancel`` is set or at ``deadline`` (``time.monotonic()``)."""
         ...
 
     def services(self) -> list[dict[str, Any]]: ...
@@ -274,6 +276,7 @@ def create_app(
     ) -> dict[str, Any]:
         budget = req.timeout_s or request_timeout_s
         deadline = time.monotonic() + budget
+        sampling = req.sampling()  # one seed for every replica that tries the request
         tried: set[str] = set()
         # Gray release: the version that serves this request (sticky per session), and the
         # replicas that serve that version.
@@ -317,6 +320,7 @@ def create_app(
                     cancel=cancel,
                     tenant=who.tenant,
                     deadline=until,
+                    sampling=sampling,
                 )
                 fut = calls.submit(call)
                 futures[asyncio.wrap_future(fut)] = (p, fut)
@@ -371,6 +375,7 @@ def create_app(
                     "raced": picks if len(picks) > 1 else None,
                     "tenant": who.tenant,
                     "model_version": version.id if version else None,
+                    "seed": sampling.seed,
                 }
             if out_of_time:
                 raise HTTPException(504, f"no answer within {budget:g} s ({last_error})")
@@ -380,7 +385,13 @@ def create_app(
     @app.post("/v1/tasks", status_code=202)
     def submit(req: TaskRequest, request: Request) -> dict[str, Any]:
         who = authorize(request, "submit")
-        params = req.model_dump(include={"steps", "checkpoint_every", "late_policy", "grad_wait_s"})
+        params = req.model_dump(exclude={"priority", "lane"}, exclude_none=True)
+        check = getattr(backend, "check_train", None)  # against the plan, before it queues
+        if check is not None:
+            try:
+                check(params)
+            except ValueError as exc:
+                raise HTTPException(422, str(exc)) from None
         try:
             task = queue.submit(
                 "train", params, tenant=who.tenant, priority=req.priority, lane=req.lane

@@ -200,13 +200,17 @@ class StageWorker:
         return out
 
     def commit(self, m: msg.Commit) -> dict[str, Any]:
-        """Apply the optimizer step of the gradients the last training RunStep left."""
+        """Apply the optimizer step of the gradients the last training RunStep left (at the
+        learning rate the Commit gives, else the one the optimizer has)."""
         epoch = self.epoch if m.epoch is None else m.epoch
         with self._lock:
             self._check_epoch(epoch)
             if self.uncommitted != m.step:
                 raise BadRequest(f"nothing to commit for step {m.step} (have {self.uncommitted})")
             c0 = time.perf_counter()
+            if m.lr is not None:  # this step's rate of the task's schedule
+                for group in self.optimizer.param_groups:
+                    group["lr"] = m.lr
             self.optimizer.step()
             self.optimizer.zero_grad(set_to_none=True)
             self.uncommitted = None

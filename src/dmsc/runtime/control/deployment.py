@@ -37,6 +37,7 @@ from dmsc.runtime.compute.worker import WorkerConfig
 from dmsc.runtime.control import failures
 from dmsc.runtime.control.failures import Key, StepRestartNeeded, key_of
 from dmsc.runtime.control.launchers import Launcher, LocalLauncher, WorkerHandle
+from dmsc.runtime.control.sampling import draw
 from dmsc.runtime.control.spares import SparePool
 from dmsc.runtime.transport import logs
 from dmsc.runtime.transport.messages import (
@@ -48,6 +49,7 @@ from dmsc.runtime.transport.messages import (
     LatePolicy,
     Load,
     RunStep,
+    Sampling,
     Save,
     Schedule,
 )
@@ -260,9 +262,11 @@ class Deployment:
         schedule: Schedule = "1f1b",
         late_policy: LatePolicy = "wait",
         grad_wait_s: float = DEFAULT_GRAD_WAIT_S,
+        lr: float | None = None,
     ) -> dict[str, Any]:
         """One training step of the global batch; returns the loss and timings. The step is
-        applied (``Commit``) only once every stage has finished it."""
+        applied (``Commit``, at learning rate ``lr`` when given) only once every stage has
+        finished it."""
         t0 = time.perf_counter()
         if len(set(self.epochs.values())) > 1:  # a replica was healed alone: align everyone
             self.move_to_epoch(list(self.clients), self.epoch)
@@ -289,7 +293,7 @@ class Deployment:
             self.epoch += 1
             self.move_to_epoch(keys, self.epoch)
             raise
-        commit = self.calls("Commit", lambda e: Commit(step=step, epoch=e), keys, 30.0)
+        commit = self.calls("Commit", lambda e: Commit(step=step, epoch=e, lr=lr), keys, 30.0)
         commits = self.gather(commit, 30.0)
         losses = [r["loss"] for r in replies.values() if r.get("loss") is not None]
         skipped = sorted(
@@ -346,20 +350,23 @@ class Deployment:
         prompt: bytes,
         tokens: int,
         step_base: int = 1_000_000,
-        temperature: float = 0.8,
-        seed: int = 0,
+        sampling: Sampling | None = None,
         replica: int = 0,
         cancel: threading.Event | None = None,
         deadline: float | None = None,
         turn: Callable[[float | None], contextlib.AbstractContextManager[None]] | None = None,
         token_timeout_s: float = 120.0,
+        on_token: Callable[[int], None] | None = None,
     ) -> bytes:
-        """Sample ``tokens`` bytes after ``prompt``. ``cancel`` stops it between tokens (the
-        slower copy of a redundant request); so does ``deadline`` (``time.monotonic()``), and
-        no worker call outlives it. ``turn(deadline)`` is entered around each token (a replica's
-        fair lock: requests take turns per token, not per request); each token's worker calls
-        wait at most ``token_timeout_s`` (a frozen worker fails the request within it)."""
-        g = torch.Generator().manual_seed(seed)
+        """Sample ``tokens`` bytes after ``prompt`` as ``sampling`` says (its defaults, seed 0,
+        when None). ``cancel`` stops it between tokens (the slower copy of a redundant request,
+        a client gone); so does ``deadline`` (``time.monotonic()``), and no worker call outlives
+        it. ``turn(deadline)`` is entered around each token (a replica's fair lock: requests
+        take turns per token, not per request); each token's worker calls wait at most
+        ``token_timeout_s`` (a frozen worker fails the request within it). ``on_token`` gets
+        each byte as it is drawn (streaming)."""
+        sampling = sampling or Sampling(seed=0)
+        g = torch.Generator().manual_seed(sampling.seed or 0)
         seq = self.layout.model.seq
         out = bytearray(prompt)
         for k in range(tokens):
@@ -385,9 +392,10 @@ class Deployment:
                         f"deadline passed after {k} of {tokens} tokens"
                     ) from None
                 raise
-            logits = logits / max(temperature, 1e-6)
-            nxt = int(torch.multinomial(torch.softmax(logits, -1), 1, generator=g))
+            nxt = draw(logits, sampling, g)
             out.append(nxt)
+            if on_token is not None:
+                on_token(nxt)
         return bytes(out[len(prompt) :])
 
     # -- checkpoints and epochs --------------------------------------------------------------

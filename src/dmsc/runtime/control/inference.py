@@ -19,7 +19,7 @@ import itertools
 import json
 import logging
 import threading
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 from dmsc.data.db import Database
@@ -27,7 +27,7 @@ from dmsc.runtime.control.deployment import Deployment
 from dmsc.runtime.control.failures import WorkerFailure
 from dmsc.runtime.control.model_store import versions
 from dmsc.runtime.control.turns import FairLock
-from dmsc.runtime.transport.messages import Load
+from dmsc.runtime.transport.messages import Load, Sampling
 
 TRAINING = "\x00training"  # the training session's party at the replicas' fair locks
 STEP_BASE = 10_000_000  # inference steps live far above training ones; 10_000 per request
@@ -79,10 +79,13 @@ class Replicas:
         cancel: threading.Event | None = None,
         tenant: str = "default",
         deadline: float | None = None,
+        sampling: Sampling | None = None,
+        on_token: Callable[[int], None] | None = None,
     ) -> str:
-        """Generate on one replica, taking its turns as ``tenant``. A failure names the stage
-        and takes the replica out of routing (the watchdog heals it); ``cancel`` and
-        ``deadline`` (``time.monotonic()``) stop it between tokens."""
+        """Generate on one replica, taking its turns as ``tenant``, drawing as ``sampling``
+        says (``on_token`` sees each byte as it comes). A failure names the stage and takes the
+        replica out of routing (the watchdog heals it); ``cancel`` and ``deadline``
+        (``time.monotonic()``) stop it between tokens."""
         r = int(replica.rsplit("-", 1)[1])
         base = STEP_BASE + next(self._calls) * 10_000  # next() on a count is atomic
         lock = self.locks[r]
@@ -96,6 +99,8 @@ class Replicas:
                 deadline=deadline,
                 turn=lambda until: lock.turn(tenant, until),
                 token_timeout_s=self.token_timeout_s,
+                sampling=sampling,
+                on_token=on_token,
             )
         except WorkerFailure as exc:
             self.down.add(r)
@@ -119,12 +124,38 @@ class Replicas:
             for lock in reversed(held):
                 lock.release()
 
-    def generate(self, prompt: str, tokens: int) -> tuple[str, str]:
-        """``(replica, text)`` from the first replica that answers, trying each in turn."""
-        errors = []
+    def generate(
+        self,
+        prompt: str,
+        tokens: int,
+        sampling: Sampling | None = None,
+        on_token: Callable[[int], None] | None = None,
+        cancel: threading.Event | None = None,
+    ) -> tuple[str, str]:
+        """``(replica, text)`` from the first replica that answers, trying each in turn.
+        ``on_token`` sees each byte once: a replica that takes over after another failed draws
+        the same bytes again (same seed, same weights), and those already seen are not
+        repeated."""
+        errors, seen = [], 0
+
+        def once(drawn: list[int]) -> Callable[[int], None] | None:
+            if on_token is None:
+                return None
+
+            def forward(b: int) -> None:
+                nonlocal seen
+                drawn.append(b)
+                if len(drawn) > seen:
+                    seen += 1
+                    on_token(b)
+
+            return forward
+
         for replica in self.names():
             try:
-                return replica, self.infer_on(replica, prompt, tokens)
+                return replica, self.infer_on(
+                    replica, prompt, tokens, cancel, sampling=sampling, on_token=once([])
+                )
             except WorkerFailure as exc:
                 errors.append(f"{replica}: {exc}")
         raise NoReplica(f"no replica could serve the request: {'; '.join(errors) or 'none up'}")

@@ -2,11 +2,11 @@
 
 :class:`ControlPlane` deploys a plan (stage workers through the local launcher, the registry in
 this process), records runs, tasks, services, metrics and model versions in the database, and
-serves ``dmsc.Control``: Status, Train, Infer and Down, each taking its typed message
-(:mod:`dmsc.runtime.transport.messages`; a bad field is refused with INVALID_ARGUMENT naming
-it). The process around it (settings, threads, the gateway, ``control.json``) is
-:mod:`dmsc.runtime.control.daemon`; replica routing and versions are :mod:`.inference`, the
-repair of failed workers between tasks :mod:`.watchdog`.
+serves ``dmsc.Control``: Status, Train, Infer (InferStream: token by token) and Down, each
+taking its typed message (:mod:`dmsc.runtime.transport.messages`; a bad field is refused with
+INVALID_ARGUMENT naming it). The process around it (settings, threads, the gateway,
+``control.json``) is :mod:`dmsc.runtime.control.daemon`; replica routing and versions are
+:mod:`.inference`, the repair of failed workers between tasks :mod:`.watchdog`.
 
 Recovery. Training tasks checkpoint every ``checkpoint_every`` steps (default 50) and survive a
 failed worker (see :mod:`dmsc.runtime.control.training`). After a crash of the control plane,
@@ -23,9 +23,12 @@ cancelled, records the model version it produced.
 
 from __future__ import annotations
 
+import codecs
 import json
 import logging
+import queue
 import threading
+from collections.abc import Iterator
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
@@ -33,26 +36,31 @@ from typing import Any
 import grpc
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 
-from dmsc.data.corpus import Corpus, stdlib_text
+from dmsc.data.corpus import Corpus, stdlib_text, text_from
 from dmsc.data.db import CheckpointRecord, Database, ModelVersionRecord, data_dir
 from dmsc.planner.plan import Plan
 from dmsc.runtime.control import fallback, status
 from dmsc.runtime.control.deployment import Checkpoint, Deployment
 from dmsc.runtime.control.fallback import NoGoodCheckpoint, Restored
 from dmsc.runtime.control.inference import NoReplica, Replicas
+from dmsc.runtime.control.lr_schedule import lr_at
 from dmsc.runtime.control.model_store import promote_if_first
 from dmsc.runtime.control.task_queue import TaskQueue, cancel_requested
 from dmsc.runtime.control.training import Recovering, TrainReport, layout_from_plan, train
 from dmsc.runtime.transport.messages import (
+    DEFAULT_LR,
     DownRequest,
     InferRequest,
     LatePolicy,
+    LrSchedule,
+    Sampling,
     Schedule,
     StatusRequest,
     TrainRequest,
+    TrainSettings,
 )
 from dmsc.runtime.transport.observe import json_logger
-from dmsc.runtime.transport.rpc import BadRequest, message_handler, parse
+from dmsc.runtime.transport.rpc import BadRequest, message_handler, parse, stream_handler
 from dmsc.spec import TransformerSpec, resolve_model
 
 
@@ -66,6 +74,12 @@ class TrainParams:
     checkpoint_every: int
     late_policy: LatePolicy
     grad_wait_s: float
+    lr: float = DEFAULT_LR
+    lr_schedule: LrSchedule = "constant"
+    warmup_steps: int = 0
+    min_lr_ratio: float = 0.0
+    seed: int = 0
+    data: str | None = None  # a file or directory of text (the standard library's when None)
     first_step: int | None = None  # set once the task has started: a rerun resumes
 
     def as_json(self) -> dict[str, Any]:
@@ -210,6 +224,10 @@ class ControlPlane:
             raise BadRequest(
                 f"batch ({batch}) must be divisible by microbatches x dp ({micro} x {dp})"
             )
+        if req.warmup_steps > req.steps:
+            raise BadRequest(f"warmup_steps ({req.warmup_steps}) exceeds steps ({req.steps})")
+        if req.data is not None:
+            self.corpora(req.data, req.seed)  # readable, and long enough: before it queues
         return TrainParams(
             steps=req.steps,
             batch=batch,
@@ -217,8 +235,35 @@ class ControlPlane:
             checkpoint_every=req.checkpoint_every,
             late_policy=req.late_policy,
             grad_wait_s=req.grad_wait_s,
+            lr=req.lr,
+            lr_schedule=req.lr_schedule,
+            warmup_steps=req.warmup_steps,
+            min_lr_ratio=req.min_lr_ratio,
+            seed=req.seed,
+            data=req.data,
             first_step=req.first_step,
         )
+
+    def corpora(self, data: str | None, seed: int) -> tuple[Corpus, Corpus]:
+        """The (training, validation) text of a task: ``data`` (a file or a directory) or the
+        standard library's, with batches drawn by ``seed``. BadRequest names the data."""
+        if data is None:
+            if seed == 0:
+                return self.corpus, self.valid
+            return (
+                Corpus(self.corpus.data.numpy().tobytes(), self.model.seq, seed=seed),
+                self.valid,
+            )
+        try:
+            train_text, valid_text = text_from(Path(data))
+            train_corpus = Corpus(train_text, self.model.seq, seed=seed)
+        except ValueError as exc:
+            raise BadRequest(f"data: {exc}") from None
+        try:
+            valid = Corpus(valid_text, self.model.seq, seed=1)
+        except ValueError as exc:
+            raise BadRequest(f"data: {data}: the held-out tenth for validation: {exc}") from None
+        return train_corpus, valid
 
     def run_task(self, task_id: int, params: TrainParams) -> tuple[TrainReport, int]:
         """Run a training task (holding the lock) and save the model version it produced;
@@ -283,10 +328,17 @@ class ControlPlane:
         start: Checkpoint | None,
         older: list[Checkpoint],
     ) -> TrainReport:
+        corpus, valid = self.corpora(params.data, params.seed)
+        settings = TrainSettings(
+            lr=params.lr,
+            lr_schedule=params.lr_schedule,
+            warmup_steps=params.warmup_steps,
+            min_lr_ratio=params.min_lr_ratio,
+        )
         return train(
             self.deployment,
-            self.corpus,
-            self.valid,
+            corpus,
+            valid,
             params.steps,
             params.batch,
             params.microbatches,
@@ -305,6 +357,7 @@ class ControlPlane:
             run_id=self.run.id,
             stop=lambda: cancel_requested(self.db, task_id),
             turn=self.inference.training_turn,
+            lr=lambda i: lr_at(i, params.steps, settings),
         )
 
     def train(self, req: TrainRequest) -> dict[str, Any]:
@@ -376,14 +429,61 @@ class ControlPlane:
         return record.id
 
     def infer(self, req: InferRequest) -> dict[str, Any]:
-        task = self.db.new_task(self.run.id, "infer", {"tokens": req.tokens}, state="running")
+        sampling = req.sampling()
+        task = self._infer_task(req, sampling)
         try:
-            replica, text = self.inference.generate(req.prompt, req.tokens)
+            replica, text = self.inference.generate(req.prompt, req.tokens, sampling)
         except NoReplica as exc:
-            self.db.set_task_state(task.id, "failed", str(exc))
+            self.db.set_task_state(task, "failed", str(exc))
             raise BadRequest(str(exc)) from None
-        self.db.set_task_state(task.id, "done")
-        return {"task": task.id, "text": text, "replica": replica}
+        self.db.set_task_state(task, "done")
+        return {"task": task, "text": text, "replica": replica, "seed": sampling.seed}
+
+    def infer_stream(self, req: InferRequest, gone: threading.Event) -> Iterator[dict[str, Any]]:
+        """``Infer``, streamed: ``{"text": ...}`` as the bytes come (whole UTF-8 characters),
+        then ``{"done": true, ...}`` with the task, replica and seed. A client that cancels
+        (Ctrl-C) or goes away stops the generation at its next token."""
+        sampling = req.sampling()
+        task = self._infer_task(req, sampling)
+        drawn: queue.Queue[int | BaseException | tuple[str, str]] = queue.Queue()
+
+        def run() -> None:  # the task's state is set here: a cancelled stream is not read on
+            try:
+                replica, _ = self.inference.generate(
+                    req.prompt, req.tokens, sampling, drawn.put, gone
+                )
+            except BaseException as exc:
+                if gone.is_set():
+                    self.db.set_task_state(task, "cancelled", "the client went away")
+                else:
+                    self.db.set_task_state(task, "failed", str(exc))
+                drawn.put(exc)
+            else:
+                self.db.set_task_state(task, "done")
+                drawn.put((replica, ""))
+
+        threading.Thread(target=run, name=f"infer-{task}", daemon=True).start()
+        text = codecs.getincrementaldecoder("utf-8")(errors="replace")
+        while True:
+            item = drawn.get()
+            if isinstance(item, int):
+                piece = text.decode(bytes([item]))
+                if piece:
+                    yield {"text": piece}
+                continue
+            if isinstance(item, NoReplica):
+                raise BadRequest(str(item))
+            if isinstance(item, BaseException):
+                raise item
+            piece = text.decode(b"", final=True)
+            if piece:
+                yield {"text": piece}
+            yield {"done": True, "task": task, "replica": item[0], "seed": sampling.seed}
+            return
+
+    def _infer_task(self, req: InferRequest, sampling: Sampling) -> int:
+        params = {"tokens": req.tokens, **sampling.model_dump()}
+        return self.db.new_task(self.run.id, "infer", params, state="running").id
 
     def down(self, req: DownRequest) -> dict[str, Any]:
         self.stopped.set()
@@ -394,6 +494,7 @@ class ControlPlane:
             "Status": message_handler(StatusRequest, self.status),
             "Train": message_handler(TrainRequest, self.train),
             "Infer": message_handler(InferRequest, self.infer),
+            "InferStream": stream_handler(InferRequest, self.infer_stream),
             "Down": message_handler(DownRequest, self.down),
         }
 
@@ -412,8 +513,15 @@ class ControlPlane:
         cancel: threading.Event | None = None,
         tenant: str = "default",
         deadline: float | None = None,
+        sampling: Sampling | None = None,
     ) -> str:
-        return self.inference.infer_on(replica, prompt, tokens, cancel, tenant, deadline)
+        return self.inference.infer_on(
+            replica, prompt, tokens, cancel, tenant, deadline, sampling=sampling
+        )
+
+    def check_train(self, params: dict[str, Any]) -> None:
+        """Would a training task with ``params`` run on this plan? (ValueError says why not.)"""
+        self.train_params(parse(TrainRequest, params))
 
     def stage_count(self) -> int:
         """Stages of a replica's pipeline: a request's cost is its tokens times this."""

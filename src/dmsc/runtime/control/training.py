@@ -147,6 +147,7 @@ def train(
     validate: bool = True,
     stop: Callable[[], bool] | None = None,
     turn: Callable[[], contextlib.AbstractContextManager[None]] | None = None,
+    lr: Callable[[int], float] | None = None,
 ) -> TrainReport:
     """Run steps ``first_step`` .. ``first_step + steps - 1``; validation loss before and after.
     ``turn()`` is held around each step and validation (the replicas' fair locks: inference
@@ -154,6 +155,7 @@ def train(
     With ``recovering.start``, the session resumes from that checkpoint (or, when it does not
     verify, the newest of ``recovering.older`` that does; each must lie in the range) and the
     steps before it are taken as done. ``stop`` (asked before each step) cancels the session.
+    ``lr(i)`` is the learning rate of the session's ``i``-th step (the workers' own when None).
     The task's state is the caller's to set (running, then done or cancelled once it has
     recorded what the session produced)."""
     rec = recovering or Recovering()
@@ -257,7 +259,14 @@ def train(
                 with hold():
                     t0 = t0 if t0 is not None else time.perf_counter()
                     out = dep.train_step(
-                        step, x, y, microbatches, schedule, rec.late_policy, rec.grad_wait_s
+                        step,
+                        x,
+                        y,
+                        microbatches,
+                        schedule,
+                        rec.late_policy,
+                        rec.grad_wait_s,
+                        lr(step - first_step) if lr is not None else None,
                     )
             except StepRestartNeeded:
                 report.restarts += 1

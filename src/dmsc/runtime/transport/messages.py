@@ -12,6 +12,7 @@ Tensors never travel here: they go as :mod:`dmsc.runtime.transport.wire` frames 
 
 from __future__ import annotations
 
+import secrets
 from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
@@ -30,6 +31,9 @@ MAX_MICROBATCHES = 4096
 MAX_GRAD_WAIT_S = 3600.0
 MAX_PRIORITY = 100
 MAX_SESSION_CHARS = 256
+MAX_TOP_K = 1 << 20
+MAX_SEED = (1 << 63) - 1
+MAX_LR = 10.0
 DEFAULT_CHECKPOINT_EVERY = 50  # steps between a training task's checkpoints
 DEFAULT_GRAD_WAIT_S = 5.0
 
@@ -37,6 +41,9 @@ LatePolicy = Literal["wait", "skip", "restart"]
 LATE_POLICIES: tuple[str, ...] = ("wait", "skip", "restart")
 Schedule = Literal["gpipe", "1f1b"]
 Lane = Literal["sync", "async"]
+LrSchedule = Literal["constant", "cosine", "linear"]
+LR_SCHEDULES: tuple[str, ...] = ("constant", "cosine", "linear")
+DEFAULT_LR = 1e-3
 
 Step = Annotated[int, Field(ge=0)]
 Epoch = Annotated[int, Field(ge=0)]
@@ -80,10 +87,12 @@ class RunStep(Message):
 
 
 class Commit(Message):
-    """Apply the optimizer step of the gradients the last training ``RunStep`` left."""
+    """Apply the optimizer step of the gradients the last training ``RunStep`` left, at the
+    learning rate ``lr`` when given (the task's schedule)."""
 
     step: Step
     epoch: Epoch | None = None
+    lr: Annotated[float, Field(ge=0, le=MAX_LR)] | None = None
 
 
 class Abort(Message):
@@ -156,19 +165,53 @@ class Watch(Message):
 
 
 # -- dmsc.Control (the control plane) ------------------------------------------------------------
-class TrainRequest(Message):
-    """A training task. Batch and micro-batches default to the plan's."""
+class TrainSettings(Message):
+    """How a training task trains, beside how long: the optimizer's learning rate and its
+    schedule over the task's steps (:mod:`dmsc.runtime.control.lr_schedule`), the global batch
+    and its micro-batches (the plan's by default), and the seed that orders the data."""
 
-    steps: TrainSteps = 100
     batch: Annotated[int, Field(gt=0, le=MAX_BATCH)] | None = None
     microbatches: Annotated[int, Field(gt=0, le=MAX_MICROBATCHES)] | None = None
+    lr: Annotated[float, Field(gt=0, le=MAX_LR)] = DEFAULT_LR
+    lr_schedule: LrSchedule = "constant"
+    warmup_steps: Annotated[int, Field(ge=0, le=MAX_TRAIN_STEPS)] = 0
+    # the learning rate a decaying schedule ends at, as a fraction of ``lr``
+    min_lr_ratio: Annotated[float, Field(ge=0, le=1)] = 0.0
+    seed: Annotated[int, Field(ge=0, le=MAX_SEED)] = 0
+
+
+class TrainRequest(TrainSettings):
+    """A training task. ``data`` is a text file or a directory of them on the control plane's
+    machine (the standard library's sources when empty)."""
+
+    steps: TrainSteps = 100
     checkpoint_every: CheckpointEvery = DEFAULT_CHECKPOINT_EVERY
     late_policy: LatePolicy = "wait"
     grad_wait_s: GradWait = DEFAULT_GRAD_WAIT_S
+    data: Annotated[str, Field(max_length=4096)] | None = None
     first_step: Step | None = None  # set by the control plane once the task has started
 
 
-class InferRequest(Message):
+class Sampling(Message):
+    """How the next token is drawn from the logits: ``temperature`` 0 is greedy (the most
+    likely token); ``top_k`` keeps the k most likely (0: all), ``top_p`` the smallest set of
+    most likely tokens whose probability reaches p; ``seed`` makes the draw repeatable (a
+    fresh one is drawn, and returned, when absent)."""
+
+    temperature: Annotated[float, Field(ge=0, le=100)] = 0.8
+    top_k: Annotated[int, Field(ge=0, le=MAX_TOP_K)] = 0
+    top_p: Annotated[float, Field(gt=0, le=1)] = 1.0
+    seed: Annotated[int, Field(ge=0, le=MAX_SEED)] | None = None
+
+    def sampling(self) -> Sampling:
+        """These settings alone (of a request that carries more), with a seed: a fresh random
+        one when the request gave none, so that the answer can say which seed repeats it."""
+        seed = self.seed if self.seed is not None else secrets.randbelow(MAX_SEED + 1)
+        fields = {k: getattr(self, k) for k in Sampling.model_fields}
+        return Sampling(**{**fields, "seed": seed})
+
+
+class InferRequest(Sampling):
     """Generate ``tokens`` bytes after ``prompt``."""
 
     prompt: Prompt
@@ -190,10 +233,8 @@ class RevokeRequest(Message):
 
 
 # -- the HTTP gateway's bodies (the same limits) ------------------------------------------------
-class GatewayInferRequest(Message):
+class GatewayInferRequest(Sampling):
     """``POST /v1/infer``."""
-
-    model_config = ConfigDict(extra="forbid", frozen=True)
 
     prompt: Prompt
     tokens: Tokens = 40
@@ -205,8 +246,9 @@ class GatewayInferRequest(Message):
     timeout_s: Annotated[float, Field(ge=0.1, le=600)] | None = None
 
 
-class GatewayTaskRequest(Message):
-    """``POST /v1/tasks``: a queued training task."""
+class GatewayTaskRequest(TrainSettings):
+    """``POST /v1/tasks``: a queued training task (on the deployment's own data: a client of
+    the gateway names no file of the server's)."""
 
     steps: TrainSteps
     priority: Annotated[int, Field(ge=-MAX_PRIORITY, le=MAX_PRIORITY)] = 0

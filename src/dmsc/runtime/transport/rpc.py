@@ -10,7 +10,8 @@ protobuf) out of the process that also imports OR-Tools.
 from __future__ import annotations
 
 import json
-from collections.abc import Callable
+import threading
+from collections.abc import Callable, Iterator
 from concurrent import futures
 from typing import Any, TypeVar
 
@@ -96,6 +97,29 @@ def message_handler(model: type[M], fn: Callable[[M], dict[str, Any]]) -> grpc.R
         return json.dumps(fn(parse(model, request))).encode()
 
     return bytes_handler(wrapped)
+
+
+def stream_handler(
+    model: type[M], fn: Callable[[M, threading.Event], Iterator[dict[str, Any]]]
+) -> grpc.RpcMethodHandler:
+    """A server-streaming JSON method: ``fn`` yields the reply's messages one by one (each sent
+    as it comes). ``fn``'s event is set when the call ends early (the client cancelled or went
+    away), so that the work behind the stream can stop."""
+
+    def handle(request: bytes, context: grpc.ServicerContext) -> Iterator[bytes]:
+        gone = threading.Event()
+        context.add_callback(gone.set)
+        try:
+            for item in fn(parse(model, request), gone):
+                yield json.dumps(item).encode()
+        except (BadRequest, ValueError) as exc:
+            context.abort(grpc.StatusCode.INVALID_ARGUMENT, str(exc))
+        except Abandoned as exc:
+            context.abort(grpc.StatusCode.ABORTED, str(exc))
+
+    return grpc.unary_stream_rpc_method_handler(
+        handle, request_deserializer=_identity, response_serializer=_identity
+    )
 
 
 class _CredentialCheck(grpc.ServerInterceptor):  # type: ignore[misc]
@@ -193,6 +217,20 @@ class Client:
         """Send a typed message without waiting: a grpc future whose ``result()`` is the reply
         (JSON bytes)."""
         return self.raw_future(method, msg.model_dump_json(exclude_none=True).encode(), timeout_s)
+
+    def stream(self, method: str, msg: BaseModel, timeout_s: float | None = None) -> Any:
+        """Call a server-streaming method: an iterator of the reply's JSON objects, as they
+        arrive (``cancel()`` on it ends the call)."""
+        call = self.channel.unary_stream(
+            f"/{self.service}/{method}",
+            request_serializer=_identity,
+            response_deserializer=json.loads,
+        )
+        return call(
+            msg.model_dump_json(exclude_none=True).encode(),
+            timeout=timeout_s or self.timeout_s,
+            metadata=self.metadata,
+        )
 
     def close(self) -> None:
         self.channel.close()
