@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import signal
 import subprocess
 import sys
 import sysconfig
@@ -57,10 +58,27 @@ def test_up_status_train_infer_down(tmp_path: Path) -> None:
         assert out["seed"] == 5 and out["replica"] == "replica-0"
         bad = dmsc(tmp_path, "infer", "--prompt", "x", "--top-p", "0")
         assert bad.returncode == 2 and "--top-p" in bad.stderr
+        # Ctrl-C on a streamed infer: the generation stops, its task says cancelled
+        env = {**os.environ, "DMSC_HOME": str(tmp_path)}
+        long = subprocess.Popen(
+            [sys.executable, "-m", "dmsc", "infer", "--prompt", "def ", "--tokens", "1000"],
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            env=env,
+        )
+        assert long.stdout is not None and long.stdout.read(6).startswith(b"def ")
+        long.send_signal(signal.SIGINT)
+        _, err = long.communicate(timeout=30)
+        assert long.returncode == 130 and b"cancelled after" in err, err
+        db = Database(f"sqlite:///{tmp_path / 'dmsc.sqlite'}")
+        deadline = time.monotonic() + 10
+        while db.tasks()[-1].state == "running" and time.monotonic() < deadline:
+            time.sleep(0.1)
+        assert db.tasks()[-1].state == "cancelled"
         res = dmsc(tmp_path, "infer", "--prompt", "def ", "--tokens", "0")
         assert res.returncode == 2 and "tokens" in res.stderr and "Traceback" not in res.stderr
         status = json.loads(dmsc(tmp_path, "status", "--json").stdout)
-        assert [t["state"] for t in status["tasks"]] == ["done"] * 5
+        assert [t["state"] for t in status["tasks"]] == ["done"] * 5 + ["cancelled"]
         # The train task ran once, in the Train call: the task queue never claimed it (it used to
         # claim it while the call ran and run it again once the call released the lock).
         time.sleep(1.0)  # the queue polls every 0.5 s
@@ -68,6 +86,7 @@ def test_up_status_train_infer_down(tmp_path: Path) -> None:
         assert [(t.kind, t.state, t.attempts) for t in db.tasks()] == [
             ("train", "done", 0),
             *[("infer", "done", 0)] * 4,
+            ("infer", "cancelled", 0),
         ]
         params = json.loads(db.tasks()[0].params_json)
         assert params["data"] == str(data) and params["lr_schedule"] == "cosine"

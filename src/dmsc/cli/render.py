@@ -2,13 +2,15 @@
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from rich.console import Console
 from rich.table import Table
 
-from dmsc.netmodel import BREAKDOWN_KEYS, Estimate, Topology
 from dmsc.spec import ClusterSpec, JobSpec, LayerListSpec, TransformerSpec
+
+if TYPE_CHECKING:  # the cost model (networkx: 0.2 s) loads only for the commands that use it
+    from dmsc.netmodel import Estimate, Topology
 
 GIB = 1024**3
 
@@ -152,6 +154,8 @@ def print_estimate(
     t.add_column("iteration", style="bold")
     t.add_column("time", justify="right")
     t.add_column("share", justify="right")
+    from dmsc.netmodel import BREAKDOWN_KEYS
+
     for key in BREAKDOWN_KEYS:
         value = est.breakdown_s[key]
         t.add_row(key, human_seconds(value), f"{value / est.iteration_time_s * 100:.1f}%")

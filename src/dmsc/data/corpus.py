@@ -76,3 +76,20 @@ class Corpus:
         x = torch.stack([self.data[s : s + self.seq] for s in starts.tolist()])
         y = torch.stack([self.data[s + 1 : s + self.seq + 1] for s in starts.tolist()])
         return x.to(torch.int64), y.to(torch.int64)
+
+
+def task_corpora(
+    data: str | None, seq: int, seed: int, default: tuple[bytes, bytes]
+) -> tuple[Corpus, Corpus]:
+    """The (training, validation) corpora of a training task: the text of ``data`` (a file or
+    a directory, :func:`text_from`) or the ``default`` texts, training batches drawn by
+    ``seed``. ValueError names the data and what is wrong with it."""
+    if data is None:
+        train, valid = default
+        return Corpus(train, seq, seed=seed), Corpus(valid, seq, seed=1)
+    train, valid = text_from(Path(data))
+    corpus = Corpus(train, seq, seed=seed)
+    try:
+        return corpus, Corpus(valid, seq, seed=1)
+    except ValueError as exc:
+        raise ValueError(f"{data}: the held-out tenth for validation: {exc}") from None

@@ -23,20 +23,17 @@ cancelled, records the model version it produced.
 
 from __future__ import annotations
 
-import codecs
 import json
 import logging
-import queue
 import threading
 from collections.abc import Iterator
-from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
 import grpc
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 
-from dmsc.data.corpus import Corpus, stdlib_text, text_from
+from dmsc.data.corpus import Corpus, stdlib_text, task_corpora
 from dmsc.data.db import CheckpointRecord, Database, ModelVersionRecord, data_dir
 from dmsc.planner.plan import Plan
 from dmsc.runtime.control import fallback, status
@@ -45,14 +42,19 @@ from dmsc.runtime.control.fallback import NoGoodCheckpoint, Restored
 from dmsc.runtime.control.inference import NoReplica, Replicas
 from dmsc.runtime.control.lr_schedule import lr_at
 from dmsc.runtime.control.model_store import promote_if_first
+from dmsc.runtime.control.streaming import text_pieces
 from dmsc.runtime.control.task_queue import TaskQueue, cancel_requested
-from dmsc.runtime.control.training import Recovering, TrainReport, layout_from_plan, train
+from dmsc.runtime.control.training import (
+    Recovering,
+    TrainParams,
+    TrainReport,
+    layout_from_plan,
+    task_params,
+    train,
+)
 from dmsc.runtime.transport.messages import (
-    DEFAULT_LR,
     DownRequest,
     InferRequest,
-    LatePolicy,
-    LrSchedule,
     Sampling,
     Schedule,
     StatusRequest,
@@ -62,28 +64,6 @@ from dmsc.runtime.transport.messages import (
 from dmsc.runtime.transport.observe import json_logger
 from dmsc.runtime.transport.rpc import BadRequest, message_handler, parse, stream_handler
 from dmsc.spec import TransformerSpec, resolve_model
-
-
-@dataclass(frozen=True)
-class TrainParams:
-    """A training task's parameters, checked against the plan (stored with the task)."""
-
-    steps: int
-    batch: int
-    microbatches: int
-    checkpoint_every: int
-    late_policy: LatePolicy
-    grad_wait_s: float
-    lr: float = DEFAULT_LR
-    lr_schedule: LrSchedule = "constant"
-    warmup_steps: int = 0
-    min_lr_ratio: float = 0.0
-    seed: int = 0
-    data: str | None = None  # a file or directory of text (the standard library's when None)
-    first_step: int | None = None  # set once the task has started: a rerun resumes
-
-    def as_json(self) -> dict[str, Any]:
-        return {k: v for k, v in asdict(self).items() if v is not None}
 
 
 class ControlPlane:
@@ -114,9 +94,8 @@ class ControlPlane:
         )
         plan_dict = json.loads(plan.model_dump_json())
         self.run = db.resume_or_new_run(plan.model, plan.cluster, plan_dict)
-        train_text, valid_text = stdlib_text()
-        self.corpus = Corpus(train_text, model.seq, seed=0)
-        self.valid = Corpus(valid_text, model.seq, seed=1)
+        self.texts = stdlib_text()  # the default (training, validation) text
+        self.corpus, self.valid = task_corpora(None, model.seq, 0, self.texts)
         self.steps_done = 0
         self.lock = threading.Lock()  # one task at a time touches the weights
         self.log = log or json_logger("dmsc.control")
@@ -215,55 +194,22 @@ class ControlPlane:
         return out
 
     def train_params(self, req: TrainRequest) -> TrainParams:
-        """A training request completed from the plan (batch and micro-batches default to its)
-        and checked against it (BadRequest says what is wrong)."""
-        batch = req.batch if req.batch is not None else self.plan.job.global_batch
-        micro = req.microbatches if req.microbatches is not None else self.plan.job.microbatches
-        dp = self.plan.job.dp
-        if batch % (micro * dp):
-            raise BadRequest(
-                f"batch ({batch}) must be divisible by microbatches x dp ({micro} x {dp})"
-            )
-        if req.warmup_steps > req.steps:
-            raise BadRequest(f"warmup_steps ({req.warmup_steps}) exceeds steps ({req.steps})")
+        """A training request completed from the plan and checked against it, its data
+        included (BadRequest says what is wrong)."""
+        try:
+            params = task_params(req, self.plan)
+        except ValueError as exc:
+            raise BadRequest(str(exc)) from None
         if req.data is not None:
             self.corpora(req.data, req.seed)  # readable, and long enough: before it queues
-        return TrainParams(
-            steps=req.steps,
-            batch=batch,
-            microbatches=micro,
-            checkpoint_every=req.checkpoint_every,
-            late_policy=req.late_policy,
-            grad_wait_s=req.grad_wait_s,
-            lr=req.lr,
-            lr_schedule=req.lr_schedule,
-            warmup_steps=req.warmup_steps,
-            min_lr_ratio=req.min_lr_ratio,
-            seed=req.seed,
-            data=req.data,
-            first_step=req.first_step,
-        )
+        return params
 
     def corpora(self, data: str | None, seed: int) -> tuple[Corpus, Corpus]:
-        """The (training, validation) text of a task: ``data`` (a file or a directory) or the
-        standard library's, with batches drawn by ``seed``. BadRequest names the data."""
-        if data is None:
-            if seed == 0:
-                return self.corpus, self.valid
-            return (
-                Corpus(self.corpus.data.numpy().tobytes(), self.model.seq, seed=seed),
-                self.valid,
-            )
+        """The (training, validation) text of a task; BadRequest names the data."""
         try:
-            train_text, valid_text = text_from(Path(data))
-            train_corpus = Corpus(train_text, self.model.seq, seed=seed)
+            return task_corpora(data, self.model.seq, seed, self.texts)
         except ValueError as exc:
             raise BadRequest(f"data: {exc}") from None
-        try:
-            valid = Corpus(valid_text, self.model.seq, seed=1)
-        except ValueError as exc:
-            raise BadRequest(f"data: {data}: the held-out tenth for validation: {exc}") from None
-        return train_corpus, valid
 
     def run_task(self, task_id: int, params: TrainParams) -> tuple[TrainReport, int]:
         """Run a training task (holding the lock) and save the model version it produced;
@@ -375,34 +321,9 @@ class ControlPlane:
             self.m_step.observe(s)
         self.m_tasks.labels("train", state).inc()
         self.log.info(f"train task {state}", extra={"task_id": task.id, "run": self.run.id})
-        return {
-            "task": task.id,
-            "state": state,
-            "steps": report.end_step - report.first_step,
-            "loss_first": report.losses[0] if report.losses else None,
-            "loss_last": report.losses[-1] if report.losses else None,
-            "val_start": report.val_start,
-            "val_end": report.val_end,
-            "median_step_s": report.median_step_s if report.step_s else None,
-            "predicted_step_s": self.plan.prediction.iteration_time_s,
-            "tokens_per_s": (
-                report.tokens_per_step / report.median_step_s if report.step_s else None
-            ),
-            "model_version": version,
-            "recoveries": [
-                {
-                    "services": r.failed,
-                    "reason": r.reason,
-                    "detected_at": r.detected_at,
-                    "recovered_after_s": r.recovered_at - r.detected_at,
-                    "checkpoint_step": r.checkpoint_step,
-                }
-                for r in report.recoveries
-            ],
-            "steps_lost": report.steps_lost,
-            "restarts": report.restarts,
-            "skipped": report.skipped,
-        }
+        predicted = self.plan.prediction.iteration_time_s
+        out = {"task": task.id, "state": state, "model_version": version}
+        return {**out, **report.as_json(), "predicted_step_s": predicted}
 
     def _save_version(self, task_id: int | None = None) -> int:
         """Save the model as a new version of ``task_id`` (and as the run's latest
@@ -445,41 +366,31 @@ class ControlPlane:
         (Ctrl-C) or goes away stops the generation at its next token."""
         sampling = req.sampling()
         task = self._infer_task(req, sampling)
-        drawn: queue.Queue[int | BaseException | tuple[str, str]] = queue.Queue()
 
-        def run() -> None:  # the task's state is set here: a cancelled stream is not read on
-            try:
-                replica, _ = self.inference.generate(
-                    req.prompt, req.tokens, sampling, drawn.put, gone
-                )
-            except BaseException as exc:
-                if gone.is_set():
-                    self.db.set_task_state(task, "cancelled", "the client went away")
-                else:
-                    self.db.set_task_state(task, "failed", str(exc))
-                drawn.put(exc)
-            else:
+        def settle(_: object, exc: BaseException | None) -> None:
+            if exc is None:
                 self.db.set_task_state(task, "done")
-                drawn.put((replica, ""))
+            elif gone.is_set():
+                self.db.set_task_state(task, "cancelled", "the client went away")
+            else:
+                self.db.set_task_state(task, "failed", str(exc))
 
-        threading.Thread(target=run, name=f"infer-{task}", daemon=True).start()
-        text = codecs.getincrementaldecoder("utf-8")(errors="replace")
-        while True:
-            item = drawn.get()
-            if isinstance(item, int):
-                piece = text.decode(bytes([item]))
-                if piece:
+        pieces = text_pieces(
+            lambda on_byte: self.inference.generate(
+                req.prompt, req.tokens, sampling, on_byte, gone
+            ),
+            settle,
+            f"infer-{task}",
+        )
+        try:
+            for piece in pieces:
+                if isinstance(piece, str):
                     yield {"text": piece}
-                continue
-            if isinstance(item, NoReplica):
-                raise BadRequest(str(item))
-            if isinstance(item, BaseException):
-                raise item
-            piece = text.decode(b"", final=True)
-            if piece:
-                yield {"text": piece}
-            yield {"done": True, "task": task, "replica": item[0], "seed": sampling.seed}
-            return
+                else:
+                    replica = piece.result[0]
+                    yield {"done": True, "task": task, "replica": replica, "seed": sampling.seed}
+        except NoReplica as exc:
+            raise BadRequest(str(exc)) from None
 
     def _infer_task(self, req: InferRequest, sampling: Sampling) -> int:
         params = {"tokens": req.tokens, **sampling.model_dump()}

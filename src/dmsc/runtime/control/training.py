@@ -24,7 +24,7 @@ import json
 import logging
 import time
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -36,7 +36,14 @@ from dmsc.runtime.control.deployment import Checkpoint, Deployment, StageLayout
 from dmsc.runtime.control.failures import StepRestartNeeded, WorkerFailure
 from dmsc.runtime.control.fallback import Restored, checkpoint_faults, restore_newest
 from dmsc.runtime.control.recovery import Recovery
-from dmsc.runtime.transport.messages import DEFAULT_GRAD_WAIT_S, LatePolicy, Schedule
+from dmsc.runtime.transport.messages import (
+    DEFAULT_GRAD_WAIT_S,
+    DEFAULT_LR,
+    LatePolicy,
+    LrSchedule,
+    Schedule,
+    TrainRequest,
+)
 from dmsc.spec import TransformerSpec
 
 log = logging.getLogger("dmsc.control.training")  # the control plane's log, where it has one
@@ -54,6 +61,42 @@ def layout_from_plan(
         lr=lr,
         sids=[st.sid for st in plan.stages],
     )
+
+
+@dataclass(frozen=True)
+class TrainParams:
+    """A training task's parameters, checked against the plan (stored with the task)."""
+
+    steps: int
+    batch: int
+    microbatches: int
+    checkpoint_every: int
+    late_policy: LatePolicy
+    grad_wait_s: float
+    lr: float = DEFAULT_LR
+    lr_schedule: LrSchedule = "constant"
+    warmup_steps: int = 0
+    min_lr_ratio: float = 0.0
+    seed: int = 0
+    data: str | None = None  # a file or directory of text (the standard library's when None)
+    first_step: int | None = None  # set once the task has started: a rerun resumes
+
+    def as_json(self) -> dict[str, Any]:
+        return {k: v for k, v in asdict(self).items() if v is not None}
+
+
+def task_params(req: TrainRequest, plan: Plan) -> TrainParams:
+    """A training request completed from ``plan`` (batch and micro-batches default to its) and
+    checked against it (ValueError says what is wrong)."""
+    batch = req.batch if req.batch is not None else plan.job.global_batch
+    micro = req.microbatches if req.microbatches is not None else plan.job.microbatches
+    dp = plan.job.dp
+    if batch % (micro * dp):
+        raise ValueError(f"batch ({batch}) must be divisible by microbatches x dp ({micro} x {dp})")
+    if req.warmup_steps > req.steps:
+        raise ValueError(f"warmup_steps ({req.warmup_steps}) exceeds steps ({req.steps})")
+    fields = {k: getattr(req, k) for k in TrainParams.__dataclass_fields__}
+    return TrainParams(**{**fields, "batch": batch, "microbatches": micro})
 
 
 @dataclass
@@ -77,6 +120,32 @@ class TrainReport:
     def median_step_s(self) -> float:
         s = sorted(self.step_s[len(self.step_s) // 5 :] or self.step_s)  # skip warm-up steps
         return s[len(s) // 2]
+
+    def as_json(self) -> dict[str, Any]:
+        """What ``dmsc train`` and the Train call answer about the session."""
+        timed = bool(self.step_s)
+        return {
+            "steps": self.end_step - self.first_step,
+            "loss_first": self.losses[0] if self.losses else None,
+            "loss_last": self.losses[-1] if self.losses else None,
+            "val_start": self.val_start,
+            "val_end": self.val_end,
+            "median_step_s": self.median_step_s if timed else None,
+            "tokens_per_s": self.tokens_per_step / self.median_step_s if timed else None,
+            "recoveries": [
+                {
+                    "services": r.failed,
+                    "reason": r.reason,
+                    "detected_at": r.detected_at,
+                    "recovered_after_s": r.recovered_at - r.detected_at,
+                    "checkpoint_step": r.checkpoint_step,
+                }
+                for r in self.recoveries
+            ],
+            "steps_lost": self.steps_lost,
+            "restarts": self.restarts,
+            "skipped": self.skipped,
+        }
 
 
 def validation_loss(
