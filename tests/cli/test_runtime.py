@@ -175,6 +175,10 @@ def test_tasks_list_show_cancel(home: Path, capsys: pytest.CaptureFixture[str]) 
     assert code == 2 and "cancelled" in err
     code, _, err = run(capsys, "tasks", "show", "999")
     assert code == 2 and "no task 999" in err
+    code, out, _ = run(capsys, "tasks", "list", "--state", "cancelled", "--json")
+    assert [t["id"] for t in json.loads(out)] == [queued.id]
+    code, _, err = run(capsys, "tasks", "list", "--state", "bogus")  # exited 0, empty table
+    assert code == 2 and "--state" in err and "queued, running" in err
 
 
 def test_calibrate_prints_the_figures_it_writes(

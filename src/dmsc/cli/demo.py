@@ -6,8 +6,9 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
-from typing import Any
+from typing import Annotated, Any
 
+import typer
 from rich.console import Console
 from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
 
@@ -19,10 +20,14 @@ from dmsc.cli.simulate import run_simulation
 from dmsc.spec import SpecError
 
 
-def demo() -> None:
+def demo(
+    steps: Annotated[
+        int, typer.Option(min=1, max=100_000, help="Training steps of gpt-mini on this machine.")
+    ] = 200,
+) -> None:
     """The main job on its embedded defaults: gpt-mini trained as micro-model services on this
     machine, then estimates, a plan and a simulation on the example clusters."""
-    runtime_demo(console)
+    runtime_demo(console, steps)
     console.rule("cost model, planner and simulator on the example clusters")
     from dmsc.cli.plan_render import print_plan
     from dmsc.cli.render import print_estimate

@@ -201,7 +201,10 @@ tasks_app = typer.Typer(help="Tasks of the deployment: list, show, cancel.", no_
 def tasks_list(
     tenant: Annotated[str | None, typer.Option(help="Only this tenant's tasks.")] = None,
     state: Annotated[
-        str | None, typer.Option(help="Only tasks in this state (queued, running, done...).")
+        str | None,
+        typer.Option(
+            help="Only tasks in this state: queued, running, cancelling, done, failed, cancelled."
+        ),
     ] = None,
     limit: Annotated[int, typer.Option(help="At most this many, newest first.")] = 50,
     as_json: JsonOpt = False,
@@ -209,7 +212,10 @@ def tasks_list(
     """The newest tasks, newest first."""
     from dmsc.cli.database import open_database
     from dmsc.cli.render import fit_table
+    from dmsc.data.db import TASK_STATES
 
+    if state is not None and state not in TASK_STATES:
+        raise SpecError("command line", "--state", f"{state!r} is none of {', '.join(TASK_STATES)}")
     rows = open_database().recent_tasks(tenant, state, max(1, limit))
     if as_json:
         print(json.dumps([_task_row(t) for t in rows]))

@@ -54,6 +54,11 @@ class RunRecord(Base):
     status: Mapped[str] = mapped_column(String(32), default="running")
 
 
+# Every state a task can be in (queued -> running -> done, failed or cancelled; cancelling while a
+# running task is asked to stop).
+TASK_STATES = ("queued", "running", "cancelling", "done", "failed", "cancelled")
+
+
 class TaskRecord(Base):
     __tablename__ = "tasks"
     id: Mapped[int] = mapped_column(primary_key=True)
