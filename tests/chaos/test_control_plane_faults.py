@@ -16,7 +16,7 @@ from dmsc.data.db import Database
 from dmsc.runtime.control.chaos import alive
 
 TIMEOUT = "3"  # seconds without a heartbeat before a worker is declared failed
-TRAIN_STEPS = 200  # long enough that the kill lands while training, on a loaded machine too
+TRAIN_STEPS = 60  # the kill lands after step 5; 60 steps outlast detection and recovery
 TRAIN_ARGS = ("--steps", str(TRAIN_STEPS), "--checkpoint-every", "10")
 
 
