@@ -261,3 +261,19 @@ def test_demo_runs(dmsc: DmscRunner) -> None:
     assert "network-aware placement" in res.stdout and "compute-first" in res.stdout
     # The step time against its prediction says which way it missed.
     assert re.search(r"measured\s+(\d+\.\d%\s+(slower|faster)\s+than|as)\s+predicted", res.stdout)
+
+
+def test_attention_kernel_is_an_option_of_the_job(dmsc: DmscRunner) -> None:
+    """Issue 13's new user on one H100: GPT-3 350M at micro-batch 8 (sequence 2048) trains in
+    about 30 GiB with PyTorch's flash attention; with standard attention's s x s scores the cost
+    model says 81 GiB, and it used to say so for every job."""
+    nsfnet = str(ROOT / "examples" / "clusters" / "nsfnet-4dc.yaml")
+    args = ["estimate", "--cluster", nsfnet, "--model", "gpt3-350m"]
+    args += ["--global-batch", "8", "--micro-batch", "8", "--json"]
+    standard = dmsc(*args, "--attention", "standard")
+    assert standard.returncode == 1 and "81.2 GiB" in standard.stdout
+    flash = dmsc(*args)  # flash by default
+    assert flash.returncode == 0, flash.stderr
+    assert json.loads(flash.stdout)["memory_gib_per_device"] < 30
+    bad = dmsc(*args, "--attention", "fused")
+    assert bad.returncode == 2 and "--attention" in bad.stderr

@@ -24,7 +24,7 @@ def test_block_forward_flops_by_hand() -> None:
 
 @pytest.mark.parametrize(("tp", "pp", "dp"), [(1, 1, 4), (2, 2, 2), (8, 1, 1)])
 def test_iteration_flops_match_megatron_eq3(selene: ClusterSpec, tp: int, pp: int, dp: int) -> None:
-    job = JobSpec(global_batch=16, tp=tp, pp=pp, dp=dp, recompute="full")
+    job = JobSpec(global_batch=16, tp=tp, pp=pp, dp=dp, recompute="full", attention="standard")
     est = estimate_iteration(selene, GPT, job)
     assert est.flops_per_iteration == pytest.approx(_megatron_flops(GPT, 16), rel=1e-9)
     # Without recomputation, three passes instead of four over the blocks.
@@ -69,3 +69,32 @@ def test_moe_layers() -> None:
     assert mlp_moe - ref.forward_flops == pytest.approx(sum(g.flops for g in ref.gemms[4:]))
     # A device holds experts / ep of the experts.
     assert moe.expert_params_per_device == pytest.approx(8 * 3 * 256 * 1024 / 4)
+
+
+def test_flash_attention_moves_the_scores_off_memory_and_recomputes_them_in_backward(
+    selene: ClusterSpec,
+) -> None:
+    """Flash against standard attention, term by term: the same forward GEMMs, no s x s
+    element-wise traffic (softmax and dropout stay on chip), one more Q K^T in the backward."""
+    from dmsc.netmodel.compute import gemm_time, layer_time
+    from dmsc.netmodel.constants import DEFAULT_CALIBRATION
+
+    std = build_layer_costs(GPT, JobSpec(global_batch=8, attention="standard"))[1]
+    fl = build_layer_costs(GPT, JobSpec(global_batch=8, attention="flash"))[1]
+    assert fl.gemms == std.gemms
+    b, a, s = 1, GPT.heads, GPT.seq
+    scores = b * a * s * s
+    assert std.elementwise_bytes - fl.elementwise_bytes == pytest.approx(scores * (4 * 2 + 1))
+    assert fl.backward_recompute == (std.gemms[1],) and fl.recompute_flops == std.gemms[1].flops
+    device = selene.device_types[next(iter(selene.device_types))]
+    t_std = layer_time(std, device, "fp16", "none", DEFAULT_CALIBRATION)
+    t_fl = layer_time(fl, device, "fp16", "none", DEFAULT_CALIBRATION)
+    assert t_fl.forward < t_std.forward and t_fl.recompute == 0
+    qk = t_fl.backward - 2 * t_fl.forward
+    assert qk == pytest.approx(gemm_time(std.gemms[1], device, "fp16", DEFAULT_CALIBRATION))
+    # the FLOPs the hardware does: three passes plus flash's Q K^T again
+    job = JobSpec(global_batch=8, attention="flash")
+    est = estimate_iteration(selene, GPT, job)
+    assert est.flops_per_iteration == pytest.approx(
+        est.model_flops_per_iteration + 8 * GPT.layers * std.gemms[1].flops
+    )

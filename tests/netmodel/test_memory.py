@@ -16,14 +16,22 @@ def test_activations_follow_korthikanti() -> None:
     s, b, h, a = 2048, 1, 1024, 16
     sbh = s * b * h
 
-    def act(**job: object) -> float:
-        return build_layer_costs(GPT, JobSpec(global_batch=8, **job))[1].activation_bytes  # type: ignore[arg-type]
+    def act(attention: str = "standard", **job: object) -> float:
+        spec = JobSpec(global_batch=8, attention=attention, **job)  # type: ignore[arg-type]
+        return build_layer_costs(GPT, spec)[1].activation_bytes
 
     assert act() == pytest.approx(sbh * (34 + 5 * a * s / h))
     assert act(tp=4) == pytest.approx(sbh * (10 + 24 / 4 + 5 * a * s / (h * 4)))
     assert act(tp=4, sequence_parallel=True) == pytest.approx(sbh / 4 * (34 + 5 * a * s / h))
     assert act(tp=4, sequence_parallel=True, recompute="selective") == pytest.approx(sbh / 4 * 34)
     assert act(recompute="full") == pytest.approx(2 * sbh)
+    # A flash kernel keeps no s x s tensor: Korthikanti's 34 sbh of the block, and the fp32
+    # log-sum-exp of each row of scores (Dao, "FlashAttention-2", 2024, Algorithm 1).
+    lse = 4 * b * a * s
+    assert act("flash") == pytest.approx(sbh * 34 + lse)
+    assert act("flash", tp=4) == pytest.approx(sbh * (10 + 24 / 4) + lse / 4)
+    assert act("flash", recompute="selective") == act("flash")  # nothing left to recompute
+    assert act("flash", recompute="full") == act(recompute="full")
 
 
 def test_zero_stages_shard_states() -> None:

@@ -29,6 +29,10 @@ def estimate(
     schedule: Annotated[str | None, typer.Option(help="gpipe, 1f1b or interleaved.")] = None,
     interleave: Annotated[int | None, typer.Option(help="Chunks per device (interleaved).")] = None,
     recompute: Annotated[str | None, typer.Option(help="none, selective or full.")] = None,
+    attention: Annotated[
+        str | None,
+        typer.Option(help="Attention kernel: flash (fused, the default) or standard."),
+    ] = None,
     sequence_parallel: Annotated[
         bool | None,
         typer.Option(
@@ -81,6 +85,7 @@ def estimate(
         "schedule": schedule,
         "interleave": interleave,
         "recompute": recompute,
+        "attention": attention,
         "sequence_parallel": sequence_parallel,
         "zero": zero,
         "overlap_dp_comm": overlap_dp_comm,

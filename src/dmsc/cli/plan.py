@@ -41,6 +41,10 @@ def plan(
     schedule: Annotated[str | None, typer.Option(help="Schedule (fixed strategy).")] = None,
     interleave: Annotated[int | None, typer.Option(help="Chunks (fixed strategy).")] = None,
     recompute: Annotated[str | None, typer.Option(help="Recompute (fixed strategy).")] = None,
+    attention: Annotated[
+        str | None,
+        typer.Option(help="Attention kernel: flash (fused, the default) or standard."),
+    ] = None,
     zero: Annotated[int | None, typer.Option(help="ZeRO stage 0-3.")] = None,
     top_k: Annotated[int, typer.Option(help="Runner-up strategies to keep.")] = 5,
     seed: Annotated[int, typer.Option(help="Seed of the randomised solvers.")] = 0,
@@ -65,7 +69,7 @@ def plan(
     cluster_spec = load_cluster(cluster)
     model_spec = build_model(model, {})
     fixed = tp is not None and pp is not None and dp is not None
-    flags = {"mode": mode, "global_batch": global_batch, "zero": zero}
+    flags = {"mode": mode, "global_batch": global_batch, "zero": zero, "attention": attention}
     if fixed:
         flags.update(
             tp=tp,

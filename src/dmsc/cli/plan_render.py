@@ -39,8 +39,8 @@ def print_plan(console: Console, plan: Plan) -> None:
     console.print(
         f"{plan.model} on {plan.cluster}: tp={j.tp} pp={j.pp} dp={j.dp} ep={j.ep}, "
         f"micro-batch {j.micro_batch}, {j.schedule}"
-        f"{f' v={j.interleave}' if j.chunks > 1 else ''}, recompute {j.recompute}"
-        f"{', sequence parallel' if j.sequence_parallel else ''}",
+        f"{f' v={j.interleave}' if j.chunks > 1 else ''}, recompute {j.recompute}, "
+        f"{j.attention} attention{', sequence parallel' if j.sequence_parallel else ''}",
         style="bold",
         highlight=False,
     )

@@ -147,7 +147,8 @@ def print_estimate(
         f"{model.name} ({est.params / 1e9:.2f} B params) on {cluster.name}: "
         f"{job.mode}, tp={job.tp} pp={job.pp} dp={job.dp} ep={job.ep}, "
         f"{job.schedule}{f' v={job.interleave}' if job.chunks > 1 else ''}, "
-        f"batch {job.global_batch}/{job.micro_batch}, recompute {job.recompute}"
+        f"batch {job.global_batch}/{job.micro_batch}, recompute {job.recompute}, "
+        f"{job.attention} attention"
     )
     console.print(title, style="bold", highlight=False)
     t = Table(show_header=True)

@@ -87,10 +87,11 @@ def layer_time(
     )
     other_s = layer.extra_flops / flop_rate
     forward = gemm_s + eltwise_s + other_s
-    backward = 2 * forward
+    flash_again = sum(gemm_time(g, device, dtype, calib) for g in layer.backward_recompute)
+    backward = 2 * forward + flash_again
     if recompute == "full":
         again = forward
-    elif recompute == "selective":
+    elif recompute == "selective" and not layer.backward_recompute:
         # The attention core only: scores, softmax, dropout, probabilities x V (gemms 1 and 2).
         again = layer.recompute_bytes / mem_rate if layer.recompute_flops else 0.0
         if layer.recompute_flops:

@@ -250,7 +250,8 @@ def estimate_iteration(
                 t_total += lt.forward + (lt.backward + lt.recompute if train else 0.0)
                 if tname == min(types):
                     f_fwd = lc.forward_flops
-                    extra = f_fwd if policy == "full" else lc.recompute_flops
+                    flash_again = sum(g.flops for g in lc.backward_recompute)
+                    extra = f_fwd + flash_again if policy == "full" else lc.recompute_flops
                     mb_flops = (3 * f_fwd + extra) if train else f_fwd
                     flops += mb_flops * m * len(devices)
                     model_flops += (3 * f_fwd if train else f_fwd) * m * len(devices)

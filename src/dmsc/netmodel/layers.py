@@ -43,7 +43,7 @@ class LayerCost:
     extra_flops: float  # forward FLOPs not in GEMMs (explicit layer lists)
     elementwise_bytes: float  # forward memory traffic of non-GEMM kernels
     elementwise_kernels: int
-    recompute_flops: float  # extra forward FLOPs of selective recomputation
+    recompute_flops: float  # extra forward FLOPs of recomputation (selective, or flash's)
     recompute_bytes: float  # extra element-wise bytes of selective recomputation
     activation_bytes: float  # kept for backward under the job's recompute policy
     output_bytes: float  # boundary activation one device sends to the next stage
@@ -51,6 +51,9 @@ class LayerCost:
     tp_allreduces_fwd: int
     tp_allreduces_bwd: int
     ep_alltoall_bytes: float  # size of each expert-parallel all-to-all (one way)
+    # GEMMs the backward pass runs again whatever the recompute policy: a fused (flash)
+    # attention kernel keeps no scores and recomputes Q K^T in its backward.
+    backward_recompute: tuple[Gemm, ...] = ()
 
     @property
     def forward_flops(self) -> float:
@@ -91,20 +94,24 @@ def _transformer_layers(model: TransformerSpec, job: JobSpec) -> list[LayerCost]
     dense_mlp = (Gemm(T, (mlp_mats - 1) * f // t, h), Gemm(T, h, f // t))
 
     # Non-GEMM kernels, forward bytes (read + write): two norms, softmax, attention dropout, two
-    # bias-dropout-residual adds, the MLP activation.
+    # bias-dropout-residual adds, the MLP activation. A flash kernel (Dao et al., NeurIPS 2022
+    # and ICLR 2024) does the softmax and dropout on chip: no s x s tensor reaches memory.
+    flash = job.attention == "flash"
     scores = b * (a // t) * s * s
     eltwise = (
         2 * (2 * B * T * h) / (t if sp else 1)
-        + scores * (2 * B)
-        + scores * (2 * B + 1)
+        + (0 if flash else scores * (2 * B) + scores * (2 * B + 1))
         + 2 * (3 * B + 1) * T * h / (t if sp else 1)
         + (mlp_mats - 1 + 1) * B * T * f / t
     )
+    kernels = 5 if flash else 7
     # Activations kept for backward (bytes), per Korthikanti et al. with B bytes per element.
     unsplit = (4 * B + 2) * T * h
     split_attn = B * (2 + 2 * kvr) * T * h
     split_mlp = B * (2 * f / h if model.mlp == "gelu" else 3 * f / h) * T * h
-    attn_core = (2 * B + 1) * b * a * s * s
+    # The attention core kept for backward: scores' softmax, dropout mask and output (standard),
+    # or only the fp32 log-sum-exp of each row (flash: it recomputes the rest in backward).
+    attn_core = 4 * b * a * s if flash else (2 * B + 1) * b * a * s * s
 
     layers: list[LayerCost] = []
     emb_params = V * h + (s * h if model.mlp == "gelu" else 0)  # learned positions for GPT
@@ -155,7 +162,7 @@ def _transformer_layers(model: TransformerSpec, job: JobSpec) -> list[LayerCost]
             act = B * T * h / rep
         else:
             act = unsplit / rep + (split_attn + mlp_act) / t
-            if job.recompute == "none":
+            if job.recompute == "none" or flash:  # selective recomputation drops the s x s core
                 act += attn_core / t
         layers.append(
             LayerCost(
@@ -167,11 +174,20 @@ def _transformer_layers(model: TransformerSpec, job: JobSpec) -> list[LayerCost]
                 gemms=attn_gemms + mlp_gemms,
                 extra_flops=0.0,
                 elementwise_bytes=eltwise,
-                elementwise_kernels=7,
+                elementwise_kernels=kernels,
+                # Selective recomputation redoes the attention core (Korthikanti et al.); flash
+                # never kept it, and redoes Q K^T in its backward under every policy.
                 recompute_flops=(
-                    attn_gemms[1].flops + attn_gemms[2].flops if job.recompute == "selective" else 0
+                    attn_gemms[1].flops
+                    if flash
+                    else attn_gemms[1].flops + attn_gemms[2].flops
+                    if job.recompute == "selective"
+                    else 0
                 ),
-                recompute_bytes=scores * (4 * B + 1) if job.recompute == "selective" else 0,
+                recompute_bytes=(
+                    scores * (4 * B + 1) if job.recompute == "selective" and not flash else 0
+                ),
+                backward_recompute=(attn_gemms[1],) if flash else (),
                 activation_bytes=act,
                 output_bytes=B * T * h / t,
                 tp_allreduce_bytes=B * T * h if t > 1 else 0.0,

@@ -107,6 +107,7 @@ def validate_megatron(calib: Calibration = DEFAULT_CALIBRATION) -> list[Validati
                     schedule="interleaved" if v > 1 else "1f1b",
                     interleave=v,
                     recompute="full",
+                    attention="standard",  # Megatron-LM of SC'21 had no fused attention
                     overlap_dp_comm=False,  # Megatron-LM of SC'21 reduced gradients after the flush
                 )
                 try:

@@ -25,6 +25,9 @@ class JobTypeSpec(BaseModel):
     global_batch: int = Field(gt=0)
     micro_batch: int = Field(default=1, gt=0)
     recompute: Literal["none", "selective", "full"] = "selective"
+    attention: Literal["flash", "standard"] = Field(
+        default="flash", description="Attention kernel (see the job spec)."
+    )
     iterations: int = Field(gt=0, description="Iterations until the job completes.")
 
     @property

@@ -8,6 +8,7 @@ from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 Schedule = Literal["gpipe", "1f1b", "interleaved"]
 Recompute = Literal["none", "selective", "full"]
+Attention = Literal["flash", "standard"]
 AllReduceAlgo = Literal["auto", "ring", "tree", "hierarchical"]
 
 
@@ -31,6 +32,13 @@ class JobSpec(BaseModel):
     schedule: Schedule = "1f1b"
     interleave: int = Field(default=1, gt=0, le=1024, description="Model chunks per device.")
     recompute: Recompute = "none"
+    attention: Attention = Field(
+        default="flash",
+        description=(
+            "Attention kernel: flash (fused: no s x s scores in memory, recomputed in backward) "
+            "or standard (scores, softmax and dropout as separate kernels, kept for backward)."
+        ),
+    )
     sequence_parallel: bool = False
     zero: int = Field(
         default=0, ge=0, le=3, description="ZeRO stage (optimizer/grad/param sharding)."
