@@ -274,6 +274,12 @@ def test_attention_kernel_is_an_option_of_the_job(dmsc: DmscRunner) -> None:
     assert standard.returncode == 1 and "81.2 GiB" in standard.stdout
     flash = dmsc(*args)  # flash by default
     assert flash.returncode == 0, flash.stderr
-    assert json.loads(flash.stdout)["memory_gib_per_device"] < 30
+    out = json.loads(flash.stdout)
+    assert out["memory_gib_per_device"] < 30
+    # which calibration, validated where: not on this cluster's H100s (issue 13, item 6)
+    assert out["calibration"]["validated"][0]["device"] == "A100 80GB"
+    assert out["calibration"]["unvalidated_devices"] == ["h100-80gb"]
+    table = dmsc(*args[:-1]).stdout
+    assert "calibration default" in table and "not validated on h100-80gb" in table
     bad = dmsc(*args, "--attention", "fused")
     assert bad.returncode == 2 and "--attention" in bad.stderr

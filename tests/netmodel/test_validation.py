@@ -21,3 +21,15 @@ def test_search_covers_the_unlisted_knobs() -> None:
         if r.pp == 1:
             assert r.interleave == 1
         assert r.global_batch % (r.micro_batch * r.dp) == 0
+
+
+def test_the_calibration_states_the_error_its_validation_computes() -> None:
+    """What ``dmsc estimate`` prints about its calibration (issue 13, item 6) is what the
+    validation gives, to the printed digit."""
+    from dmsc.netmodel import DEFAULT_CALIBRATION
+
+    (stated,) = DEFAULT_CALIBRATION.validated
+    errors = [abs(r.error_pct) for r in validate_megatron()]
+    assert stated.rows == len(errors)
+    assert stated.mean_abs_error_pct == round(sum(errors) / len(errors), 1)
+    assert stated.max_abs_error_pct == round(max(errors), 1)

@@ -94,6 +94,45 @@ def busiest_links(est: Estimate, topo: Topology, top: int = 10) -> list[dict[str
     return out
 
 
+def calibration_json(cluster: ClusterSpec) -> dict[str, Any]:
+    """The calibration an estimate used and where it was validated, beside this cluster's
+    devices (a device no validation ran on is said so)."""
+    from dataclasses import asdict
+
+    from dmsc.netmodel import DEFAULT_CALIBRATION
+
+    calib = DEFAULT_CALIBRATION
+    devices = sorted(cluster.device_types)
+    return {
+        "name": calib.name,
+        "validated": [asdict(v) for v in calib.validated],
+        "cluster_devices": devices,
+        # device types of this cluster that no validation set ran on
+        "unvalidated_devices": [
+            d for d in devices if not any(v.generation in d.lower() for v in calib.validated)
+        ],
+    }
+
+
+def calibration_line(cluster: ClusterSpec) -> str:
+    c = calibration_json(cluster)
+    sets = "; ".join(
+        f"{v['source']} on {v['device']}: {v['mean_abs_error_pct']:.1f}% mean, "
+        f"{v['max_abs_error_pct']:.1f}% max error of TFLOP/s over {v['rows']} rows"
+        for v in c["validated"]
+    )
+    other = c["unvalidated_devices"]
+    where = (
+        f"not validated on {', '.join(other)} (no published set on that generation yet)"
+        if other
+        else "this cluster's devices are of that generation"
+    )
+    return (
+        f"calibration {c['name']} (one set of constants for every device), validated against "
+        f"{sets}; {where}"
+    )
+
+
 def estimate_json(
     est: Estimate,
     cluster: ClusterSpec,
@@ -104,6 +143,7 @@ def estimate_json(
     fullest = max(est.stages, key=lambda s: s.memory.total)
     return {
         "cluster": cluster.name,
+        "calibration": calibration_json(cluster),
         "model": {"name": model.name, "params": est.params},
         "job": job.model_dump(),
         "iteration_time_s": est.iteration_time_s,
@@ -151,6 +191,7 @@ def print_estimate(
         f"{job.attention} attention"
     )
     console.print(title, style="bold", highlight=False)
+    console.print(calibration_line(cluster), style="dim", highlight=False)
     t = Table(show_header=True)
     t.add_column("iteration", style="bold")
     t.add_column("time", justify="right")

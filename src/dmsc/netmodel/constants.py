@@ -12,8 +12,29 @@ DTYPE_BYTES: dict[str, int] = {"fp32": 4, "tf32": 4, "fp16": 2, "bf16": 2, "fp8"
 
 
 @dataclass(frozen=True)
+class Validated:
+    """Where a calibration was checked against measurement: the published set, the device it ran
+    on, and the error of the predicted throughput there (kept equal to what
+    :func:`dmsc.netmodel.validation.validate_megatron` computes by a test)."""
+
+    source: str
+    device: str
+    generation: str  # matched against a cluster's device type names ("a100-80gb" is an A100)
+    rows: int
+    mean_abs_error_pct: float
+    max_abs_error_pct: float
+
+
+@dataclass(frozen=True)
 class Calibration:
     """Achievable fractions of peak and fixed overheads of real kernels and collectives."""
+
+    name: str = "default"
+    validated: tuple[Validated, ...] = (
+        Validated(
+            "Megatron-LM SC'21 Table 1 (Narayanan et al.)", "A100 80GB", "a100", 10, 2.3, 6.4
+        ),
+    )
 
     # Sustained fraction of the tensor-core peak that cuBLAS fp16/bf16 GEMMs of transformer shapes
     # reach once the clock settles under load: about 220-250 of 312 TFLOP/s on an A100 SXM
