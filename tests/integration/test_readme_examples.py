@@ -201,6 +201,12 @@ RULES: list[Rule] = [
     ),
     Rule(r"dmsc up --plan plan\.json --failure-timeout "),
     Rule(r"dmsc status$"),
+    Rule(
+        r"dmsc train --steps 500 ",
+        first_only=True,
+        why_not="without its options, or with --late-policy skip or restart: each is one more "
+        "training task (tests/chaos/test_late_gradients.py runs every policy)",
+    ),
     Rule(r"dmsc train "),
     Rule(r"dmsc infer "),
     Rule(r"dmsc tasks list "),
