@@ -50,9 +50,11 @@ def heal_once(cp: ControlPlane) -> None:
         replicas.down.add(r)
         with replicas.locks[r]:
             rec = recovery.heal(dep, WorkerFailure(mine, sids), r, cp.checkpoints())
+        # The checkpoints it skipped first: whoever sees the healed worker's fault (its
+        # recovered_at) sees why it went back where it did (a test read the one without the other).
+        cp.record_refused(rec.restored)
         cp.db.add(fault_record(rec, cp.run.id))
         cp.record_services(rec.failed)
-        cp.record_refused(rec.restored)
         if rec.lost:
             cp.unrestored.add(r)
             cp.weights_lost = f"replica {r} healed without weights: {rec.restored.error()}"
