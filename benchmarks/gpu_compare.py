@@ -3,8 +3,8 @@
 Reads the measurement JSON (default: results/gpu_h200.json, measured on an NVIDIA H200 with
 PyTorch 2.11 / CUDA 13) and prints, per case, measured and predicted milliseconds and their ratio;
 with --json one object with the same figures. The device is described as a dmsc device type from
-its data sheet (H200 SXM: 989 dense bf16 TFLOP/s, 4.8 TB/s HBM3e, 132 SMs); the calibration is
-the default one, fitted on A100 measurements, so this shows how it carries to another chip.
+its preset (dmsc.spec.devices: H200 SXM, 989 dense bf16 TFLOP/s, 4.8 TB/s HBM3e, 132 SMs) and
+costed with that generation's calibration.
 """
 
 from __future__ import annotations
@@ -20,31 +20,22 @@ from dmsc.spec import DeviceTypeSpec, JobSpec, TransformerSpec
 
 HERE = Path(__file__).resolve().parent
 DEVICES = {
-    "NVIDIA H200": DeviceTypeSpec(
-        peak_tflops={"bf16": 989, "fp16": 989},
-        memory_gib=141,
-        memory_bw_gbyte_s=4800,
-        sm_count=132,
-    ),
-    "NVIDIA H100 80GB HBM3": DeviceTypeSpec(
-        peak_tflops={"bf16": 989, "fp16": 989},
-        memory_gib=80,
-        memory_bw_gbyte_s=3350,
-        sm_count=132,
-    ),
+    "NVIDIA H200": DeviceTypeSpec(preset="h200-sxm"),
+    "NVIDIA H100 80GB HBM3": DeviceTypeSpec(preset="h100-sxm"),
 }
 
 
 def compare(measured: dict) -> dict:
     device = DEVICES[measured["device"]]
     calib = DEFAULT_CALIBRATION
+    dc = calib.for_device(device)
     rows = []
     for g in measured["gemms"]:
         gemm = Gemm(g["m"], g["n"], g["k"], g["batch"])
-        pred = gemm_time(gemm, device, "bf16", calib) * 1e3
+        pred = gemm_time(gemm, device, "bf16", dc) * 1e3
         rows.append({"case": f"GEMM {g['name']}", "measured_ms": g["ms"], "predicted_ms": pred})
     copy = measured["copy"]
-    pred = copy["bytes_moved"] / (device.memory_bw_gbyte_s * 1e9 * calib.memory_efficiency) * 1e3
+    pred = copy["bytes_moved"] / (device.memory_bw_gbyte_s * 1e9 * dc.memory_efficiency) * 1e3
     rows.append({"case": "copy 1 GiB", "measured_ms": copy["ms"], "predicted_ms": pred})
     for b in measured["blocks"]:
         model = TransformerSpec(

@@ -276,10 +276,13 @@ def test_attention_kernel_is_an_option_of_the_job(dmsc: DmscRunner) -> None:
     assert flash.returncode == 0, flash.stderr
     out = json.loads(flash.stdout)
     assert out["memory_gib_per_device"] < 30
-    # which calibration, validated where: not on this cluster's H100s (issue 13, item 6)
-    assert out["calibration"]["validated"][0]["device"] == "A100 80GB"
-    assert out["calibration"]["unvalidated_devices"] == ["h100-80gb"]
+    # which calibration, validated where: this cluster's H100s take the H100 constants, checked
+    # on the Megatron-Core H100 set (issue 13, items 3 and 6)
+    (dev,) = out["calibration"]["devices"]
+    assert dev["device_type"] == "h100-80gb" and dev["generation"] == "h100"
+    assert "megatron-core-h100" in [v["set_name"] for v in dev["validated"]]
+    assert out["calibration"]["unvalidated_devices"] == []
     table = dmsc(*args[:-1]).stdout
-    assert "calibration default" in table and "not validated on h100-80gb" in table
+    assert "h100-80gb: h100 constants, validated on megatron-core-h100 2.7% mean" in table
     bad = dmsc(*args, "--attention", "fused")
     assert bad.returncode == 2 and "--attention" in bad.stderr

@@ -6,7 +6,9 @@ from dmsc.netmodel import build_layer_costs
 from dmsc.netmodel.memory import inflight_microbatches, stage_memory
 from dmsc.spec import JobSpec, TransformerSpec
 
-GPT = TransformerSpec(layers=8, hidden=1024, heads=16, seq=2048, vocab=51200, dtype="fp16")
+GPT = TransformerSpec(
+    layers=8, hidden=1024, heads=16, seq=2048, vocab=51200, dtype="fp16", dropout=0.1
+)
 
 
 def test_activations_follow_korthikanti() -> None:
@@ -32,6 +34,60 @@ def test_activations_follow_korthikanti() -> None:
     assert act("flash", tp=4) == pytest.approx(sbh * (10 + 24 / 4) + lse / 4)
     assert act("flash", recompute="selective") == act("flash")  # nothing left to recompute
     assert act("flash", recompute="full") == act(recompute="full")
+
+
+def test_activations_without_dropout_keep_no_masks() -> None:
+    """No dropout (Llama, plain PyTorch GPTs): Korthikanti's count less its masks, 2 sbh in the
+    replicated part (two hidden-state masks) and a s^2 b in the core (the attention mask), and
+    the softmax output alone kept of the core."""
+    s, b, h, a = 2048, 1, 1024, 16
+    sbh = s * b * h
+    gpt = GPT.model_copy(update={"dropout": 0.0})
+
+    def act(**job: object) -> float:
+        return build_layer_costs(gpt, JobSpec(global_batch=8, **job))[1].activation_bytes  # type: ignore[arg-type]
+
+    assert act(attention="standard") == pytest.approx(sbh * (32 + 2 * a * s / h))
+    assert act(attention="standard", tp=4) == pytest.approx(sbh * (8 + 24 / 4 + 2 * a * s / (h * 4)))
+    assert act() == pytest.approx(sbh * 32 + 4 * b * a * s)
+
+
+def test_fp8_keeps_linear_inputs_in_one_byte() -> None:
+    """Transformer Engine saves the inputs of the four linear layers in fp8: QKV and fc1 inputs
+    (2 sbh in 16 bits), the output projection's (2 sbh) and fc2's (8 sbh) halve: 34 - 7 sbh."""
+    s, b, h, a = 2048, 1, 1024, 16
+    sbh = s * b * h
+
+    def act(**job: object) -> float:
+        return build_layer_costs(GPT, JobSpec(global_batch=8, **job))[1].activation_bytes  # type: ignore[arg-type]
+
+    assert act(precision="fp8") == pytest.approx(sbh * (34 - 7) + 4 * b * a * s)
+    assert act(precision="fp8") < act(precision="mixed")
+
+
+def test_bytes_per_parameter_by_precision() -> None:
+    """weights + gradients + optimizer states per parameter, per recipe (ZeRO paper's 2+2+12
+    for mixed; 4+4+8 fp32 for autocast with its 2-byte cast copies of weight matrices; 2+2+4
+    for pure 16-bit; mixed plus an fp8 weight and its transpose for fp8)."""
+    P, M = 1e9, 0.9e9  # parameters, of which weight matrices
+
+    def per_param(precision: str, dtype: str = "bf16") -> float:
+        job = JobSpec(global_batch=8, precision=precision)  # type: ignore[arg-type]
+        mem = stage_memory(job, dtype, 0, P, 0.0, 0.0, matrix_params=M)
+        return (mem.weights + mem.gradients + mem.optimizer) / P
+
+    assert per_param("mixed") == pytest.approx(16)
+    assert per_param("autocast") == pytest.approx(16 + 2 * M / P)
+    assert per_param("pure") == pytest.approx(8)
+    assert per_param("fp8") == pytest.approx(16 + 2 * M / P)
+    assert per_param("mixed", "fp32") == pytest.approx(16)
+
+
+def test_framework_memory_counts_in_the_total_not_in_the_tensors() -> None:
+    job = JobSpec(global_batch=8)
+    mem = stage_memory(job, "bf16", 0, 1e9, 0.0, 2e9, 1e9, 0.0, 2**30, 0.05)
+    assert mem.tensors == pytest.approx(16e9 + 2e9 + 1e9)
+    assert mem.total == pytest.approx(mem.tensors * 1.05 + 2**30)
 
 
 def test_zero_stages_shard_states() -> None:

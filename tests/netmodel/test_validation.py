@@ -1,21 +1,42 @@
-"""The cost model against the published Megatron-LM SC'21 table: fails past the target."""
+"""The cost model against published sets (issue 13, item 5): each set meets its target, and what
+the calibration states about itself is what its validation computes."""
 
 from __future__ import annotations
 
-from dmsc.netmodel.validation import validate_megatron
+import pytest
+
+from dmsc.netmodel import DEFAULT_CALIBRATION
+from dmsc.netmodel.validation import VALIDATION_SETS, summary, validate, validate_megatron
+
+# (mean, max) absolute error in percent each set must stay within. SC'21 and the H100 set hold the
+# issue's targets (3% mean; 5% mean and 10% max); the others are held where they stand today so
+# that a change which makes them worse fails (issue 13 says what is left).
+TARGETS = {
+    "megatron-sc21": (3.0, 10.0),
+    "korthikanti-mlsys23": (6.0, 10.0),
+    "megatron-core-h100": (5.0, 10.0),
+    "nemo-h100-fp8": (10.0, 20.0),
+    "llama3-405b": (13.0, 21.0),
+}
 
 
-def test_megatron_table_within_target() -> None:
-    rows = validate_megatron()
-    assert len(rows) == 10
-    errors = [abs(r.error_pct) for r in rows]
-    mean = sum(errors) / len(errors)
-    assert mean <= 5.0, f"mean absolute error {mean:.2f}% > 5%"
-    assert max(errors) <= 10.0, f"max absolute error {max(errors):.2f}% > 10%"
+@pytest.mark.parametrize("name", list(VALIDATION_SETS))
+def test_each_published_set_within_its_target(name: str) -> None:
+    rows = validate(name)
+    mean, worst = summary(rows)
+    target_mean, target_max = TARGETS[name]
+    assert mean <= target_mean, f"{name}: mean absolute error {mean:.2f}% > {target_mean}%"
+    assert worst <= target_max, f"{name}: max absolute error {worst:.2f}% > {target_max}%"
+
+
+def test_there_are_published_sets_beyond_table_1_on_a100_and_h100() -> None:
+    devices = {s.generation for s in VALIDATION_SETS.values() if s.name != "megatron-sc21"}
+    assert {"a100", "h100"} <= devices
 
 
 def test_search_covers_the_unlisted_knobs() -> None:
     rows = validate_megatron()
+    assert len(rows) == 10
     # Rows without pipelining have no interleaving; pipelined rows may pick any divisor.
     for r in rows:
         if r.pp == 1:
@@ -24,12 +45,17 @@ def test_search_covers_the_unlisted_knobs() -> None:
 
 
 def test_the_calibration_states_the_error_its_validation_computes() -> None:
-    """What ``dmsc estimate`` prints about its calibration (issue 13, item 6) is what the
-    validation gives, to the printed digit."""
-    from dmsc.netmodel import DEFAULT_CALIBRATION
-
-    (stated,) = DEFAULT_CALIBRATION.validated
-    errors = [abs(r.error_pct) for r in validate_megatron()]
-    assert stated.rows == len(errors)
-    assert stated.mean_abs_error_pct == round(sum(errors) / len(errors), 1)
-    assert stated.max_abs_error_pct == round(max(errors), 1)
+    """What ``dmsc estimate`` prints about its calibration (issue 13, item 6) is what each
+    validation gives, to the printed digit, for every set of every generation."""
+    stated = [v for g in DEFAULT_CALIBRATION.generations for v in g.validated]
+    assert {v.set_name for v in stated} == set(VALIDATION_SETS)
+    for v in stated:
+        vs = VALIDATION_SETS[v.set_name]
+        assert DEFAULT_CALIBRATION.generation(vs.generation).validated.count(v) == 1
+        rows = validate(v.set_name)
+        mean, worst = summary(rows)
+        assert (v.rows, v.mean_abs_error_pct, v.max_abs_error_pct) == (
+            len(rows),
+            round(mean, 1),
+            round(worst, 1),
+        )

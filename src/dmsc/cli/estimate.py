@@ -33,6 +33,12 @@ def estimate(
         str | None,
         typer.Option(help="Attention kernel: flash (fused, the default) or standard."),
     ] = None,
+    precision: Annotated[
+        str | None,
+        typer.Option(
+            help="Training recipe: mixed (the default), autocast (plain PyTorch), pure or fp8."
+        ),
+    ] = None,
     sequence_parallel: Annotated[
         bool | None,
         typer.Option(
@@ -86,6 +92,7 @@ def estimate(
         "interleave": interleave,
         "recompute": recompute,
         "attention": attention,
+        "precision": precision,
         "sequence_parallel": sequence_parallel,
         "zero": zero,
         "overlap_dp_comm": overlap_dp_comm,

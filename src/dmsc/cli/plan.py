@@ -45,6 +45,12 @@ def plan(
         str | None,
         typer.Option(help="Attention kernel: flash (fused, the default) or standard."),
     ] = None,
+    precision: Annotated[
+        str | None,
+        typer.Option(
+            help="Training recipe: mixed (the default), autocast (plain PyTorch), pure or fp8."
+        ),
+    ] = None,
     zero: Annotated[int | None, typer.Option(help="ZeRO stage 0-3.")] = None,
     top_k: Annotated[int, typer.Option(help="Runner-up strategies to keep.")] = 5,
     seed: Annotated[int, typer.Option(help="Seed of the randomised solvers.")] = 0,
@@ -69,7 +75,13 @@ def plan(
     cluster_spec = load_cluster(cluster)
     model_spec = build_model(model, {})
     fixed = tp is not None and pp is not None and dp is not None
-    flags = {"mode": mode, "global_batch": global_batch, "zero": zero, "attention": attention}
+    flags = {
+        "mode": mode,
+        "global_batch": global_batch,
+        "zero": zero,
+        "attention": attention,
+        "precision": precision,
+    }
     if fixed:
         flags.update(
             tp=tp,

@@ -95,42 +95,56 @@ def busiest_links(est: Estimate, topo: Topology, top: int = 10) -> list[dict[str
 
 
 def calibration_json(cluster: ClusterSpec) -> dict[str, Any]:
-    """The calibration an estimate used and where it was validated, beside this cluster's
-    devices (a device no validation ran on is said so)."""
+    """The calibration an estimate used, device type by device type: its generation's constants
+    (or the curves measured on it), and where that generation was validated against published
+    measurements (a device no validation covers is said so)."""
     from dataclasses import asdict
 
     from dmsc.netmodel import DEFAULT_CALIBRATION
 
     calib = DEFAULT_CALIBRATION
-    devices = sorted(cluster.device_types)
+    devices = []
+    for name in sorted(cluster.device_types):
+        dc = calib.for_device(cluster.device_types[name])
+        devices.append(
+            {
+                "device_type": name,
+                "generation": dc.generation,
+                "gemm_efficiency": dc.gemm_efficiency,
+                "fp8_gemm_efficiency": dc.fp8_gemm_efficiency,
+                "attention_efficiency": dc.attention_efficiency,
+                "memory_efficiency": dc.memory_efficiency,
+                "framework_gib": dc.framework_bytes / 2**30,
+                "measured": dc.measured_source,
+                "sources": dc.sources,
+                "validated": [asdict(v) for v in dc.validated],
+            }
+        )
     return {
         "name": calib.name,
-        "validated": [asdict(v) for v in calib.validated],
-        "cluster_devices": devices,
-        # device types of this cluster that no validation set ran on
+        "devices": devices,
+        # device types that neither a published set nor a measurement of their own covers
         "unvalidated_devices": [
-            d for d in devices if not any(v.generation in d.lower() for v in calib.validated)
+            d["device_type"] for d in devices if not d["validated"] and not d["measured"]
         ],
     }
 
 
 def calibration_line(cluster: ClusterSpec) -> str:
-    c = calibration_json(cluster)
-    sets = "; ".join(
-        f"{v['source']} on {v['device']}: {v['mean_abs_error_pct']:.1f}% mean, "
-        f"{v['max_abs_error_pct']:.1f}% max error of TFLOP/s over {v['rows']} rows"
-        for v in c["validated"]
-    )
-    other = c["unvalidated_devices"]
-    where = (
-        f"not validated on {', '.join(other)} (no published set on that generation yet)"
-        if other
-        else "this cluster's devices are of that generation"
-    )
-    return (
-        f"calibration {c['name']} (one set of constants for every device), validated against "
-        f"{sets}; {where}"
-    )
+    parts = []
+    for d in calibration_json(cluster)["devices"]:
+        head = f"{d['device_type']}: {d['generation']} constants"
+        if d["measured"]:
+            head = f"{d['device_type']}: measured ({d['measured']})"
+        sets = ", ".join(
+            f"{v['set_name']} {v['mean_abs_error_pct']:.1f}% mean / "
+            f"{v['max_abs_error_pct']:.1f}% max over {v['rows']} rows"
+            for v in d["validated"]
+        )
+        parts.append(
+            f"{head}, validated on {sets}" if sets else f"{head}, not validated on published data"
+        )
+    return "calibration " + "; ".join(parts) + " (error of the predicted throughput)"
 
 
 def estimate_json(
@@ -156,7 +170,11 @@ def estimate_json(
             "gradients": fullest.memory.gradients / GIB,
             "optimizer": fullest.memory.optimizer / GIB,
             "activations": fullest.memory.activations / GIB,
+            "working": fullest.memory.working / GIB,
+            "framework": fullest.memory.framework / GIB,
         },
+        # what torch.cuda.max_memory_allocated would report (tensors only)
+        "tensor_memory_gib_per_device": fullest.memory.tensors / GIB,
         "breakdown_s": dict(est.breakdown_s),
         "traffic_bytes": dict(est.traffic_bytes),
         "traffic_by_link_kind_bytes": traffic_by_link_kind(est, topo),
@@ -188,7 +206,7 @@ def print_estimate(
         f"{job.mode}, tp={job.tp} pp={job.pp} dp={job.dp} ep={job.ep}, "
         f"{job.schedule}{f' v={job.interleave}' if job.chunks > 1 else ''}, "
         f"batch {job.global_batch}/{job.micro_batch}, recompute {job.recompute}, "
-        f"{job.attention} attention"
+        f"{job.attention} attention, {job.precision} precision"
     )
     console.print(title, style="bold", highlight=False)
     console.print(calibration_line(cluster), style="dim", highlight=False)
@@ -214,7 +232,8 @@ def print_estimate(
         "memory per device",
         f"{mem.total / GIB:.1f} GiB of {fullest.memory_capacity / GIB:.0f} "
         f"(weights {mem.weights / GIB:.1f}, grads {mem.gradients / GIB:.1f}, "
-        f"optimizer {mem.optimizer / GIB:.1f}, activations {mem.activations / GIB:.1f})",
+        f"optimizer {mem.optimizer / GIB:.1f}, activations {mem.activations / GIB:.1f}, "
+        f"backward working {mem.working / GIB:.1f}, framework {mem.framework / GIB:.1f})",
     )
     traffic = ", ".join(f"{k.upper()} {human_bytes(v)}" for k, v in est.traffic_bytes.items())
     perf.add_row("traffic per iteration", traffic)

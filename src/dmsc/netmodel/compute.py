@@ -1,10 +1,14 @@
 """Time of the compute kernels of a layer on one device: a roofline with wave quantization.
 
-A GEMM runs at ``peak x gemm_efficiency x quantization`` unless its bytes make it memory-bound;
-the quantization is the fraction of a device's SMs that its output tiles keep busy (NVIDIA, "Matrix
-Multiplication Background" guide: tile and wave quantization). Element-wise kernels stream their
-bytes at ``memory bandwidth x memory_efficiency``. Backward costs twice the forward (a GEMM for the
-input gradient and one for the weight gradient, each as large as the forward one).
+A GEMM runs at ``peak x efficiency x quantization`` unless its bytes make it memory-bound; the
+efficiency is the device generation's (fp8 GEMMs have their own), or the device's measured curve
+at the GEMM's size when its spec has one (a measured curve already holds the quantization); the
+quantization is the fraction of a device's SMs that its output tiles keep busy (NVIDIA, "Matrix
+Multiplication Background" guide: tile and wave quantization). A fused (flash) attention kernel
+runs at the generation's attention efficiency. Element-wise kernels stream their bytes at
+``memory bandwidth x memory_efficiency``. Backward costs twice the forward (a GEMM for the input
+gradient and one for the weight gradient, each as large as the forward one), plus what a flash
+kernel computes again.
 """
 
 from __future__ import annotations
@@ -12,7 +16,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
-from dmsc.netmodel.constants import DTYPE_BYTES, Calibration
+from dmsc.netmodel.constants import DTYPE_BYTES, Calibration, DeviceCalibration
 from dmsc.netmodel.layers import Gemm, LayerCost
 from dmsc.spec.cluster import DeviceTypeSpec
 
@@ -32,18 +36,18 @@ def peak_flops(device: DeviceTypeSpec, dtype: str) -> float:
     )
 
 
-def _overhead(device: DeviceTypeSpec, calib: Calibration) -> float:
-    """Fixed cost of one kernel: the device's measured figure, else the calibration's."""
+def _overhead(device: DeviceTypeSpec, dc: DeviceCalibration) -> float:
+    """Fixed cost of one kernel: the device's measured figure, else the generation's."""
     if device.op_overhead_us is not None:
         return device.op_overhead_us * 1e-6
-    return calib.kernel_overhead_s
+    return dc.kernel_overhead_s
 
 
-def wave_efficiency(gemm: Gemm, sm_count: int | None, calib: Calibration) -> float:
+def wave_efficiency(gemm: Gemm, sm_count: int | None, dc: DeviceCalibration) -> float:
     """Useful fraction of the tile-waves a GEMM occupies (1.0 when the SM count is unknown)."""
     if sm_count is None:
         return 1.0
-    tm, tn = calib.gemm_tile_m, calib.gemm_tile_n
+    tm, tn = dc.gemm_tile_m, dc.gemm_tile_n
     tiles_m, tiles_n = math.ceil(gemm.m / tm), math.ceil(gemm.n / tn)
     tiles = tiles_m * tiles_n * gemm.batch
     waves = math.ceil(tiles / sm_count)
@@ -51,15 +55,40 @@ def wave_efficiency(gemm: Gemm, sm_count: int | None, calib: Calibration) -> flo
     return useful / (waves * sm_count * tm * tn)
 
 
-def gemm_time(gemm: Gemm, device: DeviceTypeSpec, dtype: str, calib: Calibration) -> float:
-    """Seconds for one GEMM (roofline of tensor-core compute and memory traffic)."""
+def gemm_time(gemm: Gemm, device: DeviceTypeSpec, dtype: str, dc: DeviceCalibration) -> float:
+    """Seconds for one GEMM (roofline of tensor-core compute and memory traffic); ``dtype`` is
+    the model's, a GEMM that names its own (fp8) runs in that."""
     if gemm.flops == 0:
         return 0.0
-    nbytes = DTYPE_BYTES[dtype] * gemm.batch * (gemm.m * gemm.k + gemm.k * gemm.n + gemm.m * gemm.n)
-    rate = peak_flops(device, dtype) * calib.gemm_efficiency
-    t_compute = gemm.flops / (rate * wave_efficiency(gemm, device.sm_count, calib))
-    t_memory = nbytes / (device.memory_bw_gbyte_s * 1e9 * calib.memory_efficiency)
-    return max(t_compute, t_memory) + _overhead(device, calib)
+    d = gemm.dtype or dtype
+    nbytes = DTYPE_BYTES[d] * gemm.batch * (gemm.m * gemm.k + gemm.k * gemm.n + gemm.m * gemm.n)
+    measured = dc.gemm_fraction(d, gemm.flops / 1e9)
+    if measured is not None:
+        rate = peak_flops(device, d) * measured
+    else:
+        eff = dc.fp8_gemm_efficiency if d == "fp8" else dc.gemm_efficiency
+        rate = peak_flops(device, d) * eff * wave_efficiency(gemm, device.sm_count, dc)
+    bw = device.memory_bw_gbyte_s * 1e9 * dc.memory_efficiency
+    t_memory = nbytes / bw
+    # After its main loop over k, each output tile is converted and stored (the epilogue), which
+    # the main loop does not hide: a GEMM with a short k is slower per FLOP. On an H200 this
+    # gives the measured cuBLAS times within a few percent from k = 1024 (0.63 of peak) to
+    # k = 12288 (0.75) (benchmarks/results/gpu_h200.json).
+    epilogue = DTYPE_BYTES[model_out(d)] * gemm.batch * gemm.m * gemm.n / bw if measured is None else 0
+    return max(gemm.flops / rate + epilogue, t_memory) + _overhead(device, dc)
+
+
+def model_out(dtype: str) -> str:
+    """Type a GEMM writes its output in: fp8 GEMMs write 16-bit outputs."""
+    return "bf16" if dtype == "fp8" else dtype
+
+
+def flash_time(flops: float, device: DeviceTypeSpec, dtype: str, dc: DeviceCalibration) -> float:
+    """Seconds of a fused attention kernel doing ``flops`` (one launch)."""
+    if flops == 0:
+        return 0.0
+    rate = peak_flops(device, dtype) * dc.attention_fraction(dtype, flops / 1e9)
+    return flops / rate + _overhead(device, dc)
 
 
 @dataclass(frozen=True)
@@ -69,6 +98,9 @@ class LayerTime:
     forward: float
     backward: float
     recompute: float  # extra forward work before the backward, under the recompute policy
+    # Weight-gradient GEMMs of the column-parallel layers (QKV, first MLP matrix), which an
+    # asynchronous tensor-parallel all-reduce of the input gradient runs under.
+    wgrad_window: float = 0.0
 
 
 def layer_time(
@@ -79,23 +111,39 @@ def layer_time(
     calib: Calibration,
 ) -> LayerTime:
     """Forward, backward and recomputation time of ``layer`` on ``device``."""
-    gemm_s = sum(gemm_time(g, device, dtype, calib) for g in layer.gemms)
-    mem_rate = device.memory_bw_gbyte_s * 1e9 * calib.memory_efficiency
-    flop_rate = peak_flops(device, dtype) * calib.gemm_efficiency
+    dc = calib.for_device(device)
+    plain = [g for g in layer.gemms if g.kind != "flash"]
+    flash_flops = sum(g.flops for g in layer.gemms if g.kind == "flash")
+    gemm_s = sum(gemm_time(g, device, dtype, dc) for g in plain)
+    gemm_s += flash_time(flash_flops, device, dtype, dc)
+    mem_rate = device.memory_bw_gbyte_s * 1e9 * dc.memory_efficiency
+    flop_rate = peak_flops(device, dtype) * dc.gemm_efficiency
     eltwise_s = layer.elementwise_bytes / mem_rate + layer.elementwise_kernels * _overhead(
-        device, calib
+        device, dc
     )
     other_s = layer.extra_flops / flop_rate
     forward = gemm_s + eltwise_s + other_s
-    flash_again = sum(gemm_time(g, device, dtype, calib) for g in layer.backward_recompute)
-    backward = 2 * forward + flash_again
+    # A flash kernel's backward computes Q K^T again (2.5x its forward FLOPs in all).
+    again_flops = sum(g.flops for g in layer.backward_recompute)
+    flash_again = flash_time(again_flops, device, dtype, dc) - (
+        _overhead(device, dc) if again_flops else 0.0
+    )
+    # Backward: two GEMMs per forward GEMM (input and weight gradients); the element-wise
+    # kernels' backward streams about what their forward does (read the saved input and the
+    # incoming gradient, write one gradient), which Korthikanti et al.'s per-layer times show
+    # (Table 4, 22B: backward 11.9 ms for a 7.7 ms forward, not 2x).
+    backward = 2 * (gemm_s + other_s) + eltwise_s + flash_again
+    window = 0.0
+    if layer.kind in ("block", "moe_block") and len(plain) >= 3:
+        column = (plain[0], layer.gemms[4] if len(layer.gemms) > 4 else plain[-1])
+        window = sum(gemm_time(g, device, dtype, dc) for g in column)
     if recompute == "full":
         again = forward
     elif recompute == "selective" and not layer.backward_recompute:
         # The attention core only: scores, softmax, dropout, probabilities x V (gemms 1 and 2).
         again = layer.recompute_bytes / mem_rate if layer.recompute_flops else 0.0
         if layer.recompute_flops:
-            again += sum(gemm_time(g, device, dtype, calib) for g in layer.gemms[1:3])
+            again += sum(gemm_time(g, device, dtype, dc) for g in layer.gemms[1:3])
     else:
         again = 0.0
-    return LayerTime(forward, backward, again)
+    return LayerTime(forward, backward, again, window)

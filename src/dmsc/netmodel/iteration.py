@@ -16,7 +16,7 @@ from dmsc.netmodel.comm import ZERO_COST, CommCost, CommModel
 from dmsc.netmodel.compute import DtypeUnsupported, LayerTime, layer_time, peak_flops
 from dmsc.netmodel.constants import DEFAULT_CALIBRATION, DTYPE_BYTES, Calibration
 from dmsc.netmodel.layers import LayerCost, build_layer_costs
-from dmsc.netmodel.memory import MemoryBreakdown, stage_memory
+from dmsc.netmodel.memory import MemoryBreakdown, precision_bytes, stage_memory
 from dmsc.netmodel.parallel import Layout, split_layers
 from dmsc.netmodel.topology import Topology
 from dmsc.spec.cluster import ClusterSpec
@@ -118,11 +118,18 @@ def check_fit(
                 reasons.append(f"{name}={value} is not divisible by tp={job.tp}")
         if job.ep > 1 and (not model.is_moe or model.experts % job.ep):
             reasons.append(f"ep={job.ep} needs a mixture of experts with experts divisible by ep")
+        if job.precision in ("fp8", "autocast", "pure") and DTYPE_BYTES[model.dtype] != 2:
+            reasons.append(
+                f"precision {job.precision} needs a 16-bit model (dtype bf16 or fp16), "
+                f"the model is {model.dtype}"
+            )
         if job.sequence_parallel and model.seq % job.tp:
             reasons.append(f"seq={model.seq} is not divisible by tp={job.tp} (sequence parallel)")
     else:
         if job.tp > 1 or job.ep > 1:
             reasons.append("tp and ep need a transformer model (a layer list has no shapes)")
+        if job.precision == "fp8":
+            reasons.append("precision fp8 needs a transformer model (a layer list has no GEMMs)")
     return reasons
 
 
@@ -150,6 +157,7 @@ def _check_memory(
     model: TransformerSpec | LayerListSpec,
     job: JobSpec,
     stage_layers: list[list[LayerCost]],
+    calib: Calibration,
 ) -> list[tuple[MemoryBreakdown, float]]:
     """Memory and capacity per device of every stage; :class:`DoesNotFit` if one overflows."""
     layout = Layout.of(job)
@@ -160,6 +168,12 @@ def _check_memory(
         types = {topo.devices[d].type_name for d in layout.stage_devices(s)}
         dense = sum(lc.params_per_device - lc.expert_params_per_device for lc in members)
         expert = sum(lc.expert_params_per_device for lc in members)
+        # Weight matrices of the blocks, of which autocast and fp8 keep cast copies.
+        matrices = sum(
+            sum(g.k * g.n * g.batch for g in lc.gemms if g.kind == "linear")
+            for lc in members
+            if lc.kind in ("block", "moe_block")
+        )
         if train:
             acts = sum(lc.activation_bytes for lc in members)
         else:  # forward only: one layer's working set at a time
@@ -168,8 +182,22 @@ def _check_memory(
             n_blocks = sum(1 for lc in members if lc.kind in ("block", "moe_block"))
             kv = 2 * n_blocks * job.micro_batch * model.seq * model.kv_heads_count
             acts += kv * model.head_dim * B / job.tp
-        mem = stage_memory(job, model.dtype, s, dense, expert, acts)
-        capacity = min(cluster.device_types[t].memory_gib for t in types) * GIB
+        working = max((lc.working_bytes for lc in members), default=0.0) if train else 0.0
+        worst_type = min(types, key=lambda t: cluster.device_types[t].memory_gib)
+        dc = calib.for_device(cluster.device_types[worst_type])
+        mem = stage_memory(
+            job,
+            model.dtype,
+            s,
+            dense,
+            expert,
+            acts,
+            working,
+            matrices,
+            dc.framework_bytes,
+            dc.allocator_overhead,
+        )
+        capacity = cluster.device_types[worst_type].memory_gib * GIB
         out.append((mem, capacity))
     worst = max(range(len(out)), key=lambda i: out[i][0].total - out[i][1])
     mem, capacity = out[worst]
@@ -208,7 +236,7 @@ def estimate_iteration(
     m, p, v = job.microbatches, job.pp, job.chunks
     layers = build_layer_costs(model, job)
     stage_layers = assign_stage_layers(layers, job)
-    memories = _check_memory(cluster, topo, model, job, stage_layers)
+    memories = _check_memory(cluster, topo, model, job, stage_layers, calib)
     traffic: dict[str, dict[int, float]] = {mode: {} for mode in MODES}
     sent: dict[str, float] = dict.fromkeys(MODES, 0.0)
 
@@ -238,6 +266,7 @@ def estimate_iteration(
         devices = layout.stage_devices(s)
         types = {topo.devices[d].type_name for d in devices}
         compute_s = 0.0
+        windows: dict[str, float] = {}
         for tname in types:
             dtype_spec = cluster.device_types[tname]
             t_total = 0.0
@@ -248,6 +277,7 @@ def estimate_iteration(
                 except DtypeUnsupported as exc:
                     raise DoesNotFit([f"device type {tname!r}: {exc}"]) from None
                 t_total += lt.forward + (lt.backward + lt.recompute if train else 0.0)
+                windows[lc.name] = min(windows.get(lc.name, lt.wgrad_window), lt.wgrad_window)
                 if tname == min(types):
                     f_fwd = lc.forward_flops
                     flash_again = sum(g.flops for g in lc.backward_recompute)
@@ -261,16 +291,21 @@ def estimate_iteration(
         tp_s = 0.0
         if job.tp > 1:
             n_calls = 0
+            tp_bytes = max((lc.tp_allreduce_bytes for lc in members), default=0.0)
+            c = comm.collective("all_reduce", layout.tp_groups(s), tp_bytes, job.allreduce)
             for lc in members:
                 n_calls += lc.tp_allreduces_fwd
+                tp_s += c.time_s * lc.tp_allreduces_fwd
                 if train:
                     n_calls += lc.tp_allreduces_bwd
+                    bwd = c.time_s * lc.tp_allreduces_bwd
+                    if job.overlap_tp_comm:  # what the weight-gradient GEMMs do not cover
+                        bwd = max(0.0, bwd - windows.get(lc.name, 0.0))
+                    tp_s += bwd
                     policy = job.recompute if lc.kind in ("block", "moe_block") else "none"
                     if policy == "full":
                         n_calls += lc.tp_allreduces_fwd
-            tp_bytes = max((lc.tp_allreduce_bytes for lc in members), default=0.0)
-            c = comm.collective("all_reduce", layout.tp_groups(s), tp_bytes, job.allreduce)
-            tp_s = c.time_s * n_calls
+                        tp_s += c.time_s * lc.tp_allreduces_fwd
             account("tp", c, n_calls * m)
         ep_s = 0.0
         if job.ep > 1:
@@ -331,10 +366,11 @@ def estimate_iteration(
             for ms in stage_layers
         )
         dev = cluster.device_types[topo.devices[layout.first_device].type_name]
+        step = precision_bytes(job.precision, dtype).step_traffic
         breakdown["optimizer"] = (
             params_dev
-            * calib.optimizer_bytes_per_param
-            / (dev.memory_bw_gbyte_s * 1e9 * calib.memory_efficiency)
+            * step
+            / (dev.memory_bw_gbyte_s * 1e9 * calib.for_device(dev).memory_efficiency)
         )
 
     total = sum(breakdown.values())

@@ -18,12 +18,19 @@ from dmsc.spec.model import LayerListSpec, TransformerSpec
 
 @dataclass(frozen=True)
 class Gemm:
-    """``batch`` matrix products of (m x k) by (k x n), forward pass."""
+    """``batch`` matrix products of (m x k) by (k x n), forward pass.
+
+    ``kind`` is ``linear`` (a weight matrix), ``attention`` (scores or probabilities x values as
+    separate kernels) or ``flash`` (the same products inside one fused attention kernel);
+    ``dtype`` is set when the product runs in another type than the model's (fp8).
+    """
 
     m: int
     n: int
     k: int
     batch: int = 1
+    kind: str = "linear"
+    dtype: str | None = None
 
     @property
     def flops(self) -> float:
@@ -47,6 +54,7 @@ class LayerCost:
     recompute_bytes: float  # extra element-wise bytes of selective recomputation
     activation_bytes: float  # kept for backward under the job's recompute policy
     output_bytes: float  # boundary activation one device sends to the next stage
+    working_bytes: float  # transient buffers of its backward (gradients, the loss's logits)
     tp_allreduce_bytes: float  # size of each tensor-parallel all-reduce (fwd and bwd)
     tp_allreduces_fwd: int
     tp_allreduces_bwd: int
@@ -78,6 +86,14 @@ def _transformer_layers(model: TransformerSpec, job: JobSpec) -> list[LayerCost]
     rep = t if sp else 1  # replicated (non tensor-parallel) regions are split only under SP
     mlp_mats = 3 if model.mlp == "swiglu" else 2
     norm_params = 2 * h if model.mlp == "gelu" else h  # LayerNorm has a bias, RMSNorm has none
+    flash = job.attention == "flash"
+    drop = model.dropout > 0
+    fp8 = job.precision == "fp8"
+    autocast = job.precision == "autocast"
+    # Transformer Engine runs the blocks' linear layers in fp8 and keeps their inputs for the
+    # backward in fp8 (1 byte); the attention core, norms, embedding and output layer stay 16-bit.
+    lin = "fp8" if fp8 else None
+    L = 1 if fp8 else B  # bytes per element of a saved linear-layer input
 
     attn_params = h * (h + 2 * kv) + h * h + 2 * norm_params
     if model.mlp == "gelu":
@@ -85,33 +101,42 @@ def _transformer_layers(model: TransformerSpec, job: JobSpec) -> list[LayerCost]
     mlp_params = mlp_mats * h * f + (f + h if model.mlp == "gelu" else 0)
 
     # Forward GEMMs of one block on one tensor-parallel rank.
+    core = "flash" if flash else "attention"
     attn_gemms = (
-        Gemm(T, (h + 2 * kv) // t, h),  # QKV projection
-        Gemm(s, s, d, b * a // t),  # scores Q K^T
-        Gemm(s, d, s, b * a // t),  # probabilities x V
-        Gemm(T, h, h // t),  # output projection
+        Gemm(T, (h + 2 * kv) // t, h, dtype=lin),  # QKV projection
+        Gemm(s, s, d, b * a // t, kind=core),  # scores Q K^T
+        Gemm(s, d, s, b * a // t, kind=core),  # probabilities x V
+        Gemm(T, h, h // t, dtype=lin),  # output projection
     )
-    dense_mlp = (Gemm(T, (mlp_mats - 1) * f // t, h), Gemm(T, h, f // t))
+    dense_mlp = (Gemm(T, (mlp_mats - 1) * f // t, h, dtype=lin), Gemm(T, h, f // t, dtype=lin))
 
-    # Non-GEMM kernels, forward bytes (read + write): two norms, softmax, attention dropout, two
-    # bias-dropout-residual adds, the MLP activation. A flash kernel (Dao et al., NeurIPS 2022
-    # and ICLR 2024) does the softmax and dropout on chip: no s x s tensor reaches memory.
-    flash = job.attention == "flash"
+    # Non-GEMM kernels, forward bytes (read + write): two norms, two residual adds (with bias and
+    # dropout when there is dropout), the MLP activation; standard attention adds the softmax and
+    # its dropout over the s x s scores, which a flash kernel (Dao et al., NeurIPS 2022 and
+    # ICLR 2024) does on chip. fp8 adds a cast of each linear input; autocast a cast of each
+    # fp32 weight to 16 bits.
     scores = b * (a // t) * s * s
+    mask = 1 if drop else 0
     eltwise = (
-        2 * (2 * B * T * h) / (t if sp else 1)
-        + (0 if flash else scores * (2 * B) + scores * (2 * B + 1))
-        + 2 * (3 * B + 1) * T * h / (t if sp else 1)
+        2 * (2 * B * T * h) / rep
+        + (0 if flash else scores * (2 * B) + (scores * (2 * B + 1) if drop else 0))
+        + 2 * (3 * B + mask) * T * h / rep
         + (mlp_mats - 1 + 1) * B * T * f / t
     )
-    kernels = 5 if flash else 7
-    # Activations kept for backward (bytes), per Korthikanti et al. with B bytes per element.
-    unsplit = (4 * B + 2) * T * h
-    split_attn = B * (2 + 2 * kvr) * T * h
-    split_mlp = B * (2 * f / h if model.mlp == "gelu" else 3 * f / h) * T * h
-    # The attention core kept for backward: scores' softmax, dropout mask and output (standard),
-    # or only the fp32 log-sum-exp of each row (flash: it recomputes the rest in backward).
-    attn_core = 4 * b * a * s if flash else (2 * B + 1) * b * a * s * s
+    kernels = 5 + (0 if flash else 1 + (1 if drop else 0))
+    if fp8:
+        eltwise += (B + 1) * T * (3 * h / rep + f) / t
+        kernels += 4
+    # Activations kept for backward (bytes), per Korthikanti et al. (sec. 4.1): the two norm
+    # inputs, the QKV and first MLP inputs and the dropout masks are replicated across tensor
+    # ranks unless sequence parallel splits them; Q, K, V, the output projection input and the
+    # MLP's intermediates are split.
+    unsplit = (2 * B + 2 * L + 2 * mask) * T * h
+    split_attn = (B * (1 + 2 * kvr) + L) * T * h
+    split_mlp = (B + L) * f * T if model.mlp == "gelu" else (2 * B + L) * f * T
+    # The attention core kept for backward: the softmax output (and with dropout its mask and
+    # output) under standard attention, only the fp32 log-sum-exp of each row under flash.
+    attn_core = 4 * b * a * s if flash else (B + (1 + B if drop else 0)) * b * a * s * s
 
     layers: list[LayerCost] = []
     emb_params = V * h + (s * h if model.mlp == "gelu" else 0)  # learned positions for GPT
@@ -128,8 +153,9 @@ def _transformer_layers(model: TransformerSpec, job: JobSpec) -> list[LayerCost]
             elementwise_kernels=3,
             recompute_flops=0.0,
             recompute_bytes=0.0,
-            activation_bytes=B * T * h / rep if job.recompute != "full" else 0.0,
+            activation_bytes=mask * T * h / rep if job.recompute != "full" else 0.0,
             output_bytes=B * T * h / t,
+            working_bytes=B * T * h,
             tp_allreduce_bytes=B * T * h if t > 1 else 0.0,
             tp_allreduces_fwd=1,
             tp_allreduces_bwd=0,
@@ -143,8 +169,8 @@ def _transformer_layers(model: TransformerSpec, job: JobSpec) -> list[LayerCost]
             tokens_per_expert = max(1, T * k * ep // E)
             mlp_gemms: tuple[Gemm, ...] = (
                 Gemm(T, E, h),  # router
-                Gemm(tokens_per_expert, (mlp_mats - 1) * f // t, h, E // ep),
-                Gemm(tokens_per_expert, h, f // t, E // ep),
+                Gemm(tokens_per_expert, (mlp_mats - 1) * f // t, h, E // ep, dtype=lin),
+                Gemm(tokens_per_expert, h, f // t, E // ep, dtype=lin),
             )
             expert_p = E * mlp_params / (t * ep)
             params = float(attn_params + E * mlp_params + h * E)
@@ -158,12 +184,19 @@ def _transformer_layers(model: TransformerSpec, job: JobSpec) -> list[LayerCost]
             per_dev = (attn_params + mlp_params) / t
             a2a = 0.0
             mlp_act = split_mlp
+        full_act = unsplit / rep + (split_attn + mlp_act) / t + attn_core / t
         if job.recompute == "full":
             act = B * T * h / rep
         else:
             act = unsplit / rep + (split_attn + mlp_act) / t
             if job.recompute == "none" or flash:  # selective recomputation drops the s x s core
                 act += attn_core / t
+        # Backward of one block at a time: the gradients of its widest intermediate and of its
+        # input, and under full recomputation the block's activations recomputed for it.
+        working = B * T * ((mlp_mats - 1) * f / t + 2 * h / rep)
+        if job.recompute == "full":
+            working += full_act
+        cast = per_dev * (4 + B) if autocast else 0.0  # fp32 weights cast to 16 bits
         layers.append(
             LayerCost(
                 name=f"block_{i}",
@@ -173,8 +206,8 @@ def _transformer_layers(model: TransformerSpec, job: JobSpec) -> list[LayerCost]
                 expert_params_per_device=expert_p,
                 gemms=attn_gemms + mlp_gemms,
                 extra_flops=0.0,
-                elementwise_bytes=eltwise,
-                elementwise_kernels=kernels,
+                elementwise_bytes=eltwise + cast,
+                elementwise_kernels=kernels + (2 + mlp_mats if autocast else 0),
                 # Selective recomputation redoes the attention core (Korthikanti et al.); flash
                 # never kept it, and redoes Q K^T in its backward under every policy.
                 recompute_flops=(
@@ -190,6 +223,7 @@ def _transformer_layers(model: TransformerSpec, job: JobSpec) -> list[LayerCost]
                 backward_recompute=(attn_gemms[1],) if flash else (),
                 activation_bytes=act,
                 output_bytes=B * T * h / t,
+                working_bytes=working,
                 tp_allreduce_bytes=B * T * h if t > 1 else 0.0,
                 tp_allreduces_fwd=2,
                 tp_allreduces_bwd=2,
@@ -199,6 +233,17 @@ def _transformer_layers(model: TransformerSpec, job: JobSpec) -> list[LayerCost]
     head_params = (0 if model.tied_embeddings else V * h) + norm_params
     # A tied output layer still holds a copy of the embedding when it sits on another stage.
     head_on_device = (V * h if (not model.tied_embeddings or job.pp > 1) else 0) + norm_params
+    # The loss over the vocabulary. Megatron-class stacks (mixed, pure, fp8) run a fused
+    # vocabulary-parallel cross-entropy: fp32 logits kept for the backward (4 bytes per logit),
+    # the gradient written in place and cast to 16 bits, in four passes over the fp32 logits.
+    # Plain PyTorch (autocast) keeps the 16-bit logits the caller holds and the fp32
+    # log-probabilities F.cross_entropy saves, and its backward makes an fp32 and a 16-bit
+    # gradient of them (Megatron-LM's cross_entropy.py; torch's log_softmax/nll_loss).
+    logits = T * V / t
+    if autocast:
+        loss_kept, loss_working, loss_traffic = (B + 4) * logits, (4 + B) * logits, 28 * logits
+    else:
+        loss_kept, loss_working, loss_traffic = 4 * logits, B * logits, 16 * logits
     layers.append(
         LayerCost(
             name="head",
@@ -208,13 +253,13 @@ def _transformer_layers(model: TransformerSpec, job: JobSpec) -> list[LayerCost]
             expert_params_per_device=0.0,
             gemms=(Gemm(T, V // t, h),),
             extra_flops=0.0,
-            # Final norm, then a vocabulary-parallel cross-entropy over fp32 logits (four passes).
-            elementwise_bytes=2 * B * T * h / rep + 16 * T * V / t,
+            elementwise_bytes=2 * B * T * h / rep + loss_traffic,
             elementwise_kernels=5,
             recompute_flops=0.0,
             recompute_bytes=0.0,
-            activation_bytes=B * T * h / rep + 4 * T * V / t,
+            activation_bytes=B * T * h / rep + loss_kept,
             output_bytes=0.0,
+            working_bytes=loss_working,
             tp_allreduce_bytes=B * T * h if t > 1 else 0.0,
             tp_allreduces_fwd=0,
             tp_allreduces_bwd=1,
@@ -247,6 +292,7 @@ def _explicit_layers(model: LayerListSpec, job: JobSpec) -> list[LayerCost]:
                     else layer.output_bytes * b
                 ),
                 output_bytes=float(layer.output_bytes * b),
+                working_bytes=float(layer.activation_bytes * b),
                 tp_allreduce_bytes=0.0,
                 tp_allreduces_fwd=0,
                 tp_allreduces_bwd=0,

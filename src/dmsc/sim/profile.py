@@ -82,6 +82,7 @@ def build_profiles(cluster: ClusterSpec, jobs: Sequence[JobTypeSpec]) -> list[Jo
             dp=jt.dp,
             recompute=jt.recompute,
             attention=jt.attention,
+            precision=jt.precision,
             sequence_parallel=jt.tp > 1,
         )
         parts = stage_times_on(cluster, model, job, node_type, DEFAULT_CALIBRATION)

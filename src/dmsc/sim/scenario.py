@@ -28,6 +28,9 @@ class JobTypeSpec(BaseModel):
     attention: Literal["flash", "standard"] = Field(
         default="flash", description="Attention kernel (see the job spec)."
     )
+    precision: Literal["mixed", "autocast", "pure", "fp8"] = Field(
+        default="mixed", description="Training recipe (see the job spec)."
+    )
     iterations: int = Field(gt=0, description="Iterations until the job completes.")
 
     @property

@@ -6,9 +6,11 @@ Units are in the field names: ``*_gbit_s`` is Gbit/s (links), ``*_gbyte_s`` GB/s
 
 from __future__ import annotations
 
-from typing import Annotated, Literal, Self
+from typing import Annotated, Any, Literal, Self
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
+
+from dmsc.spec.devices import DEVICE_PRESETS, Generation, generation_from_name
 
 Dtype = Literal["fp32", "tf32", "fp16", "bf16", "fp8", "int8"]
 PositiveFloat = Annotated[float, Field(gt=0)]
@@ -20,9 +22,64 @@ class _Spec(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
 
 
+Fraction = Annotated[float, Field(gt=0, le=1)]
+CurvePoint = tuple[PositiveFloat, Fraction]
+
+
+class MeasuredEfficiency(_Spec):
+    """Efficiencies measured on one device type; the cost model uses them in place of its
+    generation's calibration (``dmsc calibrate`` writes them).
+
+    A curve is a list of ``[gflop, fraction]`` points, ``gflop`` the forward FLOPs of one call in
+    GFLOP (increasing), ``fraction`` the share of the data type's peak it reached; between points
+    the fraction is interpolated in log(gflop), outside them it is the nearest point's.
+    """
+
+    source: str = Field(min_length=1, description="Where, when and how it was measured.")
+    gemm: dict[Dtype, list[CurvePoint]] = Field(
+        default_factory=dict, description="Matrix products (tensor cores) by data type."
+    )
+    attention: dict[Dtype, list[CurvePoint]] = Field(
+        default_factory=dict,
+        description="The fused (flash) attention kernel, forward, by data type.",
+    )
+    memory: Fraction | None = Field(
+        default=None, description="Share of memory_bw_gbyte_s a streaming kernel reached."
+    )
+    framework_gib: NonNegativeFloat | None = Field(
+        default=None,
+        description="Device memory in use outside tensors (CUDA context, library workspaces).",
+    )
+
+    @model_validator(mode="after")
+    def _increasing(self) -> Self:
+        for kind in ("gemm", "attention"):
+            for dtype, points in getattr(self, kind).items():
+                if not points:
+                    raise ValueError(f"{kind}.{dtype}: a curve needs at least one point")
+                xs = [x for x, _ in points]
+                if any(b <= a for a, b in zip(xs, xs[1:], strict=False)):
+                    raise ValueError(f"{kind}.{dtype}: gflop must increase from point to point")
+        return self
+
+
 class DeviceTypeSpec(_Spec):
     """One kind of accelerator (or CPU): its peak compute, memory and memory bandwidth."""
 
+    preset: str | None = Field(
+        default=None,
+        description=(
+            "A device the project knows (" + ", ".join(DEVICE_PRESETS) + "): its figures and "
+            "generation, under what this spec gives."
+        ),
+    )
+    generation: Generation | None = Field(
+        default=None,
+        description=(
+            "Which calibration of the cost model applies (default: the preset's, else the one "
+            "the device type's name contains, else generic)."
+        ),
+    )
     peak_tflops: dict[Dtype, PositiveFloat] = Field(
         description="Peak dense TFLOP/s by data type (tensor cores where the device has them)."
     )
@@ -38,6 +95,23 @@ class DeviceTypeSpec(_Spec):
         gt=0,
         description="Fixed cost of one kernel (launch, framework dispatch); measured by calibrate.",
     )
+    measured: MeasuredEfficiency | None = Field(
+        default=None, description="Efficiencies measured on this device (dmsc calibrate)."
+    )
+
+    @model_validator(mode="before")
+    @classmethod
+    def _from_preset(cls, data: Any) -> Any:
+        if not isinstance(data, dict) or data.get("preset") is None:
+            return data
+        name = data["preset"]
+        if name not in DEVICE_PRESETS:
+            raise ValueError(
+                f"preset: unknown device {name!r} (known: {', '.join(DEVICE_PRESETS)})"
+            )
+        base = dict(DEVICE_PRESETS[name])
+        base.update({k: v for k, v in data.items() if v is not None})
+        return base
 
     @model_validator(mode="after")
     def _has_peak(self) -> Self:
@@ -126,6 +200,21 @@ class ClusterSpec(_Spec):
     node_types: dict[Name, NodeTypeSpec] = Field(min_length=1)
     datacenters: list[DatacenterSpec] = Field(min_length=1)
     links: list[InterDCLinkSpec] = Field(default_factory=list)
+
+    @model_validator(mode="before")
+    @classmethod
+    def _generations(cls, data: Any) -> Any:
+        """A device type that names no generation (nor preset) takes the one of its name."""
+        if not isinstance(data, dict) or not isinstance(data.get("device_types"), dict):
+            return data
+        types: dict[Any, Any] = {}
+        for key, dev in data["device_types"].items():
+            if isinstance(dev, dict) and dev.get("generation") is None and not dev.get("preset"):
+                dev = {**dev, "generation": generation_from_name(str(key))}
+            elif isinstance(dev, DeviceTypeSpec) and dev.generation is None:
+                dev = dev.model_copy(update={"generation": generation_from_name(str(key))})
+            types[key] = dev
+        return {**data, "device_types": types}
 
     @model_validator(mode="after")
     def _references(self) -> Self:

@@ -9,6 +9,7 @@ from pydantic import BaseModel, ConfigDict, Field, model_validator
 Schedule = Literal["gpipe", "1f1b", "interleaved"]
 Recompute = Literal["none", "selective", "full"]
 Attention = Literal["flash", "standard"]
+Precision = Literal["mixed", "autocast", "pure", "fp8"]
 AllReduceAlgo = Literal["auto", "ring", "tree", "hierarchical"]
 
 
@@ -39,12 +40,28 @@ class JobSpec(BaseModel):
             "or standard (scores, softmax and dropout as separate kernels, kept for backward)."
         ),
     )
+    precision: Precision = Field(
+        default="mixed",
+        description=(
+            "Training recipe: mixed (16-bit weights and gradients, fp32 master weights and Adam "
+            "moments: Megatron-LM, DeepSpeed), autocast (plain PyTorch: fp32 parameters, "
+            "torch.autocast 16-bit compute, unfused loss), pure (weights, gradients and moments "
+            "all 16-bit) or fp8 (mixed, with the blocks' GEMMs in fp8: Transformer Engine)."
+        ),
+    )
     sequence_parallel: bool = False
     zero: int = Field(
         default=0, ge=0, le=3, description="ZeRO stage (optimizer/grad/param sharding)."
     )
     overlap_dp_comm: bool = Field(
         default=True, description="Overlap the gradient all-reduce with the last backward pass."
+    )
+    overlap_tp_comm: bool = Field(
+        default=True,
+        description=(
+            "Run the backward's tensor-parallel all-reduces under the weight-gradient GEMMs "
+            "(Megatron-LM's asynchronous all-reduce)."
+        ),
     )
     allreduce: AllReduceAlgo = "auto"
     first_device: int = Field(

@@ -35,6 +35,12 @@ class TransformerSpec(_Spec):
     top_k: int = Field(default=1, gt=0)
     moe_every: int = Field(default=1, gt=0)
     tied_embeddings: bool = False
+    dropout: float = Field(
+        default=0.0,
+        ge=0,
+        lt=1,
+        description="Dropout rate (0: no dropout masks kept, as in Llama; GPT-3 used 0.1).",
+    )
 
     @model_validator(mode="after")
     def _shape(self) -> Self:

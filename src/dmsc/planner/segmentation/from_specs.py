@@ -154,7 +154,7 @@ def block_graph(
     calib: Calibration = DEFAULT_CALIBRATION,
 ) -> nx.DiGraph:
     """The model's blocks with compute seconds, memory bytes and edge bytes for ``batch``."""
-    rate = peak_flops(device, model.dtype) * calib.gemm_efficiency
+    rate = peak_flops(device, model.dtype) * calib.for_device(device).gemm_efficiency
     B = DTYPE_BYTES[model.dtype]
     # Weights and gradients in the model's dtype, fp32 Adam moments (and master weights when
     # training in 16 bits): 2+2+12 or 4+4+8 bytes per parameter, 16 either way.

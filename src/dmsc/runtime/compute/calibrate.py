@@ -96,12 +96,15 @@ def calibrated_cluster(template: ClusterSpec, measured: dict[str, float]) -> dic
     """The template cluster with this machine's figures (as the cost model will divide them)."""
     c = DEFAULT_CALIBRATION
     data = template.model_dump(mode="json", exclude_none=True)
+    # The constants the cost model will apply to these devices (their generation's).
+    dcs = {k: c.for_device(d) for k, d in template.device_types.items()}
     # The cluster's devices are processes on this machine's cores: when there are more devices
     # than cores, running all at once (a pipeline's steady state) shares the cores among them.
     share = min(1.0, measured.get("cores", 1.0) / template.device_count)
-    for dev in data["device_types"].values():
-        dev["peak_tflops"] = {"fp32": share * measured["matmul_flops"] / c.gemm_efficiency / 1e12}
-        dev["memory_bw_gbyte_s"] = share * measured["memory_bytes_s"] / c.memory_efficiency / 1e9
+    for key, dev in data["device_types"].items():
+        dc = dcs[key]
+        dev["peak_tflops"] = {"fp32": share * measured["matmul_flops"] / dc.gemm_efficiency / 1e12}
+        dev["memory_bw_gbyte_s"] = share * measured["memory_bytes_s"] / dc.memory_efficiency / 1e9
         dev["op_overhead_us"] = measured["op_overhead_s"] * 1e6
     link_gbit = measured["loopback_bytes_s"] * 8 / 1e9
     latency_us = measured["loopback_rtt_s"] / 2 * 1e6

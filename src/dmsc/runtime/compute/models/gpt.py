@@ -68,8 +68,10 @@ def layer_names(spec: TransformerSpec) -> list[str]:
 
 def build_chain(spec: TransformerSpec, seed: int) -> list[nn.Module]:
     """Every layer of the model, initialised from ``seed`` (the same in every process)."""
-    if spec.mlp != "gelu" or spec.is_moe or spec.kv_heads_count != spec.heads:
-        raise ValueError("the runtime model is a GPT (GeLU MLP, full attention, no experts)")
+    if spec.mlp != "gelu" or spec.is_moe or spec.kv_heads_count != spec.heads or spec.dropout:
+        raise ValueError(
+            "the runtime model is a GPT (GeLU MLP, full attention, no experts, no dropout)"
+        )
     torch.manual_seed(seed)
     chain: list[nn.Module] = [Embedding(spec.vocab, spec.hidden, spec.seq)]
     chain += [Block(spec.hidden, spec.heads, spec.ffn_size) for _ in range(spec.layers)]
