@@ -48,7 +48,9 @@ def test_activations_without_dropout_keep_no_masks() -> None:
         return build_layer_costs(gpt, JobSpec(global_batch=8, **job))[1].activation_bytes  # type: ignore[arg-type]
 
     assert act(attention="standard") == pytest.approx(sbh * (32 + 2 * a * s / h))
-    assert act(attention="standard", tp=4) == pytest.approx(sbh * (8 + 24 / 4 + 2 * a * s / (h * 4)))
+    assert act(attention="standard", tp=4) == pytest.approx(
+        sbh * (8 + 24 / 4 + 2 * a * s / (h * 4))
+    )
     assert act() == pytest.approx(sbh * 32 + 4 * b * a * s)
 
 

@@ -74,7 +74,9 @@ def gemm_time(gemm: Gemm, device: DeviceTypeSpec, dtype: str, dc: DeviceCalibrat
     # the main loop does not hide: a GEMM with a short k is slower per FLOP. On an H200 this
     # gives the measured cuBLAS times within a few percent from k = 1024 (0.63 of peak) to
     # k = 12288 (0.75) (benchmarks/results/gpu_h200.json).
-    epilogue = DTYPE_BYTES[model_out(d)] * gemm.batch * gemm.m * gemm.n / bw if measured is None else 0
+    epilogue = (
+        DTYPE_BYTES[model_out(d)] * gemm.batch * gemm.m * gemm.n / bw if measured is None else 0
+    )
     return max(gemm.flops / rate + epilogue, t_memory) + _overhead(device, dc)
 
 

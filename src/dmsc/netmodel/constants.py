@@ -12,7 +12,8 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, replace
-from typing import TYPE_CHECKING
+from itertools import pairwise
+from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
     from dmsc.spec.cluster import DeviceTypeSpec
@@ -42,7 +43,7 @@ def interpolate(curve: Curve, gflop: float) -> float:
     """The curve's fraction at ``gflop``: linear in log(gflop), flat beyond the end points."""
     if gflop <= curve[0][0]:
         return curve[0][1]
-    for (x0, y0), (x1, y1) in zip(curve, curve[1:], strict=False):
+    for (x0, y0), (x1, y1) in pairwise(curve):
         if gflop <= x1:
             w = (math.log(gflop) - math.log(x0)) / (math.log(x1) - math.log(x0))
             return y0 + w * (y1 - y0)
@@ -228,7 +229,7 @@ class Calibration:
             measured_source=m.source,
         )
 
-    def with_generation(self, name: str, **changes: float) -> Calibration:
+    def with_generation(self, name: str, **changes: Any) -> Calibration:
         """This calibration with some constants of one generation changed (sensitivity runs)."""
         gens = tuple(replace(g, **changes) if g.generation == name else g for g in self.generations)
         return replace(self, generations=gens)

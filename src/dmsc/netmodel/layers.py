@@ -131,7 +131,10 @@ def _transformer_layers(model: TransformerSpec, job: JobSpec) -> list[LayerCost]
     # inputs, the QKV and first MLP inputs and the dropout masks are replicated across tensor
     # ranks unless sequence parallel splits them; Q, K, V, the output projection input and the
     # MLP's intermediates are split.
-    unsplit = (2 * B + 2 * L + 2 * mask) * T * h
+    # Under autocast the residual stream stays fp32 (the parameters are), so the norm inputs
+    # are 4 bytes each.
+    N = 4 if autocast else B
+    unsplit = (2 * N + 2 * L + 2 * mask) * T * h
     split_attn = (B * (1 + 2 * kvr) + L) * T * h
     split_mlp = (B + L) * f * T if model.mlp == "gelu" else (2 * B + L) * f * T
     # The attention core kept for backward: the softmax output (and with dropout its mask and

@@ -24,7 +24,9 @@ from dmsc.netmodel.topology import Topology
 from dmsc.spec import ClusterSpec, JobSpec, TransformerSpec
 
 
-def _dgx_cluster(name: str, preset: str, nodes: int, nvlink_gbit_s: float, net_gbit_s: float) -> ClusterSpec:
+def _dgx_cluster(
+    name: str, preset: str, nodes: int, nvlink_gbit_s: float, net_gbit_s: float
+) -> ClusterSpec:
     """``nodes`` DGX-class servers of 8 GPUs on one fabric."""
     return ClusterSpec.model_validate(
         {
@@ -203,7 +205,7 @@ def _mcore_h100(row: dict[str, str]) -> Iterator[Candidate]:
                         dp=dp,
                         schedule="interleaved" if v > 1 else "1f1b",
                         interleave=v,
-                        recompute=recompute,  # type: ignore[arg-type]
+                        recompute=recompute,
                         sequence_parallel=tp > 1,
                         zero=1,  # Megatron-Core's distributed optimizer
                     ),
@@ -222,7 +224,7 @@ def _nemo_fp8(row: dict[str, str]) -> Iterator[Candidate]:
         seq=int(row["seq"]),
         vocab=int(row["vocab"]),
         dtype="bf16",
-        mlp=row["mlp"],  # type: ignore[arg-type]
+        mlp=row["mlp"],
         tied_embeddings=row["mlp"] == "gelu",
     )
     for recompute in ("none", "selective"):
@@ -236,7 +238,7 @@ def _nemo_fp8(row: dict[str, str]) -> Iterator[Candidate]:
                 dp=gpus // (tp * pp),
                 schedule="interleaved" if v > 1 else "1f1b",
                 interleave=v,
-                recompute=recompute,  # type: ignore[arg-type]
+                recompute=recompute,
                 sequence_parallel=tp > 1,
                 zero=1,
                 precision="fp8",

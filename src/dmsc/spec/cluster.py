@@ -6,6 +6,7 @@ Units are in the field names: ``*_gbit_s`` is Gbit/s (links), ``*_gbyte_s`` GB/s
 
 from __future__ import annotations
 
+from itertools import pairwise
 from typing import Annotated, Any, Literal, Self
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
@@ -58,7 +59,7 @@ class MeasuredEfficiency(_Spec):
                 if not points:
                     raise ValueError(f"{kind}.{dtype}: a curve needs at least one point")
                 xs = [x for x, _ in points]
-                if any(b <= a for a, b in zip(xs, xs[1:], strict=False)):
+                if any(b <= a for a, b in pairwise(xs)):
                     raise ValueError(f"{kind}.{dtype}: gflop must increase from point to point")
         return self
 

@@ -1,0 +1,45 @@
+"""Activation memory against an independent reference: the tensors PyTorch itself saves for the
+backward of a real GPT block (dmsc's runtime model), counted with autograd's saved-tensor hooks,
+under plain-PyTorch autocast and the fused (flash) attention kernel, on this CPU."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from dmsc.netmodel import build_layer_costs
+from dmsc.runtime.compute.models.gpt import Block
+from dmsc.spec import JobSpec, TransformerSpec
+
+# Shapes chosen so no activation has a parameter's shape (b x s = 160 is no weight dimension).
+B, S, H, HEADS, F = 2, 80, 64, 4, 256
+
+
+def _saved_activation_bytes() -> float:
+    torch.manual_seed(0)
+    block = Block(H, HEADS, F)
+    params = {tuple(p.shape) for p in block.parameters()}
+    x = torch.randn(B, S, H, requires_grad=True)
+    seen: dict[int, int] = {}
+
+    def pack(t: torch.Tensor) -> torch.Tensor:
+        if tuple(t.shape) not in params:  # weights and their 16-bit casts are not activations
+            storage = t.untyped_storage()
+            seen[storage.data_ptr()] = storage.nbytes()
+        return t
+
+    with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
+        with torch.autocast("cpu", dtype=torch.bfloat16):
+            block(x).float().sum().backward()
+    return float(sum(seen.values()))
+
+
+def test_block_activations_match_what_pytorch_saves() -> None:
+    spec = TransformerSpec(layers=1, hidden=H, heads=HEADS, ffn=F, seq=S, vocab=256)
+    job = JobSpec(global_batch=B, micro_batch=B, precision="autocast", attention="flash")
+    predicted = build_layer_costs(spec, job)[1].activation_bytes
+    measured = _saved_activation_bytes()
+    # The model's count (Korthikanti et al. with fp32 norm inputs under autocast) leaves out
+    # only the norms' per-row statistics and this block's copy of the attention output that a
+    # reshape makes: within 10%.
+    assert predicted == pytest.approx(measured, rel=0.10)
