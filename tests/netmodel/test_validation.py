@@ -15,8 +15,8 @@ TARGETS = {
     "megatron-sc21": (3.0, 10.0),
     "korthikanti-mlsys23": (6.0, 10.0),
     "megatron-core-h100": (5.0, 10.0),
-    "nemo-h100-fp8": (10.0, 20.0),
-    "llama3-405b": (13.0, 21.0),
+    "nemo-h100-fp8": (6.0, 10.0),
+    "llama3-405b": (15.0, 24.0),
 }
 
 

@@ -17,10 +17,10 @@ SCENARIO = Path(__file__).resolve().parents[2] / "examples" / "scenarios" / "nsf
 # load: (blocked, blocked for GPUs, transfer requests, events, jobs measured,
 #        sum of iteration times, spectrum utilisation, GPU utilisation, digest of the times)
 PINNED = {
-    1.0: (20, 20, 73, 379, 160, 412.61579174592134, 0.0036632149969639976, 0.3083861342111004,
-          "6e25552f461df1d9"),
-    2.0: (51, 51, 49, 347, 129, 374.2777412256645, 0.0043816167974124395, 0.48428293223799146,
-          "a4903c8a612c9add"),
+    1.0: (20, 20, 73, 379, 160, 423.97479580152293, 0.0033703499193122716, 0.3088949281979645,
+          "5f9f80bcfd61b7a0"),
+    2.0: (51, 51, 49, 347, 129, 384.3162999864465, 0.003923908161499868, 0.4842717886091513,
+          "724bd572c6aa4b4e"),
 }  # fmt: skip
 
 

@@ -315,6 +315,12 @@ def estimate_iteration(
             ep_s = c.time_s * calls
             account("ep", c, calls * m)
         pp_s = pp_cost.time_s * (2 if train else 1) * v if p > 1 else 0.0
+        if v > 1 and job.overlap_pp_comm:
+            # Megatron-Core's overlapped interleaved schedule posts each chunk's send and
+            # receive ahead and computes another chunk meanwhile: what a chunk's compute does
+            # not cover stays exposed.
+            chunk_s = compute_s / v
+            pp_s = max(0.0, pp_s - compute_s) + max(0.0, pp_cost.time_s - chunk_s)
         mem, capacity = memories[s]
         stages.append(
             StageEstimate(

@@ -144,6 +144,7 @@ def _sc21(row: dict[str, str]) -> Iterator[Candidate]:
                         attention="standard",  # Megatron-LM of 2021 had no fused attention
                         overlap_dp_comm=False,  # it reduced gradients after the pipeline flush
                         overlap_tp_comm=False,  # nor the tensor-parallel ones in the backward
+                        overlap_pp_comm=False,  # and waited for each chunk's activations
                     ),
                 )
 
@@ -174,6 +175,7 @@ def _mlsys23(row: dict[str, str]) -> Iterator[Candidate]:
             recompute="selective" if selective else "full",
             sequence_parallel=selective,
             attention="standard",
+            overlap_pp_comm=False,  # Megatron-LM of 2022 waited for each chunk's activations
         ),
     )
 

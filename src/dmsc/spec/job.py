@@ -63,6 +63,13 @@ class JobSpec(BaseModel):
             "(Megatron-LM's asynchronous all-reduce)."
         ),
     )
+    overlap_pp_comm: bool = Field(
+        default=True,
+        description=(
+            "Interleaved schedule: send and receive activations while computing another chunk "
+            "(Megatron-Core's overlapped point-to-point communication)."
+        ),
+    )
     allreduce: AllReduceAlgo = "auto"
     first_device: int = Field(
         default=0, ge=0, description="Index of the first device the job uses."
