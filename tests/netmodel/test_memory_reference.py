@@ -28,9 +28,9 @@ def _saved_activation_bytes() -> float:
             seen[storage.data_ptr()] = storage.nbytes()
         return t
 
-    with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
-        with torch.autocast("cpu", dtype=torch.bfloat16):
-            block(x).float().sum().backward()
+    hooks = torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t)
+    with hooks, torch.autocast("cpu", dtype=torch.bfloat16):
+        block(x).float().sum().backward()
     return float(sum(seen.values()))
 
 
