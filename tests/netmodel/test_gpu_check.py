@@ -1,0 +1,55 @@
+"""Issue 13's GPU check is one prepared run (benchmarks/gpu_train_measure.py, PyTorch only) and a
+comparison (gpu_train_compare.py); here both run on this CPU at a tiny size, so a lent GPU
+machine gets a script that works, and its models are dmsc's presets."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+from dmsc.spec import TransformerSpec, resolve_model
+
+ROOT = Path(__file__).resolve().parents[2]
+BENCH = ROOT / "benchmarks"
+
+
+def test_the_measured_models_are_the_presets() -> None:
+    sys.path.insert(0, str(BENCH))
+    try:
+        import gpu_train_measure
+    finally:
+        sys.path.remove(str(BENCH))
+    for name, (layers, hidden, heads) in gpu_train_measure.MODELS.items():
+        spec = resolve_model(name)
+        assert isinstance(spec, TransformerSpec)
+        assert (spec.layers, spec.hidden, spec.heads) == (layers, hidden, heads)
+        assert (spec.seq, spec.vocab, spec.tied_embeddings) == (
+            gpu_train_measure.SEQ,
+            gpu_train_measure.VOCAB,
+            True,
+        )
+
+
+def test_measure_then_compare_runs_end_to_end(tmp_path: Path) -> None:
+    out = tmp_path / "m.json"
+    cmd = [sys.executable, str(BENCH / "gpu_train_measure.py"), "--tiny", "--device", "cpu"]
+    cmd += ["--micro-batches", "1", "--steps", "1", "--warmup", "0", "--out", str(out)]
+    subprocess.run(cmd, check=True, timeout=120)
+    measured = json.loads(out.read_text())
+    assert [r["status"] for r in measured["rows"]] == ["ok", "ok"]
+    assert all(r["step_ms"] > 0 for r in measured["rows"])
+    # The comparison needs a GPU name; an H100's is what a lent machine reports.
+    measured["device"] = "NVIDIA H100 80GB HBM3"
+    out.write_text(json.dumps(measured))
+    res = subprocess.run(
+        [sys.executable, str(BENCH / "gpu_train_compare.py"), str(out), "--json"],
+        check=True,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    cmp = json.loads(res.stdout)
+    assert cmp["every_run_predicted_to_fit"] is True
+    assert [r["model"] for r in cmp["rows"]] == ["tiny-a", "tiny-b"]
