@@ -264,18 +264,18 @@ def test_demo_runs(dmsc: DmscRunner) -> None:
 
 
 def test_attention_kernel_is_an_option_of_the_job(dmsc: DmscRunner) -> None:
-    """Issue 13's new user on one H100: GPT-3 350M at micro-batch 8 (sequence 2048) trains in
-    about 30 GiB with PyTorch's flash attention; with standard attention's s x s scores the cost
-    model says 81 GiB, and it used to say so for every job."""
+    """Issue 13's new user on one H100: GPT-3 350M (sequence 2048) with PyTorch's flash
+    attention; standard attention's s x s scores double the activations, and at micro-batch 16
+    they no longer fit where flash does."""
     nsfnet = str(ROOT / "examples" / "clusters" / "nsfnet-4dc.yaml")
     args = ["estimate", "--cluster", nsfnet, "--model", "gpt3-350m"]
-    args += ["--global-batch", "8", "--micro-batch", "8", "--json"]
+    args += ["--global-batch", "16", "--micro-batch", "16", "--json"]
     standard = dmsc(*args, "--attention", "standard")
-    assert standard.returncode == 1 and "81.2 GiB" in standard.stdout
+    assert standard.returncode == 1 and "91.9 GiB" in standard.stdout
     flash = dmsc(*args)  # flash by default
     assert flash.returncode == 0, flash.stderr
     out = json.loads(flash.stdout)
-    assert out["memory_gib_per_device"] < 30
+    assert out["memory_gib_per_device"] < 45
     # which calibration, validated where: this cluster's H100s take the H100 constants, checked
     # on the Megatron-Core H100 set (issue 13, items 3 and 6)
     (dev,) = out["calibration"]["devices"]
@@ -283,6 +283,22 @@ def test_attention_kernel_is_an_option_of_the_job(dmsc: DmscRunner) -> None:
     assert "megatron-core-h100" in [v["set_name"] for v in dev["validated"]]
     assert out["calibration"]["unvalidated_devices"] == []
     table = dmsc(*args[:-1]).stdout
-    assert "h100-80gb: h100 constants, validated on megatron-core-h100 2.7% mean" in table
+    assert "h100-80gb: h100 constants, validated on megatron-core-h100" in table
     bad = dmsc(*args, "--attention", "fused")
     assert bad.returncode == 2 and "--attention" in bad.stderr
+
+
+def test_the_issue_13_user_run_is_predicted_as_measured(dmsc: DmscRunner) -> None:
+    """GPT-3 350M, micro-batch 8, plain PyTorch (bf16 autocast, flash attention, fused AdamW)
+    on one H100 trains at about 130 ms per step with a peak of about 30 GiB (issue 13); the cost
+    model said 82 GiB and did not fit. Now: the plain-PyTorch recipe fits, in that range."""
+    one = str(ROOT / "examples" / "clusters" / "one-h100.yaml")
+    args = ["estimate", "--cluster", one, "--model", "gpt3-350m", "--global-batch", "8"]
+    res = dmsc(*args, "--micro-batch", "8", "--precision", "autocast", "--json")
+    assert res.returncode == 0, res.stdout + res.stderr
+    out = json.loads(res.stdout)
+    assert 25 < out["tensor_memory_gib_per_device"] < 35
+    assert 0.100 < out["iteration_time_s"] < 0.170
+    assert out["job"]["precision"] == "autocast"
+    bad = dmsc(*args, "--precision", "fp4")
+    assert bad.returncode == 2 and "--precision" in bad.stderr

@@ -112,8 +112,10 @@ def _raw(base: str, request: bytes, then: bytes = b"", wait_s: float = 5.0) -> t
     """Send ``request`` (and ``then``, unless the server answered first) on a raw socket; the
     server's answer until it closes, and the seconds it took."""
     host, port = base.removeprefix("http://").split(":")
+    # The server's header deadline runs from when it accepts the connection, which can come
+    # before create_connection returns here on a loaded machine: time from before the connect.
+    t0 = time.monotonic()
     with socket.create_connection((host, int(port)), timeout=wait_s) as s:
-        t0 = time.monotonic()
         s.sendall(request)
         if then:
             s.sendall(then)
