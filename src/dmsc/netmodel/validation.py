@@ -13,6 +13,7 @@ TFLOP/s per GPU, ``published / predicted - 1`` for iteration times.
 from __future__ import annotations
 
 import csv
+import functools
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from importlib import resources
@@ -363,8 +364,18 @@ def _measure(vs: ValidationSet, est: Estimate) -> float:
     return flops / est.iteration_time_s / est.devices / 1e12
 
 
+@functools.lru_cache(maxsize=32)
+def _validate(name: str, calib: Calibration) -> tuple[ValidationRow, ...]:
+    return tuple(_predict(name, calib))
+
+
 def validate(name: str, calib: Calibration = DEFAULT_CALIBRATION) -> list[ValidationRow]:
-    """Predicted against published figures for every row of the set ``name``."""
+    """Predicted against published figures for every row of the set ``name`` (pure: the result
+    of a set and calibration is kept for the next call)."""
+    return list(_validate(name, calib))
+
+
+def _predict(name: str, calib: Calibration) -> list[ValidationRow]:
     vs = VALIDATION_SETS[name]
     topo = Topology(vs.cluster)
     comm = CommModel(topo, calib)
