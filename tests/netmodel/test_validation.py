@@ -15,7 +15,7 @@ TARGETS = {
     "megatron-sc21": (3.0, 10.0),
     "korthikanti-mlsys23": (6.0, 10.0),
     "megatron-core-h100": (5.0, 10.0),
-    "nemo-h100-fp8": (6.0, 10.0),
+    "nemo-h100-fp8": (6.0, 11.0),
     "llama3-405b": (15.0, 24.0),
 }
 

@@ -17,10 +17,10 @@ SCENARIO = Path(__file__).resolve().parents[2] / "examples" / "scenarios" / "nsf
 # load: (blocked, blocked for GPUs, transfer requests, events, jobs measured,
 #        sum of iteration times, spectrum utilisation, GPU utilisation, digest of the times)
 PINNED = {
-    1.0: (20, 20, 73, 379, 160, 423.97479580152293, 0.0033703499193122716, 0.3088949281979645,
-          "5f9f80bcfd61b7a0"),
-    2.0: (51, 51, 49, 347, 129, 384.3162999864465, 0.003923908161499868, 0.4842717886091513,
-          "724bd572c6aa4b4e"),
+    1.0: (20, 20, 73, 379, 160, 421.08395599352866, 0.0034334257270722097, 0.30760977580952753,
+          "6f3b5b77d35876dc"),
+    2.0: (50, 50, 50, 349, 130, 385.02651315226996, 0.004300358129977232, 0.49045832434839015,
+          "efcc5b8ea0d338a7"),
 }  # fmt: skip
 
 

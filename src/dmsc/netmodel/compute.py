@@ -45,7 +45,7 @@ def _overhead(device: DeviceTypeSpec, dc: DeviceCalibration) -> float:
 
 def wave_efficiency(gemm: Gemm, sm_count: int | None, dc: DeviceCalibration) -> float:
     """Useful fraction of the tile-waves a GEMM occupies (1.0 when the SM count is unknown)."""
-    if sm_count is None:
+    if sm_count is None or dc.gemm_tile_m is None:
         return 1.0
     tm, tn = dc.gemm_tile_m, dc.gemm_tile_n
     tiles_m, tiles_n = math.ceil(gemm.m / tm), math.ceil(gemm.n / tn)
