@@ -103,7 +103,20 @@ def test_plan_searches_the_strategy_and_compares_solvers(tmp_path: Path, dmsc: D
     "case",
     [
         [LOCAL, "--model", "gpt-mini", "--global-batch", "16"],
-        [NSF, "--model", "llama3-8b", "--global-batch", "64", "--gpus", "256"],
+        # a fixed strategy: the search is another test's; here, 8 runs of the placement
+        [
+            NSF,
+            "--model",
+            "llama3-8b",
+            "--global-batch",
+            "64",
+            "--tp",
+            "8",
+            "--pp",
+            "4",
+            "--dp",
+            "8",
+        ],
     ],
 )
 def test_compare_gives_each_solver_the_figure_its_own_run_gives(
