@@ -16,6 +16,7 @@ TARGETS = {
     "korthikanti-mlsys23": (6.0, 10.0),
     "megatron-core-h100": (5.0, 10.0),
     "nemo-h100-fp8": (6.0, 11.0),
+    "nemo-b200-fp8": (5.0, 10.0),
     "llama3-405b": (15.0, 24.0),
 }
 

@@ -55,6 +55,8 @@ def _dgx_cluster(
 SELENE = _dgx_cluster("a100-selene", "a100-sxm-80gb", 384, 2400, 1600)
 # DGX H100 (Megatron-Core, NeMo): NVLink 4 (450 GB/s per direction), 8 x 400 Gbit/s NDR.
 DGX_H100 = _dgx_cluster("dgx-h100", "h100-sxm", 768, 3600, 3200)
+# DGX B200: NVLink 5 (900 GB/s per direction), 8 x 400 Gbit/s.
+DGX_B200 = _dgx_cluster("dgx-b200", "b200", 64, 7200, 3200)
 # Meta's Grand Teton H100 servers: NVLink 4, 400 Gbit/s RoCE per GPU.
 GRAND_TETON = _dgx_cluster("grand-teton-h100", "h100-sxm", 2048, 3600, 3200)
 
@@ -332,6 +334,18 @@ VALIDATION_SETS: dict[str, ValidationSet] = {
             "tflops_per_gpu",
             "model",
             DGX_H100,
+            _nemo_fp8,
+            lambda r: f"{r['model']} {r['gpus']} GPUs",
+        ),
+        ValidationSet(
+            "nemo-b200-fp8",
+            "NVIDIA NeMo 25.02 performance summary, DGX-B200, FP8",
+            "B200",
+            "b200",
+            "nemo_2502_b200_fp8.csv",
+            "tflops_per_gpu",
+            "model",
+            DGX_B200,
             _nemo_fp8,
             lambda r: f"{r['model']} {r['gpus']} GPUs",
         ),
