@@ -11,7 +11,7 @@ from dmsc.netmodel import (
     check_fit,
     estimate_iteration,
 )
-from dmsc.spec import ClusterSpec, JobSpec, LayerListSpec, resolve_model
+from dmsc.spec import ClusterSpec, JobSpec, LayerListSpec, TransformerSpec, resolve_model
 
 
 def test_breakdown_sums_to_iteration(selene: ClusterSpec) -> None:
@@ -180,3 +180,20 @@ def test_inference_memory_is_weights_kv_cache_and_one_layer(selene: ClusterSpec)
     largest = max(lc.activation_bytes for lc in build_layer_costs(model, job))
     assert mem.activations == pytest.approx(kv_cache + largest)
     assert mem.weights == pytest.approx(est.params * 2, rel=1e-3)
+
+
+def test_the_split_may_count_the_embedding_and_the_loss_as_layers(selene: ClusterSpec) -> None:
+    """Llama 3 405B's 126 blocks on 16 stages of 8 chunks: the embedding and the output layer
+    count as one layer each, so the first and the last stage take one block fewer (Llama 3,
+    sec. 3.3.2; Megatron-Core's account-for-embedding/loss-in-pipeline-split)."""
+    from dmsc.netmodel.iteration import assign_stage_layers, check_fit
+
+    model = TransformerSpec(layers=126, hidden=256, heads=8, seq=128, vocab=1000)
+    job = JobSpec(global_batch=16, pp=16, schedule="interleaved", interleave=8)
+    assert check_fit(selene, model, job)  # 126 blocks cannot fill 128 chunks
+    balanced = job.model_copy(update={"split_counts_embedding_and_loss": True})
+    assert not check_fit(selene, model, balanced)
+    stages = assign_stage_layers(build_layer_costs(model, balanced), balanced)
+    blocks = [sum(1 for lc in st if lc.kind == "block") for st in stages]
+    assert blocks == [7] + [8] * 14 + [7]
+    assert stages[0][0].kind == "embedding" and stages[-1][-1].kind == "head"

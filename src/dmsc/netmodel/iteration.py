@@ -105,7 +105,8 @@ def check_fit(
     n_layers = model.layers if isinstance(model, TransformerSpec) else len(model.layer_list)
     if job.stage_layers is not None and sum(job.stage_layers) != n_layers:
         reasons.append(f"stage_layers add up to {sum(job.stage_layers)}, the model has {n_layers}")
-    if n_layers < job.pp * job.chunks:
+    slots = n_layers + (2 if job.split_counts_embedding_and_loss else 0)
+    if slots < job.pp * job.chunks:
         reasons.append(
             f"{n_layers} layers cannot fill pp x interleave = {job.pp * job.chunks} chunks"
         )
@@ -134,14 +135,26 @@ def check_fit(
 
 
 def assign_stage_layers(layers: list[LayerCost], job: JobSpec) -> list[list[LayerCost]]:
-    """Layers of each stage, embedding with the first chunk and head with the last."""
+    """Layers of each stage, embedding with the first chunk and head with the last.
+
+    With ``split_counts_embedding_and_loss`` the embedding and the head each count as one layer
+    of the split, so the first and last chunks take one block fewer (Llama 3's balancing;
+    Megatron-Core's account-for-embedding/loss-in-pipeline-split).
+    """
     body = [lc for lc in layers if lc.kind not in ("embedding", "head")]
+    ends = job.split_counts_embedding_and_loss and layers[0].kind == "embedding"
+    ends = ends and layers[-1].kind == "head"
+    stages: list[list[LayerCost]] = [[] for _ in range(job.pp)]
     if job.stage_layers is not None:
         starts = [sum(job.stage_layers[:i]) for i in range(job.pp + 1)]
         chunks = [range(starts[i], starts[i + 1]) for i in range(job.pp)]
+    elif ends:
+        items = [layers[0], *body, layers[-1]]
+        for c, rng in enumerate(split_layers(len(items), job.pp * job.chunks)):
+            stages[c % job.pp].extend(items[i] for i in rng)
+        return stages
     else:
         chunks = split_layers(len(body), job.pp * job.chunks)
-    stages: list[list[LayerCost]] = [[] for _ in range(job.pp)]
     for c, rng in enumerate(chunks):
         stages[c % job.pp].extend(body[i] for i in rng)
     if layers[0].kind == "embedding":

@@ -282,6 +282,8 @@ def _llama3(row: dict[str, str]) -> Iterator[Candidate]:
                     interleave=v,
                     sequence_parallel=True,
                     zero=2,  # FSDP sharding optimizer states and gradients, not weights
+                    # "we reduce one Transformer layer each from the first and the last stages"
+                    split_counts_embedding_and_loss=True,
                 ),
             )
 

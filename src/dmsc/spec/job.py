@@ -53,6 +53,13 @@ class JobSpec(BaseModel):
     zero: int = Field(
         default=0, ge=0, le=3, description="ZeRO stage (optimizer/grad/param sharding)."
     )
+    split_counts_embedding_and_loss: bool = Field(
+        default=False,
+        description=(
+            "Count the embedding and the output layer with its loss as one layer each when "
+            "splitting the pipeline, so the first and last stages take one block fewer."
+        ),
+    )
     overlap_dp_comm: bool = Field(
         default=True, description="Overlap the gradient all-reduce with the last backward pass."
     )
