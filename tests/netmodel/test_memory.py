@@ -3,7 +3,7 @@ from __future__ import annotations
 import pytest
 
 from dmsc.netmodel import build_layer_costs
-from dmsc.netmodel.memory import inflight_microbatches, stage_memory
+from dmsc.netmodel.memory import inflight_microbatches, precision_bytes, stage_memory
 from dmsc.spec import JobSpec, TransformerSpec
 
 GPT = TransformerSpec(
@@ -83,6 +83,11 @@ def test_bytes_per_parameter_by_precision() -> None:
     assert per_param("pure") == pytest.approx(8)
     assert per_param("fp8") == pytest.approx(16 + 2 * M / P)
     assert per_param("mixed", "fp32") == pytest.approx(16)
+    # What one optimizer step moves per parameter: Megatron-LM's mixed-precision step (grads to
+    # fp32, unscale and inf check, norm, Adam, params back to 16 bits, zero grads) against torch's
+    # fused AdamW over fp32 tensors under autocast.
+    assert precision_bytes("mixed", "bf16").step_traffic == 2 + 4 + 8 + 4 + 28 + 6 + 2
+    assert precision_bytes("autocast", "bf16").step_traffic == 28
 
 
 def test_framework_memory_counts_in_the_total_not_in_the_tensors() -> None:

@@ -130,8 +130,8 @@ A100 = DeviceCalibration(
     allocator_overhead=_GPU_FRAGMENTATION,
     sources="SC'21 and MLSys'23 fit; FlashAttention-2 paper; MAMF; NVIDIA A100 datasheet",
     validated=(
-        Validated("megatron-sc21", "Megatron-LM SC'21 Table 1", "A100 80GB", 10, 2.8, 6.9),
-        Validated("korthikanti-mlsys23", "Korthikanti et al. MLSys'23", "A100 80GB", 8, 5.6, 9.2),
+        Validated("megatron-sc21", "Megatron-LM SC'21 Table 1", "A100 80GB", 10, 2.5, 6.6),
+        Validated("korthikanti-mlsys23", "Korthikanti et al. MLSys'23", "A100 80GB", 8, 5.4, 9.2),
     ),
 )
 
@@ -159,9 +159,9 @@ H100 = DeviceCalibration(
     sources="Megatron-Core H100 fit; MAMF; FlashAttention-3 paper; NVIDIA H100 datasheet",
     validated=(
         Validated(
-            "megatron-core-h100", "Megatron-LM README H100 weak scaling", "H100 80GB", 9, 3.0, 5.9
+            "megatron-core-h100", "Megatron-LM README H100 weak scaling", "H100 80GB", 9, 3.0, 5.8
         ),
-        Validated("nemo-h100-fp8", "NeMo 24.07 DGX-H100 FP8", "H100 80GB", 7, 5.7, 10.4),
+        Validated("nemo-h100-fp8", "NeMo 24.07 DGX-H100 FP8", "H100 80GB", 7, 5.7, 10.1),
         Validated("llama3-405b", "Llama 3 Herd of Models Table 4", "H100 80GB", 2, 15.8, 22.5),
     ),
 )
@@ -188,7 +188,7 @@ B200 = DeviceCalibration(
     framework_bytes=_GPU_FRAMEWORK,
     allocator_overhead=_GPU_FRAGMENTATION,
     sources="MAMF (Bekman); NeMo 25.02 DGX-B200 FP8 fit; NVIDIA HGX B200 datasheet",
-    validated=(Validated("nemo-b200-fp8", "NeMo 25.02 DGX-B200 FP8", "B200", 2, 1.2, 2.0),),
+    validated=(Validated("nemo-b200-fp8", "NeMo 25.02 DGX-B200 FP8", "B200", 2, 1.2, 1.9),),
 )
 
 # Anything else (CPUs, other accelerators): the A100's kernel efficiencies, no GPU framework

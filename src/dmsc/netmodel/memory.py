@@ -68,9 +68,11 @@ def precision_bytes(precision: str, dtype: str) -> PrecisionBytes:
         return PrecisionBytes(4, 4, 8, B, 28)
     if precision == "pure":
         return PrecisionBytes(B, B, 2 * B, 0, 7 * B)
-    # mixed and fp8: read the 16-bit gradient, read and write the fp32 master, m and v, write
-    # the 16-bit weight: 2 + 8 + 8 + 8 + 2.
-    return PrecisionBytes(B, B, 12, 2 if precision == "fp8" else 0, 2 * B + 24)
+    # mixed and fp8, as Megatron-LM's mixed-precision optimizer steps (its optimizer.py): copy
+    # the 16-bit gradients to fp32 main gradients (B + 4), unscale them and check for inf/nan
+    # (4 + 4), clip by the global norm (4), Adam (read g, p, m, v; write p, m, v: 28), copy the
+    # fp32 main parameters to the 16-bit ones (4 + B), zero the gradients (B): 3B + 48.
+    return PrecisionBytes(B, B, 12, 2 if precision == "fp8" else 0, 3 * B + 48)
 
 
 def inflight_microbatches(job: JobSpec, stage: int) -> float:
