@@ -91,3 +91,16 @@ def test_peak_by_dtype() -> None:
     assert peak_flops(A100, "fp32") == 156e12  # fp32 math on tf32 tensor cores
     with pytest.raises(DtypeUnsupported, match="bf16"):
         peak_flops(A100, "bf16")
+
+
+def test_hopper_gemms_have_no_wave_quantization() -> None:
+    """A100's cuBLAS tiles leave a ragged last wave idle; Hopper's persistent kernels balance
+    the tiles over the SMs (the H200's measured times follow no quantization), so there a GEMM
+    one tile column wider costs in proportion to its FLOPs."""
+    h100 = DeviceTypeSpec(preset="h100-sxm")
+    dh = DEFAULT_CALIBRATION.for_device(h100)
+    full, ragged = Gemm(2048, 3456, 8192), Gemm(2048, 3584, 8192)
+    assert wave_efficiency(ragged, 132, dh) == 1.0
+    assert wave_efficiency(ragged, 108, C) < 0.8  # the A100 constants keep the waves
+    per_flop = [gemm_time(g, h100, "bf16", dh) / g.flops for g in (full, ragged)]
+    assert per_flop[1] == pytest.approx(per_flop[0], rel=0.01)
