@@ -5,8 +5,9 @@ not the topology model and networkx (0.5 s of every worker's start)."""
 
 from __future__ import annotations
 
-import importlib
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
+
+from dmsc._lazy import lazy_getattr
 
 if TYPE_CHECKING:
     from dmsc.netmodel.collectives import (
@@ -64,13 +65,7 @@ _WHERE = {
 }
 
 
-def __getattr__(name: str) -> Any:
-    module = _WHERE.get(name)
-    if module is None:
-        raise AttributeError(f"module 'dmsc.netmodel' has no attribute {name!r}")
-    value = getattr(importlib.import_module(module), name)
-    globals()[name] = value
-    return value
+__getattr__ = lazy_getattr(_WHERE, globals())
 
 
 __all__ = [

@@ -9,8 +9,9 @@ the solvers (OR-Tools, networkx: 0.7 s of every ``dmsc up``).
 
 from __future__ import annotations
 
-import importlib
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
+
+from dmsc._lazy import lazy_getattr
 
 if TYPE_CHECKING:
     from dmsc.planner.placement.problem import (
@@ -70,13 +71,7 @@ _WHERE = {
 }
 
 
-def __getattr__(name: str) -> Any:
-    module = _WHERE.get(name)
-    if module is None:
-        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
-    value = getattr(importlib.import_module(module), name)
-    globals()[name] = value
-    return value
+__getattr__ = lazy_getattr(_WHERE, globals())
 
 
 __all__ = [

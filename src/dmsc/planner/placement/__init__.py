@@ -11,8 +11,9 @@ The solvers load on first use (PEP 562), so the problem's model loads without OR
 
 from __future__ import annotations
 
-import importlib
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
+
+from dmsc._lazy import lazy_getattr
 
 if TYPE_CHECKING:
     from dmsc.planner.placement.baselines import (
@@ -42,13 +43,7 @@ _WHERE = {
 }
 
 
-def __getattr__(name: str) -> Any:
-    module = _WHERE.get(name)
-    if module is None:
-        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
-    value = getattr(importlib.import_module(module), name)
-    globals()[name] = value
-    return value
+__getattr__ = lazy_getattr(_WHERE, globals())
 
 
 __all__ = [
