@@ -116,20 +116,26 @@ def _chunks(layers: int, pp: int) -> list[int]:
     return [v for v in range(1, per_stage + 1) if layers % (pp * v) == 0] or [1]
 
 
+def _gpt(row: dict[str, str], seq: int, vocab: int, dtype: str, **more: object) -> TransformerSpec:
+    """The GPT model of a Megatron-LM table row (its layers, hidden size and heads)."""
+    return TransformerSpec.model_validate(
+        {
+            "name": f"gpt-{row['params_billion']}b",
+            "layers": int(row["layers"]),
+            "hidden": int(row["hidden"]),
+            "heads": int(row["heads"]),
+            "seq": seq,
+            "vocab": vocab,
+            "dtype": dtype,
+            **more,
+        }
+    )
+
+
 def _sc21(row: dict[str, str]) -> Iterator[Candidate]:
     layers, tp, pp, gpus = int(row["layers"]), int(row["tp"]), int(row["pp"]), int(row["gpus"])
     gb, dp = int(row["global_batch"]), gpus // (tp * pp)
-    model = TransformerSpec(
-        name=f"gpt-{row['params_billion']}b",
-        layers=layers,
-        hidden=int(row["hidden"]),
-        heads=int(row["heads"]),
-        seq=2048,
-        vocab=51200,
-        dtype="fp16",
-        tied_embeddings=True,
-        dropout=0.1,
-    )
+    model = _gpt(row, 2048, 51200, "fp16", tied_embeddings=True, dropout=0.1)
     for v in _chunks(layers, pp):
         for mb in (1, 2, 4, 8):
             if gb % (mb * dp) == 0:
@@ -155,17 +161,7 @@ def _sc21(row: dict[str, str]) -> Iterator[Candidate]:
 def _mlsys23(row: dict[str, str]) -> Iterator[Candidate]:
     v = int(row["interleave"])
     selective = row["recompute"] == "selective"
-    model = TransformerSpec(
-        name=f"gpt-{row['params_billion']}b",
-        layers=int(row["layers"]),
-        hidden=int(row["hidden"]),
-        heads=int(row["heads"]),
-        seq=2048,
-        vocab=51200,
-        dtype="bf16",
-        tied_embeddings=True,
-        dropout=0.1,
-    )
+    model = _gpt(row, 2048, 51200, "bf16", tied_embeddings=True, dropout=0.1)
     yield Candidate(
         model,
         JobSpec(
@@ -186,15 +182,7 @@ def _mlsys23(row: dict[str, str]) -> Iterator[Candidate]:
 def _mcore_h100(row: dict[str, str]) -> Iterator[Candidate]:
     layers, tp, pp, dp = int(row["layers"]), int(row["tp"]), int(row["pp"]), int(row["dp"])
     gb = int(row["global_batch"])
-    model = TransformerSpec(
-        name=f"gpt-{row['params_billion']}b",
-        layers=layers,
-        hidden=int(row["hidden"]),
-        heads=int(row["heads"]),
-        seq=4096,
-        vocab=131072,
-        dtype="bf16",
-    )
+    model = _gpt(row, 4096, 131072, "bf16")
     for v in _chunks(layers, pp):
         for mb in (1, 2, 4):
             if gb % (mb * dp):

@@ -23,6 +23,9 @@ from typing import Any, Literal
 
 Generation = Literal["a100", "h100", "h200", "b200", "generic"]
 
+# Hopper's tensor-core rates: the H200 is the H100's chip with more and faster memory.
+_HOPPER = {"bf16": 989, "fp16": 989, "fp8": 1979, "int8": 1979, "tf32": 494, "fp32": 67}
+
 DEVICE_PRESETS: dict[str, dict[str, Any]] = {
     "a100-sxm-80gb": {
         "generation": "a100",
@@ -33,28 +36,14 @@ DEVICE_PRESETS: dict[str, dict[str, Any]] = {
     },
     "h100-sxm": {
         "generation": "h100",
-        "peak_tflops": {
-            "bf16": 989,
-            "fp16": 989,
-            "fp8": 1979,
-            "int8": 1979,
-            "tf32": 494,
-            "fp32": 67,
-        },
+        "peak_tflops": _HOPPER,
         "memory_gib": 79.6,
         "memory_bw_gbyte_s": 3350,
         "sm_count": 132,
     },
     "h200-sxm": {
         "generation": "h200",
-        "peak_tflops": {
-            "bf16": 989,
-            "fp16": 989,
-            "fp8": 1979,
-            "int8": 1979,
-            "tf32": 494,
-            "fp32": 67,
-        },
+        "peak_tflops": _HOPPER,
         "memory_gib": 140.4,
         "memory_bw_gbyte_s": 4800,
         "sm_count": 132,
