@@ -19,7 +19,7 @@ import torch.distributed as dist
 import torch.multiprocessing as mp
 
 from dmsc.data.corpus import Corpus, stdlib_text
-from dmsc.runtime.compute.models.gpt import build_stage, loss_fn
+from dmsc.runtime.compute.models.chain import build_stage, loss_fn
 from dmsc.runtime.control.deployment import Deployment, StageLayout
 from dmsc.spec import TransformerSpec, resolve_model
 

@@ -127,7 +127,7 @@ def test_malformed_messages_get_an_error_and_the_worker_keeps_serving(batches) -
 def test_sampling_and_checkpoint(tmp_path, batches) -> None:  # type: ignore[no-untyped-def]
     """Temperature 0 gives the single-process model's most likely bytes; a seed repeats a
     draw, top-k 1 is greedy (issue 12, item 4); then a checkpoint."""
-    from dmsc.runtime.compute.models.gpt import build_stage, layer_names
+    from dmsc.runtime.compute.models.chain import build_stage, layer_names
     from dmsc.runtime.transport.messages import Sampling
 
     names = layer_names(SPEC)
@@ -172,7 +172,7 @@ def test_lr_schedule_equals_single_process_with_torch_schedulers(batches) -> Non
     AdamW is driven by PyTorch's own schedulers (issue 12, item 4)."""
     from torch.optim.lr_scheduler import CosineAnnealingLR, LinearLR, SequentialLR
 
-    from dmsc.runtime.compute.models.gpt import build_stage, layer_names, loss_fn
+    from dmsc.runtime.compute.models.chain import build_stage, layer_names, loss_fn
     from dmsc.runtime.control.lr_schedule import lr_at
     from dmsc.runtime.transport.messages import TrainSettings
 

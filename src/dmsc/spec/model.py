@@ -13,6 +13,24 @@ class _Spec(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
 
 
+class RopeScaling(_Spec):
+    """Llama 3's rotary frequency scaling (Meta's ``rope_type: llama3``): wavelengths longer than
+    ``original_max_positions / low_freq_factor`` are divided by ``factor``, those shorter than
+    ``original_max_positions / high_freq_factor`` kept, the band between interpolated."""
+
+    factor: float = Field(gt=0)
+    low_freq_factor: float = Field(gt=0)
+    high_freq_factor: float = Field(gt=0)
+    original_max_positions: int = Field(gt=0)
+
+
+class CheckpointRef(_Spec):
+    """A Hugging Face checkpoint directory and the SHA-256 of its files when the plan was made."""
+
+    path: str
+    sha256: str = ""
+
+
 class TransformerSpec(_Spec):
     """A decoder-only transformer by its shape (GPT, Llama, Mixtral families).
 
@@ -41,6 +59,21 @@ class TransformerSpec(_Spec):
         lt=1,
         description="Dropout rate (0: no dropout masks kept, as in Llama; GPT-3 used 0.1).",
     )
+    # What the runtime needs beyond the shape to compute the same function as a published
+    # checkpoint; the cost model ignores these.
+    norm_eps: float = Field(default=1e-5, gt=0, lt=1, description="LayerNorm / RMSNorm epsilon.")
+    rope_theta: float = Field(default=10000.0, gt=0, description="Rotary base (Llama family).")
+    rope_scaling: RopeScaling | None = None
+    qkv_bias: bool = Field(default=False, description="Biases on Q, K, V (Qwen2; Llama family).")
+    gelu_approximate: Literal["none", "tanh"] = Field(
+        default="none", description="GeLU as torch's F.gelu(approximate=...); GPT-2 uses tanh."
+    )
+    max_positions: int | None = Field(
+        default=None, gt=0, description="Rows of the learned position table (default: seq)."
+    )
+    checkpoint: CheckpointRef | None = Field(
+        default=None, description="The Hugging Face directory the weights come from."
+    )
 
     @model_validator(mode="after")
     def _shape(self) -> Self:
@@ -50,11 +83,24 @@ class TransformerSpec(_Spec):
             raise ValueError(f"kv_heads: heads={self.heads} is not divisible by {self.kv_heads}")
         if self.top_k > self.experts:
             raise ValueError(f"top_k: {self.top_k} is more than experts={self.experts}")
+        if self.max_positions is not None and self.max_positions < self.seq:
+            raise ValueError(
+                f"max_positions: {self.max_positions} positions cannot hold seq={self.seq}"
+            )
         return self
 
     @property
     def ffn_size(self) -> int:
         return self.ffn if self.ffn is not None else 4 * self.hidden
+
+    @property
+    def family(self) -> Literal["gpt", "llama"]:
+        """GPT (LayerNorm, GeLU, learned positions) or Llama (RMSNorm, SwiGLU, rotary)."""
+        return "gpt" if self.mlp == "gelu" else "llama"
+
+    @property
+    def positions(self) -> int:
+        return self.max_positions if self.max_positions is not None else self.seq
 
     @property
     def kv_heads_count(self) -> int:

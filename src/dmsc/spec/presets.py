@@ -13,6 +13,7 @@ from typing import Any
 from pydantic import TypeAdapter, ValidationError
 
 from dmsc.spec.errors import SpecError, spec_error_from_validation
+from dmsc.spec.hf import hf_document, is_hf
 from dmsc.spec.loader import read_document
 from dmsc.spec.model import BlockGraphSpec, LayerListSpec, ModelSpec, TransformerSpec
 
@@ -42,7 +43,8 @@ MODEL_PRESETS: dict[str, dict[str, Any]] = {
         "experts": 8,
         "top_k": 2,
     },
-    # Small enough to train on a laptop CPU in minutes: byte-level vocabulary, fp32.
+    # Small enough to train on a laptop CPU in minutes: byte-level vocabulary, fp32. One per
+    # family the runtime runs: GPT, Llama (grouped-query attention) and a Mixtral-style MoE.
     "gpt-mini": {
         "layers": 4,
         "hidden": 128,
@@ -51,6 +53,30 @@ MODEL_PRESETS: dict[str, dict[str, Any]] = {
         "vocab": 256,
         "dtype": "fp32",
         "mlp": "gelu",
+    },
+    "llama-mini": {
+        "layers": 4,
+        "hidden": 128,
+        "heads": 4,
+        "kv_heads": 2,
+        "ffn": 352,
+        "seq": 128,
+        "vocab": 256,
+        "dtype": "fp32",
+        "mlp": "swiglu",
+    },
+    "moe-mini": {
+        "layers": 4,
+        "hidden": 128,
+        "heads": 4,
+        "kv_heads": 2,
+        "ffn": 176,
+        "seq": 128,
+        "vocab": 256,
+        "dtype": "fp32",
+        "mlp": "swiglu",
+        "experts": 4,
+        "top_k": 2,
     },
 }
 
@@ -119,6 +145,9 @@ def _document(name_or_path: str | None, given: dict[str, int]) -> tuple[Any, str
                 "--model", "", f"no model given; name a preset or give {', '.join(missing)}"
             )
         return {"name": "custom", **given}, "command line"
+    if is_hf(name_or_path):
+        doc, source = hf_document(name_or_path, given.get("seq"))
+        return {**doc, **given}, source
     if name_or_path in MODEL_PRESETS:
         base: dict[str, Any] = {"name": name_or_path, **MODEL_PRESETS[name_or_path]}
         return {**base, **given}, f"preset {name_or_path}"

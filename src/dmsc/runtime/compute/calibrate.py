@@ -65,7 +65,7 @@ def measure_op_overhead(threads: int = 1) -> float:
 
     spec = resolve_model("gpt-mini")
     assert isinstance(spec, TransformerSpec)
-    block = Block(spec.hidden, spec.heads, spec.ffn_size)
+    block = Block(spec)
     x = torch.randn(1, 8, spec.hidden, requires_grad=True)
     old = torch.get_num_threads()
     torch.set_num_threads(threads)

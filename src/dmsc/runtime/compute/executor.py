@@ -17,7 +17,7 @@ from dataclasses import dataclass, field
 import torch
 
 from dmsc.netmodel.schedule import schedule_ops
-from dmsc.runtime.compute.models.gpt import StageModule, loss_fn
+from dmsc.runtime.compute.models.chain import StageModule, loss_fn
 from dmsc.runtime.compute.peers import Peers
 from dmsc.runtime.transport.wire import Kind
 

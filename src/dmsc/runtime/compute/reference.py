@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import torch
 
-from dmsc.runtime.compute.models.gpt import build_stage, layer_names, loss_fn
+from dmsc.runtime.compute.models.chain import build_stage, layer_names, loss_fn
 from dmsc.spec import TransformerSpec
 
 

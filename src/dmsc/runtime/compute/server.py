@@ -40,7 +40,7 @@ from dmsc.runtime.compute.executor import run_ops, step_ops
 from dmsc.runtime.compute.frames import FrameSpec, check_frame
 from dmsc.runtime.compute.gradient_sync import GradientSync
 from dmsc.runtime.compute.inbox import Inbox
-from dmsc.runtime.compute.models.gpt import build_stage
+from dmsc.runtime.compute.models.chain import build_stage
 from dmsc.runtime.compute.peers import Peers
 from dmsc.runtime.transport import messages as msg
 from dmsc.runtime.transport.messages import REGISTRY_SERVICE

@@ -1,9 +1,5 @@
-"""gpt-mini in PyTorch, as a chain of layers that any contiguous slice of can run as a stage.
-
-The chain is ``embedding, block_0 .. block_{L-1}, head``, the same names the cost model and the
-plan use. Every process builds the whole chain from the same seed and keeps its slice, so the
-stages of a pipeline hold exactly the parameters single-process training would.
-"""
+"""The GPT family in PyTorch (LayerNorm, learned positions, GeLU MLP, biases): gpt-mini and
+GPT-2 checkpoints. Parameter names are the runtime's; :mod:`.hf` maps them to GPT-2's."""
 
 from __future__ import annotations
 
@@ -17,29 +13,31 @@ from dmsc.spec import TransformerSpec
 class Embedding(nn.Module):
     """Token and learned position embeddings."""
 
-    def __init__(self, vocab: int, hidden: int, seq: int) -> None:
+    def __init__(self, spec: TransformerSpec) -> None:
         super().__init__()
-        self.tok = nn.Embedding(vocab, hidden)
-        self.pos = nn.Embedding(seq, hidden)
+        self.tok = nn.Embedding(spec.vocab, spec.hidden)
+        self.pos = nn.Embedding(spec.positions, spec.hidden)
 
-    def forward(self, idx_BT: torch.Tensor) -> torch.Tensor:
+    def forward(self, idx_BT: torch.Tensor, start: int = 0) -> torch.Tensor:
         T = idx_BT.shape[1]
-        pos_T = torch.arange(T, device=idx_BT.device)
+        pos_T = torch.arange(start, start + T, device=idx_BT.device)
         return self.tok(idx_BT) + self.pos(pos_T)
 
 
 class Block(nn.Module):
     """Pre-norm transformer block: causal self-attention and a GeLU MLP."""
 
-    def __init__(self, hidden: int, heads: int, ffn: int) -> None:
+    def __init__(self, spec: TransformerSpec) -> None:
         super().__init__()
-        self.heads = heads
-        self.ln1 = nn.LayerNorm(hidden)
+        hidden, eps = spec.hidden, spec.norm_eps
+        self.heads = spec.heads
+        self.approximate = spec.gelu_approximate
+        self.ln1 = nn.LayerNorm(hidden, eps=eps)
         self.qkv = nn.Linear(hidden, 3 * hidden)
         self.proj = nn.Linear(hidden, hidden)
-        self.ln2 = nn.LayerNorm(hidden)
-        self.fc1 = nn.Linear(hidden, ffn)
-        self.fc2 = nn.Linear(ffn, hidden)
+        self.ln2 = nn.LayerNorm(hidden, eps=eps)
+        self.fc1 = nn.Linear(hidden, spec.ffn_size)
+        self.fc2 = nn.Linear(spec.ffn_size, hidden)
 
     def forward(self, x_BTH: torch.Tensor) -> torch.Tensor:
         B, T, H = x_BTH.shape
@@ -47,71 +45,17 @@ class Block(nn.Module):
         q, k, v = (t.view(B, T, self.heads, H // self.heads).transpose(1, 2) for t in (q, k, v))
         att = F.scaled_dot_product_attention(q, k, v, is_causal=True)
         x_BTH = x_BTH + self.proj(att.transpose(1, 2).reshape(B, T, H))
-        return x_BTH + self.fc2(F.gelu(self.fc1(self.ln2(x_BTH))))
+        mlp = self.fc2(F.gelu(self.fc1(self.ln2(x_BTH)), approximate=self.approximate))
+        return x_BTH + mlp
 
 
 class Head(nn.Module):
     """Final layer norm and the projection to the vocabulary."""
 
-    def __init__(self, hidden: int, vocab: int) -> None:
+    def __init__(self, spec: TransformerSpec) -> None:
         super().__init__()
-        self.ln = nn.LayerNorm(hidden)
-        self.out = nn.Linear(hidden, vocab, bias=False)
+        self.ln = nn.LayerNorm(spec.hidden, eps=spec.norm_eps)
+        self.out = nn.Linear(spec.hidden, spec.vocab, bias=False)
 
     def forward(self, x_BTH: torch.Tensor) -> torch.Tensor:
         return self.out(self.ln(x_BTH))
-
-
-def layer_names(spec: TransformerSpec) -> list[str]:
-    return ["embedding", *[f"block_{i}" for i in range(spec.layers)], "head"]
-
-
-def build_chain(spec: TransformerSpec, seed: int) -> list[nn.Module]:
-    """Every layer of the model, initialised from ``seed`` (the same in every process)."""
-    if spec.mlp != "gelu" or spec.is_moe or spec.kv_heads_count != spec.heads or spec.dropout:
-        raise ValueError(
-            "the runtime model is a GPT (GeLU MLP, full attention, no experts, no dropout)"
-        )
-    torch.manual_seed(seed)
-    chain: list[nn.Module] = [Embedding(spec.vocab, spec.hidden, spec.seq)]
-    chain += [Block(spec.hidden, spec.heads, spec.ffn_size) for _ in range(spec.layers)]
-    chain.append(Head(spec.hidden, spec.vocab))
-    return chain
-
-
-class StageModule(nn.Module):
-    """A contiguous slice of the chain: a micro-model."""
-
-    def __init__(self, layers: list[nn.Module], names: list[str]) -> None:
-        super().__init__()
-        self.layers = nn.ModuleList(layers)
-        self.names = names
-
-    @property
-    def is_first(self) -> bool:
-        return self.names[0] == "embedding"
-
-    @property
-    def is_last(self) -> bool:
-        return self.names[-1] == "head"
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        for layer in self.layers:
-            x = layer(x)
-        return x
-
-
-def build_stage(spec: TransformerSpec, seed: int, first: str, last: str) -> StageModule:
-    """The layers ``first`` .. ``last`` (inclusive, by name) of the model built from ``seed``."""
-    names = layer_names(spec)
-    if first not in names or last not in names:
-        raise ValueError(f"unknown layer {first!r} or {last!r} (layers: {names[0]} .. {names[-1]})")
-    lo, hi = names.index(first), names.index(last) + 1
-    if lo >= hi:
-        raise ValueError(f"empty layer range {first} .. {last}")
-    chain = build_chain(spec, seed)
-    return StageModule(chain[lo:hi], names[lo:hi])
-
-
-def loss_fn(logits_BTV: torch.Tensor, targets_BT: torch.Tensor) -> torch.Tensor:
-    return F.cross_entropy(logits_BTV.reshape(-1, logits_BTV.shape[-1]), targets_BT.reshape(-1))

@@ -1,0 +1,98 @@
+"""A model as a chain of layers that any contiguous slice of can run as a stage (a micro-model).
+
+The chain is ``embedding, block_0 .. block_{L-1}, head``: the names the cost model and the plan
+use, for every family (:mod:`.gpt`, :mod:`.llama`). A model made from a seed is built whole in
+every process from the same seed and sliced, so the stages of a pipeline hold exactly the
+parameters single-process training would; a model loaded from a checkpoint builds only its slice
+(on the meta device, then filled from the checkpoint: a stage never holds the whole model).
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from dmsc.runtime.compute.models import gpt, llama
+from dmsc.spec import TransformerSpec
+
+
+def layer_names(spec: TransformerSpec) -> list[str]:
+    return ["embedding", *[f"block_{i}" for i in range(spec.layers)], "head"]
+
+
+def check_runnable(spec: TransformerSpec) -> None:
+    """A ValueError naming what the runtime cannot compute for ``spec``."""
+    if spec.dropout:
+        raise ValueError("the runtime models have no dropout (dropout: 0)")
+    if spec.family == "gpt" and (spec.is_moe or spec.kv_heads_count != spec.heads):
+        raise ValueError(
+            "a GPT model (mlp: gelu) runs with full attention and no experts; "
+            "grouped-query attention and experts are the Llama family's (mlp: swiglu)"
+        )
+
+
+def build_layer(spec: TransformerSpec, index: int) -> nn.Module:
+    """Layer ``index`` of the chain (0: embedding, 1..L: blocks, L+1: head), freshly initialised."""
+    fam = gpt if spec.family == "gpt" else llama
+    if index == 0:
+        return gpt.Embedding(spec) if fam is gpt else llama.TokenEmbedding(spec)
+    if index == spec.layers + 1:
+        return fam.Head(spec)
+    if fam is gpt:
+        return gpt.Block(spec)
+    return llama.Block(spec, moe=spec.is_moe_layer(index - 1))
+
+
+class StageModule(nn.Module):
+    """A contiguous slice of the chain: a micro-model."""
+
+    def __init__(self, layers: list[nn.Module], names: list[str]) -> None:
+        super().__init__()
+        self.layers = nn.ModuleList(layers)
+        self.names = names
+
+    @property
+    def is_first(self) -> bool:
+        return self.names[0] == "embedding"
+
+    @property
+    def is_last(self) -> bool:
+        return self.names[-1] == "head"
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        for layer in self.layers:
+            x = layer(x)
+        return x
+
+
+def layer_range(spec: TransformerSpec, first: str, last: str) -> tuple[int, int]:
+    """Chain indices ``[lo, hi)`` of the layers ``first`` .. ``last`` (inclusive, by name)."""
+    names = layer_names(spec)
+    if first not in names or last not in names:
+        raise ValueError(f"unknown layer {first!r} or {last!r} (layers: {names[0]} .. {names[-1]})")
+    lo, hi = names.index(first), names.index(last) + 1
+    if lo >= hi:
+        raise ValueError(f"empty layer range {first} .. {last}")
+    return lo, hi
+
+
+def build_stage(
+    spec: TransformerSpec, seed: int, first: str, last: str, *, empty: bool = False
+) -> StageModule:
+    """The layers ``first`` .. ``last`` of the model built from ``seed``; with ``empty``, only
+    those layers, uninitialised (their storage allocated, for a checkpoint to fill)."""
+    check_runnable(spec)
+    lo, hi = layer_range(spec, first, last)
+    names = layer_names(spec)[lo:hi]
+    if empty:
+        with torch.device("meta"):
+            module = StageModule([build_layer(spec, i) for i in range(lo, hi)], names)
+        return module.to_empty(device="cpu")
+    torch.manual_seed(seed)
+    chain = [build_layer(spec, i) for i in range(spec.layers + 2)]
+    return StageModule(chain[lo:hi], names)
+
+
+def loss_fn(logits_BTV: torch.Tensor, targets_BT: torch.Tensor) -> torch.Tensor:
+    return F.cross_entropy(logits_BTV.reshape(-1, logits_BTV.shape[-1]), targets_BT.reshape(-1))
