@@ -210,6 +210,11 @@ RULES: list[Rule] = [
     Rule(r"dmsc train "),
     Rule(r"dmsc infer "),
     Rule(r"dmsc tasks list "),
+    Rule(
+        r"dmsc export --out ",
+        first_only=True,
+        why_not="without --version: the production version written again",
+    ),
     Rule(r"dmsc down$"),
     Rule(r"dmsc logs"),
     Rule(r"dmsc token (create|list|revoke)"),

@@ -8,6 +8,7 @@ from dmsc.cli import (
     chaos,
     demo,
     estimate,
+    export,
     logs,
     models,
     plan,
@@ -36,6 +37,7 @@ app.command()(runtime.status)
 app.command()(tasks.train)
 app.command()(chaos.chaos)
 app.command()(tasks.infer)
+app.command()(export.export)
 app.command()(runtime.down)
 app.command()(logs.logs)
 app.command()(demo.demo)

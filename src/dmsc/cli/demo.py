@@ -201,7 +201,7 @@ def runtime_demo(console: Console, steps: int = 200) -> dict[str, Any]:
                 run_id=run.id, step=steps, path=saved["path"], sha256=saved["sha256"]
             )
         )
-        sample = dep.generate(b"def main(", 80)
+        sample = bytes(dep.generate(b"def main(", 80))
     predicted = plan.prediction.iteration_time_s
     measured = report.median_step_s
     console.print(

@@ -3,6 +3,7 @@ name the flag)."""
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Annotated, Any, TypeVar
 
 import typer
@@ -23,7 +24,10 @@ from dmsc.spec.errors import spec_error_from_validation
 # Options several commands share, declared once so that they read the same everywhere.
 ClusterOpt = Annotated[str, typer.Option("--cluster", help="Cluster spec file (YAML or JSON).")]
 ModelOpt = Annotated[
-    str | None, typer.Option("--model", help="Model preset name or model spec file.")
+    str | None,
+    typer.Option(
+        "--model", help="Model preset name, model spec file, or hf:DIR (a Hugging Face checkpoint)."
+    ),
 ]
 JsonOpt = Annotated[bool, typer.Option("--json", help="One JSON object on stdout.")]
 
@@ -46,6 +50,17 @@ def load_cluster(path: str) -> ClusterSpec:
 
 def build_model(name: str | None, shape: dict[str, int | None]) -> TransformerSpec | LayerListSpec:
     return resolve_model(name, shape)
+
+
+def pin_checkpoint(model: TransformerSpec | LayerListSpec) -> TransformerSpec | LayerListSpec:
+    """``model`` with the SHA-256 of its checkpoint's files, which ``dmsc up`` checks."""
+    if not isinstance(model, TransformerSpec) or model.checkpoint is None:
+        return model
+    from dmsc.spec.hf import checkpoint_sha256
+
+    digest = checkpoint_sha256(Path(model.checkpoint.path))
+    ref = model.checkpoint.model_copy(update={"sha256": digest})
+    return model.model_copy(update={"checkpoint": ref})
 
 
 def build_job(job_file: str | None, flags: dict[str, Any]) -> JobSpec:

@@ -62,7 +62,7 @@ def plan(
     as_json: JsonOpt = False,
 ) -> None:
     """Split a model into stages, choose its parallelism and place it on the cluster."""
-    from dmsc.cli.options import build_job, build_model, load_cluster
+    from dmsc.cli.options import build_job, build_model, load_cluster, pin_checkpoint
     from dmsc.cli.paths import check_output
     from dmsc.cli.plan_render import plan_json, print_plan
     from dmsc.netmodel import DoesNotFit
@@ -74,6 +74,7 @@ def plan(
     check_output(gantt, "--gantt", image=True)
     cluster_spec = load_cluster(cluster)
     model_spec = build_model(model, {})
+    model_spec = pin_checkpoint(model_spec)
     fixed = tp is not None and pp is not None and dp is not None
     flags = {
         "mode": mode,

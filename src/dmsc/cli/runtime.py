@@ -237,6 +237,38 @@ def up(
     )
 
 
+def check_plan_model(plan_path: str, plan: Any) -> None:
+    """Before anything starts: the runtime can run the plan's model, and its checkpoint is the
+    one the plan was made from."""
+    from dmsc.data.tokenizer import tokenizer_for
+    from dmsc.runtime.compute.models.support import check_runnable
+    from dmsc.spec import TransformerSpec
+    from dmsc.spec.hf import checkpoint_sha256
+
+    model = plan.model_spec
+    if model is None:
+        return
+    if not isinstance(model, TransformerSpec):
+        raise SpecError(plan_path, "model_spec", "the runtime serves transformer models")
+    try:
+        check_runnable(model)
+        tokenizer_for(model)
+    except ValueError as exc:
+        raise SpecError(plan_path, "model_spec", str(exc)) from None
+    ref = model.checkpoint
+    if ref is None:
+        return
+    directory = Path(ref.path)
+    if not (directory / "config.json").is_file():
+        raise SpecError(plan_path, "model_spec.checkpoint", f"{directory}: no checkpoint there")
+    if ref.sha256 and checkpoint_sha256(directory) != ref.sha256:
+        raise SpecError(
+            plan_path,
+            "model_spec.checkpoint",
+            f"{directory} changed since the plan was made (SHA-256 differs): plan again",
+        )
+
+
 def _control_settings(
     plan_path: str,
     home: Path,
@@ -258,9 +290,10 @@ def _control_settings(
     if not Path(plan_path).is_file():
         raise SpecError(plan_path, "", "no such file")
     try:
-        Plan.model_validate_json(Path(plan_path).read_text())
+        plan = Plan.model_validate_json(Path(plan_path).read_text())
     except ValueError as exc:
         raise SpecError(plan_path, "", f"not a dmsc plan ({str(exc).splitlines()[0]})") from None
+    check_plan_model(plan_path, plan)
     if router not in POLICIES:
         raise SpecError(
             "command line", "--router", f"unknown policy (known: {', '.join(POLICIES)})"

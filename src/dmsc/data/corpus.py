@@ -5,6 +5,7 @@ out for validation. A user's own text comes from a file or a directory (:func:`t
 from __future__ import annotations
 
 import sysconfig
+from collections.abc import Callable
 from pathlib import Path
 
 import torch
@@ -60,12 +61,17 @@ def text_from(path: Path, max_bytes: int = MAX_DATA_BYTES) -> tuple[bytes, bytes
 class Corpus:
     """Seeded batches of (tokens, next-token targets) windows."""
 
-    def __init__(self, data: bytes, seq: int, seed: int = 0) -> None:
-        # bytes as they are (a quarter of the memory int64 would take), widened per batch
-        self.data = torch.frombuffer(bytearray(data), dtype=torch.uint8)
+    def __init__(self, data: bytes | list[int], seq: int, seed: int = 0) -> None:
+        # bytes as they are (a quarter of the memory int64 would take), widened per batch;
+        # token ids of a larger vocabulary as int32
+        if isinstance(data, bytes):
+            self.data = torch.frombuffer(bytearray(data), dtype=torch.uint8)
+        else:
+            self.data = torch.tensor(data, dtype=torch.int32)
         if self.data.numel() <= seq + 1:
+            unit = "bytes" if isinstance(data, bytes) else "tokens"
             raise ValueError(
-                f"{self.data.numel():,} bytes of text: a sequence needs {seq + 2:,} at least"
+                f"{self.data.numel():,} {unit} of text: a sequence needs {seq + 2:,} at least"
             )
         self.seq = seq
         self.seed = seed
@@ -79,17 +85,26 @@ class Corpus:
 
 
 def task_corpora(
-    data: str | None, seq: int, seed: int, default: tuple[bytes, bytes]
+    data: str | None,
+    seq: int,
+    seed: int,
+    default: tuple[bytes | list[int], bytes | list[int]],
+    encode: Callable[[str], list[int]] | None = None,
 ) -> tuple[Corpus, Corpus]:
     """The (training, validation) corpora of a training task: the text of ``data`` (a file or
-    a directory, :func:`text_from`) or the ``default`` texts, training batches drawn by
-    ``seed``. ValueError names the data and what is wrong with it."""
+    a directory, :func:`text_from`), as bytes or as the tokens ``encode`` makes of it, or the
+    ``default`` ones (already tokens), training batches drawn by ``seed``. ValueError names
+    the data and what is wrong with it."""
+
+    def tokens(text: bytes) -> bytes | list[int]:
+        return text if encode is None else encode(text.decode("utf-8", errors="replace"))
+
     if data is None:
-        train, valid = default
-        return Corpus(train, seq, seed=seed), Corpus(valid, seq, seed=1)
+        train_tokens, valid_tokens = default
+        return Corpus(train_tokens, seq, seed=seed), Corpus(valid_tokens, seq, seed=1)
     train, valid = text_from(Path(data))
-    corpus = Corpus(train, seq, seed=seed)
+    corpus = Corpus(tokens(train), seq, seed=seed)
     try:
-        return corpus, Corpus(valid, seq, seed=1)
+        return corpus, Corpus(tokens(valid), seq, seed=1)
     except ValueError as exc:
         raise ValueError(f"{data}: the held-out tenth for validation: {exc}") from None

@@ -101,6 +101,9 @@ class Plan(_Record):
     schema_version: Literal["dmsc.plan/1"] = PLAN_VERSION
     cluster: str
     model: str
+    # The whole model, so that any model the planner accepted deploys (a file's or a
+    # checkpoint's, not only a preset's); plans written before it resolve ``model`` by name.
+    model_spec: TransformerSpec | LayerListSpec | None = None
     params: float
     job: JobSpec
     stages: list[StageRecord]
@@ -251,6 +254,7 @@ def assemble_plan(
     return Plan(
         cluster=cluster.name,
         model=model.name,
+        model_spec=model,
         params=estimate.params,
         job=job,
         stages=stages,

@@ -40,7 +40,7 @@ from dmsc.runtime.compute.executor import run_ops, step_ops
 from dmsc.runtime.compute.frames import FrameSpec, check_frame
 from dmsc.runtime.compute.gradient_sync import GradientSync
 from dmsc.runtime.compute.inbox import Inbox
-from dmsc.runtime.compute.models.chain import build_stage
+from dmsc.runtime.compute.models.hf import stage_module
 from dmsc.runtime.compute.peers import Peers
 from dmsc.runtime.transport import messages as msg
 from dmsc.runtime.transport.messages import REGISTRY_SERVICE
@@ -90,7 +90,7 @@ class StageWorker:
         """The stage this process serves: its layers, optimizer, peers and step state."""
         self.cfg = cfg
         self.spec = TransformerSpec.model_validate(cfg.model)
-        self.module = build_stage(self.spec, cfg.seed, cfg.first, cfg.last)
+        self.module = stage_module(self.spec, cfg.seed, cfg.first, cfg.last)
         self.optimizer = torch.optim.AdamW(self.module.parameters(), lr=cfg.lr)
         self.n_params = sum(p.numel() for p in self.module.parameters())
         self.frames = FrameSpec(

@@ -168,7 +168,9 @@ def serve_under_fault(
 
         def one(r: int, k: int, cancel: threading.Event | None) -> str:
             base = 5_000_000 + k * 1000 + r * 100
-            return dep.generate(b"def ", tokens, step_base=base, replica=r, cancel=cancel).hex()
+            return bytes(
+                dep.generate(b"def ", tokens, step_base=base, replica=r, cancel=cancel)
+            ).hex()
 
         for k in range(requests):
             if k == kill_after:

@@ -22,7 +22,7 @@ import secrets
 import tempfile
 import threading
 import time
-from collections.abc import Callable, Collection
+from collections.abc import Callable, Collection, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field, replace
 from pathlib import Path
@@ -347,7 +347,7 @@ class Deployment:
 
     def generate(
         self,
-        prompt: bytes,
+        prompt: Sequence[int],
         tokens: int,
         step_base: int = 1_000_000,
         sampling: Sampling | None = None,
@@ -357,18 +357,19 @@ class Deployment:
         turn: Callable[[float | None], contextlib.AbstractContextManager[None]] | None = None,
         token_timeout_s: float = 120.0,
         on_token: Callable[[int], None] | None = None,
-    ) -> bytes:
-        """Sample ``tokens`` bytes after ``prompt`` as ``sampling`` says (its defaults, seed 0,
+    ) -> list[int]:
+        """Sample ``tokens`` token ids after ``prompt`` (ids; bytes for a byte-level model) as
+        ``sampling`` says (its defaults, seed 0,
         when None). ``cancel`` stops it between tokens (the slower copy of a redundant request,
         a client gone); so does ``deadline`` (``time.monotonic()``), and no worker call outlives
         it. ``turn(deadline)`` is entered around each token (a replica's fair lock: requests
         take turns per token, not per request); each token's worker calls wait at most
         ``token_timeout_s`` (a frozen worker fails the request within it). ``on_token`` gets
-        each byte as it is drawn (streaming)."""
+        each token as it is drawn (streaming)."""
         sampling = sampling or Sampling(seed=0)
         g = torch.Generator().manual_seed(sampling.seed or 0)
         seq = self.layout.model.seq
-        out = bytearray(prompt)
+        out = list(prompt)
         for k in range(tokens):
             if cancel is not None and cancel.is_set():
                 raise Cancelled("cancelled: another replica answered first")
@@ -377,7 +378,7 @@ class Deployment:
                 timeout_s = min(timeout_s, deadline - time.monotonic())
                 if timeout_s <= 0:
                     raise DeadlineExceeded(f"deadline passed after {k} of {tokens} tokens")
-            ctx = torch.tensor([list(out[-seq:])], dtype=torch.int64)
+            ctx = torch.tensor([out[-seq:]], dtype=torch.int64)
             try:
                 with turn(deadline) if turn is not None else contextlib.nullcontext():
                     logits = self.logits(step_base + k, ctx, replica, timeout_s)[0]
@@ -396,7 +397,7 @@ class Deployment:
             out.append(nxt)
             if on_token is not None:
                 on_token(nxt)
-        return bytes(out[len(prompt) :])
+        return out[len(prompt) :]
 
     # -- checkpoints and epochs --------------------------------------------------------------
     def checkpoint(self, step: int, folder: Path | None = None) -> Checkpoint:

@@ -23,6 +23,7 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 
 from dmsc.data.db import Database
+from dmsc.data.tokenizer import ByteTokenizer, Tokenizer, text_stream
 from dmsc.runtime.control.deployment import Deployment
 from dmsc.runtime.control.failures import WorkerFailure
 from dmsc.runtime.control.model_store import versions
@@ -48,8 +49,10 @@ class Replicas:
         log: logging.Logger,
         run_id: int,
         token_timeout_s: float = 120.0,
+        tokenizer: Tokenizer | None = None,
     ) -> None:
         self.dep, self.db, self.log = dep, db, log
+        self.tokenizer: Tokenizer = tokenizer or ByteTokenizer()
         self.extra = {"run": run_id}  # the context of every log line
         self.lock = lock  # the control plane's: loading weights must not overlap training
         self.count = dep.layout.replicas
@@ -91,7 +94,7 @@ class Replicas:
         lock = self.locks[r]
         try:
             out = self.dep.generate(
-                prompt.encode(),
+                self.tokenizer.encode(prompt),
                 tokens,
                 step_base=base,
                 replica=r,
@@ -100,13 +103,13 @@ class Replicas:
                 turn=lambda until: lock.turn(tenant, until),
                 token_timeout_s=self.token_timeout_s,
                 sampling=sampling,
-                on_token=on_token,
+                on_token=None if on_token is None else text_stream(self.tokenizer, on_token),
             )
         except WorkerFailure as exc:
             self.down.add(r)
             self.log.warning("%s failed: %s", replica, exc, extra=self.extra)
             raise
-        return out.decode("utf-8", errors="replace")
+        return self.tokenizer.decode(out)
 
     @contextlib.contextmanager
     def training_turn(self) -> Iterator[None]:

@@ -7,10 +7,13 @@ version serves a request is the gateway's business
 
 from __future__ import annotations
 
+import json
+from pathlib import Path
+
 from sqlalchemy import select
 from sqlalchemy.orm import Session
 
-from dmsc.data.db import Database, ModelVersionRecord
+from dmsc.data.db import Database, ModelVersionRecord, RunRecord
 
 
 def versions(db: Database) -> list[ModelVersionRecord]:
@@ -104,3 +107,49 @@ def rollback(db: Database) -> int:
             )
         retired[0].status = "production"
         return retired[0].id
+
+
+def export_version(db: Database, version_id: int | None, out: Path) -> ModelVersionRecord:
+    """Write model version ``version_id`` (default: the one in production, else the newest) as a
+    Hugging Face directory ``transformers`` loads, each stage file checked against its
+    SHA-256 first. ValueError says what is missing."""
+    import torch
+
+    from dmsc.planner.plan import Plan
+    from dmsc.runtime.compute.checkpoints import CheckpointError, read_state, verify_checkpoint
+    from dmsc.runtime.compute.models.chain import layer_names, layer_range
+    from dmsc.runtime.compute.models.hf import export
+    from dmsc.spec import TransformerSpec, resolve_model
+
+    all_versions = versions(db)
+    if not all_versions:
+        raise ValueError("no model version yet: train first (dmsc train)")
+    if version_id is None:
+        serving = [v for v in all_versions if v.status == "production"]
+        version = (serving or all_versions)[-1]
+    else:
+        found = [v for v in all_versions if v.id == version_id]
+        if not found:
+            raise ValueError(f"no model version {version_id}")
+        version = found[0]
+    with Session(db.engine) as s:
+        run = s.get(RunRecord, version.run_id)
+        assert run is not None
+        plan = Plan.model_validate_json(run.plan_json)
+    model = plan.model_spec if plan.model_spec is not None else resolve_model(plan.model)
+    if not isinstance(model, TransformerSpec):
+        raise ValueError(f"{plan.model}: only transformer models export")
+    digests = json.loads(version.metrics_json or "{}")
+    stages: list[tuple[list[str], dict[str, torch.Tensor]]] = []
+    for record in plan.stages:
+        path = Path(version.path) / f"stage{record.index}.pt"
+        lo, hi = layer_range(model, record.chunks[0][0], record.chunks[-1][1])
+        try:
+            verify_checkpoint(path, digests.get(str(path), ""))
+            state = read_state(path)
+        except CheckpointError as exc:
+            raise ValueError(f"version {version.id}, stage {record.index}: {exc}") from None
+        stages.append((layer_names(model)[lo:hi], state["model"]))  # type: ignore[arg-type]
+    source = Path(model.checkpoint.path) if model.checkpoint is not None else None
+    export(model, stages, out, source)
+    return version

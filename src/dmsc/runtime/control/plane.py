@@ -35,6 +35,7 @@ from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 
 from dmsc.data.corpus import Corpus, stdlib_text, task_corpora
 from dmsc.data.db import CheckpointRecord, Database, ModelVersionRecord, data_dir
+from dmsc.data.tokenizer import tokenizer_for
 from dmsc.planner.plan import Plan
 from dmsc.runtime.control import fallback, status
 from dmsc.runtime.control.deployment import Checkpoint, Deployment
@@ -78,11 +79,18 @@ class ControlPlane:
         home: Path | None = None,
         log: logging.Logger | None = None,
     ) -> None:
-        model = resolve_model(plan.model)
+        model = plan.model_spec if plan.model_spec is not None else resolve_model(plan.model)
         if not isinstance(model, TransformerSpec):
             raise ValueError("the runtime serves transformer models")
         self.plan, self.model, self.db = plan, model, db
         self.home = home if home is not None else data_dir()
+        self.tokenizer = tokenizer_for(model)
+        self.encode = getattr(self.tokenizer, "encode_corpus", None)  # None: bytes as they are
+        # the default (training, validation) text, tokenized once, before the plane serves
+        texts = stdlib_text()
+        self.texts = (
+            texts if self.encode is None else (self.encode(texts[0]), self.encode(texts[1]))
+        )
         self.deployment = Deployment(
             layout_from_plan(plan, model),
             workdir=self.home / "workers",
@@ -94,8 +102,7 @@ class ControlPlane:
         )
         plan_dict = json.loads(plan.model_dump_json())
         self.run = db.resume_or_new_run(plan.model, plan.cluster, plan_dict)
-        self.texts = stdlib_text()  # the default (training, validation) text
-        self.corpus, self.valid = task_corpora(None, model.seq, 0, self.texts)
+        self.corpus, self.valid = task_corpora(None, model.seq, 0, self.texts, self.encode)
         self.steps_done = 0
         self.lock = threading.Lock()  # one task at a time touches the weights
         self.log = log or json_logger("dmsc.control")
@@ -106,6 +113,7 @@ class ControlPlane:
             self.log,
             self.run.id,
             token_timeout_s=self.deployment.registry.ttl_s,  # the failure timeout
+            tokenizer=self.tokenizer,
         )
         self.metrics = CollectorRegistry()
         self.m_tasks = Counter(
@@ -207,7 +215,7 @@ class ControlPlane:
     def corpora(self, data: str | None, seed: int) -> tuple[Corpus, Corpus]:
         """The (training, validation) text of a task; BadRequest names the data."""
         try:
-            return task_corpora(data, self.model.seq, seed, self.texts)
+            return task_corpora(data, self.model.seq, seed, self.texts, self.encode)
         except ValueError as exc:
             raise BadRequest(f"data: {exc}") from None
 

@@ -14,22 +14,12 @@ import torch.nn.functional as F
 from torch import nn
 
 from dmsc.runtime.compute.models import gpt, llama
+from dmsc.runtime.compute.models.support import check_runnable
 from dmsc.spec import TransformerSpec
 
 
 def layer_names(spec: TransformerSpec) -> list[str]:
     return ["embedding", *[f"block_{i}" for i in range(spec.layers)], "head"]
-
-
-def check_runnable(spec: TransformerSpec) -> None:
-    """A ValueError naming what the runtime cannot compute for ``spec``."""
-    if spec.dropout:
-        raise ValueError("the runtime models have no dropout (dropout: 0)")
-    if spec.family == "gpt" and (spec.is_moe or spec.kv_heads_count != spec.heads):
-        raise ValueError(
-            "a GPT model (mlp: gelu) runs with full attention and no experts; "
-            "grouped-query attention and experts are the Llama family's (mlp: swiglu)"
-        )
 
 
 def build_layer(spec: TransformerSpec, index: int) -> nn.Module:

@@ -20,7 +20,7 @@ import torch
 from safetensors import safe_open
 from safetensors.torch import save_file
 
-from dmsc.runtime.compute.models.chain import StageModule
+from dmsc.runtime.compute.models.chain import StageModule, build_stage
 from dmsc.spec import TransformerSpec
 
 INDEX = "model.safetensors.index.json"
@@ -155,6 +155,16 @@ def load_stage(module: StageModule, spec: TransformerSpec, directory: Path) -> N
                     f"the model's config.json gives {list(target.shape)}"
                 )
             target.copy_(value.to(target.dtype))
+
+
+def stage_module(spec: TransformerSpec, seed: int, first: str, last: str) -> StageModule:
+    """The stage ``first`` .. ``last``: loaded from the spec's checkpoint when it has one (only
+    this stage's layers are built and read), else built from ``seed``."""
+    if spec.checkpoint is None:
+        return build_stage(spec, seed, first, last)
+    module = build_stage(spec, seed, first, last, empty=True)
+    load_stage(module, spec, Path(spec.checkpoint.path))
+    return module
 
 
 def hf_config(spec: TransformerSpec) -> dict[str, Any]:

@@ -1,0 +1,32 @@
+"""``dmsc export``: a trained model version as a Hugging Face directory."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Annotated
+
+import typer
+
+from dmsc.cli.app import console
+from dmsc.spec import SpecError
+
+
+def export(
+    out: Annotated[str, typer.Option("--out", help="Directory to write (config.json, weights).")],
+    version: Annotated[
+        int | None,
+        typer.Option(help="Model version (default: the one in production, else the newest)."),
+    ] = None,
+) -> None:
+    """Write a trained model version as a directory `transformers` loads."""
+    from dmsc.cli.database import open_database
+    from dmsc.runtime.control.model_store import export_version
+
+    target = Path(out)
+    if target.exists() and not target.is_dir():
+        raise SpecError("command line", "--out", f"{out} exists and is not a directory")
+    try:
+        record = export_version(open_database(), version, target)
+    except ValueError as exc:
+        raise SpecError("command line", "--version" if version else "--out", str(exc)) from None
+    console.print(f"version {record.id} (step {record.step}) written to {target}", highlight=False)

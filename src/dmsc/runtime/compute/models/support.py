@@ -1,0 +1,17 @@
+"""What the runtime's model families can compute, checked without importing torch (the CLI
+checks a plan before it starts anything)."""
+
+from __future__ import annotations
+
+from dmsc.spec import TransformerSpec
+
+
+def check_runnable(spec: TransformerSpec) -> None:
+    """A ValueError naming what the runtime cannot compute for ``spec``."""
+    if spec.dropout:
+        raise ValueError("the runtime models have no dropout (dropout: 0)")
+    if spec.family == "gpt" and (spec.is_moe or spec.kv_heads_count != spec.heads):
+        raise ValueError(
+            "a GPT model (mlp: gelu) runs with full attention and no experts; "
+            "grouped-query attention and experts are the Llama family's (mlp: swiglu)"
+        )
