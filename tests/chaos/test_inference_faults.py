@@ -78,7 +78,7 @@ def test_requests_on_one_replica_take_turns_per_token_and_stop_at_their_deadline
     from concurrent.futures import ThreadPoolExecutor
 
     from dmsc.data.db import Database
-    from dmsc.runtime.control.deployment import DeadlineExceeded
+    from dmsc.runtime.control.decoding import DeadlineExceeded
     from dmsc.runtime.control.inference import Replicas
 
     with Deployment(StageLayout(SPEC, TWO, replicas=1)) as dep:

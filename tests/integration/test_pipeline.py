@@ -140,6 +140,16 @@ def test_sampling_and_checkpoint(tmp_path, batches) -> None:  # type: ignore[no-
         seen: list[int] = []
         greedy = dep.generate(b"def ", 5, sampling=Sampling(temperature=0), on_token=seen.append)
         assert bytes(greedy) == bytes(want[4:]) == bytes(seen)
+        # the KV-cache session gives what recomputing the context gives, also where the
+        # context slides past the model's sequence length
+        assert dep.generate(b"def ", 5, sampling=Sampling(temperature=0), use_cache=False) == greedy
+        long = bytes(range(40, 40 + SPEC.seq - 3))
+        cold = Sampling(temperature=0)
+        assert dep.generate(long, 6, sampling=cold) == dep.generate(
+            long, 6, sampling=cold, use_cache=False
+        )
+        # every session ended with its request
+        assert all(c.call("Health")["sessions"] == 0 for c in dep.clients.values())
         assert dep.generate(b"def ", 5, sampling=Sampling(temperature=3, top_k=1)) == greedy
         hot = [
             dep.generate(b"def ", 8, sampling=Sampling(temperature=2, seed=s)) for s in (5, 5, 6)

@@ -5,7 +5,7 @@ import torch
 
 from dmsc.netmodel.schedule import schedule_ops
 from dmsc.runtime.compute.models.chain import build_stage, layer_names, loss_fn
-from dmsc.spec import resolve_model
+from dmsc.spec import TransformerSpec, resolve_model
 
 SPEC = resolve_model("gpt-mini")
 
@@ -62,3 +62,27 @@ def test_schedules_cover_every_microbatch_in_order(stages: int, m: int) -> None:
         inflight += 1 if op == "F" else -1
         peak = max(peak, inflight)
     assert peak == min(m, stages)
+
+
+@pytest.mark.parametrize("preset", ["gpt-mini", "llama-mini", "moe-mini"])
+def test_a_kv_cache_session_gives_the_logits_of_the_whole_sequence(preset: str) -> None:
+    """Prefill, then one token at a time and a chunk of three, through two stages that keep
+    their keys and values: the logits of every position equal one forward of the whole."""
+    from dmsc.runtime.compute.models.attention import StageCache
+
+    spec = resolve_model(preset)
+    assert isinstance(spec, TransformerSpec)
+    stages = [build_stage(spec, 5, "embedding", "block_1"), build_stage(spec, 5, "block_2", "head")]
+    x = torch.randint(0, spec.vocab, (2, 20), generator=torch.Generator().manual_seed(3))
+    with torch.no_grad():
+        whole = stages[1](stages[0](x))
+        caches = [StageCache(), StageCache()]
+        got, start = [], 0
+        for size in (8, 1, 1, 3, 1, 6):
+            h = x[:, start : start + size]
+            for stage, cache in zip(stages, caches, strict=True):
+                h = stage(h, cache, start)
+            got.append(h)
+            start += size
+    assert start == 20 and caches[1].length == 20 and caches[0].nbytes > 0
+    assert torch.allclose(torch.cat(got, dim=1), whole, atol=1e-5)

@@ -100,3 +100,46 @@ def test_a_missing_or_corrupt_checkpoint_is_refused_as_data_loss(
         assert why in info.value.details() and str(tmp_path) in info.value.details()
     Path(saved["path"]).write_bytes(whole)
     assert client.call("Load", saved)["steps"] == 0
+
+
+def test_inference_sessions_have_a_limit_an_idle_timeout_and_a_position_check() -> None:
+    from dmsc.runtime.transport import messages as msg
+    from dmsc.runtime.transport.rpc import BadRequest, NoRoom
+
+    reg_server, reg_port = serve(REGISTRY_SERVICE, registry_methods(Registry(ttl_s=60)))
+    try:
+        worker = StageWorker(first_stage(f"127.0.0.1:{reg_port}", max_sessions=1))
+        cache = worker._session("a", 0)
+        with pytest.raises(NoRoom, match="1 inference sessions open"):
+            worker._session("b", 0)
+        cache.length = 7  # as a prefill of seven tokens leaves it
+        assert worker._session("a", 7) is cache
+        with pytest.raises(BadRequest, match="holds 7 positions, the step starts at 9"):
+            worker._session("a", 9)
+        with pytest.raises(BadRequest, match="session c: not open here"):
+            worker._session("c", 3)
+        assert worker.end_session(msg.EndSession(session="a")) == {"ended": True}
+        worker._session("b", 0)  # room again
+        worker.cfg.session_idle_s = 0.0  # every session is idle: the next one takes its room
+        worker._session("c", 0)
+        assert list(worker.sessions) == ["c"]
+    finally:
+        reg_server.stop(0)
+
+
+def test_no_room_is_answered_resource_exhausted() -> None:
+    from dmsc.runtime.transport.rpc import NoRoom, json_handler
+
+    def full(_: dict[str, Any]) -> dict[str, Any]:
+        raise NoRoom("stage 1: 64 inference sessions open")
+
+    server, port = serve("dmsc.Test", {"Full": json_handler(full)})
+    c = Client(f"127.0.0.1:{port}", "dmsc.Test")
+    try:
+        with pytest.raises(grpc.RpcError) as info:
+            c.call("Full", {})
+        assert info.value.code() == grpc.StatusCode.RESOURCE_EXHAUSTED
+        assert "64 inference sessions open" in info.value.details()
+    finally:
+        c.close()
+        server.stop(0)

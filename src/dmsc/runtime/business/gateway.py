@@ -47,6 +47,7 @@ from dmsc.runtime.business.router import POLICIES, NoReplica, Router, pick_versi
 from dmsc.runtime.transport.messages import GatewayInferRequest as InferRequest
 from dmsc.runtime.transport.messages import GatewayTaskRequest as TaskRequest
 from dmsc.runtime.transport.messages import Sampling
+from dmsc.runtime.transport.rpc import NoRoom
 
 
 class Backend(Protocol):
@@ -285,6 +286,7 @@ def create_app(
         by_version = getattr(backend, "replicas_for_version", None)
         replicas = by_version(version.id if version else None) if by_version else backend.replicas()
         last_error = "no replica answered"
+        full: dict[str, str] = {}  # replicas that refused for lack of room, and why
         while True:
             if time.monotonic() >= deadline:
                 raise HTTPException(504, f"no answer within {budget:g} s ({last_error})")
@@ -353,6 +355,10 @@ def create_app(
                         route.finished(p, dt)
                     elif time.monotonic() >= until:  # stopped at the attempt's deadline
                         late.add(afut)
+                    elif isinstance(exc, NoRoom):  # full, not failing: no breaker count
+                        route.finished(p, dt, ok=False)
+                        full[p] = str(exc)
+                        last_error = f"replica {p} has no room: {exc}"
                     else:
                         route.finished(p, dt, ok=False)
                         breaker(p).failure()
@@ -380,6 +386,8 @@ def create_app(
             if out_of_time:
                 raise HTTPException(504, f"no answer within {budget:g} s ({last_error})")
             if len(tried) >= len(replicas):
+                if full and set(full) == tried:  # every replica full: retry later
+                    raise HTTPException(503, f"no room for a new inference session ({last_error})")
                 raise HTTPException(502, last_error)
 
     @app.post("/v1/tasks", status_code=202)

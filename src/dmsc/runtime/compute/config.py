@@ -32,6 +32,9 @@ class WorkerConfig:
     recv_timeout_s: float = 60.0
     max_message_bytes: int = 64 * 1024 * 1024
     threads: int = 1
+    # Inference sessions a stage keeps keys and values for, and how long an idle one is kept.
+    max_sessions: int = 64
+    session_idle_s: float = 300.0
     token: str | None = None  # the deployment's service credential
     log_file: str = ""
     # The deployment's directory: Save writes only below it (empty: anywhere, for tests that

@@ -17,6 +17,7 @@ from dataclasses import dataclass, field
 import torch
 
 from dmsc.netmodel.schedule import schedule_ops
+from dmsc.runtime.compute.models.attention import StageCache
 from dmsc.runtime.compute.models.chain import StageModule, loss_fn
 from dmsc.runtime.compute.peers import Peers
 from dmsc.runtime.transport.wire import Kind
@@ -30,7 +31,7 @@ class StepOutcome:
 
     compute_s: float = 0.0  # forward and backward time, waiting excluded
     losses: dict[int, float] = field(default_factory=dict)  # per micro-batch (last stage)
-    logits: list[list[float]] = field(default_factory=list)  # last position (inference)
+    logits: list[torch.Tensor] = field(default_factory=list)  # last position (inference)
 
 
 def step_ops(schedule: str, stage: int, stages: int, microbatches: int, train: bool) -> list[Op]:
@@ -49,8 +50,11 @@ def run_ops(
     microbatches: int,
     train: bool,
     evaluate: bool = False,
+    cache: StageCache | None = None,
+    start: int = 0,
 ) -> StepOutcome:
-    """Run ``ops`` of ``step`` at ``stage`` and wait for every send (:meth:`Peers.flush`)."""
+    """Run ``ops`` of ``step`` at ``stage`` and wait for every send (:meth:`Peers.flush`);
+    inference with an inference session's ``cache`` runs positions ``start ..`` only."""
     m, out = microbatches, StepOutcome()
     inputs: dict[int, torch.Tensor] = {}
     outputs: dict[int, torch.Tensor] = {}
@@ -64,7 +68,7 @@ def run_ops(
                 x.requires_grad_(train)
             c0 = time.perf_counter()
             with torch.set_grad_enabled(train):
-                y = module(x)
+                y = module(x) if cache is None else module(x, cache, start)
                 if module.is_last and (train or evaluate):
                     targets = peers.recv(Kind.TARGETS, step, i)
                     loss = loss_fn(y, targets) / m
@@ -74,7 +78,7 @@ def run_ops(
             if train:
                 inputs[i], outputs[i] = x, y
             if module.is_last and not train and not evaluate:
-                out.logits.extend(y[:, -1, :].tolist())
+                out.logits.append(y[:, -1, :].detach().float())
             if not module.is_last:
                 peers.send(stage + 1, Kind.ACTIVATION, step, i, y)
         else:

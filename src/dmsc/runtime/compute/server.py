@@ -16,10 +16,12 @@ a newer incarnation) stops serving and exits (see :mod:`.worker`).
 
 from __future__ import annotations
 
+import base64
 import logging
 import os
 import threading
 import time
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -40,6 +42,7 @@ from dmsc.runtime.compute.executor import run_ops, step_ops
 from dmsc.runtime.compute.frames import FrameSpec, check_frame
 from dmsc.runtime.compute.gradient_sync import GradientSync
 from dmsc.runtime.compute.inbox import Inbox
+from dmsc.runtime.compute.models.attention import StageCache
 from dmsc.runtime.compute.models.hf import stage_module
 from dmsc.runtime.compute.peers import Peers
 from dmsc.runtime.transport import messages as msg
@@ -50,11 +53,20 @@ from dmsc.runtime.transport.rpc import (
     BadRequest,
     Client,
     DataLost,
+    NoRoom,
     bytes_handler,
     message_handler,
 )
 from dmsc.runtime.transport.wire import WireError, decode
 from dmsc.spec import TransformerSpec
+
+
+@dataclass
+class Session:
+    """An inference session at this stage: its keys and values, and when it last ran."""
+
+    cache: StageCache
+    used: float
 
 
 class StageWorker:
@@ -103,6 +115,7 @@ class StageWorker:
             n_params=self.n_params,
         )
         self.steps_done = 0
+        self.sessions: dict[str, Session] = {}  # inference sessions' keys and values
         self.uncommitted: int | None = None  # the step whose gradients wait for Commit
         self.peers = Peers(
             self.registry, self.inbox, cfg.replica, cfg.recv_timeout_s, self.m_bytes, cfg.token
@@ -168,9 +181,24 @@ class StageWorker:
             self.uncommitted = None
         t0 = time.perf_counter()
         ops = step_ops(m.schedule, cfg.stage, cfg.stages, m.microbatches, m.train)
-        done = run_ops(
-            self.module, self.peers, cfg.stage, m.step, ops, m.microbatches, m.train, m.eval
-        )
+        cache = self._session(m.session, m.start) if m.session and not m.train else None
+        try:
+            done = run_ops(
+                self.module,
+                self.peers,
+                cfg.stage,
+                m.step,
+                ops,
+                m.microbatches,
+                m.train,
+                m.eval,
+                cache,
+                m.start,
+            )
+        except BaseException:
+            if m.session:  # a step that failed half-way leaves the cache half-extended
+                self.sessions.pop(m.session, None)
+            raise
         skipped: list[int] = []
         if m.train:
             if cfg.replicas > 1:
@@ -196,8 +224,41 @@ class StageWorker:
         if self.module.is_last:
             out["loss"] = sum(done.losses.values()) / m.microbatches if done.losses else None
             if not m.train and not m.eval:
-                out["logits"] = done.logits
+                # float32 bytes in base64: a 32k vocabulary's row as JSON numbers took
+                # milliseconds to write and to read, a tenth of a cached token's time
+                rows = torch.cat(done.logits).contiguous()
+                out["logits_shape"] = list(rows.shape)
+                out["logits"] = base64.b64encode(rows.numpy().tobytes()).decode()
         return out
+
+    def _session(self, session: str, start: int) -> StageCache:
+        """The keys and values of ``session`` for a step from position ``start`` (0 opens it).
+        A new session past ``max_sessions`` is refused (:class:`NoRoom`); idle ones go first."""
+        now = time.monotonic()
+        for key in [k for k, s in self.sessions.items() if now - s.used > self.cfg.session_idle_s]:
+            del self.sessions[key]
+        if start == 0:
+            self.sessions.pop(session, None)
+            if len(self.sessions) >= self.cfg.max_sessions:
+                raise NoRoom(
+                    f"stage {self.cfg.stage}: {len(self.sessions)} inference sessions open, the "
+                    "most it keeps; retry when one ends"
+                )
+            self.sessions[session] = Session(StageCache(), now)
+        held = self.sessions.get(session)
+        if held is None:
+            raise BadRequest(f"session {session}: not open here (ended, idle too long, or lost)")
+        if held.cache.length != start:
+            raise BadRequest(
+                f"session {session} holds {held.cache.length} positions, the step starts at {start}"
+            )
+        held.used = now
+        return held.cache
+
+    def end_session(self, m: msg.EndSession) -> dict[str, Any]:
+        with self._lock:
+            gone = self.sessions.pop(m.session, None)
+        return {"ended": gone is not None}
 
     def commit(self, m: msg.Commit) -> dict[str, Any]:
         """Apply the optimizer step of the gradients the last training RunStep left (at the
@@ -263,6 +324,7 @@ class StageWorker:
             "status": "ok",
             "steps": self.steps_done,
             "epoch": self.epoch,
+            "sessions": len(self.sessions),
             "pid": os.getpid(),
             "metrics": self.metrics_address,
         }
@@ -288,6 +350,7 @@ class StageWorker:
             with self._lock:
                 self.steps_done = load_state(state, self.module, self.optimizer)
                 self.uncommitted = None
+                self.sessions.clear()  # keys and values of the weights replaced
         except CheckpointError as exc:
             self.log.warning("refused %s: %s", path, exc, extra={"sid": self.cfg.sid})
             raise DataLost(f"{exc}: {path}") from None
@@ -303,4 +366,5 @@ class StageWorker:
             "Abort": message_handler(msg.Abort, self.abort),
             "Assume": message_handler(msg.Assume, self.assume),
             "Commit": message_handler(msg.Commit, self.commit),
+            "EndSession": message_handler(msg.EndSession, self.end_session),
         }

@@ -17,11 +17,13 @@ applied only by ``Commit`` after every stage finished, no step is applied twice.
 
 from __future__ import annotations
 
+import base64
 import contextlib
 import secrets
 import tempfile
 import threading
 import time
+import uuid
 from collections.abc import Callable, Collection, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field, replace
@@ -34,10 +36,9 @@ from pydantic import BaseModel
 
 from dmsc.runtime.business.registry import REGISTRY_SERVICE, Registry, registry_methods
 from dmsc.runtime.compute.worker import WorkerConfig
-from dmsc.runtime.control import failures
+from dmsc.runtime.control import decoding, failures
 from dmsc.runtime.control.failures import Key, StepRestartNeeded, key_of
 from dmsc.runtime.control.launchers import Launcher, LocalLauncher, WorkerHandle
-from dmsc.runtime.control.sampling import draw
 from dmsc.runtime.control.spares import SparePool
 from dmsc.runtime.transport import logs
 from dmsc.runtime.transport.messages import (
@@ -45,6 +46,7 @@ from dmsc.runtime.transport.messages import (
     STAGE_SERVICE,
     Abort,
     Commit,
+    EndSession,
     Health,
     LatePolicy,
     Load,
@@ -78,14 +80,6 @@ class Checkpoint:
     step: int
     files: dict[int, tuple[str, str]]  # stage -> (path, sha256)
     id: int | None = None  # its database record, when it has one
-
-
-class Cancelled(RuntimeError):
-    """A request given up because another replica answered first."""
-
-
-class DeadlineExceeded(Cancelled):
-    """A request stopped at its deadline: it frees its replica instead of running on unseen."""
 
 
 class Deployment:
@@ -325,10 +319,18 @@ class Deployment:
         return sum(losses) / len(losses)
 
     def logits(
-        self, step: int, tokens: torch.Tensor, replica: int = 0, timeout_s: float = 120.0
+        self,
+        step: int,
+        tokens: torch.Tensor,
+        replica: int = 0,
+        timeout_s: float = 120.0,
+        session: str | None = None,
+        start: int = 0,
     ) -> torch.Tensor:
-        """Next-token logits of every sequence (forward only, through one replica's pipeline).
-        A failure raises :class:`WorkerFailure` naming the stage that failed."""
+        """Next-token logits of every sequence (forward only, through one replica's pipeline);
+        with a ``session``, ``tokens`` are positions ``start ..`` and the stages keep the keys
+        and values. A failure raises :class:`WorkerFailure` naming the stage that failed, a
+        stage without room for a new session :class:`NoRoom`."""
         keys = self.pipeline(replica)
         try:
             self.push((0, replica), Kind.TOKENS, step, 0, tokens, timeout_s).result()
@@ -340,10 +342,20 @@ class Deployment:
             raise failures.failure(self, reason, keys) from None
 
         def run(epoch: int) -> RunStep:
-            return RunStep(step=step, microbatches=1, train=False, epoch=epoch, budget_s=timeout_s)
+            return RunStep(
+                step=step,
+                microbatches=1,
+                train=False,
+                epoch=epoch,
+                budget_s=timeout_s,
+                session=session,
+                start=start,
+            )
 
         replies = self.gather(self.calls("RunStep", run, keys, timeout_s), timeout_s)
-        return torch.tensor(replies[(self.stages - 1, replica)]["logits"])
+        reply = replies[(self.stages - 1, replica)]
+        raw = bytearray(base64.b64decode(reply["logits"]))
+        return torch.frombuffer(raw, dtype=torch.float32).reshape(reply["logits_shape"])
 
     def generate(
         self,
@@ -357,6 +369,7 @@ class Deployment:
         turn: Callable[[float | None], contextlib.AbstractContextManager[None]] | None = None,
         token_timeout_s: float = 120.0,
         on_token: Callable[[int], None] | None = None,
+        use_cache: bool = True,
     ) -> list[int]:
         """Sample ``tokens`` token ids after ``prompt`` (ids; bytes for a byte-level model) as
         ``sampling`` says (its defaults, seed 0,
@@ -365,39 +378,46 @@ class Deployment:
         it. ``turn(deadline)`` is entered around each token (a replica's fair lock: requests
         take turns per token, not per request); each token's worker calls wait at most
         ``token_timeout_s`` (a frozen worker fails the request within it). ``on_token`` gets
-        each token as it is drawn (streaming)."""
+        each token as it is drawn (streaming).
+
+        With ``use_cache`` the stages keep the request's keys and values (an inference
+        session): the prompt runs once, then each token alone; past the model's sequence
+        length the context slides and every token runs it whole again."""
         sampling = sampling or Sampling(seed=0)
-        g = torch.Generator().manual_seed(sampling.seed or 0)
-        seq = self.layout.model.seq
-        out = list(prompt)
-        for k in range(tokens):
-            if cancel is not None and cancel.is_set():
-                raise Cancelled("cancelled: another replica answered first")
-            timeout_s = token_timeout_s
-            if deadline is not None:
-                timeout_s = min(timeout_s, deadline - time.monotonic())
-                if timeout_s <= 0:
-                    raise DeadlineExceeded(f"deadline passed after {k} of {tokens} tokens")
-            ctx = torch.tensor([out[-seq:]], dtype=torch.int64)
-            try:
-                with turn(deadline) if turn is not None else contextlib.nullcontext():
-                    logits = self.logits(step_base + k, ctx, replica, timeout_s)[0]
-            except TimeoutError:
-                raise DeadlineExceeded(
-                    f"deadline passed after {k} of {tokens} tokens, waiting for a turn"
-                ) from None
-            except failures.WorkerFailure:
-                # The request's own deadline cut the call short: the replica is not at fault.
-                if deadline is not None and time.monotonic() >= deadline:
-                    raise DeadlineExceeded(
-                        f"deadline passed after {k} of {tokens} tokens"
-                    ) from None
-                raise
-            nxt = draw(logits, sampling, g)
-            out.append(nxt)
-            if on_token is not None:
-                on_token(nxt)
-        return out[len(prompt) :]
+        session = uuid.uuid4().hex[:16] if use_cache else None
+
+        def forward(
+            step: int, ctx: torch.Tensor, timeout_s: float, session: str | None, start: int
+        ) -> torch.Tensor:
+            return self.logits(step, ctx, replica, timeout_s, session, start)[0]
+
+        try:
+            return decoding.decode(
+                forward,
+                self.layout.model.seq,
+                prompt,
+                tokens,
+                sampling,
+                step_base=step_base,
+                cancel=cancel,
+                deadline=deadline,
+                turn=turn,
+                token_timeout_s=token_timeout_s,
+                on_token=on_token,
+                session=session,
+            )
+        finally:
+            if session is not None:
+                self.end_session(session, replica)
+
+    def end_session(self, session: str, replica: int = 0) -> None:
+        """Free ``session``'s keys and values at every stage of ``replica`` (best effort)."""
+        calls = self.calls(
+            "EndSession", lambda _: EndSession(session=session), self.pipeline(replica), 5.0
+        )
+        for fut in calls.values():
+            with contextlib.suppress(Exception):
+                fut.result()
 
     # -- checkpoints and epochs --------------------------------------------------------------
     def checkpoint(self, step: int, folder: Path | None = None) -> Checkpoint:

@@ -24,7 +24,7 @@ import grpc
 from dmsc.runtime.business.registry import Registry
 from dmsc.runtime.control.launchers import Launcher, WorkerHandle
 from dmsc.runtime.transport.messages import Health
-from dmsc.runtime.transport.rpc import Client
+from dmsc.runtime.transport.rpc import Client, NoRoom
 
 Key = tuple[int, int]  # (stage, replica)
 
@@ -155,6 +155,8 @@ def gather(ws: Workers, futures: dict[Key, Any], deadline_s: float) -> dict[Key,
                 raise StepRestartNeeded(details)
             if _code(exc) == grpc.StatusCode.DATA_LOSS:
                 raise CheckpointRefused({key: details})
+            if _code(exc) == grpc.StatusCode.RESOURCE_EXHAUSTED:  # full, not failed
+                raise NoRoom(details)
             if _code(exc) == grpc.StatusCode.INVALID_ARGUMENT:
                 raise RuntimeError(f"stage {key[0]} replica {key[1]} refused: {details}")
             raise failure(ws, f"stage {key[0]} replica {key[1]}: {details}", futures)

@@ -29,6 +29,7 @@ from dmsc.runtime.control.failures import WorkerFailure
 from dmsc.runtime.control.model_store import versions
 from dmsc.runtime.control.turns import FairLock
 from dmsc.runtime.transport.messages import Load, Sampling
+from dmsc.runtime.transport.rpc import NoRoom
 
 TRAINING = "\x00training"  # the training session's party at the replicas' fair locks
 STEP_BASE = 10_000_000  # inference steps live far above training ones; 10_000 per request
@@ -159,7 +160,7 @@ class Replicas:
                 return replica, self.infer_on(
                     replica, prompt, tokens, cancel, sampling=sampling, on_token=once([])
                 )
-            except WorkerFailure as exc:
+            except (WorkerFailure, NoRoom) as exc:  # a full replica: another may have room
                 errors.append(f"{replica}: {exc}")
         raise NoReplica(f"no replica could serve the request: {'; '.join(errors) or 'none up'}")
 

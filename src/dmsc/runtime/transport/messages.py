@@ -46,6 +46,8 @@ LR_SCHEDULES: tuple[str, ...] = ("constant", "cosine", "linear")
 DEFAULT_LR = 1e-3
 
 Step = Annotated[int, Field(ge=0)]
+SessionId = Annotated[str, Field(pattern=r"^[A-Za-z0-9_-]{1,64}$")]
+MAX_POSITION = 10_000_000  # the model spec's longest sequence
 Epoch = Annotated[int, Field(ge=0)]
 Tokens = Annotated[int, Field(gt=0, le=MAX_INFER_TOKENS)]
 Prompt = Annotated[str, Field(min_length=1, max_length=MAX_PROMPT_CHARS)]
@@ -84,6 +86,16 @@ class RunStep(Message):
     grad_wait_s: GradWait = DEFAULT_GRAD_WAIT_S
     # Seconds the caller waits for the answer: past them the worker drops the step.
     budget_s: Annotated[float, Field(gt=0, le=3600)] | None = None
+    # Inference with a KV cache: the session whose keys and values the stage keeps, and the
+    # position of this step's first token (0 opens the session with the prompt).
+    session: SessionId | None = None
+    start: Annotated[int, Field(ge=0, le=MAX_POSITION)] = 0
+
+
+class EndSession(Message):
+    """Free an inference session's keys and values (unknown sessions are no error)."""
+
+    session: SessionId
 
 
 class Commit(Message):

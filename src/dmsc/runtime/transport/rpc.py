@@ -40,6 +40,11 @@ class Abandoned(RuntimeError):
     """The work was given up on purpose (a newer epoch, a dropped step): answered ABORTED."""
 
 
+class NoRoom(RuntimeError):
+    """A worker has no room for more (an inference session's keys and values): answered
+    RESOURCE_EXHAUSTED, so that a caller can try another replica or tell its client to retry."""
+
+
 def _identity(b: bytes) -> bytes:
     return b
 
@@ -50,6 +55,9 @@ def bytes_handler(fn: Callable[[bytes], bytes]) -> grpc.RpcMethodHandler:
             return fn(request)
         except DataLost as exc:
             context.abort(grpc.StatusCode.DATA_LOSS, str(exc))
+            raise
+        except NoRoom as exc:
+            context.abort(grpc.StatusCode.RESOURCE_EXHAUSTED, str(exc))
             raise
         except (BadRequest, ValueError) as exc:
             context.abort(grpc.StatusCode.INVALID_ARGUMENT, str(exc))

@@ -14,6 +14,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from dmsc.runtime.compute.models import gpt, llama
+from dmsc.runtime.compute.models.attention import StageCache
 from dmsc.runtime.compute.models.support import check_runnable
 from dmsc.spec import TransformerSpec
 
@@ -50,9 +51,20 @@ class StageModule(nn.Module):
     def is_last(self) -> bool:
         return self.names[-1] == "head"
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        for layer in self.layers:
-            x = layer(x)
+    def forward(
+        self, x: torch.Tensor, cache: StageCache | None = None, start: int = 0
+    ) -> torch.Tensor:
+        """This stage's layers on ``x``; with a ``cache``, ``x`` holds positions ``start ..``
+        and the attention layers attend to, and extend, the session's kept keys and values."""
+        for i, (name, layer) in enumerate(zip(self.names, self.layers, strict=True)):
+            if name == "embedding":
+                x = layer(x, start)
+            elif name == "head":
+                x = layer(x)
+            else:
+                x = layer(x, None if cache is None else cache.layer(i), start)
+        if cache is not None:
+            cache.length = start + x.shape[1]
         return x
 
 

@@ -7,6 +7,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from dmsc.runtime.compute.models.attention import LayerKV, causal_attention
 from dmsc.spec import TransformerSpec
 
 
@@ -39,11 +40,13 @@ class Block(nn.Module):
         self.fc1 = nn.Linear(hidden, spec.ffn_size)
         self.fc2 = nn.Linear(spec.ffn_size, hidden)
 
-    def forward(self, x_BTH: torch.Tensor) -> torch.Tensor:
+    def forward(
+        self, x_BTH: torch.Tensor, kv: LayerKV | None = None, start: int = 0
+    ) -> torch.Tensor:
         B, T, H = x_BTH.shape
         q, k, v = self.qkv(self.ln1(x_BTH)).split(H, dim=-1)
         q, k, v = (t.view(B, T, self.heads, H // self.heads).transpose(1, 2) for t in (q, k, v))
-        att = F.scaled_dot_product_attention(q, k, v, is_causal=True)
+        att = causal_attention(q, k, v, kv)
         x_BTH = x_BTH + self.proj(att.transpose(1, 2).reshape(B, T, H))
         mlp = self.fc2(F.gelu(self.fc1(self.ln2(x_BTH)), approximate=self.approximate))
         return x_BTH + mlp

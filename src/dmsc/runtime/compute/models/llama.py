@@ -13,6 +13,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from dmsc.runtime.compute.models.attention import LayerKV, causal_attention
 from dmsc.spec import TransformerSpec
 from dmsc.spec.model import RopeScaling
 
@@ -80,7 +81,9 @@ class Attention(nn.Module):
         self.o = nn.Linear(self.heads * d, h, bias=False)
         self.rotary = Rotary(spec)
 
-    def forward(self, x_BTH: torch.Tensor, start: int = 0) -> torch.Tensor:
+    def forward(
+        self, x_BTH: torch.Tensor, kv: LayerKV | None = None, start: int = 0
+    ) -> torch.Tensor:
         B, T, _ = x_BTH.shape
         d = self.head_dim
         q = self.q(x_BTH).view(B, T, self.heads, d).transpose(1, 2)
@@ -88,9 +91,7 @@ class Attention(nn.Module):
         v = self.v(x_BTH).view(B, T, self.kv_heads, d).transpose(1, 2)
         cos, sin = self.rotary(start, T, x_BTH.device)
         q, k = _rotate(q, cos, sin), _rotate(k, cos, sin)
-        att = F.scaled_dot_product_attention(
-            q, k, v, is_causal=True, enable_gqa=self.kv_heads != self.heads
-        )
+        att = causal_attention(q, k, v, kv, gqa=self.kv_heads != self.heads)
         return self.o(att.transpose(1, 2).reshape(B, T, self.heads * d))
 
 
@@ -154,8 +155,10 @@ class Block(nn.Module):
         self.ln2 = nn.RMSNorm(spec.hidden, eps=spec.norm_eps)
         self.mlp: nn.Module = MixtureOfExperts(spec) if moe else SwiGLU(spec.hidden, spec.ffn_size)
 
-    def forward(self, x_BTH: torch.Tensor) -> torch.Tensor:
-        x_BTH = x_BTH + self.attn(self.ln1(x_BTH))
+    def forward(
+        self, x_BTH: torch.Tensor, kv: LayerKV | None = None, start: int = 0
+    ) -> torch.Tensor:
+        x_BTH = x_BTH + self.attn(self.ln1(x_BTH), kv, start)
         return x_BTH + self.mlp(self.ln2(x_BTH))
 
 

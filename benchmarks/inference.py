@@ -1,0 +1,143 @@
+"""Decoding with inference sessions (a KV cache per stage) against recomputing the context, and
+against single-process ``transformers`` ``generate`` on the same model.
+
+A Llama-style model (8 layers, hidden 512, 8 heads, 4 key/value heads, vocabulary 8192, random
+weights) is saved as a Hugging Face checkpoint and served by dmsc as 2 stage processes on this
+machine (gRPC between them), each loading its own tensors. Greedy decoding of ``--tokens`` tokens
+after a 32-token prompt: one session with the cache, one recomputing (the path before sessions),
+``--sessions`` concurrent sessions with the cache (taking turns per token, as the control plane's
+fair lock makes them), and ``transformers`` in this process with its own cache.
+
+Prints a table, or with --json one object: cache_speedup (recompute time / cache time, one
+session), tokens_per_s (per path), ms_per_token (per path), vs_transformers_ratio (dmsc's
+tokens/s with the cache over transformers', one session), and same_tokens (both dmsc paths and
+transformers chose the same tokens).
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import json
+import tempfile
+import threading
+import time
+from pathlib import Path
+
+import torch
+
+from dmsc.runtime.control.deployment import Deployment, StageLayout
+from dmsc.runtime.transport.messages import Sampling
+from dmsc.spec import TransformerSpec, resolve_model
+
+PROMPT = 32
+
+
+def _checkpoint(directory: Path) -> None:
+    import transformers
+
+    config = transformers.LlamaConfig(
+        vocab_size=8192,
+        hidden_size=512,
+        intermediate_size=1408,
+        num_hidden_layers=8,
+        num_attention_heads=8,
+        num_key_value_heads=4,
+        max_position_embeddings=512,
+    )
+    torch.manual_seed(0)
+    transformers.LlamaForCausalLM(config).save_pretrained(directory)
+
+
+def _transformers(directory: Path, prompt: list[int], tokens: int) -> tuple[float, list[int]]:
+    import transformers
+
+    model = transformers.AutoModelForCausalLM.from_pretrained(directory).eval()
+    ids = torch.tensor([prompt])
+    with torch.no_grad():
+        model.generate(ids, max_new_tokens=4, do_sample=False, pad_token_id=0)  # warm-up
+        t0 = time.perf_counter()
+        out = model.generate(
+            ids, max_new_tokens=tokens, min_new_tokens=tokens, do_sample=False, pad_token_id=0
+        )
+    return time.perf_counter() - t0, out[0, len(prompt) :].tolist()
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__)
+    parser.add_argument("--json", action="store_true")
+    parser.add_argument("--tokens", type=int, default=200)
+    parser.add_argument("--sessions", type=int, default=8)
+    args = parser.parse_args()
+    greedy = Sampling(temperature=0)
+    with tempfile.TemporaryDirectory(prefix="dmsc-bench-") as tmp:
+        ckpt = Path(tmp) / "llama"
+        _checkpoint(ckpt)
+        spec = resolve_model(f"hf:{ckpt}", {"seq": 512})
+        assert isinstance(spec, TransformerSpec)
+        prompt = torch.randint(0, spec.vocab, (PROMPT,), generator=torch.Generator().manual_seed(1))
+        prompt_ids = prompt.tolist()
+        hf_s, hf_tokens = _transformers(ckpt, prompt_ids, args.tokens)
+        layout = StageLayout(spec, [("embedding", "block_3"), ("block_4", "head")])
+        with Deployment(layout, home=Path(tmp) / "home") as dep:
+            dep.generate(prompt_ids, 4, sampling=greedy)  # warm-up
+            t0 = time.perf_counter()
+            cached = dep.generate(prompt_ids, args.tokens, sampling=greedy)
+            cache_s = time.perf_counter() - t0
+            t0 = time.perf_counter()
+            recomputed = dep.generate(prompt_ids, args.tokens, sampling=greedy, use_cache=False)
+            recompute_s = time.perf_counter() - t0
+            lock = threading.Lock()
+            turn = lambda _until: lock  # noqa: E731  (a token at a time through the replica)
+            results: list[list[int]] = [[] for _ in range(args.sessions)]
+
+            def one(i: int) -> None:
+                results[i] = dep.generate(
+                    prompt_ids, args.tokens, step_base=10_000_000 * (i + 1), sampling=greedy,
+                    turn=turn,
+                )  # fmt: skip
+
+            threads = [threading.Thread(target=one, args=(i,)) for i in range(args.sessions)]
+            t0 = time.perf_counter()
+            for t in threads:
+                t.start()
+            for t in threads:
+                t.join()
+            many_s = time.perf_counter() - t0
+    n = args.tokens
+    out = {
+        "model": "llama 8 x 512 (vocab 8192), 2 stages",
+        "prompt_tokens": PROMPT,
+        "tokens": n,
+        "sessions": args.sessions,
+        "tokens_per_s": {
+            "cache_1_session": n / cache_s,
+            "recompute_1_session": n / recompute_s,
+            f"cache_{args.sessions}_sessions": n * args.sessions / many_s,
+            "transformers_1_session": n / hf_s,
+        },
+        "ms_per_token": {
+            "cache_1_session": cache_s / n * 1e3,
+            "recompute_1_session": recompute_s / n * 1e3,
+            f"cache_{args.sessions}_sessions": many_s / n * 1e3,
+            "transformers_1_session": hf_s / n * 1e3,
+        },
+        "cache_speedup": recompute_s / cache_s,
+        "vs_transformers_ratio": (n / cache_s) / (n / hf_s),
+        "same_tokens": cached == recomputed == hf_tokens and all(r == cached for r in results),
+    }
+    if args.json:
+        print(json.dumps(out))
+        return
+    print(f"{out['model']}, {PROMPT}-token prompt, {n} tokens greedy")
+    print(f"{'path':28s} {'tokens/s':>10s} {'ms/token':>10s}")
+    for key, rate in out["tokens_per_s"].items():
+        print(f"{key:28s} {rate:10.1f} {out['ms_per_token'][key]:10.2f}")
+    print(f"cache speedup over recompute: {out['cache_speedup']:.1f}x (target >= 5)")
+    print(f"dmsc (cache) / transformers tokens/s: {out['vs_transformers_ratio']:.2f}")
+    print(f"same tokens on every path: {out['same_tokens']}")
+
+
+if __name__ == "__main__":
+    with contextlib.suppress(KeyboardInterrupt):
+        main()
