@@ -148,8 +148,13 @@ def test_sampling_and_checkpoint(tmp_path, batches) -> None:  # type: ignore[no-
         assert dep.generate(long, 6, sampling=cold) == dep.generate(
             long, 6, sampling=cold, use_cache=False
         )
-        # every session ended with its request
-        assert all(c.call("Health")["sessions"] == 0 for c in dep.clients.values())
+        # every session ended with its request (EndSession is sent, not waited for)
+        import time
+
+        ends = time.monotonic() + 10
+        while any(c.call("Health")["sessions"] for c in dep.clients.values()):
+            assert time.monotonic() < ends, "sessions left open"
+            time.sleep(0.05)
         assert dep.generate(b"def ", 5, sampling=Sampling(temperature=3, top_k=1)) == greedy
         hot = [
             dep.generate(b"def ", 8, sampling=Sampling(temperature=2, seed=s)) for s in (5, 5, 6)

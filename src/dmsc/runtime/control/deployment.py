@@ -411,13 +411,10 @@ class Deployment:
                 self.end_session(session, replica)
 
     def end_session(self, session: str, replica: int = 0) -> None:
-        """Free ``session``'s keys and values at every stage of ``replica`` (best effort)."""
-        calls = self.calls(
-            "EndSession", lambda _: EndSession(session=session), self.pipeline(replica), 5.0
-        )
-        for fut in calls.values():
-            with contextlib.suppress(Exception):
-                fut.result()
+        """Free ``session``'s keys and values at every stage of ``replica``: sent, not waited
+        for (a stage that is gone or frozen must not hold up the request's end; its sessions
+        go with it, or at their idle timeout)."""
+        self.calls("EndSession", lambda _: EndSession(session=session), self.pipeline(replica), 5.0)
 
     # -- checkpoints and epochs --------------------------------------------------------------
     def checkpoint(self, step: int, folder: Path | None = None) -> Checkpoint:
