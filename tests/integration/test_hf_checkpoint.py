@@ -67,7 +67,9 @@ def test_a_hugging_face_checkpoint_plans_deploys_trains_infers_and_exports(tmp_p
         res = dmsc(tmp_path, "infer", "--prompt", "def ", "--tokens", "8", "--temperature", "0",
                    "--json")  # fmt: skip
         assert res.returncode == 0, res.stderr
-        text = json.loads(res.stdout)["text"]
+        answer = json.loads(res.stdout)
+        text, ids = answer["text"], answer["token_ids"]
+        assert len(ids) == 8
         out = tmp_path / "exported"
         res = dmsc(tmp_path, "export", "--out", str(out))
         assert res.returncode == 0, res.stderr
@@ -83,9 +85,12 @@ def test_a_hugging_face_checkpoint_plans_deploys_trains_infers_and_exports(tmp_p
     )
     tok = Tokenizer.from_file(str(out / "tokenizer.json"))
     model = transformers.AutoModelForCausalLM.from_pretrained(out).eval()
-    ids = torch.tensor([tok.encode("def ").ids])
-    want = model.generate(ids, max_new_tokens=8, do_sample=False, pad_token_id=0)
-    assert tok.decode(want[0, ids.shape[1] :].tolist()) == text
+    prompt = torch.tensor([tok.encode("def ").ids])
+    want = model.generate(
+        prompt, max_new_tokens=8, min_new_tokens=8, do_sample=False, pad_token_id=0
+    )
+    assert want[0, prompt.shape[1] :].tolist() == ids
+    assert tok.decode(ids) == text
     # A checkpoint changed after planning is refused before anything starts.
     weights = load_file(str(ckpt / "model.safetensors"))
     weights["model.norm.weight"] += 1

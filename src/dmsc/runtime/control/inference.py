@@ -85,11 +85,12 @@ class Replicas:
         deadline: float | None = None,
         sampling: Sampling | None = None,
         on_token: Callable[[int], None] | None = None,
+        ids: list[int] | None = None,
     ) -> str:
         """Generate on one replica, taking its turns as ``tenant``, drawing as ``sampling``
-        says (``on_token`` sees each byte as it comes). A failure names the stage and takes the
-        replica out of routing (the watchdog heals it); ``cancel`` and ``deadline``
-        (``time.monotonic()``) stop it between tokens."""
+        says (``on_token`` sees each byte as it comes; ``ids`` gets the token ids drawn). A
+        failure names the stage and takes the replica out of routing (the watchdog heals it);
+        ``cancel`` and ``deadline`` (``time.monotonic()``) stop it between tokens."""
         r = int(replica.rsplit("-", 1)[1])
         base = STEP_BASE + next(self._calls) * 10_000  # next() on a count is atomic
         lock = self.locks[r]
@@ -110,6 +111,8 @@ class Replicas:
             self.down.add(r)
             self.log.warning("%s failed: %s", replica, exc, extra=self.extra)
             raise
+        if ids is not None:
+            ids[:] = out
         return self.tokenizer.decode(out)
 
     @contextlib.contextmanager
@@ -135,6 +138,7 @@ class Replicas:
         sampling: Sampling | None = None,
         on_token: Callable[[int], None] | None = None,
         cancel: threading.Event | None = None,
+        ids: list[int] | None = None,
     ) -> tuple[str, str]:
         """``(replica, text)`` from the first replica that answers, trying each in turn.
         ``on_token`` sees each byte once: a replica that takes over after another failed draws
@@ -158,7 +162,7 @@ class Replicas:
         for replica in self.names():
             try:
                 return replica, self.infer_on(
-                    replica, prompt, tokens, cancel, sampling=sampling, on_token=once([])
+                    replica, prompt, tokens, cancel, sampling=sampling, on_token=once([]), ids=ids
                 )
             except (WorkerFailure, NoRoom) as exc:  # a full replica: another may have room
                 errors.append(f"{replica}: {exc}")

@@ -361,12 +361,14 @@ class ControlPlane:
         sampling = req.sampling()
         task = self._infer_task(req, sampling)
         try:
-            replica, text = self.inference.generate(req.prompt, req.tokens, sampling)
+            ids: list[int] = []
+            replica, text = self.inference.generate(req.prompt, req.tokens, sampling, ids=ids)
         except NoReplica as exc:
             self.db.set_task_state(task, "failed", str(exc))
             raise BadRequest(str(exc)) from None
         self.db.set_task_state(task, "done")
-        return {"task": task, "text": text, "replica": replica, "seed": sampling.seed}
+        out = {"task": task, "text": text, "replica": replica, "seed": sampling.seed}
+        return {**out, "token_ids": ids}
 
     def infer_stream(self, req: InferRequest, gone: threading.Event) -> Iterator[dict[str, Any]]:
         """``Infer``, streamed: ``{"text": ...}`` as the bytes come (whole UTF-8 characters),
@@ -374,6 +376,7 @@ class ControlPlane:
         (Ctrl-C) or goes away stops the generation at its next token."""
         sampling = req.sampling()
         task = self._infer_task(req, sampling)
+        ids: list[int] = []
 
         def settle(_: object, exc: BaseException | None) -> None:
             if exc is None:
@@ -385,7 +388,7 @@ class ControlPlane:
 
         pieces = text_pieces(
             lambda on_byte: self.inference.generate(
-                req.prompt, req.tokens, sampling, on_byte, gone
+                req.prompt, req.tokens, sampling, on_byte, gone, ids=ids
             ),
             settle,
             f"infer-{task}",
@@ -396,7 +399,8 @@ class ControlPlane:
                     yield {"text": piece}
                 else:
                     replica = piece.result[0]
-                    yield {"done": True, "task": task, "replica": replica, "seed": sampling.seed}
+                    end = {"done": True, "task": task, "replica": replica, "seed": sampling.seed}
+                    yield {**end, "token_ids": ids}
         except NoReplica as exc:
             raise BadRequest(str(exc)) from None
 
