@@ -55,6 +55,37 @@ def test_data_parallel_pipeline_equals_single_process(batches, reference) -> Non
     assert max(abs(a - b) for a, b in zip(losses, reference, strict=True)) < 1e-5
 
 
+@pytest.mark.parametrize("family", ["LlamaForCausalLM", "MixtralForCausalLM"])
+def test_a_hugging_face_checkpoint_trains_as_in_one_process(tmp_path, family: str) -> None:  # type: ignore[no-untyped-def]
+    """pp=2 from a checkpoint of grouped-query attention (and of experts) for 10 steps: the
+    losses of single-process training from the same checkpoint."""
+    import transformers
+
+    config = (transformers.MixtralConfig if "Mixtral" in family else transformers.LlamaConfig)(
+        vocab_size=256,
+        hidden_size=64,
+        intermediate_size=96,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        max_position_embeddings=64,
+        num_local_experts=4,
+        num_experts_per_tok=2,
+    )
+    torch.manual_seed(0)
+    getattr(transformers, family)(config).save_pretrained(tmp_path / "ckpt")
+    spec = resolve_model(f"hf:{tmp_path / 'ckpt'}", {"seq": 32})
+    train, _ = stdlib_text(max_bytes=100_000)
+    corpus = Corpus(train, 32, seed=2)
+    steps = [corpus.batch(s, 8) for s in range(10)]
+    want = train_reference(spec, 0, 1e-3, steps, MICRO)  # type: ignore[arg-type]
+    layout = StageLayout(spec, [("embedding", "block_0"), ("block_1", "head")])  # type: ignore[arg-type]
+    with Deployment(layout, home=tmp_path) as dep:
+        got = [dep.train_step(s, x, y, MICRO, "1f1b")["loss"] for s, (x, y) in enumerate(steps)]
+    assert max(abs(a - b) for a, b in zip(got, want, strict=True)) < 1e-5
+    assert got[-1] < got[0]
+
+
 def test_malformed_messages_get_an_error_and_the_worker_keeps_serving(batches) -> None:  # type: ignore[no-untyped-def]
     with Deployment(StageLayout(SPEC, RANGES[2])) as dep:
         addr = dep.handles[0].address

@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import torch
 
-from dmsc.runtime.compute.models.chain import build_stage, layer_names, loss_fn
+from dmsc.runtime.compute.models.chain import layer_names, loss_fn
+from dmsc.runtime.compute.models.hf import stage_module
 from dmsc.spec import TransformerSpec
 
 
@@ -19,7 +20,7 @@ def train_reference(
     steps, or one per step), gradients accumulated, one AdamW step, exactly as the pipeline
     does it."""
     names = layer_names(spec)
-    model = build_stage(spec, seed, names[0], names[-1])
+    model = stage_module(spec, seed, names[0], names[-1])  # from its checkpoint when it has one
     opt = torch.optim.AdamW(model.parameters(), lr=lr)
     losses = []
     counts = microbatches if isinstance(microbatches, list) else [microbatches] * len(batches)
