@@ -85,12 +85,57 @@ def calibrate(
         str | None, typer.Option(help="Template cluster (default local-cpu).")
     ] = None,
     out: Annotated[str | None, typer.Option(help="Where to write the calibrated spec.")] = None,
+    device: Annotated[
+        str | None,
+        typer.Option(
+            help="Measure one device (cuda, cuda:N or cpu) into a one-device cluster spec with "
+            "measured efficiency curves (matrix products, attention, memory)."
+        ),
+    ] = None,
+    quick: Annotated[bool, typer.Option(help="With --device: fewer sizes, fewer repeats.")] = False,
 ) -> None:
     """Measure this machine (FLOP/s, memory, loopback) into a cluster spec."""
     from dmsc.cli.paths import check_output
 
     check_output(out, "--out")  # before measuring; a missing directory is never created
-    do_calibrate(cluster, out, console)
+    if device is None:
+        do_calibrate(cluster, out, console)
+        return
+    calibrate_device(device, out, quick)
+
+
+def calibrate_device(device: str, out: str | None, quick: bool) -> None:
+    """``dmsc calibrate --device``: the device measured, written as a one-device cluster."""
+    import re
+
+    import yaml
+
+    from dmsc.runtime.compute.device_calibration import measure_device, one_device_cluster
+    from dmsc.spec import ClusterSpec
+
+    if not re.fullmatch(r"cpu|cuda(:\d+)?", device):
+        raise SpecError("command line", "--device", f"{device!r}: expected cpu, cuda or cuda:N")
+    try:
+        got = measure_device(device, quick=quick)
+    except RuntimeError as exc:
+        raise SpecError("command line", "--device", str(exc)) from None
+    name = device.replace(":", "")
+    cluster = one_device_cluster(name, got["spec"])
+    ClusterSpec.model_validate(cluster)
+    dst = Path(out) if out else calibrated_path().with_name(f"one-{name}.calibrated.yaml")
+    dst.write_text(
+        f"# Written by `dmsc calibrate --device {device}`: {got['report']['device']} measured.\n"
+        + yaml.safe_dump(cluster, sort_keys=False)
+    )
+    report = got["report"]
+    for dtype, points in report["gemm_tflops"].items():
+        rates = ", ".join(f"{g:g} GFLOP {r:.1f}" for g, r in points)
+        console.print(f"matmul {dtype} TFLOP/s: {rates}", highlight=False, soft_wrap=True)
+    rates = ", ".join(f"{g:g} GFLOP {r:.1f}" for g, r in report["attention_tflops"])
+    console.print(f"attention TFLOP/s: {rates}", highlight=False, soft_wrap=True)
+    copies = ", ".join(f"{k} {v:.1f}" for k, v in report.items() if k.endswith("gbyte_s"))
+    console.print(f"copies GB/s: {copies}", highlight=False, soft_wrap=True)
+    console.print(f"wrote {dst} ({report['device']})", highlight=False, soft_wrap=True)
 
 
 def do_calibrate(template: str | None, out: str | None, console: Console) -> dict[str, float]:

@@ -1,0 +1,185 @@
+"""Measure one accelerator (or this CPU) into a device spec with measured efficiency curves.
+
+``dmsc calibrate --device cuda`` times, on the device, the kernels the cost model costs:
+
+- matrix products of transformer shapes (tokens x width x width, from 0.03 to 1,000 GFLOP on a
+  GPU) in each 16-bit type the device runs (fp32 on a CPU),
+- PyTorch's fused causal attention (scaled_dot_product_attention) over sequence lengths,
+- a device-memory copy and, on a GPU, host-to-device copies from pinned memory.
+
+A curve point is ``[gflop, share of the peak]``: the peak is the device preset's (NVIDIA's data
+sheet) when the device's name matches one, else the fastest rate measured, so that the cost model
+(:meth:`dmsc.netmodel.constants.DeviceCalibration.gemm_fraction`) reproduces the measured rate
+at every measured size. Attention FLOPs are counted as the cost model counts them (the full
+``s x s`` products, causal or not), so its fraction is what the model must divide by.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import os
+import platform
+import statistics
+import time
+from collections.abc import Callable
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+
+from dmsc.netmodel import DEFAULT_CALIBRATION
+from dmsc.spec.devices import DEVICE_PRESETS
+
+_TORCH_DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}
+# (tokens, k, n): a 16-bit GPU's curve from small to the largest transformer GEMMs
+GPU_SHAPES = (
+    (512, 1024, 1024),
+    (2048, 1024, 1024),
+    (2048, 2048, 2048),
+    (4096, 4096, 4096),
+    (8192, 4096, 16384),
+    (8192, 8192, 8192),
+    (16384, 12288, 12288),
+)
+CPU_SHAPES = ((64, 128, 128), (256, 256, 256), (512, 512, 512), (1024, 1024, 1024))
+# (batch x heads, sequence, head dim) of the attention curve
+GPU_ATTENTION = ((32, 512, 128), (32, 2048, 128), (16, 8192, 128))
+CPU_ATTENTION = ((4, 64, 32), (4, 256, 32))
+_NAMES = (("h200", "h200-sxm"), ("h100", "h100-sxm"), ("a100", "a100-sxm-80gb"), ("b200", "b200"))
+
+
+def _timer(device: torch.device) -> Callable[[Callable[[], object], int], float]:
+    """Median seconds of ``fn`` over ``repeats`` runs after warm-up (device synchronised)."""
+
+    def sync() -> None:
+        if device.type == "cuda":
+            torch.cuda.synchronize(device)
+
+    def run(fn: Callable[[], object], repeats: int) -> float:
+        for _ in range(2):
+            fn()
+        sync()
+        times = []
+        for _ in range(repeats):
+            t0 = time.perf_counter()
+            fn()
+            sync()
+            times.append(time.perf_counter() - t0)
+        return statistics.median(times)
+
+    return run
+
+
+def preset_of(name: str) -> str | None:
+    """The device preset a device's name (``torch.cuda.get_device_name``) matches."""
+    low = name.lower()
+    return next((preset for key, preset in _NAMES if key in low), None)
+
+
+def _curve(points: list[tuple[float, float]], peak: float, overhead_s: float) -> list[list[float]]:
+    """``[gflop, share of peak]`` points in increasing gflop. The cost model adds a kernel's
+    fixed ``overhead_s`` to ``flops / (peak x share)``, so the share is of the time without it
+    (at most half the time is taken for the overhead); each share at most 1."""
+    out = []
+    for g, rate in sorted(points):
+        seconds = g * 1e9 / rate
+        busy = max(seconds - overhead_s, seconds / 2)
+        out.append([round(g, 6), round(min(1.0, g * 1e9 / busy / peak), 4)])
+    return out
+
+
+def measure_device(device: str = "cuda", quick: bool = False) -> dict[str, Any]:
+    """The device type spec of ``device`` (``cuda``, ``cuda:N`` or ``cpu``) with its measured
+    curves, and what was measured (``report``: rates, copies, the device's name)."""
+    dev = torch.device(device)
+    if dev.type == "cuda" and not torch.cuda.is_available():
+        raise RuntimeError("no CUDA device here (torch.cuda.is_available() is False)")
+    timed = _timer(dev)
+    gpu = dev.type == "cuda"
+    name = torch.cuda.get_device_name(dev) if gpu else (platform.processor() or "cpu")
+    dtypes = ["bf16", "fp16"] if gpu else ["fp32"]
+    shapes: tuple[tuple[int, int, int], ...] = GPU_SHAPES if gpu else CPU_SHAPES
+    if quick:
+        shapes = shapes[:2]
+    repeats = 5 if quick else 20
+    gemm: dict[str, list[tuple[float, float]]] = {}
+    for d in dtypes:
+        gemm[d] = []
+        for m, k, n in shapes:
+            a = torch.randn(m, k, device=dev, dtype=_TORCH_DTYPES[d])
+            b = torch.randn(k, n, device=dev, dtype=_TORCH_DTYPES[d])
+            flops = 2.0 * m * k * n
+
+            def product(a: torch.Tensor = a, b: torch.Tensor = b) -> torch.Tensor:
+                return a @ b
+
+            gemm[d].append((flops / 1e9, flops / timed(product, repeats)))
+            del a, b
+    attention: list[tuple[float, float]] = []
+    d_att = dtypes[0]
+    for bh, s, hd in (GPU_ATTENTION if gpu else CPU_ATTENTION)[: 2 if quick else None]:
+        qkv = [torch.randn(1, bh, s, hd, device=dev, dtype=_TORCH_DTYPES[d_att]) for _ in "qkv"]
+        flops = 4.0 * bh * s * s * hd  # Q K^T and P V, as the cost model counts them
+
+        def attend(t: list[torch.Tensor] = qkv) -> torch.Tensor:
+            return F.scaled_dot_product_attention(t[0], t[1], t[2], is_causal=True)
+
+        seconds = timed(attend, repeats)
+        attention.append((flops / 1e9, flops / seconds))
+    nbytes = (256 if gpu else 64) * 1024 * 1024
+    src = torch.empty(nbytes, dtype=torch.uint8, device=dev)
+    dst = torch.empty_like(src)
+    copy_bytes_s = 2.0 * nbytes / timed(lambda: dst.copy_(src), repeats)
+    report: dict[str, Any] = {"device": name, "memory_copy_gbyte_s": copy_bytes_s / 1e9}
+    if gpu:
+        host = torch.empty(nbytes, dtype=torch.uint8).pin_memory()
+        h2d = nbytes / timed(lambda: src.copy_(host, non_blocking=True), repeats)
+        d2h = nbytes / timed(lambda: host.copy_(src, non_blocking=True), repeats)
+        report |= {"host_to_device_gbyte_s": h2d / 1e9, "device_to_host_gbyte_s": d2h / 1e9}
+    preset = preset_of(name) if gpu else None
+    if preset is not None:
+        base: dict[str, Any] = {"preset": preset}
+        peaks = DEVICE_PRESETS[preset]["peak_tflops"]
+        memory_bw = float(DEVICE_PRESETS[preset]["memory_bw_gbyte_s"])
+    else:  # no data sheet: the fastest rate measured (a product or attention) is the peak
+        peaks = {d: max(r for _, r in pts) / 1e12 for d, pts in gemm.items()}
+        peaks[d_att] = max(peaks[d_att], max(r for _, r in attention) / 1e12)
+        memory_bw = copy_bytes_s / 1e9
+        total = (
+            torch.cuda.get_device_properties(dev).total_memory
+            if gpu
+            else os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+        )
+        base = {
+            "peak_tflops": {d: round(p, 6) for d, p in peaks.items()},
+            "memory_gib": round(total / 1024**3, 2),
+            "memory_bw_gbyte_s": round(memory_bw, 3),
+        }
+    when = dt.datetime.now(dt.UTC).strftime("%Y-%m-%d %H:%M UTC")
+    generation = DEVICE_PRESETS[preset]["generation"] if preset is not None else "generic"
+    ovh = DEFAULT_CALIBRATION.generation(generation).kernel_overhead_s
+    measured = {
+        "source": f"dmsc calibrate --device {device} on {name}, {when}",
+        "gemm": {d: _curve(pts, peaks[d] * 1e12, ovh) for d, pts in gemm.items()},
+        "attention": {d_att: _curve(attention, peaks[d_att] * 1e12, ovh)},
+        "memory": round(min(1.0, copy_bytes_s / 1e9 / memory_bw), 4),
+    }
+    report["gemm_tflops"] = {d: [[g, r / 1e12] for g, r in pts] for d, pts in gemm.items()}
+    report["attention_tflops"] = [[g, r / 1e12] for g, r in attention]
+    return {"spec": {**base, "measured": measured}, "report": report}
+
+
+def one_device_cluster(name: str, device_spec: dict[str, Any]) -> dict[str, Any]:
+    """A cluster of one node holding this one device: what ``dmsc estimate`` checks a
+    single-device run against."""
+    return {
+        "name": f"one-{name}",
+        "device_types": {name: device_spec},
+        "node_types": {
+            "host": {"device": name, "devices": 1, "link": {"bandwidth_gbit_s": 100}}
+        },
+        "datacenters": [
+            {"name": "here", "nodes": [{"type": "host", "count": 1}],
+             "network": {"gbit_s_per_node": 100}}
+        ],
+    }  # fmt: skip

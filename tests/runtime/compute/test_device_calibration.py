@@ -1,0 +1,64 @@
+"""``dmsc calibrate --device``: a device measured into a spec whose curves give the cost model
+back the measured times (on this machine's CPU; the same code times a GPU)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import yaml
+from conftest import run_dmsc
+
+from dmsc.netmodel import DEFAULT_CALIBRATION
+from dmsc.netmodel.compute import flash_time, gemm_time
+from dmsc.netmodel.layers import Gemm
+from dmsc.runtime.compute.device_calibration import (
+    CPU_ATTENTION,
+    CPU_SHAPES,
+    measure_device,
+    one_device_cluster,
+    preset_of,
+)
+from dmsc.spec import ClusterSpec
+
+
+def test_the_cost_model_gives_back_the_measured_times() -> None:
+    got = measure_device("cpu", quick=True)
+    cluster = ClusterSpec.model_validate(one_device_cluster("cpu", got["spec"]))
+    device = cluster.device_types["cpu"]
+    dc = DEFAULT_CALIBRATION.for_device(device)
+    for (m, k, n), (gflop, tflops) in zip(
+        CPU_SHAPES, got["report"]["gemm_tflops"]["fp32"], strict=False
+    ):
+        measured = gflop / tflops / 1e3
+        predicted = gemm_time(Gemm(m, n, k), device, "fp32", dc)
+        assert predicted == pytest.approx(measured, rel=0.05), (m, k, n)
+    for (bh, s, hd), (gflop, tflops) in zip(
+        CPU_ATTENTION, got["report"]["attention_tflops"], strict=False
+    ):
+        assert 4.0 * bh * s * s * hd / 1e9 == pytest.approx(gflop)
+        predicted = flash_time(gflop * 1e9, device, "fp32", dc)
+        assert predicted == pytest.approx(gflop / tflops / 1e3, rel=0.05)
+
+
+def test_device_names_find_their_presets() -> None:
+    assert preset_of("NVIDIA H100 80GB HBM3") == "h100-sxm"
+    assert preset_of("NVIDIA H200") == "h200-sxm"
+    assert preset_of("NVIDIA A100-SXM4-80GB") == "a100-sxm-80gb"
+    assert preset_of("NVIDIA GeForce RTX 4090") is None
+
+
+@pytest.mark.integration
+def test_calibrate_device_writes_a_cluster_and_refuses_what_it_cannot_measure(
+    tmp_path: Path,
+) -> None:
+    out = tmp_path / "one.yaml"
+    res = run_dmsc("calibrate", "--device", "cpu", "--quick", "--out", str(out), home=tmp_path)
+    assert res.returncode == 0, res.stderr
+    cluster = ClusterSpec.model_validate(yaml.safe_load(out.read_text()))
+    assert cluster.device_types["cpu"].measured is not None
+    res = run_dmsc("calibrate", "--device", "tpu", home=tmp_path)
+    assert res.returncode == 2 and "--device: 'tpu': expected cpu, cuda or cuda:N" in res.stderr
+    res = run_dmsc("calibrate", "--device", "cuda", home=tmp_path)
+    assert res.returncode == 2 and "no CUDA device here" in res.stderr
+    assert "Traceback" not in res.stderr
