@@ -108,13 +108,13 @@ def calibrate_device(device: str, out: str | None, quick: bool) -> None:
     """``dmsc calibrate --device``: the device measured, written as a one-device cluster."""
     import re
 
+    if not re.fullmatch(r"cpu|cuda(:\d+)?", device):  # before torch loads
+        raise SpecError("command line", "--device", f"{device!r}: expected cpu, cuda or cuda:N")
+
     import yaml
 
     from dmsc.runtime.compute.device_calibration import measure_device, one_device_cluster
     from dmsc.spec import ClusterSpec
-
-    if not re.fullmatch(r"cpu|cuda(:\d+)?", device):
-        raise SpecError("command line", "--device", f"{device!r}: expected cpu, cuda or cuda:N")
     try:
         got = measure_device(device, quick=quick)
     except RuntimeError as exc:

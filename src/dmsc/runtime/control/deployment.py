@@ -111,6 +111,7 @@ class Deployment:
         )
         self.registry_address = f"127.0.0.1:{port}"
         self.handles: list[WorkerHandle] = []
+        self._ending: set[Any] = set()  # EndSession calls in flight
         self.clients: dict[Key, Client] = {}
         self.epoch = 0  # the newest generation; each worker serves one (``epochs``)
         self.epochs: dict[Key, int] = {}
@@ -413,8 +414,14 @@ class Deployment:
     def end_session(self, session: str, replica: int = 0) -> None:
         """Free ``session``'s keys and values at every stage of ``replica``: sent, not waited
         for (a stage that is gone or frozen must not hold up the request's end; its sessions
-        go with it, or at their idle timeout)."""
-        self.calls("EndSession", lambda _: EndSession(session=session), self.pipeline(replica), 5.0)
+        go with it, or at their idle timeout). The calls are kept until they end: gRPC cancels
+        a call whose future is garbage-collected."""
+        calls = self.calls(
+            "EndSession", lambda _: EndSession(session=session), self.pipeline(replica), 5.0
+        )
+        for fut in calls.values():
+            self._ending.add(fut)
+            fut.add_done_callback(self._ending.discard)
 
     # -- checkpoints and epochs --------------------------------------------------------------
     def checkpoint(self, step: int, folder: Path | None = None) -> Checkpoint:
