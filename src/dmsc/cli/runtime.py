@@ -115,6 +115,7 @@ def calibrate_device(device: str, out: str | None, quick: bool) -> None:
 
     from dmsc.runtime.compute.device_calibration import measure_device, one_device_cluster
     from dmsc.spec import ClusterSpec
+
     try:
         got = measure_device(device, quick=quick)
     except RuntimeError as exc:
