@@ -48,17 +48,18 @@ def test_device_names_find_their_presets() -> None:
     assert preset_of("NVIDIA GeForce RTX 4090") is None
 
 
-@pytest.mark.integration
 def test_calibrate_device_writes_a_cluster_and_refuses_what_it_cannot_measure(
     tmp_path: Path,
 ) -> None:
+    from dmsc.cli.runtime import calibrate_device
+    from dmsc.spec import SpecError
+
     out = tmp_path / "one.yaml"
-    res = run_dmsc("calibrate", "--device", "cpu", "--quick", "--out", str(out), home=tmp_path)
-    assert res.returncode == 0, res.stderr
+    calibrate_device("cpu", str(out), quick=True)
     cluster = ClusterSpec.model_validate(yaml.safe_load(out.read_text()))
     assert cluster.device_types["cpu"].measured is not None
+    with pytest.raises(SpecError, match="no CUDA device here"):
+        calibrate_device("cuda", str(out), quick=True)
     res = run_dmsc("calibrate", "--device", "tpu", home=tmp_path)
     assert res.returncode == 2 and "--device: 'tpu': expected cpu, cuda or cuda:N" in res.stderr
-    res = run_dmsc("calibrate", "--device", "cuda", home=tmp_path)
-    assert res.returncode == 2 and "no CUDA device here" in res.stderr
     assert "Traceback" not in res.stderr
