@@ -86,32 +86,7 @@ def postgres_url() -> str:
     return url
 
 
-# The longest tests (seconds on the 2-core machine, `pytest --durations`), started first: the two
-# test processes of `make test` then end together instead of one waiting on a long test that was
-# collected last (longest-first scheduling).
-LONGEST_FIRST = (
-    "integration/test_readme_examples.py::test_live_examples",  # 135
-    "integration/test_hf_checkpoint.py::",  # 45
-    "chaos/test_control_plane_faults.py::test_kill_9",  # 55
-    "cli/test_cli.py::test_demo_runs",  # 53
-    "chaos/test_control_plane_faults.py::test_dmsc_chaos_kills_a_worker",  # 47
-    "integration/test_control_plane.py::test_up_status_train_infer_down",  # 46
-    "chaos/test_control_plane_faults.py::test_dmsc_chaos_during_dmsc_train",  # 44
-    "chaos/test_late_gradients.py::test_skip_policy",  # 43
-    "chaos/test_control_plane_faults.py::test_inference_survives",  # 42
-    "integration/test_readme_examples.py::test_offline_examples",  # 37
-    "integration/test_pipeline.py::test_pipeline_equals_single_process",  # 2 x 35
-    "integration/test_control_plane.py::test_gray_release",  # 35
-    "integration/test_control_plane.py::test_gateway_in_front",  # 35
-)
-
-
-def _start_rank(nodeid: str) -> int:
-    return next((i for i, key in enumerate(LONGEST_FIRST) if key in nodeid), len(LONGEST_FIRST))
-
-
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
-    items.sort(key=lambda item: _start_rank(item.nodeid))  # stable: the rest keep their order
     tests = Path(__file__).resolve().parent
     for item in items:
         path = Path(str(item.path)).resolve()
