@@ -11,6 +11,7 @@ from dmsc.runtime.transport.wire import Kind
 
 FIRST = FrameSpec(stage=0, first=True, last=False, seq=8, vocab=16, hidden=4, n_params=10)
 LAST = FrameSpec(stage=1, first=False, last=True, seq=8, vocab=16, hidden=4, n_params=6)
+TIED = FrameSpec(stage=1, first=False, last=True, seq=8, vocab=16, hidden=4, n_params=6, tied=True)
 
 
 def _ids(*shape: int, value: int = 3) -> torch.Tensor:
@@ -28,6 +29,7 @@ def _ids(*shape: int, value: int = 3) -> torch.Tensor:
         (LAST, Kind.TARGETS, _ids(2, 8, value=0)),
         (LAST, Kind.ACTIVATION, torch.zeros(1, 8, 4)),
         (LAST, Kind.GRAD_AVG, torch.zeros(6)),
+        (TIED, Kind.TIED_GRAD, torch.zeros(16, 4)),
     ],
 )
 def test_frames_a_stage_takes_pass(at: FrameSpec, kind: Kind, tensor: torch.Tensor) -> None:
@@ -51,6 +53,8 @@ def test_frames_a_stage_takes_pass(at: FrameSpec, kind: Kind, tensor: torch.Tens
         (FIRST, Kind.TARGETS, _ids(1, 8), "does not take targets"),
         (LAST, Kind.TOKENS, _ids(1, 8), "does not take tokens"),
         (LAST, Kind.GRADIENT, torch.zeros(1, 8, 4), "does not take gradients"),
+        (LAST, Kind.TIED_GRAD, torch.zeros(16, 4), "shares no embedding"),
+        (TIED, Kind.TIED_GRAD, torch.zeros(4, 16), "[16, 4]"),  # transposed
     ],
 )
 def test_other_frames_are_refused_with_the_reason(

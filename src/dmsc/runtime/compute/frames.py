@@ -27,6 +27,7 @@ class FrameSpec:
     vocab: int
     hidden: int
     n_params: int  # the length of a flattened gradient (averaging between replicas)
+    tied: bool = False  # shares its embedding matrix with the other end of the pipeline
 
 
 def expected_frame(at: FrameSpec, kind: Kind) -> tuple[torch.dtype, str]:
@@ -40,6 +41,10 @@ def expected_frame(at: FrameSpec, kind: Kind) -> tuple[torch.dtype, str]:
         if (kind == Kind.ACTIVATION and at.first) or (kind == Kind.GRADIENT and at.last):
             raise BadRequest(f"stage {at.stage} does not take {kind.name.lower()}s")
         return torch.float32, f"[batch, 1..{at.seq}, {at.hidden}]"
+    if kind == Kind.TIED_GRAD:
+        if not at.tied:
+            raise BadRequest(f"stage {at.stage} shares no embedding")
+        return torch.float32, f"[{at.vocab}, {at.hidden}]"
     return torch.float32, f"[{at.n_params}]"
 
 
@@ -56,6 +61,8 @@ def check_frame(at: FrameSpec, kind: Kind, t: torch.Tensor) -> None:
     elif ok and kind in (Kind.ACTIVATION, Kind.GRADIENT):
         ok = t.dim() == 3 and t.shape[0] > 0 and 0 < t.shape[1] <= at.seq
         ok = ok and t.shape[2] == at.hidden
+    elif ok and kind == Kind.TIED_GRAD:
+        ok = tuple(t.shape) == (at.vocab, at.hidden)
     elif ok:  # a gradient part or average; an empty average is the leader's "restart"
         restart = kind == Kind.GRAD_AVG and t.numel() == 0
         ok = t.dim() == 1 and (t.numel() == at.n_params or restart)

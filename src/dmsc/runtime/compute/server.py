@@ -43,6 +43,7 @@ from dmsc.runtime.compute.frames import FrameSpec, check_frame
 from dmsc.runtime.compute.gradient_sync import GradientSync
 from dmsc.runtime.compute.inbox import Inbox
 from dmsc.runtime.compute.models.attention import StageCache
+from dmsc.runtime.compute.models.chain import tied_weight
 from dmsc.runtime.compute.models.hf import stage_module
 from dmsc.runtime.compute.peers import Peers
 from dmsc.runtime.transport import messages as msg
@@ -57,7 +58,7 @@ from dmsc.runtime.transport.rpc import (
     bytes_handler,
     message_handler,
 )
-from dmsc.runtime.transport.wire import WireError, decode
+from dmsc.runtime.transport.wire import Kind, WireError, decode
 from dmsc.spec import TransformerSpec
 
 
@@ -105,6 +106,7 @@ class StageWorker:
         self.module = stage_module(self.spec, cfg.seed, cfg.first, cfg.last)
         self.optimizer = torch.optim.AdamW(self.module.parameters(), lr=cfg.lr)
         self.n_params = sum(p.numel() for p in self.module.parameters())
+        self.tied = tied_weight(self.spec, self.module) if cfg.stages > 1 else None
         self.frames = FrameSpec(
             stage=cfg.stage,
             first=self.module.is_first,
@@ -113,6 +115,7 @@ class StageWorker:
             vocab=self.spec.vocab,
             hidden=self.spec.hidden,
             n_params=self.n_params,
+            tied=self.tied is not None,
         )
         self.steps_done = 0
         self.sessions: dict[str, Session] = {}  # inference sessions' keys and values
@@ -201,6 +204,7 @@ class StageWorker:
             raise
         skipped: list[int] = []
         if m.train:
+            self._add_tied_grad(m.step)
             if cfg.replicas > 1:
                 skipped = self.grads.sync(m.step, m.late_policy, m.grad_wait_s)
             self.uncommitted = m.step
@@ -230,6 +234,18 @@ class StageWorker:
                 out["logits_shape"] = list(rows.shape)
                 out["logits"] = base64.b64encode(rows.numpy().tobytes()).decode()
         return out
+
+    def _add_tied_grad(self, step: int) -> None:
+        """Add the other end's gradient of a tied embedding to this end's (first and last
+        stage of the same replica swap theirs), so that both copies take the same step."""
+        if self.tied is None:
+            return
+        grad = self.tied.grad if self.tied.grad is not None else torch.zeros_like(self.tied)
+        other = self.cfg.stages - 1 if self.module.is_first else 0
+        self.peers.send(other, Kind.TIED_GRAD, step, 0, grad)
+        theirs = self.peers.recv(Kind.TIED_GRAD, step, 0)
+        self.peers.flush()
+        self.tied.grad = grad + theirs
 
     def _session(self, session: str, start: int) -> StageCache:
         """The keys and values of ``session`` for a step from position ``start`` (0 opens it).

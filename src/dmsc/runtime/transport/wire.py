@@ -36,6 +36,7 @@ class Kind(IntEnum):
     TARGETS = 4
     GRAD_PART = 5  # a data-parallel replica's flattened gradient, to its stage's leader
     GRAD_AVG = 6  # the leader's averaged gradient back to the replicas (empty: restart)
+    TIED_GRAD = 7  # the tied embedding's gradient, between the first and the last stage
 
 
 _DTYPES: dict[int, torch.dtype] = {

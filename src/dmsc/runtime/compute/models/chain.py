@@ -90,10 +90,29 @@ def build_stage(
     if empty:
         with torch.device("meta"):
             module = StageModule([build_layer(spec, i) for i in range(lo, hi)], names)
-        return module.to_empty(device="cpu")
-    torch.manual_seed(seed)
-    chain = [build_layer(spec, i) for i in range(spec.layers + 2)]
-    return StageModule(chain[lo:hi], names)
+        module = module.to_empty(device="cpu")
+    else:
+        torch.manual_seed(seed)
+        chain = [build_layer(spec, i) for i in range(spec.layers + 2)]
+        if spec.tied_embeddings:  # the head starts from the embedding, wherever each one runs
+            chain[-1].out.weight = chain[0].tok.weight
+        module = StageModule(chain[lo:hi], names)
+    if spec.tied_embeddings and module.is_first and module.is_last:
+        module.layers[-1].out.weight = module.layers[0].tok.weight  # one tensor, as in HF
+    return module
+
+
+def tied_weight(spec: TransformerSpec, module: StageModule) -> torch.nn.Parameter | None:
+    """The embedding matrix this stage shares with a stage at the other end of the pipeline:
+    the token embedding (first stage) or the head's projection (last stage) of a model with
+    tied embeddings whose two ends run in different stages; None otherwise. The two copies
+    start equal and add each other's gradient before every optimizer step (as Megatron-LM's
+    embedding all-reduce does), so they stay equal."""
+    if not spec.tied_embeddings or module.is_first == module.is_last:
+        return None
+    weight = module.layers[0].tok.weight if module.is_first else module.layers[-1].out.weight
+    assert isinstance(weight, torch.nn.Parameter)
+    return weight
 
 
 def loss_fn(logits_BTV: torch.Tensor, targets_BT: torch.Tensor) -> torch.Tensor:
