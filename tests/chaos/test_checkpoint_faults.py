@@ -77,7 +77,7 @@ def test_a_rollback_skips_a_corrupt_checkpoint_for_the_newest_that_verifies(
 
         def strike(step: int, _out: dict[str, Any]) -> None:
             if step == 4 and not struck:  # the checkpoint of step 4 is on disk: spoil it,
-                corrupt(folder / "step4" / "stage1.pt")  # then lose stage 1
+                corrupt(folder / "step4" / "stage1.safetensors")  # then lose stage 1
                 os.kill(victim.process.pid, signal.SIGKILL)
                 struck.append(step)
 

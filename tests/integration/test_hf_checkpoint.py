@@ -39,6 +39,7 @@ def _checkpoint(directory: Path) -> None:
         num_attention_heads=4,
         num_key_value_heads=2,
         max_position_embeddings=64,
+        tie_word_embeddings=True,  # as Llama 3.2 1B: the head in stage 1, its embedding in 0
     )
     torch.manual_seed(0)
     transformers.LlamaForCausalLM(config).save_pretrained(directory)
@@ -91,6 +92,11 @@ def test_a_hugging_face_checkpoint_plans_deploys_trains_infers_and_exports(tmp_p
     )
     assert want[0, prompt.shape[1] :].tolist() == ids
     assert tok.decode(ids) == text
+    # Training's own checkpoint folder is a sharded Hugging Face checkpoint too.
+    saved = max(tmp_path.rglob("model.safetensors.index.json"), key=lambda p: p.stat().st_mtime)
+    again = transformers.AutoModelForCausalLM.from_pretrained(saved.parent).eval()
+    with torch.no_grad():
+        assert torch.equal(again(prompt).logits, model(prompt).logits)
     # A checkpoint changed after planning is refused before anything starts.
     weights = load_file(str(ckpt / "model.safetensors"))
     weights["model.norm.weight"] += 1

@@ -225,12 +225,13 @@ def test_sampling_and_checkpoint(tmp_path, batches) -> None:  # type: ignore[no-
         body = httpx.get(f"http://{metrics}/metrics").text
         assert "dmsc_worker_step_seconds_count" in body and "dmsc_worker_bytes_sent_total" in body
         client = dep.clients[(0, 0)]
-        saved = client.call("Save", {"path": str(tmp_path / "s0.pt")})
+        saved = client.call("Save", {"path": str(tmp_path / "s0.safetensors")})
+        saved.pop("tensors")
         assert client.call("Load", saved)["steps"] == 1
         with pytest.raises(grpc.RpcError, match="hash"):
             client.call("Load", {"path": saved["path"], "sha256": "0" * 64})
         # A worker writes only below its deployment's directory (issue 11: Save wrote anywhere).
-        escape = tmp_path.parent / f"{tmp_path.name}-escape.pt"
+        escape = tmp_path.parent / f"{tmp_path.name}-escape.safetensors"
         for outside in (escape, tmp_path / ".." / escape.name):
             with pytest.raises(grpc.RpcError, match="outside the deployment directory"):
                 client.call("Save", {"path": str(outside)})

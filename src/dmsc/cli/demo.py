@@ -192,7 +192,9 @@ def runtime_demo(console: Console, steps: int = 200) -> dict[str, Any]:
             "Save",
             {
                 "path": str(
-                    Path(db.url.split("///")[-1]).parent / "checkpoints" / f"demo-run{run.id}.pt"
+                    Path(db.url.split("///")[-1]).parent
+                    / "checkpoints"
+                    / f"demo-run{run.id}.safetensors"
                 )
             },
         )

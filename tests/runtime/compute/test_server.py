@@ -85,13 +85,14 @@ def test_a_missing_or_corrupt_checkpoint_is_refused_as_data_loss(
     client: Client, tmp_path: Path
 ) -> None:
     """DATA_LOSS (not a bad request): the control plane then tries an older checkpoint."""
-    saved = client.call("Save", {"path": str(tmp_path / "s0.pt")})
+    saved = client.call("Save", {"path": str(tmp_path / "s0.safetensors")})
+    assert "transformer.wte.weight" in saved.pop("tensors")  # what a checkpoint index lists
     whole = Path(saved["path"]).read_bytes()
     Path(saved["path"]).write_bytes(whole[: len(whole) // 2])  # truncated: fails its hash
     tries = [
         (saved, "fails its hash"),
         ({"path": saved["path"]}, "cannot be read"),  # no hash given: it must still read
-        ({"path": str(tmp_path / "gone.pt")}, "no checkpoint"),
+        ({"path": str(tmp_path / "gone.safetensors")}, "no checkpoint"),
     ]
     for body, why in tries:
         with pytest.raises(grpc.RpcError) as info:

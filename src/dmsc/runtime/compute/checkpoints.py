@@ -1,74 +1,242 @@
-"""Checkpoint files of one stage: its module's and optimizer's state, checked by SHA-256.
+"""Checkpoint files of one stage, in the Hugging Face format: safetensors under the tensor names
+of ``transformers``, checked by SHA-256.
 
-``Save`` writes ``{"model", "optimizer", "steps"}`` with ``torch.save`` and answers the file's
-SHA-256; the control plane keeps the digest (in a ``Checkpoint`` or a model version) and hands it
-back on ``Load``, which refuses a file that fails it before anything is loaded. Files are read
-with ``weights_only=True``: a checkpoint never runs code. A file that cannot be read, or does not
-fit the stage, is refused the same way (:class:`CheckpointError`): the control plane then falls
-back to an older checkpoint (:mod:`dmsc.runtime.control.fallback`).
+``Save`` to ``PATH`` (``stageN.safetensors``) writes two files:
+
+- ``PATH``: the stage's weights in float32 (the master copy), named and laid out as in the
+  model's Hugging Face checkpoint (:func:`dmsc.runtime.compute.models.hf.hf_key`), so the stage
+  files of one step, with the ``config.json`` and ``model.safetensors.index.json`` the control
+  plane writes beside them, form a sharded checkpoint that ``transformers`` loads as it is;
+- ``PATH`` with ``.optim.safetensors``: AdamW's moments and step counts under
+  ``<weight name>.<state>`` (laid out as their weight), with the steps done and the optimizer's
+  settings in the file's metadata.
+
+The digest (:func:`checkpoint_sha256`) covers both; the control plane keeps it (in a
+``Checkpoint`` or a model version) and hands it back on ``Load``, which refuses a checkpoint that
+fails it before anything is loaded. safetensors files hold tensors only: a checkpoint never runs
+code. A checkpoint that cannot be read, or does not fit the stage, is refused the same way
+(:class:`CheckpointError`): the control plane then falls back to an older one
+(:mod:`dmsc.runtime.control.fallback`). Files written by ``torch.save`` (dmsc before the
+safetensors format) are still read, with ``weights_only=True``.
 """
 
 from __future__ import annotations
 
 import hashlib
+import json
+from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 import torch
+from safetensors import SafetensorError, safe_open
+from safetensors.torch import save_file
+
+from dmsc.runtime.compute.models.chain import StageModule
+from dmsc.runtime.compute.models.hf import hf_key
+from dmsc.spec import TransformerSpec
+
+OPTIM_SUFFIX = ".optim.safetensors"
 
 
 class CheckpointError(ValueError):
     """The checkpoint cannot be loaded: missing, or not the file its hash names."""
 
 
+def stage_file(folder: Path, stage: int) -> Path:
+    """The checkpoint of ``stage`` in the checkpoint folder ``folder`` (``stageN.safetensors``;
+    ``stageN.pt`` when only a ``torch.save`` file of earlier dmsc is there)."""
+    path, legacy = folder / f"stage{stage}.safetensors", folder / f"stage{stage}.pt"
+    return legacy if legacy.is_file() and not path.is_file() else path
+
+
+def optimizer_path(path: Path) -> Path:
+    """The optimizer's file of the stage checkpoint ``path``."""
+    return path.with_name(path.name.removesuffix(".safetensors") + OPTIM_SUFFIX)
+
+
+def _prefix(spec: TransformerSpec) -> str:
+    return "transformer." if spec.family == "gpt" else ""
+
+
+def _params(
+    spec: TransformerSpec, module: StageModule
+) -> list[tuple[torch.nn.Parameter, str, bool]]:
+    """Each parameter of ``module`` once, with its checkpoint name and whether it is stored
+    transposed (GPT-2's ``Conv1D``)."""
+    seen: set[int] = set()
+    out = []
+    for name, layer in zip(module.names, module.layers, strict=True):
+        for param, tensor in layer.state_dict(keep_vars=True).items():
+            if id(tensor) in seen:  # a tied embedding held twice by one stage
+                continue
+            seen.add(id(tensor))
+            key, transpose = hf_key(spec, name, param, _prefix(spec))
+            out.append((tensor, key, transpose))
+    return out
+
+
+def _store(t: torch.Tensor, transpose: bool) -> torch.Tensor:
+    t = t.detach()
+    return (t.t() if transpose and t.dim() == 2 else t).to("cpu", torch.float32).contiguous()
+
+
 def write_checkpoint(
-    path: Path, module: torch.nn.Module, optimizer: torch.optim.Optimizer, steps: int
-) -> None:
-    """Write ``module``'s and ``optimizer``'s state and the steps done to ``path``."""
+    path: Path,
+    spec: TransformerSpec,
+    module: StageModule,
+    optimizer: torch.optim.Optimizer,
+    steps: int,
+) -> list[str]:
+    """Write the stage's weights to ``path`` and its optimizer's state beside it; the names of
+    the weights written."""
     path.parent.mkdir(parents=True, exist_ok=True)
-    state = {"model": module.state_dict(), "optimizer": optimizer.state_dict(), "steps": steps}
-    torch.save(state, path)
+    params = _params(spec, module)
+    weights = {key: _store(p, tr) for p, key, tr in params}
+    names = {id(p): (key, tr) for p, key, tr in params}
+    moments: dict[str, torch.Tensor] = {}
+    groups = []
+    for group in optimizer.param_groups:
+        groups.append({k: v for k, v in group.items() if k != "params"})
+        for p in group["params"]:
+            key, tr = names[id(p)]
+            for slot, value in optimizer.state.get(p, {}).items():
+                value = value if isinstance(value, torch.Tensor) else torch.tensor(value)
+                moments[f"{key}.{slot}"] = _store(value, tr)
+    save_file(weights, str(path), metadata={"format": "pt"})
+    meta = {"format": "pt", "steps": str(steps), "param_groups": json.dumps(groups)}
+    save_file(moments, str(optimizer_path(path)), metadata=meta)
+    return sorted(weights)
 
 
-def file_sha256(path: Path) -> str:
-    return hashlib.sha256(path.read_bytes()).hexdigest()
+def checkpoint_sha256(path: Path) -> str:
+    """The digest of the stage checkpoint ``path``: its weights and optimizer files together
+    (the weights file alone for a checkpoint written by ``torch.save``)."""
+    digest = hashlib.sha256()
+    for file in (path, optimizer_path(path)):
+        if file.is_file():
+            with file.open("rb") as fh:
+                while chunk := fh.read(1 << 20):
+                    digest.update(chunk)
+    return digest.hexdigest()
 
 
 def verify_checkpoint(path: Path, sha256: str = "") -> None:
-    """Raise :class:`CheckpointError` unless ``path`` is a file whose hash is ``sha256`` (any
-    file when ``sha256`` is empty)."""
+    """Raise :class:`CheckpointError` unless ``path`` is a checkpoint whose digest is ``sha256``
+    (any when ``sha256`` is empty)."""
     if not path.is_file():
         raise CheckpointError(f"no checkpoint at {path}")
-    if sha256 and file_sha256(path) != sha256:
+    if sha256 and checkpoint_sha256(path) != sha256:
         raise CheckpointError("checkpoint fails its hash")
 
 
-def read_state(path: Path) -> dict[str, object]:
-    """The state saved in ``path`` (nothing is loaded yet); :class:`CheckpointError` when the file
-    cannot be read as a checkpoint."""
+@dataclass
+class StageState:
+    """A stage checkpoint as read, nothing loaded yet."""
+
+    weights: dict[str, torch.Tensor]
+    moments: dict[str, torch.Tensor]
+    steps: int
+    param_groups: list[dict[str, Any]]
+    legacy: dict[str, Any] = field(default_factory=dict)  # a torch.save file's contents
+
+
+def _read_legacy(path: Path) -> StageState:
     try:
         state = torch.load(path, weights_only=True)
     except Exception as exc:  # torch raises what its unpickler met: EOF, pickle, zip, runtime
         raise CheckpointError(f"checkpoint cannot be read ({type(exc).__name__})") from None
     if not isinstance(state, dict) or not {"model", "optimizer", "steps"} <= state.keys():
         raise CheckpointError("checkpoint lacks model, optimizer or steps")
-    return state
+    return StageState({}, {}, int(state["steps"]), [], legacy=state)
+
+
+def _read_file(path: Path) -> tuple[dict[str, torch.Tensor], dict[str, str]]:
+    try:
+        with safe_open(str(path), "pt") as fh:
+            return {k: fh.get_tensor(k) for k in fh.keys()}, fh.metadata() or {}  # noqa: SIM118
+    except (SafetensorError, OSError, ValueError) as exc:
+        raise CheckpointError(f"{path.name} cannot be read ({exc})"[:300]) from None
+
+
+def read_state(path: Path) -> StageState:
+    """The checkpoint at ``path`` (nothing is loaded yet); :class:`CheckpointError` when its
+    files cannot be read as one."""
+    try:
+        with path.open("rb") as fh:
+            legacy = fh.read(2) == b"PK"  # a zip: torch.save's format
+    except OSError as exc:
+        raise CheckpointError(f"checkpoint cannot be read ({exc})") from None
+    if legacy:
+        return _read_legacy(path)
+    weights, _ = _read_file(path)
+    moments, meta = _read_file(optimizer_path(path))
+    try:
+        steps = int(meta["steps"])
+        groups = json.loads(meta["param_groups"])
+    except (KeyError, ValueError) as exc:
+        raise CheckpointError(
+            f"{optimizer_path(path).name} lacks steps or settings ({exc})"
+        ) from None
+    return StageState(weights, moments, steps, groups)
 
 
 def load_state(
-    state: dict[str, object], module: torch.nn.Module, optimizer: torch.optim.Optimizer
+    state: StageState,
+    spec: TransformerSpec,
+    module: StageModule,
+    optimizer: torch.optim.Optimizer,
 ) -> int:
-    """Load a state read by :func:`read_state` into ``module`` and ``optimizer``
-    (gradients cleared); the steps done."""
+    """Load a state read by :func:`read_state` into ``module`` and ``optimizer`` (gradients
+    cleared); the steps done. Every tensor is checked before any is loaded."""
+    if state.legacy:
+        try:
+            module.load_state_dict(state.legacy["model"])
+            optimizer.load_state_dict(state.legacy["optimizer"])
+        except (RuntimeError, KeyError, TypeError, ValueError) as exc:
+            raise CheckpointError(f"checkpoint does not fit this stage: {exc}"[:500]) from None
+        optimizer.zero_grad(set_to_none=True)
+        return state.steps
+    params = _params(spec, module)
+    for p, key, tr in params:
+        have = state.weights.get(key)
+        want = list(p.t().shape if tr else p.shape)
+        if have is None or list(have.shape) != want:
+            found = "missing" if have is None else f"of shape {list(have.shape)}"
+            raise CheckpointError(
+                f"checkpoint does not fit this stage: tensor {key!r} {found}, the stage has {want}"
+            )
+    order = {id(p): n for n, p in enumerate(q for g in optimizer.param_groups for q in g["params"])}
+    if len(state.param_groups) != len(optimizer.param_groups):
+        raise CheckpointError("checkpoint does not fit this stage: another optimizer")
+    slots: dict[int, dict[str, torch.Tensor]] = {}
+    for p, key, tr in params:
+        held = {
+            name.removeprefix(f"{key}."): t
+            for name, t in state.moments.items()
+            if name.startswith(f"{key}.") and "." not in name.removeprefix(f"{key}.")
+        }
+        slots[order[id(p)]] = {s: (t.t() if tr and t.dim() == 2 else t) for s, t in held.items()}
+    groups = [  # JSON made the tuples (AdamW's betas) lists
+        {k: tuple(v) if isinstance(v, list) else v for k, v in saved.items()}
+        | {"params": [order[id(p)] for p in group["params"]]}
+        for saved, group in zip(state.param_groups, optimizer.param_groups, strict=True)
+    ]
+    with torch.no_grad():
+        for p, key, tr in params:
+            value = state.weights[key]
+            p.copy_((value.t() if tr else value).to(p.dtype))
     try:
-        module.load_state_dict(state["model"])  # type: ignore[arg-type]
-        optimizer.load_state_dict(state["optimizer"])  # type: ignore[arg-type]
-        steps = int(state["steps"])  # type: ignore[call-overload]
+        kept = {n: v for n, v in slots.items() if v}
+        optimizer.load_state_dict({"state": kept, "param_groups": groups})
     except (RuntimeError, KeyError, TypeError, ValueError) as exc:
         raise CheckpointError(f"checkpoint does not fit this stage: {exc}"[:500]) from None
     optimizer.zero_grad(set_to_none=True)
-    return steps
+    return state.steps
 
 
-def read_checkpoint(path: Path, module: torch.nn.Module, optimizer: torch.optim.Optimizer) -> int:
+def read_checkpoint(
+    path: Path, spec: TransformerSpec, module: StageModule, optimizer: torch.optim.Optimizer
+) -> int:
     """Load ``path`` into ``module`` and ``optimizer`` (gradients cleared); the steps done."""
-    return load_state(read_state(path), module, optimizer)
+    return load_state(read_state(path), spec, module, optimizer)

@@ -31,7 +31,7 @@ from prometheus_client import CollectorRegistry, Counter, Histogram
 
 from dmsc.runtime.compute.checkpoints import (
     CheckpointError,
-    file_sha256,
+    checkpoint_sha256,
     load_state,
     read_state,
     verify_checkpoint,
@@ -353,8 +353,8 @@ class StageWorker:
         if root is not None and not path.resolve().is_relative_to(root):
             raise BadRequest(f"save: {path} is outside the deployment directory {root}")
         with self._lock:
-            write_checkpoint(path, self.module, self.optimizer, self.steps_done)
-        return {"path": str(path), "sha256": file_sha256(path)}
+            names = write_checkpoint(path, self.spec, self.module, self.optimizer, self.steps_done)
+        return {"path": str(path), "sha256": checkpoint_sha256(path), "tensors": names}
 
     def load(self, m: msg.Load) -> dict[str, Any]:
         """Load a checkpoint; one that is missing, fails its hash or cannot be read is refused
@@ -364,7 +364,7 @@ class StageWorker:
             verify_checkpoint(path, m.sha256)
             state = read_state(path)
             with self._lock:
-                self.steps_done = load_state(state, self.module, self.optimizer)
+                self.steps_done = load_state(state, self.spec, self.module, self.optimizer)
                 self.uncommitted = None
                 self.sessions.clear()  # keys and values of the weights replaced
         except CheckpointError as exc:

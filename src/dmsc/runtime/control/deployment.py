@@ -35,6 +35,8 @@ import torch
 from pydantic import BaseModel
 
 from dmsc.runtime.business.registry import REGISTRY_SERVICE, Registry, registry_methods
+from dmsc.runtime.compute.checkpoints import stage_file
+from dmsc.runtime.compute.models.hf import write_index
 from dmsc.runtime.compute.worker import WorkerConfig
 from dmsc.runtime.control import decoding, failures
 from dmsc.runtime.control.failures import Key, StepRestartNeeded, key_of
@@ -430,11 +432,16 @@ class Deployment:
         folder = folder or self.home / "checkpoints" / f"step{step}"
 
         def save(k: Key) -> Callable[[int], Save]:
-            return lambda epoch: Save(path=str(folder / f"stage{k[0]}.pt"), epoch=epoch)
+            return lambda epoch: Save(path=str(stage_file(folder, k[0])), epoch=epoch)
 
         keys = [(s, 0) for s in range(self.stages)]
         futures = {k: self.calls("Save", save(k), [k], 120.0)[k] for k in keys}
         out = self.gather(futures, 120.0)
+        model = self.layout.model
+        if isinstance(model, TransformerSpec):  # the folder loads in transformers as it is
+            source = Path(model.checkpoint.path) if model.checkpoint is not None else None
+            files = {Path(r["path"]).name: r.get("tensors", []) for r in out.values()}
+            write_index(model, folder, files, source)
         return Checkpoint(step, {k[0]: (r["path"], r["sha256"]) for k, r in out.items()})
 
     def restore(self, ckpt: Checkpoint, keys: Collection[Key] | None = None) -> None:

@@ -24,6 +24,7 @@ from pathlib import Path
 
 from dmsc.data.db import Database
 from dmsc.data.tokenizer import ByteTokenizer, Tokenizer, text_stream
+from dmsc.runtime.compute.checkpoints import stage_file
 from dmsc.runtime.control.deployment import Deployment
 from dmsc.runtime.control.failures import WorkerFailure
 from dmsc.runtime.control.model_store import versions
@@ -192,7 +193,7 @@ class Replicas:
             digests = json.loads(want.metrics_json or "{}")
             with self.lock:
                 for key in self.dep.pipeline(r):
-                    path = str(Path(want.path) / f"stage{key[0]}.pt")
+                    path = str(stage_file(Path(want.path), key[0]))
                     load = Load(path=path, sha256=digests.get(path, ""), epoch=self.dep.epochs[key])
                     self.dep.clients[key].send("Load", load)
             self.served[r] = want.id

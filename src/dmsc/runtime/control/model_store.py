@@ -116,9 +116,14 @@ def export_version(db: Database, version_id: int | None, out: Path) -> ModelVers
     import torch
 
     from dmsc.planner.plan import Plan
-    from dmsc.runtime.compute.checkpoints import CheckpointError, read_state, verify_checkpoint
+    from dmsc.runtime.compute.checkpoints import (
+        CheckpointError,
+        read_state,
+        stage_file,
+        verify_checkpoint,
+    )
     from dmsc.runtime.compute.models.chain import layer_names, layer_range
-    from dmsc.runtime.compute.models.hf import export
+    from dmsc.runtime.compute.models.hf import stage_tensors, write_model_dir
     from dmsc.spec import TransformerSpec, resolve_model
 
     all_versions = versions(db)
@@ -140,16 +145,20 @@ def export_version(db: Database, version_id: int | None, out: Path) -> ModelVers
     if not isinstance(model, TransformerSpec):
         raise ValueError(f"{plan.model}: only transformer models export")
     digests = json.loads(version.metrics_json or "{}")
-    stages: list[tuple[list[str], dict[str, torch.Tensor]]] = []
+    tensors: dict[str, torch.Tensor] = {}
     for record in plan.stages:
-        path = Path(version.path) / f"stage{record.index}.pt"
-        lo, hi = layer_range(model, record.chunks[0][0], record.chunks[-1][1])
+        path = stage_file(Path(version.path), record.index)
         try:
             verify_checkpoint(path, digests.get(str(path), ""))
             state = read_state(path)
         except CheckpointError as exc:
             raise ValueError(f"version {version.id}, stage {record.index}: {exc}") from None
-        stages.append((layer_names(model)[lo:hi], state["model"]))  # type: ignore[arg-type]
+        if state.legacy:  # a torch.save file: the stage module's own names
+            lo, hi = layer_range(model, record.chunks[0][0], record.chunks[-1][1])
+            names = layer_names(model)[lo:hi]
+            tensors.update(stage_tensors(model, names, state.legacy["model"]))
+        else:
+            tensors.update(state.weights)
     source = Path(model.checkpoint.path) if model.checkpoint is not None else None
-    export(model, stages, out, source)
+    write_model_dir(model, tensors, out, source)
     return version

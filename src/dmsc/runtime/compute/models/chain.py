@@ -95,11 +95,15 @@ def build_stage(
         torch.manual_seed(seed)
         chain = [build_layer(spec, i) for i in range(spec.layers + 2)]
         if spec.tied_embeddings:  # the head starts from the embedding, wherever each one runs
-            chain[-1].out.weight = chain[0].tok.weight
+            _tie(chain[-1], chain[0])
         module = StageModule(chain[lo:hi], names)
     if spec.tied_embeddings and module.is_first and module.is_last:
-        module.layers[-1].out.weight = module.layers[0].tok.weight  # one tensor, as in HF
+        _tie(module.layers[-1], module.layers[0])  # one tensor, as in transformers
     return module
+
+
+def _tie(head: nn.Module, embedding: nn.Module) -> None:
+    head.get_submodule("out").register_parameter("weight", embedding.get_parameter("tok.weight"))
 
 
 def tied_weight(spec: TransformerSpec, module: StageModule) -> torch.nn.Parameter | None:
@@ -110,9 +114,9 @@ def tied_weight(spec: TransformerSpec, module: StageModule) -> torch.nn.Paramete
     embedding all-reduce does), so they stay equal."""
     if not spec.tied_embeddings or module.is_first == module.is_last:
         return None
-    weight = module.layers[0].tok.weight if module.is_first else module.layers[-1].out.weight
-    assert isinstance(weight, torch.nn.Parameter)
-    return weight
+    if module.is_first:
+        return module.layers[0].get_parameter("tok.weight")
+    return module.layers[-1].get_parameter("out.weight")
 
 
 def loss_fn(logits_BTV: torch.Tensor, targets_BT: torch.Tensor) -> torch.Tensor:

@@ -249,11 +249,41 @@ def export(
     tensors: dict[str, torch.Tensor] = {}
     for names, state in stages:
         tensors.update(stage_tensors(spec, names, state))
+    return write_model_dir(spec, tensors, out, source)
+
+
+def write_side_files(spec: TransformerSpec, out: Path, source: Path | None = None) -> None:
+    """``config.json`` of ``spec`` and, from the checkpoint directory ``source``, the
+    tokenizer's files."""
     out.mkdir(parents=True, exist_ok=True)
-    save_file(tensors, str(out / SINGLE), metadata={"format": "pt"})
     (out / "config.json").write_text(json.dumps(hf_config(spec), indent=2) + "\n")
     if source is not None:
         for name in SIDE_FILES:
             if (source / name).is_file():
                 shutil.copyfile(source / name, out / name)
+
+
+def write_model_dir(
+    spec: TransformerSpec, tensors: dict[str, torch.Tensor], out: Path, source: Path | None = None
+) -> Path:
+    """A Hugging Face directory of ``tensors`` (checkpoint names): ``model.safetensors``,
+    ``config.json`` and the tokenizer of ``source``."""
+    out.mkdir(parents=True, exist_ok=True)
+    save_file(tensors, str(out / SINGLE), metadata={"format": "pt"})
+    write_side_files(spec, out, source)
     return out
+
+
+def write_index(
+    spec: TransformerSpec, folder: Path, files: dict[str, list[str]], source: Path | None = None
+) -> None:
+    """Make the stage files of one checkpoint (file name -> the tensors it holds) a sharded
+    Hugging Face checkpoint: ``model.safetensors.index.json``, ``config.json`` and the
+    tokenizer. A tensor two stages hold (a tied embedding) is read from the first."""
+    weight_map: dict[str, str] = {}
+    for name in sorted(files):
+        for key in files[name]:
+            weight_map.setdefault(key, name)
+    index = {"metadata": {"format": "pt"}, "weight_map": dict(sorted(weight_map.items()))}
+    (folder / INDEX).write_text(json.dumps(index, indent=2) + "\n")
+    write_side_files(spec, folder, source)
