@@ -101,6 +101,7 @@ def test_a_failed_start_shows_the_end_of_the_control_planes_stderr(
         (["--spares", "65"], "--spares: must be between 0 and 64"),
         (["--router", "magic"], "--router: unknown policy"),
         (["--gateway", "example.com:80"], "--gateway: expected 127.0.0.1:PORT"),
+        (["--device", "tpu"], "--device: String should match pattern"),
     ],
 )
 def test_bad_up_flags_exit_2_before_starting_anything(
@@ -304,3 +305,35 @@ def test_wide_keeps_every_table_row_on_one_line(
     assert code == 0
     [row] = key_rows(out)
     assert tenant in row and scopes in row and len(row) > 80
+
+
+def test_a_plan_for_gpus_is_refused_on_a_machine_without_them(
+    home: Path,
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    """Issue 14, item 3: the plan puts each replica on its GPU (cuda:N); where this machine has
+    none, ``dmsc up`` says so before starting anything, and ``--device cpu`` runs it anyway."""
+    import torch
+
+    from dmsc.spec import load_spec
+
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    cluster = load_spec(ClusterSpec, Path(__file__).parents[2] / "examples/clusters/one-h100.yaml")
+    job = JobSpec(global_batch=8, micro_batch=2, pp=1)
+    plan = plan_job(cluster, resolve_model("gpt-mini"), job, fixed=True).plan
+    assert [r.device for st in plan.stages for r in st.replicas] == ["cuda:0"]
+    path = tmp_path / "gpu-plan.json"
+    path.write_text(plan.model_dump_json())
+    stand_in(tmp_path, monkeypatch, 'echo "READY 127.0.0.1:4242"\n')
+    code, _, err = run(capsys, "up", "--plan", str(path))
+    assert code == 2 and len(err.strip().splitlines()) == 1, err
+    assert "stages[0].replicas[0].device" in err and "no CUDA device" in err
+    assert "--device cpu" in err and not (tmp_path / "argv").exists()
+    code, _, err = run(capsys, "up", "--plan", str(path), "--device", "cuda:1")
+    assert code == 2 and "--device" in err and "no CUDA device" in err
+    code, _, err = run(capsys, "up", "--plan", str(path), "--device", "cpu")
+    assert code == 0, err
+    settings = ControlSettings.model_validate_json((tmp_path / "settings.json").read_text())
+    assert settings.device == "cpu"

@@ -38,6 +38,7 @@ _SETTING_FLAGS = {
     "router": "--router",
     "failure_timeout_s": "--failure-timeout",
     "spares": "--spares",
+    "device": "--device",
     "rate_limit": "--rate",
     "burst": "--burst",
     "max_body_bytes": "--max-body",
@@ -218,6 +219,13 @@ def up(
     tenant_requests: Annotated[
         int, typer.Option(help="Gateway: inference requests in flight per tenant.")
     ] = 4,
+    device: Annotated[
+        str,
+        typer.Option(
+            help="Where the workers run: plan (each replica's GPU in the plan, or the CPU), "
+            "cpu, or cuda / cuda:N (every stage on one GPU)."
+        ),
+    ] = "plan",
 ) -> None:
     """Start the control plane and one worker process per stage replica."""
     from dmsc.data.db import data_dir
@@ -231,7 +239,7 @@ def up(
         "max_body_bytes": max_body,
     }
     settings = _control_settings(
-        plan_file, home, gateway, router, failure_timeout, spares, **limits
+        plan_file, home, gateway, router, failure_timeout, spares, device, **limits
     )
     stderr_path = logs.stderr_file(home, logs.CONTROL)
     seen = stderr_path.stat().st_size if stderr_path.exists() else 0  # earlier starts' lines
@@ -315,6 +323,26 @@ def check_plan_model(plan_path: str, plan: Any) -> None:
         )
 
 
+def check_plan_devices(plan_path: str, plan: Any, device: str) -> None:
+    """Before anything starts: every device the workers will run on is on this machine (a plan
+    for GPUs on a machine without them is refused, naming the replica and the way out)."""
+    from dmsc.runtime.control.training import plan_devices
+
+    wanted = plan_devices(plan, device)
+    if all(name == "cpu" for name in wanted.values()):
+        return  # no torch import for the usual CPU run
+    from dmsc.runtime.compute.devices import stage_device
+
+    for (stage, replica), name in sorted(wanted.items()):
+        try:
+            stage_device(name)
+        except ValueError as exc:
+            if device != "plan":
+                raise SpecError("command line", "--device", str(exc)) from None
+            where = f"stages[{stage}].replicas[{replica}].device"
+            raise SpecError(plan_path, where, str(exc)) from None
+
+
 def _control_settings(
     plan_path: str,
     home: Path,
@@ -322,6 +350,7 @@ def _control_settings(
     router: str,
     failure_timeout_s: float,
     spares: int,
+    device: str = "plan",
     **limits: float,
 ) -> ControlSettings:
     """The flags of ``dmsc up`` checked (errors name the flag) into a ``ControlSettings``."""
@@ -361,19 +390,22 @@ def _control_settings(
         if host not in ("127.0.0.1", "localhost") or not port.isdigit():
             raise SpecError("command line", "--gateway", "expected 127.0.0.1:PORT")
     try:
-        return ControlSettings(
+        settings = ControlSettings(
             plan=str(Path(plan_path).resolve()),
             home=str(home),
             gateway=gateway or None,
             router=router,
             failure_timeout_s=failure_timeout_s,
             spares=spares,
+            device=device,
             **limits,
         )
     except ValidationError as exc:
         err = spec_error_from_validation("command line", exc)
         flag = _SETTING_FLAGS.get(err.field.split(".")[0], err.field)
         raise SpecError("command line", flag, err.reason) from None
+    check_plan_devices(plan_path, plan, settings.device)
+    return settings
 
 
 def status(as_json: JsonOpt = False) -> None:

@@ -14,6 +14,7 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from dmsc.netmodel import Estimate, build_layer_costs
 from dmsc.netmodel.iteration import assign_stage_layers
+from dmsc.netmodel.topology import Topology
 from dmsc.planner.gantt import replay_placement, span
 from dmsc.planner.placement.from_specs import BuiltProblem
 from dmsc.planner.placement.problem import (
@@ -41,6 +42,11 @@ class ReplicaRecord(_Record):
     datacenter: str
     nodes: list[int]
     devices: list[int]
+    device: str = Field(
+        default="cpu",
+        description="Where the runtime runs it: cuda:N (N: its first device's GPU index on its "
+        "node) or cpu.",
+    )
 
 
 class StageRecord(_Record):
@@ -93,6 +99,13 @@ class SearchRecord(_Record):
     strategies_considered: int
     strategies_pruned: dict[str, int]
     alternatives: list[AlternativeRecord]
+
+
+def _runtime_device(topo: Topology, index: int) -> str:
+    """The runtime's name of global device ``index``: ``cuda:N`` for a GPU, else ``cpu``."""
+    dev = topo.devices[index]
+    kind = topo.cluster.device_types[dev.type_name].runtime_device
+    return f"cuda:{dev.local}" if kind == "cuda" else "cpu"
 
 
 class Plan(_Record):
@@ -203,6 +216,7 @@ def assemble_plan(
                     datacenter=problem.dc_names[d],
                     nodes=sorted({topo.devices[i].node for i in devs}),
                     devices=devs,
+                    device=_runtime_device(topo, devs[0]),
                 )
             )
         names = [lc.name for lc in members]

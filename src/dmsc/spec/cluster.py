@@ -99,6 +99,20 @@ class DeviceTypeSpec(_Spec):
     measured: MeasuredEfficiency | None = Field(
         default=None, description="Efficiencies measured on this device (dmsc calibrate)."
     )
+    accelerator: Literal["cuda", "cpu"] | None = Field(
+        default=None,
+        description=(
+            "What the runtime runs a micro-model on: cuda (a GPU, cuda:N on its node) or cpu. "
+            "Default: cuda for a GPU generation (a100, h100, h200, b200), cpu otherwise."
+        ),
+    )
+
+    @property
+    def runtime_device(self) -> Literal["cuda", "cpu"]:
+        """Where the runtime computes on a device of this type."""
+        if self.accelerator is not None:
+            return self.accelerator
+        return "cuda" if self.generation not in (None, "generic") else "cpu"
 
     @model_validator(mode="before")
     @classmethod

@@ -32,6 +32,8 @@ class WorkerConfig:
     recv_timeout_s: float = 60.0
     max_message_bytes: int = 64 * 1024 * 1024
     threads: int = 1
+    # cpu, or cuda:N (the plan's GPU on this node); several stages may share one GPU
+    device: str = "cpu"
     # Inference sessions a stage keeps keys and values for, and how long an idle one is kept.
     max_sessions: int = 64
     session_idle_s: float = 300.0

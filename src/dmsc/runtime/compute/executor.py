@@ -52,10 +52,14 @@ def run_ops(
     evaluate: bool = False,
     cache: StageCache | None = None,
     start: int = 0,
+    autocast: torch.dtype | None = None,
 ) -> StepOutcome:
     """Run ``ops`` of ``step`` at ``stage`` and wait for every send (:meth:`Peers.flush`);
-    inference with an inference session's ``cache`` runs positions ``start ..`` only."""
+    inference with an inference session's ``cache`` runs positions ``start ..`` only. The
+    forwards run under ``autocast`` (a lower precision) when one is given."""
     m, out = microbatches, StepOutcome()
+    device = next(module.parameters()).device
+    gpu = device.type == "cuda"
     inputs: dict[int, torch.Tensor] = {}
     outputs: dict[int, torch.Tensor] = {}
     module.train(train)
@@ -67,13 +71,19 @@ def run_ops(
                 x = peers.recv(Kind.ACTIVATION, step, i)
                 x.requires_grad_(train)
             c0 = time.perf_counter()
-            with torch.set_grad_enabled(train):
+            with (
+                torch.set_grad_enabled(train),
+                torch.autocast(device.type, autocast or torch.float32, enabled=bool(autocast)),
+            ):
                 y = module(x) if cache is None else module(x, cache, start)
-                if module.is_last and (train or evaluate):
-                    targets = peers.recv(Kind.TARGETS, step, i)
-                    loss = loss_fn(y, targets) / m
-                    out.losses[i] = float(loss.detach()) * m
-                    y = loss
+            if module.is_last and (train or evaluate):
+                targets = peers.recv(Kind.TARGETS, step, i)
+                with torch.set_grad_enabled(train):
+                    loss = loss_fn(y.float(), targets) / m
+                out.losses[i] = float(loss.detach()) * m
+                y = loss
+            if gpu:  # kernels run asynchronously: compute is over when the device is done
+                torch.cuda.synchronize(device)
             out.compute_s += time.perf_counter() - c0
             if train:
                 inputs[i], outputs[i] = x, y
@@ -87,6 +97,8 @@ def run_ops(
                 grad = peers.recv(Kind.GRADIENT, step, i)
             c0 = time.perf_counter()
             outputs[i].backward(grad)
+            if gpu:
+                torch.cuda.synchronize(device)
             out.compute_s += time.perf_counter() - c0
             if not module.is_first:
                 grad_in = inputs[i].grad

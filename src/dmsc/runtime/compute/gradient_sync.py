@@ -48,7 +48,7 @@ def assign_grads(params: Sequence[torch.nn.Parameter], flat: torch.Tensor) -> No
     """Set each parameter's gradient from its slice of ``flat`` (the order of flatten_grads)."""
     offset = 0
     for p in params:
-        p.grad = flat[offset : offset + p.numel()].view_as(p).clone()
+        p.grad = flat[offset : offset + p.numel()].view_as(p).to(p.device, copy=True)
         offset += p.numel()
 
 
@@ -68,7 +68,7 @@ class GradientSync:
         """Average the gradients of this stage's replicas through replica 0 (the leader).
         Returns the replicas whose gradient was left out (policy ``skip``)."""
         params = list(self.module.parameters())
-        flat = flatten_grads(params)
+        flat = flatten_grads(params).cpu()  # averaged on the host, where the frames are
         late: list[int] = []
         if self.cfg.replica == 0:
             avg, late = self._lead(step, flat, policy, wait_s)

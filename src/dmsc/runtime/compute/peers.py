@@ -21,6 +21,7 @@ import grpc
 import torch
 from prometheus_client import Counter
 
+from dmsc.runtime.compute.devices import HostStaging
 from dmsc.runtime.compute.inbox import Aborted, Inbox
 from dmsc.runtime.transport.messages import STAGE_SERVICE
 from dmsc.runtime.transport.rpc import Client
@@ -42,8 +43,11 @@ class Peers:
         recv_timeout_s: float,
         bytes_sent: Counter,
         token: str | None = None,
+        device: torch.device | None = None,
     ) -> None:
         self.registry = registry
+        # tensors on a GPU leave and arrive through pinned host buffers
+        self.staging = HostStaging(device or torch.device("cpu"))
         self.inbox = inbox
         self.replica = replica  # this worker's: the default peer of every stage
         self.recv_timeout_s = recv_timeout_s
@@ -87,7 +91,7 @@ class Peers:
         replica: int | None = None,
     ) -> None:
         """Send without blocking the schedule (like an isend); :meth:`flush` waits for all."""
-        frame = encode(kind, step, mb, tensor, self.epoch)
+        frame = encode(kind, step, mb, self.staging.to_host(tensor), self.epoch)
         self._bytes_sent.labels(kind.name.lower()).inc(len(frame))
         self.push(self._key(stage, replica), frame)
 
@@ -125,8 +129,9 @@ class Peers:
                 break
 
     def recv(self, kind: Kind, step: int, mb: int) -> torch.Tensor:
-        """Wait for a frame of this step. Meanwhile a send that failed because its peer is gone
-        (replaced since it was looked up) goes again to the address the registry has now."""
+        """Wait for a frame of this step (on this worker's device). Meanwhile a send that
+        failed because its peer is gone (replaced since it was looked up) goes again to the
+        address the registry has now."""
         epoch = self.epoch
         end = time.monotonic() + self.recv_timeout_s
         if self.deadline is not None:  # nobody waits for the step past its deadline
@@ -134,7 +139,8 @@ class Peers:
         while True:
             left = end - time.monotonic()
             try:
-                return self.inbox.get(kind, step, mb, max(0.0, min(RESEND_AFTER_S, left)), epoch)
+                got = self.inbox.get(kind, step, mb, max(0.0, min(RESEND_AFTER_S, left)), epoch)
+                return self.staging.to_device(got)
             except TimeoutError:
                 if left <= RESEND_AFTER_S:
                     raise

@@ -38,6 +38,7 @@ from dmsc.runtime.compute.checkpoints import (
     write_checkpoint,
 )
 from dmsc.runtime.compute.config import WorkerConfig
+from dmsc.runtime.compute.devices import autocast_dtype, stage_device
 from dmsc.runtime.compute.executor import run_ops, step_ops
 from dmsc.runtime.compute.frames import FrameSpec, check_frame
 from dmsc.runtime.compute.gradient_sync import GradientSync
@@ -103,7 +104,10 @@ class StageWorker:
         """The stage this process serves: its layers, optimizer, peers and step state."""
         self.cfg = cfg
         self.spec = TransformerSpec.model_validate(cfg.model)
-        self.module = stage_module(self.spec, cfg.seed, cfg.first, cfg.last)
+        self.device = stage_device(cfg.device)
+        self.autocast = autocast_dtype(self.spec, self.device)
+        # built (or read from its checkpoint) on the host, then moved: the float32 master copy
+        self.module = stage_module(self.spec, cfg.seed, cfg.first, cfg.last).to(self.device)
         self.optimizer = torch.optim.AdamW(self.module.parameters(), lr=cfg.lr)
         self.n_params = sum(p.numel() for p in self.module.parameters())
         self.tied = tied_weight(self.spec, self.module) if cfg.stages > 1 else None
@@ -121,7 +125,13 @@ class StageWorker:
         self.sessions: dict[str, Session] = {}  # inference sessions' keys and values
         self.uncommitted: int | None = None  # the step whose gradients wait for Commit
         self.peers = Peers(
-            self.registry, self.inbox, cfg.replica, cfg.recv_timeout_s, self.m_bytes, cfg.token
+            self.registry,
+            self.inbox,
+            cfg.replica,
+            cfg.recv_timeout_s,
+            self.m_bytes,
+            cfg.token,
+            self.device,
         )
         self.grads = GradientSync(cfg, self.module, self.peers, self.inbox)
 
@@ -197,6 +207,7 @@ class StageWorker:
                 m.eval,
                 cache,
                 m.start,
+                self.autocast,
             )
         except BaseException:
             if m.session:  # a step that failed half-way leaves the cache half-extended
@@ -230,7 +241,7 @@ class StageWorker:
             if not m.train and not m.eval:
                 # float32 bytes in base64: a 32k vocabulary's row as JSON numbers took
                 # milliseconds to write and to read, a tenth of a cached token's time
-                rows = torch.cat(done.logits).contiguous()
+                rows = torch.cat(done.logits).cpu().contiguous()
                 out["logits_shape"] = list(rows.shape)
                 out["logits"] = base64.b64encode(rows.numpy().tobytes()).decode()
         return out
@@ -341,6 +352,7 @@ class StageWorker:
             "steps": self.steps_done,
             "epoch": self.epoch,
             "sessions": len(self.sessions),
+            "device": str(self.device),
             "pid": os.getpid(),
             "metrics": self.metrics_address,
         }

@@ -134,6 +134,7 @@ def main(stdin: TextIO | None = None) -> None:
         db,
         registry_ttl_s=settings.failure_timeout_s,
         spares=settings.spares,
+        device=settings.device,
         home=home,
         log=log,
     )

@@ -73,6 +73,7 @@ class StageLayout:
     lr: float = 1e-3
     sids: list[str] = field(default_factory=list)
     faults: dict[str, dict[str, Any]] = field(default_factory=dict)  # SID -> worker faults
+    devices: dict[tuple[int, int], str] = field(default_factory=dict)  # (stage, replica): cpu
 
 
 @dataclass
@@ -163,6 +164,7 @@ class Deployment:
             token=self.token,
             log_file=str(logs.log_file(self.home, sid)),
             root=str(self.home),
+            device=lay.devices.get((stage, replica), "cpu"),
             faults=lay.faults.get(sid, {}) if self.epoch == 0 else {},  # the first incarnation's
         )
 

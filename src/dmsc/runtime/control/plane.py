@@ -78,6 +78,7 @@ class ControlPlane:
         spares: int = 0,
         home: Path | None = None,
         log: logging.Logger | None = None,
+        device: str = "plan",
     ) -> None:
         model = plan.model_spec if plan.model_spec is not None else resolve_model(plan.model)
         if not isinstance(model, TransformerSpec):
@@ -92,7 +93,7 @@ class ControlPlane:
             texts if self.encode is None else (self.encode(texts[0]), self.encode(texts[1]))
         )
         self.deployment = Deployment(
-            layout_from_plan(plan, model),
+            layout_from_plan(plan, model, device=device),
             workdir=self.home / "workers",
             registry_ttl_s=registry_ttl_s,
             spares=spares,

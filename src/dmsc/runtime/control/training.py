@@ -49,11 +49,22 @@ from dmsc.spec import TransformerSpec
 log = logging.getLogger("dmsc.control.training")  # the control plane's log, where it has one
 
 
+def plan_devices(plan: Plan, device: str = "plan") -> dict[tuple[int, int], str]:
+    """Where each (stage, replica) of ``plan`` runs: as the plan says (``plan``: its GPU on its
+    node, or the CPU), all on the CPU (``cpu``), or all on one GPU (``cuda``, ``cuda:N``)."""
+    return {
+        (st.index, r): (rep.device if device == "plan" else device)
+        for st in plan.stages
+        for r, rep in enumerate(st.replicas)
+    }
+
+
 def layout_from_plan(
-    plan: Plan, model: TransformerSpec, seed: int = 0, lr: float = 1e-3
+    plan: Plan, model: TransformerSpec, seed: int = 0, lr: float = 1e-3, device: str = "plan"
 ) -> StageLayout:
-    """The stage layer ranges, replicas and SIDs a plan deploys."""
+    """The stage layer ranges, replicas, SIDs and devices a plan deploys."""
     return StageLayout(
+        devices=plan_devices(plan, device),
         model=model,
         ranges=[(st.chunks[0][0], st.chunks[-1][1]) for st in plan.stages],
         replicas=plan.job.dp,

@@ -281,6 +281,9 @@ class ControlSettings(Message):
     router: str = "least_outstanding"  # replica routing policy of the gateway
     failure_timeout_s: Annotated[float, Field(gt=0, le=3600)] = 10.0
     spares: Annotated[int, Field(ge=0, le=64)] = 0
+    # Where the workers run: ``plan`` (each replica's device in the plan), ``cpu``, or one GPU
+    # for all (``cuda``, ``cuda:N``).
+    device: Annotated[str, Field(pattern=r"^(plan|cpu|cuda(:\d{1,3})?)$")] = "plan"
     # The gateway's limits per tenant: requests per second (and the burst saved up), and
     # inference requests in flight at once.
     rate_limit: Annotated[float, Field(gt=0, le=1e6)] = 20.0
