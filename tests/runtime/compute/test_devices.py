@@ -26,7 +26,7 @@ def test_device_names_are_checked_against_this_machine(monkeypatch: pytest.Monke
     with pytest.raises(ValueError, match="runs on cpu or cuda"):
         stage_device("meta")
     monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
-    with pytest.raises(ValueError, match="no CUDA device.*--device cpu"):
+    with pytest.raises(ValueError, match=r"no CUDA device.*--device cpu"):
         stage_device("cuda:0")
     monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
     monkeypatch.setattr(torch.cuda, "device_count", lambda: 2)

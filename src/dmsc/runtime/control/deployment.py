@@ -17,6 +17,8 @@ applied only by ``Commit`` after every stage finished, no step is applied twice.
 
 from __future__ import annotations
 
+__all__ = ["Checkpoint", "Deployment", "StageLayout"]
+
 import base64
 import contextlib
 import secrets
@@ -26,7 +28,7 @@ import time
 import uuid
 from collections.abc import Callable, Collection, Sequence
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass, field, replace
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -41,6 +43,7 @@ from dmsc.runtime.compute.worker import WorkerConfig
 from dmsc.runtime.control import decoding, failures
 from dmsc.runtime.control.failures import Key, StepRestartNeeded, key_of
 from dmsc.runtime.control.launchers import Launcher, LocalLauncher, WorkerHandle
+from dmsc.runtime.control.layout import Checkpoint, StageLayout
 from dmsc.runtime.control.spares import SparePool
 from dmsc.runtime.transport import logs
 from dmsc.runtime.transport.messages import (
@@ -59,30 +62,6 @@ from dmsc.runtime.transport.messages import (
 )
 from dmsc.runtime.transport.rpc import Client, serve
 from dmsc.runtime.transport.wire import Kind, encode
-from dmsc.spec import TransformerSpec
-
-
-@dataclass
-class StageLayout:
-    """What to deploy: a model, its stage layer ranges, data parallelism."""
-
-    model: TransformerSpec
-    ranges: list[tuple[str, str]]  # first and last layer of each stage
-    replicas: int = 1
-    seed: int = 0
-    lr: float = 1e-3
-    sids: list[str] = field(default_factory=list)
-    faults: dict[str, dict[str, Any]] = field(default_factory=dict)  # SID -> worker faults
-    devices: dict[tuple[int, int], str] = field(default_factory=dict)  # (stage, replica): cpu
-
-
-@dataclass
-class Checkpoint:
-    """A consistent snapshot: every stage saved between the same two steps."""
-
-    step: int
-    files: dict[int, tuple[str, str]]  # stage -> (path, sha256)
-    id: int | None = None  # its database record, when it has one
 
 
 class Deployment:
@@ -439,11 +418,8 @@ class Deployment:
         keys = [(s, 0) for s in range(self.stages)]
         futures = {k: self.calls("Save", save(k), [k], 120.0)[k] for k in keys}
         out = self.gather(futures, 120.0)
-        model = self.layout.model
-        if isinstance(model, TransformerSpec):  # the folder loads in transformers as it is
-            source = Path(model.checkpoint.path) if model.checkpoint is not None else None
-            files = {Path(r["path"]).name: r.get("tensors", []) for r in out.values()}
-            write_index(model, folder, files, source)
+        names = {Path(r["path"]).name: r["tensors"] for r in out.values()}
+        write_index(self.layout.model, folder, names)  # the folder loads in transformers
         return Checkpoint(step, {k[0]: (r["path"], r["sha256"]) for k, r in out.items()})
 
     def restore(self, ckpt: Checkpoint, keys: Collection[Key] | None = None) -> None:

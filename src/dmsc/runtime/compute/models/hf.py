@@ -274,16 +274,16 @@ def write_model_dir(
     return out
 
 
-def write_index(
-    spec: TransformerSpec, folder: Path, files: dict[str, list[str]], source: Path | None = None
-) -> None:
+def write_index(spec: TransformerSpec, folder: Path, files: dict[str, list[str]]) -> None:
     """Make the stage files of one checkpoint (file name -> the tensors it holds) a sharded
     Hugging Face checkpoint: ``model.safetensors.index.json``, ``config.json`` and the
-    tokenizer. A tensor two stages hold (a tied embedding) is read from the first."""
+    tokenizer of the model's own checkpoint. A tensor two stages hold (a tied embedding) is read
+    from the first."""
     weight_map: dict[str, str] = {}
     for name in sorted(files):
         for key in files[name]:
             weight_map.setdefault(key, name)
     index = {"metadata": {"format": "pt"}, "weight_map": dict(sorted(weight_map.items()))}
     (folder / INDEX).write_text(json.dumps(index, indent=2) + "\n")
+    source = Path(spec.checkpoint.path) if spec.checkpoint is not None else None
     write_side_files(spec, folder, source)
