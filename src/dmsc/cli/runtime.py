@@ -39,6 +39,8 @@ _SETTING_FLAGS = {
     "failure_timeout_s": "--failure-timeout",
     "spares": "--spares",
     "device": "--device",
+    "launcher": "--launcher",
+    "ray_address": "--ray-address",
     "rate_limit": "--rate",
     "burst": "--burst",
     "max_body_bytes": "--max-body",
@@ -226,6 +228,16 @@ def up(
             "cpu, or cuda / cuda:N (every stage on one GPU)."
         ),
     ] = "plan",
+    launcher: Annotated[
+        str,
+        typer.Option(
+            help="Who starts the workers: local (this machine) or ray (a Ray cluster, each "
+            "datacenter NAME being the nodes with the resource dc:NAME)."
+        ),
+    ] = "local",
+    ray_address: Annotated[
+        str, typer.Option(help="The Ray cluster to join (--launcher ray): auto or HOST:PORT.")
+    ] = "auto",
 ) -> None:
     """Start the control plane and one worker process per stage replica."""
     from dmsc.data.db import data_dir
@@ -239,8 +251,9 @@ def up(
         "max_body_bytes": max_body,
     }
     settings = _control_settings(
-        plan_file, home, gateway, router, failure_timeout, spares, device, **limits
-    )
+        plan_file, home, gateway, router, failure_timeout, spares, device,
+        launcher=launcher, ray_address=ray_address, **limits,
+    )  # fmt: skip
     stderr_path = logs.stderr_file(home, logs.CONTROL)
     seen = stderr_path.stat().st_size if stderr_path.exists() else 0  # earlier starts' lines
     stderr = logs.open_stderr(home, logs.CONTROL)
@@ -351,6 +364,8 @@ def _control_settings(
     failure_timeout_s: float,
     spares: int,
     device: str = "plan",
+    launcher: str = "local",
+    ray_address: str = "auto",
     **limits: float,
 ) -> ControlSettings:
     """The flags of ``dmsc up`` checked (errors name the flag) into a ``ControlSettings``."""
@@ -398,6 +413,8 @@ def _control_settings(
             failure_timeout_s=failure_timeout_s,
             spares=spares,
             device=device,
+            launcher=launcher,
+            ray_address=ray_address,
             **limits,
         )
     except ValidationError as exc:
@@ -421,6 +438,7 @@ def print_status(console: Console, out: dict[str, Any]) -> None:
     """The Status answer as tables; SIDs and addresses whole on any terminal width."""
     from dmsc.cli.render import fit_table
 
+    ray = any(s.get("node", "local") != "local" for s in out["services"])  # Ray: show nodes
     t = fit_table(
         "SID",
         "stage",
@@ -429,6 +447,7 @@ def print_status(console: Console, out: dict[str, Any]) -> None:
         "health",
         "last heartbeat",
         "pid",
+        *(["node"] if ray else []),
         keep=(0, 3),
         title=f"run {out['run']}: {out['model']}, {out['steps']} steps trained",
     )
@@ -443,6 +462,7 @@ def print_status(console: Console, out: dict[str, Any]) -> None:
             s["health"],
             beat,
             str(s["pid"]),
+            *([s.get("node", "local")] if ray else []),
         )
     console.print(t)
     if out.get("weights_lost"):

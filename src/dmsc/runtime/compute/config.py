@@ -29,6 +29,7 @@ class WorkerConfig:
     epoch: int = 0  # the deployment generation this worker was launched in
     spare: bool = False  # a warm spare: registered as such, takes a stage over on ``Assume``
     datacenter: str = "local"
+    host: str = "127.0.0.1"  # the address it serves on and registers (its node's, on Ray)
     recv_timeout_s: float = 60.0
     max_message_bytes: int = 64 * 1024 * 1024
     threads: int = 1

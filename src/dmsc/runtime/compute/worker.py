@@ -48,9 +48,9 @@ def main(argv: list[str] | None = None) -> None:
     args = parser.parse_args(argv)
     cfg = WorkerConfig(**json.loads(Path(args.config).read_text()))
     worker = StageWorker(cfg, _logger(cfg))
-    server, port = serve(STAGE_SERVICE, worker.methods(), token=cfg.token)
+    server, port = serve(STAGE_SERVICE, worker.methods(), f"{cfg.host}:0", token=cfg.token)
     worker.metrics_address = metrics_server(worker.metrics)
-    worker.address = f"127.0.0.1:{port}"
+    worker.address = f"{cfg.host}:{port}"
     reply = worker.registry.call("Register", worker.record())
     if reply.get("fenced"):
         print(f"FENCED {cfg.sid} epoch {cfg.epoch}", flush=True)

@@ -18,6 +18,7 @@ from typing import Any, Literal
 from dmsc.data.corpus import Corpus
 from dmsc.runtime.control.deployment import Deployment, StageLayout
 from dmsc.runtime.control.failures import WorkerFailure
+from dmsc.runtime.control.launchers import Launcher
 from dmsc.runtime.control.recovery import heal
 from dmsc.runtime.control.training import Recovering, TrainReport, train
 
@@ -87,6 +88,7 @@ def train_under_fault(
     registry_ttl_s: float = 3.0,
     seed: int = 0,
     spares: int = 0,
+    launcher: Launcher | None = None,
 ) -> tuple[TrainReport, FaultReport]:
     """Train ``steps`` steps and inject ``fault`` into (stage, replica) while step ``at_step``
     runs (after a random share of a step's time). A frozen worker is thawed once training has
@@ -94,7 +96,7 @@ def train_under_fault(
     rng = random.Random(seed)
     target = (stage, replica)
     injected: list[float] = []
-    with Deployment(layout, registry_ttl_s=registry_ttl_s, spares=spares) as dep:
+    with Deployment(layout, launcher=launcher, registry_ttl_s=registry_ttl_s, spares=spares) as dep:
         victim = dep.handle(target)
         fr = FaultReport(fault, victim.config.sid)
         typical = [0.05]

@@ -128,6 +128,16 @@ def main(stdin: TextIO | None = None) -> None:
             log.error("cannot serve the gateway on %s: %s", settings.gateway, exc)
             _fail(f"cannot serve the gateway on {settings.gateway}: {exc.strerror or exc}")
             return
+    launcher = None
+    if settings.launcher == "ray":
+        try:
+            from dmsc.runtime.control.ray_launcher import RayLauncher
+
+            launcher = RayLauncher(settings.ray_address, home=home)
+        except Exception as exc:  # no cluster at that address, or Ray refused us
+            log.error("cannot join the Ray cluster at %s: %s", settings.ray_address, exc)
+            _fail(f"cannot join the Ray cluster at {settings.ray_address}: {exc}")
+            return
     db = Database()
     cp = ControlPlane(
         plan,
@@ -137,6 +147,7 @@ def main(stdin: TextIO | None = None) -> None:
         device=settings.device,
         home=home,
         log=log,
+        launcher=launcher,
     )
 
     def db_lost(message: str) -> None:

@@ -88,10 +88,12 @@ class Deployment:
         self.step_deadline_s = step_deadline_s
         # The service credential of this deployment: workers refuse calls without it.
         self.token = secrets.token_urlsafe(24)
+        # the launcher says where workers can reach the registry (this machine's address)
+        host = getattr(self.launcher, "control_host", "127.0.0.1")
         self.server, port = serve(
-            REGISTRY_SERVICE, registry_methods(self.registry), token=self.token
+            REGISTRY_SERVICE, registry_methods(self.registry), f"{host}:0", token=self.token
         )
-        self.registry_address = f"127.0.0.1:{port}"
+        self.registry_address = f"{host}:{port}"
         self.handles: list[WorkerHandle] = []
         self._ending: set[Any] = set()  # EndSession calls in flight
         self.clients: dict[Key, Client] = {}
@@ -144,6 +146,7 @@ class Deployment:
             log_file=str(logs.log_file(self.home, sid)),
             root=str(self.home),
             device=lay.devices.get((stage, replica), "cpu"),
+            datacenter=lay.datacenters.get((stage, replica), "local"),
             faults=lay.faults.get(sid, {}) if self.epoch == 0 else {},  # the first incarnation's
         )
 
@@ -166,6 +169,7 @@ class Deployment:
     def start(self) -> None:
         cfgs = [self.config(s, r) for s in range(self.stages) for r in range(self.layout.replicas)]
         cfgs += [self.spares.new_config() for _ in range(self.spares.wanted)]
+        self.launcher.prepare(cfgs)
         for h in self.launch(cfgs):
             if h.config.spare:
                 self.spares.add(h)

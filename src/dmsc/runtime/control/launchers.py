@@ -27,12 +27,29 @@ from dmsc.runtime.compute.worker import WorkerConfig
 from dmsc.runtime.transport import logs
 
 
+class Process(Protocol):
+    """What the control plane uses of a worker process: a local ``subprocess.Popen`` or a
+    process on another machine behind its launcher."""
+
+    pid: int
+
+    def poll(self) -> int | None: ...
+
+    def wait(self, timeout: float | None = None) -> int: ...
+
+    def kill(self) -> None: ...
+
+    def terminate(self) -> None: ...
+
+    def send_signal(self, sig: int) -> None: ...
+
+
 @dataclass
 class WorkerHandle:
     """A started worker process: its configuration, process and gRPC address."""
 
     config: WorkerConfig
-    process: subprocess.Popen[str]
+    process: Process
     address: str
 
 
@@ -42,6 +59,10 @@ class WorkerStartError(RuntimeError):
 
 class Launcher(Protocol):
     """Starts and stops worker processes somewhere."""
+
+    def prepare(self, cfgs: list[WorkerConfig]) -> None:
+        """Check, before any starts, that the workers ``cfgs`` can be started (ValueError)."""
+        ...
 
     def start(self, cfg: WorkerConfig, workdir: Path) -> WorkerHandle: ...
 
@@ -59,6 +80,9 @@ class LocalLauncher:
     def __init__(self, ready_timeout_s: float = 60.0, home: Path | None = None) -> None:
         self.ready_timeout_s = ready_timeout_s
         self.home = home
+
+    def prepare(self, cfgs: list[WorkerConfig]) -> None:
+        """Every worker runs on this machine: nothing to check."""
 
     def start(self, cfg: WorkerConfig, workdir: Path) -> WorkerHandle:
         home = self.home if self.home is not None else workdir

@@ -21,6 +21,7 @@ class StageLayout:
     sids: list[str] = field(default_factory=list)
     faults: dict[str, dict[str, Any]] = field(default_factory=dict)  # SID -> worker faults
     devices: dict[tuple[int, int], str] = field(default_factory=dict)  # (stage, replica): cpu
+    datacenters: dict[tuple[int, int], str] = field(default_factory=dict)  # "local" if none
 
 
 @dataclass

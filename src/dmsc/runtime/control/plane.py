@@ -41,6 +41,7 @@ from dmsc.runtime.control import fallback, status
 from dmsc.runtime.control.deployment import Checkpoint, Deployment
 from dmsc.runtime.control.fallback import NoGoodCheckpoint, Restored
 from dmsc.runtime.control.inference import NoReplica, Replicas
+from dmsc.runtime.control.launchers import Launcher
 from dmsc.runtime.control.lr_schedule import lr_at
 from dmsc.runtime.control.model_store import promote_if_first
 from dmsc.runtime.control.streaming import text_pieces
@@ -79,6 +80,7 @@ class ControlPlane:
         home: Path | None = None,
         log: logging.Logger | None = None,
         device: str = "plan",
+        launcher: Launcher | None = None,
     ) -> None:
         model = plan.model_spec if plan.model_spec is not None else resolve_model(plan.model)
         if not isinstance(model, TransformerSpec):
@@ -94,6 +96,7 @@ class ControlPlane:
         )
         self.deployment = Deployment(
             layout_from_plan(plan, model, device=device),
+            launcher=launcher,
             workdir=self.home / "workers",
             registry_ttl_s=registry_ttl_s,
             spares=spares,

@@ -30,6 +30,7 @@ def services(dep: Deployment) -> list[dict[str, Any]]:
             "address": h.address,
             "health": "unreachable" if key_of(h) in silent else "ok",
             "pid": h.process.pid,
+            "node": getattr(h.process, "ip", "local"),
         }
         for h in handles
     ]

@@ -65,6 +65,9 @@ def layout_from_plan(
     """The stage layer ranges, replicas, SIDs and devices a plan deploys."""
     return StageLayout(
         devices=plan_devices(plan, device),
+        datacenters={
+            (st.index, r): rep.datacenter for st in plan.stages for r, rep in enumerate(st.replicas)
+        },
         model=model,
         ranges=[(st.chunks[0][0], st.chunks[-1][1]) for st in plan.stages],
         replicas=plan.job.dp,

@@ -284,6 +284,10 @@ class ControlSettings(Message):
     # Where the workers run: ``plan`` (each replica's device in the plan), ``cpu``, or one GPU
     # for all (``cuda``, ``cuda:N``).
     device: Annotated[str, Field(pattern=r"^(plan|cpu|cuda(:\d{1,3})?)$")] = "plan"
+    # Who starts the workers: this machine (``local``) or a Ray cluster (``ray``, joined at
+    # ``ray_address``: ``auto`` finds the one this machine belongs to).
+    launcher: Literal["local", "ray"] = "local"
+    ray_address: Annotated[str, Field(min_length=1, max_length=256)] = "auto"
     # The gateway's limits per tenant: requests per second (and the burst saved up), and
     # inference requests in flight at once.
     rate_limit: Annotated[float, Field(gt=0, le=1e6)] = 20.0

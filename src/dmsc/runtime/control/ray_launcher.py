@@ -1,0 +1,243 @@
+"""Stage workers on a Ray cluster: datacenters are Ray nodes, Ray places and starts the processes.
+
+A plan's datacenter ``NAME`` is the Ray custom resource ``dc:NAME``: a node started with
+``ray start --resources '{"dc:dc-a": 8}'`` offers 8 devices of datacenter ``dc-a``. Each stage
+replica becomes a small Ray actor (:class:`WorkerHost`) that asks for one unit of its
+datacenter's resource and one CPU (one GPU for a ``cuda`` stage, whose worker then sees that GPU
+as ``cuda:0``), and that starts the usual worker process (``python -m
+dmsc.runtime.compute.worker``) on its node. The worker binds the node's address, registers in the
+control plane's registry with its SID and reaches its peers directly, as with the local launcher:
+Ray places, starts and stops processes; dmsc keeps the registry, heartbeats and fencing by epoch
+(the actors are never restarted by Ray: ``max_restarts=0``).
+
+A worker's exit is seen without polling: each host keeps one call open that returns when its
+process ends (or fails when its node is lost), and :meth:`RayLauncher.alive` only asks Ray
+whether that call has finished. Logs stay on the worker's node, in the same places as the local
+launcher's (``<home>/logs/<SID>.log`` and ``.stderr``); on one machine they are the same files.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import logging
+import os
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+from dataclasses import asdict, replace
+from pathlib import Path
+from typing import Any
+
+from dmsc.runtime.compute.worker import WorkerConfig
+from dmsc.runtime.control.launchers import WorkerHandle, WorkerStartError
+from dmsc.runtime.transport import logs
+
+LOST = -1000  # the exit code a worker gets when its Ray node is gone
+
+
+class WorkerHost:
+    """A Ray actor that runs one stage worker process on its node (its class is made remote
+    in :func:`_remote_host`, so that importing this module does not import Ray)."""
+
+    def __init__(self) -> None:
+        self.proc: subprocess.Popen[str] | None = None
+
+    def start(self, cfg: dict[str, Any], home: str, ready_timeout_s: float) -> dict[str, Any]:
+        ray = _ray()
+        host = ray.util.get_node_ip_address()
+        config = WorkerConfig(**cfg)
+        config = replace(config, host=host, log_file=str(logs.log_file(Path(home), config.sid)))
+        if config.device.startswith("cuda"):
+            config = replace(config, device="cuda:0")  # the GPU Ray gave this actor
+        fd, path = tempfile.mkstemp(prefix=f"{config.sid}-", suffix=".json")
+        with os.fdopen(fd, "w") as fh:  # owner-only (mkstemp): it holds the credential
+            fh.write(json.dumps(asdict(config)))
+        stderr = logs.open_stderr(Path(home), config.sid)
+        try:
+            self.proc = subprocess.Popen(
+                [sys.executable, "-m", "dmsc.runtime.compute.worker", "--config", path],
+                stdout=subprocess.PIPE,
+                stderr=stderr,
+                text=True,
+            )
+        finally:
+            os.close(stderr)
+        assert self.proc.stdout is not None
+        line = self.proc.stdout.readline()
+        Path(path).unlink(missing_ok=True)
+        if not line.startswith("READY "):
+            self.proc.kill()
+            self.proc.wait(timeout=10)
+            return {"error": line.strip(), "words": logs.last_words(Path(home), config.sid)}
+        node = ray.get_runtime_context().get_node_id()
+        return {"address": line.split()[1], "pid": self.proc.pid, "node": node, "ip": host}
+
+    def wait_exit(self) -> int:
+        assert self.proc is not None
+        return self.proc.wait()
+
+    def send(self, sig: int) -> None:
+        if self.proc is not None and self.proc.poll() is None:
+            self.proc.send_signal(sig)
+
+    def stop(self) -> int | None:
+        if self.proc is None:
+            return None
+        self.proc.terminate()
+        try:
+            return self.proc.wait(timeout=10)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
+            return self.proc.wait(timeout=10)
+
+
+_REMOTE: Any = None
+
+
+def _ray() -> Any:
+    """The ``ray`` module, imported on first use (the local launcher never needs it); typed as
+    Any because Ray's annotations are partial."""
+    import importlib
+
+    return importlib.import_module("ray")
+
+
+def _remote_host() -> Any:
+    global _REMOTE
+    if _REMOTE is None:
+        ray = _ray()
+        _REMOTE = ray.remote(max_restarts=0, max_concurrency=4)(WorkerHost)
+    return _REMOTE
+
+
+class RayProcess:
+    """The worker process behind a :class:`WorkerHost`, seen as a local process is: ``pid``,
+    ``poll``, ``wait``, ``kill``, ``terminate``, ``send_signal``."""
+
+    def __init__(self, actor: Any, pid: int, node: str, ip: str) -> None:
+        self.actor, self.pid, self.node, self.ip = actor, pid, node, ip
+        self.exit = actor.wait_exit.remote()
+        self.returncode: int | None = None
+
+    def poll(self) -> int | None:
+        if self.returncode is None:
+            ray = _ray()
+            done, _ = ray.wait([self.exit], timeout=0)
+            if done:
+                try:
+                    self.returncode = int(ray.get(self.exit))
+                except Exception:  # the actor died with its node
+                    self.returncode = LOST
+        return self.returncode
+
+    def wait(self, timeout: float | None = None) -> int:
+        end = None if timeout is None else time.monotonic() + timeout
+        while self.poll() is None:
+            if end is not None and time.monotonic() > end:
+                raise subprocess.TimeoutExpired("ray worker", timeout or 0)
+            time.sleep(0.05)
+        assert self.returncode is not None
+        return self.returncode
+
+    def send_signal(self, sig: int) -> None:
+        ray = _ray()
+        if self.poll() is None:
+            with contextlib.suppress(Exception):  # gone meanwhile
+                ray.get(self.actor.send.remote(sig), timeout=10)
+
+    def terminate(self) -> None:
+        self.send_signal(signal.SIGTERM)
+
+    def kill(self) -> None:
+        self.send_signal(signal.SIGKILL)
+
+
+class RayLauncher:
+    """Worker processes on the nodes of a Ray cluster, by the plan's datacenters."""
+
+    def __init__(
+        self, address: str = "auto", ready_timeout_s: float = 120.0, home: Path | None = None
+    ) -> None:
+        ray = _ray()
+        if not ray.is_initialized():
+            ray.init(address=address, logging_level=logging.WARNING, log_to_driver=False)
+        self.ready_timeout_s = ready_timeout_s
+        self.home = home
+        # where workers on other nodes reach this process's registry: its node's address
+        self.control_host = ray.util.get_node_ip_address()
+
+    def prepare(self, cfgs: list[WorkerConfig]) -> None:
+        """Refuse (ValueError, naming the resource) a deployment that puts more workers in a
+        datacenter than the cluster's nodes offer units of its ``dc:NAME`` resource."""
+        ray = _ray()
+        wanted: dict[str, int] = {}
+        for cfg in cfgs:
+            wanted[cfg.datacenter] = wanted.get(cfg.datacenter, 0) + 1
+        offered = ray.cluster_resources()
+        short = [
+            f"dc:{dc} (the plan puts {n} worker(s) there, the cluster offers "
+            f"{int(offered.get(f'dc:{dc}', 0))})"
+            for dc, n in sorted(wanted.items())
+            if offered.get(f"dc:{dc}", 0) < n
+        ]
+        if short:
+            raise ValueError(
+                "the Ray cluster lacks " + "; ".join(short) + ": start a node of each with "
+                "`ray start --address HEAD:6379 --resources '{\"dc:NAME\": DEVICES}'`"
+            )
+
+    def start(self, cfg: WorkerConfig, workdir: Path) -> WorkerHandle:
+        ray = _ray()
+        home = self.home if self.home is not None else workdir
+        gpu = cfg.device.startswith("cuda")
+        actor = (
+            _remote_host()
+            .options(
+                num_cpus=0 if gpu else 1,
+                num_gpus=1 if gpu else 0,
+                resources={f"dc:{cfg.datacenter}": 1},
+                name=None,
+            )
+            .remote()
+        )
+        ref = actor.start.remote(asdict(cfg), str(home), self.ready_timeout_s)
+        try:
+            out = ray.get(ref, timeout=self.ready_timeout_s)
+        except ray.exceptions.GetTimeoutError:
+            ray.kill(actor)
+            raise WorkerStartError(
+                f"worker {cfg.sid}: no Ray node of datacenter {cfg.datacenter} started it within "
+                f"{self.ready_timeout_s:g} s (free dc:{cfg.datacenter}: "
+                f"{ray.available_resources().get(f'dc:{cfg.datacenter}', 0):g})"
+            ) from None
+        if "error" in out:
+            ray.kill(actor)
+            said = f" (it said {out['error']!r})" if out["error"] else ""
+            raise WorkerStartError(
+                f"worker {cfg.sid} failed to start{said}; its last log lines:\n"
+                + (out["words"] or "(none)")
+            )
+        proc = RayProcess(actor, out["pid"], out["node"], out["ip"])
+        return WorkerHandle(cfg, proc, out["address"])
+
+    def stop(self, handle: WorkerHandle) -> None:
+        ray = _ray()
+        proc = handle.process
+        assert isinstance(proc, RayProcess)
+        with contextlib.suppress(Exception):  # its node is gone: nothing left to stop
+            ray.get(proc.actor.stop.remote(), timeout=30)
+        ray.kill(proc.actor)
+
+    def alive(self, handle: WorkerHandle) -> bool:
+        return handle.process.poll() is None
+
+    def exit_reason(self, handle: WorkerHandle) -> str:
+        code = handle.process.poll()
+        if code == LOST:
+            proc = handle.process
+            assert isinstance(proc, RayProcess)
+            return f"lost with its Ray node {proc.node[:12]} ({proc.ip})"
+        return f"exited (signal {-code})" if code is not None and code < 0 else f"exited ({code})"

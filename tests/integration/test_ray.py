@@ -1,0 +1,168 @@
+"""Stage workers on a Ray cluster (issue 15): a local cluster of a head and one more node
+process, each a datacenter (``dc:dc-0``, ``dc:dc-1``), all on 127.0.0.1, started and stopped by
+this module."""
+
+from __future__ import annotations
+
+import json
+import os
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+from runtime_helpers import dmsc, make_plan
+
+from dmsc.data.corpus import Corpus, stdlib_text
+from dmsc.runtime.compute.reference import train_reference
+from dmsc.runtime.control.chaos import train_under_fault
+from dmsc.runtime.control.deployment import Deployment, StageLayout
+from dmsc.runtime.control.launchers import WorkerStartError
+from dmsc.runtime.control.ray_launcher import RayLauncher, RayProcess
+from dmsc.spec import TransformerSpec, resolve_model
+
+SPEC = resolve_model("gpt-mini")
+assert isinstance(SPEC, TransformerSpec)
+RANGES = [("embedding", "block_1"), ("block_2", "head")]
+# pp=2 x dp=2 across two datacenters: stage 0 in dc-0, stage 1 in dc-1
+DCS = {(s, r): f"dc-{s}" for s in range(2) for r in range(2)}
+STEPS, BATCH, MICRO = 10, 8, 2  # MICRO per replica: 4 micro-batches in all
+
+
+pytestmark = pytest.mark.xdist_group("ray")  # one cluster: every test here in one process
+
+
+@pytest.fixture(scope="module")
+def cluster() -> Iterator[Any]:
+    # Ray advertises the machine's address even for a node started on 127.0.0.1; with this
+    # set (read when Ray is imported, and by the processes it starts) it stays on loopback.
+    os.environ["RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER"] = "0"
+    import ray
+    from ray.cluster_utils import Cluster
+
+    head = {"num_cpus": 4, "resources": {"dc:dc-0": 4, "dc:dc-2": 4},
+            "node_ip_address": "127.0.0.1", "include_dashboard": False}  # fmt: skip
+    c = Cluster(initialize_head=True, connect=True, head_node_args=head)
+    other = c.add_node(num_cpus=4, resources={"dc:dc-1": 4}, node_ip_address="127.0.0.1")
+    c.wait_for_nodes()
+    try:
+        yield c, other
+    finally:
+        ray.shutdown()
+        c.shutdown()
+        os.environ.pop("RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER", None)
+
+
+@pytest.fixture(scope="module")
+def corpora() -> tuple[Corpus, Corpus]:
+    train_text, valid_text = stdlib_text(max_bytes=200_000)
+    return Corpus(train_text, SPEC.seq, seed=1), Corpus(valid_text, SPEC.seq, seed=2)
+
+
+def test_a_plan_across_two_ray_nodes_trains_as_one_process_through_a_killed_worker(
+    cluster: Any, corpora: Any, tmp_path: Path
+) -> None:
+    """pp=2 x dp=2, stage 0 on the head (dc-0) and stage 1 on the other node (dc-1). A worker of
+    dc-1 killed (kill -9) while a step runs is seen at once, replaced on a dc-1 node, and the run
+    goes back to its checkpoint: the losses are those of single-process training."""
+    import ray
+
+    train_c, valid_c = corpora
+    want = train_reference(SPEC, 0, 1e-3, [train_c.batch(s, BATCH) for s in range(STEPS)], 4)
+    layout = StageLayout(SPEC, RANGES, replicas=2, datacenters=DCS)
+    launcher = RayLauncher(home=tmp_path)
+    placed: dict[str, set[str]] = {}
+    real_start = launcher.start
+
+    def start(cfg: Any, workdir: Path) -> Any:
+        h = real_start(cfg, workdir)
+        assert isinstance(h.process, RayProcess)
+        placed.setdefault(cfg.datacenter, set()).add(h.process.node)
+        return h
+
+    launcher.start = start  # type: ignore[method-assign]
+    report, fr = train_under_fault(
+        layout, train_c, valid_c, STEPS, BATCH, MICRO, "kill", stage=1, replica=1, at_step=6,
+        checkpoint_every=4, launcher=launcher,
+    )  # fmt: skip
+    assert len(report.recoveries) == 1 and report.recoveries[0].failed == ["stage1-r1"]
+    assert max(abs(a - b) for a, b in zip(report.losses, want, strict=True)) < 1e-5
+    assert fr.detected_after_s is not None and fr.detected_after_s < 3.0
+    # each datacenter's workers (the replacement too) ran on that datacenter's node only
+    heads = {n["NodeID"] for n in ray.nodes() if n["Resources"].get("dc:dc-0")}
+    assert len(placed["dc-0"]) == len(placed["dc-1"]) == 1
+    assert placed["dc-0"] <= heads and not placed["dc-1"] & heads
+
+
+def test_a_datacenter_no_node_offers_is_refused_before_anything_starts(
+    cluster: Any, tmp_path: Path
+) -> None:
+    layout = StageLayout(SPEC, RANGES, datacenters={(0, 0): "dc-0", (1, 0): "dc-9"})
+    dep = Deployment(layout, launcher=RayLauncher(home=tmp_path), home=tmp_path)
+    try:
+        with pytest.raises(ValueError, match=r"lacks dc:dc-9 \(the plan puts 1 worker"):
+            dep.start()
+        assert not dep.handles
+    finally:
+        dep.shutdown()
+
+
+def test_a_worker_that_cannot_start_on_its_node_says_why(cluster: Any, tmp_path: Path) -> None:
+    bad = SPEC.model_copy(update={"vocab": 0})
+    layout = StageLayout(bad, RANGES, datacenters={(0, 0): "dc-0", (1, 0): "dc-1"})
+    dep = Deployment(layout, launcher=RayLauncher(home=tmp_path), home=tmp_path)
+    try:
+        with pytest.raises(WorkerStartError, match=r"worker stage\d-r0 failed to start"):
+            dep.start()
+    finally:
+        dep.shutdown()
+
+
+def test_dmsc_up_with_the_ray_launcher_as_a_user_runs_it(cluster: Any, tmp_path: Path) -> None:
+    """``dmsc up --launcher ray --ray-address``: the plan's stages on the Ray nodes of their
+    datacenters, ``status`` names each one's node, training and inference as on one machine,
+    ``down`` leaves no worker behind."""
+    c, _ = cluster
+    plan = make_plan(tmp_path, pp=2)
+    stages = json.loads(plan.read_text())["stages"]
+    res = dmsc(tmp_path, "up", "--plan", str(plan), "--launcher", "ray",
+               "--ray-address", c.address)  # fmt: skip
+    assert res.returncode == 0, res.stderr
+    try:
+        status = json.loads(dmsc(tmp_path, "status", "--json").stdout)
+        assert [s["node"] for s in status["services"]] == ["127.0.0.1"] * len(stages)
+        res = dmsc(tmp_path, "train", "--steps", "2", "--json")
+        assert res.returncode == 0, res.stderr
+        res = dmsc(tmp_path, "infer", "--prompt", "def ", "--tokens", "4", "--json")
+        assert res.returncode == 0 and len(json.loads(res.stdout)["token_ids"]) == 4
+        shown = dmsc(tmp_path, "status").stdout
+        assert "node" in shown
+    finally:
+        assert dmsc(tmp_path, "down").returncode == 0
+    # the workers (processes of Ray actors on their nodes) are gone with the deployment
+    pids = [s["pid"] for s in status["services"]]
+    end = time.monotonic() + 30
+    while any(_running(p) for p in pids) and time.monotonic() < end:
+        time.sleep(0.2)
+    assert not any(_running(p) for p in pids)
+
+
+def _running(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    return True
+
+
+def test_up_names_the_datacenter_the_ray_cluster_lacks(cluster: Any, tmp_path: Path) -> None:
+    c, _ = cluster
+    plan = make_plan(tmp_path, pp=2)
+    doc = json.loads(plan.read_text())
+    doc["stages"][1]["replicas"][0]["datacenter"] = "dc-9"
+    plan.write_text(json.dumps(doc))
+    res = dmsc(tmp_path, "up", "--plan", str(plan), "--launcher", "ray",
+               "--ray-address", c.address)  # fmt: skip
+    assert res.returncode == 2, res.stderr
+    assert "lacks dc:dc-9" in res.stderr and "Traceback" not in res.stderr.split("---")[0]
