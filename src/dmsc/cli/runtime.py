@@ -24,6 +24,7 @@ from rich.console import Console
 
 from dmsc.cli.app import console
 from dmsc.cli.options import JsonOpt
+from dmsc.cli.preflight import check_plan_devices, check_plan_model
 from dmsc.spec import SpecError
 
 if TYPE_CHECKING:
@@ -302,58 +303,6 @@ def up(
         markup=False,
         soft_wrap=True,
     )
-
-
-def check_plan_model(plan_path: str, plan: Any) -> None:
-    """Before anything starts: the runtime can run the plan's model, and its checkpoint is the
-    one the plan was made from."""
-    from dmsc.data.tokenizer import tokenizer_for
-    from dmsc.runtime.compute.models.support import check_runnable
-    from dmsc.spec import TransformerSpec
-    from dmsc.spec.hf import checkpoint_sha256
-
-    model = plan.model_spec
-    if model is None:
-        return
-    if not isinstance(model, TransformerSpec):
-        raise SpecError(plan_path, "model_spec", "the runtime serves transformer models")
-    try:
-        check_runnable(model)
-        tokenizer_for(model)
-    except ValueError as exc:
-        raise SpecError(plan_path, "model_spec", str(exc)) from None
-    ref = model.checkpoint
-    if ref is None:
-        return
-    directory = Path(ref.path)
-    if not (directory / "config.json").is_file():
-        raise SpecError(plan_path, "model_spec.checkpoint", f"{directory}: no checkpoint there")
-    if ref.sha256 and checkpoint_sha256(directory) != ref.sha256:
-        raise SpecError(
-            plan_path,
-            "model_spec.checkpoint",
-            f"{directory} changed since the plan was made (SHA-256 differs): plan again",
-        )
-
-
-def check_plan_devices(plan_path: str, plan: Any, device: str) -> None:
-    """Before anything starts: every device the workers will run on is on this machine (a plan
-    for GPUs on a machine without them is refused, naming the replica and the way out)."""
-    from dmsc.runtime.control.training import plan_devices
-
-    wanted = plan_devices(plan, device)
-    if all(name == "cpu" for name in wanted.values()):
-        return  # no torch import for the usual CPU run
-    from dmsc.runtime.compute.devices import stage_device
-
-    for (stage, replica), name in sorted(wanted.items()):
-        try:
-            stage_device(name)
-        except ValueError as exc:
-            if device != "plan":
-                raise SpecError("command line", "--device", str(exc)) from None
-            where = f"stages[{stage}].replicas[{replica}].device"
-            raise SpecError(plan_path, where, str(exc)) from None
 
 
 def _control_settings(
