@@ -23,7 +23,7 @@ from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 from typing import Protocol
 
-from dmsc.runtime.compute.worker import WorkerConfig
+from dmsc.runtime.compute.config import WorkerConfig
 from dmsc.runtime.transport import logs
 
 

@@ -31,11 +31,21 @@ from dataclasses import asdict, replace
 from pathlib import Path
 from typing import Any
 
-from dmsc.runtime.compute.worker import WorkerConfig
+from dmsc.runtime.compute.config import WorkerConfig
 from dmsc.runtime.control.launchers import WorkerHandle, WorkerStartError
 from dmsc.runtime.transport import logs
 
 LOST = -1000  # the exit code a worker gets when its Ray node is gone
+
+
+def _die_with_parent() -> None:
+    """In the worker process, before it runs: be killed when the actor that started it dies
+    (Linux ``PR_SET_PDEATHSIG``). A worker whose actor went with its node must not serve on as
+    an orphan; on one machine running several Ray nodes it otherwise would."""
+    if sys.platform.startswith("linux"):
+        import ctypes
+
+        ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
 
 
 class WorkerHost:
@@ -62,6 +72,7 @@ class WorkerHost:
                 stdout=subprocess.PIPE,
                 stderr=stderr,
                 text=True,
+                preexec_fn=_die_with_parent,
             )
         finally:
             os.close(stderr)
@@ -159,12 +170,17 @@ class RayLauncher:
     """Worker processes on the nodes of a Ray cluster, by the plan's datacenters."""
 
     def __init__(
-        self, address: str = "auto", ready_timeout_s: float = 120.0, home: Path | None = None
+        self,
+        address: str = "auto",
+        ready_timeout_s: float = 120.0,
+        home: Path | None = None,
+        place_timeout_s: float = 60.0,
     ) -> None:
         ray = _ray()
         if not ray.is_initialized():
             ray.init(address=address, logging_level=logging.WARNING, log_to_driver=False)
         self.ready_timeout_s = ready_timeout_s
+        self.place_timeout_s = place_timeout_s  # for Ray to find a node with room
         self.home = home
         # where workers on other nodes reach this process's registry: its node's address
         self.control_host = ray.util.get_node_ip_address()
@@ -193,25 +209,19 @@ class RayLauncher:
         ray = _ray()
         home = self.home if self.home is not None else workdir
         gpu = cfg.device.startswith("cuda")
-        actor = (
-            _remote_host()
-            .options(
-                num_cpus=0 if gpu else 1,
-                num_gpus=1 if gpu else 0,
-                resources={f"dc:{cfg.datacenter}": 1},
-                name=None,
-            )
-            .remote()
-        )
+        actor = self._place(cfg, gpu)
         ref = actor.start.remote(asdict(cfg), str(home), self.ready_timeout_s)
         try:
             out = ray.get(ref, timeout=self.ready_timeout_s)
         except ray.exceptions.GetTimeoutError:
             ray.kill(actor)
             raise WorkerStartError(
-                f"worker {cfg.sid}: no Ray node of datacenter {cfg.datacenter} started it within "
-                f"{self.ready_timeout_s:g} s (free dc:{cfg.datacenter}: "
-                f"{ray.available_resources().get(f'dc:{cfg.datacenter}', 0):g})"
+                f"worker {cfg.sid} did not start within {self.ready_timeout_s:g} s on its node"
+            ) from None
+        except ray.exceptions.RayActorError:
+            raise WorkerStartError(
+                f"worker {cfg.sid}: its Ray node (datacenter {cfg.datacenter}) was lost while "
+                "it started"
             ) from None
         if "error" in out:
             ray.kill(actor)
@@ -222,6 +232,39 @@ class RayLauncher:
             )
         proc = RayProcess(actor, out["pid"], out["node"], out["ip"])
         return WorkerHandle(cfg, proc, out["address"])
+
+    def _place(self, cfg: WorkerConfig, gpu: bool) -> Any:
+        """A :class:`WorkerHost` actor on a node of ``cfg``'s datacenter, up and running. An
+        actor that dies before it runs (Ray placed it on a node that was being lost) is placed
+        again; no node with room within ``place_timeout_s`` is a :class:`WorkerStartError`."""
+        ray = _ray()
+        end = time.monotonic() + self.place_timeout_s
+        while True:
+            actor = (
+                _remote_host()
+                .options(
+                    num_cpus=0 if gpu else 1,
+                    num_gpus=1 if gpu else 0,
+                    resources={f"dc:{cfg.datacenter}": 1},
+                )
+                .remote()
+            )
+            try:
+                ray.get(actor.__ray_ready__.remote(), timeout=max(0.1, end - time.monotonic()))
+                return actor
+            except ray.exceptions.RayActorError:  # its node died under it: try another
+                if time.monotonic() < end:
+                    time.sleep(0.2)
+                    continue
+            except ray.exceptions.GetTimeoutError:
+                pass
+            ray.kill(actor)
+            raise WorkerStartError(
+                f"worker {cfg.sid}: no Ray node of datacenter {cfg.datacenter} took it within "
+                f"{self.place_timeout_s:g} s (free dc:{cfg.datacenter}: "
+                f"{ray.available_resources().get(f'dc:{cfg.datacenter}', 0):g}, and a "
+                f"{'GPU' if gpu else 'CPU'} beside it)"
+            )
 
     def stop(self, handle: WorkerHandle) -> None:
         ray = _ray()
