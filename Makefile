@@ -17,11 +17,11 @@ demo: $(STAMP)
 
 # The data layer is also tested against a real PostgreSQL server (scripts/postgres.sh starts one).
 test: $(STAMP)
-	DMSC_TEST_POSTGRES_URL=$$(scripts/postgres.sh) $(BIN)/pytest -n 2 --dist loadgroup -q
+	DMSC_TEST_POSTGRES_URL=$$(scripts/postgres.sh) $(BIN)/pytest -n 2 -q
 
 # The tests that start no processes (about a minute); `make test` runs them all.
 test-quick: $(STAMP)
-	$(BIN)/pytest -n 2 --dist loadgroup -q -m "not integration"
+	$(BIN)/pytest -n 2 -q -m "not integration"
 
 check: $(STAMP)
 	$(BIN)/ruff check src tests benchmarks

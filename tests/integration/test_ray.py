@@ -30,11 +30,10 @@ DCS = {(s, r): f"dc-{s}" for s in range(2) for r in range(2)}
 STEPS, BATCH, MICRO = 10, 8, 2  # MICRO per replica: 4 micro-batches in all
 
 
-pytestmark = pytest.mark.xdist_group("ray")  # one cluster: every test here in one process
-
-
 @pytest.fixture(scope="module")
 def cluster() -> Iterator[Any]:
+    """A cluster per test process (under ``pytest -n 2`` each worker that runs tests of this
+    module starts its own, on ports of its own)."""
     # Ray advertises the machine's address even for a node started on 127.0.0.1; with this
     # set (read when Ray is imported, and by the processes it starts) it stays on loopback.
     os.environ["RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER"] = "0"
