@@ -62,7 +62,6 @@ class Launcher(Protocol):
 
     def prepare(self, cfgs: list[WorkerConfig]) -> None:
         """Check, before any starts, that the workers ``cfgs`` can be started (ValueError)."""
-        ...
 
     def start(self, cfg: WorkerConfig, workdir: Path) -> WorkerHandle: ...
 
