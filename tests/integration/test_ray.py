@@ -4,6 +4,7 @@ this module."""
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import time
@@ -65,36 +66,56 @@ def corpora() -> tuple[Corpus, Corpus]:
 def test_a_plan_across_two_ray_nodes_trains_as_one_process_through_a_killed_worker(
     cluster: Any, corpora: Any, tmp_path: Path
 ) -> None:
-    """pp=2 x dp=2, stage 0 on the head (dc-0) and stage 1 on the other node (dc-1). A worker of
-    dc-1 killed (kill -9) while a step runs is seen at once, replaced on a dc-1 node, and the run
-    goes back to its checkpoint: the losses are those of single-process training."""
+    """pp=2 x dp=2, stage 0 on the head (dc-0) and stage 1 on the other node (dc-1), each
+    pipeline reserved as a placement group, with a warm spare in each datacenter. A worker of
+    dc-1 killed (kill -9) while a step runs is seen at once, taken over by the dc-1 spare, and the
+    run goes back to its checkpoint: the losses are those of single-process training."""
     import ray
+    from ray.util import placement_group_table
 
     train_c, valid_c = corpora
     want = train_reference(SPEC, 0, 1e-3, [train_c.batch(s, BATCH) for s in range(STEPS)], 4)
     layout = StageLayout(SPEC, RANGES, replicas=2, datacenters=DCS)
     launcher = RayLauncher(home=tmp_path)
     placed: dict[str, set[str]] = {}
+    started: list[tuple[str, str]] = []
+    groups: dict[int, dict[int, str]] = {}  # replica -> bundle index -> node
     real_start = launcher.start
 
     def start(cfg: Any, workdir: Path) -> Any:
         h = real_start(cfg, workdir)
         assert isinstance(h.process, RayProcess)
         placed.setdefault(cfg.datacenter, set()).add(h.process.node)
+        started.append((cfg.sid, cfg.datacenter))
+        for r, pg in launcher.groups.items():
+            groups[r] = placement_group_table(pg)["bundles_to_node_id"]
         return h
 
     launcher.start = start  # type: ignore[method-assign]
     report, fr = train_under_fault(
         layout, train_c, valid_c, STEPS, BATCH, MICRO, "kill", stage=1, replica=1, at_step=6,
-        checkpoint_every=4, launcher=launcher,
+        checkpoint_every=4, launcher=launcher, spares=2,
     )  # fmt: skip
     assert len(report.recoveries) == 1 and report.recoveries[0].failed == ["stage1-r1"]
     assert max(abs(a - b) for a, b in zip(report.losses, want, strict=True)) < 1e-5
     assert fr.detected_after_s is not None and fr.detected_after_s < 3.0
-    # each datacenter's workers (the replacement too) ran on that datacenter's node only
+    # each datacenter's workers (spares too) ran on that datacenter's node only
     heads = {n["NodeID"] for n in ray.nodes() if n["Resources"].get("dc:dc-0")}
     assert len(placed["dc-0"]) == len(placed["dc-1"]) == 1
     assert placed["dc-0"] <= heads and not placed["dc-1"] & heads
+    # the dc-1 spare took the stage over (no new stage1-r1 process); its refill went to dc-1
+    stages = sorted(sid for sid, _ in started if not sid.startswith("spare"))
+    assert stages == ["stage0-r0", "stage0-r1", "stage1-r0", "stage1-r1"]
+    spares = [(sid, dc) for sid, dc in started if sid.startswith("spare")]
+    assert sorted(dc for _, dc in spares[:2]) == ["dc-0", "dc-1"] and spares[2:] == [
+        ("spare-3", "dc-1")
+    ]
+    # one placement group per pipeline: stage 0's bundle on the head, stage 1's on the other
+    assert sorted(groups) == [0, 1]
+    for bundles in groups.values():
+        assert bundles[0] in heads and bundles[1] in placed["dc-1"]
+    assert not launcher.groups  # given back with the deployment
+    assert all(g["state"] == "REMOVED" for g in placement_group_table().values())
 
 
 def test_a_datacenter_no_node_offers_is_refused_before_anything_starts(
@@ -134,6 +155,13 @@ def test_dmsc_up_with_the_ray_launcher_as_a_user_runs_it(cluster: Any, tmp_path:
     try:
         status = json.loads(dmsc(tmp_path, "status", "--json").stdout)
         assert [s["node"] for s in status["services"]] == ["127.0.0.1"] * len(stages)
+        # `dmsc chaos` reaches the worker through the control plane's launcher (Ray)
+        res = dmsc(tmp_path, "chaos", "--kill-worker", "stage=1", "--watch", "60", "--json")
+        assert res.returncode == 0, res.stderr
+        assert json.loads(res.stdout)["recovered"]
+        assert not _running(next(s["pid"] for s in status["services"] if s["stage"] == 1))
+        status = json.loads(dmsc(tmp_path, "status", "--json").stdout)
+        assert all(s["health"] == "ok" for s in status["services"])
         res = dmsc(tmp_path, "train", "--steps", "2", "--json")
         assert res.returncode == 0, res.stderr
         res = dmsc(tmp_path, "infer", "--prompt", "def ", "--tokens", "4", "--json")
@@ -168,6 +196,91 @@ def test_up_names_the_datacenter_the_ray_cluster_lacks(cluster: Any, tmp_path: P
     assert "lacks dc:dc-9" in res.stderr and "Traceback" not in res.stderr.split("---")[0]
 
 
+def _descendants(pid: int) -> list[int]:
+    """``pid`` and every process below it (read from /proc)."""
+    parents: dict[int, list[int]] = {}
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            fields = stat.read_text().rsplit(") ", 1)[1].split()
+        except (OSError, IndexError):
+            continue  # gone meanwhile
+        parents.setdefault(int(fields[1]), []).append(int(stat.parent.name))
+    out, todo = [], [pid]
+    while todo:
+        p = todo.pop()
+        out.append(p)
+        todo.extend(parents.get(p, []))
+    return out
+
+
+def _signal_node(node: Any, sig: int) -> None:
+    """Send ``sig`` to every process of a cluster_utils node: its raylet, the workers below it
+    (Ray's actors, and dmsc's stage workers below those) and its other daemons."""
+    for infos in node.all_processes.values():
+        for info in infos:
+            for pid in _descendants(info.process.pid):
+                with contextlib.suppress(ProcessLookupError):
+                    os.kill(pid, sig)
+
+
+def _live_dc1(c: Any) -> list[Any]:
+    """The fixture cluster's dc-1 nodes that Ray counts alive."""
+    import ray
+
+    alive = {n["NodeID"] for n in ray.nodes() if n["Alive"]}
+    return [n for n in c.worker_nodes if n.node_id in alive]
+
+
+def test_a_partitioned_ray_node_is_recovered_from_and_fenced_when_it_comes_back(
+    cluster: Any, corpora: Any, tmp_path: Path
+) -> None:
+    """The node running stage 1 (dc-1) stops answering mid-training (every process of it
+    frozen: to the rest of the cluster, a network partition). Ray declares the node dead; the
+    stage is replaced on the other dc-1 node, the run goes back to its checkpoint with the losses
+    of single-process training. When the partition heals, the old worker does not serve again:
+    it is gone, and the registry holds the replacement only."""
+    import signal
+
+    from dmsc.runtime.control.training import Recovering, train
+
+    c, _ = cluster
+    c.add_node(num_cpus=4, resources={"dc:dc-1": 4}, node_ip_address="127.0.0.1")
+    c.wait_for_nodes()
+    train_c, valid_c = corpora
+    steps = 8
+    want = train_reference(SPEC, 0, 1e-3, [train_c.batch(s, BATCH) for s in range(steps)], 2)
+    layout = StageLayout(SPEC, RANGES, datacenters={(0, 0): "dc-0", (1, 0): "dc-1"})
+    launcher = RayLauncher(home=tmp_path)
+    with Deployment(layout, launcher=launcher, home=tmp_path, registry_ttl_s=3.0) as dep:
+        old = dep.handle((1, 0))
+        node = next(n for n in c.worker_nodes if n.node_id == old.process.node)  # type: ignore[attr-defined]
+        frozen: list[int] = []
+
+        def on_step(step: int, _out: dict[str, Any]) -> None:
+            if step == 3 and not frozen:
+                frozen.append(step)
+                _signal_node(node, signal.SIGSTOP)
+
+        keep = Recovering(checkpoint_every=2, checkpoint_dir=tmp_path / "ckpt")
+        try:
+            report = train(dep, train_c, valid_c, steps, BATCH, 2, on_step=on_step,
+                           recovering=keep, validate=False)  # fmt: skip
+        finally:
+            _signal_node(node, signal.SIGCONT)  # the partition heals
+        assert len(report.recoveries) == 1, report.recoveries
+        new = dep.handle((1, 0))
+        assert new.process.node != node.node_id  # type: ignore[attr-defined]
+        assert max(abs(a - b) for a, b in zip(report.losses, want, strict=True)) < 1e-5
+        end = time.monotonic() + 30
+        while _running(old.process.pid) and time.monotonic() < end:
+            time.sleep(0.2)
+        assert not _running(old.process.pid)
+        assert [s.address for s in dep.registry.lookup(stage=1)] == [new.address]
+        assert len(dep.generate(b"def ", 2, step_base=9_000_000)) == 2
+    with contextlib.suppress(Exception):  # dead to Ray already; its processes go now
+        c.remove_node(node, allow_graceful=False)
+
+
 def test_a_lost_ray_node_moves_its_stage_to_another_node_of_its_datacenter(
     cluster: Any, corpora: Any, tmp_path: Path
 ) -> None:
@@ -179,9 +292,10 @@ def test_a_lost_ray_node_moves_its_stage_to_another_node_of_its_datacenter(
     from dmsc.runtime.control.recovery import replace
     from dmsc.runtime.control.training import Recovering, train
 
-    c, first = cluster
-    second = c.add_node(num_cpus=4, resources={"dc:dc-1": 4}, node_ip_address="127.0.0.1")
+    c, _ = cluster
+    c.add_node(num_cpus=4, resources={"dc:dc-1": 4}, node_ip_address="127.0.0.1")
     c.wait_for_nodes()
+    first, second = _live_dc1(c)  # the earlier tests leave one
     train_c, valid_c = corpora
     steps = 8
     want = train_reference(SPEC, 0, 1e-3, [train_c.batch(s, BATCH) for s in range(steps)], 2)

@@ -27,7 +27,7 @@ def test_control_calls_need_the_credential_and_secrets_stay_private(tmp_path: Pa
         info = json.loads(control.read_text())
         for token in (None, "guessed"):
             intruder = Client(info["address"], CONTROL_SERVICE, timeout_s=10, token=token)
-            for method in ("Status", "Down", "Infer", "Train"):
+            for method in ("Status", "Down", "Infer", "Train", "Inject"):
                 with pytest.raises(grpc.RpcError) as err:
                     intruder.call(method, {"prompt": "x"} if method == "Infer" else {})
                 assert err.value.code() == grpc.StatusCode.UNAUTHENTICATED

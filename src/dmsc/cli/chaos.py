@@ -4,9 +4,7 @@ took and how many training steps were run again."""
 
 from __future__ import annotations
 
-import contextlib
 import json
-import os
 import time
 from typing import Annotated, Any
 
@@ -55,8 +53,6 @@ def do_chaos(
 ) -> dict[str, Any]:
     """Kill -9 (or freeze) one stage worker of the running deployment after ``after_s`` seconds,
     then watch the control plane detect and repair it."""
-    import signal
-
     stage, replica = parse_target(target)
     if after_s < 0 or watch_s <= 0:
         raise SpecError("command line", "--after", "must be 0 or positive (and --watch positive)")
@@ -71,8 +67,10 @@ def do_chaos(
         )
     seen = {f["id"] for f in before.get("faults", [])}
     time.sleep(after_s)
-    os.kill(int(victim["pid"]), signal.SIGSTOP if freeze else signal.SIGKILL)
-    injected = time.time()
+    # through the control plane's launcher: the worker may run on another machine (Ray)
+    injected = control.call(
+        "Inject", {"sid": victim["sid"], "fault": "freeze" if freeze else "kill"}
+    )["at"]
     fault = None
     deadline = time.monotonic() + watch_s
     while time.monotonic() < deadline:
@@ -89,8 +87,7 @@ def do_chaos(
             break
         time.sleep(0.2)
     if freeze:  # let the frozen instance run again: fencing must keep it out
-        with contextlib.suppress(ProcessLookupError):
-            os.kill(int(victim["pid"]), signal.SIGCONT)
+        control.call("Inject", {"sid": victim["sid"], "fault": "thaw"})
     out = {
         "fault": "freeze" if freeze else "kill -9",
         "target": victim["sid"],

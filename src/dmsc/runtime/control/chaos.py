@@ -18,9 +18,10 @@ from typing import Any, Literal
 from dmsc.data.corpus import Corpus
 from dmsc.runtime.control.deployment import Deployment, StageLayout
 from dmsc.runtime.control.failures import WorkerFailure
-from dmsc.runtime.control.launchers import Launcher
+from dmsc.runtime.control.launchers import Launcher, Process
 from dmsc.runtime.control.recovery import heal
 from dmsc.runtime.control.training import Recovering, TrainReport, train
+from dmsc.runtime.transport.rpc import BadRequest
 
 Fault = Literal["kill", "freeze"]
 SIGNALS: dict[str, signal.Signals] = {"kill": signal.SIGKILL, "freeze": signal.SIGSTOP}
@@ -53,10 +54,29 @@ class FaultReport:
         }
 
 
-def inject(pid: int, fault: Fault) -> float:
-    """Send the fault's signal to ``pid``; returns when (unix time)."""
-    os.kill(pid, SIGNALS[fault])
+def inject(process: Process, fault: Fault) -> float:
+    """Send the fault's signal to a worker's process (through its launcher: it may run on
+    another machine); returns when (unix time)."""
+    process.send_signal(SIGNALS[fault])
     return time.time()
+
+
+def signal_worker(dep: Deployment, sid: str, fault: str) -> dict[str, Any]:
+    """``dmsc chaos`` on a running control plane: ``kill`` or ``freeze`` the serving worker
+    ``sid``, or ``thaw`` every frozen instance of it (the one serving, or one already replaced
+    and fenced). BadRequest when no worker has that SID."""
+    serving = [h for h in dep.handles if h.config.sid == sid]
+    targets = (
+        serving
+        if fault != "thaw"
+        else [*serving, *(h for h in dep.abandoned if h.config.sid == sid)]
+    )
+    if not targets:
+        raise BadRequest(f"sid: no worker {sid!r} in this deployment")
+    sig = signal.SIGCONT if fault == "thaw" else SIGNALS[fault]
+    for h in targets:
+        h.process.send_signal(sig)
+    return {"sid": sid, "fault": fault, "pids": [h.process.pid for h in targets], "at": time.time()}
 
 
 def alive(pid: int) -> bool:
@@ -108,7 +128,7 @@ def train_under_fault(
 
                 def strike() -> None:
                     time.sleep(delay)
-                    injected.append(inject(victim.process.pid, fault))
+                    injected.append(inject(victim.process, fault))
 
                 threading.Thread(target=strike, daemon=True).start()
 
@@ -129,14 +149,14 @@ def train_under_fault(
             fr.recovered_after_s = first.recovered_at - injected[0]
         fr.steps_lost = report.steps_lost
         if fault == "freeze" and injected:
-            os.kill(victim.process.pid, signal.SIGCONT)
+            victim.process.send_signal(signal.SIGCONT)
             deadline = time.monotonic() + 4 * registry_ttl_s
-            while alive(victim.process.pid) and time.monotonic() < deadline:
+            while victim.process.poll() is None and time.monotonic() < deadline:
                 time.sleep(0.1)
-            fr.fenced = not alive(victim.process.pid)
+            fr.fenced = victim.process.poll() is not None
             sid = victim.config.sid
             live = [h for h in [*dep.handles, *dep.abandoned] if h.config.sid == sid]
-            fr.live_copies = sum(alive(h.process.pid) for h in live)
+            fr.live_copies = sum(h.process.poll() is None for h in live)
             fr.extra["registered"] = [
                 s.address for s in dep.registry.lookup(stage=stage) if s.sid == sid
             ]
@@ -176,7 +196,7 @@ def serve_under_fault(
 
         for k in range(requests):
             if k == kill_after:
-                injected_at = inject(victim.process.pid, "kill")
+                injected_at = inject(victim.process, "kill")
             t0 = time.monotonic()
             order = [r for r in (k % replicas, *range(replicas)) if r not in down]
             order = list(dict.fromkeys(order))

@@ -106,6 +106,9 @@ class Deployment:
             self.workdir,
             self.token,
             lambda sid: replace(self.config(0, 0), sid=sid, spare=True, log_file="", faults={}),
+            datacenters=list(
+                dict.fromkeys(layout.datacenters[k] for k in sorted(layout.datacenters))
+            ),
         )
         self.pool = ThreadPoolExecutor(max_workers=max(4, 2 * len(layout.ranges) * layout.replicas))
 
@@ -472,6 +475,7 @@ class Deployment:
             with contextlib.suppress(Exception):
                 h.process.kill()
                 h.process.wait(timeout=10)
+        self.launcher.close()
         for c in self.clients.values():
             c.close()
         self.server.stop(grace=1)

@@ -71,6 +71,9 @@ class Launcher(Protocol):
 
     def exit_reason(self, handle: WorkerHandle) -> str: ...
 
+    def close(self) -> None:
+        """Give back what :meth:`prepare` reserved, once the deployment's workers are stopped."""
+
 
 class LocalLauncher:
     """Worker processes on this machine (``python -m dmsc.runtime.compute.worker``); their logs
@@ -82,6 +85,9 @@ class LocalLauncher:
 
     def prepare(self, cfgs: list[WorkerConfig]) -> None:
         """Every worker runs on this machine: nothing to check."""
+
+    def close(self) -> None:
+        """Nothing was reserved."""
 
     def start(self, cfg: WorkerConfig, workdir: Path) -> WorkerHandle:
         home = self.home if self.home is not None else workdir

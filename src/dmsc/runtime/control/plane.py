@@ -37,7 +37,7 @@ from dmsc.data.corpus import Corpus, stdlib_text, task_corpora
 from dmsc.data.db import CheckpointRecord, Database, ModelVersionRecord, data_dir
 from dmsc.data.tokenizer import tokenizer_for
 from dmsc.planner.plan import Plan
-from dmsc.runtime.control import fallback, status
+from dmsc.runtime.control import chaos, fallback, status
 from dmsc.runtime.control.deployment import Checkpoint, Deployment
 from dmsc.runtime.control.fallback import NoGoodCheckpoint, Restored
 from dmsc.runtime.control.inference import NoReplica, Replicas
@@ -57,6 +57,7 @@ from dmsc.runtime.control.training import (
 from dmsc.runtime.transport.messages import (
     DownRequest,
     InferRequest,
+    InjectRequest,
     Sampling,
     Schedule,
     StatusRequest,
@@ -416,6 +417,10 @@ class ControlPlane:
         self.stopped.set()
         return {"ok": True}
 
+    def inject(self, req: InjectRequest) -> dict[str, Any]:
+        """``dmsc chaos``: the fault, sent through the launcher to wherever the worker runs."""
+        return chaos.signal_worker(self.deployment, req.sid, req.fault)
+
     def methods(self) -> dict[str, grpc.RpcMethodHandler]:
         return {
             "Status": message_handler(StatusRequest, self.status),
@@ -423,6 +428,7 @@ class ControlPlane:
             "Infer": message_handler(InferRequest, self.infer),
             "InferStream": stream_handler(InferRequest, self.infer_stream),
             "Down": message_handler(DownRequest, self.down),
+            "Inject": message_handler(InjectRequest, self.inject),
         }
 
     # -- the gateway's backend (dmsc.runtime.business.gateway.Backend) -----------------------

@@ -10,6 +10,15 @@ control plane's registry with its SID and reaches its peers directly, as with th
 Ray places, starts and stops processes; dmsc keeps the registry, heartbeats and fencing by epoch
 (the actors are never restarted by Ray: ``max_restarts=0``).
 
+The stages of one pipeline replica are reserved together, before any starts, as one Ray
+placement group (strategy ``PACK``): one bundle per stage, holding its datacenter's unit and its
+CPU (or GPU). Ray reserves all of a pipeline's bundles or none (no half-started pipeline holds
+devices another needs), packs the stages the plan puts in one datacenter onto as few of its nodes
+as it can, and, when a node is lost, places that node's bundles again on other nodes with room. A
+replacement goes into its stage's bundle, after the failed instance's actor there is killed. Warm
+spares are placed outside the groups, spread over the plan's datacenters (see
+:mod:`dmsc.runtime.control.spares`). :meth:`RayLauncher.close` gives the groups back.
+
 A worker's exit is seen without polling: each host keeps one call open that returns when its
 process ends (or fails when its node is lost), and :meth:`RayLauncher.alive` only asks Ray
 whether that call has finished. Logs stay on the worker's node, in the same places as the local
@@ -166,8 +175,16 @@ class RayProcess:
         self.send_signal(signal.SIGKILL)
 
 
+def _bundle(cfg: WorkerConfig) -> dict[str, float]:
+    """What one stage worker holds on its node: its datacenter's unit and a CPU (or a GPU)."""
+    device = "GPU" if cfg.device.startswith("cuda") else "CPU"
+    return {device: 1, f"dc:{cfg.datacenter}": 1}
+
+
 class RayLauncher:
     """Worker processes on the nodes of a Ray cluster, by the plan's datacenters."""
+
+    places_by_datacenter = True  # a spare takes over stages of its own datacenter only
 
     def __init__(
         self,
@@ -184,6 +201,9 @@ class RayLauncher:
         self.home = home
         # where workers on other nodes reach this process's registry: its node's address
         self.control_host = ray.util.get_node_ip_address()
+        self.groups: dict[int, Any] = {}  # replica -> its pipeline's placement group
+        self._bundles: dict[tuple[int, int], int] = {}  # (stage, replica) -> bundle index
+        self._occupant: dict[tuple[int, int], Any] = {}  # (stage, replica) -> actor in it
 
     def prepare(self, cfgs: list[WorkerConfig]) -> None:
         """Refuse (ValueError, naming the resource) a deployment that puts more workers in a
@@ -204,12 +224,48 @@ class RayLauncher:
                 "the Ray cluster lacks " + "; ".join(short) + ": start a node of each with "
                 "`ray start --address HEAD:6379 --resources '{\"dc:NAME\": DEVICES}'`"
             )
+        self._reserve([c for c in cfgs if not c.spare])
+
+    def _reserve(self, cfgs: list[WorkerConfig]) -> None:
+        """A placement group per pipeline replica, every bundle placed (WorkerStartError, with
+        the groups given back, when Ray cannot place them within ``place_timeout_s``)."""
+        from ray.util.placement_group import placement_group
+
+        by_replica: dict[int, list[WorkerConfig]] = {}
+        for cfg in sorted(cfgs, key=lambda c: (c.replica, c.stage)):
+            by_replica.setdefault(cfg.replica, []).append(cfg)
+        for r, group in by_replica.items():
+            self.groups[r] = placement_group([_bundle(c) for c in group], strategy="PACK")
+            for i, cfg in enumerate(group):
+                self._bundles[(cfg.stage, r)] = i
+        end = time.monotonic() + self.place_timeout_s
+        for r, pg in self.groups.items():
+            if not pg.wait(timeout_seconds=max(0.1, end - time.monotonic())):
+                want = [_bundle(c) for c in by_replica[r]]
+                self.close()
+                raise WorkerStartError(
+                    f"the Ray cluster could not reserve pipeline replica {r} ({want}) within "
+                    f"{self.place_timeout_s:g} s: free {_ray().available_resources()}"
+                )
+
+    def close(self) -> None:
+        """Give the placement groups back (the deployment has stopped its workers)."""
+        from ray.util.placement_group import remove_placement_group
+
+        for pg in self.groups.values():
+            with contextlib.suppress(Exception):  # the cluster is gone too
+                remove_placement_group(pg)
+        self.groups.clear()
+        self._bundles.clear()
+        self._occupant.clear()
 
     def start(self, cfg: WorkerConfig, workdir: Path) -> WorkerHandle:
         ray = _ray()
         home = self.home if self.home is not None else workdir
         gpu = cfg.device.startswith("cuda")
         actor = self._place(cfg, gpu)
+        if not cfg.spare:
+            self._occupant[(cfg.stage, cfg.replica)] = actor
         ref = actor.start.remote(asdict(cfg), str(home), self.ready_timeout_s)
         try:
             out = ray.get(ref, timeout=self.ready_timeout_s)
@@ -238,17 +294,25 @@ class RayLauncher:
         actor that dies before it runs (Ray placed it on a node that was being lost) is placed
         again; no node with room within ``place_timeout_s`` is a :class:`WorkerStartError`."""
         ray = _ray()
+        key = (cfg.stage, cfg.replica)
+        options: dict[str, Any] = {
+            "num_cpus": 0 if gpu else 1,
+            "num_gpus": 1 if gpu else 0,
+            "resources": {f"dc:{cfg.datacenter}": 1},
+        }
+        if not cfg.spare and key in self._bundles:
+            from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
+
+            before = self._occupant.pop(key, None)
+            if before is not None:  # a failed instance (fenced) holds the bundle: free it
+                with contextlib.suppress(Exception):
+                    ray.kill(before)
+            options["scheduling_strategy"] = PlacementGroupSchedulingStrategy(
+                self.groups[cfg.replica], placement_group_bundle_index=self._bundles[key]
+            )
         end = time.monotonic() + self.place_timeout_s
         while True:
-            actor = (
-                _remote_host()
-                .options(
-                    num_cpus=0 if gpu else 1,
-                    num_gpus=1 if gpu else 0,
-                    resources={f"dc:{cfg.datacenter}": 1},
-                )
-                .remote()
-            )
+            actor = _remote_host().options(**options).remote()
             try:
                 ray.get(actor.__ray_ready__.remote(), timeout=max(0.1, end - time.monotonic()))
                 return actor

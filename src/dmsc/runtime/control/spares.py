@@ -6,14 +6,20 @@ stage's layers, registers under the stage's SID and epoch and serves, in a fract
 The pool is refilled in the background after each use, so a second failure finds a spare too.
 A spare that does not answer ``Assume`` is dropped (kept in ``dead`` to be reaped) and the next
 one is tried; with none left the caller starts a process as before.
+
+Where the launcher places workers by datacenter (Ray: ``places_by_datacenter``), the spares are
+spread over the plan's datacenters (each new one goes to the datacenter with the fewest) and a
+stage is only taken over by a spare of its own datacenter: a spare elsewhere would move the stage
+off the node the plan gave it.
 """
 
 from __future__ import annotations
 
 import threading
-from collections.abc import Callable
+from collections import Counter
+from collections.abc import Callable, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
-from dataclasses import asdict
+from dataclasses import asdict, replace
 from pathlib import Path
 
 import grpc
@@ -34,9 +40,13 @@ class SparePool:
         workdir: Path,
         token: str,
         config: Callable[[str], WorkerConfig],
+        datacenters: Sequence[str] = ("local",),
     ) -> None:
         self.wanted = wanted
         self.launcher = launcher
+        self.datacenters = list(datacenters) or ["local"]
+        self.by_datacenter = bool(getattr(launcher, "places_by_datacenter", False))
+        self._held: Counter[str] = Counter()  # spares started or starting, by datacenter
         self.workdir = workdir
         self.token = token
         self._config = config  # a spare's configuration, given its SID
@@ -47,11 +57,17 @@ class SparePool:
         self._refills: list[Future[None]] = []
 
     def new_config(self) -> WorkerConfig:
-        """The configuration of the next spare (a fresh SID)."""
+        """The configuration of the next spare: a fresh SID, in the datacenter with the fewest."""
         with self._lock:
             self._count += 1
             n = self._count
-        return self._config(f"spare-{n}")
+            dc = min(self.datacenters, key=lambda d: self._held[d])
+            self._held[dc] += 1
+        return replace(self._config(f"spare-{n}"), datacenter=dc)
+
+    def _gone(self, spare: WorkerConfig) -> None:
+        with self._lock:
+            self._held[spare.datacenter] -= 1
 
     def add(self, h: WorkerHandle) -> None:
         with self._lock:
@@ -62,7 +78,12 @@ class SparePool:
             with self._lock:
                 if len(self.handles) >= self.wanted:
                     return
-            self.add(self.launcher.start(self.new_config(), self.workdir))
+            cfg = self.new_config()
+            try:
+                self.add(self.launcher.start(cfg, self.workdir))
+            except Exception:
+                self._gone(cfg)
+                raise
 
     def refill(self, pool: ThreadPoolExecutor) -> None:
         """Start spares in the background until the pool holds ``wanted`` again."""
@@ -73,9 +94,16 @@ class SparePool:
         """A spare that has taken over ``cfg``'s stage, or None when no spare could."""
         while True:
             with self._lock:
-                if not self.handles:
+                fits = [
+                    h
+                    for h in self.handles
+                    if not self.by_datacenter or h.config.datacenter == cfg.datacenter
+                ]
+                if not fits:
                     return None
-                spare = self.handles.pop(0)
+                spare = fits[0]
+                self.handles.remove(spare)
+            self._gone(spare.config)
             client = Client(spare.address, STAGE_SERVICE, token=self.token)
             try:
                 client.send("Assume", Assume(config=asdict(cfg)), timeout_s=30)

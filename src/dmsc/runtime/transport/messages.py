@@ -234,6 +234,15 @@ class StatusRequest(Message):
     """The deployment's state (no fields)."""
 
 
+class InjectRequest(Message):
+    """``dmsc chaos``: send a fault to one stage worker through the control plane's launcher
+    (the worker may run on another machine): ``kill`` (kill -9), ``freeze`` (SIGSTOP) or
+    ``thaw`` (SIGCONT, to a frozen instance even after it was replaced)."""
+
+    sid: Annotated[str, Field(pattern=r"^[A-Za-z0-9_.-]{1,128}$")]
+    fault: Literal["kill", "freeze", "thaw"]
+
+
 class DownRequest(Message):
     """Stop the control plane and its workers (no fields)."""
 
