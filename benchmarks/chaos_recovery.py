@@ -7,6 +7,10 @@ worker killed during a stream of inference requests (2 replicas of 2 stages, wit
 redundant execution), kill -9 of the control plane during a training task (``dmsc up`` in a
 scratch home), and a late data-parallel gradient under each policy.
 
+With ``--launcher ray``: the same kill -9 of a stage worker with the local launcher and with Ray
+(without and with warm spares), a lost and a partitioned Ray node, and ``dmsc up`` time and
+memory with each launcher, on a local Ray cluster (see ``benchmarks/_ray_faults.py``).
+
 Prints a table, or with --json one object with the same figures.
 """
 
@@ -170,14 +174,54 @@ def late_gradients(corpora: tuple[Corpus, Corpus]) -> dict[str, Any]:
     return out
 
 
+def _fmt(x: float | None) -> str:
+    return "-" if x is None else f"{x:.2f}"
+
+
+def _fault_table(faults: list[FaultReport]) -> None:
+    print(f"fault tolerance (registry TTL {TTL:g} s, heartbeat every TTL/3)")
+    print(f"{'fault':32} {'target':14} {'detect s':>9} {'recover s':>10} {'lost':>5} {'failed':>8}")
+    for f in faults:
+        failed = f"{f.requests_failed}/{f.requests_total}" if f.requests_total else "-"
+        print(
+            f"{f.fault:32} {f.target:14} {_fmt(f.detected_after_s):>9} "
+            f"{_fmt(f.recovered_after_s):>10} {f.steps_lost:>5} {failed:>8}"
+        )
+
+
+def ray_main(corpora: tuple[Corpus, Corpus], steps: int, as_json: bool) -> None:
+    from _ray_faults import ray_figures
+
+    out = ray_figures(SPEC, TWO, corpora, steps, TTL)
+    faults = out.pop("faults")
+    out["faults"] = [{**f.row(), **f.extra} for f in faults]
+    if as_json:
+        print(json.dumps(out))
+        return
+    _fault_table(faults)
+    up = out["startup"]
+    print(f"\nRay cluster of 3 nodes on 127.0.0.1: started in {out['cluster_start_s']:.1f} s, "
+          f"{out['cluster_idle_mib']:.0f} MiB (PSS) idle")  # fmt: skip
+    print(f"dmsc up, gpt-mini pp=2 x dp=2 ({up['stages']} stages), median of the rounds:")
+    for name, secs in up["up_s"].items():
+        mem = up["memory"][name]
+        ray = f", Ray's processes {mem['ray_mib']:.0f} MiB" if "ray_mib" in mem else ""
+        print(f"  {name:6} {secs:6.2f} s; control plane and workers {mem['dmsc_mib']:.0f} MiB{ray}")
+    print(f"  ray / local: {up['up_ratio_ray_to_local']:.2f}")
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--json", action="store_true")
     parser.add_argument("--steps", type=int, default=16)
     parser.add_argument("--requests", type=int, default=24)
+    parser.add_argument("--launcher", choices=("local", "ray"), default="local")
     args = parser.parse_args()
     train_text, valid_text = stdlib_text(max_bytes=400_000)
     corpora = (Corpus(train_text, SPEC.seq, seed=1), Corpus(valid_text, SPEC.seq, seed=2))
+    if args.launcher == "ray":
+        ray_main(corpora, args.steps, args.json)
+        return
     faults = [
         *training_faults(corpora, args.steps),
         *inference_faults(args.requests),
@@ -193,17 +237,7 @@ def main() -> None:
         print(json.dumps(result))
         return
 
-    def fmt(x: float | None) -> str:
-        return "-" if x is None else f"{x:.2f}"
-
-    print(f"fault tolerance (registry TTL {TTL:g} s, heartbeat every TTL/3)")
-    print(f"{'fault':32} {'target':14} {'detect s':>9} {'recover s':>10} {'lost':>5} {'failed':>8}")
-    for f in faults:
-        failed = f"{f.requests_failed}/{f.requests_total}" if f.requests_total else "-"
-        print(
-            f"{f.fault:32} {f.target:14} {fmt(f.detected_after_s):>9} "
-            f"{fmt(f.recovered_after_s):>10} {f.steps_lost:>5} {failed:>8}"
-        )
+    _fault_table(faults)
     print("\nlate gradient (2 s late, bound 0.5 s): step time of that step / a typical step")
     for policy, v in late.items():
         print(

@@ -4,7 +4,6 @@ this module."""
 
 from __future__ import annotations
 
-import contextlib
 import json
 import os
 import time
@@ -21,6 +20,12 @@ from dmsc.runtime.control.chaos import train_under_fault
 from dmsc.runtime.control.deployment import Deployment, StageLayout
 from dmsc.runtime.control.launchers import WorkerStartError
 from dmsc.runtime.control.ray_launcher import RayLauncher, RayProcess
+from dmsc.runtime.control.ray_local import (
+    add_node,
+    live_nodes,
+    local_cluster,
+    train_through_node_fault,
+)
 from dmsc.spec import TransformerSpec, resolve_model
 
 SPEC = resolve_model("gpt-mini")
@@ -34,27 +39,11 @@ STEPS, BATCH, MICRO = 10, 8, 2  # MICRO per replica: 4 micro-batches in all
 @pytest.fixture(scope="module")
 def cluster() -> Iterator[Any]:
     """A cluster per test process (under ``pytest -n 2`` each worker that runs tests of this
-    module starts its own, on ports of its own)."""
-    # Ray advertises the machine's address even for a node started on 127.0.0.1; with this
-    # set (read when Ray is imported, and by the processes it starts) it stays on loopback.
-    os.environ["RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER"] = "0"
-    import ray
-    from ray.cluster_utils import Cluster
-
-    head = {"num_cpus": 4, "resources": {"dc:dc-0": 4, "dc:dc-2": 4},
-            "node_ip_address": "127.0.0.1", "include_dashboard": False,
-            # a node that stops answering is declared dead in about 1.5 s (Ray: 15 s)
-            "_system_config": {"health_check_period_ms": 500,
-                               "health_check_failure_threshold": 3}}  # fmt: skip
-    c = Cluster(initialize_head=True, connect=True, head_node_args=head)
-    other = c.add_node(num_cpus=4, resources={"dc:dc-1": 4}, node_ip_address="127.0.0.1")
-    c.wait_for_nodes()
-    try:
-        yield c, other
-    finally:
-        ray.shutdown()
-        c.shutdown()
-        os.environ.pop("RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER", None)
+    module starts its own, on ports of its own): the head offers dc-0 and dc-2, one more node
+    dc-1; a node that stops answering is declared dead in about 1.5 s."""
+    head = {"dc:dc-0": 4, "dc:dc-2": 4}
+    with local_cluster(head, [{"dc:dc-1": 4}]) as c:
+        yield c
 
 
 @pytest.fixture(scope="module")
@@ -142,11 +131,45 @@ def test_a_worker_that_cannot_start_on_its_node_says_why(cluster: Any, tmp_path:
         dep.shutdown()
 
 
+def test_a_replacement_whose_bundle_stays_held_goes_to_another_node_of_its_datacenter(
+    cluster: Any, tmp_path: Path
+) -> None:
+    """A stage's bundle held past ``bundle_wait_s`` (as by an instance on a partitioned node
+    that Ray has not yet declared dead): its replacement is placed outside the placement group,
+    on a node of the same datacenter, rather than waiting for Ray's health check."""
+    import ray
+    from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
+
+    from dmsc.runtime.control.ray_launcher import _remote_host
+
+    layout = StageLayout(SPEC, RANGES, datacenters={(0, 0): "dc-0", (1, 0): "dc-1"})
+    launcher = RayLauncher(home=tmp_path, bundle_wait_s=1.0)
+    dep = Deployment(layout, launcher=launcher, home=tmp_path)
+    try:
+        cfg = dep.config(1, 0)
+        launcher.prepare([dep.config(0, 0), cfg])
+        pg = launcher.groups[0]
+        holder = _remote_host().options(
+            num_cpus=1, resources={"dc:dc-1": 1},
+            scheduling_strategy=PlacementGroupSchedulingStrategy(pg, 1),
+        ).remote()  # fmt: skip
+        ray.get(holder.__ray_ready__.remote(), timeout=30)
+        h = launcher.start(cfg, tmp_path)
+        try:
+            dc1 = {n.node_id for n in live_nodes(cluster, "dc:dc-1")}
+            assert h.process.node in dc1  # type: ignore[attr-defined]
+        finally:
+            launcher.stop(h)
+            ray.kill(holder)
+    finally:
+        dep.shutdown()
+
+
 def test_dmsc_up_with_the_ray_launcher_as_a_user_runs_it(cluster: Any, tmp_path: Path) -> None:
     """``dmsc up --launcher ray --ray-address``: the plan's stages on the Ray nodes of their
     datacenters, ``status`` names each one's node, training and inference as on one machine,
     ``down`` leaves no worker behind."""
-    c, _ = cluster
+    c = cluster
     plan = make_plan(tmp_path, pp=2)
     stages = json.loads(plan.read_text())["stages"]
     res = dmsc(tmp_path, "up", "--plan", str(plan), "--launcher", "ray",
@@ -185,7 +208,7 @@ def _running(pid: int) -> bool:
 
 
 def test_up_names_the_datacenter_the_ray_cluster_lacks(cluster: Any, tmp_path: Path) -> None:
-    c, _ = cluster
+    c = cluster
     plan = make_plan(tmp_path, pp=2)
     doc = json.loads(plan.read_text())
     doc["stages"][1]["replicas"][0]["datacenter"] = "dc-9"
@@ -196,41 +219,6 @@ def test_up_names_the_datacenter_the_ray_cluster_lacks(cluster: Any, tmp_path: P
     assert "lacks dc:dc-9" in res.stderr and "Traceback" not in res.stderr.split("---")[0]
 
 
-def _descendants(pid: int) -> list[int]:
-    """``pid`` and every process below it (read from /proc)."""
-    parents: dict[int, list[int]] = {}
-    for stat in Path("/proc").glob("[0-9]*/stat"):
-        try:
-            fields = stat.read_text().rsplit(") ", 1)[1].split()
-        except (OSError, IndexError):
-            continue  # gone meanwhile
-        parents.setdefault(int(fields[1]), []).append(int(stat.parent.name))
-    out, todo = [], [pid]
-    while todo:
-        p = todo.pop()
-        out.append(p)
-        todo.extend(parents.get(p, []))
-    return out
-
-
-def _signal_node(node: Any, sig: int) -> None:
-    """Send ``sig`` to every process of a cluster_utils node: its raylet, the workers below it
-    (Ray's actors, and dmsc's stage workers below those) and its other daemons."""
-    for infos in node.all_processes.values():
-        for info in infos:
-            for pid in _descendants(info.process.pid):
-                with contextlib.suppress(ProcessLookupError):
-                    os.kill(pid, sig)
-
-
-def _live_dc1(c: Any) -> list[Any]:
-    """The fixture cluster's dc-1 nodes that Ray counts alive."""
-    import ray
-
-    alive = {n["NodeID"] for n in ray.nodes() if n["Alive"]}
-    return [n for n in c.worker_nodes if n.node_id in alive]
-
-
 def test_a_partitioned_ray_node_is_recovered_from_and_fenced_when_it_comes_back(
     cluster: Any, corpora: Any, tmp_path: Path
 ) -> None:
@@ -239,46 +227,33 @@ def test_a_partitioned_ray_node_is_recovered_from_and_fenced_when_it_comes_back(
     stage is replaced on the other dc-1 node, the run goes back to its checkpoint with the losses
     of single-process training. When the partition heals, the old worker does not serve again:
     it is gone, and the registry holds the replacement only."""
-    import signal
-
-    from dmsc.runtime.control.training import Recovering, train
-
-    c, _ = cluster
-    c.add_node(num_cpus=4, resources={"dc:dc-1": 4}, node_ip_address="127.0.0.1")
-    c.wait_for_nodes()
+    c = cluster
+    add_node(c, {"dc:dc-1": 4})
     train_c, valid_c = corpora
     steps = 8
     want = train_reference(SPEC, 0, 1e-3, [train_c.batch(s, BATCH) for s in range(steps)], 2)
     layout = StageLayout(SPEC, RANGES, datacenters={(0, 0): "dc-0", (1, 0): "dc-1"})
-    launcher = RayLauncher(home=tmp_path)
-    with Deployment(layout, launcher=launcher, home=tmp_path, registry_ttl_s=3.0) as dep:
-        old = dep.handle((1, 0))
-        node = next(n for n in c.worker_nodes if n.node_id == old.process.node)  # type: ignore[attr-defined]
-        frozen: list[int] = []
+    seen: dict[str, Any] = {}
 
-        def on_step(step: int, _out: dict[str, Any]) -> None:
-            if step == 3 and not frozen:
-                frozen.append(step)
-                _signal_node(node, signal.SIGSTOP)
-
-        keep = Recovering(checkpoint_every=2, checkpoint_dir=tmp_path / "ckpt")
-        try:
-            report = train(dep, train_c, valid_c, steps, BATCH, 2, on_step=on_step,
-                           recovering=keep, validate=False)  # fmt: skip
-        finally:
-            _signal_node(node, signal.SIGCONT)  # the partition heals
-        assert len(report.recoveries) == 1, report.recoveries
-        new = dep.handle((1, 0))
-        assert new.process.node != node.node_id  # type: ignore[attr-defined]
-        assert max(abs(a - b) for a, b in zip(report.losses, want, strict=True)) < 1e-5
+    def after(dep: Deployment, _node: Any) -> None:
+        old = next(h for h in dep.abandoned if h.config.sid == "stage1-r0").process.pid
         end = time.monotonic() + 30
-        while _running(old.process.pid) and time.monotonic() < end:
+        while _running(old) and time.monotonic() < end:
             time.sleep(0.2)
-        assert not _running(old.process.pid)
-        assert [s.address for s in dep.registry.lookup(stage=1)] == [new.address]
-        assert len(dep.generate(b"def ", 2, step_base=9_000_000)) == 2
-    with contextlib.suppress(Exception):  # dead to Ray already; its processes go now
-        c.remove_node(node, allow_graceful=False)
+        seen["old_gone"] = not _running(old)  # once the partition healed, not at shutdown
+        new = dep.handle((1, 0))
+        seen["registered"] = [s.address for s in dep.registry.lookup(stage=1)]
+        seen["address"] = new.address
+        seen["tokens"] = len(dep.generate(b"def ", 2, step_base=9_000_000))
+
+    report, fr = train_through_node_fault(
+        c, layout, train_c, valid_c, steps, BATCH, 2, "partition", home=tmp_path, after=after
+    )
+    assert len(report.recoveries) == 1, report.recoveries
+    assert fr.extra["node_after"] != fr.extra["node_before"]
+    assert max(abs(a - b) for a, b in zip(report.losses, want, strict=True)) < 1e-5
+    assert seen["old_gone"]
+    assert seen["registered"] == [seen["address"]] and seen["tokens"] == 2
 
 
 def test_a_lost_ray_node_moves_its_stage_to_another_node_of_its_datacenter(
@@ -288,42 +263,36 @@ def test_a_lost_ray_node_moves_its_stage_to_another_node_of_its_datacenter(
     the stage is seen lost, started again on the other dc-1 node, and the run goes back to its
     checkpoint with the losses of single-process training. With no dc-1 node left, the next
     replacement fails naming the datacenter and what it lacks. (Last in this module: it
-    removes the fixture's dc-1 node.)"""
+    removes every dc-1 node.)"""
     from dmsc.runtime.control.recovery import replace
-    from dmsc.runtime.control.training import Recovering, train
 
-    c, _ = cluster
-    c.add_node(num_cpus=4, resources={"dc:dc-1": 4}, node_ip_address="127.0.0.1")
-    c.wait_for_nodes()
-    first, second = _live_dc1(c)  # the earlier tests leave one
+    c = cluster
+    add_node(c, {"dc:dc-1": 4})
+    assert len(live_nodes(c, "dc:dc-1")) == 2  # the earlier tests leave one
     train_c, valid_c = corpora
     steps = 8
     want = train_reference(SPEC, 0, 1e-3, [train_c.batch(s, BATCH) for s in range(steps)], 2)
     layout = StageLayout(SPEC, RANGES, datacenters={(0, 0): "dc-0", (1, 0): "dc-1"})
     launcher = RayLauncher(home=tmp_path)
-    with Deployment(layout, launcher=launcher, home=tmp_path, registry_ttl_s=3.0) as dep:
-        node = dep.handle((1, 0)).process.node  # type: ignore[attr-defined]
-        lost, kept = (first, second) if first.node_id == node else (second, first)
-        struck: list[int] = []
 
-        def on_step(step: int, _out: dict[str, Any]) -> None:
-            if step == 3 and not struck:
-                struck.append(step)
-                c.remove_node(lost, allow_graceful=False)
-
-        keep = Recovering(checkpoint_every=2, checkpoint_dir=tmp_path / "ckpt")
-        report = train(dep, train_c, valid_c, steps, BATCH, 2, on_step=on_step,
-                       recovering=keep, validate=False)  # fmt: skip
-        # seen as a broken call or as the node's loss, whichever comes first
-        assert len(report.recoveries) == 1, report.recoveries
+    def after(dep: Deployment, _node: Any) -> None:
+        (kept,) = live_nodes(c, "dc:dc-1")
         assert dep.handle((1, 0)).process.node == kept.node_id  # type: ignore[attr-defined]
-        assert max(abs(a - b) for a, b in zip(report.losses, want, strict=True)) < 1e-5
         c.remove_node(kept, allow_graceful=False)
         gone = dep.handle((1, 0))
         end = time.monotonic() + 30
         while dep.launcher.alive(gone) and time.monotonic() < end:
             time.sleep(0.1)
         assert "lost with its Ray node" in dep.launcher.exit_reason(gone)
-        launcher.place_timeout_s = 10  # no dc-1 node will come
+        launcher.place_timeout_s, launcher.bundle_wait_s = 4, 2  # no dc-1 node will come
         with pytest.raises(WorkerStartError, match=r"no Ray node of datacenter dc-1 .*dc:dc-1: 0"):
             replace(dep, [(1, 0)])  # what a recovery or the watchdog does next
+
+    report, fr = train_through_node_fault(
+        c, layout, train_c, valid_c, steps, BATCH, 2, "lose", launcher=launcher, home=tmp_path,
+        after=after,
+    )  # fmt: skip
+    # seen as a broken call or as the node's loss, whichever comes first
+    assert len(report.recoveries) == 1, report.recoveries
+    assert fr.extra["node_after"] != fr.extra["node_before"]
+    assert max(abs(a - b) for a, b in zip(report.losses, want, strict=True)) < 1e-5

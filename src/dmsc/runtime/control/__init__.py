@@ -1,6 +1,7 @@
 """The control layer as it runs: deployments, recovery, training sessions, queues, versions.
 
-- :mod:`.launchers` starts and stops worker processes; :mod:`.spares` keeps warm spares.
+- :mod:`.launchers` starts and stops worker processes (:mod:`.ray_launcher` on a Ray cluster,
+  :mod:`.ray_local` such a cluster on one machine); :mod:`.spares` keeps warm spares.
 - :mod:`.deployment` deploys a plan's stage workers and drives their steps and checkpoints;
   :mod:`.failures` finds failed workers, :mod:`.recovery` brings them back.
 - :mod:`.training` is a training session with checkpoints and recovery; :mod:`.chaos` rehearses

@@ -44,6 +44,7 @@ from dmsc.runtime.compute.config import WorkerConfig
 from dmsc.runtime.control.launchers import WorkerHandle, WorkerStartError
 from dmsc.runtime.transport import logs
 
+log = logging.getLogger(__name__)
 LOST = -1000  # the exit code a worker gets when its Ray node is gone
 
 
@@ -192,12 +193,14 @@ class RayLauncher:
         ready_timeout_s: float = 120.0,
         home: Path | None = None,
         place_timeout_s: float = 60.0,
+        bundle_wait_s: float = 10.0,
     ) -> None:
         ray = _ray()
         if not ray.is_initialized():
             ray.init(address=address, logging_level=logging.WARNING, log_to_driver=False)
         self.ready_timeout_s = ready_timeout_s
         self.place_timeout_s = place_timeout_s  # for Ray to find a node with room
+        self.bundle_wait_s = bundle_wait_s  # for a replacement's bundle, before any node will do
         self.home = home
         # where workers on other nodes reach this process's registry: its node's address
         self.control_host = ray.util.get_node_ip_address()
@@ -313,15 +316,23 @@ class RayLauncher:
         end = time.monotonic() + self.place_timeout_s
         while True:
             actor = _remote_host().options(**options).remote()
+            bound = "scheduling_strategy" in options
+            until = min(end, time.monotonic() + self.bundle_wait_s) if bound else end
             try:
-                ray.get(actor.__ray_ready__.remote(), timeout=max(0.1, end - time.monotonic()))
+                ray.get(actor.__ray_ready__.remote(), timeout=max(0.1, until - time.monotonic()))
                 return actor
             except ray.exceptions.RayActorError:  # its node died under it: try another
                 if time.monotonic() < end:
                     time.sleep(0.2)
                     continue
             except ray.exceptions.GetTimeoutError:
-                pass
+                if bound and time.monotonic() < end:
+                    # The bundle is still on a node Ray has not yet declared dead (a partition
+                    # lasts Ray's health-check time): any node of the datacenter with room.
+                    ray.kill(actor)
+                    del options["scheduling_strategy"]
+                    log.warning("%s: its bundle is not placeable; placed outside it", cfg.sid)
+                    continue
             ray.kill(actor)
             raise WorkerStartError(
                 f"worker {cfg.sid}: no Ray node of datacenter {cfg.datacenter} took it within "
