@@ -66,7 +66,7 @@ class WorkerHost:
         self.proc: subprocess.Popen[str] | None = None
 
     def start(self, cfg: dict[str, Any], home: str, ready_timeout_s: float) -> dict[str, Any]:
-        ray = _ray()
+        ray = ray_module()
         host = ray.util.get_node_ip_address()
         config = WorkerConfig(**cfg)
         config = replace(config, host=host, log_file=str(logs.log_file(Path(home), config.sid)))
@@ -118,7 +118,7 @@ class WorkerHost:
 _REMOTE: Any = None
 
 
-def _ray() -> Any:
+def ray_module() -> Any:
     """The ``ray`` module, imported on first use (the local launcher never needs it); typed as
     Any because Ray's annotations are partial."""
     import importlib
@@ -129,7 +129,7 @@ def _ray() -> Any:
 def _remote_host() -> Any:
     global _REMOTE
     if _REMOTE is None:
-        ray = _ray()
+        ray = ray_module()
         _REMOTE = ray.remote(max_restarts=0, max_concurrency=4)(WorkerHost)
     return _REMOTE
 
@@ -145,7 +145,7 @@ class RayProcess:
 
     def poll(self) -> int | None:
         if self.returncode is None:
-            ray = _ray()
+            ray = ray_module()
             done, _ = ray.wait([self.exit], timeout=0)
             if done:
                 try:
@@ -164,7 +164,7 @@ class RayProcess:
         return self.returncode
 
     def send_signal(self, sig: int) -> None:
-        ray = _ray()
+        ray = ray_module()
         if self.poll() is None:
             with contextlib.suppress(Exception):  # gone meanwhile
                 ray.get(self.actor.send.remote(sig), timeout=10)
@@ -195,7 +195,7 @@ class RayLauncher:
         place_timeout_s: float = 60.0,
         bundle_wait_s: float = 10.0,
     ) -> None:
-        ray = _ray()
+        ray = ray_module()
         if not ray.is_initialized():
             ray.init(address=address, logging_level=logging.WARNING, log_to_driver=False)
         self.ready_timeout_s = ready_timeout_s
@@ -211,7 +211,7 @@ class RayLauncher:
     def prepare(self, cfgs: list[WorkerConfig]) -> None:
         """Refuse (ValueError, naming the resource) a deployment that puts more workers in a
         datacenter than the cluster's nodes offer units of its ``dc:NAME`` resource."""
-        ray = _ray()
+        ray = ray_module()
         wanted: dict[str, int] = {}
         for cfg in cfgs:
             wanted[cfg.datacenter] = wanted.get(cfg.datacenter, 0) + 1
@@ -248,7 +248,7 @@ class RayLauncher:
                 self.close()
                 raise WorkerStartError(
                     f"the Ray cluster could not reserve pipeline replica {r} ({want}) within "
-                    f"{self.place_timeout_s:g} s: free {_ray().available_resources()}"
+                    f"{self.place_timeout_s:g} s: free {ray_module().available_resources()}"
                 )
 
     def close(self) -> None:
@@ -263,7 +263,7 @@ class RayLauncher:
         self._occupant.clear()
 
     def start(self, cfg: WorkerConfig, workdir: Path) -> WorkerHandle:
-        ray = _ray()
+        ray = ray_module()
         home = self.home if self.home is not None else workdir
         gpu = cfg.device.startswith("cuda")
         actor = self._place(cfg, gpu)
@@ -296,7 +296,7 @@ class RayLauncher:
         """A :class:`WorkerHost` actor on a node of ``cfg``'s datacenter, up and running. An
         actor that dies before it runs (Ray placed it on a node that was being lost) is placed
         again; no node with room within ``place_timeout_s`` is a :class:`WorkerStartError`."""
-        ray = _ray()
+        ray = ray_module()
         key = (cfg.stage, cfg.replica)
         options: dict[str, Any] = {
             "num_cpus": 0 if gpu else 1,
@@ -342,7 +342,7 @@ class RayLauncher:
             )
 
     def stop(self, handle: WorkerHandle) -> None:
-        ray = _ray()
+        ray = ray_module()
         proc = handle.process
         assert isinstance(proc, RayProcess)
         with contextlib.suppress(Exception):  # its node is gone: nothing left to stop

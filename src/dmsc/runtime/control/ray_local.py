@@ -20,7 +20,7 @@ from typing import Any, Literal
 from dmsc.data.corpus import Corpus
 from dmsc.runtime.control.chaos import FaultReport
 from dmsc.runtime.control.deployment import Deployment, StageLayout
-from dmsc.runtime.control.ray_launcher import RayLauncher
+from dmsc.runtime.control.ray_launcher import RayLauncher, ray_module
 from dmsc.runtime.control.training import Recovering, TrainReport, train
 
 NodeFault = Literal["lose", "partition"]
@@ -43,12 +43,13 @@ def local_cluster(
     # Ray advertises the machine's address even for a node started on 127.0.0.1; with this set
     # (read when Ray is imported, and by the processes it starts) it stays on loopback.
     os.environ["RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER"] = "0"
-    import ray
     from ray.cluster_utils import Cluster
+
+    ray = ray_module()
 
     args = {"num_cpus": cpus, "resources": head, "node_ip_address": "127.0.0.1",
             "include_dashboard": False, "_system_config": FAST_HEALTH_CHECK}  # fmt: skip
-    c = Cluster(initialize_head=True, connect=True, head_node_args=args)
+    c: Any = Cluster(initialize_head=True, connect=True, head_node_args=args)
     try:
         for res in nodes:
             add_node(c, res, cpus)
@@ -68,9 +69,8 @@ def add_node(c: Any, resources: dict[str, float], cpus: int = 4) -> Any:
 
 def live_nodes(c: Any, resource: str) -> list[Any]:
     """The non-head nodes of ``c`` offering ``resource`` that Ray counts alive."""
-    import ray
-
-    alive = {n["NodeID"] for n in ray.nodes() if n["Alive"] and n["Resources"].get(resource)}
+    nodes = ray_module().nodes()
+    alive = {n["NodeID"] for n in nodes if n["Alive"] and n["Resources"].get(resource)}
     return [n for n in c.worker_nodes if n.node_id in alive]
 
 
