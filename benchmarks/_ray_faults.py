@@ -7,8 +7,9 @@ dc-2 and two nodes offering dc-1, on 127.0.0.1. On it:
 - a stage worker of dc-1 killed (kill -9) during training, with the local launcher and with Ray,
   each without and with warm spares (one per datacenter);
 - the node running that worker lost (its processes killed) and partitioned (frozen, then let go);
-- ``dmsc up`` of the same pp=2 x dp=2 plan with each launcher: wall time, and the memory
-  (proportional set size) of everything it runs; with Ray, of Ray's own processes as well.
+- ``dmsc up`` of the same plan (gpt-mini, pp=3 over three datacenters) with each launcher: wall
+  time, and the memory (proportional set size) of everything it runs; with Ray, of Ray's own
+  processes as well.
 """
 
 from __future__ import annotations
@@ -92,7 +93,7 @@ def _startup(c: Any, rounds: int) -> dict[str, Any]:
     dmsc(
         *("plan", "--cluster", str(root / "examples/clusters/local-cpu.yaml")),
         *("--model", "gpt-mini", "--global-batch", "8", "--micro-batch", "2"),
-        *("--tp", "1", "--pp", "2", "--dp", "2", "--out", str(plan)),
+        *("--tp", "1", "--pp", "3", "--dp", "1", "--out", str(plan)),
     )
     args = {"local": [], "ray": ["--launcher", "ray", "--ray-address", c.address]}
     times: dict[str, list[float]] = {"local": [], "ray": []}

@@ -7,7 +7,10 @@ whole loss curve must equal the failure-free one.
 
 from __future__ import annotations
 
+import os
 import random
+import signal
+import time
 
 import pytest
 
@@ -36,9 +39,11 @@ def reference(corpora) -> list[float]:  # type: ignore[no-untyped-def]
     return train_reference(SPEC, 0, 1e-3, batches, MICRO)
 
 
-@pytest.mark.parametrize(("fault", "spares"), [("kill", 0), ("freeze", 0), ("kill", 1)])
+@pytest.mark.parametrize(
+    ("fault", "spares", "stage"), [("kill", 0, 1), ("freeze", 0, 2), ("kill", 1, 1)]
+)
 def test_training_recovers_from_a_failed_stage_worker(
-    fault: str, spares: int, corpora, reference
+    fault: str, spares: int, stage: int, corpora, reference
 ) -> None:  # type: ignore[no-untyped-def]
     at_step = random.Random(f"{fault}{spares}").randint(6, STEPS - 3)
     report, fr = train_under_fault(
@@ -48,14 +53,14 @@ def test_training_recovers_from_a_failed_stage_worker(
         BATCH,
         MICRO,
         fault,  # type: ignore[arg-type]
-        stage=1,
+        stage=stage,
         at_step=at_step,
         checkpoint_every=4,
         registry_ttl_s=TTL,
         spares=spares,
     )
     assert len(report.recoveries) == 1, report.recoveries
-    assert report.recoveries[0].failed == ["stage1-r0"]
+    assert report.recoveries[0].failed == [f"stage{stage}-r0"]
     assert len(report.losses) == STEPS
     # The run goes on as the failure-free run from the same checkpoint.
     assert max(abs(a - b) for a, b in zip(report.losses, reference, strict=True)) < 1e-5
@@ -86,3 +91,23 @@ def test_a_resumed_session_continues_from_its_checkpoint(corpora, reference, tmp
     assert len(rest.losses) == STEPS - 6
     curve = first.losses + rest.losses
     assert max(abs(a - b) for a, b in zip(curve, reference, strict=True)) < 1e-5
+
+
+def test_a_last_stage_frozen_between_steps_is_found_within_the_ttl(corpora, reference) -> None:  # type: ignore[no-untyped-def]
+    """Frozen between two steps, the last stage takes the next step's targets into its socket
+    buffer and never answers: the fault is seen within the registry TTL, as during a step, not
+    when the push's call times out (30 s)."""
+    frozen: list[float] = []
+    with Deployment(StageLayout(SPEC, RANGES), registry_ttl_s=TTL) as dep:
+        victim = dep.handle((2, 0))
+
+        def on_step(step: int, _out: dict[str, object]) -> None:
+            if step == 5 and not frozen:
+                os.kill(victim.process.pid, signal.SIGSTOP)
+                frozen.append(time.time())
+
+        report = train(dep, *corpora, 8, BATCH, MICRO, on_step=on_step,
+                       recovering=Recovering(checkpoint_every=4), validate=False)  # fmt: skip
+    assert len(report.recoveries) == 1 and report.recoveries[0].failed == ["stage2-r0"]
+    assert report.recoveries[0].detected_at - frozen[0] < TTL + TTL / 3 + 1.5
+    assert max(abs(a - b) for a, b in zip(report.losses, reference[:8], strict=True)) < 1e-5

@@ -63,6 +63,8 @@ from dmsc.runtime.transport.messages import (
 from dmsc.runtime.transport.rpc import Client, serve
 from dmsc.runtime.transport.wire import Kind, encode
 
+PUSH_DEADLINE_S = 30.0  # for a step's input frames to be taken (a client call's default)
+
 
 class Deployment:
     """A running pipeline of stage workers and the registry they use. Worker logs go under
@@ -229,13 +231,7 @@ class Deployment:
             if yr is not None:
                 for i, y in enumerate(yr.chunk(m)):
                     sent.append(((last, r), self.push((last, r), Kind.TARGETS, step, i, y)))
-        for key, fut in sent:
-            try:
-                fut.result()
-            except grpc.RpcError as exc:
-                raise failures.failure(
-                    self, f"stage {key[0]} replica {key[1]}: {exc.details()}", {k for k, _ in sent}
-                ) from None
+        failures.settle(self, sent, PUSH_DEADLINE_S)
 
     # -- steps ------------------------------------------------------------------------------
     def train_step(

@@ -10,6 +10,7 @@ that it answers nobody, then let go with SIGCONT), and the memory Ray's own proc
 from __future__ import annotations
 
 import contextlib
+import logging
 import os
 import signal
 import time
@@ -49,7 +50,11 @@ def local_cluster(
 
     args = {"num_cpus": cpus, "resources": head, "node_ip_address": "127.0.0.1",
             "include_dashboard": False, "_system_config": FAST_HEALTH_CHECK}  # fmt: skip
-    c: Any = Cluster(initialize_head=True, connect=True, head_node_args=args)
+    c: Any = Cluster(initialize_head=True, head_node_args=args)
+    # connected here rather than by Cluster: without the nodes' logs copied to this process's
+    # output (a benchmark's --json output is one JSON object)
+    ray.init(address=c.address, log_to_driver=False, logging_level=logging.WARNING)
+    c.connected = True
     try:
         for res in nodes:
             add_node(c, res, cpus)
