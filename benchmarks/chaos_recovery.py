@@ -202,7 +202,7 @@ def ray_main(corpora: tuple[Corpus, Corpus], steps: int, as_json: bool) -> None:
     up = out["startup"]
     print(f"\nRay cluster of 3 nodes on 127.0.0.1: started in {out['cluster_start_s']:.1f} s, "
           f"{out['cluster_idle_mib']:.0f} MiB (PSS) idle")  # fmt: skip
-    print(f"dmsc up, gpt-mini pp=2 x dp=2 ({up['stages']} stages), median of the rounds:")
+    print(f"dmsc up, gpt-mini in {up['stages']} stages, median of the rounds:")
     for name, secs in up["up_s"].items():
         mem = up["memory"][name]
         ray = f", Ray's processes {mem['ray_mib']:.0f} MiB" if "ray_mib" in mem else ""
