@@ -31,7 +31,7 @@ def main() -> None:
             run(
                 scenario,
                 profiles,
-                lambda: OpticalNetwork.from_cluster(cluster, scenario.k_paths),
+                lambda: OpticalNetwork.for_scenario(scenario, cluster),
                 name,
                 seed=scenario.seed + k,
                 arrivals=args.arrivals,

@@ -27,7 +27,7 @@ def main() -> None:
             r = run(
                 scenario,
                 profiles,
-                lambda: OpticalNetwork.from_cluster(cluster, scenario.k_paths),
+                lambda: OpticalNetwork.for_scenario(scenario, cluster),
                 name,
                 arrivals=n,
             )

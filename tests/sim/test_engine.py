@@ -49,7 +49,7 @@ def test_same_seed_same_numbers(setup) -> None:  # type: ignore[no-untyped-def]
 def test_scheduler_conformance(setup, name: str) -> None:  # type: ignore[no-untyped-def]
     """Admit until blocked, check every admitted job holds what it claims, release all."""
     scenario, cluster, profiles = setup
-    net = OpticalNetwork.from_cluster(cluster, scenario.k_paths)
+    net = OpticalNetwork.for_scenario(scenario, cluster)
     sched = SCHEDULERS[name](scenario)
     assert sched.name == name
     admitted: list[RunningJob] = []
@@ -77,7 +77,7 @@ def test_scheduler_conformance(setup, name: str) -> None:  # type: ignore[no-unt
 def test_cb_labels_and_reprovisioning(setup) -> None:  # type: ignore[no-untyped-def]
     scenario, cluster, profiles = setup
     p: JobProfile = profiles[0]
-    net = OpticalNetwork.from_cluster(cluster, scenario.k_paths)
+    net = OpticalNetwork.for_scenario(scenario, cluster)
     job = RunningJob(0, p, [0, 1, 1, 1])
     t = Transfer(0, 0, 1)
     route = net.dc_routes(0, 1)[0]

@@ -33,7 +33,7 @@ def test_joint_scheduler_figures_are_unchanged(load: float) -> None:
     r = run(
         scenario,
         profiles,
-        lambda: OpticalNetwork.from_cluster(cluster, scenario.k_paths),
+        lambda: OpticalNetwork.for_scenario(scenario, cluster),
         "joint",
         load,
         seed=4,

@@ -1,12 +1,14 @@
 from __future__ import annotations
 
+import random
+
 import numpy as np
 import pytest
-from hypothesis import settings
+from hypothesis import given, settings
 from hypothesis import strategies as st
 from hypothesis.stateful import Bundle, RuleBasedStateMachine, consumes, invariant, rule
 
-from dmsc.sim.spectrum import SpectrumGrid
+from dmsc.sim.spectrum import FITS, SpectrumGrid, choose_start, runs, starts
 
 LINKS, SLOTS = 5, 16
 
@@ -70,3 +72,59 @@ class SpectrumMachine(RuleBasedStateMachine):
 
 TestSpectrum = SpectrumMachine.TestCase
 TestSpectrum.settings = settings(max_examples=60, stateful_step_count=30, deadline=None)
+
+
+def _reference_starts(free: list[bool], n: int) -> list[int]:
+    """Every slot where a free run of ``n`` starts, by brute force over a list of booleans."""
+    return [s for s in range(len(free) - n + 1) if all(free[s : s + n])]
+
+
+def _reference_runs(free: list[bool]) -> list[tuple[int, int]]:
+    out, s = [], 0
+    while s < len(free):
+        if free[s]:
+            e = s
+            while e < len(free) and free[e]:
+                e += 1
+            out.append((s, e - s))
+            s = e
+        else:
+            s += 1
+    return out
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.lists(st.booleans(), min_size=1, max_size=130), st.integers(1, 12))
+def test_every_fit_against_brute_force(free: list[bool], n: int) -> None:
+    """The bit-mask search against a plain scan of the slots, for every fit."""
+    mask = sum(1 << s for s, f in enumerate(free) if f)
+    can = _reference_starts(free, n)
+    assert [s for s in range(len(free)) if (starts(mask, n) >> s) & 1] == can
+    assert list(runs(mask)) == _reference_runs(free)
+    if not can:
+        assert all(choose_start(mask, n, fit) is None for fit in FITS)
+        return
+    assert choose_start(mask, n, "first") == can[0]
+    assert choose_start(mask, n, "last") == can[-1]
+    fitting = [r for r in _reference_runs(free) if r[1] >= n]
+    assert choose_start(mask, n, "best") == min(fitting, key=lambda r: (r[1], r[0]))[0]
+    exact = [s for s, length in fitting if length == n]
+    assert choose_start(mask, n, "exact") == (exact[0] if exact else can[0])
+    rng = random.Random(0)
+    draws = {choose_start(mask, n, "random", rng) for _ in range(40 * len(can))}
+    assert draws == set(can)  # every feasible start, and nothing else
+
+
+def test_a_guard_band_is_held_above_each_lightpath() -> None:
+    g = SpectrumGrid(1, 10, guard=1)
+    a = g.allocate([0], 0, 3)  # slots 0-2, guard 3
+    assert a.held == 4 and g.used_slots() == 4
+    assert g.find([0], 2) == 4  # not 3: that is the guard band
+    b = g.setup([0], 5)  # 4-8, guard 9
+    assert b is not None and b.start == 4
+    assert g.find([0], 1) is None  # slot 9 is b's guard band
+    with pytest.raises(ValueError):
+        g.allocate([0], 9, 1)  # its guard band would fall off the band's edge
+    g.release(a.id)
+    assert g.find([0], 3) == 0 and g.find([0], 4) is None
+    g.check()

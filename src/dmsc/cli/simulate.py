@@ -26,7 +26,7 @@ if TYPE_CHECKING:
     from dmsc.sim.engine import RunResult
     from dmsc.sim.scenario import ScenarioSpec
 
-FITS = ("first", "best")
+FITS = ("first", "best", "last", "random", "exact")
 MAX_K_PATHS = 10  # as the scenario file allows
 MAX_SLOTS = 10_000  # as a cluster file allows per fiber
 
@@ -52,6 +52,8 @@ class Overrides:
     fit: str | None = None
     slots: int | None = None
     mix: str | None = None  # the --mix text: MODEL[=WEIGHT],...
+    guard_band: int | None = None
+    modulations: str | None = None
 
 
 def parse_mix(text: str) -> list[tuple[str, float | None]]:
@@ -83,8 +85,19 @@ def apply_overrides(scenario: ScenarioSpec, over: Overrides) -> ScenarioSpec:
         update["k_paths"] = over.k_paths
     if over.fit is not None:
         if over.fit not in FITS:
-            raise SpecError("command line", "--fit", f"expected first or best, got {over.fit!r}")
+            raise SpecError(
+                "command line", "--fit", f"expected one of {', '.join(FITS)}, got {over.fit!r}"
+            )
         update["fit"] = over.fit
+    if over.guard_band is not None:
+        if not 0 <= over.guard_band <= 64:
+            raise SpecError("command line", "--guard-band", "must be between 0 and 64")
+        update["guard_band"] = over.guard_band
+    if over.modulations is not None:
+        from dmsc.netmodel.optical import modulation_table
+
+        modulation_table(over.modulations)  # a wrong name or file: SpecError, now
+        update["modulations"] = over.modulations
     if over.slots is not None and not 1 <= over.slots <= MAX_SLOTS:
         raise SpecError("command line", "--slots", f"must be between 1 and {MAX_SLOTS}")
     if over.mix is not None:
@@ -96,7 +109,16 @@ def apply_overrides(scenario: ScenarioSpec, over: Overrides) -> ScenarioSpec:
 
 
 def simulate(
-    scenario: Annotated[str, typer.Option(help="Scenario file (YAML or JSON).")],
+    scenario: Annotated[
+        str | None, typer.Option(help="Scenario file (YAML or JSON) of training jobs.")
+    ] = None,
+    lightpaths: Annotated[
+        bool,
+        typer.Option(help="Lightpath requests alone (the RMSA experiment), not training jobs."),
+    ] = False,
+    topology: Annotated[
+        str, typer.Option(help="--lightpaths: a named topology (nsfnet) or a cluster file.")
+    ] = "nsfnet",
     scheduler: Annotated[str, typer.Option(help="baseline, cba or joint.")] = "cba",
     compare: Annotated[
         str | None, typer.Option(help="Comma-separated schedulers to run side by side.")
@@ -109,11 +131,36 @@ def simulate(
         typer.Option("--k", help="Shortest routes tried per datacenter pair (scenario: k_paths)."),
     ] = None,
     fit: Annotated[
-        str | None, typer.Option(help="Spectrum fit: first or best (scenario: fit).")
+        str | None,
+        typer.Option(
+            help="Spectrum fit: first, best, last, random or exact (scenario: fit); "
+            "--lightpaths: a comma-separated list, one curve each."
+        ),
     ] = None,
     slots: Annotated[
         int | None, typer.Option(help="Frequency slots on every fiber (cluster: links' slots).")
     ] = None,
+    guard_band: Annotated[
+        int | None,
+        typer.Option(help="Guard-band slots above every lightpath (scenario: guard_band; 1)."),
+    ] = None,
+    modulations: Annotated[
+        str | None,
+        typer.Option(
+            help="Modulation table: dmsc, optical-rl-gym or a YAML/JSON file "
+            "(scenario: modulations)."
+        ),
+    ] = None,
+    bitrate: Annotated[
+        str,
+        typer.Option(help="--lightpaths: bit rates, uniform:A:B or R1[=W1],R2[=W2],... Gbit/s."),
+    ] = "uniform:25:100",
+    requests: Annotated[
+        int, typer.Option(help="--lightpaths: requests counted per run, after the warm-up.")
+    ] = 30_000,
+    warmup: Annotated[
+        int, typer.Option(help="--lightpaths: requests first, not counted.")
+    ] = 10_000,
     mix: Annotated[
         str | None,
         typer.Option(
@@ -125,11 +172,35 @@ def simulate(
     csv_out: Annotated[str | None, typer.Option("--csv", help="Per-run rows to this CSV.")] = None,
     as_json: JsonOpt = False,
 ) -> None:
-    """Simulate training jobs arriving over a multi-datacenter optical network."""
+    """Simulate training jobs arriving over a multi-datacenter optical network, or (with
+    --lightpaths) lightpath requests alone."""
     from dmsc.cli.paths import check_output
 
     check_output(plot, "--plot", image=True)
     check_output(csv_out, "--csv")
+    if lightpaths:
+        from dmsc.cli.lightpaths import LightpathSettings
+
+        run_lightpath_command(
+            LightpathSettings(
+                topology=topology,
+                slots=100 if slots is None else slots,
+                k_paths=5 if k is None else k,
+                guard_band=1 if guard_band is None else guard_band,
+                modulations=modulations or "dmsc",
+                bitrate=bitrate,
+                loads=tuple(parse_list(loads, "--loads", float)) if loads else (100, 200, 300, 400),
+                requests=requests,
+                warmup=warmup,
+                seeds=seeds,
+                fits=tuple(parse_list(fit, "--fit", str)) if fit else ("first",),
+            ),
+            as_json,
+            plot,
+        )
+        return
+    if scenario is None:
+        raise SpecError("command line", "--scenario", "is needed (or --lightpaths)")
     names = parse_list(compare, "--compare", str) if compare else [scheduler]
     load_list = parse_list(loads, "--loads", float) if loads else None
     run_simulation(
@@ -143,8 +214,26 @@ def simulate(
         csv_out,
         console,
         err_console,
-        Overrides(k, fit, slots, mix),
+        Overrides(k, fit, slots, mix, guard_band, modulations),
     )
+
+
+def run_lightpath_command(settings: Any, as_json: bool, plot: str | None) -> dict[str, Any]:
+    """``--lightpaths``: the experiment with a progress bar; the JSON object with ``--json``."""
+    from dmsc.cli.lightpaths import run_lightpaths
+
+    with Progress(
+        TextColumn("{task.description}"),
+        BarColumn(),
+        TimeElapsedColumn(),
+        console=err_console,
+        transient=True,
+        disable=as_json,
+    ) as progress:
+        out = run_lightpaths(settings, as_json, plot, console, progress)
+    if as_json:
+        print(json.dumps(_clean(out)))
+    return out
 
 
 def run_simulation(
@@ -184,7 +273,7 @@ def run_simulation(
     scenario = apply_overrides(scenario, over)
     slots = over.slots
     try:
-        slots_per_fiber = OpticalNetwork.from_cluster(cluster, scenario.k_paths, slots).n_slots
+        slots_per_fiber = OpticalNetwork.for_scenario(scenario, cluster, slots).n_slots
         profiles = build_profiles(cluster, scenario.jobs)
     except ValueError as exc:
         field, _, reason = str(exc).partition(": ")
@@ -214,7 +303,7 @@ def run_simulation(
                     result = run(
                         scenario,
                         profiles,
-                        lambda: OpticalNetwork.from_cluster(cluster, scenario.k_paths, slots),
+                        lambda: OpticalNetwork.for_scenario(scenario, cluster, slots),
                         name,
                         load,
                         scenario.seed + k,
@@ -232,6 +321,8 @@ def run_simulation(
         "loads": loads,
         "k_paths": scenario.k_paths,
         "fit": scenario.fit,
+        "guard_band": scenario.guard_band,
+        "modulations": scenario.modulations,
         "slots": slots_per_fiber,
         "jobs": [{"job": job_label(j), "weight": j.weight} for j in scenario.jobs],
         "schedulers": {},

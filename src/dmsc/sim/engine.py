@@ -98,6 +98,7 @@ def run(
     seed = scenario.seed if seed is None else seed
     n = arrivals if arrivals is not None else scenario.arrivals
     net = network_factory()
+    net.grid.rng.seed(seed)  # random fit's draws, by the run's seed
     scheduler = SCHEDULERS[scheduler_name](scenario)
     rng = np.random.default_rng(seed)
     weights = np.array([j.weight for j in scenario.jobs], dtype=float)

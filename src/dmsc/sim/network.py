@@ -5,12 +5,16 @@ from __future__ import annotations
 import itertools
 import math
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
 import networkx as nx
 
-from dmsc.netmodel.optical import choose_modulation
+from dmsc.netmodel.optical import DMSC, ModulationTable
 from dmsc.sim.spectrum import SpectrumGrid
 from dmsc.spec import ClusterSpec
+
+if TYPE_CHECKING:
+    from dmsc.sim.scenario import ScenarioSpec
 
 
 @dataclass(frozen=True)
@@ -43,12 +47,17 @@ class OpticalNetwork:
     dc_sites: list[str]
     gpus_total: list[int]
     gpus_free: list[int] = field(default_factory=list)
+    modulations: ModulationTable = DMSC  # formats by reach (see dmsc.netmodel.optical)
+    guard_band: int = 0  # slots held above every lightpath
+    seed: int = 0  # random fit's draws
     grid: SpectrumGrid = field(init=False)
     _routes: dict[tuple[str, str], tuple[Route, ...]] = field(default_factory=dict)
     _graph: nx.Graph = field(init=False)
 
     def __post_init__(self) -> None:
-        self.grid = SpectrumGrid(len(self.link_ends), self.n_slots)
+        self.grid = SpectrumGrid(
+            len(self.link_ends), self.n_slots, seed=self.seed, guard=self.guard_band
+        )
         if not self.gpus_free:
             self.gpus_free = list(self.gpus_total)
         g = nx.Graph()
@@ -59,7 +68,13 @@ class OpticalNetwork:
 
     @classmethod
     def from_cluster(
-        cls, cluster: ClusterSpec, k_paths: int = 3, slots: int | None = None
+        cls,
+        cluster: ClusterSpec,
+        k_paths: int = 3,
+        slots: int | None = None,
+        modulations: ModulationTable = DMSC,
+        guard_band: int = 0,
+        seed: int = 0,
     ) -> OpticalNetwork:
         """The inter-DC network of ``cluster`` (its links must be slot grids of one size), with
         ``slots`` frequency slots on every fiber instead of the cluster's when given."""
@@ -88,10 +103,30 @@ class OpticalNetwork:
             dc_names=[dc.name for dc in cluster.datacenters],
             dc_sites=[dc.site_name for dc in cluster.datacenters],
             gpus_total=gpus,
+            modulations=modulations,
+            guard_band=guard_band,
+            seed=seed,
+        )
+
+    @classmethod
+    def for_scenario(
+        cls, scenario: ScenarioSpec, cluster: ClusterSpec, slots: int | None = None
+    ) -> OpticalNetwork:
+        """The network of a training-job scenario, with its optical settings."""
+        from dmsc.netmodel.optical import modulation_table
+
+        return cls.from_cluster(
+            cluster,
+            scenario.k_paths,
+            slots,
+            modulation_table(scenario.modulations),
+            scenario.guard_band,
+            scenario.seed,
         )
 
     def routes(self, a: str, b: str) -> tuple[Route, ...]:
-        """The k shortest simple paths from site ``a`` to ``b`` by length (cached)."""
+        """The k shortest simple paths from site ``a`` to ``b`` by length (cached), less those
+        longer than every modulation format reaches."""
         key = (a, b)
         if key not in self._routes:
             out = []
@@ -100,7 +135,10 @@ class OpticalNetwork:
             ):
                 links = tuple(self._graph.edges[u, v]["link"] for u, v in itertools.pairwise(nodes))
                 km = sum(self.link_km[i] for i in links)
-                rate = choose_modulation(km).gbit_s_per_12g5_slot * self.slot_ghz / 12.5
+                try:
+                    rate = self.modulations.gbit_s_per_slot(km, self.slot_ghz)
+                except ValueError:  # beyond every format's reach: not a route
+                    continue
                 out.append(Route(links, km, rate))
             self._routes[key] = tuple(out)
         return self._routes[key]

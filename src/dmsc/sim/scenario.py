@@ -52,7 +52,15 @@ class ScenarioSpec(BaseModel):
     arrivals: int = Field(default=1000, gt=0, le=10_000_000)
     seed: int = 0
     k_paths: int = Field(default=3, gt=0, le=10)
-    fit: Literal["first", "best"] = "first"
+    fit: Literal["first", "best", "last", "random", "exact"] = "first"
+    guard_band: int = Field(
+        default=1, ge=0, le=64, description="Slots held above every lightpath (flex grid)."
+    )
+    modulations: str = Field(
+        default="dmsc",
+        min_length=1,
+        description="Modulation table: dmsc, optical-rl-gym, or a file beside the scenario.",
+    )
     baseline_slots: int = Field(default=4, gt=0, description="Fixed slots per transfer (baseline).")
     max_slots: int = Field(default=32, gt=0, description="Most slots one transfer may take.")
     warmup_fraction: float = Field(default=0.1, ge=0, lt=1, description="Arrivals not counted.")
@@ -76,6 +84,17 @@ def load_scenario(path: str | Path) -> tuple[ScenarioSpec, ClusterSpec]:
     for i, job in enumerate(scenario.jobs):
         if job.model not in MODEL_PRESETS:
             raise SpecError(str(path), f"jobs[{i}].model", f"unknown model preset {job.model!r}")
+    from dmsc.netmodel.optical import MODULATION_TABLES
+
+    if scenario.modulations not in MODULATION_TABLES:
+        table = Path(path).parent / scenario.modulations
+        if not table.is_file():
+            raise SpecError(
+                str(path),
+                "modulations",
+                f"neither a table ({', '.join(MODULATION_TABLES)}) nor a file ({table})",
+            )
+        scenario = scenario.model_copy(update={"modulations": str(table)})
     return scenario, cluster
 
 

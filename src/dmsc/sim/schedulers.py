@@ -115,6 +115,16 @@ def release(net: OpticalNetwork, job: RunningJob) -> None:
             t.lightpath = None
 
 
+def _unusable(free: int, n_slots: int, guard: int) -> list[int]:
+    """The slots where a lightpath's own slots may not lie, given a link's free-slot mask and
+    the guard band: the taken slots, the ``guard`` slots below each taken one (the guard band
+    above a lightpath there would land on it) and the top ``guard`` slots. A placement model
+    that keeps a lightpath's own slots off these keeps its guard band free too."""
+    taken = [u for u in range(n_slots) if not (free >> u) & 1]
+    out = {u - j for u in taken for j in range(guard + 1) if u - j >= 0}
+    return sorted(out | set(range(max(0, n_slots - guard), n_slots)))
+
+
 def needed_slots(route: Route, profile: JobProfile, cap: int) -> int:
     return min(cap, route.slots_for(profile.needed_gbit_s()))
 
@@ -251,7 +261,7 @@ class JointScheduler:
             LinkState(
                 f"{a}-{b}",
                 net.n_slots,
-                frozenset(int(u) for u in (net.grid.owner[i] >= 0).nonzero()[0]),
+                frozenset(_unusable(net.grid.free[i], net.n_slots, net.guard_band)),
             )
             for i, (a, b) in enumerate(net.link_ends)
         )
@@ -324,12 +334,21 @@ class JointScheduler:
         job = RunningJob(job_id, profile, dcs)
         for b, route in enumerate(result.placement.routes):
             t = Transfer(b, dcs[b], dcs[b + 1])
-            if route is not None:
-                crossing_requests += 1
-                sim_route = net.dc_routes(t.src, t.dst)[route.path]
-                t.route = sim_route
-                t.lightpath = net.grid.allocate(sim_route.links, route.start, route.units)
             job.transfers.append(t)
+            if route is None:
+                continue
+            crossing_requests += 1
+            sim_route = net.dc_routes(t.src, t.dst)[route.path]
+            t.route = sim_route
+            try:
+                t.lightpath = net.grid.allocate(sim_route.links, route.start, route.units)
+            except ValueError:
+                # Two of the job's lightpaths side by side on a shared fiber: the model keeps
+                # guard bands from the lightpaths already there, not between its own.
+                t.lightpath = net.grid.setup(sim_route.links, route.units, self.scenario.fit)
+            if t.lightpath is None:
+                release(net, job)
+                return Admission(None, crossing_requests, crossing_requests, "spectrum")
         return Admission(job, crossing_requests, 0)
 
     def update(self, net: OpticalNetwork, running: list[RunningJob]) -> None:
