@@ -1,6 +1,6 @@
 """The ``dmsc`` command: one module per command group, assembled here (``dmsc --help`` lists the
-commands in this order, then the groups ``token`` and ``models``). ``main`` is the console script
-(``dmsc = "dmsc.cli:main"``), ``app`` the Typer app."""
+commands in this order, then the groups ``topology``, ``token`` and ``models``). ``main`` is the
+console script (``dmsc = "dmsc.cli:main"``), ``app`` the Typer app."""
 
 from __future__ import annotations
 
@@ -18,6 +18,7 @@ from dmsc.cli import (
     specs,
     tasks,
     tokens,
+    topology,
 )
 from dmsc.cli.app import app, main
 
@@ -28,6 +29,7 @@ app.command()(estimate.estimate)
 app.command()(plan.plan)
 app.command()(segment.segment)
 app.command()(simulate.simulate)
+app.add_typer(topology.topology_app, name="topology")
 app.command()(runtime.calibrate)
 app.command()(runtime.up)
 app.add_typer(tokens.token_app, name="token")

@@ -3,7 +3,8 @@
 - ``nsfnet``: NSFNET, 14 nodes and 22 fibers with their lengths in km, the variant of DeepRMSA
   (Chen et al., JLT 2019) and optical-rl-gym (``dmsc/data/nsfnet.csv``).
 
-A topology may also be a cluster spec file whose ``links`` are slot grids (its sites and fibers).
+A topology may also be a file: ``a,b,km`` rows (CSV, as ``dmsc topology generate`` writes them),
+or a cluster spec whose ``links`` are its fibers.
 """
 
 from __future__ import annotations
@@ -50,26 +51,59 @@ class Topology:
         )
 
 
-def _nsfnet() -> Topology:
-    text = resources.files("dmsc.data").joinpath("nsfnet.csv").read_text()
-    rows = [line.split(",") for line in text.splitlines() if line[:1].isdigit()]
-    links = tuple((a, b, float(km)) for a, b, km in rows)
-    sites = tuple(sorted({x for a, b, _ in links for x in (a, b)}, key=int))
-    return Topology("nsfnet", sites, links, "DeepRMSA (Chen et al., JLT 2019), optical-rl-gym")
+def parse_links(text: str, where: str) -> tuple[tuple[str, str, float], ...]:
+    """``a,b,km`` rows (a header row and ``#`` comments skipped); ValueError naming the line."""
+    links = []
+    for n, line in enumerate(text.splitlines(), 1):
+        line = line.strip()
+        if not line or line.startswith("#") or line.replace(" ", "") == "a,b,km":
+            continue
+        parts = [x.strip() for x in line.split(",")]
+        try:
+            a, b, km = parts[0], parts[1], float(parts[2])
+        except (IndexError, ValueError):
+            raise ValueError(f"{where}: line {n}: expected a,b,km, got {line!r}") from None
+        if len(parts) != 3 or not a or not b or a == b or not km > 0:
+            raise ValueError(f"{where}: line {n}: two different sites and a positive km")
+        links.append((a, b, km))
+    if not links:
+        raise ValueError(f"{where}: no links")
+    return tuple(links)
 
 
-TOPOLOGIES = {"nsfnet": _nsfnet}
+def _sort_key(site: str) -> tuple[int, str]:
+    return (int(site), "") if site.isdigit() else (1 << 30, site)
+
+
+def from_links(name: str, links: tuple[tuple[str, str, float], ...], source: str) -> Topology:
+    sites = tuple(sorted({x for a, b, _ in links for x in (a, b)}, key=_sort_key))
+    return Topology(name, sites, links, source)
+
+
+def _packaged(name: str) -> Topology:
+    filename, source = TOPOLOGIES[name]
+    text = resources.files("dmsc.data").joinpath(filename).read_text()
+    return from_links(name, parse_links(text, filename), source)
+
+
+# name -> (file under dmsc/data, where its figures come from)
+TOPOLOGIES: dict[str, tuple[str, str]] = {
+    "nsfnet": ("nsfnet.csv", "NSFNET as DeepRMSA (Chen et al., JLT 2019) and optical-rl-gym use"),
+}
 
 
 def topology(name_or_file: str) -> Topology:
     """A named topology, or the sites and slotted links of a cluster spec file (ValueError
     naming the known ones otherwise)."""
     if name_or_file in TOPOLOGIES:
-        return TOPOLOGIES[name_or_file]()
-    if not Path(name_or_file).is_file():
+        return _packaged(name_or_file)
+    path = Path(name_or_file)
+    if not path.is_file():
         raise ValueError(
             f"{name_or_file!r} is neither a topology ({', '.join(TOPOLOGIES)}) nor a file"
         )
+    if path.suffix == ".csv":
+        return from_links(path.stem, parse_links(path.read_text(), str(path)), str(path))
     from dmsc.spec import ClusterSpec, load_spec
 
     cluster = load_spec(ClusterSpec, name_or_file)
