@@ -22,8 +22,9 @@ names them:
 - ``hypercube``: a ``d``-dimensional hypercube of routers, one host each.
 
 :func:`fabric_figures` gives what a cost model uses of a fabric: hosts, diameter in hops and the
-bisection bandwidth per host (the min-cut between two halves of the hosts, by networkx's max
-flow over one fixed split: exact for the symmetric fabrics here).
+bisection bandwidth per host (the max flow between two halves of the hosts, by networkx, over
+the split of the hosts in name order, which the builders make the cheapest one: the tree's
+pods, the torus's largest dimension, the cube's first bit, the dragonfly's groups).
 """
 
 from __future__ import annotations
@@ -175,11 +176,15 @@ def dragonfly(a: int, p: int, h: int, groups: int | None = None, gbit_s: float =
 def torus(dims: tuple[int, ...], gbit_s: float = 400.0) -> nx.Graph:
     if not dims or any(d < 2 for d in dims):
         raise ValueError("a torus needs dimensions of 2 or more")
-    base = nx.grid_graph(dim=list(dims), periodic=True)
+    # the largest dimension first: the host order fabric_figures splits in halves then cuts
+    # across it, the cheapest cut (exact when that dimension is even)
+    sizes = sorted(dims, reverse=True)
     g = nx.Graph()
-    for u, v in base.edges:
-        g.add_edge(f"r{u}", f"r{v}", gbit_s=gbit_s)
-    for u in base.nodes:
+    for u in itertools.product(*(range(d) for d in sizes)):
+        for axis, d in enumerate(sizes):
+            v = tuple((x + 1) % d if i == axis else x for i, x in enumerate(u))
+            if v != u:
+                g.add_edge(f"r{u}", f"r{v}", gbit_s=gbit_s)
         _host(g, f"r{u}", f"r{u}h", gbit_s)
     return _roles(g)
 

@@ -1,7 +1,15 @@
 """Optical topologies by name, as the RMSA literature uses them.
 
 - ``nsfnet``: NSFNET, 14 nodes and 22 fibers with their lengths in km, the variant of DeepRMSA
-  (Chen et al., JLT 2019) and optical-rl-gym (``dmsc/data/nsfnet.csv``).
+  (Chen et al., JLT 2019) and optical-rl-gym;
+- ``cost239``: the pan-European COST239 network, 11 nodes, 26 links;
+- ``usnet``: USNET (US24), 24 nodes, 43 links;
+- ``jpn12``: the Japanese JPN12 network, 12 nodes, 17 links;
+- ``germany50``: SNDlib's germany50, 50 nodes, 88 links, lengths the great-circle distances
+  between its nodes' coordinates (not fiber routes).
+
+Each file under ``dmsc/data`` says in its header where its figures come from (the repository,
+path and commit), and the doubts: these networks' link lengths differ between publications.
 
 A topology may also be a file: ``a,b,km`` rows (CSV, as ``dmsc topology generate`` writes them),
 or a cluster spec whose ``links`` are its fibers.
@@ -89,6 +97,10 @@ def _packaged(name: str) -> Topology:
 # name -> (file under dmsc/data, where its figures come from)
 TOPOLOGIES: dict[str, tuple[str, str]] = {
     "nsfnet": ("nsfnet.csv", "NSFNET as DeepRMSA (Chen et al., JLT 2019) and optical-rl-gym use"),
+    "cost239": ("cost239.csv", "COST239 pan-European, lengths published with PtrNet-RSA (XLRON)"),
+    "usnet": ("usnet.csv", "USNET/US24, 24 nodes 43 links (pivote1214/optical-network; XLRON)"),
+    "jpn12": ("jpn12.csv", "JPN12 Japan, 12 nodes 17 links (pivote1214/optical-network)"),
+    "germany50": ("germany50.csv", "SNDlib germany50, great-circle km from its coordinates"),
 }
 
 
