@@ -89,12 +89,15 @@ def test_bad_overrides_exit_2_naming_the_flag(
 
 def test_lightpaths_as_the_rmsa_literature_runs_them(tmp_path: Path, dmsc: DmscRunner) -> None:
     """``--lightpaths``: per load and fit, service and bandwidth blocking with 95% intervals
-    over the seeds, the requests counted (after the warm-up), one chart of every fit."""
+    over the seeds, the requests counted (after the warm-up), fragmentation and per-fiber
+    utilisation; one chart of every fit, fragmentation over time, a spectrum heat map."""
     png = tmp_path / "blocking.png"
     res = dmsc("simulate", "--lightpaths", "--topology", "nsfnet", "--slots", "100", "--k", "5",
                "--guard-band", "1", "--modulations", "optical-rl-gym", "--bitrate",
                "uniform:25:100", "--loads", "100,400", "--requests", "1500", "--warmup", "500",
-               "--seeds", "2", "--fit", "first,last", "--plot", str(png), "--json")  # fmt: skip
+               "--seeds", "2", "--fit", "first,last", "--plot", str(png), "--json",
+               "--fragmentation", str(tmp_path / "frag.png"), "--heatmap",
+               str(tmp_path / "heat.png"), "--snapshot-at", "1200")  # fmt: skip
     assert res.returncode == 0, res.stderr
     out = json.loads(res.stdout)
     assert (out["topology"], out["guard_band"], out["modulations"]) == (
@@ -108,7 +111,10 @@ def test_lightpaths_as_the_rmsa_literature_runs_them(tmp_path: Path, dmsc: DmscR
         assert 0 <= low["service_blocking"] < high["service_blocking"] < 1
         assert high["service_blocking"] <= high["bandwidth_blocking"] < 1
         assert low["ci95"] >= 0 and low["bandwidth_ci95"] >= 0 and low["us_per_request"] > 0
-    assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+        assert 0 < high["external_fragmentation"] < 1 and high["spectrum_entropy"] > 0
+        assert len(high["link_utilization"]) == len(out["links"]) == 22
+    for chart in (png, tmp_path / "frag.png", tmp_path / "heat.png"):
+        assert chart.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
 
 
 @pytest.mark.parametrize(
@@ -119,6 +125,7 @@ def test_lightpaths_as_the_rmsa_literature_runs_them(tmp_path: Path, dmsc: DmscR
         (["--fit", "first,worst"], "--fit: unknown fit 'worst'"),
         (["--guard-band", "100"], "--guard-band: must be 0 or more, below --slots"),
         (["--requests", "0"], "--requests: must be between 1"),
+        (["--snapshot-at", "99"], "--snapshot-at: must be a request of the run"),
     ],
 )
 def test_bad_lightpath_flags_exit_2_naming_the_flag(

@@ -3,11 +3,14 @@ figures; against closed forms (Erlang B) and the published table where one exist
 
 from __future__ import annotations
 
+import itertools
 import math
 from pathlib import Path
 
 import numpy as np
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from dmsc.netmodel.optical import (
     MODULATION_TABLES,
@@ -16,6 +19,8 @@ from dmsc.netmodel.optical import (
     ModulationTable,
     modulation_table,
 )
+from dmsc.sim import fragmentation
+from dmsc.sim.fragmentation import external_fragmentation, spectrum_entropy
 from dmsc.sim.network import OpticalNetwork
 from dmsc.sim.rmsa import BitRates, erlang_b, simulate_lightpaths
 from dmsc.sim.topologies import topology
@@ -109,3 +114,31 @@ def test_bandwidth_blocking_weighs_large_requests_more() -> None:
     assert r.requests == 4_000 and r.handled == 6_000
     assert 0 < r.blocking < r.bandwidth_blocking < 1
     assert r.us_per_request > 0
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.lists(st.booleans(), min_size=1, max_size=100))
+def test_fragmentation_figures_against_a_plain_count(free: list[bool]) -> None:
+    """External fragmentation and entropy from the bit mask against the slot list's runs."""
+    n = len(free)
+    mask = sum(1 << s for s, f in enumerate(free) if f)
+    cuts = [len(list(group)) for _, group in itertools.groupby(free)]
+    free_runs = [len(list(g)) for f, g in itertools.groupby(free) if f]
+    want_frag = 1 - max(free_runs) / sum(free_runs) if free_runs else 0.0
+    want_ent = -sum(c / n * math.log(c / n) for c in cuts if c < n)
+    assert external_fragmentation(mask) == pytest.approx(want_frag)
+    assert spectrum_entropy(mask, n) == pytest.approx(want_ent)
+
+
+def test_samples_and_snapshot_of_a_run() -> None:
+    net = topology("nsfnet").network(100, 5, OPTICAL_RL_GYM, guard_band=1)
+    r = simulate_lightpaths(net, 200, 3_000, seed=2, gbit_s=BitRates(uniform=(25, 100)),
+                            warmup=1_000, sample_every=100, snapshot_at=2_000)  # fmt: skip
+    assert len(r.samples) == 20 and r.samples[0].request == 1_000
+    assert all(0 <= x.external_fragmentation < 1 and x.entropy >= 0 for x in r.samples)
+    assert len(r.link_utilization) == 22 and all(0 <= u <= 1 for u in r.link_utilization)
+    assert r.snapshot is not None and r.snapshot.shape == (22, 100)
+    # at the end, the network's utilisation is the mean of its fibers'
+    assert net.grid.utilization() == pytest.approx(
+        float(np.mean(fragmentation.link_utilization(net.grid)))
+    )

@@ -5,6 +5,7 @@ intervals over the seeds, the time per request, a table, ``--json`` and a ``--pl
 
 from __future__ import annotations
 
+import json
 from dataclasses import dataclass
 from typing import Any
 
@@ -31,6 +32,7 @@ class LightpathSettings:
     warmup: int = 10_000
     seeds: int = 1
     fits: tuple[str, ...] = ("first",)
+    snapshot_at: int | None = None  # the request whose arrival the heat map shows
 
 
 def _check(s: LightpathSettings) -> tuple[Any, Any, Any]:
@@ -48,6 +50,11 @@ def _check(s: LightpathSettings) -> tuple[Any, Any, Any]:
         (0 < s.requests <= MAX_REQUESTS, "--requests", f"must be between 1 and {MAX_REQUESTS}"),
         (0 <= s.warmup <= MAX_REQUESTS, "--warmup", f"must be between 0 and {MAX_REQUESTS}"),
         (s.seeds > 0, "--seeds", "must be positive"),
+        (
+            s.snapshot_at is None or 0 <= s.snapshot_at < s.warmup + s.requests,
+            "--snapshot-at",
+            "must be a request of the run (0 to warm-up + requests - 1)",
+        ),
     ]
     for ok, flag, reason in checks:
         if not ok:
@@ -70,14 +77,27 @@ def _check(s: LightpathSettings) -> tuple[Any, Any, Any]:
 
 
 def run_lightpaths(
-    s: LightpathSettings, as_json: bool, plot: str | None, console: Console, progress: Any
+    s: LightpathSettings,
+    as_json: bool,
+    plot: str | None,
+    console: Console,
+    progress: Any,
+    frag_plot: str | None = None,
+    heatmap: str | None = None,
 ) -> dict[str, Any]:
-    """Every fit at every load and seed; returns (and prints) the figures."""
+    """Every fit at every load and seed; returns (and prints) the figures. ``frag_plot``:
+    utilisation, external fragmentation and entropy over the requests (seed 0 of each fit, at
+    the highest load); ``heatmap``: the spectrum of every fiber when request ``snapshot_at``
+    arrives (first fit, highest load, seed 0)."""
     from dmsc.sim.metrics import mean_ci
     from dmsc.sim.rmsa import simulate_lightpaths
 
     topo, table, rates = _check(s)
     per_fit: dict[str, list[dict[str, Any]]] = {}
+    every = max(1, s.requests // 100)
+    shot_at = s.snapshot_at if s.snapshot_at is not None else s.warmup + s.requests // 2
+    traces: dict[str, Any] = {}
+    shot = None
     total = len(s.fits) * len(s.loads) * s.seeds
     task = progress.add_task("simulating", total=total)
     for fit in s.fits:
@@ -90,10 +110,14 @@ def run_lightpaths(
                 results.append(
                     simulate_lightpaths(
                         net, load, s.requests + s.warmup, seed=seed, gbit_s=rates,
-                        fit=fit, warmup=s.warmup,
+                        fit=fit, warmup=s.warmup, sample_every=every, snapshot_at=shot_at,
                     )
                 )  # fmt: skip
                 progress.advance(task)
+            if load == max(s.loads):
+                traces[fit] = results[0].samples
+                if shot is None:
+                    shot = (fit, load, results[0].snapshot)
             service, service_ci = mean_ci([r.blocking for r in results])
             bandwidth, bandwidth_ci = mean_ci([r.bandwidth_blocking for r in results])
             rows.append(
@@ -108,6 +132,14 @@ def run_lightpaths(
                     "us_per_request": sum(r.seconds for r in results)
                     / sum(r.handled for r in results)
                     * 1e6,
+                    "external_fragmentation": mean_ci(
+                        [x.external_fragmentation for r in results for x in r.samples]
+                    )[0],
+                    "spectrum_entropy": mean_ci([x.entropy for r in results for x in r.samples])[0],
+                    "link_utilization": [
+                        float(sum(col) / len(col))
+                        for col in zip(*(r.link_utilization for r in results), strict=True)
+                    ],
                 }
             )
         per_fit[fit] = rows
@@ -122,11 +154,20 @@ def run_lightpaths(
         "seeds": s.seeds,
         "requests": s.requests,
         "warmup": s.warmup,
+        "links": [f"{a}-{b}" for a, b, _ in topo.links],
         "loads": per_fit[s.fits[0]],
         "fits": per_fit,
     }
     if plot:
         _plot(plot, out)
+    if frag_plot:
+        from dmsc.cli.lightpaths_plots import plot_fragmentation
+
+        plot_fragmentation(frag_plot, traces, out, max(s.loads))
+    if heatmap and shot is not None:
+        from dmsc.cli.lightpaths_plots import plot_heatmap
+
+        plot_heatmap(heatmap, shot, out, shot_at)
     if not as_json:
         _print(console, out)
     return out
@@ -176,3 +217,31 @@ def _plot(path: str, out: dict[str, Any]) -> None:
     fig.tight_layout()
     fig.savefig(path, dpi=120)
     plt.close(fig)
+
+
+def run_lightpath_command(
+    settings: Any,
+    as_json: bool,
+    plot: str | None,
+    fragmentation: str | None = None,
+    heatmap: str | None = None,
+) -> dict[str, Any]:
+    """``--lightpaths``: the experiment with a progress bar; the JSON object with ``--json``."""
+    from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
+
+    from dmsc.cli.app import console, err_console
+
+    with Progress(
+        TextColumn("{task.description}"),
+        BarColumn(),
+        TimeElapsedColumn(),
+        console=err_console,
+        transient=True,
+        disable=as_json,
+    ) as progress:
+        out = run_lightpaths(settings, as_json, plot, console, progress, fragmentation, heatmap)
+    if as_json:
+        from dmsc.cli.render import nan_to_null
+
+        print(json.dumps(nan_to_null(out)))
+    return out

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 from typing import TYPE_CHECKING, Any
 
 from rich.console import Console
@@ -13,6 +14,17 @@ if TYPE_CHECKING:  # the cost model (networkx: 0.2 s) loads only for the command
     from dmsc.netmodel import Estimate, Topology
 
 GIB = 1024**3
+
+
+def nan_to_null(obj: Any) -> Any:
+    """``obj`` with every NaN float (of dicts and lists, at any depth) as None: JSON has no NaN."""
+    if isinstance(obj, float) and math.isnan(obj):
+        return None
+    if isinstance(obj, dict):
+        return {k: nan_to_null(v) for k, v in obj.items()}
+    if isinstance(obj, list):
+        return [nan_to_null(v) for v in obj]
+    return obj
 
 
 def human_bytes(n: float) -> str:

@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import csv
 import json
-import math
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Annotated, Any
@@ -20,6 +19,7 @@ from rich.table import Table
 
 from dmsc.cli.app import console, err_console
 from dmsc.cli.options import JsonOpt
+from dmsc.cli.render import nan_to_null
 from dmsc.spec import SpecError
 
 if TYPE_CHECKING:
@@ -161,6 +161,18 @@ def simulate(
     warmup: Annotated[
         int, typer.Option(help="--lightpaths: requests first, not counted.")
     ] = 10_000,
+    fragmentation: Annotated[
+        str | None,
+        typer.Option(help="--lightpaths: draw fragmentation over the requests to this PNG."),
+    ] = None,
+    heatmap: Annotated[
+        str | None,
+        typer.Option(help="--lightpaths: draw every fiber's spectrum (links x slots) to this PNG."),
+    ] = None,
+    snapshot_at: Annotated[
+        int | None,
+        typer.Option(help="--lightpaths: the request the heat map shows (default: the middle)."),
+    ] = None,
     mix: Annotated[
         str | None,
         typer.Option(
@@ -178,8 +190,10 @@ def simulate(
 
     check_output(plot, "--plot", image=True)
     check_output(csv_out, "--csv")
+    check_output(fragmentation, "--fragmentation", image=True)
+    check_output(heatmap, "--heatmap", image=True)
     if lightpaths:
-        from dmsc.cli.lightpaths import LightpathSettings
+        from dmsc.cli.lightpaths import LightpathSettings, run_lightpath_command
 
         run_lightpath_command(
             LightpathSettings(
@@ -194,9 +208,12 @@ def simulate(
                 warmup=warmup,
                 seeds=seeds,
                 fits=tuple(parse_list(fit, "--fit", str)) if fit else ("first",),
+                snapshot_at=snapshot_at,
             ),
             as_json,
             plot,
+            fragmentation,
+            heatmap,
         )
         return
     if scenario is None:
@@ -216,24 +233,6 @@ def simulate(
         err_console,
         Overrides(k, fit, slots, mix, guard_band, modulations),
     )
-
-
-def run_lightpath_command(settings: Any, as_json: bool, plot: str | None) -> dict[str, Any]:
-    """``--lightpaths``: the experiment with a progress bar; the JSON object with ``--json``."""
-    from dmsc.cli.lightpaths import run_lightpaths
-
-    with Progress(
-        TextColumn("{task.description}"),
-        BarColumn(),
-        TimeElapsedColumn(),
-        console=err_console,
-        transient=True,
-        disable=as_json,
-    ) as progress:
-        out = run_lightpaths(settings, as_json, plot, console, progress)
-    if as_json:
-        print(json.dumps(_clean(out)))
-    return out
 
 
 def run_simulation(
@@ -346,20 +345,10 @@ def run_simulation(
     if plot:
         _plot(plot, schedulers, loads, summaries, runs)
     if as_json:
-        print(json.dumps(_clean(out)))
+        print(json.dumps(nan_to_null(out)))
     else:
         _print(console, out, schedulers, loads, summaries)
     return out
-
-
-def _clean(obj: Any) -> Any:
-    if isinstance(obj, float) and math.isnan(obj):
-        return None
-    if isinstance(obj, dict):
-        return {k: _clean(v) for k, v in obj.items()}
-    if isinstance(obj, list):
-        return [_clean(v) for v in obj]
-    return obj
 
 
 def _write_csv(path: str, runs: dict[tuple[str, float], list[RunResult]]) -> None:

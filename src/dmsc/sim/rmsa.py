@@ -16,10 +16,11 @@ import heapq
 import itertools
 import time
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import numpy as np
 
+from dmsc.sim import fragmentation
 from dmsc.sim.network import OpticalNetwork
 
 
@@ -92,6 +93,10 @@ class RMSAResult:
     gbit_s_blocked: float = 0.0
     seconds: float = 0.0  # wall time of the whole run, warm-up included
     handled: int = 0  # requests handled, warm-up included
+    # sampled every ``sample_every`` requests after the warm-up (see dmsc.sim.fragmentation)
+    samples: tuple[fragmentation.Sample, ...] = ()
+    link_utilization: tuple[float, ...] = ()  # per fiber, the mean over the samples
+    snapshot: np.ndarray | None = field(default=None, compare=False, repr=False)
 
     @property
     def blocking(self) -> float:
@@ -118,9 +123,13 @@ def simulate_lightpaths(
     warmup_fraction: float = 0.1,
     fit: str = "first",
     warmup: int | None = None,
+    sample_every: int = 0,
+    snapshot_at: int | None = None,
 ) -> RMSAResult:
     """Blocking of lightpath requests at ``load`` Erlang: ``requests`` in all, of which the
-    first ``warmup`` (default: ``warmup_fraction`` of them) are not counted."""
+    first ``warmup`` (default: ``warmup_fraction`` of them) are not counted. With
+    ``sample_every``, the fragmentation figures every that many requests after the warm-up;
+    with ``snapshot_at``, the spectrum's occupancy when that request arrives."""
     rng = np.random.default_rng(seed)
     net.grid.rng.seed(seed)  # random fit's draws
     rates_of = gbit_s if isinstance(gbit_s, BitRates) else BitRates(tuple(gbit_s))
@@ -139,6 +148,9 @@ def simulate_lightpaths(
     blocked = 0
     asked = refused = util_area = 0.0
     measured_from = None
+    samples: list[fragmentation.Sample] = []
+    per_link = np.zeros(len(net.link_ends))
+    shot = None
     t_wall = time.perf_counter()
     for i in range(requests):
         t += float(gaps[i])
@@ -153,6 +165,11 @@ def simulate_lightpaths(
         last = t
         if i == skip:
             measured_from = t
+        if sample_every and i >= skip and (i - skip) % sample_every == 0:
+            samples.append(fragmentation.sample(grid, i, t))
+            per_link += fragmentation.link_utilization(grid)
+        if i == snapshot_at:
+            shot = fragmentation.snapshot(grid)
         rate = float(rates[i])
         placed = None
         for route in routes[all_pairs[int(which[i])]]:
@@ -178,4 +195,7 @@ def simulate_lightpaths(
         refused,
         seconds,
         requests,
+        tuple(samples),
+        tuple(float(x) for x in per_link / max(1, len(samples))) if samples else (),
+        shot,
     )
