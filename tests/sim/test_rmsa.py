@@ -142,3 +142,19 @@ def test_samples_and_snapshot_of_a_run() -> None:
     assert net.grid.utilization() == pytest.approx(
         float(np.mean(fragmentation.link_utilization(net.grid)))
     )
+
+
+def test_a_required_osnr_limits_a_format_before_its_reach(tmp_path: Path) -> None:
+    """OSNR = 58 + 0 dBm - 16 dB (80 km at 0.2 dB/km) - 5 dB NF - 10 log10(spans): 37 dB for one
+    span, so 30 dB allows 10^0.7 = 5.01 spans, i.e. 400 km, though the format reaches 5,000."""
+    f = tmp_path / "osnr.yaml"
+    f.write_text(
+        "formats:\n  - {name: 16QAM, bits_per_symbol: 4, max_km: 5000, min_osnr_db: 30}\n"
+        "  - {name: QPSK, bits_per_symbol: 2, max_km: 5000}\n"
+    )
+    table = modulation_table(str(f))
+    assert table.osnr.osnr_db(80) == pytest.approx(37.0)
+    assert table.choose(400).name == "16QAM" and table.choose(401).name == "QPSK"
+    f.write_text("formats:\n  - {name: QPSK, bits_per_symbol: 2, max_km: 9000, min_osnr_db: 40}\n")
+    with pytest.raises(ValueError, match="OSNR there 37.0 dB"):
+        modulation_table(str(f)).choose(10)

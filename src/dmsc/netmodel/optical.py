@@ -13,12 +13,20 @@ A table in a file (YAML or JSON) lists its formats::
 
     name: my-table
     formats:
-      - {name: 16QAM, bits_per_symbol: 4, max_km: 600}
-      - {name: QPSK, bits_per_symbol: 2, max_km: 2500}
+      - {name: 16QAM, bits_per_symbol: 4, max_km: 600, min_osnr_db: 18.6}
+      - {name: QPSK, bits_per_symbol: 2, max_km: 2500, min_osnr_db: 12.0}
+    osnr: {span_km: 80, loss_db_per_km: 0.2, noise_figure_db: 5, launch_dbm: 0}
+
+A format that gives ``min_osnr_db`` is used on a path only when the path's OSNR (0.1 nm
+reference bandwidth) reaches it as well as its reach: amplified spans of ``span_km``, each
+amplifier making up the span's loss and adding its noise, ``OSNR = 58 + P_launch - span loss -
+NF - 10 log10(spans)`` dB (58 dB: -10 log10 of h * nu * 12.5 GHz in mW at 1550 nm; the
+textbook ASE-limited link, without nonlinear noise).
 """
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -34,10 +42,27 @@ class Modulation:
     name: str
     bits_per_symbol: float
     max_km: float
+    min_osnr_db: float | None = None  # checked against the path's OSNR when given
 
     @property
     def gbit_s_per_12g5_slot(self) -> float:
         return GBAUD_PER_12G5_SLOT * self.bits_per_symbol
+
+
+@dataclass(frozen=True)
+class OsnrModel:
+    """An ASE-limited amplified line: spans of ``span_km``, each amplifier of ``noise_figure_db``
+    making up the span's loss, ``launch_dbm`` per channel."""
+
+    span_km: float = 80.0
+    loss_db_per_km: float = 0.2
+    noise_figure_db: float = 5.0
+    launch_dbm: float = 0.0
+
+    def osnr_db(self, km: float) -> float:
+        spans = max(1, math.ceil(km / self.span_km - 1e-9))
+        span_loss = self.span_km * self.loss_db_per_km
+        return 58.0 + self.launch_dbm - span_loss - self.noise_figure_db - 10 * math.log10(spans)
 
 
 @dataclass(frozen=True)
@@ -46,6 +71,7 @@ class ModulationTable:
 
     name: str
     formats: tuple[Modulation, ...]
+    osnr: OsnrModel = OsnrModel()  # for the formats that give a required OSNR
 
     def __post_init__(self) -> None:
         if not self.formats:
@@ -54,13 +80,21 @@ class ModulationTable:
         object.__setattr__(self, "formats", ordered)
 
     def choose(self, km: float) -> Modulation:
-        """The most efficient format whose reach covers ``km``."""
+        """The most efficient format whose reach (and required OSNR, where given) covers
+        ``km``."""
+        osnr = None
         for mod in self.formats:
-            if km <= mod.max_km:
-                return mod
+            if km > mod.max_km:
+                continue
+            if mod.min_osnr_db is not None:
+                osnr = self.osnr.osnr_db(km) if osnr is None else osnr
+                if osnr < mod.min_osnr_db:
+                    continue
+            return mod
         raise ValueError(
             f"{km:g} km is beyond the reach of every format of table {self.name!r} "
-            f"(longest: {max(m.max_km for m in self.formats):g} km)"
+            f"(longest: {max(m.max_km for m in self.formats):g} km"
+            + (f"; OSNR there {osnr:.1f} dB)" if osnr is not None else ")")
         )
 
     def gbit_s_per_slot(self, km: float, slot_ghz: float = 12.5) -> float:
@@ -106,8 +140,14 @@ def modulation_table(name_or_file: str) -> ModulationTable:
             f"{name_or_file!r} is neither a table ({', '.join(MODULATION_TABLES)}) nor a file",
         )
     spec = load_spec(ModulationTableSpec, name_or_file)
+    formats = tuple(
+        Modulation(f.name, f.bits_per_symbol, f.max_km, f.min_osnr_db) for f in spec.formats
+    )
+    o = spec.osnr
     return ModulationTable(
-        spec.name, tuple(Modulation(f.name, f.bits_per_symbol, f.max_km) for f in spec.formats)
+        spec.name,
+        formats,
+        OsnrModel(o.span_km, o.loss_db_per_km, o.noise_figure_db, o.launch_dbm),
     )
 
 
