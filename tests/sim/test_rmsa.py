@@ -156,5 +156,5 @@ def test_a_required_osnr_limits_a_format_before_its_reach(tmp_path: Path) -> Non
     assert table.osnr.osnr_db(80) == pytest.approx(37.0)
     assert table.choose(400).name == "16QAM" and table.choose(401).name == "QPSK"
     f.write_text("formats:\n  - {name: QPSK, bits_per_symbol: 2, max_km: 9000, min_osnr_db: 40}\n")
-    with pytest.raises(ValueError, match="OSNR there 37.0 dB"):
+    with pytest.raises(ValueError, match=r"OSNR there 37\.0 dB"):
         modulation_table(str(f)).choose(10)
