@@ -1,7 +1,7 @@
 """The optical layer alone: lightpath requests on NSFNET in DeepRMSA's reference setting.
 
 Blocking per load (Erlang) as the RMSA literature reports it (DeepRMSA, Chen et al., JLT 2019, as
-implemented by optical-rl-gym): NSFNET (``dmsc/data/nsfnet.csv``), 100 slots of 12.5 GHz per
+implemented by optical-rl-gym): NSFNET (``dmsc topology show nsfnet``), 100 slots of 12.5 GHz per
 fiber, k = 5 shortest routes, one guard-band slot, optical-rl-gym's modulation table, bit rates
 uniform in 25..100 Gbit/s, KSP first fit (and best fit), 10,000 warm-up requests then 30,000
 counted, 3 seeds, 95% intervals; the same without the guard band and with dmsc's table (the

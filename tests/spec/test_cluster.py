@@ -98,3 +98,21 @@ def test_json_spec(tmp_path: Path) -> None:
 
     path = _write(tmp_path, json.dumps(yaml.safe_load(BASE)), name="c.json")
     assert load_spec(ClusterSpec, path).device_count == 8
+
+
+def test_a_named_topology_gives_the_fibers(tmp_path: Path, nsfnet: ClusterSpec) -> None:
+    """``topology: {name: nsfnet, slots: 80}`` gives the fibers the example cluster lists one by
+    one (its sites and lengths are NSFNET's); an unknown name is refused naming the known."""
+    dcs = "\n".join(
+        f"  - {{name: {dc.name}, site: '{dc.site}', nodes: [{{type: box, count: 2}}], "
+        "network: {gbit_s_per_node: 400}}"
+        for dc in nsfnet.datacenters
+    )
+    text = BASE.split("datacenters:")[0] + "datacenters:\n" + dcs + "\n"
+    named = load_spec(ClusterSpec, _write(tmp_path, text + "topology: {name: nsfnet, slots: 80}\n"))
+    key = sorted((x.a, x.b, x.km, x.slots) for x in named.links)
+    assert key == sorted((x.a, x.b, x.km, x.slots) for x in nsfnet.links)
+    with pytest.raises(SpecError, match=r"topology.name: unknown topology 'atlantis' \(known: "):
+        load_spec(ClusterSpec, _write(tmp_path, text + "topology: {name: atlantis, slots: 8}\n"))
+    with pytest.raises(SpecError, match="exactly one of bandwidth_gbit_s or slots"):
+        load_spec(ClusterSpec, _write(tmp_path, text + "topology: {name: nsfnet}\n"))

@@ -1,28 +1,16 @@
-"""Optical topologies by name, as the RMSA literature uses them.
-
-- ``nsfnet``: NSFNET, 14 nodes and 22 fibers with their lengths in km, the variant of DeepRMSA
-  (Chen et al., JLT 2019) and optical-rl-gym;
-- ``cost239``: the pan-European COST239 network, 11 nodes, 26 links;
-- ``usnet``: USNET (US24), 24 nodes, 43 links;
-- ``jpn12``: the Japanese JPN12 network, 12 nodes, 17 links;
-- ``germany50``: SNDlib's germany50, 50 nodes, 88 links, lengths the great-circle distances
-  between its nodes' coordinates (not fiber routes).
-
-Each file under ``dmsc/data`` says in its header where its figures come from (the repository,
-path and commit), and the doubts: these networks' link lengths differ between publications.
-
-A topology may also be a file: ``a,b,km`` rows (CSV, as ``dmsc topology generate`` writes them),
-or a cluster spec whose ``links`` are its fibers.
+"""Optical topologies for the simulator: a named one (:mod:`dmsc.spec.topologies`), or a file of
+``a,b,km`` rows (CSV, as ``dmsc topology generate`` writes them), or a cluster spec whose
+``links`` are its fibers; each can become an :class:`OpticalNetwork`.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
-from importlib import resources
 from pathlib import Path
 
 from dmsc.netmodel.optical import DMSC, ModulationTable
 from dmsc.sim.network import OpticalNetwork
+from dmsc.spec.topologies import TOPOLOGIES, named_links, parse_links
 
 
 @dataclass(frozen=True)
@@ -59,26 +47,6 @@ class Topology:
         )
 
 
-def parse_links(text: str, where: str) -> tuple[tuple[str, str, float], ...]:
-    """``a,b,km`` rows (a header row and ``#`` comments skipped); ValueError naming the line."""
-    links = []
-    for n, line in enumerate(text.splitlines(), 1):
-        line = line.strip()
-        if not line or line.startswith("#") or line.replace(" ", "") == "a,b,km":
-            continue
-        parts = [x.strip() for x in line.split(",")]
-        try:
-            a, b, km = parts[0], parts[1], float(parts[2])
-        except (IndexError, ValueError):
-            raise ValueError(f"{where}: line {n}: expected a,b,km, got {line!r}") from None
-        if len(parts) != 3 or not a or not b or a == b or not km > 0:
-            raise ValueError(f"{where}: line {n}: two different sites and a positive km")
-        links.append((a, b, km))
-    if not links:
-        raise ValueError(f"{where}: no links")
-    return tuple(links)
-
-
 def _sort_key(site: str) -> tuple[int, str]:
     return (int(site), "") if site.isdigit() else (1 << 30, site)
 
@@ -89,19 +57,7 @@ def from_links(name: str, links: tuple[tuple[str, str, float], ...], source: str
 
 
 def _packaged(name: str) -> Topology:
-    filename, source = TOPOLOGIES[name]
-    text = resources.files("dmsc.data").joinpath(filename).read_text()
-    return from_links(name, parse_links(text, filename), source)
-
-
-# name -> (file under dmsc/data, where its figures come from)
-TOPOLOGIES: dict[str, tuple[str, str]] = {
-    "nsfnet": ("nsfnet.csv", "NSFNET as DeepRMSA (Chen et al., JLT 2019) and optical-rl-gym use"),
-    "cost239": ("cost239.csv", "COST239 pan-European, lengths published with PtrNet-RSA (XLRON)"),
-    "usnet": ("usnet.csv", "USNET/US24, 24 nodes 43 links (pivote1214/optical-network; XLRON)"),
-    "jpn12": ("jpn12.csv", "JPN12 Japan, 12 nodes 17 links (pivote1214/optical-network)"),
-    "germany50": ("germany50.csv", "SNDlib germany50, great-circle km from its coordinates"),
-}
+    return from_links(name, named_links(name), TOPOLOGIES[name][1])
 
 
 def topology(name_or_file: str) -> Topology:

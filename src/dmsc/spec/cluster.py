@@ -204,8 +204,19 @@ class InterDCLinkSpec(_Spec):
         return self
 
 
+class FiberTopologySpec(_Spec):
+    """The inter-DC fibers of a named optical topology (:mod:`dmsc.spec.topologies`), each with
+    the same capacity: ``slots`` of ``slot_ghz`` or ``bandwidth_gbit_s``."""
+
+    name: Name
+    bandwidth_gbit_s: PositiveFloat | None = None
+    slots: int | None = Field(default=None, gt=0, le=10_000)
+    slot_ghz: PositiveFloat = 12.5
+
+
 class ClusterSpec(_Spec):
-    """Devices in nodes in datacenters, and the links between datacenters."""
+    """Devices in nodes in datacenters, and the links between datacenters (given one by one in
+    ``links``, or as a named ``topology``, or both)."""
 
     name: Name = "cluster"
     propagation_us_per_km: PositiveFloat = Field(
@@ -215,6 +226,28 @@ class ClusterSpec(_Spec):
     node_types: dict[Name, NodeTypeSpec] = Field(min_length=1)
     datacenters: list[DatacenterSpec] = Field(min_length=1)
     links: list[InterDCLinkSpec] = Field(default_factory=list)
+    topology: FiberTopologySpec | None = Field(
+        default=None, description="A named optical topology whose fibers join the links."
+    )
+
+    @model_validator(mode="before")
+    @classmethod
+    def _topology_links(cls, data: Any) -> Any:
+        """``topology: {name, slots | bandwidth_gbit_s}`` adds that topology's fibers to
+        ``links`` (datacenters then attach at its sites)."""
+        if not isinstance(data, dict) or not isinstance(data.get("topology"), dict):
+            return data
+        from dmsc.spec.topologies import named_links
+
+        topo = FiberTopologySpec.model_validate(data["topology"])
+        capacity = topo.model_dump(exclude={"name"}, exclude_none=True)
+        try:
+            fibers = named_links(topo.name)
+        except ValueError as exc:
+            raise ValueError(f"topology.name: {exc}") from None
+        given = list(data.get("links") or [])
+        return {**data, "links": given + [{"a": a, "b": b, "km": km, **capacity}
+                                          for a, b, km in fibers]}  # fmt: skip
 
     @model_validator(mode="before")
     @classmethod
