@@ -58,7 +58,7 @@ def _load(name: str) -> Any:
 @topology_app.command("list")
 def list_topologies(as_json: JsonOpt = False) -> None:
     """The named topologies, with their size and source."""
-    from dmsc.sim.topologies import TOPOLOGIES
+    from dmsc.spec.topologies import TOPOLOGIES
 
     rows = [_figures(_load(name)) for name in TOPOLOGIES]
     if as_json:

@@ -15,6 +15,7 @@ from typing import Literal
 
 import networkx as nx
 
+from dmsc.netmodel.fabrics import dc_uplink
 from dmsc.netmodel.optical import link_capacity_gbit_s
 from dmsc.spec.cluster import ClusterSpec, DeviceTypeSpec
 
@@ -75,6 +76,7 @@ class Topology:
         self.dc_sites: list[str] = [dc.site_name for dc in cluster.datacenters]
         for d, dc in enumerate(cluster.datacenters):
             fabric = _site(dc.site_name)
+            uplink_gbit_s, uplink_us = dc_uplink(dc.network)
             for group in dc.nodes:
                 ntype = cluster.node_types[group.type]
                 for _ in range(group.count):
@@ -83,8 +85,8 @@ class Topology:
                         f"node:{n}",
                         fabric,
                         "node",
-                        dc.network.gbit_s_per_node,
-                        dc.network.latency_us,
+                        uplink_gbit_s,
+                        uplink_us,
                     )
                     first = len(self.devices)
                     self.nodes.append(NodeInfo(n, d, group.type, first, ntype.devices, uplink))

@@ -21,6 +21,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 from dmsc.netmodel import DEFAULT_CALIBRATION, build_layer_costs
+from dmsc.netmodel.fabrics import dc_uplink
 from dmsc.netmodel.iteration import assign_stage_layers
 from dmsc.planner.placement.from_specs import stage_times_on
 from dmsc.sim.scenario import JobTypeSpec
@@ -101,7 +102,7 @@ def build_profiles(cluster: ClusterSpec, jobs: Sequence[JobTypeSpec]) -> list[Jo
                 iterations=jt.iterations,
                 compute_s=tuple(c + t + e for c, t, e in parts),
                 boundary_bytes=last.output_bytes * jt.tp * jt.dp,
-                intra_dc_gbit_s=dc.network.gbit_s_per_node * nodes,
+                intra_dc_gbit_s=dc_uplink(dc.network)[0] * nodes,
             )
         )
     return out

@@ -6,6 +6,7 @@ Units are in the field names: ``*_gbit_s`` is Gbit/s (links), ``*_gbyte_s`` GB/s
 
 from __future__ import annotations
 
+import math
 from itertools import pairwise
 from typing import Annotated, Any, Literal, Self
 
@@ -159,11 +160,51 @@ class NodeGroupSpec(_Spec):
     count: int = Field(gt=0, le=1_000_000)
 
 
+class FabricSpec(_Spec):
+    """A datacenter's switch fabric by its shape (see :mod:`dmsc.netmodel.fabrics`): a k-ary
+    ``fat-tree``, a ``dragonfly`` of ``groups`` groups of ``a`` routers with ``p`` hosts and
+    ``h`` global links each, a ``torus`` of ``dims``, or a ``d``-dimensional ``hypercube``; each
+    host a node."""
+
+    kind: Literal["fat-tree", "dragonfly", "torus", "hypercube"]
+    k: int = Field(default=4, ge=2, le=128, description="fat-tree: ports per switch (even)")
+    a: int = Field(default=4, ge=1, le=256, description="dragonfly: routers per group")
+    p: int = Field(default=2, ge=1, le=256, description="dragonfly: hosts per router")
+    h: int = Field(default=2, ge=1, le=256, description="dragonfly: global links per router")
+    groups: int | None = Field(default=None, ge=2, description="dragonfly (default a*h+1)")
+    dims: list[Annotated[int, Field(ge=2, le=1024)]] = Field(default=[4, 4], min_length=1)
+    d: int = Field(default=4, ge=1, le=20, description="hypercube: dimensions")
+    gbit_s: PositiveFloat = Field(default=400.0, description="Each fabric link's Gbit/s.")
+    hop_latency_us: NonNegativeFloat = Field(default=0.5, description="Per switch hop.")
+
+    @model_validator(mode="after")
+    def _shape(self) -> Self:
+        if self.kind == "fat-tree" and self.k % 2:
+            raise ValueError("k: a fat tree needs an even k")
+        most = self.a * self.h + 1
+        if self.kind == "dragonfly" and self.groups is not None and self.groups > most:
+            raise ValueError(f"groups: at most a*h+1 = {most}")
+        return self
+
+    @property
+    def hosts(self) -> int:
+        if self.kind == "fat-tree":
+            return int(self.k**3 // 4)
+        if self.kind == "dragonfly":
+            return (self.groups or self.a * self.h + 1) * self.a * self.p
+        if self.kind == "torus":
+            return math.prod(self.dims)
+        return int(2**self.d)
+
+
 class DCNetworkSpec(_Spec):
-    """The datacenter fabric as seen by one node: its total uplink and the one-way latency."""
+    """The datacenter fabric as seen by one node: its total uplink and the one-way latency; with
+    a ``fabric``, the cost model takes the fabric's bisection per node where it is lower, and
+    adds its diameter in switch hops to the latency."""
 
     gbit_s_per_node: PositiveFloat
     latency_us: NonNegativeFloat = 2.0
+    fabric: FabricSpec | None = None
 
 
 class DatacenterSpec(_Spec):
@@ -283,6 +324,13 @@ class ClusterSpec(_Spec):
                         f"datacenters[{i}].nodes[{j}].type: unknown node type {group.type!r} "
                         f"(known: {', '.join(sorted(self.node_types))})"
                     )
+            fabric = dc.network.fabric
+            nodes = sum(g.count for g in dc.nodes)
+            if fabric is not None and fabric.hosts < nodes:
+                raise ValueError(
+                    f"datacenters[{i}].network.fabric: a {fabric.kind} of {fabric.hosts} hosts "
+                    f"for {nodes} nodes"
+                )
         sites = {dc.site_name for dc in self.datacenters}
         if len(sites) < len(self.datacenters):
             raise ValueError("datacenters: two datacenters attach to the same site")

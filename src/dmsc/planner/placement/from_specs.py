@@ -24,6 +24,7 @@ from dmsc.netmodel import (
     choose_modulation,
     estimate_iteration,
 )
+from dmsc.netmodel.fabrics import dc_uplink
 from dmsc.netmodel.iteration import assign_stage_layers
 from dmsc.planner.placement.problem import LinkState, PathOption, PlacementProblem
 from dmsc.spec import ClusterSpec, JobSpec, LayerListSpec, NodeGroupSpec, TransformerSpec
@@ -117,8 +118,9 @@ def build_problem(
         for d, dc in enumerate(cluster.datacenters):
             per_node = cluster.node_types[node_types[d]].devices
             nodes = max(1, math.ceil(stage_devices / per_node))
-            bw = dc.network.gbit_s_per_node * 1e9 / 8 * calib.network_link_efficiency * nodes
-            row.append(round((boundary[b] / bw + 2 * dc.network.latency_us * 1e-6) * 1e6))
+            gbit_s, latency_us = dc_uplink(dc.network)
+            bw = gbit_s * 1e9 / 8 * calib.network_link_efficiency * nodes
+            row.append(round((boundary[b] / bw + 2 * latency_us * 1e-6) * 1e6))
         local.append(tuple(row))
 
     inter = [link for link in topo.links if link.kind == "interdc"]

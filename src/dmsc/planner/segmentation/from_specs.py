@@ -22,6 +22,7 @@ from dmsc.netmodel import (
     build_layer_costs,
 )
 from dmsc.netmodel.compute import layer_time, peak_flops
+from dmsc.netmodel.fabrics import dc_uplink
 from dmsc.netmodel.memory import inflight_microbatches, stage_memory
 from dmsc.planner.segmentation.cuts import (
     MicroModel,
@@ -187,7 +188,7 @@ def segment_by_blocks(
     dev_name, dev = _dc_device(cluster, 0)
     g = block_graph(model, dev, batch, calib)
     order = block_order(g)
-    bandwidth = cluster.datacenters[0].network.gbit_s_per_node * 1e9 / 8
+    bandwidth = dc_uplink(cluster.datacenters[0].network)[0] * 1e9 / 8
     capacity = dev.memory_gib * 1024**3
     if groups ** len(model.blocks) <= EXACT_LIMIT:
         seg = segment_blocks_exact(g, groups, bandwidth, capacity)
