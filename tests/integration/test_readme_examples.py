@@ -24,7 +24,8 @@ The substitutions (:func:`fill`), and nothing else:
 
 - ``${DMSC_HOME:-.dmsc}``: bash expands it, ``DMSC_HOME`` being the test's data directory; the
   commands run in a directory of their own (``examples`` and ``src`` linked there), so
-  ``plan.json``, ``plan.png``, ``blocking.png``, ``rmsa.png`` and ``runs.csv`` land there;
+  ``plan.json``, ``plan.png``, ``blocking.png``, ``rmsa.png``, ``runs.csv`` and the topology
+  files land there;
 - ``127.0.0.1:8080`` and ``localhost:8080``: a free port instead of 8080;
 - ``$KEY``: bash expands it, ``KEY`` being the key the last ``dmsc token create`` printed;
 - ``ID``: the task (``tasks show``: the last task, ``tasks cancel``: a training task started in the
@@ -189,6 +190,7 @@ RULES: list[Rule] = [
     Rule(r"dmsc plan (--compare )?--cluster examples/clusters/", OFFLINE),
     Rule(r"dmsc segment ", OFFLINE),
     Rule(r"dmsc simulate ", OFFLINE),
+    Rule(r"dmsc topology ", OFFLINE),
     Rule(r"dmsc schema ", OFFLINE),
     Rule(r"dmsc calibrate$"),
     Rule(r"dmsc plan --cluster \$\{DMSC_HOME:-\.dmsc\}/local-cpu\.calibrated\.yaml "),
@@ -426,7 +428,7 @@ def test_offline_examples(tmp_path: Path) -> None:
         assert code == 0, f"`{command}` exited {code}\n--- stdout\n{out}\n--- stderr\n{err}"
         if command.split()[-1] == "--json" or " --json " in command:
             json.loads(out)
-    for name in ("plan.json", "plan.png", "blocking.png", "rmsa.png", "runs.csv"):
+    for name in ("plan.json", "plan.png", "blocking.png", "rmsa.png", "runs.csv", "waxman.csv"):
         assert (shell.cwd / name).is_file(), name
 
 
