@@ -40,8 +40,9 @@ The substitutions (:func:`fill`), and nothing else:
 - ``dmsc logs --follow``: read until it printed 5 lines, then Ctrl-C (SIGINT);
 - speed, to keep the test short: ``dmsc train --steps 500`` (or 200) runs 2 steps (and a
   ``--warmup`` of 1 step, which 2 steps hold),
-  ``dmsc simulate`` gets ``--arrivals 100`` (the scenario has 2000 per run), ``dmsc chaos
-  --after 120`` waits 1 s. Nothing else is scaled.
+  ``dmsc simulate`` gets ``--arrivals 100`` (the scenario has 2000 per run) and, with
+  ``--lightpaths``, ``--requests 3000 --warmup 1000`` (a tenth), ``dmsc chaos --after 120``
+  waits 1 s. Nothing else is scaled.
 
 A command fails the test with its output when it exits non-zero (the README expects exit 1, "does
 not fit", from none of these examples). Between the README's ``dmsc up`` commands the test runs
@@ -378,6 +379,9 @@ def fill(command: str, values: dict[str, str]) -> str:
     command = re.sub(r"^(dmsc chaos .*--after) 120\b", r"\1 1", command)
     if command.startswith("dmsc simulate "):
         command += " --arrivals 100"
+        command = command.replace(
+            "--requests 30000 --warmup 10000", "--requests 3000 --warmup 1000"
+        )
     for name, value in values.items():
         if name.isupper():
             command = re.sub(rf"(?<![\w${{-]){name}\b", value, command)
