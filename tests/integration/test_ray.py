@@ -72,10 +72,10 @@ def test_a_plan_across_two_ray_nodes_trains_as_one_process_through_a_killed_work
     real_start = launcher.start
 
     def start(cfg: Any, workdir: Path) -> Any:
+        started.append((cfg.sid, cfg.datacenter))  # asked for, even if it then fails to start
         h = real_start(cfg, workdir)
         assert isinstance(h.process, RayProcess)
         placed.setdefault(cfg.datacenter, set()).add(h.process.node)
-        started.append((cfg.sid, cfg.datacenter))
         for r, pg in launcher.groups.items():
             groups[r] = placement_group_table(pg)["bundles_to_node_id"]
         return h
@@ -92,7 +92,8 @@ def test_a_plan_across_two_ray_nodes_trains_as_one_process_through_a_killed_work
     heads = {n["NodeID"] for n in ray.nodes() if n["Resources"].get("dc:dc-0")}
     assert len(placed["dc-0"]) == len(placed["dc-1"]) == 1
     assert placed["dc-0"] <= heads and not placed["dc-1"] & heads
-    # the dc-1 spare took the stage over (no new stage1-r1 process); its refill went to dc-1
+    # the dc-1 spare took the stage over (no new stage1-r1 process); its refill was asked of
+    # dc-1 (on a loaded machine it may not be up before the deployment stops)
     stages = sorted(sid for sid, _ in started if not sid.startswith("spare"))
     assert stages == ["stage0-r0", "stage0-r1", "stage1-r0", "stage1-r1"]
     spares = [(sid, dc) for sid, dc in started if sid.startswith("spare")]
