@@ -121,6 +121,27 @@ def test_a_datacenter_no_node_offers_is_refused_before_anything_starts(
         dep.shutdown()
 
 
+def test_pipelines_the_cluster_cannot_reserve_are_refused_whole(
+    cluster: Any, tmp_path: Path
+) -> None:
+    """Three pipelines of two stages on the head (dc-0 and dc-2 have 4 units each, but the head
+    has 4 CPUs): two placement groups fit, the third cannot; nothing starts, and the groups
+    reserved are given back."""
+    from ray.util import placement_group_table
+
+    dcs = {(s, r): ("dc-0", "dc-2")[s] for s in range(2) for r in range(3)}
+    layout = StageLayout(SPEC, RANGES, replicas=3, datacenters=dcs)
+    launcher = RayLauncher(home=tmp_path, place_timeout_s=3)
+    dep = Deployment(layout, launcher=launcher, home=tmp_path)
+    try:
+        with pytest.raises(WorkerStartError, match=r"could not reserve pipeline replica \d"):
+            dep.start()
+        assert not dep.handles and not launcher.groups
+        assert all(g["state"] == "REMOVED" for g in placement_group_table().values())
+    finally:
+        dep.shutdown()
+
+
 def test_a_worker_that_cannot_start_on_its_node_says_why(cluster: Any, tmp_path: Path) -> None:
     bad = SPEC.model_copy(update={"vocab": 0})
     layout = StageLayout(bad, RANGES, datacenters={(0, 0): "dc-0", (1, 0): "dc-1"})
