@@ -70,6 +70,22 @@ def test_measured_curve_replaces_the_generation_constants() -> None:
     assert dc.attention_fraction("bf16", 1e3) == 0.5
 
 
+def test_a_measured_rate_is_not_capped_by_the_streaming_memory_bandwidth() -> None:
+    """A small product measured at some rate runs at that rate, even where the device's measured
+    (streaming copy) memory bandwidth would make it memory-bound: its operands were in cache
+    when it was measured. (The calibration test failed on a loaded machine, where the copy ran
+    slowly and the roofline made the model slower than the measurement.)"""
+    measured = {"source": "test", "gemm": {"fp32": [[0.002, 0.1], [2.0, 0.5]]}}
+    dev = DeviceTypeSpec(peak_tflops={"fp32": 0.2}, memory_gib=8, memory_bw_gbyte_s=0.5,
+                         measured=measured)  # fmt: skip
+    dc = DEFAULT_CALIBRATION.for_device(dev)
+    g = Gemm(64, 128, 128)  # 2.1 MFLOP, 131 kB of operands: 0.26 ms at the copy's 0.5 GB/s
+    t = gemm_time(g, dev, "fp32", dc)
+    share = dc.gemm_fraction("fp32", g.flops / 1e9)
+    assert share is not None
+    assert t == pytest.approx(g.flops / (0.2e12 * share) + dc.kernel_overhead_s)
+
+
 def test_thin_gemm_is_memory_bound() -> None:
     g = Gemm(8192, 8192, 8)  # 8 FLOPs per element written
     t = gemm_time(g, A100, "fp16", C)

@@ -56,27 +56,28 @@ def wave_efficiency(gemm: Gemm, sm_count: int | None, dc: DeviceCalibration) -> 
 
 
 def gemm_time(gemm: Gemm, device: DeviceTypeSpec, dtype: str, dc: DeviceCalibration) -> float:
-    """Seconds for one GEMM (roofline of tensor-core compute and memory traffic); ``dtype`` is
-    the model's, a GEMM that names its own (fp8) runs in that."""
+    """Seconds for one GEMM (roofline of tensor-core compute and memory traffic, or the device's
+    measured rate at that size); ``dtype`` is the model's, a GEMM that names its own (fp8) runs
+    in that."""
     if gemm.flops == 0:
         return 0.0
     d = gemm.dtype or dtype
-    nbytes = DTYPE_BYTES[d] * gemm.batch * (gemm.m * gemm.k + gemm.k * gemm.n + gemm.m * gemm.n)
     measured = dc.gemm_fraction(d, gemm.flops / 1e9)
     if measured is not None:
-        rate = peak_flops(device, d) * measured
-    else:
-        eff = dc.fp8_gemm_efficiency if d == "fp8" else dc.gemm_efficiency
-        rate = peak_flops(device, d) * eff * wave_efficiency(gemm, device.sm_count, dc)
+        # A measured share is the whole rate reached at that size, memory traffic included (a
+        # small product's operands sit in cache, faster than the streaming copy that measured
+        # the memory bandwidth): no roofline over it.
+        return gemm.flops / (peak_flops(device, d) * measured) + _overhead(device, dc)
+    eff = dc.fp8_gemm_efficiency if d == "fp8" else dc.gemm_efficiency
+    rate = peak_flops(device, d) * eff * wave_efficiency(gemm, device.sm_count, dc)
+    nbytes = DTYPE_BYTES[d] * gemm.batch * (gemm.m * gemm.k + gemm.k * gemm.n + gemm.m * gemm.n)
     bw = device.memory_bw_gbyte_s * 1e9 * dc.memory_efficiency
     t_memory = nbytes / bw
     # After its main loop over k, each output tile is converted and stored (the epilogue), which
     # the main loop does not hide: a GEMM with a short k is slower per FLOP. On an H200 this
     # gives the measured cuBLAS times within a few percent from k = 1024 (0.63 of peak) to
     # k = 12288 (0.75) (benchmarks/results/gpu_h200.json).
-    epilogue = (
-        DTYPE_BYTES[model_out(d)] * gemm.batch * gemm.m * gemm.n / bw if measured is None else 0
-    )
+    epilogue = DTYPE_BYTES[model_out(d)] * gemm.batch * gemm.m * gemm.n / bw
     return max(gemm.flops / rate + epilogue, t_memory) + _overhead(device, dc)
 
 
