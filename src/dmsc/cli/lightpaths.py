@@ -227,18 +227,10 @@ def run_lightpath_command(
     heatmap: str | None = None,
 ) -> dict[str, Any]:
     """``--lightpaths``: the experiment with a progress bar; the JSON object with ``--json``."""
-    from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
+    from dmsc.cli.app import console
+    from dmsc.cli.progress import elapsed_bar
 
-    from dmsc.cli.app import console, err_console
-
-    with Progress(
-        TextColumn("{task.description}"),
-        BarColumn(),
-        TimeElapsedColumn(),
-        console=err_console,
-        transient=True,
-        disable=as_json,
-    ) as progress:
+    with elapsed_bar(as_json) as progress:
         out = run_lightpaths(settings, as_json, plot, console, progress, fragmentation, heatmap)
     if as_json:
         from dmsc.cli.render import nan_to_null

@@ -1,5 +1,6 @@
-"""What ``dmsc train`` shows while its task runs: a progress bar (step, loss, step time,
-tokens/s, ETA) in a terminal, or one JSON line per step with ``--json``; Ctrl-C cancels the task.
+"""Progress bars: :func:`elapsed_bar` for the simulations, and what ``dmsc train`` shows while
+its task runs: a progress bar (step, loss, step time, tokens/s, ETA) in a terminal, or one JSON
+line per step with ``--json``; Ctrl-C cancels the task.
 
 The Train call to the control plane answers once the task ends; meanwhile its steps are read
 from the database the control plane records them in (the task is the newest ``train`` task that
@@ -12,11 +13,31 @@ import json
 import time
 from typing import Any
 
-from rich.progress import BarColumn, Progress, TextColumn, TimeRemainingColumn
+from rich.console import Console
+from rich.progress import (
+    BarColumn,
+    Progress,
+    TextColumn,
+    TimeElapsedColumn,
+    TimeRemainingColumn,
+)
 
 from dmsc.cli.app import err_console
 
 POLL_S = 0.5
+
+
+def elapsed_bar(disable: bool, console: Console | None = None) -> Progress:
+    """A bar with its task's description and the time so far, on ``console`` (standard error by
+    default; it leaves nothing behind; off with ``--json``, whose output is the JSON alone)."""
+    return Progress(
+        TextColumn("{task.description}"),
+        BarColumn(),
+        TimeElapsedColumn(),
+        console=console or err_console,
+        transient=True,
+        disable=disable,
+    )
 
 
 def _find_task(db: Any, since: float) -> int | None:

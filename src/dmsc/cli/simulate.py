@@ -14,11 +14,11 @@ from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
 from rich.console import Console
-from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
 from dmsc.cli.app import console, err_console
 from dmsc.cli.options import JsonOpt
+from dmsc.cli.progress import elapsed_bar
 from dmsc.cli.render import nan_to_null
 from dmsc.spec import SpecError
 
@@ -281,14 +281,7 @@ def run_simulation(
     n = arrivals or scenario.arrivals
     runs: dict[tuple[str, float], list[RunResult]] = {}
     total = len(schedulers) * len(loads) * seeds * n
-    with Progress(
-        TextColumn("{task.description}"),
-        BarColumn(),
-        TimeElapsedColumn(),
-        console=err_console,
-        transient=True,
-        disable=as_json,
-    ) as progress:
+    with elapsed_bar(as_json, err_console) as progress:
         task = progress.add_task("simulating", total=total)
         done = 0
         for name in schedulers:
