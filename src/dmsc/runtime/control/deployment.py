@@ -480,7 +480,11 @@ class Deployment:
             self._tmp.cleanup()
 
     def __enter__(self) -> Deployment:
-        self.start()
+        try:
+            self.start()
+        except BaseException:  # what did start (workers, reserved devices) must not leak
+            self.shutdown()
+            raise
         return self
 
     def __exit__(self, *exc: object) -> None:

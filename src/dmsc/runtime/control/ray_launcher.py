@@ -314,32 +314,52 @@ class RayLauncher:
                 self.groups[cfg.replica], placement_group_bundle_index=self._bundles[key]
             )
         end = time.monotonic() + self.place_timeout_s
-        while True:
-            actor = _remote_host().options(**options).remote()
-            bound = "scheduling_strategy" in options
-            until = min(end, time.monotonic() + self.bundle_wait_s) if bound else end
-            try:
-                ray.get(actor.__ray_ready__.remote(), timeout=max(0.1, until - time.monotonic()))
-                return actor
-            except ray.exceptions.RayActorError:  # its node died under it: try another
-                if time.monotonic() < end:
-                    time.sleep(0.2)
+        bound = "scheduling_strategy" in options
+        fallback_at = time.monotonic() + self.bundle_wait_s if bound else None
+        waiting: dict[Any, tuple[Any, dict[str, Any]]] = {}  # ready ref -> (actor, options)
+
+        def launch(opts: dict[str, Any]) -> None:
+            actor = _remote_host().options(**opts).remote()
+            waiting[actor.__ray_ready__.remote()] = (actor, opts)
+
+        launch(options)
+        try:
+            while True:
+                now = time.monotonic()
+                if fallback_at is not None and now >= fallback_at:
+                    # The bundle's actor is not up yet: its node may be one Ray has not yet
+                    # declared dead (a partition lasts Ray's health check), or it may only be
+                    # slow to start. Keep it, and place another outside the group, on any node
+                    # of the datacenter with room: the first up is kept.
+                    fallback_at = None
+                    log.warning(
+                        "%s: its bundle's actor is not up yet; also placed outside", cfg.sid
+                    )
+                    launch({k: v for k, v in options.items() if k != "scheduling_strategy"})
                     continue
-            except ray.exceptions.GetTimeoutError:
-                if bound and time.monotonic() < end:
-                    # The bundle is still on a node Ray has not yet declared dead (a partition
-                    # lasts Ray's health-check time): any node of the datacenter with room.
+                if now >= end:
+                    break
+                until = end if fallback_at is None else min(end, fallback_at)
+                done, _ = ray.wait(list(waiting), num_returns=1, timeout=max(0.05, until - now))
+                for ref in done:
+                    actor, opts = waiting.pop(ref)
+                    try:
+                        ray.get(ref)
+                    except ray.exceptions.RayActorError:  # its node died under it: again
+                        time.sleep(0.2)
+                        launch(opts)
+                        continue
+                    return actor
+        finally:
+            for actor, _ in waiting.values():  # the others, placed or not
+                with contextlib.suppress(Exception):
                     ray.kill(actor)
-                    del options["scheduling_strategy"]
-                    log.warning("%s: its bundle is not placeable; placed outside it", cfg.sid)
-                    continue
-            ray.kill(actor)
-            raise WorkerStartError(
-                f"worker {cfg.sid}: no Ray node of datacenter {cfg.datacenter} took it within "
-                f"{self.place_timeout_s:g} s (free dc:{cfg.datacenter}: "
-                f"{ray.available_resources().get(f'dc:{cfg.datacenter}', 0):g}, and a "
-                f"{'GPU' if gpu else 'CPU'} beside it)"
-            )
+        raise WorkerStartError(
+            f"worker {cfg.sid}: no Ray node of datacenter {cfg.datacenter} took it within "
+            f"{self.place_timeout_s:g} s (free dc:{cfg.datacenter}: "
+            f"{ray.available_resources().get(f'dc:{cfg.datacenter}', 0):g}, and a "
+            f"{'GPU' if gpu else 'CPU'} beside it)"
+        )
 
     def stop(self, handle: WorkerHandle) -> None:
         ray = ray_module()
