@@ -66,11 +66,83 @@ def train(
     grad_wait: Annotated[
         float, typer.Option(help="Seconds to wait for a replica's gradient (skip, restart).")
     ] = 5.0,
+    sync: Annotated[
+        str,
+        typer.Option(
+            help="How data-parallel replicas agree: every-step, diloco, fedavg or fedprox "
+            "(MODE:STEPS sets the round length)."
+        ),
+    ] = "every-step",
+    inner_steps: Annotated[
+        int | None, typer.Option(help="Local optimizer steps per round (default 50).")
+    ] = None,
+    local_steps: Annotated[
+        int | None, typer.Option(help="The same, by its federated name.")
+    ] = None,
+    rounds: Annotated[
+        int | None, typer.Option(help="Train this many rounds (steps = rounds x round length).")
+    ] = None,
+    outer_lr: Annotated[float, typer.Option(help="DiLoCo's outer learning rate.")] = 0.7,
+    outer_momentum: Annotated[
+        float, typer.Option(help="DiLoCo's outer Nesterov momentum (0: plain SGD).")
+    ] = 0.9,
+    prox_mu: Annotated[float, typer.Option(help="FedProx's proximal weight mu.")] = 0.01,
+    inner_optimizer: Annotated[
+        str, typer.Option(help="The replicas' own optimizer: adamw or sgd.")
+    ] = "adamw",
+    compress: Annotated[
+        str,
+        typer.Option(help="What replicas send: none, bf16, int8, topk:FRACTION or powersgd:RANK."),
+    ] = "none",
+    aggregator: Annotated[
+        str,
+        typer.Option(
+            help="How the leader combines them: mean, median, trimmed-mean[:F], krum[:f] or "
+            "multi-krum[:f]."
+        ),
+    ] = "mean",
+    dp_clip: Annotated[
+        float | None, typer.Option(help="Differential privacy: clip each update to this norm.")
+    ] = None,
+    dp_noise: Annotated[
+        float, typer.Option(help="Noise multiplier (std = it x --dp-clip on the sum).")
+    ] = 0.0,
+    dp_delta: Annotated[float, typer.Option(help="The delta epsilon is reported at.")] = 1e-5,
+    secure_aggregation: Annotated[
+        bool, typer.Option(help="Mask updates so the leader learns only their sum.")
+    ] = False,
+    local_data: Annotated[
+        bool,
+        typer.Option(help="Each datacenter's replicas train on their own share of --data."),
+    ] = False,
+    skew: Annotated[
+        float, typer.Option(help="How unevenly --local-data shares files out (0 random, 1 by run).")
+    ] = 0.0,
     as_json: JsonOpt = False,
 ) -> None:
     """Run a training task on the running services; it survives failed workers. Progress shows
     while it runs (JSON lines with --json); Ctrl-C cancels it after its current step."""
+    from dmsc.cli.train_sync import sync_settings, task_steps
     from dmsc.runtime.transport.messages import TrainRequest
+
+    settings = sync_settings(
+        sync,
+        inner_steps,
+        local_steps,
+        outer_lr=outer_lr,
+        outer_momentum=outer_momentum,
+        prox_mu=prox_mu,
+        inner_optimizer=inner_optimizer,
+        compress=compress,
+        aggregator=aggregator,
+        dp_clip=dp_clip,
+        dp_noise=dp_noise,
+        dp_delta=dp_delta,
+        secure=secure_aggregation,
+        local_data=local_data,
+        skew=skew,
+    )
+    steps = task_steps(steps, rounds, settings)
 
     if data is not None:  # the control plane reads it: a path it can resolve, checked here first
         if not data.exists():
@@ -91,6 +163,7 @@ def train(
         microbatches=microbatches,
         seed=seed,
         data=str(data) if data is not None else None,
+        sync=settings,
     )
     from dmsc.cli.progress import follow
 

@@ -26,23 +26,29 @@ def stdlib_text(max_bytes: int = 4_000_000) -> tuple[bytes, bytes]:
 MAX_DATA_BYTES = 1 << 30  # what a training task reads into memory at most (1 GiB)
 
 
+def text_files(path: Path) -> list[Path]:
+    """``path`` itself, or the regular files below a directory (hidden ones skipped) in path
+    order; ValueError names the path when there are none."""
+    if not path.exists():
+        raise ValueError(f"{path}: no such file or directory")
+    if not path.is_dir():
+        return [path]
+    files = sorted(
+        p
+        for p in path.rglob("*")
+        if p.is_file() and not any(part.startswith(".") for part in p.relative_to(path).parts)
+    )
+    if not files:
+        raise ValueError(f"{path}: the directory holds no files")
+    return files
+
+
 def text_from(path: Path, max_bytes: int = MAX_DATA_BYTES) -> tuple[bytes, bytes]:
     """(train, validation) bytes from ``path``: a file, whose last tenth is held out, or a
     directory, whose regular files below it (hidden ones skipped) are read in path order and
     the last tenth of them held out (at least one; the last tenth of the bytes when it holds
     one file). ValueError names the path and what is wrong with it."""
-    if not path.exists():
-        raise ValueError(f"{path}: no such file or directory")
-    if path.is_dir():
-        files = sorted(
-            p
-            for p in path.rglob("*")
-            if p.is_file() and not any(part.startswith(".") for part in p.relative_to(path).parts)
-        )
-        if not files:
-            raise ValueError(f"{path}: the directory holds no files")
-    else:
-        files = [path]
+    files = text_files(path)
     total = sum(p.stat().st_size for p in files)
     if total > max_bytes:
         raise ValueError(f"{path}: {total:,} bytes, more than the {max_bytes:,} a task reads")

@@ -87,8 +87,10 @@ def write_checkpoint(
     module: StageModule,
     optimizer: torch.optim.Optimizer,
     steps: int,
+    extra: dict[str, torch.Tensor] | None = None,
 ) -> list[str]:
-    """Write the stage's weights to ``path`` and its optimizer's state beside it; the names of
+    """Write the stage's weights to ``path`` and its optimizer's state beside it (with
+    ``extra`` tensors: a sync mode's round state, under names no weight has); the names of
     the weights written."""
     path.parent.mkdir(parents=True, exist_ok=True)
     params = _params(spec, module)
@@ -103,6 +105,7 @@ def write_checkpoint(
             for slot, value in optimizer.state.get(p, {}).items():
                 value = value if isinstance(value, torch.Tensor) else torch.tensor(value)
                 moments[f"{key}.{slot}"] = _store(value, tr)
+    moments.update({k: v.contiguous() for k, v in (extra or {}).items()})
     save_file(weights, str(path), metadata={"format": "pt"})
     meta = {"format": "pt", "steps": str(steps), "param_groups": json.dumps(groups)}
     save_file(moments, str(optimizer_path(path)), metadata=meta)

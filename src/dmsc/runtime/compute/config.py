@@ -45,6 +45,11 @@ class WorkerConfig:
     root: str = ""  # JSON log lines go here, rotated (see dmsc.runtime.transport.logs)
     # Fault injection for rehearsals and tests: {"slow_grads": {"steps": [3], "seconds": 2.0}}
     # delivers this replica's gradient to the stage leader late, as a slow link would;
-    # {"hang_health": 60} makes Health hang that long while heartbeats go on (a stuck worker).
+    # {"hang_health": 60} makes Health hang that long while heartbeats go on (a stuck worker);
+    # {"poison": {"scale": -100}} multiplies every update this replica sends under a sync mode
+    # (sign-flipped and scaled: the attack robust aggregators are for).
     faults: dict[str, Any] = field(default_factory=dict)
+    # A bandwidth limit on this replica's data-parallel sends (gradients, sync payloads), in
+    # Mbit/s (0: none): a thin link between datacenters, modelled in the data plane.
+    dp_link_mbps: float = 0.0
     extra: dict[str, Any] = field(default_factory=dict)

@@ -45,12 +45,28 @@ def expected_frame(at: FrameSpec, kind: Kind) -> tuple[torch.dtype, str]:
         if not at.tied:
             raise BadRequest(f"stage {at.stage} shares no embedding")
         return torch.float32, f"[{at.vocab}, {at.hidden}]"
+    if kind in (Kind.SYNC_PART, Kind.SYNC_DOWN):  # a codec's payload: it checks the content
+        return torch.uint8, f"one dimension, at most {sync_payload_bytes(at)} bytes"
     return torch.float32, f"[{at.n_params}]"
+
+
+def sync_payload_bytes(at: FrameSpec) -> int:
+    """The largest payload a sync round may carry here: a masked vector (8 bytes an element),
+    with room for the codecs' headers and a handful of public keys."""
+    return 8 * at.n_params + (1 << 20)
 
 
 def check_frame(at: FrameSpec, kind: Kind, t: torch.Tensor) -> None:
     """Refuse (BadRequest) a tensor of the wrong dtype, shape or range for ``kind`` here."""
     dtype, shape = expected_frame(at, kind)
+    if kind in (Kind.SYNC_PART, Kind.SYNC_DOWN):
+        ok = t.dim() == 1 and t.numel() * t.element_size() <= sync_payload_bytes(at)
+        if not ok:
+            raise BadRequest(
+                f"{kind.name.lower()} of {t.dtype} {tuple(t.shape)} refused: stage {at.stage} "
+                f"takes {expected_frame(at, kind)[1]}"
+            )
+        return
     ok = t.dtype == dtype
     if ok and kind in (Kind.TOKENS, Kind.TARGETS):
         ok = t.dim() == 2 and t.shape[0] > 0 and 0 < t.shape[1] <= at.seq

@@ -15,13 +15,18 @@ def train_reference(
     lr: float,
     batches: list[tuple[torch.Tensor, torch.Tensor]],
     microbatches: int | list[int],
+    optimizer: str = "adamw",
 ) -> list[float]:
     """Losses of each step: the global batch split into ``microbatches`` (one count for all
-    steps, or one per step), gradients accumulated, one AdamW step, exactly as the pipeline
-    does it."""
+    steps, or one per step), gradients accumulated, one AdamW (or plain SGD) step, exactly as
+    the pipeline does it."""
     names = layer_names(spec)
     model = stage_module(spec, seed, names[0], names[-1])  # from its checkpoint when it has one
-    opt = torch.optim.AdamW(model.parameters(), lr=lr)
+    opt = (
+        torch.optim.SGD(model.parameters(), lr=lr)
+        if optimizer == "sgd"
+        else torch.optim.AdamW(model.parameters(), lr=lr)
+    )
     losses = []
     counts = microbatches if isinstance(microbatches, list) else [microbatches] * len(batches)
     for (tokens, targets), m in zip(batches, counts, strict=True):

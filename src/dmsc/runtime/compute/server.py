@@ -29,6 +29,8 @@ import grpc
 import torch
 from prometheus_client import CollectorRegistry, Counter, Histogram
 
+from dmsc.data.corpus import Corpus
+from dmsc.data.shards import read_shard
 from dmsc.runtime.compute.checkpoints import (
     CheckpointError,
     checkpoint_sha256,
@@ -46,6 +48,12 @@ from dmsc.runtime.compute.inbox import Inbox
 from dmsc.runtime.compute.models.attention import StageCache
 from dmsc.runtime.compute.models.chain import tied_weight
 from dmsc.runtime.compute.models.hf import stage_module
+from dmsc.runtime.compute.outer_sync import (
+    ReplicaSync,
+    make_optimizer,
+    optimizer_kind,
+    plain_sync,
+)
 from dmsc.runtime.compute.peers import Peers
 from dmsc.runtime.transport import messages as msg
 from dmsc.runtime.transport.messages import REGISTRY_SERVICE
@@ -108,7 +116,11 @@ class StageWorker:
         self.autocast = autocast_dtype(self.spec, self.device)
         # built (or read from its checkpoint) on the host, then moved: the float32 master copy
         self.module = stage_module(self.spec, cfg.seed, cfg.first, cfg.last).to(self.device)
-        self.optimizer = torch.optim.AdamW(self.module.parameters(), lr=cfg.lr)
+        self.optimizer = make_optimizer("adamw", self.module, cfg.lr)
+        self.sync: ReplicaSync | None = None  # a task's sync mode, other than plain averaging
+        self.sync_held: dict[str, torch.Tensor] = {}  # its round state, as last loaded
+        self.round_policy: tuple[msg.LatePolicy, float] = ("wait", msg.DEFAULT_GRAD_WAIT_S)
+        self.shard: Corpus | None = None  # this replica's own training text (LoadShard)
         self.n_params = sum(p.numel() for p in self.module.parameters())
         self.tied = tied_weight(self.spec, self.module) if cfg.stages > 1 else None
         self.frames = FrameSpec(
@@ -193,6 +205,11 @@ class StageWorker:
             self.optimizer.zero_grad(set_to_none=True)
             self.uncommitted = None
         t0 = time.perf_counter()
+        if m.train:
+            self._use_sync(m.sync)
+            self.round_policy = (m.late_policy, m.grad_wait_s)
+        if m.local_batch is not None:
+            self._feed_from_shard(m.step, m.local_batch, m.microbatches)
         ops = step_ops(m.schedule, cfg.stage, cfg.stages, m.microbatches, m.train)
         cache = self._session(m.session, m.start) if m.session and not m.train else None
         try:
@@ -216,7 +233,9 @@ class StageWorker:
         skipped: list[int] = []
         if m.train:
             self._add_tied_grad(m.step)
-            if cfg.replicas > 1:
+            if self.sync is not None and not self.sync.settings.outer:
+                skipped = self.sync.sync_gradients(m.step, m.late_policy, m.grad_wait_s)
+            elif self.sync is None and cfg.replicas > 1:
                 skipped = self.grads.sync(m.step, m.late_policy, m.grad_wait_s)
             self.uncommitted = m.step
         wall = time.perf_counter() - t0
@@ -245,6 +264,49 @@ class StageWorker:
                 out["logits_shape"] = list(rows.shape)
                 out["logits"] = base64.b64encode(rows.numpy().tobytes()).decode()
         return out
+
+    def _use_sync(self, settings: msg.SyncSettings | None) -> None:
+        """Take a training step's sync settings: plain averaging, or a new :class:`ReplicaSync`
+        when they changed (its round starts from the weights as they are, or from the round
+        state last loaded), with the inner optimizer they name."""
+        settings = settings or msg.SyncSettings()
+        kind = settings.inner_optimizer
+        if kind != optimizer_kind(self.optimizer):
+            self.optimizer = make_optimizer(kind, self.module, self.cfg.lr)
+        if plain_sync(settings):
+            self.sync = None
+        elif self.sync is None or self.sync.settings != settings:
+            self.sync = ReplicaSync(settings, self.module, self.grads, self.cfg.seed)
+            if self.sync_held:
+                self.sync.restore(self.sync_held)
+
+    def _feed_from_shard(self, step: int, batch: int, microbatches: int) -> None:
+        """This replica's batch of ``step`` from its own shard, into its own inbox (tokens at
+        the first stage, targets at the last): the text never leaves the worker."""
+        first, last = self.module.is_first, self.module.is_last
+        if not (first or last):
+            return
+        if self.shard is None:
+            raise BadRequest("local data: this worker holds no shard (LoadShard first)")
+        x, y = self.shard.batch(step, batch)
+        for kind, t, here in ((Kind.TOKENS, x, first), (Kind.TARGETS, y, last)):
+            if here:
+                for i, part in enumerate(t.chunk(microbatches)):
+                    self.inbox.put(kind, step, i, part, self.epoch)
+
+    def load_shard(self, m: msg.LoadShard) -> dict[str, Any]:
+        """Read this replica's part of a task's files from this machine's disk."""
+        self._check_epoch(m.epoch)
+        if not (self.module.is_first or self.module.is_last):
+            return {"bytes": 0}
+        try:
+            data = read_shard([Path(f) for f in m.files])
+            shard = Corpus(data, self.spec.seq, seed=m.seed * 1_000_003 + self.cfg.replica + 1)
+        except ValueError as exc:
+            raise BadRequest(f"shard: {exc}") from None
+        with self._lock:
+            self.shard = shard
+        return {"bytes": len(data)}
 
     def _add_tied_grad(self, step: int) -> None:
         """Add the other end's gradient of a tied embedding to this end's (first and last
@@ -299,14 +361,20 @@ class StageWorker:
             if m.lr is not None:  # this step's rate of the task's schedule
                 for group in self.optimizer.param_groups:
                     group["lr"] = m.lr
+            rounds = self.sync if self.sync is not None and self.sync.settings.outer else None
+            if rounds is not None:
+                rounds.add_proximal()
             self.optimizer.step()
             self.optimizer.zero_grad(set_to_none=True)
             self.uncommitted = None
             self.steps_done += 1
             compute = time.perf_counter() - c0
+            if rounds is not None and m.outer:
+                policy, wait_s = self.round_policy
+                rounds.outer_step(m.step, "wait" if policy == "restart" else policy, wait_s)
         self.m_compute.inc(compute)
         self.log.info("step committed", extra={"sid": self.cfg.sid, "step": m.step})
-        return {"steps": self.steps_done, "compute_s": compute}
+        return {"steps": self.steps_done, "compute_s": compute, "dp_bytes": self.grads.link.bytes}
 
     def abort(self, m: msg.Abort) -> dict[str, Any]:
         """Move to a newer epoch: the step in progress fails, held frames are dropped."""
@@ -365,7 +433,10 @@ class StageWorker:
         if root is not None and not path.resolve().is_relative_to(root):
             raise BadRequest(f"save: {path} is outside the deployment directory {root}")
         with self._lock:
-            names = write_checkpoint(path, self.spec, self.module, self.optimizer, self.steps_done)
+            extra = self.sync.state() if self.sync is not None else {}
+            names = write_checkpoint(
+                path, self.spec, self.module, self.optimizer, self.steps_done, extra
+            )
         return {"path": str(path), "sha256": checkpoint_sha256(path), "tensors": names}
 
     def load(self, m: msg.Load) -> dict[str, Any]:
@@ -375,8 +446,16 @@ class StageWorker:
         try:
             verify_checkpoint(path, m.sha256)
             state = read_state(path)
+            kind = "adamw" if not state.param_groups or "betas" in state.param_groups[0] else "sgd"
             with self._lock:
+                if kind != optimizer_kind(self.optimizer):
+                    self.optimizer = make_optimizer(kind, self.module, self.cfg.lr)
                 self.steps_done = load_state(state, self.spec, self.module, self.optimizer)
+                self.sync_held = {
+                    k: v for k, v in state.moments.items() if k.startswith("dmsc.sync.")
+                }
+                if self.sync is not None:
+                    self.sync.restore(self.sync_held)
                 self.uncommitted = None
                 self.sessions.clear()  # keys and values of the weights replaced
         except CheckpointError as exc:
@@ -395,4 +474,5 @@ class StageWorker:
             "Assume": message_handler(msg.Assume, self.assume),
             "Commit": message_handler(msg.Commit, self.commit),
             "EndSession": message_handler(msg.EndSession, self.end_session),
+            "LoadShard": message_handler(msg.LoadShard, self.load_shard),
         }

@@ -59,6 +59,7 @@ from dmsc.runtime.transport.messages import (
     Sampling,
     Save,
     Schedule,
+    SyncSettings,
 )
 from dmsc.runtime.transport.rpc import Client, serve
 from dmsc.runtime.transport.wire import Kind, encode
@@ -112,6 +113,7 @@ class Deployment:
                 dict.fromkeys(layout.datacenters[k] for k in sorted(layout.datacenters))
             ),
         )
+        self.local_batch = 0  # a replica's batch from its own shard (control.shards)
         self.pool = ThreadPoolExecutor(max_workers=max(4, 2 * len(layout.ranges) * layout.replicas))
 
     @property
@@ -152,6 +154,7 @@ class Deployment:
             root=str(self.home),
             device=lay.devices.get((stage, replica), "cpu"),
             datacenter=lay.datacenters.get((stage, replica), "local"),
+            dp_link_mbps=lay.dp_link_mbps,
             faults=lay.faults.get(sid, {}) if self.epoch == 0 else {},  # the first incarnation's
         )
 
@@ -207,17 +210,10 @@ class Deployment:
         }
 
     # -- data in ----------------------------------------------------------------------------
-    def push(
-        self,
-        key: Key,
-        kind: Kind,
-        step: int,
-        mb: int,
-        t: torch.Tensor,
-        timeout_s: float | None = None,
-    ) -> Any:
+    def push(self, key: Key, kind: Kind, step: int, mb: int, t: torch.Tensor, *t_s: float) -> Any:
+        """Send a frame to ``key`` (within ``t_s`` seconds when given); its future."""
         frame = encode(kind, step, mb, t, self.epochs[key])
-        return self.clients[key].raw_future("Push", frame, timeout_s)
+        return self.clients[key].raw_future("Push", frame, *t_s)
 
     def feed(self, step: int, tokens: torch.Tensor, targets: torch.Tensor | None, m: int) -> None:
         """Tokens to each replica's first stage and targets to its last, ``m`` micro-batches
@@ -237,21 +233,24 @@ class Deployment:
     def train_step(
         self,
         step: int,
-        tokens: torch.Tensor,
-        targets: torch.Tensor,
+        tokens: torch.Tensor | None,
+        targets: torch.Tensor | None,
         microbatches: int,
         schedule: Schedule = "1f1b",
         late_policy: LatePolicy = "wait",
         grad_wait_s: float = DEFAULT_GRAD_WAIT_S,
         lr: float | None = None,
+        sync: SyncSettings | None = None,
+        outer: bool = False,
     ) -> dict[str, Any]:
-        """One training step of the global batch; returns the loss and timings. The step is
-        applied (``Commit``, at learning rate ``lr`` when given) only once every stage has
-        finished it."""
+        """One training step of the global batch (drawn by each replica from its own shard when
+        ``tokens`` is None); returns the loss and timings. The step is applied (``Commit``, at
+        rate ``lr`` if given; ``outer`` ends a round of ``sync``) once every stage finished it."""
         t0 = time.perf_counter()
         if len(set(self.epochs.values())) > 1:  # a replica was healed alone: align everyone
             self.move_to_epoch(list(self.clients), self.epoch)
-        self.feed(step, tokens, targets, microbatches)
+        if tokens is not None:
+            self.feed(step, tokens, targets, microbatches)
 
         def run(epoch: int) -> RunStep:
             return RunStep(
@@ -262,6 +261,8 @@ class Deployment:
                 late_policy=late_policy,
                 grad_wait_s=grad_wait_s,
                 epoch=epoch,
+                sync=sync,
+                local_batch=None if tokens is not None else self.local_batch,
             )
 
         keys = list(self.clients)
@@ -274,8 +275,11 @@ class Deployment:
             self.epoch += 1
             self.move_to_epoch(keys, self.epoch)
             raise
-        commit = self.calls("Commit", lambda e: Commit(step=step, epoch=e, lr=lr), keys, 30.0)
-        commits = self.gather(commit, 30.0)
+        wait = self.step_deadline_s if outer else 30.0  # a round's exchange crosses the DCI
+        commit = self.calls(
+            "Commit", lambda e: Commit(step=step, epoch=e, lr=lr, outer=outer), keys, wait
+        )
+        commits = self.gather(commit, wait)
         losses = [r["loss"] for r in replies.values() if r.get("loss") is not None]
         skipped = sorted(
             {(k[0], x) for k, r in replies.items() for x in r.get("skipped_replicas", [])}
@@ -288,6 +292,7 @@ class Deployment:
                 for k, r in replies.items()
             },
             "skipped": skipped,
+            "dp_bytes": sum(r.get("dp_bytes", 0) for r in commits.values()),
         }
 
     def eval_step(

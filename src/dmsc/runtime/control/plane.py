@@ -44,6 +44,7 @@ from dmsc.runtime.control.inference import NoReplica, Replicas
 from dmsc.runtime.control.launchers import Launcher
 from dmsc.runtime.control.lr_schedule import lr_at
 from dmsc.runtime.control.model_store import promote_if_first
+from dmsc.runtime.control.shards import load_task_shards
 from dmsc.runtime.control.streaming import text_pieces
 from dmsc.runtime.control.task_queue import TaskQueue, cancel_requested
 from dmsc.runtime.control.training import (
@@ -294,6 +295,8 @@ class ControlPlane:
             warmup_steps=params.warmup_steps,
             min_lr_ratio=params.min_lr_ratio,
         )
+        if params.sync.local_data:  # each datacenter's replicas read their own files
+            load_task_shards(self.deployment, params)
         return train(
             self.deployment,
             corpus,
@@ -317,6 +320,7 @@ class ControlPlane:
             stop=lambda: cancel_requested(self.db, task_id),
             turn=self.inference.training_turn,
             lr=lambda i: lr_at(i, params.steps, settings),
+            sync=params.sync,
         )
 
     def train(self, req: TrainRequest) -> dict[str, Any]:

@@ -28,9 +28,13 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
+import torch
+
 from dmsc.data.corpus import Corpus
 from dmsc.data.db import CheckpointRecord, Database, FaultRecord
 from dmsc.planner.plan import Plan
+from dmsc.runtime.compute.aggregators import aggregate, parse_aggregator
+from dmsc.runtime.compute.privacy import PrivacyLedger
 from dmsc.runtime.control import recovery
 from dmsc.runtime.control.deployment import Checkpoint, Deployment, StageLayout
 from dmsc.runtime.control.failures import StepRestartNeeded, WorkerFailure
@@ -42,6 +46,7 @@ from dmsc.runtime.transport.messages import (
     LatePolicy,
     LrSchedule,
     Schedule,
+    SyncSettings,
     TrainRequest,
 )
 from dmsc.spec import TransformerSpec
@@ -94,9 +99,11 @@ class TrainParams:
     seed: int = 0
     data: str | None = None  # a file or directory of text (the standard library's when None)
     first_step: int | None = None  # set once the task has started: a rerun resumes
+    sync: SyncSettings = field(default_factory=SyncSettings)
 
     def as_json(self) -> dict[str, Any]:
-        return {k: v for k, v in asdict(self).items() if v is not None}
+        out = {k: v for k, v in asdict(self).items() if v is not None}
+        return out | {"sync": self.sync.model_dump()}
 
 
 def task_params(req: TrainRequest, plan: Plan) -> TrainParams:
@@ -109,6 +116,18 @@ def task_params(req: TrainRequest, plan: Plan) -> TrainParams:
         raise ValueError(f"batch ({batch}) must be divisible by microbatches x dp ({micro} x {dp})")
     if req.warmup_steps > req.steps:
         raise ValueError(f"warmup_steps ({req.warmup_steps}) exceeds steps ({req.steps})")
+    if req.sync.outer and req.late_policy == "restart":
+        raise ValueError(
+            "late_policy: restart runs a step again; a round spans inner_steps steps: "
+            "use wait or skip"
+        )
+    name, options = parse_aggregator(req.sync.aggregator)
+    try:  # the aggregator's own rule on how many replicas it needs
+        aggregate(name, [torch.zeros(1)] * dp, **options)
+    except ValueError as exc:
+        raise ValueError(f"sync.aggregator: {exc} (dp = {dp})") from None
+    if req.sync.local_data and (req.data is None or not Path(req.data).is_dir()):
+        raise ValueError("sync.local_data: needs data, a directory of files to share out")
     fields = {k: getattr(req, k) for k in TrainParams.__dataclass_fields__}
     return TrainParams(**{**fields, "batch": batch, "microbatches": micro})
 
@@ -129,6 +148,9 @@ class TrainReport:
     checkpoint: Checkpoint | None = None  # the last one taken (or gone back to)
     cancelled: bool = False  # stopped before its last step (``stop`` said so)
     end_step: int = 0  # the step the weights are at when the session ends
+    sync: SyncSettings | None = None  # how the replicas agreed (None: every step, plain)
+    dp_bytes: int = 0  # what the replicas sent each other (gradients, updates), all steps
+    rounds: int = 0  # the times they agreed (steps, or rounds of the sync mode)
 
     @property
     def median_step_s(self) -> float:
@@ -159,7 +181,31 @@ class TrainReport:
             "steps_lost": self.steps_lost,
             "restarts": self.restarts,
             "skipped": self.skipped,
+            "sync": self.sync_json(),
         }
+
+    def sync_json(self) -> dict[str, Any]:
+        """The sync mode, the bytes it moved, and the privacy spent (epsilon at the task's
+        delta, from the accountant) when its updates were clipped and noised."""
+        s = self.sync or SyncSettings()
+        steps = max(1, len(self.losses))
+        out: dict[str, Any] = {
+            "mode": s.mode if not s.outer else f"{s.mode}:{s.inner_steps}",
+            "compress": s.compress,
+            "aggregator": s.aggregator,
+            "secure": s.secure,
+            "local_data": s.local_data,
+            "dp_bytes": self.dp_bytes,
+            "bytes_per_step": self.dp_bytes / steps,
+            "rounds": self.rounds,
+        }
+        if s.dp_clip is not None:
+            ledger = PrivacyLedger(s.dp_noise, s.dp_clip, rounds=self.rounds)
+            privacy = ledger.as_json(s.dp_delta)
+            if privacy["epsilon"] == float("inf"):  # no noise: no guarantee (JSON has no inf)
+                privacy["epsilon"] = None  # type: ignore[assignment]
+            out["privacy"] = privacy
+        return out
 
 
 def validation_loss(
@@ -231,6 +277,7 @@ def train(
     stop: Callable[[], bool] | None = None,
     turn: Callable[[], contextlib.AbstractContextManager[None]] | None = None,
     lr: Callable[[int], float] | None = None,
+    sync: SyncSettings | None = None,
 ) -> TrainReport:
     """Run steps ``first_step`` .. ``first_step + steps - 1``; validation loss before and after.
     ``turn()`` is held around each step and validation (the replicas' fair locks: inference
@@ -239,11 +286,19 @@ def train(
     verify, the newest of ``recovering.older`` that does; each must lie in the range) and the
     steps before it are taken as done. ``stop`` (asked before each step) cancels the session.
     ``lr(i)`` is the learning rate of the session's ``i``-th step (the workers' own when None).
+    ``sync`` says how the data-parallel replicas agree (every step by default; a round of
+    ``sync.inner_steps`` otherwise, the session's last step ending one too) and whether each
+    draws its batches from its own shard (``sync.local_data``: loaded by the caller,
+    :mod:`dmsc.runtime.control.shards`; ``corpus`` then serves nothing but its size).
     The task's state is the caller's to set (running, then done or cancelled once it has
     recorded what the session produced)."""
     rec = recovering or Recovering()
     end = first_step + steps
     report = TrainReport(steps, tokens_per_step=batch * dep.layout.model.seq, first_step=first_step)
+    report.sync = sync
+    in_rounds = sync is not None and sync.outer
+    rounds_of = sync.inner_steps if sync is not None and sync.outer else 1
+    local = sync is not None and sync.local_data
     logged = db is not None and task_id is not None
     recorded = db is not None and run_id is not None
     # The session's checkpoints, oldest first; the last is the one a rollback goes back to.
@@ -337,7 +392,8 @@ def train(
             if stop is not None and stop():
                 report.cancelled = True
                 break
-            x, y = corpus.batch(step, batch)
+            x, y = (None, None) if local else corpus.batch(step, batch)
+            outer = in_rounds and ((step - first_step + 1) % rounds_of == 0 or step == end - 1)
             try:
                 with hold():
                     t0 = t0 if t0 is not None else time.perf_counter()
@@ -350,6 +406,8 @@ def train(
                         rec.late_policy,
                         rec.grad_wait_s,
                         lr(step - first_step) if lr is not None else None,
+                        sync,
+                        outer,
                     )
             except StepRestartNeeded:
                 report.restarts += 1
@@ -361,6 +419,8 @@ def train(
                 continue
             dt, t0 = time.perf_counter() - t0, None
             losses[step] = out["loss"]
+            report.dp_bytes += out.get("dp_bytes", 0)
+            report.rounds += 1 if outer or not in_rounds else 0
             report.step_s.append(dt)
             report.skipped += [(step, st, r) for st, r in out.get("skipped", [])]
             if logged:

@@ -12,10 +12,11 @@ Tensors never travel here: they go as :mod:`dmsc.runtime.transport.wire` frames 
 
 from __future__ import annotations
 
+import re
 import secrets
 from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from pydantic import AfterValidator, BaseModel, ConfigDict, Field, ValidationError, model_validator
 
 # -- service names -------------------------------------------------------------------------------
 STAGE_SERVICE = "dmsc.Stage"
@@ -72,6 +73,80 @@ def explain(exc: ValidationError, what: str) -> str:
     return f"bad {what}: " + "; ".join(parts)
 
 
+SyncMode = Literal["every-step", "diloco", "fedavg", "fedprox"]
+SYNC_MODES: tuple[str, ...] = ("every-step", "diloco", "fedavg", "fedprox")
+InnerOptimizer = Literal["adamw", "sgd"]
+# The accepted forms of a codec and of an aggregator (dmsc.runtime.compute.compression and
+# .aggregators parse them; checked here so that a typo is refused before a task queues).
+COMPRESS_FORMS = "none, bf16, int8[:BLOCK], topk:FRACTION (0 < FRACTION <= 1), powersgd:RANK"
+AGGREGATOR_FORMS = "mean, median, trimmed-mean[:FRACTION], krum[:F], multi-krum[:F]"
+_COMPRESS = re.compile(
+    r"none|bf16|int8(:[1-9][0-9]{0,5})?|topk:(0?\.[0-9]+|1(\.0*)?)|powersgd:[1-9][0-9]{0,3}"
+)
+_AGGREGATOR = re.compile(r"mean|median|trimmed-mean(:0?\.[0-9]+)?|(multi-)?krum(:[0-9]{1,3})?")
+
+
+def _form(pattern: re.Pattern[str], forms: str) -> Any:
+    def check(text: str) -> str:
+        if not pattern.fullmatch(text) or (text.startswith("topk:") and float(text[5:]) == 0):
+            raise ValueError(f"{text!r} is not one of {forms}")
+        return text
+
+    return AfterValidator(check)
+
+
+class SyncSettings(Message):
+    """How the data-parallel replicas of a training task agree (see
+    :mod:`dmsc.runtime.compute.outer_sync`): ``every-step`` averages gradients every step;
+    ``diloco`` takes ``inner_steps`` optimizer steps per replica, then an outer step of SGD with
+    Nesterov momentum on the averaged pseudo-gradient; ``fedavg`` averages the models every
+    ``inner_steps`` (outer rate 1, no momentum); ``fedprox`` adds the proximal term ``prox_mu``
+    to the local steps. ``compress`` and ``aggregator`` act on what the replicas send, ``dp_*``
+    clips each replica's update and adds Gaussian noise to their sum, ``secure`` masks the
+    updates so that the stage leader learns only their sum."""
+
+    mode: SyncMode = "every-step"
+    inner_steps: Annotated[int, Field(ge=1, le=100_000)] = 1
+    outer_lr: Annotated[float, Field(gt=0, le=MAX_LR)] = 0.7
+    outer_momentum: Annotated[float, Field(ge=0, lt=1)] = 0.9
+    prox_mu: Annotated[float, Field(ge=0, le=100)] = 0.01
+    inner_optimizer: InnerOptimizer = "adamw"
+    compress: Annotated[str, Field(max_length=32), _form(_COMPRESS, COMPRESS_FORMS)] = "none"
+    aggregator: Annotated[str, Field(max_length=32), _form(_AGGREGATOR, AGGREGATOR_FORMS)] = "mean"
+    dp_clip: Annotated[float, Field(gt=0, le=1e6)] | None = None
+    dp_noise: Annotated[float, Field(ge=0, le=100)] = 0.0
+    dp_delta: Annotated[float, Field(gt=0, lt=1)] = 1e-5
+    secure: bool = False
+    # each datacenter's replicas train on their own part of the task's files ("local data")
+    local_data: bool = False
+    skew: Annotated[float, Field(ge=0, le=1)] = 0.0
+
+    @model_validator(mode="after")
+    def _consistent(self) -> SyncSettings:
+        every = self.mode == "every-step"
+        if every and self.inner_steps != 1:
+            raise ValueError("inner_steps: every-step sync takes one step per round")
+        if self.compress.startswith("powersgd") and self.aggregator != "mean":
+            raise ValueError("aggregator: PowerSGD averages low-rank factors: only mean")
+        if self.secure and self.aggregator != "mean":
+            raise ValueError("aggregator: secure aggregation reveals only the sum: only mean")
+        if self.secure and self.compress != "none":
+            raise ValueError("compress: secure aggregation masks fixed-point values: only none")
+        if self.dp_noise > 0 and self.dp_clip is None:
+            raise ValueError("dp_noise: noise needs a clipping norm (dp_clip)")
+        return self
+
+    @property
+    def outer(self) -> bool:
+        """Whether the replicas average their models every ``inner_steps`` (not gradients)."""
+        return self.mode != "every-step"
+
+    @property
+    def round_rate(self) -> float:
+        """The outer learning rate and momentum this mode uses."""
+        return 1.0 if self.mode in ("fedavg", "fedprox") else self.outer_lr
+
+
 # -- dmsc.Stage (a stage worker) -----------------------------------------------------------------
 class RunStep(Message):
     """Run this worker's part of one step (training, evaluation or inference)."""
@@ -90,6 +165,10 @@ class RunStep(Message):
     # position of this step's first token (0 opens the session with the prompt).
     session: SessionId | None = None
     start: Annotated[int, Field(ge=0, le=MAX_POSITION)] = 0
+    # training: how the replicas agree (none: every step, the settings a worker has)
+    sync: SyncSettings | None = None
+    # training on the shard the worker holds (LoadShard): this replica's batch, drawn there
+    local_batch: Annotated[int, Field(gt=0, le=MAX_BATCH)] | None = None
 
 
 class EndSession(Message):
@@ -105,6 +184,21 @@ class Commit(Message):
     step: Step
     epoch: Epoch | None = None
     lr: Annotated[float, Field(ge=0, le=MAX_LR)] | None = None
+    # the end of a round (sync modes other than every-step): after this step the replicas
+    # average their models (the orchestrator says so: a task's last step ends a round too)
+    outer: bool = False
+
+
+class LoadShard(Message):
+    """The training text this replica keeps (each datacenter's part of a task's files): read
+    by the worker from its own disk, never sent; batches are drawn from it by step."""
+
+    files: Annotated[
+        list[Annotated[str, Field(min_length=1, max_length=4096)]],
+        Field(min_length=1, max_length=100_000),
+    ]
+    seed: Annotated[int, Field(ge=0, le=MAX_SEED)] = 0
+    epoch: Epoch | None = None
 
 
 class Abort(Message):
@@ -202,6 +296,7 @@ class TrainRequest(TrainSettings):
     grad_wait_s: GradWait = DEFAULT_GRAD_WAIT_S
     data: Annotated[str, Field(max_length=4096)] | None = None
     first_step: Step | None = None  # set by the control plane once the task has started
+    sync: SyncSettings = SyncSettings()
 
 
 class Sampling(Message):

@@ -37,6 +37,14 @@ class Kind(IntEnum):
     GRAD_PART = 5  # a data-parallel replica's flattened gradient, to its stage's leader
     GRAD_AVG = 6  # the leader's averaged gradient back to the replicas (empty: restart)
     TIED_GRAD = 7  # the tied embedding's gradient, between the first and the last stage
+    # The replicas' updates under a sync mode (dmsc.runtime.compute.outer_sync): one payload
+    # (a codec's, a masked vector, a public key) to the stage leader, and its answer back. The
+    # micro-batch field holds round * ROUND_SLOTS + replica.
+    SYNC_PART = 8
+    SYNC_DOWN = 9
+
+
+ROUND_SLOTS = 1 << 16  # replicas a sync round can tell apart in the micro-batch field
 
 
 _DTYPES: dict[int, torch.dtype] = {
@@ -45,6 +53,8 @@ _DTYPES: dict[int, torch.dtype] = {
     3: torch.bfloat16,
     4: torch.int64,
     5: torch.int32,
+    6: torch.uint8,
+    7: torch.int8,
 }
 _CODES = {v: k for k, v in _DTYPES.items()}
 

@@ -1,0 +1,64 @@
+"""``dmsc train``'s data-parallel sync flags, turned into the task's ``SyncSettings``.
+
+``--sync`` takes a mode (``every-step``, ``diloco``, ``fedavg``, ``fedprox``), optionally with its
+round length (``diloco:50``, as ``dmsc plan --sync`` takes it); ``--inner-steps`` and its
+federated name ``--local-steps`` set the length too, and ``--rounds`` the task's steps as rounds
+of it. An error names the flag and the reason (exit 2) before anything is sent.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from dmsc.cli.options import message_from_flags
+from dmsc.runtime.transport.messages import SYNC_MODES, SyncSettings
+from dmsc.spec import SpecError
+
+SYNC_FLAGS = {
+    "mode": "--sync",
+    "inner_steps": "--inner-steps",
+    "outer_lr": "--outer-lr",
+    "outer_momentum": "--outer-momentum",
+    "prox_mu": "--prox-mu",
+    "inner_optimizer": "--inner-optimizer",
+    "compress": "--compress",
+    "aggregator": "--aggregator",
+    "dp_clip": "--dp-clip",
+    "dp_noise": "--dp-noise",
+    "dp_delta": "--dp-delta",
+    "secure": "--secure-aggregation",
+    "local_data": "--local-data",
+    "skew": "--skew",
+}
+
+
+def sync_settings(
+    sync: str, inner_steps: int | None, local_steps: int | None, **values: Any
+) -> SyncSettings:
+    """The settings of the flags; SpecError names the flag that is wrong."""
+    mode, _, length = sync.partition(":")
+    if mode not in SYNC_MODES:
+        raise SpecError("command line", "--sync", f"{sync!r}: one of {', '.join(SYNC_MODES)}")
+    given = [v for v in (inner_steps, local_steps) if v is not None]
+    if length:
+        if not length.isdigit():
+            raise SpecError("command line", "--sync", f"{sync!r}: MODE:STEPS, STEPS a number")
+        given.append(int(length))
+    if len(set(given)) > 1:
+        raise SpecError(
+            "command line", "--inner-steps", f"round lengths disagree: {sorted(set(given))}"
+        )
+    steps = given[0] if given else (1 if mode == "every-step" else 50)
+    try:
+        return message_from_flags(SyncSettings, SYNC_FLAGS, mode=mode, inner_steps=steps, **values)
+    except SpecError as exc:
+        if exc.field in SYNC_FLAGS.values():
+            raise
+        # a rule across fields (SyncSettings' own check): its reason names the field first
+        named = next((f for k, f in SYNC_FLAGS.items() if f" {k}:" in f" {exc.reason}"), "--sync")
+        raise SpecError("command line", named, exc.reason.removeprefix("Value error, ")) from None
+
+
+def task_steps(steps: int, rounds: int | None, settings: SyncSettings) -> int:
+    """The task's steps: ``--rounds`` rounds of the round length when given."""
+    return steps if rounds is None else rounds * settings.inner_steps

@@ -1,0 +1,202 @@
+"""Rules the stage leader combines its replicas' decoded vectors with, the mean and robust ones.
+
+The mean is what data parallelism needs when every replica is honest; one replica that sends
+garbage (a bug, a flipped bit, an attacker) moves it without bound. The robust rules bound that
+influence, at the price of ignoring part of the honest signal:
+
+- ``median``: coordinate-wise median; tolerates ``f`` bad replicas of ``n >= 2f + 1``. For an
+  even count it is the mean of the two middle values (numpy's convention; torch.median would
+  return the lower one, which biases the result downwards).
+- ``trimmed-mean``: per coordinate, drop the ``floor(trim * n)`` largest and smallest values and
+  average the rest (scipy.stats.trim_mean's convention); tolerates that many bad replicas.
+- ``krum`` (Blanchard et al. 2017): the one vector whose ``n - f - 2`` nearest others are the
+  closest (sum of squared distances); needs ``n >= 2f + 3``.
+- ``multi-krum``: the mean of the ``n - f`` vectors of best Krum score.
+
+Weights (the samples each replica trained on) are read by ``mean`` only: the robust rules give
+every replica one vote, since a bad replica could claim any weight. ``byzantine`` (f) is read by
+``median``, ``krum`` and ``multi-krum``; ``trimmed-mean`` tolerates ``floor(trim * n)`` instead.
+A count too small for what was asked raises ValueError rather than quietly giving the mean.
+
+A vector with NaN or infinite entries is refused (ValueError naming its index) by every rule
+rather than treated as an outlier: the codecs already refuse such payloads at decoding, so one
+here is a local bug, and the caller knows which replica to drop and can aggregate again.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from typing import TypedDict
+
+import torch
+
+AGGREGATORS = ("mean", "median", "trimmed-mean", "krum", "multi-krum")
+
+_DESCRIPTIONS = {
+    "mean": "weighted mean by samples trained on; no protection against a bad replica",
+    "median": "coordinate-wise median; tolerates f bad replicas of n >= 2f+1",
+    "trimmed-mean": "per coordinate, mean after dropping the floor(trim*n) largest and smallest",
+    "krum": "the vector closest to its n-f-2 nearest others (Krum); needs n >= 2f+3",
+    "multi-krum": "mean of the n-f vectors of best Krum score; needs n >= 2f+3",
+}
+_FORMS = "mean, median, trimmed-mean, trimmed-mean:TRIM (0 <= TRIM < 0.5), krum, krum:F, "
+_FORMS += "multi-krum, multi-krum:F (F an integer >= 0)"
+
+
+class AggregatorOptions(TypedDict, total=False):
+    """Keyword arguments of :func:`aggregate` that a rule's text sets."""
+
+    byzantine: int
+    trim: float
+
+
+def describe(name: str) -> str:
+    """One line on what the rule ``name`` does, for command-line help."""
+    try:
+        return _DESCRIPTIONS[name]
+    except KeyError:
+        raise ValueError(f"unknown aggregator {name!r}; accepted: {_FORMS}") from None
+
+
+def parse_aggregator(text: str) -> tuple[str, AggregatorOptions]:
+    """``"trimmed-mean:0.1"`` -> ``("trimmed-mean", {"trim": 0.1})``, ``"krum:1"`` ->
+    ``("krum", {"byzantine": 1})``; options left out keep :func:`aggregate`'s defaults."""
+    name, colon, arg = text.strip().partition(":")
+    name, arg = name.strip(), arg.strip()
+    bad = ValueError(f"unknown aggregator {text!r}; accepted: {_FORMS}")
+    if name not in AGGREGATORS or (colon and not arg):
+        raise bad
+    if not arg:
+        return name, {}
+    if name == "trimmed-mean":
+        try:
+            trim = float(arg)
+        except ValueError:
+            raise bad from None
+        if not 0 <= trim < 0.5:
+            raise bad
+        return name, {"trim": trim}
+    if name in ("krum", "multi-krum"):
+        try:
+            f = int(arg)
+        except ValueError:
+            raise bad from None
+        if f < 0:
+            raise bad
+        return name, {"byzantine": f}
+    raise bad
+
+
+def aggregate(
+    name: str,
+    parts: Sequence[torch.Tensor],
+    weights: Sequence[float] | None = None,
+    *,
+    byzantine: int = 1,
+    trim: float = 0.2,
+) -> torch.Tensor:
+    """Combine the replicas' vectors ``parts`` (same shape, floating point) by rule ``name``."""
+    if name not in AGGREGATORS:
+        raise ValueError(f"unknown aggregator {name!r}; accepted: {_FORMS}")
+    if isinstance(byzantine, bool) or not isinstance(byzantine, int) or byzantine < 0:
+        raise ValueError(f"byzantine must be an integer >= 0, got {byzantine!r}")
+    if not 0 <= trim < 0.5:
+        raise ValueError(f"trim must be in [0, 0.5), got {trim!r}")
+    _check_parts(parts)
+    count = len(parts)
+    if name == "mean":
+        return _weighted_mean(parts, _check_weights(weights, count))
+    if name == "median":
+        if count < 2 * byzantine + 1:
+            raise ValueError(
+                f"median with byzantine={byzantine} needs n >= 2f+1 = {2 * byzantine + 1} "
+                f"replicas, got {count}"
+            )
+        return _median(parts)
+    if name == "trimmed-mean":
+        cut = math.floor(trim * count)
+        if trim > 0 and cut == 0:
+            raise ValueError(
+                f"trimmed-mean:{trim} over {count} replicas trims nothing "
+                f"(floor({trim} * {count}) = 0); needs n >= {math.ceil(1 / trim)} replicas"
+            )
+        return _trimmed_mean(parts, cut)
+    if count < 2 * byzantine + 3:
+        raise ValueError(
+            f"{name} with byzantine={byzantine} needs n >= 2f+3 = {2 * byzantine + 3} "
+            f"replicas, got {count}"
+        )
+    order = _krum_order(parts, byzantine)
+    if name == "krum":
+        return parts[order[0]].clone()
+    return _weighted_mean([parts[i] for i in order[: count - byzantine]], None)
+
+
+def _check_parts(parts: Sequence[torch.Tensor]) -> None:
+    if not parts:
+        raise ValueError("nothing to aggregate: no vectors")
+    first = parts[0]
+    for i, p in enumerate(parts):
+        if not isinstance(p, torch.Tensor) or not p.is_floating_point():
+            raise ValueError(f"vector {i} is not a floating-point tensor")
+        if p.shape != first.shape or p.dtype != first.dtype or p.device != first.device:
+            raise ValueError(
+                f"vector {i} is {tuple(p.shape)} {p.dtype} on {p.device}, vector 0 is "
+                f"{tuple(first.shape)} {first.dtype} on {first.device}"
+            )
+        if not bool(torch.isfinite(p).all()):
+            raise ValueError(f"vector {i} has NaN or infinite entries")
+
+
+def _check_weights(weights: Sequence[float] | None, count: int) -> list[float] | None:
+    if weights is None:
+        return None
+    w = [float(v) for v in weights]
+    if len(w) != count:
+        raise ValueError(f"{len(w)} weights for {count} vectors")
+    if not all(math.isfinite(v) and v >= 0 for v in w) or sum(w) <= 0:
+        raise ValueError(f"weights must be finite, >= 0 and not all zero, got {w}")
+    return w
+
+
+def _weighted_mean(parts: Sequence[torch.Tensor], weights: list[float] | None) -> torch.Tensor:
+    # Accumulated in float64 one vector at a time: no n x count stack, and no order-dependent
+    # rounding worth speaking of.
+    w = weights if weights is not None else [1.0] * len(parts)
+    total = sum(w)
+    acc = torch.zeros(parts[0].shape, dtype=torch.float64, device=parts[0].device)
+    for wi, p in zip(w, parts, strict=True):
+        if wi:
+            acc.add_(p.to(torch.float64), alpha=wi / total)
+    return acc.to(parts[0].dtype)
+
+
+def _median(parts: Sequence[torch.Tensor]) -> torch.Tensor:
+    ranked = torch.stack(list(parts)).sort(dim=0).values
+    mid = len(parts) // 2
+    if len(parts) % 2:
+        return ranked[mid].clone()
+    return ((ranked[mid - 1].double() + ranked[mid].double()) / 2).to(ranked.dtype)
+
+
+def _trimmed_mean(parts: Sequence[torch.Tensor], cut: int) -> torch.Tensor:
+    ranked = torch.stack(list(parts)).sort(dim=0).values
+    kept = ranked[cut : len(parts) - cut]
+    return kept.double().mean(dim=0).to(ranked.dtype)
+
+
+def _krum_order(parts: Sequence[torch.Tensor], byzantine: int) -> list[int]:
+    """Replica indices from best to worst Krum score, ties to the lower index."""
+    count = len(parts)
+    dist = torch.zeros(count, count, dtype=torch.float64)
+    for i in range(count):
+        for j in range(i + 1, count):
+            d = torch.linalg.vector_norm(parts[i] - parts[j], dtype=torch.float64)
+            dist[i, j] = dist[j, i] = d * d
+    nearest = count - byzantine - 2
+    scores = []
+    for i in range(count):
+        others = torch.cat([dist[i, :i], dist[i, i + 1 :]])
+        scores.append(float(others.sort().values[:nearest].sum()))
+    return sorted(range(count), key=lambda i: (scores[i], i))

@@ -1,0 +1,497 @@
+"""Codecs that shrink the vectors replicas send to their stage leader for averaging.
+
+A replica's vector is a flat float32 tensor of ``n`` elements (its stage's gradients, or DiLoCo
+pseudo-gradients, in ``module.parameters()`` order). The uplink codec encodes it on the replica
+and decodes it at the leader; the leader sends the aggregate back with the stateless
+:func:`downlink_codec`. The wire carries one tensor per message, so every payload is ONE 1-D
+tensor, and a payload made of several pieces is packed into bytes (torch views, never pickle).
+
+Payload formats (``int8``, ``topk`` and ``sparse`` share a 16-byte header: bytes 0-2 ``b"dmc"``,
+byte 3 a tag naming the codec, bytes 4-7 an int32 parameter, bytes 8-15 an int64 count; numbers
+in the machine's byte order, little-endian on every platform torch ships for):
+
+- ``none``: the float32 vector as is.
+- ``bf16``: the vector cast to bfloat16 (round to nearest even).
+- ``int8[:BLOCK]``: uint8 bytes = header (tag 1, parameter BLOCK, count n), then one float32
+  scale per block of BLOCK elements (its absmax / 127), then n int8 values
+  ``round(x / scale)`` (ties to even), symmetric in [-127, 127].
+- ``topk:F`` and ``sparse``: uint8 bytes = header (tag 2 or 3, parameter 0, count k), then k
+  int32 indices in strictly increasing order, then their k float32 values. ``topk`` keeps the
+  ``ceil(F * n)`` entries of largest magnitude of ``x + residual`` (error feedback); ``sparse``
+  (downlink only) keeps every nonzero.
+- ``powersgd[:RANK]``: two rounds of plain float32 vectors, see :class:`PowerSGD`.
+
+Wire bytes for n = 1,000,000 (``tests/runtime/compute/test_compression.py`` recomputes this table
+from the code; the ratio is 4n over the bytes sent)::
+
+    codec                                      bytes     ratio
+    none                                     4,000,000      1.0x
+    bf16                                     2,000,000      2.0x
+    int8                                     1,015,644      3.9x
+    int8:64                                  1,062,516      3.8x
+    topk:0.01                                   80,016     50.0x
+    topk:0.001                                   8,016    499.0x
+    powersgd:4 (a 1000x1000 matrix)             32,000    125.0x
+
+``sparse`` costs 16 + 8 bytes per nonzero: the leader's aggregate of R replicas' ``topk:F``
+vectors has at most ``R * ceil(F * n)`` nonzeros, and past ``n / 2`` nonzeros it is dearer than
+``none``. PowerSGD's bytes are both rounds, uplink per replica; its downlink is the same size.
+
+Decoding validates everything a hostile peer controls (dtype, length, header, index range and
+order, finite scales and values) and raises :class:`CodecError`, never IndexError or
+RuntimeError. A decoded vector is always finite: a replica whose gradient overflowed is refused
+at the boundary like a hostile one, and encoders refuse a non-finite input before touching their
+error-feedback state, which one NaN would otherwise poison for good.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from fractions import Fraction
+from typing import NamedTuple, Protocol
+
+import torch
+
+CODECS = ("none", "bf16", "int8", "topk", "powersgd")
+DEFAULT_INT8_BLOCK = 256
+DEFAULT_POWERSGD_RANK = 4
+
+_FORMS = (
+    "accepted: none, bf16, int8, int8:BLOCK (BLOCK >= 1), topk:F (0 < F <= 1), powersgd, "
+    "powersgd:RANK (RANK >= 1), sparse (downlink only)"
+)
+_MAGIC = b"dmc"
+_TAG_INT8, _TAG_TOPK, _TAG_SPARSE = 1, 2, 3
+_TAG_NAMES = {_TAG_INT8: "int8", _TAG_TOPK: "topk", _TAG_SPARSE: "sparse"}
+_HEADER = 16
+_MAX_INT32 = 2**31 - 1
+
+
+class CodecError(ValueError):
+    """A payload that does not decode: truncated, mistyped, misconfigured or built to harm."""
+
+
+class Codec(Protocol):
+    """One side's encoder and decoder for a flat float32 vector of a fixed length."""
+
+    name: str
+
+    def encode(self, x: torch.Tensor) -> torch.Tensor:
+        """The payload for ``x``; updates this replica's error feedback where there is one."""
+
+    def decode(self, payload: torch.Tensor, n: int) -> torch.Tensor:
+        """The float32 vector of ``n`` elements; raises CodecError on a malformed payload."""
+
+
+def wire_bytes(payload: torch.Tensor) -> int:
+    """The bytes a payload occupies on the wire."""
+    return payload.numel() * payload.element_size()
+
+
+def _check_input(x: torch.Tensor, n: int, who: str) -> torch.Tensor:
+    if x.dim() != 1 or x.dtype != torch.float32 or x.numel() != n:
+        raise ValueError(
+            f"{who}: expected a 1-D float32 vector of {n} elements, "
+            f"got shape {tuple(x.shape)} {x.dtype}"
+        )
+    if not bool(torch.isfinite(x).all()):
+        raise ValueError(f"{who}: the vector has NaN or infinite entries")
+    return x.detach()
+
+
+def _check_payload(payload: object, dtype: torch.dtype, who: str) -> torch.Tensor:
+    if not isinstance(payload, torch.Tensor):
+        raise CodecError(f"{who}: the payload is a {type(payload).__name__}, not a tensor")
+    if payload.dtype != dtype:
+        raise CodecError(f"{who}: expected a {dtype} payload, got {payload.dtype}")
+    if payload.dim() != 1:
+        raise CodecError(f"{who}: expected a 1-D payload, got shape {tuple(payload.shape)}")
+    return payload.contiguous()
+
+
+def _check_length(payload: torch.Tensor, want: int, who: str, unit: str = "elements") -> None:
+    if payload.numel() != want:
+        raise CodecError(f"{who}: the payload has {payload.numel()} {unit}, expected {want}")
+
+
+def _check_finite(t: torch.Tensor, who: str, what: str) -> None:
+    if not bool(torch.isfinite(t).all()):
+        raise CodecError(f"{who}: {what} hold NaN or infinite entries")
+
+
+def _as_bytes(t: torch.Tensor) -> torch.Tensor:
+    return t.contiguous().view(-1).view(torch.uint8)
+
+
+def _field(payload: torch.Tensor, start: int, nbytes: int, dtype: torch.dtype) -> torch.Tensor:
+    # The copy starts a fresh storage, so that the view to a wider dtype is always aligned.
+    return payload[start : start + nbytes].clone().view(dtype)
+
+
+def _header(tag: int, param: int, count: int, device: torch.device) -> torch.Tensor:
+    magic = torch.tensor([*_MAGIC, tag], dtype=torch.uint8)
+    param_bytes = torch.tensor([param], dtype=torch.int32).view(torch.uint8)
+    count_bytes = torch.tensor([count], dtype=torch.int64).view(torch.uint8)
+    return torch.cat([magic, param_bytes, count_bytes]).to(device)
+
+
+def _read_header(payload: torch.Tensor, tag: int, who: str) -> tuple[int, int]:
+    """The (parameter, count) of a byte payload whose header names codec ``tag``."""
+    if payload.numel() < _HEADER:
+        raise CodecError(f"{who}: {payload.numel()} bytes, shorter than the {_HEADER}-byte header")
+    head = payload[:_HEADER].cpu()
+    if bytes(head[:3].tolist()) != _MAGIC:
+        raise CodecError(f"{who}: the header does not start with {_MAGIC!r}")
+    got = int(head[3])
+    if got != tag:
+        sent = _TAG_NAMES.get(got, f"unknown tag {got}")
+        raise CodecError(f"{who}: the payload was encoded by {sent}, not {_TAG_NAMES[tag]}")
+    return int(_field(head, 4, 4, torch.int32)[0]), int(_field(head, 8, 8, torch.int64)[0])
+
+
+class _Plain:
+    """``none`` and ``bf16``: the vector cast to a wire dtype, element by element."""
+
+    def __init__(self, n: int, dtype: torch.dtype) -> None:
+        self.name = "none" if dtype == torch.float32 else "bf16"
+        self.n = n
+        self._dtype = dtype
+
+    def encode(self, x: torch.Tensor) -> torch.Tensor:
+        return _check_input(x, self.n, self.name).to(self._dtype, copy=True)
+
+    def decode(self, payload: torch.Tensor, n: int) -> torch.Tensor:
+        p = _check_payload(payload, self._dtype, self.name)
+        _check_length(p, n, self.name)
+        out = p.to(torch.float32, copy=True)
+        _check_finite(out, self.name, "the values")
+        return out
+
+
+class _Int8:
+    """Symmetric int8 with one float32 absmax scale per block: 4n bytes become n + 4n/BLOCK."""
+
+    def __init__(self, n: int, block: int) -> None:
+        self.name = "int8" if block == DEFAULT_INT8_BLOCK else f"int8:{block}"
+        self.n = n
+        self.block = block
+
+    def encode(self, x: torch.Tensor) -> torch.Tensor:
+        x = _check_input(x, self.n, self.name)
+        blocks = -(-self.n // self.block)
+        padded = torch.zeros(blocks * self.block, dtype=torch.float32, device=x.device)
+        padded[: self.n] = x
+        grid = padded.view(blocks, self.block)
+        scales = grid.abs().amax(dim=1) / 127.0
+        # An all-zero block keeps scale 0 and quantizes to zeros instead of dividing by zero.
+        divisor = torch.where(scales > 0, scales, torch.ones_like(scales))
+        q = torch.round(grid / divisor[:, None]).clamp_(-127, 127).to(torch.int8)
+        head = _header(_TAG_INT8, self.block, self.n, x.device)
+        return torch.cat([head, _as_bytes(scales), _as_bytes(q.view(-1)[: self.n])])
+
+    def decode(self, payload: torch.Tensor, n: int) -> torch.Tensor:
+        p = _check_payload(payload, torch.uint8, self.name)
+        block, count = _read_header(p, _TAG_INT8, self.name)
+        if block != self.block:
+            raise CodecError(f"{self.name}: the payload uses blocks of {block}, not {self.block}")
+        if count != n:
+            raise CodecError(f"{self.name}: the header claims {count} elements, expected {n}")
+        blocks = -(-n // block)
+        _check_length(p, _HEADER + 4 * blocks + n, self.name, "bytes")
+        scales = _field(p, _HEADER, 4 * blocks, torch.float32)
+        _check_finite(scales, self.name, "the scales")
+        if bool((scales < 0).any()):
+            raise CodecError(f"{self.name}: the scales hold negative entries")
+        q = torch.zeros(blocks * block, dtype=torch.float32, device=p.device)
+        q[:n] = _field(p, _HEADER + 4 * blocks, n, torch.int8).to(torch.float32)
+        out = (q.view(blocks, block) * scales[:, None]).view(-1)[:n].clone()
+        _check_finite(out, self.name, "the dequantized values")  # a huge scale overflows
+        return out
+
+
+def _pack_sparse(tag: int, idx: torch.Tensor, values: torch.Tensor) -> torch.Tensor:
+    head = _header(tag, 0, idx.numel(), values.device)
+    return torch.cat([head, _as_bytes(idx.to(torch.int32)), _as_bytes(values)])
+
+
+def _unpack_sparse(
+    payload: torch.Tensor, n: int, tag: int, who: str, expected: int | None
+) -> torch.Tensor:
+    p = _check_payload(payload, torch.uint8, who)
+    _, count = _read_header(p, tag, who)
+    if not 0 <= count <= n:
+        raise CodecError(f"{who}: the header claims {count} entries, outside [0, {n}]")
+    if expected is not None and count != expected:
+        raise CodecError(f"{who}: the header claims {count} entries, expected {expected}")
+    _check_length(p, _HEADER + 8 * count, who, "bytes")
+    idx = _field(p, _HEADER, 4 * count, torch.int32).to(torch.int64)
+    values = _field(p, _HEADER + 4 * count, 4 * count, torch.float32)
+    # Strictly increasing indices from >= 0 to < n are in range and unique, so the scatter
+    # below neither fails nor depends on which duplicate lands last.
+    if count and (int(idx[0]) < 0 or int(idx[-1]) >= n):
+        raise CodecError(f"{who}: indices outside [0, {n})")
+    if count > 1 and not bool((idx[1:] > idx[:-1]).all()):
+        raise CodecError(f"{who}: the indices are not strictly increasing")
+    _check_finite(values, who, "the values")
+    out = torch.zeros(n, dtype=torch.float32, device=p.device)
+    out[idx] = values
+    return out
+
+
+def _check_indexable(n: int, who: str) -> None:
+    if n > _MAX_INT32:
+        raise ValueError(f"{who} sends int32 indices: n = {n} is too large")
+
+
+class _TopK:
+    """Top-k sparsification with error feedback: what is not sent now is added to the next x."""
+
+    def __init__(self, n: int, text: str, fraction: Fraction) -> None:
+        _check_indexable(n, "topk")
+        self.name = f"topk:{text}"
+        self.n = n
+        self.fraction = fraction  # exact: in floats, ceil(0.07 * 100) is 8
+        self.k = math.ceil(fraction * n)
+        self._residual = torch.zeros(n, dtype=torch.float32)
+
+    @property
+    def residual(self) -> torch.Tensor:
+        """What was left unsent so far (added to the next encoded vector)."""
+        return self._residual.clone()
+
+    def encode(self, x: torch.Tensor) -> torch.Tensor:
+        x = _check_input(x, self.n, self.name)
+        acc = x + self._residual.to(x.device)
+        idx = torch.topk(acc.abs(), self.k, sorted=False).indices.sort().values
+        values = acc[idx]
+        acc[idx] = 0.0  # residual = (x + residual) - sent, exactly
+        self._residual = acc
+        return _pack_sparse(_TAG_TOPK, idx, values)
+
+    def decode(self, payload: torch.Tensor, n: int) -> torch.Tensor:
+        k = math.ceil(self.fraction * n)
+        return _unpack_sparse(payload, n, _TAG_TOPK, self.name, k)
+
+
+class _Sparse:
+    """The leader's downlink after ``topk``: every nonzero of the aggregate, nothing lost."""
+
+    def __init__(self, n: int) -> None:
+        _check_indexable(n, "sparse")
+        self.name = "sparse"
+        self.n = n
+
+    def encode(self, x: torch.Tensor) -> torch.Tensor:
+        x = _check_input(x, self.n, self.name)
+        idx = torch.nonzero(x).view(-1)
+        return _pack_sparse(_TAG_SPARSE, idx, x[idx])
+
+    def decode(self, payload: torch.Tensor, n: int) -> torch.Tensor:
+        return _unpack_sparse(payload, n, _TAG_SPARSE, self.name, None)
+
+
+class _Slot(NamedTuple):
+    """One parameter's place in the flat vector; ``rank`` 0 travels uncompressed."""
+
+    offset: int
+    numel: int
+    rows: int
+    cols: int
+    rank: int
+
+
+class PowerSGD:
+    """Rank-r PowerSGD (Vogels et al. 2019) with error feedback, one replica's side of it.
+
+    Each parameter of two or more dimensions is the matrix ``(shape[0], prod(shape[1:]))`` and is
+    sent as rank ``r = min(rank, rows, cols)`` factors; parameters of fewer dimensions (biases,
+    norms, scalars) travel uncompressed in round 2 and carry no error. One step, every replica:
+
+    1. ``start(x)``: ``M = x + error``; sends ``P = M Q`` (rows x r per matrix);
+    2. the leader averages the P's; ``middle(p_mean)`` orthonormalises it (``P_hat``, QR) and
+       sends ``Q_i = M^T P_hat`` (cols x r per matrix), then the small parameters;
+    3. the leader averages those; ``finish(q_mean)`` returns ``P_hat q_mean^T`` = the mean of the
+       replicas' approximations, keeps ``error = M - P_hat Q_i^T`` and warm-starts ``Q = q_mean``.
+
+    Payloads are plain 1-D float32 vectors, matrices in parameter order, each row-major. Q starts
+    from a torch.Generator seeded with ``seed``, the same on every replica. Every replica runs the
+    same QR on the same ``p_mean``, so replicas agree bit for bit only when they compute it alike
+    (same torch build, same device kind): keep the vectors on the host, as gradient averaging does.
+    ``start`` may be called again before ``finish`` (a step run again); the error changes only in
+    ``finish``. A matrix with r (rows + cols) >= rows cols costs more than sending it; the rank
+    cap is kept anyway so that every matrix goes the same way.
+    """
+
+    def __init__(
+        self, shapes: Sequence[torch.Size], rank: int = DEFAULT_POWERSGD_RANK, seed: int = 0
+    ) -> None:
+        if rank < 1:
+            raise ValueError(f"powersgd: the rank must be >= 1, got {rank}")
+        self.name = f"powersgd:{rank}"
+        self.rank = rank
+        generator = torch.Generator().manual_seed(seed)
+        self._slots: list[_Slot] = []
+        self._q: list[torch.Tensor] = []  # one per compressed slot, cols x r
+        offset = 0
+        for shape in shapes:
+            size = torch.Size(shape)
+            numel = size.numel()
+            rows, cols = (size[0], numel // size[0]) if len(size) >= 2 and size[0] else (1, numel)
+            r = min(rank, rows, cols) if len(size) >= 2 else 0
+            self._slots.append(_Slot(offset, numel, rows, cols, r))
+            if r:
+                self._q.append(torch.randn(cols, r, generator=generator))
+            offset += numel
+        self.n = offset
+        self._error = torch.zeros(self.n, dtype=torch.float32)
+        self._m: torch.Tensor | None = None
+        self._p_hat: list[torch.Tensor] | None = None
+        self._q_own: list[torch.Tensor] = []
+
+    @property
+    def residual(self) -> torch.Tensor:
+        """The error kept for the next step (zero on uncompressed parameters)."""
+        return self._error.clone()
+
+    def bytes_per_round(self) -> tuple[int, int]:
+        """Float32 bytes of round 1 (the P's) and round 2 (the Q's and small parameters)."""
+        p = sum(s.rows * s.rank for s in self._slots)
+        q = sum(s.cols * s.rank if s.rank else s.numel for s in self._slots)
+        return 4 * p, 4 * q
+
+    def _received(self, payload: torch.Tensor, nbytes: int, what: str) -> torch.Tensor:
+        p = _check_payload(payload, torch.float32, self.name)
+        _check_length(p, nbytes // 4, self.name)
+        _check_finite(p, self.name, what)
+        return p.to(self._error.device)
+
+    def start(self, x: torch.Tensor) -> torch.Tensor:
+        """Round 1's payload: every matrix's ``P = (x + error) Q``, concatenated."""
+        m = _check_input(x, self.n, self.name).to(self._error.device) + self._error
+        self._m, self._p_hat = m, None
+        ps = [
+            m[s.offset : s.offset + s.numel].view(s.rows, s.cols) @ q
+            for s, q in zip([s for s in self._slots if s.rank], self._q, strict=True)
+        ]
+        return torch.cat([p.reshape(-1) for p in ps]) if ps else torch.zeros(0)
+
+    def middle(self, p_mean: torch.Tensor) -> torch.Tensor:
+        """Round 2's payload from the averaged P: ``Q_i = M^T P_hat``, then the small params."""
+        if self._m is None:
+            raise RuntimeError("powersgd: middle() before start()")
+        m = self._m
+        p_all = self._received(p_mean, self.bytes_per_round()[0], "the averaged P")
+        self._p_hat, self._q_own, pieces, at = [], [], [], 0
+        for s in self._slots:
+            block = m[s.offset : s.offset + s.numel]
+            if not s.rank:
+                pieces.append(block)
+                continue
+            p = p_all[at : at + s.rows * s.rank].view(s.rows, s.rank)
+            at += s.rows * s.rank
+            # Householder QR: orthonormal columns even when P is rank-deficient (a zero gradient).
+            p_hat = torch.linalg.qr(p).Q
+            q_own = block.view(s.rows, s.cols).T @ p_hat
+            self._p_hat.append(p_hat)
+            self._q_own.append(q_own)
+            pieces.append(q_own.reshape(-1))
+        return torch.cat(pieces) if pieces else torch.zeros(0)
+
+    def finish(self, q_mean: torch.Tensor) -> torch.Tensor:
+        """The approximate mean of all replicas' x; keeps this replica's error, warm-starts Q."""
+        if self._m is None or self._p_hat is None:
+            raise RuntimeError("powersgd: finish() before middle()")
+        m = self._m
+        q_all = self._received(q_mean, self.bytes_per_round()[1], "the averaged Q")
+        out = torch.empty(self.n, dtype=torch.float32, device=m.device)
+        error = torch.zeros_like(out)
+        at, j = 0, 0
+        for s in self._slots:
+            span = slice(s.offset, s.offset + s.numel)
+            if not s.rank:
+                out[span] = q_all[at : at + s.numel]
+                at += s.numel
+                continue
+            q = q_all[at : at + s.cols * s.rank].view(s.cols, s.rank)
+            at += s.cols * s.rank
+            p_hat = self._p_hat[j]
+            out[span] = (p_hat @ q.T).reshape(-1)
+            error[span] = m[span] - (p_hat @ self._q_own[j].T).reshape(-1)
+            self._q[j] = q.clone()
+            j += 1
+        self._error, self._m, self._p_hat, self._q_own = error, None, None, []
+        return out
+
+
+def _parse(name: str) -> tuple[str, str]:
+    family, _, arg = name.strip().partition(":")
+    family, arg = family.strip(), arg.strip()
+    plain = family in ("none", "bf16", "sparse")
+    if family not in (*CODECS, "sparse") or (plain and arg) or (family == "topk" and not arg):
+        raise ValueError(f"unknown codec {name!r}; {_FORMS}")
+    return family, arg
+
+
+def _positive_int(name: str, arg: str, default: int) -> int:
+    value = int(arg) if arg.lstrip("+").isdecimal() else 0 if arg else default
+    if not 1 <= value <= _MAX_INT32:
+        raise ValueError(f"codec {name!r}: {arg!r} is not an integer in [1, 2**31 - 1]; {_FORMS}")
+    return value
+
+
+def _fraction(name: str, arg: str) -> Fraction:
+    try:
+        value = Fraction(arg)
+    except (ValueError, ZeroDivisionError):
+        value = Fraction(0)
+    if not 0 < value <= 1:
+        raise ValueError(f"codec {name!r}: F must be a number in (0, 1]; {_FORMS}")
+    return value
+
+
+def make_codec(
+    name: str, n: int, *, shapes: Sequence[torch.Size] | None = None, seed: int = 0
+) -> Codec | PowerSGD:
+    """The uplink codec ``name`` for vectors of ``n`` elements.
+
+    ``powersgd`` needs the parameters' ``shapes`` (summing to n) and returns a :class:`PowerSGD`,
+    whose two rounds do not fit :class:`Codec`: callers tell them apart with isinstance.
+    """
+    if isinstance(n, bool) or not isinstance(n, int) or n < 0:
+        raise ValueError(f"the vector length must be an integer >= 0, got {n!r}")
+    family, arg = _parse(name)
+    if family == "none":
+        return _Plain(n, torch.float32)
+    if family == "bf16":
+        return _Plain(n, torch.bfloat16)
+    if family == "int8":
+        return _Int8(n, _positive_int(name, arg, DEFAULT_INT8_BLOCK))
+    if family == "topk":
+        return _TopK(n, arg, _fraction(name, arg))
+    if family == "sparse":
+        return _Sparse(n)
+    if shapes is None:
+        raise ValueError("powersgd needs the shapes of the parameters")
+    codec = PowerSGD(shapes, _positive_int(name, arg, DEFAULT_POWERSGD_RANK), seed)
+    if codec.n != n:
+        raise ValueError(f"powersgd: the shapes hold {codec.n} elements, the vector {n}")
+    return codec
+
+
+def downlink_codec(name: str, n: int) -> Codec:
+    """The stateless codec the leader sends the aggregate back with, for uplink codec ``name``.
+
+    ``topk`` comes back as ``sparse``: the aggregate of top-k vectors is sparse but not top-k,
+    and dropping more of it would lose what the replicas already removed from their residuals.
+    """
+    family, arg = _parse(name)
+    if family == "powersgd":
+        raise ValueError("powersgd has no downlink codec: its second round delivers the mean")
+    if family == "topk":
+        _fraction(name, arg)  # refuse a malformed F here too
+    if family in ("topk", "sparse"):
+        return _Sparse(n)
+    codec = make_codec(name, n)
+    assert not isinstance(codec, PowerSGD)
+    return codec

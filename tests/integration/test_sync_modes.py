@@ -1,0 +1,153 @@
+"""Sync modes of data-parallel replicas on real worker processes, against references computed
+in this process: plain data parallelism for DiLoCo with one inner step, and DiLoCo itself
+re-implemented here step by step (two model copies, an anchor, Nesterov momentum)."""
+
+from __future__ import annotations
+
+import copy
+import math
+
+import pytest
+import torch
+
+from dmsc.data.corpus import Corpus, stdlib_text
+from dmsc.runtime.compute.models.chain import layer_names, loss_fn
+from dmsc.runtime.compute.models.hf import stage_module
+from dmsc.runtime.compute.reference import train_reference
+from dmsc.runtime.control.deployment import Deployment, StageLayout
+from dmsc.runtime.control.training import train
+from dmsc.runtime.transport.messages import SyncSettings
+from dmsc.spec import resolve_model
+
+SPEC = resolve_model("gpt-mini")
+NAMES = layer_names(SPEC)
+WHOLE = [(NAMES[0], NAMES[-1])]  # one stage: each replica is the whole model
+STEPS, BATCH, MICRO, LR = 6, 8, 2, 1e-3
+
+
+@pytest.fixture(scope="module")
+def corpus() -> Corpus:
+    train_text, _ = stdlib_text(max_bytes=400_000)
+    return Corpus(train_text, SPEC.seq, seed=1)
+
+
+@pytest.fixture(scope="module")
+def dep():  # type: ignore[no-untyped-def]
+    """Two replicas of the whole model, reset to their first weights by each test."""
+    with Deployment(StageLayout(SPEC, WHOLE, replicas=2, lr=LR)) as d:
+        d.start_ckpt = d.checkpoint(0, d.home / "start")  # type: ignore[attr-defined]
+        yield d
+
+
+def _run(dep, corpus: Corpus, sync: SyncSettings | None, steps: int = STEPS) -> list[float]:  # type: ignore[no-untyped-def]
+    dep.restore(dep.start_ckpt)
+    report = train(dep, corpus, corpus, steps, BATCH, MICRO, validate=False, sync=sync)
+    return report.losses
+
+
+def _diloco_reference(corpus: Corpus, s: SyncSettings, steps: int) -> list[float]:
+    """DiLoCo in one process: each replica a model copy with its own inner AdamW, trained on
+    its half of every batch; every ``inner_steps`` the outer SGD-Nesterov step on the mean of
+    ``anchor - params``."""
+    base = stage_module(SPEC, 0, NAMES[0], NAMES[-1])
+    models = [copy.deepcopy(base) for _ in range(2)]
+    opts = [torch.optim.AdamW(m.parameters(), lr=LR) for m in models]
+    anchor = [p.detach().clone() for p in base.parameters()]
+    momentum = [torch.zeros_like(p) for p in anchor]
+    losses = []
+    for step in range(steps):
+        x, y = corpus.batch(step, BATCH)
+        total = 0.0
+        for model, opt, xr, yr in zip(models, opts, x.chunk(2), y.chunk(2), strict=True):
+            for xm, ym in zip(xr.chunk(MICRO), yr.chunk(MICRO), strict=True):
+                loss = loss_fn(model(xm), ym) / MICRO
+                loss.backward()
+                total += float(loss.detach()) / 2
+            opt.step()
+            opt.zero_grad(set_to_none=True)
+        losses.append(total)
+        if (step + 1) % s.inner_steps == 0 or step == steps - 1:
+            with torch.no_grad():
+                for i, a in enumerate(anchor):
+                    delta = sum(a - list(m.parameters())[i] for m in models) / 2
+                    momentum[i].mul_(s.outer_momentum).add_(delta)
+                    a -= s.outer_lr * (delta + s.outer_momentum * momentum[i])
+                    for m in models:
+                        list(m.parameters())[i].copy_(a)
+    return losses
+
+
+def test_diloco_with_one_inner_step_is_data_parallelism(dep, corpus) -> None:  # type: ignore[no-untyped-def]
+    """One inner SGD step and an outer SGD rate of 1 without momentum: the replicas apply the
+    mean of their SGD steps, which is the SGD step of the mean gradient."""
+    batches = [corpus.batch(s, BATCH) for s in range(STEPS)]
+    reference = train_reference(SPEC, 0, LR, batches, MICRO, optimizer="sgd")
+    plain = _run(dep, corpus, SyncSettings(inner_optimizer="sgd"))
+    diloco = _run(
+        dep,
+        corpus,
+        SyncSettings(
+            mode="diloco", inner_steps=1, outer_lr=1.0, outer_momentum=0.0, inner_optimizer="sgd"
+        ),
+    )
+    assert max(abs(a - b) for a, b in zip(plain, reference, strict=True)) < 1e-5
+    assert max(abs(a - b) for a, b in zip(diloco, reference, strict=True)) < 1e-5
+
+
+def test_diloco_equals_its_reference_in_one_process(dep, corpus) -> None:  # type: ignore[no-untyped-def]
+    s = SyncSettings(mode="diloco", inner_steps=2, outer_lr=0.7, outer_momentum=0.9)
+    got = _run(dep, corpus, s, steps=5)  # rounds of 2, 2 and the last step alone
+    want = _diloco_reference(corpus, s, 5)
+    assert max(abs(a - b) for a, b in zip(got, want, strict=True)) < 1e-4
+
+
+@pytest.mark.parametrize(
+    "sync",
+    [
+        SyncSettings(mode="diloco", inner_steps=2, compress="int8"),
+        SyncSettings(compress="topk:0.05"),
+        SyncSettings(compress="powersgd:2"),
+        SyncSettings(mode="fedprox", inner_steps=2, compress="bf16"),
+        SyncSettings(mode="fedavg", inner_steps=2, secure=True, dp_clip=1.0, dp_noise=0.01),
+    ],
+    ids=["diloco-int8", "topk", "powersgd", "fedprox-bf16", "fedavg-secure-dp"],
+)
+def test_every_mode_trains_and_keeps_the_replicas_equal(dep, corpus, sync, request) -> None:  # type: ignore[no-untyped-def]
+    dep.restore(dep.start_ckpt)
+    report = train(dep, corpus, corpus, 4, BATCH, MICRO, validate=False, sync=sync)
+    assert all(math.isfinite(v) for v in report.losses)
+    assert report.losses[-1] < report.losses[0]
+    assert report.dp_bytes > 0
+    # both replicas hold the same weights after the task's last round
+    from dmsc.runtime.transport.messages import Save
+
+    saved = {}
+    for r in (0, 1):
+        path = dep.home / request.node.callspec.id / f"r{r}.safetensors"
+        dep.gather(
+            dep.calls("Save", lambda e, p=path: Save(path=str(p), epoch=e), [(0, r)], 60), 60
+        )
+        from safetensors.torch import load_file
+
+        saved[r] = load_file(str(path))
+    assert all(torch.equal(saved[0][k], saved[1][k]) for k in saved[0])
+
+
+def test_a_poisoned_replica_derails_the_mean_and_not_the_robust_aggregators(corpus) -> None:  # type: ignore[no-untyped-def]
+    """Three replicas, one of which sends its round's update sign-flipped and scaled by 100."""
+    layout = StageLayout(
+        SPEC, WHOLE, replicas=3, lr=LR, faults={"stage0-r2": {"poison": {"scale": -100.0}}}
+    )
+    val: dict[str, tuple[float, float]] = {}
+    with Deployment(layout) as d:
+        start = d.checkpoint(0, d.home / "start")
+        for aggregator in ("mean", "median", "trimmed-mean:0.34"):
+            d.restore(start)
+            sync = SyncSettings(mode="fedavg", inner_steps=2, aggregator=aggregator)
+            r = train(d, corpus, corpus, 6, 12, 1, sync=sync)
+            assert r.val_start is not None and r.val_end is not None
+            val[aggregator] = (r.val_start, r.val_end)
+    start_loss = val["mean"][0]
+    assert not val["mean"][1] < start_loss  # derailed (worse than untrained, or NaN)
+    for robust in ("median", "trimmed-mean:0.34"):
+        assert val[robust][1] < start_loss - 0.1, (robust, val)
