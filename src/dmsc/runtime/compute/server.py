@@ -146,6 +146,7 @@ class StageWorker:
             self.device,
         )
         self.grads = GradientSync(cfg, self.module, self.peers, self.inbox)
+        self.bytes_reported = 0  # of self.grads.link.bytes, by the last Commit
 
     @property
     def epoch(self) -> int:
@@ -374,7 +375,9 @@ class StageWorker:
                 rounds.outer_step(m.step, "wait" if policy == "restart" else policy, wait_s)
         self.m_compute.inc(compute)
         self.log.info("step committed", extra={"sid": self.cfg.sid, "step": m.step})
-        return {"steps": self.steps_done, "compute_s": compute, "dp_bytes": self.grads.link.bytes}
+        sent = self.grads.link.bytes - self.bytes_reported  # this step's, both calls together
+        self.bytes_reported = self.grads.link.bytes
+        return {"steps": self.steps_done, "compute_s": compute, "dp_bytes": sent}
 
     def abort(self, m: msg.Abort) -> dict[str, Any]:
         """Move to a newer epoch: the step in progress fails, held frames are dropped."""
