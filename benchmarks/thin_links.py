@@ -106,9 +106,8 @@ def main() -> None:
         f"{a.batch} sequences ({res['tokens']:,} tokens); validation loss before: "
         f"{res['val_start']:.4f}"
     )
-    print(
-        f"{'mode':16} {'bytes/step':>12} {'x fewer':>8} {'val loss':>9} {'vs every':>9} {'wall s':>8}"
-    )
+    head = ("mode", "bytes/step", "x fewer", "val loss", "vs every", "wall s")
+    print(f"{head[0]:16} {head[1]:>12} {head[2]:>8} {head[3]:>9} {head[4]:>9} {head[5]:>8}")
     for name, m in res["modes"].items():
         print(
             f"{name:16} {m['bytes_per_step']:12,.0f} {m.get('bytes_vs_every_step', 0):8.1f} "
