@@ -7,6 +7,7 @@ from __future__ import annotations
 import copy
 import math
 
+import httpx
 import pytest
 import torch
 
@@ -16,7 +17,7 @@ from dmsc.runtime.compute.models.hf import stage_module
 from dmsc.runtime.compute.reference import train_reference
 from dmsc.runtime.control.deployment import Deployment, StageLayout
 from dmsc.runtime.control.training import train
-from dmsc.runtime.transport.messages import SyncSettings
+from dmsc.runtime.transport.messages import Health, SyncSettings
 from dmsc.spec import resolve_model
 
 SPEC = resolve_model("gpt-mini")
@@ -131,6 +132,11 @@ def test_every_mode_trains_and_keeps_the_replicas_equal(dep, corpus, sync, reque
 
         saved[r] = load_file(str(path))
     assert all(torch.equal(saved[0][k], saved[1][k]) for k in saved[0])
+    # what the follower sent is in its metrics, by kind
+    health = dep.clients[(0, 1)].send("Health", Health(), timeout_s=5)
+    text = httpx.get(f"http://{health['metrics']}/metrics", timeout=5).text
+    sent = [ln for ln in text.splitlines() if ln.startswith("dmsc_worker_bytes_sent_total")]
+    assert any('kind="sync_part"' in ln and float(ln.split()[-1]) > 0 for ln in sent), sent
 
 
 def test_a_poisoned_replica_derails_the_mean_and_not_the_robust_aggregators(corpus) -> None:  # type: ignore[no-untyped-def]

@@ -13,6 +13,7 @@ import typer
 
 from dmsc.cli.app import EXIT_DOES_NOT_FIT, console, err_console
 from dmsc.cli.options import ClusterOpt, JsonOpt, ModelOpt
+from dmsc.cli.sync_flags import CompressOpt, SyncOpt, sync_fields
 
 
 def estimate(
@@ -55,6 +56,8 @@ def estimate(
         ),
     ] = None,
     allreduce: Annotated[str | None, typer.Option(help="auto, ring, tree, hierarchical.")] = None,
+    sync: SyncOpt = None,
+    compress: CompressOpt = None,
     layers: Annotated[int | None, typer.Option(help="Override: transformer layers.")] = None,
     hidden: Annotated[int | None, typer.Option(help="Override: hidden size.")] = None,
     heads: Annotated[int | None, typer.Option(help="Override: attention heads.")] = None,
@@ -97,6 +100,7 @@ def estimate(
         "zero": zero,
         "overlap_dp_comm": overlap_dp_comm,
         "allreduce": allreduce,
+        "sync": sync_fields(sync, compress),
     }
     job_spec = build_job(job, flags)
     topo = Topology(cluster_spec)

@@ -3,6 +3,7 @@ name the flag)."""
 
 from __future__ import annotations
 
+import contextlib
 from pathlib import Path
 from typing import Annotated, Any, TypeVar
 
@@ -16,6 +17,7 @@ from dmsc.spec import (
     SpecError,
     TransformerSpec,
     load_spec,
+    parse_sync,
     read_document,
     resolve_model,
 )
@@ -74,7 +76,13 @@ def build_job(job_file: str | None, flags: dict[str, Any]) -> JobSpec:
         data.update(doc)
         source = job_file
     given = {k: v for k, v in flags.items() if v is not None}
-    data.update(given)
+    for key, value in given.items():
+        old = data.get(key)
+        if key == "sync" and isinstance(old, str):  # the file's short form, diloco:50
+            with contextlib.suppress(ValueError):  # a bad one is reported as the file's
+                old = parse_sync(old).model_dump(exclude={"compress"})
+        # a mapping from flags (--sync and --compress) goes over the file's, field by field
+        data[key] = {**old, **value} if isinstance(value, dict) and isinstance(old, dict) else value
     try:
         return JobSpec.model_validate(data)
     except ValidationError as exc:

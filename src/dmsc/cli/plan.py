@@ -16,6 +16,7 @@ import typer
 
 from dmsc.cli.app import EXIT_DOES_NOT_FIT, console, err_console
 from dmsc.cli.options import ClusterOpt, JsonOpt, ModelOpt
+from dmsc.cli.sync_flags import CompressOpt, SyncOpt, sync_fields
 from dmsc.spec import SpecError
 
 
@@ -52,6 +53,8 @@ def plan(
         ),
     ] = None,
     zero: Annotated[int | None, typer.Option(help="ZeRO stage 0-3.")] = None,
+    sync: SyncOpt = None,
+    compress: CompressOpt = None,
     top_k: Annotated[int, typer.Option(help="Runner-up strategies to keep.")] = 5,
     seed: Annotated[int, typer.Option(help="Seed of the randomised solvers.")] = 0,
     time_limit: Annotated[float, typer.Option(help="Seconds the exact solver may take.")] = 10.0,
@@ -82,6 +85,7 @@ def plan(
         "zero": zero,
         "attention": attention,
         "precision": precision,
+        "sync": sync_fields(sync, compress),
     }
     if fixed:
         flags.update(

@@ -40,7 +40,8 @@ def print_plan(console: Console, plan: Plan) -> None:
         f"{plan.model} on {plan.cluster}: tp={j.tp} pp={j.pp} dp={j.dp} ep={j.ep}, "
         f"micro-batch {j.micro_batch}, {j.schedule}"
         f"{f' v={j.interleave}' if j.chunks > 1 else ''}, recompute {j.recompute}, "
-        f"{j.attention} attention{', sequence parallel' if j.sequence_parallel else ''}",
+        f"{j.attention} attention{', sequence parallel' if j.sequence_parallel else ''}"
+        + (f", sync {j.sync.label}" if j.sync != type(j.sync)() else ""),
         style="bold",
         highlight=False,
     )

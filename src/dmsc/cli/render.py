@@ -219,6 +219,7 @@ def print_estimate(
         f"{job.schedule}{f' v={job.interleave}' if job.chunks > 1 else ''}, "
         f"batch {job.global_batch}/{job.micro_batch}, recompute {job.recompute}, "
         f"{job.attention} attention, {job.precision} precision"
+        + (f", sync {job.sync.label}" if job.sync != type(job.sync)() else "")
     )
     console.print(title, style="bold", highlight=False)
     console.print(calibration_line(cluster), style="dim", highlight=False)

@@ -20,6 +20,7 @@ from dmsc.cli.app import console, err_console
 from dmsc.cli.options import JsonOpt
 from dmsc.cli.progress import elapsed_bar
 from dmsc.cli.render import nan_to_null
+from dmsc.cli.sync_flags import CompressOpt, SyncOpt, job_entry, scenario_with_sync
 from dmsc.spec import SpecError
 
 if TYPE_CHECKING:
@@ -54,6 +55,8 @@ class Overrides:
     mix: str | None = None  # the --mix text: MODEL[=WEIGHT],...
     guard_band: int | None = None
     modulations: str | None = None
+    sync: str | None = None  # --sync and --compress: over every job type's (dmsc.cli.sync_flags)
+    compress: str | None = None
 
 
 def parse_mix(text: str) -> list[tuple[str, float | None]]:
@@ -105,7 +108,7 @@ def apply_overrides(scenario: ScenarioSpec, over: Overrides) -> ScenarioSpec:
             update["jobs"] = mix_jobs(scenario.jobs, parse_mix(over.mix))
         except ValueError as exc:
             raise SpecError("command line", "--mix", str(exc)) from None
-    return scenario.model_copy(update=update)
+    return scenario_with_sync(scenario.model_copy(update=update), over.sync, over.compress)
 
 
 def simulate(
@@ -180,6 +183,8 @@ def simulate(
             "(NAME: model preset, or model/ppN); the others are left out (scenario: jobs)."
         ),
     ] = None,
+    sync: SyncOpt = None,
+    compress: CompressOpt = None,
     plot: Annotated[str | None, typer.Option(help="Draw blocking vs load to this PNG.")] = None,
     csv_out: Annotated[str | None, typer.Option("--csv", help="Per-run rows to this CSV.")] = None,
     as_json: JsonOpt = False,
@@ -231,7 +236,7 @@ def simulate(
         csv_out,
         console,
         err_console,
-        Overrides(k, fit, slots, mix, guard_band, modulations),
+        Overrides(k, fit, slots, mix, guard_band, modulations, sync, compress),
     )
 
 
@@ -252,7 +257,6 @@ def run_simulation(
     ``overrides``: settings from the command line over the scenario file's."""
     from dmsc.sim import SCHEDULERS, OpticalNetwork, build_profiles, load_scenario, run
     from dmsc.sim.metrics import relative_change, summarize
-    from dmsc.sim.scenario import job_label
 
     for name in schedulers:
         if name not in SCHEDULERS:
@@ -316,7 +320,7 @@ def run_simulation(
         "guard_band": scenario.guard_band,
         "modulations": scenario.modulations,
         "slots": slots_per_fiber,
-        "jobs": [{"job": job_label(j), "weight": j.weight} for j in scenario.jobs],
+        "jobs": [job_entry(j) for j in scenario.jobs],
         "schedulers": {},
     }
     for name in schedulers:

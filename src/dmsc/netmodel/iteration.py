@@ -5,7 +5,8 @@ chunks, its tensor- and expert-parallel collectives, and the blocking send/recei
 and gradients at each chunk boundary). With ``m`` micro-batches and ``v`` chunks per device, the
 pipeline runs ``m x max(t_i) + (pp - 1) / v x mean(t_i)`` (Narayanan et al. SC'21, sec. 2.2: the
 bubble is ``(p - 1) / v`` micro-batch times for 1F1B and interleaved, as for GPipe). Then the
-data-parallel gradient reduction (minus what overlaps the last backward pass) and the optimizer.
+data-parallel gradient reduction (minus what overlaps the last backward pass; once per round of
+the job's sync mode and compressed as it says: :mod:`dmsc.netmodel.sync`) and the optimizer.
 """
 
 from __future__ import annotations
@@ -18,6 +19,7 @@ from dmsc.netmodel.constants import DEFAULT_CALIBRATION, DTYPE_BYTES, Calibratio
 from dmsc.netmodel.layers import LayerCost, build_layer_costs
 from dmsc.netmodel.memory import MemoryBreakdown, precision_bytes, stage_memory
 from dmsc.netmodel.parallel import Layout, split_layers
+from dmsc.netmodel.sync import exchange, exposed_s, stage_payload, vocab_matrix
 from dmsc.netmodel.topology import Topology
 from dmsc.spec.cluster import ClusterSpec
 from dmsc.spec.job import JobSpec
@@ -353,33 +355,6 @@ def estimate_iteration(
     breakdown["bubble"] = pipeline_s - m * per_mb[slowest]
 
     if train:
-        # Gradient reduction over the data-parallel replicas (all stages at once).
-        dp_s = 0.0
-        grad_dense = max(
-            sum(lc.params_per_device - lc.expert_params_per_device for lc in ms) * B
-            for ms in stage_layers
-        )
-        if job.dp > 1:
-            groups = [g for s in range(p) for g in layout.dp_groups(s)]
-            c = comm.collective("all_reduce", groups, grad_dense, job.allreduce)
-            dp_s = c.time_s
-            account("dp", c, 1)
-            if job.zero >= 3:  # weights gathered for every forward and backward
-                ag = comm.collective("all_gather", groups, grad_dense)
-                dp_s += ag.time_s * 2 * m
-                account("dp", ag, 2 * m)
-        grad_expert = max(sum(lc.expert_params_per_device for lc in ms) * B for ms in stage_layers)
-        if grad_expert and job.dp // job.ep > 1:
-            groups = [g for s in range(p) for g in layout.expert_dp_groups(s)]
-            c = comm.collective("all_reduce", groups, grad_expert, job.allreduce)
-            dp_s += c.time_s
-            account("dp", c, 1)
-        if job.overlap_dp_comm:
-            window = crit.compute_s * 2 / 3  # the backward of the last micro-batch
-            if job.zero >= 3:
-                window += m * crit.compute_s
-            dp_s = max(0.0, dp_s - window)
-        breakdown["dp_comm"] = dp_s
         params_dev = max(
             sum(lc.params_per_device for lc in ms) / (job.dp if job.zero >= 1 else 1)
             for ms in stage_layers
@@ -391,6 +366,35 @@ def estimate_iteration(
             * step
             / (dev.memory_bw_gbyte_s * 1e9 * calib.for_device(dev).memory_efficiency)
         )
+        # Gradient reduction over the data-parallel replicas (all stages at once), once per
+        # round of the sync mode, its payload compressed (dmsc.netmodel.sync).
+        sync = job.sync
+        codec = sync.compression
+        vocab = vocab_matrix(layers)
+        payloads = [stage_payload(ms, B, codec, vocab) for ms in stage_layers]
+        per_round = 1 / sync.inner_steps
+        dp_s = 0.0
+        grad_dense = max(dense for dense, _ in payloads)
+        if job.dp > 1:
+            groups = [g for s in range(p) for g in layout.dp_groups(s)]
+            c = exchange(comm, groups, grad_dense, codec, job.allreduce)
+            dp_s = c.time_s
+            account("dp", c, per_round)
+            if job.zero >= 3:  # weights gathered for every forward and backward
+                ag = comm.collective("all_gather", groups, grad_dense)
+                dp_s += ag.time_s * 2 * m
+                account("dp", ag, 2 * m)
+        grad_expert = max(expert for _, expert in payloads)
+        if grad_expert and job.dp // job.ep > 1:
+            groups = [g for s in range(p) for g in layout.expert_dp_groups(s)]
+            c = exchange(comm, groups, grad_expert, codec, job.allreduce)
+            dp_s += c.time_s
+            account("dp", c, per_round)
+        window = crit.compute_s * 2 / 3  # the backward of the last micro-batch
+        if job.zero >= 3:
+            window += m * crit.compute_s
+        inner_step_s = sum(breakdown.values())  # an iteration without its data-parallel part
+        breakdown["dp_comm"] = exposed_s(dp_s, sync, job.overlap_dp_comm, window, inner_step_s)
 
     total = sum(breakdown.values())
     by_link: dict[int, dict[str, float]] = {}

@@ -12,17 +12,22 @@ activations on boundary ``b`` at its reserved rate, ``d_b`` propagation. A bound
 communication-bound (CB) when ``x_b > max_s c_s``: then the stage after it cannot start right
 after its predecessor (a DCI-induced bubble, 004_899cf4a7bfe92fb3.txt) and more slots shorten
 the iteration; otherwise more slots change only the fill term.
+
+A job whose replicas synchronise once per round of local steps (``sync: diloco:H``,
+``fedavg:H``, ``fedprox:H``) is placed otherwise: as :class:`IslandProfile` says, its only
+traffic between datacenters is then the exchange of each round.
 """
 
 from __future__ import annotations
 
 import math
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, fields
 
-from dmsc.netmodel import DEFAULT_CALIBRATION, build_layer_costs
+from dmsc.netmodel import DEFAULT_CALIBRATION, DTYPE_BYTES, build_layer_costs
 from dmsc.netmodel.fabrics import dc_uplink
 from dmsc.netmodel.iteration import assign_stage_layers
+from dmsc.netmodel.sync import model_payload
 from dmsc.planner.placement.from_specs import stage_times_on
 from dmsc.sim.scenario import JobTypeSpec
 from dmsc.spec import ClusterSpec, JobSpec, resolve_model
@@ -39,7 +44,7 @@ class JobProfile:
     microbatches: int
     iterations: int
     compute_s: tuple[float, ...]  # per stage, per micro-batch (forward + backward + TP)
-    boundary_bytes: float  # per micro-batch, all replicas of a stage together
+    boundary_bytes: float  # per micro-batch, all replicas of a stage together (islands: a round)
     intra_dc_gbit_s: float  # rate of a boundary inside one datacenter
 
     @property
@@ -64,7 +69,91 @@ class JobProfile:
     def nominal_s(self) -> float:
         """Iteration time with every boundary inside one datacenter."""
         x = self.transfer_s(self.intra_dc_gbit_s)
-        return self.iteration_s([x] * (self.pp - 1), [0.0] * (self.pp - 1))
+        return self.iteration_s([x] * (self.units - 1), [0.0] * (self.units - 1))
+
+    # What the schedulers place: a chain of ``units`` groups of ``unit_gpus`` GPUs, each in one
+    # datacenter, consecutive units joined by a transfer (here: the pipeline's stages).
+    @property
+    def units(self) -> int:
+        return self.pp
+
+    @property
+    def unit_gpus(self) -> int:
+        return self.stage_gpus
+
+    @property
+    def interchangeable(self) -> bool:
+        """Whether the units may be put in any order (not a pipeline's stages)."""
+        return False
+
+    @property
+    def unit_compute_s(self) -> tuple[float, ...]:
+        """Each unit's time as the placement model (micro-batches of a pipeline) scores it."""
+        return self.compute_s
+
+    @property
+    def placement_microbatches(self) -> int:
+        return self.microbatches
+
+
+@dataclass(frozen=True)
+class IslandProfile(JobProfile):
+    """A job whose data-parallel replicas average once per round of ``inner_steps`` iterations,
+    placed as ``islands`` whole pipelines (``dp / islands`` replicas each, the same stages), each
+    island inside one datacenter.
+
+    The simulator's choices for such jobs (DiLoCo, FedAvg, FedProx):
+
+    - islands: ``gcd(dp, pp)``, as many as the pipeline has stages where dp allows, so a job
+      splits into as many pieces as its pipeline would (a job with one replica is one island);
+    - the islands form a chain, those in one datacenter next to each other, and each round
+      every link of the chain carries one replica's payload each way (the groups on either side
+      reduce theirs first; :func:`dmsc.netmodel.sync.model_payload`, compressed as the job
+      says; top-k's payloads are gathered, not summed: up to ``islands - 1`` of them);
+    - the exchange of a round runs while the next round computes (streaming DiLoCo): an
+      iteration takes the island's pipeline time (``step_s``, every boundary inside its
+      datacenter) plus the part of the slowest crossing (and the chain's propagation there and
+      back) that ``inner_steps`` iterations do not hide, spread over them;
+    - so a crossing is communication-bound when it is slower than ``inner_steps x step_s`` and
+      needs only the rate that moves a payload in that time: a DiLoCo job crossing datacenters
+      needs far fewer slots than a pipeline does;
+    - the averaging inside a datacenter is left out, as the simulator leaves out every-step
+      jobs' (each stage's replicas share a datacenter there).
+    """
+
+    islands: int = 1
+    inner_steps: int = 1
+    step_s: float = 0.0
+
+    @property
+    def bottleneck_s(self) -> float:
+        return self.inner_steps * self.step_s
+
+    def iteration_s(self, transfer_s: Sequence[float], propagation_s: Sequence[float]) -> float:
+        if not transfer_s:
+            return self.step_s
+        exchange = max(transfer_s) + 2 * sum(propagation_s)
+        return self.step_s + max(0.0, exchange - self.bottleneck_s) / self.inner_steps
+
+    @property
+    def units(self) -> int:
+        return self.islands
+
+    @property
+    def unit_gpus(self) -> int:
+        return self.stage_gpus * self.pp // self.islands
+
+    @property
+    def interchangeable(self) -> bool:
+        return True
+
+    @property
+    def unit_compute_s(self) -> tuple[float, ...]:
+        return (self.bottleneck_s,) * self.islands
+
+    @property
+    def placement_microbatches(self) -> int:
+        return 1
 
 
 def build_profiles(cluster: ClusterSpec, jobs: Sequence[JobTypeSpec]) -> list[JobProfile]:
@@ -90,19 +179,35 @@ def build_profiles(cluster: ClusterSpec, jobs: Sequence[JobTypeSpec]) -> list[Jo
         if parts is None:
             raise ValueError(f"jobs[{i}]: {jt.model} with pp={jt.pp} does not fit the devices")
         layers = build_layer_costs(model, job)
-        last = assign_stage_layers(layers, job)[0][-1]
+        stages = assign_stage_layers(layers, job)
         nodes = max(1, math.ceil(jt.stage_gpus / per_node))
+        pipeline = JobProfile(
+            index=i,
+            name=f"{jt.model}/pp{jt.pp}",
+            pp=jt.pp,
+            stage_gpus=jt.stage_gpus,
+            microbatches=job.microbatches,
+            iterations=jt.iterations,
+            compute_s=tuple(c + t + e for c, t, e in parts),
+            boundary_bytes=stages[0][-1].output_bytes * jt.tp * jt.dp,
+            intra_dc_gbit_s=dc_uplink(dc.network)[0] * nodes,
+        )
+        if not jt.sync.local_steps:
+            out.append(pipeline)
+            continue
+        codec = jt.sync.compression
+        islands = math.gcd(jt.dp, jt.pp)
+        payload = model_payload(stages, DTYPE_BYTES[model.dtype], codec, jt.tp)
+        if codec.kind == "topk":
+            payload *= max(1, islands - 1)
+        base = {f.name: getattr(pipeline, f.name) for f in fields(JobProfile)}
+        base.update(name=f"{pipeline.name} {jt.sync.label}", boundary_bytes=payload)
         out.append(
-            JobProfile(
-                index=i,
-                name=f"{jt.model}/pp{jt.pp}",
-                pp=jt.pp,
-                stage_gpus=jt.stage_gpus,
-                microbatches=job.microbatches,
-                iterations=jt.iterations,
-                compute_s=tuple(c + t + e for c, t, e in parts),
-                boundary_bytes=last.output_bytes * jt.tp * jt.dp,
-                intra_dc_gbit_s=dc_uplink(dc.network)[0] * nodes,
+            IslandProfile(
+                **base,
+                islands=islands,
+                inner_steps=jt.sync.inner_steps,
+                step_s=pipeline.nominal_s,
             )
         )
     return out

@@ -5,11 +5,11 @@ from __future__ import annotations
 import math
 from collections.abc import Sequence
 from pathlib import Path
-from typing import Annotated, Literal, Self
+from typing import Annotated, Any, Literal, Self
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
-from dmsc.spec import ClusterSpec, SpecError, load_spec, read_document, validate_document
+from dmsc.spec import ClusterSpec, SpecError, SyncSpec, load_spec, read_document, validate_document
 
 
 class JobTypeSpec(BaseModel):
@@ -32,6 +32,13 @@ class JobTypeSpec(BaseModel):
         default="mixed", description="Training recipe (see the job spec)."
     )
     iterations: int = Field(gt=0, description="Iterations until the job completes.")
+    sync: SyncSpec = Field(
+        default_factory=SyncSpec,
+        description=(
+            "How its data-parallel replicas agree (see the job spec; default: the scenario's). "
+            "With local steps the job runs as islands of whole pipelines (dmsc.sim.profile)."
+        ),
+    )
 
     @property
     def stage_gpus(self) -> int:
@@ -64,6 +71,28 @@ class ScenarioSpec(BaseModel):
     baseline_slots: int = Field(default=4, gt=0, description="Fixed slots per transfer (baseline).")
     max_slots: int = Field(default=32, gt=0, description="Most slots one transfer may take.")
     warmup_fraction: float = Field(default=0.1, ge=0, lt=1, description="Arrivals not counted.")
+    sync: SyncSpec = Field(
+        default_factory=SyncSpec,
+        description="Sync mode and compression of every job type that does not give its own.",
+    )
+
+    @model_validator(mode="before")
+    @classmethod
+    def _sync_of_jobs(cls, data: Any) -> Any:
+        """The scenario's ``sync`` given to each job type that names none of its own."""
+        if not isinstance(data, dict) or data.get("sync") is None:
+            return data
+        jobs = data.get("jobs")
+        if not isinstance(jobs, list):
+            return data
+        out = []
+        for job in jobs:
+            if isinstance(job, dict) and "sync" not in job:
+                job = {**job, "sync": data["sync"]}
+            elif isinstance(job, JobTypeSpec) and "sync" not in job.model_fields_set:
+                job = job.model_copy(update={"sync": SyncSpec.model_validate(data["sync"])})
+            out.append(job)
+        return {**data, "jobs": out}
 
     @model_validator(mode="after")
     def _slots(self) -> Self:
@@ -101,6 +130,17 @@ def load_scenario(path: str | Path) -> tuple[ScenarioSpec, ClusterSpec]:
 def job_label(job: JobTypeSpec) -> str:
     """How a job type is named on the command line and in results: ``model/ppN``."""
     return f"{job.model}/pp{job.pp}"
+
+
+def with_sync(jobs: Sequence[JobTypeSpec], update: dict[str, Any]) -> list[JobTypeSpec]:
+    """The job types with ``update`` (fields of :class:`SyncSpec`) over each one's sync;
+    ValueError (pydantic's) when the result is no valid sync."""
+    return [
+        job.model_copy(
+            update={"sync": SyncSpec.model_validate({**job.sync.model_dump(), **update})}
+        )
+        for job in jobs
+    ]
 
 
 def mix_jobs(

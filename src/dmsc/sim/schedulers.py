@@ -17,6 +17,10 @@ network does not change, so this is the per-iteration update of a policy).
   on the current free GPUs and spectrum (the exact CP-SAT model when the instance is small
   enough, else tabu search), each boundary offered only the slot counts that remove its bubble;
   then the same per-event re-provisioning as ``cba`` (re-planning the network when jobs leave).
+
+Every scheduler places a chain of units (:attr:`JobProfile.units`): a pipeline's stages, or the
+islands of a job that synchronises once per round of local steps (``IslandProfile``: a round's
+exchange takes the place of a boundary's activations, and islands come in any order).
 """
 
 from __future__ import annotations
@@ -78,7 +82,7 @@ class RunningJob:
 
     def compute_only_s(self) -> float:
         p = self.profile
-        return (p.microbatches - 1) * p.bottleneck_s + sum(p.compute_s)
+        return (p.microbatches - 1) * max(p.compute_s) + sum(p.compute_s)
 
     def cb_labels(self) -> list[bool]:
         """Which boundaries are communication-bound in the current schedule."""
@@ -108,7 +112,7 @@ class Scheduler(Protocol):
 def release(net: OpticalNetwork, job: RunningJob) -> None:
     """Give back the job's GPUs and lightpaths."""
     for d in job.dcs:
-        net.gpus_free[d] += job.profile.stage_gpus
+        net.gpus_free[d] += job.profile.unit_gpus
     for t in job.transfers:
         if t.lightpath is not None:
             net.grid.release(t.lightpath.id)
@@ -141,20 +145,22 @@ def _setup(net: OpticalNetwork, t: Transfer, slots: int, fit: str) -> bool:
 
 def _place_most_free(net: OpticalNetwork, profile: JobProfile) -> list[int] | None:
     dcs: list[int] = []
-    for _ in range(profile.pp):
+    for _ in range(profile.units):
         d = max(range(len(net.gpus_free)), key=lambda i: (net.gpus_free[i], -i))
-        if net.gpus_free[d] < profile.stage_gpus:
+        if net.gpus_free[d] < profile.unit_gpus:
             for back in dcs:
-                net.gpus_free[back] += profile.stage_gpus
+                net.gpus_free[back] += profile.unit_gpus
             return None
-        net.gpus_free[d] -= profile.stage_gpus
+        net.gpus_free[d] -= profile.unit_gpus
         dcs.append(d)
+    if profile.interchangeable:  # islands: those in one datacenter side by side in the chain
+        dcs.sort()
     return dcs
 
 
 def _provision_fixed(net: OpticalNetwork, job: RunningJob, slots: int, fit: str) -> tuple[int, int]:
     requests = blocked = 0
-    for b in range(job.profile.pp - 1):
+    for b in range(job.profile.units - 1):
         t = Transfer(b, job.dcs[b], job.dcs[b + 1])
         job.transfers.append(t)
         if t.src == t.dst:
@@ -255,7 +261,7 @@ class JointScheduler:
 
     def _problem(self, net: OpticalNetwork, profile: JobProfile) -> PlacementProblem:
         D = len(net.dc_names)
-        comp = tuple(round(c * 1e6) for c in profile.compute_s)
+        comp = tuple(round(c * 1e6) for c in profile.unit_compute_s)
         intra = round(profile.transfer_s(profile.intra_dc_gbit_s) * 1e6)
         links = tuple(
             LinkState(
@@ -281,20 +287,20 @@ class JointScheduler:
         return PlacementProblem(
             dc_names=tuple(net.dc_names),
             free_devices=tuple(net.gpus_free),
-            devices=tuple([profile.stage_gpus] * profile.pp),
+            devices=tuple([profile.unit_gpus] * profile.units),
             compute_us=tuple(tuple([c] * D) for c in comp),
-            boundary_bytes=tuple([profile.boundary_bytes] * (profile.pp - 1)),
-            local_us=tuple(tuple([intra] * D) for _ in range(profile.pp - 1)),
+            boundary_bytes=tuple([profile.boundary_bytes] * (profile.units - 1)),
+            local_us=tuple(tuple([intra] * D) for _ in range(profile.units - 1)),
             links=links,
             paths=paths,
             levels=tuple(sorted(levels)),
-            microbatches=profile.microbatches,
+            microbatches=profile.placement_microbatches,
             link_efficiency=1.0,
         )
 
     def admit(self, net: OpticalNetwork, profile: JobProfile, job_id: int) -> Admission:
-        need = profile.stage_gpus * profile.pp
-        if max(net.gpus_free) < profile.stage_gpus or sum(net.gpus_free) < need:
+        need = profile.unit_gpus * profile.units
+        if max(net.gpus_free) < profile.unit_gpus or sum(net.gpus_free) < need:
             return Admission(None, 0, 0, "gpu")
         # A job that fits in one datacenter has no cross-DC boundary: that is the optimum of the
         # placement model (equal devices everywhere), so skip the solver and take the datacenter
@@ -303,8 +309,8 @@ class JointScheduler:
         if fits:
             d = min(fits, key=lambda i: (net.gpus_free[i], i))
             net.gpus_free[d] -= need
-            job = RunningJob(job_id, profile, [d] * profile.pp)
-            job.transfers = [Transfer(b, d, d) for b in range(profile.pp - 1)]
+            job = RunningJob(job_id, profile, [d] * profile.units)
+            job.transfers = [Transfer(b, d, d) for b in range(profile.units - 1)]
             return Admission(job, 0, 0)
         problem = self._problem(net, profile)
         crossing_requests = 0
@@ -316,7 +322,7 @@ class JointScheduler:
         for solve in (
             solve_greedy,
             (lambda p: solve_milp(p, time_limit_s=self.time_limit_s, workers=1))
-            if profile.pp <= self.exact_max_stages
+            if profile.units <= self.exact_max_stages
             else (lambda p: solve_tabu(p, restarts=1, iterations=15, patience=5)),
         ):
             try:
@@ -330,7 +336,7 @@ class JointScheduler:
         result = min(found, key=lambda r: r.objective)
         dcs = list(result.placement.dcs)
         for d in dcs:
-            net.gpus_free[d] -= profile.stage_gpus
+            net.gpus_free[d] -= profile.unit_gpus
         job = RunningJob(job_id, profile, dcs)
         for b, route in enumerate(result.placement.routes):
             t = Transfer(b, dcs[b], dcs[b + 1])

@@ -22,12 +22,14 @@ from dmsc.spec.model import (
     TransformerSpec,
 )
 from dmsc.spec.presets import MODEL_PRESETS, parse_any_model, parse_model, resolve_model
+from dmsc.spec.sync import Compression, SyncSpec, parse_compress, parse_sync
 
 __all__ = [
     "MODEL_PRESETS",
     "BlockGraphSpec",
     "BlockSpec",
     "ClusterSpec",
+    "Compression",
     "DCNetworkSpec",
     "DatacenterSpec",
     "DeviceTypeSpec",
@@ -40,10 +42,13 @@ __all__ = [
     "NodeGroupSpec",
     "NodeTypeSpec",
     "SpecError",
+    "SyncSpec",
     "TransformerSpec",
     "load_spec",
     "parse_any_model",
+    "parse_compress",
     "parse_model",
+    "parse_sync",
     "read_document",
     "resolve_model",
     "validate_document",

@@ -6,6 +6,8 @@ from typing import Annotated, Literal, Self
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
+from dmsc.spec.sync import SyncSpec
+
 Schedule = Literal["gpipe", "1f1b", "interleaved"]
 Recompute = Literal["none", "selective", "full"]
 Attention = Literal["flash", "standard"]
@@ -85,6 +87,13 @@ class JobSpec(BaseModel):
         default=None,
         description="Blocks per pipeline stage (default: as even as possible); one per stage.",
     )
+    sync: SyncSpec = Field(
+        default_factory=SyncSpec,
+        description=(
+            "How the data-parallel replicas agree (every-step, diloco:H, fedavg:H, fedprox:H) "
+            "and the compression of what they send (see dmsc.spec.sync)."
+        ),
+    )
 
     @model_validator(mode="after")
     def _consistent(self) -> Self:
@@ -110,6 +119,13 @@ class JobSpec(BaseModel):
                 raise ValueError("stage_layers: uneven stages need a non-interleaved schedule")
         if self.mode == "infer" and (self.zero or self.recompute != "none"):
             raise ValueError("mode: inference uses neither ZeRO nor recomputation")
+        if self.mode == "infer" and self.sync != SyncSpec():
+            raise ValueError("sync: inference synchronises no gradients (mode infer)")
+        if self.sync.local_steps and self.zero:
+            raise ValueError(
+                f"sync: {self.sync.mode} keeps a whole optimizer on every replica between "
+                f"rounds, which ZeRO shards over them: needs zero 0 (got {self.zero})"
+            )
         return self
 
     @property

@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+import time
+
 import torch
 
-from dmsc.runtime.compute.gradient_sync import assign_grads, flatten_grads
+from dmsc.runtime.compute.gradient_sync import LinkShaper, assign_grads, flatten_grads
 
 
 def test_flatten_then_assign_is_the_identity_and_a_missing_gradient_is_zero() -> None:
@@ -19,3 +21,15 @@ def test_flatten_then_assign_is_the_identity_and_a_missing_gradient_is_zero() ->
     for n, p in enumerate(params[:-1]):
         assert p.grad is not None and torch.equal(p.grad, torch.full_like(p, 2.0 * (n + 1)))
     assert params[-1].grad is not None and not params[-1].grad.any()
+
+
+def test_a_shaped_link_holds_each_send_for_its_bytes_at_its_rate() -> None:
+    link = LinkShaper(1.0)  # 1 Mbit/s: 12,500 bytes take 0.1 s
+    t0 = time.monotonic()
+    link.take(12_500)
+    link.take(12_500)
+    assert time.monotonic() - t0 >= 0.2 - 1e-3
+    assert link.bytes == 25_000
+    free = LinkShaper(0.0)
+    free.take(10**9)  # no limit: counted, not held
+    assert free.bytes == 10**9

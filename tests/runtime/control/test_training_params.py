@@ -9,6 +9,7 @@ from runtime_helpers import local_plan
 
 from dmsc.runtime.control.training import task_params
 from dmsc.runtime.transport.messages import SyncSettings, TrainRequest
+from dmsc.spec.sync import SyncSpec
 
 
 def _req(**sync) -> TrainRequest:  # type: ignore[no-untyped-def]
@@ -37,3 +38,13 @@ def test_a_good_sync_is_kept_in_the_stored_parameters(tmp_path: Path) -> None:
     stored = params.as_json()
     assert stored["sync"]["compress"] == "int8"
     assert TrainRequest(**stored).sync == req.sync  # a rerun after a restart reads it back
+
+
+def test_a_task_without_a_sync_of_its_own_takes_the_plans() -> None:
+    plan = local_plan()
+    planned = SyncSpec(mode="diloco", inner_steps=20, compress="int8")
+    plan = plan.model_copy(update={"job": plan.job.model_copy(update={"sync": planned})})
+    got = task_params(TrainRequest(steps=40), plan).sync
+    assert (got.mode, got.inner_steps, got.compress) == ("diloco", 20, "int8")
+    own = task_params(_req(mode="fedavg", inner_steps=5), plan).sync
+    assert (own.mode, own.inner_steps) == ("fedavg", 5)  # the task's own wins

@@ -129,6 +129,7 @@ class GradientSync:
         for r in range(1, cfg.replicas):
             frame = encode(Kind.GRAD_AVG, step, 0, avg, self.peers.epoch)
             self.link.take(len(frame))
+            self.peers.count(Kind.GRAD_AVG, len(frame))
             if r not in late:
                 self.peers.push((cfg.stage, r), frame)
             else:  # a late replica may be stalled: do not wait on it
@@ -201,6 +202,7 @@ class GradientSync:
         for r in range(1, cfg.replicas):
             frame = encode(Kind.SYNC_DOWN, step, round_ * ROUND_SLOTS, answer, self.peers.epoch)
             self.link.take(len(frame))
+            self.peers.count(Kind.SYNC_DOWN, len(frame))
             if r not in late:
                 self.peers.push((cfg.stage, r), frame)
             else:

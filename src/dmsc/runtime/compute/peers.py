@@ -95,6 +95,10 @@ class Peers:
         self._bytes_sent.labels(kind.name.lower()).inc(len(frame))
         self.push(self._key(stage, replica), frame)
 
+    def count(self, kind: Kind, nbytes: int) -> None:
+        """Count a frame encoded elsewhere (a leader's answer to several replicas)."""
+        self._bytes_sent.labels(kind.name.lower()).inc(nbytes)
+
     def push(self, key: PeerKey, frame: bytes) -> None:
         """Send an encoded frame to the peer at ``key``; :meth:`flush` waits for it."""
         self._pending.append((key, frame, self.client(*key).raw_future("Push", frame)))

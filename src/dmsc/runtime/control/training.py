@@ -116,20 +116,26 @@ def task_params(req: TrainRequest, plan: Plan) -> TrainParams:
         raise ValueError(f"batch ({batch}) must be divisible by microbatches x dp ({micro} x {dp})")
     if req.warmup_steps > req.steps:
         raise ValueError(f"warmup_steps ({req.warmup_steps}) exceeds steps ({req.steps})")
-    if req.sync.outer and req.late_policy == "restart":
+    sync, planned = req.sync, plan.job.sync
+    if sync == SyncSettings() and (planned.mode, planned.compress) != ("every-step", "none"):
+        # the plan's sync mode (dmsc plan --sync) when the task names none of its own
+        sync = SyncSettings(
+            mode=planned.mode, inner_steps=planned.inner_steps, compress=planned.compress
+        )
+    if sync.outer and req.late_policy == "restart":
         raise ValueError(
             "late_policy: restart runs a step again; a round spans inner_steps steps: "
             "use wait or skip"
         )
-    name, options = parse_aggregator(req.sync.aggregator)
+    name, options = parse_aggregator(sync.aggregator)
     try:  # the aggregator's own rule on how many replicas it needs
         aggregate(name, [torch.zeros(1)] * dp, **options)
     except ValueError as exc:
         raise ValueError(f"sync.aggregator: {exc} (dp = {dp})") from None
-    if req.sync.local_data and (req.data is None or not Path(req.data).is_dir()):
+    if sync.local_data and (req.data is None or not Path(req.data).is_dir()):
         raise ValueError("sync.local_data: needs data, a directory of files to share out")
     fields = {k: getattr(req, k) for k in TrainParams.__dataclass_fields__}
-    return TrainParams(**{**fields, "batch": batch, "microbatches": micro})
+    return TrainParams(**{**fields, "batch": batch, "microbatches": micro, "sync": sync})
 
 
 @dataclass

@@ -1,0 +1,130 @@
+"""What a data-parallel synchronisation mode and its compression cost: bytes and exposed time.
+
+The choices, for :func:`dmsc.netmodel.iteration.estimate_iteration` and the simulator:
+
+- **Bytes per element.** The cost model reduces gradients in the model's dtype (``B`` bytes: 2
+  for bf16 weights, as Megatron-LM reduces bf16 gradients), and ``none`` keeps exactly that. The
+  codecs' sizes are those of the runtime's (``dmsc.runtime.compute.compression``, whose baseline
+  is fp32, 4 bytes): ``bf16`` 2, ``int8[:K]`` 1 + 4/K (an fp32 scale per block of K, 256 by
+  default), each never more than ``B`` (so on bf16 gradients ``bf16`` changes nothing and
+  ``int8`` halves them, less the scales); ``topk:F`` F x 8 (an int32 index and an fp32 value per
+  kept element: more than ``B`` past F = B / 8, and then it costs more, as it would).
+- **PowerSGD** (``powersgd:R``, Vogels et al. 2019) from the layer shapes: every weight matrix of
+  ``k x n`` on a device (the linear GEMMs of its layers; the embedding table shaped as the
+  output layer's, vocabulary x hidden) travels as R x (k + n) fp32 values, or as itself where
+  that is not smaller; what is no matrix (norms, biases, a layer list without shapes) travels
+  uncompressed at ``B``. A stage's expert gradients get the stage's ratio.
+- **Collective.** ``none``, ``bf16``, ``int8`` and PowerSGD all-reduce their payload (int8
+  re-quantised at each hop, PowerSGD's two factors counted as one buffer). ``topk`` cannot be
+  summed on the way (the replicas keep different indices): an all-gather of every replica's
+  payload, the same bytes as the all-reduce for two replicas, more beyond.
+- **Rounds.** ``every-step`` exchanges every iteration; ``diloco:H``, ``fedavg:H`` and
+  ``fedprox:H`` once per round of ``H`` iterations: the bytes per iteration are 1/H of a round's.
+- **Overlap** (the job's ``overlap_dp_comm``, meaning what it meant): every-step hides its
+  all-reduce under the last backward pass (the window ``w`` the iteration model gives); with
+  local steps the exchange may also run under the ``H - 1`` inner steps that follow (streaming
+  DiLoCo, Douillard et al. 2025: the outer update lands late), so the exposed time per
+  iteration is ``max(0, t - w - (H - 1) x step) / H``, with ``step`` an iteration without its
+  data-parallel part; without overlap ``t / H``. For ``H = 1`` both are every-step's, exactly.
+- **Not modelled**: the codecs' compute (quantisation, top-k selection, PowerSGD's products),
+  the outer optimizer's state (anchor weights and momentum, kept in host memory as OpenDiLoCo
+  does), and convergence (local steps may need more iterations to the same loss).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+from dmsc.netmodel.comm import CommCost, CommModel, Group
+from dmsc.netmodel.layers import LayerCost
+from dmsc.spec.sync import Compression, SyncSpec
+
+FP32 = 4.0  # bytes of an fp32 scale, index or PowerSGD factor element
+
+
+def bytes_per_element(c: Compression, grad_bytes: float) -> float:
+    """Bytes one gradient element costs on the wire under an element-wise codec (not PowerSGD,
+    whose cost depends on shapes: :func:`stage_payload`)."""
+    if c.kind == "bf16":
+        return min(grad_bytes, 2.0)
+    if c.kind == "int8":
+        return min(grad_bytes, 1.0 + FP32 / c.block)
+    if c.kind == "topk":
+        return c.fraction * (FP32 + FP32)
+    return grad_bytes
+
+
+def vocab_matrix(layers: Sequence[LayerCost]) -> tuple[int, int] | None:
+    """The shape (hidden, vocabulary per device) of the output layer's weight, which the
+    embedding table shares; None for a model without one."""
+    for lc in layers:
+        if lc.kind == "head" and lc.gemms:
+            return lc.gemms[0].k, lc.gemms[0].n
+    return None
+
+
+def _powersgd_bytes(
+    members: Sequence[LayerCost], grad_bytes: float, rank: int, vocab: tuple[int, int] | None
+) -> float:
+    total = 0.0
+    for lc in members:
+        mats = [(g.k, g.n, g.batch) for g in lc.gemms if g.kind == "linear"]
+        if lc.kind == "embedding" and vocab is not None:
+            mats = [(vocab[0], vocab[1], 1)]
+        elements = sum(k * n * b for k, n, b in mats)
+        total += max(0.0, lc.params_per_device - elements) * grad_bytes
+        total += sum(min(k * n * grad_bytes, rank * (k + n) * FP32) * b for k, n, b in mats)
+    return total
+
+
+def stage_payload(
+    members: Sequence[LayerCost],
+    grad_bytes: float,
+    c: Compression,
+    vocab: tuple[int, int] | None = None,
+) -> tuple[float, float]:
+    """Bytes (dense, expert) one device of a stage puts into one data-parallel exchange."""
+    dense = sum(lc.params_per_device - lc.expert_params_per_device for lc in members)
+    expert = sum(lc.expert_params_per_device for lc in members)
+    if c.kind == "none":  # the cost model's bytes as they were, operation for operation
+        return dense * grad_bytes, expert * grad_bytes
+    if c.kind != "powersgd":
+        per = bytes_per_element(c, grad_bytes)
+        return dense * per, expert * per
+    full = (dense + expert) * grad_bytes
+    if full <= 0:
+        return 0.0, 0.0
+    ratio = _powersgd_bytes(members, grad_bytes, c.rank, vocab) / full
+    return dense * grad_bytes * ratio, expert * grad_bytes * ratio
+
+
+def model_payload(
+    stages: Sequence[Sequence[LayerCost]], grad_bytes: float, c: Compression, tp: int
+) -> float:
+    """Bytes of one replica's whole contribution to a round (every stage, every tensor-parallel
+    rank): what crosses between two groups of replicas that each reduced theirs first."""
+    vocab = vocab_matrix([lc for ms in stages for lc in ms])
+    return tp * sum(sum(stage_payload(ms, grad_bytes, c, vocab)) for ms in stages)
+
+
+def exchange(
+    comm: CommModel, groups: Sequence[Group], payload: float, c: Compression, algorithm: str
+) -> CommCost:
+    """One exchange of ``payload`` bytes per rank in every group at once (see the module
+    docstring: an all-reduce, or an all-gather for top-k)."""
+    if c.kind == "topk":
+        n = max((len(g) for g in groups), default=1)
+        return comm.collective("all_gather", groups, payload * n)
+    return comm.collective("all_reduce", groups, payload, algorithm)
+
+
+def exposed_s(
+    round_s: float, sync: SyncSpec, overlap: bool, window_s: float, step_s: float
+) -> float:
+    """Data-parallel seconds an iteration waits for: a round's exchange of ``round_s``, less
+    what the last backward (``window_s``) and the round's other inner steps (``step_s`` each)
+    hide when ``overlap``, spread over the round's ``inner_steps`` iterations."""
+    h = sync.inner_steps
+    if overlap:
+        round_s = max(0.0, round_s - (window_s + (h - 1) * step_s))
+    return round_s / h

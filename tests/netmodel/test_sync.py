@@ -1,0 +1,157 @@
+"""Data-parallel sync modes and compression in the cost model: bytes and exposed time.
+
+References: every-step's own estimate (a mode of one inner step is it, exactly), the bytes per
+element each codec is defined by, and PowerSGD's factor sizes counted from the model's shape.
+"""
+
+from __future__ import annotations
+
+import pytest
+
+from dmsc.netmodel import build_layer_costs, estimate_iteration
+from dmsc.netmodel.layers import padded_vocab
+from dmsc.netmodel.sync import stage_payload, vocab_matrix
+from dmsc.spec import ClusterSpec, JobSpec, TransformerSpec, parse_compress, resolve_model
+
+# dp groups of 64 x tp 8 span two datacenters of NSFNET: the all-reduce crosses a thin link
+CROSSING = {"global_batch": 512, "tp": 8, "pp": 2, "dp": 64}
+
+
+def _job(sync: object = None, **kw: object) -> JobSpec:
+    data = {**CROSSING, **kw}
+    if sync is not None:
+        data["sync"] = sync
+    return JobSpec.model_validate(data)
+
+
+@pytest.mark.parametrize(
+    "kw",
+    [
+        {},
+        {"overlap_dp_comm": False},
+        {"allreduce": "ring"},
+        {"tp": 4, "pp": 4, "dp": 16, "global_batch": 256},
+    ],
+)
+def test_one_inner_step_uncompressed_is_every_step_exactly(nsfnet: ClusterSpec, kw: dict) -> None:
+    model = resolve_model("gpt3-6.7b")
+    every = estimate_iteration(nsfnet, model, _job(**kw))
+    for mode in ("diloco", "fedavg", "fedprox"):
+        one = estimate_iteration(nsfnet, model, _job({"mode": mode, "inner_steps": 1}, **kw))
+        assert one.breakdown_s == every.breakdown_s
+        assert one.iteration_time_s == every.iteration_time_s
+        assert one.traffic_bytes == every.traffic_bytes
+        assert one.traffic_by_link == every.traffic_by_link
+
+
+@pytest.mark.parametrize("mode", ["diloco", "fedavg", "fedprox"])
+@pytest.mark.parametrize("steps", [2, 50])
+def test_dp_bytes_per_iteration_are_one_round_over_h(
+    nsfnet: ClusterSpec, mode: str, steps: int
+) -> None:
+    model = resolve_model("gpt3-6.7b")
+    every = estimate_iteration(nsfnet, model, _job())
+    local = estimate_iteration(nsfnet, model, _job({"mode": mode, "inner_steps": steps}))
+    assert local.traffic_bytes["dp"] == pytest.approx(every.traffic_bytes["dp"] / steps, rel=1e-12)
+    for lid, modes in every.traffic_by_link.items():
+        assert local.traffic_by_link[lid]["dp"] == pytest.approx(modes["dp"] / steps, rel=1e-12)
+    for other in ("pp", "tp", "ep"):
+        assert local.traffic_bytes[other] == every.traffic_bytes[other]
+    assert local.breakdown_s["compute"] == every.breakdown_s["compute"]
+
+
+def test_exposed_time_without_overlap_is_a_round_over_h(nsfnet: ClusterSpec) -> None:
+    model = resolve_model("gpt3-6.7b")
+    every = estimate_iteration(nsfnet, model, _job(overlap_dp_comm=False))
+    local = estimate_iteration(nsfnet, model, _job("diloco:8", overlap_dp_comm=False))
+    assert every.breakdown_s["dp_comm"] > 0
+    assert local.breakdown_s["dp_comm"] == pytest.approx(every.breakdown_s["dp_comm"] / 8)
+
+
+def test_overlap_hides_the_round_under_the_inner_steps(nsfnet: ClusterSpec) -> None:
+    """The round's all-reduce runs under the last backward and the H - 1 steps after it."""
+    model = resolve_model("llama3-8b")
+    job = {"global_batch": 512, "tp": 8, "pp": 1, "dp": 128}
+    every = estimate_iteration(nsfnet, model, _job(**job))
+    exposed = every.breakdown_s["dp_comm"]
+    assert exposed > 0.1  # every step, the all-reduce across four datacenters is not hidden
+    step = every.iteration_time_s - exposed
+    raw = estimate_iteration(nsfnet, model, _job(overlap_dp_comm=False, **job))
+    window = raw.breakdown_s["dp_comm"] - exposed  # what the last backward hides
+    for h in (2, 4, 50):
+        local = estimate_iteration(nsfnet, model, _job(f"diloco:{h}", **job))
+        want = max(0.0, raw.breakdown_s["dp_comm"] - window - (h - 1) * step) / h
+        assert local.breakdown_s["dp_comm"] == pytest.approx(want, abs=1e-12)
+    assert estimate_iteration(nsfnet, model, _job("diloco:50", **job)).breakdown_s["dp_comm"] == 0
+
+
+@pytest.mark.parametrize(
+    ("compress", "dtype", "ratio"),
+    [
+        ("bf16", "bf16", 1.0),
+        ("bf16", "fp32", 0.5),
+        ("int8", "bf16", (1 + 4 / 256) / 2),
+        ("int8", "fp32", (1 + 4 / 256) / 4),
+        ("int8:64", "bf16", (1 + 4 / 64) / 2),
+        ("topk:0.01", "bf16", 0.01 * 8 / 2),
+        ("topk:0.01", "fp32", 0.01 * 8 / 4),
+    ],
+)
+def test_compression_ratios_are_the_codecs_bytes_per_element(
+    nsfnet: ClusterSpec, compress: str, dtype: str, ratio: float
+) -> None:
+    model = TransformerSpec(
+        name="small", layers=4, hidden=1024, heads=16, seq=1024, vocab=32000, dtype=dtype
+    )
+    # two replicas: top-k's all-gather moves the bytes of an all-reduce there
+    job = {"global_batch": 8, "tp": 4, "dp": 2, "allreduce": "ring"}
+    every = estimate_iteration(nsfnet, model, _job(**job))
+    packed = estimate_iteration(nsfnet, model, _job({"compress": compress}, **job))
+    assert packed.traffic_bytes["dp"] == pytest.approx(every.traffic_bytes["dp"] * ratio, rel=1e-12)
+    both = estimate_iteration(
+        nsfnet, model, _job({"mode": "diloco", "inner_steps": 10, "compress": compress}, **job)
+    )
+    assert both.traffic_bytes["dp"] == pytest.approx(packed.traffic_bytes["dp"] / 10, rel=1e-12)
+
+
+def test_topk_gathers_every_replica_s_entries(nsfnet: ClusterSpec) -> None:
+    """With n replicas, an all-gather of n payloads: n / 2 times the all-reduce's share."""
+    model = resolve_model("gpt3-1.3b")
+    job = {"global_batch": 64, "dp": 16, "allreduce": "ring"}
+    every = estimate_iteration(nsfnet, model, _job(**job))
+    topk = estimate_iteration(nsfnet, model, _job({"compress": "topk:0.01"}, **job))
+    want = every.traffic_bytes["dp"] * (0.01 * 8 / 2) * 16 / 2
+    assert topk.traffic_bytes["dp"] == pytest.approx(want, rel=1e-12)
+
+
+def _powersgd_reference(model: TransformerSpec, rank: int, grad_bytes: int) -> float:
+    """PowerSGD's bytes for a GPT-style model on one device, counted from its shape: every
+    weight matrix as rank x (rows + cols) fp32 values, everything else as it is."""
+    h, f, s = model.hidden, model.ffn_size, model.seq
+    v = padded_vocab(model.vocab, 1)
+    mats = [(h, 3 * h), (h, h), (h, f), (f, h)] * model.layers + [(v, h), (h, v)]
+    norms_biases = model.layers * (2 * 2 * h + 3 * h + h + f + h) + 2 * h
+    positions = s * h
+    factors = sum(min(a * b * grad_bytes, rank * (a + b) * 4) for a, b in mats)
+    return factors + (norms_biases + positions) * grad_bytes
+
+
+@pytest.mark.parametrize("rank", [1, 4, 64])
+def test_powersgd_bytes_from_the_layer_shapes(rank: int) -> None:
+    model = TransformerSpec(name="g", layers=3, hidden=256, heads=4, seq=128, vocab=1000)
+    job = JobSpec(global_batch=1)
+    layers = build_layer_costs(model, job)
+    dense, expert = stage_payload(
+        layers, 2, parse_compress(f"powersgd:{rank}"), vocab_matrix(layers)
+    )
+    assert expert == 0
+    assert dense == pytest.approx(_powersgd_reference(model, rank, 2), rel=1e-12)
+    assert dense < sum(lc.params_per_device for lc in layers) * 2
+
+
+def test_powersgd_shrinks_the_dp_all_reduce(nsfnet: ClusterSpec) -> None:
+    model = resolve_model("gpt3-6.7b")
+    every = estimate_iteration(nsfnet, model, _job(allreduce="ring"))
+    low = estimate_iteration(nsfnet, model, _job({"compress": "powersgd:4"}, allreduce="ring"))
+    assert low.traffic_bytes["dp"] < every.traffic_bytes["dp"] / 20
+    assert low.breakdown_s["dp_comm"] <= every.breakdown_s["dp_comm"]
