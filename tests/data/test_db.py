@@ -1,5 +1,6 @@
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 import pytest
@@ -16,16 +17,20 @@ def test_runs_tasks_metrics_versions(tmp_path: Path) -> None:
     for step in range(3):
         db.add_metric(task.id, step, 5.0 - step, 0.1, 1000.0)
     db.set_task_state(task.id, "done")
+    db.set_task_result(task.id, {"sync": {"mode": "diloco:50", "dp_bytes": 7}})
     db.add(ServiceRecord(run_id=run.id, sid="s0", stage=0, replica=0, address="127.0.0.1:1"))
     db.add(ModelVersionRecord(run_id=run.id, step=3, path="/x", sha256="0" * 64))
     # A second connection (as after a restart) sees everything.
     again = Database(db.url)
     [t] = again.tasks(run.id)
     assert t.state == "done" and t.started_at is not None and t.finished_at is not None
+    assert json.loads(t.result_json or "{}")["sync"]["mode"] == "diloco:50"
     assert [m.loss for m in again.metrics(task.id)] == [5.0, 4.0, 3.0]
     assert again.versions(run.id)[0].step == 3
     with pytest.raises(KeyError):
         again.set_task_state(999, "done")
+    with pytest.raises(KeyError):
+        again.set_task_result(999, {})
 
 
 def test_postgresql_server() -> None:

@@ -368,4 +368,5 @@ def _task_row(t: Any) -> dict[str, Any]:
         "attempts": t.attempts,
         "created": t.created_at.isoformat(),
         "error": t.error,
+        "result": json.loads(t.result_json) if t.result_json else None,
     }

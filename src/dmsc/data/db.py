@@ -79,6 +79,9 @@ class TaskRecord(Base):
     max_attempts: Mapped[int] = mapped_column(default=3)
     exception_type: Mapped[str | None] = mapped_column(String(128))
     log_excerpt: Mapped[str | None]
+    # what a finished task produced (a training task's report: losses, its sync mode, the bytes
+    # its replicas sent, the privacy spent)
+    result_json: Mapped[str | None]
 
 
 class ServiceRecord(Base):
@@ -433,6 +436,13 @@ class Database:
             if task is None:
                 raise KeyError(f"no task {task_id}")
             task.params_json = json.dumps(params)
+
+    def set_task_result(self, task_id: int, result: dict[str, Any]) -> None:
+        with self.sessions() as s, s.begin():
+            task = s.get(TaskRecord, task_id)
+            if task is None:
+                raise KeyError(f"no task {task_id}")
+            task.result_json = json.dumps(result)
 
     def recent_tasks(
         self, tenant: str | None = None, state: str | None = None, limit: int = 100

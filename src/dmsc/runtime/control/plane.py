@@ -259,6 +259,7 @@ class ControlPlane:
             self._restore_after_loss()
             raise
         self.steps_done = report.end_step
+        self.db.set_task_result(task_id, report.as_json())  # the sync mode, privacy spent
         for r in report.recoveries:
             self.log.warning("recovered from a failure: %s", r.reason, extra={"task_id": task_id})
         return report, self._save_version(task_id)
