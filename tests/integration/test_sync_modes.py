@@ -5,6 +5,7 @@ re-implemented here step by step (two model copies, an anchor, Nesterov momentum
 from __future__ import annotations
 
 import copy
+import json
 import math
 
 import httpx
@@ -157,3 +158,32 @@ def test_a_poisoned_replica_derails_the_mean_and_not_the_robust_aggregators(corp
     assert not val["mean"][1] < start_loss  # derailed (worse than untrained, or NaN)
     for robust in ("median", "trimmed-mean:0.34"):
         assert val[robust][1] < start_loss - 0.1, (robust, val)
+
+
+def test_a_federated_task_on_its_sites_own_files_reports_bytes_and_epsilon(tmp_path) -> None:  # type: ignore[no-untyped-def]
+    """Through the control plane: FedAvg rounds on local shards with clipping and noise; the
+    task's report names the mode, the bytes and the privacy spent."""
+    from runtime_helpers import control_plane, one_box
+
+    from dmsc.planner.solve import plan_job
+    from dmsc.runtime.transport.messages import TrainRequest
+    from dmsc.spec import ClusterSpec, JobSpec, load_spec
+
+    cluster = load_spec(ClusterSpec, one_box(tmp_path, 2))
+    plan = plan_job(cluster, SPEC, JobSpec(global_batch=8, micro_batch=2, dp=2), fixed=True).plan
+    data = tmp_path / "corpus"
+    data.mkdir()
+    for i in range(6):
+        (data / f"f{i}.py").write_text(f"def f{i}(x):\n    return x * {i}\n" * 60)
+    sync = SyncSettings(
+        mode="fedavg", inner_steps=2, local_data=True, skew=1.0, dp_clip=1.0, dp_noise=0.01
+    )
+    (tmp_path / "home").mkdir()
+    with control_plane(plan, tmp_path / "home") as cp:
+        out = cp.train(TrainRequest(steps=4, data=str(data), sync=sync))
+        stored = cp.db.recent_tasks()[0]
+    assert json.loads(stored.result_json)["sync"] == out["sync"]  # in the task's record
+    s = out["sync"]
+    assert s["mode"] == "fedavg:2" and s["local_data"] and s["rounds"] == 2
+    assert s["dp_bytes"] > 0
+    assert s["privacy"]["epsilon"] > 0 and s["privacy"]["rounds"] == 2

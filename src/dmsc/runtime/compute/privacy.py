@@ -95,7 +95,10 @@ class PrivacyLedger:
 
         accountant = RDPAccountant()
         accountant.history = [(self.noise_multiplier, self.sample_rate, self.rounds)]
-        return float(accountant.get_epsilon(delta=delta))
+        # orders below Opacus' default range too: with little noise the best order is near 1
+        # (the default range then warns and gives a looser bound)
+        alphas = [1 + x / 100 for x in range(1, 10)] + RDPAccountant.DEFAULT_ALPHAS
+        return float(accountant.get_epsilon(delta=delta, alphas=alphas))
 
     def as_json(self, delta: float) -> dict[str, str | float | int]:
         """The record as published next to a model trained under it."""
