@@ -15,10 +15,11 @@ import time
 import pytest
 
 from dmsc.data.corpus import Corpus, stdlib_text
-from dmsc.runtime.compute.reference import train_reference
+from dmsc.runtime.compute.reference import train_diloco_reference, train_reference
 from dmsc.runtime.control.chaos import train_under_fault
 from dmsc.runtime.control.deployment import Deployment, StageLayout
 from dmsc.runtime.control.training import Recovering, train
+from dmsc.runtime.transport.messages import SyncSettings
 from dmsc.spec import resolve_model
 
 SPEC = resolve_model("gpt-mini")
@@ -111,3 +112,30 @@ def test_a_last_stage_frozen_between_steps_is_found_within_the_ttl(corpora, refe
     assert len(report.recoveries) == 1 and report.recoveries[0].failed == ["stage2-r0"]
     assert report.recoveries[0].detected_at - frozen[0] < TTL + TTL / 3 + 1.5
     assert max(abs(a - b) for a, b in zip(report.losses, reference[:8], strict=True)) < 1e-5
+
+
+def test_diloco_rounds_survive_a_killed_replica_as_if_nothing_happened(corpora) -> None:  # type: ignore[no-untyped-def]
+    """Two replicas in rounds of 4 (checkpoints at the rounds' ends); replica 1 is killed in
+    the second round. Every worker goes back to the checkpoint (its anchor and momentum too),
+    the round runs again, and the loss curve is the failure-free DiLoCo's, computed in one
+    process."""
+    steps, inner = 10, 4
+    sync = SyncSettings(mode="diloco", inner_steps=inner)
+    report, fr = train_under_fault(
+        StageLayout(SPEC, [("embedding", "head")], replicas=2),
+        *corpora,
+        steps,
+        BATCH,
+        2,
+        "kill",
+        stage=0,
+        at_step=6,
+        replica=1,
+        checkpoint_every=inner,
+        registry_ttl_s=TTL,
+        sync=sync,
+    )
+    assert len(report.recoveries) == 1 and fr.steps_lost > 0
+    batches = [corpora[0].batch(s, BATCH) for s in range(steps)]
+    want = train_diloco_reference(SPEC, 0, 1e-3, batches, 2, 2, inner, 0.7, 0.9)
+    assert max(abs(a - b) for a, b in zip(report.losses, want, strict=True)) < 1e-4

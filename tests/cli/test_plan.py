@@ -65,6 +65,27 @@ def test_plan_json_and_file_validate_against_the_schema(tmp_path: Path, dmsc: Dm
     assert len(plan.paths) == crossings
 
 
+def test_a_diloco_plan_puts_its_replicas_in_two_datacenters(
+    tmp_path: Path, dmsc: DmscRunner
+) -> None:
+    out = tmp_path / "plan.json"
+    args = ["plan", "--model", "gpt-mini", "--cluster", LOCAL, "--global-batch", "16"]
+    args += ["--micro-batch", "4", "--tp", "1", "--pp", "1", "--dp", "2", "--sync", "diloco:10"]
+    res = dmsc(*args, "--out", str(out), "--json")
+    assert res.returncode == 0, res.stderr
+    summary = json.loads(res.stdout)
+    assert summary["sync"] == {"mode": "diloco", "inner_steps": 10, "compress": "none"}
+    assert summary["traffic_bytes"]["dp"] > 0
+    document = json.loads(out.read_text())
+    jsonschema.validate(document, json.loads(dmsc("schema", "plan").stdout))
+    plan = Plan.model_validate(document)
+    assert (
+        len({rep.datacenter for rep in plan.stages[0].replicas}) == 2
+    )  # where `dmsc up` puts them
+    text = dmsc(*args).stdout
+    assert "2 islands (whole pipelines)" in text and "sync diloco:10" in text
+
+
 def test_plan_searches_the_strategy_and_compares_solvers(tmp_path: Path, dmsc: DmscRunner) -> None:
     png = tmp_path / "gantt.png"
     res = dmsc(

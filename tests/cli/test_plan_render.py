@@ -35,6 +35,18 @@ def test_nothing_is_cut_at_80_columns(nsfnet: ClusterSpec) -> None:
         assert all(word in text for word in header.split())  # wrapped maybe, never cut
 
 
+def test_an_island_plan_names_its_islands_and_the_exchange(local_cpu: ClusterSpec) -> None:
+    job = JobSpec(global_batch=16, micro_batch=4, dp=2, sync="diloco:10")
+    plan = plan_job(local_cpu, resolve_model("gpt-mini"), job, fixed=True).plan
+    text = _text(plan)
+    assert "…" not in text and "2 DCs" in text
+    dcs = [rep.datacenter for rep in plan.stages[0].replicas]
+    words = " ".join(text.split())
+    assert f"islands (whole pipelines): {dcs[0]} x1, {dcs[1]} x1; exchange once per 10" in words
+    (row,) = [line for line in text.splitlines() if line.startswith("│ dp ")]
+    assert dcs[0] in row and dcs[1] in row  # the exchange's reservation
+
+
 def test_a_plan_on_one_machine_shows_figures_that_mean_something(local_cpu: ClusterSpec) -> None:
     from dmsc.runtime.compute.calibrate import calibrated_cluster
 

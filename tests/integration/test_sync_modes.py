@@ -4,7 +4,6 @@ re-implemented here step by step (two model copies, an anchor, Nesterov momentum
 
 from __future__ import annotations
 
-import copy
 import json
 import math
 
@@ -13,9 +12,8 @@ import pytest
 import torch
 
 from dmsc.data.corpus import Corpus, stdlib_text
-from dmsc.runtime.compute.models.chain import layer_names, loss_fn
-from dmsc.runtime.compute.models.hf import stage_module
-from dmsc.runtime.compute.reference import train_reference
+from dmsc.runtime.compute.models.chain import layer_names
+from dmsc.runtime.compute.reference import train_diloco_reference, train_reference
 from dmsc.runtime.control.deployment import Deployment, StageLayout
 from dmsc.runtime.control.training import train
 from dmsc.runtime.transport.messages import Health, SyncSettings
@@ -47,38 +45,6 @@ def _run(dep, corpus: Corpus, sync: SyncSettings | None, steps: int = STEPS) -> 
     return report.losses
 
 
-def _diloco_reference(corpus: Corpus, s: SyncSettings, steps: int) -> list[float]:
-    """DiLoCo in one process: each replica a model copy with its own inner AdamW, trained on
-    its half of every batch; every ``inner_steps`` the outer SGD-Nesterov step on the mean of
-    ``anchor - params``."""
-    base = stage_module(SPEC, 0, NAMES[0], NAMES[-1])
-    models = [copy.deepcopy(base) for _ in range(2)]
-    opts = [torch.optim.AdamW(m.parameters(), lr=LR) for m in models]
-    anchor = [p.detach().clone() for p in base.parameters()]
-    momentum = [torch.zeros_like(p) for p in anchor]
-    losses = []
-    for step in range(steps):
-        x, y = corpus.batch(step, BATCH)
-        total = 0.0
-        for model, opt, xr, yr in zip(models, opts, x.chunk(2), y.chunk(2), strict=True):
-            for xm, ym in zip(xr.chunk(MICRO), yr.chunk(MICRO), strict=True):
-                loss = loss_fn(model(xm), ym) / MICRO
-                loss.backward()
-                total += float(loss.detach()) / 2
-            opt.step()
-            opt.zero_grad(set_to_none=True)
-        losses.append(total)
-        if (step + 1) % s.inner_steps == 0 or step == steps - 1:
-            with torch.no_grad():
-                for i, a in enumerate(anchor):
-                    delta = sum(a - list(m.parameters())[i] for m in models) / 2
-                    momentum[i].mul_(s.outer_momentum).add_(delta)
-                    a -= s.outer_lr * (delta + s.outer_momentum * momentum[i])
-                    for m in models:
-                        list(m.parameters())[i].copy_(a)
-    return losses
-
-
 def test_diloco_with_one_inner_step_is_data_parallelism(dep, corpus) -> None:  # type: ignore[no-untyped-def]
     """One inner SGD step and an outer SGD rate of 1 without momentum: the replicas apply the
     mean of their SGD steps, which is the SGD step of the mean gradient."""
@@ -99,7 +65,8 @@ def test_diloco_with_one_inner_step_is_data_parallelism(dep, corpus) -> None:  #
 def test_diloco_equals_its_reference_in_one_process(dep, corpus) -> None:  # type: ignore[no-untyped-def]
     s = SyncSettings(mode="diloco", inner_steps=2, outer_lr=0.7, outer_momentum=0.9)
     got = _run(dep, corpus, s, steps=5)  # rounds of 2, 2 and the last step alone
-    want = _diloco_reference(corpus, s, 5)
+    batches = [corpus.batch(step, BATCH) for step in range(5)]
+    want = train_diloco_reference(SPEC, 0, LR, batches, MICRO, 2, 2, 0.7, 0.9)
     assert max(abs(a - b) for a, b in zip(got, want, strict=True)) < 1e-4
 
 

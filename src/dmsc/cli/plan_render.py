@@ -31,7 +31,7 @@ def plan_json(plan: Plan) -> dict[str, Any]:
         "traffic_bytes": plan.prediction.traffic_bytes,
         "tflops_per_gpu": plan.prediction.tflops_per_gpu,
         "alternatives": full["search"]["alternatives"],
-    }
+    } | ({"sync": full["job"]["sync"]} if plan.job.sync.local_steps else {})
 
 
 def print_plan(console: Console, plan: Plan) -> None:
@@ -60,17 +60,20 @@ def print_plan(console: Console, plan: Plan) -> None:
     t = fit_table("stage", "SID", "layers", "DC", "devices", "per micro-batch", keep=(1,))
     for st in plan.stages[:32]:
         devices = [len(r.devices) for r in st.replicas]
+        dcs = set(r.datacenter for r in st.replicas) | {st.datacenter}  # islands: several
         t.add_row(
             str(st.index),
             st.sid,
             f"{st.chunks[0][0]} .. {st.chunks[-1][1]} ({st.layers})",
-            st.datacenter,
+            st.datacenter if len(dcs) == 1 else f"{len(dcs)} DCs",
             f"{sum(devices)} ({len(devices)} x {max(devices, default=0)})",
             human_seconds(st.microbatch_s),
         )
     if len(plan.stages) > 32:
         t.add_row("...", f"{len(plan.stages) - 32} more", "", "", "", "")
     console.print(t)
+    if j.sync.local_steps and j.dp > j.ep:
+        console.print(islands_line(plan), highlight=False)
     if plan.paths:
         console.print(paths_table(plan))
     b = fit_table("iteration", "time", "share")
@@ -94,6 +97,18 @@ def print_plan(console: Console, plan: Plan) -> None:
         console.print(a)
 
 
+def islands_line(plan: Plan) -> str:
+    """Where a round mode's islands run (each a replica's whole pipeline, or an expert-parallel
+    group's) and how often they exchange."""
+    j = plan.job
+    first = [r.datacenter for r in plan.stages[0].replicas[:: j.ep]]
+    where = ", ".join(f"{dc} x{first.count(dc)}" for dc in dict.fromkeys(first))
+    return (
+        f"{j.dp // j.ep} islands (whole pipelines): {where}; "
+        f"exchange once per {j.sync.inner_steps} iterations"
+    )
+
+
 def paths_table(plan: Plan) -> Table:
     """The reserved inter-datacenter paths. On one machine (the "datacenters" joined by
     loopback, no fibre: every path under a kilometre) length and reserved units mean nothing
@@ -104,7 +119,9 @@ def paths_table(plan: Plan) -> Table:
     pt = fit_table(*headers, "Gbit/s", keep=(1, 2))
     for path in plan.paths:
         unit = "slots" if path.slot_ghz else "units"
-        row = [str(path.after_stage), path.source, path.target, " ".join(path.links)]
+        # After the last stage: the exchange between a round mode's islands.
+        after = "dp" if path.after_stage == len(plan.stages) - 1 else str(path.after_stage)
+        row = [after, path.source, path.target, " ".join(path.links)]
         if fibre:
             last = path.first_unit + path.units - 1
             row += [f"{path.km:.0f}", f"{unit} {path.first_unit}-{last}"]

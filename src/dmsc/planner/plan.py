@@ -2,12 +2,15 @@
 
 A plan names the strategy, every stage (its layers, its SID, its replicas with datacenter, nodes
 and devices), every reserved inter-datacenter path (links, capacity units or slot range), the
-predicted iteration with its breakdown, memory and traffic, and how it was found.
+predicted iteration with its breakdown, memory and traffic, and how it was found. A job that
+synchronises once per round (diloco, fedavg, fedprox) is placed as islands
+(:mod:`dmsc.planner.island_plan`): its replicas of a stage may then sit in different datacenters.
 """
 
 from __future__ import annotations
 
 import uuid
+from dataclasses import dataclass
 from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field
@@ -20,6 +23,7 @@ from dmsc.planner.placement.from_specs import BuiltProblem
 from dmsc.planner.placement.problem import (
     PlacementProblem,
     PlacementResult,
+    Reservation,
     boundary_us,
     score_to_seconds,
     stage_us,
@@ -62,7 +66,8 @@ class StageRecord(_Record):
 
 
 class PathRecord(_Record):
-    """A reserved route for the boundary after stage ``after_stage``."""
+    """A reserved route for the boundary after stage ``after_stage``; after the last stage, for
+    the exchange between data-parallel islands of a round mode (:mod:`dmsc.planner.islands`)."""
 
     after_stage: int
     source: str
@@ -163,17 +168,23 @@ def make_sid(model: str, stage: int, first: str, last: str) -> str:
     return f"sid-{stage}-{uuid.uuid5(_SID_NAMESPACE, f'{model}/{stage}/{first}/{last}').hex[:10]}"
 
 
-def assemble_plan(
-    cluster: ClusterSpec,
-    model: TransformerSpec | LayerListSpec,
-    job: JobSpec,
-    built: BuiltProblem,
-    result: PlacementResult,
-    estimate: Estimate,
-    strategy: StrategySearch | None,
-) -> Plan:
-    """The plan of ``job`` placed as ``result`` says, with its prediction and search record."""
-    problem, topo = built.problem, built.topology
+@dataclass(frozen=True)
+class PlacedPipeline:
+    """One placed pipeline as the plan reports it: each stage's micro-batch time and the
+    pipeline's share of the iteration."""
+
+    stage_us: list[int]
+    breakdown_s: dict[str, float]  # compute, tp_comm, ep_comm, pp_comm, bubble
+    critical_compute_s: float  # compute of one micro-batch on the slowest stage
+
+    @property
+    def seconds(self) -> float:
+        return sum(self.breakdown_s.values())
+
+
+def placed_pipeline(built: BuiltProblem, result: PlacementResult, job: JobSpec) -> PlacedPipeline:
+    """The pipeline part of the iteration of ``job`` placed as ``result`` says."""
+    problem = built.problem
     dcs, routes = result.placement.dcs, result.placement.routes
     comm = boundary_us(problem, dcs, routes)
     times = stage_us(problem, dcs, comm)
@@ -189,6 +200,74 @@ def assemble_plan(
         "ep_comm": m * ep_s,
         "pp_comm": m * (times[crit] * 1e-6 - compute_s - tp_s - ep_s),
         "bubble": pipeline_s - m * times[crit] * 1e-6,
+    }
+    return PlacedPipeline(times, breakdown, compute_s)
+
+
+def stage_chunks(
+    model: TransformerSpec | LayerListSpec, job: JobSpec
+) -> list[tuple[list[str], list[tuple[str, str]]]]:
+    """Each stage's layer names and its chunks (first and last layer of each)."""
+    out = []
+    for members in assign_stage_layers(build_layer_costs(model, job), job):
+        names = [lc.name for lc in members]
+        chunk_size = max(1, len(names) // job.chunks)
+        chunks = [
+            (names[i], names[min(i + chunk_size, len(names)) - 1])
+            for i in range(0, len(names), chunk_size)
+        ]
+        out.append((names, chunks))
+    return out
+
+
+def search_record(
+    result: PlacementResult,
+    strategy: StrategySearch | None,
+    breakdown: dict[str, float],
+    total: float,
+) -> SearchRecord:
+    """How a plan was found; its runners-up measured against its iteration (``breakdown``,
+    ``total``: placed, layers re-cut), the one it prints."""
+    alternatives = []
+    if strategy is not None:
+        alternatives = [
+            AlternativeRecord(
+                strategy=strategy_of(c.job),
+                iteration_time_s=c.time_s,
+                why_lost=why_lost(breakdown, total, c.estimate.breakdown_s, c.time_s),
+            )
+            for c, _ in strategy.alternatives
+        ]
+    return SearchRecord(
+        solver=result.solver,
+        candidates=result.candidates,
+        search_seconds=(strategy.seconds if strategy else 0.0) + result.seconds,
+        placement_seconds=result.seconds,
+        optimal=result.optimal,
+        gap_pct=result.gap_pct,
+        strategies_considered=strategy.considered if strategy else 1,
+        strategies_pruned=strategy.pruned if strategy else {},
+        alternatives=alternatives,
+    )
+
+
+def assemble_plan(
+    cluster: ClusterSpec,
+    model: TransformerSpec | LayerListSpec,
+    job: JobSpec,
+    built: BuiltProblem,
+    result: PlacementResult,
+    estimate: Estimate,
+    strategy: StrategySearch | None,
+) -> Plan:
+    """The plan of ``job`` placed as ``result`` says, with its prediction and search record."""
+    problem, topo = built.problem, built.topology
+    dcs, routes = result.placement.dcs, result.placement.routes
+    pipe = placed_pipeline(built, result, job)
+    times = pipe.stage_us
+    m = problem.microbatches
+    breakdown = {
+        **pipe.breakdown_s,
         "dp_comm": estimate.breakdown_s["dp_comm"],
         "optimizer": estimate.breakdown_s["optimizer"],
     }
@@ -201,30 +280,15 @@ def assemble_plan(
     dc_devices = {
         d: [dev.index for dev in topo.devices if dev.dc == d] for d in range(problem.n_dcs)
     }
-    per_stage = assign_stage_layers(build_layer_costs(model, job), job)
     stages: list[StageRecord] = []
-    for s, members in enumerate(per_stage):
+    for s, (names, chunks) in enumerate(stage_chunks(model, job)):
         d = dcs[s]
         take = dc_devices[d][cursor[d] : cursor[d] + built.stage_devices]
         cursor[d] += built.stage_devices
         replicas = []
         for r in range(job.dp):
             devs = take[r * job.tp : (r + 1) * job.tp]
-            replicas.append(
-                ReplicaRecord(
-                    dp_rank=r,
-                    datacenter=problem.dc_names[d],
-                    nodes=sorted({topo.devices[i].node for i in devs}),
-                    devices=devs,
-                    device=_runtime_device(topo, devs[0]),
-                )
-            )
-        names = [lc.name for lc in members]
-        chunk_size = max(1, len(names) // job.chunks)
-        chunks = [
-            (names[i], names[min(i + chunk_size, len(names)) - 1])
-            for i in range(0, len(names), chunk_size)
-        ]
+            replicas.append(replica_record(topo, r, problem.dc_names[d], devs))
         stages.append(
             StageRecord(
                 index=s,
@@ -240,31 +304,7 @@ def assemble_plan(
     for b, route in enumerate(routes):
         if route is None:
             continue
-        option = problem.paths[(dcs[b], dcs[b + 1])][route.path]
-        paths.append(
-            PathRecord(
-                after_stage=b,
-                source=problem.dc_names[dcs[b]],
-                target=problem.dc_names[dcs[b + 1]],
-                links=[problem.links[i].name for i in option.links],
-                km=option.km,
-                units=route.units,
-                first_unit=route.start,
-                slot_ghz=built.slot_ghz[option.links[0]],
-                gbit_s=route.units * option.gbit_s_per_unit,
-            )
-        )
-    alternatives = []
-    if strategy is not None:
-        # Measured against this plan's iteration (placed, layers re-cut), the one it prints.
-        alternatives = [
-            AlternativeRecord(
-                strategy=strategy_of(c.job),
-                iteration_time_s=c.time_s,
-                why_lost=why_lost(breakdown, total, c.estimate.breakdown_s, c.time_s),
-            )
-            for c, _ in strategy.alternatives
-        ]
+        paths.append(path_record(built, b, dcs[b], dcs[b + 1], route))
     return Plan(
         cluster=cluster.name,
         model=model.name,
@@ -280,15 +320,33 @@ def assemble_plan(
             traffic_bytes=traffic,
             tflops_per_gpu=estimate.flops_per_iteration / total / job.devices / 1e12,
         ),
-        search=SearchRecord(
-            solver=result.solver,
-            candidates=result.candidates,
-            search_seconds=(strategy.seconds if strategy else 0.0) + result.seconds,
-            placement_seconds=result.seconds,
-            optimal=result.optimal,
-            gap_pct=result.gap_pct,
-            strategies_considered=strategy.considered if strategy else 1,
-            strategies_pruned=strategy.pruned if strategy else {},
-            alternatives=alternatives,
-        ),
+        search=search_record(result, strategy, breakdown, total),
+    )
+
+
+def replica_record(topo: Topology, dp_rank: int, datacenter: str, devs: list[int]) -> ReplicaRecord:
+    """A replica on the global devices ``devs`` (its tensor-parallel ranks)."""
+    return ReplicaRecord(
+        dp_rank=dp_rank,
+        datacenter=datacenter,
+        nodes=sorted({topo.devices[i].node for i in devs}),
+        devices=devs,
+        device=_runtime_device(topo, devs[0]),
+    )
+
+
+def path_record(built: BuiltProblem, after: int, a: int, z: int, route: Reservation) -> PathRecord:
+    """The record of ``route`` from datacenter ``a`` to ``z``, ``after`` the stage it follows."""
+    problem = built.problem
+    option = problem.paths[(a, z)][route.path]
+    return PathRecord(
+        after_stage=after,
+        source=problem.dc_names[a],
+        target=problem.dc_names[z],
+        links=[problem.links[i].name for i in option.links],
+        km=option.km,
+        units=route.units,
+        first_unit=route.start,
+        slot_ghz=built.slot_ghz[option.links[0]],
+        gbit_s=route.units * option.gbit_s_per_unit,
     )

@@ -1,11 +1,24 @@
-"""The planner: strategy search, then network-aware placement, then the plan."""
+"""The planner: strategy search, then network-aware placement, then the plan.
+
+A job that synchronises once per round (diloco, fedavg, fedprox) with more than one island is
+placed as islands (:mod:`dmsc.planner.islands`); every other job's stages are placed with their
+replicas together.
+"""
 
 from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from dmsc.netmodel import DEFAULT_CALIBRATION, Calibration, DoesNotFit, estimate_iteration
+from dmsc.netmodel import (
+    DEFAULT_CALIBRATION,
+    Calibration,
+    DoesNotFit,
+    Estimate,
+    estimate_iteration,
+)
+from dmsc.planner.island_plan import assemble_island_plan
+from dmsc.planner.islands import IslandPlacement, place_islands
 from dmsc.planner.placement.baselines import solve_compute_first, solve_greedy, solve_random
 from dmsc.planner.placement.from_specs import BuiltProblem, build_problem
 from dmsc.planner.placement.milp import solve_milp
@@ -121,6 +134,10 @@ def place_job(
         raise DoesNotFit(
             [f"needs {chosen.devices} devices, the cluster has {cluster.device_count}"]
         )
+    if chosen.sync.local_steps and chosen.dp > chosen.ep:
+        return _place_islands(
+            cluster, model, chosen, search, solver, seed, time_limit_s, calib, k_paths
+        )
     estimate = estimate_iteration(cluster, model, chosen, calib)
     built = build_problem(cluster, model, chosen, k_paths=k_paths, calib=calib)
     if all(c is None for row in built.problem.compute_us for c in row):
@@ -141,3 +158,44 @@ def place_job(
             pass
     plan = assemble_plan(cluster, model, chosen, built, result, estimate, search)
     return PlanOutcome(plan, built, result, search, searched)
+
+
+def _place_islands(
+    cluster: ClusterSpec,
+    model: TransformerSpec | LayerListSpec,
+    chosen: JobSpec,
+    search: StrategySearch | None,
+    solver: str,
+    seed: int,
+    time_limit_s: float,
+    calib: Calibration,
+    k_paths: int,
+) -> PlanOutcome:
+    """:func:`place_job` for a round mode's islands: placed, the layers re-cut for the slowest
+    island's pipeline (kept when faster, as for a pipeline), and the plan assembled. The
+    outcome's problem and placement are the slowest island's (what ``--gantt`` draws)."""
+    searched = chosen
+
+    def solve(problem: PlacementProblem) -> PlacementResult:
+        return run_solver(solver, problem, seed, time_limit_s)
+
+    def place(job: JobSpec) -> tuple[IslandPlacement, Estimate]:
+        estimate = estimate_iteration(cluster, model, job, calib)
+        optimizer_s = estimate.breakdown_s["optimizer"]
+        placed = place_islands(cluster, model, job, solve, solver, optimizer_s, calib, k_paths)
+        return placed, estimate
+
+    placed, estimate = place(chosen)
+    crit = placed.critical
+    better = rebalanced_job(cluster, model, placed.job, crit.built, crit.result, calib)
+    if better is not None:
+        recut = JobSpec.model_validate({**chosen.model_dump(), "stage_layers": better.stage_layers})
+        try:
+            placed2, estimate2 = place(recut)
+            if placed2.iteration_s < placed.iteration_s:
+                chosen, placed, estimate = recut, placed2, estimate2
+        except (DoesNotFit, Infeasible):
+            pass
+    plan = assemble_island_plan(cluster, model, chosen, placed, estimate, search)
+    crit = placed.critical
+    return PlanOutcome(plan, crit.built, placed.result, search, searched)

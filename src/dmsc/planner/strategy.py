@@ -62,8 +62,11 @@ def enumerate_jobs(
 
     ``base`` fixes mode, global batch, ZeRO, sequence parallelism policy and what is not searched;
     its tp/pp/dp/ep/micro-batch/schedule/recompute are searched. Tensor parallelism stays inside a
-    node (at most the smallest node's device count).
+    node (at most the smallest node's device count). ``max_stage_devices`` bounds what one
+    datacenter must hold of a stage: its ``tp x dp`` devices, or, for a job that synchronises
+    once per round (placed as islands: :mod:`dmsc.planner.islands`), an island's ``tp x ep``.
     """
+    islands = base.sync.local_steps
     node_devices = min(nt.devices for nt in cluster.node_types.values())
     n_layers = model.layers if isinstance(model, TransformerSpec) else len(model.layer_list)
     if isinstance(model, TransformerSpec):
@@ -77,10 +80,12 @@ def enumerate_jobs(
             if pp > n_layers:
                 continue
             dp = devices // (tp * pp)
-            if max_stage_devices is not None and tp * dp > max_stage_devices:
+            if max_stage_devices is not None and not islands and tp * dp > max_stage_devices:
                 continue
             eps = [e for e in _divisors(dp) if experts % e == 0] if experts > 1 else [1]
             for ep in eps:
+                if max_stage_devices is not None and islands and tp * ep > max_stage_devices:
+                    continue
                 for mb in (1, 2, 4, 8):
                     if base.global_batch % (mb * dp):
                         continue

@@ -50,6 +50,12 @@ def stage_file(folder: Path, stage: int) -> Path:
     return legacy if legacy.is_file() and not path.is_file() else path
 
 
+def replica_file(folder: Path, stage: int, replica: int) -> Path:
+    """Where a replica other than 0 saves its stage (a checkpoint of every replica, taken in a
+    sync mode's round), beside the Hugging Face files rather than among them."""
+    return folder / "replicas" / f"stage{stage}-r{replica}.safetensors"
+
+
 def optimizer_path(path: Path) -> Path:
     """The optimizer's file of the stage checkpoint ``path``."""
     return path.with_name(path.name.removesuffix(".safetensors") + OPTIM_SUFFIX)

@@ -21,6 +21,7 @@ from dmsc.runtime.control.failures import WorkerFailure
 from dmsc.runtime.control.launchers import Launcher, Process
 from dmsc.runtime.control.recovery import heal
 from dmsc.runtime.control.training import Recovering, TrainReport, train
+from dmsc.runtime.transport.messages import SyncSettings
 from dmsc.runtime.transport.rpc import BadRequest
 
 Fault = Literal["kill", "freeze"]
@@ -109,10 +110,11 @@ def train_under_fault(
     seed: int = 0,
     spares: int = 0,
     launcher: Launcher | None = None,
+    sync: SyncSettings | None = None,
 ) -> tuple[TrainReport, FaultReport]:
-    """Train ``steps`` steps and inject ``fault`` into (stage, replica) while step ``at_step``
-    runs (after a random share of a step's time). A frozen worker is thawed once training has
-    finished, to check that fencing keeps it out."""
+    """Train ``steps`` steps (the replicas agreeing as ``sync`` says) and inject ``fault`` into
+    (stage, replica) while step ``at_step`` runs (after a random share of a step's time). A
+    frozen worker is thawed once training has finished, to check that fencing keeps it out."""
     rng = random.Random(seed)
     target = (stage, replica)
     injected: list[float] = []
@@ -142,6 +144,7 @@ def train_under_fault(
             on_step=on_step,
             recovering=Recovering(checkpoint_every=checkpoint_every),
             validate=False,
+            sync=sync,
         )
         if injected and report.recoveries:
             first = report.recoveries[0]

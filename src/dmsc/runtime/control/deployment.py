@@ -37,7 +37,7 @@ import torch
 from pydantic import BaseModel
 
 from dmsc.runtime.business.registry import REGISTRY_SERVICE, Registry, registry_methods
-from dmsc.runtime.compute.checkpoints import stage_file
+from dmsc.runtime.compute.checkpoints import replica_file, stage_file
 from dmsc.runtime.compute.models.hf import write_index
 from dmsc.runtime.compute.worker import WorkerConfig
 from dmsc.runtime.control import decoding, failures
@@ -415,20 +415,21 @@ class Deployment:
             fut.add_done_callback(self._ending.discard)
 
     # -- checkpoints and epochs --------------------------------------------------------------
-    def checkpoint(self, step: int, folder: Path | None = None) -> Checkpoint:
-        """Save every stage (replica 0: replicas hold the same weights) between two steps."""
-        # Below ``home``: a worker writes nowhere else (its Save is confined there).
-        folder = folder or self.home / "checkpoints" / f"step{step}"
+    def checkpoint(self, step: int, folder: Path | None = None, every: bool = False) -> Checkpoint:
+        """Save every stage between two steps: replica 0 (replicas hold the same weights), or
+        ``every`` replica (mid-round their weights and inner optimizers differ: sync modes)."""
+        folder = folder or self.home / "checkpoints" / f"step{step}"  # Save writes below home
 
         def save(k: Key) -> Callable[[int], Save]:
-            return lambda epoch: Save(path=str(stage_file(folder, k[0])), epoch=epoch)
+            path = stage_file(folder, k[0]) if not k[1] else replica_file(folder, *k)
+            return lambda epoch: Save(path=str(path), epoch=epoch)
 
-        keys = [(s, 0) for s in range(self.stages)]
-        futures = {k: self.calls("Save", save(k), [k], 120.0)[k] for k in keys}
-        out = self.gather(futures, 120.0)
-        names = {Path(r["path"]).name: r["tensors"] for r in out.values()}
+        count = self.layout.replicas if every else 1
+        keys = [(s, r) for s in range(self.stages) for r in range(count)]
+        out = self.gather({k: self.calls("Save", save(k), [k], 120.0)[k] for k in keys}, 120.0)
+        names = {Path(r["path"]).name: r["tensors"] for k, r in out.items() if not k[1]}
         write_index(self.layout.model, folder, names)  # the folder loads in transformers
-        return Checkpoint(step, {k[0]: (r["path"], r["sha256"]) for k, r in out.items()})
+        return Checkpoint.of(step, out)
 
     def restore(self, ckpt: Checkpoint, keys: Collection[Key] | None = None) -> None:
         """Load ``ckpt`` into the workers (all by default); each file's hash is checked. A file
@@ -438,7 +439,7 @@ class Deployment:
         keys = list(self.clients) if keys is None else list(keys)
 
         def load(k: Key) -> Callable[[int], Load]:
-            path, sha = ckpt.files[k[0]]
+            path, sha = ckpt.replicas.get(k, ckpt.files[k[0]])
             return lambda epoch: Load(path=path, sha256=sha, epoch=epoch)
 
         futures = {k: self.calls("Load", load(k), [k], 120.0)[k] for k in keys}

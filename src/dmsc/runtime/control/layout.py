@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import json
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -34,3 +35,30 @@ class Checkpoint:
     step: int
     files: dict[int, tuple[str, str]]  # stage -> (path, sha256)
     id: int | None = None  # its database record, when it has one
+    # (stage, replica) -> (path, sha256) of the other replicas, when every one was saved
+    replicas: dict[tuple[int, int], tuple[str, str]] = field(default_factory=dict)
+
+    @classmethod
+    def of(cls, step: int, saved: dict[tuple[int, int], dict[str, Any]]) -> Checkpoint:
+        """The checkpoint of the workers' ``Save`` answers, by (stage, replica)."""
+        files = {k: (r["path"], r["sha256"]) for k, r in saved.items()}
+        stages = {s: f for (s, r), f in files.items() if not r}
+        return cls(step, stages, replicas={k: f for k, f in files.items() if k[1]})
+
+    def files_json(self) -> str:
+        """Its files as the database keeps them: ``{"STAGE": [path, sha], "S/REPLICA": ...}``."""
+        out = {str(s): list(f) for s, f in self.files.items()}
+        return json.dumps(out | {f"{s}/{r}": list(f) for (s, r), f in self.replicas.items()})
+
+    @classmethod
+    def from_json(cls, step: int, files_json: str, id: int | None = None) -> Checkpoint:
+        """A checkpoint of the database (:meth:`files_json`)."""
+        files: dict[int, tuple[str, str]] = {}
+        replicas: dict[tuple[int, int], tuple[str, str]] = {}
+        for key, (path, sha) in json.loads(files_json).items():
+            stage, _, replica = key.partition("/")
+            if replica:
+                replicas[(int(stage), int(replica))] = (path, sha)
+            else:
+                files[int(stage)] = (path, sha)
+        return cls(step, files, id, replicas)

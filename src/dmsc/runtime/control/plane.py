@@ -191,11 +191,7 @@ class ControlPlane:
     def checkpoints(self, task_id: int | None = None) -> list[Checkpoint]:
         """The run's checkpoints (of one task, when given) not refused yet, newest first."""
         return [
-            Checkpoint(
-                rec.step,
-                {int(k): (v[0], v[1]) for k, v in json.loads(rec.files_json).items()},
-                rec.id,
-            )
+            Checkpoint.from_json(rec.step, rec.files_json, rec.id)
             for rec in self.db.checkpoints(self.run.id, task_id)
         ]
 
@@ -349,9 +345,8 @@ class ControlPlane:
         folder = self.home / "checkpoints" / f"run{self.run.id}" / f"step{self.steps_done}"
         ckpt = self.deployment.checkpoint(self.steps_done, folder)
         digests = {path: sha for path, sha in ckpt.files.values()}
-        files = {str(k): list(v) for k, v in ckpt.files.items()}
         self.db.add(
-            CheckpointRecord(run_id=self.run.id, step=ckpt.step, files_json=json.dumps(files))
+            CheckpointRecord(run_id=self.run.id, step=ckpt.step, files_json=ckpt.files_json())
         )
         record = self.db.add(
             ModelVersionRecord(

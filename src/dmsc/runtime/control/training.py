@@ -20,7 +20,6 @@ step it reached and ends (``report.cancelled``; the weights stay at ``report.end
 from __future__ import annotations
 
 import contextlib
-import json
 import logging
 import time
 from collections.abc import Callable
@@ -302,7 +301,6 @@ def train(
     end = first_step + steps
     report = TrainReport(steps, tokens_per_step=batch * dep.layout.model.seq, first_step=first_step)
     report.sync = sync
-    in_rounds = sync is not None and sync.outer
     rounds_of = sync.inner_steps if sync is not None and sync.outer else 1
     local = sync is not None and sync.local_data
     logged = db is not None and task_id is not None
@@ -310,17 +308,19 @@ def train(
     # The session's checkpoints, oldest first; the last is the one a rollback goes back to.
     history: list[Checkpoint] = []
 
+    in_rounds = sync is not None and sync.outer
+
     def folder(step: int) -> Path | None:
         return rec.checkpoint_dir / f"step{step}" if rec.checkpoint_dir else None
 
     def save(step: int) -> Checkpoint:
-        ckpt = dep.checkpoint(step, folder(step))
+        # mid-round the replicas differ (weights, inner optimizers): every one is saved
+        ckpt = dep.checkpoint(step, folder(step), every=in_rounds)
         if recorded:
             assert db is not None and run_id is not None
-            files = {str(k): list(v) for k, v in ckpt.files.items()}
             row = db.add(
                 CheckpointRecord(
-                    run_id=run_id, task_id=task_id, step=step, files_json=json.dumps(files)
+                    run_id=run_id, task_id=task_id, step=step, files_json=ckpt.files_json()
                 )
             )
             ckpt.id = row.id
