@@ -17,7 +17,19 @@ if TYPE_CHECKING:
 
 def _flags(sync: str = "every-step", **kw) -> SyncSettings:  # type: ignore[no-untyped-def]
     inner, local = kw.pop("inner_steps", None), kw.pop("local_steps", None)
-    return sync_settings(sync, inner, local, **kw)
+    settings = sync_settings(sync, inner, local, **kw)
+    assert settings is not None
+    return settings
+
+
+def test_no_sync_flag_leaves_the_choice_to_the_plan() -> None:
+    assert sync_settings(None, None, None, compress="none", skew=0.0) is None
+    said = sync_settings("every-step", None, None)
+    assert said is not None and said.mode == "every-step"  # said: overrides the plan's
+    only_compress = sync_settings(None, None, None, compress="int8")
+    assert only_compress is not None and only_compress.compress == "int8"
+    with pytest.raises(SpecError, match="rounds of what"):
+        task_steps(100, 5, None)
 
 
 def test_the_issue_commands_make_the_settings_they_say() -> None:

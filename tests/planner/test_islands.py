@@ -60,6 +60,11 @@ def test_local_cpu_puts_two_diloco_replicas_in_two_datacenters(local_cpu: Cluste
     assert len(path.links) == 1 and 0 < path.units < 64
     assert plan.job.sync.mode == "diloco" and plan.prediction.traffic_bytes["dp"] > 0
     assert plan.search.solver == "islands"
+    # no part of the iteration is negative (stage times in whole microseconds once rounded a
+    # transfer-free stage below its compute and showed "pp_comm -0.7 us")
+    b = plan.prediction.breakdown_s
+    assert all(v >= 0 for v in b.values()), b
+    assert sum(b.values()) == pytest.approx(plan.prediction.iteration_time_s, rel=1e-9)
 
 
 def test_rounds_hide_the_exchange_of_the_same_islands(local_cpu: ClusterSpec) -> None:

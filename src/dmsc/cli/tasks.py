@@ -67,12 +67,12 @@ def train(
         float, typer.Option(help="Seconds to wait for a replica's gradient (skip, restart).")
     ] = 5.0,
     sync: Annotated[
-        str,
+        str | None,
         typer.Option(
             help="How data-parallel replicas agree: every-step, diloco, fedavg or fedprox "
-            "(MODE:STEPS sets the round length)."
+            "(MODE:STEPS sets the round length; default: the plan's, else every-step)."
         ),
-    ] = "every-step",
+    ] = None,
     inner_steps: Annotated[
         int | None, typer.Option(help="Local optimizer steps per round (default 50).")
     ] = None,

@@ -33,12 +33,18 @@ SYNC_FLAGS = {
 
 
 def sync_settings(
-    sync: str, inner_steps: int | None, local_steps: int | None, **values: Any
-) -> SyncSettings:
-    """The settings of the flags; SpecError names the flag that is wrong."""
-    mode, _, length = sync.partition(":")
+    sync: str | None, inner_steps: int | None, local_steps: int | None, **values: Any
+) -> SyncSettings | None:
+    """The settings of the flags (None when no flag says anything: the plan's then); SpecError
+    names the flag that is wrong."""
+    defaults = SyncSettings()
+    if (sync, inner_steps, local_steps) == (None, None, None) and all(
+        getattr(defaults, k) == v for k, v in values.items()
+    ):
+        return None
+    mode, _, length = (sync or "every-step").partition(":")
     if mode not in SYNC_MODES:
-        raise SpecError("command line", "--sync", f"{sync!r}: one of {', '.join(SYNC_MODES)}")
+        raise SpecError("command line", "--sync", f"{mode!r}: one of {', '.join(SYNC_MODES)}")
     given = [v for v in (inner_steps, local_steps) if v is not None]
     if length:
         if not length.isdigit():
@@ -59,6 +65,10 @@ def sync_settings(
         raise SpecError("command line", named, exc.reason.removeprefix("Value error, ")) from None
 
 
-def task_steps(steps: int, rounds: int | None, settings: SyncSettings) -> int:
+def task_steps(steps: int, rounds: int | None, settings: SyncSettings | None) -> int:
     """The task's steps: ``--rounds`` rounds of the round length when given."""
-    return steps if rounds is None else rounds * settings.inner_steps
+    if rounds is None:
+        return steps
+    if settings is None:
+        raise SpecError("command line", "--rounds", "rounds of what: give --sync and its length")
+    return rounds * settings.inner_steps

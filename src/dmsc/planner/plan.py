@@ -194,12 +194,15 @@ def placed_pipeline(built: BuiltProblem, result: PlacementResult, job: JobSpec) 
     assert parts is not None
     compute_s, tp_s, ep_s = parts[crit]
     pipeline_s = placed_pipeline_s(problem, result, job)
+    # stage times are whole microseconds: a stage without transfers may round below its
+    # compute, which is no negative transfer or idle time (the iteration is off by < 1 us)
+    pp_s = max(0.0, m * (times[crit] * 1e-6 - compute_s - tp_s - ep_s))
     breakdown = {
         "compute": m * compute_s,
         "tp_comm": m * tp_s,
         "ep_comm": m * ep_s,
-        "pp_comm": m * (times[crit] * 1e-6 - compute_s - tp_s - ep_s),
-        "bubble": pipeline_s - m * times[crit] * 1e-6,
+        "pp_comm": pp_s,
+        "bubble": max(0.0, pipeline_s - m * (compute_s + tp_s + ep_s) - pp_s),
     }
     return PlacedPipeline(times, breakdown, compute_s)
 

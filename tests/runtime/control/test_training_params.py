@@ -48,3 +48,4 @@ def test_a_task_without_a_sync_of_its_own_takes_the_plans() -> None:
     assert (got.mode, got.inner_steps, got.compress) == ("diloco", 20, "int8")
     own = task_params(_req(mode="fedavg", inner_steps=5), plan).sync
     assert (own.mode, own.inner_steps) == ("fedavg", 5)  # the task's own wins
+    assert task_params(_req(), plan).sync.mode == "every-step"  # said so: every step

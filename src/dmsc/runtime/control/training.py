@@ -116,8 +116,7 @@ def task_params(req: TrainRequest, plan: Plan) -> TrainParams:
     if req.warmup_steps > req.steps:
         raise ValueError(f"warmup_steps ({req.warmup_steps}) exceeds steps ({req.steps})")
     sync, planned = req.sync, plan.job.sync
-    if sync == SyncSettings() and (planned.mode, planned.compress) != ("every-step", "none"):
-        # the plan's sync mode (dmsc plan --sync) when the task names none of its own
+    if sync is None:  # the plan's sync mode (dmsc plan --sync) when the task names none
         sync = SyncSettings(
             mode=planned.mode, inner_steps=planned.inner_steps, compress=planned.compress
         )

@@ -296,7 +296,7 @@ class TrainRequest(TrainSettings):
     grad_wait_s: GradWait = DEFAULT_GRAD_WAIT_S
     data: Annotated[str, Field(max_length=4096)] | None = None
     first_step: Step | None = None  # set by the control plane once the task has started
-    sync: SyncSettings = SyncSettings()
+    sync: SyncSettings | None = None  # how the replicas agree (none: as the plan says)
 
 
 class Sampling(Message):
