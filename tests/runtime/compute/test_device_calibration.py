@@ -63,3 +63,18 @@ def test_calibrate_device_writes_a_cluster_and_refuses_what_it_cannot_measure(
     res = run_dmsc("calibrate", "--device", "tpu", home=tmp_path)
     assert res.returncode == 2 and "--device: 'tpu': expected cpu, cuda or cuda:N" in res.stderr
     assert "Traceback" not in res.stderr
+
+
+def test_a_fast_small_kernel_is_given_back_its_measured_time() -> None:
+    """The fastest kernel measured is a small one (49 us, 10x the 5 us kernel overhead): the
+    curve and the peak must give its time back, not its time plus the overhead (the peak was
+    the fastest rate with the overhead in; that kernel's share was capped at 1)."""
+    from dmsc.runtime.compute.device_calibration import _curve, measured_peaks
+
+    overhead = DEFAULT_CALIBRATION.generation("generic").kernel_overhead_s
+    points = [(0.002, 0.002e9 / 49e-6), (0.0335, 0.0335e9 / 1.1e-3)]
+    peaks = measured_peaks({"fp32": points}, [(0.001, 0.001e9 / 60e-6)], "fp32", overhead)
+    curve = _curve(points, peaks["fp32"] * 1e12, overhead)
+    for (g, rate), (_, share) in zip(points, curve, strict=True):
+        predicted = g * 1e9 / (peaks["fp32"] * 1e12 * share) + overhead
+        assert predicted == pytest.approx(g * 1e9 / rate, rel=1e-3)

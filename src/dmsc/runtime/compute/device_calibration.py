@@ -76,16 +76,37 @@ def preset_of(name: str) -> str | None:
     return next((preset for key, preset in _NAMES if key in low), None)
 
 
+def _busy_rate(gflop: float, rate: float, overhead_s: float) -> float:
+    """FLOP/s of a kernel measured at ``rate`` once its fixed ``overhead_s`` is taken out (at
+    most half its time is taken for the overhead)."""
+    seconds = gflop * 1e9 / rate
+    return gflop * 1e9 / max(seconds - overhead_s, seconds / 2)
+
+
+def measured_peaks(
+    gemm: dict[str, list[tuple[float, float]]],
+    attention: list[tuple[float, float]],
+    attention_dtype: str,
+    overhead_s: float = DEFAULT_CALIBRATION.generation("generic").kernel_overhead_s,
+) -> dict[str, float]:
+    """TFLOP/s peaks of a device without a data sheet, from its measured ``(gflop, FLOP/s)``
+    points: the fastest rate (a product or attention) without the kernel overhead that the
+    cost model adds back. With the overhead left in, the fastest kernel's share came out above
+    1, was capped, and the kernel was predicted a whole overhead slower than measured."""
+    peaks = {d: max(_busy_rate(g, r, overhead_s) for g, r in pts) / 1e12 for d, pts in gemm.items()}
+    fastest = max(_busy_rate(g, r, overhead_s) for g, r in attention) / 1e12
+    peaks[attention_dtype] = max(peaks.get(attention_dtype, 0.0), fastest)
+    return peaks
+
+
 def _curve(points: list[tuple[float, float]], peak: float, overhead_s: float) -> list[list[float]]:
     """``[gflop, share of peak]`` points in increasing gflop. The cost model adds a kernel's
-    fixed ``overhead_s`` to ``flops / (peak x share)``, so the share is of the time without it
-    (at most half the time is taken for the overhead); each share at most 1."""
-    out = []
-    for g, rate in sorted(points):
-        seconds = g * 1e9 / rate
-        busy = max(seconds - overhead_s, seconds / 2)
-        out.append([round(g, 6), round(min(1.0, g * 1e9 / busy / peak), 4)])
-    return out
+    fixed ``overhead_s`` to ``flops / (peak x share)``, so the share is of the time without it;
+    each share at most 1 (a peak measured here is the fastest rate without the overhead)."""
+    return [
+        [round(g, 6), round(min(1.0, _busy_rate(g, rate, overhead_s) / peak), 4)]
+        for g, rate in sorted(points)
+    ]
 
 
 def measure_device(device: str = "cuda", quick: bool = False) -> dict[str, Any]:
@@ -141,9 +162,8 @@ def measure_device(device: str = "cuda", quick: bool = False) -> dict[str, Any]:
         base: dict[str, Any] = {"preset": preset}
         peaks = DEVICE_PRESETS[preset]["peak_tflops"]
         memory_bw = float(DEVICE_PRESETS[preset]["memory_bw_gbyte_s"])
-    else:  # no data sheet: the fastest rate measured (a product or attention) is the peak
-        peaks = {d: max(r for _, r in pts) / 1e12 for d, pts in gemm.items()}
-        peaks[d_att] = max(peaks[d_att], max(r for _, r in attention) / 1e12)
+    else:  # no data sheet: the fastest rate measured is the peak
+        peaks = measured_peaks(gemm, attention, d_att)
         memory_bw = copy_bytes_s / 1e9
         total = (
             torch.cuda.get_device_properties(dev).total_memory
