@@ -16,12 +16,11 @@ from dmsc.netmodel import Estimate
 from dmsc.planner.islands import IslandPlacement
 from dmsc.planner.plan import (
     Plan,
-    PredictionRecord,
     StageRecord,
     make_sid,
     path_record,
+    plan_record,
     replica_record,
-    search_record,
     stage_chunks,
 )
 from dmsc.planner.strategy import StrategySearch
@@ -40,7 +39,6 @@ def assemble_island_plan(
     crit = placed.critical
     topo, names = crit.built.topology, crit.built.problem.dc_names
     breakdown = placed.breakdown_s
-    total = sum(breakdown.values())
     traffic = dict(estimate.traffic_bytes)  # the cost model's, as every plan's
     traffic["pp"] = sum(
         sum(i.built.problem.boundary_bytes) * i.built.problem.microbatches * 2
@@ -72,20 +70,6 @@ def assemble_island_plan(
                 paths.append(path_record(island.built, b, dcs[b], dcs[b + 1], route))
     for ex in placed.routes:
         paths.append(path_record(crit.built, job.pp - 1, ex.a, ex.z, ex.route))
-    return Plan(
-        cluster=cluster.name,
-        model=model.name,
-        model_spec=model,
-        params=estimate.params,
-        job=job,
-        stages=stages,
-        paths=paths,
-        prediction=PredictionRecord(
-            iteration_time_s=total,
-            breakdown_s=breakdown,
-            memory_gib_per_device=estimate.memory_per_device / 1024**3,
-            traffic_bytes=traffic,
-            tflops_per_gpu=estimate.flops_per_iteration / total / job.devices / 1e12,
-        ),
-        search=search_record(placed.result, strategy, breakdown, total),
+    return plan_record(
+        cluster, model, job, estimate, stages, paths, breakdown, traffic, placed.result, strategy
     )

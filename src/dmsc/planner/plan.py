@@ -274,7 +274,6 @@ def assemble_plan(
         "dp_comm": estimate.breakdown_s["dp_comm"],
         "optimizer": estimate.breakdown_s["optimizer"],
     }
-    total = sum(breakdown.values())
     traffic = dict(estimate.traffic_bytes)
     traffic["pp"] = sum(problem.boundary_bytes) * m * (2 if job.mode == "train" else 1)
 
@@ -308,6 +307,26 @@ def assemble_plan(
         if route is None:
             continue
         paths.append(path_record(built, b, dcs[b], dcs[b + 1], route))
+    return plan_record(
+        cluster, model, job, estimate, stages, paths, breakdown, traffic, result, strategy
+    )
+
+
+def plan_record(
+    cluster: ClusterSpec,
+    model: TransformerSpec | LayerListSpec,
+    job: JobSpec,
+    estimate: Estimate,
+    stages: list[StageRecord],
+    paths: list[PathRecord],
+    breakdown: dict[str, float],
+    traffic: dict[str, float],
+    result: PlacementResult,
+    strategy: StrategySearch | None,
+) -> Plan:
+    """The plan document of placed stages and paths: the prediction from ``breakdown`` (its
+    sum is the iteration), the estimate's memory and FLOPs, and the search record."""
+    total = sum(breakdown.values())
     return Plan(
         cluster=cluster.name,
         model=model.name,
