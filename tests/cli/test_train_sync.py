@@ -54,6 +54,7 @@ def test_the_issue_commands_make_the_settings_they_say() -> None:
         ("every-step", {"dp_noise": 1.0}, "--dp-noise", "dp_clip"),
         ("every-step", {"inner_steps": 5}, "--inner-steps", "one step"),
         ("diloco", {"outer_momentum": 1.0}, "--outer-momentum", "less than 1"),
+        ("diloco:5", {"task_heads": True}, "--task-heads", "only every-step"),
     ],
 )
 def test_a_wrong_flag_is_named_with_the_reason(sync, kw, flag, reason) -> None:  # type: ignore[no-untyped-def]
@@ -67,3 +68,10 @@ def test_dmsc_train_refuses_a_bad_sync_flag_before_connecting(dmsc: DmscRunner) 
     out = dmsc("train", "--sync", "fedavg", "--secure-aggregation", "--aggregator", "krum")
     assert out.returncode == 2 and "Traceback" not in out.stderr
     assert "--aggregator" in out.stderr and "only the sum" in out.stderr
+
+
+@pytest.mark.integration
+def test_dmsc_infer_refuses_an_unknown_aggregation_before_connecting(dmsc: DmscRunner) -> None:
+    out = dmsc("infer", "--prompt", "def ", "--aggregate", "average")
+    assert out.returncode == 2 and "Traceback" not in out.stderr
+    assert "--aggregate" in out.stderr and "'vote', 'weighted' or 'attention'" in out.stderr

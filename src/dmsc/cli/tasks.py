@@ -118,6 +118,13 @@ def train(
     skew: Annotated[
         float, typer.Option(help="How unevenly --local-data shares files out (0 random, 1 by run).")
     ] = 0.0,
+    task_heads: Annotated[
+        bool,
+        typer.Option(
+            help="Each replica's last stage is its own task head (not averaged): combine them "
+            "with dmsc infer --aggregate."
+        ),
+    ] = False,
     as_json: JsonOpt = False,
 ) -> None:
     """Run a training task on the running services; it survives failed workers. Progress shows
@@ -141,6 +148,7 @@ def train(
         secure=secure_aggregation,
         local_data=local_data,
         skew=skew,
+        task_heads=task_heads,
     )
     steps = task_steps(steps, rounds, settings)
 
@@ -218,6 +226,13 @@ def infer(
     stream: Annotated[
         bool, typer.Option(help="Print the text as it is generated, byte by byte.")
     ] = True,
+    aggregate: Annotated[
+        str | None,
+        typer.Option(
+            help="Combine the task heads (dmsc train --task-heads) per byte: vote, weighted "
+            "(by each head's held-out accuracy) or attention (a fitted combiner)."
+        ),
+    ] = None,
     as_json: JsonOpt = False,
 ) -> None:
     """Sample a continuation through the stage services. Ctrl-C stops the generation (the
@@ -233,6 +248,7 @@ def infer(
         top_k=top_k,
         top_p=top_p,
         seed=seed,
+        aggregate=aggregate,
     )
     # Streamed from the control plane in every mode: cancelling the call (Ctrl-C) stops the
     # workers at their next token.
@@ -265,6 +281,24 @@ def infer(
         sys.stdout.write("\n")
     else:
         console.print(prompt + text, highlight=False, markup=False)
+    if aggregate is not None and not as_json:
+        err_console.print(heads_line(end), highlight=False)
+
+
+def heads_line(end: dict[str, Any]) -> str:
+    """What ``dmsc infer --aggregate`` says about the heads it combined."""
+    answered = end.get("answered", [])
+    line = f"{end.get('aggregate')} of {len(answered)}/{end.get('heads')} heads"
+    if end.get("weights"):
+        line += " weights " + " ".join(f"{w:.3f}" for w in end["weights"])
+    cal = end.get("calibration")
+    if cal:
+        accs = " ".join("-" if a is None else f"{a:.3f}" for a in cal["accuracy"])
+        line += f"; held-out accuracy ({cal['windows']} windows): heads {accs}"
+        line += ", " + ", ".join(f"{m} {a:.3f}" for m, a in cal["combined"].items())
+    for r, why in end.get("missing", {}).items():
+        line += f"; head {r} missing: {why}"
+    return line
 
 
 tasks_app = typer.Typer(help="Tasks of the deployment: list, show, cancel.", no_args_is_help=True)

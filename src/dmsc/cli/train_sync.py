@@ -29,6 +29,7 @@ SYNC_FLAGS = {
     "secure": "--secure-aggregation",
     "local_data": "--local-data",
     "skew": "--skew",
+    "task_heads": "--task-heads",
 }
 
 

@@ -234,7 +234,9 @@ class StageWorker:
         skipped: list[int] = []
         if m.train:
             self._add_tied_grad(m.step)
-            if self.sync is not None and not self.sync.settings.outer:
+            if m.sync is not None and m.sync.task_heads and self.module.is_last:
+                pass  # this replica's own task head: its gradient stays here
+            elif self.sync is not None and not self.sync.settings.outer:
                 skipped = self.sync.sync_gradients(m.step, m.late_policy, m.grad_wait_s)
             elif self.sync is None and cfg.replicas > 1:
                 skipped = self.grads.sync(m.step, m.late_policy, m.grad_wait_s)

@@ -24,7 +24,7 @@ from pathlib import Path
 
 from dmsc.data.db import Database
 from dmsc.data.tokenizer import ByteTokenizer, Tokenizer, text_stream
-from dmsc.runtime.compute.checkpoints import stage_file
+from dmsc.runtime.compute.checkpoints import replica_file, stage_file
 from dmsc.runtime.control.deployment import Deployment
 from dmsc.runtime.control.failures import WorkerFailure
 from dmsc.runtime.control.model_store import versions
@@ -62,6 +62,9 @@ class Replicas:
         self.token_timeout_s = token_timeout_s
         self.served: dict[int, int] = {}  # replica -> model version it serves
         self.down: set[int] = set()  # replicas out of routing until healed
+        # whether the replicas' last stages are task heads of their own (trained with
+        # task_heads, or loaded from a version that saved every replica's)
+        self.heads = False
         self._signature: list[tuple[int, str]] = []
         self._calls = itertools.count(1)
 
@@ -93,7 +96,7 @@ class Replicas:
         failure names the stage and takes the replica out of routing (the watchdog heals it);
         ``cancel`` and ``deadline`` (``time.monotonic()``) stop it between tokens."""
         r = int(replica.rsplit("-", 1)[1])
-        base = STEP_BASE + next(self._calls) * 10_000  # next() on a count is atomic
+        base = self.next_base()
         lock = self.locks[r]
         try:
             out = self.dep.generate(
@@ -115,6 +118,10 @@ class Replicas:
         if ids is not None:
             ids[:] = out
         return self.tokenizer.decode(out)
+
+    def next_base(self) -> int:
+        """The first step number of a new request: each has 10,000 of its own."""
+        return STEP_BASE + next(self._calls) * 10_000  # next() on a count is atomic
 
     @contextlib.contextmanager
     def training_turn(self) -> Iterator[None]:
@@ -194,7 +201,12 @@ class Replicas:
             with self.lock:
                 for key in self.dep.pipeline(r):
                     path = str(stage_file(Path(want.path), key[0]))
+                    own = str(replica_file(Path(want.path), *key))  # a task head's, say
+                    path = own if key[1] and own in digests else path
                     load = Load(path=path, sha256=digests.get(path, ""), epoch=self.dep.epochs[key])
                     self.dep.clients[key].send("Load", load)
+            if r:  # a version of task heads saved every replica's last stage
+                last = (self.dep.stages - 1, r)
+                self.heads = str(replica_file(Path(want.path), *last)) in digests
             self.served[r] = want.id
             self.log.info("replica %d serves version %d", r, want.id, extra=self.extra)

@@ -40,12 +40,13 @@ from dmsc.planner.plan import Plan
 from dmsc.runtime.control import chaos, fallback, status
 from dmsc.runtime.control.deployment import Checkpoint, Deployment
 from dmsc.runtime.control.fallback import NoGoodCheckpoint, Restored
-from dmsc.runtime.control.inference import NoReplica, Replicas
+from dmsc.runtime.control.head_inference import Heads
+from dmsc.runtime.control.infer_calls import InferCalls
+from dmsc.runtime.control.inference import Replicas
 from dmsc.runtime.control.launchers import Launcher
 from dmsc.runtime.control.lr_schedule import lr_at
 from dmsc.runtime.control.model_store import promote_if_first
 from dmsc.runtime.control.shards import load_task_shards
-from dmsc.runtime.control.streaming import text_pieces
 from dmsc.runtime.control.task_queue import TaskQueue, cancel_requested
 from dmsc.runtime.control.training import (
     Recovering,
@@ -121,6 +122,14 @@ class ControlPlane:
             token_timeout_s=self.deployment.registry.ttl_s,  # the failure timeout
             tokenizer=self.tokenizer,
         )
+        # the held-out text of the last task that trained task heads (None: no heads yet)
+        self.heads_valid: Corpus | None = None
+        self.heads = Heads(
+            self.inference,
+            lambda: self.heads_valid or self.valid,
+            lambda: (self.steps_done, tuple(sorted(self.inference.served.items()))),
+        )
+        self.calls = InferCalls(db, self.run.id, self.inference, self.heads, self.why_no_heads)
         self.metrics = CollectorRegistry()
         self.m_tasks = Counter(
             "dmsc_control_tasks_total", "Tasks finished", ["kind", "state"], registry=self.metrics
@@ -147,6 +156,9 @@ class ControlPlane:
         last = self.restore_run("resuming the run")
         if last is not None:  # a resumed run: the workers continue from where it stopped
             self.steps_done = last.step
+            trained = [t for t in self.db.tasks(self.run.id) if t.kind == "train"]
+            if trained and json.loads(trained[-1].params_json).get("sync", {}).get("task_heads"):
+                self.inference.heads = True  # the replicas went back to their own heads
             self.log.info("resumed from the checkpoint of step %d", last.step)
         self.record_services()
         self.db.close_control_plane_faults(self.run.id, last.step if last is not None else None)
@@ -294,6 +306,8 @@ class ControlPlane:
         )
         if params.sync.local_data:  # each datacenter's replicas read their own files
             load_task_shards(self.deployment, params)
+        if params.sync.task_heads:  # from its first step the replicas' heads differ
+            self.heads_valid, self.inference.heads = valid, True
         return train(
             self.deployment,
             corpus,
@@ -343,8 +357,10 @@ class ControlPlane:
         """Save the model as a new version of ``task_id`` (and as the run's latest
         checkpoint)."""
         folder = self.home / "checkpoints" / f"run{self.run.id}" / f"step{self.steps_done}"
-        ckpt = self.deployment.checkpoint(self.steps_done, folder)
-        digests = {path: sha for path, sha in ckpt.files.values()}
+        # task heads differ by replica: every one is saved
+        every = self.inference.heads
+        ckpt = self.deployment.checkpoint(self.steps_done, folder, every=every)
+        digests = {path: sha for path, sha in [*ckpt.files.values(), *ckpt.replicas.values()]}
         self.db.add(
             CheckpointRecord(run_id=self.run.id, step=ckpt.step, files_json=ckpt.files_json())
         )
@@ -363,55 +379,18 @@ class ControlPlane:
         return record.id
 
     def infer(self, req: InferRequest) -> dict[str, Any]:
-        sampling = req.sampling()
-        task = self._infer_task(req, sampling)
-        try:
-            ids: list[int] = []
-            replica, text = self.inference.generate(req.prompt, req.tokens, sampling, ids=ids)
-        except NoReplica as exc:
-            self.db.set_task_state(task, "failed", str(exc))
-            raise BadRequest(str(exc)) from None
-        self.db.set_task_state(task, "done")
-        out = {"task": task, "text": text, "replica": replica, "seed": sampling.seed}
-        return {**out, "token_ids": ids}
+        return self.calls.infer(req)
 
     def infer_stream(self, req: InferRequest, gone: threading.Event) -> Iterator[dict[str, Any]]:
-        """``Infer``, streamed: ``{"text": ...}`` as the bytes come (whole UTF-8 characters),
-        then ``{"done": true, ...}`` with the task, replica and seed. A client that cancels
-        (Ctrl-C) or goes away stops the generation at its next token."""
-        sampling = req.sampling()
-        task = self._infer_task(req, sampling)
-        ids: list[int] = []
+        return self.calls.infer_stream(req, gone)
 
-        def settle(_: object, exc: BaseException | None) -> None:
-            if exc is None:
-                self.db.set_task_state(task, "done")
-            elif gone.is_set():
-                self.db.set_task_state(task, "cancelled", "the client went away")
-            else:
-                self.db.set_task_state(task, "failed", str(exc))
-
-        pieces = text_pieces(
-            lambda on_byte: self.inference.generate(
-                req.prompt, req.tokens, sampling, on_byte, gone, ids=ids
-            ),
-            settle,
-            f"infer-{task}",
-        )
-        try:
-            for piece in pieces:
-                if isinstance(piece, str):
-                    yield {"text": piece}
-                else:
-                    replica = piece.result[0]
-                    end = {"done": True, "task": task, "replica": replica, "seed": sampling.seed}
-                    yield {**end, "token_ids": ids}
-        except NoReplica as exc:
-            raise BadRequest(str(exc)) from None
-
-    def _infer_task(self, req: InferRequest, sampling: Sampling) -> int:
-        params = {"tokens": req.tokens, **sampling.model_dump()}
-        return self.db.new_task(self.run.id, "infer", params, state="running").id
+    def why_no_heads(self) -> str | None:
+        """None when the replicas hold task heads to combine, else why they do not."""
+        if self.inference.count < 2:
+            return "one replica holds one head: nothing to combine (plan with dp >= 2)"
+        if not self.inference.heads:
+            return "the replicas hold one model, not task heads: train with --task-heads first"
+        return None
 
     def down(self, req: DownRequest) -> dict[str, Any]:
         self.stopped.set()

@@ -48,7 +48,7 @@ from dmsc.runtime.transport.messages import (
     SyncSettings,
     TrainRequest,
 )
-from dmsc.spec import TransformerSpec
+from dmsc.spec import TransformerSpec, resolve_model
 
 log = logging.getLogger("dmsc.control.training")  # the control plane's log, where it has one
 
@@ -130,6 +130,18 @@ def task_params(req: TrainRequest, plan: Plan) -> TrainParams:
         aggregate(name, [torch.zeros(1)] * dp, **options)
     except ValueError as exc:
         raise ValueError(f"sync.aggregator: {exc} (dp = {dp})") from None
+    if sync.task_heads:
+        if plan.job.pp < 2 or dp < 2:
+            raise ValueError(
+                f"sync.task_heads: one head per replica after a shared backbone needs a pipeline "
+                f"of 2 or more stages and dp >= 2 (the plan has pp = {plan.job.pp}, dp = {dp})"
+            )
+        model = plan.model_spec or resolve_model(plan.model)
+        if isinstance(model, TransformerSpec) and model.tied_embeddings:
+            raise ValueError(
+                "sync.task_heads: the output layer is tied to the backbone's embedding, so a "
+                "head cannot be a replica's own"
+            )
     if sync.local_data and (req.data is None or not Path(req.data).is_dir()):
         raise ValueError("sync.local_data: needs data, a directory of files to share out")
     fields = {k: getattr(req, k) for k in TrainParams.__dataclass_fields__}
@@ -199,6 +211,7 @@ class TrainReport:
             "aggregator": s.aggregator,
             "secure": s.secure,
             "local_data": s.local_data,
+            "task_heads": s.task_heads,
             "dp_bytes": self.dp_bytes,
             "bytes_per_step": self.dp_bytes / steps,
             "rounds": self.rounds,
@@ -308,13 +321,14 @@ def train(
     history: list[Checkpoint] = []
 
     in_rounds = sync is not None and sync.outer
+    # mid-round the replicas differ (weights, inner optimizers), and task heads always do
+    every = sync is not None and (sync.outer or sync.task_heads)
 
     def folder(step: int) -> Path | None:
         return rec.checkpoint_dir / f"step{step}" if rec.checkpoint_dir else None
 
     def save(step: int) -> Checkpoint:
-        # mid-round the replicas differ (weights, inner optimizers): every one is saved
-        ckpt = dep.checkpoint(step, folder(step), every=in_rounds)
+        ckpt = dep.checkpoint(step, folder(step), every=every)
         if recorded:
             assert db is not None and run_id is not None
             row = db.add(

@@ -76,6 +76,8 @@ def explain(exc: ValidationError, what: str) -> str:
 SyncMode = Literal["every-step", "diloco", "fedavg", "fedprox"]
 SYNC_MODES: tuple[str, ...] = ("every-step", "diloco", "fedavg", "fedprox")
 InnerOptimizer = Literal["adamw", "sgd"]
+# how task heads' outputs are combined at inference (dmsc.runtime.control.aggregation.METHODS)
+Aggregate = Literal["vote", "weighted", "attention"]
 # The accepted forms of a codec and of an aggregator (dmsc.runtime.compute.compression and
 # .aggregators parse them; checked here so that a typo is refused before a task queues).
 COMPRESS_FORMS = "none, bf16, int8[:BLOCK], topk:FRACTION (0 < FRACTION <= 1), powersgd:RANK"
@@ -103,7 +105,9 @@ class SyncSettings(Message):
     ``inner_steps`` (outer rate 1, no momentum); ``fedprox`` adds the proximal term ``prox_mu``
     to the local steps. ``compress`` and ``aggregator`` act on what the replicas send, ``dp_*``
     clips each replica's update and adds Gaussian noise to their sum, ``secure`` masks the
-    updates so that the stage leader learns only their sum."""
+    updates so that the stage leader learns only their sum. With ``task_heads`` each replica's
+    last stage is a task head of its own: its gradients are not averaged (the backbone's are),
+    so every replica's head learns from its own data (``dmsc infer --aggregate`` combines them)."""
 
     mode: SyncMode = "every-step"
     inner_steps: Annotated[int, Field(ge=1, le=100_000)] = 1
@@ -120,6 +124,7 @@ class SyncSettings(Message):
     # each datacenter's replicas train on their own part of the task's files ("local data")
     local_data: bool = False
     skew: Annotated[float, Field(ge=0, le=1)] = 0.0
+    task_heads: bool = False
 
     @model_validator(mode="after")
     def _consistent(self) -> SyncSettings:
@@ -134,6 +139,10 @@ class SyncSettings(Message):
             raise ValueError("compress: secure aggregation masks fixed-point values: only none")
         if self.dp_noise > 0 and self.dp_clip is None:
             raise ValueError("dp_noise: noise needs a clipping norm (dp_clip)")
+        if self.task_heads and not every:
+            raise ValueError(
+                "task_heads: a round averages whole models, heads included: only every-step"
+            )
         return self
 
     @property
@@ -319,10 +328,13 @@ class Sampling(Message):
 
 
 class InferRequest(Sampling):
-    """Generate ``tokens`` bytes after ``prompt``."""
+    """Generate ``tokens`` bytes after ``prompt``; with ``aggregate``, every token from the
+    task heads' distributions combined (one head per data-parallel replica, trained with
+    ``task_heads``; see :mod:`dmsc.runtime.control.head_inference`)."""
 
     prompt: Prompt
     tokens: Tokens = 40
+    aggregate: Aggregate | None = None
 
 
 class StatusRequest(Message):
