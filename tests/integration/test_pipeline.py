@@ -49,10 +49,33 @@ def test_pipeline_equals_single_process(stages: int, batches, reference) -> None
 
 def test_data_parallel_pipeline_equals_single_process(batches, reference) -> None:  # type: ignore[no-untyped-def]
     with Deployment(StageLayout(SPEC, RANGES[2], replicas=2)) as dep:
-        losses = [
-            dep.train_step(s, x, y, MICRO // 2, "1f1b")["loss"] for s, (x, y) in enumerate(batches)
-        ]
+        outs = [dep.train_step(s, x, y, MICRO // 2, "1f1b") for s, (x, y) in enumerate(batches)]
+    losses = [o["loss"] for o in outs]
     assert max(abs(a - b) for a, b in zip(losses, reference, strict=True)) < 1e-5
+    _check_traces(outs[-1]["traces"], STEPS - 1, MICRO // 2)
+
+
+def _check_traces(traces, step: int, m: int) -> None:  # type: ignore[no-untyped-def]
+    """A step's traces as the workers reported them: every stage's forwards and backwards in
+    the order the pipeline forces (a stage's forward of a micro-batch after the stage before
+    finished it, a backward after the stage after finished its own), and the bytes each
+    worker pushed, frame for frame."""
+    for r in (0, 1):
+        first = {(op, mb): (a, b) for op, mb, a, b in traces[(0, r)][0]}
+        last = {(op, mb): (a, b) for op, mb, a, b in traces[(1, r)][0]}
+        assert sorted(first) == sorted(last) == [(o, i) for o in "BF" for i in range(m)]
+        for i in range(m):
+            assert first[("F", i)][1] <= last[("F", i)][0]
+            assert last[("B", i)][1] <= first[("B", i)][0]
+    # 2 sequences of 128 positions x 128 hidden per micro-batch, either way, as wire frames
+    frame = len(
+        encode(Kind.ACTIVATION, step, 0, torch.zeros(8 // 2 // m, SPEC.seq, SPEC.hidden), 0)
+    )
+    for r in (0, 1):
+        assert traces[(0, r)][1]["1/" + str(r)] == m * frame
+        assert traces[(1, r)][1]["0/" + str(r)] == m * frame
+    # the follower of each stage sends its flat fp32 gradient to the stage's leader
+    assert traces[(0, 1)][1]["0/0"] > 4 * 100_000 and traces[(1, 1)][1]["1/0"] > 4 * 100_000
 
 
 def _train_transformers(directory, batches, m: int) -> list[float]:  # type: ignore[no-untyped-def]

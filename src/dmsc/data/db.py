@@ -107,6 +107,21 @@ class MetricRecord(Base):
     val_loss: Mapped[float | None]
 
 
+class StepTraceRecord(Base):
+    """One worker's part of a training step: its ops' times and what it sent to whom
+    (:mod:`dmsc.data.traces`)."""
+
+    __tablename__ = "step_traces"
+    id: Mapped[int] = mapped_column(primary_key=True)
+    task_id: Mapped[int] = mapped_column(ForeignKey("tasks.id"), index=True)
+    step: Mapped[int]
+    stage: Mapped[int]
+    replica: Mapped[int]
+    compute_s: Mapped[float]
+    spans_json: Mapped[str] = mapped_column(default="[]")  # [[op, micro-batch, t0, t1], ...]
+    sent_json: Mapped[str] = mapped_column(default="{}")  # {"STAGE/REPLICA": bytes}
+
+
 class ModelVersionRecord(Base):
     __tablename__ = "model_versions"
     id: Mapped[int] = mapped_column(primary_key=True)
@@ -378,11 +393,8 @@ class Database:
         from sqlalchemy import delete
 
         with self.sessions() as s, s.begin():
-            gone = s.execute(
-                delete(MetricRecord).where(
-                    MetricRecord.task_id == task_id, MetricRecord.step >= step
-                )
-            )
+            for table in (StepTraceRecord, MetricRecord):
+                gone = s.execute(delete(table).where(table.task_id == task_id, table.step >= step))
             return int(getattr(gone, "rowcount", 0) or 0)
 
     def faults(self, run_id: int) -> list[FaultRecord]:

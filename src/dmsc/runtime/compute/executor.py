@@ -32,6 +32,9 @@ class StepOutcome:
     compute_s: float = 0.0  # forward and backward time, waiting excluded
     losses: dict[int, float] = field(default_factory=dict)  # per micro-batch (last stage)
     logits: list[torch.Tensor] = field(default_factory=list)  # last position (inference)
+    # (op, micro-batch, start, end): each op's compute, wall-clock seconds (time.time(), so
+    # that the stages' spans line up in one Gantt chart on one machine's clock)
+    spans: list[tuple[str, int, float, float]] = field(default_factory=list)
 
 
 def step_ops(schedule: str, stage: int, stages: int, microbatches: int, train: bool) -> list[Op]:
@@ -70,7 +73,7 @@ def run_ops(
             else:
                 x = peers.recv(Kind.ACTIVATION, step, i)
                 x.requires_grad_(train)
-            c0 = time.perf_counter()
+            c0, w0 = time.perf_counter(), time.time()
             with (
                 torch.set_grad_enabled(train),
                 torch.autocast(device.type, autocast or torch.float32, enabled=bool(autocast)),
@@ -84,7 +87,7 @@ def run_ops(
                 y = loss
             if gpu:  # kernels run asynchronously: compute is over when the device is done
                 torch.cuda.synchronize(device)
-            out.compute_s += time.perf_counter() - c0
+            out.compute_s += _span(out, "F", i, c0, w0)
             if train:
                 inputs[i], outputs[i] = x, y
             if module.is_last and not train and not evaluate:
@@ -95,11 +98,11 @@ def run_ops(
             grad = None
             if not module.is_last:  # wait for the gradient first: waiting is not compute
                 grad = peers.recv(Kind.GRADIENT, step, i)
-            c0 = time.perf_counter()
+            c0, w0 = time.perf_counter(), time.time()
             outputs[i].backward(grad)
             if gpu:
                 torch.cuda.synchronize(device)
-            out.compute_s += time.perf_counter() - c0
+            out.compute_s += _span(out, "B", i, c0, w0)
             if not module.is_first:
                 grad_in = inputs[i].grad
                 assert grad_in is not None
@@ -107,3 +110,11 @@ def run_ops(
             del inputs[i], outputs[i]
     peers.flush()
     return out
+
+
+def _span(out: StepOutcome, op: str, mb: int, c0: float, w0: float) -> float:
+    """Record the op that began at ``c0`` (``perf_counter``) and ``w0`` (``time.time``);
+    returns its duration."""
+    took = time.perf_counter() - c0
+    out.spans.append((op, mb, w0, w0 + took))
+    return took

@@ -57,6 +57,7 @@ class Peers:
         self._pending: list[tuple[PeerKey, bytes, Any]] = []
         self._detached: list[Any] = []  # sends nobody waits for
         self.deadline: float | None = None  # the step's own end (time.monotonic()), if any
+        self.sent: dict[PeerKey, int] = {}  # bytes pushed to each peer since the step began
 
     @property
     def epoch(self) -> int:
@@ -101,17 +102,21 @@ class Peers:
 
     def push(self, key: PeerKey, frame: bytes) -> None:
         """Send an encoded frame to the peer at ``key``; :meth:`flush` waits for it."""
+        self.sent[key] = self.sent.get(key, 0) + len(frame)
         self._pending.append((key, frame, self.client(*key).raw_future("Push", frame)))
 
     def push_detached(self, key: PeerKey, frame: bytes) -> None:
         """Send an encoded frame that nobody waits for (its peer may be stalled). The call is
         kept alive here: a grpc future that is garbage-collected is cancelled."""
+        self.sent[key] = self.sent.get(key, 0) + len(frame)
         fut = self.client(*key).raw_future("Push", frame)
         self._detached = [f for f in self._detached if not f.done()] + [fut]
 
     def abandon(self) -> None:
-        """Forget the sends in flight: those left by an abandoned step are not ours to finish."""
+        """Forget the sends in flight (those left by an abandoned step are not ours to finish)
+        and start counting the bytes of a new step."""
         self._pending = []
+        self.sent = {}
 
     def flush(self) -> None:
         """Wait for every send; a peer that moved is looked up again (once). Gives up with

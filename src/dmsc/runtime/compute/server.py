@@ -258,6 +258,9 @@ class StageWorker:
         }
         if skipped:
             out["skipped_replicas"] = skipped
+        if m.train:  # what the operator's view draws: the step's Gantt and its traffic
+            out["spans"] = done.spans
+            out["sent"] = {f"{s}/{r}": n for (s, r), n in self.peers.sent.items()}
         if self.module.is_last:
             out["loss"] = sum(done.losses.values()) / m.microbatches if done.losses else None
             if not m.train and not m.eval:

@@ -293,6 +293,7 @@ class Deployment:
             },
             "skipped": skipped,
             "dp_bytes": sum(r.get("dp_bytes", 0) for r in commits.values()),
+            "traces": {k: (r.get("spans", []), r.get("sent", {})) for k, r in replies.items()},
         }
 
     def eval_step(

@@ -31,6 +31,7 @@ import torch
 
 from dmsc.data.corpus import Corpus
 from dmsc.data.db import CheckpointRecord, Database, FaultRecord
+from dmsc.data.traces import add_step_traces
 from dmsc.planner.plan import Plan
 from dmsc.runtime.compute.aggregators import aggregate, parse_aggregator
 from dmsc.runtime.compute.privacy import PrivacyLedger
@@ -445,6 +446,7 @@ def train(
             if logged:
                 assert db is not None and task_id is not None
                 db.add_metric(task_id, step, out["loss"], dt, report.tokens_per_step / dt)
+                add_step_traces(db, task_id, step, out.get("traces", {}), out.get("compute_s", {}))
             if on_step is not None:
                 on_step(step, {**out, "step_s": dt, "tokens_per_s": report.tokens_per_step / dt})
             step += 1

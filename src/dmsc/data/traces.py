@@ -1,0 +1,103 @@
+"""Step traces: what each worker did in a training step, as the operator's view reads it.
+
+Each worker answers a training step with the spans of its forward and backward ops (micro-batch,
+start and end on the wall clock) and the bytes it pushed to each peer; the control plane keeps
+them, a row per worker and step (:class:`~dmsc.data.db.StepTraceRecord`). From them come the
+measured pipeline Gantt of recent steps, the traffic per stage boundary and per data-parallel
+exchange, and the measurements the functional modules forecast from.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from sqlalchemy import select
+
+from dmsc.data.db import Database, StepTraceRecord, TaskRecord
+
+Key = tuple[int, int]  # (stage, replica)
+
+
+@dataclass(frozen=True)
+class StepTrace:
+    """One worker's part of one step."""
+
+    step: int
+    stage: int
+    replica: int
+    compute_s: float
+    spans: list[tuple[str, int, float, float]]  # (op "F"/"B", micro-batch, start, end)
+    sent: dict[Key, int]  # bytes to each peer (stage, replica)
+
+    @classmethod
+    def of(cls, rec: StepTraceRecord) -> StepTrace:
+        sent = {}
+        for key, n in json.loads(rec.sent_json).items():
+            s, _, r = key.partition("/")
+            sent[(int(s), int(r))] = int(n)
+        spans = [
+            (str(op), int(mb), float(a), float(b)) for op, mb, a, b in json.loads(rec.spans_json)
+        ]
+        return cls(rec.step, rec.stage, rec.replica, rec.compute_s, spans, sent)
+
+
+def add_step_traces(
+    db: Database,
+    task_id: int,
+    step: int,
+    traces: Mapping[Key, tuple[Sequence[Any], Mapping[str, int]]],
+    compute_s: Mapping[str, float],
+) -> None:
+    """Keep one step's traces (``Deployment.train_step``'s ``traces`` and ``compute_s``)."""
+    rows = [
+        StepTraceRecord(
+            task_id=task_id,
+            step=step,
+            stage=stage,
+            replica=replica,
+            compute_s=float(compute_s.get(f"{stage}/{replica}", 0.0)),
+            spans_json=json.dumps([list(s) for s in spans]),
+            sent_json=json.dumps(dict(sent)),
+        )
+        for (stage, replica), (spans, sent) in traces.items()
+    ]
+    with db.sessions() as s, s.begin():
+        s.add_all(rows)
+
+
+def step_traces(db: Database, task_id: int, last: int | None = None) -> list[StepTrace]:
+    """The task's traces, by step then stage and replica; only its ``last`` steps when given."""
+    with db.sessions() as s:
+        q = select(StepTraceRecord).where(StepTraceRecord.task_id == task_id)
+        if last is not None:
+            steps = select(StepTraceRecord.step).where(StepTraceRecord.task_id == task_id)
+            top = s.scalars(steps.distinct().order_by(StepTraceRecord.step.desc()).limit(last))
+            q = q.where(StepTraceRecord.step.in_(list(top)))
+        q = q.order_by(StepTraceRecord.step, StepTraceRecord.stage, StepTraceRecord.replica)
+        return [StepTrace.of(r) for r in s.scalars(q)]
+
+
+def traced_tasks(db: Database, run_id: int) -> list[int]:
+    """The run's tasks that have traces, oldest first."""
+    with db.sessions() as s:
+        q = (
+            select(StepTraceRecord.task_id)
+            .join(TaskRecord, TaskRecord.id == StepTraceRecord.task_id)
+            .where(TaskRecord.run_id == run_id)
+            .distinct()
+        )
+        return sorted(s.scalars(q))
+
+
+def link_bytes(traces: Sequence[StepTrace]) -> dict[tuple[Key, Key], float]:
+    """Mean bytes per step from each worker to each peer over ``traces``' steps."""
+    steps = {t.step for t in traces}
+    total: dict[tuple[Key, Key], int] = {}
+    for t in traces:
+        for peer, n in t.sent.items():
+            edge = ((t.stage, t.replica), peer)
+            total[edge] = total.get(edge, 0) + n
+    return {edge: n / max(1, len(steps)) for edge, n in total.items()}
