@@ -15,9 +15,11 @@ $(STAMP): pyproject.toml
 demo: $(STAMP)
 	$(BIN)/dmsc demo
 
-# The data layer is also tested against a real PostgreSQL server (scripts/postgres.sh starts one).
+# The data layer is also tested against a real PostgreSQL server (scripts/postgres.sh starts one),
+# the dashboard in Debian's headless Chromium (scripts/browser.sh installs it).
 test: $(STAMP)
-	DMSC_TEST_POSTGRES_URL=$$(scripts/postgres.sh) $(BIN)/pytest -n 2 -q
+	DMSC_TEST_POSTGRES_URL=$$(scripts/postgres.sh) DMSC_TEST_CHROMEDRIVER=$$(scripts/browser.sh) \
+	  $(BIN)/pytest -n 2 -q
 
 # The tests that start no processes (about a minute); `make test` runs them all.
 test-quick: $(STAMP)

@@ -10,6 +10,8 @@
 - PostgreSQL: a test that needs the server (its name says ``postgresql``, or it is marked
   ``postgresql``, or it asks for the ``postgres_url`` fixture) is skipped when
   ``DMSC_TEST_POSTGRES_URL`` is not set. ``make test`` always sets it (``scripts/postgres.sh``).
+- A browser: the ``chromedriver`` fixture (Debian's Chromium driven by Selenium) skips its test
+  when ``DMSC_TEST_CHROMEDRIVER`` is not set; ``make test`` always sets it (``scripts/browser.sh``).
 """
 
 from __future__ import annotations
@@ -84,6 +86,18 @@ def postgres_url() -> str:
     if not url:
         pytest.skip(NO_POSTGRES)
     return url
+
+
+CHROMEDRIVER_ENV = "DMSC_TEST_CHROMEDRIVER"
+
+
+@pytest.fixture(scope="session")
+def chromedriver() -> str:
+    """The path of Chromium's WebDriver (``scripts/browser.sh`` installs it)."""
+    path = os.environ.get(CHROMEDRIVER_ENV)
+    if not path:
+        pytest.skip(f"{CHROMEDRIVER_ENV} is not set: `make test` installs it (scripts/browser.sh)")
+    return path
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:

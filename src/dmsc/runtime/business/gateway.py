@@ -40,6 +40,7 @@ from prometheus_client import (
 
 from dmsc.data.db import Database, ModelVersionRecord, StorageError, TaskRecord
 from dmsc.runtime.business.auth import Principal, PrincipalCache
+from dmsc.runtime.business.dashboard import UiSessions, mount_dashboard
 from dmsc.runtime.business.http_guard import UNAUTHORIZED, Guard
 from dmsc.runtime.business.protection import CircuitBreaker, RateLimiter, TenantAdmission
 from dmsc.runtime.business.queueing import QuotaExceeded, TaskFinished, TaskQueue
@@ -181,12 +182,14 @@ def create_app(
     tenant_requests: int = 4,
     tenant_cost_tokens: int = 2048,
     read_timeout_s: float = 10.0,
+    dashboard: Callable[[], dict[str, Any]] | None = None,
 ) -> FastAPI:
     """The gateway over ``backend``. Per tenant: ``rate``/``burst`` requests per second, and
     at most ``tenant_requests`` inference requests and ``tenant_cost_tokens`` tokens (times the
     stages they pass) in flight. A request has ``request_timeout_s`` (or its own ``timeout_s``)
     in all, one replica ``backend_timeout_s`` of it. ``principals``: the key cache (shared with
-    whoever revokes keys)."""
+    whoever revokes keys). ``dashboard``: the document of the operator's pages at ``/ui``
+    (:mod:`.dashboard`; no pages without it)."""
     app = FastAPI(title="dmsc gateway", version="1")
     calls = ThreadPoolExecutor(max_workers=32, thread_name_prefix="dmsc-backend")
     limiter = RateLimiter(rate, burst, clock)
@@ -196,6 +199,7 @@ def create_app(
     breakers: dict[str, CircuitBreaker] = {}
     versions = _Versions(db)
     principals = principals or PrincipalCache(db)
+    sessions = UiSessions() if dashboard is not None else None
 
     def breaker(replica: str) -> CircuitBreaker:
         return breakers.setdefault(
@@ -216,6 +220,7 @@ def create_app(
         latency=latency,
         max_body_bytes=max_body_bytes,
         read_timeout_s=read_timeout_s,
+        sessions=sessions,
     )
 
     @app.exception_handler(RequestValidationError)
@@ -245,6 +250,8 @@ def create_app(
         return who
 
     TaskId = Annotated[int, PathParam(ge=1, le=2**62, description="Task id")]
+    if dashboard is not None and sessions is not None:
+        mount_dashboard(app, dashboard, principals, sessions, authorize)
 
     @app.get("/v1/health")
     async def health() -> dict[str, Any]:

@@ -12,6 +12,12 @@
   type the client declared (``curl -d`` declares a form).
 - **A read deadline.** The whole body must arrive within ``read_timeout_s``; a client that
   announces 100 bytes and sends 9 gets 408 and its connection closed, rather than holding it.
+- **The dashboard's session cookie.** A ``GET`` under ``/ui`` without an ``Authorization``
+  header may present the cookie that ``POST /ui/login`` set: it stands for the key given at
+  login (looked up again on every request, so a revoked key logs the session out). The cookie is
+  honoured for reads of the dashboard only, never for the API or for a request with a body, so
+  a page elsewhere cannot make a browser spend it. ``POST /ui/login`` itself is the one request
+  with a body that needs no key: its body is a form of at most :data:`LOGIN_BODY_BYTES`.
 - **Metrics** labelled by the route's template (never the raw path, which anyone could vary to
   grow ``/metrics`` without bound): requests by status, and latency.
 
@@ -25,7 +31,7 @@ import asyncio
 import json
 import time
 from collections.abc import Awaitable, Callable, MutableMapping
-from typing import Any
+from typing import Any, Protocol
 
 from anyio import to_thread
 from prometheus_client import Counter, Histogram
@@ -41,6 +47,27 @@ ASGIApp = Callable[[Scope, Receive, Send], Awaitable[None]]
 
 BODYLESS = frozenset({"GET", "HEAD", "OPTIONS"})
 UNAUTHORIZED = "missing, unknown or revoked API key"
+UI_PREFIX = "/ui"
+LOGIN_PATH = "/ui/login"
+LOGIN_BODY_BYTES = 1024  # a form with one key in it
+SESSION_COOKIE = "dmsc_ui"
+
+
+class SessionStore(Protocol):
+    """The dashboard's sessions: a cookie's value -> the Authorization it stands for."""
+
+    def authorization(self, token: str) -> str | None: ...
+
+
+def cookie(headers: list[tuple[bytes, bytes]], name: str) -> str | None:
+    """The value of cookie ``name`` in a request's headers, or None."""
+    for k, v in headers:
+        if k == b"cookie":
+            for part in v.decode("latin-1").split(";"):
+                key, _, value = part.strip().partition("=")
+                if key == name and value:
+                    return value
+    return None
 
 
 async def refuse(
@@ -69,8 +96,9 @@ class Guard:
         latency: Histogram,
         max_body_bytes: int = 64 * 1024,
         read_timeout_s: float = 10.0,
+        sessions: SessionStore | None = None,
     ) -> None:
-        self.app, self.principals = app, principals
+        self.app, self.principals, self.sessions = app, principals, sessions
         self.requests, self.latency = requests, latency
         self.max_body_bytes, self.read_timeout_s = max_body_bytes, read_timeout_s
         self._counters: dict[tuple[str, int], Any] = {}
@@ -118,6 +146,16 @@ class Guard:
             elif k == b"content-length":
                 length = v
         authorization = raw_auth.decode("latin-1") if raw_auth is not None else None
+        path, method = scope.get("path", ""), scope["method"]
+        on_ui = path == UI_PREFIX or path.startswith(UI_PREFIX + "/")
+        if method == "POST" and path == LOGIN_PATH:  # the one body read without a key
+            body = await self._read_body(receive, send, LOGIN_BODY_BYTES)
+            if body is not None:
+                await self.app(scope, _replay(body, receive), send)
+            return
+        if authorization is None and on_ui and method in BODYLESS and self.sessions:
+            token = cookie(scope["headers"], SESSION_COOKIE)
+            authorization = self.sessions.authorization(token) if token else None
         who = self.principals.cached(authorization)  # a known key: no database, no thread
         if who is None and authorization:
             try:  # a database read: off the event loop
@@ -147,19 +185,14 @@ class Guard:
         # (``curl -d`` says application/x-www-form-urlencoded, and got 422).
         scope["headers"] = [(k, v) for k, v in scope["headers"] if k != b"content-type"]
         scope["headers"].append((b"content-type", b"application/json"))
-        delivered = False
+        await self.app(scope, _replay(body, receive), send)
 
-        async def replay() -> Message:
-            nonlocal delivered
-            if not delivered:
-                delivered = True
-                return {"type": "http.request", "body": body, "more_body": False}
-            return await receive()  # a disconnect, for endpoints that watch for one
-
-        await self.app(scope, replay, send)
-
-    async def _read_body(self, receive: Receive, send: Send) -> bytes | None:
-        """The whole body, or None once a refusal was sent (or the client left)."""
+    async def _read_body(
+        self, receive: Receive, send: Send, limit: int | None = None
+    ) -> bytes | None:
+        """The whole body (at most ``limit`` bytes, the gateway's limit by default), or None
+        once a refusal was sent (or the client left)."""
+        limit = self.max_body_bytes if limit is None else limit
         body = bytearray()
         end = time.monotonic() + self.read_timeout_s
         while True:
@@ -171,11 +204,26 @@ class Guard:
             if message["type"] == "http.disconnect":
                 return None
             body += message.get("body", b"")
-            if len(body) > self.max_body_bytes:
-                await refuse(send, 413, f"body over {self.max_body_bytes} bytes")
+            if len(body) > limit:
+                await refuse(send, 413, f"body over {limit} bytes")
                 return None
             if not message.get("more_body", False):
                 return bytes(body)
+
+
+def _replay(body: bytes, receive: Receive) -> Receive:
+    """A ``receive`` that gives the body already read, then what the client sends next (a
+    disconnect, for endpoints that watch for one)."""
+    delivered = False
+
+    async def replay() -> Message:
+        nonlocal delivered
+        if not delivered:
+            delivered = True
+            return {"type": "http.request", "body": body, "more_body": False}
+        return await receive()
+
+    return replay
 
 
 def header_deadline_protocol(seconds: float) -> type:

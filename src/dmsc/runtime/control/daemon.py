@@ -183,6 +183,7 @@ def main(stdin: TextIO | None = None) -> None:
             burst=settings.burst,
             tenant_requests=settings.tenant_requests,
             max_body_bytes=settings.max_body_bytes,
+            dashboard=cp.dashboard,
         )
         gateway = uvicorn.Server(
             uvicorn.Config(

@@ -38,6 +38,7 @@ from dmsc.data.db import CheckpointRecord, Database, ModelVersionRecord, data_di
 from dmsc.data.tokenizer import tokenizer_for
 from dmsc.planner.plan import Plan
 from dmsc.runtime.control import chaos, fallback, status
+from dmsc.runtime.control.dashboard_state import dashboard_state
 from dmsc.runtime.control.deployment import Checkpoint, Deployment
 from dmsc.runtime.control.fallback import NoGoodCheckpoint, Restored
 from dmsc.runtime.control.head_inference import Heads
@@ -441,6 +442,17 @@ class ControlPlane:
 
     def services(self) -> list[dict[str, Any]]:
         return status.services(self.deployment)
+
+    def dashboard(self) -> dict[str, Any]:
+        """What the operator's pages draw (:mod:`.dashboard_state`)."""
+        return dashboard_state(
+            self.db,
+            self.plan,
+            self.deployment,
+            self.run.id,
+            self.steps_done,
+            set(self.inference.down),
+        )
 
     # -- queued work ------------------------------------------------------------------------
     def work_queue(self, queue: TaskQueue) -> None:

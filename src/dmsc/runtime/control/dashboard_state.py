@@ -1,0 +1,217 @@
+"""What the operator's dashboard shows, as one JSON document built from the control plane.
+
+The gateway serves the pages (:mod:`dmsc.runtime.business.dashboard`); this module gathers what
+they draw, every field from a real source:
+
+- ``topology``: the plan's datacenters with the stages placed in each, and its reserved paths
+  (the stage boundary, the links, the reserved units or bandwidth);
+- ``services``: every worker (SID, stage, replica, datacenter, device, health, heartbeat age,
+  its epoch) as ``dmsc status`` probes them;
+- ``tasks`` (the newest), the queue depths by lane and the exception queue, the model versions
+  with their canary share, and the run's faults;
+- ``training``: the newest training task's step times beside the plan's prediction, loss and
+  throughput per step (the ``metrics`` table);
+- ``links``: the bytes per step each worker sent to each peer, averaged over the last steps of
+  that task, and the rate that makes over the measured step time (the ``step_traces`` table);
+- ``gantt``: the forward and backward ops of the last steps, every stage and replica, on the
+  workers' wall clock, relative to the first op shown.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import json
+import time
+from typing import Any
+
+from dmsc.data.db import Database, TaskRecord
+from dmsc.data.traces import link_bytes, step_traces
+from dmsc.planner.plan import Plan
+from dmsc.runtime.control import status
+from dmsc.runtime.control.deployment import Deployment
+
+TASKS_SHOWN = 40
+FAULTS_SHOWN = 20
+TRAFFIC_STEPS = 20  # steps averaged into the per-link traffic
+GANTT_STEPS = 2  # the last steps drawn as a Gantt chart
+
+
+def _iso(t: dt.datetime | None) -> str | None:
+    return None if t is None else t.isoformat()
+
+
+def _task(t: TaskRecord) -> dict[str, Any]:
+    wait = None
+    if t.started_at is not None:
+        wait = max(0.0, (t.started_at - t.created_at).total_seconds())
+    return {
+        "id": t.id,
+        "kind": t.kind,
+        "state": t.state,
+        "lane": t.lane,
+        "priority": t.priority,
+        "tenant": t.tenant,
+        "attempts": t.attempts,
+        "exception_type": t.exception_type,
+        "error": t.error,
+        "created_at": _iso(t.created_at),
+        "queue_wait_s": wait,
+    }
+
+
+def topology(plan: Plan) -> dict[str, Any]:
+    """The plan's datacenters, the stages placed in each, and its reserved paths."""
+    dcs: dict[str, list[dict[str, Any]]] = {}
+    for st in plan.stages:
+        for rep in st.replicas:
+            dcs.setdefault(rep.datacenter, []).append(
+                {
+                    "stage": st.index,
+                    "replica": rep.dp_rank,
+                    "sid": st.sid,
+                    "layers": f"{st.chunks[0][0]} .. {st.chunks[-1][1]}",
+                    "devices": rep.devices,
+                    "device": rep.device,
+                }
+            )
+    paths = [
+        {
+            "after_stage": p.after_stage,
+            "source": p.source,
+            "target": p.target,
+            "links": p.links,
+            "km": p.km,
+            "reserved": (
+                f"{p.units} slots from {p.first_unit}"
+                if p.slot_ghz
+                else f"units {p.first_unit}-{p.first_unit + p.units - 1}"
+            ),
+            "gbit_s": p.gbit_s,
+        }
+        for p in plan.paths
+    ]
+    return {
+        "cluster": plan.cluster,
+        "datacenters": [{"name": n, "placed": v} for n, v in sorted(dcs.items())],
+        "paths": paths,
+    }
+
+
+def _where(plan: Plan) -> dict[tuple[int, int], tuple[str, str]]:
+    """(stage, replica) -> (datacenter, device) of the plan."""
+    return {
+        (st.index, rep.dp_rank): (rep.datacenter, rep.device)
+        for st in plan.stages
+        for rep in st.replicas
+    }
+
+
+def training(db: Database, task_id: int | None, predicted_s: float) -> dict[str, Any]:
+    """The task's step times beside the prediction, its loss and throughput per step."""
+    rows = db.metrics(task_id) if task_id is not None else []
+    return {
+        "task": task_id,
+        "predicted_step_s": predicted_s,
+        "steps": [m.step for m in rows],
+        "step_s": [m.step_s for m in rows],
+        "loss": [m.loss for m in rows],
+        "tokens_per_s": [m.tokens_per_s for m in rows],
+    }
+
+
+def traffic(db: Database, plan: Plan, task_id: int | None) -> tuple[list[Any], list[Any]]:
+    """(links, gantt): the measured traffic per directed worker pair, and the last steps' ops."""
+    if task_id is None:
+        return [], []
+    traces = step_traces(db, task_id, last=TRAFFIC_STEPS)
+    if not traces:
+        return [], []
+    where = _where(plan)
+    steps = sorted({t.step for t in traces})
+    step_s = {m.step: m.step_s for m in db.metrics(task_id) if m.step in steps}
+    mean_step = sum(step_s.values()) / len(step_s) if step_s else 0.0
+    links = []
+    for (src, dst), nbytes in sorted(link_bytes(traces).items()):
+        kind = "pipeline" if src[0] != dst[0] else "data-parallel"
+        links.append(
+            {
+                "from": f"{src[0]}/{src[1]}",
+                "to": f"{dst[0]}/{dst[1]}",
+                "kind": kind,
+                "from_dc": where.get(src, ("?", ""))[0],
+                "to_dc": where.get(dst, ("?", ""))[0],
+                "bytes_per_step": nbytes,
+                "mbit_s": nbytes * 8 / mean_step / 1e6 if mean_step > 0 else None,
+            }
+        )
+    shown = [t for t in traces if t.step in steps[-GANTT_STEPS:]]
+    origin = min((a for t in shown for _, _, a, _ in t.spans), default=0.0)
+    gantt = [
+        {
+            "step": t.step,
+            "stage": t.stage,
+            "replica": t.replica,
+            "op": op,
+            "mb": mb,
+            "t0_ms": (a - origin) * 1e3,
+            "t1_ms": (b - origin) * 1e3,
+        }
+        for t in shown
+        for op, mb, a, b in t.spans
+    ]
+    return links, gantt
+
+
+def dashboard_state(
+    db: Database,
+    plan: Plan,
+    dep: Deployment,
+    run_id: int,
+    steps_done: int = 0,
+    replicas_down: set[int] | None = None,
+) -> dict[str, Any]:
+    """The document the dashboard's pages draw (module docstring)."""
+    faults = status.faults(db, run_id)  # before the services, as dmsc status reads them
+    where = _where(plan)
+    services = []
+    for s in status.services(dep):
+        key = (s["stage"], s["replica"])
+        dc, device = where.get(key, ("?", "?"))
+        epoch = dep.epochs.get(key, dep.epoch)
+        services.append({**s, "datacenter": dc, "device": device, "epoch": epoch})
+    tasks = db.tasks(run_id)
+    queued = [t for t in tasks if t.state == "queued"]
+    lanes = {lane: sum(t.lane == lane for t in queued) for lane in ("sync", "async")}
+    exceptions = [t for t in tasks if t.state == "failed" and t.exception_type]
+    trained = [t.id for t in tasks if t.kind == "train" and t.state != "queued"]
+    task_id = trained[-1] if trained else None
+    links, gantt = traffic(db, plan, task_id)
+    versions = [
+        {
+            "id": v.id,
+            "run": v.run_id,
+            "step": v.step,
+            "status": v.status,
+            "canary_percent": v.canary_percent,
+            "task": v.task_id,
+            "created_at": _iso(v.created_at),
+        }
+        for v in db.model_versions()  # every run's: a version serves across runs
+    ]
+    return {
+        "run": run_id,
+        "model": plan.model,
+        "generated_at": time.time(),
+        "epoch": dep.epoch,
+        "steps_done": steps_done,
+        "replicas_down": sorted(replicas_down or ()),
+        "topology": topology(plan),
+        "services": services,
+        "queues": {"lanes": lanes, "exceptions": len(exceptions), "queued": len(queued)},
+        "tasks": [_task(t) for t in tasks[-TASKS_SHOWN:]][::-1],
+        "versions": versions,
+        "faults": json.loads(json.dumps(faults[-FAULTS_SHOWN:][::-1], default=str)),
+        "training": training(db, task_id, plan.prediction.iteration_time_s),
+        "links": links,
+        "gantt": gantt,
+    }

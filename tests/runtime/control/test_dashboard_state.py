@@ -1,0 +1,60 @@
+"""The dashboard's document from a plan and a database: topology, traffic and the Gantt."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from dmsc.data.db import Database
+from dmsc.data.traces import add_step_traces
+from dmsc.planner.solve import plan_job
+from dmsc.runtime.control.dashboard_state import topology, traffic, training
+from dmsc.spec import ClusterSpec, JobSpec, load_spec, resolve_model
+
+ROOT = Path(__file__).resolve().parents[3]
+
+
+def _plan():  # type: ignore[no-untyped-def]
+    cluster = load_spec(ClusterSpec, ROOT / "examples/clusters/two-sites-cpu.yaml")
+    job = JobSpec(global_batch=16, micro_batch=4, pp=2, dp=2)
+    return plan_job(cluster, resolve_model("gpt-mini"), job, fixed=True).plan
+
+
+def test_topology_places_every_stage_replica_in_its_datacenter() -> None:
+    plan = _plan()
+    topo = topology(plan)
+    placed = {
+        (p["stage"], p["replica"]): dc["name"] for dc in topo["datacenters"] for p in dc["placed"]
+    }
+    assert placed == {
+        (st.index, r.dp_rank): r.datacenter for st in plan.stages for r in st.replicas
+    }
+    assert [p["after_stage"] for p in topo["paths"]] == [p.after_stage for p in plan.paths]
+    assert all(p["reserved"].startswith("units ") for p in topo["paths"])
+
+
+def test_traffic_and_gantt_come_from_the_traces(tmp_path: Path) -> None:
+    plan = _plan()
+    db = Database(f"sqlite:///{tmp_path / 'd.sqlite'}")
+    task = db.new_task(db.new_run("gpt-mini", "two-sites-cpu", {}).id, "train", {}).id
+    for step in range(3):
+        db.add_metric(task, step, 3.0 - step, 0.5, 1000.0)
+        add_step_traces(
+            db,
+            task,
+            step,
+            {
+                (0, 0): ([("F", 0, 10.0 + step, 10.1 + step)], {"1/0": 1000}),
+                (1, 0): ([("F", 0, 10.2 + step, 10.3 + step)], {"0/0": 500}),
+            },
+            {},
+        )
+    links, gantt = traffic(db, plan, task)
+    by_pair = {(link["from"], link["to"]): link for link in links}
+    assert by_pair[("0/0", "1/0")]["bytes_per_step"] == 1000
+    assert by_pair[("0/0", "1/0")]["mbit_s"] == 1000 * 8 / 0.5 / 1e6
+    assert by_pair[("0/0", "1/0")]["kind"] == "pipeline"
+    assert {g["step"] for g in gantt} == {1, 2}  # the last two steps
+    first = min(gantt, key=lambda g: g["t0_ms"])
+    assert first["t0_ms"] == 0 and abs(first["t1_ms"] - 100) < 1e-6
+    assert training(db, task, 0.4)["loss"] == [3.0, 2.0, 1.0]
+    assert traffic(db, plan, None) == ([], [])
