@@ -224,6 +224,8 @@ RULES: list[Rule] = [
     Rule(r"curl "),
     Rule(r"dmsc models list "),
     Rule(r"dmsc chaos "),
+    Rule(r"dmsc modules list$"),
+    Rule(r"dmsc replan --dry-run$"),
 ]
 
 # Examples of the Usage section deliberately not run, and why (`make demo` and `make test` are in

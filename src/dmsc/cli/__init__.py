@@ -1,6 +1,6 @@
-"""The ``dmsc`` command: one module per command group, assembled here (``dmsc --help`` lists the
-commands in this order, then the groups ``topology``, ``token`` and ``models``). ``main`` is the
-console script (``dmsc = "dmsc.cli:main"``), ``app`` the Typer app."""
+"""The ``dmsc`` command: one module per command group, assembled here in the order
+``dmsc --help`` lists them. ``main`` is the console script (``dmsc = "dmsc.cli:main"``), ``app``
+the Typer app."""
 
 from __future__ import annotations
 
@@ -11,6 +11,7 @@ from dmsc.cli import (
     export,
     logs,
     models,
+    modules,
     plan,
     runtime,
     segment,
@@ -35,10 +36,12 @@ app.command()(runtime.up)
 app.add_typer(tokens.token_app, name="token")
 app.add_typer(models.models_app, name="models")
 app.add_typer(tasks.tasks_app, name="tasks")
+app.add_typer(modules.modules_app, name="modules")
 app.command()(runtime.status)
 app.command()(tasks.train)
 app.command()(chaos.chaos)
 app.command()(tasks.infer)
+app.command()(modules.replan)
 app.command()(export.export)
 app.command()(runtime.down)
 app.command()(logs.logs)

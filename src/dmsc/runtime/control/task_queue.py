@@ -44,6 +44,7 @@ LOG_EXCERPT = 2000
 MAX_QUEUED_TASKS = 16  # per tenant and run
 MAX_QUEUED_STEPS = 100_000  # training steps per tenant and run (params["steps"])
 FINISHED = ("done", "failed", "cancelled")
+RUNNABLE = ("train",)  # the kinds the queue runs (a "policy" exception is only a record)
 
 
 def _steps(params: dict[str, Any]) -> int:
@@ -309,6 +310,10 @@ class TaskQueue:
             task = s.get(TaskRecord, task_id)
             if task is None or task.state != "failed":
                 raise KeyError(f"task {task_id} is not in the exception queue")
+            if task.kind not in RUNNABLE:  # a policy breach: a record to read, not work to run
+                raise KeyError(
+                    f"task {task_id} is a {task.kind} exception: there is nothing to run"
+                )
             task.state, task.attempts, task.finished_at = "queued", 0, None
 
     def depth(self, lane: str | None = None) -> int:
