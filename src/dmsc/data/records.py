@@ -1,0 +1,156 @@
+"""The tables of the data layer: runs, tasks, services, metrics and traces per step, model
+versions, checkpoints, faults, API keys and scale events (:mod:`dmsc.data.db` reads and writes
+them; every name here is also importable from there)."""
+
+from __future__ import annotations
+
+import datetime as dt
+
+from sqlalchemy import ForeignKey, String
+from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column
+
+
+def _now() -> dt.datetime:
+    return dt.datetime.now(dt.UTC)
+
+
+class Base(DeclarativeBase):
+    pass
+
+
+class RunRecord(Base):
+    __tablename__ = "runs"
+    id: Mapped[int] = mapped_column(primary_key=True)
+    created_at: Mapped[dt.datetime] = mapped_column(default=_now)
+    model: Mapped[str] = mapped_column(String(128))
+    cluster: Mapped[str] = mapped_column(String(128))
+    plan_json: Mapped[str]
+    status: Mapped[str] = mapped_column(String(32), default="running")
+
+
+# Every state a task can be in (queued -> running -> done, failed or cancelled; cancelling while a
+# running task is asked to stop).
+TASK_STATES = ("queued", "running", "cancelling", "done", "failed", "cancelled")
+
+
+class TaskRecord(Base):
+    __tablename__ = "tasks"
+    id: Mapped[int] = mapped_column(primary_key=True)
+    run_id: Mapped[int] = mapped_column(ForeignKey("runs.id"))
+    kind: Mapped[str] = mapped_column(String(32))
+    state: Mapped[str] = mapped_column(String(32), default="queued")
+    params_json: Mapped[str] = mapped_column(default="{}")
+    created_at: Mapped[dt.datetime] = mapped_column(default=_now)
+    started_at: Mapped[dt.datetime | None]
+    finished_at: Mapped[dt.datetime | None]
+    error: Mapped[str | None]
+    # Queueing (dmsc.runtime.control.task_queue): who asked, how urgent, tries, why it failed.
+    tenant: Mapped[str] = mapped_column(String(64), default="default")
+    priority: Mapped[int] = mapped_column(default=0)
+    weight: Mapped[float] = mapped_column(default=1.0)
+    lane: Mapped[str] = mapped_column(String(16), default="sync")
+    attempts: Mapped[int] = mapped_column(default=0)
+    max_attempts: Mapped[int] = mapped_column(default=3)
+    exception_type: Mapped[str | None] = mapped_column(String(128))
+    log_excerpt: Mapped[str | None]
+    # what a finished task produced (a training task's report: losses, its sync mode, the bytes
+    # its replicas sent, the privacy spent)
+    result_json: Mapped[str | None]
+
+
+class ServiceRecord(Base):
+    __tablename__ = "services"
+    id: Mapped[int] = mapped_column(primary_key=True)
+    run_id: Mapped[int] = mapped_column(ForeignKey("runs.id"))
+    sid: Mapped[str] = mapped_column(String(128))
+    stage: Mapped[int]
+    replica: Mapped[int]
+    address: Mapped[str] = mapped_column(String(64))
+    datacenter: Mapped[str] = mapped_column(String(64), default="local")
+    status: Mapped[str] = mapped_column(String(32), default="up")
+
+
+class MetricRecord(Base):
+    __tablename__ = "metrics"
+    id: Mapped[int] = mapped_column(primary_key=True)
+    task_id: Mapped[int] = mapped_column(ForeignKey("tasks.id"))
+    step: Mapped[int]
+    loss: Mapped[float]
+    step_s: Mapped[float]
+    tokens_per_s: Mapped[float]
+    val_loss: Mapped[float | None]
+
+
+class StepTraceRecord(Base):
+    """One worker's part of a training step: its ops' times and what it sent to whom
+    (:mod:`dmsc.data.traces`)."""
+
+    __tablename__ = "step_traces"
+    id: Mapped[int] = mapped_column(primary_key=True)
+    task_id: Mapped[int] = mapped_column(ForeignKey("tasks.id"), index=True)
+    step: Mapped[int]
+    stage: Mapped[int]
+    replica: Mapped[int]
+    compute_s: Mapped[float]
+    spans_json: Mapped[str] = mapped_column(default="[]")  # [[op, micro-batch, t0, t1], ...]
+    sent_json: Mapped[str] = mapped_column(default="{}")  # {"STAGE/REPLICA": bytes}
+
+
+class ModelVersionRecord(Base):
+    __tablename__ = "model_versions"
+    id: Mapped[int] = mapped_column(primary_key=True)
+    run_id: Mapped[int] = mapped_column(ForeignKey("runs.id"))
+    step: Mapped[int]
+    path: Mapped[str]
+    sha256: Mapped[str] = mapped_column(String(64))
+    created_at: Mapped[dt.datetime] = mapped_column(default=_now)
+    metrics_json: Mapped[str] = mapped_column(default="{}")
+    # candidate, production, canary or retired; the canary's share of inference traffic.
+    status: Mapped[str] = mapped_column(String(16), default="candidate")
+    canary_percent: Mapped[float] = mapped_column(default=0.0)
+    task_id: Mapped[int | None]  # the training task that produced it
+
+
+class CheckpointRecord(Base):
+    """A consistent training checkpoint (every stage between the same two steps)."""
+
+    __tablename__ = "checkpoints"
+    id: Mapped[int] = mapped_column(primary_key=True)
+    run_id: Mapped[int] = mapped_column(ForeignKey("runs.id"))
+    task_id: Mapped[int | None]
+    step: Mapped[int]
+    files_json: Mapped[str]  # stage -> [path, sha256]
+    created_at: Mapped[dt.datetime] = mapped_column(default=_now)
+    refused: Mapped[str | None]  # why a recovery could not load it (then it is not tried again)
+
+
+class FaultRecord(Base):
+    """A failure the runtime detected and what it did about it."""
+
+    __tablename__ = "faults"
+    id: Mapped[int] = mapped_column(primary_key=True)
+    run_id: Mapped[int] = mapped_column(ForeignKey("runs.id"))
+    task_id: Mapped[int | None]
+    kind: Mapped[str] = mapped_column(String(32))  # worker, checkpoint, control-plane, ...
+    services: Mapped[str] = mapped_column(default="")  # the SIDs replaced
+    reason: Mapped[str] = mapped_column(default="")
+    detected_at: Mapped[float] = mapped_column(default=0.0)  # unix time
+    recovered_at: Mapped[float | None]
+    checkpoint_step: Mapped[int | None]
+    steps_lost: Mapped[int] = mapped_column(default=0)
+    epoch: Mapped[int] = mapped_column(default=0)
+
+
+class ApiKeyRecord(Base):
+    """An API key, stored as its SHA-256 (the key itself is shown once, at creation)."""
+
+    __tablename__ = "api_keys"
+    id: Mapped[int] = mapped_column(primary_key=True)
+    key_hash: Mapped[str] = mapped_column(String(64), unique=True)
+    tenant: Mapped[str] = mapped_column(String(64))
+    scopes: Mapped[str] = mapped_column(String(256))  # comma-separated
+    revoked: Mapped[bool] = mapped_column(default=False)
+    created_at: Mapped[dt.datetime] = mapped_column(default=_now)
+    # The tenant's rate limit when this key is used (requests/s, burst); None: the gateway's.
+    rate: Mapped[float | None] = mapped_column(default=None)
+    burst: Mapped[float | None] = mapped_column(default=None)
