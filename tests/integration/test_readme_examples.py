@@ -197,6 +197,12 @@ RULES: list[Rule] = [
     Rule(r"dmsc plan --cluster \$\{DMSC_HOME:-\.dmsc\}/local-cpu\.calibrated\.yaml "),
     Rule(r"dmsc up --plan plan\.json$"),
     Rule(
+        r"dmsc up --plan plan\.json --gateway 127\.0\.0\.1:8080 --autoscale ",
+        skip="the README's plan fills local-cpu's three devices, so dmsc up refuses it; "
+        "tests/integration/test_serving.py and benchmarks/autoscale.py run serving replicas on "
+        "a cluster of four devices, tests/cli/test_autoscale_flag.py the refusals",
+    ),
+    Rule(
         r"dmsc up --plan plan\.json --gateway 127\.0\.0\.1:8080 ",
         first_only=True,
         why_not="without its options, or with another --router (round_robin, latency, p2c, "

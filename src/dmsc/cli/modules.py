@@ -80,9 +80,9 @@ def find_cluster(name: str) -> Path | None:
     return None
 
 
-def _cluster(path: str | None, plan_cluster: str) -> ClusterSpec:
-    from dmsc.cli.options import load_cluster
-
+def cluster_file(path: str | None, plan_cluster: str) -> str:
+    """``--cluster PATH``, else the spec file of the plan's cluster found by :func:`find_cluster`
+    (a SpecError naming ``--cluster`` when there is none)."""
     if path is None:
         found = find_cluster(plan_cluster)
         if found is None:
@@ -94,7 +94,13 @@ def _cluster(path: str | None, plan_cluster: str) -> ClusterSpec:
                 f"{where}: give it with --cluster PATH",
             )
         path = str(found)
-    return load_cluster(path)
+    return path
+
+
+def _cluster(path: str | None, plan_cluster: str) -> ClusterSpec:
+    from dmsc.cli.options import load_cluster
+
+    return load_cluster(cluster_file(path, plan_cluster))
 
 
 def _fmt_s(value: float, unit: str = "s") -> str:

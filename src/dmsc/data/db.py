@@ -26,6 +26,7 @@ from dmsc.data.records import (
     MetricRecord,
     ModelVersionRecord,
     RunRecord,
+    ScaleEventRecord,
     ServiceRecord,
     StepTraceRecord,
     TaskRecord,
@@ -60,6 +61,7 @@ __all__ = [
     "MetricRecord",
     "ModelVersionRecord",
     "RunRecord",
+    "ScaleEventRecord",
     "ServiceRecord",
     "StepTraceRecord",
     "StorageError",
@@ -283,6 +285,12 @@ class Database:
             for table in (StepTraceRecord, MetricRecord):
                 gone = s.execute(delete(table).where(table.task_id == task_id, table.step >= step))
             return int(getattr(gone, "rowcount", 0) or 0)
+
+    def scale_events(self, run_id: int) -> list[ScaleEventRecord]:
+        """The run's serving replicas added and removed, oldest first."""
+        with self.sessions() as s:
+            q = select(ScaleEventRecord).where(ScaleEventRecord.run_id == run_id)
+            return list(s.scalars(q.order_by(ScaleEventRecord.id)))
 
     def faults(self, run_id: int) -> list[FaultRecord]:
         with self.sessions() as s:

@@ -154,3 +154,18 @@ class ApiKeyRecord(Base):
     # The tenant's rate limit when this key is used (requests/s, burst); None: the gateway's.
     rate: Mapped[float | None] = mapped_column(default=None)
     burst: Mapped[float | None] = mapped_column(default=None)
+
+
+class ScaleEventRecord(Base):
+    """A serving replica added or removed (``dmsc up --autoscale``), or a change refused."""
+
+    __tablename__ = "scale_events"
+    id: Mapped[int] = mapped_column(primary_key=True)
+    run_id: Mapped[int] = mapped_column(ForeignKey("runs.id"), index=True)
+    at: Mapped[dt.datetime] = mapped_column(default=_now)
+    action: Mapped[str] = mapped_column(String(16))  # out, in, refused, failed
+    replica: Mapped[str] = mapped_column(String(64))
+    replicas_after: Mapped[int]  # pipelines serving inference after it
+    in_flight: Mapped[float]  # the load it answered (mean requests in flight)
+    reason: Mapped[str]
+    placement_json: Mapped[str] = mapped_column(default="[]")  # [[stage, datacenter, devices]]

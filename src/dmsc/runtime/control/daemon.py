@@ -38,7 +38,12 @@ from dmsc.runtime.control.plane import ControlPlane
 from dmsc.runtime.control.task_queue import TaskQueue
 from dmsc.runtime.control.watchdog import watch_workers
 from dmsc.runtime.transport import logs
-from dmsc.runtime.transport.messages import CONTROL_SERVICE, ControlSettings, RevokeRequest
+from dmsc.runtime.transport.messages import (
+    CONTROL_SERVICE,
+    AutoscaleSettings,
+    ControlSettings,
+    RevokeRequest,
+)
 from dmsc.runtime.transport.observe import metrics_server
 from dmsc.runtime.transport.rpc import BadRequest, message_handler, parse, serve
 
@@ -165,6 +170,8 @@ def main(stdin: TextIO | None = None) -> None:
     queue = TaskQueue(db, cp.run.id)
     threading.Thread(target=cp.work_queue, args=(queue,), daemon=True).start()
     threading.Thread(target=watch_workers, args=(cp,), daemon=True).start()
+    if settings.autoscale is not None and settings.cluster is not None:
+        start_autoscaler(cp, settings.autoscale, settings.cluster, settings.failure_timeout_s)
     principals = PrincipalCache(db)  # the gateway's; a revocation here empties it at once
     gateway = None
     if gateway_socket is not None:
@@ -230,6 +237,8 @@ def main(stdin: TextIO | None = None) -> None:
         cp.end_run()  # a clean stop ends the run; a crash or a lost database leaves it resumable
     if gateway is not None:
         gateway.should_exit = True
+    if cp.inference.pool is not None:
+        cp.inference.pool.shutdown()
     cp.deployment.shutdown()
     server.stop(grace=1)
     control_file().unlink(missing_ok=True)
@@ -237,6 +246,30 @@ def main(stdin: TextIO | None = None) -> None:
         log.error("stopped: the database was lost", extra={"run": cp.run.id})
         sys.exit(1)
     log.info("stopped", extra={"run": cp.run.id})
+
+
+def start_autoscaler(
+    cp: ControlPlane, scale: AutoscaleSettings, cluster_path: str, ttl_s: float
+) -> None:
+    """Elastic serving replicas (:mod:`.serving`) and the thread that sizes them."""
+    from dmsc.runtime.control.autoscale import ScalePolicy
+    from dmsc.runtime.control.serving import ServingPool, autoscale_loop
+    from dmsc.spec import ClusterSpec, load_spec
+
+    pool = ServingPool(
+        cp.plan,
+        cp.model,
+        load_spec(ClusterSpec, Path(cluster_path)),
+        cp.db,
+        cp.run.id,
+        cp.home,
+        cp.log,
+        cp.inference.in_flight,
+        registry_ttl_s=ttl_s,
+    )
+    cp.inference.pool = pool
+    loop = partial(autoscale_loop, pool, ScalePolicy(scale), cp.inference.in_flight, cp.stopped)
+    threading.Thread(target=loop, name="autoscaler", daemon=True).start()
 
 
 if __name__ == "__main__":

@@ -14,7 +14,9 @@ they draw, every field from a real source:
 - ``links``: the bytes per step each worker sent to each peer, averaged over the last steps of
   that task, and the rate that makes over the measured step time (the ``step_traces`` table);
 - ``gantt``: the forward and backward ops of the last steps, every stage and replica, on the
-  workers' wall clock, relative to the first op shown.
+  workers' wall clock, relative to the first op shown;
+- ``serving`` and ``scale_events``: the elastic serving replicas (where each runs, its requests
+  in flight, whether it is being drained) and the replicas added and removed, with the reason.
 """
 
 from __future__ import annotations
@@ -34,6 +36,7 @@ TASKS_SHOWN = 40
 FAULTS_SHOWN = 20
 TRAFFIC_STEPS = 20  # steps averaged into the per-link traffic
 GANTT_STEPS = 2  # the last steps drawn as a Gantt chart
+SCALE_EVENTS_SHOWN = 30
 
 
 def _iso(t: dt.datetime | None) -> str | None:
@@ -169,8 +172,10 @@ def dashboard_state(
     run_id: int,
     steps_done: int = 0,
     replicas_down: set[int] | None = None,
+    serving: list[dict[str, Any]] | None = None,
 ) -> dict[str, Any]:
-    """The document the dashboard's pages draw (module docstring)."""
+    """The document the dashboard's pages draw (module docstring); ``serving``: the elastic
+    serving replicas, when the deployment has them."""
     faults = status.faults(db, run_id)  # before the services, as dmsc status reads them
     where = _where(plan)
     services = []
@@ -214,4 +219,17 @@ def dashboard_state(
         "training": training(db, task_id, plan.prediction.iteration_time_s),
         "links": links,
         "gantt": gantt,
+        "serving": serving or [],
+        "scale_events": [
+            {
+                "at": _iso(e.at),
+                "action": e.action,
+                "replica": e.replica,
+                "replicas_after": e.replicas_after,
+                "in_flight": e.in_flight,
+                "reason": e.reason,
+                "placement": json.loads(e.placement_json),
+            }
+            for e in db.scale_events(run_id)[-SCALE_EVENTS_SHOWN:][::-1]
+        ],
     }

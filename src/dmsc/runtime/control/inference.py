@@ -21,6 +21,7 @@ import logging
 import threading
 from collections.abc import Callable, Iterator
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from dmsc.data.db import Database
 from dmsc.data.tokenizer import ByteTokenizer, Tokenizer, text_stream
@@ -33,6 +34,9 @@ from dmsc.runtime.transport.messages import Load, Sampling
 from dmsc.runtime.transport.rpc import NoRoom
 
 TRAINING = "\x00training"  # the training session's party at the replicas' fair locks
+if TYPE_CHECKING:
+    from dmsc.runtime.control.serving import ServingPool
+
 STEP_BASE = 10_000_000  # inference steps live far above training ones; 10_000 per request
 
 
@@ -67,17 +71,42 @@ class Replicas:
         self.heads = False
         self._signature: list[tuple[int, str]] = []
         self._calls = itertools.count(1)
+        # elastic serving replicas (dmsc up --autoscale), which serve the production version
+        self.pool: ServingPool | None = None
+        self.production: int | None = None
+        self._in_flight: dict[str, int] = {}
+        self._counting = threading.Lock()
 
     def names(self) -> list[str]:
-        """The replicas in routing (a failed one leaves until it is healed)."""
-        return [f"replica-{r}" for r in range(self.count) if r not in self.down]
+        """The replicas in routing (a failed one leaves until it is healed), serving ones last."""
+        own = [f"replica-{r}" for r in range(self.count) if r not in self.down]
+        return own + (self.pool.names() if self.pool is not None else [])
 
     def for_version(self, version_id: int | None) -> list[str]:
         """The replicas in routing that serve ``version_id`` (all of them when none does)."""
         serving = [
             f"replica-{r}" for r, v in self.served.items() if v == version_id and r not in self.down
         ]
+        if serving and self.pool is not None and version_id == self.production:
+            serving += self.pool.names()
         return serving or self.names()
+
+    def in_flight(self, name: str | None = None) -> int:
+        """Requests in flight on replica ``name``, or on all of them."""
+        with self._counting:
+            if name is None:
+                return sum(self._in_flight.values())
+            return self._in_flight.get(name, 0)
+
+    @contextlib.contextmanager
+    def _counted(self, name: str) -> Iterator[None]:
+        with self._counting:
+            self._in_flight[name] = self._in_flight.get(name, 0) + 1
+        try:
+            yield
+        finally:
+            with self._counting:
+                self._in_flight[name] -= 1
 
     def infer_on(
         self,
@@ -95,11 +124,27 @@ class Replicas:
         says (``on_token`` sees each byte as it comes; ``ids`` gets the token ids drawn). A
         failure names the stage and takes the replica out of routing (the watchdog heals it);
         ``cancel`` and ``deadline`` (``time.monotonic()``) stop it between tokens."""
-        r = int(replica.rsplit("-", 1)[1])
+        with self._counted(replica):
+            return self._infer_on(
+                replica, prompt, tokens, cancel, tenant, deadline, sampling, on_token, ids
+            )
+
+    def _infer_on(
+        self,
+        replica: str,
+        prompt: str,
+        tokens: int,
+        cancel: threading.Event | None,
+        tenant: str,
+        deadline: float | None,
+        sampling: Sampling | None,
+        on_token: Callable[[int], None] | None,
+        ids: list[int] | None,
+    ) -> str:
+        dep, r, lock = self._route(replica)
         base = self.next_base()
-        lock = self.locks[r]
         try:
-            out = self.dep.generate(
+            out = dep.generate(
                 self.tokenizer.encode(prompt),
                 tokens,
                 step_base=base,
@@ -112,12 +157,28 @@ class Replicas:
                 on_token=None if on_token is None else text_stream(self.tokenizer, on_token),
             )
         except WorkerFailure as exc:
-            self.down.add(r)
+            if dep is self.dep:
+                self.down.add(r)
+            elif self.pool is not None:
+                self.pool.failed(replica, str(exc))
             self.log.warning("%s failed: %s", replica, exc, extra=self.extra)
             raise
         if ids is not None:
             ids[:] = out
         return self.tokenizer.decode(out)
+
+    def _route(self, replica: str) -> tuple[Deployment, int, FairLock]:
+        """The deployment, its replica index and the fair lock of the replica ``replica``."""
+        if replica.startswith("serve-"):
+            try:  # removed since it was routed to: another replica takes the request
+                if self.pool is None:
+                    raise KeyError(replica)
+                rep = self.pool.get(replica)
+            except KeyError:
+                raise NoRoom(f"{replica} does not serve any more") from None
+            return rep.dep, 0, rep.lock
+        r = int(replica.rsplit("-", 1)[1])
+        return self.dep, r, self.locks[r]
 
     def next_base(self) -> int:
         """The first step number of a new request: each has 10,000 of its own."""
@@ -191,6 +252,7 @@ class Replicas:
             return
         self._signature = signature
         production = next((v for v in all_versions if v.status == "production"), None)
+        self.production = production.id if production is not None else None
         canary = next((v for v in all_versions if v.status == "canary"), None)
         R = self.count
         for r in range(R):

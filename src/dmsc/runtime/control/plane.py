@@ -452,6 +452,7 @@ class ControlPlane:
             self.run.id,
             self.steps_done,
             set(self.inference.down),
+            self.inference.pool.status() if self.inference.pool is not None else None,
         )
 
     # -- queued work ------------------------------------------------------------------------

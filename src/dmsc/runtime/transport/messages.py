@@ -387,6 +387,25 @@ class GatewayTaskRequest(TrainSettings):
 
 
 # -- from the CLI to the control-plane process -------------------------------------------------
+class AutoscaleSettings(Message):
+    """``dmsc up --autoscale infer:...``: the pipelines that serve inference, between ``min``
+    and ``max`` (the plan's replicas count, and always serve), sized so that each has about
+    ``target`` requests in flight; ``cooldown_s`` between two changes, the load averaged over
+    ``window_s`` (:mod:`dmsc.runtime.control.autoscale`)."""
+
+    min: Annotated[int, Field(ge=1, le=64)] = 1
+    max: Annotated[int, Field(ge=1, le=64)] = 4
+    target: Annotated[float, Field(gt=0, le=1024)] = 2.0
+    cooldown_s: Annotated[float, Field(ge=0, le=3600)] = 10.0
+    window_s: Annotated[float, Field(gt=0, le=3600)] = 5.0
+
+    @model_validator(mode="after")
+    def _ordered(self) -> AutoscaleSettings:
+        if self.min > self.max:
+            raise ValueError(f"min: {self.min} is above max ({self.max})")
+        return self
+
+
 class ControlSettings(Message):
     """What ``dmsc up`` tells the control-plane process (as JSON on its standard input): the
     settings are parsed once, by the CLI, and the daemon has no parser of its own."""
@@ -410,3 +429,6 @@ class ControlSettings(Message):
     burst: Annotated[float, Field(ge=1, le=1e6)] = 40.0
     tenant_requests: Annotated[int, Field(ge=1, le=1024)] = 4
     max_body_bytes: Annotated[int, Field(ge=1024, le=16 * 1024 * 1024)] = 64 * 1024
+    # Elastic serving replicas, placed on free devices of the cluster spec at ``cluster``.
+    autoscale: AutoscaleSettings | None = None
+    cluster: str | None = None

@@ -84,6 +84,18 @@ function drawOverview(s) {
     ["health", health], ["heartbeat age (s)", (v) => fmt(v.heartbeat_age_s, 1), "num"],
     ["epoch", (v) => v.epoch, "num"], ["address", (v) => v.address], ["pid", (v) => v.pid, "num"],
   ], s.services, "no services"));
+  put("serving", table([
+    ["name", (r) => r.name],
+    ["placement", (r) => r.placement.map(([st, dc, devs]) => `stage ${st}: ${dc} ${devs.join("+")}`).join("; ")],
+    ["in flight", (r) => r.in_flight, "num"],
+    ["state", (r) => (r.draining ? el("span", { class: "warn" }, "draining") : el("span", { class: "ok" }, "serving"))],
+    ["since", (r) => when(r.started_at)],
+  ], s.serving, "none: the plan's replicas serve alone (dmsc up --autoscale adds more with the load)"));
+  put("scale-events", table([
+    ["at", (e) => when(e.at)], ["action", (e) => e.action], ["replica", (e) => e.replica],
+    ["replicas after", (e) => e.replicas_after, "num"], ["in flight", (e) => fmt(e.in_flight, 1), "num"],
+    ["reason", (e) => e.reason.slice(0, 120)],
+  ], s.scale_events, "no scale events"));
 }
 
 function drawTasks(s) {

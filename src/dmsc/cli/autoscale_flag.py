@@ -1,0 +1,48 @@
+"""``dmsc up --autoscale infer:min=1,max=4[,target=2,cooldown=10,window=5] [--cluster PATH]``:
+the flag checked against the plan before anything starts (errors name the flag, exit 2)."""
+
+from __future__ import annotations
+
+from dmsc.cli.modules import cluster_file
+from dmsc.planner.elastic import devices_in_use, place_replica
+from dmsc.planner.plan import Plan
+from dmsc.runtime.transport.messages import AutoscaleSettings
+from dmsc.spec import SpecError
+
+
+def autoscale_settings(
+    text: str | None, cluster: str | None, plan: Plan, launcher: str
+) -> tuple[AutoscaleSettings | None, str | None]:
+    """(settings, the cluster spec's path) of the flags; (None, None) without ``--autoscale``."""
+    from dmsc.cli.options import load_cluster
+    from dmsc.runtime.control.autoscale import parse_autoscale
+
+    if text is None:
+        if cluster is not None:
+            raise SpecError("command line", "--cluster", "only used with --autoscale")
+        return None, None
+    try:
+        settings = parse_autoscale(text)
+    except ValueError as exc:
+        raise SpecError("command line", "--autoscale", str(exc)) from None
+    dp = plan.job.dp
+    if settings.max < dp:
+        raise SpecError(
+            "command line",
+            "--autoscale",
+            f"max={settings.max} is below the plan's {dp} replicas, which always serve",
+        )
+    if launcher != "local":
+        raise SpecError(
+            "command line", "--autoscale", "serving replicas start with the local launcher only"
+        )
+    path = cluster_file(cluster, plan.cluster)
+    spec = load_cluster(path)
+    if settings.max > dp and place_replica(plan, spec, devices_in_use(plan), dp) is None:
+        raise SpecError(
+            "command line",
+            "--autoscale",
+            f"the plan fills cluster {spec.name!r}: no free devices for a serving replica "
+            "(plan on a larger cluster, or with fewer devices)",
+        )
+    return settings, path

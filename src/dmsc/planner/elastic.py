@@ -1,0 +1,82 @@
+"""Where one more serving replica of a plan's pipeline goes: free devices of the plan's cluster.
+
+The plan placed ``dp`` replicas of every stage; an elastic deployment adds whole pipelines to
+serve inference and removes them again. One more pipeline needs, for every stage, ``tp``
+devices of one node (its tensor-parallel group, as the plan places them) that no replica uses.
+The rule, stage by stage:
+
+1. the datacenter the plan put that stage in (its layers' neighbours, and the paths the plan
+   reserved for them, are there);
+2. else the datacenter of this replica's previous stage (the boundary stays inside a fabric);
+3. else any other datacenter, the nearest to the previous stage first (the propagation delay of
+   the cluster's inter-datacenter links, fewest hops).
+
+Within a datacenter, the node with the fewest free devices that still fits is taken (packing:
+the emptiest nodes stay whole for later, larger groups). None when some stage finds no room: the
+deployment is at its cluster's capacity.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Collection
+
+import networkx as nx
+
+from dmsc.netmodel.topology import Topology
+from dmsc.planner.plan import Plan, ReplicaRecord, replica_record
+from dmsc.spec import ClusterSpec
+
+
+def devices_in_use(plan: Plan) -> set[int]:
+    """The global device indices the plan's replicas occupy."""
+    return {d for st in plan.stages for rep in st.replicas for d in rep.devices}
+
+
+def _dc_order(cluster: ClusterSpec, first: list[str]) -> list[str]:
+    """Datacenters: ``first`` (in order, without repeats), then the rest by distance from the
+    last of ``first`` over the inter-datacenter links (km), ties by name."""
+    names = [dc.name for dc in cluster.datacenters]
+    graph = nx.Graph()
+    graph.add_nodes_from(names)
+    for link in cluster.links:
+        graph.add_edge(link.a, link.b, km=link.km)
+    seen: list[str] = []
+    for name in first:
+        if name in names and name not in seen:
+            seen.append(name)
+    origin = seen[-1] if seen else names[0]
+    far = nx.single_source_dijkstra_path_length(graph, origin, weight="km")
+    rest = sorted((n for n in names if n not in seen), key=lambda n: (far.get(n, float("inf")), n))
+    return seen + rest
+
+
+def place_replica(
+    plan: Plan, cluster: ClusterSpec, taken: Collection[int], dp_rank: int
+) -> list[ReplicaRecord] | None:
+    """The devices of one more pipeline replica (one record per stage, rank ``dp_rank``), none
+    of them in ``taken``; None when the cluster has no room for it (module docstring)."""
+    topo = Topology(cluster)
+    tp = plan.job.tp
+    busy = set(taken)
+    picks: list[ReplicaRecord] = []
+    for st in plan.stages:
+        prefer = [st.datacenter] + ([picks[-1].datacenter] if picks else [])
+        placed = None
+        for dc_name in _dc_order(cluster, prefer):
+            d = topo.dc_names.index(dc_name)
+            free_by_node: dict[int, list[int]] = {}
+            for dev in topo.devices:
+                if dev.dc == d and dev.index not in busy:
+                    free_by_node.setdefault(dev.node, []).append(dev.index)
+            fits = [(len(v), n) for n, v in free_by_node.items() if len(v) >= tp]
+            if not fits:
+                continue
+            _, node = min(fits)
+            devs = sorted(free_by_node[node])[:tp]
+            placed = replica_record(topo, dp_rank, dc_name, devs)
+            break
+        if placed is None:
+            return None
+        busy.update(placed.devices)
+        picks.append(placed)
+    return picks

@@ -1,0 +1,90 @@
+"""Placing one more serving replica on the free devices of a plan's cluster."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from dmsc.planner.elastic import devices_in_use, place_replica
+from dmsc.planner.solve import plan_job
+from dmsc.spec import ClusterSpec, JobSpec, load_spec, resolve_model
+
+ROOT = Path(__file__).resolve().parents[2]
+MODEL = resolve_model("gpt-mini")
+
+
+def _cluster(devices: dict[str, int], links: list[tuple[str, str, float]]) -> ClusterSpec:
+    """Datacenters of one node each, with ``devices[name]`` CPU devices."""
+    types = {
+        f"n{k}": {"device": "cpu", "devices": k, "link": {"bandwidth_gbit_s": 40}}
+        for k in set(devices.values())
+    }
+    return ClusterSpec.model_validate(
+        {
+            "name": "test",
+            "device_types": {
+                "cpu": {"peak_tflops": {"fp32": 0.05}, "memory_gib": 4, "memory_bw_gbyte_s": 10}
+            },
+            "node_types": types,
+            "datacenters": [
+                {
+                    "name": n,
+                    "nodes": [{"type": f"n{k}", "count": 1}],
+                    "network": {"gbit_s_per_node": 10},
+                }
+                for n, k in devices.items()
+            ],
+            "links": [{"a": a, "b": b, "km": km, "bandwidth_gbit_s": 1} for a, b, km in links],
+        }
+    )
+
+
+def test_replicas_fill_the_free_devices_and_then_there_is_no_room() -> None:
+    cluster = load_spec(ClusterSpec, ROOT / "examples/clusters/two-sites-cpu.yaml")
+    plan = plan_job(cluster, MODEL, JobSpec(global_batch=8, micro_batch=2, pp=2), fixed=True).plan
+    taken = devices_in_use(plan)
+    assert len(taken) == 2
+    extra = place_replica(plan, cluster, taken, dp_rank=1)
+    assert extra is not None and [r.dp_rank for r in extra] == [1, 1]
+    # the plan put both stages on site-a's two devices: the new pipeline goes whole to site-b
+    assert [st.datacenter for st in plan.stages] == ["site-a", "site-a"]
+    assert [r.datacenter for r in extra] == ["site-b", "site-b"]
+    used = [d for r in extra for d in r.devices]
+    assert len(set(used)) == 2 and not set(used) & taken
+    assert place_replica(plan, cluster, taken | set(used), dp_rank=2) is None  # 4 devices in all
+
+
+def _forced(cluster: ClusterSpec, dcs: list[str]):  # type: ignore[no-untyped-def]
+    """A two-stage plan of ``cluster`` with its stages moved to ``dcs`` (all the placement reads
+    of the plan is each stage's datacenter and tp)."""
+    plan = plan_job(cluster, MODEL, JobSpec(global_batch=8, micro_batch=2, pp=2), fixed=True).plan
+    stages = [
+        st.model_copy(update={"datacenter": dc}) for st, dc in zip(plan.stages, dcs, strict=True)
+    ]
+    return plan.model_copy(update={"stages": stages})
+
+
+def test_a_full_datacenter_sends_the_stage_to_its_neighbour_then_the_nearest() -> None:
+    # a chain a - b - c - d; devices are numbered by datacenter: a 0, b 1-2, c 3, d 4-5
+    cluster = _cluster(
+        {"a": 1, "b": 2, "c": 1, "d": 2}, [("a", "b", 10), ("b", "c", 10), ("c", "d", 100)]
+    )
+    plan = _forced(cluster, ["a", "c"])
+
+    def dcs(taken: set[int]) -> list[str] | None:
+        placed = place_replica(plan, cluster, taken, dp_rank=1)
+        return None if placed is None else [r.datacenter for r in placed]
+
+    assert dcs(set()) == ["a", "c"]  # where the plan put each stage
+    assert dcs({0}) == ["b", "c"]  # a is full: the nearest to a
+    assert dcs({0, 3}) == ["b", "b"]  # c is full: stage 1 follows stage 0 into b
+    assert dcs({0, 3, 1}) == ["b", "d"]  # b's last device to stage 0; then the nearest free
+    assert dcs({0, 1, 2, 3, 4, 5}) is None
+
+
+def test_a_tensor_parallel_group_stays_on_one_node() -> None:
+    cluster = _cluster({"a": 4}, [])
+    plan = plan_job(cluster, MODEL, JobSpec(global_batch=8, micro_batch=2, tp=2), fixed=True).plan
+    assert devices_in_use(plan) == {0, 1}
+    (extra,) = place_replica(plan, cluster, devices_in_use(plan), dp_rank=1) or []
+    assert extra.devices == [2, 3] and extra.nodes == [0]
+    assert place_replica(plan, cluster, {0, 1, 2}, dp_rank=1) is None  # 1 free device, tp = 2
