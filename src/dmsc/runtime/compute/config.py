@@ -52,4 +52,7 @@ class WorkerConfig:
     # A bandwidth limit on this replica's data-parallel sends (gradients, sync payloads), in
     # Mbit/s (0: none): a thin link between datacenters, modelled in the data plane.
     dp_link_mbps: float = 0.0
+    # The same for its pipeline sends, by neighbouring stage ("1": 20.0): the link between
+    # this worker's datacenter and that stage's, when it is a thin one.
+    pp_link_mbps: dict[str, float] = field(default_factory=dict)
     extra: dict[str, Any] = field(default_factory=dict)

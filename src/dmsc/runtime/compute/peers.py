@@ -44,6 +44,7 @@ class Peers:
         bytes_sent: Counter,
         token: str | None = None,
         device: torch.device | None = None,
+        links: dict[int, Any] | None = None,
     ) -> None:
         self.registry = registry
         # tensors on a GPU leave and arrive through pinned host buffers
@@ -58,6 +59,8 @@ class Peers:
         self._detached: list[Any] = []  # sends nobody waits for
         self.deadline: float | None = None  # the step's own end (time.monotonic()), if any
         self.sent: dict[PeerKey, int] = {}  # bytes pushed to each peer since the step began
+        # thin links to neighbouring stages (a LinkShaper each, by stage): a send waits its turn
+        self.links = links or {}
 
     @property
     def epoch(self) -> int:
@@ -94,6 +97,9 @@ class Peers:
         """Send without blocking the schedule (like an isend); :meth:`flush` waits for all."""
         frame = encode(kind, step, mb, self.staging.to_host(tensor), self.epoch)
         self._bytes_sent.labels(kind.name.lower()).inc(len(frame))
+        link = self.links.get(stage)
+        if link is not None:
+            link.take(len(frame))
         self.push(self._key(stage, replica), frame)
 
     def count(self, kind: Kind, nbytes: int) -> None:

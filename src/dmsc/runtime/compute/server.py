@@ -43,7 +43,7 @@ from dmsc.runtime.compute.config import WorkerConfig
 from dmsc.runtime.compute.devices import autocast_dtype, stage_device
 from dmsc.runtime.compute.executor import run_ops, step_ops
 from dmsc.runtime.compute.frames import FrameSpec, check_frame
-from dmsc.runtime.compute.gradient_sync import GradientSync
+from dmsc.runtime.compute.gradient_sync import GradientSync, LinkShaper
 from dmsc.runtime.compute.inbox import Inbox
 from dmsc.runtime.compute.models.attention import StageCache
 from dmsc.runtime.compute.models.chain import tied_weight
@@ -144,6 +144,7 @@ class StageWorker:
             self.m_bytes,
             cfg.token,
             self.device,
+            {int(k): LinkShaper(v) for k, v in cfg.pp_link_mbps.items()},
         )
         self.grads = GradientSync(cfg, self.module, self.peers, self.inbox)
         self.bytes_reported = 0  # of self.grads.link.bytes, by the last Commit

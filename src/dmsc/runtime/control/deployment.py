@@ -155,6 +155,7 @@ class Deployment:
             device=lay.devices.get((stage, replica), "cpu"),
             datacenter=lay.datacenters.get((stage, replica), "local"),
             dp_link_mbps=lay.dp_link_mbps,
+            pp_link_mbps=lay.pp_link_mbps(stage, replica, self.stages),
             faults=lay.faults.get(sid, {}) if self.epoch == 0 else {},  # the first incarnation's
         )
 

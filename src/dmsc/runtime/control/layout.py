@@ -26,6 +26,20 @@ class StageLayout:
     # a bandwidth limit on what data-parallel replicas send each other (0: none); a thin
     # link between datacenters, shaped in the data plane (benchmarks/thin_links.py)
     dp_link_mbps: float = 0.0
+    # thin links between datacenters for the pipeline's sends: {(dc, dc): Mbit/s}, either way
+    link_mbps: dict[tuple[str, str], float] = field(default_factory=dict)
+
+    def pp_link_mbps(self, stage: int, replica: int, stages: int) -> dict[str, float]:
+        """The rate of the link from worker (stage, replica) to each neighbouring stage's
+        replica, where ``link_mbps`` names the two datacenters (none: no limit)."""
+        here = self.datacenters.get((stage, replica), "local")
+        out = {}
+        for other in (stage - 1, stage + 1):
+            there = self.datacenters.get((other, replica), "local")
+            mbps = self.link_mbps.get((here, there)) or self.link_mbps.get((there, here))
+            if 0 <= other < stages and here != there and mbps:
+                out[str(other)] = mbps
+        return out
 
 
 @dataclass
