@@ -30,10 +30,6 @@ def test_the_flag_becomes_settings_and_the_cluster_is_found_by_name() -> None:
     )
     assert settings is not None and settings.max == 2
     assert path is not None and Path(path).name == "two-sites-cpu.yaml"
-    assert autoscale_settings(None, None, _plan("two-sites-cpu.yaml", pp=2), "local") == (
-        None,
-        None,
-    )
 
 
 @pytest.mark.parametrize(
@@ -67,9 +63,15 @@ def test_a_flag_that_cannot_hold_is_refused_with_the_reason(
     assert info.value.field == field and reason in info.value.reason
 
 
-def test_cluster_without_autoscale_is_refused() -> None:
-    with pytest.raises(SpecError, match="only used with --autoscale"):
-        autoscale_settings(None, "x.yaml", _plan("two-sites-cpu.yaml", pp=2), "local")
+def test_without_autoscale_the_cluster_is_still_found_for_training_resizes() -> None:
+    plan = _plan("two-sites-cpu.yaml", pp=2)
+    settings, path = autoscale_settings(None, None, plan, "local")
+    assert settings is None and path is not None and Path(path).name == "two-sites-cpu.yaml"
+    with pytest.raises(SpecError) as info:
+        autoscale_settings(None, "missing.yaml", plan, "local")
+    assert info.value.field == "--cluster"
+    unknown = plan.model_copy(update={"cluster": "nowhere"})
+    assert autoscale_settings(None, None, unknown, "local") == (None, None)
 
 
 @pytest.mark.integration

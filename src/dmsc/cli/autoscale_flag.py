@@ -3,7 +3,9 @@ the flag checked against the plan before anything starts (errors name the flag, 
 
 from __future__ import annotations
 
-from dmsc.cli.modules import cluster_file
+from pathlib import Path
+
+from dmsc.cli.modules import cluster_file, find_cluster
 from dmsc.planner.elastic import devices_in_use, place_replica
 from dmsc.planner.plan import Plan
 from dmsc.runtime.transport.messages import AutoscaleSettings
@@ -13,14 +15,21 @@ from dmsc.spec import SpecError
 def autoscale_settings(
     text: str | None, cluster: str | None, plan: Plan, launcher: str
 ) -> tuple[AutoscaleSettings | None, str | None]:
-    """(settings, the cluster spec's path) of the flags; (None, None) without ``--autoscale``."""
+    """(settings, the cluster spec's path) of the flags. Without ``--autoscale`` the settings
+    are None and the path is ``--cluster``'s, else the plan's cluster found by name, else None
+    (a training task's ``--dp`` then says it needs it)."""
     from dmsc.cli.options import load_cluster
     from dmsc.runtime.control.autoscale import parse_autoscale
 
-    if text is None:
+    if cluster is not None:
+        if not Path(cluster).is_file():
+            raise SpecError("command line", "--cluster", f"{cluster}: no such file")
+        load_cluster(cluster)  # a wrong spec is named, field and reason, before anything starts
+    if text is None:  # the cluster, when it is known, lets training tasks change dp
         if cluster is not None:
-            raise SpecError("command line", "--cluster", "only used with --autoscale")
-        return None, None
+            return None, cluster
+        found = find_cluster(plan.cluster)
+        return None, None if found is None else str(found)
     try:
         settings = parse_autoscale(text)
     except ValueError as exc:

@@ -248,7 +248,10 @@ def up(
     ] = None,
     cluster: Annotated[
         str | None,
-        typer.Option(help="With --autoscale: the plan's cluster spec (default: found by name)."),
+        typer.Option(
+            help="The plan's cluster spec, for --autoscale and training tasks' --dp "
+            "(default: found by the plan's cluster name)."
+        ),
     ] = None,
 ) -> None:
     """Start the control plane and one worker process per stage replica."""
@@ -266,14 +269,14 @@ def up(
         plan_file, home, gateway, router, failure_timeout, spares, device,
         launcher=launcher, ray_address=ray_address, **limits,
     )  # fmt: skip
-    if autoscale is not None or cluster is not None:
-        from dmsc.cli.autoscale_flag import autoscale_settings
-        from dmsc.planner.plan import Plan
+    # the plan's cluster spec: for --autoscale, and for training tasks that change dp
+    from dmsc.cli.autoscale_flag import autoscale_settings
+    from dmsc.planner.plan import Plan
 
-        plan = Plan.model_validate_json(Path(plan_file).read_text())
-        scale, path = autoscale_settings(autoscale, cluster, plan, launcher)
-        cluster_path = str(Path(path).resolve()) if path is not None else None
-        settings = settings.model_copy(update={"autoscale": scale, "cluster": cluster_path})
+    plan = Plan.model_validate_json(Path(plan_file).read_text())
+    scale, path = autoscale_settings(autoscale, cluster, plan, launcher)
+    cluster_path = str(Path(path).resolve()) if path is not None else None
+    settings = settings.model_copy(update={"autoscale": scale, "cluster": cluster_path})
     stderr_path = logs.stderr_file(home, logs.CONTROL)
     seen = stderr_path.stat().st_size if stderr_path.exists() else 0  # earlier starts' lines
     stderr = logs.open_stderr(home, logs.CONTROL)

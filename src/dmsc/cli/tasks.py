@@ -118,6 +118,13 @@ def train(
     skew: Annotated[
         float, typer.Option(help="How unevenly --local-data shares files out (0 random, 1 by run).")
     ] = 0.0,
+    dp: Annotated[
+        int | None,
+        typer.Option(
+            help="Train at this data-parallel degree: the deployment grows or shrinks to it from "
+            "a checkpoint first (the planner re-places the replicas on the plan's cluster)."
+        ),
+    ] = None,
     task_heads: Annotated[
         bool,
         typer.Option(
@@ -172,6 +179,7 @@ def train(
         seed=seed,
         data=str(data) if data is not None else None,
         sync=settings,
+        dp=dp,
     )
     from dmsc.cli.progress import follow
 

@@ -144,6 +144,9 @@ def main(stdin: TextIO | None = None) -> None:
             _fail(f"cannot join the Ray cluster at {settings.ray_address}: {exc}")
             return
     db = Database()
+    from dmsc.spec import ClusterSpec, load_spec
+
+    cluster = load_spec(ClusterSpec, Path(settings.cluster)) if settings.cluster else None
     cp = ControlPlane(
         plan,
         db,
@@ -153,6 +156,7 @@ def main(stdin: TextIO | None = None) -> None:
         home=home,
         log=log,
         launcher=launcher,
+        cluster=cluster,
     )
 
     def db_lost(message: str) -> None:

@@ -74,8 +74,8 @@ class Heads:
         self.windows, self.seed = windows, seed
         self.log: logging.Logger = replicas.log
         self._pool = ThreadPoolExecutor(
-            max_workers=max(replicas.count, 1), thread_name_prefix="head"
-        )
+            max_workers=64, thread_name_prefix="head"
+        )  # threads start as heads are asked: a resized deployment has more
         self._cal: tuple[Hashable, Calibration] | None = None
         self._cal_lock = threading.Lock()
 

@@ -35,10 +35,16 @@ class InferCalls:
         run_id: int,
         replicas: Replicas,
         heads: Heads,
-        has_heads: Callable[[], str | None],
     ) -> None:
         self.db, self.run_id, self.replicas, self.heads = db, run_id, replicas, heads
-        self.has_heads = has_heads  # None when the replicas hold task heads, else why not
+
+    def why_no_heads(self) -> str | None:
+        """None when the replicas hold task heads to combine, else why they do not."""
+        if self.replicas.count < 2:
+            return "one replica holds one head: nothing to combine (plan with dp >= 2)"
+        if not self.replicas.heads:
+            return "the replicas hold one model, not task heads: train with --task-heads first"
+        return None
 
     def _generate(self, req: InferRequest, sampling: Sampling) -> Generate:
         if req.aggregate is None:
@@ -54,7 +60,7 @@ class InferCalls:
                 return replica, text, {}
 
             return plain
-        why_not = self.has_heads()
+        why_not = self.why_no_heads()
         if why_not is not None:
             raise BadRequest(f"aggregate: {why_not}")
         method = req.aggregate

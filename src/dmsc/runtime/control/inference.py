@@ -77,6 +77,12 @@ class Replicas:
         self._in_flight: dict[str, int] = {}
         self._counting = threading.Lock()
 
+    def rebind(self, dep: Deployment) -> None:
+        """Serve from ``dep`` (the deployment, resized): its replicas, none loaded yet."""
+        self.dep, self.count = dep, dep.layout.replicas
+        self.locks = [FairLock() for _ in range(self.count)]
+        self.served, self._signature, self.down = {}, [], set()
+
     def names(self) -> list[str]:
         """The replicas in routing (a failed one leaves until it is healed), serving ones last."""
         own = [f"replica-{r}" for r in range(self.count) if r not in self.down]

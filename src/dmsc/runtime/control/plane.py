@@ -47,6 +47,7 @@ from dmsc.runtime.control.inference import Replicas
 from dmsc.runtime.control.launchers import Launcher
 from dmsc.runtime.control.lr_schedule import lr_at
 from dmsc.runtime.control.model_store import promote_if_first
+from dmsc.runtime.control.resize import record_resize, resize, resized_plan
 from dmsc.runtime.control.shards import load_task_shards
 from dmsc.runtime.control.task_queue import TaskQueue, cancel_requested
 from dmsc.runtime.control.training import (
@@ -69,7 +70,7 @@ from dmsc.runtime.transport.messages import (
 )
 from dmsc.runtime.transport.observe import json_logger
 from dmsc.runtime.transport.rpc import BadRequest, message_handler, parse, stream_handler
-from dmsc.spec import TransformerSpec, resolve_model
+from dmsc.spec import ClusterSpec, TransformerSpec, resolve_model
 
 
 class ControlPlane:
@@ -85,7 +86,10 @@ class ControlPlane:
         log: logging.Logger | None = None,
         device: str = "plan",
         launcher: Launcher | None = None,
+        cluster: ClusterSpec | None = None,
     ) -> None:
+        # the plan's cluster spec, when known: training tasks may then change dp (.resize)
+        self.cluster, self.device, self.local = cluster, device, launcher is None
         model = plan.model_spec if plan.model_spec is not None else resolve_model(plan.model)
         if not isinstance(model, TransformerSpec):
             raise ValueError("the runtime serves transformer models")
@@ -114,15 +118,8 @@ class ControlPlane:
         self.steps_done = 0
         self.lock = threading.Lock()  # one task at a time touches the weights
         self.log = log or json_logger("dmsc.control")
-        self.inference = Replicas(
-            self.deployment,
-            db,
-            self.lock,
-            self.log,
-            self.run.id,
-            token_timeout_s=self.deployment.registry.ttl_s,  # the failure timeout
-            tokenizer=self.tokenizer,
-        )
+        ttl, tok = self.deployment.registry.ttl_s, self.tokenizer  # ttl: the failure timeout
+        self.inference = Replicas(self.deployment, db, self.lock, self.log, self.run.id, ttl, tok)
         # the held-out text of the last task that trained task heads (None: no heads yet)
         self.heads_valid: Corpus | None = None
         self.heads = Heads(
@@ -130,7 +127,7 @@ class ControlPlane:
             lambda: self.heads_valid or self.valid,
             lambda: (self.steps_done, tuple(sorted(self.inference.served.items()))),
         )
-        self.calls = InferCalls(db, self.run.id, self.inference, self.heads, self.why_no_heads)
+        self.calls = InferCalls(db, self.run.id, self.inference, self.heads)
         self.metrics = CollectorRegistry()
         self.m_tasks = Counter(
             "dmsc_control_tasks_total", "Tasks finished", ["kind", "state"], registry=self.metrics
@@ -221,11 +218,33 @@ class ControlPlane:
         included (BadRequest says what is wrong)."""
         try:
             params = task_params(req, self.plan)
+            if req.dp is not None and req.dp != self.plan.job.dp:
+                self.resized(req.dp)  # before it queues: the cluster has room for it
         except ValueError as exc:
             raise BadRequest(str(exc)) from None
         if req.data is not None:
             self.corpora(req.data, req.seed)  # readable, and long enough: before it queues
         return params
+
+    def resized(self, dp: int) -> Plan:
+        """The plan at ``dp`` replicas (ValueError says why there is none)."""
+        on = {"heads": self.inference.heads, "serving": self.inference.pool is not None}
+        return resized_plan(self.plan, self.model, self.cluster, dp, local=self.local, **on)
+
+    def _resize(self, dp: int, task_id: int) -> None:
+        """Grow or shrink the deployment to ``dp`` replicas from a checkpoint (:mod:`.resize`)."""
+        old, new_plan = self.plan.job.dp, self.resized(dp)
+        folder = self.home / "checkpoints" / f"run{self.run.id}" / f"resize{task_id}"
+        dep, error = resize(
+            self.deployment, new_plan, self.model, self.steps_done, folder, self.device
+        )
+        self.deployment = dep
+        self.inference.rebind(dep)
+        self.record_services()
+        if error is not None:
+            raise error
+        self.plan = new_plan
+        record_resize(self.db, self.run.id, task_id, old, new_plan)
 
     def corpora(self, data: str | None, seed: int) -> tuple[Corpus, Corpus]:
         """The (training, validation) text of a task; BadRequest names the data."""
@@ -262,6 +281,8 @@ class ControlPlane:
             first = self.steps_done
             self.db.set_task_params(task_id, {**params.as_json(), "first_step": first})
         folder = self.home / "checkpoints" / f"run{self.run.id}" / f"task{task_id}"
+        if params.dp is not None and params.dp != self.plan.job.dp:
+            self._resize(params.dp, task_id)
         try:
             report = self._train(task_id, params, first, schedule, folder, start, older)
         except NoGoodCheckpoint:  # the workers are not at one step: back to the run's newest
@@ -384,14 +405,6 @@ class ControlPlane:
 
     def infer_stream(self, req: InferRequest, gone: threading.Event) -> Iterator[dict[str, Any]]:
         return self.calls.infer_stream(req, gone)
-
-    def why_no_heads(self) -> str | None:
-        """None when the replicas hold task heads to combine, else why they do not."""
-        if self.inference.count < 2:
-            return "one replica holds one head: nothing to combine (plan with dp >= 2)"
-        if not self.inference.heads:
-            return "the replicas hold one model, not task heads: train with --task-heads first"
-        return None
 
     def down(self, req: DownRequest) -> dict[str, Any]:
         self.stopped.set()

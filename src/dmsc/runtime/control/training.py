@@ -99,6 +99,7 @@ class TrainParams:
     seed: int = 0
     data: str | None = None  # a file or directory of text (the standard library's when None)
     first_step: int | None = None  # set once the task has started: a rerun resumes
+    dp: int | None = None  # another degree than the deployment's: resized first
     sync: SyncSettings = field(default_factory=SyncSettings)
 
     def as_json(self) -> dict[str, Any]:
@@ -111,7 +112,7 @@ def task_params(req: TrainRequest, plan: Plan) -> TrainParams:
     checked against it (ValueError says what is wrong)."""
     batch = req.batch if req.batch is not None else plan.job.global_batch
     micro = req.microbatches if req.microbatches is not None else plan.job.microbatches
-    dp = plan.job.dp
+    dp = req.dp or plan.job.dp
     if batch % (micro * dp):
         raise ValueError(f"batch ({batch}) must be divisible by microbatches x dp ({micro} x {dp})")
     if req.warmup_steps > req.steps:

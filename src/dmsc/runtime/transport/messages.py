@@ -306,6 +306,9 @@ class TrainRequest(TrainSettings):
     data: Annotated[str, Field(max_length=4096)] | None = None
     first_step: Step | None = None  # set by the control plane once the task has started
     sync: SyncSettings | None = None  # how the replicas agree (none: as the plan says)
+    # the data-parallel degree to train at (none: the deployment's); another one resizes the
+    # deployment from a checkpoint before the first step (dmsc.runtime.control.resize)
+    dp: Annotated[int, Field(ge=1, le=1024)] | None = None
 
 
 class Sampling(Message):
