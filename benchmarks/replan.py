@@ -8,12 +8,12 @@ datacenter wait for a link of that rate; not ``tc``, which needs privileges):
 
 1. **before**: every link at its nominal 100 Mbit/s;
 2. **during**: the site-a - site-b link slowed to ``--slow-mbps`` (10 by default);
-3. **decide**: the functional modules read the run's measurements from the database (metrics,
-   step traces) and the orchestrator decides (:func:`dmsc.runtime.control.modules.orchestrate`);
-   the time that takes, and the proposal: the planner re-run on the measured bandwidth and
-   compute;
-4. **after**: the proposed plan deployed with the same slowed link (a fresh deployment: the move
-   is applied here by redeploying; the running deployment is not migrated in place).
+3. **decide and move**: the running control plane's functional modules read the run's
+   measurements from the database (metrics, step traces), the orchestrator decides, and the move
+   it accepts is applied (:func:`dmsc.runtime.control.replanning.replan_now`, what ``dmsc
+   replan`` calls): the deployment checkpoints, its workers start where the new plan puts them,
+   and the checkpoint is loaded; the time to decide and the time to move;
+4. **after**: the same deployment, moved, the link still slowed.
 
 Each phase trains ``--steps`` steps (the first two left out of the median as warm-up). Prints a
 table, or with --json one object: ``phases`` -> name -> ``median_step_s`` (and the placement),
@@ -26,26 +26,22 @@ import argparse
 import json
 import statistics
 import tempfile
-import time
 from pathlib import Path
 from typing import Any
 
 import yaml
 
-from dmsc.data.corpus import Corpus, stdlib_text
 from dmsc.data.db import Database
 from dmsc.planner.plan import Plan
 from dmsc.planner.solve import plan_job
-from dmsc.runtime.control.deployment import Deployment
-from dmsc.runtime.control.modules import default_modules, orchestrate, read_measurements
-from dmsc.runtime.control.modules.orchestrator import DecisionRule
-from dmsc.runtime.control.modules.paths import replan
-from dmsc.runtime.control.training import layout_from_plan, train
-from dmsc.spec import ClusterSpec, JobSpec, TransformerSpec, resolve_model
+from dmsc.runtime.control.plane import ControlPlane
+from dmsc.runtime.control.replanning import replan_now
+from dmsc.runtime.transport.messages import ReplanRequest, TrainRequest
+from dmsc.spec import ClusterSpec, JobSpec, resolve_model
 
 ROOT = Path(__file__).resolve().parents[1]
 MODEL = resolve_model("gpt-mini")
-JOB = JobSpec(global_batch=8, micro_batch=2, pp=2, dp=1)
+JOB = JobSpec(global_batch=16, micro_batch=4, pp=2, dp=2)  # each stage fills a site
 NOMINAL_MBPS = 100.0
 
 
@@ -61,32 +57,25 @@ def three_sites() -> ClusterSpec:
     return ClusterSpec.model_validate(data)
 
 
-def phase(
-    plan: Plan,
-    slow_mbps: float,
-    steps: int,
-    db: Database,
-    corpus: Corpus,
-    home: Path,
-) -> tuple[float, int]:
-    """Train ``steps`` steps of ``plan`` with the site-a - site-b link at ``slow_mbps`` (the
-    others nominal), recorded in ``db``; (median step time, run id)."""
-    assert isinstance(MODEL, TransformerSpec)
-    layout = layout_from_plan(plan, MODEL)
-    layout.link_mbps = {
+def _median(cp: ControlPlane, task: int) -> float:
+    """The task's median step time, its first step left out (warm-up)."""
+    return statistics.median(m.step_s for m in cp.db.metrics(task)[1:])
+
+
+def _plane(plan: Plan, cluster: ClusterSpec, home: Path, slow_mbps: float) -> ControlPlane:
+    """A started control plane whose site-a - site-b link runs at ``slow_mbps`` (the others
+    nominal), with the cluster spec it re-plans on."""
+    home.mkdir(parents=True, exist_ok=True)
+    cp = ControlPlane(
+        plan, Database(f"sqlite:///{home / 'dmsc.sqlite'}"), home=home, cluster=cluster
+    )
+    cp.deployment.layout.link_mbps = {
         ("site-a", "site-b"): slow_mbps,
         ("site-a", "site-c"): NOMINAL_MBPS,
         ("site-c", "site-b"): NOMINAL_MBPS,
     }
-    run = db.new_run(plan.model, plan.cluster, json.loads(plan.model_dump_json()))
-    task = db.new_task(run.id, "train", {"steps": steps}, state="running")
-    with Deployment(layout, workdir=home / "workers", home=home) as dep:
-        report = train(
-            dep, corpus, corpus, steps, JOB.global_batch, plan.job.microbatches,
-            db=db, task_id=task.id, validate=False,
-        )  # fmt: skip
-    db.set_task_state(task.id, "done")
-    return statistics.median(report.step_s[2:]), run.id
+    cp.start()
+    return cp
 
 
 def main() -> None:
@@ -98,64 +87,57 @@ def main() -> None:
     args = ap.parse_args()
     cluster = three_sites()
     plan = plan_job(cluster, MODEL, JOB, fixed=True).plan
-    home = Path(tempfile.mkdtemp(prefix="dmsc-replan-"))
-    db = Database(f"sqlite:///{home / 'dmsc.sqlite'}")
-    train_text, _ = stdlib_text(max_bytes=400_000)
-    corpus = Corpus(train_text, MODEL.seq, seed=1)
-    where = [st.datacenter for st in plan.stages]
+    root = Path(tempfile.mkdtemp(prefix="dmsc-replan-"))
     phases: dict[str, Any] = {}
-    before, _ = phase(plan, NOMINAL_MBPS, args.steps, db, corpus, home)
-    phases["before"] = {"median_step_s": before, "datacenters": where}
-    during, run = phase(plan, args.slow_mbps, args.steps, db, corpus, home)
-    phases["during"] = {"median_step_s": during, "datacenters": where}
-
-    t0 = time.perf_counter()
-    measurements = read_measurements(db, run, time.time())
-    decisions = orchestrate(default_modules(cluster), measurements, DecisionRule())
-    decide_s = time.perf_counter() - t0
-    moves = [d for d in decisions if d.proposal.module == "paths"]
-    proposal = moves[0].proposal if moves else None
-    out: dict[str, Any] = {
+    where = [st.datacenter for st in plan.stages]
+    cp = _plane(plan, cluster, root / "before", NOMINAL_MBPS)
+    try:
+        task = cp.train(TrainRequest(steps=args.steps))["task"]
+        phases["before"] = {"median_step_s": _median(cp, task), "datacenters": where}
+    finally:
+        cp.stopped.set()
+        cp.deployment.shutdown()
+    cp = _plane(plan, cluster, root / "slowed", args.slow_mbps)
+    try:
+        task = cp.train(TrainRequest(steps=args.steps))["task"]
+        phases["during"] = {"median_step_s": _median(cp, task), "datacenters": where}
+        out = replan_now(cp, ReplanRequest(dry_run=False))
+        task = cp.train(TrainRequest(steps=args.steps))["task"]
+        phases["after"] = {"median_step_s": _median(cp, task), "datacenters": out["datacenters"]}
+    finally:
+        cp.stopped.set()
+        cp.deployment.shutdown()
+    moves = [d for d in out["decisions"] if d["module"] == "paths"]
+    doc: dict[str, Any] = {
         "steps": args.steps,
         "slow_mbps": args.slow_mbps,
         "nominal_mbps": NOMINAL_MBPS,
-        "decide_s": decide_s,
+        "decide_s": out["decide_s"],
+        "move_s": out["applied"]["move_s"] if out["applied"] else None,
         "proposal": None
-        if proposal is None
+        if not moves
         else {
-            "kind": proposal.kind,
-            "target": proposal.target,
-            "predicted_gain_s_per_step": proposal.predicted_gain_s_per_step,
-            "cost_s": proposal.cost_s,
-            "decision": moves[0].verdict,
-            "reason": moves[0].reason,
+            k: moves[0][k]
+            for k in ("kind", "target", "predicted_gain_s_per_step", "cost_s", "decision", "why")
         },
+        "phases": phases,
     }
-    found = replan(plan, cluster, measurements.traces)
-    if not isinstance(found, str) and proposal is not None and proposal.kind != "keep":
-        new = found.new_plan
-        after, _ = phase(new, args.slow_mbps, args.steps, db, corpus, home)
-        phases["after"] = {
-            "median_step_s": after,
-            "datacenters": [st.datacenter for st in new.stages],
-            "predicted_s": found.new_s,
-        }
-    out["phases"] = phases
     if args.out:
-        Path(args.out).write_text(json.dumps(out, indent=2) + "\n")
+        Path(args.out).write_text(json.dumps(doc, indent=2) + "\n")
     if args.json:
-        print(json.dumps(out))
+        print(json.dumps(doc))
         return
     for name, p in phases.items():
         print(
             f"{name:<7} {p['median_step_s']:.3f} s a step   stages in {', '.join(p['datacenters'])}"
         )
-    if out["proposal"]:
-        p = out["proposal"]
+    if doc["proposal"]:
+        p = doc["proposal"]
+        moved = f"; moved in {doc['move_s']:.1f} s" if doc["move_s"] is not None else ""
         print(
-            f"decided in {decide_s:.2f} s: {p['kind']} {p['target']}, predicted gain "
+            f"decided in {doc['decide_s']:.2f} s{moved}: {p['kind']} {p['target']}, predicted gain "
             f"{p['predicted_gain_s_per_step'] * 1e3:.0f} ms a step, cost {p['cost_s']:.1f} s: "
-            f"{p['decision']} ({p['reason']})"
+            f"{p['decision']} ({p['why']})"
         )
 
 

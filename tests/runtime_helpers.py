@@ -107,12 +107,14 @@ def local_plan() -> Plan:
 
 
 @contextmanager
-def control_plane(plan: Plan, home: Path) -> Iterator[ControlPlane]:
-    """A started control plane on ``home`` (its database there) with real workers. Leaving it
-    does not end the run: that is a crash, and the next control plane on ``home`` resumes it."""
+def control_plane(plan: Plan, home: Path, start: bool = True) -> Iterator[ControlPlane]:
+    """A started control plane on ``home`` (its database there) with real workers (not started
+    with ``start=False``: the test starts it). Leaving it does not end the run: that is a crash,
+    and the next control plane on ``home`` resumes it."""
     cp = ControlPlane(plan, Database(f"sqlite:///{home / 'dmsc.sqlite'}"), home=home)
     try:
-        cp.start()
+        if start:
+            cp.start()
         yield cp
     finally:
         cp.stopped.set()

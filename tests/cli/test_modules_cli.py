@@ -35,11 +35,12 @@ def test_modules_list_names_what_each_reads_and_proposes(dmsc: DmscRunner) -> No
     assert table.returncode == 0 and "move-stage" in table.stdout
 
 
-def test_replan_without_dry_run_says_applying_is_not_built(dmsc: DmscRunner) -> None:
+def test_replan_without_dry_run_needs_the_running_deployment(dmsc: DmscRunner) -> None:
     out = dmsc("replan")
-    assert out.returncode == 2
-    assert "--dry-run" in out.stderr and "not built yet" in out.stderr
+    assert out.returncode == 2 and "not running" in out.stderr
     assert "Traceback" not in out.stderr
+    out = dmsc("replan", "--run", "3")
+    assert out.returncode == 2 and "--run" in out.stderr and "--dry-run only" in out.stderr
 
 
 def test_replan_with_no_run_says_so(dmsc: DmscRunner) -> None:

@@ -151,8 +151,8 @@ def replan(
         bool,
         typer.Option(
             "--dry-run",
-            help="Show the proposals and decisions without applying them (required: applying "
-            "moves to a running deployment is not built yet).",
+            help="Show the proposals and decisions without applying them (offline: read from "
+            "the database). Without it the running control plane decides and applies.",
         ),
     ] = False,
     cluster: Annotated[
@@ -179,12 +179,8 @@ def replan(
     """The functional modules' proposals on the newest run's measurements, and the orchestrator's
     decision on each with its reason."""
     if not dry_run:
-        raise SpecError(
-            "command line",
-            "--dry-run",
-            "applying proposals to a running deployment is not built yet: "
-            "`dmsc replan --dry-run` shows them and what the orchestrator would decide",
-        )
+        _apply(cluster, run, threshold, horizon_steps, as_json)
+        return
     from dmsc.cli.database import open_database
     from dmsc.runtime.control.modules import (
         DecisionRule,
@@ -230,6 +226,38 @@ def replan(
         print(json.dumps(out, default=str))
         return
     _print(m, decisions, spec.name)
+
+
+def _apply(
+    cluster: str | None, run: int | None, threshold: float, horizon: int, as_json: bool
+) -> None:
+    """``dmsc replan`` without ``--dry-run``: the running control plane decides on its own
+    run's measurements and applies (exceptions raised, a move made)."""
+    from dmsc.cli.runtime import control_client
+
+    for flag, value in (("--cluster", cluster), ("--run", run)):
+        if value is not None:
+            raise SpecError(
+                "command line", flag, "the running deployment uses its own (with --dry-run only)"
+            )
+    body = {"dry_run": False, "threshold": threshold, "horizon_steps": horizon}
+    out: dict[str, Any] = control_client().call("Replan", body)
+    if as_json:
+        print(json.dumps(out, default=str))
+        return
+    for n, d in enumerate(out["decisions"], 1):
+        console.print(
+            f"{n}. {d['module']} {d['kind']} {d['target']}: {d['decision']} ({d['why']})",
+            highlight=False,
+        )
+    applied = out["applied"]
+    where = ", ".join(out["datacenters"])
+    console.print(
+        f"decided in {out['decide_s']:.2f} s; "
+        + (f"moved ({applied['target']}) in {applied['move_s']:.1f} s" if applied else "no move")
+        + f"; stages now in {where}; exceptions raised: {len(out['exceptions_raised'])}",
+        highlight=False,
+    )
 
 
 def _nothing(as_json: bool, run_id: int | None, message: str) -> None:

@@ -27,6 +27,7 @@ import json
 import logging
 import threading
 from collections.abc import Iterator
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -47,6 +48,7 @@ from dmsc.runtime.control.inference import Replicas
 from dmsc.runtime.control.launchers import Launcher
 from dmsc.runtime.control.lr_schedule import lr_at
 from dmsc.runtime.control.model_store import promote_if_first
+from dmsc.runtime.control.replanning import replan_now
 from dmsc.runtime.control.resize import record_resize, resize, resized_plan
 from dmsc.runtime.control.shards import load_task_shards
 from dmsc.runtime.control.task_queue import TaskQueue, cancel_requested
@@ -62,6 +64,7 @@ from dmsc.runtime.transport.messages import (
     DownRequest,
     InferRequest,
     InjectRequest,
+    ReplanRequest,
     Sampling,
     Schedule,
     StatusRequest,
@@ -231,20 +234,17 @@ class ControlPlane:
         on = {"heads": self.inference.heads, "serving": self.inference.pool is not None}
         return resized_plan(self.plan, self.model, self.cluster, dp, local=self.local, **on)
 
-    def _resize(self, dp: int, task_id: int) -> None:
-        """Grow or shrink the deployment to ``dp`` replicas from a checkpoint (:mod:`.resize`)."""
-        old, new_plan = self.plan.job.dp, self.resized(dp)
-        folder = self.home / "checkpoints" / f"run{self.run.id}" / f"resize{task_id}"
-        dep, error = resize(
-            self.deployment, new_plan, self.model, self.steps_done, folder, self.device
-        )
-        self.deployment = dep
-        self.inference.rebind(dep)
+    def relayout(self, plan: Plan, action: str, why: str) -> None:
+        """Move the deployment to ``plan`` from a checkpoint (a new dp, a move: .resize)."""
+        folder = self.home / "checkpoints" / f"run{self.run.id}" / f"{action}{self.steps_done}"
+        d, err = resize(self.deployment, plan, self.model, self.steps_done, folder, self.device)
+        self.deployment = d
+        self.inference.rebind(d)
         self.record_services()
-        if error is not None:
-            raise error
-        self.plan = new_plan
-        record_resize(self.db, self.run.id, task_id, old, new_plan)
+        if err is not None:
+            raise err
+        self.plan = plan
+        record_resize(self.db, self.run.id, action, why, plan)
 
     def corpora(self, data: str | None, seed: int) -> tuple[Corpus, Corpus]:
         """The (training, validation) text of a task; BadRequest names the data."""
@@ -282,7 +282,8 @@ class ControlPlane:
             self.db.set_task_params(task_id, {**params.as_json(), "first_step": first})
         folder = self.home / "checkpoints" / f"run{self.run.id}" / f"task{task_id}"
         if params.dp is not None and params.dp != self.plan.job.dp:
-            self._resize(params.dp, task_id)
+            why = f"training task {task_id}: dp {self.plan.job.dp} -> {params.dp}"
+            self.relayout(self.resized(params.dp), "train-dp", why)
         try:
             report = self._train(task_id, params, first, schedule, folder, start, older)
         except NoGoodCheckpoint:  # the workers are not at one step: back to the run's newest
@@ -422,6 +423,7 @@ class ControlPlane:
             "InferStream": stream_handler(InferRequest, self.infer_stream),
             "Down": message_handler(DownRequest, self.down),
             "Inject": message_handler(InjectRequest, self.inject),
+            "Replan": message_handler(ReplanRequest, partial(replan_now, self)),
         }
 
     # -- the gateway's backend (dmsc.runtime.business.gateway.Backend) -----------------------

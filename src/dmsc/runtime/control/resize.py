@@ -86,23 +86,26 @@ def resize(
             raise
         return new
 
+    layout = layout_from_plan(new_plan, model, device=device)
+    layout.link_mbps = old_layout.link_mbps  # the network's links stay as they were
     try:
-        return started(layout_from_plan(new_plan, model, device=device)), None
+        return started(layout), None
     except Exception as exc:
         return started(old_layout), exc
 
 
-def record_resize(db: Database, run_id: int, task_id: int, old: int, plan: Plan) -> None:
-    """The change, among the deployment's scale events (shown on the dashboard)."""
+def record_resize(db: Database, run_id: int, action: str, why: str, plan: Plan) -> None:
+    """The change (``train-dp``: a task's new dp; ``move``: a move the orchestrator applied)
+    among the deployment's scale events, shown on the dashboard."""
     where = [[st.index, r.datacenter, r.devices] for st in plan.stages for r in st.replicas]
     db.add(
         ScaleEventRecord(
             run_id=run_id,
-            action="train-dp",
+            action=action,
             replica="training",
             replicas_after=plan.job.dp,
             in_flight=0.0,
-            reason=f"training task {task_id}: dp {old} -> {plan.job.dp}, from a checkpoint",
+            reason=why,
             placement_json=json.dumps(where),
         )
     )

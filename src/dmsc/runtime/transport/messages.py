@@ -353,6 +353,15 @@ class InjectRequest(Message):
     fault: Literal["kill", "freeze", "thaw"]
 
 
+class ReplanRequest(Message):
+    """``dmsc replan``: the functional modules on the run's measurements, the orchestrator's
+    decision on each proposal and, unless ``dry_run``, what it decided applied."""
+
+    dry_run: bool = True
+    threshold: Annotated[float, Field(ge=0, le=10)] = 0.05
+    horizon_steps: Annotated[int, Field(ge=0, le=10_000_000)] = 1000
+
+
 class DownRequest(Message):
     """Stop the control plane and its workers (no fields)."""
 

@@ -14,14 +14,14 @@ The decision rule (:class:`DecisionRule`, :func:`decide`):
   snapshot; the others still ran) is noted.
 
 Applying (:func:`apply`): exceptions go into the exception queue
-(:func:`~dmsc.runtime.control.modules.policy.raise_into_queue`); moving a running deployment's
-stages is not built yet (:class:`MoveNotBuilt`).
+(:func:`~dmsc.runtime.control.modules.policy.raise_into_queue`); a move goes to the control
+plane, which moves the running deployment (:mod:`dmsc.runtime.control.replanning`).
 """
 
 from __future__ import annotations
 
 import logging
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from typing import Any, Literal
 
@@ -40,7 +40,7 @@ Verdict = Literal["apply", "refuse", "raise", "note"]
 
 
 class MoveNotBuilt(NotImplementedError):
-    """Applying a move to a running deployment is not built yet (``dmsc replan --dry-run``)."""
+    """A move to apply, and no running deployment to apply it to."""
 
 
 @dataclass(frozen=True)
@@ -158,16 +158,27 @@ def orchestrate(
     return decide(collect(modules, measurements), rule, measurements.remaining_steps)
 
 
-def apply(db: Database, run_id: int, decisions: Sequence[Decision], now_s: float) -> list[int]:
-    """Act on the decisions: each raised exception into the exception queue (the ids of the
-    tasks it made; a breach raised recently is not raised again). A move to apply raises
-    :class:`MoveNotBuilt` before anything is done."""
+def apply(
+    db: Database,
+    run_id: int,
+    decisions: Sequence[Decision],
+    now_s: float,
+    move: Callable[[Proposal], None] | None = None,
+) -> list[int]:
+    """Act on the decisions: the move to apply through ``move`` (the control plane's: it
+    moves the deployment; without one :class:`MoveNotBuilt` is raised before anything is
+    done), and each raised exception into the exception queue (the ids of the tasks it made; a
+    breach raised recently is not raised again)."""
     moves = [d for d in decisions if d.verdict == "apply"]
-    if moves:
+    if moves and move is None:
         raise MoveNotBuilt(
-            f"applying a move ({moves[0].proposal.target}) to a running deployment is not built "
-            "yet: `dmsc replan --dry-run` shows it"
+            f"applying a move ({moves[0].proposal.target}) needs the running deployment: "
+            "`dmsc replan` with a control plane up"
         )
+    for d in moves:  # decide() applies one at most
+        assert move is not None
+        move(d.proposal)
+        log.warning("move applied: %s", d.proposal.target)
     raised = []
     for d in decisions:
         if d.verdict == "raise":
