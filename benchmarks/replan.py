@@ -29,15 +29,13 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
-import yaml
-
 from dmsc.data.db import Database
 from dmsc.planner.plan import Plan
 from dmsc.planner.solve import plan_job
 from dmsc.runtime.control.plane import ControlPlane
 from dmsc.runtime.control.replanning import replan_now
 from dmsc.runtime.transport.messages import ReplanRequest, TrainRequest
-from dmsc.spec import ClusterSpec, JobSpec, resolve_model
+from dmsc.spec import ClusterSpec, JobSpec, load_spec, resolve_model
 
 ROOT = Path(__file__).resolve().parents[1]
 MODEL = resolve_model("gpt-mini")
@@ -46,15 +44,8 @@ NOMINAL_MBPS = 100.0
 
 
 def three_sites() -> ClusterSpec:
-    data = yaml.safe_load((ROOT / "examples/clusters/two-sites-cpu.yaml").read_text())
-    data["name"] = "three-sites-cpu"
-    data["datacenters"].append({**data["datacenters"][0], "name": "site-c"})
-    data["links"] = [
-        {"a": "site-a", "b": "site-b", "km": 100, "bandwidth_gbit_s": 0.1},
-        {"a": "site-a", "b": "site-c", "km": 150, "bandwidth_gbit_s": 0.1},
-        {"a": "site-c", "b": "site-b", "km": 150, "bandwidth_gbit_s": 0.1},
-    ]
-    return ClusterSpec.model_validate(data)
+    """examples/clusters/three-sites-cpu.yaml: two-sites-cpu with a detour through site-c."""
+    return load_spec(ClusterSpec, ROOT / "examples/clusters/three-sites-cpu.yaml")
 
 
 def _median(cp: ControlPlane, task: int) -> float:

@@ -7,28 +7,20 @@ import statistics
 from pathlib import Path
 
 import pytest
-import yaml
 from runtime_helpers import control_plane
 
 from dmsc.planner.solve import plan_job
 from dmsc.runtime.control.replanning import replan_now
 from dmsc.runtime.transport.messages import ReplanRequest, TrainRequest
-from dmsc.spec import ClusterSpec, JobSpec, resolve_model
+from dmsc.spec import ClusterSpec, JobSpec, load_spec, resolve_model
 
 pytestmark = pytest.mark.integration
 ROOT = Path(__file__).resolve().parents[2]
 
 
 def three_sites() -> ClusterSpec:
-    data = yaml.safe_load((ROOT / "examples/clusters/two-sites-cpu.yaml").read_text())
-    data["name"] = "three-sites-cpu"
-    data["datacenters"].append({**data["datacenters"][0], "name": "site-c"})
-    data["links"] = [
-        {"a": "site-a", "b": "site-b", "km": 100, "bandwidth_gbit_s": 0.1},
-        {"a": "site-a", "b": "site-c", "km": 150, "bandwidth_gbit_s": 0.1},
-        {"a": "site-c", "b": "site-b", "km": 150, "bandwidth_gbit_s": 0.1},
-    ]
-    return ClusterSpec.model_validate(data)
+    """examples/clusters/three-sites-cpu.yaml: two-sites-cpu with a detour through site-c."""
+    return load_spec(ClusterSpec, ROOT / "examples/clusters/three-sites-cpu.yaml")
 
 
 def test_a_slowed_link_is_measured_and_the_stage_moved_off_it(tmp_path: Path) -> None:

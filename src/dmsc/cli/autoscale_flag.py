@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from dmsc.cli.modules import cluster_file, find_cluster
+from dmsc.cli.clusters import cluster_file, find_cluster
 from dmsc.planner.elastic import devices_in_use, place_replica
 from dmsc.planner.plan import Plan
 from dmsc.runtime.transport.messages import AutoscaleSettings

@@ -8,8 +8,7 @@ import time
 from pathlib import Path
 
 import pytest
-import yaml
-from modules_helpers import TWO_SITES, fill_run, make_plan, nominal, step_traces, two_sites
+from modules_helpers import fill_run, make_plan, nominal, step_traces, two_sites
 
 from dmsc.data.db import Database
 from dmsc.data.traces import StepTrace
@@ -30,7 +29,7 @@ from dmsc.runtime.control.modules.paths import (
     move_cost_s,
     scaled_cluster,
 )
-from dmsc.spec import ClusterSpec, resolve_model
+from dmsc.spec import ClusterSpec, load_spec, resolve_model
 
 
 @pytest.fixture(scope="module")
@@ -43,18 +42,12 @@ def plan(cluster: ClusterSpec) -> Plan:
     return make_plan(cluster)
 
 
+ROOT = Path(__file__).resolve().parents[4]
+
+
 def three_sites() -> ClusterSpec:
-    """two-sites-cpu with a third site of the same node, each pair of sites joined: a detour
-    around the direct link."""
-    data = yaml.safe_load(TWO_SITES.read_text())
-    data["name"] = "three-sites-cpu"
-    data["datacenters"].append({**data["datacenters"][0], "name": "site-c"})
-    data["links"] = [
-        {"a": "site-a", "b": "site-b", "km": 100, "bandwidth_gbit_s": 0.1},
-        {"a": "site-a", "b": "site-c", "km": 150, "bandwidth_gbit_s": 0.1},
-        {"a": "site-c", "b": "site-b", "km": 150, "bandwidth_gbit_s": 0.1},
-    ]
-    return ClusterSpec.model_validate(data)
+    """examples/clusters/three-sites-cpu.yaml: two-sites-cpu with a detour through site-c."""
+    return load_spec(ClusterSpec, ROOT / "examples/clusters/three-sites-cpu.yaml")
 
 
 def measured(tmp_path: Path, cluster: ClusterSpec, plan: Plan, **slowed: object) -> Measurements:
