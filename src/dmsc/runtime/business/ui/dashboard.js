@@ -64,13 +64,23 @@ function state(t) {
 function drawOverview(s) {
   const byKey = {};
   for (const sv of s.services) byKey[`${sv.stage}/${sv.replica}`] = sv;
-  const cards = s.topology.datacenters.map((dc) => el("div", { class: "card", "data-dc": dc.name },
-    el("h4", {}, dc.name),
-    el("ul", {}, ...dc.placed.map((p) => {
+  // the plan's stages, then the elastic serving replicas' stages, by datacenter
+  const items = {};
+  for (const dc of s.topology.datacenters) {
+    items[dc.name] = dc.placed.map((p) => {
       const sv = byKey[`${p.stage}/${p.replica}`];
       return el("li", {}, `stage ${p.stage} / replica ${p.replica}: ${p.layers} on ${p.device} `,
         sv ? health(sv) : el("span", { class: "bad" }, "no service"));
-    }))));
+    });
+  }
+  for (const r of s.serving) {
+    for (const [st, dc, , device] of r.placement) {
+      (items[dc] = items[dc] || []).push(el("li", {}, `stage ${st} of ${r.name} on ${device} `,
+        el("span", { class: r.draining ? "warn" : "ok" }, r.draining ? "draining" : "serving")));
+    }
+  }
+  const cards = Object.keys(items).sort().map((name) => el("div", { class: "card", "data-dc": name },
+    el("h4", {}, name), el("ul", {}, ...items[name])));
   put("datacenters", el("div", { class: "cards" }, ...cards));
   put("paths", table([
     ["after stage", (p) => p.after_stage, "num"],
