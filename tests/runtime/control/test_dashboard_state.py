@@ -58,3 +58,19 @@ def test_traffic_and_gantt_come_from_the_traces(tmp_path: Path) -> None:
     assert first["t0_ms"] == 0 and abs(first["t1_ms"] - 100) < 1e-6
     assert training(db, task, 0.4)["loss"] == [3.0, 2.0, 1.0]
     assert traffic(db, plan, None) == ([], [])
+
+
+def test_a_task_started_in_the_same_instant_it_was_made_waited_zero_not_less() -> None:
+    """The database stamps created_at when the row is built and started_at a moment earlier or
+    later (two clocks reads); the page showed -0.01 s of queue wait."""
+    import datetime as dt
+
+    from dmsc.data.db import TaskRecord
+    from dmsc.runtime.control.dashboard_state import _task
+
+    made = dt.datetime(2026, 1, 1, 12, 0, 0, 10_000)
+    task = TaskRecord(id=1, kind="train", state="done", lane="sync", priority=0, tenant="t")
+    task.created_at, task.started_at, task.attempts = made, made - dt.timedelta(milliseconds=10), 0
+    assert _task(task)["queue_wait_s"] == 0.0
+    task.started_at = made + dt.timedelta(seconds=2)
+    assert _task(task)["queue_wait_s"] == 2.0
