@@ -67,11 +67,14 @@ def test_up_hands_the_settings_over_on_stdin(
     assert code == 0, err
     assert (tmp_path / "argv").read_text().split() == ["-m", "dmsc.runtime.control.daemon"]
     settings = ControlSettings.model_validate_json((tmp_path / "settings.json").read_text())
+    # the plan's cluster spec, found by its name, goes along (training tasks may change dp)
+    cluster = Path(__file__).resolve().parents[2] / "examples" / "clusters" / "local-cpu.yaml"
     assert settings == ControlSettings(
         plan=str(plan_file.resolve()),
         home=str(home.resolve()),
         failure_timeout_s=2.5,
         spares=1,
+        cluster=str(cluster),
     )
     assert "control plane up at 127.0.0.1:4242" in out
     assert f"logs in {logs.log_dir(home.resolve())}" in out and "`dmsc logs`" in out
