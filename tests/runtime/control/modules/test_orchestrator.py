@@ -15,7 +15,7 @@ from dmsc.runtime.control.modules import (
     Decision,
     DecisionRule,
     Measurements,
-    MoveNotBuilt,
+    NoDeployment,
     Proposal,
     apply,
     collect,
@@ -121,7 +121,7 @@ def test_on_a_slowed_site_the_horizon_decides(tmp_path: Path) -> None:
     assert verdict(1000).verdict == "apply"
     refused = verdict(100)
     assert refused.verdict == "refuse" and "beyond the horizon of 100 steps" in refused.reason
-    with pytest.raises(MoveNotBuilt):
+    with pytest.raises(NoDeployment):
         apply(db, run, [verdict(1000)], time.time())
 
 

@@ -29,7 +29,7 @@ from dmsc.runtime.control.modules.base import (
 from dmsc.runtime.control.modules.orchestrator import (
     Decision,
     DecisionRule,
-    MoveNotBuilt,
+    NoDeployment,
     apply,
     collect,
     decide,
@@ -63,7 +63,7 @@ __all__ = [
     "FunctionalModule",
     "Measurements",
     "MetricPoint",
-    "MoveNotBuilt",
+    "NoDeployment",
     "PathOptimisation",
     "PolicyAnalysis",
     "Proposal",

@@ -39,7 +39,7 @@ log = logging.getLogger(__name__)
 Verdict = Literal["apply", "refuse", "raise", "note"]
 
 
-class MoveNotBuilt(NotImplementedError):
+class NoDeployment(RuntimeError):
     """A move to apply, and no running deployment to apply it to."""
 
 
@@ -166,12 +166,12 @@ def apply(
     move: Callable[[Proposal], None] | None = None,
 ) -> list[int]:
     """Act on the decisions: the move to apply through ``move`` (the control plane's: it
-    moves the deployment; without one :class:`MoveNotBuilt` is raised before anything is
+    moves the deployment; without one :class:`NoDeployment` is raised before anything is
     done), and each raised exception into the exception queue (the ids of the tasks it made; a
     breach raised recently is not raised again)."""
     moves = [d for d in decisions if d.verdict == "apply"]
     if moves and move is None:
-        raise MoveNotBuilt(
+        raise NoDeployment(
             f"applying a move ({moves[0].proposal.target}) needs the running deployment: "
             "`dmsc replan` with a control plane up"
         )
