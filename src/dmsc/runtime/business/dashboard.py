@@ -38,7 +38,12 @@ from dmsc.runtime.business.http_guard import LOGIN_PATH, SESSION_COOKIE, UI_PREF
 from dmsc.runtime.business.protection import RateLimiter
 
 ASSETS = Path(__file__).parent / "ui"
-PAGES = {"": "overview.html", "tasks": "tasks.html", "charts": "charts.html"}
+# path -> (page name, title); each page is layout.html around its own NAME.html sections
+PAGES = {
+    "": ("overview", "Topology &amp; services"),
+    "tasks": ("tasks", "Tasks, models &amp; faults"),
+    "charts": ("charts", "Charts &amp; pipeline"),
+}
 # the files a page may load: nothing else under ASSETS is served
 STATIC = {
     "dashboard.css": "text/css",
@@ -128,6 +133,15 @@ def _page(name: str, status: int = 200, message: str = "") -> HTMLResponse:
     return HTMLResponse(html, status_code=status, headers=headers)
 
 
+def _layout(name: str, title: str) -> HTMLResponse:
+    """Page ``name``: the shared layout (head, navigation, status) around its sections."""
+    html = (ASSETS / "layout.html").read_text(encoding="utf-8")
+    html = html.replace("<!--title-->", title).replace("<!--page-->", name)
+    html = html.replace(f'data-nav="{name}"', f'data-nav="{name}" class="here"')
+    body = (ASSETS / f"{name}.html").read_text(encoding="utf-8")
+    return HTMLResponse(html.replace("<!--body-->", body), headers=HEADERS)
+
+
 def mount_dashboard(
     app: FastAPI,
     state: State,
@@ -212,4 +226,4 @@ def mount_dashboard(
             )
         if who(request) is None:
             return _page("login.html", 401)
-        return _page(PAGES[page])
+        return _layout(*PAGES[page])
