@@ -34,6 +34,12 @@ FAST_HEALTH_CHECK = {
     "health_check_failure_threshold": 3,
 }
 
+# How long a node's processes may take to come up. Ray waits 30 s for its GCS server to publish
+# its port, and as long for a node to register; on 2 cores that other work keeps busy (another
+# test process training) a head took over 30 s to start (measured here with 6 busy processes:
+# 23 s for a cluster that starts in 6 s on an idle machine).
+START_WAIT_S = 120
+
 
 @contextlib.contextmanager
 def local_cluster(
@@ -50,7 +56,20 @@ def local_cluster(
 
     args = {"num_cpus": cpus, "resources": head, "node_ip_address": "127.0.0.1",
             "include_dashboard": False, "_system_config": FAST_HEALTH_CHECK}  # fmt: skip
-    c: Any = Cluster(initialize_head=True, head_node_args=args)
+    wait_was = os.environ.get(GCS_WAIT_ENV)
+    os.environ[GCS_WAIT_ENV] = wait_was or str(START_WAIT_S)  # read by Ray as the head starts
+    c: Any = None
+    try:
+        # the head's registration waited for below, as long as the others' (Ray's own wait: 30 s)
+        c = Cluster(initialize_head=True, head_node_args={**args, "wait": False})
+        c.wait_for_nodes(timeout=START_WAIT_S)
+    except (RuntimeError, TimeoutError) as e:
+        if c is not None:
+            c.shutdown()
+        raise RuntimeError(f"the Ray head did not start: {e}\n{gcs_log_tail()}") from e
+    finally:
+        if wait_was is None:
+            os.environ.pop(GCS_WAIT_ENV, None)
     # connected here rather than by Cluster: without the nodes' logs copied to this process's
     # output (a benchmark's --json output is one JSON object)
     ray.init(address=c.address, log_to_driver=False, logging_level=logging.WARNING)
@@ -67,9 +86,23 @@ def local_cluster(
 
 def add_node(c: Any, resources: dict[str, float], cpus: int = 4) -> Any:
     """One more node process offering ``resources``, once the cluster sees it."""
-    node = c.add_node(num_cpus=cpus, resources=resources, node_ip_address="127.0.0.1")
-    c.wait_for_nodes()
+    node = c.add_node(wait=False, num_cpus=cpus, resources=resources, node_ip_address="127.0.0.1")
+    c.wait_for_nodes(timeout=START_WAIT_S)
     return node
+
+
+GCS_WAIT_ENV = "RAY_gcs_server_port_wait_time_s"
+
+
+def gcs_log_tail(lines: int = 20, root: Path = Path("/tmp/ray/session_latest/logs")) -> str:
+    """The last ``lines`` lines of the newest session's GCS server logs, to say why a head did
+    not start."""
+    out = []
+    for name in ("gcs_server.err", "gcs_server.out"):
+        with contextlib.suppress(OSError):
+            tail = (root / name).read_text(errors="replace").splitlines()[-lines:]
+            out.append(f"--- {root / name} (last {len(tail)} lines)\n" + "\n".join(tail))
+    return "\n".join(out) or f"(no GCS server log under {root})"
 
 
 def live_nodes(c: Any, resource: str) -> list[Any]:
