@@ -16,6 +16,7 @@ from __future__ import annotations
 import argparse
 import json
 import math
+import os
 import statistics
 import time
 from typing import Any
@@ -135,6 +136,8 @@ def main() -> None:
     parser.add_argument("--tiny", action="store_true", help="two small models, seconds")
     parser.add_argument("--out", help="write the JSON here instead of stdout")
     args = parser.parse_args()
+    # as dmsc's GPU workers run (read at the allocator's first use, after this line)
+    os.environ.setdefault("PYTORCH_CUDA_ALLOC_CONF", "expandable_segments:True")
     models, seq, vocab = (TINY, 64, 256) if args.tiny else (MODELS, SEQ, VOCAB)
     device = torch.device(args.device)
     info: dict[str, Any] = {"torch": torch.__version__, "device_type": device.type}

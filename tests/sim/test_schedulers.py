@@ -17,10 +17,10 @@ SCENARIO = Path(__file__).resolve().parents[2] / "examples" / "scenarios" / "nsf
 # load: (blocked, blocked for GPUs, transfer requests, events, jobs measured,
 #        sum of iteration times, spectrum utilisation, GPU utilisation, digest of the times)
 PINNED = {
-    1.0: (20, 20, 73, 379, 160, 421.08395599352866, 0.0034334257270722097, 0.30760977580952753,
-          "6f3b5b77d35876dc"),
-    2.0: (50, 50, 50, 349, 130, 385.02651315226996, 0.004300358129977232, 0.49045832434839015,
-          "efcc5b8ea0d338a7"),
+    1.0: (20, 20, 73, 379, 160, 442.48741717160306, 0.0032378066066796533, 0.30737499795119066,
+          "514a9012f437345b"),
+    2.0: (50, 50, 50, 349, 130, 404.4656035125354, 0.0038952261151418864, 0.48943420461466947,
+          "b315ecf9b6cfb35d"),
 }  # fmt: skip
 
 

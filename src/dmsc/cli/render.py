@@ -184,7 +184,10 @@ def estimate_json(
             "activations": fullest.memory.activations / GIB,
             "working": fullest.memory.working / GIB,
             "framework": fullest.memory.framework / GIB,
+            "fragmentation": fullest.memory.fragmentation / GIB,
         },
+        # what must fit in the device: all but the allocator's fragmentation
+        "required_memory_gib_per_device": max(s.memory.required for s in est.stages) / GIB,
         # what torch.cuda.max_memory_allocated would report (tensors only)
         "tensor_memory_gib_per_device": fullest.memory.tensors / GIB,
         "breakdown_s": dict(est.breakdown_s),
@@ -246,7 +249,8 @@ def print_estimate(
         f"{mem.total / GIB:.1f} GiB of {fullest.memory_capacity / GIB:.0f} "
         f"(weights {mem.weights / GIB:.1f}, grads {mem.gradients / GIB:.1f}, "
         f"optimizer {mem.optimizer / GIB:.1f}, activations {mem.activations / GIB:.1f}, "
-        f"backward working {mem.working / GIB:.1f}, framework {mem.framework / GIB:.1f})",
+        f"backward working {mem.working / GIB:.1f}, framework {mem.framework / GIB:.1f}, "
+        f"fragmentation {mem.fragmentation / GIB:.1f}; {mem.required / GIB:.1f} GiB must fit)",
     )
     traffic = ", ".join(f"{k.upper()} {human_bytes(v)}" for k, v in est.traffic_bytes.items())
     perf.add_row("traffic per iteration", traffic)

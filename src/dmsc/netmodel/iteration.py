@@ -214,12 +214,12 @@ def _check_memory(
         )
         capacity = cluster.device_types[worst_type].memory_gib * GIB
         out.append((mem, capacity))
-    worst = max(range(len(out)), key=lambda i: out[i][0].total - out[i][1])
+    worst = max(range(len(out)), key=lambda i: out[i][0].required - out[i][1])
     mem, capacity = out[worst]
-    if mem.total > capacity:
+    if mem.required > capacity:
         raise DoesNotFit(
             [
-                f"stage {worst} needs {mem.total / GIB:.1f} GiB per device, "
+                f"stage {worst} needs {mem.required / GIB:.1f} GiB per device, "
                 f"devices have {capacity / GIB:.0f} GiB"
             ]
         )

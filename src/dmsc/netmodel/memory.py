@@ -35,7 +35,9 @@ class MemoryBreakdown:
     optimizer: float
     activations: float
     working: float = 0.0  # transient buffers at the peak: one backward's gradients, the loss
-    framework: float = 0.0  # outside tensors: CUDA context, workspaces, allocator fragmentation
+    framework: float = 0.0  # outside tensors: CUDA context, cuBLAS workspaces, NCCL buffers
+    # What the caching allocator holds beyond the live tensors at the peak (fragmentation).
+    fragmentation: float = 0.0
 
     @property
     def tensors(self) -> float:
@@ -43,8 +45,21 @@ class MemoryBreakdown:
         return self.weights + self.gradients + self.optimizer + self.activations + self.working
 
     @property
-    def total(self) -> float:
+    def required(self) -> float:
+        """What must fit in the device: the tensors and the framework's own memory. The
+        allocator's fragmentation is not counted: before it reports out of memory the caching
+        allocator frees its cached blocks and retries, and with expandable segments
+        (``PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True``, which dmsc's GPU workers set and
+        NVIDIA's Megatron Bridge memory-tuning guide names the first fix for fragmentation OOMs,
+        "most Slurm launch templates already include it") a segment grows in place instead of
+        leaving gaps."""
         return self.tensors + self.framework
+
+    @property
+    def total(self) -> float:
+        """The peak the device shows in use (torch's max_memory_reserved plus the framework's
+        memory, what nvidia-smi reports)."""
+        return self.tensors + self.framework + self.fragmentation
 
 
 @dataclass(frozen=True)
@@ -125,7 +140,8 @@ def stage_memory(
             0.0,
             activation_bytes,
             working_bytes,
-            framework_bytes + allocator_overhead * tensors,
+            framework_bytes,
+            allocator_overhead * tensors,
         )
     pb = precision_bytes(job.precision, dtype)
 
@@ -145,5 +161,6 @@ def stage_memory(
         optimizer,
         acts,
         working_bytes,
-        framework_bytes + allocator_overhead * tensors,
+        framework_bytes,
+        allocator_overhead * tensors,
     )

@@ -129,7 +129,8 @@ def segment_by_layers(
         d.inflight,
     )
     speeds = [peak_flops(dev, model.dtype) / peak_flops(ref, model.dtype) for _, dev in devices]
-    caps = [dev.memory_gib * 1024**3 for _, dev in devices]
+    # what the framework holds outside tensors (CUDA context, workspaces) is not the layers'
+    caps = [dev.memory_gib * 1024**3 - calib.for_device(dev).framework_bytes for _, dev in devices]
     seg = segment_layers(
         compute, static, [0.0] * len(layers), speeds, caps, None, activation, inflight
     )

@@ -46,6 +46,10 @@ def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description="dmsc stage worker")
     parser.add_argument("--config", required=True)
     args = parser.parse_args(argv)
+    # Read by torch's CUDA caching allocator when it first allocates (no CUDA use before this):
+    # segments that grow in place rather than leave gaps, which the cost model's memory check
+    # assumes (dmsc.netmodel.memory.MemoryBreakdown.required).
+    os.environ.setdefault("PYTORCH_CUDA_ALLOC_CONF", "expandable_segments:True")
     cfg = WorkerConfig(**json.loads(Path(args.config).read_text()))
     worker = StageWorker(cfg, _logger(cfg))
     server, port = serve(STAGE_SERVICE, worker.methods(), f"{cfg.host}:0", token=cfg.token)
