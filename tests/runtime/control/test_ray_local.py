@@ -62,6 +62,23 @@ def test_the_head_and_every_node_get_the_longer_start_wait(fake_ray: type[_Clust
     assert ray_local.GCS_WAIT_ENV not in os.environ  # put back as it was
 
 
+def test_the_cluster_stays_on_loopback_whenever_ray_was_imported(
+    fake_ray: type[_Cluster], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Ray was imported (by this module) before the loopback setting: the head must still be
+    reached on 127.0.0.1, not on the machine's address (CI: ``ray.init`` timed out on
+    192.0.2.2 after another test had imported Ray first)."""
+    from ray._private import ray_constants, services
+
+    monkeypatch.delenv(ray_local.LOOPBACK_ENV, raising=False)
+    assert ray_constants.ENABLE_RAY_CLUSTER  # as read at import, without the setting
+    with ray_local.local_cluster({"dc:dc-0": 4}, []):
+        assert services.get_node_ip_address() == "127.0.0.1"  # type: ignore[no-untyped-call]
+        assert os.environ[ray_local.LOOPBACK_ENV] == "0"  # for the processes Ray starts
+    assert ray_constants.ENABLE_RAY_CLUSTER
+    assert ray_local.LOOPBACK_ENV not in os.environ
+
+
 def test_an_operators_own_wait_is_kept(
     fake_ray: type[_Cluster], monkeypatch: pytest.MonkeyPatch
 ) -> None:

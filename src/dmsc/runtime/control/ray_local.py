@@ -47,9 +47,37 @@ def local_cluster(
 ) -> Iterator[Any]:
     """A running cluster (connected: ``ray.init`` done) whose head offers the resources
     ``head`` and with one more node per entry of ``nodes``; everything stops on exit."""
-    # Ray advertises the machine's address even for a node started on 127.0.0.1; with this set
-    # (read when Ray is imported, and by the processes it starts) it stays on loopback.
-    os.environ["RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER"] = "0"
+    with _on_loopback():
+        yield from _local_cluster(head, nodes, cpus)
+
+
+LOOPBACK_ENV = "RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER"
+
+
+@contextlib.contextmanager
+def _on_loopback() -> Iterator[None]:
+    """Ray advertises the machine's address even for a node started on 127.0.0.1 unless
+    ``LOOPBACK_ENV`` is 0. The processes it starts read the variable; this process read it when
+    it first imported Ray, which may have been before (another test, a benchmark's import), so
+    the flag Ray keeps from it is set too (``ray._private.ray_constants``: no public setting)."""
+    from ray._private import ray_constants
+
+    env_was, flag_was = os.environ.get(LOOPBACK_ENV), ray_constants.ENABLE_RAY_CLUSTER
+    os.environ[LOOPBACK_ENV] = "0"
+    ray_constants.ENABLE_RAY_CLUSTER = False
+    try:
+        yield
+    finally:
+        ray_constants.ENABLE_RAY_CLUSTER = flag_was
+        if env_was is None:
+            os.environ.pop(LOOPBACK_ENV, None)
+        else:
+            os.environ[LOOPBACK_ENV] = env_was
+
+
+def _local_cluster(
+    head: dict[str, float], nodes: list[dict[str, float]], cpus: int
+) -> Iterator[Any]:
     from ray.cluster_utils import Cluster
 
     ray = ray_module()
@@ -70,18 +98,17 @@ def local_cluster(
     finally:
         if wait_was is None:
             os.environ.pop(GCS_WAIT_ENV, None)
-    # connected here rather than by Cluster: without the nodes' logs copied to this process's
-    # output (a benchmark's --json output is one JSON object)
-    ray.init(address=c.address, log_to_driver=False, logging_level=logging.WARNING)
-    c.connected = True
     try:
+        # connected here rather than by Cluster: without the nodes' logs copied to this
+        # process's output (a benchmark's --json output is one JSON object)
+        ray.init(address=c.address, log_to_driver=False, logging_level=logging.WARNING)
+        c.connected = True
         for res in nodes:
             add_node(c, res, cpus)
         yield c
     finally:
         ray.shutdown()
         c.shutdown()
-        os.environ.pop("RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER", None)
 
 
 def add_node(c: Any, resources: dict[str, float], cpus: int = 4) -> Any:
