@@ -6,6 +6,13 @@ level) whose start is the first unit of its range, placed on every link of its p
 no-overlap constraint with the other ranges and the busy units (continuity and contiguity by
 construction). The objective is the integer score of :mod:`dmsc.planner.placement.problem`, so the
 answer is comparable with brute force to the microsecond.
+
+CP-SAT's parallel workers race, so of several placements with the best score any could come back.
+When the score is proved optimal, two more short solves make the answer the same on every run and
+the one brute force gives: the score held, the datacenters of the stages are made least in
+order (stage 0 first), then, with those fixed, the route of every crossing (path, then units) and
+then its first unit. The keys are exact lexicographic orders while they fit in 62 bits (up to 31
+stages on 4 datacenters), plain sums beyond.
 """
 
 from __future__ import annotations
@@ -163,7 +170,8 @@ def solve_milp(
             model.add(u <= sum(x[s][d] for s in range(P)))
             model.add(fastest + 2 * min(touching) * u <= T)
     v, m = problem.chunks, problem.microbatches
-    model.minimize(v * P * m * T + (P - 1) * sum(t))
+    objective_expr = v * P * m * T + (P - 1) * sum(t)
+    model.minimize(objective_expr)
 
     try:  # a greedy start helps the search; not needed for correctness
         hint = solve_greedy(problem).placement
@@ -173,29 +181,111 @@ def solve_milp(
     except Infeasible:
         pass
 
-    solver = cp_model.CpSolver()
-    solver.parameters.max_time_in_seconds = time_limit_s
-    solver.parameters.num_workers = workers
-    solver.parameters.random_seed = seed
+    solver = _solver(time_limit_s, workers, seed)
     status = solver.solve(model)
     if status == cp_model.INFEASIBLE:
         raise Infeasible("no placement satisfies device, path and spectrum constraints")
     if status not in (cp_model.OPTIMAL, cp_model.FEASIBLE):
         raise Infeasible(f"the solver found no placement within {time_limit_s:g} s")
-    dcs = tuple(next(d for d in range(D) if solver.value(x[s][d])) for s in range(P))
-    routes: list[Reservation | None] = [None] * (P - 1)
-    for (b, _a, _z, k, n), (y, start) in choices.items():
-        if solver.value(y):
-            routes[b] = Reservation(k, n, int(solver.value(start)))
     objective = round(solver.objective_value)
     bound = solver.best_objective_bound
-    gap = 0.0 if status == cp_model.OPTIMAL else max(0.0, (objective - bound) / objective * 100)
+    optimal = status == cp_model.OPTIMAL
+    branches = int(solver.num_branches)
+    dcs = tuple(next(d for d in range(D) if solver.value(x[s][d])) for s in range(P))
+    picked = {
+        key: (int(solver.value(y)), int(solver.value(st))) for key, (y, st) in choices.items()
+    }
+    if optimal:
+        model.add(objective_expr <= objective)
+        # 1. the least datacenters, stage by stage
+        left = time_limit_s - (time.perf_counter() - t0)
+        if left > 0:
+            weights = _lex_weights([D] * P)
+            _hint(model, x, dcs, choices, picked)
+            model.minimize(sum(weights[s] * d * x[s][d] for s in range(P) for d in options[s]))
+            tie = _solver(left, workers, seed)
+            if tie.solve(model) in (cp_model.OPTIMAL, cp_model.FEASIBLE):
+                branches += int(tie.num_branches)
+                dcs = tuple(next(d for d in range(D) if tie.value(x[s][d])) for s in range(P))
+                picked = {
+                    k: (int(tie.value(y)), int(tie.value(st))) for k, (y, st) in choices.items()
+                }
+        # 2. those kept, the least routes of the crossings in order, then their first units
+        left = time_limit_s - (time.perf_counter() - t0)
+        cross = [b for b in range(P - 1) if dcs[b] != dcs[b + 1]]
+        if left > 0 and cross:
+            for s in range(P):
+                model.add(x[s][dcs[s]] == 1)
+            n_paths = max((len(opts) for opts in problem.paths.values()), default=1)
+            options_kn = [(k, n) for k in range(n_paths) for n in problem.levels]
+            rank = {kn: r for r, kn in enumerate(options_kn)}
+            units = 1 + max(lk.units for lk in problem.links)
+            route_w = _lex_weights([len(rank)] * len(cross))
+            start_w = _lex_weights([units] * len(cross))
+            route_terms, start_terms = [], []
+            for i, b in enumerate(cross):
+                for (bb, a, z, k, n), (y, st) in choices.items():
+                    if (bb, a, z) == (b, dcs[b], dcs[b + 1]):
+                        route_terms.append(route_w[i] * rank[(k, n)] * y)
+                        start_terms.append(start_w[i] * st)
+            span = sum(w * (units - 1) for w in start_w) + 1
+            route_span = sum(w * (len(rank) - 1) for w in route_w) + 1
+            scale = span if span * route_span < 2**62 else 1
+            _hint(model, x, dcs, choices, picked)
+            model.minimize(scale * sum(route_terms) + sum(start_terms))
+            tie = _solver(left, workers, seed)
+            if tie.solve(model) in (cp_model.OPTIMAL, cp_model.FEASIBLE):
+                branches += int(tie.num_branches)
+                picked = {
+                    k: (int(tie.value(y)), int(tie.value(st))) for k, (y, st) in choices.items()
+                }
+    routes: list[Reservation | None] = [None] * (P - 1)
+    for (b, _a, _z, k, n), (chosen, start) in picked.items():
+        if chosen:
+            routes[b] = Reservation(k, n, start)
+    gap = 0.0 if optimal else max(0.0, (objective - bound) / objective * 100)
     return PlacementResult(
         Placement(dcs, tuple(routes)),
         objective,
         "milp",
         time.perf_counter() - t0,
-        optimal=status == cp_model.OPTIMAL,
+        optimal=optimal,
         gap_pct=gap,
-        candidates=int(solver.num_branches),
+        candidates=branches,
     )
+
+
+def _solver(time_limit_s: float, workers: int, seed: int) -> cp_model.CpSolver:
+    solver = cp_model.CpSolver()
+    solver.parameters.max_time_in_seconds = time_limit_s
+    solver.parameters.num_workers = workers
+    solver.parameters.random_seed = seed
+    return solver
+
+
+def _lex_weights(sizes: list[int]) -> list[int]:
+    """Weights that order values ``v_i < sizes[i]`` lexicographically (first most significant)
+    by ``sum(w_i * v_i)``; all 1 when that would not fit in 62 bits."""
+    weights = [1] * len(sizes)
+    for i in range(len(sizes) - 2, -1, -1):
+        weights[i] = weights[i + 1] * max(1, sizes[i + 1])
+    if weights and weights[0] * max(1, sizes[0]) >= 2**62:
+        return [1] * len(sizes)
+    return weights
+
+
+def _hint(
+    model: cp_model.CpModel,
+    x: list[list[cp_model.IntVar]],
+    dcs: tuple[int, ...],
+    choices: dict[tuple[int, int, int, int, int], tuple[cp_model.IntVar, cp_model.IntVar]],
+    picked: dict[tuple[int, int, int, int, int], tuple[int, int]],
+) -> None:
+    """Start the next solve from the placement found (it is a solution of the next model)."""
+    model.clear_hints()
+    for s, row in enumerate(x):
+        for d, var in enumerate(row):
+            model.add_hint(var, int(dcs[s] == d))
+    for key, (y, st) in choices.items():
+        model.add_hint(y, picked[key][0])
+        model.add_hint(st, picked[key][1])
