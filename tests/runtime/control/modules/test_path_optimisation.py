@@ -120,13 +120,15 @@ def test_a_slowed_boundary_on_one_link_keeps_the_placement(
 
 
 def test_a_slowed_boundary_moves_a_stage_off_its_link(tmp_path: Path) -> None:
-    """Three sites: with the direct link ten times slower, stage 0 goes to site-c, whose links
-    to site-b are as planned; the gain is the planner's prediction on the measured cluster."""
+    """Three sites: with the direct link ten times slower, a stage goes to site-c, whose links
+    to the other two are as planned; the gain is the planner's prediction on the measured
+    cluster. The detour is symmetric, so moving either stage is as good: the planner keeps the
+    earliest datacenters of the spec, stage 0 in site-a."""
     three = three_sites()
     plan = make_plan(three)
     assert [st.datacenter for st in plan.stages] == ["site-a", "site-b"]
     (p,) = PathOptimisation(three).propose(measured(tmp_path, three, plan, gap_scale={0: 10.0}))
-    assert p.kind == "move-stage" and p.target.startswith("stage 0: site-a -> site-c")
+    assert p.kind == "move-stage" and p.target == "stage 1: site-b -> site-c"
     slow = scaled_cluster(three, {}, {"site-a-site-b": p.details["link_scale"]["site-a-site-b"]})
     best = plan_job(slow, resolve_model("gpt-mini"), plan.job, fixed=True).plan
     assert p.details["proposed_s"] == pytest.approx(best.prediction.iteration_time_s)
