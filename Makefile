@@ -19,7 +19,7 @@ demo: $(STAMP)
 # the dashboard in Debian's headless Chromium (scripts/browser.sh installs it).
 test: $(STAMP)
 	DMSC_TEST_POSTGRES_URL=$$(scripts/postgres.sh) DMSC_TEST_CHROMEDRIVER=$$(scripts/browser.sh) \
-	  $(BIN)/pytest -n 2 -q
+	  $(BIN)/pytest -n 2 -q --durations=25
 
 # The tests that start no processes (about a minute); `make test` runs them all.
 test-quick: $(STAMP)

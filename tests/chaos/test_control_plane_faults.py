@@ -39,6 +39,7 @@ def test_kill_9_of_the_control_plane_loses_and_repeats_no_step(tmp_path: Path) -
     key = dmsc(tmp_path, "token", "create", "--tenant", "t", "--scopes", "submit,read").stdout
     auth = {"Authorization": f"Bearer {key.strip()}"}
     base = up_with_gateway(tmp_path, plan, "--failure-timeout", TIMEOUT)
+    workers = [s["pid"] for s in json.loads(dmsc(tmp_path, "status", "--json").stdout)["services"]]
     tasks = [{"steps": 30, "checkpoint_every": 5}, {"steps": 5}, {"steps": 5}]
     ids = []
     for body in tasks:
@@ -51,6 +52,8 @@ def test_kill_9_of_the_control_plane_loses_and_repeats_no_step(tmp_path: Path) -
     info = json.loads((tmp_path / "control.json").read_text())
     os.kill(info["pid"], signal.SIGKILL)
     killed = time.time()
+    # the killed control plane's workers see it gone and stop (none is left behind)
+    _wait(lambda: not any(alive(pid) for pid in workers), 60, "the orphaned workers to stop")
     time.sleep(1)
     newest = db.last_checkpoint(info["run"], ids[0])  # the first task's, before the crash
     assert newest is not None
