@@ -240,9 +240,9 @@ def solve_milp(
                     k: (int(tie.value(y)), int(tie.value(st))) for k, (y, st) in choices.items()
                 }
     routes: list[Reservation | None] = [None] * (P - 1)
-    for (b, _a, _z, k, n), (chosen, start) in picked.items():
+    for (b, _a, _z, k, n), (chosen, first) in picked.items():
         if chosen:
-            routes[b] = Reservation(k, n, start)
+            routes[b] = Reservation(k, n, first)
     gap = 0.0 if optimal else max(0.0, (objective - bound) / objective * 100)
     return PlacementResult(
         Placement(dcs, tuple(routes)),
@@ -282,7 +282,7 @@ def _hint(
     picked: dict[tuple[int, int, int, int, int], tuple[int, int]],
 ) -> None:
     """Start the next solve from the placement found (it is a solution of the next model)."""
-    model.clear_hints()
+    model.clear_hints()  # type: ignore[no-untyped-call]
     for s, row in enumerate(x):
         for d, var in enumerate(row):
             model.add_hint(var, int(dcs[s] == d))
