@@ -198,13 +198,15 @@ B200 = DeviceCalibration(
 
 # Anything else (CPUs, other accelerators): the A100's kernel efficiencies, no GPU framework
 # memory. ``dmsc calibrate`` divides what it measures by these, so predictions on the calibrated
-# spec hold whatever they are.
+# spec hold whatever they are. The A100's validation does not carry over (no published set ran
+# on these devices).
 GENERIC = replace(
     A100,
     generation="generic",
     framework_bytes=0.0,
     allocator_overhead=0.0,
     sources="A100 kernel efficiencies; no validation",
+    validated=(),
 )
 
 

@@ -1,0 +1,24 @@
+"""What an estimate says about its calibration is true of the device it ran on (issue 29, 6)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from dmsc.cli.render import calibration_json, calibration_line
+from dmsc.spec import ClusterSpec, load_spec
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def test_a_cpu_estimate_claims_no_validation_it_does_not_have() -> None:
+    """The generic constants borrow the A100's efficiencies, not its validation: a CPU cluster
+    was said to be "validated on megatron-sc21 2.5%" while its JSON said "no validation"."""
+    cluster = load_spec(ClusterSpec, ROOT / "examples" / "clusters" / "local-cpu.yaml")
+    out = calibration_json(cluster)
+    (dev,) = out["devices"]
+    assert dev["generation"] == "generic"
+    assert dev["validated"] == [] and "no validation" in dev["sources"]
+    assert out["unvalidated_devices"] == ["cpu"]
+    line = calibration_line(cluster)
+    assert "cpu: generic constants, not validated on published data" in line
+    assert "megatron" not in line
