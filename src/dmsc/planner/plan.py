@@ -210,15 +210,21 @@ def placed_pipeline(built: BuiltProblem, result: PlacementResult, job: JobSpec) 
 def stage_chunks(
     model: TransformerSpec | LayerListSpec, job: JobSpec
 ) -> list[tuple[list[str], list[tuple[str, str]]]]:
-    """Each stage's layer names and its chunks (first and last layer of each)."""
+    """Each stage's layer names and its chunks: the first and last layer of each contiguous run
+    of the model's layers the stage's devices hold (:func:`assign_stage_layers`), in the order
+    the schedule runs them. An interleaved stage ``s`` holds chunks ``s, s + pp, s + 2 pp, ...``
+    of the model, one run each; any other stage one run."""
+    layers = build_layer_costs(model, job)
+    position = {lc.name: i for i, lc in enumerate(layers)}
     out = []
-    for members in assign_stage_layers(build_layer_costs(model, job), job):
+    for members in assign_stage_layers(layers, job):
         names = [lc.name for lc in members]
-        chunk_size = max(1, len(names) // job.chunks)
-        chunks = [
-            (names[i], names[min(i + chunk_size, len(names)) - 1])
-            for i in range(0, len(names), chunk_size)
-        ]
+        chunks: list[tuple[str, str]] = []
+        for i, name in enumerate(names):
+            if i and position[name] == position[names[i - 1]] + 1:
+                chunks[-1] = (chunks[-1][0], name)
+            else:
+                chunks.append((name, name))
         out.append((names, chunks))
     return out
 
