@@ -470,7 +470,8 @@ class StageWorker:
         except CheckpointError as exc:
             self.log.warning("refused %s: %s", path, exc, extra={"sid": self.cfg.sid})
             raise DataLost(f"{exc}: {path}") from None
-        return {"steps": self.steps_done}
+        # what this stage now holds, by the digest its file was checked against
+        return {"steps": self.steps_done, "sha256": m.sha256 or checkpoint_sha256(path)}
 
     def methods(self) -> dict[str, grpc.RpcMethodHandler]:
         return {
@@ -483,5 +484,6 @@ class StageWorker:
             "Assume": message_handler(msg.Assume, self.assume),
             "Commit": message_handler(msg.Commit, self.commit),
             "EndSession": message_handler(msg.EndSession, self.end_session),
-            "LoadShard": message_handler(msg.LoadShard, self.load_shard),
+            # a shard's list of paths: larger than a control message
+            "LoadShard": message_handler(msg.LoadShard, self.load_shard, max_bytes=64 << 20),
         }

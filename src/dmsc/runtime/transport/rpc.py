@@ -1,10 +1,16 @@
 """gRPC without code generation: generic handlers whose messages are bytes.
 
-Control messages are JSON objects (:mod:`.messages`); data-plane messages are :mod:`.wire` frames. A
-handler that raises :class:`BadRequest` (or a wire error) answers INVALID_ARGUMENT with the
-reason, one that raises :class:`DataLost` (stored data the request names is missing or corrupt)
-DATA_LOSS, and the server keeps serving. Using generic handlers keeps grpcio-tools (and its
-protobuf) out of the process that also imports OR-Tools.
+Control messages are JSON objects (:mod:`.messages`); data-plane messages are :mod:`.wire` frames.
+A request travels as a client stream of pieces of at most :data:`CHUNK_BYTES` (the most the
+server's gRPC core buffers at once), and each method has its own limit on the whole request
+(:data:`CONTROL_BYTES` for a JSON control message, :data:`MAX_MESSAGE_BYTES` for a frame): a
+request over it is refused (RESOURCE_EXHAUSTED) as soon as its pieces pass the limit, so a small
+call such as ``Status`` cannot make a server hold 200 MB. The service credential is checked on
+the call's metadata, before any of the request is read: a call without it is refused without its
+body being received. A handler that raises :class:`BadRequest` (or a wire error) answers
+INVALID_ARGUMENT with the reason, one that raises :class:`DataLost` (stored data the request
+names is missing or corrupt) DATA_LOSS, and the server keeps serving. Using generic handlers
+keeps grpcio-tools (and its protobuf) out of the process that also imports OR-Tools.
 """
 
 from __future__ import annotations
@@ -20,10 +26,18 @@ from pydantic import BaseModel, ValidationError
 
 from dmsc.runtime.transport.messages import explain
 
-MAX_MESSAGE_BYTES = 256 * 1024 * 1024
+# The largest whole message: a data-plane frame (256 MiB of payload and its header) or a reply.
+MAX_MESSAGE_BYTES = 256 * 1024 * 1024 + 4096
+CONTROL_BYTES = 1 << 20  # a JSON control request (prompts, settings, paths) at most
+CHUNK_BYTES = 1 << 22  # a request's pieces: what a server receives in one gRPC message
+# A client sends pieces and takes replies up to the largest message; a server takes pieces.
 CHANNEL_OPTIONS = [
-    ("grpc.max_send_message_length", MAX_MESSAGE_BYTES),
+    ("grpc.max_send_message_length", CHUNK_BYTES),
     ("grpc.max_receive_message_length", MAX_MESSAGE_BYTES),
+]
+SERVER_OPTIONS = [
+    ("grpc.max_send_message_length", MAX_MESSAGE_BYTES),
+    ("grpc.max_receive_message_length", CHUNK_BYTES),
 ]
 
 
@@ -49,8 +63,39 @@ def _identity(b: bytes) -> bytes:
     return b
 
 
-def bytes_handler(fn: Callable[[bytes], bytes]) -> grpc.RpcMethodHandler:
-    def handle(request: bytes, context: grpc.ServicerContext) -> bytes:
+def _pieces(data: bytes) -> Iterator[bytes]:
+    """``data`` as the pieces a request travels in (one, empty, for an empty request)."""
+    if len(data) <= CHUNK_BYTES:
+        yield data
+        return
+    view = memoryview(data)
+    for start in range(0, len(data), CHUNK_BYTES):
+        yield bytes(view[start : start + CHUNK_BYTES])
+
+
+def _receive(pieces: Iterator[bytes], context: grpc.ServicerContext, max_bytes: int) -> bytes:
+    """The request of ``pieces``, refused (RESOURCE_EXHAUSTED) as soon as it passes
+    ``max_bytes``: the rest is never read."""
+    parts: list[bytes] = []
+    total = 0
+    for piece in pieces:
+        total += len(piece)
+        if total > max_bytes:
+            context.abort(
+                grpc.StatusCode.RESOURCE_EXHAUSTED,
+                f"this method takes requests of {max_bytes:,} bytes at most",
+            )
+        parts.append(piece)
+    return parts[0] if len(parts) == 1 else b"".join(parts)
+
+
+def bytes_handler(
+    fn: Callable[[bytes], bytes], max_bytes: int = MAX_MESSAGE_BYTES
+) -> grpc.RpcMethodHandler:
+    """A method whose request (at most ``max_bytes``) and reply are bytes."""
+
+    def handle(pieces: Iterator[bytes], context: grpc.ServicerContext) -> bytes:
+        request = _receive(pieces, context, max_bytes)
         try:
             return fn(request)
         except DataLost as exc:
@@ -66,12 +111,14 @@ def bytes_handler(fn: Callable[[bytes], bytes]) -> grpc.RpcMethodHandler:
             context.abort(grpc.StatusCode.ABORTED, str(exc))
             raise
 
-    return grpc.unary_unary_rpc_method_handler(
+    return grpc.stream_unary_rpc_method_handler(
         handle, request_deserializer=_identity, response_serializer=_identity
     )
 
 
-def json_handler(fn: Callable[[dict[str, Any]], dict[str, Any]]) -> grpc.RpcMethodHandler:
+def json_handler(
+    fn: Callable[[dict[str, Any]], dict[str, Any]], max_bytes: int = CONTROL_BYTES
+) -> grpc.RpcMethodHandler:
     def wrapped(request: bytes) -> bytes:
         try:
             payload = json.loads(request or b"{}")
@@ -81,7 +128,7 @@ def json_handler(fn: Callable[[dict[str, Any]], dict[str, Any]]) -> grpc.RpcMeth
             raise BadRequest("expected a JSON object")
         return json.dumps(fn(payload)).encode()
 
-    return bytes_handler(wrapped)
+    return bytes_handler(wrapped, max_bytes)
 
 
 M = TypeVar("M", bound=BaseModel)
@@ -97,24 +144,29 @@ def parse(model: type[M], payload: bytes | dict[str, Any]) -> M:
         raise BadRequest(explain(exc, model.__name__)) from None
 
 
-def message_handler(model: type[M], fn: Callable[[M], dict[str, Any]]) -> grpc.RpcMethodHandler:
-    """A JSON method whose request is checked against ``model`` (one of
+def message_handler(
+    model: type[M], fn: Callable[[M], dict[str, Any]], max_bytes: int = CONTROL_BYTES
+) -> grpc.RpcMethodHandler:
+    """A JSON method whose request (at most ``max_bytes``) is checked against ``model`` (one of
     :mod:`dmsc.runtime.transport.messages`) before ``fn`` sees it."""
 
     def wrapped(request: bytes) -> bytes:
         return json.dumps(fn(parse(model, request))).encode()
 
-    return bytes_handler(wrapped)
+    return bytes_handler(wrapped, max_bytes)
 
 
 def stream_handler(
-    model: type[M], fn: Callable[[M, threading.Event], Iterator[dict[str, Any]]]
+    model: type[M],
+    fn: Callable[[M, threading.Event], Iterator[dict[str, Any]]],
+    max_bytes: int = CONTROL_BYTES,
 ) -> grpc.RpcMethodHandler:
     """A server-streaming JSON method: ``fn`` yields the reply's messages one by one (each sent
     as it comes). ``fn``'s event is set when the call ends early (the client cancelled or went
     away), so that the work behind the stream can stop."""
 
-    def handle(request: bytes, context: grpc.ServicerContext) -> Iterator[bytes]:
+    def handle(pieces: Iterator[bytes], context: grpc.ServicerContext) -> Iterator[bytes]:
+        request = _receive(pieces, context, max_bytes)
         gone = threading.Event()
         context.add_callback(gone.set)
         try:
@@ -125,22 +177,24 @@ def stream_handler(
         except Abandoned as exc:
             context.abort(grpc.StatusCode.ABORTED, str(exc))
 
-    return grpc.unary_stream_rpc_method_handler(
+    return grpc.stream_stream_rpc_method_handler(
         handle, request_deserializer=_identity, response_serializer=_identity
     )
 
 
 class _CredentialCheck(grpc.ServerInterceptor):  # type: ignore[misc]
-    """Refuses every call that does not carry the deployment's service credential."""
+    """Refuses every call that does not carry the deployment's service credential, on the call's
+    metadata alone: the refusing handler takes the request as a stream and never reads it, so
+    none of a stranger's body is received."""
 
     def __init__(self, token: str) -> None:
         self.expected = f"Bearer {token}"
 
-        def deny(request: bytes, context: grpc.ServicerContext) -> bytes:
+        def deny(pieces: Iterator[bytes], context: grpc.ServicerContext) -> bytes:
             context.abort(grpc.StatusCode.UNAUTHENTICATED, "missing or wrong service credential")
             return b""
 
-        self._deny = grpc.unary_unary_rpc_method_handler(
+        self._deny = grpc.stream_unary_rpc_method_handler(
             deny, request_deserializer=_identity, response_serializer=_identity
         )
 
@@ -163,7 +217,7 @@ def serve(
     interceptors = [_CredentialCheck(token)] if token else []
     server = grpc.server(
         futures.ThreadPoolExecutor(max_workers=workers),
-        options=CHANNEL_OPTIONS,
+        options=SERVER_OPTIONS,
         interceptors=interceptors,
     )
     server.add_generic_rpc_handlers((grpc.method_handlers_generic_handler(service, methods),))
@@ -187,7 +241,7 @@ class Client:
 
     def _stub(self, method: str) -> Any:
         if method not in self._stubs:
-            self._stubs[method] = self.channel.unary_unary(
+            self._stubs[method] = self.channel.stream_unary(
                 f"/{self.service}/{method}",
                 request_serializer=_identity,
                 response_deserializer=_identity,
@@ -196,14 +250,14 @@ class Client:
 
     def raw(self, method: str, data: bytes, timeout_s: float | None = None) -> bytes:
         result: bytes = self._stub(method)(
-            data, timeout=timeout_s or self.timeout_s, metadata=self.metadata
+            _pieces(data), timeout=timeout_s or self.timeout_s, metadata=self.metadata
         )
         return result
 
     def raw_future(self, method: str, data: bytes, timeout_s: float | None = None) -> Any:
         """Send without waiting: a grpc future whose ``result()`` is the reply."""
         return self._stub(method).future(
-            data, timeout=timeout_s or self.timeout_s, metadata=self.metadata
+            _pieces(data), timeout=timeout_s or self.timeout_s, metadata=self.metadata
         )
 
     def call(
@@ -229,13 +283,13 @@ class Client:
     def stream(self, method: str, msg: BaseModel, timeout_s: float | None = None) -> Any:
         """Call a server-streaming method: an iterator of the reply's JSON objects, as they
         arrive (``cancel()`` on it ends the call)."""
-        call = self.channel.unary_stream(
+        call = self.channel.stream_stream(
             f"/{self.service}/{method}",
             request_serializer=_identity,
             response_deserializer=json.loads,
         )
         return call(
-            msg.model_dump_json(exclude_none=True).encode(),
+            _pieces(msg.model_dump_json(exclude_none=True).encode()),
             timeout=timeout_s or self.timeout_s,
             metadata=self.metadata,
         )
