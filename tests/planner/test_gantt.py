@@ -5,8 +5,11 @@ its input)."""
 from __future__ import annotations
 
 import itertools
+import random
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from dmsc.planner.gantt import Op, replay, replay_placement
 from dmsc.planner.solve import PlanOutcome, plan_job
@@ -93,3 +96,80 @@ def test_inter_dc_exchanges_and_waits_are_marked(local_cpu: ClusterSpec) -> None
     # The same pipeline inside one datacenter: nothing marked.
     ops = replay([1.0] * 3, [2.0] * 3, [0.0] * 2, 4, "1f1b", [0.5] * 3, [False] * 2, [False] * 3)
     assert not any(op.kind in ("dci", "wait-dci") for op in ops)
+
+
+@pytest.mark.parametrize(("stages", "microbatches", "chunks"), [(2, 4, 2), (4, 8, 2), (4, 16, 4)])
+def test_a_uniform_interleaved_pipeline_has_the_bubble_over_v(
+    stages: int, microbatches: int, chunks: int
+) -> None:
+    # Narayanan et al. SC'21 sec. 2.2 (the cost model's closed form): (m + (p - 1) / v) t.
+    f, b, x, p, m, v = 1.0, 2.0, 0.25, stages, microbatches, chunks
+    ops = replay([f] * p, [b] * p, [0.0] * (p - 1), m, "interleaved", [x] * p, chunks=v)
+    assert _span(ops) == pytest.approx((m + (p - 1) / v) * (f + b + 2 * x))
+    for kind in ("F", "B"):
+        done = {(op.stage, op.chunk, op.microbatch) for op in ops if op.kind == kind}
+        assert done == set(itertools.product(range(p), range(v), range(m)))
+
+
+@settings(max_examples=60, deadline=None)
+@given(
+    p=st.integers(2, 5),
+    m=st.integers(1, 12),
+    v=st.integers(2, 4),
+    seed=st.integers(0, 10_000),
+)
+def test_interleaved_blocks_never_overlap_and_wait_for_their_input(
+    p: int, m: int, v: int, seed: int
+) -> None:
+    rng = random.Random(seed)
+    fwd = [rng.uniform(0.5, 2.0) for _ in range(p)]
+    bwd = [2 * t for t in fwd]
+    xs = [rng.uniform(0.0, 0.5) for _ in range(p)]
+    ops = replay(fwd, bwd, [0.0] * (p - 1), m, "interleaved", xs, chunks=v)
+    end = {(op.kind, op.stage, op.chunk, op.microbatch): op.end for op in ops if op.kind in "FB"}
+    for s in range(p):
+        mine = sorted((o for o in ops if o.stage == s and not o.in_flight), key=lambda o: o.start)
+        assert all(a.end <= b.start + 1e-9 for a, b in itertools.pairwise(mine))
+        # Each stage is busy m x (compute + exchanges) in all, its chunks a v-th each.
+        busy = sum(o.end - o.start for o in mine if o.kind != "wait-dci")
+        assert busy == pytest.approx(m * (fwd[s] + bwd[s] + 2 * xs[s]))
+    for op in ops:
+        k = op.chunk * p + op.stage  # virtual stage
+        if op.kind == "F" and k > 0:
+            prev = ("F", (k - 1) % p, (k - 1) // p, op.microbatch)
+            assert op.start >= end[prev] - 1e-9
+        if op.kind == "B":
+            nxt = ("B", (k + 1) % p, (k + 1) // p, op.microbatch) if k < p * v - 1 else None
+            mine_f = ("F", op.stage, op.chunk, op.microbatch)
+            assert op.start >= end[nxt if nxt else mine_f] - 1e-9
+
+
+def _interleaved_plan(local_cpu: ClusterSpec) -> PlanOutcome:
+    job = JobSpec(global_batch=16, micro_batch=2, pp=2, schedule="interleaved", interleave=2)
+    return plan_job(local_cpu, resolve_model("gpt-mini"), job, fixed=True)
+
+
+@pytest.mark.parametrize("interleaved", [False, True])
+def test_the_drawn_chart_ends_at_the_plans_iteration_time(
+    local_cpu: ClusterSpec, interleaved: bool
+) -> None:
+    """What ``dmsc plan --gantt`` draws (its blocks, its title) ends where the plan's iteration
+    does, for a 1F1B and for an interleaved plan (which it draws interleaved)."""
+    from dmsc.cli.plan import gantt_ops
+
+    outcome = _interleaved_plan(local_cpu) if interleaved else _local_plan(local_cpu)
+    plan = outcome.plan
+    assert plan.job.chunks == (2 if interleaved else 1)
+    ops = gantt_ops(outcome)
+    assert _span(ops) == pytest.approx(plan.prediction.iteration_time_s, rel=1e-9)
+    chunks = {op.chunk for op in ops if op.kind == "F"}
+    assert chunks == set(range(plan.job.chunks))
+    # The busiest stage is busy m x its micro-batch time, interleaved or not.
+    m = outcome.built.problem.microbatches
+    busiest = max(plan.stages, key=lambda s: s.microbatch_s)
+    busy = sum(
+        op.end - op.start
+        for op in ops
+        if op.stage == busiest.index and op.kind in ("F", "B", "comm", "dci") and not op.in_flight
+    )
+    assert busy == pytest.approx(m * busiest.microbatch_s, rel=1e-6)

@@ -196,21 +196,31 @@ def plan(
         console.print(drawn, highlight=False, soft_wrap=True)
 
 
-def _draw_gantt(outcome: Any, path: str) -> str:
-    """Draw one iteration of the plan to ``path``; the line that says so, with its total."""
-    from dmsc.cli.plan_render import draw_gantt
-    from dmsc.cli.render import human_seconds
-    from dmsc.planner.gantt import replay_placement, span, with_tail
+def gantt_ops(outcome: Any) -> list[Any]:
+    """The blocks ``--gantt`` draws: the replay of the plan's schedule (interleaved as it is)
+    on its placement, then the gradient all-reduce and the optimizer step."""
+    from dmsc.planner.gantt import replay_placement, with_tail
 
     plan, pb = outcome.plan, outcome.built.problem
     b = plan.prediction.breakdown_s
     ops = replay_placement(pb, outcome.result.placement, plan.job.schedule)
-    ops = with_tail(ops, pb.n_stages, b.get("dp_comm", 0.0), b.get("optimizer", 0.0))
+    return with_tail(ops, pb.n_stages, b.get("dp_comm", 0.0), b.get("optimizer", 0.0))
+
+
+def _draw_gantt(outcome: Any, path: str) -> str:
+    """Draw one iteration of the plan to ``path``; the line that says so, with its total."""
+    from dmsc.cli.plan_render import draw_gantt
+    from dmsc.cli.render import human_seconds
+    from dmsc.planner.gantt import span
+
+    plan = outcome.plan
+    ops = gantt_ops(outcome)
     total = human_seconds(span(ops))
-    note = ", interleaving drawn as 1F1B" if plan.job.chunks > 1 else ""
+    j = plan.job
+    note = f", interleaved v={j.interleave}" if j.chunks > 1 else ""
     draw_gantt(
         ops,
-        pb.n_stages,
+        outcome.built.problem.n_stages,
         path,
         f"{plan.model}: one iteration, {total} ({plan.search.solver} placement{note})",
     )

@@ -11,8 +11,15 @@ with its neighbours for ``max(c_in, c_out)`` per direction, the stage blocked me
 stage spends ``t_s = compute + 2 max(c_in, c_out)`` per micro-batch. The replay's span is the
 plan's pipeline time (:func:`dmsc.planner.plan.assemble_plan` takes it from here); the gradient
 all-reduce and the optimizer step follow it on every stage (:func:`with_tail`), so the chart ends
-at the plan's iteration time. Interleaved plans are replayed with one chunk per device (the
-chart then shows the 1F1B bubble, larger than the interleaved one the plan counts).
+at the plan's iteration time.
+
+An interleaved plan (``v`` chunks per device) is replayed as Megatron-Core's interleaved 1F1B
+(:func:`stage_order`): chunk ``c`` of stage ``s`` is virtual stage ``c p + s``, a micro-batch
+goes forward through the virtual stages in turn (from the last stage back to the first between
+chunks) and backward the other way, and each chunk's forward, backward and exchange take a
+``v``-th of the stage's, so that a stage still spends ``t_s`` per micro-batch. A uniform
+pipeline then takes ``(m + (p - 1) / v) t``, the closed form the cost model prices
+(:mod:`dmsc.netmodel.iteration`).
 
 Kinds of block: ``F`` and ``B`` (compute), ``comm`` (a boundary exchange inside a datacenter),
 ``dci`` (an exchange over an inter-datacenter link), ``wait-dci`` (the stage idle, waiting for an
@@ -39,6 +46,51 @@ class Op:
     start: float
     end: float
     in_flight: bool = False  # a message on its way while both stages go on (``comm_s``)
+    chunk: int = 0  # the stage's model chunk (interleaved schedule), 0 otherwise
+
+
+def microbatch_group(stages: int, microbatches: int) -> int:
+    """Micro-batches each chunk runs in a row in the interleaved schedule (Megatron-Core's
+    ``microbatch_group_size_per_vp_stage``): ``stages``, or when ``stages`` does not divide the
+    micro-batches the smallest group from ``stages`` up whose last group is empty or holds at
+    least ``stages`` (Megatron-Core refuses a last group of fewer: dependency bubbles); all of
+    them when there are fewer micro-batches than stages (which Megatron-Core refuses)."""
+    for n in range(stages, microbatches + 1):
+        if microbatches % n == 0 or microbatches % n >= stages:
+            return n
+    return microbatches
+
+
+def stage_order(
+    schedule: str, stage: int, stages: int, microbatches: int, chunks: int = 1
+) -> list[tuple[str, int, int]]:
+    """The operations of ``stage`` in the order it runs them: (``F`` or ``B``, micro-batch,
+    chunk). One chunk: :func:`~dmsc.netmodel.schedule.schedule_ops`. Several: Megatron-Core's
+    interleaved 1F1B (``get_schedule_table`` and ``get_pp_rank_microbatches``): forwards group
+    by group (:func:`microbatch_group`), each group through chunk 0, 1, ..., backwards in the
+    same order through the chunks reversed; ``2 (stages - stage - 1) + (chunks - 1) group``
+    warm-up forwards (all of them if that is as many), then one forward and one backward in
+    turn, then the remaining backwards."""
+    if chunks == 1:
+        name = "gpipe" if schedule == "gpipe" else "1f1b"
+        return [(kind, i, 0) for kind, i in schedule_ops(name, stage, stages, microbatches)]
+    m, p, v = microbatches, stages, chunks
+    n = microbatch_group(p, m)
+    table: list[tuple[int, int]] = []
+    for first in range(0, m, n):
+        group = range(first, m if first + n >= m else first + n)
+        table += [(i, c) for c in range(v) for i in group]
+    total = m * v
+    warm = min(total, 2 * (p - stage - 1) + (v - 1) * n)
+    ops = [("F", *table[k]) for k in range(warm)]
+    for k in range(total - warm):
+        ops.append(("F", *table[k + warm]))
+        i, c = table[k]
+        ops.append(("B", i, v - 1 - c))
+    for k in range(total - warm, total):
+        i, c = table[k]
+        ops.append(("B", i, v - 1 - c))
+    return ops
 
 
 def replay(
@@ -50,6 +102,7 @@ def replay(
     exchange_s: Sequence[float] | None = None,
     dci: Sequence[bool] | None = None,
     exchange_dci: Sequence[bool] | None = None,
+    chunks: int = 1,
 ) -> list[Op]:
     """Start and end of every forward, backward and boundary transfer of one iteration.
 
@@ -58,14 +111,16 @@ def replay(
     forward and each backward, exchanging with its neighbours. ``dci[b]``: boundary ``b``
     crosses an inter-datacenter link; ``exchange_dci[s]``: stage ``s``'s exchange waits for
     one. Transfers over such links are ``dci`` blocks, and the time a stage idles while its input
-    is on such a link a ``wait-dci`` block."""
-    p, m = len(fwd_s), microbatches
+    is on such a link a ``wait-dci`` block. ``chunks``: model chunks per stage (interleaved
+    schedule, see the module docstring); each chunk's blocks take a ``chunks``-th of the
+    stage's times, and the hop from the last stage back to the first has no ``comm_s``."""
+    p, m, v = len(fwd_s), microbatches, chunks
     xs = list(exchange_s) if exchange_s is not None else [0.0] * p
     crossing = list(dci) if dci is not None else [False] * max(0, p - 1)
     x_dci = list(exchange_dci) if exchange_dci is not None else [False] * p
-    name = "gpipe" if schedule == "gpipe" else "1f1b"
-    orders = [schedule_ops(name, s, p, m) for s in range(p)]
-    done: dict[tuple[str, int, int], float] = {}
+    orders = [stage_order(schedule, s, p, m, v) for s in range(p)]
+    last = p * v - 1  # the last virtual stage
+    done: dict[tuple[str, int, int], float] = {}  # (kind, virtual stage, micro-batch) -> end
     free = [0.0] * p
     pos = [0] * p
     ops: list[Op] = []
@@ -75,13 +130,16 @@ def replay(
         for s in range(p):
             if pos[s] >= len(orders[s]):
                 continue
-            kind, i = orders[s][pos[s]]
+            kind, i, c = orders[s][pos[s]]
+            k = c * p + s
             if kind == "F":
-                dep = done.get(("F", s - 1, i)) if s > 0 else 0.0
-                boundary, producer = (s - 1, s - 1) if s > 0 else (None, None)
+                dep = done.get(("F", k - 1, i)) if k > 0 else 0.0
+                producer = (k - 1) % p if k > 0 else None
+                boundary = s - 1 if k > 0 and s > 0 else None
             else:
-                dep = done.get(("B", s + 1, i)) if s < p - 1 else done.get(("F", s, i))
-                boundary, producer = (s, s + 1) if s < p - 1 else (None, None)
+                dep = done.get(("B", k + 1, i)) if k < last else done.get(("F", k, i))
+                producer = (k + 1) % p if k < last else None
+                boundary = s if k < last and s < p - 1 else None
             if dep is None:
                 continue
             lag = comm_s[boundary] if boundary is not None else 0.0
@@ -89,21 +147,22 @@ def replay(
             # What of the wait is an inter-DC transfer: the producer's exchange, the message.
             dci_from = ready
             if producer is not None and x_dci[producer]:
-                dci_from = dep - xs[producer]
+                dci_from = dep - xs[producer] / v
             if boundary is not None and crossing[boundary] and lag:
                 dci_from = min(dci_from, dep)
             if lag:
                 kind_lag = "dci" if boundary is not None and crossing[boundary] else "comm"
-                ops.append(Op(s, kind_lag, i, dep, ready, in_flight=True))
+                ops.append(Op(s, kind_lag, i, dep, ready, in_flight=True, chunk=c))
             if ready > free[s] and dci_from < ready:
-                ops.append(Op(s, "wait-dci", i, max(free[s], dci_from), ready))
+                ops.append(Op(s, "wait-dci", i, max(free[s], dci_from), ready, chunk=c))
             start = max(free[s], ready)
-            end = start + (fwd_s[s] if kind == "F" else bwd_s[s])
-            ops.append(Op(s, kind, i, start, end))
+            end = start + (fwd_s[s] if kind == "F" else bwd_s[s]) / v
+            ops.append(Op(s, kind, i, start, end, chunk=c))
             if xs[s]:
-                ops.append(Op(s, "dci" if x_dci[s] else "comm", i, end, end + xs[s]))
-                end += xs[s]
-            done[(kind, s, i)] = end
+                kind_x = "dci" if x_dci[s] else "comm"
+                ops.append(Op(s, kind_x, i, end, end + xs[s] / v, chunk=c))
+                end += xs[s] / v
+            done[(kind, k, i)] = end
             free[s] = end
             pos[s] += 1
             remaining -= 1
@@ -121,7 +180,8 @@ def span(ops: Sequence[Op]) -> float:
 def replay_placement(problem: PlacementProblem, placement: Placement, schedule: str) -> list[Op]:
     """:func:`replay` of a placed pipeline as the planner costs it (see the module docstring):
     each stage's compute time in its datacenter and its blocking exchange with its neighbours,
-    as long as the slower of its boundaries (``dci`` when that one crosses datacenters)."""
+    as long as the slower of its boundaries (``dci`` when that one crosses datacenters), with
+    the problem's chunks per stage."""
     dcs = placement.dcs
     p = problem.n_stages
     comm = [c * 1e-6 for c in boundary_us(problem, dcs, placement.routes)]
@@ -143,6 +203,7 @@ def replay_placement(problem: PlacementProblem, placement: Placement, schedule: 
         exchange,
         crossing,
         exchange_dci,
+        chunks=problem.chunks,
     )
 
 

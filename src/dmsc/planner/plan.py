@@ -25,10 +25,9 @@ from dmsc.planner.placement.problem import (
     PlacementResult,
     Reservation,
     boundary_us,
-    score_to_seconds,
     stage_us,
 )
-from dmsc.planner.strategy import StrategySearch, why_lost
+from dmsc.planner.strategy import StrategySearch
 from dmsc.spec import ClusterSpec, JobSpec, LayerListSpec, TransformerSpec
 
 PLAN_VERSION: Literal["dmsc.plan/1"] = "dmsc.plan/1"
@@ -89,9 +88,14 @@ class PredictionRecord(_Record):
 
 
 class AlternativeRecord(_Record):
+    """A runner-up strategy, as the search costed it: not placed."""
+
     strategy: dict[str, int | str | bool]
-    iteration_time_s: float
-    why_lost: str
+    iteration_time_s: float = Field(description="Its iteration as estimated before placement.")
+    why_lost: str = Field(
+        description="Against the chosen strategy's estimate (search.estimate_s): the extra "
+        "seconds and the term that grew most, or 'equal'."
+    )
 
 
 class SearchRecord(_Record):
@@ -104,6 +108,11 @@ class SearchRecord(_Record):
     strategies_considered: int
     strategies_pruned: dict[str, int]
     alternatives: list[AlternativeRecord]
+    estimate_s: float | None = Field(
+        default=None,
+        description="The chosen strategy's iteration as estimated before placement, what its "
+        "runners-up are measured against (none when the strategy was given).",
+    )
 
 
 def _runtime_device(topo: Topology, index: int) -> str:
@@ -149,11 +158,8 @@ def strategy_of(job: JobSpec) -> dict[str, int | str | bool]:
 
 
 def placed_pipeline_s(problem: PlacementProblem, result: PlacementResult, job: JobSpec) -> float:
-    """Seconds of pipeline per iteration of a placement: the replay of its schedule
-    (:mod:`dmsc.planner.gantt`, what ``--gantt`` draws), or the solvers' closed form for an
-    interleaved schedule, which the replay does not model."""
-    if job.chunks > 1:
-        return score_to_seconds(problem, result.objective)
+    """Seconds of pipeline per iteration of a placement: the replay of its schedule, interleaved
+    or not (:mod:`dmsc.planner.gantt`, what ``--gantt`` draws)."""
     return span(replay_placement(problem, result.placement, job.schedule))
 
 
@@ -229,24 +235,13 @@ def stage_chunks(
     return out
 
 
-def search_record(
-    result: PlacementResult,
-    strategy: StrategySearch | None,
-    breakdown: dict[str, float],
-    total: float,
-) -> SearchRecord:
-    """How a plan was found; its runners-up measured against its iteration (``breakdown``,
-    ``total``: placed, layers re-cut), the one it prints."""
-    alternatives = []
-    if strategy is not None:
-        alternatives = [
-            AlternativeRecord(
-                strategy=strategy_of(c.job),
-                iteration_time_s=c.time_s,
-                why_lost=why_lost(breakdown, total, c.estimate.breakdown_s, c.time_s),
-            )
-            for c, _ in strategy.alternatives
-        ]
+def search_record(result: PlacementResult, strategy: StrategySearch | None) -> SearchRecord:
+    """How a plan was found; its runners-up as the search costed them, each against the chosen
+    strategy's estimate (like with like: neither placed)."""
+    alternatives = [
+        AlternativeRecord(strategy=strategy_of(c.job), iteration_time_s=c.time_s, why_lost=why)
+        for c, why in (strategy.alternatives if strategy is not None else ())
+    ]
     return SearchRecord(
         solver=result.solver,
         candidates=result.candidates,
@@ -257,6 +252,7 @@ def search_record(
         strategies_considered=strategy.considered if strategy else 1,
         strategies_pruned=strategy.pruned if strategy else {},
         alternatives=alternatives,
+        estimate_s=strategy.best.time_s if strategy else None,
     )
 
 
@@ -348,7 +344,7 @@ def plan_record(
             traffic_bytes=traffic,
             tflops_per_gpu=estimate.flops_per_iteration / total / job.devices / 1e12,
         ),
-        search=search_record(result, strategy, breakdown, total),
+        search=search_record(result, strategy),
     )
 
 
