@@ -64,7 +64,7 @@ def print_plan(console: Console, plan: Plan) -> None:
         t.add_row(
             str(st.index),
             st.sid,
-            f"{st.chunks[0][0]} .. {st.chunks[-1][1]} ({st.layers})",
+            f"{chunks_label(st.chunks)} ({st.layers})",
             st.datacenter if len(dcs) == 1 else f"{len(dcs)} DCs",
             f"{sum(devices)} ({len(devices)} x {max(devices, default=0)})",
             human_seconds(st.microbatch_s),
@@ -85,7 +85,14 @@ def print_plan(console: Console, plan: Plan) -> None:
     traffic = ", ".join(f"{k.upper()} {human_bytes(v)}" for k, v in p.traffic_bytes.items())
     console.print(f"traffic per iteration: {traffic}", highlight=False)
     if s.alternatives:
-        a = fit_table("runner-up strategy", "estimated iteration", "vs this plan, why it lost")
+        # Like with like: the runners-up are not placed, so they are measured against the
+        # chosen strategy's estimate, not against this (placed) plan's iteration.
+        chosen = f" {human_seconds(s.estimate_s)}" if s.estimate_s is not None else ""
+        a = fit_table(
+            "runner-up strategy",
+            "iteration estimated before placement",
+            f"vs the chosen strategy's estimate{chosen}, why it lost",
+        )
         for alt in s.alternatives:
             k = alt.strategy
             a.add_row(
@@ -95,6 +102,12 @@ def print_plan(console: Console, plan: Plan) -> None:
                 alt.why_lost,
             )
         console.print(a)
+
+
+def chunks_label(chunks: list[tuple[str, str]]) -> str:
+    """A stage's layers: its one range, or each chunk's of an interleaved stage (which holds
+    runs of layers apart from one another, not everything from its first to its last)."""
+    return ", ".join(first if first == last else f"{first} .. {last}" for first, last in chunks)
 
 
 def islands_line(plan: Plan) -> str:

@@ -110,18 +110,34 @@ def enumerate_jobs(
                             )
 
 
+# Estimates closer than this are the same figure (floating-point noise, or what placement
+# rounds to whole microseconds anyway).
+EQUAL_S = 1e-6
+
+
+def signed_seconds(x: float) -> str:
+    """A difference of seconds with its sign, in a unit that keeps it readable: ``+1.38 s``,
+    ``+3 ms``, ``+45 us`` (never ``+7.12e-07 s``)."""
+    a = abs(x)
+    if a >= 0.1 or a == 0:
+        return f"{x:+.3g} s"
+    if a >= 1e-4:
+        return f"{x * 1e3:+.3g} ms"
+    return f"{x * 1e6:+.3g} us"
+
+
 def why_lost(
     best: Mapping[str, float], best_s: float, other: Mapping[str, float], other_s: float
 ) -> str:
     """Why a runner-up lost to the chosen strategy: its extra seconds per iteration and the term
-    of the breakdown that grew most. ``best`` is what is reported for the chosen one (the placed
-    plan's breakdown), so that the delta is between the two figures shown side by side."""
+    of the breakdown that grew most, both strategies as the cost model estimates them (before
+    placement); ``equal`` when the two estimates are the same (the search kept the first)."""
     extra = other_s - best_s
-    if extra < 0:  # the chosen one got slower once placed: it won on the estimates
-        return f"{extra:+.3g} s, but ranked behind before placement"
+    if abs(extra) < EQUAL_S:
+        return "equal"
     diffs = {k: other.get(k, 0.0) - best.get(k, 0.0) for k in best}
     key = max(diffs, key=lambda k: diffs[k])
-    return f"{extra:+.3g} s, mostly {key} ({diffs[key]:+.3g} s)"
+    return f"{signed_seconds(extra)}, mostly {key} ({signed_seconds(diffs[key])})"
 
 
 def _why_lost(best: Estimate, other: Estimate) -> str:
