@@ -171,7 +171,9 @@ def calibration_report(measured: dict[str, float], written: dict[str, Any], dst:
         f"{measured['loopback_rtt_s'] * 1e6:.0f} us, per-kernel overhead "
         f"{measured['op_overhead_s'] * 1e6:.1f} us, {measured['cores']:.0f} cores"
     )
-    lines = [seen]
+    from dmsc.runtime.compute.calibrate import spread_lines
+
+    lines = [seen, *spread_lines(measured)]
     devices = sum(
         g["count"] * written["node_types"][g["type"]]["devices"]
         for dc in written["datacenters"]

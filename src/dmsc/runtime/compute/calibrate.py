@@ -1,15 +1,32 @@
 """Measure this machine and write a cluster spec the cost model can predict it with.
 
-Matrix-multiply FLOP/s at the sizes gpt-mini runs (one thread, as a stage worker uses), memory
-copy bandwidth, and the data plane's own loopback throughput and round trip. The cost model
-multiplies peaks by its calibrated efficiencies, so the spec gets ``measured / efficiency``.
+What is measured, each as the median of repeated rounds with its spread (a shared machine's
+load comes and goes: one round can be twice as slow as the next):
+
+- the forward and backward of one transformer block of the model the cluster will run, at its
+  micro-batch, on one thread as a stage worker runs it. The cost model's block time is made to
+  equal it (:func:`block_rate`): the matrix products at the model's own shapes, and what a CPU
+  spends around them that a GPU's constants do not know of (its attention and GeLU kernels run
+  at a fraction of its matrix-product rate);
+- matrix-multiply FLOP/s at the model's sizes (reported beside the block's rate), memory copy
+  bandwidth, the per-kernel overhead, and the data plane's own loopback throughput and round
+  trip.
+
+The cost model multiplies peaks by its calibrated efficiencies, so the spec gets
+``measured / efficiency``. Rounds go on until the median holds (the interquartile spread of the
+rounds under :data:`STABLE_SPREAD`) or :data:`MAX_ROUNDS` are done; when the block's or the
+products' rounds spread more than :data:`NOISY_SPREAD` the calibration is flagged (``noisy``):
+the machine was too busy to calibrate.
 """
 
 from __future__ import annotations
 
+import datetime as dt
 import os
 import statistics
 import time
+from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -20,8 +37,46 @@ from dmsc.netmodel import DEFAULT_CALIBRATION
 from dmsc.runtime.transport.rpc import Client, bytes_handler, serve
 from dmsc.spec import ClusterSpec, SpecError, load_spec
 
+MIN_ROUNDS, MAX_ROUNDS = 5, 15
+STABLE_SPREAD = 0.05  # interquartile range / median of the rounds at which measuring stops
+NOISY_SPREAD = 0.15  # above this the figure is not trusted (said so, and in the spec)
+CALIBRATION_MODEL, CALIBRATION_MICRO_BATCH = "gpt-mini", 4
 
-def _best_rate(fn: Any, work: float, repeats: int = 30) -> float:
+
+@dataclass(frozen=True)
+class Repeated:
+    """A figure measured in rounds: the median of the rounds and their relative spread."""
+
+    value: float
+    spread: float  # interquartile range / median
+    rounds: tuple[float, ...]
+
+
+def relative_spread(values: list[float] | tuple[float, ...]) -> float:
+    """Interquartile range over the median (0 for fewer than two values)."""
+    if len(values) < 2:
+        return 0.0
+    q1, _, q3 = statistics.quantiles(values, n=4, method="inclusive")
+    return (q3 - q1) / statistics.median(values)
+
+
+def repeated(
+    measure: Callable[[], float],
+    min_rounds: int = MIN_ROUNDS,
+    max_rounds: int = MAX_ROUNDS,
+    stable: float = STABLE_SPREAD,
+) -> Repeated:
+    """Rounds of ``measure`` until their spread is at most ``stable`` (after ``min_rounds``) or
+    ``max_rounds`` are done."""
+    values: list[float] = []
+    while len(values) < max_rounds:
+        values.append(measure())
+        if len(values) >= min_rounds and relative_spread(values) <= stable:
+            break
+    return Repeated(statistics.median(values), relative_spread(values), tuple(values))
+
+
+def _median_seconds(fn: Any, repeats: int = 30) -> float:
     for _ in range(3):
         fn()
     times = []
@@ -29,22 +84,38 @@ def _best_rate(fn: Any, work: float, repeats: int = 30) -> float:
         t0 = time.perf_counter()
         fn()
         times.append(time.perf_counter() - t0)
-    return work / statistics.median(times)
+    return statistics.median(times)
+
+
+def _best_rate(fn: Any, work: float, repeats: int = 30) -> float:
+    return work / _median_seconds(fn, repeats)
+
+
+def _model_gemm_shapes(model: str, micro_batch: int) -> tuple[tuple[int, int, int], ...]:
+    """(m, k, n) of the block's weight products at ``micro_batch`` (forward shapes)."""
+    from dmsc.netmodel import build_layer_costs
+    from dmsc.spec import JobSpec, resolve_model
+
+    spec = resolve_model(model)
+    block = build_layer_costs(spec, JobSpec(global_batch=micro_batch, micro_batch=micro_batch))[1]
+    return tuple((g.m, g.k, g.n) for g in block.gemms if g.kind == "linear")
 
 
 def measure_matmul_flops(
-    threads: int = 1,
-    shapes: tuple[tuple[int, int, int], ...] = ((512, 128, 512), (512, 512, 128), (512, 128, 384)),
+    threads: int = 1, shapes: tuple[tuple[int, int, int], ...] | None = None
 ) -> float:
-    """FLOP/s of float32 matrix products of the given (m, k, n) shapes (median of shapes)."""
+    """FLOP/s of float32 matrix products of the given (m, k, n) shapes (default: the weight
+    products of a gpt-mini block at micro-batch 4), their total FLOPs over their total time."""
+    shapes = shapes or _model_gemm_shapes(CALIBRATION_MODEL, CALIBRATION_MICRO_BATCH)
     old = torch.get_num_threads()
     torch.set_num_threads(threads)
     try:
-        rates = []
+        flops = seconds = 0.0
         for m, k, n in shapes:
             a, b = torch.randn(m, k), torch.randn(k, n)
-            rates.append(_best_rate(lambda a=a, b=b: a @ b, 2.0 * m * k * n))
-        return statistics.median(rates)
+            seconds += _median_seconds(lambda a=a, b=b: a @ b, 10)
+            flops += 2.0 * m * k * n
+        return flops / seconds
     finally:
         torch.set_num_threads(old)
 
@@ -56,24 +127,51 @@ def measure_memory_bandwidth(nbytes: int = 64 * 1024 * 1024) -> float:
     return _best_rate(lambda: dst.copy_(src), 2.0 * nbytes, repeats=10)
 
 
+def _block_step(model: str, tokens: tuple[int, int]) -> Callable[[], None]:
+    from dmsc.runtime.compute.models.chain import build_layer
+    from dmsc.spec import TransformerSpec, resolve_model
+
+    spec = resolve_model(model)
+    assert isinstance(spec, TransformerSpec)
+    block = build_layer(spec, 1)
+    x = torch.randn(*tokens, spec.hidden, requires_grad=True)
+    grad = torch.randn(*tokens, spec.hidden)
+
+    def step() -> None:
+        block(x).backward(grad)
+
+    return step
+
+
+def measure_block_seconds(
+    model: str = CALIBRATION_MODEL, micro_batch: int = CALIBRATION_MICRO_BATCH, threads: int = 1
+) -> float:
+    """Seconds of one block's forward and backward at ``micro_batch`` sequences (one thread)."""
+    from dmsc.spec import resolve_model
+
+    step = _block_step(model, (micro_batch, resolve_model(model).seq))  # type: ignore[union-attr]
+    old = torch.get_num_threads()
+    torch.set_num_threads(threads)
+    try:
+        return _median_seconds(step, repeats=10)
+    finally:
+        torch.set_num_threads(old)
+
+
 def measure_op_overhead(threads: int = 1) -> float:
     """Seconds per kernel as the cost model counts kernels: forward and backward of a gpt-mini
     block on 8 tokens (compute negligible), divided by the block's kernel count x 3."""
     from dmsc.netmodel import build_layer_costs
-    from dmsc.runtime.compute.models.gpt import Block
-    from dmsc.spec import JobSpec, TransformerSpec, resolve_model
+    from dmsc.spec import JobSpec, resolve_model
 
-    spec = resolve_model("gpt-mini")
-    assert isinstance(spec, TransformerSpec)
-    block = Block(spec)
-    x = torch.randn(1, 8, spec.hidden, requires_grad=True)
+    step = _block_step(CALIBRATION_MODEL, (1, 8))
     old = torch.get_num_threads()
     torch.set_num_threads(threads)
     try:
-        per_call = 1.0 / _best_rate(lambda: block(x).sum().backward(), 1.0, repeats=50)
+        per_call = _median_seconds(step, repeats=30)
     finally:
         torch.set_num_threads(old)
-    cost = build_layer_costs(spec, JobSpec(global_batch=1))[1]
+    cost = build_layer_costs(resolve_model(CALIBRATION_MODEL), JobSpec(global_batch=1))[1]
     kernels = 3 * (len(cost.gemms) + cost.elementwise_kernels)  # forward + backward (2x)
     return per_call / kernels
 
@@ -92,8 +190,50 @@ def measure_loopback(nbytes: int = 4 * 1024 * 1024, rounds: int = 20) -> tuple[f
     return rate, rtt
 
 
+def _device(measured: dict[str, float], rate: float, dc: Any) -> dict[str, Any]:
+    return {
+        "peak_tflops": {"fp32": rate / dc.gemm_efficiency / 1e12},
+        "memory_bw_gbyte_s": measured["memory_bytes_s"] / dc.memory_efficiency / 1e9,
+        "op_overhead_us": measured["op_overhead_s"] * 1e6,
+    }
+
+
+def block_rate(
+    measured: dict[str, float],
+    model: str = CALIBRATION_MODEL,
+    micro_batch: int = CALIBRATION_MICRO_BATCH,
+) -> float:
+    """The matrix-product rate at which the cost model's block forward and backward takes the
+    measured ``block_s`` (on one device, the measured memory bandwidth and kernel overhead).
+    The cost model's block time is ``A / rate + C`` (the compute scales with the rate, the
+    element-wise streams and kernel overheads do not): two evaluations give A and C."""
+    from dmsc.netmodel import build_layer_costs
+    from dmsc.netmodel.compute import layer_time
+    from dmsc.spec import DeviceTypeSpec, JobSpec, resolve_model
+
+    spec = resolve_model(model)
+    block = build_layer_costs(spec, JobSpec(global_batch=micro_batch, micro_batch=micro_batch))[1]
+    dc = DEFAULT_CALIBRATION.generation("generic")
+
+    def predicted(rate: float) -> float:
+        dev = DeviceTypeSpec.model_validate({"memory_gib": 1, **_device(measured, rate, dc)})
+        lt = layer_time(block, dev, spec.dtype, "none", DEFAULT_CALIBRATION)
+        return lt.forward + lt.backward
+
+    r = measured["matmul_flops"]
+    t1, t2 = predicted(r), predicted(2 * r)
+    a = 2 * (t1 - t2) * r  # FLOP-equivalents of the compute part
+    c = t1 - a / r
+    left = measured["block_s"] - c
+    if left <= 0:  # the fixed parts alone exceed the measurement: keep the products' rate
+        return r
+    return a / left
+
+
 def calibrated_cluster(template: ClusterSpec, measured: dict[str, float]) -> dict[str, Any]:
-    """The template cluster with this machine's figures (as the cost model will divide them)."""
+    """The template cluster with this machine's figures (as the cost model will divide them).
+    With a measured ``block_s`` the devices' rate is the block's (:func:`block_rate`), else the
+    matrix products'."""
     c = DEFAULT_CALIBRATION
     data = template.model_dump(mode="json", exclude_none=True)
     # The constants the cost model will apply to these devices (their generation's).
@@ -101,11 +241,13 @@ def calibrated_cluster(template: ClusterSpec, measured: dict[str, float]) -> dic
     # The cluster's devices are processes on this machine's cores: when there are more devices
     # than cores, running all at once (a pipeline's steady state) shares the cores among them.
     share = min(1.0, measured.get("cores", 1.0) / template.device_count)
+    rate = block_rate(measured) if "block_s" in measured else measured["matmul_flops"]
     for key, dev in data["device_types"].items():
-        dc = dcs[key]
-        dev["peak_tflops"] = {"fp32": share * measured["matmul_flops"] / dc.gemm_efficiency / 1e12}
-        dev["memory_bw_gbyte_s"] = share * measured["memory_bytes_s"] / dc.memory_efficiency / 1e9
-        dev["op_overhead_us"] = measured["op_overhead_s"] * 1e6
+        dev.update(_device(measured, rate, dcs[key]))
+        dev["peak_tflops"]["fp32"] *= share
+        dev["memory_bw_gbyte_s"] *= share
+        if "source" in measured:
+            dev["measured"] = {"source": measured_source(measured)}
     link_gbit = measured["loopback_bytes_s"] * 8 / 1e9
     latency_us = measured["loopback_rtt_s"] / 2 * 1e6
     for node in data["node_types"].values():
@@ -126,31 +268,88 @@ def calibrated_cluster(template: ClusterSpec, measured: dict[str, float]) -> dic
     return data
 
 
-def calibrate(template_path: str | Path, out_path: str | Path) -> dict[str, float]:
-    """Measure, write the calibrated cluster spec to ``out_path``, return the figures.
+SPREAD_KEYS = ("block_s", "matmul_flops", "op_overhead_s")
+NOISY_KEYS = ("block_s", "matmul_flops")
+
+
+def measured_source(measured: dict[str, float]) -> str:
+    """What the spec's ``measured.source`` says: when, and how steady the figures were."""
+    when = dt.datetime.fromtimestamp(measured["source"], dt.UTC).strftime("%Y-%m-%d %H:%M UTC")
+    spreads = ", ".join(
+        f"{k.removesuffix('_s').removesuffix('_flops')} ±{measured[k + '_spread'] * 50:.0f}%"
+        for k in SPREAD_KEYS
+        if k + "_spread" in measured
+    )
+    noisy = "; TOO NOISY to trust" if measured.get("noisy") else ""
+    return f"dmsc calibrate on this machine, {when} (median of rounds, {spreads}){noisy}"
+
+
+def spread_lines(measured: dict[str, float]) -> list[str]:
+    """The block's rate (what the cost model is fitted to) and how steady each repeated figure
+    was; a warning when the machine was too busy to calibrate."""
+    if "block_s" not in measured:
+        return []
+    lines = [
+        f"gpt-mini block forward+backward at micro-batch {CALIBRATION_MICRO_BATCH}: "
+        f"{measured['block_s'] * 1e3:.1f} ms ({measured['block_flops'] / 1e9:.1f} GFLOP/s as the "
+        f"cost model counts it: the devices' rate); medians of rounds, interquartile spread "
+        + ", ".join(
+            f"{k} {measured[f'{k}_spread'] * 100:.0f}% ({measured[f'{k}_rounds']:.0f} rounds)"
+            for k in ("block_s", "matmul_flops", "op_overhead_s")
+        )
+    ]
+    if measured.get("noisy"):
+        lines.append(
+            f"warning: this machine is too busy to calibrate (a spread above "
+            f"{NOISY_SPREAD:.0%}): predictions on this spec will not repeat; calibrate again "
+            "when it is quieter"
+        )
+    return lines
+
+
+def calibrate(
+    template_path: str | Path,
+    out_path: str | Path,
+    rounds: tuple[int, int] = (MIN_ROUNDS, MAX_ROUNDS),
+) -> dict[str, float]:
+    """Measure, write the calibrated cluster spec to ``out_path``, return the figures: each
+    repeated figure with its ``_spread`` and ``_rounds``, and ``noisy`` (1.0 when a spread is
+    above :data:`NOISY_SPREAD`).
 
     ``out_path``'s directory must exist (checked before measuring; none is created)."""
     template = load_spec(ClusterSpec, template_path)
     if not Path(out_path).parent.is_dir():
         raise SpecError(str(out_path), "", f"directory {Path(out_path).parent} does not exist")
     # A first pass warms up what a fresh process pays once (allocator, kernels, thread pools,
-    # the CPU's clock); the figures come from the second.
+    # the CPU's clock); the figures come from the rounds after it.
     measure_matmul_flops()
+    measure_block_seconds()
     measure_op_overhead()
     measure_loopback(rounds=5)
     rate, rtt = measure_loopback()
-    measured = {
-        "matmul_flops": measure_matmul_flops(),
+    lo, hi = rounds
+    figures = {
+        "block_s": repeated(measure_block_seconds, lo, hi),
+        "matmul_flops": repeated(measure_matmul_flops, lo, hi),
+        "op_overhead_s": repeated(measure_op_overhead, lo, hi),
+    }
+    measured: dict[str, float] = {
         "memory_bytes_s": measure_memory_bandwidth(),
         "loopback_bytes_s": rate,
         "loopback_rtt_s": rtt,
-        "op_overhead_s": measure_op_overhead(),
         "cores": float(
             len(os.sched_getaffinity(0))
             if hasattr(os, "sched_getaffinity")
             else (os.cpu_count() or 1)
         ),
+        "source": time.time(),
     }
+    for key, fig in figures.items():
+        measured |= {key: fig.value, f"{key}_spread": fig.spread, f"{key}_rounds": len(fig.rounds)}
+    # The figures the prediction rests on (the kernel overhead of an 8-token block is a fraction
+    # of a millisecond: its spread is reported, not judged).
+    measured["noisy"] = float(any(figures[k].spread > NOISY_SPREAD for k in NOISY_KEYS))
+    measured["block_flops"] = block_rate(measured)
     spec = calibrated_cluster(template, measured)
     ClusterSpec.model_validate(spec)
     Path(out_path).write_text(

@@ -1,0 +1,76 @@
+"""``dmsc calibrate`` on this machine: figures from repeated rounds, and a cluster spec whose
+block time is the one measured (issue 29, point 5)."""
+
+from __future__ import annotations
+
+import itertools
+import statistics
+from pathlib import Path
+
+import pytest
+
+from dmsc.netmodel import DEFAULT_CALIBRATION, build_layer_costs
+from dmsc.netmodel.compute import layer_time
+from dmsc.runtime.compute import calibrate as cal
+from dmsc.spec import ClusterSpec, JobSpec, load_spec, resolve_model
+
+LOCAL = Path(__file__).resolve().parents[3] / "examples" / "clusters" / "local-cpu.yaml"
+FIGURES = {
+    "matmul_flops": 60e9,
+    "memory_bytes_s": 12e9,
+    "loopback_bytes_s": 1.2e9,
+    "loopback_rtt_s": 400e-6,
+    "op_overhead_s": 30e-6,
+    "cores": 3.0,  # a core per device: the written rate is the measured one
+}
+
+
+def test_rounds_go_on_until_the_median_holds() -> None:
+    """A steady figure stops at the minimum of rounds; a noisy one goes on to the maximum,
+    its median and interquartile spread reported."""
+    steady = cal.repeated(lambda: 1.0, min_rounds=5, max_rounds=15)
+    assert steady.rounds == (1.0,) * 5 and steady.value == 1.0 and steady.spread == 0.0
+    noisy_values = itertools.cycle([1.0, 2.0, 1.0, 3.0])
+    noisy = cal.repeated(lambda: next(noisy_values), min_rounds=5, max_rounds=15)
+    assert len(noisy.rounds) == 15
+    assert noisy.value == statistics.median(noisy.rounds)
+    q1, _, q3 = statistics.quantiles(noisy.rounds, n=4, method="inclusive")
+    assert noisy.spread == pytest.approx((q3 - q1) / noisy.value) and noisy.spread > 0.5
+
+
+def test_the_calibrated_spec_predicts_the_measured_block() -> None:
+    """The cost model's forward and backward of a gpt-mini block at micro-batch 4 on the written
+    device is the measured one: before, only the matrix products' rate was written, and the
+    block (attention and GeLU run far below that rate on a CPU) was predicted 2-3x too fast."""
+    template = load_spec(ClusterSpec, LOCAL)
+    model = resolve_model("gpt-mini")
+    block = build_layer_costs(model, JobSpec(global_batch=4, micro_batch=4))[1]
+    for block_s in (0.012, 0.030, 0.045):
+        cluster = ClusterSpec.model_validate(
+            cal.calibrated_cluster(template, {**FIGURES, "block_s": block_s})
+        )
+        lt = layer_time(block, cluster.device_types["cpu"], "fp32", "none", DEFAULT_CALIBRATION)
+        assert lt.forward + lt.backward == pytest.approx(block_s, rel=1e-6)
+
+
+def test_calibrate_writes_its_figures_spread_and_source(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Every repeated figure comes with its spread and rounds; a machine whose block time
+    varies by more than NOISY_SPREAD is said too noisy, in the figures and in the spec."""
+    block = itertools.cycle([0.02, 0.04, 0.03])
+    monkeypatch.setattr(cal, "measure_block_seconds", lambda: next(block))
+    monkeypatch.setattr(cal, "measure_matmul_flops", lambda: 50e9)
+    monkeypatch.setattr(cal, "measure_op_overhead", lambda: 20e-6)
+    monkeypatch.setattr(cal, "measure_memory_bandwidth", lambda: 10e9)
+    monkeypatch.setattr(cal, "measure_loopback", lambda rounds=20: (1e9, 300e-6))
+    out = tmp_path / "c.yaml"
+    got = cal.calibrate(LOCAL, out, rounds=(3, 6))
+    assert got["block_s"] == 0.03 and got["block_s_rounds"] == 6
+    assert got["block_s_spread"] > cal.NOISY_SPREAD and got["noisy"] == 1.0
+    assert got["matmul_flops_spread"] == 0.0 and got["matmul_flops_rounds"] == 3
+    assert got["block_flops"] == cal.block_rate(got)
+    spec = load_spec(ClusterSpec, out)
+    source = spec.device_types["cpu"].measured.source  # type: ignore[union-attr]
+    assert "median of rounds" in source and "TOO NOISY" in source
+    assert f"block ±{got['block_s_spread'] * 50:.0f}%" in source
