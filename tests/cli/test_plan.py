@@ -299,3 +299,23 @@ def test_segment_errors(dmsc: DmscRunner) -> None:
     assert res.returncode == 2 and "kind: blocks" not in res.stdout
     res = dmsc("segment", "--cluster", SELENE, "--model", "gpt3-175b", "--stages", "2")
     assert res.returncode == 1 and "infeasible" in res.stderr
+
+
+@pytest.mark.parametrize("schedule", [["--schedule", "1f1b"], ["--schedule", "interleaved"]])
+def test_the_gantt_chart_ends_at_the_iteration_the_plan_prints(
+    schedule: list[str], tmp_path: Path, dmsc: DmscRunner
+) -> None:
+    png = tmp_path / "g.png"
+    interleave = ["--interleave", "2"] if "interleaved" in schedule else []
+    args = ["--model", "gpt-mini", "--global-batch", "16", "--micro-batch", "2"]
+    fixed = ["--tp", "1", "--pp", "2", "--dp", "1", *schedule, *interleave]
+    res = dmsc("plan", "--cluster", LOCAL, *args, *fixed, "--gantt", str(png))
+    assert res.returncode == 0, res.stderr
+    said = re.search(r"^iteration (\S+ \S+),", res.stdout, re.M)
+    drawn = re.search(
+        r"^Gantt chart of one iteration \((\S+ \S+)(, interleaved v=2)?\)", res.stdout, re.M
+    )
+    assert said and drawn, res.stdout
+    assert drawn.group(1) == said.group(1)
+    assert bool(drawn.group(2)) == bool(interleave)
+    assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"

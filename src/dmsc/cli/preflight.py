@@ -1,6 +1,7 @@
 """What ``dmsc up`` checks in a plan before it starts anything: that the runtime can run its
-model (and the checkpoint is the one planned from), and that every device the workers will run
-on is on this machine. Each failure is a :class:`~dmsc.spec.SpecError` naming the plan's field."""
+stages (one contiguous range of layers each) and its model (and the checkpoint is the one
+planned from), and that every device the workers will run on is on this machine. Each failure
+is a :class:`~dmsc.spec.SpecError` naming the plan's field."""
 
 from __future__ import annotations
 
@@ -10,14 +11,33 @@ from typing import Any
 from dmsc.spec import SpecError
 
 
+def check_plan_stages(plan_path: str, plan: Any) -> None:
+    """Before anything starts: every stage is one contiguous range of layers, the only thing
+    the runtime runs. An interleaved plan's stage holds several chunks apart from one another
+    (chunk ``c`` of stage ``s`` is the model's chunk ``c pp + s``); run as one range from its
+    first layer to its last, it would take other stages' layers too."""
+    for st in plan.stages:
+        if len(st.chunks) > 1:
+            raise SpecError(
+                plan_path,
+                f"stages[{st.index}].chunks",
+                f"{len(st.chunks)} chunks (job.schedule {plan.job.schedule}, "
+                f"interleave {plan.job.interleave}): the runtime runs one contiguous range of "
+                "layers per stage, not an interleaved schedule; plan with --schedule 1f1b "
+                "or gpipe",
+            )
+
+
 def check_plan_model(plan_path: str, plan: Any) -> None:
-    """Before anything starts: the runtime can run the plan's model, and its checkpoint is the
-    one the plan was made from."""
+    """Before anything starts: the runtime can run the plan's stages
+    (:func:`check_plan_stages`) and its model, and its checkpoint is the one the plan was made
+    from."""
     from dmsc.data.tokenizer import tokenizer_for
     from dmsc.runtime.compute.models.support import check_runnable
     from dmsc.spec import TransformerSpec
     from dmsc.spec.hf import checkpoint_sha256
 
+    check_plan_stages(plan_path, plan)
     model = plan.model_spec
     if model is None:
         return
