@@ -15,7 +15,7 @@ def export(
     out: Annotated[str, typer.Option("--out", help="Directory to write (config.json, weights).")],
     version: Annotated[
         int | None,
-        typer.Option(help="Model version (default: the one in production, else the newest)."),
+        typer.Option(help="Model version (default: the newest trained, served or not)."),
     ] = None,
 ) -> None:
     """Write a trained model version as a directory `transformers` loads."""
@@ -29,4 +29,8 @@ def export(
         record = export_version(open_database(), version, target)
     except ValueError as exc:
         raise SpecError("command line", "--version" if version else "--out", str(exc)) from None
-    console.print(f"version {record.id} (step {record.step}) written to {target}", highlight=False)
+    which = "" if version else ", the newest"
+    console.print(
+        f"version {record.id} (step {record.step}{which}, {record.status}) written to {target}",
+        highlight=False,
+    )

@@ -3,12 +3,15 @@ inference: promote one to production, send a share of traffic to a canary, roll 
 
 from __future__ import annotations
 
-from typing import Annotated
+from typing import TYPE_CHECKING, Annotated
 
 import typer
 
 from dmsc.cli.app import console
 from dmsc.spec import SpecError
+
+if TYPE_CHECKING:
+    from dmsc.data.db import Database
 
 models_app = typer.Typer(
     help="Model versions: list, promote, canary, rollback.", no_args_is_help=True
@@ -17,14 +20,17 @@ models_app = typer.Typer(
 
 @models_app.command("list")
 def models_list() -> None:
-    """Every model version with its status."""
-    from rich.table import Table
-
+    """Every model version with its status, and the replicas that hold it (by the digests of
+    the files they loaded)."""
     from dmsc.cli.database import open_database
+    from dmsc.cli.tables import FoldTable
+    from dmsc.runtime.control.held import holding
     from dmsc.runtime.control.model_store import versions
 
-    t = Table("version", "run", "step", "sha256", "status", "canary %")
-    for v in versions(open_database()):
+    db = open_database()
+    held = holding(db)
+    t = FoldTable("version", "run", "step", "sha256", "status", "canary %", "served by")
+    for v in versions(db):
         t.add_row(
             str(v.id),
             str(v.run_id),
@@ -32,23 +38,79 @@ def models_list() -> None:
             v.sha256[:12],
             v.status,
             f"{v.canary_percent:g}" if v.status == "canary" else "",
+            ", ".join(name for name, h in held.items() if h.version == v.id),
         )
     console.print(t)
+    for name, h in held.items():
+        if h.version is None:
+            console.print(f"{name} holds {h.what}", highlight=False)
 
 
 @models_app.command("promote")
 def models_promote(
     version: Annotated[int, typer.Argument(help="The model version (`dmsc models list`).")],
+    wait: Annotated[
+        float, typer.Option(help="Seconds to wait for the running replicas to load it.")
+    ] = 60.0,
 ) -> None:
-    """Serve all traffic with VERSION."""
-    from dmsc.cli.database import open_database
+    """Serve all traffic with VERSION: refused when its files do not verify; with a control
+    plane running, done once every replica has loaded it (or failed, and back on the version
+    before)."""
+    from dmsc.cli.database import open_database, running_database
     from dmsc.runtime.control.model_store import promote
 
+    db = open_database()
     try:
-        promote(open_database(), version)
-    except KeyError as exc:
+        promote(db, version)
+    except (KeyError, ValueError) as exc:  # no such version; its files do not verify
         raise SpecError("command line", "VERSION", str(exc)) from None
-    console.print(f"version {version} in production")
+    if running_database() is None:
+        console.print(f"version {version} in production (replicas load it when they start)")
+        return
+    _wait_loaded(db, version, wait)
+
+
+def _wait_loaded(db: Database, version: int, wait: float) -> None:
+    """Until every replica of the running control plane holds ``version``: exit 1 with the
+    fault's reason when a replica could not load it."""
+    import time
+
+    from sqlalchemy import select
+
+    from dmsc.data.db import FaultRecord
+    from dmsc.runtime.control.held import holding
+    from dmsc.runtime.control.model_store import versions
+
+    deadline = time.monotonic() + wait
+    while True:
+        status = next(v.status for v in versions(db) if v.id == version)
+        held = holding(db)
+        if status == "failed":
+            with db.sessions() as s:
+                fault = s.scalar(
+                    select(FaultRecord)
+                    .where(FaultRecord.kind == "model-version")
+                    .order_by(FaultRecord.id.desc())
+                )
+            why = fault.reason if fault is not None else "a replica could not load it"
+            console.print(f"version {version} not promoted: {why}", highlight=False)
+            raise typer.Exit(1)
+        if status != "production":
+            console.print(f"version {version} is {status} now (changed meanwhile)")
+            return
+        if held and all(h.version == version for h in held.values()):
+            names = ", ".join(held)
+            console.print(f"version {version} in production, loaded by {names}", highlight=False)
+            return
+        if time.monotonic() > deadline:
+            now = ", ".join(f"{n}: {h.label}" for n, h in held.items()) or "nothing recorded"
+            console.print(
+                f"version {version} in production; not every replica has loaded it yet "
+                f"(a task may be running: they load it when it ends). Now: {now}",
+                highlight=False,
+            )
+            return
+        time.sleep(0.2)
 
 
 @models_app.command("canary")
@@ -78,7 +140,8 @@ def models_canary(
     try:
         canary(open_database(), version, percent)
     except (KeyError, ValueError) as exc:
-        field = "--percent" if isinstance(exc, ValueError) else "VERSION"
+        percent_wrong = isinstance(exc, ValueError) and "cannot serve" not in str(exc)
+        field = "--percent" if percent_wrong else "VERSION"
         raise SpecError("command line", field, str(exc)) from None
     console.print(f"version {version} takes {percent:g}% of inference traffic")
 

@@ -169,3 +169,19 @@ class ScaleEventRecord(Base):
     in_flight: Mapped[float]  # the load it answered (mean requests in flight)
     reason: Mapped[str]
     placement_json: Mapped[str] = mapped_column(default="[]")  # [[stage, datacenter, devices]]
+
+
+class ReplicaWeightsRecord(Base):
+    """What one stage of one serving replica holds now (:mod:`dmsc.runtime.control.held`):
+    the SHA-256 of the checkpoint file it loaded or training saved, and the model version
+    whose file that is (None: weights no version holds, such as a training task's)."""
+
+    __tablename__ = "replica_weights"
+    id: Mapped[int] = mapped_column(primary_key=True)
+    run_id: Mapped[int] = mapped_column(ForeignKey("runs.id"), index=True)
+    replica: Mapped[str] = mapped_column(String(64))  # replica-N, serve-N
+    stage: Mapped[int]
+    sha256: Mapped[str] = mapped_column(String(64), default="")
+    version_id: Mapped[int | None]
+    what: Mapped[str] = mapped_column(default="")  # "version 3", "training task 7 at step 40"
+    at: Mapped[dt.datetime] = mapped_column(default=_now)

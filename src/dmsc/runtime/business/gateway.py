@@ -153,6 +153,15 @@ class _Versions:
         return self._versions
 
 
+def _served_version(text: str, picked: ModelVersionRecord | None) -> int | None:
+    """The model version of the weights that produced ``text``, as the backend says (the
+    control plane's answers carry it; :mod:`dmsc.runtime.control.held`), else the version the
+    request was routed for."""
+    if hasattr(text, "model_version"):
+        return text.model_version  # type: ignore[no-any-return]
+    return picked.id if picked else None
+
+
 def _version_json(v: ModelVersionRecord) -> dict[str, Any]:
     return {
         "id": v.id,
@@ -387,7 +396,7 @@ def create_app(
                     "replica": winner[0],
                     "raced": picks if len(picks) > 1 else None,
                     "tenant": who.tenant,
-                    "model_version": version.id if version else None,
+                    "model_version": _served_version(winner[1], version),
                     "seed": sampling.seed,
                 }
             if out_of_time:

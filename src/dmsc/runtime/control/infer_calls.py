@@ -1,7 +1,8 @@
 """The control plane's ``Infer`` and ``InferStream``: one request, recorded as a task.
 
-A request runs on the first replica that answers (:class:`~.inference.Replicas`) or, with
-``aggregate``, on every task head at once (:class:`~.head_inference.Heads`). Either way it is an
+A request runs on the first replica that answers (:class:`~.inference.Replicas`; the answer
+says the model version of the weights that produced it) or, with ``aggregate``, on every task
+head at once (:class:`~.head_inference.Heads`). Either way it is an
 ``infer`` task in the database, done, failed (with the reason) or cancelled (the client went
 away); a request no replica or head could serve is refused with the reason.
 """
@@ -57,7 +58,8 @@ class InferCalls:
                 replica, text = self.replicas.generate(
                     req.prompt, req.tokens, sampling, on_token, cancel, ids=ids
                 )
-                return replica, text, {}
+                # the version of the weights that answered (None: none, training's say)
+                return replica, text, {"model_version": getattr(text, "model_version", None)}
 
             return plain
         why_not = self.why_no_heads()

@@ -9,7 +9,12 @@ frozen worker fails its request within it. A request whose replica fails goes to
 replica at once; the failed replica leaves routing until the watchdog has healed it
 (:mod:`.watchdog`). Model
 versions: the production version is loaded into every replica and, during a gray release, the
-canary into the last one (with two or more replicas), so the gateway can route by version.
+canary into the last one (with two or more replicas), so the gateway can route by version
+(:mod:`.version_sync`). What each replica holds is recorded (:mod:`.held`) and every answer
+carries the version of the weights that produced it: a training task changes the replicas'
+weights, so from its first step until the versions are loaded again they hold no version. A new
+training task goes on from the run's newest training weights (:meth:`Replicas.lineage`), not
+from the version that served in between.
 """
 
 from __future__ import annotations
@@ -19,18 +24,18 @@ import itertools
 import json
 import logging
 import threading
-from collections.abc import Callable, Iterator
-from pathlib import Path
+from collections.abc import Callable, Iterator, Sequence
 from typing import TYPE_CHECKING
 
 from dmsc.data.db import Database
 from dmsc.data.tokenizer import ByteTokenizer, Tokenizer, text_stream
-from dmsc.runtime.compute.checkpoints import replica_file, stage_file
-from dmsc.runtime.control.deployment import Deployment
+from dmsc.runtime.control import held as weights
+from dmsc.runtime.control.deployment import Checkpoint, Deployment
 from dmsc.runtime.control.failures import WorkerFailure
-from dmsc.runtime.control.model_store import versions
+from dmsc.runtime.control.held import Held, Labelled
 from dmsc.runtime.control.turns import FairLock
-from dmsc.runtime.transport.messages import Load, Sampling
+from dmsc.runtime.control.version_sync import sync
+from dmsc.runtime.transport.messages import Sampling
 from dmsc.runtime.transport.rpc import NoRoom
 
 TRAINING = "\x00training"  # the training session's party at the replicas' fair locks
@@ -64,12 +69,15 @@ class Replicas:
         self.count = dep.layout.replicas
         self.locks = [FairLock() for _ in range(self.count)]
         self.token_timeout_s = token_timeout_s
-        self.served: dict[int, int] = {}  # replica -> model version it serves
+        self.held: dict[int, Held] = {}  # replica -> what it holds (held.py), when known
         self.down: set[int] = set()  # replicas out of routing until healed
         # whether the replicas' last stages are task heads of their own (trained with
         # task_heads, or loaded from a version that saved every replica's)
         self.heads = False
-        self._signature: list[tuple[int, str]] = []
+        self.signature: list[tuple[int, str]] = []  # the versions' statuses last synced
+        # the replicas hold the run's newest training weights (its newest checkpoint, or beyond)
+        self.trained = True
+        self._training = False  # a training task changed the weights since the last load
         self._calls = itertools.count(1)
         # elastic serving replicas (dmsc up --autoscale), which serve the production version
         self.pool: ServingPool | None = None
@@ -77,11 +85,67 @@ class Replicas:
         self._in_flight: dict[str, int] = {}
         self._counting = threading.Lock()
 
+    @property
+    def served(self) -> dict[int, int | None]:
+        """The model version each replica holds (None: none does), where known."""
+        return {r: h.version for r, h in self.held.items()}
+
+    def held_by(self, name: str) -> Held | None:
+        """What replica ``name`` holds, when known."""
+        if name.startswith("serve-"):
+            with contextlib.suppress(KeyError):
+                return self.pool.get(name).held if self.pool is not None else None
+            return None
+        return self.held.get(int(name.rsplit("-", 1)[1]))
+
+    def hold(self, name: str, held: Held) -> None:
+        """Replica ``name`` now holds ``held``: recorded (held.py)."""
+        if name.startswith("serve-"):
+            if self.pool is not None:
+                with contextlib.suppress(KeyError):
+                    self.pool.get(name).held = held
+        else:
+            r = int(name.rsplit("-", 1)[1])
+            self.held[r] = held
+            if held.what != weights.TRAINING:  # loaded: the run's newest weights, or not
+                self._training = False
+                self.trained = self.trained and self._newest(held)
+        weights.record(self.db, self.extra["run"], name, held)
+
+    def _newest(self, held: Held) -> bool:
+        """Whether ``held`` is the run's newest checkpoint (every stage's file)."""
+        newest = self.db.last_checkpoint(self.extra["run"])
+        files = {} if newest is None else json.loads(newest.files_json)
+        stages = {int(k): f[1] for k, f in files.items() if "/" not in k}
+        return bool(stages) and stages == held.digests
+
+    def failed(self, name: str, why: str) -> None:
+        """Replica ``name`` failed: out of routing (the watchdog heals one of the plan's)."""
+        if name.startswith("serve-"):
+            if self.pool is not None:
+                self.pool.failed(name, why)
+            return
+        self.down.add(int(name.rsplit("-", 1)[1]))
+        self.log.warning("%s failed: %s", name, why, extra=self.extra)
+
+    def lineage(self, checkpoints: Sequence[Checkpoint], step: int) -> Checkpoint | None:
+        """The checkpoint a new training task at ``step`` must load first: None when the
+        replicas hold the run's newest training weights, else the run's newest checkpoint
+        (``checkpoints``, newest first) when it is of ``step``."""
+        if self.trained or not checkpoints or checkpoints[0].step != step:
+            return None
+        return checkpoints[0]
+
     def rebind(self, dep: Deployment) -> None:
-        """Serve from ``dep`` (the deployment, resized): its replicas, none loaded yet."""
+        """Serve from ``dep`` (the deployment, resized): its replicas, none loaded yet (the
+        weights moved with them: training goes on from them)."""
         self.dep, self.count = dep, dep.layout.replicas
         self.locks = [FairLock() for _ in range(self.count)]
-        self.served, self._signature, self.down = {}, [], set()
+        self.held, self.signature, self.down = {}, [], set()
+        for r in range(self.count):
+            moved = Held({s: "" for s in range(dep.stages)}, None, "weights moved to a new layout")
+            self.held[r] = moved
+            weights.record(self.db, self.extra["run"], f"replica-{r}", moved)
 
     def names(self) -> list[str]:
         """The replicas in routing (a failed one leaves until it is healed), serving ones last."""
@@ -89,13 +153,18 @@ class Replicas:
         return own + (self.pool.names() if self.pool is not None else [])
 
     def for_version(self, version_id: int | None) -> list[str]:
-        """The replicas in routing that serve ``version_id`` (all of them when none does)."""
+        """The replicas in routing that hold ``version_id`` (all of them when none does)."""
         serving = [
-            f"replica-{r}" for r, v in self.served.items() if v == version_id and r not in self.down
+            name
+            for name in self.names()
+            if (h := self.held_by(name)) is not None and h.version == version_id
         ]
-        if serving and self.pool is not None and version_id == self.production:
-            serving += self.pool.names()
         return serving or self.names()
+
+    def version_of(self, name: str) -> int | None:
+        """The model version replica ``name`` holds now (None: none, or not known)."""
+        h = self.held_by(name)
+        return h.version if h is not None else None
 
     def in_flight(self, name: str | None = None) -> int:
         """Requests in flight on replica ``name``, or on all of them."""
@@ -147,8 +216,16 @@ class Replicas:
         on_token: Callable[[int], None] | None,
         ids: list[int] | None,
     ) -> str:
-        dep, r, lock = self._route(replica)
+        dep, r, lock = self.route(replica)
         base = self.next_base()
+        labels: set[int | None] = set()  # the versions held at each token
+
+        @contextlib.contextmanager
+        def turn(until: float | None) -> Iterator[None]:
+            with lock.turn(tenant, until):
+                labels.add(self.version_of(replica))
+                yield
+
         try:
             out = dep.generate(
                 self.tokenizer.encode(prompt),
@@ -157,7 +234,7 @@ class Replicas:
                 replica=r,
                 cancel=cancel,
                 deadline=deadline,
-                turn=lambda until: lock.turn(tenant, until),
+                turn=turn,
                 token_timeout_s=self.token_timeout_s,
                 sampling=sampling,
                 on_token=None if on_token is None else text_stream(self.tokenizer, on_token),
@@ -171,9 +248,10 @@ class Replicas:
             raise
         if ids is not None:
             ids[:] = out
-        return self.tokenizer.decode(out)
+        text = self.tokenizer.decode(out)
+        return Labelled.of(text, labels.pop() if len(labels) == 1 else None)
 
-    def _route(self, replica: str) -> tuple[Deployment, int, FairLock]:
+    def route(self, replica: str) -> tuple[Deployment, int, FairLock]:
         """The deployment, its replica index and the fair lock of the replica ``replica``."""
         if replica.startswith("serve-"):
             try:  # removed since it was routed to: another replica takes the request
@@ -196,14 +274,21 @@ class Replicas:
         averaged across replicas), so inference waits for it to end, and takes its next token
         between two steps. Without this, a request's forward pass ran inside a training step,
         the worker dropped the step's sends, and training rolled back to its checkpoint."""
-        held: list[FairLock] = []
+        taken: list[FairLock] = []
         try:
             for lock in self.locks:  # in order: two holders of several never deadlock
                 lock.acquire(TRAINING)
-                held.append(lock)
+                taken.append(lock)
+            if not self._training:  # the weights change from this step on: no version's
+                for r in range(self.count):
+                    stages = {s: "" for s in range(self.dep.stages)}
+                    self.hold(f"replica-{r}", Held(stages, None, weights.TRAINING))
+                self._training = self.trained = True
+                self.signature = []  # load the versions that serve again after the task
+                self.log.info("the replicas hold %s", weights.TRAINING, extra=self.extra)
             yield
         finally:
-            for lock in reversed(held):
+            for lock in reversed(taken):
                 lock.release()
 
     def generate(
@@ -244,37 +329,13 @@ class Replicas:
         raise NoReplica(f"no replica could serve the request: {'; '.join(errors) or 'none up'}")
 
     def healed(self, r: int) -> None:
-        """Replica ``r`` was repaired: back into routing, its version loaded again."""
-        self.served.pop(r, None)
-        self._signature = []
+        """Replica ``r`` was repaired from a checkpoint: back into routing, the version that
+        serves loaded again (and a training task first brings back the run's newest weights)."""
+        self.held.pop(r, None)
+        self.signature, self.trained = [], False
         self.down.discard(r)
 
     def sync_versions(self) -> None:
         """Load the production version into the replicas and, during a gray release, the
-        canary into the last replica (with two or more replicas)."""
-        all_versions = versions(self.db)
-        signature = [(v.id, v.status) for v in all_versions]
-        if signature == self._signature:
-            return
-        self._signature = signature
-        production = next((v for v in all_versions if v.status == "production"), None)
-        self.production = production.id if production is not None else None
-        canary = next((v for v in all_versions if v.status == "canary"), None)
-        R = self.count
-        for r in range(R):
-            want = canary if (canary is not None and R > 1 and r == R - 1) else production
-            if want is None or self.served.get(r) == want.id:
-                continue
-            digests = json.loads(want.metrics_json or "{}")
-            with self.lock:
-                for key in self.dep.pipeline(r):
-                    path = str(stage_file(Path(want.path), key[0]))
-                    own = str(replica_file(Path(want.path), *key))  # a task head's, say
-                    path = own if key[1] and own in digests else path
-                    load = Load(path=path, sha256=digests.get(path, ""), epoch=self.dep.epochs[key])
-                    self.dep.clients[key].send("Load", load)
-            if r:  # a version of task heads saved every replica's last stage
-                last = (self.dep.stages - 1, r)
-                self.heads = str(replica_file(Path(want.path), *last)) in digests
-            self.served[r] = want.id
-            self.log.info("replica %d serves version %d", r, want.id, extra=self.extra)
+        canary into the last replica (with two or more replicas): :mod:`.version_sync`."""
+        sync(self)

@@ -1,7 +1,10 @@
 """Model storage: every checkpoint a version; promote, gray release (canary) and rollback.
 
-State lives in ``model_versions`` (status: candidate, production, canary, retired). Which
-version serves a request is the gateway's business
+State lives in ``model_versions`` (status: candidate, production, canary, retired, failed). The
+status says which version should serve; what a replica does serve is what it has loaded
+(:mod:`.held`). A version whose files do not verify is not promoted; one that a replica could
+not load anyway goes to ``failed`` (:func:`refuse`) and production back to the version before.
+Which version serves a request is the gateway's business
 (:func:`dmsc.runtime.business.router.pick_version`).
 """
 
@@ -28,10 +31,25 @@ def _get(s: Session, version_id: int) -> ModelVersionRecord:
     return v
 
 
-def promote(db: Database, version_id: int) -> None:
-    """``version_id`` serves all traffic; the previous production version is retired."""
+def check_files(version: ModelVersionRecord) -> None:
+    """ValueError, naming the file and why, unless every file of ``version`` is there and has
+    the SHA-256 recorded when it was saved."""
+    from dmsc.runtime.compute.checkpoints import CheckpointError, verify_checkpoint
+
+    for path, sha in json.loads(version.metrics_json or "{}").items():
+        try:
+            verify_checkpoint(Path(path), sha)
+        except CheckpointError as exc:
+            raise ValueError(f"version {version.id} cannot serve: {exc} ({path})") from None
+
+
+def promote(db: Database, version_id: int, verify: bool = True) -> None:
+    """``version_id`` serves all traffic; the previous production version is retired. A version
+    whose files do not verify is refused (ValueError) and nothing changes."""
     with db.sessions() as s, s.begin():
         target = _get(s, version_id)
+        if verify:
+            check_files(target)
         for v in s.scalars(
             select(ModelVersionRecord).where(
                 ModelVersionRecord.status.in_(("production", "canary"))
@@ -79,6 +97,7 @@ def canary(db: Database, version_id: int, percent: float) -> None:
         target = _get(s, version_id)
         if target.status == "production":
             raise ValueError(f"version {version_id} is already in production")
+        check_files(target)
         for v in s.scalars(select(ModelVersionRecord).where(ModelVersionRecord.status == "canary")):
             v.status, v.canary_percent = "candidate", 0.0
         target.status, target.canary_percent = "canary", percent
@@ -109,10 +128,37 @@ def rollback(db: Database) -> int:
         return retired[0].id
 
 
+def refuse(db: Database, version_id: int, back_to: int | None) -> int | None:
+    """Version ``version_id`` did not load on every replica: it is ``failed`` and, if it was in
+    production, ``back_to`` is again (default: the most recently retired version). The version
+    in production after it (None: none)."""
+    with db.sessions() as s, s.begin():
+        target = _get(s, version_id)
+        was_production = target.status == "production"
+        target.status, target.canary_percent = "failed", 0.0
+        current = s.scalar(
+            select(ModelVersionRecord).where(ModelVersionRecord.status == "production")
+        )
+        if not was_production:
+            return current.id if current is not None else None
+        if back_to is None or back_to == version_id:
+            back = s.scalar(
+                select(ModelVersionRecord)
+                .where(ModelVersionRecord.status == "retired")
+                .order_by(ModelVersionRecord.id.desc())
+            )
+        else:
+            back = s.get(ModelVersionRecord, back_to)
+        if back is None:
+            return None
+        back.status, back.canary_percent = "production", 0.0
+        return back.id
+
+
 def export_version(db: Database, version_id: int | None, out: Path) -> ModelVersionRecord:
-    """Write model version ``version_id`` (default: the one in production, else the newest) as a
-    Hugging Face directory ``transformers`` loads, each stage file checked against its
-    SHA-256 first. ValueError says what is missing."""
+    """Write model version ``version_id`` (default: the newest trained, which need not be the
+    one serving) as a Hugging Face directory ``transformers`` loads, each stage file checked
+    against its SHA-256 first. ValueError says what is missing."""
     import torch
 
     from dmsc.planner.plan import Plan
@@ -130,8 +176,7 @@ def export_version(db: Database, version_id: int | None, out: Path) -> ModelVers
     if not all_versions:
         raise ValueError("no model version yet: train first (dmsc train)")
     if version_id is None:
-        serving = [v for v in all_versions if v.status == "production"]
-        version = (serving or all_versions)[-1]
+        version = all_versions[-1]
     else:
         found = [v for v in all_versions if v.id == version_id]
         if not found:

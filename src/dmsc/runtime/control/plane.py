@@ -265,7 +265,7 @@ class ControlPlane:
                 "run with fresh weights)"
             )
         schedule: Schedule = "gpipe" if self.plan.job.schedule == "gpipe" else "1f1b"
-        start, older = None, []
+        start, older = self.inference.lineage(self.checkpoints(), self.steps_done), []
         if params.first_step is not None:  # it ran before: resume
             first = params.first_step
             saved = self.db.checkpoints(self.run.id, task_id, refused=True)

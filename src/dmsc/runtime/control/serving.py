@@ -5,7 +5,8 @@ The plan's ``dp`` replicas train and serve, and are always up. ``dmsc up --autos
 whole pipelines that only serve: each is a deployment of its own (its workers, its registry),
 placed by :func:`dmsc.planner.elastic.place_replica` on devices of the plan's cluster that no
 replica uses, and loaded with the production model version (else the run's newest checkpoint;
-else the same initial weights the plan's replicas started from). Training never touches them.
+else the same initial weights the plan's replicas started from), and loaded again when another
+version goes to production (:mod:`.version_sync`). Training never touches them.
 
 - **Scale out**: the devices are reserved before the workers start, so two decisions never
   place on the same device; the replica joins routing once its weights are loaded.
@@ -39,6 +40,7 @@ from dmsc.planner.plan import Plan, ReplicaRecord
 from dmsc.runtime.compute.checkpoints import stage_file
 from dmsc.runtime.control.autoscale import ScalePolicy
 from dmsc.runtime.control.deployment import Checkpoint, Deployment, StageLayout
+from dmsc.runtime.control.held import Held, forget, record, version_of
 from dmsc.runtime.control.model_store import versions
 from dmsc.runtime.control.turns import FairLock
 from dmsc.spec import ClusterSpec, TransformerSpec
@@ -56,6 +58,7 @@ class ServingReplica:
     lock: FairLock = field(default_factory=FairLock)
     started_at: float = field(default_factory=time.time)
     draining: bool = False
+    held: Held | None = None  # the weights it loaded (held.py)
 
     def as_json(self) -> dict[str, Any]:
         return {
@@ -177,6 +180,7 @@ class ServingPool:
             ckpt = serving_checkpoint(self.db, self.run_id, len(self.plan.stages))
             if ckpt is not None:
                 dep.restore(ckpt)
+            loaded = self._held(ckpt)
         except Exception as exc:
             dep.shutdown()
             with self._lock:
@@ -185,7 +189,8 @@ class ServingPool:
             return None
         with self._lock:
             self._reserved.pop(name, None)
-            self.replicas[name] = ServingReplica(name, dep, placement)
+            self.replicas[name] = ServingReplica(name, dep, placement, held=loaded)
+        record(self.db, self.run_id, name, loaded)
         self._record("out", name, in_flight, reason, where)
         return name
 
@@ -205,6 +210,7 @@ class ServingPool:
         rep.dep.shutdown()
         with self._lock:
             self.replicas.pop(name, None)
+        forget(self.db, self.run_id, name)
         where = [[s, r.datacenter, r.devices] for s, r in enumerate(rep.placement)]
         drained = "drained" if left == 0 else f"{left} requests still in flight after {drain_s:g} s"
         self._record("in", name, in_flight, f"{reason}; {drained}", where)
@@ -218,7 +224,15 @@ class ServingPool:
         rep.draining = True
         with contextlib.suppress(Exception):
             rep.dep.shutdown()
+        forget(self.db, self.run_id, name)
         self._record("failed", name, 0.0, why, [])
+
+    def _held(self, ckpt: Checkpoint | None) -> Held:
+        """What a replica that loaded ``ckpt`` (None: the initial weights) holds."""
+        if ckpt is None:
+            return Held({s: "" for s in range(len(self.plan.stages))}, None, "initial weights")
+        digests = {s: sha for s, (_, sha) in ckpt.files.items()}
+        return Held(digests, version_of(versions(self.db), digests), f"step {ckpt.step}")
 
     def newest(self) -> str | None:
         names = self.names()
