@@ -14,7 +14,7 @@ from typing import Any, TypeVar
 
 from sqlalchemy import create_engine, event, exc, select
 from sqlalchemy.engine import ExceptionContext
-from sqlalchemy.orm import sessionmaker
+from sqlalchemy.orm import Session, sessionmaker
 
 from dmsc.data import storage
 from dmsc.data.records import (
@@ -161,7 +161,9 @@ class Database:
         """The run a control plane serves ``plan`` in. After a crash (a run of the same plan still
         ``running``) the run resumes: its queued tasks stay queued, the tasks that were running
         go back to the queue, and a ``control-plane`` fault records the restart (closed by
-        :meth:`close_control_plane_faults` once the workers are back). Else a new run."""
+        :meth:`close_control_plane_faults` once the workers are back). A run that never
+        started (no services recorded, no tasks: its deployment failed to start) is taken
+        again as it is, without a fault: nothing restarted. Else a new run."""
         plan_json = json.dumps(plan)
         with self.sessions() as s, s.begin():
             run = s.scalars(
@@ -169,6 +171,8 @@ class Database:
                 .where(RunRecord.status == "running", RunRecord.plan_json == plan_json)
                 .order_by(RunRecord.id.desc())
             ).first()
+            if run is not None and not self._ever_started(s, run.id):
+                return run
             if run is not None:
                 interrupted = list(
                     s.scalars(
@@ -190,6 +194,14 @@ class Database:
                 )
                 return run
         return self.new_run(model, cluster, plan)
+
+    @staticmethod
+    def _ever_started(s: Session, run_id: int) -> bool:
+        """Whether run ``run_id`` ever served: services recorded or tasks queued."""
+        for table in (ServiceRecord, TaskRecord):
+            if s.scalars(select(table.id).where(table.run_id == run_id).limit(1)).first():
+                return True
+        return False
 
     def end_run(self, run_id: int) -> None:
         """A clean stop: the run is over (a crash leaves it ``running``, to be resumed)."""
