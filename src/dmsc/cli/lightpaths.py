@@ -10,8 +10,8 @@ from dataclasses import dataclass
 from typing import Any
 
 from rich.console import Console
-from rich.table import Table
 
+from dmsc.cli.tables import FoldTable
 from dmsc.spec import SpecError
 
 MAX_REQUESTS = 10_000_000
@@ -174,7 +174,7 @@ def run_lightpaths(
 
 
 def _print(console: Console, out: dict[str, Any]) -> None:
-    table = Table(
+    table = FoldTable(
         title=f"{out['topology']}: {out['slots']} slots, k={out['k_paths']}, guard band "
         f"{out['guard_band']}, {out['modulations']} formats, {out['bitrate']} Gbit/s, "
         f"{out['seeds']} seed(s) x {out['requests']} requests after {out['warmup']}"

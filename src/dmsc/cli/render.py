@@ -6,8 +6,8 @@ import math
 from typing import TYPE_CHECKING, Any
 
 from rich.console import Console
-from rich.table import Table
 
+from dmsc.cli.tables import FoldTable
 from dmsc.spec import ClusterSpec, JobSpec, LayerListSpec, TransformerSpec
 
 if TYPE_CHECKING:  # the cost model (networkx: 0.2 s) loads only for the commands that use it
@@ -69,11 +69,11 @@ def measured_vs_predicted(measured: float, predicted: float) -> str:
     return f"measured {abs(diff):.1f}% {'slower' if diff > 0 else 'faster'} than predicted"
 
 
-def fit_table(*headers: str, keep: tuple[int, ...] = (), **kwargs: Any) -> Table:
-    """A table that never cuts what it shows: on a narrow terminal its cells wrap, or fold where
-    a word is too long, instead of ending in an ellipsis. The columns in ``keep`` (SIDs,
-    addresses: what gets copied) stay on one line and whole; the others give way to them."""
-    t = Table(**kwargs)
+def fit_table(*headers: str, keep: tuple[int, ...] = (), **kwargs: Any) -> FoldTable:
+    """A table that never cuts what it shows (:class:`FoldTable`): on a narrow terminal its
+    cells wrap at their spaces, its borders go, or its rows become records, before a word is
+    split. The columns in ``keep`` (SIDs, addresses: what gets copied) stay on one line."""
+    t = FoldTable(**kwargs)
     for i, header in enumerate(headers):
         if i in keep:
             t.add_column(header, no_wrap=True, overflow="fold", min_width=len(header))
@@ -226,7 +226,7 @@ def print_estimate(
     )
     console.print(title, style="bold", highlight=False)
     console.print(calibration_line(cluster), style="dim", highlight=False)
-    t = Table(show_header=True)
+    t = FoldTable(show_header=True)
     t.add_column("iteration", style="bold")
     t.add_column("time", justify="right")
     t.add_column("share", justify="right")
@@ -238,7 +238,7 @@ def print_estimate(
     t.add_row("total", human_seconds(est.iteration_time_s), "100%", style="bold")
     console.print(t)
 
-    perf = Table(show_header=False, box=None)
+    perf = FoldTable(show_header=False, box=None)
     perf.add_row("TFLOP/s per device", f"{est.tflops_per_gpu:.1f}")
     perf.add_row("model FLOPs utilisation", f"{est.mfu * 100:.1f}%")
     perf.add_row("tokens/s", f"{est.tokens_per_s:,.0f}")

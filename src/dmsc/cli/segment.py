@@ -34,9 +34,8 @@ def segment(
     as_json: JsonOpt = False,
 ) -> None:
     """Split a model into micro-models: by layers, by blocks of a graph, or by task heads."""
-    from rich.table import Table
-
     from dmsc.cli.options import build_job, load_cluster
+    from dmsc.cli.tables import FoldTable
     from dmsc.planner.segmentation.cuts import CyclicBlockGraph, SegmentationInfeasible
     from dmsc.planner.segmentation.from_specs import (
         segment_by_blocks,
@@ -125,7 +124,7 @@ def segment(
             )
         )
         return
-    t = Table(
+    t = FoldTable(
         "micro-model",
         "members",
         "device",

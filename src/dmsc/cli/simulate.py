@@ -14,13 +14,13 @@ from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
 from rich.console import Console
-from rich.table import Table
 
 from dmsc.cli.app import console, err_console
 from dmsc.cli.options import JsonOpt
 from dmsc.cli.progress import elapsed_bar
 from dmsc.cli.render import nan_to_null
 from dmsc.cli.sync_flags import CompressOpt, SyncOpt, job_entry, scenario_with_sync
+from dmsc.cli.tables import FoldTable
 from dmsc.spec import SpecError
 
 if TYPE_CHECKING:
@@ -415,7 +415,7 @@ def _print(
     from dmsc.sim.metrics import relative_change
 
     ci = out["seeds"] > 1
-    t = Table(
+    t = FoldTable(
         title=f"{out['scenario']}: {out['seeds']} seed(s) x {out['arrivals']} arrivals"
         + (" (± 95% CI)" if ci else "")
     )
@@ -439,10 +439,10 @@ def _print(
                 name,
                 f"{load:g}",
                 f"{s['blocking_probability']:.3f}"
-                + (f"±{s['blocking_probability_ci95']:.3f}" if ci else ""),
+                + (f" ±{s['blocking_probability_ci95']:.3f}" if ci else ""),
                 f"{s['transfer_blocking_probability']:.3f}",
                 f"{s['mean_iteration_time_s']:.2f}"
-                + (f"±{s['mean_iteration_time_s_ci95']:.2f}" if ci else ""),
+                + (f" ±{s['mean_iteration_time_s_ci95']:.2f}" if ci else ""),
                 f"{s['p95_iteration_time_s']:.2f}",
                 f"{s['bubble_ratio'] * 100:.0f}%",
                 f"{s['spectrum_utilization'] * 100:.1f}%",
@@ -452,7 +452,7 @@ def _print(
     console.print(t)
     rel = out.get("relative_to_baseline_pct")
     if rel:
-        r = Table(title="change against baseline")
+        r = FoldTable(title="change against baseline")
         for col in ("scheduler", "load", "blocking", "mean iteration", "p95 iteration", "spectrum"):
             r.add_column(col, justify="right")
         for name in schedulers:

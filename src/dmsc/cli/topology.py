@@ -9,10 +9,10 @@ from pathlib import Path
 from typing import Annotated, Any
 
 import typer
-from rich.table import Table
 
 from dmsc.cli.app import console
 from dmsc.cli.options import JsonOpt
+from dmsc.cli.tables import FoldTable
 from dmsc.spec import SpecError
 
 topology_app = typer.Typer(help="Optical topologies: list, show, generate.", no_args_is_help=True)
@@ -64,7 +64,7 @@ def list_topologies(as_json: JsonOpt = False) -> None:
     if as_json:
         print(json.dumps(rows))
         return
-    table = Table(title="optical topologies (dmsc simulate --lightpaths --topology NAME)")
+    table = FoldTable(title="optical topologies (dmsc simulate --lightpaths --topology NAME)")
     for col in ("name", "nodes", "links", "km per link", "longest route km", "source"):
         table.add_column(col)
     for r in rows:
