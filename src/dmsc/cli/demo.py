@@ -14,7 +14,7 @@ from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
 
 from dmsc.cli.app import console, err_console
 from dmsc.cli.options import build_job, build_model, load_cluster
-from dmsc.cli.render import measured_vs_predicted
+from dmsc.cli.render import prediction_words
 from dmsc.cli.runtime import calibrated_path, do_calibrate
 from dmsc.cli.simulate import run_simulation
 from dmsc.spec import SpecError
@@ -125,6 +125,7 @@ def runtime_demo(console: Console, steps: int = 200) -> dict[str, Any]:
     from dmsc.data.db import ModelVersionRecord, ServiceRecord, data_dir
     from dmsc.planner.solve import plan_job
     from dmsc.runtime.control.deployment import Deployment
+    from dmsc.runtime.control.prediction import prediction_for
     from dmsc.runtime.control.training import layout_from_plan, train
     from dmsc.spec import ClusterSpec, JobSpec, TransformerSpec, load_spec, resolve_model
 
@@ -204,12 +205,12 @@ def runtime_demo(console: Console, steps: int = 200) -> dict[str, Any]:
             )
         )
         sample = bytes(dep.generate(b"def main(", 80))
-    predicted = plan.prediction.iteration_time_s
-    measured = report.median_step_s
+    # the prediction for the job that ran, on the calibration just measured
+    ran = prediction_for(plan, cluster, model, job.global_batch, job.microbatches, job.dp)
+    predicted, measured = ran.step_s, report.median_step_s
     console.print(
         f"validation loss {report.val_start:.3f} -> {report.val_end:.3f}; step time measured "
-        f"{measured * 1e3:.1f} ms vs predicted {predicted * 1e3:.1f} ms "
-        f"({measured_vs_predicted(measured, predicted)})",
+        f"{measured * 1e3:.1f} ms ({prediction_words(measured, predicted, ran.basis)})",
         highlight=False,
         soft_wrap=True,
     )

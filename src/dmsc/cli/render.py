@@ -69,6 +69,16 @@ def measured_vs_predicted(measured: float, predicted: float) -> str:
     return f"measured {abs(diff):.1f}% {'slower' if diff > 0 else 'faster'} than predicted"
 
 
+def prediction_words(measured: float, predicted: float | None, basis: str) -> str:
+    """The prediction of the job that ran beside its measurement ("predicted 200.0 ms: measured
+    12.0% slower than predicted", what the prediction is when not the plan's), or why there is
+    none to compare with (``basis``: :class:`dmsc.runtime.control.prediction.Prediction`'s)."""
+    if predicted is None:
+        return basis
+    what = "" if basis == "the plan's" else f", {basis}"
+    return f"predicted {predicted * 1e3:.1f} ms{what}: {measured_vs_predicted(measured, predicted)}"
+
+
 def fit_table(*headers: str, keep: tuple[int, ...] = (), **kwargs: Any) -> FoldTable:
     """A table that never cuts what it shows (:class:`FoldTable`): on a narrow terminal its
     cells wrap at their spaces, its borders go, or its rows become records, before a word is

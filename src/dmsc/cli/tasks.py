@@ -13,7 +13,7 @@ import typer
 
 from dmsc.cli.app import console, err_console
 from dmsc.cli.options import JsonOpt, message_from_flags
-from dmsc.cli.render import measured_vs_predicted
+from dmsc.cli.render import prediction_words
 from dmsc.cli.runtime import control_client
 from dmsc.runtime.transport.messages import DEFAULT_LR, LR_SCHEDULES, MAX_INFER_TOKENS
 from dmsc.spec import SpecError
@@ -197,9 +197,9 @@ def train(
         console.print(
             f"task {out['task']}: {out['steps']} steps, loss {out['loss_first']:.3f} -> "
             f"{out['loss_last']:.3f}, validation {out['val_start']:.3f} -> {out['val_end']:.3f}, "
-            f"step {out['median_step_s'] * 1e3:.1f} ms (predicted "
-            f"{out['predicted_step_s'] * 1e3:.1f} ms: "
-            f"{measured_vs_predicted(out['median_step_s'], out['predicted_step_s'])}), "
+            f"step {out['median_step_s'] * 1e3:.1f} ms ("
+            f"{prediction_words(out['median_step_s'], out['predicted_step_s'], out['prediction'])}"
+            "), "
             f"{out['tokens_per_s']:,.0f} tokens/s",
             highlight=False,
         )

@@ -48,6 +48,7 @@ from dmsc.runtime.control.inference import Replicas
 from dmsc.runtime.control.launchers import Launcher
 from dmsc.runtime.control.lr_schedule import lr_at
 from dmsc.runtime.control.model_store import promote_if_first
+from dmsc.runtime.control.prediction import prediction_for
 from dmsc.runtime.control.replanning import replan_now
 from dmsc.runtime.control.resize import record_resize, resize, resized_plan
 from dmsc.runtime.control.shards import load_task_shards
@@ -372,9 +373,12 @@ class ControlPlane:
             self.m_step.observe(s)
         self.m_tasks.labels("train", state).inc()
         self.log.info(f"train task {state}", extra={"task_id": task.id, "run": self.run.id})
-        predicted = self.plan.prediction.iteration_time_s
+        # the prediction for the job that ran (its batch, micro-batches and dp), or why none
+        ran = prediction_for(
+            self.plan, self.cluster, self.model, params.batch, params.microbatches, self.plan.job.dp
+        )
         out = {"task": task.id, "state": state, "model_version": version}
-        return {**out, **report.as_json(), "predicted_step_s": predicted}
+        return {**out, **report.as_json(), **ran.as_json()}
 
     def _save_version(self, task_id: int | None = None) -> int:
         """Save the model as a new version of ``task_id`` (and as the run's latest

@@ -1,0 +1,116 @@
+"""The prediction a training task's measured step is compared with: the one for the job that ran.
+
+A plan predicts one job: its global batch, its micro-batches, its data-parallel degree, on the
+figures of its cluster spec. A task may run another batch (``dmsc train --batch 32``), another
+dp (after a resize), or on a cluster spec calibrated again since the plan was made. The step it
+measured is compared with:
+
+- the plan's prediction when the task ran the plan's job and the cluster spec is not known (or
+  gives the same figure);
+- a prediction re-estimated for the job that ran, on the cluster spec in force (the planner on
+  the same strategy, as ``dmsc plan`` would predict it), when anything differs;
+- nothing ("not comparable", with the reason) when the job differs and there is no cluster spec
+  to re-estimate on, when the re-estimate fails, or when the cluster's devices were never
+  measured (a spec of guessed figures, such as ``local-cpu`` before ``dmsc calibrate``).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+from dmsc.netmodel import DEFAULT_CALIBRATION
+from dmsc.planner.plan import Plan
+from dmsc.spec import ClusterSpec, JobSpec, LayerListSpec, SpecError, TransformerSpec
+
+SAME_REL = 0.01  # a re-estimate within 1% of the plan's is the plan's figure
+
+
+@dataclass(frozen=True)
+class Prediction:
+    """The predicted step time of the job that ran (None: not comparable), and what it is."""
+
+    step_s: float | None
+    basis: str  # "the plan's", "re-estimated for ...", or why it is not comparable
+
+    @property
+    def comparable(self) -> bool:
+        return self.step_s is not None
+
+    def as_json(self) -> dict[str, Any]:
+        return {
+            "predicted_step_s": self.step_s,
+            "prediction": self.basis,
+            "not_comparable": None if self.comparable else self.basis,
+        }
+
+
+def guessed_devices(cluster: ClusterSpec) -> list[str]:
+    """Device types whose figures nothing measured: of no known generation (the generic
+    constants) and without what ``dmsc calibrate`` writes into a spec."""
+    out = []
+    for name, dev in sorted(cluster.device_types.items()):
+        dc = DEFAULT_CALIBRATION.for_device(dev)
+        measured = dc.measured_source is not None or dev.op_overhead_us is not None
+        if dc.generation == "generic" and not measured:
+            out.append(name)
+    return out
+
+
+def job_words(batch: int, microbatches: int, dp: int) -> str:
+    return f"batch {batch} in {microbatches} micro-batches at dp {dp}"
+
+
+def prediction_for(
+    plan: Plan,
+    cluster: ClusterSpec | None,
+    model: TransformerSpec | LayerListSpec,
+    batch: int,
+    microbatches: int,
+    dp: int,
+) -> Prediction:
+    """The prediction for ``batch`` in ``microbatches`` micro-batches per replica at ``dp``
+    replicas on ``plan``'s strategy (module docstring)."""
+    job = plan.job
+    planned = plan.prediction.iteration_time_s
+    ran = job_words(batch, microbatches, dp)
+    same = (batch, microbatches, dp) == (job.global_batch, job.microbatches, job.dp)
+    if cluster is not None and (guessed := guessed_devices(cluster)):
+        return Prediction(
+            None,
+            f"not comparable: device type {', '.join(guessed)} of cluster {cluster.name!r} was "
+            "never measured (its figures are guesses): `dmsc calibrate`, then plan on the "
+            "calibrated spec",
+        )
+    if cluster is None:
+        if same:
+            return Prediction(planned, "the plan's")
+        return Prediction(
+            None,
+            f"not comparable: the plan predicts "
+            f"{job_words(job.global_batch, job.microbatches, job.dp)}, the task ran {ran}, and "
+            f"without the cluster spec of {plan.cluster!r} (dmsc up --cluster) it cannot be "
+            "re-estimated",
+        )
+    from dmsc.planner.solve import plan_job
+
+    micro_batch, rest = divmod(batch, microbatches * dp)
+    try:
+        if rest:
+            raise ValueError(f"batch {batch} is not a multiple of {microbatches} x dp {dp}")
+        new = JobSpec.model_validate(
+            {**job.model_dump(), "global_batch": batch, "micro_batch": micro_batch, "dp": dp}
+        )
+        step_s = plan_job(cluster, model, new, fixed=True).plan.prediction.iteration_time_s
+    except (ValueError, SpecError) as exc:  # DoesNotFit and Infeasible are ValueErrors
+        return Prediction(None, f"not comparable: {ran} cannot be re-estimated: {exc}")
+    if same and abs(step_s - planned) <= SAME_REL * planned:
+        return Prediction(planned, "the plan's")
+    if same:
+        return Prediction(
+            step_s,
+            f"re-estimated on the cluster spec now in force (the plan said {planned * 1e3:.1f} "
+            "ms on other figures)",
+        )
+    planned_job = job_words(job.global_batch, job.microbatches, job.dp)
+    return Prediction(step_s, f"re-estimated for {ran} (the plan's job: {planned_job})")
