@@ -7,6 +7,8 @@ back with the top-k runners-up and why each lost (the largest term of its extra 
 
 from __future__ import annotations
 
+import math
+import re
 import time
 from collections import Counter
 from collections.abc import Callable, Iterator, Mapping
@@ -146,6 +148,29 @@ def _why_lost(best: Estimate, other: Estimate) -> str:
     )
 
 
+def _needs_gib(reason: str) -> float:
+    """The memory a stage needs, from a memory reason ("stage 0 needs 120.3 GiB per device")."""
+    found = re.search(r"needs ([\d.]+) GiB", reason)
+    return float(found[1]) if found else math.inf
+
+
+def _none_fits(devices: int, tried: int, pruned: Counter[str], example: dict[str, str]) -> str:
+    """Why no configuration fits, in words: how many each kind of reason ruled out, and one
+    of each (the leanest for memory)."""
+    if not tried:
+        return f"no strategy fits on {devices} devices: no configuration to try"
+    parts = [
+        f"{n} need more memory than a device has, the leanest: {example[kind]}"
+        if kind == "memory"
+        else f"{n} ruled out as {example[kind]}"
+        for kind, n in pruned.most_common(3)
+    ]
+    return (
+        f"no strategy fits on {devices} devices: none of the {tried} configurations tried "
+        f"fits ({'; '.join(parts)})"
+    )
+
+
 def search_strategies(
     cluster: ClusterSpec,
     model: TransformerSpec | LayerListSpec,
@@ -162,6 +187,7 @@ def search_strategies(
     comm = CommModel(topo, calib)
     costed: list[Candidate] = []
     pruned: Counter[str] = Counter()
+    example: dict[str, str] = {}  # a reason of each kind: for memory, the leanest
     considered = 0
     for job in enumerate_jobs(cluster, model, base, devices, max_stage_devices):
         considered += 1
@@ -171,12 +197,14 @@ def search_strategies(
             est = estimate_iteration(cluster, model, job, calib, topology=topo, comm_model=comm)
         except DoesNotFit as exc:
             reason = exc.reasons[0]
-            pruned["memory" if "GiB" in reason else reason.split(" is ")[0]] += 1
+            kind = "memory" if "GiB" in reason else reason.split(" is ")[0]
+            pruned[kind] += 1
+            if kind not in example or _needs_gib(reason) < _needs_gib(example[kind]):
+                example[kind] = reason
             continue
         costed.append(Candidate(job, est))
     if not costed:
-        detail = ", ".join(f"{k}: {v}" for k, v in pruned.most_common(3)) or "no configuration"
-        raise DoesNotFit([f"no strategy fits on {devices} devices ({detail})"])
+        raise DoesNotFit([_none_fits(devices, considered, pruned, example)])
     costed.sort(key=lambda c: c.time_s)
     best = costed[0]
     alternatives = tuple((c, _why_lost(best.estimate, c.estimate)) for c in costed[1 : 1 + top_k])
