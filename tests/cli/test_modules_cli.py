@@ -51,14 +51,24 @@ def test_replan_with_no_run_says_so(dmsc: DmscRunner) -> None:
 
 
 def test_replan_dry_run_shows_the_proposal_and_the_decision(
-    dmsc: DmscRunner, dmsc_home: Path
+    dmsc: DmscRunner, dmsc_home: Path, tmp_path: Path
 ) -> None:
     cluster = two_sites()
     plan = make_plan(cluster)
     slow = 3 * plan.prediction.iteration_time_s
     fill_run(_database(dmsc_home), cluster, plan, steps=20, compute_scale={1: 3.0},
              step_s=lambda s: slow)  # fmt: skip
-    out = dmsc("replan", "--dry-run", "--json")
+    # two-sites-cpu's CPU figures are guesses: its step time is not compared with them
+    guessed = json.loads(dmsc("replan", "--dry-run", "--json").stdout)
+    assert guessed["predicted_step_s"] is None and "device type cpu" in guessed["not_comparable"]
+    assert "policy" not in {d["module"] for d in guessed["decisions"]}
+    # the same cluster as measured (its kernel overhead the one the cost model assumed)
+    data = yaml.safe_load(TWO_SITES.read_text())
+    data["device_types"]["cpu"]["op_overhead_us"] = 5.0
+    measured = tmp_path / "two-sites-cpu.yaml"
+    measured.write_text(yaml.safe_dump(data))
+    given = ("--cluster", str(measured))
+    out = dmsc("replan", "--dry-run", "--json", *given)
     assert out.returncode == 0, out.stderr
     doc = json.loads(out.stdout)
     assert doc["dry_run"] is True and doc["cluster"] == "two-sites-cpu"
@@ -72,11 +82,13 @@ def test_replan_dry_run_shows_the_proposal_and_the_decision(
     assert (breach["target"], breach["verdict"]) == ("slo:step-time", "raise")
     assert {d["target"] for d in by_module["traffic"]} >= {"boundary 0->1", "step time"}
 
-    refused = json.loads(dmsc("replan", "--dry-run", "--json", "--horizon-steps", "50").stdout)
+    assert doc["predicted_step_s"] == plan.prediction.iteration_time_s
+    refused = dmsc("replan", "--dry-run", "--json", "--horizon-steps", "50", *given)
+    refused = json.loads(refused.stdout)
     (move,) = [d for d in refused["decisions"] if d["module"] == "paths"]
     assert move["verdict"] == "refuse"
 
-    table = dmsc("--wide", "replan", "--dry-run")
+    table = dmsc("--wide", "replan", "--dry-run", *given)
     assert table.returncode == 0, table.stderr
     assert "Dry run: nothing applied" in table.stdout
     assert "move-stage" in table.stdout and "apply" in table.stdout

@@ -10,7 +10,6 @@ directory, then of this source tree) or in the data directory (where ``dmsc cali
 from __future__ import annotations
 
 import json
-import math
 import time
 from typing import TYPE_CHECKING, Annotated, Any
 
@@ -22,7 +21,7 @@ from dmsc.cli.options import JsonOpt
 from dmsc.spec import SpecError
 
 if TYPE_CHECKING:
-    from dmsc.runtime.control.modules import Decision, Measurements
+    from dmsc.runtime.control.modules import DecisionRule
     from dmsc.spec import ClusterSpec
 
 modules_app = typer.Typer(
@@ -62,41 +61,55 @@ def _fmt_s(value: float, unit: str = "s") -> str:
     return f"{value * 1e3:.1f} ms" if unit == "ms" else f"{value:.1f} s"
 
 
-def _print(m: Measurements, decisions: list[Decision], cluster: str | None) -> None:
-    from dmsc.cli.render import fit_table
+def _print(doc: dict[str, Any]) -> None:
+    """A dry run's answer (offline or the control plane's): the measured step beside the
+    prediction of the job that ran, a table of the decisions, their reasons below it."""
+    from dmsc.cli.render import fit_table, prediction_words
 
-    predicted = m.plan.prediction.iteration_time_s
-    steps = [p.step_s for p in m.metrics]
-    median = sorted(steps)[len(steps) // 2] if steps else None
-    head = f"run {m.run_id}"
-    if m.task_id is not None:
-        head += f", training task {m.task_id}: {len(m.metrics)} steps measured, step "
-        head += f"{median:.3f} s (predicted {predicted:.3f} s)" if median else "time unknown"
-    if m.remaining_steps is not None:
-        head += f", {m.remaining_steps} steps left"
+    head = f"run {doc['run']}"
+    median = doc.get("median_step_s")
+    if doc.get("task") is not None:
+        head += f", training task {doc['task']}: {doc['steps_measured']} steps measured, step "
+        if median:
+            words = prediction_words(median, doc["predicted_step_s"], doc["prediction"])
+            head += f"{median:.3f} s ({words})"
+        else:
+            head += "time unknown"
+    if doc.get("remaining_steps") is not None:
+        head += f", {doc['remaining_steps']} steps left"
+    where = "as the running control plane decides" if "decide_s" in doc else "decided offline"
     console.print(
-        head + f"; cluster {cluster or 'none'}. Dry run: nothing applied.", highlight=False
+        head + f"; cluster {doc.get('cluster') or 'none'}. Dry run: nothing applied ({where}).",
+        highlight=False,
     )
     # the reasons are sentences: below the table, numbered, rather than squeezed into a column
     t = fit_table("#", "module", "kind", "target", "gain/step", "cost", "payback", "decision")
-    for n, d in enumerate(decisions, 1):
-        p = d.proposal
-        payback = p.payback_steps
+    for n, d in enumerate(doc["decisions"], 1):
+        payback = d["payback_steps"]
         t.add_row(
             str(n),
-            p.module,
-            p.kind,
-            p.target,
-            _fmt_s(p.predicted_gain_s_per_step, "ms"),
-            _fmt_s(p.cost_s),
-            "" if p.cost_s == 0 or math.isinf(payback) else f"{payback:.0f} steps",
-            d.verdict,
+            d["module"],
+            d["kind"],
+            d["target"],
+            _fmt_s(d["predicted_gain_s_per_step"], "ms"),
+            _fmt_s(d["cost_s"]),
+            "" if d["cost_s"] == 0 or payback is None else f"{payback:.0f} steps",
+            d["verdict"],
         )
     console.print(t)
-    for n, d in enumerate(decisions, 1):
-        p = d.proposal
-        why = p.reason if d.verdict == "note" else f"{p.reason} -> {d.reason}"
+    for n, d in enumerate(doc["decisions"], 1):
+        why = d["reason"] if d["verdict"] == "note" else f"{d['reason']} -> {d['why']}"
         console.print(f"{n}. {why}", highlight=False)
+
+
+def _running_plane() -> Any:
+    """A client of the control plane running on this data directory, or None."""
+    from dmsc.cli.runtime import control_client
+
+    try:
+        return control_client()
+    except SpecError:
+        return None
 
 
 def replan(
@@ -134,21 +147,40 @@ def replan(
     if not dry_run:
         _apply(cluster, run, threshold, horizon_steps, as_json)
         return
+    rule = {"threshold": threshold, "horizon_steps": horizon_steps}
+    plane = _running_plane() if cluster is None and run is None else None
+    if plane is not None:  # the deployment's current plan: the decision a real replan takes
+        doc: dict[str, Any] = plane.call("Replan", {"dry_run": True, **rule})
+        doc["rule"] = rule
+    else:
+        from dmsc.runtime.control.modules import DecisionRule
+
+        doc = _offline(cluster, run, DecisionRule(threshold, horizon_steps), as_json)
+        if not doc:
+            return
+    if as_json:
+        print(json.dumps(doc, default=str))
+        return
+    _print(doc)
+
+
+def _offline(
+    cluster: str | None, run: int | None, rule: DecisionRule, as_json: bool
+) -> dict[str, Any]:
+    """The dry run with no control plane running: the database's run, its plan, the cluster spec
+    found by name (or given), decided as the control plane decides (:func:`decide_on`); an
+    empty document when there is nothing to decide on (said so)."""
     from dmsc.cli.database import open_database
-    from dmsc.runtime.control.modules import (
-        DecisionRule,
-        default_modules,
-        newest_run,
-        orchestrate,
-        read_measurements,
-    )
+    from dmsc.runtime.control.modules import newest_run, read_measurements
     from dmsc.runtime.control.modules.paths import cluster_mismatch
+    from dmsc.runtime.control.replanning import decide_on, decisions_doc
+    from dmsc.spec import resolve_model
 
     db = open_database()
     run_id = run if run is not None else newest_run(db)
     if run_id is None:
         _nothing(as_json, None, "no run in this database yet: `dmsc up` starts one")
-        return
+        return {}
     try:
         m = read_measurements(db, run_id, time.time())
     except KeyError:
@@ -157,28 +189,15 @@ def replan(
         _nothing(
             as_json, run_id, f"run {run_id} has measured nothing yet: train on it (`dmsc train`)"
         )
-        return
+        return {}
     spec = _cluster(cluster, m.plan.cluster)
     why = cluster_mismatch(m.plan, spec)
     if why is not None:
         raise SpecError(cluster or spec.name, "", why)
-    rule = DecisionRule(threshold=threshold, horizon_steps=horizon_steps)
-    decisions = orchestrate(default_modules(spec), m, rule)
-    if as_json:
-        out: dict[str, Any] = {
-            "run": run_id,
-            "task": m.task_id,
-            "dry_run": True,
-            "cluster": spec.name,
-            "steps_measured": len(m.metrics),
-            "remaining_steps": m.remaining_steps,
-            "predicted_step_s": m.plan.prediction.iteration_time_s,
-            "rule": {"threshold": threshold, "horizon_steps": horizon_steps},
-            "decisions": [d.as_json() for d in decisions],
-        }
-        print(json.dumps(out, default=str))
-        return
-    _print(m, decisions, spec.name)
+    model = m.plan.model_spec or resolve_model(m.plan.model)
+    m, decisions = decide_on(db, run_id, m.plan, spec, model, rule, time.time())
+    rules = {"threshold": rule.threshold, "horizon_steps": rule.horizon_steps}
+    return {**decisions_doc(m, decisions, dry_run=True), "cluster": spec.name, "rule": rules}
 
 
 def _apply(

@@ -114,3 +114,23 @@ def prediction_for(
         )
     planned_job = job_words(job.global_batch, job.microbatches, job.dp)
     return Prediction(step_s, f"re-estimated for {ran} (the plan's job: {planned_job})")
+
+
+def task_prediction(
+    plan: Plan,
+    cluster: ClusterSpec | None,
+    model: TransformerSpec | LayerListSpec,
+    params: dict[str, Any] | None,
+) -> Prediction:
+    """The prediction for a training task of ``plan``'s deployment from its stored ``params``
+    (``batch``, ``microbatches``, ``dp``: each the plan's when the task did not set it; no task:
+    the plan's job)."""
+    p, job = params or {}, plan.job
+    return prediction_for(
+        plan,
+        cluster,
+        model,
+        int(p.get("batch") or job.global_batch),
+        int(p.get("microbatches") or job.microbatches),
+        int(p.get("dp") or job.dp),
+    )

@@ -3,7 +3,12 @@
 Between two training tasks (holding the plane's lock, as tasks do), the functional modules read
 the run's measurements (:func:`~.modules.read_measurements`; the plan is the deployment's
 current one, which a resize or an earlier move may have changed) and the orchestrator decides
-(:func:`~.modules.orchestrate`). Unless the request is a dry run:
+(:func:`decide_on`). A dry run and a real one decide the same way, on the same prediction: the
+step time of the job the measured task ran (:func:`~.prediction.task_prediction`), and an
+exception raised within the last ``DEDUPE_S`` is noted as not raised again (a dry run said it
+would raise what the real one then did not). ``dmsc replan --dry-run`` asks the running control
+plane for this answer, and decides offline with :func:`decide_on` only when none runs. Unless
+the request is a dry run:
 
 - exceptions go into the exception queue;
 - an applied move re-plans on the measured figures again (the same re-plan the proposal came
@@ -19,15 +24,74 @@ moving took.
 from __future__ import annotations
 
 import dataclasses
+import statistics
 import time
 from typing import Any
 
+from dmsc.data.db import Database
+from dmsc.planner.plan import Plan
 from dmsc.runtime.control.modules import default_modules, orchestrate, read_measurements
-from dmsc.runtime.control.modules.base import Proposal
-from dmsc.runtime.control.modules.orchestrator import DecisionRule, apply
+from dmsc.runtime.control.modules.base import Measurements, Proposal
+from dmsc.runtime.control.modules.orchestrator import Decision, DecisionRule, apply
 from dmsc.runtime.control.modules.paths import replan
+from dmsc.runtime.control.modules.policy import DEDUPE_S, raised_recently
+from dmsc.runtime.control.prediction import task_prediction
 from dmsc.runtime.transport.messages import ReplanRequest
 from dmsc.runtime.transport.rpc import BadRequest
+from dmsc.spec import ClusterSpec, LayerListSpec, TransformerSpec
+
+
+def not_again(db: Database, run_id: int, decisions: list[Decision], now_s: float) -> list[Decision]:
+    """The decisions with each exception raised within ``DEDUPE_S`` turned into a note (the
+    exception queue would not take it again)."""
+    out = []
+    for d in decisions:
+        task = None
+        if d.verdict == "raise":
+            task = raised_recently(db, run_id, d.proposal.target, now_s)
+        if task is None:
+            out.append(d)
+            continue
+        why = f"raised already within the last {DEDUPE_S / 3600:g} h (task {task}): not again"
+        out.append(Decision(d.proposal, "note", why))
+    return out
+
+
+def decide_on(
+    db: Database,
+    run_id: int,
+    plan: Plan,
+    cluster: ClusterSpec | None,
+    model: TransformerSpec | LayerListSpec,
+    rule: DecisionRule,
+    now_s: float,
+) -> tuple[Measurements, list[Decision]]:
+    """The run's measurements on ``plan`` (the deployment's current one) with the prediction of
+    the job the measured task ran, and the orchestrator's decisions on them."""
+    measured = dataclasses.replace(read_measurements(db, run_id, now_s), plan=plan)
+    params = next((t.params for t in measured.tasks if t.id == measured.task_id), None)
+    ran = task_prediction(plan, cluster, model, params)
+    measured = dataclasses.replace(measured, predicted=ran)
+    decisions = orchestrate(default_modules(cluster), measured, rule)
+    return measured, not_again(db, run_id, decisions, now_s)
+
+
+def decisions_doc(m: Measurements, decisions: list[Decision], dry_run: bool) -> dict[str, Any]:
+    """What a dry run and a real one answer about the measurements and the decisions."""
+    steps = [p.step_s for p in m.metrics]
+    return {
+        "run": m.run_id,
+        "task": m.task_id,
+        "dry_run": dry_run,
+        "steps_measured": len(steps),
+        "median_step_s": statistics.median(steps) if steps else None,
+        "remaining_steps": m.remaining_steps,
+        **m.prediction().as_json(),
+        "decisions": [
+            {**d.proposal.as_json(), "decision": d.verdict, "verdict": d.verdict, "why": d.reason}
+            for d in decisions
+        ],
+    }
 
 
 def replan_now(cp: Any, req: ReplanRequest) -> dict[str, Any]:
@@ -35,10 +99,10 @@ def replan_now(cp: Any, req: ReplanRequest) -> dict[str, Any]:
     docstring). ``cp`` is the :class:`~.plane.ControlPlane`."""
     with cp.lock:  # between tasks: a training task holds it
         t0 = time.perf_counter()
-        measured = read_measurements(cp.db, cp.run.id, time.time())
-        measured = dataclasses.replace(measured, plan=cp.plan)
         rule = DecisionRule(req.threshold, req.horizon_steps)
-        decisions = orchestrate(default_modules(cp.cluster), measured, rule)
+        measured, decisions = decide_on(
+            cp.db, cp.run.id, cp.plan, cp.cluster, cp.model, rule, time.time()
+        )
         decide_s = time.perf_counter() - t0
         applied: dict[str, Any] | None = None
 
@@ -63,12 +127,9 @@ def replan_now(cp: Any, req: ReplanRequest) -> dict[str, Any]:
         if not req.dry_run:
             raised = apply(cp.db, cp.run.id, decisions, time.time(), move=move)
     return {
-        "run": cp.run.id,
-        "dry_run": req.dry_run,
+        **decisions_doc(measured, decisions, req.dry_run),
+        "cluster": cp.cluster.name if cp.cluster is not None else None,
         "decide_s": decide_s,
-        "decisions": [
-            {**d.proposal.as_json(), "decision": d.verdict, "why": d.reason} for d in decisions
-        ],
         "applied": applied,
         "exceptions_raised": raised,
         "datacenters": [st.datacenter for st in cp.plan.stages],

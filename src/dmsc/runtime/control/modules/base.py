@@ -24,6 +24,7 @@ from sqlalchemy import func, select
 from dmsc.data.db import Database, MetricRecord, RunRecord, TaskRecord
 from dmsc.data.traces import StepTrace, step_traces
 from dmsc.planner.plan import Plan
+from dmsc.runtime.control.prediction import Prediction
 
 # What a proposal asks for. Moves (``move-stage``: stages change datacenter; ``reroute``: same
 # datacenters, other paths or capacity; ``recut``: the layers move between stages) have a gain
@@ -96,6 +97,15 @@ class Measurements:
     tasks: tuple[TaskTimes, ...] = ()
     faults: tuple[FaultInfo, ...] = ()
     remaining_steps: int | None = None  # steps the measured task has left (None: unknown)
+    # the prediction for the job the measured task ran (None: the plan's own; replanning.py
+    # re-estimates it for another batch, dp or calibration)
+    predicted: Prediction | None = None
+
+    def prediction(self) -> Prediction:
+        """The predicted step time the measured steps compare with, and what it is."""
+        if self.predicted is not None:
+            return self.predicted
+        return Prediction(self.plan.prediction.iteration_time_s, "the plan's")
 
     @property
     def empty(self) -> bool:

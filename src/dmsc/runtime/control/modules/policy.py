@@ -6,8 +6,9 @@ Three objectives (:class:`SLOs`, defaults stated there):
 - inference latency: the 99th percentile (nearest rank) of the finished inference tasks' run
   times, start to finish, however many tokens each asked for;
 - step time against the prediction: the median of the last ``recent_steps`` training steps over
-  the plan's predicted iteration time (a slower run than planned: a slow link or device, a
-  straggler, a mis-calibrated cost model);
+  the predicted iteration time of the job the task ran (:meth:`Measurements.prediction`; not
+  checked when that is not comparable): a slower run than planned: a slow link or device, a
+  straggler, a mis-calibrated cost model;
 - queue wait: how long a training task waits before it starts: any still queued past the
   objective, or started within the last ``window_s`` after waiting past it.
 
@@ -102,17 +103,20 @@ class PolicyAnalysis:
 
     def _step_time(self, m: Measurements) -> Proposal | None:
         recent = [p.step_s for p in m.metrics[-self.slos.recent_steps :]]
-        predicted = m.plan.prediction.iteration_time_s
-        if not recent or predicted <= 0:
+        ran = m.prediction()  # of the job the measured task ran; None: not comparable
+        predicted = ran.step_s
+        if not recent or predicted is None or predicted <= 0:
             return None
         median = statistics.median(recent)
         ratio = median / predicted
         if ratio <= self.slos.step_ratio:
             return None
+        what = "" if ran.basis == "the plan's" else f" ({ran.basis})"
         return self._exception(
             "slo:step-time",
             f"median step {median:.3f} s over the last {len(recent)} steps is {ratio:.1f}x "
-            f"the predicted {predicted:.3f} s (objective: at most {self.slos.step_ratio:g}x)",
+            f"the predicted {predicted:.3f} s{what} (objective: at most "
+            f"{self.slos.step_ratio:g}x)",
             median_step_s=median,
             predicted_s=predicted,
             ratio=ratio,
@@ -147,19 +151,27 @@ class PolicyAnalysis:
         )
 
 
+def raised_recently(db: Database, run_id: int, target: str, now_s: float) -> int | None:
+    """The exception task that raised ``target`` within ``DEDUPE_S`` of ``now_s``, if any (it is
+    not raised again: a dry run says so as the real one does)."""
+    for task in TaskQueue(db, run_id).exceptions():
+        if task.kind != POLICY_TASK_KIND or task.finished_at is None:
+            continue
+        same = json.loads(task.params_json or "{}").get("target") == target
+        if same and now_s - (unix_s(task.finished_at) or 0.0) < DEDUPE_S:
+            return task.id
+    return None
+
+
 def raise_into_queue(db: Database, run_id: int, proposal: Proposal, now_s: float) -> int | None:
     """Put an exception proposal into the run's exception queue: a ``policy`` task, failed as
     :class:`SLOBreach` with the proposal's reason (and its details in the log excerpt). Returns
     the task's id, or None when the same target was raised within ``DEDUPE_S`` of ``now_s``."""
     if proposal.kind != "exception":
         raise ValueError(f"only exceptions go into the exception queue, not a {proposal.kind}")
+    if raised_recently(db, run_id, proposal.target, now_s) is not None:
+        return None
     queue = TaskQueue(db, run_id)
-    for task in queue.exceptions():
-        if task.kind != POLICY_TASK_KIND or task.finished_at is None:
-            continue
-        same = json.loads(task.params_json or "{}").get("target") == proposal.target
-        if same and now_s - (unix_s(task.finished_at) or 0.0) < DEDUPE_S:
-            return None
     params = {"module": proposal.module, "target": proposal.target}
     # Created failed, never queued: a queue worker must not claim it for a moment.
     task_id = db.new_task(run_id, POLICY_TASK_KIND, params, state="failed").id
