@@ -89,3 +89,24 @@ def test_the_step_objective_compares_the_job_that_ran(tmp_path: Path) -> None:
         assert doc["predicted_step_s"] == want.step_s and "batch 32" in doc["prediction"]
         assert "slo:step-time" not in {d["target"] for d in doc["decisions"]}
     assert real["exceptions_raised"] == []
+
+
+def test_the_dry_run_command_asks_the_running_control_plane(monkeypatch: Any, capsys: Any) -> None:
+    """With a control plane up, `dmsc replan --dry-run` is its answer (the deployment's current
+    plan), not an offline reading of the database's first plan."""
+    import json
+
+    from dmsc.cli import modules
+
+    asked: list[tuple[str, dict[str, Any]]] = []
+    answer = {"run": 1, "dry_run": True, "decide_s": 0.01, "decisions": []}
+
+    class Client:
+        def call(self, method: str, body: dict[str, Any]) -> dict[str, Any]:
+            asked.append((method, body))
+            return dict(answer)
+
+    monkeypatch.setattr(modules, "_running_plane", lambda: Client())
+    modules.replan(dry_run=True, cluster=None, run=None, as_json=True)
+    assert asked == [("Replan", {"dry_run": True, "threshold": 0.05, "horizon_steps": 1000})]
+    assert json.loads(capsys.readouterr().out)["decide_s"] == 0.01
