@@ -19,6 +19,7 @@ import pytest
 from runtime_helpers import ROOT, dmsc, make_plan
 
 from dmsc.runtime.control.chaos import alive
+from dmsc.runtime.control.db_watch import SHADOW_S
 from dmsc.runtime.transport.messages import ControlSettings
 
 
@@ -47,13 +48,15 @@ def _lose(db: Path, how: str) -> None:
     if how == "deleted":
         for path in db.parent.glob(db.name + "*"):  # the file, its write-ahead log and index
             path.unlink()
+    elif how == "emptied":  # truncate -s 0 dmsc.sqlite (issue 29: went unnoticed)
+        os.truncate(db, 0)
     else:  # a copy of the file (a restored backup) moved over it: another inode
         copy = db.with_name("copy.sqlite")
         shutil.copyfile(db, copy)
         os.replace(copy, db)
 
 
-@pytest.mark.parametrize("how", ["deleted", "replaced"])
+@pytest.mark.parametrize("how", ["deleted", "replaced", "emptied"])
 def test_a_lost_database_stops_the_control_plane_loudly(tmp_path: Path, how: str) -> None:
     plan = make_plan(tmp_path)
     key = dmsc(tmp_path, "token", "create", "--tenant", "t", "--scopes", "read")
@@ -66,6 +69,8 @@ def test_a_lost_database_stops_the_control_plane_loudly(tmp_path: Path, how: str
         workers = [s["pid"] for s in status["services"]]
         assert workers and all(alive(pid) for pid in workers)
         db = tmp_path / "dmsc.sqlite"
+        if how == "emptied":  # what is saved then is the watch's copy, up to SHADOW_S old
+            time.sleep(SHADOW_S + 1.5)
         _lose(db, how)
         with contextlib.suppress(subprocess.TimeoutExpired):  # before the fix: it runs on
             code = proc.wait(timeout=90)
@@ -76,6 +81,8 @@ def test_a_lost_database_stops_the_control_plane_loudly(tmp_path: Path, how: str
         err = proc.stderr.read() if proc.stderr else ""
     assert code == 1, err
     said = f"the database {db} was {how}"
+    if how == "emptied":
+        said += " or overwritten (0 bytes, no SQLite header)"
     assert said in err and "Traceback" not in err
     assert said in (tmp_path / "logs" / "control.log").read_text()
     deadline = time.monotonic() + 30
@@ -90,3 +97,10 @@ def test_a_lost_database_stops_the_control_plane_loudly(tmp_path: Path, how: str
         assert copy.execute("SELECT status FROM runs").fetchall() == [("running",)]
         assert copy.execute("SELECT kind, state FROM tasks").fetchall() == [("infer", "done")]
         assert copy.execute("SELECT count(*) FROM api_keys").fetchone() == (1,)
+    if how == "replaced":
+        return
+    # The next command does not make a new, empty database beside the copy: it says where it is.
+    listed = dmsc(tmp_path, "token", "list")
+    assert listed.returncode == 1 and "Traceback" not in listed.stderr
+    assert f"(`mv{saved[0]}{db}`)" in "".join(listed.stderr.split()), listed.stderr[-600:]
+    assert not db.exists() or not db.read_bytes().startswith(b"SQLite format 3")

@@ -145,3 +145,31 @@ def test_services_are_recorded_in_order(tmp_path: Path) -> None:
         ("stage1-r0", 1, 0, "127.0.0.1:3"),
     ]
     assert db.services(run.id + 1) == []
+
+
+def test_no_new_database_is_made_beside_a_salvaged_copy(tmp_path: Path) -> None:
+    """Issue 29, point 16: after a control plane lost its database, the next `dmsc token list`
+    made a new, empty one and `dmsc up` started run 1 on it. Now it is refused, saying where
+    the copy is, unless asked for explicitly."""
+    from dmsc.data.db import StorageError
+
+    path = tmp_path / "dmsc.sqlite"
+    salvaged = tmp_path / "dmsc.sqlite.salvaged-20250101-000000"
+    Database(f"sqlite:///{salvaged}")
+    with pytest.raises(StorageError, match=r"mv .*salvaged-20250101-000000") as err:
+        Database(f"sqlite:///{path}")
+    assert "--new-database" in str(err.value)
+    assert not path.exists()
+    Database(f"sqlite:///{path}", new_beside_salvaged=True)
+    assert path.exists()
+    Database(f"sqlite:///{path}")  # it exists now: opened as usual
+
+
+def test_two_databases_name_run_1_s_folder_apart(tmp_path: Path) -> None:
+    """Run 1 of a new database must not write into the checkpoint folder of run 1 of a lost
+    one: folders carry the database's identity, which stays with the file."""
+    one = Database(f"sqlite:///{tmp_path / 'a.sqlite'}")
+    two = Database(f"sqlite:///{tmp_path / 'b.sqlite'}")
+    assert one.run_key(1) != two.run_key(1)
+    assert one.run_key(1).startswith("run1-")
+    assert Database(f"sqlite:///{tmp_path / 'a.sqlite'}").run_key(1) == one.run_key(1)

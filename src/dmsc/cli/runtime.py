@@ -46,6 +46,8 @@ _SETTING_FLAGS = {
     "burst": "--burst",
     "max_body_bytes": "--max-body",
     "tenant_requests": "--tenant-requests",
+    "keep_checkpoints": "--keep-checkpoints",
+    "checkpoint_quota_bytes": "--checkpoint-quota",
 }
 
 
@@ -255,6 +257,15 @@ def up(
             "(default: found by the plan's cluster name)."
         ),
     ] = None,
+    keep_checkpoints: Annotated[
+        int, typer.Option(help="A training task's newest checkpoints kept on disk (0: all).")
+    ] = 3,
+    checkpoint_quota: Annotated[
+        str | None, typer.Option(help="Checkpoint bytes per tenant (500MB, 2GB; default: none).")
+    ] = None,
+    new_database: Annotated[
+        bool, typer.Option(help="Make a new database even beside a salvaged copy of a lost one.")
+    ] = False,
 ) -> None:
     """Start the control plane and one worker process per stage replica."""
     from dmsc.data.db import data_dir
@@ -266,6 +277,7 @@ def up(
         "burst": burst,
         "tenant_requests": tenant_requests,
         "max_body_bytes": max_body,
+        "keep_checkpoints": keep_checkpoints,
     }
     settings = _control_settings(
         plan_file, home, gateway, router, failure_timeout, spares, device,
@@ -273,12 +285,15 @@ def up(
     )  # fmt: skip
     # the plan's cluster spec: for --autoscale, and for training tasks that change dp
     from dmsc.cli.autoscale_flag import autoscale_settings
+    from dmsc.cli.sizes import size_flag
     from dmsc.planner.plan import Plan
 
     plan = Plan.model_validate_json(Path(plan_file).read_text())
     scale, path = autoscale_settings(autoscale, cluster, plan, launcher)
     cluster_path = str(Path(path).resolve()) if path is not None else None
-    settings = settings.model_copy(update={"autoscale": scale, "cluster": cluster_path})
+    quota = size_flag("--checkpoint-quota", checkpoint_quota)
+    more = {"checkpoint_quota_bytes": quota, "new_database": new_database}
+    settings = settings.model_copy(update={"autoscale": scale, "cluster": cluster_path, **more})
     stderr_path = logs.stderr_file(home, logs.CONTROL)
     seen = stderr_path.stat().st_size if stderr_path.exists() else 0  # earlier starts' lines
     stderr = logs.open_stderr(home, logs.CONTROL)

@@ -9,6 +9,7 @@ from __future__ import annotations
 import json
 import os
 import time
+import uuid
 from pathlib import Path
 from typing import Any, TypeVar
 
@@ -23,6 +24,7 @@ from dmsc.data.records import (
     Base,
     CheckpointRecord,
     FaultRecord,
+    IdentityRecord,
     MetricRecord,
     ModelVersionRecord,
     ReplicaWeightsRecord,
@@ -59,6 +61,7 @@ __all__ = [
     "CheckpointRecord",
     "Database",
     "FaultRecord",
+    "IdentityRecord",
     "MetricRecord",
     "ModelVersionRecord",
     "ReplicaWeightsRecord",
@@ -102,8 +105,15 @@ class Database:
     """Sessions on one engine, and the few writes the runtime makes. A statement the storage
     refuses raises :class:`StorageError`."""
 
-    def __init__(self, url: str | None = None) -> None:
+    def __init__(self, url: str | None = None, new_beside_salvaged: bool = False) -> None:
+        """Open (and make, when missing) the database at ``url``. A SQLite file is not made
+        beside a salvaged copy of the one it replaces (:func:`storage.new_beside_salvaged`:
+        :class:`StorageError`) unless ``new_beside_salvaged``."""
         self.url = url or default_url()
+        file = storage.sqlite_file(self.url)
+        why = storage.new_beside_salvaged(file) if file is not None else None
+        if why is not None and not new_beside_salvaged:
+            raise StorageError(f"not making a new database: {why}")
         if self.url.startswith("sqlite"):
             # Several threads and processes write here (control plane, queue worker, gateway):
             # write-ahead logging lets readers run beside the writer, and a writer waits for the
@@ -125,6 +135,21 @@ class Database:
         Base.metadata.create_all(self.engine)
         self._add_missing_columns()
         self.sessions = sessionmaker(self.engine, expire_on_commit=False)
+        self.identity = self._identity()
+
+    def _identity(self) -> str:
+        """The database's identity token (:class:`IdentityRecord`), made with it."""
+        with self.sessions() as s, s.begin():
+            row = s.scalars(select(IdentityRecord).order_by(IdentityRecord.id)).first()
+            if row is None:
+                row = IdentityRecord(token=uuid.uuid4().hex)
+                s.add(row)
+            return row.token
+
+    def run_key(self, run_id: int) -> str:
+        """The name of run ``run_id``'s checkpoint folder: ``run<id>-<identity>``, so that run 1
+        of a new database never writes into the folder of run 1 of a lost one."""
+        return f"run{run_id}-{self.identity[:8]}"
 
     def _add_missing_columns(self) -> None:
         """Bring a database made by an older dmsc up to date: add the columns it lacks (new

@@ -18,6 +18,17 @@ class Base(DeclarativeBase):
     pass
 
 
+class IdentityRecord(Base):
+    """The database's identity: one row, made with the database. A file that holds another
+    token, or none, is not this database any more (:mod:`dmsc.runtime.control.db_watch`), and
+    checkpoint folders carry its start (:meth:`dmsc.data.db.Database.run_key`)."""
+
+    __tablename__ = "dmsc_identity"
+    id: Mapped[int] = mapped_column(primary_key=True)
+    token: Mapped[str] = mapped_column(String(64))
+    created_at: Mapped[dt.datetime] = mapped_column(default=_now)
+
+
 class RunRecord(Base):
     __tablename__ = "runs"
     id: Mapped[int] = mapped_column(primary_key=True)

@@ -30,6 +30,38 @@ def sqlite_file(url: str) -> Path | None:
     return Path(name).resolve()
 
 
+SALVAGED = ".salvaged-"  # <file>.salvaged-<time>: what a lost database held (db_watch)
+
+
+def salvaged_copies(path: Path) -> list[Path]:
+    """The salvaged copies of the SQLite file ``path`` lying beside it, oldest first."""
+    found = path.parent.glob(f"{path.name}{SALVAGED}*")
+    return sorted(p for p in found if not p.name.endswith(("-wal", "-shm", "-journal")))
+
+
+def new_beside_salvaged(path: Path) -> str | None:
+    """Why no new database should be made at ``path``: it is missing and a salvaged copy of
+    the database a control plane lost lies beside it (a new, empty one would start run 1 again
+    and hide that copy); a file that is not a SQLite database (emptied or overwritten in place)
+    counts as missing. None when there is no such reason."""
+    try:
+        with path.open("rb") as fh:
+            if fh.read(16) == b"SQLite format 3\x00":
+                return None
+    except OSError:  # missing (or unreadable: opening it says why)
+        if path.exists():
+            return None
+    copies = salvaged_copies(path)
+    if not copies:
+        return None
+    return (
+        f"the database {path} is missing or no database and {copies[-1]} lies beside it "
+        "(what a control plane saved when it lost its database): move it back "
+        f"(`mv {copies[-1]} {path}`) to resume "
+        "that run, or start on a new, empty database with `dmsc up --new-database`"
+    )
+
+
 def location(url: str) -> str:
     """The database as a user names it: the SQLite file, or the URL without its password."""
     path = sqlite_file(url)

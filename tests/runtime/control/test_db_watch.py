@@ -55,3 +55,67 @@ def test_a_loss_refuses_new_connections_and_sets_the_stop(tmp_path: Path) -> Non
 def test_a_missing_file_cannot_be_watched(tmp_path: Path) -> None:
     with pytest.raises(StorageError, match="does not exist"):
         DbWatch(tmp_path / "none.sqlite")
+
+
+def _keys(db: Database) -> None:
+    from dmsc.runtime.business.auth import create_key
+
+    create_key(db, "t", ["read"], None, None)
+
+
+@pytest.mark.parametrize("how", ["emptied", "overwritten"])
+def test_a_file_emptied_or_overwritten_in_place_is_lost_and_salvaged_from_memory(
+    tmp_path: Path, how: str
+) -> None:
+    """Issue 29, point 16: ``truncate -s 0 dmsc.sqlite`` (same inode) went unnoticed and took
+    every run, key and task with it. Now the watch sees it, and saves the copy it keeps in
+    memory."""
+    path = tmp_path / "dmsc.sqlite"
+    db = Database(f"sqlite:///{path}")
+    db.new_run("gpt-mini", "c", {})
+    _keys(db)
+    watch = DbWatch(path, interval_s=0.05)
+    inode = os.stat(path).st_ino
+    if how == "emptied":
+        os.truncate(path, 0)
+        want = "was emptied or overwritten (0 bytes, no SQLite header)"
+    else:  # another database's bytes written over this one's, same file
+        other = tmp_path / "other.sqlite"
+        odb = Database(f"sqlite:///{other}")
+        odb.engine.dispose()
+        path.write_bytes(other.read_bytes())
+        for side in tmp_path.glob("dmsc.sqlite-*"):  # its log and index, of the old contents
+            side.unlink()
+        want = "was overwritten"
+    assert os.stat(path).st_ino == inode  # the same file: deletion's check cannot see it
+    what = watch.check()
+    assert what is not None and what.startswith(want)
+    report = watch.report(what)
+    saved = next(tmp_path.glob("dmsc.sqlite.salvaged-*"))
+    assert str(saved) in report
+    with sqlite3.connect(saved) as copy:
+        assert copy.execute("SELECT count(*) FROM runs").fetchone() == (1,)
+        assert copy.execute("SELECT count(*) FROM api_keys").fetchone() == (1,)
+
+
+def test_the_watch_stops_the_plane_when_its_file_is_emptied(tmp_path: Path) -> None:
+    path = tmp_path / "dmsc.sqlite"
+    db = Database(f"sqlite:///{path}")
+    stop, said = threading.Event(), []
+    watch_database(db, stop, said.append, interval_s=0.05)
+    os.truncate(path, 0)
+    assert stop.wait(10)
+    assert "was emptied" in said[0]
+
+
+def test_an_unchanged_busy_database_is_not_lost(tmp_path: Path) -> None:
+    path = tmp_path / "dmsc.sqlite"
+    db = Database(f"sqlite:///{path}")
+    watch = DbWatch(path, interval_s=0.05)
+    for n in range(20):
+        db.new_run("gpt-mini", "c", {"n": n})
+        assert watch.check() is None
+    watch.refresh_shadow(force=True)
+    saved = watch.salvage(in_place=True)
+    with sqlite3.connect(saved) as copy:
+        assert copy.execute("SELECT count(*) FROM runs").fetchone() == (20,)

@@ -18,12 +18,23 @@ code. A checkpoint that cannot be read, or does not fit the stage, is refused th
 (:class:`CheckpointError`): the control plane then falls back to an older one
 (:mod:`dmsc.runtime.control.fallback`). Files written by ``torch.save`` (dmsc before the
 safetensors format) are still read, with ``weights_only=True``.
+
+A save is atomic per file (written beside, then renamed over the name) and leaves nothing behind
+when it fails. A full disk (ENOSPC, a quota: EDQUOT, a file size limit: EFBIG) raises
+:class:`DiskFull`, answered RESOURCE_EXHAUSTED by the worker: the control plane fails the task
+with its message (no space left on device: the path and the space free) instead of taking the
+worker for failed and rolling back to run into the same wall again.
 """
 
 from __future__ import annotations
 
+import contextlib
+import errno
 import hashlib
 import json
+import os
+import re
+import shutil
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -34,6 +45,7 @@ from safetensors.torch import save_file
 
 from dmsc.runtime.compute.models.chain import StageModule
 from dmsc.runtime.compute.models.hf import hf_key
+from dmsc.runtime.transport.rpc import NoRoom
 from dmsc.spec import TransformerSpec
 
 OPTIM_SUFFIX = ".optim.safetensors"
@@ -41,6 +53,69 @@ OPTIM_SUFFIX = ".optim.safetensors"
 
 class CheckpointError(ValueError):
     """The checkpoint cannot be loaded: missing, or not the file its hash names."""
+
+
+# what a write that found no room raises: no space, a disk quota, the process's file size limit
+NO_ROOM = frozenset({errno.ENOSPC, errno.EDQUOT, errno.EFBIG})
+
+
+class DiskFull(NoRoom):
+    """A checkpoint could not be written for want of room: the message names the path and the
+    space left on its file system."""
+
+
+def free_bytes(path: Path) -> int | None:
+    """The bytes free (to this user) on the file system of ``path`` or its nearest existing
+    parent; None when none can be asked."""
+    for folder in (path, *path.parents):
+        with contextlib.suppress(OSError):
+            if folder.exists():
+                return shutil.disk_usage(folder).free
+    return None
+
+
+def size_text(n: float) -> str:
+    """Bytes as a person reads them (decimal units: 10.5 MB)."""
+    for unit in ("B", "kB", "MB", "GB", "TB"):
+        if abs(n) < 1000 or unit == "TB":
+            return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
+        n /= 1000
+    raise AssertionError
+
+
+def disk_full(path: Path, exc: OSError) -> DiskFull:
+    """The :class:`DiskFull` of a write to ``path`` that failed with ``exc`` (one of
+    :data:`NO_ROOM`)."""
+    free = free_bytes(path)
+    left = "unknown space" if free is None else size_text(free)
+    what = "file size limit reached" if exc.errno == errno.EFBIG else "no space left on device"
+    return DiskFull(f"{what}: {path}, {left} free")
+
+
+def no_room(exc: BaseException) -> bool:
+    """Whether ``exc`` is a write that found no room (:data:`NO_ROOM`)."""
+    return isinstance(exc, OSError) and exc.errno in NO_ROOM
+
+
+def _save_atomic(tensors: dict[str, torch.Tensor], path: Path, meta: dict[str, str]) -> None:
+    """``save_file`` to a temporary name beside ``path``, renamed over it once complete (a
+    reader sees the old file or the new one, never half of one); nothing is left on failure."""
+    tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
+    try:
+        try:
+            save_file(tensors, str(tmp), metadata=meta)
+        except SafetensorError as exc:  # its I/O errors come as text: "... (os error 28)"
+            found = re.search(r"os error (\d+)", str(exc))
+            if found is None:
+                raise
+            code = int(found.group(1))
+            raise OSError(code, os.strerror(code), str(tmp)) from None
+        with tmp.open("rb+") as fh:  # a file system that allocates late says ENOSPC here
+            os.fsync(fh.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        tmp.unlink(missing_ok=True)
+        raise
 
 
 def stage_file(folder: Path, stage: int) -> Path:
@@ -97,7 +172,23 @@ def write_checkpoint(
 ) -> list[str]:
     """Write the stage's weights to ``path`` and its optimizer's state beside it (with
     ``extra`` tensors: a sync mode's round state, under names no weight has); the names of
-    the weights written."""
+    the weights written. :class:`DiskFull` when there is no room (nothing is left behind)."""
+    try:
+        return _write(path, spec, module, optimizer, steps, extra)
+    except OSError as exc:
+        if no_room(exc):
+            raise disk_full(path, exc) from None
+        raise
+
+
+def _write(
+    path: Path,
+    spec: TransformerSpec,
+    module: StageModule,
+    optimizer: torch.optim.Optimizer,
+    steps: int,
+    extra: dict[str, torch.Tensor] | None,
+) -> list[str]:
     path.parent.mkdir(parents=True, exist_ok=True)
     params = _params(spec, module)
     weights = {key: _store(p, tr) for p, key, tr in params}
@@ -112,9 +203,13 @@ def write_checkpoint(
                 value = value if isinstance(value, torch.Tensor) else torch.tensor(value)
                 moments[f"{key}.{slot}"] = _store(value, tr)
     moments.update({k: v.contiguous() for k, v in (extra or {}).items()})
-    save_file(weights, str(path), metadata={"format": "pt"})
     meta = {"format": "pt", "steps": str(steps), "param_groups": json.dumps(groups)}
-    save_file(moments, str(optimizer_path(path)), metadata=meta)
+    _save_atomic(moments, optimizer_path(path), meta)
+    try:
+        _save_atomic(weights, path, {"format": "pt"})
+    except BaseException:  # the pair or nothing
+        optimizer_path(path).unlink(missing_ok=True)
+        raise
     return sorted(weights)
 
 

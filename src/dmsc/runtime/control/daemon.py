@@ -29,12 +29,13 @@ from functools import partial
 from pathlib import Path
 from typing import Any, TextIO
 
-from dmsc.data.db import Database, control_file, data_dir
+from dmsc.data.db import Database, StorageError, control_file, data_dir
 from dmsc.data.storage import location
 from dmsc.planner.plan import Plan
 from dmsc.runtime.business.auth import PrincipalCache, revoke
 from dmsc.runtime.control.db_watch import watch_database
 from dmsc.runtime.control.plane import ControlPlane
+from dmsc.runtime.control.retention import Retention
 from dmsc.runtime.control.task_queue import TaskQueue
 from dmsc.runtime.control.watchdog import watch_workers
 from dmsc.runtime.transport import logs
@@ -143,7 +144,12 @@ def main(stdin: TextIO | None = None) -> None:
             log.error("cannot join the Ray cluster at %s: %s", settings.ray_address, exc)
             _fail(f"cannot join the Ray cluster at {settings.ray_address}: {exc}")
             return
-    db = Database()
+    try:  # no new, empty database beside a salvaged copy unless --new-database
+        db = Database(new_beside_salvaged=settings.new_database)
+    except StorageError as exc:
+        log.error("%s", exc)
+        _fail(str(exc))
+        return
     from dmsc.spec import ClusterSpec, load_spec
 
     cluster = load_spec(ClusterSpec, Path(settings.cluster)) if settings.cluster else None
@@ -157,6 +163,7 @@ def main(stdin: TextIO | None = None) -> None:
         log=log,
         launcher=launcher,
         cluster=cluster,
+        retention=Retention(settings.keep_checkpoints, settings.checkpoint_quota_bytes),
     )
 
     def db_lost(message: str) -> None:

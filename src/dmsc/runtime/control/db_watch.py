@@ -1,15 +1,21 @@
-"""The control plane's watch on its database file: deleted or replaced, the control plane stops.
+"""The control plane's watch on its database file: deleted, replaced, emptied or overwritten,
+the control plane stops.
 
 A SQLite connection keeps writing to a file that was unlinked: the runs, tasks and versions go
 to a file no one can open again, and the next ``dmsc`` command that opens the database creates a
 new, empty one at the path. So the control plane holds the file open from the start (its own
-read-only connection) and looks at the path every second: when the path is gone, or names
-another file (another inode: a copy moved over it, a restored backup), the watch
+read-only connection) and looks at the path every second: when the path is gone, names another
+file (another inode: a copy moved over it, a restored backup), or the file itself no longer
+holds this database (emptied: ``truncate -s 0``, so shorter than a SQLite header or without
+one; overwritten in place: its identity row, :class:`~dmsc.data.records.IdentityRecord`, is
+another database's or cannot be read), the watch
 
 - refuses every new connection of the control plane's engine (a new connection would create an
   empty file at the path; the ones open keep their file),
 - copies what the held connection still reads into ``<file>.salvaged-<time>`` beside it (the
-  SQLite backup API, consistent), and
+  SQLite backup API, consistent); a file emptied or overwritten in place took its contents
+  with it, so the watch also keeps a copy in memory, taken again (at most every
+  :data:`SHADOW_S`) whenever the database changed, and that copy is what is saved then, and
 - reports it (the daemon writes it to its log and its standard error) and sets the stop event:
   the daemon shuts the workers down and exits non-zero, leaving the run ``running`` in the copy
   so that moving it back and ``dmsc up`` with the same plan resumes it.
@@ -33,9 +39,11 @@ from urllib.parse import quote
 from sqlalchemy import event
 
 from dmsc.data.db import Database, StorageError
-from dmsc.data.storage import sqlite_file
+from dmsc.data.storage import SALVAGED, sqlite_file
 
 FileId = tuple[int, int]  # (device, inode)
+HEADER = b"SQLite format 3\x00"  # the first 16 bytes of every SQLite database file
+SHADOW_S = 5.0  # the in-memory copy is at most this old (when the database changed)
 
 
 def file_id(path: Path) -> FileId | None:
@@ -73,28 +81,86 @@ class DbWatch:
             f"file:{quote(str(path))}?mode=rw", uri=True, check_same_thread=False
         )
         self._held.execute("SELECT count(*) FROM sqlite_master").fetchall()
+        self.identity = self._identity(self._held)
+        self._shadow = sqlite3.connect(":memory:", check_same_thread=False)
+        self._shadow_version: int | None = None
+        self._shadow_at = 0.0
+        self.refresh_shadow()
+
+    @staticmethod
+    def _identity(conn: sqlite3.Connection) -> str | None:
+        """The identity token the database at ``conn`` holds (None: none)."""
+        try:
+            row = conn.execute("SELECT token FROM dmsc_identity ORDER BY id LIMIT 1").fetchone()
+        except sqlite3.OperationalError:  # an older database, made before the table
+            return None
+        return str(row[0]) if row else None
+
+    def refresh_shadow(self, force: bool = False) -> None:
+        """Copy the database into memory again if it changed and the copy is old enough."""
+        version = self._held.execute("PRAGMA data_version").fetchone()[0]
+        fresh = time.monotonic() - self._shadow_at < SHADOW_S
+        if not force and (version == self._shadow_version or fresh):
+            return
+        copy = sqlite3.connect(":memory:", check_same_thread=False)
+        self._held.backup(copy)
+        if self._identity(copy) != self.identity or self.content() is not None:
+            copy.close()  # emptied or overwritten meanwhile: keep the copy from before
+            return
+        self._shadow.close()
+        self._shadow, self._shadow_version, self._shadow_at = copy, version, time.monotonic()
+
+    def content(self) -> str | None:
+        """What happened to the contents of the file the path still names, or None: it is
+        emptied or cut short (no SQLite header), or holds another database (another identity)
+        or none that can be read."""
+        try:
+            with self.path.open("rb") as fh:
+                head = fh.read(len(HEADER))
+        except OSError:  # gone meanwhile: the next look sees it
+            return None
+        if head != HEADER:
+            size = self.path.stat().st_size if self.path.exists() else 0
+            return f"was emptied or overwritten ({size} bytes, no SQLite header)"
+        if self.identity is None:  # nothing to compare with
+            return None
+        uri = f"file:{quote(str(self.path))}?mode=ro"
+        try:
+            with contextlib.closing(sqlite3.connect(uri, uri=True, timeout=5)) as conn:
+                now = self._identity(conn)
+        except sqlite3.DatabaseError as exc:
+            if "locked" in str(exc) or "busy" in str(exc):  # a writer holds it: look again
+                return None
+            return f"was overwritten: it no longer reads as a database ({exc})"
+        if now != self.identity:
+            return "was overwritten by another database (its identity row differs)"
+        return None
 
     def check(self) -> str | None:
-        """What happened to the file, or None while the path still names it."""
-        return change(self.before, file_id(self.path))
+        """What happened to the file, or None while the path still names it, unchanged."""
+        return change(self.before, file_id(self.path)) or self.content()
 
-    def salvage(self) -> Path:
-        """Copy what the held connection reads into a new file beside the lost one."""
+    def salvage(self, in_place: bool = False) -> Path:
+        """Copy what the held connection reads into a new file beside the lost one (the copy in
+        memory when the file was emptied or overwritten ``in_place``: the held connection
+        reads that same file)."""
         stamp = time.strftime("%Y%m%d-%H%M%S")
-        target = self.path.with_name(f"{self.path.name}.salvaged-{stamp}")
+        target = self.path.with_name(f"{self.path.name}{SALVAGED}{stamp}")
         with contextlib.closing(sqlite3.connect(target)) as out:
-            self._held.backup(out)
+            (self._shadow if in_place else self._held).backup(out)
         return target
 
     def report(self, what: str) -> str:
         """Salvage the contents and say what happened, where they are and what to do."""
+        in_place = what.startswith("was emptied") or what.startswith("was overwritten")
         try:
-            saved = self.salvage()
+            saved = self.salvage(in_place)
         except (sqlite3.Error, OSError) as exc:
             kept = f"its contents could not be saved ({exc})"
         else:
+            age = f" (as it was up to {SHADOW_S:g} s before)" if in_place else ""
             kept = (
-                f"what it held is saved in {saved}: move that file to {self.path} and "
+                f"what it held{age} is saved in {saved}: move that file to {self.path} and "
                 "`dmsc up` the same plan to resume the run"
             )
         return (
@@ -111,6 +177,8 @@ class DbWatch:
                 self.lost = self.report(what)
                 on_lost(self.lost)
                 return
+            with contextlib.suppress(sqlite3.Error):  # emptied meanwhile: the next look sees it
+                self.refresh_shadow()
 
 
 def refuse_connections(db: Database, reason: str) -> None:

@@ -37,10 +37,8 @@ import torch
 from pydantic import BaseModel
 
 from dmsc.runtime.business.registry import REGISTRY_SERVICE, Registry, registry_methods
-from dmsc.runtime.compute.checkpoints import replica_file, stage_file
-from dmsc.runtime.compute.models.hf import write_index
 from dmsc.runtime.compute.worker import WorkerConfig
-from dmsc.runtime.control import decoding, failures
+from dmsc.runtime.control import decoding, failures, staging
 from dmsc.runtime.control.failures import Key, StepRestartNeeded, key_of
 from dmsc.runtime.control.launchers import Launcher, LocalLauncher, WorkerHandle
 from dmsc.runtime.control.layout import Checkpoint, StageLayout
@@ -57,7 +55,6 @@ from dmsc.runtime.transport.messages import (
     Load,
     RunStep,
     Sampling,
-    Save,
     Schedule,
     SyncSettings,
 )
@@ -421,17 +418,7 @@ class Deployment:
         """Save every stage between two steps: replica 0 (replicas hold the same weights), or
         ``every`` replica (mid-round their weights and inner optimizers differ: sync modes)."""
         folder = folder or self.home / "checkpoints" / f"step{step}"  # Save writes below home
-
-        def save(k: Key) -> Callable[[int], Save]:
-            path = stage_file(folder, k[0]) if not k[1] else replica_file(folder, *k)
-            return lambda epoch: Save(path=str(path), epoch=epoch)
-
-        count = self.layout.replicas if every else 1
-        keys = [(s, r) for s in range(self.stages) for r in range(count)]
-        out = self.gather({k: self.calls("Save", save(k), [k], 120.0)[k] for k in keys}, 120.0)
-        names = {Path(r["path"]).name: r["tensors"] for k, r in out.items() if not k[1]}
-        write_index(self.layout.model, folder, names)  # the folder loads in transformers
-        return Checkpoint.of(step, out)
+        return staging.save_checkpoint(self, step, folder, every)  # whole, or nothing left
 
     def restore(self, ckpt: Checkpoint, keys: Collection[Key] | None = None) -> None:
         """Load ``ckpt`` into the workers (all by default); each file's hash is checked. A file

@@ -38,7 +38,7 @@ from dmsc.data.corpus import Corpus, stdlib_text, task_corpora
 from dmsc.data.db import CheckpointRecord, Database, ModelVersionRecord, data_dir
 from dmsc.data.tokenizer import tokenizer_for
 from dmsc.planner.plan import Plan
-from dmsc.runtime.control import chaos, fallback, status
+from dmsc.runtime.control import chaos, fallback, status, work_loop
 from dmsc.runtime.control.dashboard_state import dashboard_state
 from dmsc.runtime.control.deployment import Checkpoint, Deployment
 from dmsc.runtime.control.fallback import NoGoodCheckpoint, Restored
@@ -51,6 +51,7 @@ from dmsc.runtime.control.model_store import promote_if_first
 from dmsc.runtime.control.prediction import prediction_for
 from dmsc.runtime.control.replanning import replan_now
 from dmsc.runtime.control.resize import record_resize, resize, resized_plan
+from dmsc.runtime.control.retention import Retention
 from dmsc.runtime.control.shards import load_task_shards
 from dmsc.runtime.control.task_queue import TaskQueue, cancel_requested
 from dmsc.runtime.control.training import (
@@ -91,6 +92,7 @@ class ControlPlane:
         device: str = "plan",
         launcher: Launcher | None = None,
         cluster: ClusterSpec | None = None,
+        retention: Retention | None = None,
     ) -> None:
         # the plan's cluster spec, when known: training tasks may then change dp (.resize)
         self.cluster, self.device, self.local = cluster, device, launcher is None
@@ -118,6 +120,9 @@ class ControlPlane:
         )
         plan_dict = json.loads(plan.model_dump_json())
         self.run = db.resume_or_new_run(plan.model, plan.cluster, plan_dict)
+        # this run's checkpoints (never another database's run of the same number: .run_key)
+        self.run_dir = self.home / "checkpoints" / db.run_key(self.run.id)
+        self.retention = retention or Retention()  # which of a task's checkpoints stay
         self.corpus, self.valid = task_corpora(None, model.seq, 0, self.texts, self.encode)
         self.steps_done = 0
         self.lock = threading.Lock()  # one task at a time touches the weights
@@ -237,7 +242,7 @@ class ControlPlane:
 
     def relayout(self, plan: Plan, action: str, why: str) -> None:
         """Move the deployment to ``plan`` from a checkpoint (a new dp, a move: .resize)."""
-        folder = self.home / "checkpoints" / f"run{self.run.id}" / f"{action}{self.steps_done}"
+        folder = self.run_dir / f"{action}{self.steps_done}"
         d, err = resize(self.deployment, plan, self.model, self.steps_done, folder, self.device)
         self.deployment = d
         self.inference.rebind(d)
@@ -281,7 +286,7 @@ class ControlPlane:
         else:
             first = self.steps_done
             self.db.set_task_params(task_id, {**params.as_json(), "first_step": first})
-        folder = self.home / "checkpoints" / f"run{self.run.id}" / f"task{task_id}"
+        folder = self.run_dir / f"task{task_id}"
         if params.dp is not None and params.dp != self.plan.job.dp:
             why = f"training task {task_id}: dp {self.plan.job.dp} -> {params.dp}"
             self.relayout(self.resized(params.dp), "train-dp", why)
@@ -350,6 +355,7 @@ class ControlPlane:
                 grad_wait_s=params.grad_wait_s,
                 start=start,
                 older=older,
+                retention=self.retention,
             ),
             run_id=self.run.id,
             stop=lambda: cancel_requested(self.db, task_id),
@@ -383,7 +389,7 @@ class ControlPlane:
     def _save_version(self, task_id: int | None = None) -> int:
         """Save the model as a new version of ``task_id`` (and as the run's latest
         checkpoint)."""
-        folder = self.home / "checkpoints" / f"run{self.run.id}" / f"step{self.steps_done}"
+        folder = self.run_dir / f"step{self.steps_done}"
         # task heads differ by replica: every one is saved
         every = self.inference.heads
         ckpt = self.deployment.checkpoint(self.steps_done, folder, every=every)
@@ -476,29 +482,6 @@ class ControlPlane:
 
     # -- queued work ------------------------------------------------------------------------
     def work_queue(self, queue: TaskQueue) -> None:
-        """Run queued training tasks (the asynchronous lane first) until the plane stops;
-        between tasks, load the model versions the replicas should serve."""
-        while not self.stopped.is_set():
-            self.m_queue.set(queue.depth())
-            try:
-                self.inference.sync_versions()
-            except Exception as exc:  # a bad checkpoint must not stop the queue
-                self.log.warning("version sync failed: %s", exc)
-            task = queue.claim("priority", lane="async") or queue.claim("priority", lane="sync")
-            if task is None:
-                self.stopped.wait(0.5)
-                continue
-            try:
-                params = self.train_params(parse(TrainRequest, json.loads(task.params_json)))
-                with self.lock:
-                    report, _ = self.run_task(task.id, params)
-                queue.complete(task.id, cancelled=report.cancelled)
-                state = "cancelled" if report.cancelled else "done"
-                self.m_tasks.labels("train", state).inc()
-                self.log.info(f"task {state}", extra={"task_id": task.id, "run": self.run.id})
-            except Exception as exc:  # isolate it in the exception queue (or retry)
-                # a task whose checkpoints are gone fails at once: a retry would meet the same
-                retry = not isinstance(exc, NoGoodCheckpoint) and not self.weights_lost
-                state = queue.fail(task.id, exc, retry=retry)
-                self.m_tasks.labels("train", state).inc()
-                self.log.warning("task failed: %s", exc, extra={"task_id": task.id})
+        """Run queued training tasks until the plane stops (:mod:`.work_loop`: every task
+        reaches an end, whatever the disk does)."""
+        work_loop.work_queue(self, queue)

@@ -40,6 +40,7 @@ from dmsc.runtime.control.deployment import Checkpoint, Deployment, StageLayout
 from dmsc.runtime.control.failures import StepRestartNeeded, WorkerFailure
 from dmsc.runtime.control.fallback import Restored, checkpoint_faults, restore_newest
 from dmsc.runtime.control.recovery import Recovery
+from dmsc.runtime.control.retention import Retention, check_quota, prune
 from dmsc.runtime.transport.messages import (
     DEFAULT_GRAD_WAIT_S,
     DEFAULT_LR,
@@ -275,6 +276,8 @@ class Recovering:
     max_recoveries: int = 5
     max_restarts: int = 20
     start: Checkpoint | None = None  # resume from this checkpoint instead of taking one
+    # which of the session's checkpoints stay on disk, and the tenant's quota (None: all stay)
+    retention: Retention | None = None
     older: list[Checkpoint] = field(default_factory=list)  # start's fallbacks, newest first
 
 
@@ -341,6 +344,11 @@ def train(
             ckpt.id = row.id
         history.append(ckpt)
         report.checkpoint = ckpt
+        if rec.retention is not None:  # the older ones go; a tenant past its quota stops here
+            prune(history, rec.retention, db if recorded else None)
+            if recorded and task_id is not None:
+                assert db is not None
+                check_quota(db, task_id, rec.retention)
         return ckpt
 
     def settle(restored: Restored, what: str) -> Checkpoint:

@@ -444,3 +444,9 @@ class ControlSettings(Message):
     # Elastic serving replicas, placed on free devices of the cluster spec at ``cluster``.
     autoscale: AutoscaleSettings | None = None
     cluster: str | None = None
+    # A training task's newest checkpoints kept on disk (0: all), and a tenant's checkpoint
+    # bytes (None: no quota): dmsc.runtime.control.retention.
+    keep_checkpoints: Annotated[int, Field(ge=0, le=1_000_000)] = 3
+    checkpoint_quota_bytes: Annotated[int, Field(gt=0)] | None = None
+    # Make a new database even though a salvaged copy of a lost one lies beside its path.
+    new_database: bool = False
