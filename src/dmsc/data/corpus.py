@@ -10,6 +10,8 @@ from pathlib import Path
 
 import torch
 
+from dmsc.spec.files import FileRefused, read_bounded, resolve_within
+
 
 def stdlib_text(max_bytes: int = 4_000_000) -> tuple[bytes, bytes]:
     """(train, validation) bytes from the standard library's ``.py`` files, deterministic."""
@@ -27,17 +29,22 @@ MAX_DATA_BYTES = 1 << 30  # what a training task reads into memory at most (1 Gi
 
 
 def text_files(path: Path) -> list[Path]:
-    """``path`` itself, or the regular files below a directory (hidden ones skipped) in path
-    order; ValueError names the path when there are none."""
+    """``path`` itself, or the files below a directory (hidden ones skipped) in path order;
+    ValueError names the path when there are none, and a file below the directory that is not
+    a regular file (a device, a FIFO, a symlink to one) or whose symlink leads outside it.
+    Sizes are checked when the files are read (:func:`dmsc.spec.files.read_bounded`)."""
     if not path.exists():
         raise ValueError(f"{path}: no such file or directory")
     if not path.is_dir():
         return [path]
-    files = sorted(
-        p
-        for p in path.rglob("*")
-        if p.is_file() and not any(part.startswith(".") for part in p.relative_to(path).parts)
-    )
+    files = []
+    for p in sorted(path.rglob("*")):
+        if any(part.startswith(".") for part in p.relative_to(path).parts) or p.is_dir():
+            continue
+        real = resolve_within(p, path)
+        if not real.is_file():
+            raise FileRefused(f"{p}: not a regular file")
+        files.append(p)
     if not files:
         raise ValueError(f"{path}: the directory holds no files")
     return files
@@ -47,15 +54,15 @@ def text_from(path: Path, max_bytes: int = MAX_DATA_BYTES) -> tuple[bytes, bytes
     """(train, validation) bytes from ``path``: a file, whose last tenth is held out, or a
     directory, whose regular files below it (hidden ones skipped) are read in path order and
     the last tenth of them held out (at least one; the last tenth of the bytes when it holds
-    one file). ValueError names the path and what is wrong with it."""
+    one file). Each file must be a regular file, and they hold ``max_bytes`` at most together,
+    checked before each read. ValueError names the path and what is wrong with it."""
     files = text_files(path)
     total = sum(p.stat().st_size for p in files)
     if total > max_bytes:
         raise ValueError(f"{path}: {total:,} bytes, more than the {max_bytes:,} a task reads")
-    try:
-        texts = [p.read_bytes() for p in files]
-    except OSError as exc:
-        raise ValueError(f"{exc.filename}: cannot read it ({exc.strerror})") from None
+    texts: list[bytes] = []
+    for p in files:
+        texts.append(read_bounded(p, max_bytes - sum(len(t) for t in texts)))
     if len(texts) >= 2:
         cut = min(len(texts) - 1, max(1, round(len(texts) * 0.9)))
         return b"".join(texts[:cut]), b"".join(texts[cut:])

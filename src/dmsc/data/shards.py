@@ -14,6 +14,7 @@ import random
 from pathlib import Path
 
 from dmsc.data.corpus import MAX_DATA_BYTES, text_files
+from dmsc.spec.files import TooLarge, read_bounded
 
 
 def shard_files(files: list[Path], sites: int, skew: float, seed: int = 0) -> list[list[Path]]:
@@ -39,16 +40,16 @@ def shard_files(files: list[Path], sites: int, skew: float, seed: int = 0) -> li
 
 
 def read_shard(files: list[Path], max_bytes: int = MAX_DATA_BYTES) -> bytes:
-    """The bytes of a shard's files, in order; ValueError names a file that cannot be read."""
+    """The bytes of a shard's files, in order; ValueError names a file that cannot be read,
+    is not a regular file, or would take the shard past ``max_bytes`` (checked before it is
+    read)."""
     out, total = [], 0
     for f in files:
         try:
-            data = f.read_bytes()
-        except OSError as exc:
-            raise ValueError(f"{f}: cannot read it ({exc.strerror})") from None
+            data = read_bounded(f, max_bytes - total)
+        except TooLarge:
+            raise ValueError(f"{f}: more than the {max_bytes:,} bytes a shard may hold") from None
         total += len(data)
-        if total > max_bytes:
-            raise ValueError(f"more than the {max_bytes:,} bytes a shard may hold")
         out.append(data)
     return b"".join(out)
 
