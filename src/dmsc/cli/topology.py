@@ -5,6 +5,7 @@ intra-datacenter fabrics with the figures a cost model uses), each with a plot o
 from __future__ import annotations
 
 import json
+import math
 from pathlib import Path
 from typing import Annotated, Any
 
@@ -36,9 +37,9 @@ def _figures(topo: Any) -> dict[str, Any]:
         "degree_mean": sum(degrees) / len(degrees),
         "degree_max": max(degrees),
         "km_min": min(kms),
-        "km_mean": sum(kms) / len(kms),
+        "km_mean": math.fsum(kms) / len(kms),
         "km_max": max(kms),
-        "km_total": sum(kms),
+        "km_total": math.fsum(kms),  # full-mesh: 59461.6, where sum() gives 59461.59999999999
         # the longest shortest route: what the modulation table must reach
         "km_diameter": max(max(d.values()) for _, d in nx.shortest_path_length(g, weight="km"))
         if connected
@@ -172,7 +173,19 @@ def generate(
     if as_json:
         print(json.dumps(result))
         return
-    console.print(" ".join(f"{key}={value}" for key, value in result.items()), highlight=False)
+    console.print(
+        " ".join(f"{key}={_word(value)}" for key, value in result.items()), highlight=False
+    )
+
+
+def _word(value: Any) -> str:
+    """A figure of ``topology generate`` as a person writes it: at most two decimals (not a
+    float's noise: 2864.6000000000004), a text with spaces in quotes."""
+    if isinstance(value, float):
+        return str(round(value, 2)).removesuffix(".0")
+    if isinstance(value, str) and " " in value:
+        return f'"{value}"'
+    return str(value)
 
 
 def _plot_sites(topo: Any, path: str) -> None:

@@ -16,6 +16,7 @@ from dmsc.spec.errors import SpecError, spec_error_from_validation
 from dmsc.spec.hf import hf_document, is_hf
 from dmsc.spec.loader import read_document
 from dmsc.spec.model import BlockGraphSpec, LayerListSpec, ModelSpec, TransformerSpec
+from dmsc.spec.suggest import close_field
 
 _GPT3 = {"seq": 2048, "vocab": 50257, "dtype": "fp16", "mlp": "gelu", "tied_embeddings": True}
 _LLAMA3 = {"seq": 8192, "vocab": 128256, "dtype": "bf16", "mlp": "swiglu", "kv_heads": 8}
@@ -153,10 +154,13 @@ def _document(name_or_path: str | None, given: dict[str, int]) -> tuple[Any, str
         return {**base, **given}, f"preset {name_or_path}"
     path = Path(name_or_path)
     if not path.suffix and not path.exists():
+        guess = close_field(name_or_path, list(MODEL_PRESETS))
         raise SpecError(
             "--model",
             "",
-            f"unknown model {name_or_path!r} (presets: {', '.join(MODEL_PRESETS)}; or a file)",
+            f"unknown model {name_or_path!r}; did you mean {guess}?"
+            if guess
+            else f"unknown model {name_or_path!r} (presets: {', '.join(MODEL_PRESETS)}; or a file)",
         )
     data = read_document(path)
     if given:
