@@ -138,18 +138,22 @@ class Database:
         self.identity = self._identity()
 
     def _identity(self) -> str:
-        """The database's identity token (:class:`IdentityRecord`), made with it."""
-        with self.sessions() as s, s.begin():
-            row = s.scalars(select(IdentityRecord).order_by(IdentityRecord.id)).first()
-            if row is None:
-                row = IdentityRecord(token=uuid.uuid4().hex)
-                s.add(row)
-            return row.token
+        """The database's identity token (:class:`IdentityRecord`), made with it ("" for an
+        older database that cannot be written now: a read-only one still opens to be read)."""
+        try:
+            with self.sessions() as s, s.begin():
+                row = s.scalars(select(IdentityRecord).order_by(IdentityRecord.id)).first()
+                if row is None:
+                    row = IdentityRecord(token=uuid.uuid4().hex)
+                    s.add(row)
+                return row.token
+        except StorageError:
+            return ""
 
     def run_key(self, run_id: int) -> str:
         """The name of run ``run_id``'s checkpoint folder: ``run<id>-<identity>``, so that run 1
         of a new database never writes into the folder of run 1 of a lost one."""
-        return f"run{run_id}-{self.identity[:8]}"
+        return f"run{run_id}-{self.identity[:8]}" if self.identity else f"run{run_id}"
 
     def _add_missing_columns(self) -> None:
         """Bring a database made by an older dmsc up to date: add the columns it lacks (new
