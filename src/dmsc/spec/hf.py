@@ -70,7 +70,7 @@ def read_config(directory: Path) -> dict[str, Any]:
 
 def _json_file(path: Path, directory: Path) -> dict[str, Any]:
     try:
-        data = json.loads(read_bounded(path, MAX_JSON_BYTES, within=_roots(directory)))
+        data = json.loads(read_bounded(path, MAX_JSON_BYTES, within=weight_roots(directory)))
     except FileRefused as exc:
         raise SpecError(str(directory), path.name, str(exc)) from None
     except (UnicodeDecodeError, json.JSONDecodeError) as exc:
@@ -207,7 +207,7 @@ def _seq(seq: int | None, positions: int, source: str) -> int:
     return seq
 
 
-def _roots(directory: Path) -> tuple[Path, ...]:
+def weight_roots(directory: Path) -> tuple[Path, ...]:
     """Where a checkpoint's files may lead: its directory, and for a Hugging Face hub snapshot
     (``models--ORG--NAME/snapshots/REV``, whose files link to ``../../blobs``) its blobs."""
     if directory.parent.name == "snapshots":
@@ -257,7 +257,7 @@ def checkpoint_files(directory: Path) -> list[Path]:
         raise SpecError(str(directory), "*.safetensors", reason)
     for path in files + weights:
         try:
-            resolve_within(path, _roots(directory))
+            resolve_within(path, weight_roots(directory))
         except FileRefused as exc:
             raise SpecError(str(directory), path.name, str(exc)) from None
     return files + weights
@@ -267,7 +267,7 @@ def check_safetensors(path: Path, directory: Path) -> None:
     """The header of the safetensors file ``path``: JSON of bounded size whose every tensor has
     a known dtype and a shape whose bytes are its span of the file, within the file."""
     try:
-        with open_bounded(path, MAX_WEIGHT_BYTES, _roots(directory)) as fh:
+        with open_bounded(path, MAX_WEIGHT_BYTES, weight_roots(directory)) as fh:
             size = os.fstat(fh.fileno()).st_size
             head = fh.read(8)
             n = int.from_bytes(head, "little") if len(head) == 8 else -1
@@ -322,7 +322,7 @@ def checkpoint_sha256(directory: Path) -> str:
         limit = MAX_WEIGHT_BYTES if path.suffix == ".safetensors" else MAX_JSON_BYTES
         digest.update(path.name.encode() + b"\0")
         try:
-            hash_bounded(digest, path, limit, _roots(directory))
+            hash_bounded(digest, path, limit, weight_roots(directory))
         except FileRefused as exc:
             raise SpecError(str(directory), path.name, str(exc)) from None
     return digest.hexdigest()

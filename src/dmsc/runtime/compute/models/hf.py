@@ -21,7 +21,9 @@ from safetensors import safe_open
 from safetensors.torch import save_file
 
 from dmsc.runtime.compute.models.chain import StageModule, build_stage
-from dmsc.spec import TransformerSpec
+from dmsc.spec import SpecError, TransformerSpec
+from dmsc.spec.files import FileRefused, open_bounded
+from dmsc.spec.hf import MAX_WEIGHT_BYTES, index_map, weight_roots
 
 INDEX = "model.safetensors.index.json"
 SINGLE = "model.safetensors"
@@ -98,24 +100,25 @@ def hf_key(spec: TransformerSpec, layer: str, param: str, prefix: str = "") -> t
 
 
 class SafetensorsDir:
-    """The tensors of a checkpoint directory, by name, opened lazily (memory-mapped)."""
+    """The tensors of a checkpoint directory, by name, opened lazily (memory-mapped). The files
+    are those :func:`dmsc.spec.hf.checkpoint_files` hashes: an index's entries are plain file
+    names in the directory, and each file is a regular file that does not lead outside it."""
 
     def __init__(self, directory: Path) -> None:
         self.directory = directory
-        index = directory / INDEX
-        if index.is_file():
-            try:
-                weight_map = json.loads(index.read_text())["weight_map"]
-            except (OSError, ValueError, KeyError, TypeError) as exc:
-                raise CheckpointError(f"{index}: not a safetensors index ({exc})") from None
-            self.files: dict[str, Path] = {k: directory / v for k, v in weight_map.items()}
+        try:
+            mapped = index_map(directory)
+        except SpecError as exc:
+            raise CheckpointError(str(exc)) from None
+        if mapped is not None:
+            self.files: dict[str, Path] = mapped
         else:
             files = sorted(directory.glob("*.safetensors"))
             if not files:
                 raise CheckpointError(f"{directory}: no *.safetensors files")
             self.files = {}
             for path in files:
-                with safe_open(str(path), "pt") as fh:
+                with self._open(path) as fh:
                     self.files.update(dict.fromkeys(fh.keys(), path))
         self.prefix = (
             "transformer." if any(k.startswith("transformer.") for k in self.files) else ""
@@ -130,10 +133,20 @@ class SafetensorsDir:
                 if path is None:
                     raise CheckpointError(f"{self.directory}: tensor {key!r} is missing")
                 if path not in handles:
-                    if not path.is_file():
+                    if not path.exists():
                         raise CheckpointError(f"{path}: missing (it holds tensor {key!r})")
-                    handles[path] = stack.enter_context(safe_open(str(path), "pt"))
+                    handles[path] = stack.enter_context(self._open(path))
                 yield key, handles[path].get_tensor(key)
+
+    def _open(self, path: Path) -> Any:
+        """``path`` opened by safetensors once it is known to be a regular file of bounded size
+        inside the directory (or a hub snapshot's blobs)."""
+        try:
+            with open_bounded(path, MAX_WEIGHT_BYTES, weight_roots(self.directory)):
+                pass
+        except FileRefused as exc:
+            raise CheckpointError(str(exc)) from None
+        return safe_open(str(path.resolve()), "pt")
 
 
 def load_stage(module: StageModule, spec: TransformerSpec, directory: Path) -> None:
