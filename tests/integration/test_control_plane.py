@@ -84,9 +84,9 @@ def test_up_status_train_infer_down(tmp_path: Path) -> None:
         time.sleep(1.0)  # the queue polls every 0.5 s
         db = Database(f"sqlite:///{tmp_path / 'dmsc.sqlite'}")
         assert [(t.kind, t.state, t.attempts) for t in db.tasks()] == [
-            ("train", "done", 0),
-            *[("infer", "done", 0)] * 4,
-            ("infer", "cancelled", 0),
+            ("train", "done", 1),  # one attempt, as a task the queue claims once counts
+            *[("infer", "done", 1)] * 4,
+            ("infer", "cancelled", 1),
         ]
         params = json.loads(db.tasks()[0].params_json)
         assert params["data"] == str(data) and params["lr_schedule"] == "cosine"

@@ -13,6 +13,7 @@ import json
 import time
 from typing import Any
 
+import typer
 from rich.console import Console
 from rich.progress import (
     BarColumn,
@@ -56,9 +57,11 @@ def _find_task(db: Any, since: float) -> int | None:
     return None
 
 
-def follow(future: Any, steps: int, as_json: bool) -> dict[str, Any]:
-    """Wait for the Train call ``future`` while showing its task's steps; Ctrl-C asks the task
-    to stop (it ends ``cancelled`` after its current step, keeping what it trained)."""
+def follow(future: Any, steps: int, as_json: bool) -> tuple[dict[str, Any], bool]:
+    """Wait for the Train call ``future`` while showing its task's steps, and return its answer
+    and whether Ctrl-C cancelled it. Ctrl-C asks the task to stop (it ends ``cancelled`` after
+    its current step, keeping what it trained); a second one, or one before the task shows,
+    stops waiting: exit 130, with what became of the task."""
     from dmsc.cli.database import open_database
 
     db = open_database()
@@ -101,7 +104,15 @@ def follow(future: Any, steps: int, as_json: bool) -> dict[str, Any]:
                     )
             except KeyboardInterrupt:
                 if cancelled or task_id is None:
-                    raise
+                    progress.stop()
+                    err_console.print(
+                        f"stopped waiting: task {task_id} still ends after its current step"
+                        if cancelled
+                        else "stopped waiting: a task that started goes on (dmsc tasks list, "
+                        "dmsc tasks cancel ID)",
+                        highlight=False,
+                    )
+                    raise typer.Exit(130) from None
                 cancelled = True
                 from dmsc.runtime.control.task_queue import TaskQueue
 
@@ -117,7 +128,7 @@ def follow(future: Any, steps: int, as_json: bool) -> dict[str, Any]:
                 )
     out = dict(json.loads(future.result()))
     _lines(int(out["task"]), db.metrics(int(out["task"])), seen, as_json)  # the last steps
-    return out
+    return out, cancelled
 
 
 def _lines(task_id: int, metrics: list[Any], seen: int, as_json: bool) -> int:

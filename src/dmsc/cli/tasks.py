@@ -10,11 +10,13 @@ from pathlib import Path
 from typing import Annotated, Any
 
 import typer
+from rich.text import Text
 
 from dmsc.cli.app import console, err_console
 from dmsc.cli.options import JsonOpt, message_from_flags
 from dmsc.cli.render import prediction_words
 from dmsc.cli.runtime import control_client
+from dmsc.cli.tables import FoldTable
 from dmsc.runtime.transport.messages import DEFAULT_LR, LR_SCHEDULES, MAX_INFER_TOKENS
 from dmsc.spec import SpecError
 
@@ -181,10 +183,12 @@ def train(
         sync=settings,
         dp=dp,
     )
+    from dmsc.cli.dp_effect import warn_about_noise
     from dmsc.cli.progress import follow
 
+    warn_about_noise(settings, dp)  # before it runs: noise that outweighs the updates
     # The call answers when the task ends; meanwhile its steps show (Ctrl-C cancels it).
-    out = follow(control_client().send_future("Train", req), steps, as_json)
+    out, interrupted = follow(control_client().send_future("Train", req), steps, as_json)
     if as_json:
         print(json.dumps(out))
     elif out.get("state") == "cancelled":
@@ -210,6 +214,8 @@ def train(
                 f"back to the checkpoint of step {r['checkpoint_step']}",
                 highlight=False,
             )
+    if interrupted:  # Ctrl-C cancelled the task: it did not run its course
+        raise typer.Exit(130)
 
 
 def infer(
@@ -375,8 +381,24 @@ def tasks_show(
     if as_json:
         print(json.dumps(out))
         return
+    out["attempts"] = f"{task.attempts} of {task.max_attempts}"
+    t = FoldTable(show_header=False, box=None, padding=(0, 1, 0, 0))
+    t.add_column(style="bold", no_wrap=True)
+    t.add_column(overflow="fold")
     for k, v in out.items():
-        console.print(f"{k:15s} {v}", highlight=False, markup=False)
+        t.add_row(k, Text(_words(v)))
+    console.print(t)
+
+
+def _words(value: Any) -> str:
+    """A field of ``tasks show`` as words: a mapping as ``key=value, ...``, nothing as ``-``."""
+    if value is None or value == "":
+        return "-"
+    if isinstance(value, dict):
+        return ", ".join(f"{k}={_words(v)}" for k, v in value.items()) or "-"
+    if isinstance(value, list):
+        return "[" + ", ".join(_words(v) for v in value) + "]"
+    return str(value)
 
 
 @tasks_app.command("cancel")

@@ -284,6 +284,8 @@ class Database:
                 params_json=json.dumps(params),
                 state=state,
                 started_at=started,
+                # running at once is its first attempt, as a queued task's claim counts one
+                attempts=1 if state == "running" else 0,
             )
         )
 
