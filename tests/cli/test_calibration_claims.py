@@ -22,3 +22,26 @@ def test_a_cpu_estimate_claims_no_validation_it_does_not_have() -> None:
     line = calibration_line(cluster)
     assert "cpu: generic constants, not validated on published data" in line
     assert "megatron" not in line
+
+
+def test_a_calibrated_cpu_says_it_was_measured_and_how_steadily() -> None:
+    from dmsc.runtime.compute.calibrate import calibrated_cluster
+
+    template = load_spec(ClusterSpec, ROOT / "examples" / "clusters" / "local-cpu.yaml")
+    figures = {
+        "matmul_flops": 60e9,
+        "memory_bytes_s": 12e9,
+        "loopback_bytes_s": 1.2e9,
+        "loopback_rtt_s": 400e-6,
+        "op_overhead_s": 30e-6,
+        "block_s": 0.03,
+        "block_s_spread": 0.34,
+        "cores": 2.0,
+        "source": 1.8e9,
+        "noisy": 1.0,
+    }
+    cluster = ClusterSpec.model_validate(calibrated_cluster(template, figures))
+    line = calibration_line(cluster)
+    assert "cpu: measured (dmsc calibrate on this machine, 2027-01-15 08:00 UTC" in line
+    assert "block ±17%" in line and "TOO NOISY" in line
+    assert "not validated on published data" in line and "megatron" not in line
