@@ -41,7 +41,7 @@ def ui(tmp_path: Path):  # type: ignore[no-untyped-def]
     run = db.new_run("gpt-mini", "local", {})
     calls: list[int] = []
 
-    def state() -> dict[str, Any]:
+    def state(tenant: str | None) -> dict[str, Any]:
         calls.append(1)
         return STATE
 

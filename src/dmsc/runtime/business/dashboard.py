@@ -13,9 +13,14 @@ Pages (static HTML, the data fetched by the page's script every :data:`POLL_S` s
 Access needs a key with the ``read`` scope: an ``Authorization: Bearer`` header, or the session
 cookie that the login form (``POST /ui/login``) sets (HttpOnly, SameSite=Strict, for ``/ui``
 only; the key is checked again on every request, so revoking it ends the session). Anything else
-is answered 401 with the login form. The pages run no inline script and load nothing from
+is answered 401 with the login form. The form is taken from the dashboard's own pages only: a
+login POST whose ``Origin`` is another site (or ``null``), or that the browser marks
+``Sec-Fetch-Site: cross-site``, is refused 403 (a page elsewhere cannot log a visitor in under
+its own key). The pages run no inline script and load nothing from
 elsewhere (a Content-Security-Policy of ``'self'``), and login attempts are rate limited per
-client address.
+client address. A tenant's key sees its own tasks, metrics and traffic only (the state is built
+for its tenant, :func:`dmsc.runtime.control.dashboard_state.tenant_rows`); an admin key sees
+every tenant's.
 """
 
 from __future__ import annotations
@@ -30,6 +35,7 @@ from typing import Any
 from urllib.parse import parse_qs
 
 from anyio import to_thread
+from cachetools import TTLCache
 from fastapi import FastAPI, HTTPException, Request, Response
 from fastapi.responses import FileResponse, HTMLResponse, JSONResponse, RedirectResponse
 
@@ -62,7 +68,7 @@ HEADERS = {
     "Cache-Control": "no-store",
 }
 
-State = Callable[[], dict[str, Any]]
+State = Callable[[str | None], dict[str, Any]]  # the document for a tenant (None: every one)
 Authorize = Callable[[Request, str], Principal]
 
 
@@ -104,21 +110,23 @@ class UiSessions:
 
 
 class _CachedState:
-    """The state document, built at most once per ``ttl_s`` (in a worker thread)."""
+    """The state document of each tenant, built at most once per ``ttl_s`` (in a worker
+    thread); the documents of at most ``maxsize`` tenants are kept."""
 
-    def __init__(self, build: State, ttl_s: float = STATE_TTL_S) -> None:
+    def __init__(self, build: State, ttl_s: float = STATE_TTL_S, maxsize: int = 1024) -> None:
         self.build, self.ttl_s = build, ttl_s
-        self._at, self._doc = -float("inf"), b"{}"
+        self._docs: TTLCache[str | None, bytes] = TTLCache(maxsize=maxsize, ttl=ttl_s)
         self._lock = threading.Lock()
 
-    def get(self) -> bytes:
+    def get(self, tenant: str | None) -> bytes:
         import json
 
         with self._lock:  # one build at a time; the others wait for it and share it
-            if time.monotonic() - self._at > self.ttl_s:
-                self._doc = json.dumps(self.build(), default=str).encode()
-                self._at = time.monotonic()
-            return self._doc
+            doc = self._docs.get(tenant)
+            if doc is None:
+                doc = json.dumps(self.build(tenant), default=str).encode()
+                self._docs[tenant] = doc
+            return doc
 
 
 def _page(name: str, status: int = 200, message: str = "") -> HTMLResponse:
@@ -131,6 +139,15 @@ def _page(name: str, status: int = 200, message: str = "") -> HTMLResponse:
     if status == 401:
         headers["WWW-Authenticate"] = "Bearer"
     return HTMLResponse(html, status_code=status, headers=headers)
+
+
+def _same_origin(request: Request) -> bool:
+    """Whether a form POST comes from this site: its ``Origin`` (when the client sends one) is
+    the origin the request was made to, and the browser does not mark it cross-site."""
+    if request.headers.get("sec-fetch-site", "same-origin") not in ("same-origin", "none"):
+        return False
+    origin = request.headers.get("origin")
+    return origin is None or origin == f"{request.url.scheme}://{request.url.netloc}"
 
 
 def _layout(name: str, title: str) -> HTMLResponse:
@@ -173,13 +190,17 @@ def mount_dashboard(
 
     @app.get(UI_PREFIX + "/api/state", include_in_schema=False)
     async def api_state(request: Request) -> Response:
-        if who(request) is None:
+        reader = who(request)
+        if reader is None:
             raise HTTPException(401, "log in at /ui/login", headers={"WWW-Authenticate": "Bearer"})
-        body = await to_thread.run_sync(doc.get)
+        tenant = None if reader.may("admin") else reader.tenant  # as GET /v1/tasks
+        body = await to_thread.run_sync(doc.get, tenant)
         return Response(body, media_type="application/json", headers=HEADERS)
 
     @app.post(LOGIN_PATH, include_in_schema=False)
     async def login(request: Request) -> Response:
+        if not _same_origin(request):
+            return _page("login.html", 403, "a login from another site is refused")
         address = request.client.host if request.client else "?"
         ok, retry = logins.check(address)
         if not ok:

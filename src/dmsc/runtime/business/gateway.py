@@ -191,7 +191,7 @@ def create_app(
     tenant_requests: int = 4,
     tenant_cost_tokens: int = 2048,
     read_timeout_s: float = 10.0,
-    dashboard: Callable[[], dict[str, Any]] | None = None,
+    dashboard: Callable[[str | None], dict[str, Any]] | None = None,
 ) -> FastAPI:
     """The gateway over ``backend``. Per tenant: ``rate``/``burst`` requests per second, and
     at most ``tenant_requests`` inference requests and ``tenant_cost_tokens`` tokens (times the

@@ -17,6 +17,12 @@ they draw, every field from a real source:
   workers' wall clock, relative to the first op shown;
 - ``serving`` and ``scale_events``: the elastic serving replicas (where each runs, its requests
   in flight, whether it is being drained) and the replicas added and removed, with the reason.
+
+A tenant's document (``tenant`` given: a key without the admin scope) holds only its own rows,
+as ``GET /v1/tasks`` does (:func:`tenant_rows`): its tasks and queue depths, its newest training
+task's metrics, traffic and Gantt, and the task of a model version or a fault only when that
+task is its own. The deployment's own state (topology, services, serving replicas, scale
+events) is the same for every reader.
 """
 
 from __future__ import annotations
@@ -165,26 +171,26 @@ def traffic(db: Database, plan: Plan, task_id: int | None) -> tuple[list[Any], l
     return links, gantt
 
 
-def dashboard_state(
+def tenant_rows(
     db: Database,
     plan: Plan,
-    dep: Deployment,
     run_id: int,
-    steps_done: int = 0,
-    replicas_down: set[int] | None = None,
-    serving: list[dict[str, Any]] | None = None,
+    tenant: str | None,
+    faults: list[dict[str, Any]] | None = None,
 ) -> dict[str, Any]:
-    """The document the dashboard's pages draw (module docstring); ``serving``: the elastic
-    serving replicas, when the deployment has them."""
-    faults = status.faults(db, run_id)  # before the services, as dmsc status reads them
-    where = _where(plan)
-    services = []
-    for s in status.services(dep):
-        key = (s["stage"], s["replica"])
-        dc, device = where.get(key, ("?", "?"))
-        epoch = dep.epochs.get(key, dep.epoch)
-        services.append({**s, "datacenter": dc, "device": device, "epoch": epoch})
+    """The parts of the document made of tasks: every tenant's (``tenant`` None), or only
+    ``tenant``'s (its tasks, queues, newest training task; another tenant's task id is not
+    shown on a model version or a fault). ``faults``: the run's, when already read."""
     tasks = db.tasks(run_id)
+    if tenant is not None:
+        tasks = [t for t in tasks if t.tenant == tenant]
+    own = {t.id for t in tasks}
+
+    def shown(task: int | None) -> int | None:
+        return task if tenant is None or task in own else None
+
+    faults = status.faults(db, run_id) if faults is None else faults
+    faults = [{**f, "task": shown(f["task"])} for f in faults]
     queued = [t for t in tasks if t.state == "queued"]
     lanes = {lane: sum(t.lane == lane for t in queued) for lane in ("sync", "async")}
     exceptions = [t for t in tasks if t.state == "failed" and t.exception_type]
@@ -198,11 +204,43 @@ def dashboard_state(
             "step": v.step,
             "status": v.status,
             "canary_percent": v.canary_percent,
-            "task": v.task_id,
+            "task": shown(v.task_id),
             "created_at": _iso(v.created_at),
         }
         for v in db.model_versions()  # every run's: a version serves across runs
     ]
+    return {
+        "queues": {"lanes": lanes, "exceptions": len(exceptions), "queued": len(queued)},
+        "tasks": [_task(t) for t in tasks[-TASKS_SHOWN:]][::-1],
+        "versions": versions,
+        "faults": json.loads(json.dumps(faults[-FAULTS_SHOWN:][::-1], default=str)),
+        "training": training(db, task_id, plan.prediction.iteration_time_s),
+        "links": links,
+        "gantt": gantt,
+    }
+
+
+def dashboard_state(
+    db: Database,
+    plan: Plan,
+    dep: Deployment,
+    run_id: int,
+    steps_done: int = 0,
+    replicas_down: set[int] | None = None,
+    serving: list[dict[str, Any]] | None = None,
+    tenant: str | None = None,
+) -> dict[str, Any]:
+    """The document the dashboard's pages draw (module docstring); ``serving``: the elastic
+    serving replicas, when the deployment has them; ``tenant``: the reader's tenant, whose rows
+    alone it shows (None: every tenant's, for an admin key)."""
+    faults = status.faults(db, run_id)  # before the services, as dmsc status reads them
+    where = _where(plan)
+    services = []
+    for s in status.services(dep):
+        key = (s["stage"], s["replica"])
+        dc, device = where.get(key, ("?", "?"))
+        epoch = dep.epochs.get(key, dep.epoch)
+        services.append({**s, "datacenter": dc, "device": device, "epoch": epoch})
     return {
         "run": run_id,
         "model": plan.model,
@@ -212,13 +250,7 @@ def dashboard_state(
         "replicas_down": sorted(replicas_down or ()),
         "topology": topology(plan),
         "services": services,
-        "queues": {"lanes": lanes, "exceptions": len(exceptions), "queued": len(queued)},
-        "tasks": [_task(t) for t in tasks[-TASKS_SHOWN:]][::-1],
-        "versions": versions,
-        "faults": json.loads(json.dumps(faults[-FAULTS_SHOWN:][::-1], default=str)),
-        "training": training(db, task_id, plan.prediction.iteration_time_s),
-        "links": links,
-        "gantt": gantt,
+        **tenant_rows(db, plan, run_id, tenant, faults),
         "serving": serving or [],
         "scale_events": [
             {

@@ -468,8 +468,9 @@ class ControlPlane:
     def services(self) -> list[dict[str, Any]]:
         return status.services(self.deployment)
 
-    def dashboard(self) -> dict[str, Any]:
-        """What the operator's pages draw (:mod:`.dashboard_state`)."""
+    def dashboard(self, tenant: str | None = None) -> dict[str, Any]:
+        """What the operator's pages draw (:mod:`.dashboard_state`): ``tenant``'s rows alone, or
+        every tenant's (None)."""
         return dashboard_state(
             self.db,
             self.plan,
@@ -478,6 +479,7 @@ class ControlPlane:
             self.steps_done,
             set(self.inference.down),
             self.inference.pool.status() if self.inference.pool is not None else None,
+            tenant=tenant,
         )
 
     # -- queued work ------------------------------------------------------------------------
