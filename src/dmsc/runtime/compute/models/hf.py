@@ -183,6 +183,9 @@ def stage_module(spec: TransformerSpec, seed: int, first: str, last: str) -> Sta
 def hf_config(spec: TransformerSpec) -> dict[str, Any]:
     """``config.json`` of ``spec`` in ``transformers``' terms."""
     if spec.family == "gpt":
+        # GPT-2's <|endoftext|> (transformers' default) where the vocabulary holds it; a
+        # byte-level model (gpt-mini, 256) has no such token, and 50256 made transformers warn
+        end_of_text = 50256 if spec.vocab > 50256 else None
         return {
             "architectures": ["GPT2LMHeadModel"],
             "model_type": "gpt2",
@@ -199,6 +202,8 @@ def hf_config(spec: TransformerSpec) -> dict[str, Any]:
             "embd_pdrop": 0.0,
             "attn_pdrop": 0.0,
             "torch_dtype": "float32",
+            "bos_token_id": end_of_text,
+            "eos_token_id": end_of_text,
         }
     model_type = "mixtral" if spec.is_moe else ("qwen2" if spec.qkv_bias else "llama")
     arch = {"mixtral": "MixtralForCausalLM", "qwen2": "Qwen2ForCausalLM"}.get(
