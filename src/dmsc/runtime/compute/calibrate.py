@@ -37,7 +37,7 @@ from dmsc.netmodel import DEFAULT_CALIBRATION
 from dmsc.runtime.transport.rpc import Client, bytes_handler, serve
 from dmsc.spec import ClusterSpec, SpecError, load_spec
 
-MIN_ROUNDS, MAX_ROUNDS = 5, 30  # a busy machine: about 10 s of block rounds
+MIN_ROUNDS, MAX_ROUNDS = 10, 30  # at least 3 s of block rounds, up to about 10 s
 STABLE_SPREAD = 0.05  # interquartile range / median of the rounds at which measuring stops
 NOISY_SPREAD = 0.15  # above this the figure is not trusted (said so, and in the spec)
 CALIBRATION_MODEL, CALIBRATION_MICRO_BATCH = "gpt-mini", 4
