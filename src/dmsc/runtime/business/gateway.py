@@ -39,6 +39,7 @@ from prometheus_client import (
 )
 
 from dmsc.data.db import Database, ModelVersionRecord, StorageError, TaskRecord
+from dmsc.runtime.business.api_docs import mount_docs
 from dmsc.runtime.business.auth import Principal, PrincipalCache
 from dmsc.runtime.business.dashboard import UiSessions, mount_dashboard
 from dmsc.runtime.business.http_guard import UNAUTHORIZED, Guard
@@ -199,7 +200,8 @@ def create_app(
     in all, one replica ``backend_timeout_s`` of it. ``principals``: the key cache (shared with
     whoever revokes keys). ``dashboard``: the document of the operator's pages at ``/ui``
     (:mod:`.dashboard`; no pages without it)."""
-    app = FastAPI(title="dmsc gateway", version="1")
+    app = FastAPI(title="dmsc gateway", version="1", docs_url=None, redoc_url=None)
+    mount_docs(app)  # /docs from files of this package: FastAPI's loads them from a CDN
     calls = ThreadPoolExecutor(max_workers=32, thread_name_prefix="dmsc-backend")
     limiter = RateLimiter(rate, burst, clock)
     stages = max(1, backend.stage_count())
