@@ -2,8 +2,10 @@
 
 A well-formed wire frame can still be wrong for the stage that receives it: tokens sent to a
 middle stage, activations of the wrong width, token ids past the vocabulary, a gradient of another
-stage's size. ``Push`` checks every frame here before it reaches the inbox, so a bad frame is
-refused with INVALID_ARGUMENT and never fails a step later in the schedule.
+stage's size, activations or gradients holding NaN or infinity (they would spread through every
+later stage and, by the optimizer, into the weights). ``Push`` checks every frame here before it
+reaches the inbox, so a bad frame is refused with INVALID_ARGUMENT and never fails a step later
+in the schedule.
 """
 
 from __future__ import annotations
@@ -77,6 +79,11 @@ def check_frame(at: FrameSpec, kind: Kind, t: torch.Tensor) -> None:
     elif ok and kind in (Kind.ACTIVATION, Kind.GRADIENT):
         ok = t.dim() == 3 and t.shape[0] > 0 and 0 < t.shape[1] <= at.seq
         ok = ok and t.shape[2] == at.hidden
+        if ok and not bool(torch.isfinite(t).all()):
+            raise BadRequest(
+                f"{kind.name.lower()} of {t.dtype} {tuple(t.shape)} refused: it holds NaN or "
+                f"infinite values (stage {at.stage} takes finite numbers only)"
+            )
     elif ok and kind == Kind.TIED_GRAD:
         ok = tuple(t.shape) == (at.vocab, at.hidden)
     elif ok:  # a gradient part or average; an empty average is the leader's "restart"

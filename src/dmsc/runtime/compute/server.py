@@ -187,6 +187,11 @@ class StageWorker:
         waits for the worker and for frames no longer, so a request past its deadline frees
         the worker instead of holding it for the next one."""
         self._check_epoch(m.epoch)
+        if m.local_batch is not None and m.microbatches > m.local_batch:
+            raise BadRequest(
+                f"RunStep: {m.microbatches} micro-batches of a batch of {m.local_batch} "
+                "(each micro-batch needs a sample at least)"
+            )
         if m.budget_s is None:
             with self._lock:
                 return self._run(m)

@@ -9,8 +9,10 @@ call such as ``Status`` cannot make a server hold 200 MB. The service credential
 the call's metadata, before any of the request is read: a call without it is refused without its
 body being received. A handler that raises :class:`BadRequest` (or a wire error) answers
 INVALID_ARGUMENT with the reason, one that raises :class:`DataLost` (stored data the request
-names is missing or corrupt) DATA_LOSS, and the server keeps serving. Using generic handlers
-keeps grpcio-tools (and its protobuf) out of the process that also imports OR-Tools.
+names is missing or corrupt) DATA_LOSS, one whose wait for a peer's frame ran out
+(TimeoutError) DEADLINE_EXCEEDED with what it waited for, and the server keeps serving. Using
+generic handlers keeps grpcio-tools (and its protobuf) out of the process that also imports
+OR-Tools.
 """
 
 from __future__ import annotations
@@ -109,6 +111,9 @@ def bytes_handler(
             raise  # unreachable: abort raises
         except Abandoned as exc:
             context.abort(grpc.StatusCode.ABORTED, str(exc))
+            raise
+        except TimeoutError as exc:  # what it waited for (a peer's frame) never came
+            context.abort(grpc.StatusCode.DEADLINE_EXCEEDED, str(exc))
             raise
 
     return grpc.stream_unary_rpc_method_handler(
