@@ -121,25 +121,51 @@ def test_a_datacenter_no_node_offers_is_refused_before_anything_starts(
         dep.shutdown()
 
 
-def test_pipelines_the_cluster_cannot_reserve_are_refused_whole(
+def test_pipelines_the_cluster_lacks_cpus_for_are_refused_at_once(
     cluster: Any, tmp_path: Path
 ) -> None:
     """Three pipelines of two stages on the head (dc-0 and dc-2 have 4 units each, but the head
-    has 4 CPUs): two placement groups fit, the third cannot; nothing starts, and the groups
-    reserved are given back."""
-    from ray.util import placement_group_table
-
+    has 4 CPUs): refused before any placement group is asked for, naming what is short."""
     dcs = {(s, r): ("dc-0", "dc-2")[s] for s in range(2) for r in range(3)}
     layout = StageLayout(SPEC, RANGES, replicas=3, datacenters=dcs)
+    launcher = RayLauncher(home=tmp_path, place_timeout_s=60)
+    dep = Deployment(layout, launcher=launcher, home=tmp_path)
+    t0 = time.monotonic()
+    try:
+        with pytest.raises(ValueError, match=r"datacenters dc-0, dc-2 need 6 CPUs, their nodes "
+                           r"have 4"):  # fmt: skip
+            dep.start()
+        assert time.monotonic() - t0 < 10  # not the 60 s a placement group would wait
+        assert not dep.handles and not launcher.groups
+    finally:
+        dep.shutdown()
+
+
+def test_a_pipeline_whose_cpus_others_hold_is_refused_whole_after_the_wait(
+    cluster: Any, tmp_path: Path
+) -> None:
+    """The cluster has the CPUs, but another job holds them: the placement group waits
+    ``place_timeout_s``, then the start fails saying what the pipeline needs and what is free;
+    nothing starts, and the groups reserved are given back."""
+    import ray
+    from ray.util import placement_group_table
+
+    from dmsc.runtime.control.ray_launcher import _remote_host
+
+    holder = _remote_host().options(num_cpus=3, resources={"dc:dc-0": 1}).remote()
+    ray.get(holder.__ray_ready__.remote(), timeout=60)  # 3 of the head's 4 CPUs held
+    layout = StageLayout(SPEC, RANGES, datacenters={(0, 0): "dc-0", (1, 0): "dc-2"})
     launcher = RayLauncher(home=tmp_path, place_timeout_s=3)
     dep = Deployment(layout, launcher=launcher, home=tmp_path)
     try:
-        with pytest.raises(WorkerStartError, match=r"could not reserve pipeline replica \d"):
+        with pytest.raises(WorkerStartError, match=r"could not reserve pipeline replica 0 "
+                           r"within 3 s: its 2 stages need 2 CPU, .*free there now: 1 CPU"):  # fmt: skip
             dep.start()
         assert not dep.handles and not launcher.groups
         assert all(g["state"] == "REMOVED" for g in placement_group_table().values())
     finally:
         dep.shutdown()
+        ray.kill(holder)
 
 
 def test_a_worker_that_cannot_start_on_its_node_says_why(cluster: Any, tmp_path: Path) -> None:

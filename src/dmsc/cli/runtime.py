@@ -241,8 +241,8 @@ def up(
         ),
     ] = "local",
     ray_address: Annotated[
-        str, typer.Option(help="The Ray cluster to join (--launcher ray): auto or HOST:PORT.")
-    ] = "auto",
+        str | None, typer.Option(help="The Ray head to join, HOST:PORT (none: a private one).")
+    ] = None,
     autoscale: Annotated[
         str | None,
         typer.Option(
@@ -353,7 +353,7 @@ def _control_settings(
     spares: int,
     device: str = "plan",
     launcher: str = "local",
-    ray_address: str = "auto",
+    ray_address: str | None = None,
     **limits: float,
 ) -> ControlSettings:
     """The flags of ``dmsc up`` checked (errors name the flag) into a ``ControlSettings``."""
@@ -362,6 +362,7 @@ def _control_settings(
     from dmsc.data.db import control_file
     from dmsc.planner.plan import Plan
     from dmsc.runtime.business.router import POLICIES
+    from dmsc.runtime.control.ray_checks import address_problem
     from dmsc.runtime.transport.messages import ControlSettings
     from dmsc.spec.errors import spec_error_from_validation
 
@@ -384,6 +385,8 @@ def _control_settings(
             control_file().unlink()
         else:
             raise SpecError("control plane", "", "already running (`dmsc down` first)")
+    if ray_address is not None and (why := address_problem(ray_address)):
+        raise SpecError("command line", "--ray-address", why)
     if not failure_timeout_s > 0:
         raise SpecError("command line", "--failure-timeout", "must be positive")
     if not 0 <= spares <= 64:

@@ -139,10 +139,16 @@ def main(stdin: TextIO | None = None) -> None:
         try:
             from dmsc.runtime.control.ray_launcher import RayLauncher
 
+            if settings.ray_address is None:  # no cluster named: one of this run's own
+                from dmsc.runtime.control.ray_local import private_cluster, private_resources
+
+                ray_dir = private_cluster(*private_resources(plan, settings.spares))
+                log.info("a private Ray cluster on 127.0.0.1, its files in %s", ray_dir)
             launcher = RayLauncher(settings.ray_address, home=home)
         except Exception as exc:  # no cluster at that address, or Ray refused us
-            log.error("cannot join the Ray cluster at %s: %s", settings.ray_address, exc)
-            _fail(f"cannot join the Ray cluster at {settings.ray_address}: {exc}")
+            where = settings.ray_address or "127.0.0.1 (private)"
+            log.error("cannot join the Ray cluster at %s: %s", where, exc)
+            _fail(f"cannot join the Ray cluster at {where}: {exc}")
             return
     try:  # no new, empty database beside a salvaged copy unless --new-database
         db = Database(new_beside_salvaged=settings.new_database)

@@ -42,6 +42,8 @@ from typing import Any
 
 from dmsc.runtime.compute.config import WorkerConfig
 from dmsc.runtime.control.launchers import WorkerHandle, WorkerStartError
+from dmsc.runtime.control.ray_checks import bundle as _bundle
+from dmsc.runtime.control.ray_checks import free_on, on_loopback, shortfall
 from dmsc.runtime.transport import logs
 
 log = logging.getLogger(__name__)
@@ -65,9 +67,12 @@ class WorkerHost:
     def __init__(self) -> None:
         self.proc: subprocess.Popen[str] | None = None
 
-    def start(self, cfg: dict[str, Any], home: str, ready_timeout_s: float) -> dict[str, Any]:
+    def start(
+        self, cfg: dict[str, Any], home: str, ready_timeout_s: float, host: str | None = None
+    ) -> dict[str, Any]:
+        """Start the worker, serving on ``host`` (default: its node's address in Ray)."""
         ray = ray_module()
-        host = ray.util.get_node_ip_address()
+        host = host or ray.util.get_node_ip_address()
         config = WorkerConfig(**cfg)
         config = replace(config, host=host, log_file=str(logs.log_file(Path(home), config.sid)))
         if config.device.startswith("cuda"):
@@ -176,12 +181,6 @@ class RayProcess:
         self.send_signal(signal.SIGKILL)
 
 
-def _bundle(cfg: WorkerConfig) -> dict[str, float]:
-    """What one stage worker holds on its node: its datacenter's unit and a CPU (or a GPU)."""
-    device = "GPU" if cfg.device.startswith("cuda") else "CPU"
-    return {device: 1, f"dc:{cfg.datacenter}": 1}
-
-
 class RayLauncher:
     """Worker processes on the nodes of a Ray cluster, by the plan's datacenters."""
 
@@ -189,14 +188,19 @@ class RayLauncher:
 
     def __init__(
         self,
-        address: str = "auto",
+        address: str | None = None,
         ready_timeout_s: float = 120.0,
         home: Path | None = None,
         place_timeout_s: float = 60.0,
         bundle_wait_s: float = 10.0,
     ) -> None:
+        """Join the Ray cluster whose head is at ``address`` (HOST:PORT), or use the one this
+        process is connected to already (``address`` None: :func:`.ray_local.private_cluster`,
+        or a test's)."""
         ray = ray_module()
         if not ray.is_initialized():
+            if address is None or address == "auto":  # auto: whichever cluster /tmp/ray names
+                raise ValueError("no Ray cluster to join: give its head's address, HOST:PORT")
             ray.init(address=address, logging_level=logging.WARNING, log_to_driver=False)
         self.ready_timeout_s = ready_timeout_s
         self.place_timeout_s = place_timeout_s  # for Ray to find a node with room
@@ -204,6 +208,13 @@ class RayLauncher:
         self.home = home
         # where workers on other nodes reach this process's registry: its node's address
         self.control_host = ray.util.get_node_ip_address()
+        # A head joined on a loopback address, every node on this machine: the user wants
+        # 127.0.0.1 (``ray start --node-ip-address 127.0.0.1``), which Ray itself replaces
+        # with the machine's address unless RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER=0. The registry
+        # and the workers serve on 127.0.0.1 then, not on the machine's network.
+        self.worker_host: str | None = None
+        if address is not None and on_loopback(address, self.control_host):
+            self.control_host = self.worker_host = "127.0.0.1"
         self.groups: dict[int, Any] = {}  # replica -> its pipeline's placement group
         self._bundles: dict[tuple[int, int], int] = {}  # (stage, replica) -> bundle index
         self._occupant: dict[tuple[int, int], Any] = {}  # (stage, replica) -> actor in it
@@ -227,6 +238,9 @@ class RayLauncher:
                 "the Ray cluster lacks " + "; ".join(short) + ": start a node of each with "
                 "`ray start --address HEAD:6379 --resources '{\"dc:NAME\": DEVICES}'`"
             )
+        lacking = shortfall(cfgs, offered, [n["Resources"] for n in ray.nodes() if n["Alive"]])
+        if lacking:
+            raise ValueError(lacking)
         self._reserve([c for c in cfgs if not c.spare])
 
     def _reserve(self, cfgs: list[WorkerConfig]) -> None:
@@ -245,10 +259,16 @@ class RayLauncher:
         for r, pg in self.groups.items():
             if not pg.wait(timeout_seconds=max(0.1, end - time.monotonic())):
                 want = [_bundle(c) for c in by_replica[r]]
+                keys = sorted({k for b in want for k in b})
+                free = free_on([k for k in keys if k.startswith("dc:")])
                 self.close()
                 raise WorkerStartError(
-                    f"the Ray cluster could not reserve pipeline replica {r} ({want}) within "
-                    f"{self.place_timeout_s:g} s: free {ray_module().available_resources()}"
+                    f"the Ray cluster could not reserve pipeline replica {r} within "
+                    f"{self.place_timeout_s:g} s: its {len(want)} stages need "
+                    + ", ".join(f"{sum(b.get(k, 0) for b in want):g} {k}" for k in keys)
+                    + " on the nodes of their datacenters; free there now: "
+                    + ", ".join(f"{free.get(k, 0):g} {k}" for k in keys)
+                    + " (the rest is held by other pipelines or jobs)"
                 )
 
     def close(self) -> None:
@@ -269,7 +289,7 @@ class RayLauncher:
         actor = self._place(cfg, gpu)
         if not cfg.spare:
             self._occupant[(cfg.stage, cfg.replica)] = actor
-        ref = actor.start.remote(asdict(cfg), str(home), self.ready_timeout_s)
+        ref = actor.start.remote(asdict(cfg), str(home), self.ready_timeout_s, self.worker_host)
         try:
             out = ray.get(ref, timeout=self.ready_timeout_s)
         except ray.exceptions.GetTimeoutError:

@@ -432,9 +432,18 @@ class ControlSettings(Message):
     # for all (``cuda``, ``cuda:N``).
     device: Annotated[str, Field(pattern=r"^(plan|cpu|cuda(:\d{1,3})?)$")] = "plan"
     # Who starts the workers: this machine (``local``) or a Ray cluster (``ray``, joined at
-    # ``ray_address``: ``auto`` finds the one this machine belongs to).
+    # ``ray_address``, its head's HOST:PORT; None: a private cluster on 127.0.0.1 for this
+    # run; never ``auto``, which joins whichever cluster /tmp/ray names, maybe another user's).
     launcher: Literal["local", "ray"] = "local"
-    ray_address: Annotated[str, Field(min_length=1, max_length=256)] = "auto"
+    ray_address: (
+        Annotated[
+            str,
+            Field(
+                min_length=3, max_length=256, pattern=r"^([^\s:\[\]]+|\[[0-9A-Fa-f:.]+\]):\d{1,5}$"
+            ),
+        ]
+        | None
+    ) = None
     # The gateway's limits per tenant: requests per second (and the burst saved up), and
     # inference requests in flight at once.
     rate_limit: Annotated[float, Field(gt=0, le=1e6)] = 20.0
