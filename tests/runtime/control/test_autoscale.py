@@ -57,14 +57,14 @@ def test_load_above_the_target_adds_one_replica_at_a_time_with_a_cooldown() -> N
 
 
 def test_a_replica_goes_only_when_the_whole_window_fits_in_one_fewer() -> None:
-    p = _policy(cooldown_s=0)
+    p = _policy(cooldown_s=0)  # window 5 s: the scale-in window is 12 of them, a minute
     for t in range(6):
         assert p.observe(float(t), 6, 3) == 3  # 6 in flight: 3 wanted
     assert p.observe(6.0, 0, 3) == 3  # the window still holds 6s: 3 would be needed
-    for t in range(7, 12):
-        p.observe(float(t), 2, 3)
-    assert p.observe(12.0, 2, 3) == 2  # five seconds of 2: one replica fewer
-    assert p.observe(12.5, 2, 2) == 1
+    for t in range(7, 65):
+        assert p.observe(float(t), 2, 3) == 3  # the scale-in window still holds 6s
+    assert p.observe(66.0, 2, 3) == 2  # a minute of 2 at most: one replica fewer
+    assert p.observe(66.5, 2, 2) == 1
 
 
 def test_below_the_minimum_it_grows_whatever_the_load() -> None:
@@ -111,7 +111,7 @@ def test_the_loop_follows_the_load_up_and_down_within_the_room_it_has() -> None:
         t[0] += 1.0
         if t[0] > 12:
             load["n"] = 0
-        if t[0] > 40:
+        if t[0] > 100:  # a replica goes after the scale-in window (12 x 3 s) of no load
             stop.set()
         return t[0]
 

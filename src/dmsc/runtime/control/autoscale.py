@@ -7,8 +7,12 @@ every ``interval`` and averaged over the last ``window_s`` seconds. The rule:
 - wanted = ceil(mean in flight / ``target``), clamped to [``min``, ``max``];
 - above the current count: one replica more (a pipeline takes seconds to start; the next one is
   decided on the load it then sees);
-- below it: one replica less, but only when the window is full and even its busiest sample fits
-  in one replica fewer (so a lull between bursts does not remove what the next burst needs);
+- below it: one replica less, but only when the longer scale-in window (:data:`SCALE_IN_WINDOWS`
+  windows: a minute at the default five seconds) is full and even its busiest sample fits in one
+  replica fewer (so a lull between bursts does not remove what the next burst needs, and one
+  tenant sending a burst every half minute cannot make the deployment start and stop pipelines
+  at that pace: removal is slower than addition, like the scale-down stabilization window of
+  Kubernetes' HorizontalPodAutoscaler);
 - no change within ``cooldown_s`` of the last one.
 
 :func:`parse_autoscale` reads ``dmsc up --autoscale infer:min=1,max=4,target=2,cooldown=10,
@@ -24,6 +28,7 @@ from pydantic import ValidationError
 
 from dmsc.runtime.transport.messages import AutoscaleSettings
 
+SCALE_IN_WINDOWS = 12  # the scale-in window, in windows of the load's mean
 KEYS = {
     "min": "min",
     "max": "max",
@@ -68,19 +73,21 @@ class ScalePolicy:
         if self.started is None:
             self.started = now
         self.samples.append((now, in_flight))
-        while self.samples and self.samples[0][0] < now - self.s.window_s:
+        scale_in_s = SCALE_IN_WINDOWS * self.s.window_s
+        while self.samples and self.samples[0][0] < now - scale_in_s:
             self.samples.popleft()
         floor, ceiling = self.s.min, self.s.max
         if current < floor:
             return current + 1  # below the minimum: no load needed, no cooldown
         if now - self.last_change < self.s.cooldown_s:
             return current
-        loads = [n for _, n in self.samples]
-        mean = sum(loads) / len(loads)
+        recent = [n for t, n in self.samples if t >= now - self.s.window_s]
+        mean = sum(recent) / len(recent)
         wanted = min(ceiling, max(floor, math.ceil(mean / self.s.target)))
         if wanted > current:
             return current + 1
-        window_full = now - self.started >= self.s.window_s
+        window_full = now - self.started >= scale_in_s
+        loads = [n for _, n in self.samples]
         busiest = min(ceiling, max(floor, math.ceil(max(loads) / self.s.target)))
         if wanted < current and window_full and busiest <= current - 1:
             return current - 1
