@@ -117,8 +117,8 @@ def test_without_an_address_dmsc_runs_a_private_cluster_others_cannot_join(
         line = next(json.loads(x) for x in log.splitlines() if "private Ray cluster" in x)
         root = Path(line["msg"].rsplit(" ", 1)[1])
         assert root.is_dir() and root.stat().st_mode & 0o777 == 0o700
-        gcs = (root / "ray" / "ray_current_cluster").read_text().strip()
-        assert gcs.startswith("127.0.0.1:")
+        (port,) = (root / "ray" / "session_latest").glob("gcs_server_port_*")
+        gcs = f"127.0.0.1:{port.read_text().strip()}"
         # another user's client: Ray's environment variables not inherited, so no token
         env = {k: v for k, v in os.environ.items() if not k.startswith("RAY_")}
         env["RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER"] = "0"  # reach it on 127.0.0.1, as it serves
