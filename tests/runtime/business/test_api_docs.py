@@ -8,6 +8,7 @@ import re
 from pathlib import Path
 from typing import Any
 
+import pytest
 from fastapi.testclient import TestClient
 
 from dmsc.data.db import Database
@@ -48,3 +49,51 @@ def test_docs_need_nothing_from_outside(tmp_path: Path) -> None:
     assert "SwaggerUIBundle" in script.text
     assert client.get("/docs/nothing.js").status_code == 404
     assert client.get("/redoc").status_code == 404
+
+
+@pytest.mark.integration
+def test_docs_render_in_a_browser_that_reaches_no_other_host(
+    tmp_path: Path, chromedriver: str
+) -> None:
+    """Chromium, with every host but this machine unresolvable, draws the API's title and
+    operations and logs no error."""
+    import threading
+    import time
+
+    import uvicorn
+    from selenium import webdriver
+    from selenium.webdriver.chrome.service import Service
+    from selenium.webdriver.common.by import By
+    from selenium.webdriver.support.ui import WebDriverWait
+
+    db = Database(f"sqlite:///{tmp_path / 'd.sqlite'}")
+    app = create_app(Backend(), db, TaskQueue(db, db.new_run("gpt-mini", "c", {}).id))
+    server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=0, log_level="warning"))
+    thread = threading.Thread(target=server.run, daemon=True)
+    thread.start()
+    deadline = time.monotonic() + 30
+    while not server.started and time.monotonic() < deadline:
+        time.sleep(0.05)
+    port = server.servers[0].sockets[0].getsockname()[1]
+    options = webdriver.ChromeOptions()
+    for arg in ("--headless=new", "--no-sandbox", "--disable-dev-shm-usage"):
+        options.add_argument(arg)
+    options.add_argument("--host-resolver-rules=MAP * ~NOTFOUND , EXCLUDE 127.0.0.1")
+    options.binary_location = "/usr/bin/chromium"
+    options.set_capability("goog:loggingPrefs", {"browser": "ALL"})
+    driver = webdriver.Chrome(options=options, service=Service(chromedriver))
+    try:
+        driver.get(f"http://127.0.0.1:{port}/docs")
+        WebDriverWait(driver, 30).until(
+            lambda d: d.find_elements(By.CSS_SELECTOR, ".swagger-ui .info .title")
+        )
+        title = driver.find_element(By.CSS_SELECTOR, ".swagger-ui .info .title").text
+        assert "dmsc gateway" in title
+        assert len(driver.find_elements(By.CSS_SELECTOR, ".opblock")) >= 5  # the endpoints
+        log: Any = driver
+        errors = [e["message"] for e in log.get_log("browser") if e["level"] == "SEVERE"]
+        assert errors == []
+    finally:
+        driver.quit()
+        server.should_exit = True
+        thread.join(timeout=10)
