@@ -87,6 +87,9 @@ def test_every_view_of_the_served_version_agrees_with_the_weights(
         out = cp.infer(greedy)
         assert out["model_version"] == v3 and out["token_ids"] == ref3
         assert holding(cp.db, cp.run.id)["replica-0"].digests == digests_of(cp.db, v3)
+        listed = models_list(tmp_path)
+        assert listed[v3][-1] == "replica-0" and listed[v3][4] == "production"
+        assert all(row[-1] == "" for v, row in listed.items() if v != v3)
 
         # training goes on from the run's newest weights (v3's), not from what serves (v1)
         promote(cp.db, v1)
@@ -99,6 +102,21 @@ def test_every_view_of_the_served_version_agrees_with_the_weights(
         w1, w3, w4 = (weights(cp.db, v) for v in (v1, v3, v4))
         assert all(torch.allclose(w4[k], w3[k], atol=1e-6) for k in w3)
         assert not all(torch.allclose(w4[k], w1[k], atol=1e-6) for k in w1)
+
+
+def models_list(home: Path) -> dict[int, list[str]]:
+    """``dmsc models list``'s rows by version (cells stripped)."""
+    import os
+    import subprocess
+    import sys
+
+    env = {**os.environ, "DMSC_HOME": str(home), "COLUMNS": "200"}
+    res = subprocess.run(
+        [sys.executable, "-m", "dmsc", "models", "list"], capture_output=True, text=True, env=env
+    )
+    assert res.returncode == 0, res.stderr
+    rows = [[c.strip() for c in line.split("│")[1:-1]] for line in res.stdout.splitlines()]
+    return {int(r[0]): r for r in rows if r and r[0].isdigit()}
 
 
 def weights(db: object, version: int) -> dict[str, torch.Tensor]:

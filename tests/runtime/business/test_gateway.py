@@ -378,3 +378,37 @@ def test_task_settings_are_queued_and_checked_before_they_queue(env) -> None:  #
     r = client.post("/v1/tasks", json={"steps": 1, "batch": 7}, headers=h)
     assert r.status_code == 422 and "divisible" in r.json()["detail"]
     assert len(db.tasks()) == 1
+
+
+def test_an_answer_says_the_version_of_the_weights_that_produced_it(tmp_path: Path) -> None:
+    """The answer's ``model_version`` is the backend's word for the weights that answered (the
+    control plane's texts carry it), not the version the request was routed for: a replica
+    that holds version 2's weights while version 1 is in production says 2, and weights no
+    version holds (training's) say null."""
+    from dmsc.data.db import ModelVersionRecord
+    from dmsc.runtime.control.held import Labelled
+    from dmsc.runtime.control.model_store import promote
+
+    db = Database(f"sqlite:///{tmp_path / 'g.sqlite'}")
+    run = db.new_run("gpt-mini", "local", {})
+    v1 = db.add(ModelVersionRecord(run_id=run.id, step=5, path="/x", sha256="a" * 64))
+    promote(db, v1.id)
+
+    class Holding(Backend):
+        held: ClassVar[dict[str, int | None]] = {"replica-0": 2, "replica-1": None}
+
+        def infer_on(self, replica: str, prompt: str, tokens: int, **_: Any) -> str:
+            return Labelled.of("x" * tokens, self.held[replica])
+
+    client = TestClient(create_app(Holding(), db, TaskQueue(db, run.id), router="round_robin"))
+    key = create_key(db, "t", ["infer"])[1]
+    said = {
+        (r := client.post("/v1/infer", json={"prompt": "a", "tokens": 2}, headers=_h(key)).json())[
+            "replica"
+        ]: r["model_version"]
+        for _ in range(4)
+    }
+    assert said == {"replica-0": 2, "replica-1": None}
+    plain = TestClient(create_app(Backend(), db, TaskQueue(db, run.id), router="round_robin"))
+    out = plain.post("/v1/infer", json={"prompt": "a", "tokens": 2}, headers=_h(key)).json()
+    assert out["model_version"] == v1.id  # a backend that does not say: the version routed for
