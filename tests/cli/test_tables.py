@@ -114,19 +114,22 @@ def test_the_database_tables_read_whole_at_80_columns(
     printed: list[Table],
     capsys: pytest.CaptureFixture[str],
 ) -> None:
-    """``tasks list`` and ``token list``, with a tenant longer than a column can hold."""
-    from dmsc.data.db import Database
+    """``tasks list``, ``token list`` (a tenant longer than a column can hold) and ``models
+    list``."""
+    from dmsc.data.db import Database, ModelVersionRecord
     from dmsc.runtime.control.task_queue import TaskQueue
 
     monkeypatch.setenv("DMSC_HOME", str(tmp_path))
     tenant = "a-tenant-whose-name-is-long-enough-to-crowd-the-table"
     db = Database()
-    queue = TaskQueue(db, db.new_run("gpt-mini", "c", {}).id)
-    queue.submit("train", {"steps": 30}, tenant=tenant)
+    run_id = db.new_run("gpt-mini", "c", {}).id
+    TaskQueue(db, run_id).submit("train", {"steps": 30}, tenant=tenant)
+    db.add(ModelVersionRecord(run_id=run_id, step=1234, path="/x", sha256="0123456789ab" * 5))
     run(capsys, "token", "create", "--tenant", tenant, "--scopes", "admin,infer,read,submit")
     text = run(capsys, "tasks", "list") + run(capsys, "token", "list")
+    text += run(capsys, "models", "list")
     assert_whole(printed, text)
-    assert tenant in text
+    assert tenant in text and "1234" in text and "0123456789ab" in text
 
 
 @pytest.mark.parametrize("ray", [False, True])
