@@ -158,8 +158,8 @@ def test_a_pipeline_whose_cpus_others_hold_is_refused_whole_after_the_wait(
     launcher = RayLauncher(home=tmp_path, place_timeout_s=3)
     dep = Deployment(layout, launcher=launcher, home=tmp_path)
     try:
-        with pytest.raises(WorkerStartError, match=r"could not reserve pipeline replica 0 "
-                           r"within 3 s: its 2 stages need 2 CPU, .*free there now: 1 CPU"):  # fmt: skip
+        want = r"could not reserve pipeline replica 0 within 3 s: its 2 stages need 2 CPU, "
+        with pytest.raises(WorkerStartError, match=want + r".*free there now: 1 CPU"):
             dep.start()
         assert not dep.handles and not launcher.groups
         assert all(g["state"] == "REMOVED" for g in placement_group_table().values())
