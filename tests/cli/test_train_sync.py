@@ -45,8 +45,8 @@ def test_the_issue_commands_make_the_settings_they_say() -> None:
 @pytest.mark.parametrize(
     ("sync", "kw", "flag", "reason"),
     [
-        ("dilo", {}, "--sync", "one of every-step"),
-        ("diloco:x", {}, "--sync", "MODE:STEPS"),
+        ("dilo", {}, "--sync", "expected every-step, diloco:H"),
+        ("diloco:x", {}, "--sync", "expected every-step, diloco:H"),
         ("diloco:10", {"inner_steps": 20}, "--inner-steps", "disagree"),
         ("diloco", {"compress": "zip"}, "--compress", "powersgd:RANK"),
         ("diloco", {"aggregator": "krum:x"}, "--aggregator", "multi-krum"),

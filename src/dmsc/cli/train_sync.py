@@ -1,7 +1,8 @@
 """``dmsc train``'s data-parallel sync flags, turned into the task's ``SyncSettings``.
 
 ``--sync`` takes a mode (``every-step``, ``diloco``, ``fedavg``, ``fedprox``), optionally with its
-round length (``diloco:50``, as ``dmsc plan --sync`` takes it); ``--inner-steps`` and its
+round length (``diloco:50``, as ``dmsc plan --sync`` takes it; both read by
+:func:`dmsc.spec.sync_forms.parse_sync_form`); ``--inner-steps`` and its
 federated name ``--local-steps`` set the length too, and ``--rounds`` the task's steps as rounds
 of it. An error names the flag and the reason (exit 2) before anything is sent.
 """
@@ -11,8 +12,9 @@ from __future__ import annotations
 from typing import Any
 
 from dmsc.cli.options import message_from_flags
-from dmsc.runtime.transport.messages import SYNC_MODES, SyncSettings
+from dmsc.runtime.transport.messages import SyncSettings
 from dmsc.spec import SpecError
+from dmsc.spec.sync_forms import default_inner_steps, parse_sync_form
 
 SYNC_FLAGS = {
     "mode": "--sync",
@@ -43,19 +45,18 @@ def sync_settings(
         getattr(defaults, k) == v for k, v in values.items()
     ):
         return None
-    mode, _, length = (sync or "every-step").partition(":")
-    if mode not in SYNC_MODES:
-        raise SpecError("command line", "--sync", f"{mode!r}: one of {', '.join(SYNC_MODES)}")
+    try:
+        mode, length = parse_sync_form(sync or "every-step")
+    except ValueError as exc:
+        raise SpecError("command line", "--sync", str(exc)) from None
     given = [v for v in (inner_steps, local_steps) if v is not None]
-    if length:
-        if not length.isdigit():
-            raise SpecError("command line", "--sync", f"{sync!r}: MODE:STEPS, STEPS a number")
-        given.append(int(length))
+    if length is not None:
+        given.append(length)
     if len(set(given)) > 1:
         raise SpecError(
             "command line", "--inner-steps", f"round lengths disagree: {sorted(set(given))}"
         )
-    steps = given[0] if given else (1 if mode == "every-step" else 50)
+    steps = given[0] if given else default_inner_steps(mode)
     try:
         return message_from_flags(SyncSettings, SYNC_FLAGS, mode=mode, inner_steps=steps, **values)
     except SpecError as exc:

@@ -13,77 +13,47 @@ Compression of what travels (the forms the runtime's codecs take):
 ``none``, ``bf16``, ``int8[:BLOCK]`` (one int8 per element and an fp32 scale per block of
 ``BLOCK``, 256 by default), ``topk:F`` (the fraction ``F`` of the elements, each an int32 index
 and an fp32 value) and ``powersgd:R`` (each weight matrix as two rank-``R`` fp32 factors).
-What these cost is the cost model's business (:mod:`dmsc.netmodel.sync`); here they are parsed.
+What these cost is the cost model's business (:mod:`dmsc.netmodel.sync`); the forms are parsed
+by :mod:`dmsc.spec.sync_forms`, the one parser of them.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-from typing import Any, Literal, Self
+from typing import Any, Self
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
-SyncMode = Literal["every-step", "diloco", "fedavg", "fedprox"]
-SYNC_MODES: tuple[SyncMode, ...] = ("every-step", "diloco", "fedavg", "fedprox")
-SYNC_FORMS = "every-step, diloco:H, fedavg:H or fedprox:H (H inner steps per round, 1 or more)"
-COMPRESS_FORMS = (
-    "none, bf16, int8, int8:BLOCK (BLOCK elements per scale, 1 or more), "
-    "topk:F (0 < F <= 1, the fraction of elements kept) or powersgd:R (rank R, 1 or more)"
+from dmsc.spec.sync_forms import (
+    COMPRESS_FORMS,
+    MAX_INNER_STEPS,
+    SYNC_FORMS,
+    SYNC_MODES,
+    Compression,
+    SyncMode,
+    check_round,
+    parse_compress,
+    parse_sync_form,
 )
-MAX_INNER_STEPS = 100_000
-MAX_RANK = 4096
-MAX_BLOCK = 1_000_000
-INT8_BLOCK = 256  # the runtime's int8 codec's default block
 
-
-@dataclass(frozen=True)
-class Compression:
-    """A parsed compression form: its kind and its one parameter (block, fraction or rank)."""
-
-    kind: Literal["none", "bf16", "int8", "topk", "powersgd"]
-    block: int = INT8_BLOCK
-    fraction: float = 1.0
-    rank: int = 0
-
-
-def _positive_int(text: str, most: int) -> int | None:
-    if not text.isdigit():
-        return None
-    value = int(text)
-    return value if 1 <= value <= most else None
-
-
-def parse_compress(text: str) -> Compression:
-    """``none``, ``bf16``, ``int8[:BLOCK]``, ``topk:F`` or ``powersgd:R``; ValueError naming the
-    accepted forms otherwise."""
-    kind, colon, arg = text.strip().partition(":")
-    if not colon and kind in ("none", "bf16", "int8"):
-        return Compression(kind)  # type: ignore[arg-type]
-    if colon and kind == "int8" and (block := _positive_int(arg, MAX_BLOCK)) is not None:
-        return Compression("int8", block=block)
-    if colon and kind == "topk":
-        try:
-            fraction = float(arg)
-        except ValueError:
-            fraction = 0.0
-        if 0 < fraction <= 1:  # also refuses nan
-            return Compression("topk", fraction=fraction)
-    if colon and kind == "powersgd" and (rank := _positive_int(arg, MAX_RANK)) is not None:
-        return Compression("powersgd", rank=rank)
-    raise ValueError(f"expected {COMPRESS_FORMS}, got {text!r}")
+__all__ = [
+    "COMPRESS_FORMS",
+    "SYNC_FORMS",
+    "SYNC_MODES",
+    "Compression",
+    "SyncMode",
+    "SyncSpec",
+    "parse_compress",
+    "parse_sync",
+]
 
 
 def parse_sync(text: str) -> SyncSpec:
     """``every-step`` or ``MODE:H`` (``diloco:50``) as a :class:`SyncSpec` without compression;
-    ValueError naming the accepted forms otherwise."""
-    mode, colon, arg = text.strip().partition(":")
-    if mode == "every-step" and not colon:
-        return SyncSpec()
-    if mode in SYNC_MODES[1:] and colon:
-        steps = _positive_int(arg, MAX_INNER_STEPS)
-        if steps is not None:
-            return SyncSpec(mode=mode, inner_steps=steps)
-    raise ValueError(f"expected {SYNC_FORMS}, got {text!r}")
+    ValueError naming the accepted forms otherwise (a spec names the round length)."""
+    mode, steps = parse_sync_form(text)
+    if steps is None and mode != "every-step":
+        raise ValueError(f"expected {SYNC_FORMS}, got {text!r}")
+    return SyncSpec(mode=mode, inner_steps=steps or 1)
 
 
 class SyncSpec(BaseModel):
@@ -130,11 +100,7 @@ class SyncSpec(BaseModel):
 
     @model_validator(mode="after")
     def _steps(self) -> Self:
-        if self.mode == "every-step" and self.inner_steps != 1:
-            raise ValueError(
-                "inner_steps: every-step synchronises after every step; "
-                f"use diloco:{self.inner_steps} for local steps"
-            )
+        check_round(self.mode, self.inner_steps)
         return self
 
     @property

@@ -119,7 +119,7 @@ def test_bad_inputs_are_refused_with_a_reason() -> None:
         aggregate("mean", parts, [1.0, 2.0, 3.0])
     with pytest.raises(ValueError, match="not all zero"):
         aggregate("mean", parts, [0.0] * 5)
-    with pytest.raises(ValueError, match="accepted"):
+    with pytest.raises(ValueError, match="expected mean, median"):
         aggregate("average", parts)
     with pytest.raises(ValueError, match="trim"):
         aggregate("trimmed-mean", parts, trim=0.5)
@@ -133,8 +133,8 @@ def test_parse_aggregator_reads_the_command_line_forms() -> None:
     name, options = parse_aggregator("krum:0")
     assert aggregate(name, _parts(3), **options).shape == (50,)
     for text in ("median:1", "krum:-1", "krum:x", "trimmed-mean:0.5", "krum:", "avg", "mean:1"):
-        with pytest.raises(ValueError, match="accepted: mean, median"):
+        with pytest.raises(ValueError, match="expected mean, median"):
             parse_aggregator(text)
     assert all(describe(name) for name in AGGREGATORS)
-    with pytest.raises(ValueError, match="accepted"):
+    with pytest.raises(ValueError, match="expected mean, median"):
         describe("avg")

@@ -27,11 +27,28 @@ from __future__ import annotations
 
 import math
 from collections.abc import Sequence
-from typing import TypedDict
 
 import torch
 
-AGGREGATORS = ("mean", "median", "trimmed-mean", "krum", "multi-krum")
+from dmsc.spec.sync_forms import (
+    AGGREGATORS,
+    DEFAULT_BYZANTINE,
+    DEFAULT_TRIM,
+    Aggregator,
+    AggregatorOptions,
+    check_aggregator,
+    check_replicas,
+    parse_aggregator,
+)
+
+__all__ = [
+    "AGGREGATORS",
+    "Aggregator",
+    "AggregatorOptions",
+    "aggregate",
+    "describe",
+    "parse_aggregator",
+]
 
 _DESCRIPTIONS = {
     "mean": "weighted mean by samples trained on; no protection against a bad replica",
@@ -40,52 +57,12 @@ _DESCRIPTIONS = {
     "krum": "the vector closest to its n-f-2 nearest others (Krum); needs n >= 2f+3",
     "multi-krum": "mean of the n-f vectors of best Krum score; needs n >= 2f+3",
 }
-_FORMS = "mean, median, trimmed-mean, trimmed-mean:TRIM (0 <= TRIM < 0.5), krum, krum:F, "
-_FORMS += "multi-krum, multi-krum:F (F an integer >= 0)"
-
-
-class AggregatorOptions(TypedDict, total=False):
-    """Keyword arguments of :func:`aggregate` that a rule's text sets."""
-
-    byzantine: int
-    trim: float
 
 
 def describe(name: str) -> str:
     """One line on what the rule ``name`` does, for command-line help."""
-    try:
-        return _DESCRIPTIONS[name]
-    except KeyError:
-        raise ValueError(f"unknown aggregator {name!r}; accepted: {_FORMS}") from None
-
-
-def parse_aggregator(text: str) -> tuple[str, AggregatorOptions]:
-    """``"trimmed-mean:0.1"`` -> ``("trimmed-mean", {"trim": 0.1})``, ``"krum:1"`` ->
-    ``("krum", {"byzantine": 1})``; options left out keep :func:`aggregate`'s defaults."""
-    name, colon, arg = text.strip().partition(":")
-    name, arg = name.strip(), arg.strip()
-    bad = ValueError(f"unknown aggregator {text!r}; accepted: {_FORMS}")
-    if name not in AGGREGATORS or (colon and not arg):
-        raise bad
-    if not arg:
-        return name, {}
-    if name == "trimmed-mean":
-        try:
-            trim = float(arg)
-        except ValueError:
-            raise bad from None
-        if not 0 <= trim < 0.5:
-            raise bad
-        return name, {"trim": trim}
-    if name in ("krum", "multi-krum"):
-        try:
-            f = int(arg)
-        except ValueError:
-            raise bad from None
-        if f < 0:
-            raise bad
-        return name, {"byzantine": f}
-    raise bad
+    check_aggregator(name, DEFAULT_BYZANTINE, DEFAULT_TRIM)
+    return _DESCRIPTIONS[name]
 
 
 def aggregate(
@@ -93,40 +70,21 @@ def aggregate(
     parts: Sequence[torch.Tensor],
     weights: Sequence[float] | None = None,
     *,
-    byzantine: int = 1,
-    trim: float = 0.2,
+    byzantine: int = DEFAULT_BYZANTINE,
+    trim: float = DEFAULT_TRIM,
 ) -> torch.Tensor:
-    """Combine the replicas' vectors ``parts`` (same shape, floating point) by rule ``name``."""
-    if name not in AGGREGATORS:
-        raise ValueError(f"unknown aggregator {name!r}; accepted: {_FORMS}")
-    if isinstance(byzantine, bool) or not isinstance(byzantine, int) or byzantine < 0:
-        raise ValueError(f"byzantine must be an integer >= 0, got {byzantine!r}")
-    if not 0 <= trim < 0.5:
-        raise ValueError(f"trim must be in [0, 0.5), got {trim!r}")
+    """Combine the replicas' vectors ``parts`` (same shape, floating point) by rule ``name``
+    (the rule's form and how many replicas it needs: :mod:`dmsc.spec.sync_forms`)."""
+    check_aggregator(name, byzantine, trim)
     _check_parts(parts)
     count = len(parts)
+    check_replicas(name, count, byzantine=byzantine, trim=trim)
     if name == "mean":
         return _weighted_mean(parts, _check_weights(weights, count))
     if name == "median":
-        if count < 2 * byzantine + 1:
-            raise ValueError(
-                f"median with byzantine={byzantine} needs n >= 2f+1 = {2 * byzantine + 1} "
-                f"replicas, got {count}"
-            )
         return _median(parts)
     if name == "trimmed-mean":
-        cut = math.floor(trim * count)
-        if trim > 0 and cut == 0:
-            raise ValueError(
-                f"trimmed-mean:{trim} over {count} replicas trims nothing "
-                f"(floor({trim} * {count}) = 0); needs n >= {math.ceil(1 / trim)} replicas"
-            )
-        return _trimmed_mean(parts, cut)
-    if count < 2 * byzantine + 3:
-        raise ValueError(
-            f"{name} with byzantine={byzantine} needs n >= 2f+3 = {2 * byzantine + 3} "
-            f"replicas, got {count}"
-        )
+        return _trimmed_mean(parts, math.floor(trim * count))
     order = _krum_order(parts, byzantine)
     if name == "krum":
         return parts[order[0]].clone()

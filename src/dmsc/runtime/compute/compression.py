@@ -19,7 +19,7 @@ in the machine's byte order, little-endian on every platform torch ships for):
   int32 indices in strictly increasing order, then their k float32 values. ``topk`` keeps the
   ``ceil(F * n)`` entries of largest magnitude of ``x + residual`` (error feedback); ``sparse``
   (downlink only) keeps every nonzero.
-- ``powersgd[:RANK]``: two rounds of plain float32 vectors, see :class:`PowerSGD`.
+- ``powersgd:RANK``: two rounds of plain float32 vectors, see :class:`PowerSGD`.
 
 Wire bytes for n = 1,000,000 (``tests/runtime/compute/test_compression.py`` recomputes this table
 from the code; the ratio is 4n over the bytes sent)::
@@ -53,14 +53,9 @@ from typing import NamedTuple, Protocol
 
 import torch
 
-CODECS = ("none", "bf16", "int8", "topk", "powersgd")
-DEFAULT_INT8_BLOCK = 256
-DEFAULT_POWERSGD_RANK = 4
+from dmsc.spec.sync_forms import INT8_BLOCK, parse_compress
 
-_FORMS = (
-    "accepted: none, bf16, int8, int8:BLOCK (BLOCK >= 1), topk:F (0 < F <= 1), powersgd, "
-    "powersgd:RANK (RANK >= 1), sparse (downlink only)"
-)
+DEFAULT_POWERSGD_RANK = 4  # a PowerSGD built in code without a rank
 _MAGIC = b"dmc"
 _TAG_INT8, _TAG_TOPK, _TAG_SPARSE = 1, 2, 3
 _TAG_NAMES = {_TAG_INT8: "int8", _TAG_TOPK: "topk", _TAG_SPARSE: "sparse"}
@@ -173,7 +168,7 @@ class _Int8:
     """Symmetric int8 with one float32 absmax scale per block: 4n bytes become n + 4n/BLOCK."""
 
     def __init__(self, n: int, block: int) -> None:
-        self.name = "int8" if block == DEFAULT_INT8_BLOCK else f"int8:{block}"
+        self.name = "int8" if block == INT8_BLOCK else f"int8:{block}"
         self.n = n
         self.block = block
 
@@ -247,9 +242,9 @@ def _check_indexable(n: int, who: str) -> None:
 class _TopK:
     """Top-k sparsification with error feedback: what is not sent now is added to the next x."""
 
-    def __init__(self, n: int, text: str, fraction: Fraction) -> None:
+    def __init__(self, n: int, name: str, fraction: Fraction) -> None:
         _check_indexable(n, "topk")
-        self.name = f"topk:{text}"
+        self.name = name
         self.n = n
         self.fraction = fraction  # exact: in floats, ceil(0.07 * 100) is 8
         self.k = math.ceil(fraction * n)
@@ -424,56 +419,31 @@ class PowerSGD:
         return out
 
 
-def _parse(name: str) -> tuple[str, str]:
-    family, _, arg = name.strip().partition(":")
-    family, arg = family.strip(), arg.strip()
-    plain = family in ("none", "bf16", "sparse")
-    if family not in (*CODECS, "sparse") or (plain and arg) or (family == "topk" and not arg):
-        raise ValueError(f"unknown codec {name!r}; {_FORMS}")
-    return family, arg
-
-
-def _positive_int(name: str, arg: str, default: int) -> int:
-    value = int(arg) if arg.lstrip("+").isdecimal() else 0 if arg else default
-    if not 1 <= value <= _MAX_INT32:
-        raise ValueError(f"codec {name!r}: {arg!r} is not an integer in [1, 2**31 - 1]; {_FORMS}")
-    return value
-
-
-def _fraction(name: str, arg: str) -> Fraction:
-    try:
-        value = Fraction(arg)
-    except (ValueError, ZeroDivisionError):
-        value = Fraction(0)
-    if not 0 < value <= 1:
-        raise ValueError(f"codec {name!r}: F must be a number in (0, 1]; {_FORMS}")
-    return value
-
-
 def make_codec(
     name: str, n: int, *, shapes: Sequence[torch.Size] | None = None, seed: int = 0
 ) -> Codec | PowerSGD:
-    """The uplink codec ``name`` for vectors of ``n`` elements.
+    """The uplink codec ``name`` for vectors of ``n`` elements: a form of
+    :func:`dmsc.spec.sync_forms.parse_compress`, or ``sparse`` (the leader's downlink).
 
     ``powersgd`` needs the parameters' ``shapes`` (summing to n) and returns a :class:`PowerSGD`,
     whose two rounds do not fit :class:`Codec`: callers tell them apart with isinstance.
     """
     if isinstance(n, bool) or not isinstance(n, int) or n < 0:
         raise ValueError(f"the vector length must be an integer >= 0, got {n!r}")
-    family, arg = _parse(name)
-    if family == "none":
-        return _Plain(n, torch.float32)
-    if family == "bf16":
-        return _Plain(n, torch.bfloat16)
-    if family == "int8":
-        return _Int8(n, _positive_int(name, arg, DEFAULT_INT8_BLOCK))
-    if family == "topk":
-        return _TopK(n, arg, _fraction(name, arg))
-    if family == "sparse":
+    if name.strip() == "sparse":
         return _Sparse(n)
+    form = parse_compress(name)
+    if form.kind == "none":
+        return _Plain(n, torch.float32)
+    if form.kind == "bf16":
+        return _Plain(n, torch.bfloat16)
+    if form.kind == "int8":
+        return _Int8(n, form.block)
+    if form.kind == "topk":
+        return _TopK(n, name.strip(), form.exact_fraction)
     if shapes is None:
         raise ValueError("powersgd needs the shapes of the parameters")
-    codec = PowerSGD(shapes, _positive_int(name, arg, DEFAULT_POWERSGD_RANK), seed)
+    codec = PowerSGD(shapes, form.rank, seed)
     if codec.n != n:
         raise ValueError(f"powersgd: the shapes hold {codec.n} elements, the vector {n}")
     return codec
@@ -485,12 +455,10 @@ def downlink_codec(name: str, n: int) -> Codec:
     ``topk`` comes back as ``sparse``: the aggregate of top-k vectors is sparse but not top-k,
     and dropping more of it would lose what the replicas already removed from their residuals.
     """
-    family, arg = _parse(name)
-    if family == "powersgd":
+    kind = "sparse" if name.strip() == "sparse" else parse_compress(name).kind
+    if kind == "powersgd":
         raise ValueError("powersgd has no downlink codec: its second round delivers the mean")
-    if family == "topk":
-        _fraction(name, arg)  # refuse a malformed F here too
-    if family in ("topk", "sparse"):
+    if kind in ("topk", "sparse"):
         return _Sparse(n)
     codec = make_codec(name, n)
     assert not isinstance(codec, PowerSGD)

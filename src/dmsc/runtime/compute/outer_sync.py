@@ -111,11 +111,9 @@ class ReplicaSync:
         self.params = list(module.parameters())
         self.n = sum(p.numel() for p in self.params)
         shapes = [p.shape for p in self.params]
-        name = settings.compress
+        name, form = settings.compress, settings.compression
         self.power = (
-            PowerSGD(shapes, rank=int(name.split(":")[1]), seed=seed)
-            if name.startswith("powersgd")
-            else None
+            PowerSGD(shapes, rank=form.rank, seed=seed) if form.kind == "powersgd" else None
         )
         self.codec: Codec | None = None
         self.down: Codec | None = None

@@ -27,13 +27,11 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-import torch
-
 from dmsc.data.corpus import Corpus
 from dmsc.data.db import CheckpointRecord, Database, FaultRecord
 from dmsc.data.traces import add_step_traces
 from dmsc.planner.plan import Plan
-from dmsc.runtime.compute.aggregators import aggregate, parse_aggregator
+from dmsc.runtime.compute.aggregators import parse_aggregator
 from dmsc.runtime.compute.privacy import PrivacyLedger
 from dmsc.runtime.control import recovery
 from dmsc.runtime.control.deployment import Checkpoint, Deployment, StageLayout
@@ -128,9 +126,8 @@ def task_params(req: TrainRequest, plan: Plan) -> TrainParams:
             "late_policy: restart runs a step again; a round spans inner_steps steps: "
             "use wait or skip"
         )
-    name, options = parse_aggregator(sync.aggregator)
     try:  # the aggregator's own rule on how many replicas it needs
-        aggregate(name, [torch.zeros(1)] * dp, **options)
+        parse_aggregator(sync.aggregator).check_replicas(dp)
     except ValueError as exc:
         raise ValueError(f"sync.aggregator: {exc} (dp = {dp})") from None
     if sync.task_heads:

@@ -12,11 +12,20 @@ Tensors never travel here: they go as :mod:`dmsc.runtime.transport.wire` frames 
 
 from __future__ import annotations
 
-import re
 import secrets
+from collections.abc import Callable
 from typing import Annotated, Any, Literal
 
 from pydantic import AfterValidator, BaseModel, ConfigDict, Field, ValidationError, model_validator
+
+from dmsc.spec.sync_forms import (
+    MAX_INNER_STEPS,
+    Compression,
+    SyncMode,
+    check_round,
+    parse_aggregator,
+    parse_compress,
+)
 
 # -- service names -------------------------------------------------------------------------------
 STAGE_SERVICE = "dmsc.Stage"
@@ -73,26 +82,18 @@ def explain(exc: ValidationError, what: str) -> str:
     return f"bad {what}: " + "; ".join(parts)
 
 
-SyncMode = Literal["every-step", "diloco", "fedavg", "fedprox"]
-SYNC_MODES: tuple[str, ...] = ("every-step", "diloco", "fedavg", "fedprox")
 InnerOptimizer = Literal["adamw", "sgd"]
 # how task heads' outputs are combined at inference (dmsc.runtime.control.aggregation.METHODS)
 Aggregate = Literal["vote", "weighted", "attention"]
-# The accepted forms of a codec and of an aggregator (dmsc.runtime.compute.compression and
-# .aggregators parse them; checked here so that a typo is refused before a task queues).
-COMPRESS_FORMS = "none, bf16, int8[:BLOCK], topk:FRACTION (0 < FRACTION <= 1), powersgd:RANK"
-AGGREGATOR_FORMS = "mean, median, trimmed-mean[:FRACTION], krum[:F], multi-krum[:F]"
-_COMPRESS = re.compile(
-    r"none|bf16|int8(:[1-9][0-9]{0,5})?|topk:(0?\.[0-9]+|1(\.0*)?)|powersgd:[1-9][0-9]{0,3}"
-)
-_AGGREGATOR = re.compile(r"mean|median|trimmed-mean(:0?\.[0-9]+)?|(multi-)?krum(:[0-9]{1,3})?")
 
 
-def _form(pattern: re.Pattern[str], forms: str) -> Any:
+def _form(parse: Callable[[str], object]) -> Any:
+    """A compression or aggregator form, read by the spec's one parser of it (so that a typo is
+    refused before a task queues) and kept as written, trimmed."""
+
     def check(text: str) -> str:
-        if not pattern.fullmatch(text) or (text.startswith("topk:") and float(text[5:]) == 0):
-            raise ValueError(f"{text!r} is not one of {forms}")
-        return text
+        parse(text)
+        return text.strip()
 
     return AfterValidator(check)
 
@@ -110,13 +111,13 @@ class SyncSettings(Message):
     so every replica's head learns from its own data (``dmsc infer --aggregate`` combines them)."""
 
     mode: SyncMode = "every-step"
-    inner_steps: Annotated[int, Field(ge=1, le=100_000)] = 1
+    inner_steps: Annotated[int, Field(ge=1, le=MAX_INNER_STEPS)] = 1
     outer_lr: Annotated[float, Field(gt=0, le=MAX_LR)] = 0.7
     outer_momentum: Annotated[float, Field(ge=0, lt=1)] = 0.9
     prox_mu: Annotated[float, Field(ge=0, le=100)] = 0.01
     inner_optimizer: InnerOptimizer = "adamw"
-    compress: Annotated[str, Field(max_length=32), _form(_COMPRESS, COMPRESS_FORMS)] = "none"
-    aggregator: Annotated[str, Field(max_length=32), _form(_AGGREGATOR, AGGREGATOR_FORMS)] = "mean"
+    compress: Annotated[str, Field(max_length=32), _form(parse_compress)] = "none"
+    aggregator: Annotated[str, Field(max_length=32), _form(parse_aggregator)] = "mean"
     dp_clip: Annotated[float, Field(gt=0, le=1e6)] | None = None
     dp_noise: Annotated[float, Field(ge=0, le=100)] = 0.0
     dp_delta: Annotated[float, Field(gt=0, lt=1)] = 1e-5
@@ -128,22 +129,26 @@ class SyncSettings(Message):
 
     @model_validator(mode="after")
     def _consistent(self) -> SyncSettings:
-        every = self.mode == "every-step"
-        if every and self.inner_steps != 1:
-            raise ValueError("inner_steps: every-step sync takes one step per round")
-        if self.compress.startswith("powersgd") and self.aggregator != "mean":
+        check_round(self.mode, self.inner_steps)
+        compress, mean = self.compression.kind, self.aggregator == "mean"
+        if compress == "powersgd" and not mean:
             raise ValueError("aggregator: PowerSGD averages low-rank factors: only mean")
-        if self.secure and self.aggregator != "mean":
+        if self.secure and not mean:
             raise ValueError("aggregator: secure aggregation reveals only the sum: only mean")
-        if self.secure and self.compress != "none":
+        if self.secure and compress != "none":
             raise ValueError("compress: secure aggregation masks fixed-point values: only none")
         if self.dp_noise > 0 and self.dp_clip is None:
             raise ValueError("dp_noise: noise needs a clipping norm (dp_clip)")
-        if self.task_heads and not every:
+        if self.task_heads and self.outer:
             raise ValueError(
                 "task_heads: a round averages whole models, heads included: only every-step"
             )
         return self
+
+    @property
+    def compression(self) -> Compression:
+        """The parsed ``compress`` form."""
+        return parse_compress(self.compress)
 
     @property
     def outer(self) -> bool:
