@@ -67,6 +67,7 @@ COMPRESS = [
     "topk:1.0", "topk:.5", "topk:1e-3", "topk:1.", "topk", "topk:0", "topk:1.5", "topk:nan",
     "topk:inf", "topk:1/100", "topk:-0.1", "topk:0x1", "powersgd:1", "powersgd:4096",
     "powersgd:4097", "powersgd", "powersgd:0", "powersgd:٣", "bf16:2", "none:1", "fp8", "",
+    "int8:0000000064", "topk:1e-400", "topk:1e-99999999999999999999999", "powersgd:1e3",
 ]  # fmt: skip
 AGGREGATORS = [
     "mean", "median", " median ", "trimmed-mean", "trimmed-mean:0", "trimmed-mean:0.1",
@@ -160,3 +161,17 @@ def test_the_replica_rule_is_the_one_aggregate_applies(text: str, replicas: int)
             rule.check_replicas(replicas)
     else:
         rule.check_replicas(replicas)
+
+
+@pytest.mark.parametrize(
+    ("field", "form"), [("compress", "topk:"), ("aggregator", "trimmed-mean:")]
+)
+def test_a_hostile_form_is_refused_by_its_length_before_it_is_parsed(field: str, form: str) -> None:
+    with pytest.raises(ValidationError, match="at most 32 characters"):
+        SyncSettings(**{field: form + "9" * 100_000})  # type: ignore[arg-type]
+    # an exponent is read as a float: Fraction("1e9999...") would compute 10**9999...
+    longest = (form + "1e" + "9" * 32)[:32]
+    with pytest.raises(ValidationError, match="expected"):
+        SyncSettings(**{field: longest})  # type: ignore[arg-type]
+    with pytest.raises(ValueError, match="expected"):
+        parse_compress("int8:" + "1" * 100_000)  # no int() of a hundred thousand digits

@@ -21,14 +21,16 @@ from __future__ import annotations
 
 from typing import Any, Self
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from dmsc.spec.sync_forms import (
     COMPRESS_FORMS,
     MAX_INNER_STEPS,
     SYNC_FORMS,
     SYNC_MODES,
+    CompressForm,
     Compression,
+    SyncForms,
     SyncMode,
     check_round,
     parse_compress,
@@ -56,7 +58,7 @@ def parse_sync(text: str) -> SyncSpec:
     return SyncSpec(mode=mode, inner_steps=steps or 1)
 
 
-class SyncSpec(BaseModel):
+class SyncSpec(SyncForms, BaseModel):
     """How the data-parallel replicas of a training job agree, and what they send.
 
     In a spec file either a mapping (``{mode: diloco, inner_steps: 50, compress: int8}``) or the
@@ -79,7 +81,7 @@ class SyncSpec(BaseModel):
         le=MAX_INNER_STEPS,
         description="Optimizer steps per replica between two synchronisations (1: every-step).",
     )
-    compress: str = Field(
+    compress: CompressForm = Field(
         default="none",
         description="What the replicas send: none, bf16, int8[:BLOCK], topk:F or powersgd:R.",
     )
@@ -92,25 +94,10 @@ class SyncSpec(BaseModel):
             return {"mode": short.mode, "inner_steps": short.inner_steps}
         return data
 
-    @field_validator("compress")
-    @classmethod
-    def _compress(cls, value: str) -> str:
-        parse_compress(value)
-        return value.strip()
-
     @model_validator(mode="after")
     def _steps(self) -> Self:
         check_round(self.mode, self.inner_steps)
         return self
-
-    @property
-    def compression(self) -> Compression:
-        return parse_compress(self.compress)
-
-    @property
-    def local_steps(self) -> bool:
-        """Whether the replicas average once per round of inner steps (not every gradient)."""
-        return self.mode != "every-step"
 
     @property
     def label(self) -> str:

@@ -21,9 +21,12 @@ from __future__ import annotations
 
 import math
 import re
+from collections.abc import Callable
 from dataclasses import dataclass
 from fractions import Fraction
-from typing import Literal, NamedTuple, TypedDict, get_args
+from typing import TYPE_CHECKING, Annotated, Literal, NamedTuple, TypedDict, get_args
+
+from pydantic import AfterValidator, StringConstraints
 
 # -- sync mode -----------------------------------------------------------------------------------
 SyncMode = Literal["every-step", "diloco", "fedavg", "fedprox"]
@@ -53,7 +56,8 @@ AGGREGATOR_FORMS = (
     "or multi-krum:F (F bad replicas tolerated, 0 to 999)"
 )
 
-_INT = re.compile(r"[0-9]+")
+MAX_FORM_CHARS = 32  # the longest form a message or a spec may carry
+_INT = re.compile(r"0*[0-9]{1,9}")  # digits alone, never so many that int() is slow
 _DECIMAL = re.compile(r"([0-9]+\.?[0-9]*|\.[0-9]+)([eE][-+]?[0-9]+)?")
 
 
@@ -64,8 +68,9 @@ def _int(text: str, low: int, high: int) -> int | None:
     return value if low <= value <= high else None
 
 
-def _decimal(text: str) -> Fraction | None:
-    return Fraction(text) if _DECIMAL.fullmatch(text) else None
+def _decimal(text: str) -> float | None:
+    # a float, not a Fraction: Fraction("1e-999999999") would compute 10**999999999
+    return float(text) if _DECIMAL.fullmatch(text) else None
 
 
 # -- sync mode -----------------------------------------------------------------------------------
@@ -120,8 +125,8 @@ def parse_compress(text: str) -> Compression:
     if colon and kind == "int8" and (block := _int(arg, 1, MAX_BLOCK)) is not None:
         return Compression("int8", block=block)
     fraction = _decimal(arg) if colon and kind == "topk" else None
-    if fraction is not None and 0 < fraction <= 1 and float(fraction) > 0:  # 1e-400 is 0.0
-        return Compression("topk", fraction=float(fraction))
+    if fraction is not None and 0 < fraction <= 1:
+        return Compression("topk", fraction=fraction)
     if colon and kind == "powersgd" and (rank := _int(arg, 1, MAX_RANK)) is not None:
         return Compression("powersgd", rank=rank)
     raise ValueError(f"expected {COMPRESS_FORMS}, got {text!r}")
@@ -158,8 +163,8 @@ def parse_aggregator(text: str) -> Aggregator:
     if known is not None and not colon:
         return Aggregator(known, {})
     trim = _decimal(arg) if known == "trimmed-mean" else None
-    if known == "trimmed-mean" and trim is not None and 0 <= trim < Fraction(1, 2):
-        return Aggregator(known, {"trim": float(trim)})
+    if known == "trimmed-mean" and trim is not None and 0 <= trim < 0.5:
+        return Aggregator(known, {"trim": trim})
     byzantine = _int(arg, 0, MAX_BYZANTINE) if known in ("krum", "multi-krum") else None
     if known is not None and byzantine is not None:
         return Aggregator(known, {"byzantine": byzantine})
@@ -198,3 +203,39 @@ def check_replicas(
             f"{name} with byzantine={byzantine} needs n >= 2f+3 = {2 * byzantine + 3} "
             f"replicas, got {count}"
         )
+
+
+# -- as fields of a model ------------------------------------------------------------------------
+def _form(parse: Callable[[str], object]) -> AfterValidator:
+    def check(text: str) -> str:
+        parse(text)
+        return text.strip()
+
+    return AfterValidator(check)
+
+
+# a valid form, kept as written (trimmed); its length checked before it is parsed
+CompressForm = Annotated[str, StringConstraints(max_length=MAX_FORM_CHARS), _form(parse_compress)]
+AggregatorForm = Annotated[
+    str, StringConstraints(max_length=MAX_FORM_CHARS), _form(parse_aggregator)
+]
+
+
+class SyncForms:
+    """What a model with ``mode``, ``inner_steps`` and ``compress`` fields reads from them (the
+    job spec's :class:`~dmsc.spec.sync.SyncSpec`, the runtime's ``SyncSettings``)."""
+
+    if TYPE_CHECKING:
+        mode: SyncMode
+        inner_steps: int
+        compress: str
+
+    @property
+    def compression(self) -> Compression:
+        """The parsed ``compress`` form."""
+        return parse_compress(self.compress)
+
+    @property
+    def local_steps(self) -> bool:
+        """Whether the replicas average once per round of inner steps (not every gradient)."""
+        return self.mode != "every-step"

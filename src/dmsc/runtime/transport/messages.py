@@ -13,18 +13,17 @@ Tensors never travel here: they go as :mod:`dmsc.runtime.transport.wire` frames 
 from __future__ import annotations
 
 import secrets
-from collections.abc import Callable
 from typing import Annotated, Any, Literal
 
-from pydantic import AfterValidator, BaseModel, ConfigDict, Field, ValidationError, model_validator
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
 from dmsc.spec.sync_forms import (
     MAX_INNER_STEPS,
-    Compression,
+    AggregatorForm,
+    CompressForm,
+    SyncForms,
     SyncMode,
     check_round,
-    parse_aggregator,
-    parse_compress,
 )
 
 # -- service names -------------------------------------------------------------------------------
@@ -87,18 +86,7 @@ InnerOptimizer = Literal["adamw", "sgd"]
 Aggregate = Literal["vote", "weighted", "attention"]
 
 
-def _form(parse: Callable[[str], object]) -> Any:
-    """A compression or aggregator form, read by the spec's one parser of it (so that a typo is
-    refused before a task queues) and kept as written, trimmed."""
-
-    def check(text: str) -> str:
-        parse(text)
-        return text.strip()
-
-    return AfterValidator(check)
-
-
-class SyncSettings(Message):
+class SyncSettings(SyncForms, Message):
     """How the data-parallel replicas of a training task agree (see
     :mod:`dmsc.runtime.compute.outer_sync`): ``every-step`` averages gradients every step;
     ``diloco`` takes ``inner_steps`` optimizer steps per replica, then an outer step of SGD with
@@ -116,8 +104,9 @@ class SyncSettings(Message):
     outer_momentum: Annotated[float, Field(ge=0, lt=1)] = 0.9
     prox_mu: Annotated[float, Field(ge=0, le=100)] = 0.01
     inner_optimizer: InnerOptimizer = "adamw"
-    compress: Annotated[str, Field(max_length=32), _form(parse_compress)] = "none"
-    aggregator: Annotated[str, Field(max_length=32), _form(parse_aggregator)] = "mean"
+    # forms of dmsc.spec.sync_forms, checked here so that a typo is refused before a task queues
+    compress: CompressForm = "none"
+    aggregator: AggregatorForm = "mean"
     dp_clip: Annotated[float, Field(gt=0, le=1e6)] | None = None
     dp_noise: Annotated[float, Field(ge=0, le=100)] = 0.0
     dp_delta: Annotated[float, Field(gt=0, lt=1)] = 1e-5
@@ -146,14 +135,9 @@ class SyncSettings(Message):
         return self
 
     @property
-    def compression(self) -> Compression:
-        """The parsed ``compress`` form."""
-        return parse_compress(self.compress)
-
-    @property
     def outer(self) -> bool:
         """Whether the replicas average their models every ``inner_steps`` (not gradients)."""
-        return self.mode != "every-step"
+        return self.local_steps
 
     @property
     def round_rate(self) -> float:
