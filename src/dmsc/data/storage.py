@@ -9,8 +9,11 @@ place). Never the statement or its parameters: an API key's hash is one of them.
 
 from __future__ import annotations
 
+import contextlib
 import os
+import sqlite3
 from pathlib import Path
+from urllib.parse import quote
 
 from sqlalchemy.engine import make_url
 
@@ -39,20 +42,34 @@ def salvaged_copies(path: Path) -> list[Path]:
     return sorted(p for p in found if not p.name.endswith(("-wal", "-shm", "-journal")))
 
 
+def is_database(path: Path) -> bool:
+    """Whether ``path`` holds a SQLite database (one unreadable for another reason counts as
+    one: opening it says why). Asked through SQLite, never by opening the file: closing any
+    descriptor of a database file drops every POSIX lock the process holds on it, SQLite's own
+    included, and another process may then delete the write-ahead log still in use."""
+    try:
+        if os.stat(path).st_size < 16:  # emptied, or shorter than SQLite's header
+            return False
+    except FileNotFoundError:
+        return False
+    except OSError:
+        return True
+    uri = f"file:{quote(str(path))}?mode=ro"
+    try:
+        with contextlib.closing(sqlite3.connect(uri, uri=True, timeout=5)) as conn:
+            conn.execute("SELECT count(*) FROM sqlite_master").fetchall()
+    except sqlite3.DatabaseError as exc:
+        return "locked" in str(exc) or "busy" in str(exc)
+    return True
+
+
 def new_beside_salvaged(path: Path) -> str | None:
     """Why no new database should be made at ``path``: it is missing and a salvaged copy of
     the database a control plane lost lies beside it (a new, empty one would start run 1 again
     and hide that copy); a file that is not a SQLite database (emptied or overwritten in place)
     counts as missing. None when there is no such reason."""
-    try:
-        with path.open("rb") as fh:
-            if fh.read(16) == b"SQLite format 3\x00":
-                return None
-    except OSError:  # missing (or unreadable: opening it says why)
-        if path.exists():
-            return None
     copies = salvaged_copies(path)
-    if not copies:
+    if not copies or is_database(path):
         return None
     return (
         f"the database {path} is missing or no database and {copies[-1]} lies beside it "

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import os
 import sqlite3
+import subprocess
+import sys
 import threading
 from pathlib import Path
 
@@ -119,3 +121,34 @@ def test_an_unchanged_busy_database_is_not_lost(tmp_path: Path) -> None:
     saved = watch.salvage(in_place=True)
     with sqlite3.connect(saved) as copy:
         assert copy.execute("SELECT count(*) FROM runs").fetchone() == (20,)
+
+
+def _runs_seen_by_another_process(path: Path) -> int:
+    """The runs another process reads (its connection closes as the last one it holds)."""
+    code = (
+        "import sqlite3, sys; c = sqlite3.connect(sys.argv[1]); "
+        "print(c.execute('SELECT count(*) FROM runs').fetchone()[0]); c.close()"
+    )
+    out = subprocess.run(
+        [sys.executable, "-c", code, str(path)], capture_output=True, text=True, check=True
+    )
+    return int(out.stdout)
+
+
+def test_looking_at_the_file_keeps_the_processes_locks_and_its_writes(tmp_path: Path) -> None:
+    """The watch (and the salvage check a new Database makes) never open() the database file:
+    closing that descriptor dropped every POSIX lock of the process, SQLite's too, so another
+    process's closing connection deleted the write-ahead log the control plane went on writing,
+    and every later task was lost (the control plane saw 3 tasks, any other process 1)."""
+    path = tmp_path / "dmsc.sqlite"
+    db = Database(f"sqlite:///{path}")
+    db.new_run("gpt-mini", "c", {})
+    (tmp_path / "dmsc.sqlite.salvaged-20260101-000000").write_bytes(b"")  # makes it look
+    watch = DbWatch(path, interval_s=0.05)
+    for n in range(2, 5):
+        assert watch.check() is None
+        Database(f"sqlite:///{path}")  # a second one in the same process looks at the file too
+        assert _runs_seen_by_another_process(path) == n - 1
+        db.new_run("gpt-mini", "c", {"n": n})
+        assert _runs_seen_by_another_process(path) == n
+    assert (tmp_path / "dmsc.sqlite-wal").exists()

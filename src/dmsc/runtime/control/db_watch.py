@@ -114,24 +114,28 @@ class DbWatch:
         """What happened to the contents of the file the path still names, or None: it is
         emptied or cut short (no SQLite header), or holds another database (another identity)
         or none that can be read."""
+        # Never open() the file itself: closing any descriptor of it drops every POSIX lock this
+        # process holds on it, SQLite's own included; another process's connection then deleted
+        # the write-ahead log the control plane was still writing (its later tasks were lost).
+        # Its size comes from stat, its header and identity through a SQLite connection (SQLite
+        # keeps its descriptors open while others hold locks).
         try:
-            with self.path.open("rb") as fh:
-                head = fh.read(len(HEADER))
+            size = os.stat(self.path).st_size
         except OSError:  # gone meanwhile: the next look sees it
             return None
-        if head != HEADER:
-            size = self.path.stat().st_size if self.path.exists() else 0
+        if size < len(HEADER):
             return f"was emptied or overwritten ({size} bytes, no SQLite header)"
-        if self.identity is None:  # nothing to compare with
-            return None
         uri = f"file:{quote(str(self.path))}?mode=ro"
         try:
             with contextlib.closing(sqlite3.connect(uri, uri=True, timeout=5)) as conn:
+                conn.execute("SELECT count(*) FROM sqlite_master").fetchall()
                 now = self._identity(conn)
         except sqlite3.DatabaseError as exc:
             if "locked" in str(exc) or "busy" in str(exc):  # a writer holds it: look again
                 return None
             return f"was overwritten: it no longer reads as a database ({exc})"
+        if self.identity is None:  # nothing to compare with
+            return None
         if now != self.identity:
             return "was overwritten by another database (its identity row differs)"
         return None
