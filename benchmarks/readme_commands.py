@@ -65,6 +65,7 @@ class Command:
     fixed: tuple[str, ...]
     timeout_s: float = 600.0
     deployed: bool = False  # runs while the checkout's deployment is up
+    make: str | None = None  # a Makefile target run in the checkout instead of a dmsc command
 
 
 COMMANDS = [
@@ -86,7 +87,19 @@ COMMANDS = [
     Command("dmsc down", r"dmsc down\b", (), deployed=True),
     Command("dmsc demo (first run)", None, ("demo",), 1200.0),
     Command("dmsc demo (second run = make demo)", None, ("demo",), 1200.0),
+    Command("make test-quick", None, (), 1800.0, make="test-quick"),
 ]
+
+
+def make_recipe(checkout: Path, target: str) -> list[str]:
+    """The argv of a one-line Makefile recipe, with ``$(BIN)/`` the running interpreter's bin."""
+    lines = (checkout / "Makefile").read_text().splitlines()
+    start = next(i for i, x in enumerate(lines) if x.startswith(f"{target}:"))
+    recipe = lines[start + 1].strip()
+    if not recipe or lines[start + 2].startswith("\t"):
+        raise SystemExit(f"Makefile target {target} is not a one-line recipe")
+    bin_dir = str(Path(sys.executable).parent)
+    return shlex.split(recipe.replace("$(BIN)", bin_dir))
 
 
 def readme_lines(readme: Path) -> list[str]:
@@ -111,6 +124,8 @@ def readme_lines(readme: Path) -> list[str]:
 
 def documented(cmd: Command, lines: list[str], home: Path) -> tuple[list[str], str]:
     """The argv after ``dmsc`` for ``cmd`` as this README writes it, and the line it came from."""
+    if cmd.make is not None:
+        return [f"make {cmd.make}"], ""
     if cmd.pattern is None:
         return list(cmd.fixed), ""
     line = next((x for x in lines if re.match(cmd.pattern, x)), None)
@@ -157,16 +172,21 @@ class Checkout:
         ).stdout.strip()
         return Path(out).resolve()
 
-    def run(self, index: int, argv: list[str], timeout_s: float) -> tuple[float, int | str, str]:
-        """Seconds, exit code (or "timeout") and the last line of stderr of ``dmsc ARGV``."""
-        base = self.work / "logs" / f"{index:02d}-{argv[0].lstrip('-') if argv else 'dmsc'}"
+    def run(
+        self, index: int, argv: list[str], timeout_s: float, make: str | None = None
+    ) -> tuple[float, int | str, str]:
+        """Seconds, exit code (or "timeout") and the last line of stderr of ``dmsc ARGV`` (or
+        of the checkout's Makefile target ``make``, run in the checkout)."""
+        name = make or (argv[0].lstrip("-") if argv else "dmsc")
+        base = self.work / "logs" / f"{index:02d}-{name}"
+        full = make_recipe(self.path, make) if make else [sys.executable, "-m", "dmsc", *argv]
         with open(f"{base}.out", "w") as out, open(f"{base}.err", "w") as err:
             start = time.perf_counter()
             try:
                 rc: int | str = subprocess.run(
-                    [sys.executable, "-m", "dmsc", *argv],
+                    full,
                     env=self.env,
-                    cwd=self.work,
+                    cwd=self.path if make else self.work,
                     stdin=subprocess.DEVNULL,
                     stdout=out,
                     stderr=err,
@@ -250,7 +270,7 @@ def one_pass(
                 for i in group:
                     cmd = COMMANDS[i]
                     argv, line = documented(cmd, lines[c.name], c.home)
-                    seconds, rc, err = c.run(i, argv, cmd.timeout_s)
+                    seconds, rc, err = c.run(i, argv, cmd.timeout_s, cmd.make)
                     runs[c.name].append(
                         {
                             "argv": argv,
