@@ -7,7 +7,9 @@ from pathlib import Path
 from dmsc.data.db import Database
 from dmsc.data.traces import add_step_traces
 from dmsc.planner.solve import plan_job
-from dmsc.runtime.control.dashboard_state import topology, traffic, training
+from dmsc.runtime.compute.calibrate import calibrated_cluster
+from dmsc.runtime.control.dashboard_state import tenant_rows, topology, traffic, training
+from dmsc.runtime.control.prediction import Prediction, task_prediction
 from dmsc.spec import ClusterSpec, JobSpec, load_spec, resolve_model
 
 ROOT = Path(__file__).resolve().parents[3]
@@ -56,7 +58,7 @@ def test_traffic_and_gantt_come_from_the_traces(tmp_path: Path) -> None:
     assert {g["step"] for g in gantt} == {1, 2}  # the last two steps
     first = min(gantt, key=lambda g: g["t0_ms"])
     assert first["t0_ms"] == 0 and abs(first["t1_ms"] - 100) < 1e-6
-    assert training(db, task, 0.4)["loss"] == [3.0, 2.0, 1.0]
+    assert training(db, task, Prediction(0.4, "the plan's"))["loss"] == [3.0, 2.0, 1.0]
     assert traffic(db, plan, None) == ([], [])
 
 
@@ -74,3 +76,45 @@ def test_a_task_started_in_the_same_instant_it_was_made_waited_zero_not_less() -
     assert _task(task)["queue_wait_s"] == 0.0
     task.started_at = made + dt.timedelta(seconds=2)
     assert _task(task)["queue_wait_s"] == 2.0
+
+
+def test_the_step_chart_shows_the_prediction_for_the_job_the_task_ran(tmp_path: Path) -> None:
+    """Issue 29, item 5: a task of batch 32 on a batch-16 plan was drawn beside the plan's
+    batch-16 prediction; the line is the prediction for the job that ran (re-estimated), and
+    none, with the reason, where nothing can be compared."""
+    cluster = load_spec(ClusterSpec, ROOT / "examples/clusters/two-sites-cpu.yaml")
+    figures = {
+        "matmul_flops": 60e9,
+        "memory_bytes_s": 12e9,
+        "loopback_bytes_s": 1.2e9,
+        "loopback_rtt_s": 400e-6,
+        "op_overhead_s": 30e-6,
+        "block_s": 0.03,
+        "cores": 2.0,
+        "source": 1.8e9,
+    }  # as dmsc calibrate writes them: the devices' figures measured
+    measured = ClusterSpec.model_validate(calibrated_cluster(cluster, figures))
+    plan = plan_job(
+        measured,
+        resolve_model("gpt-mini"),
+        JobSpec(global_batch=16, micro_batch=4, pp=2, dp=2),
+        fixed=True,
+    ).plan
+    db = Database(f"sqlite:///{tmp_path / 'd.sqlite'}")
+    run = db.new_run("gpt-mini", "two-sites-cpu", {}).id
+    task = db.new_task(run, "train", {"batch": 32}, state="done")
+    db.add_metric(task.id, 0, 3.0, 0.5, 1000.0)
+    model = resolve_model("gpt-mini")
+
+    def predict(t):  # type: ignore[no-untyped-def]
+        return task_prediction(plan, measured, model, {"batch": 32})
+
+    shown = tenant_rows(db, plan, run, None, predict=predict)["training"]
+    want = task_prediction(plan, measured, model, {"batch": 32})
+    assert want.step_s is not None and want.step_s > 1.5 * plan.prediction.iteration_time_s
+    assert shown["predicted_step_s"] == want.step_s
+    assert shown["prediction"].startswith("re-estimated for batch 32")
+    guessed = tenant_rows(
+        db, plan, run, None, predict=lambda t: task_prediction(plan, cluster, model, {})
+    )["training"]
+    assert guessed["predicted_step_s"] is None and "never measured" in guessed["prediction"]

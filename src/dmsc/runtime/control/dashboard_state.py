@@ -30,6 +30,7 @@ from __future__ import annotations
 import datetime as dt
 import json
 import time
+from collections.abc import Callable
 from typing import Any
 
 from dmsc.data.db import Database, TaskRecord
@@ -37,6 +38,7 @@ from dmsc.data.traces import link_bytes, step_traces
 from dmsc.planner.plan import Plan
 from dmsc.runtime.control import status
 from dmsc.runtime.control.deployment import Deployment
+from dmsc.runtime.control.prediction import Prediction
 
 TASKS_SHOWN = 40
 FAULTS_SHOWN = 20
@@ -115,12 +117,14 @@ def _where(plan: Plan) -> dict[tuple[int, int], tuple[str, str]]:
     }
 
 
-def training(db: Database, task_id: int | None, predicted_s: float) -> dict[str, Any]:
-    """The task's step times beside the prediction, its loss and throughput per step."""
+def training(db: Database, task_id: int | None, predicted: Prediction) -> dict[str, Any]:
+    """The task's step times beside the prediction for the job it ran (None: not comparable,
+    ``prediction`` says why), its loss and throughput per step."""
     rows = db.metrics(task_id) if task_id is not None else []
     return {
         "task": task_id,
-        "predicted_step_s": predicted_s,
+        "predicted_step_s": predicted.step_s,
+        "prediction": predicted.basis,
         "steps": [m.step for m in rows],
         "step_s": [m.step_s for m in rows],
         "loss": [m.loss for m in rows],
@@ -177,10 +181,12 @@ def tenant_rows(
     run_id: int,
     tenant: str | None,
     faults: list[dict[str, Any]] | None = None,
+    predict: Callable[[TaskRecord], Prediction] | None = None,
 ) -> dict[str, Any]:
     """The parts of the document made of tasks: every tenant's (``tenant`` None), or only
     ``tenant``'s (its tasks, queues, newest training task; another tenant's task id is not
-    shown on a model version or a fault). ``faults``: the run's, when already read."""
+    shown on a model version or a fault). ``faults``: the run's, when already read;
+    ``predict``: the prediction for the job a training task ran (None: the plan's)."""
     tasks = db.tasks(run_id)
     if tenant is not None:
         tasks = [t for t in tasks if t.tenant == tenant]
@@ -196,6 +202,10 @@ def tenant_rows(
     exceptions = [t for t in tasks if t.state == "failed" and t.exception_type]
     trained = [t.id for t in tasks if t.kind == "train" and t.state != "queued"]
     task_id = trained[-1] if trained else None
+    newest = next((t for t in tasks if t.id == task_id), None)
+    predicted = Prediction(plan.prediction.iteration_time_s, "the plan's")
+    if predict is not None and newest is not None:
+        predicted = predict(newest)
     links, gantt = traffic(db, plan, task_id)
     versions = [
         {
@@ -214,7 +224,7 @@ def tenant_rows(
         "tasks": [_task(t) for t in tasks[-TASKS_SHOWN:]][::-1],
         "versions": versions,
         "faults": json.loads(json.dumps(faults[-FAULTS_SHOWN:][::-1], default=str)),
-        "training": training(db, task_id, plan.prediction.iteration_time_s),
+        "training": training(db, task_id, predicted),
         "links": links,
         "gantt": gantt,
     }
@@ -229,10 +239,12 @@ def dashboard_state(
     replicas_down: set[int] | None = None,
     serving: list[dict[str, Any]] | None = None,
     tenant: str | None = None,
+    predict: Callable[[TaskRecord], Prediction] | None = None,
 ) -> dict[str, Any]:
     """The document the dashboard's pages draw (module docstring); ``serving``: the elastic
     serving replicas, when the deployment has them; ``tenant``: the reader's tenant, whose rows
-    alone it shows (None: every tenant's, for an admin key)."""
+    alone it shows (None: every tenant's, for an admin key); ``predict``: the prediction for
+    the job a training task ran (None: the plan's)."""
     faults = status.faults(db, run_id)  # before the services, as dmsc status reads them
     where = _where(plan)
     services = []
@@ -250,7 +262,7 @@ def dashboard_state(
         "replicas_down": sorted(replicas_down or ()),
         "topology": topology(plan),
         "services": services,
-        **tenant_rows(db, plan, run_id, tenant, faults),
+        **tenant_rows(db, plan, run_id, tenant, faults, predict),
         "serving": serving or [],
         "scale_events": [
             {

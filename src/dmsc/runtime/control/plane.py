@@ -35,7 +35,7 @@ import grpc
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 
 from dmsc.data.corpus import Corpus, stdlib_text, task_corpora
-from dmsc.data.db import CheckpointRecord, Database, ModelVersionRecord, data_dir
+from dmsc.data.db import CheckpointRecord, Database, ModelVersionRecord, TaskRecord, data_dir
 from dmsc.data.tokenizer import tokenizer_for
 from dmsc.planner.plan import Plan
 from dmsc.runtime.control import chaos, fallback, status, work_loop
@@ -48,7 +48,7 @@ from dmsc.runtime.control.inference import Replicas
 from dmsc.runtime.control.launchers import Launcher
 from dmsc.runtime.control.lr_schedule import lr_at
 from dmsc.runtime.control.model_store import promote_if_first
-from dmsc.runtime.control.prediction import prediction_for
+from dmsc.runtime.control.prediction import Prediction, prediction_for, task_prediction
 from dmsc.runtime.control.replanning import replan_now
 from dmsc.runtime.control.resize import record_resize, resize, resized_plan
 from dmsc.runtime.control.retention import Retention
@@ -125,6 +125,7 @@ class ControlPlane:
         self.retention = retention or Retention()  # which of a task's checkpoints stay
         self.corpus, self.valid = task_corpora(None, model.seq, 0, self.texts, self.encode)
         self.steps_done = 0
+        self._predictions: dict[tuple[int, int], Prediction] = {}  # (task, plan): ._task_prediction
         self.lock = threading.Lock()  # one task at a time touches the weights
         self.log = log or json_logger("dmsc.control")
         ttl, tok = self.deployment.registry.ttl_s, self.tokenizer  # ttl: the failure timeout
@@ -480,7 +481,16 @@ class ControlPlane:
             set(self.inference.down),
             self.inference.pool.status() if self.inference.pool is not None else None,
             tenant=tenant,
+            predict=self._task_prediction,
         )
+
+    def _task_prediction(self, task: TaskRecord) -> Prediction:
+        """The prediction for the job training task ``task`` ran (kept: it re-plans once)."""
+        key = (task.id, id(self.plan))
+        if key not in self._predictions:
+            params = json.loads(task.params_json or "{}")
+            self._predictions[key] = task_prediction(self.plan, self.cluster, self.model, params)
+        return self._predictions[key]
 
     # -- queued work ------------------------------------------------------------------------
     def work_queue(self, queue: TaskQueue) -> None:

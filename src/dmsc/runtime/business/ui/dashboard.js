@@ -156,12 +156,18 @@ function drawCharts(s) {
   const span = tr.steps.length ? [tr.steps[0], tr.steps[tr.steps.length - 1]] : [0, 1];
   chart("chart-step", {
     type: "line",
+    // the prediction for the job the task ran; none where it is not comparable (the reason
+    // is the chart's title)
     data: { datasets: [
       { label: "measured", data: xy(tr.step_s), borderColor: "#2563eb", pointRadius: 0 },
+    ].concat(tr.predicted_step_s === null ? [] : [
       { label: "predicted", data: span.map((x) => ({ x, y: tr.predicted_step_s })),
         borderColor: "#c0392b", borderDash: [6, 4], pointRadius: 0 },
-    ] },
-    options: { scales: { x: linear("step"), y: { beginAtZero: true } } },
+    ]) },
+    options: {
+      scales: { x: linear("step"), y: { beginAtZero: true } },
+      plugins: { title: { display: !!tr.prediction, text: "prediction: " + (tr.prediction || "") } },
+    },
   });
   chart("chart-loss", {
     type: "line",
