@@ -107,6 +107,21 @@ def test_a_tenant_sees_only_its_own_rows_on_the_dashboard(site) -> None:  # type
     assert {t["tenant"] for t in admin["tasks"]} == {"alpha", "beta"}
 
 
+def test_the_model_list_shows_a_version_s_task_to_its_own_tenant_only(site) -> None:  # type: ignore[no-untyped-def]
+    """GET /v1/models listed every version with the task that trained it to every tenant's
+    read key, the task id the dashboard and /v1/tasks/N hide from another tenant."""
+    client, keys, tasks = site
+
+    def listed(key: str) -> list[int | None]:
+        r = client.get("/v1/models", headers={"Authorization": f"Bearer {key}"})
+        assert r.status_code == 200, r.text
+        return [v["task"] for v in r.json()]
+
+    assert listed(keys["alpha"]) == [None]
+    assert listed(keys["beta"]) == [tasks["beta"]]
+    assert listed(keys["admin"]) == [tasks["beta"]]
+
+
 def test_a_tenant_s_login_cookie_sees_only_its_own_rows(site) -> None:  # type: ignore[no-untyped-def]
     client, keys, tasks = site
     r = client.post("/ui/login", data={"key": keys["alpha"]}, follow_redirects=False)

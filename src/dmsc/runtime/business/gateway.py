@@ -17,7 +17,6 @@ known key touch neither the database nor the thread pool.
 
 import asyncio
 import contextlib
-import json
 import threading
 import time
 from collections.abc import Callable, Sequence
@@ -25,7 +24,6 @@ from concurrent.futures import Future, ThreadPoolExecutor
 from functools import partial
 from typing import Annotated, Any, Protocol
 
-from anyio import to_thread
 from fastapi import FastAPI, HTTPException, Query, Request, Response
 from fastapi import Path as PathParam
 from fastapi.exceptions import RequestValidationError
@@ -46,6 +44,7 @@ from dmsc.runtime.business.http_guard import UNAUTHORIZED, Guard
 from dmsc.runtime.business.protection import CircuitBreaker, RateLimiter, TenantAdmission
 from dmsc.runtime.business.queueing import QuotaExceeded, TaskFinished, TaskQueue
 from dmsc.runtime.business.router import POLICIES, NoReplica, Router, pick_version
+from dmsc.runtime.business.versions import ModelVersions
 from dmsc.runtime.transport.messages import GatewayInferRequest as InferRequest
 from dmsc.runtime.transport.messages import GatewayTaskRequest as TaskRequest
 from dmsc.runtime.transport.messages import Sampling
@@ -136,24 +135,6 @@ async def _disconnected(request: Request) -> None:
         pass
 
 
-class _Versions:
-    """The model versions, read from the database at most once per ``ttl_s`` (a promotion
-    made with ``dmsc models`` reaches the gateway within it), and their JSON for
-    ``GET /v1/models`` made once per read."""
-
-    def __init__(self, db: Database, ttl_s: float = 1.0) -> None:
-        self.db, self.ttl_s = db, ttl_s
-        self._at, self._versions = -float("inf"), list[ModelVersionRecord]()
-        self.json = b"[]"
-
-    async def get(self) -> list[ModelVersionRecord]:
-        if time.monotonic() - self._at > self.ttl_s:
-            self._versions = await to_thread.run_sync(self.db.model_versions)
-            self.json = json.dumps([_version_json(v) for v in self._versions]).encode()
-            self._at = time.monotonic()
-        return self._versions
-
-
 def _served_version(text: str, picked: ModelVersionRecord | None) -> int | None:
     """The model version of the weights that produced ``text``, as the backend says (the
     control plane's answers carry it; :mod:`dmsc.runtime.control.held`), else the version the
@@ -161,18 +142,6 @@ def _served_version(text: str, picked: ModelVersionRecord | None) -> int | None:
     if hasattr(text, "model_version"):
         return text.model_version  # type: ignore[no-any-return]
     return picked.id if picked else None
-
-
-def _version_json(v: ModelVersionRecord) -> dict[str, Any]:
-    return {
-        "id": v.id,
-        "run": v.run_id,
-        "step": v.step,
-        "sha256": v.sha256,
-        "status": v.status,
-        "canary_percent": v.canary_percent,
-        "task": v.task_id,
-    }
 
 
 def create_app(
@@ -208,7 +177,7 @@ def create_app(
     admission = TenantAdmission(tenant_requests, float(tenant_cost_tokens * stages))
     route: Router = POLICIES[router]()
     breakers: dict[str, CircuitBreaker] = {}
-    versions = _Versions(db)
+    versions = ModelVersions(db)
     principals = principals or PrincipalCache(db)
     sessions = UiSessions() if dashboard is not None else None
 
@@ -271,10 +240,11 @@ def create_app(
     # The hot reads first: routes are matched in order.
     @app.get("/v1/models", response_class=Response)
     async def models(request: Request) -> Response:
-        """Every model version (id, run, step, sha256, status, canary_percent, task)."""
-        authorize(request, "read")
-        await versions.get()
-        return Response(versions.json, media_type="application/json")
+        """Every model version (id, run, step, sha256, status, canary_percent, task: the
+        training task, shown to its own tenant only)."""
+        who = authorize(request, "read")
+        tenant = None if who.may("admin") else who.tenant
+        return Response(await versions.json_for(tenant), media_type="application/json")
 
     @app.post("/v1/infer")
     async def infer(req: InferRequest, request: Request) -> dict[str, Any]:
