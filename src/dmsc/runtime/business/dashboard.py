@@ -144,9 +144,14 @@ def _page(name: str, status: int = 200, message: str = "") -> HTMLResponse:
 def _same_origin(request: Request) -> bool:
     """Whether a form POST comes from this site: its ``Origin`` (when the client sends one) is
     the origin the request was made to, and the browser does not mark it cross-site."""
-    if request.headers.get("sec-fetch-site", "same-origin") not in ("same-origin", "none"):
+    site = request.headers.get("sec-fetch-site")
+    if site not in (None, "same-origin", "none"):
         return False
     origin = request.headers.get("origin")
+    if origin == "null":
+        # The pages send Referrer-Policy: no-referrer, under which Chromium sends "Origin: null"
+        # on the login page's own form POST; it still says where the POST came from.
+        return site == "same-origin"
     return origin is None or origin == f"{request.url.scheme}://{request.url.netloc}"
 
 
