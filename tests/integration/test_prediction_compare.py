@@ -29,9 +29,7 @@ FIGURES = {
 
 def test_a_task_of_another_batch_is_compared_with_its_own_prediction(tmp_path: Path) -> None:
     model = resolve_model("gpt-mini")
-    cluster = ClusterSpec.model_validate(
-        calibrated_cluster(load_spec(ClusterSpec, LOCAL), FIGURES)
-    )
+    cluster = ClusterSpec.model_validate(calibrated_cluster(load_spec(ClusterSpec, LOCAL), FIGURES))
     job = JobSpec(global_batch=4, micro_batch=2, pp=3, schedule="1f1b", overlap_dp_comm=False)
     plan = plan_job(cluster, model, job, fixed=True).plan
     with control_plane(plan, tmp_path) as cp:
