@@ -33,5 +33,11 @@ def test_a_slow_link_between_stages_costs_its_bytes_over_its_rate() -> None:
     frame = len(encode(Kind.ACTIVATION, 1, 0, torch.zeros(4 // m, model.seq, model.hidden), 0))
     # m activations forward and m gradients back, each a frame over the link
     assert out["traces"][(0, 0)][1]["1/0"] == m * frame
-    shaped_s = 2 * m * frame * 8 / (mbps * 1e6)
-    assert steps["thin"] - steps["open"] >= 0.7 * shaped_s, (steps, shaped_s)
+    # Each direction has a shaper of its own (in its sender), so the gradients going back overlap
+    # the activations still going forward: under 1F1B at pp = 2 the link's critical path is the
+    # m forward sends one after the other, then the last micro-batch's gradient back. (The test
+    # took all 2m frames one after the other, and a loaded machine's 'open' step then left
+    # 0.69 of that, under its 0.7.)
+    shaped_s = (m + 1) * frame * 8 / (mbps * 1e6)
+    assert steps["thin"] - steps["open"] >= 0.8 * shaped_s, (steps, shaped_s)
+    assert steps["thin"] - steps["open"] <= 2 * m * frame * 8 / (mbps * 1e6) + 1.0, steps
