@@ -305,6 +305,13 @@ def train_through_node_fault(
             if step == at_step and not struck:
                 if fault == "lose":
                     c.remove_node(node, allow_graceful=False)
+                    # The worker goes with its node's processes, but not at once: training
+                    # went on meanwhile and, on a busy machine, could end before the loss was
+                    # seen (no recovery; CI saw the stage still on the lost node). The next
+                    # step starts once the worker is gone, so the loss is always met.
+                    end = time.monotonic() + 30
+                    while dep.launcher.alive(victim) and time.monotonic() < end:
+                        time.sleep(0.05)
                 else:
                     partition(node)
                 struck.append(time.time())
