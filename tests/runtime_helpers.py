@@ -23,6 +23,19 @@ from dmsc.spec import ClusterSpec, JobSpec, load_spec, resolve_model
 
 T = TypeVar("T")
 
+# What `dmsc calibrate` measures, as it hands it to calibrated_cluster: a CPU whose figures were
+# measured (a cluster of guessed figures gives no comparable prediction).
+MEASURED_CPU = {
+    "matmul_flops": 60e9,
+    "memory_bytes_s": 12e9,
+    "loopback_bytes_s": 1.2e9,
+    "loopback_rtt_s": 400e-6,
+    "op_overhead_s": 30e-6,
+    "block_s": 0.03,
+    "cores": 2.0,
+    "source": 1.8e9,
+}
+
 
 def dmsc(home: Path, *args: str, timeout: float = 300) -> subprocess.CompletedProcess[str]:
     """:func:`conftest.run_dmsc` with ``home`` first (the runtime tests' way of calling it)."""

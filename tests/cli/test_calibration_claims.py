@@ -4,6 +4,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from runtime_helpers import MEASURED_CPU
+
 from dmsc.cli.render import calibration_json, calibration_line
 from dmsc.spec import ClusterSpec, load_spec
 
@@ -28,18 +30,7 @@ def test_a_calibrated_cpu_says_it_was_measured_and_how_steadily() -> None:
     from dmsc.runtime.compute.calibrate import calibrated_cluster
 
     template = load_spec(ClusterSpec, ROOT / "examples" / "clusters" / "local-cpu.yaml")
-    figures = {
-        "matmul_flops": 60e9,
-        "memory_bytes_s": 12e9,
-        "loopback_bytes_s": 1.2e9,
-        "loopback_rtt_s": 400e-6,
-        "op_overhead_s": 30e-6,
-        "block_s": 0.03,
-        "block_s_spread": 0.34,
-        "cores": 2.0,
-        "source": 1.8e9,
-        "noisy": 1.0,
-    }
+    figures = {**MEASURED_CPU, "block_s_spread": 0.34, "noisy": 1.0}
     cluster = ClusterSpec.model_validate(calibrated_cluster(template, figures))
     line = calibration_line(cluster)
     assert "cpu: measured (dmsc calibrate on this machine, 2027-01-15 08:00 UTC" in line

@@ -6,7 +6,7 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
-from runtime_helpers import control_plane
+from runtime_helpers import MEASURED_CPU, control_plane
 
 from dmsc.planner.solve import plan_job
 from dmsc.runtime.compute.calibrate import calibrated_cluster
@@ -15,16 +15,7 @@ from dmsc.spec import ClusterSpec, JobSpec, load_spec, resolve_model
 
 pytestmark = pytest.mark.integration
 LOCAL = Path(__file__).resolve().parents[2] / "examples" / "clusters" / "local-cpu.yaml"
-FIGURES = {
-    "matmul_flops": 60e9,
-    "memory_bytes_s": 12e9,
-    "loopback_bytes_s": 1.2e9,
-    "loopback_rtt_s": 400e-6,
-    "op_overhead_s": 30e-6,
-    "block_s": 0.03,
-    "cores": 2.0,
-    "source": 1.8e9,
-}
+FIGURES = MEASURED_CPU
 
 
 def test_a_task_of_another_batch_is_compared_with_its_own_prediction(tmp_path: Path) -> None:

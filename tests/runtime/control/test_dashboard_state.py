@@ -4,6 +4,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from runtime_helpers import MEASURED_CPU
+
 from dmsc.data.db import Database
 from dmsc.data.traces import add_step_traces
 from dmsc.planner.solve import plan_job
@@ -83,17 +85,7 @@ def test_the_step_chart_shows_the_prediction_for_the_job_the_task_ran(tmp_path: 
     batch-16 prediction; the line is the prediction for the job that ran (re-estimated), and
     none, with the reason, where nothing can be compared."""
     cluster = load_spec(ClusterSpec, ROOT / "examples/clusters/two-sites-cpu.yaml")
-    figures = {
-        "matmul_flops": 60e9,
-        "memory_bytes_s": 12e9,
-        "loopback_bytes_s": 1.2e9,
-        "loopback_rtt_s": 400e-6,
-        "op_overhead_s": 30e-6,
-        "block_s": 0.03,
-        "cores": 2.0,
-        "source": 1.8e9,
-    }  # as dmsc calibrate writes them: the devices' figures measured
-    measured = ClusterSpec.model_validate(calibrated_cluster(cluster, figures))
+    measured = ClusterSpec.model_validate(calibrated_cluster(cluster, MEASURED_CPU))
     plan = plan_job(
         measured,
         resolve_model("gpt-mini"),

@@ -5,6 +5,7 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
+from runtime_helpers import MEASURED_CPU
 
 from dmsc.planner.solve import plan_job
 from dmsc.runtime.compute.calibrate import calibrated_cluster
@@ -14,16 +15,7 @@ from dmsc.spec import ClusterSpec, JobSpec, TransformerSpec, load_spec, resolve_
 
 CLUSTERS = Path(__file__).resolve().parents[3] / "examples" / "clusters"
 LOCAL = CLUSTERS / "local-cpu.yaml"
-FIGURES = {
-    "matmul_flops": 60e9,
-    "memory_bytes_s": 12e9,
-    "loopback_bytes_s": 1.2e9,
-    "loopback_rtt_s": 400e-6,
-    "op_overhead_s": 30e-6,
-    "block_s": 0.03,
-    "cores": 2.0,
-    "source": 1.8e9,
-}
+FIGURES = MEASURED_CPU
 JOB = JobSpec(global_batch=16, micro_batch=4, pp=3, schedule="1f1b", overlap_dp_comm=False)
 
 
