@@ -53,3 +53,18 @@ def test_measure_then_compare_runs_end_to_end(tmp_path: Path) -> None:
     cmp = json.loads(res.stdout)
     assert cmp["every_run_predicted_to_fit"] is True
     assert [r["model"] for r in cmp["rows"]] == ["tiny-a", "tiny-b"]
+
+
+def test_gpu_check_runs_its_checks_and_reports_a_missing_gpu(tmp_path: Path) -> None:
+    """benchmarks/gpu_check.py (every GPU check in one run) works before a GPU machine gets it:
+    each check in its own process, the JSON written after each, no CUDA said plainly."""
+    out = tmp_path / "check.json"
+    cmd = [sys.executable, str(BENCH / "gpu_check.py"), "--tiny", "--only", "env,nccl,gemms"]
+    res = subprocess.run([*cmd, "--json", "--out", str(out)], capture_output=True, text=True)
+    assert res.returncode == 0, res.stderr
+    result = json.loads(res.stdout)
+    assert result == json.loads(out.read_text())
+    assert set(result) == {"env", "nccl", "gemms"}
+    assert result["env"]["cuda_available"] is False and result["env"]["torch"]
+    assert result["nccl"]["skipped"] == "no CUDA device"
+    assert result["gemms"]["skipped"] == "no CUDA device"
