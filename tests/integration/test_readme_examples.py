@@ -1,14 +1,18 @@
-"""The README's usage examples, run as printed: the shell examples of its ``## Usage`` section are
-read from README.md at test time, expanded into commands, and run with ``bash -c`` (``dmsc`` is
-``python -m dmsc`` on the ``PATH``), the offline ones (estimate, plan, segment, simulate, schema)
-on the example clusters and the runtime ones against a live deployment, in the README's order.
+"""The examples of the README and of the docs pages, run as printed: the shell examples of
+README.md and of every page of ``mkdocs.yml``'s nav (:func:`pages`: the README first, then the
+pages in nav order) are read at test time, expanded into commands, and run with ``bash -c``
+(``dmsc`` is ``python -m dmsc`` on the ``PATH``), the offline ones (estimate, plan, segment,
+simulate, schema) on the example clusters and the runtime ones against a live deployment, in the
+pages' order.
 
-What an example is: every line of a fenced block of the Usage section (a line ending in ``\\`` or
-followed by an indented line goes on with the next one; ``# comments`` are dropped), and a
-``###`` heading that is nothing but one backticked ``dmsc`` command (``dmsc schema
-cluster|model|job|plan``). Every example must match a rule of :data:`RULES`, run or deliberately
-not run with its reason (:data:`NOT_RUN`): a new example the rules do not know fails
-:func:`test_every_usage_example_is_classified`, so the README cannot drift from what is tested.
+What an example is: every line of a fenced block of a page (a line ending in ``\\`` or followed
+by an indented line goes on with the next one; ``# comments`` are dropped) whose fence names no
+language or a shell (a ``text``, ``yaml`` or ``json`` block holds no commands), and a heading
+that is nothing but one backticked ``dmsc`` command (``dmsc schema cluster|model|job|plan``).
+Every example must match a rule of :data:`RULES`, run or deliberately not run with its reason
+(:data:`NOT_RUN`): a new example the rules do not know fails
+:func:`test_every_usage_example_is_classified`, so no page can drift from what is tested. A page
+of the nav without commands is listed in :data:`NO_COMMANDS` with its reason, and must hold none.
 
 How an example becomes commands (:func:`expand`):
 
@@ -44,8 +48,8 @@ The substitutions (:func:`fill`), and nothing else:
   ``--lightpaths``, ``--requests 3000 --warmup 1000`` (a tenth), ``dmsc chaos --after 120``
   waits 1 s. Nothing else is scaled.
 
-A command fails the test with its output when it exits non-zero (the README expects exit 1, "does
-not fit", from none of these examples). Between the README's ``dmsc up`` commands the test runs
+A command fails the test with its output when it exits non-zero (the pages expect exit 1, "does
+not fit", from none of these examples). Between the pages' ``dmsc up`` commands the test runs
 ``dmsc down`` (the gateway's and the failures' sections start a deployment of their own), and the
 deployment is always brought down at the end, the test failed or not.
 """
@@ -68,6 +72,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 import pytest
+import yaml
 from conftest import ROOT, run_dmsc
 
 from dmsc.data.db import Database
@@ -75,35 +80,70 @@ from dmsc.data.db import Database
 pytestmark = pytest.mark.integration
 
 README = ROOT / "README.md"
+MKDOCS = ROOT / "mkdocs.yml"
+SHELL_FENCES = {"", "sh", "bash", "shell", "console"}
+
+# Pages of the nav that print no command (checked: no fenced line of theirs starts with `dmsc `).
+NO_COMMANDS: dict[str, str] = {
+    "docs/architecture.md": "the developers' page: diagrams of the packages and processes",
+}
+
+
+def pages() -> list[Path]:
+    """README.md, then every Markdown page of mkdocs.yml's nav in nav order (the order the live
+    examples run in)."""
+    config = yaml.safe_load(MKDOCS.read_text())
+    docs = ROOT / config.get("docs_dir", "docs")
+    found: list[Path] = []
+
+    def walk(entry: object) -> None:
+        if isinstance(entry, str):
+            found.append(docs / entry)
+        elif isinstance(entry, list):
+            for item in entry:
+                walk(item)
+        elif isinstance(entry, dict):
+            for value in entry.values():
+                walk(value)
+
+    walk(config["nav"])
+    return [README, *found]
 
 
 @dataclass(frozen=True)
 class Example:
-    """One shell example of the Usage section, as printed (continuations joined, comments
-    dropped), with the heading of its section and its line in README.md."""
+    """One shell example of a page, as printed (continuations joined, comments dropped), with
+    the heading of its section, its page (relative to the repository) and its line there."""
 
     text: str
     section: str
     line: int
+    page: str = "README.md"
+
+    @property
+    def where(self) -> str:
+        return f"{self.page}:{self.line}"
 
 
-def usage_examples(readme: str) -> list[Example]:
-    """The shell examples of the README's ``## Usage`` section, in order."""
-    lines = readme.splitlines()
-    start = lines.index("## Usage")
-    end = next((i for i in range(start + 1, len(lines)) if lines[i].startswith("## ")), len(lines))
+def page_examples(text: str, page: str = "README.md") -> list[Example]:
+    """The shell examples of one page, in order."""
+    lines = text.splitlines()
     examples: list[Example] = []
-    section, fenced, joining, block_start = "", False, False, 0
-    for number, raw in enumerate(lines[start + 1 : end], start=start + 2):
+    section, fenced, shell, joining, block_start = "", False, False, False, 0
+    for number, raw in enumerate(lines, start=1):
         if raw.startswith("```"):
             fenced, joining, block_start = not fenced, False, len(examples)
+            shell = raw[3:].strip() in SHELL_FENCES
             continue
         if not fenced:
-            if raw.startswith("### "):
-                section = raw[4:]
+            heading = re.match(r"#+ (.*)", raw)
+            if heading:
+                section = heading.group(1)
                 only_command = re.fullmatch(r"`(dmsc [^`]+)`", section)
                 if only_command:
-                    examples.append(Example(only_command.group(1), section, number))
+                    examples.append(Example(only_command.group(1), section, number, page))
+            continue
+        if not shell:
             continue
         text = re.sub(r"(^|\s+)#(\s.*)?$", "", raw).rstrip()
         goes_on = text.endswith("\\")
@@ -113,9 +153,9 @@ def usage_examples(readme: str) -> list[Example]:
             continue
         if len(examples) > block_start and (joining or raw[:1].isspace()):
             last = examples[-1]
-            examples[-1] = Example(f"{last.text} {text}", last.section, last.line)
+            examples[-1] = Example(f"{last.text} {text}", last.section, last.line, page)
         else:
-            examples.append(Example(text, section, number))
+            examples.append(Example(text, section, number, page))
         joining = goes_on
     return examples
 
@@ -181,12 +221,22 @@ class Rule:
     first_only: bool = False
     skip: str = ""
     why_not: str = ""
+    page: str = ""  # only the examples of this page (relative path), before every other rule
 
-    def matches(self, text: str) -> bool:
+    def matches(self, text: str, page: str = "") -> bool:
+        if self.page and page != self.page:
+            return False
         return re.match(self.pattern, text) is not None
 
 
 RULES: list[Rule] = [
+    Rule(
+        r"",
+        page="docs/ray.md",
+        skip="a Ray cluster of several machines (`ray start` on each); "
+        "tests/integration/test_ray.py runs `dmsc up --launcher ray --ray-address` on a local "
+        "Ray cluster, tests/integration/test_ray_private.py on one started with `ray start`",
+    ),
     Rule(r"dmsc estimate ", OFFLINE),
     Rule(r"dmsc plan (--compare )?--cluster examples/clusters/", OFFLINE),
     Rule(r"dmsc segment ", OFFLINE),
@@ -198,7 +248,7 @@ RULES: list[Rule] = [
     Rule(r"dmsc up --plan plan\.json$"),
     Rule(
         r"dmsc up --plan plan\.json --gateway 127\.0\.0\.1:8080 --autoscale ",
-        skip="the README's plan fills local-cpu's three devices, so dmsc up refuses it; "
+        skip="the runtime page's plan fills local-cpu's three devices, so dmsc up refuses it; "
         "tests/integration/test_serving.py and benchmarks/autoscale.py run serving replicas on "
         "a cluster of four devices, tests/cli/test_autoscale_flag.py the refusals",
     ),
@@ -234,16 +284,17 @@ RULES: list[Rule] = [
     Rule(r"dmsc replan --dry-run$"),
     Rule(
         r"dmsc replan$",
-        skip="on the README's deployment it decides to keep the placement; "
+        skip="on the pages' deployment it decides to keep the placement; "
         "tests/integration/test_replanning.py applies a move on a slowed link",
     ),
 ]
 
-# Examples of the Usage section deliberately not run, and why (`make demo` and `make test` are in
-# "The two commands", before it).
+# Examples deliberately not run, and why.
 NOT_RUN: dict[str, str] = {
     "dmsc demo": "what `make demo` runs: calibrate, a deployment, training, the example clusters "
     "(about 3 minutes on 2 cores); every command it runs is an example of its own here",
+    "make demo": "`dmsc demo` in the virtual environment (above)",
+    "make test": "runs this test among all the others",
 }
 
 
@@ -251,28 +302,61 @@ def rule_of(example: Example) -> Rule | None:
     for text, reason in NOT_RUN.items():
         if example.text == text:
             return Rule(re.escape(text), skip=reason)
-    return next((r for r in RULES if r.matches(example.text)), None)
+    for rule in RULES:
+        if rule.page and rule.matches(example.text, example.page):
+            return rule
+    return next((r for r in RULES if not r.page and r.matches(example.text)), None)
 
 
-def readme_examples() -> list[tuple[Example, Rule | None]]:
-    return [(e, rule_of(e)) for e in usage_examples(README.read_text())]
+def doc_examples() -> list[tuple[Example, Rule | None]]:
+    """Every example of every page (:func:`pages`), with the rule that runs it."""
+    out: list[tuple[Example, Rule | None]] = []
+    for page in pages():
+        name = page.relative_to(ROOT).as_posix()
+        if name in NO_COMMANDS:
+            continue
+        out.extend((e, rule_of(e)) for e in page_examples(page.read_text(), name))
+    return out
 
 
 def test_every_usage_example_is_classified() -> None:
-    """A new example in the Usage section fails here until this module knows how to run it (or
-    why it does not); a rule no example matches any more fails too."""
-    examples = readme_examples()
-    assert len(examples) >= 30, "the Usage section's examples were not found"
-    unknown = [f"README.md:{e.line}: {e.text}" for e, r in examples if r is None]
-    assert not unknown, "README examples this test cannot classify:\n" + "\n".join(unknown)
-    unused = [r.pattern for r in RULES if not any(r.matches(e.text) for e, _ in examples)]
-    assert not unused, f"rules that match no README example any more: {unused}"
+    """A new example on any page fails here until this module knows how to run it (or why it
+    does not); a rule no example matches any more fails too."""
+    examples = doc_examples()
+    assert len(examples) >= 60, "the pages' examples were not found"
+    unknown = [f"{e.where}: {e.text}" for e, r in examples if r is None]
+    assert not unknown, "examples this test cannot classify:\n" + "\n".join(unknown)
+    unused = [
+        r.pattern or f"(every example of {r.page})"
+        for r in RULES
+        if not any(r.matches(e.text, e.page) for e, _ in examples)
+    ]
+    assert not unused, f"rules that match no example any more: {unused}"
     placeholders = {"ID", "VERSION", "SID", "T", "S"}
     for example, rule in examples:
         assert rule is not None
+        if rule.skip:  # not run: its placeholders are the reader's (`HEAD` of a Ray cluster)
+            continue
         for command in expand(example.text, rule.first_only):
             left = set(re.findall(r"(?<![\w${-])[A-Z][A-Z0-9_]*\b(?!\})", command)) - placeholders
-            assert not left, f"README.md:{example.line}: unknown placeholders {left} in {command}"
+            assert not left, f"{example.where}: unknown placeholders {left} in {command}"
+
+
+def test_every_page_is_read() -> None:
+    """Every page of the nav exists and is read for examples (or prints none, as
+    :data:`NO_COMMANDS` says), and every Markdown file under docs/ is in the nav."""
+    listed = pages()
+    missing = [p for p in listed if not p.is_file()]
+    assert not missing, f"pages of the nav that do not exist: {missing}"
+    docs = {p.relative_to(ROOT).as_posix() for p in (ROOT / "docs").rglob("*.md")}
+    left_out = docs - {p.relative_to(ROOT).as_posix() for p in listed}
+    assert not left_out, f"pages under docs/ that the nav (and so this test) leaves out: {left_out}"
+    for name, why in NO_COMMANDS.items():
+        assert ROOT / name in listed, f"{name} ({why}) is no longer in the nav"
+        commands = [
+            e for e in page_examples((ROOT / name).read_text(), name) if e.text.startswith("dmsc ")
+        ]
+        assert not commands, f"{name} prints commands now: {commands}"
 
 
 def test_expand() -> None:
@@ -402,9 +486,10 @@ def fill(command: str, values: dict[str, str]) -> str:
 
 
 def commands(phase: str) -> Iterator[tuple[Example, str, str]]:
-    """(example, command as expanded, why it is not run or "") of ``phase``, in README order."""
-    for example, rule in readme_examples():
-        assert rule is not None, f"README.md:{example.line}: unclassified: {example.text}"
+    """(example, command as expanded, why it is not run or "") of ``phase``, in the pages'
+    order."""
+    for example, rule in doc_examples():
+        assert rule is not None, f"{example.where}: unclassified: {example.text}"
         if rule.phase != phase:
             continue
         if rule.skip:
@@ -451,7 +536,7 @@ def test_offline_examples(tmp_path: Path) -> None:
 
 def test_live_examples(tmp_path: Path) -> None:
     """calibrate, plan, up, status, train, infer, tasks, logs, token, curl, models, chaos, down
-    against a live deployment, in the README's order."""
+    against a live deployment, in the pages' order."""
     home = tmp_path / "home"
     home.mkdir()
     (tmp_path / "work").mkdir()
@@ -498,7 +583,7 @@ class Live:
             # rollback after it goes back to the retired one)
             self.values["VERSION"] = str(versions[-1] if "promote" in command else versions[-2])
         filled = fill(command, self.values)
-        self.shell.log.append(f"README.md:{example.line}")
+        self.shell.log.append(example.where)
         if filled.startswith("dmsc logs --follow"):
             code, out, err = self.shell.follow(filled, lines=5)
             assert len(out.splitlines()) >= 5, (code, out, err)
