@@ -1,14 +1,20 @@
 """The README stays a front page and the reference stays whole: the README is at most 300 lines,
 every relative link of it (and of the docs pages, which ``make docs`` also checks strictly)
-names a file that exists, and the command index (``docs/commands.md``) names every command and
-sub-command of ``dmsc --help``. The docs test (``tests/integration/test_readme_examples.py``) runs
-every command the pages print; ``make docs`` fails on a broken link, anchor or API reference."""
+names a file that exists, the command index (``docs/commands.md``) names every command and
+sub-command of ``dmsc --help``, and every benchmark figure placeholder of the pages reads a value
+of ``benchmarks/results/*.json`` (``docs/_hooks/results.py`` renders them when the pages are
+built). The docs test (``tests/integration/test_readme_examples.py``) runs every command the
+pages print; ``make docs`` fails on a broken link, anchor or API reference."""
 
 from __future__ import annotations
 
+import importlib.util
+import json
 import re
 from pathlib import Path
+from types import ModuleType
 
+import pytest
 import typer.main
 
 from dmsc.cli import app
@@ -16,6 +22,7 @@ from dmsc.cli import app
 ROOT = Path(__file__).resolve().parents[1]
 README = ROOT / "README.md"
 DOCS = ROOT / "docs"
+HOOK = DOCS / "_hooks" / "results.py"
 MAX_README_LINES = 300
 
 
@@ -70,3 +77,63 @@ def test_the_command_index_names_every_command() -> None:
     expected = set(groups) | {f"{name} {sub}" for name, subs in groups.items() for sub in subs}
     assert expected - named == set(), f"commands docs/commands.md does not name: {expected - named}"
     assert named - expected == set(), f"docs/commands.md names no such command: {named - expected}"
+
+
+def figures_hook() -> ModuleType:
+    """``docs/_hooks/results.py``, the MkDocs hook that reads the pages' benchmark figures."""
+    spec = importlib.util.spec_from_file_location("docs_results_hook", HOOK)
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_every_figure_placeholder_names_a_figure_of_the_results() -> None:
+    """Every ``{{ FILE.json#/POINTER : FORMAT }}`` of every page resolves (what ``make docs``
+    renders), and the pages quote the benchmarks through it: each JSON the pages name as a
+    result they quote is read by at least one placeholder."""
+    hook = figures_hook()
+    read: set[str] = set()
+    for page in sorted(DOCS.rglob("*.md")):
+        text = page.read_text()
+        rendered = hook.render(text, page.name)
+        assert "{{" not in rendered, page
+        read.update(re.findall(r"\{\{\s*(?:from\s+)?([\w.-]+\.json)#", text))
+    quoted = {
+        "sim_sync.json",
+        "thin_links.json",
+        "head_aggregation.json",
+        "sim_rmsa.json",
+        "inference_cpu.json",
+        "autoscale.json",
+        "replan.json",
+        "chaos_recovery_ray.json",
+        "validate_costmodel.json",
+    }
+    assert quoted <= read, f"results the pages quote without reading them: {quoted - read}"
+
+
+def test_the_figures_hook_reads_pointers_and_formats() -> None:
+    hook = figures_hook()
+    results = json.loads((ROOT / "benchmarks/results/sim_rmsa.json").read_text())
+    first_fit = results["reference_first_fit"]
+    at_200 = next(row for row in first_fit if row["load"] == 200)
+    assert (
+        hook.render(
+            "{{ sim_rmsa.json#/reference_first_fit/load=200/service_blocking : .1% }} at 200"
+        )
+        == f"{at_200['service_blocking']:.1%} at 200"
+    )
+    table = "{{ from sim_rmsa.json#/speed }}| {{ load }} | {{ us_per_request : *1000.0f }} |"
+    speed = results["speed"]
+    assert hook.render(table) == f"| {speed['load']} | {speed['us_per_request'] * 1000:.0f} |"
+    assert hook.render("{{ sim_rmsa.json#/reference_first_fit : len }}") == str(len(first_fit))
+    for bad, why in [
+        ("{{ sim_rmsa.json#/nope }}", "no key 'nope'"),
+        ("{{ missing.json#/a }}", "no file"),
+        ("{{ sim_rmsa.json#/speed }}", "not a figure"),
+        ("{{ load }}", "no file named"),
+        ("{{ sim_rmsa.json#/reference_first_fit/load=7/ci95 }}", "no item with load = '7'"),
+    ]:
+        with pytest.raises(hook.FigureError, match=re.escape(why)):
+            hook.render(bad, "page.md")
