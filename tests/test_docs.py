@@ -109,6 +109,8 @@ def test_every_figure_placeholder_names_a_figure_of_the_results() -> None:
         "replan.json",
         "chaos_recovery_ray.json",
         "validate_costmodel.json",
+        "sim_reproduce_cba.json",
+        "hardening_cpu.json",
     }
     assert quoted <= read, f"results the pages quote without reading them: {quoted - read}"
 
