@@ -294,9 +294,12 @@ def test_a_partitioned_ray_node_is_recovered_from_and_fenced_when_it_comes_back(
         seen["address"] = new.address
         seen["tokens"] = len(dep.generate(b"def ", 2, step_base=9_000_000))
 
+    # partitioned after step 2, between checkpoints (every 2): at step 3 a partition would
+    # meet a Save, whose call to the frozen worker is waited out (120 s) before the rollback
     report, fr = train_through_node_fault(
-        c, layout, train_c, valid_c, steps, BATCH, 2, "partition", home=tmp_path, after=after
-    )
+        c, layout, train_c, valid_c, steps, BATCH, 2, "partition", at_step=2, home=tmp_path,
+        after=after,
+    )  # fmt: skip
     assert len(report.recoveries) == 1, report.recoveries
     assert fr.extra["node_after"] != fr.extra["node_before"]
     assert max(abs(a - b) for a, b in zip(report.losses, want, strict=True)) < 1e-5
