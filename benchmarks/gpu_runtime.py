@@ -182,9 +182,13 @@ def predict(ckpt: Path, device: str, home: Path, quick_gpu_name: str) -> dict[st
     subprocess.run([*run, "calibrate", "--device", device, "--quick", "--out", str(cluster)],
                    check=True, capture_output=True, text=True)  # fmt: skip
     calibrate_s = time.perf_counter() - t0
+    import yaml
+
+    devices = yaml.safe_load(cluster.read_text())["device_types"]
+    host_op_us = next(iter(devices.values())).get("host_op_us")
     job = ["--global-batch", str(BATCH), "--micro-batch", str(BATCH // MICRO), "--tp", "1",
            "--pp", "1", "--dp", "1", "--precision", "autocast", "--json"]  # fmt: skip
-    out: dict[str, Any] = {"calibrate_s": calibrate_s}
+    out: dict[str, Any] = {"calibrate_s": calibrate_s, "host_op_us": host_op_us}
     clusters = {"calibrated": cluster}
     preset = {"h100": "one-h100.yaml"}.get(quick_gpu_name)
     if preset:

@@ -120,3 +120,27 @@ def test_hopper_gemms_have_no_wave_quantization() -> None:
     assert wave_efficiency(ragged, 108, C) < 0.8  # the A100 constants keep the waves
     per_flop = [gemm_time(g, h100, "bf16", dh) / g.flops for g in (full, ragged)]
     assert per_flop[1] == pytest.approx(per_flop[0], rel=0.01)
+
+
+def test_a_small_layer_takes_the_hosts_time_to_issue_its_kernels() -> None:
+    """On a fast GPU a small model's layers are bound by the host issuing their kernels (gpu_check
+    on an H100: a 345M Llama's step kept the GPU busy 99 of 332 ms). With a measured host time
+    per kernel the layer takes at least kernels x that time; a large layer is unchanged."""
+    from dmsc.netmodel import build_layer_costs
+    from dmsc.netmodel.compute import issued_kernels, layer_time
+    from dmsc.spec import JobSpec, resolve_model
+
+    h100 = DeviceTypeSpec(preset="h100-sxm")
+    host = h100.model_copy(update={"host_op_us": 50.0})
+    job = JobSpec(global_batch=1, micro_batch=1, precision="autocast")
+    small = build_layer_costs(resolve_model("gpt-mini"), job)[1]
+    fast = layer_time(small, h100, "bf16", "none", DEFAULT_CALIBRATION)
+    bound = layer_time(small, host, "bf16", "none", DEFAULT_CALIBRATION)
+    n = issued_kernels(small)
+    assert fast.forward < n * 50e-6  # the device alone would be faster than the host
+    assert bound.forward == pytest.approx(n * 50e-6)
+    assert bound.backward == pytest.approx(2 * n * 50e-6)
+    big = build_layer_costs(resolve_model("gpt3-175b"), job)[1]
+    assert layer_time(big, host, "bf16", "none", DEFAULT_CALIBRATION) == layer_time(
+        big, h100, "bf16", "none", DEFAULT_CALIBRATION
+    )

@@ -119,7 +119,11 @@ def calibrate_device(device: str, out: str | None, quick: bool) -> None:
 
     import yaml
 
-    from dmsc.runtime.compute.device_calibration import measure_device, one_device_cluster
+    from dmsc.runtime.compute.device_calibration import (
+        measure_device,
+        one_device_cluster,
+        report_lines,
+    )
     from dmsc.spec import ClusterSpec
 
     try:
@@ -135,13 +139,8 @@ def calibrate_device(device: str, out: str | None, quick: bool) -> None:
         + yaml.safe_dump(cluster, sort_keys=False)
     )
     report = got["report"]
-    for dtype, points in report["gemm_tflops"].items():
-        rates = ", ".join(f"{g:g} GFLOP {r:.1f}" for g, r in points)
-        console.print(f"matmul {dtype} TFLOP/s: {rates}", highlight=False, soft_wrap=True)
-    rates = ", ".join(f"{g:g} GFLOP {r:.1f}" for g, r in report["attention_tflops"])
-    console.print(f"attention TFLOP/s: {rates}", highlight=False, soft_wrap=True)
-    copies = ", ".join(f"{k} {v:.1f}" for k, v in report.items() if k.endswith("gbyte_s"))
-    console.print(f"copies GB/s: {copies}", highlight=False, soft_wrap=True)
+    for line in report_lines(report):
+        console.print(line, highlight=False, soft_wrap=True)
     console.print(f"wrote {dst} ({report['device']})", highlight=False, soft_wrap=True)
 
 

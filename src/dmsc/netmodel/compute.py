@@ -8,7 +8,8 @@ Multiplication Background" guide: tile and wave quantization). A fused (flash) a
 runs at the generation's attention efficiency. Element-wise kernels stream their bytes at
 ``memory bandwidth x memory_efficiency``. Backward costs twice the forward (a GEMM for the input
 gradient and one for the weight gradient, each as large as the forward one), plus what a flash
-kernel computes again.
+kernel computes again. A layer takes at least the time its host needs to issue its kernels (the
+device's measured ``host_op_us``), which bounds small layers on a fast accelerator.
 """
 
 from __future__ import annotations
@@ -41,6 +42,20 @@ def _overhead(device: DeviceTypeSpec, dc: DeviceCalibration) -> float:
     if device.op_overhead_us is not None:
         return device.op_overhead_us * 1e-6
     return dc.kernel_overhead_s
+
+
+def host_op_seconds(device: DeviceTypeSpec, dc: DeviceCalibration) -> float:
+    """Host time to issue one kernel: the device's measured figure, else the generation's (0:
+    none known)."""
+    if device.host_op_us is not None:
+        return device.host_op_us * 1e-6
+    return dc.host_op_s
+
+
+def issued_kernels(layer: LayerCost) -> int:
+    """Kernels a layer's forward issues as the cost model counts them (each GEMM entry and each
+    element-wise kernel); calibrate divides its measured host time by the same count."""
+    return len(layer.gemms) + layer.elementwise_kernels
 
 
 def wave_efficiency(gemm: Gemm, sm_count: int | None, dc: DeviceCalibration) -> float:
@@ -136,6 +151,15 @@ def layer_time(
     # incoming gradient, write one gradient), which Korthikanti et al.'s per-layer times show
     # (Table 4, 22B: backward 11.9 ms for a 7.7 ms forward, not 2x).
     backward = 2 * (gemm_s + other_s) + eltwise_s + flash_again
+    # An accelerator computes while its host issues the next kernels, so a layer takes at least
+    # the host's time to issue its kernels: small layers are host-bound (a 345M Llama's step on
+    # an H100 kept the GPU busy 99 of 332 ms; benchmarks/results/gpu_check_h100.json). Backward
+    # issues two kernels per forward one, as calibrate counts them.
+    host = host_op_seconds(device, dc)
+    if host:
+        kernels = issued_kernels(layer)
+        forward = max(forward, kernels * host)
+        backward = max(backward, 2 * kernels * host)
     window = 0.0
     if layer.kind in ("block", "moe_block") and len(plain) >= 3:
         column = (plain[0], layer.gemms[4] if len(layer.gemms) > 4 else plain[-1])

@@ -69,6 +69,9 @@ class DeviceCalibration:
     memory_efficiency: float
     # Fixed cost of one kernel launch (CUDA launch plus tail).
     kernel_overhead_s: float
+    # Host time to issue one kernel (eager PyTorch's dispatch and launch), a floor under a
+    # layer's time: 0 where not known (a device spec's measured ``host_op_us`` replaces it).
+    host_op_s: float = 0.0
     # Output tile of a tensor-core GEMM for the wave quantization (NVIDIA GEMM guide: 256 x 128
     # is cuBLAS's most efficient tile on A100); None where the library's persistent kernels
     # balance tiles over the SMs (Hopper, Blackwell: cuBLAS times on an H200 follow no

@@ -97,6 +97,15 @@ class DeviceTypeSpec(_Spec):
         gt=0,
         description="Fixed cost of one kernel (launch, framework dispatch); measured by calibrate.",
     )
+    host_op_us: float | None = Field(
+        default=None,
+        gt=0,
+        description=(
+            "Host (CPU) time to issue one kernel from eager PyTorch, as the cost model counts "
+            "kernels (an accelerator's steps cannot run faster than their kernels are issued); "
+            "measured by calibrate --device cuda."
+        ),
+    )
     measured: MeasuredEfficiency | None = Field(
         default=None, description="Efficiencies measured on this device (dmsc calibrate)."
     )

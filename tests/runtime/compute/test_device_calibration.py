@@ -3,6 +3,7 @@ back the measured times (on this machine's CPU; the same code times a GPU)."""
 
 from __future__ import annotations
 
+import itertools
 from pathlib import Path
 
 import pytest
@@ -78,3 +79,39 @@ def test_a_fast_small_kernel_is_given_back_its_measured_time() -> None:
     for (g, rate), (_, share) in zip(points, curve, strict=True):
         predicted = g * 1e9 / (peaks["fp32"] * 1e12 * share) + overhead
         assert predicted == pytest.approx(g * 1e9 / rate, rel=1e-3)
+
+
+def test_the_host_time_to_issue_a_kernel_is_measured_and_printed() -> None:
+    """calibrate --device cuda writes the host's time per kernel (as the cost model counts them)
+    into the spec; here the same measurement runs on the CPU, which issues its own work (so the
+    CPU's spec gets none: its kernel overhead is op_overhead_us)."""
+    from dmsc.runtime.compute.device_calibration import measure_host_op, report_lines
+
+    for model in ("llama-mini", "gpt-mini"):
+        seconds = measure_host_op("cpu", model, repeats=3)
+        assert 1e-7 < seconds < 1e-2
+    got = measure_device("cpu", quick=True)
+    assert "host_op_us" not in got["spec"] and "host_op_us" not in got["report"]
+    lines = report_lines({**got["report"], "host_op_us": {"llama-mini": 61.5}})
+    assert lines[-1].endswith("llama-mini block 61.5")
+    assert report_lines(got["report"])[-1].startswith("copies GB/s: ")
+
+
+def test_shapes_of_equal_flops_make_one_point_of_a_valid_curve() -> None:
+    """On an H100 `dmsc calibrate --device cuda` (no --quick) failed: 8192x4096x16384 and
+    8192^3 are both 1099.5 GFLOP, and a curve's sizes must increase. Equal sizes are one point
+    (their mean rate)."""
+    from dmsc.runtime.compute.device_calibration import GPU_SHAPES, _curve
+
+    sizes = [2.0 * m * k * n / 1e9 for m, k, n in GPU_SHAPES]
+    assert len(set(sizes)) < len(sizes)  # the shapes calibrate times do repeat a size
+    points = [(g, 500e12 + 10e12 * i) for i, g in enumerate(sizes)]
+    curve = _curve(points, 1000e12, 0.0)
+    assert len(curve) == len(set(sizes))
+    assert all(b[0] > a[0] for a, b in itertools.pairwise(curve))
+    equal = [r for g, r in points if round(g, 6) == round(sizes[4], 6)]
+    assert [c[1] for c in curve if c[0] == round(sizes[4], 6)] == [sum(equal) / 2 / 1e15]
+    spec = {"peak_tflops": {"bf16": 1000}, "memory_gib": 80, "memory_bw_gbyte_s": 3000}
+    ClusterSpec.model_validate(
+        one_device_cluster("gpu", {**spec, "measured": {"source": "test", "gemm": {"bf16": curve}}})
+    )

@@ -162,6 +162,7 @@ def measure_op_overhead(threads: int = 1) -> float:
     """Seconds per kernel as the cost model counts kernels: forward and backward of a gpt-mini
     block on 8 tokens (compute negligible), divided by the block's kernel count x 3."""
     from dmsc.netmodel import build_layer_costs
+    from dmsc.netmodel.compute import issued_kernels
     from dmsc.spec import JobSpec, resolve_model
 
     step = _block_step(CALIBRATION_MODEL, (1, 8))
@@ -172,8 +173,7 @@ def measure_op_overhead(threads: int = 1) -> float:
     finally:
         torch.set_num_threads(old)
     cost = build_layer_costs(resolve_model(CALIBRATION_MODEL), JobSpec(global_batch=1))[1]
-    kernels = 3 * (len(cost.gemms) + cost.elementwise_kernels)  # forward + backward (2x)
-    return per_call / kernels
+    return per_call / (3 * issued_kernels(cost))  # forward + backward (2x)
 
 
 def measure_loopback(nbytes: int = 4 * 1024 * 1024, rounds: int = 20) -> tuple[float, float]:

@@ -210,8 +210,9 @@ def scaled_cluster(
             dev["preset"] = None
             dev["peak_tflops"] = {k: v * f for k, v in dev["peak_tflops"].items()}
             dev["memory_bw_gbyte_s"] *= f
-            if dev.get("op_overhead_us"):
-                dev["op_overhead_us"] /= f
+            for key in ("op_overhead_us", "host_op_us"):
+                if dev.get(key):
+                    dev[key] /= f
             dev_name, node_name = f"{ntype['device']}@{dc['name']}", f"{group['type']}@{dc['name']}"
             data["device_types"][dev_name] = dev
             data["node_types"][node_name] = {**ntype, "device": dev_name}
