@@ -522,6 +522,8 @@ def test_offline_examples(tmp_path: Path) -> None:
         else:
             previous = command
         filled.append(fill(command, {}))
+    # the README's tour prints some of the pages' commands again: each runs once
+    filled = list(dict.fromkeys(filled))
     assert len(filled) >= 13, filled
     with ThreadPoolExecutor(max_workers=2) as pool:
         results = list(pool.map(shell.run, filled))
