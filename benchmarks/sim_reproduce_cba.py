@@ -13,8 +13,8 @@ import argparse
 import json
 from pathlib import Path
 
-from dmsc.sim import OpticalNetwork, build_profiles, load_scenario, run
-from dmsc.sim.metrics import relative_change, summarize
+from dmsc.sim import load_scenario
+from dmsc.sim.sweep import sweep
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -29,22 +29,9 @@ def main() -> None:
     scenario, cluster = load_scenario(ROOT / "examples" / "scenarios" / "nsfnet-cba.yaml")
     if args.guard_band is not None:
         scenario = scenario.model_copy(update={"guard_band": args.guard_band})
-    profiles = build_profiles(cluster, scenario.jobs)
-    summaries = {}
-    for name in ("baseline", "cba", "joint"):
-        runs = [
-            run(
-                scenario,
-                profiles,
-                lambda: OpticalNetwork.for_scenario(scenario, cluster),
-                name,
-                seed=scenario.seed + k,
-                arrivals=args.arrivals,
-            )
-            for k in range(args.seeds)
-        ]
-        summaries[name] = summarize(runs)
-    rel = {n: relative_change(summaries[n], summaries["baseline"]) for n in ("cba", "joint")}
+    result = sweep(scenario, cluster, ["baseline", "cba", "joint"], None, args.seeds, args.arrivals)
+    summaries = {name: result.summaries[(name, load)] for name, load in result.summaries}
+    rel = {n: result.relative(n, result.loads[0]) for n in ("cba", "joint")}
     out = {
         "seeds": args.seeds,
         "arrivals": args.arrivals,

@@ -26,6 +26,7 @@ from dmsc.spec import SpecError
 if TYPE_CHECKING:
     from dmsc.sim.engine import RunResult
     from dmsc.sim.scenario import ScenarioSpec
+    from dmsc.sim.sweep import Sweep
 
 FITS = ("first", "best", "last", "random", "exact")
 MAX_K_PATHS = 10  # as the scenario file allows
@@ -255,8 +256,8 @@ def run_simulation(
 ) -> dict[str, Any]:
     """Every scheduler at every load and seed; prints (or writes) the summaries and returns them.
     ``overrides``: settings from the command line over the scenario file's."""
-    from dmsc.sim import SCHEDULERS, OpticalNetwork, build_profiles, load_scenario, run
-    from dmsc.sim.metrics import relative_change, summarize
+    from dmsc.sim import SCHEDULERS, load_scenario
+    from dmsc.sim.sweep import ScenarioInvalid, sweep
 
     for name in schedulers:
         if name not in SCHEDULERS:
@@ -274,77 +275,32 @@ def run_simulation(
     scenario, cluster = load_scenario(scenario_path)
     over = overrides or Overrides()
     scenario = apply_overrides(scenario, over)
-    slots = over.slots
-    try:
-        slots_per_fiber = OpticalNetwork.for_scenario(scenario, cluster, slots).n_slots
-        profiles = build_profiles(cluster, scenario.jobs)
-    except ValueError as exc:
-        field, _, reason = str(exc).partition(": ")
-        raise SpecError(scenario_path, field, reason or str(exc)) from None
-    loads = loads or [scenario.load_erlang]
     n = arrivals or scenario.arrivals
-    runs: dict[tuple[str, float], list[RunResult]] = {}
-    total = len(schedulers) * len(loads) * seeds * n
+    total = len(schedulers) * len(loads or [scenario.load_erlang]) * seeds * n
     with elapsed_bar(as_json, err_console) as progress:
         task = progress.add_task("simulating", total=total)
-        done = 0
-        for name in schedulers:
-            for load in loads:
-                for k in range(seeds):
-                    progress.update(task, description=f"{name} at {load:g} Erlang, seed {k}")
 
-                    def tick(i: int, base: int = done) -> None:
-                        progress.update(task, completed=base + i)
+        def report(description: str, done: int) -> None:
+            if description:
+                progress.update(task, description=description, completed=done)
+            else:
+                progress.update(task, completed=done)
 
-                    result = run(
-                        scenario,
-                        profiles,
-                        lambda: OpticalNetwork.for_scenario(scenario, cluster, slots),
-                        name,
-                        load,
-                        scenario.seed + k,
-                        n,
-                        progress=tick,
-                    )
-                    done += n
-                    runs.setdefault((name, load), []).append(result)
-    summaries = {key: summarize(value) for key, value in runs.items()}
-    single = len(loads) == 1
-    out: dict[str, Any] = {
-        "scenario": scenario.name,
-        "seeds": seeds,
-        "arrivals": n,
-        "loads": loads,
-        "k_paths": scenario.k_paths,
-        "fit": scenario.fit,
-        "guard_band": scenario.guard_band,
-        "modulations": scenario.modulations,
-        "slots": slots_per_fiber,
-        "jobs": [job_entry(j) for j in scenario.jobs],
-        "schedulers": {},
-    }
-    for name in schedulers:
-        per_load = {f"{load:g}": summaries[(name, load)] for load in loads}
-        out["schedulers"][name] = summaries[(name, loads[0])] if single else per_load
-    if "baseline" in schedulers and len(schedulers) > 1:
-        rel: dict[str, Any] = {}
-        for name in schedulers:
-            if name == "baseline":
-                continue
-            per = {
-                f"{load:g}": relative_change(summaries[(name, load)], summaries[("baseline", load)])
-                for load in loads
-            }
-            rel[name] = per[f"{loads[0]:g}"] if single else per
-        out["relative_to_baseline_pct"] = rel
+        try:
+            result = sweep(scenario, cluster, schedulers, loads, seeds, n, over.slots, report)
+        except ScenarioInvalid as exc:
+            field, _, reason = str(exc).partition(": ")
+            raise SpecError(scenario_path, field, reason or str(exc)) from None
+    out = result.to_dict()
+    out["jobs"] = [job_entry(j) for j in scenario.jobs]
     if csv_path:
-        _write_csv(csv_path, runs)
+        _write_csv(csv_path, result.runs)
     if plot:
-        _plot(plot, schedulers, loads, summaries, runs)
+        _plot(plot, schedulers, list(result.loads), result.summaries, result.runs)
     if as_json:
         print(json.dumps(nan_to_null(out)))
     else:
-        _print(console, out, schedulers, loads, summaries)
+        _print(console, out, schedulers, list(result.loads), result)
     return out
 
 
@@ -410,10 +366,9 @@ def _print(
     out: dict[str, Any],
     schedulers: list[str],
     loads: list[float],
-    summaries: dict[tuple[str, float], dict[str, Any]],
+    result: Sweep,
 ) -> None:
-    from dmsc.sim.metrics import relative_change
-
+    summaries = result.summaries
     ci = out["seeds"] > 1
     t = FoldTable(
         title=f"{out['scenario']}: {out['seeds']} seed(s) x {out['arrivals']} arrivals"
@@ -459,7 +414,7 @@ def _print(
             if name == "baseline":
                 continue
             for load in loads:
-                c = relative_change(summaries[(name, load)], summaries[("baseline", load)])
+                c = result.relative(name, load)
                 r.add_row(
                     name,
                     f"{load:g}",
