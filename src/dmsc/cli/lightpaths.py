@@ -6,74 +6,30 @@ intervals over the seeds, the time per request, a table, ``--json`` and a ``--pl
 from __future__ import annotations
 
 import json
-from dataclasses import dataclass
 from typing import Any
 
 from rich.console import Console
 
 from dmsc.cli.tables import FoldTable
+from dmsc.sim.lightpath_experiment import LightpathSettings, SettingInvalid
 from dmsc.spec import SpecError
 
-MAX_REQUESTS = 10_000_000
+__all__ = ["LightpathSettings", "run_lightpath_command", "run_lightpaths"]
 
-
-@dataclass(frozen=True)
-class LightpathSettings:
-    """The experiment as the command line gives it (checked by :func:`run_lightpaths`)."""
-
-    topology: str = "nsfnet"
-    slots: int = 100
-    k_paths: int = 5
-    guard_band: int = 1
-    modulations: str = "dmsc"
-    bitrate: str = "uniform:25:100"
-    loads: tuple[float, ...] = (100.0, 200.0, 300.0, 400.0)
-    requests: int = 30_000  # counted, after the warm-up
-    warmup: int = 10_000
-    seeds: int = 1
-    fits: tuple[str, ...] = ("first",)
-    snapshot_at: int | None = None  # the request whose arrival the heat map shows
-
-
-def _check(s: LightpathSettings) -> tuple[Any, Any, Any]:
-    """The topology, modulation table and bit rates; SpecError naming the flag otherwise."""
-    from dmsc.netmodel.optical import modulation_table
-    from dmsc.sim.rmsa import BitRates
-    from dmsc.sim.spectrum import FITS
-    from dmsc.sim.topologies import topology
-
-    checks = [
-        (1 <= s.slots <= 10_000, "--slots", "must be between 1 and 10000"),
-        (1 <= s.k_paths <= 10, "--k", "must be between 1 and 10"),
-        (0 <= s.guard_band < s.slots, "--guard-band", "must be 0 or more, below --slots"),
-        (all(x > 0 for x in s.loads), "--loads", "loads must be positive"),
-        (0 < s.requests <= MAX_REQUESTS, "--requests", f"must be between 1 and {MAX_REQUESTS}"),
-        (0 <= s.warmup <= MAX_REQUESTS, "--warmup", f"must be between 0 and {MAX_REQUESTS}"),
-        (s.seeds > 0, "--seeds", "must be positive"),
-        (
-            s.snapshot_at is None or 0 <= s.snapshot_at < s.warmup + s.requests,
-            "--snapshot-at",
-            "must be a request of the run (0 to warm-up + requests - 1)",
-        ),
-    ]
-    for ok, flag, reason in checks:
-        if not ok:
-            raise SpecError("command line", flag, reason)
-    for fit in s.fits:
-        if fit not in FITS:
-            raise SpecError(
-                "command line", "--fit", f"unknown fit {fit!r} (fits: {', '.join(FITS)})"
-            )
-    try:
-        rates = BitRates.parse(s.bitrate)
-    except ValueError as exc:
-        raise SpecError("command line", "--bitrate", str(exc)) from None
-    try:
-        topo = topology(s.topology)
-    except ValueError as exc:
-        raise SpecError("command line", "--topology", str(exc)) from None
-    table = modulation_table(s.modulations)
-    return topo, table, rates
+# the command-line flag of each setting, as errors name it
+FLAGS = {
+    "slots": "--slots",
+    "k_paths": "--k",
+    "guard_band": "--guard-band",
+    "loads": "--loads",
+    "requests": "--requests",
+    "warmup": "--warmup",
+    "seeds": "--seeds",
+    "snapshot_at": "--snapshot-at",
+    "fits": "--fit",
+    "bitrate": "--bitrate",
+    "topology": "--topology",
+}
 
 
 def run_lightpaths(
@@ -85,89 +41,37 @@ def run_lightpaths(
     frag_plot: str | None = None,
     heatmap: str | None = None,
 ) -> dict[str, Any]:
-    """Every fit at every load and seed; returns (and prints) the figures. ``frag_plot``:
-    utilisation, external fragmentation and entropy over the requests (seed 0 of each fit, at
-    the highest load); ``heatmap``: the spectrum of every fiber when request ``snapshot_at``
-    arrives (first fit, highest load, seed 0)."""
-    from dmsc.sim.metrics import mean_ci
-    from dmsc.sim.rmsa import simulate_lightpaths
+    """The experiment (:func:`dmsc.sim.lightpath_experiment.run_experiment`); returns (and
+    prints) the figures. ``frag_plot``: utilisation, external fragmentation and entropy over the
+    requests (seed 0 of each fit, at the highest load); ``heatmap``: the spectrum of every fiber
+    when request ``snapshot_at`` arrives (first fit, highest load, seed 0)."""
+    from dmsc.sim.lightpath_experiment import check, run_experiment
 
-    topo, table, rates = _check(s)
-    per_fit: dict[str, list[dict[str, Any]]] = {}
-    every = max(1, s.requests // 100)
-    shot_at = s.snapshot_at if s.snapshot_at is not None else s.warmup + s.requests // 2
-    traces: dict[str, Any] = {}
-    shot = None
-    total = len(s.fits) * len(s.loads) * s.seeds
-    task = progress.add_task("simulating", total=total)
-    for fit in s.fits:
-        rows = []
-        for load in s.loads:
-            results = []
-            for seed in range(s.seeds):
-                progress.update(task, description=f"{fit} fit at {load:g} Erlang, seed {seed}")
-                net = topo.network(s.slots, s.k_paths, table, s.guard_band, seed)
-                results.append(
-                    simulate_lightpaths(
-                        net, load, s.requests + s.warmup, seed=seed, gbit_s=rates,
-                        fit=fit, warmup=s.warmup, sample_every=every, snapshot_at=shot_at,
-                    )
-                )  # fmt: skip
-                progress.advance(task)
-            if load == max(s.loads):
-                traces[fit] = results[0].samples
-                if shot is None:
-                    shot = (fit, load, results[0].snapshot)
-            service, service_ci = mean_ci([r.blocking for r in results])
-            bandwidth, bandwidth_ci = mean_ci([r.bandwidth_blocking for r in results])
-            rows.append(
-                {
-                    "load": load,
-                    "service_blocking": service,
-                    "ci95": service_ci,
-                    "bandwidth_blocking": bandwidth,
-                    "bandwidth_ci95": bandwidth_ci,
-                    "requests": sum(r.requests for r in results),
-                    "slot_utilization": mean_ci([r.mean_slot_utilization for r in results])[0],
-                    "us_per_request": sum(r.seconds for r in results)
-                    / sum(r.handled for r in results)
-                    * 1e6,
-                    "external_fragmentation": mean_ci(
-                        [x.external_fragmentation for r in results for x in r.samples]
-                    )[0],
-                    "spectrum_entropy": mean_ci([x.entropy for r in results for x in r.samples])[0],
-                    "link_utilization": [
-                        float(sum(col) / len(col))
-                        for col in zip(*(r.link_utilization for r in results), strict=True)
-                    ],
-                }
-            )
-        per_fit[fit] = rows
-    out = {
-        "topology": topo.name,
-        "topology_source": topo.source,
-        "slots": s.slots,
-        "k_paths": s.k_paths,
-        "guard_band": s.guard_band,
-        "modulations": table.name,
-        "bitrate": s.bitrate,
-        "seeds": s.seeds,
-        "requests": s.requests,
-        "warmup": s.warmup,
-        "links": [f"{a}-{b}" for a, b, _ in topo.links],
-        "loads": per_fit[s.fits[0]],
-        "fits": per_fit,
-    }
+    try:
+        check(s)
+    except SettingInvalid as exc:
+        reason = exc.reason.replace("below the slots", "below --slots")
+        raise SpecError("command line", FLAGS[exc.field], reason) from None
+    task = progress.add_task("simulating", total=len(s.fits) * len(s.loads) * s.seeds)
+
+    def report(description: str, done: int) -> None:
+        if description:
+            progress.update(task, description=description, completed=done)
+        else:
+            progress.update(task, completed=done)
+
+    got = run_experiment(s, report)
+    out = got.figures
     if plot:
         _plot(plot, out)
     if frag_plot:
         from dmsc.cli.lightpaths_plots import plot_fragmentation
 
-        plot_fragmentation(frag_plot, traces, out, max(s.loads))
-    if heatmap and shot is not None:
+        plot_fragmentation(frag_plot, got.traces, out, max(s.loads))
+    if heatmap and got.snapshot is not None:
         from dmsc.cli.lightpaths_plots import plot_heatmap
 
-        plot_heatmap(heatmap, shot, out, shot_at)
+        plot_heatmap(heatmap, got.snapshot, out, got.snapshot_at)
     if not as_json:
         _print(console, out)
     return out
