@@ -155,12 +155,10 @@ def test_the_drawn_chart_ends_at_the_plans_iteration_time(
 ) -> None:
     """What ``dmsc plan --gantt`` draws (its blocks, its title) ends where the plan's iteration
     does, for a 1F1B and for an interleaved plan (which it draws interleaved)."""
-    from dmsc.cli.plan import gantt_ops
-
     outcome = _interleaved_plan(local_cpu) if interleaved else _local_plan(local_cpu)
     plan = outcome.plan
     assert plan.job.chunks == (2 if interleaved else 1)
-    ops = gantt_ops(outcome)
+    ops = outcome.iteration_ops()
     assert _span(ops) == pytest.approx(plan.prediction.iteration_time_s, rel=1e-9)
     chunks = {op.chunk for op in ops if op.kind == "F"}
     assert chunks == set(range(plan.job.chunks))

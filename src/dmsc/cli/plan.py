@@ -10,7 +10,7 @@ from __future__ import annotations
 import json
 from enum import StrEnum
 from pathlib import Path
-from typing import Annotated, Any
+from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
 
@@ -18,6 +18,9 @@ from dmsc.cli.app import EXIT_DOES_NOT_FIT, console, err_console
 from dmsc.cli.options import ClusterOpt, JsonOpt, ModelOpt
 from dmsc.cli.sync_flags import CompressOpt, SyncOpt, sync_fields
 from dmsc.spec import SpecError
+
+if TYPE_CHECKING:
+    from dmsc.planner.solve import PlanOutcome
 
 
 class Solver(StrEnum):
@@ -70,8 +73,7 @@ def plan(
     from dmsc.cli.plan_render import plan_json, print_plan
     from dmsc.netmodel import DoesNotFit
     from dmsc.planner.placement.problem import Infeasible
-    from dmsc.planner.plan import pipeline_seconds
-    from dmsc.planner.solve import SOLVERS, place_job, plan_job
+    from dmsc.planner.solve import plan_job
 
     check_output(out, "--out")
     check_output(gantt, "--gantt", image=True)
@@ -142,41 +144,15 @@ def plan(
             raise typer.Exit(EXIT_DOES_NOT_FIT) from None
         rows: list[dict[str, Any]] = []
         if compare:
-            # Each solver gets what `--solver NAME` does with the same strategy: its placement,
-            # the layers re-cut for it, the plan; so the row's time is that plan's.
-            searched = outcome.searched or outcome.plan.job
-            for name in SOLVERS:
-                progress.update(task, description=f"solver {name}")
-                try:
-                    other = (
-                        outcome
-                        if name == solver.value
-                        else place_job(
-                            cluster_spec,
-                            model_spec,
-                            searched,
-                            outcome.strategy,
-                            name,
-                            seed,
-                            time_limit,
-                            k_paths=paths,
-                        )
-                    )
-                except (DoesNotFit, Infeasible) as exc:
-                    why = exc.reasons[0] if isinstance(exc, DoesNotFit) else str(exc)
-                    rows.append({"solver": name, "blocked": True, "reason": why})
-                    continue
-                rows.append(
-                    {
-                        "solver": name,
-                        "iteration_s": other.plan.prediction.iteration_time_s,
-                        "pipeline_s": pipeline_seconds(other.plan),
-                        "seconds": other.plan.search.placement_seconds,
-                        "optimal": other.plan.search.optimal,
-                        "gap_pct": other.plan.search.gap_pct,
-                        "blocked": False,
-                    }
+            from dmsc.planner.compare import compare_solvers
+
+            rows = [
+                row.as_dict()
+                for row in compare_solvers(
+                    cluster_spec, model_spec, outcome, solver.value, seed, time_limit, paths,
+                    lambda name: progress.update(task, description=f"solver {name}"),
                 )
+            ]  # fmt: skip
     the_plan = outcome.plan
     if out is not None:
         Path(out).write_text(the_plan.model_dump_json(indent=2))
@@ -196,25 +172,14 @@ def plan(
         console.print(drawn, highlight=False, soft_wrap=True)
 
 
-def gantt_ops(outcome: Any) -> list[Any]:
-    """The blocks ``--gantt`` draws: the replay of the plan's schedule (interleaved as it is)
-    on its placement, then the gradient all-reduce and the optimizer step."""
-    from dmsc.planner.gantt import replay_placement, with_tail
-
-    plan, pb = outcome.plan, outcome.built.problem
-    b = plan.prediction.breakdown_s
-    ops = replay_placement(pb, outcome.result.placement, plan.job.schedule)
-    return with_tail(ops, pb.n_stages, b.get("dp_comm", 0.0), b.get("optimizer", 0.0))
-
-
-def _draw_gantt(outcome: Any, path: str) -> str:
+def _draw_gantt(outcome: PlanOutcome, path: str) -> str:
     """Draw one iteration of the plan to ``path``; the line that says so, with its total."""
     from dmsc.cli.plan_render import draw_gantt
     from dmsc.cli.render import human_seconds
     from dmsc.planner.gantt import span
 
     plan = outcome.plan
-    ops = gantt_ops(outcome)
+    ops = outcome.iteration_ops()
     total = human_seconds(span(ops))
     j = plan.job
     note = f", interleaved v={j.interleave}" if j.chunks > 1 else ""

@@ -17,6 +17,7 @@ from dmsc.netmodel import (
     Estimate,
     estimate_iteration,
 )
+from dmsc.planner.gantt import Op, replay_placement, with_tail
 from dmsc.planner.island_plan import assemble_island_plan
 from dmsc.planner.islands import IslandPlacement, place_islands
 from dmsc.planner.placement.baselines import solve_compute_first, solve_greedy, solve_random
@@ -52,6 +53,15 @@ class PlanOutcome:
     result: PlacementResult
     strategy: StrategySearch | None
     searched: JobSpec | None = None  # the strategy before the layers were re-cut
+
+    def iteration_ops(self) -> list[Op]:
+        """One iteration as blocks (what ``dmsc plan --gantt`` draws): the replay of the plan's
+        schedule (interleaved as it is) on its placement, then the gradient all-reduce and the
+        optimizer step."""
+        b = self.plan.prediction.breakdown_s
+        pb = self.built.problem
+        ops = replay_placement(pb, self.result.placement, self.plan.job.schedule)
+        return with_tail(ops, pb.n_stages, b.get("dp_comm", 0.0), b.get("optimizer", 0.0))
 
 
 def run_solver(
