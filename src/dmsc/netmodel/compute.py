@@ -121,6 +121,15 @@ class LayerTime:
     wgrad_window: float = 0.0
 
 
+# Layer times by (layer, device, dtype, recompute, calibration): a strategy search meets the same
+# layer on the same device in every stage of many strategies (build_layer_costs hands out the
+# same layer objects for them). Keyed by identity (a device spec holds dicts and is not
+# hashable; hashing a layer's value costs more than the lookup saves); each entry keeps its
+# objects, so that no id can be reused while the entry lives.
+_CACHE_SIZE = 4096
+_times: dict[tuple[object, ...], tuple[LayerCost, DeviceTypeSpec, Calibration, LayerTime]] = {}
+
+
 def layer_time(
     layer: LayerCost,
     device: DeviceTypeSpec,
@@ -129,6 +138,24 @@ def layer_time(
     calib: Calibration,
 ) -> LayerTime:
     """Forward, backward and recomputation time of ``layer`` on ``device``."""
+    key = (id(layer), id(device), dtype, recompute, id(calib))
+    hit = _times.get(key)
+    if hit is not None and hit[0] is layer and hit[1] is device and hit[2] is calib:
+        return hit[3]
+    got = _layer_time(layer, device, dtype, recompute, calib)
+    if len(_times) >= _CACHE_SIZE:
+        _times.clear()
+    _times[key] = (layer, device, calib, got)
+    return got
+
+
+def _layer_time(
+    layer: LayerCost,
+    device: DeviceTypeSpec,
+    dtype: str,
+    recompute: str,
+    calib: Calibration,
+) -> LayerTime:
     dc = calib.for_device(device)
     plain = [g for g in layer.gemms if g.kind != "flash"]
     flash_flops = sum(g.flops for g in layer.gemms if g.kind == "flash")

@@ -166,6 +166,33 @@ def assign_stage_layers(layers: list[LayerCost], job: JobSpec) -> list[list[Laye
     return stages
 
 
+def _types(cluster: ClusterSpec, topo: Topology, devices: list[int]) -> set[str]:
+    """The device types among ``devices`` (a cluster of one type needs no look)."""
+    if len(cluster.device_types) == 1:
+        return set(cluster.device_types)
+    return {topo.devices[d].type_name for d in devices}
+
+
+_matrices: dict[int, tuple[LayerCost, float]] = {}
+
+
+def _matrix_elements(lc: LayerCost) -> float:
+    """Elements of a block's weight matrices (0 for other layers), by the layer's identity (the
+    layers of a strategy search are shared: build_layer_costs)."""
+    hit = _matrices.get(id(lc))
+    if hit is not None and hit[0] is lc:
+        return hit[1]
+    n = (
+        float(sum(g.k * g.n * g.batch for g in lc.gemms if g.kind == "linear"))
+        if lc.kind in ("block", "moe_block")
+        else 0.0
+    )
+    if len(_matrices) >= 4096:
+        _matrices.clear()
+    _matrices[id(lc)] = (lc, n)
+    return n
+
+
 def _check_memory(
     cluster: ClusterSpec,
     topo: Topology,
@@ -180,15 +207,11 @@ def _check_memory(
     train = job.mode == "train"
     out: list[tuple[MemoryBreakdown, float]] = []
     for s, members in enumerate(stage_layers):
-        types = {topo.devices[d].type_name for d in layout.stage_devices(s)}
+        types = _types(cluster, topo, layout.stage_devices(s))
         dense = sum(lc.params_per_device - lc.expert_params_per_device for lc in members)
         expert = sum(lc.expert_params_per_device for lc in members)
         # Weight matrices of the blocks, of which autocast and fp8 keep cast copies.
-        matrices = sum(
-            sum(g.k * g.n * g.batch for g in lc.gemms if g.kind == "linear")
-            for lc in members
-            if lc.kind in ("block", "moe_block")
-        )
+        matrices = sum(_matrix_elements(lc) for lc in members)
         if train:
             acts = sum(lc.activation_bytes for lc in members)
         else:  # forward only: one layer's working set at a time
@@ -224,6 +247,80 @@ def _check_memory(
             ]
         )
     return out
+
+
+@dataclass(frozen=True)
+class _StageCompute:
+    """One micro-batch's compute on a stage: its seconds (its slowest device type's), the
+    weight-gradient window of each layer, FLOPs (with recomputation, and as the model counts
+    them) on one device, and the fastest peak among its device types."""
+
+    seconds: float
+    windows: dict[str, float]
+    flops: float
+    model_flops: float
+    peak: float
+
+
+def _stage_compute(
+    cluster: ClusterSpec,
+    topo: Topology,
+    job: JobSpec,
+    dtype: str,
+    members: list[LayerCost],
+    devices: list[int],
+    calib: Calibration,
+) -> _StageCompute:
+    train = job.mode == "train"
+    types = _types(cluster, topo, devices)
+    compute_s = flops = model_flops = peak = 0.0
+    windows: dict[str, float] = {}
+    for tname in types:
+        dtype_spec = cluster.device_types[tname]
+        t_total = 0.0
+        for lc in members:
+            policy = job.recompute if lc.kind in ("block", "moe_block", "layer") else "none"
+            try:
+                lt: LayerTime = layer_time(lc, dtype_spec, dtype, policy, calib)
+            except DtypeUnsupported as exc:
+                raise DoesNotFit([f"device type {tname!r}: {exc}"]) from None
+            t_total += lt.forward + (lt.backward + lt.recompute if train else 0.0)
+            windows[lc.name] = min(windows.get(lc.name, lt.wgrad_window), lt.wgrad_window)
+            if tname == min(types):
+                f_fwd = lc.forward_flops
+                flash_again = sum(g.flops for g in lc.backward_recompute)
+                extra = f_fwd + flash_again if policy == "full" else lc.recompute_flops
+                flops += (3 * f_fwd + extra) if train else f_fwd
+                model_flops += 3 * f_fwd if train else f_fwd
+        compute_s = max(compute_s, t_total)
+        peak = max(peak, peak_flops(dtype_spec, dtype))
+    return _StageCompute(compute_s, windows, flops, model_flops, peak)
+
+
+def compute_bound(
+    cluster: ClusterSpec,
+    model: TransformerSpec | LayerListSpec,
+    job: JobSpec,
+    calib: Calibration = DEFAULT_CALIBRATION,
+    topology: Topology | None = None,
+) -> float:
+    """A lower bound of :func:`estimate_iteration`'s iteration time from the stages' compute
+    alone (the busiest stage's micro-batches and the pipeline's fill and drain, with no
+    communication); raises :class:`DoesNotFit` as it does, memory included. A strategy search
+    costs a strategy in full only when this bound can still beat what it has."""
+    reasons = check_fit(cluster, model, job)
+    if reasons:
+        raise DoesNotFit(reasons)
+    topo = topology if topology is not None else Topology(cluster)
+    layout = Layout.of(job)
+    stage_layers = assign_stage_layers(build_layer_costs(model, job), job)
+    _check_memory(cluster, topo, model, job, stage_layers, calib)
+    per_mb = [
+        _stage_compute(cluster, topo, job, model.dtype, ms, layout.stage_devices(s), calib).seconds
+        for s, ms in enumerate(stage_layers)
+    ]
+    p = job.pp
+    return job.microbatches * max(per_mb) + (p - 1) / job.chunks * (sum(per_mb) / p)
 
 
 def estimate_iteration(
@@ -279,29 +376,11 @@ def estimate_iteration(
     peak = 0.0
     for s, members in enumerate(stage_layers):
         devices = layout.stage_devices(s)
-        types = {topo.devices[d].type_name for d in devices}
-        compute_s = 0.0
-        windows: dict[str, float] = {}
-        for tname in types:
-            dtype_spec = cluster.device_types[tname]
-            t_total = 0.0
-            for lc in members:
-                policy = job.recompute if lc.kind in ("block", "moe_block", "layer") else "none"
-                try:
-                    lt: LayerTime = layer_time(lc, dtype_spec, dtype, policy, calib)
-                except DtypeUnsupported as exc:
-                    raise DoesNotFit([f"device type {tname!r}: {exc}"]) from None
-                t_total += lt.forward + (lt.backward + lt.recompute if train else 0.0)
-                windows[lc.name] = min(windows.get(lc.name, lt.wgrad_window), lt.wgrad_window)
-                if tname == min(types):
-                    f_fwd = lc.forward_flops
-                    flash_again = sum(g.flops for g in lc.backward_recompute)
-                    extra = f_fwd + flash_again if policy == "full" else lc.recompute_flops
-                    mb_flops = (3 * f_fwd + extra) if train else f_fwd
-                    flops += mb_flops * m * len(devices)
-                    model_flops += (3 * f_fwd if train else f_fwd) * m * len(devices)
-            compute_s = max(compute_s, t_total)
-            peak = max(peak, peak_flops(dtype_spec, dtype))
+        sc = _stage_compute(cluster, topo, job, model.dtype, members, devices, calib)
+        compute_s, windows = sc.seconds, sc.windows
+        flops += sc.flops * m * len(devices)
+        model_flops += sc.model_flops * m * len(devices)
+        peak = max(peak, sc.peak)
         # Tensor-parallel all-reduces of one micro-batch on this stage.
         tp_s = 0.0
         if job.tp > 1:

@@ -305,11 +305,39 @@ def _explicit_layers(model: LayerListSpec, job: JobSpec) -> list[LayerCost]:
     return out
 
 
+# A strategy search costs the same layers for many strategies (they differ in pp, dp, schedule):
+# built once per model and the job fields the layers depend on. Specs are frozen, so the key is
+# their value; cleared when it grows past _CACHE_SIZE.
+_CACHE_SIZE = 1024
+_built: dict[tuple[object, ...], tuple[LayerCost, ...]] = {}
+
+
+def layer_key(job: JobSpec) -> tuple[object, ...]:
+    """The fields of ``job`` a model's layer costs depend on (and nothing else)."""
+    return (
+        job.tp,
+        job.ep,
+        job.micro_batch,
+        job.sequence_parallel,
+        job.recompute,
+        job.attention,
+        job.precision,
+        job.pp > 1,
+    )
+
+
 def build_layer_costs(model: TransformerSpec | LayerListSpec, job: JobSpec) -> list[LayerCost]:
     """The model as a chain of layer costs for one micro-batch on one device of ``job``."""
-    if isinstance(model, TransformerSpec):
-        return _transformer_layers(model, job)
-    return _explicit_layers(model, job)
+    if not isinstance(model, TransformerSpec):  # a layer list holds lists: not hashable
+        return _explicit_layers(model, job)
+    key = (model, *layer_key(job))
+    hit = _built.get(key)
+    if hit is None:
+        hit = tuple(_transformer_layers(model, job))
+        if len(_built) >= _CACHE_SIZE:
+            _built.clear()
+        _built[key] = hit
+    return list(hit)
 
 
 def count_params(model: TransformerSpec | LayerListSpec) -> float:

@@ -23,6 +23,7 @@ from dmsc.netmodel import (
     Topology,
     estimate_iteration,
 )
+from dmsc.netmodel.iteration import compute_bound
 from dmsc.spec import ClusterSpec, JobSpec, LayerListSpec, TransformerSpec
 
 
@@ -181,31 +182,53 @@ def search_strategies(
     max_stage_devices: int | None = None,
     progress: Callable[[int], None] | None = None,
 ) -> StrategySearch:
-    """Cost every configuration and return the fastest with the top-k alternatives."""
+    """Cost every configuration and return the fastest with the top-k alternatives.
+
+    Each configuration's memory and compute come first (:func:`compute_bound`: a lower bound of
+    its iteration time); the full estimate, communication included, is made in increasing order
+    of bound and stops once a bound exceeds the (top-k + 1)-th best time found: no configuration
+    left can enter the result, which is what costing them all gives (ties kept in enumeration
+    order). GPT-3 175B on 1,024 A100s: 993 configurations, 175 fit, 2.8 s costing all."""
     t0 = time.perf_counter()
     topo = Topology(cluster)
     comm = CommModel(topo, calib)
-    costed: list[Candidate] = []
     pruned: Counter[str] = Counter()
     example: dict[str, str] = {}  # a reason of each kind: for memory, the leanest
+    bounded: list[tuple[float, int, JobSpec]] = []
     considered = 0
     for job in enumerate_jobs(cluster, model, base, devices, max_stage_devices):
         considered += 1
         if progress is not None:
             progress(considered)
         try:
-            est = estimate_iteration(cluster, model, job, calib, topology=topo, comm_model=comm)
+            bounded.append((compute_bound(cluster, model, job, calib, topo), considered, job))
         except DoesNotFit as exc:
-            reason = exc.reasons[0]
-            kind = "memory" if "GiB" in reason else reason.split(" is ")[0]
-            pruned[kind] += 1
-            if kind not in example or _needs_gib(reason) < _needs_gib(example[kind]):
-                example[kind] = reason
+            _prune(exc.reasons[0], pruned, example)
+    bounded.sort(key=lambda b: (b[0], b[1]))
+    costed: list[tuple[Candidate, int]] = []
+    for bound, order, job in bounded:
+        if len(costed) > top_k and bound > costed[top_k][0].time_s + EQUAL_S:
+            break
+        try:
+            est = estimate_iteration(cluster, model, job, calib, topology=topo, comm_model=comm)
+        except DoesNotFit as exc:  # not from memory or compute: checked above
+            _prune(exc.reasons[0], pruned, example)
             continue
-        costed.append(Candidate(job, est))
+        costed.append((Candidate(job, est), order))
+        costed.sort(key=lambda c: (c[0].time_s, c[1]))
     if not costed:
         raise DoesNotFit([_none_fits(devices, considered, pruned, example)])
-    costed.sort(key=lambda c: c.time_s)
-    best = costed[0]
-    alternatives = tuple((c, _why_lost(best.estimate, c.estimate)) for c in costed[1 : 1 + top_k])
+    best = costed[0][0]
+    alternatives = tuple(
+        (c, _why_lost(best.estimate, c.estimate)) for c, _ in costed[1 : 1 + top_k]
+    )
     return StrategySearch(best, alternatives, considered, dict(pruned), time.perf_counter() - t0)
+
+
+def _prune(reason: str, pruned: Counter[str], example: dict[str, str]) -> None:
+    """Count a configuration that cannot run by the kind of its reason; keep one reason of each
+    kind (for memory, the leanest)."""
+    kind = "memory" if "GiB" in reason else reason.split(" is ")[0]
+    pruned[kind] += 1
+    if kind not in example or _needs_gib(reason) < _needs_gib(example[kind]):
+        example[kind] = reason
