@@ -6,9 +6,9 @@ from pathlib import Path
 
 import pytest
 
-from dmsc.runtime.control.chaos import serve_under_fault
 from dmsc.runtime.control.deployment import Deployment, StageLayout
 from dmsc.spec import resolve_model
+from dmsc.testing.chaos import serve_under_fault
 
 SPEC = resolve_model("gpt-mini")
 TWO = [("embedding", "block_1"), ("block_2", "head")]

@@ -16,17 +16,17 @@ from runtime_helpers import dmsc, make_plan
 
 from dmsc.data.corpus import Corpus, stdlib_text
 from dmsc.runtime.compute.reference import train_reference
-from dmsc.runtime.control.chaos import train_under_fault
 from dmsc.runtime.control.deployment import Deployment, StageLayout
 from dmsc.runtime.control.launchers import WorkerStartError
 from dmsc.runtime.control.ray_launcher import RayLauncher, RayProcess
-from dmsc.runtime.control.ray_local import (
+from dmsc.spec import TransformerSpec, resolve_model
+from dmsc.testing.chaos import train_under_fault
+from dmsc.testing.ray_local import (
     add_node,
     live_nodes,
     local_cluster,
     train_through_node_fault,
 )
-from dmsc.spec import TransformerSpec, resolve_model
 
 SPEC = resolve_model("gpt-mini")
 assert isinstance(SPEC, TransformerSpec)

@@ -140,7 +140,7 @@ def main(stdin: TextIO | None = None) -> None:
             from dmsc.runtime.control.ray_launcher import RayLauncher
 
             if settings.ray_address is None:  # no cluster named: one of this run's own
-                from dmsc.runtime.control.ray_local import private_cluster, private_resources
+                from dmsc.runtime.control.ray_private import private_cluster, private_resources
 
                 ray_dir = private_cluster(*private_resources(plan, settings.spares))
                 log.info("a private Ray cluster on 127.0.0.1, its files in %s", ray_dir)

@@ -38,7 +38,7 @@ from dmsc.data.corpus import Corpus, stdlib_text, task_corpora
 from dmsc.data.db import CheckpointRecord, Database, ModelVersionRecord, TaskRecord, data_dir
 from dmsc.data.tokenizer import tokenizer_for
 from dmsc.planner.plan import Plan
-from dmsc.runtime.control import chaos, fallback, status, work_loop
+from dmsc.runtime.control import fallback, signals, status, work_loop
 from dmsc.runtime.control.dashboard_state import dashboard_state
 from dmsc.runtime.control.deployment import Checkpoint, Deployment
 from dmsc.runtime.control.fallback import NoGoodCheckpoint, Restored
@@ -424,7 +424,7 @@ class ControlPlane:
 
     def inject(self, req: InjectRequest) -> dict[str, Any]:
         """``dmsc chaos``: the fault, sent through the launcher to wherever the worker runs."""
-        return chaos.signal_worker(self.deployment, req.sid, req.fault)
+        return signals.signal_worker(self.deployment, req.sid, req.fault)
 
     def methods(self) -> dict[str, grpc.RpcMethodHandler]:
         return {

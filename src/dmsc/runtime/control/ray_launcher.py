@@ -195,7 +195,7 @@ class RayLauncher:
         bundle_wait_s: float = 10.0,
     ) -> None:
         """Join the Ray cluster whose head is at ``address`` (HOST:PORT), or use the one this
-        process is connected to already (``address`` None: :func:`.ray_local.private_cluster`,
+        process is connected to already (``address`` None: :func:`.ray_private.private_cluster`,
         or a test's)."""
         ray = ray_module()
         if not ray.is_initialized():

@@ -1,7 +1,8 @@
 """Rehearsed failures: kill or freeze a stage worker while a deployment trains or serves, and
 measure what the runtime does about it (time to detect, time to recover, steps lost, requests
 failed). The chaos tests and ``benchmarks/chaos_recovery.py`` run these scenarios on real worker
-processes; ``dmsc chaos`` does the same to the workers of a running control plane.
+processes; ``dmsc chaos`` sends the same signals to the workers of a running control plane
+(:mod:`dmsc.runtime.control.signals`).
 """
 
 from __future__ import annotations
@@ -20,12 +21,11 @@ from dmsc.runtime.control.deployment import Deployment, StageLayout
 from dmsc.runtime.control.failures import WorkerFailure
 from dmsc.runtime.control.launchers import Launcher, Process
 from dmsc.runtime.control.recovery import heal
+from dmsc.runtime.control.signals import SIGNALS
 from dmsc.runtime.control.training import Recovering, TrainReport, train
 from dmsc.runtime.transport.messages import SyncSettings
-from dmsc.runtime.transport.rpc import BadRequest
 
 Fault = Literal["kill", "freeze"]
-SIGNALS: dict[str, signal.Signals] = {"kill": signal.SIGKILL, "freeze": signal.SIGSTOP}
 
 
 @dataclass
@@ -60,24 +60,6 @@ def inject(process: Process, fault: Fault) -> float:
     another machine); returns when (unix time)."""
     process.send_signal(SIGNALS[fault])
     return time.time()
-
-
-def signal_worker(dep: Deployment, sid: str, fault: str) -> dict[str, Any]:
-    """``dmsc chaos`` on a running control plane: ``kill`` or ``freeze`` the serving worker
-    ``sid``, or ``thaw`` every frozen instance of it (the one serving, or one already replaced
-    and fenced). BadRequest when no worker has that SID."""
-    serving = [h for h in dep.handles if h.config.sid == sid]
-    targets = (
-        serving
-        if fault != "thaw"
-        else [*serving, *(h for h in dep.abandoned if h.config.sid == sid)]
-    )
-    if not targets:
-        raise BadRequest(f"sid: no worker {sid!r} in this deployment")
-    sig = signal.SIGCONT if fault == "thaw" else SIGNALS[fault]
-    for h in targets:
-        h.process.send_signal(sig)
-    return {"sid": sid, "fault": fault, "pids": [h.process.pid for h in targets], "at": time.time()}
 
 
 def alive(pid: int) -> bool:

@@ -1,4 +1,4 @@
-"""How the local Ray cluster starts (``dmsc.runtime.control.ray_local``), with Ray's ``Cluster``
+"""How the local Ray cluster starts (``dmsc.testing.ray_local``), with Ray's ``Cluster``
 replaced by a recording fake; the real cluster is started in tests/integration/test_ray.py."""
 
 from __future__ import annotations
@@ -10,7 +10,7 @@ from typing import Any, ClassVar
 import pytest
 import ray.cluster_utils
 
-from dmsc.runtime.control import ray_local
+from dmsc.testing import ray_local
 
 
 class _Cluster:
