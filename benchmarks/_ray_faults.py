@@ -23,8 +23,8 @@ from typing import Any
 from _deployment import home_and_dmsc
 
 from dmsc.data.corpus import Corpus
-from dmsc.runtime.control.deployment import StageLayout
-from dmsc.runtime.control.ray_launcher import RayLauncher
+from dmsc.runtime.control.launch.deployment import StageLayout
+from dmsc.runtime.control.launch.ray_launcher import RayLauncher
 from dmsc.spec import TransformerSpec
 from dmsc.testing.chaos import FaultReport, train_under_fault
 from dmsc.testing.ray_local import (

@@ -2,7 +2,7 @@
 measure what the runtime does about it (time to detect, time to recover, steps lost, requests
 failed). The chaos tests and ``benchmarks/chaos_recovery.py`` run these scenarios on real worker
 processes; ``dmsc chaos`` sends the same signals to the workers of a running control plane
-(:mod:`dmsc.runtime.control.signals`).
+(:mod:`dmsc.runtime.control.launch.signals`).
 """
 
 from __future__ import annotations
@@ -17,12 +17,12 @@ from dataclasses import dataclass, field
 from typing import Any, Literal
 
 from dmsc.data.corpus import Corpus
-from dmsc.runtime.control.deployment import Deployment, StageLayout
-from dmsc.runtime.control.failures import WorkerFailure
-from dmsc.runtime.control.launchers import Launcher, Process
-from dmsc.runtime.control.recovery import heal
-from dmsc.runtime.control.signals import SIGNALS
-from dmsc.runtime.control.training import Recovering, TrainReport, train
+from dmsc.runtime.control.launch.deployment import Deployment, StageLayout
+from dmsc.runtime.control.launch.failures import WorkerFailure
+from dmsc.runtime.control.launch.launchers import Launcher, Process
+from dmsc.runtime.control.launch.recovery import heal
+from dmsc.runtime.control.launch.signals import SIGNALS
+from dmsc.runtime.control.training.training import Recovering, TrainReport, train
 from dmsc.runtime.transport.messages import SyncSettings
 
 Fault = Literal["kill", "freeze"]

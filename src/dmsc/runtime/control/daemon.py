@@ -35,8 +35,8 @@ from dmsc.planner.plan import Plan
 from dmsc.runtime.business.auth import PrincipalCache, revoke
 from dmsc.runtime.control.db_watch import watch_database
 from dmsc.runtime.control.plane import ControlPlane
-from dmsc.runtime.control.retention import Retention
-from dmsc.runtime.control.task_queue import TaskQueue
+from dmsc.runtime.control.tasks.task_queue import TaskQueue
+from dmsc.runtime.control.training.retention import Retention
 from dmsc.runtime.control.watchdog import watch_workers
 from dmsc.runtime.transport import logs
 from dmsc.runtime.transport.messages import (
@@ -137,10 +137,13 @@ def main(stdin: TextIO | None = None) -> None:
     launcher = None
     if settings.launcher == "ray":
         try:
-            from dmsc.runtime.control.ray_launcher import RayLauncher
+            from dmsc.runtime.control.launch.ray_launcher import RayLauncher
 
             if settings.ray_address is None:  # no cluster named: one of this run's own
-                from dmsc.runtime.control.ray_private import private_cluster, private_resources
+                from dmsc.runtime.control.launch.ray_private import (
+                    private_cluster,
+                    private_resources,
+                )
 
                 ray_dir = private_cluster(*private_resources(plan, settings.spares))
                 log.info("a private Ray cluster on 127.0.0.1, its files in %s", ray_dir)
@@ -268,9 +271,9 @@ def main(stdin: TextIO | None = None) -> None:
 def start_autoscaler(
     cp: ControlPlane, scale: AutoscaleSettings, cluster_path: str, ttl_s: float
 ) -> None:
-    """Elastic serving replicas (:mod:`.serving`) and the thread that sizes them."""
-    from dmsc.runtime.control.autoscale import ScalePolicy
-    from dmsc.runtime.control.serving import ServingPool, autoscale_loop
+    """Elastic serving replicas (:mod:`.serving.serving`) and the thread that sizes them."""
+    from dmsc.runtime.control.serving.autoscale import ScalePolicy
+    from dmsc.runtime.control.serving.serving import ServingPool, autoscale_loop
     from dmsc.spec import ClusterSpec, load_spec
 
     pool = ServingPool(

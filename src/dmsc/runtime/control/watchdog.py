@@ -1,13 +1,13 @@
 """The watchdog: repairs failed workers while no task runs.
 
-A training task recovers its own failures (:mod:`dmsc.runtime.control.training`); between tasks
-nobody would notice a dead worker until the next request hit it. Every second, while the control
-plane's lock is free, the watchdog looks for workers that exited, stopped heartbeating, or do not
-answer ``Health`` within the registry's TTL (alive and heartbeating is not enough: a stuck worker
-does both), and heals each affected replica's pipeline
-(:func:`dmsc.runtime.control.recovery.heal`, loading the run's newest checkpoint that verifies).
-A replica that a failed request took out of routing, but whose workers all answer, simply comes
-back. Every heal is recorded in the ``faults`` table and the replacements in ``services``.
+A training task recovers its own failures (:mod:`dmsc.runtime.control.training.training`); between
+tasks nobody would notice a dead worker until the next request hit it. Every second, while the
+control plane's lock is free, the watchdog looks for workers that exited, stopped heartbeating, or
+do not answer ``Health`` within the registry's TTL (alive and heartbeating is not enough: a stuck
+worker does both), and heals each affected replica's pipeline
+(:func:`dmsc.runtime.control.launch.recovery.heal`, loading the run's newest checkpoint that
+verifies). A replica that a failed request took out of routing, but whose workers all answer, simply
+comes back. Every heal is recorded in the ``faults`` table and the replacements in ``services``.
 
 A heal that had to skip a corrupt checkpoint records a ``checkpoint`` fault too, and, since the
 replica is now older than the others, every other replica goes back to the same checkpoint (the
@@ -19,10 +19,10 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from dmsc.runtime.control import recovery
-from dmsc.runtime.control.failures import WorkerFailure, key_of
-from dmsc.runtime.control.recovery import Recovery
-from dmsc.runtime.control.training import fault_record
+from dmsc.runtime.control.launch import recovery
+from dmsc.runtime.control.launch.failures import WorkerFailure, key_of
+from dmsc.runtime.control.launch.recovery import Recovery
+from dmsc.runtime.control.training.training import fault_record
 from dmsc.runtime.transport.messages import Health
 
 if TYPE_CHECKING:
