@@ -25,10 +25,11 @@ from __future__ import annotations
 
 import dataclasses
 import statistics
+import threading
 import time
-from typing import Any
+from typing import Any, Protocol
 
-from dmsc.data.db import Database
+from dmsc.data.db import Database, RunRecord
 from dmsc.planner.plan import Plan
 from dmsc.runtime.control.advisors import default_modules, orchestrate, read_measurements
 from dmsc.runtime.control.advisors.base import Measurements, Proposal
@@ -94,9 +95,23 @@ def decisions_doc(m: Measurements, decisions: list[Decision], dry_run: bool) -> 
     }
 
 
-def replan_now(cp: Any, req: ReplanRequest) -> dict[str, Any]:
+class Replannable(Protocol):
+    """What :func:`replan_now` reads of the control plane (:class:`~.plane.ControlPlane`), and
+    the one thing it asks of it: :meth:`relayout` onto a new plan."""
+
+    lock: threading.Lock
+    db: Database
+    run: RunRecord
+    plan: Plan
+    cluster: ClusterSpec | None
+    model: TransformerSpec
+
+    def relayout(self, plan: Plan, action: str, why: str) -> None: ...
+
+
+def replan_now(cp: Replannable, req: ReplanRequest) -> dict[str, Any]:
     """Decide on the run's measurements now and, unless ``req.dry_run``, apply (module
-    docstring). ``cp`` is the :class:`~.plane.ControlPlane`."""
+    docstring). ``cp`` is the control plane (:class:`Replannable`)."""
     with cp.lock:  # between tasks: a training task holds it
         t0 = time.perf_counter()
         rule = DecisionRule(req.threshold, req.horizon_steps)

@@ -18,18 +18,27 @@ from __future__ import annotations
 import json
 import logging
 import threading
-from typing import Any, Protocol
+from typing import Protocol
 
-from dmsc.data.db import StorageError
+from prometheus_client import Counter, Gauge
+
+from dmsc.data.db import RunRecord, StorageError
 from dmsc.runtime.compute.checkpoints import DiskFull
 from dmsc.runtime.control.launch.fallback import NoGoodCheckpoint
 from dmsc.runtime.control.tasks.task_queue import TaskQueue
 from dmsc.runtime.control.training.retention import QuotaExceeded
+from dmsc.runtime.control.training.training import TrainParams, TrainReport
 from dmsc.runtime.transport.messages import TrainRequest
 from dmsc.runtime.transport.rpc import parse
 
 RETRY_S = 2.0
 PERMANENT: tuple[type[BaseException], ...] = (NoGoodCheckpoint, DiskFull, QuotaExceeded)
+
+
+class Versions(Protocol):
+    """What the loop asks of the replicas between tasks: load the versions they should serve."""
+
+    def sync_versions(self) -> None: ...
 
 
 class Plane(Protocol):
@@ -39,14 +48,16 @@ class Plane(Protocol):
     log: logging.Logger
     lock: threading.Lock
     weights_lost: str | None
-    m_queue: Any
-    m_tasks: Any
-    inference: Any
-    run: Any
+    m_queue: Gauge
+    m_tasks: Counter
+    run: RunRecord
 
-    def train_params(self, req: TrainRequest) -> Any: ...
+    @property
+    def inference(self) -> Versions: ...
 
-    def run_task(self, task_id: int, params: Any) -> tuple[Any, int]: ...
+    def train_params(self, req: TrainRequest) -> TrainParams: ...
+
+    def run_task(self, task_id: int, params: TrainParams) -> tuple[TrainReport, int]: ...
 
 
 def record_end(
