@@ -1,7 +1,7 @@
 """The Ray launcher's figures for ``benchmarks/chaos_recovery.py --launcher ray``, beside the local
 launcher's on the same layout and machine.
 
-A local Ray cluster (``dmsc.runtime.control.ray_local``): a head offering datacenters dc-0 and
+A local Ray cluster (``dmsc.testing.ray_local``): a head offering datacenters dc-0 and
 dc-2 and two nodes offering dc-1, on 127.0.0.1. On it:
 
 - a stage worker of dc-1 killed (kill -9) during training, with the local launcher and with Ray,
@@ -23,10 +23,11 @@ from typing import Any
 from _deployment import home_and_dmsc
 
 from dmsc.data.corpus import Corpus
-from dmsc.runtime.control.chaos import FaultReport, train_under_fault
-from dmsc.runtime.control.deployment import StageLayout
-from dmsc.runtime.control.ray_launcher import RayLauncher
-from dmsc.runtime.control.ray_local import (
+from dmsc.runtime.control.launch.deployment import StageLayout
+from dmsc.runtime.control.launch.ray_launcher import RayLauncher
+from dmsc.spec import TransformerSpec
+from dmsc.testing.chaos import FaultReport, train_under_fault
+from dmsc.testing.ray_local import (
     add_node,
     live_nodes,
     local_cluster,
@@ -34,7 +35,6 @@ from dmsc.runtime.control.ray_local import (
     ray_pids,
     train_through_node_fault,
 )
-from dmsc.spec import TransformerSpec
 
 DC1 = "dc:dc-1"
 

@@ -31,10 +31,10 @@ from typing import Any
 from dmsc.data.corpus import Corpus, stdlib_text
 from dmsc.data.db import Database
 from dmsc.runtime.business.gateway import wait_ready
-from dmsc.runtime.control.chaos import FaultReport, serve_under_fault, train_under_fault
-from dmsc.runtime.control.deployment import Deployment, StageLayout
-from dmsc.runtime.control.training import Recovering, train
+from dmsc.runtime.control.launch.deployment import Deployment, StageLayout
+from dmsc.runtime.control.training.training import Recovering, train
 from dmsc.spec import resolve_model
+from dmsc.testing.chaos import FaultReport, serve_under_fault, train_under_fault
 
 SPEC = resolve_model("gpt-mini")
 THREE = [("embedding", "block_0"), ("block_1", "block_2"), ("block_3", "head")]

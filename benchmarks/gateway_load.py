@@ -84,7 +84,7 @@ def main() -> None:
     from dmsc.runtime.business.auth import create_key
     from dmsc.runtime.business.gateway import create_app
     from dmsc.runtime.control.plane import ControlPlane
-    from dmsc.runtime.control.task_queue import TaskQueue
+    from dmsc.runtime.control.tasks.task_queue import TaskQueue
     from dmsc.spec import ClusterSpec, JobSpec, load_spec, resolve_model
 
     cluster = load_spec(ClusterSpec, ROOT / "examples" / "clusters" / "local-cpu.yaml")

@@ -38,7 +38,7 @@ import torch
 
 from dmsc.runtime.compute.models.chain import layer_names, loss_fn
 from dmsc.runtime.compute.models.hf import export, stage_module
-from dmsc.runtime.control.deployment import Deployment, StageLayout
+from dmsc.runtime.control.launch.deployment import Deployment, StageLayout
 from dmsc.runtime.transport.messages import Sampling
 from dmsc.spec import TransformerSpec, resolve_model
 

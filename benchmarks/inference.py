@@ -26,7 +26,7 @@ from pathlib import Path
 
 import torch
 
-from dmsc.runtime.control.deployment import Deployment, StageLayout
+from dmsc.runtime.control.launch.deployment import Deployment, StageLayout
 from dmsc.runtime.transport.messages import Sampling
 from dmsc.spec import TransformerSpec, resolve_model
 

@@ -20,7 +20,7 @@ import torch.multiprocessing as mp
 
 from dmsc.data.corpus import Corpus, stdlib_text
 from dmsc.runtime.compute.models.chain import build_stage, loss_fn
-from dmsc.runtime.control.deployment import Deployment, StageLayout
+from dmsc.runtime.control.launch.deployment import Deployment, StageLayout
 from dmsc.spec import TransformerSpec, resolve_model
 
 RANGES = [("embedding", "block_0"), ("block_1", "block_2"), ("block_3", "head")]

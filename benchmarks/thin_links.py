@@ -27,8 +27,8 @@ import time
 from typing import Any
 
 from dmsc.data.corpus import Corpus, stdlib_text
-from dmsc.runtime.control.deployment import Deployment, StageLayout
-from dmsc.runtime.control.training import train, validation_loss
+from dmsc.runtime.control.launch.deployment import Deployment, StageLayout
+from dmsc.runtime.control.training.training import train, validation_loss
 from dmsc.runtime.transport.messages import SyncSettings
 from dmsc.spec import resolve_model
 

@@ -39,7 +39,7 @@ MARKED_BY_PATH: dict[str, tuple[str, ...]] = {
     "integration": ("integration",),
     # Modules that start worker processes.
     "runtime/compute/test_worker.py": ("integration",),
-    "runtime/control/test_launchers.py": ("integration",),
+    "runtime/control/launch/test_launchers.py": ("integration",),
 }
 
 DmscRunner = Callable[..., "subprocess.CompletedProcess[str]"]

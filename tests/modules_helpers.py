@@ -1,6 +1,6 @@
 """A run of gpt-mini on the two-sites-cpu example, planned, with measurements written as the
 runtime writes them (metrics and step traces), for the tests of the functional modules
-(:mod:`dmsc.runtime.control.modules`) and of ``dmsc replan``.
+(:mod:`dmsc.runtime.control.advisors`) and of ``dmsc replan``.
 
 The traces are synthetic but built from the planner's own figures: each stage's compute per
 micro-batch and each boundary's transfer time for the plan's placement, scaled where a test

@@ -24,10 +24,10 @@ from dmsc.data.corpus import Corpus, stdlib_text
 from dmsc.data.db import CheckpointRecord, Database
 from dmsc.planner.plan import Plan
 from dmsc.runtime.compute.reference import train_reference
-from dmsc.runtime.control.deployment import Deployment, StageLayout
-from dmsc.runtime.control.fallback import NoGoodCheckpoint
+from dmsc.runtime.control.launch.deployment import Deployment, StageLayout
+from dmsc.runtime.control.launch.fallback import NoGoodCheckpoint
 from dmsc.runtime.control.plane import ControlPlane
-from dmsc.runtime.control.training import Recovering, train
+from dmsc.runtime.control.training.training import Recovering, train
 from dmsc.runtime.control.watchdog import watch_workers
 from dmsc.runtime.transport.messages import StatusRequest, TrainRequest
 from dmsc.spec import resolve_model

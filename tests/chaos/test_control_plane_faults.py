@@ -13,7 +13,7 @@ import httpx
 from runtime_helpers import dmsc, make_plan, one_box, up_with_gateway
 
 from dmsc.data.db import Database
-from dmsc.runtime.control.chaos import alive
+from dmsc.testing.chaos import alive
 
 TIMEOUT = "3"  # seconds without a heartbeat before a worker is declared failed
 TRAIN_STEPS = 60  # the kill lands after step 5; 60 steps outlast detection and recovery

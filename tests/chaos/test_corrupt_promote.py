@@ -18,8 +18,8 @@ import pytest
 from conftest import run_dmsc
 from runtime_helpers import control_plane, local_plan
 
-from dmsc.runtime.control.held import holding
-from dmsc.runtime.control.model_store import promote, versions
+from dmsc.runtime.control.serving.held import holding
+from dmsc.runtime.control.serving.model_store import promote, versions
 from dmsc.runtime.transport.messages import InferRequest, TrainRequest
 
 GREEDY = InferRequest(prompt="def ", tokens=8, temperature=0.0)

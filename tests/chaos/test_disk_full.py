@@ -26,9 +26,9 @@ from dmsc.data.db import Database, FaultRecord, StorageError, TaskRecord
 from dmsc.runtime.compute import checkpoints
 from dmsc.runtime.compute.checkpoints import DiskFull, write_checkpoint
 from dmsc.runtime.compute.models.chain import StageModule
-from dmsc.runtime.control import work_loop
-from dmsc.runtime.control.retention import Retention
-from dmsc.runtime.control.task_queue import TaskQueue
+from dmsc.runtime.control.tasks import work_loop
+from dmsc.runtime.control.tasks.task_queue import TaskQueue
+from dmsc.runtime.control.training.retention import Retention
 from dmsc.spec import resolve_model
 
 SPEC = resolve_model("gpt-mini")

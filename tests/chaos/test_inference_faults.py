@@ -6,9 +6,9 @@ from pathlib import Path
 
 import pytest
 
-from dmsc.runtime.control.chaos import serve_under_fault
-from dmsc.runtime.control.deployment import Deployment, StageLayout
+from dmsc.runtime.control.launch.deployment import Deployment, StageLayout
 from dmsc.spec import resolve_model
+from dmsc.testing.chaos import serve_under_fault
 
 SPEC = resolve_model("gpt-mini")
 TWO = [("embedding", "block_1"), ("block_2", "head")]
@@ -46,8 +46,8 @@ def test_a_frozen_worker_fails_its_request_within_the_failure_timeout(tmp_path: 
     import time
 
     from dmsc.data.db import Database
-    from dmsc.runtime.control.failures import WorkerFailure
-    from dmsc.runtime.control.inference import Replicas
+    from dmsc.runtime.control.launch.failures import WorkerFailure
+    from dmsc.runtime.control.serving.inference import Replicas
 
     ttl = 2.0
     db = Database(f"sqlite:///{tmp_path / 'f.sqlite'}")
@@ -78,8 +78,8 @@ def test_requests_on_one_replica_take_turns_per_token_and_stop_at_their_deadline
     from concurrent.futures import ThreadPoolExecutor
 
     from dmsc.data.db import Database
-    from dmsc.runtime.control.decoding import DeadlineExceeded
-    from dmsc.runtime.control.inference import Replicas
+    from dmsc.runtime.control.launch.decoding import DeadlineExceeded
+    from dmsc.runtime.control.serving.inference import Replicas
 
     with Deployment(StageLayout(SPEC, TWO, replicas=1)) as dep:
         replicas = Replicas(dep, Database("sqlite://"), threading.Lock(), logging.getLogger("t"), 1)

@@ -11,7 +11,7 @@ import pytest
 from runtime_helpers import control_plane, local_plan, wait_for
 
 from dmsc.planner.plan import Plan
-from dmsc.runtime.control.task_queue import TaskQueue
+from dmsc.runtime.control.tasks.task_queue import TaskQueue
 
 
 @pytest.fixture(scope="module")

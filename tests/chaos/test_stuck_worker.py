@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import time
 
-from dmsc.runtime.control.deployment import Deployment, StageLayout
-from dmsc.runtime.control.failures import WorkerFailure
-from dmsc.runtime.control.recovery import heal
+from dmsc.runtime.control.launch.deployment import Deployment, StageLayout
+from dmsc.runtime.control.launch.failures import WorkerFailure
+from dmsc.runtime.control.launch.recovery import heal
 from dmsc.runtime.transport import logs
 from dmsc.spec import resolve_model
 

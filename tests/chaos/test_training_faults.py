@@ -16,11 +16,11 @@ import pytest
 
 from dmsc.data.corpus import Corpus, stdlib_text
 from dmsc.runtime.compute.reference import train_diloco_reference, train_reference
-from dmsc.runtime.control.chaos import train_under_fault
-from dmsc.runtime.control.deployment import Deployment, StageLayout
-from dmsc.runtime.control.training import Recovering, train
+from dmsc.runtime.control.launch.deployment import Deployment, StageLayout
+from dmsc.runtime.control.training.training import Recovering, train
 from dmsc.runtime.transport.messages import SyncSettings
 from dmsc.spec import resolve_model
+from dmsc.testing.chaos import train_under_fault
 
 SPEC = resolve_model("gpt-mini")
 RANGES = [("embedding", "block_0"), ("block_1", "block_2"), ("block_3", "head")]

@@ -158,7 +158,7 @@ def test_tasks_list_show_cancel(home: Path, capsys: pytest.CaptureFixture[str]) 
     import json
 
     from dmsc.data.db import Database
-    from dmsc.runtime.control.task_queue import TaskQueue
+    from dmsc.runtime.control.tasks.task_queue import TaskQueue
 
     db = Database()
     run_id = db.new_run("gpt-mini", "c", {}).id

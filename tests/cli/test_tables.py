@@ -117,7 +117,7 @@ def test_the_database_tables_read_whole_at_80_columns(
     """``tasks list``, ``token list`` (a tenant longer than a column can hold) and ``models
     list``."""
     from dmsc.data.db import Database, ModelVersionRecord
-    from dmsc.runtime.control.task_queue import TaskQueue
+    from dmsc.runtime.control.tasks.task_queue import TaskQueue
 
     monkeypatch.setenv("DMSC_HOME", str(tmp_path))
     tenant = "a-tenant-whose-name-is-long-enough-to-crowd-the-table"

@@ -32,7 +32,7 @@ def run(capsys: pytest.CaptureFixture[str], *args: str) -> str:
 
 
 def test_a_task_started_at_once_is_on_its_first_attempt(db: Database) -> None:
-    from dmsc.runtime.control.task_queue import TaskQueue
+    from dmsc.runtime.control.tasks.task_queue import TaskQueue
 
     run_id = db.new_run("gpt-mini", "c", {}).id
     cli = db.new_task(run_id, "train", {"steps": 5}, state="running")  # dmsc train
@@ -49,7 +49,7 @@ def test_tasks_show_prints_fields_not_a_dict(
     capsys: pytest.CaptureFixture[str],
 ) -> None:
     from dmsc.data.records import TaskRecord
-    from dmsc.runtime.control.task_queue import TaskQueue
+    from dmsc.runtime.control.tasks.task_queue import TaskQueue
 
     run_id = db.new_run("gpt-mini", "c", {}).id
     task = TaskQueue(db, run_id).submit(

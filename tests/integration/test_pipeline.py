@@ -9,7 +9,7 @@ import torch
 from dmsc.data.corpus import Corpus, stdlib_text
 from dmsc.runtime.compute.reference import train_reference
 from dmsc.runtime.compute.worker import STAGE_SERVICE
-from dmsc.runtime.control.deployment import Deployment, StageLayout
+from dmsc.runtime.control.launch.deployment import Deployment, StageLayout
 from dmsc.runtime.transport.rpc import Client
 from dmsc.runtime.transport.wire import Kind, encode
 from dmsc.spec import resolve_model
@@ -267,7 +267,7 @@ def test_lr_schedule_equals_single_process_with_torch_schedulers(batches) -> Non
     from torch.optim.lr_scheduler import CosineAnnealingLR, LinearLR, SequentialLR
 
     from dmsc.runtime.compute.models.chain import build_stage, layer_names, loss_fn
-    from dmsc.runtime.control.lr_schedule import lr_at
+    from dmsc.runtime.control.training.lr_schedule import lr_at
     from dmsc.runtime.transport.messages import TrainSettings
 
     steps, warm = 5, 2

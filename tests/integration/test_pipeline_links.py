@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 
 from dmsc.data.corpus import Corpus, stdlib_text
-from dmsc.runtime.control.deployment import Deployment, StageLayout
+from dmsc.runtime.control.launch.deployment import Deployment, StageLayout
 from dmsc.runtime.transport.wire import Kind, encode
 from dmsc.spec import TransformerSpec, resolve_model
 

@@ -16,17 +16,17 @@ from runtime_helpers import dmsc, make_plan
 
 from dmsc.data.corpus import Corpus, stdlib_text
 from dmsc.runtime.compute.reference import train_reference
-from dmsc.runtime.control.chaos import train_under_fault
-from dmsc.runtime.control.deployment import Deployment, StageLayout
-from dmsc.runtime.control.launchers import WorkerStartError
-from dmsc.runtime.control.ray_launcher import RayLauncher, RayProcess
-from dmsc.runtime.control.ray_local import (
+from dmsc.runtime.control.launch.deployment import Deployment, StageLayout
+from dmsc.runtime.control.launch.launchers import WorkerStartError
+from dmsc.runtime.control.launch.ray_launcher import RayLauncher, RayProcess
+from dmsc.spec import TransformerSpec, resolve_model
+from dmsc.testing.chaos import train_under_fault
+from dmsc.testing.ray_local import (
     add_node,
     live_nodes,
     local_cluster,
     train_through_node_fault,
 )
-from dmsc.spec import TransformerSpec, resolve_model
 
 SPEC = resolve_model("gpt-mini")
 assert isinstance(SPEC, TransformerSpec)
@@ -150,7 +150,7 @@ def test_a_pipeline_whose_cpus_others_hold_is_refused_whole_after_the_wait(
     import ray
     from ray.util import placement_group_table
 
-    from dmsc.runtime.control.ray_launcher import _remote_host
+    from dmsc.runtime.control.launch.ray_launcher import _remote_host
 
     holder = _remote_host().options(num_cpus=3, resources={"dc:dc-0": 1}).remote()
     ray.get(holder.__ray_ready__.remote(), timeout=60)  # 3 of the head's 4 CPUs held
@@ -188,7 +188,7 @@ def test_a_replacement_whose_bundle_stays_held_goes_to_another_node_of_its_datac
     import ray
     from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 
-    from dmsc.runtime.control.ray_launcher import _remote_host
+    from dmsc.runtime.control.launch.ray_launcher import _remote_host
 
     layout = StageLayout(SPEC, RANGES, datacenters={(0, 0): "dc-0", (1, 0): "dc-1"})
     launcher = RayLauncher(home=tmp_path, bundle_wait_s=1.0)
@@ -315,7 +315,7 @@ def test_a_lost_ray_node_moves_its_stage_to_another_node_of_its_datacenter(
     checkpoint with the losses of single-process training. With no dc-1 node left, the next
     replacement fails naming the datacenter and what it lacks. (Last in this module: it
     removes every dc-1 node.)"""
-    from dmsc.runtime.control.recovery import replace
+    from dmsc.runtime.control.launch.recovery import replace
 
     c = cluster
     add_node(c, {"dc:dc-1": 4})

@@ -19,7 +19,7 @@ from pathlib import Path
 
 from runtime_helpers import dmsc, make_plan
 
-from dmsc.runtime.control.ray_local import _descendants
+from dmsc.testing.ray_local import _descendants
 
 RAY = str(Path(sys.executable).parent / "ray")
 

@@ -13,8 +13,8 @@ import pytest
 import torch
 from runtime_helpers import control_plane, local_plan
 
-from dmsc.runtime.control.held import holding
-from dmsc.runtime.control.model_store import export_version, promote, versions
+from dmsc.runtime.control.serving.held import holding
+from dmsc.runtime.control.serving.model_store import export_version, promote, versions
 from dmsc.runtime.transport.messages import InferRequest, TrainRequest
 
 pytestmark = pytest.mark.integration

@@ -14,8 +14,8 @@ import torch
 from dmsc.data.corpus import Corpus, stdlib_text
 from dmsc.runtime.compute.models.chain import layer_names
 from dmsc.runtime.compute.reference import train_diloco_reference, train_reference
-from dmsc.runtime.control.deployment import Deployment, StageLayout
-from dmsc.runtime.control.training import train
+from dmsc.runtime.control.launch.deployment import Deployment, StageLayout
+from dmsc.runtime.control.training.training import train
 from dmsc.runtime.transport.messages import Health, SyncSettings
 from dmsc.spec import resolve_model
 

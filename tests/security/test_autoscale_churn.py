@@ -7,7 +7,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
-from dmsc.runtime.control.autoscale import ScalePolicy
+from dmsc.runtime.control.serving.autoscale import ScalePolicy
 from dmsc.runtime.transport.messages import AutoscaleSettings
 
 

@@ -19,7 +19,7 @@ from dmsc.runtime.business.auth import PrincipalCache, create_key
 from dmsc.runtime.business.gateway import create_app
 from dmsc.runtime.business.http_guard import SESSION_COOKIE
 from dmsc.runtime.control.dashboard_state import tenant_rows
-from dmsc.runtime.control.task_queue import TaskQueue
+from dmsc.runtime.control.tasks.task_queue import TaskQueue
 from dmsc.spec import ClusterSpec, JobSpec, load_spec, resolve_model
 
 ROOT = Path(__file__).resolve().parents[2]

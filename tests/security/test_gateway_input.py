@@ -13,7 +13,7 @@ from fastapi.testclient import TestClient
 from dmsc.data.db import Database
 from dmsc.runtime.business.auth import create_key
 from dmsc.runtime.business.gateway import create_app
-from dmsc.runtime.control.task_queue import TaskQueue
+from dmsc.runtime.control.tasks.task_queue import TaskQueue
 from dmsc.runtime.transport.messages import Sampling
 
 

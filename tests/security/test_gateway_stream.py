@@ -19,7 +19,7 @@ from dmsc.runtime.business import auth
 from dmsc.runtime.business.auth import create_key
 from dmsc.runtime.business.gateway import create_app, wait_ready
 from dmsc.runtime.business.http_guard import header_deadline_protocol
-from dmsc.runtime.control.task_queue import TaskQueue
+from dmsc.runtime.control.tasks.task_queue import TaskQueue
 from dmsc.runtime.transport.messages import Sampling
 
 LIMIT = 2000  # the gateway's body limit in these tests

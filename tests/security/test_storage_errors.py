@@ -21,7 +21,7 @@ import pytest
 from conftest import run_dmsc
 
 from dmsc.data.db import ApiKeyRecord, Database
-from dmsc.runtime.control.task_queue import TaskQueue
+from dmsc.runtime.control.tasks.task_queue import TaskQueue
 
 HASH = re.compile(r"\b[0-9a-f]{64}\b")
 

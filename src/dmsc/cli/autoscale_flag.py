@@ -19,7 +19,7 @@ def autoscale_settings(
     are None and the path is ``--cluster``'s, else the plan's cluster found by name, else None
     (a training task's ``--dp`` then says it needs it)."""
     from dmsc.cli.options import load_cluster
-    from dmsc.runtime.control.autoscale import parse_autoscale
+    from dmsc.runtime.control.serving.autoscale import parse_autoscale
 
     if cluster is not None:
         if not Path(cluster).is_file():

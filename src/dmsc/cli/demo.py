@@ -124,9 +124,9 @@ def runtime_demo(console: Console, steps: int = 200) -> dict[str, Any]:
     from dmsc.data.corpus import Corpus, stdlib_text
     from dmsc.data.db import ModelVersionRecord, ServiceRecord, data_dir
     from dmsc.planner.solve import plan_job
-    from dmsc.runtime.control.deployment import Deployment
-    from dmsc.runtime.control.prediction import prediction_for
-    from dmsc.runtime.control.training import layout_from_plan, train
+    from dmsc.runtime.control.advisors.prediction import prediction_for
+    from dmsc.runtime.control.launch.deployment import Deployment
+    from dmsc.runtime.control.training.training import layout_from_plan, train
     from dmsc.spec import ClusterSpec, JobSpec, TransformerSpec, load_spec, resolve_model
 
     console.rule("runtime: gpt-mini as three micro-model services on this machine")

@@ -20,7 +20,7 @@ def export(
 ) -> None:
     """Write a trained model version as a directory `transformers` loads."""
     from dmsc.cli.database import open_database
-    from dmsc.runtime.control.model_store import export_version
+    from dmsc.runtime.control.serving.model_store import export_version
 
     target = Path(out)
     if target.exists() and not target.is_dir():

@@ -24,8 +24,8 @@ def models_list() -> None:
     the files they loaded)."""
     from dmsc.cli.database import open_database
     from dmsc.cli.tables import FoldTable
-    from dmsc.runtime.control.held import holding
-    from dmsc.runtime.control.model_store import versions
+    from dmsc.runtime.control.serving.held import holding
+    from dmsc.runtime.control.serving.model_store import versions
 
     db = open_database()
     held = holding(db)
@@ -57,7 +57,7 @@ def models_promote(
     plane running, done once every replica has loaded it (or failed, and back on the version
     before)."""
     from dmsc.cli.database import open_database, running_database
-    from dmsc.runtime.control.model_store import promote
+    from dmsc.runtime.control.serving.model_store import promote
 
     db = open_database()
     try:
@@ -78,8 +78,8 @@ def _wait_loaded(db: Database, version: int, wait: float) -> None:
     from sqlalchemy import select
 
     from dmsc.data.db import FaultRecord
-    from dmsc.runtime.control.held import holding
-    from dmsc.runtime.control.model_store import versions
+    from dmsc.runtime.control.serving.held import holding
+    from dmsc.runtime.control.serving.model_store import versions
 
     deadline = time.monotonic() + wait
     while True:
@@ -127,7 +127,7 @@ def models_canary(
 ) -> None:
     """Send a share of inference traffic to VERSION (gray release), or withdraw it."""
     from dmsc.cli.database import open_database
-    from dmsc.runtime.control.model_store import canary, stop_canary
+    from dmsc.runtime.control.serving.model_store import canary, stop_canary
 
     if stop or (version is not None and percent == 0):
         withdrawn = stop_canary(open_database())
@@ -150,7 +150,7 @@ def models_canary(
 def models_rollback() -> None:
     """Back to the previous production version."""
     from dmsc.cli.database import open_database
-    from dmsc.runtime.control.model_store import rollback
+    from dmsc.runtime.control.serving.model_store import rollback
 
     try:
         back = rollback(open_database())

@@ -1,6 +1,6 @@
 """``dmsc modules list``: the orchestrator's functional modules, what each reads and proposes; and
 ``dmsc replan --dry-run``: their proposals on the newest run's measurements, with the
-orchestrator's decision on each and its reason (:mod:`dmsc.runtime.control.modules`).
+orchestrator's decision on each and its reason (:mod:`dmsc.runtime.control.advisors`).
 
 Path optimisation re-plans on the run's cluster spec: ``--cluster PATH``, else the file named
 after the plan's cluster (its file name or its ``name``) in ``examples/clusters`` (of the working
@@ -21,7 +21,7 @@ from dmsc.cli.options import JsonOpt
 from dmsc.spec import SpecError
 
 if TYPE_CHECKING:
-    from dmsc.runtime.control.modules import DecisionRule
+    from dmsc.runtime.control.advisors import DecisionRule
     from dmsc.spec import ClusterSpec
 
 modules_app = typer.Typer(
@@ -34,7 +34,7 @@ modules_app = typer.Typer(
 def modules_list(as_json: JsonOpt = False) -> None:
     """Every functional module: what it does, what it reads, what it proposes."""
     from dmsc.cli.render import fit_table
-    from dmsc.runtime.control.modules import MODULE_TYPES
+    from dmsc.runtime.control.advisors import MODULE_TYPES
 
     rows = [
         {"name": m.name, "description": m.description, "reads": m.reads, "proposes": m.proposes}
@@ -153,7 +153,7 @@ def replan(
         doc: dict[str, Any] = plane.call("Replan", {"dry_run": True, **rule})
         doc["rule"] = rule
     else:
-        from dmsc.runtime.control.modules import DecisionRule
+        from dmsc.runtime.control.advisors import DecisionRule
 
         doc = _offline(cluster, run, DecisionRule(threshold, horizon_steps), as_json)
         if not doc:
@@ -171,8 +171,8 @@ def _offline(
     found by name (or given), decided as the control plane decides (:func:`decide_on`); an
     empty document when there is nothing to decide on (said so)."""
     from dmsc.cli.database import open_database
-    from dmsc.runtime.control.modules import newest_run, read_measurements
-    from dmsc.runtime.control.modules.paths import cluster_mismatch
+    from dmsc.runtime.control.advisors import newest_run, read_measurements
+    from dmsc.runtime.control.advisors.paths import cluster_mismatch
     from dmsc.runtime.control.replanning import decide_on, decisions_doc
     from dmsc.spec import resolve_model
 

@@ -114,7 +114,7 @@ def follow(future: Any, steps: int, as_json: bool) -> tuple[dict[str, Any], bool
                     )
                     raise typer.Exit(130) from None
                 cancelled = True
-                from dmsc.runtime.control.task_queue import TaskQueue
+                from dmsc.runtime.control.tasks.task_queue import TaskQueue
 
                 with db.sessions() as s:
                     from dmsc.data.db import TaskRecord

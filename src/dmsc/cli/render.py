@@ -72,7 +72,8 @@ def measured_vs_predicted(measured: float, predicted: float) -> str:
 def prediction_words(measured: float, predicted: float | None, basis: str) -> str:
     """The prediction of the job that ran beside its measurement ("predicted 200.0 ms: measured
     12.0% slower than predicted", what the prediction is when not the plan's), or why there is
-    none to compare with (``basis``: :class:`dmsc.runtime.control.prediction.Prediction`'s)."""
+    none to compare with (``basis``:
+    :class:`dmsc.runtime.control.advisors.prediction.Prediction`'s)."""
     if predicted is None:
         return basis
     what = "" if basis == "the plan's" else f", {basis}"

@@ -361,7 +361,7 @@ def _control_settings(
     from dmsc.data.db import control_file
     from dmsc.planner.plan import Plan
     from dmsc.runtime.business.router import POLICIES
-    from dmsc.runtime.control.ray_checks import address_problem
+    from dmsc.runtime.control.launch.ray_checks import address_problem
     from dmsc.runtime.transport.messages import ControlSettings
     from dmsc.spec.errors import spec_error_from_validation
 

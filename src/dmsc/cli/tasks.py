@@ -408,7 +408,7 @@ def tasks_cancel(task_id: Annotated[int, typer.Argument(help="Task id.")]) -> No
     from dmsc.cli.database import open_database
     from dmsc.data.db import TaskRecord
     from dmsc.runtime.business.queueing import TaskFinished
-    from dmsc.runtime.control.task_queue import TaskQueue
+    from dmsc.runtime.control.tasks.task_queue import TaskQueue
 
     db = open_database()
     with db.sessions() as s:

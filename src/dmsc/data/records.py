@@ -55,7 +55,7 @@ class TaskRecord(Base):
     started_at: Mapped[dt.datetime | None]
     finished_at: Mapped[dt.datetime | None]
     error: Mapped[str | None]
-    # Queueing (dmsc.runtime.control.task_queue): who asked, how urgent, tries, why it failed.
+    # Queueing (dmsc.runtime.control.tasks.task_queue): who asked, how urgent, tries, why it failed.
     tenant: Mapped[str] = mapped_column(String(64), default="default")
     priority: Mapped[int] = mapped_column(default=0)
     weight: Mapped[float] = mapped_column(default=1.0)
@@ -183,7 +183,7 @@ class ScaleEventRecord(Base):
 
 
 class ReplicaWeightsRecord(Base):
-    """What one stage of one serving replica holds now (:mod:`dmsc.runtime.control.held`):
+    """What one stage of one serving replica holds now (:mod:`dmsc.runtime.control.serving.held`):
     the SHA-256 of the checkpoint file it loaded or training saved, and the model version
     whose file that is (None: weights no version holds, such as a training task's)."""
 

@@ -14,7 +14,7 @@ from dmsc.data.db import Database
 from dmsc.runtime.business.auth import PrincipalCache, create_key, revoke
 from dmsc.runtime.business.gateway import create_app
 from dmsc.runtime.business.http_guard import SESSION_COOKIE
-from dmsc.runtime.control.task_queue import TaskQueue
+from dmsc.runtime.control.tasks.task_queue import TaskQueue
 
 STATE = {"run": 1, "services": [{"sid": "s0-r0", "health": "ok"}]}
 

@@ -13,7 +13,7 @@ from fastapi.testclient import TestClient
 from dmsc.data.db import Database
 from dmsc.runtime.business.auth import PrincipalCache, create_key, revoke, revoke_key
 from dmsc.runtime.business.gateway import create_app
-from dmsc.runtime.control.task_queue import TaskQueue
+from dmsc.runtime.control.tasks.task_queue import TaskQueue
 from dmsc.runtime.transport.messages import Sampling
 
 
@@ -247,7 +247,7 @@ def test_redundant_execution_takes_the_first_answer_and_cancels_the_other(tmp_pa
 
 def test_models_exceptions_and_admin_requeue(env) -> None:  # type: ignore[no-untyped-def]
     from dmsc.data.db import ModelVersionRecord
-    from dmsc.runtime.control.model_store import promote
+    from dmsc.runtime.control.serving.model_store import promote
 
     client, db, clock, _, keys = env
     run_id = db.tasks()[0].run_id if db.tasks() else 1
@@ -258,7 +258,7 @@ def test_models_exceptions_and_admin_requeue(env) -> None:  # type: ignore[no-un
     )
     clock.t += 10
     tid = client.post("/v1/tasks", json={"steps": 1}, headers=_h(keys["alice"][1])).json()["id"]
-    from dmsc.runtime.control.task_queue import TaskQueue
+    from dmsc.runtime.control.tasks.task_queue import TaskQueue
 
     q = TaskQueue(db, run_id)
     task = q.claim("fcfs", lane="async")
@@ -386,8 +386,8 @@ def test_an_answer_says_the_version_of_the_weights_that_produced_it(tmp_path: Pa
     that holds version 2's weights while version 1 is in production says 2, and weights no
     version holds (training's) say null."""
     from dmsc.data.db import ModelVersionRecord
-    from dmsc.runtime.control.held import Labelled
-    from dmsc.runtime.control.model_store import promote
+    from dmsc.runtime.control.serving.held import Labelled
+    from dmsc.runtime.control.serving.model_store import promote
 
     db = Database(f"sqlite:///{tmp_path / 'g.sqlite'}")
     run = db.new_run("gpt-mini", "local", {})

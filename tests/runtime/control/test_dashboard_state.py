@@ -10,8 +10,8 @@ from dmsc.data.db import Database
 from dmsc.data.traces import add_step_traces
 from dmsc.planner.solve import plan_job
 from dmsc.runtime.compute.calibrate import calibrated_cluster
+from dmsc.runtime.control.advisors.prediction import Prediction, task_prediction
 from dmsc.runtime.control.dashboard_state import tenant_rows, topology, traffic, training
-from dmsc.runtime.control.prediction import Prediction, task_prediction
 from dmsc.spec import ClusterSpec, JobSpec, load_spec, resolve_model
 
 ROOT = Path(__file__).resolve().parents[3]

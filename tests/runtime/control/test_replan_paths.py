@@ -13,7 +13,7 @@ from modules_helpers import TWO_SITES, fill_run, make_plan
 
 from dmsc.data.db import Database
 from dmsc.planner.plan import Plan
-from dmsc.runtime.control.prediction import prediction_for
+from dmsc.runtime.control.advisors.prediction import prediction_for
 from dmsc.runtime.control.replanning import replan_now
 from dmsc.runtime.transport.messages import ReplanRequest
 from dmsc.spec import ClusterSpec, TransformerSpec, resolve_model

@@ -137,8 +137,8 @@ async def _disconnected(request: Request) -> None:
 
 def _served_version(text: str, picked: ModelVersionRecord | None) -> int | None:
     """The model version of the weights that produced ``text``, as the backend says (the
-    control plane's answers carry it; :mod:`dmsc.runtime.control.held`), else the version the
-    request was routed for."""
+    control plane's answers carry it; :mod:`dmsc.runtime.control.serving.held`), else the version
+    the request was routed for."""
     if hasattr(text, "model_version"):
         return text.model_version  # type: ignore[no-any-return]
     return picked.id if picked else None

@@ -1,6 +1,6 @@
 """What the gateway expects of a task queue: the protocol, and the refusals it answers in HTTP
-(the queue itself, :mod:`dmsc.runtime.control.task_queue`, raises them; the control layer drives
-the business layer, not the other way round, so they are declared here)."""
+(the queue itself, :mod:`dmsc.runtime.control.tasks.task_queue`, raises them; the control layer
+drives the business layer, not the other way round, so they are declared here)."""
 
 from __future__ import annotations
 
@@ -19,7 +19,7 @@ class TaskFinished(ValueError):
 
 class TaskQueue(Protocol):
     """Where the gateway puts long work: the control plane's persistent task queue
-    (:class:`dmsc.runtime.control.task_queue.TaskQueue`)."""
+    (:class:`dmsc.runtime.control.tasks.task_queue.TaskQueue`)."""
 
     def cancel(self, task_id: int) -> str:
         """The task's new state (``cancelled`` or ``cancelling``); KeyError for an unknown

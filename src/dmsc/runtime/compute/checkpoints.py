@@ -16,7 +16,7 @@ The digest (:func:`checkpoint_sha256`) covers both; the control plane keeps it (
 fails it before anything is loaded. safetensors files hold tensors only: a checkpoint never runs
 code. A checkpoint that cannot be read, or does not fit the stage, is refused the same way
 (:class:`CheckpointError`): the control plane then falls back to an older one
-(:mod:`dmsc.runtime.control.fallback`). Files written by ``torch.save`` (dmsc before the
+(:mod:`dmsc.runtime.control.launch.fallback`). Files written by ``torch.save`` (dmsc before the
 safetensors format) are still read, with ``weights_only=True``.
 
 A save is atomic per file (written beside, then renamed over the name) and leaves nothing behind

@@ -27,7 +27,7 @@ import threading
 import time
 from functools import partial
 from pathlib import Path
-from typing import Any, TextIO
+from typing import TYPE_CHECKING, Any, TextIO
 
 from dmsc.data.db import Database, StorageError, control_file, data_dir
 from dmsc.data.storage import location
@@ -35,8 +35,8 @@ from dmsc.planner.plan import Plan
 from dmsc.runtime.business.auth import PrincipalCache, revoke
 from dmsc.runtime.control.db_watch import watch_database
 from dmsc.runtime.control.plane import ControlPlane
-from dmsc.runtime.control.retention import Retention
-from dmsc.runtime.control.task_queue import TaskQueue
+from dmsc.runtime.control.tasks.task_queue import TaskQueue
+from dmsc.runtime.control.training.retention import Retention
 from dmsc.runtime.control.watchdog import watch_workers
 from dmsc.runtime.transport import logs
 from dmsc.runtime.transport.messages import (
@@ -47,6 +47,9 @@ from dmsc.runtime.transport.messages import (
 )
 from dmsc.runtime.transport.observe import metrics_server
 from dmsc.runtime.transport.rpc import BadRequest, message_handler, parse, serve
+
+if TYPE_CHECKING:
+    from dmsc.runtime.control.serving.serving import ServingPool
 
 GATEWAY_CONNECTIONS = 1000  # uvicorn's limit_concurrency: connections and requests at once
 HEADER_DEADLINE_S = 10.0  # for a request's line and headers to arrive
@@ -137,10 +140,13 @@ def main(stdin: TextIO | None = None) -> None:
     launcher = None
     if settings.launcher == "ray":
         try:
-            from dmsc.runtime.control.ray_launcher import RayLauncher
+            from dmsc.runtime.control.launch.ray_launcher import RayLauncher
 
             if settings.ray_address is None:  # no cluster named: one of this run's own
-                from dmsc.runtime.control.ray_local import private_cluster, private_resources
+                from dmsc.runtime.control.launch.ray_private import (
+                    private_cluster,
+                    private_resources,
+                )
 
                 ray_dir = private_cluster(*private_resources(plan, settings.spares))
                 log.info("a private Ray cluster on 127.0.0.1, its files in %s", ray_dir)
@@ -186,9 +192,11 @@ def main(stdin: TextIO | None = None) -> None:
         return
     queue = TaskQueue(db, cp.run.id)
     threading.Thread(target=cp.work_queue, args=(queue,), daemon=True).start()
-    threading.Thread(target=watch_workers, args=(cp,), daemon=True).start()
+    threading.Thread(target=partial(watch_workers, cp), daemon=True).start()
     if settings.autoscale is not None and settings.cluster is not None:
-        start_autoscaler(cp, settings.autoscale, settings.cluster, settings.failure_timeout_s)
+        cp.inference.pool = start_autoscaler(
+            cp, settings.autoscale, settings.cluster, settings.failure_timeout_s
+        )
     principals = PrincipalCache(db)  # the gateway's; a revocation here empties it at once
     gateway = None
     if gateway_socket is not None:
@@ -267,10 +275,11 @@ def main(stdin: TextIO | None = None) -> None:
 
 def start_autoscaler(
     cp: ControlPlane, scale: AutoscaleSettings, cluster_path: str, ttl_s: float
-) -> None:
-    """Elastic serving replicas (:mod:`.serving`) and the thread that sizes them."""
-    from dmsc.runtime.control.autoscale import ScalePolicy
-    from dmsc.runtime.control.serving import ServingPool, autoscale_loop
+) -> ServingPool:
+    """Elastic serving replicas (:mod:`.serving.serving`) and the thread that sizes them: the
+    pool, for the caller to hand to ``cp.inference``."""
+    from dmsc.runtime.control.serving.autoscale import ScalePolicy
+    from dmsc.runtime.control.serving.serving import ServingPool, autoscale_loop
     from dmsc.spec import ClusterSpec, load_spec
 
     pool = ServingPool(
@@ -284,9 +293,9 @@ def start_autoscaler(
         cp.inference.in_flight,
         registry_ttl_s=ttl_s,
     )
-    cp.inference.pool = pool
     loop = partial(autoscale_loop, pool, ScalePolicy(scale), cp.inference.in_flight, cp.stopped)
     threading.Thread(target=loop, name="autoscaler", daemon=True).start()
+    return pool
 
 
 if __name__ == "__main__":

@@ -37,8 +37,8 @@ from dmsc.data.db import Database, TaskRecord
 from dmsc.data.traces import link_bytes, step_traces
 from dmsc.planner.plan import Plan
 from dmsc.runtime.control import status
-from dmsc.runtime.control.deployment import Deployment
-from dmsc.runtime.control.prediction import Prediction
+from dmsc.runtime.control.advisors.prediction import Prediction
+from dmsc.runtime.control.launch.deployment import Deployment
 
 TASKS_SHOWN = 40
 FAULTS_SHOWN = 20

@@ -6,18 +6,18 @@ serves ``dmsc.Control``: Status, Train, Infer (InferStream: token by token) and 
 taking its typed message (:mod:`dmsc.runtime.transport.messages`; a bad field is refused with
 INVALID_ARGUMENT naming it). The process around it (settings, threads, the gateway,
 ``control.json``) is :mod:`dmsc.runtime.control.daemon`; replica routing and versions are
-:mod:`.inference`, the repair of failed workers between tasks :mod:`.watchdog`.
+:mod:`.serving.inference`, the repair of failed workers between tasks :mod:`.watchdog`.
 
 Recovery. Training tasks checkpoint every ``checkpoint_every`` steps (default 50) and survive a
-failed worker (see :mod:`dmsc.runtime.control.training`). After a crash of the control plane,
-the same plan resumes its run (:meth:`dmsc.data.db.Database.resume_or_new_run`): workers load
-the run's last checkpoint, queued tasks stay queued, and a task that was running resumes from its
-own last checkpoint (the steps it had done since count as lost in the restart's fault). Every
-recovery loads the newest checkpoint that verifies (:mod:`.fallback`): a missing or corrupt one
-is a ``checkpoint`` fault, and with none that verifies the control plane does not start (or, once
-running, refuses training: :attr:`ControlPlane.weights_lost`) rather than serve fresh weights.
-Tasks that an earlier, stopped run left queued move into this run when it starts
-(:meth:`.task_queue.TaskQueue.adopt_orphans`). Every training task that ends, resumed or
+failed worker (see :mod:`.training.training`). After a crash of the control plane, the same plan
+resumes its run (:meth:`dmsc.data.db.Database.resume_or_new_run`): workers load the run's last
+checkpoint, queued tasks stay queued, and a task that was running resumes from its own last
+checkpoint (the steps it had done since count as lost in the restart's fault). Every recovery loads
+the newest checkpoint that verifies (:mod:`.launch.fallback`): a missing or corrupt one is a
+``checkpoint`` fault, and with none that verifies the control plane does not start (or, once
+running, refuses training: :attr:`ControlPlane.weights_lost`) rather than serve fresh weights. Tasks
+that an earlier, stopped run left queued move into this run when it starts
+(:meth:`.tasks.task_queue.TaskQueue.adopt_orphans`). Every training task that ends, resumed or
 cancelled, records the model version it produced.
 """
 
@@ -38,23 +38,23 @@ from dmsc.data.corpus import Corpus, stdlib_text, task_corpora
 from dmsc.data.db import CheckpointRecord, Database, ModelVersionRecord, TaskRecord, data_dir
 from dmsc.data.tokenizer import tokenizer_for
 from dmsc.planner.plan import Plan
-from dmsc.runtime.control import chaos, fallback, status, work_loop
-from dmsc.runtime.control.dashboard_state import dashboard_state
-from dmsc.runtime.control.deployment import Checkpoint, Deployment
-from dmsc.runtime.control.fallback import NoGoodCheckpoint, Restored
-from dmsc.runtime.control.head_inference import Heads
-from dmsc.runtime.control.infer_calls import InferCalls
-from dmsc.runtime.control.inference import Replicas
-from dmsc.runtime.control.launchers import Launcher
-from dmsc.runtime.control.lr_schedule import lr_at
-from dmsc.runtime.control.model_store import promote_if_first
-from dmsc.runtime.control.prediction import Prediction, prediction_for, task_prediction
+from dmsc.runtime.control import dashboard_state, status
+from dmsc.runtime.control.advisors.prediction import Prediction, prediction_for, task_prediction
+from dmsc.runtime.control.launch import fallback, signals
+from dmsc.runtime.control.launch.deployment import Checkpoint, Deployment
+from dmsc.runtime.control.launch.fallback import NoGoodCheckpoint, Restored
+from dmsc.runtime.control.launch.launchers import Launcher
 from dmsc.runtime.control.replanning import replan_now
-from dmsc.runtime.control.resize import record_resize, resize, resized_plan
-from dmsc.runtime.control.retention import Retention
-from dmsc.runtime.control.shards import load_task_shards
-from dmsc.runtime.control.task_queue import TaskQueue, cancel_requested
-from dmsc.runtime.control.training import (
+from dmsc.runtime.control.serving.head_inference import Heads
+from dmsc.runtime.control.serving.infer_calls import InferCalls
+from dmsc.runtime.control.serving.inference import Replicas
+from dmsc.runtime.control.serving.model_store import promote_if_first
+from dmsc.runtime.control.tasks import task_queue, work_loop
+from dmsc.runtime.control.training.lr_schedule import lr_at
+from dmsc.runtime.control.training.resize import record_resize, resize, resized_plan
+from dmsc.runtime.control.training.retention import Retention
+from dmsc.runtime.control.training.shards import load_task_shards
+from dmsc.runtime.control.training.training import (
     Recovering,
     TrainParams,
     TrainReport,
@@ -170,7 +170,7 @@ class ControlPlane:
             self.log.info("resumed from the checkpoint of step %d", last.step)
         self.record_services()
         self.db.close_control_plane_faults(self.run.id, last.step if last is not None else None)
-        orphans = TaskQueue(self.db, self.run.id).adopt_orphans(self.plan.model)
+        orphans = task_queue.TaskQueue(self.db, self.run.id).adopt_orphans(self.plan.model)
         for outcome, ids in orphans.items():
             if ids:
                 self.log.warning(
@@ -359,7 +359,7 @@ class ControlPlane:
                 retention=self.retention,
             ),
             run_id=self.run.id,
-            stop=lambda: cancel_requested(self.db, task_id),
+            stop=lambda: task_queue.cancel_requested(self.db, task_id),
             turn=self.inference.training_turn,
             lr=lambda i: lr_at(i, params.steps, settings),
             sync=params.sync,
@@ -424,7 +424,7 @@ class ControlPlane:
 
     def inject(self, req: InjectRequest) -> dict[str, Any]:
         """``dmsc chaos``: the fault, sent through the launcher to wherever the worker runs."""
-        return chaos.signal_worker(self.deployment, req.sid, req.fault)
+        return signals.signal_worker(self.deployment, req.sid, req.fault)
 
     def methods(self) -> dict[str, grpc.RpcMethodHandler]:
         return {
@@ -472,7 +472,7 @@ class ControlPlane:
     def dashboard(self, tenant: str | None = None) -> dict[str, Any]:
         """What the operator's pages draw (:mod:`.dashboard_state`): ``tenant``'s rows alone, or
         every tenant's (None)."""
-        return dashboard_state(
+        return dashboard_state.dashboard_state(
             self.db,
             self.plan,
             self.deployment,
@@ -493,7 +493,7 @@ class ControlPlane:
         return self._predictions[key]
 
     # -- queued work ------------------------------------------------------------------------
-    def work_queue(self, queue: TaskQueue) -> None:
-        """Run queued training tasks until the plane stops (:mod:`.work_loop`: every task
+    def work_queue(self, queue: task_queue.TaskQueue) -> None:
+        """Run queued training tasks until the plane stops (:mod:`.tasks.work_loop`: every task
         reaches an end, whatever the disk does)."""
         work_loop.work_queue(self, queue)

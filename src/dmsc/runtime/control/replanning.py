@@ -1,10 +1,10 @@
 """``dmsc replan`` against the running control plane: decide now, and apply what was decided.
 
 Between two training tasks (holding the plane's lock, as tasks do), the functional modules read
-the run's measurements (:func:`~.modules.read_measurements`; the plan is the deployment's
+the run's measurements (:func:`~.advisors.read_measurements`; the plan is the deployment's
 current one, which a resize or an earlier move may have changed) and the orchestrator decides
 (:func:`decide_on`). A dry run and a real one decide the same way, on the same prediction: the
-step time of the job the measured task ran (:func:`~.prediction.task_prediction`), and an
+step time of the job the measured task ran (:func:`~.advisors.prediction.task_prediction`), and an
 exception raised within the last ``DEDUPE_S`` is noted as not raised again (a dry run said it
 would raise what the real one then did not). ``dmsc replan --dry-run`` asks the running control
 plane for this answer, and decides offline with :func:`decide_on` only when none runs. Unless
@@ -25,17 +25,18 @@ from __future__ import annotations
 
 import dataclasses
 import statistics
+import threading
 import time
-from typing import Any
+from typing import Any, Protocol
 
-from dmsc.data.db import Database
+from dmsc.data.db import Database, RunRecord
 from dmsc.planner.plan import Plan
-from dmsc.runtime.control.modules import default_modules, orchestrate, read_measurements
-from dmsc.runtime.control.modules.base import Measurements, Proposal
-from dmsc.runtime.control.modules.orchestrator import Decision, DecisionRule, apply
-from dmsc.runtime.control.modules.paths import replan
-from dmsc.runtime.control.modules.policy import DEDUPE_S, raised_recently
-from dmsc.runtime.control.prediction import task_prediction
+from dmsc.runtime.control.advisors import default_modules, orchestrate, read_measurements
+from dmsc.runtime.control.advisors.base import Measurements, Proposal
+from dmsc.runtime.control.advisors.orchestrator import Decision, DecisionRule, apply
+from dmsc.runtime.control.advisors.paths import replan
+from dmsc.runtime.control.advisors.policy import DEDUPE_S, raised_recently
+from dmsc.runtime.control.advisors.prediction import task_prediction
 from dmsc.runtime.transport.messages import ReplanRequest
 from dmsc.runtime.transport.rpc import BadRequest
 from dmsc.spec import ClusterSpec, LayerListSpec, TransformerSpec
@@ -94,9 +95,23 @@ def decisions_doc(m: Measurements, decisions: list[Decision], dry_run: bool) -> 
     }
 
 
-def replan_now(cp: Any, req: ReplanRequest) -> dict[str, Any]:
+class Replannable(Protocol):
+    """What :func:`replan_now` reads of the control plane (:class:`~.plane.ControlPlane`), and
+    the one thing it asks of it: :meth:`relayout` onto a new plan."""
+
+    lock: threading.Lock
+    db: Database
+    run: RunRecord
+    plan: Plan
+    cluster: ClusterSpec | None
+    model: TransformerSpec
+
+    def relayout(self, plan: Plan, action: str, why: str) -> None: ...
+
+
+def replan_now(cp: Replannable, req: ReplanRequest) -> dict[str, Any]:
     """Decide on the run's measurements now and, unless ``req.dry_run``, apply (module
-    docstring). ``cp`` is the :class:`~.plane.ControlPlane`."""
+    docstring). ``cp`` is the control plane (:class:`Replannable`)."""
     with cp.lock:  # between tasks: a training task holds it
         t0 = time.perf_counter()
         rule = DecisionRule(req.threshold, req.horizon_steps)

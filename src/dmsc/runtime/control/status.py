@@ -1,7 +1,7 @@
 """What ``dmsc status`` shows: the services and their health, tasks, faults, spares.
 
-Health is asked of every worker at once (:func:`dmsc.runtime.control.failures.probe`), so a dead
-worker costs one timeout, not one per worker. The faults are read before the services: a heal
+Health is asked of every worker at once (:func:`dmsc.runtime.control.launch.failures.probe`), so a
+dead worker costs one timeout, not one per worker. The faults are read before the services: a heal
 replaces the handles before it records its fault, so a fault shown as recovered is never shown
 beside the worker it replaced.
 """
@@ -12,8 +12,8 @@ from collections.abc import Collection
 from typing import Any
 
 from dmsc.data.db import Database
-from dmsc.runtime.control.deployment import Deployment
-from dmsc.runtime.control.failures import key_of
+from dmsc.runtime.control.launch.deployment import Deployment
+from dmsc.runtime.control.launch.failures import key_of
 
 HEALTH_TIMEOUT_S = 3.0
 

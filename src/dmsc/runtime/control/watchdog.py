@@ -1,13 +1,13 @@
 """The watchdog: repairs failed workers while no task runs.
 
-A training task recovers its own failures (:mod:`dmsc.runtime.control.training`); between tasks
-nobody would notice a dead worker until the next request hit it. Every second, while the control
-plane's lock is free, the watchdog looks for workers that exited, stopped heartbeating, or do not
-answer ``Health`` within the registry's TTL (alive and heartbeating is not enough: a stuck worker
-does both), and heals each affected replica's pipeline
-(:func:`dmsc.runtime.control.recovery.heal`, loading the run's newest checkpoint that verifies).
-A replica that a failed request took out of routing, but whose workers all answer, simply comes
-back. Every heal is recorded in the ``faults`` table and the replacements in ``services``.
+A training task recovers its own failures (:mod:`dmsc.runtime.control.training.training`); between
+tasks nobody would notice a dead worker until the next request hit it. Every second, while the
+control plane's lock is free, the watchdog looks for workers that exited, stopped heartbeating, or
+do not answer ``Health`` within the registry's TTL (alive and heartbeating is not enough: a stuck
+worker does both), and heals each affected replica's pipeline
+(:func:`dmsc.runtime.control.launch.recovery.heal`, loading the run's newest checkpoint that
+verifies). A replica that a failed request took out of routing, but whose workers all answer, simply
+comes back. Every heal is recorded in the ``faults`` table and the replacements in ``services``.
 
 A heal that had to skip a corrupt checkpoint records a ``checkpoint`` fault too, and, since the
 replica is now older than the others, every other replica goes back to the same checkpoint (the
@@ -17,19 +17,46 @@ of routing (it holds fresh weights) and training refused (``ControlPlane.weights
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+import logging
+import threading
+from typing import Protocol
 
-from dmsc.runtime.control import recovery
-from dmsc.runtime.control.failures import WorkerFailure, key_of
-from dmsc.runtime.control.recovery import Recovery
-from dmsc.runtime.control.training import fault_record
+from dmsc.data.db import Database, RunRecord
+from dmsc.runtime.control.launch import recovery
+from dmsc.runtime.control.launch.deployment import Checkpoint, Deployment
+from dmsc.runtime.control.launch.failures import WorkerFailure, key_of
+from dmsc.runtime.control.launch.fallback import Restored
+from dmsc.runtime.control.launch.recovery import Recovery
+from dmsc.runtime.control.serving.inference import Replicas
+from dmsc.runtime.control.training.training import fault_record
 from dmsc.runtime.transport.messages import Health
 
-if TYPE_CHECKING:
-    from dmsc.runtime.control.plane import ControlPlane
+
+class Healed(Protocol):
+    """What the watchdog reads and changes of the control plane (:class:`~.plane.ControlPlane`):
+    its deployment and replicas, the replicas kept out of routing (``unrestored``) and why
+    (``weights_lost``), the step the run is at, and the records of checkpoints, faults and
+    services it writes."""
+
+    deployment: Deployment
+    inference: Replicas
+    db: Database
+    run: RunRecord
+    log: logging.Logger
+    lock: threading.Lock
+    stopped: threading.Event
+    unrestored: set[int]
+    weights_lost: str | None
+    steps_done: int
+
+    def checkpoints(self, task_id: int | None = None) -> list[Checkpoint]: ...
+
+    def record_refused(self, restored: Restored, task_id: int | None = None) -> None: ...
+
+    def record_services(self, sids: list[str] | None = None) -> None: ...
 
 
-def heal_once(cp: ControlPlane) -> None:
+def heal_once(cp: Healed) -> None:
     """One round: find failed workers and heal their replicas (the caller holds ``cp.lock``)."""
     dep, replicas = cp.deployment, cp.inference
     found = dep.suspects()
@@ -67,7 +94,7 @@ def heal_once(cp: ControlPlane) -> None:
         cp.log.info("replica %d healed", r, extra={"run": cp.run.id})
 
 
-def _align(cp: ControlPlane, healed: int, rec: Recovery) -> None:
+def _align(cp: Healed, healed: int, rec: Recovery) -> None:
     """After a heal fell back to an older checkpoint: every other replica goes back to it too,
     so that the replicas hold the same weights and the run continues from that step."""
     dep, replicas = cp.deployment, cp.inference
@@ -84,7 +111,7 @@ def _align(cp: ControlPlane, healed: int, rec: Recovery) -> None:
     )
 
 
-def watch_workers(cp: ControlPlane, interval_s: float = 1.0) -> None:
+def watch_workers(cp: Healed, interval_s: float = 1.0) -> None:
     """Heal failed workers every ``interval_s`` while no task runs, until the plane stops."""
     while not cp.stopped.wait(interval_s):
         if not cp.lock.acquire(blocking=False):

@@ -82,7 +82,8 @@ def explain(exc: ValidationError, what: str) -> str:
 
 
 InnerOptimizer = Literal["adamw", "sgd"]
-# how task heads' outputs are combined at inference (dmsc.runtime.control.aggregation.METHODS)
+# how task heads' outputs are combined at inference
+# (dmsc.runtime.control.serving.aggregation.METHODS)
 Aggregate = Literal["vote", "weighted", "attention"]
 
 
@@ -271,8 +272,8 @@ class Watch(Message):
 # -- dmsc.Control (the control plane) ------------------------------------------------------------
 class TrainSettings(Message):
     """How a training task trains, beside how long: the optimizer's learning rate and its
-    schedule over the task's steps (:mod:`dmsc.runtime.control.lr_schedule`), the global batch
-    and its micro-batches (the plan's by default), and the seed that orders the data."""
+    schedule over the task's steps (:mod:`dmsc.runtime.control.training.lr_schedule`), the global
+    batch and its micro-batches (the plan's by default), and the seed that orders the data."""
 
     batch: Annotated[int, Field(gt=0, le=MAX_BATCH)] | None = None
     microbatches: Annotated[int, Field(gt=0, le=MAX_MICROBATCHES)] | None = None
@@ -296,7 +297,7 @@ class TrainRequest(TrainSettings):
     first_step: Step | None = None  # set by the control plane once the task has started
     sync: SyncSettings | None = None  # how the replicas agree (none: as the plan says)
     # the data-parallel degree to train at (none: the deployment's); another one resizes the
-    # deployment from a checkpoint before the first step (dmsc.runtime.control.resize)
+    # deployment from a checkpoint before the first step (dmsc.runtime.control.training.resize)
     dp: Annotated[int, Field(ge=1, le=1024)] | None = None
 
 
@@ -322,7 +323,7 @@ class Sampling(Message):
 class InferRequest(Sampling):
     """Generate ``tokens`` bytes after ``prompt``; with ``aggregate``, every token from the
     task heads' distributions combined (one head per data-parallel replica, trained with
-    ``task_heads``; see :mod:`dmsc.runtime.control.head_inference`)."""
+    ``task_heads``; see :mod:`dmsc.runtime.control.serving.head_inference`)."""
 
     prompt: Prompt
     tokens: Tokens = 40
@@ -392,7 +393,7 @@ class AutoscaleSettings(Message):
     """``dmsc up --autoscale infer:...``: the pipelines that serve inference, between ``min``
     and ``max`` (the plan's replicas count, and always serve), sized so that each has about
     ``target`` requests in flight; ``cooldown_s`` between two changes, the load averaged over
-    ``window_s`` (:mod:`dmsc.runtime.control.autoscale`)."""
+    ``window_s`` (:mod:`dmsc.runtime.control.serving.autoscale`)."""
 
     min: Annotated[int, Field(ge=1, le=64)] = 1
     max: Annotated[int, Field(ge=1, le=64)] = 4
@@ -443,7 +444,7 @@ class ControlSettings(Message):
     autoscale: AutoscaleSettings | None = None
     cluster: str | None = None
     # A training task's newest checkpoints kept on disk (0: all), and a tenant's checkpoint
-    # bytes (None: no quota): dmsc.runtime.control.retention.
+    # bytes (None: no quota): dmsc.runtime.control.training.retention.
     keep_checkpoints: Annotated[int, Field(ge=0, le=1_000_000)] = 3
     checkpoint_quota_bytes: Annotated[int, Field(gt=0)] | None = None
     # Make a new database even though a salvaged copy of a lost one lies beside its path.

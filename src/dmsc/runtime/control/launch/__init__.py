@@ -1,0 +1,24 @@
+"""A deployment and its workers: started, stepped, checkpointed, recovered.
+
+- :mod:`.launchers`: the :class:`~.launchers.Launcher` protocol and the local launcher (one
+  process per stage worker); :mod:`.ray_launcher` the same on a Ray cluster, after the checks of
+  :mod:`.ray_checks`; :mod:`.ray_private` the one-node Ray cluster ``dmsc up --launcher ray``
+  starts without ``--ray-address``; :mod:`.spares` warm spares.
+- :mod:`.layout`: what a deployment runs (:class:`~.layout.StageLayout`) and a consistent
+  snapshot of it (:class:`~.layout.Checkpoint`); :mod:`.staging` writes a checkpoint folder
+  whole or not at all.
+- :mod:`.deployment`: the :class:`~.deployment.Deployment` (stage workers, their registry, a
+  step, a forward, a checkpoint); it decodes a request token by token with :mod:`.decoding`,
+  which draws each token with :mod:`.sampling`.
+- :mod:`.failures` finds failed workers; :mod:`.fallback` picks the newest checkpoint that
+  verifies; :mod:`.recovery` brings failed workers back (for training and for serving).
+- :mod:`.signals`: ``dmsc chaos``'s kill, freeze or thaw of a worker of a running deployment.
+
+Decoding and sampling are here, not in :mod:`..serving`, because
+:meth:`~.deployment.Deployment.generate` runs them: every other package of the control layer
+builds on this one, and this one on none of them.
+
+Imports run one way, down this list (each module imports only modules on later lines):
+``recovery, signals -> fallback -> deployment -> decoding, staging, spares -> failures,
+sampling, layout -> launchers``, and ``ray_private -> ray_launcher -> ray_checks, launchers``.
+"""

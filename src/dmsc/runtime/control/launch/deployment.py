@@ -1,0 +1,486 @@
+"""The Service Mesh Orchestrator: deploys stage workers, hosts the registry, drives the steps.
+
+A :class:`Deployment` starts one worker process per stage replica through a
+:class:`~dmsc.runtime.control.launch.launchers.Launcher` (the local one by default), waits until
+each has registered, then runs training steps (tokens to the first stage, targets to the last, every
+replica's ``RunStep`` at once, then ``Commit`` everywhere), evaluation and sampling, and saves and
+loads consistent checkpoints. Workers find each other through the registry; the orchestrator only
+pushes the data in and collects losses and timings. Every call to a worker is a typed message of
+:mod:`dmsc.runtime.transport.messages` carrying the epoch the worker serves.
+
+Failures. While a step runs, every call and every worker is watched
+(:func:`dmsc.runtime.control.launch.failures.gather`): a failed call, an exited process or a silent
+heartbeat raises :class:`~dmsc.runtime.control.launch.failures.WorkerFailure` at once.
+:mod:`dmsc.runtime.control.launch.recovery` then brings the workers back. Since an optimizer step is
+applied only by ``Commit`` after every stage finished, no step is applied twice.
+"""
+
+from __future__ import annotations
+
+__all__ = ["Checkpoint", "Deployment", "StageLayout"]
+
+import base64
+import contextlib
+import secrets
+import tempfile
+import threading
+import time
+import uuid
+from collections.abc import Callable, Collection, Sequence
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import replace
+from pathlib import Path
+from typing import Any
+
+import grpc
+import torch
+from pydantic import BaseModel
+
+from dmsc.runtime.business.registry import REGISTRY_SERVICE, Registry, registry_methods
+from dmsc.runtime.compute.worker import WorkerConfig
+from dmsc.runtime.control.launch import decoding, failures, staging
+from dmsc.runtime.control.launch.failures import Key, StepRestartNeeded, key_of
+from dmsc.runtime.control.launch.launchers import Launcher, LocalLauncher, WorkerHandle
+from dmsc.runtime.control.launch.layout import Checkpoint, StageLayout
+from dmsc.runtime.control.launch.spares import SparePool
+from dmsc.runtime.transport import logs
+from dmsc.runtime.transport.messages import (
+    DEFAULT_GRAD_WAIT_S,
+    STAGE_SERVICE,
+    Abort,
+    Commit,
+    EndSession,
+    Health,
+    LatePolicy,
+    Load,
+    RunStep,
+    Sampling,
+    Schedule,
+    SyncSettings,
+)
+from dmsc.runtime.transport.rpc import Client, serve
+from dmsc.runtime.transport.wire import Kind, encode
+
+PUSH_DEADLINE_S = 30.0  # for a step's input frames to be taken (a client call's default)
+
+
+class Deployment:
+    """A running pipeline of stage workers and the registry they use. Worker logs go under
+    ``home``/logs (default: the working directory)."""
+
+    def __init__(
+        self,
+        layout: StageLayout,
+        launcher: Launcher | None = None,
+        workdir: Path | None = None,
+        registry_ttl_s: float = 10.0,
+        step_deadline_s: float = 300.0,
+        spares: int = 0,
+        home: Path | None = None,
+    ) -> None:
+        self.layout = layout
+        self._tmp = tempfile.TemporaryDirectory(prefix="dmsc-") if workdir is None else None
+        self.workdir: Path = Path(self._tmp.name) if self._tmp else Path(str(workdir))
+        self.workdir.mkdir(parents=True, exist_ok=True)
+        self.home: Path = home if home is not None else self.workdir
+        self.launcher: Launcher = launcher or LocalLauncher(home=self.home)
+        self.registry = Registry(ttl_s=registry_ttl_s)
+        self.step_deadline_s = step_deadline_s
+        # The service credential of this deployment: workers refuse calls without it.
+        self.token = secrets.token_urlsafe(24)
+        # the launcher says where workers can reach the registry (this machine's address)
+        host = getattr(self.launcher, "control_host", "127.0.0.1")
+        self.server, port = serve(
+            REGISTRY_SERVICE, registry_methods(self.registry), f"{host}:0", token=self.token
+        )
+        self.registry_address = f"{host}:{port}"
+        self.handles: list[WorkerHandle] = []
+        self._ending: set[Any] = set()  # EndSession calls in flight
+        self.clients: dict[Key, Client] = {}
+        self.epoch = 0  # the newest generation; each worker serves one (``epochs``)
+        self.epochs: dict[Key, int] = {}
+        self.abandoned: list[WorkerHandle] = []  # failed instances, fenced, reaped at shutdown
+        self.spares = SparePool(
+            spares,
+            self.launcher,
+            self.workdir,
+            self.token,
+            lambda sid: replace(self.config(0, 0), sid=sid, spare=True, log_file="", faults={}),
+            datacenters=list(
+                dict.fromkeys(layout.datacenters[k] for k in sorted(layout.datacenters))
+            ),
+        )
+        self.local_batch = 0  # a replica's batch from its own shard (control.shards)
+        self.pool = ThreadPoolExecutor(max_workers=max(4, 2 * len(layout.ranges) * layout.replicas))
+
+    @property
+    def stages(self) -> int:
+        return len(self.layout.ranges)
+
+    def sid(self, stage: int, replica: int) -> str:
+        base = self.layout.sids[stage] if stage < len(self.layout.sids) else f"stage{stage}"
+        return f"{base}-r{replica}"
+
+    def handle(self, key: Key) -> WorkerHandle:
+        return next(h for h in self.handles if key_of(h) == key)
+
+    def pipeline(self, replica: int) -> list[Key]:
+        """The workers of one replica's pipeline, first stage first."""
+        return [(s, replica) for s in range(self.stages)]
+
+    def config(self, stage: int, replica: int) -> WorkerConfig:
+        """The configuration of the worker at (stage, replica), at the current epoch."""
+        lay = self.layout
+        first, last = lay.ranges[stage]
+        sid = self.sid(stage, replica)
+        return WorkerConfig(
+            sid=sid,
+            stage=stage,
+            stages=self.stages,
+            model=lay.model.model_dump(),
+            first=first,
+            last=last,
+            registry=self.registry_address,
+            replica=replica,
+            replicas=lay.replicas,
+            seed=lay.seed,
+            lr=lay.lr,
+            epoch=self.epoch,
+            token=self.token,
+            log_file=str(logs.log_file(self.home, sid)),
+            root=str(self.home),
+            device=lay.devices.get((stage, replica), "cpu"),
+            datacenter=lay.datacenters.get((stage, replica), "local"),
+            dp_link_mbps=lay.dp_link_mbps,
+            pp_link_mbps=lay.pp_link_mbps(stage, replica, self.stages),
+            faults=lay.faults.get(sid, {}) if self.epoch == 0 else {},  # the first incarnation's
+        )
+
+    def launch(self, cfgs: list[WorkerConfig]) -> list[WorkerHandle]:
+        """Start a worker process for each of ``cfgs``, all at once."""
+        return list(self.pool.map(lambda c: self.launcher.start(c, self.workdir), cfgs))
+
+    def adopt(self, h: WorkerHandle) -> None:
+        """Serve through ``h`` at its (stage, replica), in place of the worker there."""
+        key = key_of(h)
+        self.handles = [x for x in self.handles if key_of(x) != key]
+        self.handles.append(h)
+        self.handles.sort(key=key_of)
+        old = self.clients.get(key)
+        if old is not None:
+            old.close()
+        self.clients[key] = Client(h.address, STAGE_SERVICE, token=self.token)
+        self.epochs[key] = h.config.epoch
+
+    def start(self) -> None:
+        cfgs = [self.config(s, r) for s in range(self.stages) for r in range(self.layout.replicas)]
+        cfgs += [self.spares.new_config() for _ in range(self.spares.wanted)]
+        self.launcher.prepare(cfgs)
+        for h in self.launch(cfgs):
+            if h.config.spare:
+                self.spares.add(h)
+            else:
+                self.adopt(h)
+
+    # -- failure detection (see dmsc.runtime.control.launch.failures) ---------------------------
+    def suspects(self, keys: Collection[Key] | None = None) -> dict[Key, str]:
+        """Workers (of ``keys``, default all) that exited or stopped heartbeating."""
+        return failures.suspects(self, keys)
+
+    def probe(self, timeout_s: float, keys: Collection[Key] | None = None) -> dict[Key, str]:
+        """Workers (of ``keys``, default all) that do not answer Health within ``timeout_s``."""
+        return failures.probe(self, timeout_s, keys)
+
+    def gather(self, futures: dict[Key, Any], deadline_s: float) -> dict[Key, dict[str, Any]]:
+        return failures.gather(self, futures, deadline_s)
+
+    def calls(
+        self,
+        method: str,
+        message: Callable[[int], BaseModel],
+        keys: Collection[Key],
+        timeout_s: float,
+    ) -> dict[Key, Any]:
+        """Send ``method`` to every worker of ``keys`` without waiting; ``message(epoch)``
+        builds each one's request with the epoch that worker serves."""
+        return {
+            k: self.clients[k].send_future(method, message(self.epochs[k]), timeout_s) for k in keys
+        }
+
+    # -- data in ----------------------------------------------------------------------------
+    def push(self, key: Key, kind: Kind, step: int, mb: int, t: torch.Tensor, *t_s: float) -> Any:
+        """Send a frame to ``key`` (within ``t_s`` seconds when given); its future."""
+        frame = encode(kind, step, mb, t, self.epochs[key])
+        return self.clients[key].raw_future("Push", frame, *t_s)
+
+    def feed(self, step: int, tokens: torch.Tensor, targets: torch.Tensor | None, m: int) -> None:
+        """Tokens to each replica's first stage and targets to its last, ``m`` micro-batches
+        each, all frames in flight at once."""
+        sent = []
+        R, last = self.layout.replicas, self.stages - 1
+        ys = targets.chunk(R) if targets is not None else [None] * R
+        for r, (xr, yr) in enumerate(zip(tokens.chunk(R), ys, strict=True)):
+            for i, x in enumerate(xr.chunk(m)):
+                sent.append(((0, r), self.push((0, r), Kind.TOKENS, step, i, x)))
+            if yr is not None:
+                for i, y in enumerate(yr.chunk(m)):
+                    sent.append(((last, r), self.push((last, r), Kind.TARGETS, step, i, y)))
+        failures.settle(self, sent, PUSH_DEADLINE_S)
+
+    # -- steps ------------------------------------------------------------------------------
+    def train_step(
+        self,
+        step: int,
+        tokens: torch.Tensor | None,
+        targets: torch.Tensor | None,
+        microbatches: int,
+        schedule: Schedule = "1f1b",
+        late_policy: LatePolicy = "wait",
+        grad_wait_s: float = DEFAULT_GRAD_WAIT_S,
+        lr: float | None = None,
+        sync: SyncSettings | None = None,
+        outer: bool = False,
+    ) -> dict[str, Any]:
+        """One training step of the global batch (drawn by each replica from its own shard when
+        ``tokens`` is None); returns the loss and timings. The step is applied (``Commit``, at
+        rate ``lr`` if given; ``outer`` ends a round of ``sync``) once every stage finished it."""
+        t0 = time.perf_counter()
+        if len(set(self.epochs.values())) > 1:  # a replica was healed alone: align everyone
+            self.move_to_epoch(list(self.clients), self.epoch)
+        if tokens is not None:
+            self.feed(step, tokens, targets, microbatches)
+
+        def run(epoch: int) -> RunStep:
+            return RunStep(
+                step=step,
+                microbatches=microbatches,
+                schedule=schedule,
+                train=True,
+                late_policy=late_policy,
+                grad_wait_s=grad_wait_s,
+                epoch=epoch,
+                sync=sync,
+                local_batch=None if tokens is not None else self.local_batch,
+            )
+
+        keys = list(self.clients)
+        try:
+            replies = self.gather(
+                self.calls("RunStep", run, keys, self.step_deadline_s), self.step_deadline_s
+            )
+        except StepRestartNeeded:
+            # Drop the step everywhere: a new epoch fails what still runs and empties inboxes.
+            self.epoch += 1
+            self.move_to_epoch(keys, self.epoch)
+            raise
+        wait = self.step_deadline_s if outer else 30.0  # a round's exchange crosses the DCI
+        commit = self.calls(
+            "Commit", lambda e: Commit(step=step, epoch=e, lr=lr, outer=outer), keys, wait
+        )
+        commits = self.gather(commit, wait)
+        losses = [r["loss"] for r in replies.values() if r.get("loss") is not None]
+        skipped = sorted(
+            {(k[0], x) for k, r in replies.items() for x in r.get("skipped_replicas", [])}
+        )
+        return {
+            "loss": sum(losses) / len(losses),
+            "step_s": time.perf_counter() - t0,
+            "compute_s": {
+                f"{k[0]}/{k[1]}": r["compute_s"] + commits[k]["compute_s"]
+                for k, r in replies.items()
+            },
+            "skipped": skipped,
+            "dp_bytes": sum(r.get("dp_bytes", 0) for r in commits.values()),
+            "traces": {k: (r.get("spans", []), r.get("sent", {})) for k, r in replies.items()},
+        }
+
+    def eval_step(
+        self, step: int, tokens: torch.Tensor, targets: torch.Tensor, microbatches: int
+    ) -> float:
+        """Loss of a batch without training (every replica, forward only)."""
+        self.feed(step, tokens, targets, microbatches)
+
+        def run(epoch: int) -> RunStep:
+            return RunStep(
+                step=step, microbatches=microbatches, train=False, eval=True, epoch=epoch
+            )
+
+        replies = self.gather(self.calls("RunStep", run, list(self.clients), 300.0), 300.0)
+        losses = [float(r["loss"]) for r in replies.values() if r.get("loss") is not None]
+        return sum(losses) / len(losses)
+
+    def logits(
+        self,
+        step: int,
+        tokens: torch.Tensor,
+        replica: int = 0,
+        timeout_s: float = 120.0,
+        session: str | None = None,
+        start: int = 0,
+    ) -> torch.Tensor:
+        """Next-token logits of every sequence (forward only, through one replica's pipeline);
+        with a ``session``, ``tokens`` are positions ``start ..`` and the stages keep the keys
+        and values. A failure raises :class:`WorkerFailure` naming the stage that failed, a
+        stage without room for a new session :class:`NoRoom`."""
+        keys = self.pipeline(replica)
+        try:
+            self.push((0, replica), Kind.TOKENS, step, 0, tokens, timeout_s).result()
+        except grpc.RpcError as exc:
+            reason = f"stage 0 replica {replica}: {exc.details()}"
+            if exc.code() == grpc.StatusCode.DEADLINE_EXCEEDED:  # slow, not (yet) seen dead
+                late = {(0, replica): "missed the step deadline"}
+                raise failures.failure(self, reason, keys, late) from None
+            raise failures.failure(self, reason, keys) from None
+
+        def run(epoch: int) -> RunStep:
+            return RunStep(
+                step=step,
+                microbatches=1,
+                train=False,
+                epoch=epoch,
+                budget_s=timeout_s,
+                session=session,
+                start=start,
+            )
+
+        replies = self.gather(self.calls("RunStep", run, keys, timeout_s), timeout_s)
+        reply = replies[(self.stages - 1, replica)]
+        raw = bytearray(base64.b64decode(reply["logits"]))
+        return torch.frombuffer(raw, dtype=torch.float32).reshape(reply["logits_shape"])
+
+    def generate(
+        self,
+        prompt: Sequence[int],
+        tokens: int,
+        step_base: int = 1_000_000,
+        sampling: Sampling | None = None,
+        replica: int = 0,
+        cancel: threading.Event | None = None,
+        deadline: float | None = None,
+        turn: Callable[[float | None], contextlib.AbstractContextManager[None]] | None = None,
+        token_timeout_s: float = 120.0,
+        on_token: Callable[[int], None] | None = None,
+        use_cache: bool = True,
+    ) -> list[int]:
+        """Sample ``tokens`` token ids after ``prompt`` (ids; bytes for a byte-level model) as
+        ``sampling`` says (its defaults, seed 0,
+        when None). ``cancel`` stops it between tokens (the slower copy of a redundant request,
+        a client gone); so does ``deadline`` (``time.monotonic()``), and no worker call outlives
+        it. ``turn(deadline)`` is entered around each token (a replica's fair lock: requests
+        take turns per token, not per request); each token's worker calls wait at most
+        ``token_timeout_s`` (a frozen worker fails the request within it). ``on_token`` gets
+        each token as it is drawn (streaming).
+
+        With ``use_cache`` the stages keep the request's keys and values (an inference
+        session): the prompt runs once, then each token alone; past the model's sequence
+        length the context slides and every token runs it whole again."""
+        sampling = sampling or Sampling(seed=0)
+        session = uuid.uuid4().hex[:16] if use_cache else None
+
+        def forward(
+            step: int, ctx: torch.Tensor, timeout_s: float, session: str | None, start: int
+        ) -> torch.Tensor:
+            return self.logits(step, ctx, replica, timeout_s, session, start)[0]
+
+        try:
+            return decoding.decode(
+                forward,
+                self.layout.model.seq,
+                prompt,
+                tokens,
+                sampling,
+                step_base=step_base,
+                cancel=cancel,
+                deadline=deadline,
+                turn=turn,
+                token_timeout_s=token_timeout_s,
+                on_token=on_token,
+                session=session,
+            )
+        finally:
+            if session is not None:
+                self.end_session(session, replica)
+
+    def end_session(self, session: str, replica: int = 0) -> None:
+        """Free ``session``'s keys and values at every stage of ``replica``: sent, not waited
+        for (a stage that is gone or frozen must not hold up the request's end; its sessions
+        go with it, or at their idle timeout). The calls are kept until they end: gRPC cancels
+        a call whose future is garbage-collected."""
+        calls = self.calls(
+            "EndSession", lambda _: EndSession(session=session), self.pipeline(replica), 5.0
+        )
+        for fut in calls.values():
+            self._ending.add(fut)
+            fut.add_done_callback(self._ending.discard)
+
+    # -- checkpoints and epochs --------------------------------------------------------------
+    def checkpoint(self, step: int, folder: Path | None = None, every: bool = False) -> Checkpoint:
+        """Save every stage between two steps: replica 0 (replicas hold the same weights), or
+        ``every`` replica (mid-round their weights and inner optimizers differ: sync modes)."""
+        folder = folder or self.home / "checkpoints" / f"step{step}"  # Save writes below home
+        return staging.save_checkpoint(self, step, folder, every)  # whole, or nothing left
+
+    def restore(self, ckpt: Checkpoint, keys: Collection[Key] | None = None) -> None:
+        """Load ``ckpt`` into the workers (all by default); each file's hash is checked. A file
+        missing or corrupt raises :class:`~dmsc.runtime.control.launch.failures.CheckpointRefused`
+        naming every worker that refused, once every Load is over (so that no Load of this
+        checkpoint lands after one of another)."""
+        keys = list(self.clients) if keys is None else list(keys)
+
+        def load(k: Key) -> Callable[[int], Load]:
+            path, sha = ckpt.replicas.get(k, ckpt.files[k[0]])
+            return lambda epoch: Load(path=path, sha256=sha, epoch=epoch)
+
+        futures = {k: self.calls("Load", load(k), [k], 120.0)[k] for k in keys}
+        try:
+            self.gather(futures, 120.0)
+        except failures.CheckpointRefused:
+            refused = {}
+            for k, fut in futures.items():
+                exc = fut.exception()  # waits for the call to end
+                if isinstance(exc, grpc.RpcError) and exc.code() == grpc.StatusCode.DATA_LOSS:
+                    refused[k] = str(exc.details())
+            raise failures.CheckpointRefused(refused, ckpt.step) from None
+
+    def move_to_epoch(self, keys: Collection[Key], epoch: int) -> list[Key]:
+        """Abort the step in progress on ``keys`` and move them to ``epoch``; returns the
+        workers that did not answer."""
+        futures = {k: self.clients[k].send_future("Abort", Abort(epoch=epoch), 5.0) for k in keys}
+        lost = []
+        for k, fut in futures.items():
+            try:
+                fut.result()
+                self.epochs[k] = epoch
+            except grpc.RpcError:
+                lost.append(k)
+        return lost
+
+    def health(self) -> list[dict[str, Any]]:
+        return [c.send("Health", Health(), timeout_s=5) for c in self.clients.values()]
+
+    def shutdown(self) -> None:
+        self.spares.wait_refills()  # a spare being started must not outlive the deployment
+        for h in [*self.handles, *self.spares.handles]:
+            self.launcher.stop(h)
+        for h in [*self.abandoned, *self.spares.dead]:  # fenced (a frozen one ignores SIGTERM)
+            with contextlib.suppress(Exception):
+                h.process.kill()
+                h.process.wait(timeout=10)
+        self.launcher.close()
+        for c in self.clients.values():
+            c.close()
+        self.server.stop(grace=1)
+        self.pool.shutdown(wait=False)
+        if self._tmp:
+            self._tmp.cleanup()
+
+    def __enter__(self) -> Deployment:
+        try:
+            self.start()
+        except BaseException:  # what did start (workers, reserved devices) must not leak
+            self.shutdown()
+            raise
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.shutdown()

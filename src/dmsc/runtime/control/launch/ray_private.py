@@ -1,0 +1,92 @@
+"""A private Ray cluster on this machine: what ``dmsc up --launcher ray`` without
+``--ray-address`` runs on (:func:`private_cluster`, sized by :func:`private_resources`).
+
+The several-node clusters that tests and benchmarks start on 127.0.0.1, and the node faults made
+on them, are :mod:`dmsc.testing.ray_local`.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+from dmsc.runtime.control.launch.ray_launcher import ray_module
+
+if TYPE_CHECKING:
+    from dmsc.planner.plan import Plan
+
+# How long a node's processes may take to come up. Ray waits 30 s for its GCS server to publish
+# its port, and as long for a node to register; on 2 cores that other work keeps busy (another
+# test process training) a head took over 30 s to start (measured here with 6 busy processes:
+# 23 s for a cluster that starts in 6 s on an idle machine).
+START_WAIT_S = 120
+
+
+GCS_WAIT_ENV = "RAY_gcs_server_port_wait_time_s"
+
+
+LOOPBACK_ENV = "RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER"
+
+
+AUTH_ENV = ("RAY_AUTH_MODE", "RAY_AUTH_TOKEN")
+
+
+def private_cluster(resources: dict[str, float], cpus: int) -> Path:
+    """Start (``ray.init``) a one-node Ray cluster for this process only, and return the folder
+    it keeps its files in. It is what ``dmsc up --launcher ray`` without ``--ray-address`` runs
+    on: the node offers ``resources`` and ``cpus`` CPUs, and
+
+    - serves on 127.0.0.1 (``LOOPBACK_ENV``; Ray would otherwise advertise, and its workers
+      serve on, the machine's address);
+    - takes only clients holding its token (Ray's token authentication, ``RAY_AUTH_MODE=token``
+      with a fresh ``RAY_AUTH_TOKEN`` for this cluster: another user's ``ray.init`` is refused,
+      and no token file is written to ``~/.ray``);
+    - keeps its sockets, logs and session files in a folder of its own under the system's
+      temporary folder (mode 0700: Ray makes its own folders world-writable, ``/tmp/ray`` is
+      0777), not in ``/tmp/ray``, and never becomes the cluster ``ray.init("auto")`` finds.
+
+    The cluster stops, and its folder is removed, when this process exits."""
+    import atexit
+    import secrets
+    import shutil
+    import tempfile
+
+    from ray._private import ray_constants
+    from ray._private.authentication import authentication_token_setup as auth
+
+    ray = ray_module()
+    os.environ[LOOPBACK_ENV] = "0"  # for the processes Ray starts, and below for this one
+    ray_constants.ENABLE_RAY_CLUSTER = False
+    os.environ["RAY_AUTH_TOKEN"] = secrets.token_hex(32)
+    auth._enable_token_auth()  # RAY_AUTH_MODE=token, and Ray's settings in this process reread
+    os.environ.setdefault(GCS_WAIT_ENV, str(START_WAIT_S))
+    root = Path(tempfile.mkdtemp(prefix="dmsc-ray-"))  # 0700, this user's only
+    ray.init(
+        address="local",  # never one found by RAY_ADDRESS or "auto"
+        num_cpus=cpus,
+        resources=resources,
+        include_dashboard=False,
+        log_to_driver=False,
+        logging_level=logging.WARNING,
+        _node_ip_address="127.0.0.1",
+        _temp_dir=str(root / "ray"),  # Ray makes this one 0777; root keeps others out
+    )
+
+    def stop() -> None:  # before Ray's own exit handler: its processes first, then the folder
+        ray.shutdown()
+        shutil.rmtree(root, ignore_errors=True)
+
+    atexit.register(stop)
+    return root
+
+
+def private_resources(plan: Plan, spares: int) -> tuple[dict[str, float], int]:
+    """What :func:`private_cluster` offers for ``plan`` with ``spares`` warm spares: twice the
+    plan's workers (stage replicas and spares), as units of each of its datacenters and as CPUs
+    (at least this machine's cores), so that replacements and spare refills find room. The
+    workers share this machine's cores, as with the local launcher."""
+    workers = sum(len(st.replicas) for st in plan.stages) + spares
+    dcs = {rep.datacenter for st in plan.stages for rep in st.replicas}
+    return {f"dc:{d}": 2.0 * workers for d in sorted(dcs)}, max(os.cpu_count() or 1, 2 * workers)

@@ -1,0 +1,118 @@
+"""Bringing failed workers back: one algorithm for training and for inference.
+
+:func:`recover` works on a group of workers that must end up consistent: every worker of the
+deployment while training (a data-parallel step needs every replica at the same weights), or one
+replica's pipeline while serving (:func:`heal`; the other replicas keep answering meanwhile). For
+the group it
+
+1. opens a new epoch and fences the failed instances in the registry, before the survivors look
+   their peers up again: a fenced SID is refused below the new epoch, so a peer finds the
+   replacement or nothing, never a dead address, and a frozen instance that thaws finds itself
+   fenced and leaves (it is not killed: it may not be reachable);
+2. moves the survivors to the new epoch (``Abort``: their step in progress fails and their stale
+   frames are dropped); one that does not answer is taken as failed too;
+3. replaces the failed workers, by a warm spare (``Assume``) where one is ready, else by a new
+   process, and refills the spares in the background;
+4. loads into the group the newest of the candidate checkpoints that verifies
+   (:func:`dmsc.runtime.control.launch.fallback.restore_newest`: a checkpoint whose file is missing
+   or corrupt is skipped, and the :class:`Recovery` lists it); with no candidates every worker must
+   still hold its initial weights, as a replacement does. With candidates but none that
+   verifies, :attr:`Recovery.lost` is set and the caller must not go on as if restored.
+
+Since an optimizer step is applied only by ``Commit`` after every stage finished, no step is
+applied twice; the steps after the checkpoint are run again by the caller.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Collection, Sequence
+from dataclasses import dataclass, field
+
+from dmsc.runtime.control.launch.deployment import Checkpoint, Deployment
+from dmsc.runtime.control.launch.failures import Key, WorkerFailure
+from dmsc.runtime.control.launch.fallback import Restored, restore_newest
+
+
+@dataclass
+class Recovery:
+    """What one recovery did, for the report and the exception queue."""
+
+    failed: list[str]
+    reason: str
+    detected_at: float
+    recovered_at: float
+    checkpoint_step: int
+    epoch: int
+    restored: Restored = field(default_factory=lambda: Restored(None))
+
+    @property
+    def checkpoint(self) -> Checkpoint | None:
+        """The checkpoint the group went back to (None: none, see :attr:`lost`)."""
+        return self.restored.checkpoint
+
+    @property
+    def lost(self) -> bool:
+        """Checkpoints to go back to, but none verified: the group's weights are not restored."""
+        return self.restored.lost
+
+
+def fence(dep: Deployment, keys: Collection[Key]) -> None:
+    """Refuse the current instances at ``keys`` in the registry (their records go)."""
+    for key in keys:
+        dep.registry.fence(dep.sid(*key), dep.epoch)
+
+
+def replace(dep: Deployment, keys: Collection[Key]) -> None:
+    """Fence the instances at ``keys`` and put replacements at the current epoch in their place
+    (warm spares first). The failed instances are kept to be reaped at shutdown."""
+    fence(dep, keys)
+    dep.abandoned.extend(dep.handle(key) for key in keys)
+    launch = []
+    for cfg in (dep.config(*k) for k in keys):
+        taken = dep.spares.take(cfg)
+        if taken is None:
+            launch.append(cfg)
+        else:
+            dep.adopt(taken)
+    for h in dep.launch(launch):
+        dep.adopt(h)
+    dep.spares.refill(dep.pool)
+
+
+def recover(
+    dep: Deployment,
+    failure: WorkerFailure,
+    candidates: Sequence[Checkpoint] | None,
+    keys: Collection[Key] | None = None,
+) -> Recovery:
+    """Bring the group ``keys`` (default: every worker) back after ``failure``: a new epoch,
+    the failed workers of the group replaced, the group at the newest of ``candidates`` (newest
+    first; None: none) that verifies (see the module docstring)."""
+    group = list(dep.clients) if keys is None else list(keys)
+    dep.epoch += 1
+    failed = {k for k in failure.failed if k in group}
+    fence(dep, failed)  # before the survivors, moving on, look their peers up again
+    failed |= set(dep.move_to_epoch([k for k in group if k not in failed], dep.epoch))
+    replace(dep, sorted(failed))
+    restored = restore_newest(dep, candidates, group)
+    ckpt = restored.checkpoint
+    return Recovery(
+        failed=[dep.sid(*k) for k in sorted(failed)],
+        reason=str(failure),
+        detected_at=failure.at,
+        recovered_at=time.time(),
+        checkpoint_step=ckpt.step if ckpt is not None else 0,
+        epoch=dep.epoch,
+        restored=restored,
+    )
+
+
+def heal(
+    dep: Deployment,
+    failure: WorkerFailure,
+    replica: int,
+    candidates: Sequence[Checkpoint] | None,
+) -> Recovery:
+    """Repair one replica's pipeline (inference): :func:`recover` over that pipeline only."""
+    return recover(dep, failure, candidates, dep.pipeline(replica))

@@ -1,0 +1,341 @@
+"""Inference over a deployment's data-parallel replicas: routing, failover and model versions.
+
+Each replica is a whole pipeline and answers requests on its own. Its workers serve one step at
+a time, and a request takes the replica per token (a :class:`~.turns.FairLock`): the requests on
+a replica interleave token by token, tenants in round robin, so a tenant's long requests cannot
+hold a replica against another tenant's short one. A request stops at its deadline and frees the
+replica (no call outlives it); each token's worker calls wait at most the failure timeout, so a
+frozen worker fails its request within it. A request whose replica fails goes to the next
+replica at once; the failed replica leaves routing until the watchdog has healed it
+(:mod:`..watchdog`). Model
+versions: the production version is loaded into every replica and, during a gray release, the
+canary into the last one (with two or more replicas), so the gateway can route by version
+(:mod:`.version_sync`). What each replica holds is recorded (:mod:`.held`) and every answer
+carries the version of the weights that produced it: a training task changes the replicas'
+weights, so from its first step until the versions are loaded again they hold no version. A new
+training task goes on from the run's newest training weights (:meth:`Replicas.lineage`), not
+from the version that served in between.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import itertools
+import json
+import logging
+import threading
+from collections.abc import Callable, Iterator, Sequence
+from typing import TYPE_CHECKING
+
+from dmsc.data.db import Database
+from dmsc.data.tokenizer import ByteTokenizer, Tokenizer, text_stream
+from dmsc.runtime.control.launch.deployment import Checkpoint, Deployment
+from dmsc.runtime.control.launch.failures import WorkerFailure
+from dmsc.runtime.control.serving import held as weights
+from dmsc.runtime.control.serving.held import Held, Labelled
+from dmsc.runtime.control.serving.turns import FairLock
+from dmsc.runtime.control.serving.version_sync import sync
+from dmsc.runtime.transport.messages import Sampling
+from dmsc.runtime.transport.rpc import NoRoom
+
+TRAINING = "\x00training"  # the training session's party at the replicas' fair locks
+if TYPE_CHECKING:
+    from dmsc.runtime.control.serving.serving import ServingPool
+
+STEP_BASE = 10_000_000  # inference steps live far above training ones; 10_000 per request
+
+
+class NoReplica(RuntimeError):
+    """No replica could serve a request; the message says what each one answered."""
+
+
+class Replicas:
+    """The replicas of a deployment as inference sees them: which serve, and which version."""
+
+    def __init__(
+        self,
+        dep: Deployment,
+        db: Database,
+        lock: threading.Lock,
+        log: logging.Logger,
+        run_id: int,
+        token_timeout_s: float = 120.0,
+        tokenizer: Tokenizer | None = None,
+    ) -> None:
+        self.dep, self.db, self.log = dep, db, log
+        self.tokenizer: Tokenizer = tokenizer or ByteTokenizer()
+        self.extra = {"run": run_id}  # the context of every log line
+        self.lock = lock  # the control plane's: loading weights must not overlap training
+        self.count = dep.layout.replicas
+        self.locks = [FairLock() for _ in range(self.count)]
+        self.token_timeout_s = token_timeout_s
+        self.held: dict[int, Held] = {}  # replica -> what it holds (held.py), when known
+        self.down: set[int] = set()  # replicas out of routing until healed
+        # whether the replicas' last stages are task heads of their own (trained with
+        # task_heads, or loaded from a version that saved every replica's)
+        self.heads = False
+        self.signature: list[tuple[int, str]] = []  # the versions' statuses last synced
+        # the replicas hold the run's newest training weights (its newest checkpoint, or beyond)
+        self.trained = True
+        self._training = False  # a training task changed the weights since the last load
+        self._calls = itertools.count(1)
+        # elastic serving replicas (dmsc up --autoscale), which serve the production version
+        self.pool: ServingPool | None = None
+        self.production: int | None = None
+        self._in_flight: dict[str, int] = {}
+        self._counting = threading.Lock()
+
+    @property
+    def served(self) -> dict[int, int | None]:
+        """The model version each replica holds (None: none does), where known."""
+        return {r: h.version for r, h in self.held.items()}
+
+    def held_by(self, name: str) -> Held | None:
+        """What replica ``name`` holds, when known."""
+        if name.startswith("serve-"):
+            with contextlib.suppress(KeyError):
+                return self.pool.get(name).held if self.pool is not None else None
+            return None
+        return self.held.get(int(name.rsplit("-", 1)[1]))
+
+    def hold(self, name: str, held: Held) -> None:
+        """Replica ``name`` now holds ``held``: recorded (held.py)."""
+        if name.startswith("serve-"):
+            if self.pool is not None:
+                with contextlib.suppress(KeyError):
+                    self.pool.get(name).held = held
+        else:
+            r = int(name.rsplit("-", 1)[1])
+            self.held[r] = held
+            if held.what != weights.TRAINING:  # loaded: the run's newest weights, or not
+                self._training = False
+                self.trained = self.trained and self._newest(held)
+        weights.record(self.db, self.extra["run"], name, held)
+
+    def _newest(self, held: Held) -> bool:
+        """Whether ``held`` is the run's newest checkpoint (every stage's file)."""
+        newest = self.db.last_checkpoint(self.extra["run"])
+        files = {} if newest is None else json.loads(newest.files_json)
+        stages = {int(k): f[1] for k, f in files.items() if "/" not in k}
+        return bool(stages) and stages == held.digests
+
+    def failed(self, name: str, why: str) -> None:
+        """Replica ``name`` failed: out of routing (the watchdog heals one of the plan's)."""
+        if name.startswith("serve-"):
+            if self.pool is not None:
+                self.pool.failed(name, why)
+            return
+        self.down.add(int(name.rsplit("-", 1)[1]))
+        self.log.warning("%s failed: %s", name, why, extra=self.extra)
+
+    def lineage(self, checkpoints: Sequence[Checkpoint], step: int) -> Checkpoint | None:
+        """The checkpoint a new training task at ``step`` must load first: None when the
+        replicas hold the run's newest training weights, else the run's newest checkpoint
+        (``checkpoints``, newest first) when it is of ``step``."""
+        if self.trained or not checkpoints or checkpoints[0].step != step:
+            return None
+        return checkpoints[0]
+
+    def rebind(self, dep: Deployment) -> None:
+        """Serve from ``dep`` (the deployment, resized): its replicas, none loaded yet (the
+        weights moved with them: training goes on from them)."""
+        self.dep, self.count = dep, dep.layout.replicas
+        self.locks = [FairLock() for _ in range(self.count)]
+        self.held, self.signature, self.down = {}, [], set()
+        for r in range(self.count):
+            moved = Held({s: "" for s in range(dep.stages)}, None, "weights moved to a new layout")
+            self.held[r] = moved
+            weights.record(self.db, self.extra["run"], f"replica-{r}", moved)
+
+    def names(self) -> list[str]:
+        """The replicas in routing (a failed one leaves until it is healed), serving ones last."""
+        own = [f"replica-{r}" for r in range(self.count) if r not in self.down]
+        return own + (self.pool.names() if self.pool is not None else [])
+
+    def for_version(self, version_id: int | None) -> list[str]:
+        """The replicas in routing that hold ``version_id`` (all of them when none does)."""
+        serving = [
+            name
+            for name in self.names()
+            if (h := self.held_by(name)) is not None and h.version == version_id
+        ]
+        return serving or self.names()
+
+    def version_of(self, name: str) -> int | None:
+        """The model version replica ``name`` holds now (None: none, or not known)."""
+        h = self.held_by(name)
+        return h.version if h is not None else None
+
+    def in_flight(self, name: str | None = None) -> int:
+        """Requests in flight on replica ``name``, or on all of them."""
+        with self._counting:
+            if name is None:
+                return sum(self._in_flight.values())
+            return self._in_flight.get(name, 0)
+
+    @contextlib.contextmanager
+    def _counted(self, name: str) -> Iterator[None]:
+        with self._counting:
+            self._in_flight[name] = self._in_flight.get(name, 0) + 1
+        try:
+            yield
+        finally:
+            with self._counting:
+                self._in_flight[name] -= 1
+
+    def infer_on(
+        self,
+        replica: str,
+        prompt: str,
+        tokens: int,
+        cancel: threading.Event | None = None,
+        tenant: str = "default",
+        deadline: float | None = None,
+        sampling: Sampling | None = None,
+        on_token: Callable[[int], None] | None = None,
+        ids: list[int] | None = None,
+    ) -> str:
+        """Generate on one replica, taking its turns as ``tenant``, drawing as ``sampling``
+        says (``on_token`` sees each byte as it comes; ``ids`` gets the token ids drawn). A
+        failure names the stage and takes the replica out of routing (the watchdog heals it);
+        ``cancel`` and ``deadline`` (``time.monotonic()``) stop it between tokens."""
+        with self._counted(replica):
+            return self._infer_on(
+                replica, prompt, tokens, cancel, tenant, deadline, sampling, on_token, ids
+            )
+
+    def _infer_on(
+        self,
+        replica: str,
+        prompt: str,
+        tokens: int,
+        cancel: threading.Event | None,
+        tenant: str,
+        deadline: float | None,
+        sampling: Sampling | None,
+        on_token: Callable[[int], None] | None,
+        ids: list[int] | None,
+    ) -> str:
+        dep, r, lock = self.route(replica)
+        base = self.next_base()
+        labels: set[int | None] = set()  # the versions held at each token
+
+        @contextlib.contextmanager
+        def turn(until: float | None) -> Iterator[None]:
+            with lock.turn(tenant, until):
+                labels.add(self.version_of(replica))
+                yield
+
+        try:
+            out = dep.generate(
+                self.tokenizer.encode(prompt),
+                tokens,
+                step_base=base,
+                replica=r,
+                cancel=cancel,
+                deadline=deadline,
+                turn=turn,
+                token_timeout_s=self.token_timeout_s,
+                sampling=sampling,
+                on_token=None if on_token is None else text_stream(self.tokenizer, on_token),
+            )
+        except WorkerFailure as exc:
+            if dep is self.dep:
+                self.down.add(r)
+            elif self.pool is not None:
+                self.pool.failed(replica, str(exc))
+            self.log.warning("%s failed: %s", replica, exc, extra=self.extra)
+            raise
+        if ids is not None:
+            ids[:] = out
+        text = self.tokenizer.decode(out)
+        return Labelled.of(text, labels.pop() if len(labels) == 1 else None)
+
+    def route(self, replica: str) -> tuple[Deployment, int, FairLock]:
+        """The deployment, its replica index and the fair lock of the replica ``replica``."""
+        if replica.startswith("serve-"):
+            try:  # removed since it was routed to: another replica takes the request
+                if self.pool is None:
+                    raise KeyError(replica)
+                rep = self.pool.get(replica)
+            except KeyError:
+                raise NoRoom(f"{replica} does not serve any more") from None
+            return rep.dep, 0, rep.lock
+        r = int(replica.rsplit("-", 1)[1])
+        return self.dep, r, self.locks[r]
+
+    def next_base(self) -> int:
+        """The first step number of a new request: each has 10,000 of its own."""
+        return STEP_BASE + next(self._calls) * 10_000  # next() on a count is atomic
+
+    @contextlib.contextmanager
+    def training_turn(self) -> Iterator[None]:
+        """Every replica, for one training step: a step runs on all of them (gradients are
+        averaged across replicas), so inference waits for it to end, and takes its next token
+        between two steps. Without this, a request's forward pass ran inside a training step,
+        the worker dropped the step's sends, and training rolled back to its checkpoint."""
+        taken: list[FairLock] = []
+        try:
+            for lock in self.locks:  # in order: two holders of several never deadlock
+                lock.acquire(TRAINING)
+                taken.append(lock)
+            if not self._training:  # the weights change from this step on: no version's
+                for r in range(self.count):
+                    stages = {s: "" for s in range(self.dep.stages)}
+                    self.hold(f"replica-{r}", Held(stages, None, weights.TRAINING))
+                self._training = self.trained = True
+                self.signature = []  # load the versions that serve again after the task
+                self.log.info("the replicas hold %s", weights.TRAINING, extra=self.extra)
+            yield
+        finally:
+            for lock in reversed(taken):
+                lock.release()
+
+    def generate(
+        self,
+        prompt: str,
+        tokens: int,
+        sampling: Sampling | None = None,
+        on_token: Callable[[int], None] | None = None,
+        cancel: threading.Event | None = None,
+        ids: list[int] | None = None,
+    ) -> tuple[str, str]:
+        """``(replica, text)`` from the first replica that answers, trying each in turn.
+        ``on_token`` sees each byte once: a replica that takes over after another failed draws
+        the same bytes again (same seed, same weights), and those already seen are not
+        repeated."""
+        errors, seen = [], 0
+
+        def once(drawn: list[int]) -> Callable[[int], None] | None:
+            if on_token is None:
+                return None
+
+            def forward(b: int) -> None:
+                nonlocal seen
+                drawn.append(b)
+                if len(drawn) > seen:
+                    seen += 1
+                    on_token(b)
+
+            return forward
+
+        for replica in self.names():
+            try:
+                return replica, self.infer_on(
+                    replica, prompt, tokens, cancel, sampling=sampling, on_token=once([]), ids=ids
+                )
+            except (WorkerFailure, NoRoom) as exc:  # a full replica: another may have room
+                errors.append(f"{replica}: {exc}")
+        raise NoReplica(f"no replica could serve the request: {'; '.join(errors) or 'none up'}")
+
+    def healed(self, r: int) -> None:
+        """Replica ``r`` was repaired from a checkpoint: back into routing, the version that
+        serves loaded again (and a training task first brings back the run's newest weights)."""
+        self.held.pop(r, None)
+        self.signature, self.trained = [], False
+        self.down.discard(r)
+
+    def sync_versions(self) -> None:
+        """Load the production version into the replicas and, during a gray release, the
+        canary into the last replica (with two or more replicas): :mod:`.version_sync`."""
+        sync(self)

@@ -1,0 +1,124 @@
+"""The control plane's loop over queued training tasks, and how a task's end is recorded.
+
+Every task the loop claims reaches a terminal state (or, with attempts left, the queue again),
+whatever the disk does. A write the database refuses (a full disk: SQLite's "database or disk is
+full") does not end the loop, which would leave its task ``running`` and a cancel ``cancelling``
+for good: the end is logged and written again every :data:`RETRY_S` until the database takes it
+or the control plane stops (then the next start settles it: running tasks go back to the queue,
+cancel requests end ``cancelled``).
+
+A task fails at once, without the retries a passing fault earns, when a retry would meet the
+same wall (:data:`PERMANENT`): no checkpoint of its own verifies, the disk is full
+(:class:`~dmsc.runtime.compute.checkpoints.DiskFull`, with the path and the space left), or the
+tenant's checkpoints use up its quota (:class:`~..training.retention.QuotaExceeded`).
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import threading
+from typing import Protocol
+
+from prometheus_client import Counter, Gauge
+
+from dmsc.data.db import RunRecord, StorageError
+from dmsc.runtime.compute.checkpoints import DiskFull
+from dmsc.runtime.control.launch.fallback import NoGoodCheckpoint
+from dmsc.runtime.control.tasks.task_queue import TaskQueue
+from dmsc.runtime.control.training.retention import QuotaExceeded
+from dmsc.runtime.control.training.training import TrainParams, TrainReport
+from dmsc.runtime.transport.messages import TrainRequest
+from dmsc.runtime.transport.rpc import parse
+
+RETRY_S = 2.0
+PERMANENT: tuple[type[BaseException], ...] = (NoGoodCheckpoint, DiskFull, QuotaExceeded)
+
+
+class Versions(Protocol):
+    """What the loop asks of the replicas between tasks: load the versions they should serve."""
+
+    def sync_versions(self) -> None: ...
+
+
+class Plane(Protocol):
+    """What the loop asks of the control plane."""
+
+    stopped: threading.Event
+    log: logging.Logger
+    lock: threading.Lock
+    weights_lost: str | None
+    m_queue: Gauge
+    m_tasks: Counter
+    run: RunRecord
+
+    @property
+    def inference(self) -> Versions: ...
+
+    def train_params(self, req: TrainRequest) -> TrainParams: ...
+
+    def run_task(self, task_id: int, params: TrainParams) -> tuple[TrainReport, int]: ...
+
+
+def record_end(
+    queue: TaskQueue,
+    task_id: int,
+    stopped: threading.Event,
+    log: logging.Logger,
+    exc: BaseException | None = None,
+    cancelled: bool = False,
+    retry: bool = True,
+) -> str | None:
+    """Record that the task ended (``exc``: it failed; retried while ``retry`` and attempts
+    remain), writing again while the database refuses; its new state, or None when the control
+    plane stopped before the database took it."""
+    while True:
+        try:
+            if exc is None:
+                queue.complete(task_id, cancelled=cancelled)
+                return "cancelled" if cancelled else "done"
+            return queue.fail(task_id, exc, retry=retry and not isinstance(exc, PERMANENT))
+        except StorageError as err:
+            log.error(
+                "cannot record the end of task %d (trying again in %g s): %s",
+                task_id,
+                RETRY_S,
+                err,
+                extra={"task_id": task_id},
+            )
+            if stopped.wait(RETRY_S):
+                return None
+
+
+def work_queue(cp: Plane, queue: TaskQueue) -> None:
+    """Run queued training tasks (the asynchronous lane first) until the plane stops; between
+    tasks, load the model versions the replicas should serve."""
+    while not cp.stopped.is_set():
+        try:
+            cp.inference.sync_versions()
+        except Exception as exc:  # a bad checkpoint must not stop the queue
+            cp.log.warning("version sync failed: %s", exc)
+        try:
+            cp.m_queue.set(queue.depth())
+            task = queue.claim("priority", lane="async") or queue.claim("priority", lane="sync")
+        except StorageError as exc:  # a full disk, say: wait for room
+            cp.log.error("cannot read the task queue (trying again in %g s): %s", RETRY_S, exc)
+            cp.stopped.wait(RETRY_S)
+            continue
+        if task is None:
+            cp.stopped.wait(0.5)
+            continue
+        extra = {"task_id": task.id, "run": cp.run.id}
+        try:
+            params = cp.train_params(parse(TrainRequest, json.loads(task.params_json)))
+            with cp.lock:
+                report, _ = cp.run_task(task.id, params)
+        except Exception as exc:  # isolate it in the exception queue (or retry)
+            # a task whose weights are lost fails at once: a retry would meet the same
+            state = record_end(queue, task.id, cp.stopped, cp.log, exc, retry=not cp.weights_lost)
+            cp.log.warning("task failed: %s", exc, extra=extra)
+        else:
+            state = record_end(queue, task.id, cp.stopped, cp.log, cancelled=report.cancelled)
+            cp.log.info(f"task {state}", extra=extra)
+        if state is not None:
+            cp.m_tasks.labels("train", state).inc()

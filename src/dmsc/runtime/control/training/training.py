@@ -1,0 +1,481 @@
+"""A training session on a deployed plan: steps, validation, checkpoints, recovery, metrics.
+
+The session takes a checkpoint before its first step and every ``checkpoint_every`` steps. When a
+worker fails, the deployment replaces it and every worker goes back to the last checkpoint; the
+steps since then run again on the same data (batches are a function of the step), so the run goes
+on as the same run without the failure would have from that checkpoint. Metrics of the lost steps
+are dropped and written again. A step that a stage leader dropped (late gradients, policy
+``restart``) was applied nowhere and simply runs again.
+
+A checkpoint whose files are missing or corrupt when a rollback (or a resume) needs it is skipped
+for the session's next older one (:mod:`dmsc.runtime.control.launch.fallback`): a ``checkpoint``
+fault is recorded, the checkpoint is marked refused in the database, and more steps run again. With
+none left that verifies the session stops with
+:class:`~dmsc.runtime.control.launch.fallback.NoGoodCheckpoint`.
+
+Cancelling: ``stop`` is asked before every step; once it says so, the session checkpoints the
+step it reached and ends (``report.cancelled``; the weights stay at ``report.end_step``).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import time
+from collections.abc import Callable
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+from dmsc.data.corpus import Corpus
+from dmsc.data.db import CheckpointRecord, Database, FaultRecord
+from dmsc.data.traces import add_step_traces
+from dmsc.planner.plan import Plan
+from dmsc.runtime.compute.aggregators import parse_aggregator
+from dmsc.runtime.compute.privacy import PrivacyLedger
+from dmsc.runtime.control.launch import recovery
+from dmsc.runtime.control.launch.deployment import Checkpoint, Deployment, StageLayout
+from dmsc.runtime.control.launch.failures import StepRestartNeeded, WorkerFailure
+from dmsc.runtime.control.launch.fallback import Restored, checkpoint_faults, restore_newest
+from dmsc.runtime.control.launch.recovery import Recovery
+from dmsc.runtime.control.training.retention import Retention, check_quota, prune
+from dmsc.runtime.transport.messages import (
+    DEFAULT_GRAD_WAIT_S,
+    DEFAULT_LR,
+    LatePolicy,
+    LrSchedule,
+    Schedule,
+    SyncSettings,
+    TrainRequest,
+)
+from dmsc.spec import TransformerSpec, resolve_model
+
+log = logging.getLogger("dmsc.control.training")  # the control plane's log, where it has one
+
+
+def plan_devices(plan: Plan, device: str = "plan") -> dict[tuple[int, int], str]:
+    """Where each (stage, replica) of ``plan`` runs: as the plan says (``plan``: its GPU on its
+    node, or the CPU), all on the CPU (``cpu``), or all on one GPU (``cuda``, ``cuda:N``)."""
+    return {
+        (st.index, r): (rep.device if device == "plan" else device)
+        for st in plan.stages
+        for r, rep in enumerate(st.replicas)
+    }
+
+
+def layout_from_plan(
+    plan: Plan, model: TransformerSpec, seed: int = 0, lr: float = 1e-3, device: str = "plan"
+) -> StageLayout:
+    """The stage layer ranges, replicas, SIDs and devices a plan deploys."""
+    return StageLayout(
+        devices=plan_devices(plan, device),
+        datacenters={
+            (st.index, r): rep.datacenter for st in plan.stages for r, rep in enumerate(st.replicas)
+        },
+        model=model,
+        ranges=[(st.chunks[0][0], st.chunks[-1][1]) for st in plan.stages],
+        replicas=plan.job.dp,
+        seed=seed,
+        lr=lr,
+        sids=[st.sid for st in plan.stages],
+    )
+
+
+@dataclass(frozen=True)
+class TrainParams:
+    """A training task's parameters, checked against the plan (stored with the task)."""
+
+    steps: int
+    batch: int
+    microbatches: int
+    checkpoint_every: int
+    late_policy: LatePolicy
+    grad_wait_s: float
+    lr: float = DEFAULT_LR
+    lr_schedule: LrSchedule = "constant"
+    warmup_steps: int = 0
+    min_lr_ratio: float = 0.0
+    seed: int = 0
+    data: str | None = None  # a file or directory of text (the standard library's when None)
+    first_step: int | None = None  # set once the task has started: a rerun resumes
+    dp: int | None = None  # another degree than the deployment's: resized first
+    sync: SyncSettings = field(default_factory=SyncSettings)
+
+    def as_json(self) -> dict[str, Any]:
+        out = {k: v for k, v in asdict(self).items() if v is not None}
+        return out | {"sync": self.sync.model_dump()}
+
+
+def task_params(req: TrainRequest, plan: Plan) -> TrainParams:
+    """A training request completed from ``plan`` (batch and micro-batches default to its) and
+    checked against it (ValueError says what is wrong)."""
+    batch = req.batch if req.batch is not None else plan.job.global_batch
+    micro = req.microbatches if req.microbatches is not None else plan.job.microbatches
+    dp = req.dp or plan.job.dp
+    if batch % (micro * dp):
+        raise ValueError(f"batch ({batch}) must be divisible by microbatches x dp ({micro} x {dp})")
+    if req.warmup_steps > req.steps:
+        raise ValueError(f"warmup_steps ({req.warmup_steps}) exceeds steps ({req.steps})")
+    sync, planned = req.sync, plan.job.sync
+    if sync is None:  # the plan's sync mode (dmsc plan --sync) when the task names none
+        sync = SyncSettings(
+            mode=planned.mode, inner_steps=planned.inner_steps, compress=planned.compress
+        )
+    if sync.outer and req.late_policy == "restart":
+        raise ValueError(
+            "late_policy: restart runs a step again; a round spans inner_steps steps: "
+            "use wait or skip"
+        )
+    try:  # the aggregator's own rule on how many replicas it needs
+        parse_aggregator(sync.aggregator).check_replicas(dp)
+    except ValueError as exc:
+        raise ValueError(f"sync.aggregator: {exc} (dp = {dp})") from None
+    if sync.task_heads:
+        if plan.job.pp < 2 or dp < 2:
+            raise ValueError(
+                f"sync.task_heads: one head per replica after a shared backbone needs a pipeline "
+                f"of 2 or more stages and dp >= 2 (the plan has pp = {plan.job.pp}, dp = {dp})"
+            )
+        model = plan.model_spec or resolve_model(plan.model)
+        if isinstance(model, TransformerSpec) and model.tied_embeddings:
+            raise ValueError(
+                "sync.task_heads: the output layer is tied to the backbone's embedding, so a "
+                "head cannot be a replica's own"
+            )
+    if sync.local_data and (req.data is None or not Path(req.data).is_dir()):
+        raise ValueError("sync.local_data: needs data, a directory of files to share out")
+    fields = {k: getattr(req, k) for k in TrainParams.__dataclass_fields__}
+    return TrainParams(**{**fields, "batch": batch, "microbatches": micro, "sync": sync})
+
+
+@dataclass
+class TrainReport:
+    steps: int
+    losses: list[float] = field(default_factory=list)  # by step, as finally applied
+    step_s: list[float] = field(default_factory=list)
+    val_start: float | None = None
+    val_end: float | None = None
+    tokens_per_step: int = 0
+    first_step: int = 0
+    recoveries: list[Recovery] = field(default_factory=list)
+    steps_lost: int = 0  # steps run again after recoveries
+    restarts: int = 0  # steps dropped by a stage leader and run again
+    skipped: list[tuple[int, int, int]] = field(default_factory=list)  # step, stage, replica
+    checkpoint: Checkpoint | None = None  # the last one taken (or gone back to)
+    cancelled: bool = False  # stopped before its last step (``stop`` said so)
+    end_step: int = 0  # the step the weights are at when the session ends
+    sync: SyncSettings | None = None  # how the replicas agreed (None: every step, plain)
+    dp_bytes: int = 0  # what the replicas sent each other (gradients, updates), all steps
+    rounds: int = 0  # the times they agreed (steps, or rounds of the sync mode)
+
+    @property
+    def median_step_s(self) -> float:
+        s = sorted(self.step_s[len(self.step_s) // 5 :] or self.step_s)  # skip warm-up steps
+        return s[len(s) // 2]
+
+    def as_json(self) -> dict[str, Any]:
+        """What ``dmsc train`` and the Train call answer about the session."""
+        timed = bool(self.step_s)
+        return {
+            "steps": self.end_step - self.first_step,
+            "loss_first": self.losses[0] if self.losses else None,
+            "loss_last": self.losses[-1] if self.losses else None,
+            "val_start": self.val_start,
+            "val_end": self.val_end,
+            "median_step_s": self.median_step_s if timed else None,
+            "tokens_per_s": self.tokens_per_step / self.median_step_s if timed else None,
+            "recoveries": [
+                {
+                    "services": r.failed,
+                    "reason": r.reason,
+                    "detected_at": r.detected_at,
+                    "recovered_after_s": r.recovered_at - r.detected_at,
+                    "checkpoint_step": r.checkpoint_step,
+                }
+                for r in self.recoveries
+            ],
+            "steps_lost": self.steps_lost,
+            "restarts": self.restarts,
+            "skipped": self.skipped,
+            "sync": self.sync_json(),
+        }
+
+    def sync_json(self) -> dict[str, Any]:
+        """The sync mode, the bytes it moved, and the privacy spent (epsilon at the task's
+        delta, from the accountant) when its updates were clipped and noised."""
+        s = self.sync or SyncSettings()
+        steps = max(1, len(self.losses))
+        out: dict[str, Any] = {
+            "mode": s.mode if not s.outer else f"{s.mode}:{s.inner_steps}",
+            "compress": s.compress,
+            "aggregator": s.aggregator,
+            "secure": s.secure,
+            "local_data": s.local_data,
+            "task_heads": s.task_heads,
+            "dp_bytes": self.dp_bytes,
+            "bytes_per_step": self.dp_bytes / steps,
+            "rounds": self.rounds,
+        }
+        if s.dp_clip is not None:
+            ledger = PrivacyLedger(s.dp_noise, s.dp_clip, rounds=self.rounds)
+            privacy = ledger.as_json(s.dp_delta)
+            if privacy["epsilon"] == float("inf"):  # no noise: no guarantee (JSON has no inf)
+                privacy["epsilon"] = None  # type: ignore[assignment]
+            out["privacy"] = privacy
+        return out
+
+
+def validation_loss(
+    dep: Deployment,
+    corpus: Corpus,
+    batch: int,
+    microbatches: int,
+    batches: int = 4,
+    step_base: int = 2_000_000,
+) -> float:
+    losses = []
+    for k in range(batches):
+        x, y = corpus.batch(10_000 + k, batch)
+        losses.append(dep.eval_step(step_base + k, x, y, microbatches))
+    return sum(losses) / len(losses)
+
+
+def fault_record(
+    rec: Recovery, run_id: int, task_id: int | None = None, steps_lost: int = 0
+) -> FaultRecord:
+    """The database row of a recovery from failed workers (left open when no checkpoint could
+    be loaded: the workers are back, their weights are not)."""
+    lost = " (no checkpoint verifies: the weights are not restored)" if rec.lost else ""
+    return FaultRecord(
+        run_id=run_id,
+        task_id=task_id,
+        kind="worker",
+        services=",".join(rec.failed),
+        reason=(rec.reason + lost)[:2000],
+        detected_at=rec.detected_at,
+        recovered_at=None if rec.lost else rec.recovered_at,
+        checkpoint_step=None if rec.lost else rec.checkpoint_step,
+        steps_lost=steps_lost,
+        epoch=rec.epoch,
+    )
+
+
+@dataclass
+class Recovering:
+    """How a session survives failures."""
+
+    checkpoint_every: int = 0  # steps between checkpoints (0: only the one before step 1)
+    checkpoint_dir: Path | None = None
+    late_policy: LatePolicy = "wait"  # see dmsc.runtime.compute.worker
+    grad_wait_s: float = (
+        DEFAULT_GRAD_WAIT_S  # the bound on waiting for a replica's gradient (skip, restart)
+    )
+    max_recoveries: int = 5
+    max_restarts: int = 20
+    start: Checkpoint | None = None  # resume from this checkpoint instead of taking one
+    # which of the session's checkpoints stay on disk, and the tenant's quota (None: all stay)
+    retention: Retention | None = None
+    older: list[Checkpoint] = field(default_factory=list)  # start's fallbacks, newest first
+
+
+def train(
+    dep: Deployment,
+    corpus: Corpus,
+    valid: Corpus,
+    steps: int,
+    batch: int,
+    microbatches: int,
+    schedule: Schedule = "1f1b",
+    db: Database | None = None,
+    task_id: int | None = None,
+    on_step: Callable[[int, dict[str, Any]], None] | None = None,
+    first_step: int = 0,
+    recovering: Recovering | None = None,
+    run_id: int | None = None,
+    validate: bool = True,
+    stop: Callable[[], bool] | None = None,
+    turn: Callable[[], contextlib.AbstractContextManager[None]] | None = None,
+    lr: Callable[[int], float] | None = None,
+    sync: SyncSettings | None = None,
+) -> TrainReport:
+    """Run steps ``first_step`` .. ``first_step + steps - 1``; validation loss before and after.
+    ``turn()`` is held around each step and validation (the replicas' fair locks: inference
+    requests take their tokens between two steps, never inside one).
+    With ``recovering.start``, the session resumes from that checkpoint (or, when it does not
+    verify, the newest of ``recovering.older`` that does; each must lie in the range) and the
+    steps before it are taken as done. ``stop`` (asked before each step) cancels the session.
+    ``lr(i)`` is the learning rate of the session's ``i``-th step (the workers' own when None).
+    ``sync`` says how the data-parallel replicas agree (every step by default; a round of
+    ``sync.inner_steps`` otherwise, the session's last step ending one too) and whether each
+    draws its batches from its own shard (``sync.local_data``: loaded by the caller,
+    :mod:`dmsc.runtime.control.training.shards`; ``corpus`` then serves nothing but its size).
+    The task's state is the caller's to set (running, then done or cancelled once it has
+    recorded what the session produced)."""
+    rec = recovering or Recovering()
+    end = first_step + steps
+    report = TrainReport(steps, tokens_per_step=batch * dep.layout.model.seq, first_step=first_step)
+    report.sync = sync
+    rounds_of = sync.inner_steps if sync is not None and sync.outer else 1
+    local = sync is not None and sync.local_data
+    logged = db is not None and task_id is not None
+    recorded = db is not None and run_id is not None
+    # The session's checkpoints, oldest first; the last is the one a rollback goes back to.
+    history: list[Checkpoint] = []
+
+    in_rounds = sync is not None and sync.outer
+    # mid-round the replicas differ (weights, inner optimizers), and task heads always do
+    every = sync is not None and (sync.outer or sync.task_heads)
+
+    def folder(step: int) -> Path | None:
+        return rec.checkpoint_dir / f"step{step}" if rec.checkpoint_dir else None
+
+    def save(step: int) -> Checkpoint:
+        ckpt = dep.checkpoint(step, folder(step), every=every)
+        if recorded:
+            assert db is not None and run_id is not None
+            row = db.add(
+                CheckpointRecord(
+                    run_id=run_id, task_id=task_id, step=step, files_json=ckpt.files_json()
+                )
+            )
+            ckpt.id = row.id
+        history.append(ckpt)
+        report.checkpoint = ckpt
+        if rec.retention is not None:  # the older ones go; a tenant past its quota stops here
+            prune(history, rec.retention, db if recorded else None)
+            if recorded and task_id is not None:
+                assert db is not None
+                check_quota(db, task_id, rec.retention)
+        return ckpt
+
+    def settle(restored: Restored, what: str) -> Checkpoint:
+        """Record the checkpoints ``restored`` skipped; the one it loaded (else raise)."""
+        for ckpt, exc in restored.refused:
+            if ckpt in history:
+                history.remove(ckpt)
+            if db is not None and ckpt.id is not None:
+                db.refuse_checkpoint(ckpt.id, str(exc))
+        if recorded:
+            assert db is not None and run_id is not None
+            sids = {k: dep.sid(*k) for k in dep.clients}
+            for row in checkpoint_faults(restored, run_id, sids, task_id, dep.epoch):
+                db.add(row)
+        for _, exc in restored.refused:
+            log.warning("checkpoint skipped while %s: %s", what, exc, extra={"task_id": task_id})
+        if restored.checkpoint is None:
+            raise restored.error(what)
+        report.checkpoint = restored.checkpoint
+        return restored.checkpoint
+
+    def bring_back(failure: WorkerFailure, at_step: int) -> Checkpoint:
+        if len(report.recoveries) >= rec.max_recoveries:
+            raise failure
+        r = recovery.recover(dep, failure, history[::-1])
+        report.recoveries.append(r)
+        lost = at_step - r.checkpoint.step if r.checkpoint is not None else 0
+        if recorded:
+            assert db is not None and run_id is not None
+            db.add(fault_record(r, run_id, task_id, steps_lost=lost))
+        ckpt = settle(r.restored, f"rolling back from step {at_step}")
+        report.steps_lost += lost
+        if logged:
+            assert db is not None and task_id is not None
+            db.drop_metrics_from(task_id, ckpt.step)
+        return ckpt
+
+    if rec.start is not None:
+        for c in (rec.start, *rec.older):
+            if not first_step <= c.step <= end:
+                raise ValueError(f"checkpoint of step {c.step} is outside {first_step}..{end}")
+        history.extend([*rec.older[::-1], rec.start])
+        ckpt = settle(restore_newest(dep, history[::-1]), "resuming")
+        if logged:  # steps after the checkpoint run again: their old metrics go
+            assert db is not None and task_id is not None
+            db.drop_metrics_from(task_id, ckpt.step)
+    else:
+        ckpt = save(first_step)
+    hold = turn or contextlib.nullcontext
+    if validate:
+        try:
+            with hold():
+                report.val_start = validation_loss(dep, valid, batch, microbatches)
+        except WorkerFailure as failure:
+            bring_back(failure, ckpt.step)
+            with hold():
+                report.val_start = validation_loss(dep, valid, batch, microbatches)
+    losses: dict[int, float] = {}
+    step = history[-1].step
+
+    def roll_back(failure: WorkerFailure, at_step: int) -> int:
+        back = bring_back(failure, at_step).step
+        for s in range(back, at_step):
+            losses.pop(s, None)
+        return back
+
+    while True:
+        t0: float | None = None  # the step's first attempt (a restarted step counts whole)
+        while step < end:
+            if stop is not None and stop():
+                report.cancelled = True
+                break
+            x, y = (None, None) if local else corpus.batch(step, batch)
+            outer = in_rounds and ((step - first_step + 1) % rounds_of == 0 or step == end - 1)
+            try:
+                with hold():
+                    t0 = t0 if t0 is not None else time.perf_counter()
+                    out = dep.train_step(
+                        step,
+                        x,
+                        y,
+                        microbatches,
+                        schedule,
+                        rec.late_policy,
+                        rec.grad_wait_s,
+                        lr(step - first_step) if lr is not None else None,
+                        sync,
+                        outer,
+                    )
+            except StepRestartNeeded:
+                report.restarts += 1
+                if report.restarts > rec.max_restarts:
+                    raise
+                continue
+            except WorkerFailure as failure:
+                step, t0 = roll_back(failure, step), None
+                continue
+            dt, t0 = time.perf_counter() - t0, None
+            losses[step] = out["loss"]
+            report.dp_bytes += out.get("dp_bytes", 0)
+            report.rounds += 1 if outer or not in_rounds else 0
+            report.step_s.append(dt)
+            report.skipped += [(step, st, r) for st, r in out.get("skipped", [])]
+            if logged:
+                assert db is not None and task_id is not None
+                db.add_metric(task_id, step, out["loss"], dt, report.tokens_per_step / dt)
+                add_step_traces(db, task_id, step, out.get("traces", {}), out.get("compute_s", {}))
+            if on_step is not None:
+                on_step(step, {**out, "step_s": dt, "tokens_per_s": report.tokens_per_step / dt})
+            step += 1
+            if rec.checkpoint_every and (step - first_step) % rec.checkpoint_every == 0:
+                try:
+                    save(step)
+                except WorkerFailure as failure:
+                    step = roll_back(failure, step)
+        if report.cancelled:  # keep what was done: a checkpoint where it stopped
+            if step > history[-1].step:
+                try:
+                    save(step)
+                except WorkerFailure as failure:
+                    step = roll_back(failure, step)
+            break
+        if not validate:
+            break
+        try:
+            with hold():
+                report.val_end = validation_loss(dep, valid, batch, microbatches)
+            break
+        except WorkerFailure as failure:  # the weights go back to the checkpoint: run again
+            step = roll_back(failure, step)
+    report.losses = [losses[s] for s in sorted(losses)]
+    report.end_step = step
+    return report

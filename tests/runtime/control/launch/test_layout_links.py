@@ -1,0 +1,24 @@
+"""Thin links of a layout: each worker's pipeline sends to a stage in another datacenter take
+that pair's rate; inside a datacenter, or between a pair not named, there is no limit."""
+
+from __future__ import annotations
+
+from dmsc.runtime.control.launch.layout import StageLayout
+from dmsc.spec import TransformerSpec, resolve_model
+
+
+def test_each_worker_gets_the_rate_of_the_link_to_each_neighbouring_stage() -> None:
+    model = resolve_model("gpt-mini")
+    assert isinstance(model, TransformerSpec)
+    layout = StageLayout(
+        model,
+        [("embedding", "block_0"), ("block_1", "block_2"), ("block_3", "head")],
+        replicas=2,
+        datacenters={(0, 0): "a", (1, 0): "b", (2, 0): "b", (0, 1): "a", (1, 1): "a", (2, 1): "c"},
+        link_mbps={("b", "a"): 10.0, ("a", "c"): 50.0},
+    )
+    assert layout.pp_link_mbps(0, 0, 3) == {"1": 10.0}  # a -> b, named the other way round
+    assert layout.pp_link_mbps(1, 0, 3) == {"0": 10.0}  # b -> b to stage 2: the same fabric
+    assert layout.pp_link_mbps(2, 0, 3) == {}
+    assert layout.pp_link_mbps(1, 1, 3) == {"2": 50.0}
+    assert layout.pp_link_mbps(0, 1, 3) == {}

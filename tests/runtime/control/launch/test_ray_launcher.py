@@ -1,0 +1,107 @@
+"""What the Ray launcher asks of a cluster before it reserves anything (issue 29, point 8), with
+Ray replaced by a fake that knows the cluster's nodes; a real cluster is started in
+tests/integration/test_ray.py."""
+
+from __future__ import annotations
+
+import importlib
+import time
+from typing import Any
+
+import pytest
+
+from dmsc.runtime.compute.config import WorkerConfig
+from dmsc.runtime.control.launch import ray_launcher
+from dmsc.runtime.control.launch.ray_launcher import RayLauncher
+
+
+class _Ray:
+    """Ray as the launcher sees it: a connected driver and the cluster's alive nodes."""
+
+    def __init__(self, nodes: list[dict[str, float]]) -> None:
+        self._nodes = nodes
+        self.util = type("util", (), {"get_node_ip_address": staticmethod(lambda: "127.0.0.1")})
+
+    def is_initialized(self) -> bool:
+        return True
+
+    def nodes(self) -> list[dict[str, Any]]:
+        return [{"Alive": True, "Resources": r} for r in self._nodes]
+
+    def cluster_resources(self) -> dict[str, float]:
+        out: dict[str, float] = {}
+        for r in self._nodes:
+            for k, v in r.items():
+                out[k] = out.get(k, 0) + v
+        return out
+
+    def available_resources(self) -> dict[str, float]:
+        return self.cluster_resources()
+
+
+def _launcher(monkeypatch: pytest.MonkeyPatch, nodes: list[dict[str, float]]) -> RayLauncher:
+    monkeypatch.setattr(ray_launcher, "ray_module", lambda: _Ray(nodes))
+
+    def never(*_a: Any, **_k: Any) -> None:
+        raise AssertionError("a placement group was asked for")
+
+    module = importlib.import_module("ray.util.placement_group")  # the function hides it
+    monkeypatch.setattr(module, "placement_group", never)
+    return RayLauncher(place_timeout_s=60)
+
+
+def _cfgs(dcs: list[str], device: str = "cpu") -> list[WorkerConfig]:
+    return [
+        WorkerConfig(
+            sid=f"stage{i}-r0",
+            stage=i,
+            stages=len(dcs),
+            model={},
+            first="embedding",
+            last="head",
+            registry="127.0.0.1:1",
+            datacenter=dc,
+            device=device,
+        )
+        for i, dc in enumerate(dcs)
+    ]
+
+
+def test_three_stages_on_a_two_cpu_cluster_are_refused_at_once(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Each stage worker holds a CPU: 3 stages on a cluster of 2 CPUs is refused before any
+    placement group waits (it used to wait 60 s, then print Ray's free-resource dict)."""
+    launcher = _launcher(monkeypatch, [{"CPU": 2, "dc:dc-0": 8}])
+    t0 = time.monotonic()
+    with pytest.raises(ValueError, match=r"needs 3 CPUs, the cluster has 2\b"):
+        launcher.prepare(_cfgs(["dc-0"] * 3))
+    assert time.monotonic() - t0 < 1.0
+
+
+def test_cuda_stages_count_gpus(monkeypatch: pytest.MonkeyPatch) -> None:
+    launcher = _launcher(monkeypatch, [{"CPU": 16, "GPU": 1, "dc:dc-0": 8}])
+    with pytest.raises(ValueError, match=r"needs 2 GPUs, the cluster has 1\b"):
+        launcher.prepare(_cfgs(["dc-0", "dc-0"], device="cuda:0"))
+
+
+def test_a_datacenter_whose_nodes_lack_cpus_is_named(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Enough CPUs in the cluster, but not on the nodes of the datacenter the plan puts the
+    workers in."""
+    launcher = _launcher(monkeypatch, [{"CPU": 1, "dc:dc-0": 8}, {"CPU": 8, "dc:dc-1": 8}])
+    with pytest.raises(ValueError, match=r"datacenter dc-0 needs 2 CPUs, its nodes have 1\b"):
+        launcher.prepare(_cfgs(["dc-0", "dc-0", "dc-1"]))
+
+
+def test_datacenters_that_share_nodes_are_counted_together(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """dc-0 and dc-2 are offered by the same 4-CPU node: 3 workers in each fit neither alone
+    nor together (a third node, of dc-1, has CPUs to spare but cannot take them)."""
+    nodes: list[dict[str, float]] = [
+        {"CPU": 4, "dc:dc-0": 4, "dc:dc-2": 4},
+        {"CPU": 4, "dc:dc-1": 4},
+    ]
+    launcher = _launcher(monkeypatch, nodes)
+    with pytest.raises(ValueError, match=r"datacenters dc-0, dc-2 need 6 CPUs, their nodes have 4"):
+        launcher.prepare(_cfgs(["dc-0"] * 3 + ["dc-2"] * 3))

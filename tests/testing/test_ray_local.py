@@ -1,0 +1,108 @@
+"""How the local Ray cluster starts (``dmsc.testing.ray_local``), with Ray's ``Cluster``
+replaced by a recording fake; the real cluster is started in tests/integration/test_ray.py."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from typing import Any, ClassVar
+
+import pytest
+import ray.cluster_utils
+
+from dmsc.testing import ray_local
+
+
+class _Cluster:
+    """Records what Ray would be asked; ``fail`` makes the head's start fail as a head does
+    when its GCS server never publishes its port."""
+
+    made: ClassVar[list[_Cluster]] = []
+    fail: ClassVar[bool] = False
+
+    def __init__(self, initialize_head: bool, head_node_args: dict[str, Any]) -> None:
+        self.head_args = head_node_args
+        self.gcs_wait = os.environ.get(ray_local.GCS_WAIT_ENV)
+        self.waits: list[float] = []
+        self.stopped = False
+        self.address = "127.0.0.1:1"
+        self.connected = False
+        _Cluster.made.append(self)
+        if _Cluster.fail:
+            raise RuntimeError("Timed out waiting for file /tmp/ray/session_x/gcs_server_port_1")
+
+    def wait_for_nodes(self, timeout: float = 30) -> None:
+        self.waits.append(timeout)
+
+    def add_node(self, wait: bool = True, **kwargs: Any) -> dict[str, Any]:
+        assert not wait  # waited for by wait_for_nodes, with the longer timeout
+        return kwargs
+
+    def shutdown(self) -> None:
+        self.stopped = True
+
+
+@pytest.fixture
+def fake_ray(monkeypatch: pytest.MonkeyPatch) -> type[_Cluster]:
+    _Cluster.made, _Cluster.fail = [], False
+    monkeypatch.setattr(ray.cluster_utils, "Cluster", _Cluster)
+    monkeypatch.setattr(ray, "init", lambda **_kw: None)
+    monkeypatch.setattr(ray, "shutdown", lambda: None)
+    monkeypatch.delenv(ray_local.GCS_WAIT_ENV, raising=False)
+    return _Cluster
+
+
+def test_the_head_and_every_node_get_the_longer_start_wait(fake_ray: type[_Cluster]) -> None:
+    """A head that starts in over 30 s on a busy machine (Ray's default wait for its GCS server's
+    port and for a node to register) still starts: Ray is given START_WAIT_S for both."""
+    with ray_local.local_cluster({"dc:dc-0": 4}, [{"dc:dc-1": 4}]) as c:
+        assert c.gcs_wait == str(ray_local.START_WAIT_S)
+        assert c.head_args["wait"] is False
+        assert c.waits == [ray_local.START_WAIT_S, ray_local.START_WAIT_S]
+    assert ray_local.GCS_WAIT_ENV not in os.environ  # put back as it was
+
+
+def test_the_cluster_stays_on_loopback_whenever_ray_was_imported(
+    fake_ray: type[_Cluster], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Ray was imported (by this module) before the loopback setting: the head must still be
+    reached on 127.0.0.1, not on the machine's address (CI: ``ray.init`` timed out on
+    192.0.2.2 after another test had imported Ray first)."""
+    from ray._private import ray_constants, services
+
+    monkeypatch.delenv(ray_local.LOOPBACK_ENV, raising=False)
+    assert ray_constants.ENABLE_RAY_CLUSTER  # as read at import, without the setting
+    with ray_local.local_cluster({"dc:dc-0": 4}, []):
+        assert services.get_node_ip_address() == "127.0.0.1"  # type: ignore[no-untyped-call]
+        assert os.environ[ray_local.LOOPBACK_ENV] == "0"  # for the processes Ray starts
+    assert ray_constants.ENABLE_RAY_CLUSTER
+    assert ray_local.LOOPBACK_ENV not in os.environ
+
+
+def test_an_operators_own_wait_is_kept(
+    fake_ray: type[_Cluster], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv(ray_local.GCS_WAIT_ENV, "300")
+    with ray_local.local_cluster({"dc:dc-0": 4}, []) as c:
+        assert c.gcs_wait == "300"
+    assert os.environ[ray_local.GCS_WAIT_ENV] == "300"
+
+
+def test_a_head_that_does_not_start_says_why_with_its_log(
+    fake_ray: type[_Cluster], monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    (tmp_path / "gcs_server.err").write_text("first\nbind: Address already in use\n")
+    tail = ray_local.gcs_log_tail
+    monkeypatch.setattr(ray_local, "gcs_log_tail", lambda: tail(root=tmp_path))
+    fake_ray.fail = True
+    with (
+        pytest.raises(RuntimeError, match="did not start") as e,
+        ray_local.local_cluster({"dc:dc-0": 4}, []),
+    ):
+        pass
+    assert "Address already in use" in str(e.value)
+    assert "gcs_server_port_1" in str(e.value)
+
+
+def test_the_log_tail_names_a_missing_log(tmp_path: Path) -> None:
+    assert "no GCS server log" in ray_local.gcs_log_tail(root=tmp_path)
