@@ -48,7 +48,8 @@ def test_a_sweep_is_its_runs_made_one_by_one() -> None:
         assert got.summaries[(name, load)]["blocked"] == summarize(alone)["blocked"]
     assert len(got.runs) == 4 and got.arrivals == 40
     # one description per run, then the arrivals done so far, up to all of them
-    assert [w for w, _ in seen if w][0] == f"baseline at {0.5 * scenario.load_erlang:g} Erlang, seed 0"
+    first = f"baseline at {0.5 * scenario.load_erlang:g} Erlang, seed 0"
+    assert next(w for w, _ in seen if w) == first
     assert sum(1 for w, _ in seen if w) == 8 and max(d for _, d in seen) == 8 * 40
     out = got.to_dict()
     assert set(out["schedulers"]) == {"baseline", "cba"}
