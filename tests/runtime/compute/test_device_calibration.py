@@ -89,7 +89,7 @@ def test_the_host_time_to_issue_a_kernel_is_measured_and_printed() -> None:
 
     for model in ("llama-mini", "gpt-mini"):
         seconds = measure_host_op("cpu", model, repeats=3)
-        assert 1e-7 < seconds < 1e-2
+        assert 0 < seconds < 0.1  # a CPU computes its 8 tokens too: a loose, noisy figure here
     got = measure_device("cpu", quick=True)
     assert "host_op_us" not in got["spec"] and "host_op_us" not in got["report"]
     lines = report_lines({**got["report"], "host_op_us": {"llama-mini": 61.5}})
