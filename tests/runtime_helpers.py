@@ -1,9 +1,11 @@
 """Helpers of the runtime tests: a plan, a one-box cluster and a deployment with a gateway, made
 with the ``dmsc`` command as a user runs it, in a data directory ``home`` of the test's own; and
-a control plane in the test's process (real workers) where a test must reach into it."""
+a control plane in the test's process (real workers) where a test must reach into it; and the
+single-process reference losses, trained once per test process."""
 
 from __future__ import annotations
 
+import hashlib
 import socket
 import subprocess
 import time
@@ -12,14 +14,16 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any, TypeVar
 
+import torch
 from conftest import EXAMPLES, ROOT, run_dmsc
 
 from dmsc.data.db import Database
 from dmsc.planner.plan import Plan
 from dmsc.runtime.business.gateway import wait_ready
+from dmsc.runtime.compute.reference import train_reference
 from dmsc.runtime.compute.worker import WorkerConfig
 from dmsc.runtime.control.plane import ControlPlane
-from dmsc.spec import ClusterSpec, JobSpec, load_spec, resolve_model
+from dmsc.spec import ClusterSpec, JobSpec, TransformerSpec, load_spec, resolve_model
 
 T = TypeVar("T")
 
@@ -143,3 +147,34 @@ def wait_for(predicate: Callable[[], T], seconds: float, what: str, every: float
             return value
         time.sleep(every)
     raise AssertionError(f"timed out waiting for {what}")
+
+
+# train_reference's runs of this process: (settings, each step's batch digest and micro-batch
+# count, losses).
+_REFERENCES: list[tuple[tuple[Any, ...], list[tuple[bytes, int]], list[float]]] = []
+
+
+def reference_losses(
+    spec: TransformerSpec,
+    seed: int,
+    lr: float,
+    batches: list[tuple[torch.Tensor, torch.Tensor]],
+    microbatches: int | list[int],
+    optimizer: str = "adamw",
+) -> list[float]:
+    """``train_reference(spec, seed, lr, batches, microbatches, optimizer)``, trained once per
+    test process: a run asked for again, or the first steps of a longer run already trained on
+    the same batches, is read back (a step's loss depends only on the steps before it), so that
+    the tests comparing a deployment with single-process training share their reference."""
+    counts = microbatches if isinstance(microbatches, list) else [microbatches] * len(batches)
+    steps = [
+        (hashlib.sha256(x.numpy().tobytes() + y.numpy().tobytes()).digest(), m)
+        for (x, y), m in zip(batches, counts, strict=True)
+    ]
+    key = (spec.model_dump_json(), seed, lr, optimizer)
+    for known, done, losses in _REFERENCES:
+        if known == key and done[: len(steps)] == steps:
+            return losses[: len(steps)]
+    losses = train_reference(spec, seed, lr, batches, microbatches, optimizer)
+    _REFERENCES.append((key, steps, losses))
+    return list(losses)

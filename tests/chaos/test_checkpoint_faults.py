@@ -18,12 +18,11 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from runtime_helpers import control_plane, local_plan, wait_for
+from runtime_helpers import control_plane, local_plan, reference_losses, wait_for
 
 from dmsc.data.corpus import Corpus, stdlib_text
 from dmsc.data.db import CheckpointRecord, Database
 from dmsc.planner.plan import Plan
-from dmsc.runtime.compute.reference import train_reference
 from dmsc.runtime.control.launch.deployment import Deployment, StageLayout
 from dmsc.runtime.control.launch.fallback import NoGoodCheckpoint
 from dmsc.runtime.control.plane import ControlPlane
@@ -65,7 +64,7 @@ def test_a_rollback_skips_a_corrupt_checkpoint_for_the_newest_that_verifies(
     back to step 2 instead, and the loss curve is still the failure-free one."""
     train_text, valid_text = stdlib_text(max_bytes=400_000)
     corpus, valid = Corpus(train_text, SPEC.seq, seed=1), Corpus(valid_text, SPEC.seq, seed=2)
-    reference = train_reference(
+    reference = reference_losses(
         SPEC, 0, 1e-3, [corpus.batch(s, BATCH) for s in range(STEPS)], MICRO
     )
     db = Database(f"sqlite:///{tmp_path / 'dmsc.sqlite'}")

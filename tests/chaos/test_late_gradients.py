@@ -11,6 +11,7 @@ import time
 
 import pytest
 import torch
+from runtime_helpers import reference_losses
 
 from dmsc.data.corpus import Corpus, stdlib_text
 from dmsc.runtime.compute.reference import train_reference
@@ -53,7 +54,7 @@ def _batches(corpus: Corpus) -> list[tuple[torch.Tensor, torch.Tensor]]:
 
 def test_wait_policy_waits_for_the_late_replica(corpora) -> None:  # type: ignore[no-untyped-def]
     report, times = _run("wait", corpora)
-    reference = train_reference(SPEC, 0, 1e-3, _batches(corpora[0]), MICRO)
+    reference = reference_losses(SPEC, 0, 1e-3, _batches(corpora[0]), MICRO)
     assert max(abs(a - b) for a, b in zip(report.losses, reference, strict=True)) < 1e-5
     assert times[LATE_STEP] >= DELAY and not report.skipped and report.restarts == 0
 
@@ -74,7 +75,7 @@ def test_skip_policy_averages_what_arrived_in_time(corpora) -> None:  # type: ig
     others = [s for s in range(STEPS) if s != LATE_STEP]
     assert max(abs(report.losses[s] - reference[s]) for s in others) < 1e-5
     # and it is not the failure-free curve: the skipped half changed the weights
-    plain = train_reference(SPEC, 0, 1e-3, _batches(corpora[0]), MICRO)
+    plain = reference_losses(SPEC, 0, 1e-3, _batches(corpora[0]), MICRO)
     assert abs(report.losses[LATE_STEP + 1] - plain[LATE_STEP + 1]) > 1e-4
     assert time.perf_counter() - t0 < 120
 
@@ -83,6 +84,6 @@ def test_restart_policy_runs_the_step_again(corpora) -> None:  # type: ignore[no
     report, times = _run("restart", corpora)
     assert report.restarts == 1 and not report.skipped
     assert BOUND <= times[LATE_STEP] < DELAY  # the bound, then the step again at once
-    reference = train_reference(SPEC, 0, 1e-3, _batches(corpora[0]), MICRO)
+    reference = reference_losses(SPEC, 0, 1e-3, _batches(corpora[0]), MICRO)
     # Nothing of the dropped attempt was applied: the curve is the failure-free one.
     assert max(abs(a - b) for a, b in zip(report.losses, reference, strict=True)) < 1e-5

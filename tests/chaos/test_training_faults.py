@@ -13,9 +13,10 @@ import signal
 import time
 
 import pytest
+from runtime_helpers import reference_losses
 
 from dmsc.data.corpus import Corpus, stdlib_text
-from dmsc.runtime.compute.reference import train_diloco_reference, train_reference
+from dmsc.runtime.compute.reference import train_diloco_reference
 from dmsc.runtime.control.launch.deployment import Deployment, StageLayout
 from dmsc.runtime.control.training.training import Recovering, train
 from dmsc.runtime.transport.messages import SyncSettings
@@ -37,7 +38,7 @@ def corpora() -> tuple[Corpus, Corpus]:
 def reference(corpora) -> list[float]:  # type: ignore[no-untyped-def]
     """Single-process training on the same batches: the failure-free run."""
     batches = [corpora[0].batch(s, BATCH) for s in range(STEPS)]
-    return train_reference(SPEC, 0, 1e-3, batches, MICRO)
+    return reference_losses(SPEC, 0, 1e-3, batches, MICRO)
 
 
 @pytest.mark.parametrize(

@@ -5,6 +5,7 @@ from __future__ import annotations
 import grpc
 import pytest
 import torch
+from runtime_helpers import reference_losses
 
 from dmsc.data.corpus import Corpus, stdlib_text
 from dmsc.runtime.compute.reference import train_reference
@@ -28,7 +29,7 @@ def batches() -> list[tuple[torch.Tensor, torch.Tensor]]:
 
 @pytest.fixture(scope="module")
 def reference(batches) -> list[float]:  # type: ignore[no-untyped-def]
-    return train_reference(SPEC, 0, 1e-3, batches, MICRO)
+    return reference_losses(SPEC, 0, 1e-3, batches, MICRO)
 
 
 RANGES = {

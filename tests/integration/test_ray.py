@@ -12,10 +12,9 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from runtime_helpers import dmsc, make_plan
+from runtime_helpers import dmsc, make_plan, reference_losses
 
 from dmsc.data.corpus import Corpus, stdlib_text
-from dmsc.runtime.compute.reference import train_reference
 from dmsc.runtime.control.launch.deployment import Deployment, StageLayout
 from dmsc.runtime.control.launch.launchers import WorkerStartError
 from dmsc.runtime.control.launch.ray_launcher import RayLauncher, RayProcess
@@ -63,7 +62,7 @@ def test_a_plan_across_two_ray_nodes_trains_as_one_process_through_a_killed_work
     from ray.util import placement_group_table
 
     train_c, valid_c = corpora
-    want = train_reference(SPEC, 0, 1e-3, [train_c.batch(s, BATCH) for s in range(STEPS)], 4)
+    want = reference_losses(SPEC, 0, 1e-3, [train_c.batch(s, BATCH) for s in range(STEPS)], 4)
     layout = StageLayout(SPEC, RANGES, replicas=2, datacenters=DCS)
     launcher = RayLauncher(home=tmp_path)
     placed: dict[str, set[str]] = {}
@@ -279,7 +278,7 @@ def test_a_partitioned_ray_node_is_recovered_from_and_fenced_when_it_comes_back(
     add_node(c, {"dc:dc-1": 4})
     train_c, valid_c = corpora
     steps = 8
-    want = train_reference(SPEC, 0, 1e-3, [train_c.batch(s, BATCH) for s in range(steps)], 2)
+    want = reference_losses(SPEC, 0, 1e-3, [train_c.batch(s, BATCH) for s in range(steps)], 2)
     layout = StageLayout(SPEC, RANGES, datacenters={(0, 0): "dc-0", (1, 0): "dc-1"})
     seen: dict[str, Any] = {}
 
@@ -322,7 +321,7 @@ def test_a_lost_ray_node_moves_its_stage_to_another_node_of_its_datacenter(
     assert len(live_nodes(c, "dc:dc-1")) == 2  # the earlier tests leave one
     train_c, valid_c = corpora
     steps = 8
-    want = train_reference(SPEC, 0, 1e-3, [train_c.batch(s, BATCH) for s in range(steps)], 2)
+    want = reference_losses(SPEC, 0, 1e-3, [train_c.batch(s, BATCH) for s in range(steps)], 2)
     layout = StageLayout(SPEC, RANGES, datacenters={(0, 0): "dc-0", (1, 0): "dc-1"})
     launcher = RayLauncher(home=tmp_path)
 
