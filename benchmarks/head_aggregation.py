@@ -30,7 +30,7 @@ import torch
 
 from dmsc.data.corpus import stdlib_text
 from dmsc.runtime.compute.models.heads import build_heads, held_out, shard_text, train_heads
-from dmsc.runtime.control.serving.aggregation import (
+from dmsc.runtime.control.serving.combiners import (
     METHODS,
     AttentionCombiner,
     HeadProbs,

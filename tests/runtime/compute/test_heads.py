@@ -13,7 +13,7 @@ from dmsc.runtime.compute.models.heads import (
     shard_text,
     train_heads,
 )
-from dmsc.runtime.control.serving.aggregation import score, vote, weighted
+from dmsc.runtime.control.serving.combiners import score, vote, weighted
 from dmsc.spec import TransformerSpec, resolve_model
 
 TINY = resolve_model("gpt-mini", {"layers": 2, "hidden": 32, "heads": 2, "seq": 32})

@@ -83,7 +83,7 @@ def explain(exc: ValidationError, what: str) -> str:
 
 InnerOptimizer = Literal["adamw", "sgd"]
 # how task heads' outputs are combined at inference
-# (dmsc.runtime.control.serving.aggregation.METHODS)
+# (dmsc.runtime.control.serving.combiners.METHODS)
 Aggregate = Literal["vote", "weighted", "attention"]
 
 

@@ -3,7 +3,7 @@
 ``dmsc segment --method business`` cuts a model into a backbone and one micro-model per task
 head; this module builds and trains such a model from a :class:`~dmsc.spec.TransformerSpec`, so
 that the heads' outputs can be combined at inference
-(:mod:`dmsc.runtime.control.serving.aggregation`).
+(:mod:`dmsc.runtime.control.serving.combiners`).
 
 - The backbone is the chain's first layers, ``embedding .. block_{b-1}``; each head is the rest,
   ``block_b .. head``, with its own parameters (built from its own seed, or read from the spec's

@@ -110,8 +110,10 @@ class Deployment:
                 dict.fromkeys(layout.datacenters[k] for k in sorted(layout.datacenters))
             ),
         )
-        self.local_batch = 0  # a replica's batch from its own shard (control.shards)
-        self.pool = ThreadPoolExecutor(max_workers=max(4, 2 * len(layout.ranges) * layout.replicas))
+        self.local_batch = 0  # a replica's batch from its own shard (control.training.shards)
+        self.threads = ThreadPoolExecutor(
+            max_workers=max(4, 2 * len(layout.ranges) * layout.replicas)
+        )
 
     @property
     def stages(self) -> int:
@@ -158,7 +160,7 @@ class Deployment:
 
     def launch(self, cfgs: list[WorkerConfig]) -> list[WorkerHandle]:
         """Start a worker process for each of ``cfgs``, all at once."""
-        return list(self.pool.map(lambda c: self.launcher.start(c, self.workdir), cfgs))
+        return list(self.threads.map(lambda c: self.launcher.start(c, self.workdir), cfgs))
 
     def adopt(self, h: WorkerHandle) -> None:
         """Serve through ``h`` at its (stage, replica), in place of the worker there."""
@@ -470,7 +472,7 @@ class Deployment:
         for c in self.clients.values():
             c.close()
         self.server.stop(grace=1)
-        self.pool.shutdown(wait=False)
+        self.threads.shutdown(wait=False)
         if self._tmp:
             self._tmp.cleanup()
 

@@ -77,7 +77,7 @@ def replace(dep: Deployment, keys: Collection[Key]) -> None:
             dep.adopt(taken)
     for h in dep.launch(launch):
         dep.adopt(h)
-    dep.spares.refill(dep.pool)
+    dep.spares.refill(dep.threads)
 
 
 def recover(

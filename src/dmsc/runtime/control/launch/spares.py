@@ -85,10 +85,10 @@ class SparePool:
                 self._gone(cfg)
                 raise
 
-    def refill(self, pool: ThreadPoolExecutor) -> None:
+    def refill(self, threads: ThreadPoolExecutor) -> None:
         """Start spares in the background until the pool holds ``wanted`` again."""
         if self.wanted:
-            self._refills.append(pool.submit(self._refill))
+            self._refills.append(threads.submit(self._refill))
 
     def take(self, cfg: WorkerConfig) -> WorkerHandle | None:
         """A spare that has taken over ``cfg``'s stage, or None when no spare could."""

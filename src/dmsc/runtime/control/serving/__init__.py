@@ -3,7 +3,7 @@
 - :mod:`.infer_calls`: the control plane's ``Infer`` and ``InferStream``, one request recorded
   as a task; text handed on as whole characters by :mod:`.streaming`;
 - :mod:`.head_inference`: inference over task heads, their next-token distributions combined
-  by :mod:`.aggregation`;
+  by :mod:`.combiners`;
 - :mod:`.inference`: the data-parallel replicas (routing, failover, model versions), each taken
   per token through a :class:`~.turns.FairLock` (:mod:`.turns`);
 - :mod:`.serving`: elastic serving replicas added and removed with the load, as the rule of
@@ -13,7 +13,7 @@
   (promote, canary, rollback), which say what should serve.
 
 Imports run one way, down this list: ``infer_calls -> head_inference -> inference -> serving,
-version_sync -> held, model_store, turns, autoscale, aggregation, streaming``. Below this
+version_sync -> held, model_store, turns, autoscale, combiners, streaming``. Below this
 package only :mod:`..launch`; it never imports :mod:`..training` (nor training this one).
 The model store is here rather than beside the control plane because the serving replicas and
 the version sync read it.

@@ -5,7 +5,7 @@ stages before the last are the shared backbone (averaged across the data-paralle
 step), and the last stage of replica ``k`` is task head ``k``, trained on that replica's data
 only (with ``--local-data``, its datacenter's files). ``dmsc infer --aggregate METHOD`` asks
 every head for the next-token distribution of the same context, at once, and combines them with
-:mod:`dmsc.runtime.control.serving.aggregation` (``vote``, ``weighted``, ``attention``); the token
+:mod:`dmsc.runtime.control.serving.combiners` (``vote``, ``weighted``, ``attention``); the token
 is drawn from the combined distribution as the request's sampling says (temperature 0: its argmax,
 the voted byte for ``vote``).
 
@@ -13,7 +13,7 @@ the voted byte for ``vote``).
   every head one cached step, in parallel.
 - A head that fails or does not answer within the token's timeout drops out for the rest of the
   request, and the others' weights are renormalised over the heads still present (the rule of
-  the aggregation module); a failed replica also leaves routing until the watchdog heals it.
+  the combiners module); a failed replica also leaves routing until the watchdog heals it.
   Only when no head answers does the request fail.
 - **Calibration.** ``weighted`` weighs each head by its next-byte accuracy and ``attention``
   needs a fitted combiner, both measured on held-out text through the deployed services: the
@@ -38,7 +38,7 @@ from dmsc.data.corpus import Corpus
 from dmsc.data.tokenizer import text_stream
 from dmsc.runtime.control.launch import decoding
 from dmsc.runtime.control.launch.failures import WorkerFailure
-from dmsc.runtime.control.serving.aggregation import (
+from dmsc.runtime.control.serving.combiners import (
     AttentionCombiner,
     combine,
     fit_attention,

@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 import torch
 
-from dmsc.runtime.control.serving.aggregation import (
+from dmsc.runtime.control.serving.combiners import (
     METHODS,
     AttentionCombiner,
     combine,
