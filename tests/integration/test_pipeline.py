@@ -16,7 +16,7 @@ from dmsc.runtime.transport.wire import Kind, encode
 from dmsc.spec import resolve_model
 
 SPEC = resolve_model("gpt-mini")
-STEPS = 20
+STEPS = 10
 MICRO = 4
 
 
