@@ -254,9 +254,9 @@ def test_schema(kind: str, dmsc: DmscRunner) -> None:
 
 
 def test_demo_runs(dmsc: DmscRunner) -> None:
-    res = dmsc("demo", "--steps", "60")  # make demo trains 200 steps: the same code, 3x longer
+    res = dmsc("demo", "--steps", "20")  # make demo trains 200 steps: the same code, longer
     assert res.returncode == 0, res.stderr
-    assert "step 60/60" in res.stdout + res.stderr
+    assert "step 20/20" in res.stdout + res.stderr
     assert res.stdout.count("TFLOP/s per device") >= 3
     assert "network-aware placement" in res.stdout and "compute-first" in res.stdout
     # The step time against its prediction says which way it missed.
