@@ -31,6 +31,7 @@ from dmsc.runtime.compute.checkpoints import (
     stage_file,
 )
 from dmsc.runtime.compute.models.hf import write_index
+from dmsc.runtime.control.launch.failures import WorkerFailure
 from dmsc.runtime.control.launch.layout import Checkpoint, StageLayout
 from dmsc.runtime.transport.messages import Save
 from dmsc.runtime.transport.rpc import NoRoom
@@ -68,9 +69,17 @@ def save_checkpoint(dep: Saving, step: int, final: Path, every: bool = False) ->
         futures = {k: dep.calls("Save", save(k), [k], 120.0)[k] for k in keys}
         try:
             out = dep.gather(futures, 120.0)
-        except BaseException:  # every Save over before the folder goes (none writes after)
-            for fut in futures.values():
-                fut.exception()
+        except BaseException as exc:
+            # Every Save over before the folder goes (none writes after), but for the workers
+            # found failed: a frozen one never answers, and waiting held the recovery that
+            # replaces it for the Save's whole deadline. Its call is cancelled; should it still
+            # write, it writes into a hidden folder no load reads.
+            failed = exc.failed if isinstance(exc, WorkerFailure) else {}
+            for k, fut in futures.items():
+                if k in failed:
+                    fut.cancel()
+                else:
+                    fut.exception()
             raise
         names = {Path(r["path"]).name: r["tensors"] for k, r in out.items() if not k[1]}
         write_index(dep.layout.model, folder, names)  # the folder loads in transformers
