@@ -10,6 +10,7 @@ import pytest
 from runtime_helpers import control_plane, local_plan, wait_for
 
 from dmsc.runtime.control.tasks.task_queue import TaskQueue
+from dmsc.runtime.transport.messages import TrainRequest
 
 
 def _state(queue: TaskQueue, task_id: int) -> str:
@@ -45,3 +46,26 @@ def test_a_short_task_behind_a_long_one_on_another_lane_finishes_first(
         # each task saved the version it produced, the short one first
         versions = [(v.task_id, v.step) for v in cp.db.versions(cp.run.id)]
         assert versions == [(short.id, paused + 2), (long.id, total)]
+
+
+def test_the_train_call_does_not_wait_behind_a_long_queued_task(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """``dmsc train`` (the Train call) is the short lane's too: its task runs inside the long
+    one, at the step that one paused at."""
+    monkeypatch.setenv("DMSC_HOME", str(tmp_path))
+    with control_plane(local_plan(), tmp_path) as cp:
+        queue = TaskQueue(cp.db, cp.run.id)
+        long = queue.submit("train", {"steps": 500, "checkpoint_every": 0}, lane="async")
+        threading.Thread(target=cp.work_queue, args=(queue,), daemon=True).start()
+        wait_for(lambda: len(cp.db.metrics(long.id)) >= 2, 60, "the long task's first steps")
+        out = cp.train(TrainRequest(steps=2, checkpoint_every=0))
+        assert out["state"] == "done" and out["steps"] == 2
+        assert _state(queue, long.id) == "running"
+        queue.cancel(long.id)
+        wait_for(lambda: _state(queue, long.id) == "cancelled", 60, "the long task to stop")
+        ran = [m.step for m in cp.db.metrics(out["task"])]
+        assert len(ran) == 2 and ran[0] >= 2 and ran[1] == ran[0] + 1
+        steps = [m.step for m in cp.db.metrics(long.id)]
+        assert ran[0] in range(len(steps) + 1) and set(ran).isdisjoint(steps)
+        assert cp.steps_done == len(steps) + 2

@@ -129,6 +129,7 @@ class ControlPlane:
         self.steps_done = 0
         self._predictions: dict[tuple[int, int], Prediction] = {}  # (task, plan): ._task_prediction
         self.lock = threading.Lock()  # one task at a time touches the weights
+        self.handoff = lanes.Handoff(self.lock)  # taken by tasks, lent between lanes (.tasks)
         self.log = log or json_logger("dmsc.control")
         ttl, tok = self.deployment.registry.ttl_s, self.tokenizer  # ttl: the failure timeout
         self.inference = Replicas(self.deployment, db, self.lock, self.log, self.run.id, ttl, tok)
@@ -378,7 +379,8 @@ class ControlPlane:
 
     def train(self, req: TrainRequest) -> dict[str, Any]:
         params = self.train_params(req.model_copy(update={"first_step": None}))
-        with self.lock:
+        # a short lane's task: it may run inside a paused long one (.tasks.lanes)
+        with self.handoff.hold(params if lanes.nestable(params, self.plan.job.dp) else None):
             task = self.db.new_task(self.run.id, "train", params.as_json(), state="running")
             try:
                 report, version = self.run_task(task.id, params)

@@ -16,6 +16,7 @@ from runtime_helpers import local_plan, wait_for
 from dmsc.data.db import Database
 from dmsc.planner.plan import Plan
 from dmsc.runtime.business.auth import create_key
+from dmsc.runtime.control.tasks.lanes import Handoff
 from dmsc.runtime.control.tasks.task_queue import Policy, TaskQueue
 from dmsc.runtime.control.tasks.work_loop import work_queue
 from dmsc.runtime.control.training.training import TrainParams, TrainReport, task_params
@@ -30,6 +31,7 @@ class Plane:
     def __init__(self, db: Database, plan: Plan) -> None:
         self.db, self.plan, self.run = db, plan, db.new_run("gpt-mini", "local", {})
         self.stopped, self.lock = threading.Event(), threading.Lock()
+        self.handoff = Handoff(self.lock)
         self.log, self.weights_lost = logging.getLogger("test"), None
         reg = CollectorRegistry()
         self.m_queue = Gauge("q", "q", registry=reg)

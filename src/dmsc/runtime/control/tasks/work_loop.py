@@ -51,6 +51,7 @@ class Plane(Protocol):
     stopped: threading.Event
     log: logging.Logger
     lock: threading.Lock
+    handoff: lanes.Handoff
     weights_lost: str | None
     m_queue: Gauge
     m_tasks: Counter
@@ -100,7 +101,7 @@ def record_end(
 def work_queue(cp: Plane, queue: TaskQueue, policy: Policy = "priority") -> None:
     """Run queued training tasks until the plane stops: one consumer per lane (a thread each,
     this one the last lane's), each claiming its lane's next task under ``policy``."""
-    handoff = lanes.Handoff(cp.lock)
+    handoff = cp.handoff
     for lane in lanes.LANES[:-1]:
         args = (cp, queue, lane, policy, handoff)
         threading.Thread(target=work_lane, args=args, name=f"lane-{lane}", daemon=True).start()
