@@ -42,8 +42,8 @@ def test_a_short_task_behind_a_long_one_on_another_lane_finishes_first(
         assert after == list(range(paused + 2, paused + 2 + len(after))) and after
         total = len(before) + 2
         assert cp.steps_done == total
-        assert [int(h["steps"]) for h in cp.deployment.health()] == [total, total]
-        # each task saved the version it produced, the short one first
+        # each task saved the version it produced, the short one first (the replicas then
+        # serve the production version, the first: the short one's)
         versions = [(v.task_id, v.step) for v in cp.db.versions(cp.run.id)]
         assert versions == [(short.id, paused + 2), (long.id, total)]
 
