@@ -27,8 +27,10 @@ from dmsc.runtime.compute import checkpoints
 from dmsc.runtime.compute.checkpoints import DiskFull, write_checkpoint
 from dmsc.runtime.compute.models.chain import StageModule
 from dmsc.runtime.control.tasks import work_loop
+from dmsc.runtime.control.tasks.lanes import Handoff
 from dmsc.runtime.control.tasks.task_queue import TaskQueue
 from dmsc.runtime.control.training.retention import Retention
+from dmsc.runtime.control.training.training import TrainParams
 from dmsc.spec import resolve_model
 
 SPEC = resolve_model("gpt-mini")
@@ -156,11 +158,13 @@ class _Plane:
         self.inference = type("I", (), {"sync_versions": lambda self: None})()
         self.run = type("R", (), {"id": queue.run_id})()
         self.ends, self.queue = ends, queue
+        self.handoff = Handoff(self.lock)  # the weights, taken by the lanes' consumers
+        self.plan = type("P", (), {"job": type("J", (), {"dp": 1})()})()
 
-    def train_params(self, req: object) -> object:
-        return req
+    def train_params(self, req: object) -> TrainParams:
+        return TrainParams(1, 8, 1, 0, "wait", 1.0)
 
-    def run_task(self, task_id: int, params: object) -> tuple[object, int]:
+    def run_task(self, task_id: int, params: object, lend: object = None) -> tuple[object, int]:
         self.queue.cancel(task_id)  # someone cancels meanwhile
         if self.ends is not None:
             raise self.ends

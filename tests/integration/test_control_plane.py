@@ -143,12 +143,15 @@ def test_gateway_in_front_of_a_live_deployment(tmp_path: Path) -> None:
 
     plan = make_plan(tmp_path)
     key = dmsc(
-        tmp_path, "token", "create", "--tenant", "alice", "--scopes", "infer,submit,read"
-    ).stdout.strip()
+        tmp_path, "token", "create", "--tenant", "alice", "--scopes", "infer,submit,read",
+        "--weight", "2",
+    ).stdout.strip()  # fmt: skip
     assert key.startswith("dmsc_")
-    base = up_with_gateway(tmp_path, plan)
+    base = up_with_gateway(tmp_path, plan, "--queue", "fair")
     auth = {"Authorization": f"Bearer {key}"}
     try:
+        # the policy the consumers claim in, as `dmsc up --queue` set it
+        assert json.loads(dmsc(tmp_path, "status", "--json").stdout)["queue"] == "fair"
         assert (
             httpx.post(f"{base}/v1/infer", json={"prompt": "def ", "tokens": 4}).status_code == 401
         )

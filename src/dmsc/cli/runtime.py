@@ -17,38 +17,18 @@ import subprocess
 import sys
 import time
 from pathlib import Path
-from typing import TYPE_CHECKING, Annotated, Any
+from typing import Annotated, Any
 
 import typer
 from rich.console import Console
 
 from dmsc.cli.app import console
 from dmsc.cli.options import JsonOpt
-from dmsc.cli.preflight import check_plan_devices, check_plan_model
+from dmsc.cli.up_settings import control_settings
 from dmsc.spec import SpecError
-
-if TYPE_CHECKING:
-    from dmsc.runtime.transport.messages import ControlSettings
 
 ROOT = Path(__file__).resolve().parents[3]
 LOCAL_CPU = ROOT / "examples" / "clusters" / "local-cpu.yaml"
-
-# ControlSettings fields and the flags that set them, for errors that name the flag.
-_SETTING_FLAGS = {
-    "gateway": "--gateway",
-    "router": "--router",
-    "failure_timeout_s": "--failure-timeout",
-    "spares": "--spares",
-    "device": "--device",
-    "launcher": "--launcher",
-    "ray_address": "--ray-address",
-    "rate_limit": "--rate",
-    "burst": "--burst",
-    "max_body_bytes": "--max-body",
-    "tenant_requests": "--tenant-requests",
-    "keep_checkpoints": "--keep-checkpoints",
-    "checkpoint_quota_bytes": "--checkpoint-quota",
-}
 
 
 def calibrated_path() -> Path:
@@ -265,6 +245,9 @@ def up(
     new_database: Annotated[
         bool, typer.Option(help="Make a new database even beside a salvaged copy of a lost one.")
     ] = False,
+    queue: Annotated[
+        str, typer.Option(help="Task queue order: fcfs, priority, or fair (tenants' weights).")
+    ] = "priority",
 ) -> None:
     """Start the control plane and one worker process per stage replica."""
     from dmsc.data.db import data_dir
@@ -278,9 +261,9 @@ def up(
         "max_body_bytes": max_body,
         "keep_checkpoints": keep_checkpoints,
     }
-    settings = _control_settings(
+    settings = control_settings(
         plan_file, home, gateway, router, failure_timeout, spares, device,
-        launcher=launcher, ray_address=ray_address, **limits,
+        launcher=launcher, ray_address=ray_address, queue=queue, **limits,
     )  # fmt: skip
     # the plan's cluster spec: for --autoscale, and for training tasks that change dp
     from dmsc.cli.autoscale_flag import autoscale_settings
@@ -343,78 +326,6 @@ def up(
     )
 
 
-def _control_settings(
-    plan_path: str,
-    home: Path,
-    gateway: str | None,
-    router: str,
-    failure_timeout_s: float,
-    spares: int,
-    device: str = "plan",
-    launcher: str = "local",
-    ray_address: str | None = None,
-    **limits: float,
-) -> ControlSettings:
-    """The flags of ``dmsc up`` checked (errors name the flag) into a ``ControlSettings``."""
-    from pydantic import ValidationError
-
-    from dmsc.data.db import control_file
-    from dmsc.planner.plan import Plan
-    from dmsc.runtime.business.router import POLICIES
-    from dmsc.runtime.control.launch.ray_checks import address_problem
-    from dmsc.runtime.transport.messages import ControlSettings
-    from dmsc.spec.errors import spec_error_from_validation
-
-    if not Path(plan_path).is_file():
-        raise SpecError(plan_path, "", "no such file")
-    try:
-        plan = Plan.model_validate_json(Path(plan_path).read_text())
-    except ValueError as exc:
-        raise SpecError(plan_path, "", f"not a dmsc plan ({str(exc).splitlines()[0]})") from None
-    check_plan_model(plan_path, plan)
-    if router not in POLICIES:
-        raise SpecError(
-            "command line", "--router", f"unknown policy (known: {', '.join(POLICIES)})"
-        )
-    if control_file().exists():
-        pid = json.loads(control_file().read_text()).get("pid", 0)
-        try:
-            os.kill(int(pid), 0)
-        except (OSError, ValueError):  # it died without cleaning up: a stale file
-            control_file().unlink()
-        else:
-            raise SpecError("control plane", "", "already running (`dmsc down` first)")
-    if ray_address is not None and (why := address_problem(ray_address)):
-        raise SpecError("command line", "--ray-address", why)
-    if not failure_timeout_s > 0:
-        raise SpecError("command line", "--failure-timeout", "must be positive")
-    if not 0 <= spares <= 64:
-        raise SpecError("command line", "--spares", "must be between 0 and 64")
-    if gateway:
-        host, _, port = gateway.rpartition(":")
-        if host not in ("127.0.0.1", "localhost") or not port.isdigit():
-            raise SpecError("command line", "--gateway", "expected 127.0.0.1:PORT")
-    try:
-        settings = ControlSettings(
-            plan=str(Path(plan_path).resolve()),
-            home=str(home),
-            gateway=gateway or None,
-            router=router,
-            failure_timeout_s=failure_timeout_s,
-            spares=spares,
-            device=device,
-            launcher=launcher,
-            ray_address=ray_address,
-            **limits,
-        )
-    except ValidationError as exc:
-        err = spec_error_from_validation("command line", exc)
-        flag = _SETTING_FLAGS.get(err.field.split(".")[0], err.field)
-        raise SpecError("command line", flag, err.reason) from None
-    check_plan_devices(plan_path, plan, settings.device)
-    return settings
-
-
 def status(as_json: JsonOpt = False) -> None:
     """Services (SID, stage, address, health) and tasks of the running deployment."""
     out: dict[str, Any] = control_client().call("Status")
@@ -439,7 +350,8 @@ def print_status(console: Console, out: dict[str, Any]) -> None:
         "pid",
         *(["node"] if ray else []),
         keep=(0, 3),
-        title=f"run {out['run']}: {out['model']}, {out['steps']} steps trained",
+        title=f"run {out['run']}: {out['model']}, {out['steps']} steps trained"
+        + (f", queue {out['queue']}" if "queue" in out else ""),
     )
     for s in out["services"]:
         age = s.get("heartbeat_age_s")

@@ -25,19 +25,31 @@ def token_create(
         float | None,
         typer.Option(help="Requests it may save up (default: the gateway's --burst)."),
     ] = None,
+    weight: Annotated[
+        float | None,
+        typer.Option(
+            help="The tenant's weight in the task queue's fair share (dmsc up --queue "
+            "fair; default 1; every key of the tenant shares it)."
+        ),
+    ] = None,
 ) -> None:
     """Create an API key (printed once; only its hash is stored)."""
     from dmsc.cli.database import open_database
     from dmsc.runtime.business.auth import create_key
 
-    for flag, value in (("--rate", rate), ("--burst", burst)):
+    for flag, value in (("--rate", rate), ("--burst", burst), ("--weight", weight)):
         if value is not None and not 0 < value <= 1e6:
             raise SpecError(
                 "command line", flag, f"must be above 0 and at most 1e6 (got {value:g})"
             )
     try:
         key_id, key = create_key(
-            open_database(), tenant, [s.strip() for s in scopes.split(",") if s], rate, burst
+            open_database(),
+            tenant,
+            [s.strip() for s in scopes.split(",") if s],
+            rate,
+            burst,
+            weight,
         )
     except ValueError as exc:
         raise SpecError("command line", "--scopes", str(exc)) from None

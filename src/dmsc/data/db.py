@@ -33,6 +33,7 @@ from dmsc.data.records import (
     ServiceRecord,
     StepTraceRecord,
     TaskRecord,
+    TenantRecord,
     _now,
 )
 
@@ -71,6 +72,7 @@ __all__ = [
     "StepTraceRecord",
     "StorageError",
     "TaskRecord",
+    "TenantRecord",
     "control_file",
     "data_dir",
     "default_url",

@@ -1,6 +1,6 @@
 """The tables of the data layer: runs, tasks, services, metrics and traces per step, model
-versions, checkpoints, faults, API keys and scale events (:mod:`dmsc.data.db` reads and writes
-them; every name here is also importable from there)."""
+versions, checkpoints, faults, API keys, tenants and scale events (:mod:`dmsc.data.db` reads
+and writes them; every name here is also importable from there)."""
 
 from __future__ import annotations
 
@@ -165,6 +165,15 @@ class ApiKeyRecord(Base):
     # The tenant's rate limit when this key is used (requests/s, burst); None: the gateway's.
     rate: Mapped[float | None] = mapped_column(default=None)
     burst: Mapped[float | None] = mapped_column(default=None)
+
+
+class TenantRecord(Base):
+    """A tenant's settings: its weight in the task queue's fair share (``dmsc token create
+    --weight``; a tenant without a row weighs 1)."""
+
+    __tablename__ = "tenants"
+    name: Mapped[str] = mapped_column(String(64), primary_key=True)
+    weight: Mapped[float] = mapped_column(default=1.0)
 
 
 class ScaleEventRecord(Base):

@@ -21,7 +21,7 @@ from dataclasses import dataclass
 from cachetools import TTLCache
 from sqlalchemy import select
 
-from dmsc.data.db import ApiKeyRecord, Database
+from dmsc.data.db import ApiKeyRecord, Database, TenantRecord
 
 SCOPES = ("admin", "submit", "infer", "read")
 
@@ -50,17 +50,22 @@ def create_key(
     scopes: list[str],
     rate: float | None = None,
     burst: float | None = None,
+    weight: float | None = None,
 ) -> tuple[int, str]:
     """A new key for ``tenant`` with ``scopes`` (and its own rate limit: ``rate`` requests per
-    second, ``burst`` saved up): (id, key). The key is not stored."""
+    second, ``burst`` saved up): (id, key). The key is not stored. ``weight`` sets the
+    tenant's weight in the task queue's fair share (stored with the tenant, every key's)."""
     unknown = [s for s in scopes if s not in SCOPES]
     if unknown or not scopes:
         raise ValueError(f"scopes must be some of {', '.join(SCOPES)} (got {', '.join(scopes)})")
     if not tenant:
         raise ValueError("a tenant name is needed")
-    for name, value in (("rate", rate), ("burst", burst)):
+    for name, value in (("rate", rate), ("burst", burst), ("weight", weight)):
         if value is not None and not 0 < value <= 1e6:
             raise ValueError(f"{name} must be above 0 and at most 1e6 (got {value:g})")
+    if weight is not None:
+        with db.sessions() as s, s.begin():
+            s.merge(TenantRecord(name=tenant, weight=weight))
     key = "dmsc_" + secrets.token_urlsafe(32)
     record = db.add(
         ApiKeyRecord(

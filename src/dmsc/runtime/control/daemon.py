@@ -176,6 +176,7 @@ def main(stdin: TextIO | None = None) -> None:
         launcher=launcher,
         cluster=cluster,
         retention=Retention(settings.keep_checkpoints, settings.checkpoint_quota_bytes),
+        queue=settings.queue,
     )
 
     def db_lost(message: str) -> None:
@@ -252,6 +253,7 @@ def main(stdin: TextIO | None = None) -> None:
         "metrics": metrics_server(cp.metrics),
         "token": token,
         "database": location(db.url),  # CLI commands that open it check it is this one
+        "queue": settings.queue,  # the task queue's policy (dmsc up --queue)
     }
     logs.write_private(control_file(), json.dumps(info))
     log.info("serving at 127.0.0.1:%d", port, extra={"run": cp.run.id})

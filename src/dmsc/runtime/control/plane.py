@@ -26,7 +26,7 @@ from __future__ import annotations
 import json
 import logging
 import threading
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from functools import partial
 from pathlib import Path
 from typing import Any
@@ -35,7 +35,7 @@ import grpc
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 
 from dmsc.data.corpus import Corpus, stdlib_text, task_corpora
-from dmsc.data.db import CheckpointRecord, Database, ModelVersionRecord, TaskRecord, data_dir
+from dmsc.data.db import Database, TaskRecord, data_dir
 from dmsc.data.tokenizer import tokenizer_for
 from dmsc.planner.plan import Plan
 from dmsc.runtime.control import dashboard_state, status
@@ -48,8 +48,8 @@ from dmsc.runtime.control.replanning import replan_now
 from dmsc.runtime.control.serving.head_inference import Heads
 from dmsc.runtime.control.serving.infer_calls import InferCalls
 from dmsc.runtime.control.serving.inference import Replicas
-from dmsc.runtime.control.serving.model_store import promote_if_first
-from dmsc.runtime.control.tasks import task_queue, work_loop
+from dmsc.runtime.control.serving.model_store import save_version
+from dmsc.runtime.control.tasks import lanes, task_queue, work_loop
 from dmsc.runtime.control.training.lr_schedule import lr_at
 from dmsc.runtime.control.training.resize import record_resize, resize, resized_plan
 from dmsc.runtime.control.training.retention import Retention
@@ -93,9 +93,11 @@ class ControlPlane:
         launcher: Launcher | None = None,
         cluster: ClusterSpec | None = None,
         retention: Retention | None = None,
+        queue: task_queue.Policy = "priority",
     ) -> None:
         # the plan's cluster spec, when known: training tasks may then change dp (.resize)
         self.cluster, self.device, self.local = cluster, device, launcher is None
+        self.queue_policy = queue  # the order the task queue's consumers claim in
         model = plan.model_spec if plan.model_spec is not None else resolve_model(plan.model)
         if not isinstance(model, TransformerSpec):
             raise ValueError("the runtime serves transformer models")
@@ -127,6 +129,7 @@ class ControlPlane:
         self.steps_done = 0
         self._predictions: dict[tuple[int, int], Prediction] = {}  # (task, plan): ._task_prediction
         self.lock = threading.Lock()  # one task at a time touches the weights
+        self.handoff = lanes.Handoff(self.lock)  # taken by tasks, lent between lanes (.tasks)
         self.log = log or json_logger("dmsc.control")
         ttl, tok = self.deployment.registry.ttl_s, self.tokenizer  # ttl: the failure timeout
         self.inference = Replicas(self.deployment, db, self.lock, self.log, self.run.id, ttl, tok)
@@ -219,6 +222,7 @@ class ControlPlane:
     def status(self, req: StatusRequest) -> dict[str, Any]:
         dep, down = self.deployment, self.inference.down
         out = status.report(dep, self.db, self.run.id, self.plan.model, self.steps_done, down)
+        out["queue"] = self.queue_policy
         if self.weights_lost:
             out["weights_lost"] = self.weights_lost
         return out
@@ -260,12 +264,15 @@ class ControlPlane:
         except ValueError as exc:
             raise BadRequest(f"data: {exc}") from None
 
-    def run_task(self, task_id: int, params: TrainParams) -> tuple[TrainReport, int]:
+    def run_task(
+        self, task_id: int, params: TrainParams, lend: Callable[[], bool] | None = None
+    ) -> tuple[TrainReport, int]:
         """Run a training task (holding the lock) and save the model version it produced;
         returns the report and the version. A task that was running when the control plane
         died resumes from its newest checkpoint that verifies; the steps it had done after its
         newest checkpoint count as lost in the restart's fault. A cancel request stops it
-        between two steps (``report.cancelled``)."""
+        between two steps (``report.cancelled``); ``lend`` lets waiting tasks train in between
+        (:mod:`.tasks.lanes`)."""
         if self.weights_lost:
             raise RuntimeError(
                 f"training refused: {self.weights_lost} (`dmsc down` and `dmsc up` start a new "
@@ -283,7 +290,9 @@ class ControlPlane:
             usable = self.checkpoints(task_id)
             if saved and not usable:
                 raise NoGoodCheckpoint([], f"none of task {task_id}'s checkpoints is usable")
-            start, older = (usable[0], usable[1:]) if usable else (None, [])
+            start, older = (
+                (usable[0], [c for c in usable[1:] if c.step >= first]) if usable else (None, [])
+            )
         else:
             first = self.steps_done
             self.db.set_task_params(task_id, {**params.as_json(), "first_step": first})
@@ -292,7 +301,8 @@ class ControlPlane:
             why = f"training task {task_id}: dp {self.plan.job.dp} -> {params.dp}"
             self.relayout(self.resized(params.dp), "train-dp", why)
         try:
-            report = self._train(task_id, params, first, schedule, folder, start, older)
+            pause = None if lend is None else lanes.Pausing(self, lend, task_id, params, first)
+            report = self._train(task_id, params, first, schedule, folder, start, older, pause)
         except NoGoodCheckpoint:  # the workers are not at one step: back to the run's newest
             self._restore_after_loss()
             raise
@@ -326,6 +336,7 @@ class ControlPlane:
         folder: Path,
         start: Checkpoint | None,
         older: list[Checkpoint],
+        pause: Callable[[int], int] | None = None,
     ) -> TrainReport:
         corpus, valid = self.corpora(params.data, params.seed)
         settings = TrainSettings(
@@ -363,11 +374,13 @@ class ControlPlane:
             turn=self.inference.training_turn,
             lr=lambda i: lr_at(i, params.steps, settings),
             sync=params.sync,
+            pause=pause,
         )
 
     def train(self, req: TrainRequest) -> dict[str, Any]:
         params = self.train_params(req.model_copy(update={"first_step": None}))
-        with self.lock:
+        # a short lane's task: it may run inside a paused long one (.tasks.lanes)
+        with self.handoff.hold(params if lanes.nestable(params, self.plan.job.dp) else None):
             task = self.db.new_task(self.run.id, "train", params.as_json(), state="running")
             try:
                 report, version = self.run_task(task.id, params)
@@ -388,29 +401,13 @@ class ControlPlane:
         return {**out, **report.as_json(), **ran.as_json()}
 
     def _save_version(self, task_id: int | None = None) -> int:
-        """Save the model as a new version of ``task_id`` (and as the run's latest
-        checkpoint)."""
-        folder = self.run_dir / f"step{self.steps_done}"
-        # task heads differ by replica: every one is saved
-        every = self.inference.heads
-        ckpt = self.deployment.checkpoint(self.steps_done, folder, every=every)
-        digests = {path: sha for path, sha in [*ckpt.files.values(), *ckpt.replicas.values()]}
-        self.db.add(
-            CheckpointRecord(run_id=self.run.id, step=ckpt.step, files_json=ckpt.files_json())
-        )
-        record = self.db.add(
-            ModelVersionRecord(
-                run_id=self.run.id,
-                step=self.steps_done,
-                path=str(folder),
-                sha256=next(iter(digests.values())),
-                metrics_json=json.dumps(digests),
-                task_id=task_id,
-            )
-        )
-        if promote_if_first(self.db, record.id):  # the first model serves without a promote
-            self.log.info("version %d in production (the first)", record.id)
-        return record.id
+        """Save the model as a new version of ``task_id`` (and the run's latest checkpoint)."""
+        folder, every = self.run_dir / f"step{self.steps_done}", self.inference.heads
+        args = (self.deployment, self.db, self.run.id, folder, self.steps_done, every, task_id)
+        version, first = save_version(*args)
+        if first:  # the first model serves without a promote
+            self.log.info("version %d in production (the first)", version)
+        return version
 
     def infer(self, req: InferRequest) -> dict[str, Any]:
         return self.calls.infer(req)
@@ -494,6 +491,6 @@ class ControlPlane:
 
     # -- queued work ------------------------------------------------------------------------
     def work_queue(self, queue: task_queue.TaskQueue) -> None:
-        """Run queued training tasks until the plane stops (:mod:`.tasks.work_loop`: every task
-        reaches an end, whatever the disk does)."""
-        work_loop.work_queue(self, queue)
+        """Run queued training tasks until the plane stops (:mod:`.tasks.work_loop`: a consumer
+        per lane, claiming in :attr:`queue_policy`; every task reaches an end)."""
+        work_loop.work_queue(self, queue, self.queue_policy)

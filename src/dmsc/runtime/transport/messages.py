@@ -449,3 +449,5 @@ class ControlSettings(Message):
     checkpoint_quota_bytes: Annotated[int, Field(gt=0)] | None = None
     # Make a new database even though a salvaged copy of a lost one lies beside its path.
     new_database: bool = False
+    # The order the task queue's consumers claim tasks in (dmsc.runtime.control.tasks).
+    queue: Literal["fcfs", "priority", "fair"] = "priority"

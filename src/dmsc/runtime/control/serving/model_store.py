@@ -12,11 +12,15 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from sqlalchemy import select
 from sqlalchemy.orm import Session
 
-from dmsc.data.db import Database, ModelVersionRecord, RunRecord
+from dmsc.data.db import CheckpointRecord, Database, ModelVersionRecord, RunRecord
+
+if TYPE_CHECKING:
+    from dmsc.runtime.control.launch.deployment import Deployment
 
 
 def versions(db: Database) -> list[ModelVersionRecord]:
@@ -73,6 +77,34 @@ def promote_if_first(db: Database, version_id: int) -> bool:
         return False
     promote(db, version_id)
     return True
+
+
+def save_version(
+    dep: Deployment,
+    db: Database,
+    run_id: int,
+    folder: Path,
+    step: int,
+    every: bool,
+    task_id: int | None,
+) -> tuple[int, bool]:
+    """Save the deployment's model (``every`` replica's stages: task heads differ) at ``step``
+    into ``folder`` as a new version of ``task_id`` and as the run's latest checkpoint; the
+    version's id, and whether it went into production (the first does)."""
+    ckpt = dep.checkpoint(step, folder, every=every)
+    digests = {path: sha for path, sha in [*ckpt.files.values(), *ckpt.replicas.values()]}
+    db.add(CheckpointRecord(run_id=run_id, step=ckpt.step, files_json=ckpt.files_json()))
+    record = db.add(
+        ModelVersionRecord(
+            run_id=run_id,
+            step=step,
+            path=str(folder),
+            sha256=next(iter(digests.values())),
+            metrics_json=json.dumps(digests),
+            task_id=task_id,
+        )
+    )
+    return record.id, promote_if_first(db, record.id)
 
 
 def stop_canary(db: Database) -> int | None:

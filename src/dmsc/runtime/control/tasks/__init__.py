@@ -1,10 +1,12 @@
-"""Tasks: the persistent queue and the loop that runs queued training tasks.
+"""Tasks: the persistent queue and the consumers that run queued training tasks.
 
 - :mod:`.task_queue`: the queue in the database, its policies, and the exception queue;
-- :mod:`.work_loop`: the control plane's loop over queued training tasks and how a task's end
-  is recorded.
+- :mod:`.lanes`: the weights between the lanes' consumers (a short task runs inside a paused
+  long one);
+- :mod:`.work_loop`: the control plane's consumers, one per lane, over queued training tasks,
+  and how a task's end is recorded.
 
-Imports run one way: ``work_loop -> task_queue``. The queue is a package below the control
+Imports run one way: ``work_loop -> lanes, task_queue``. The queue is a package below the control
 plane's dispatch because :mod:`..advisors` raises service-level breaches into its exception
 queue; below this package are :mod:`..training` (a task's quota) and :mod:`..launch` (a task
 with no checkpoint that verifies).

@@ -7,9 +7,13 @@ UPDATE: two claimers never get the same task):
 - ``fcfs``: first come, first served;
 - ``priority``: highest priority first (an urgent task inserted late jumps the queue), FCFS within;
 - ``fair``: weighted fair share between tenants: the tenant with the least work served per unit
-  of weight goes next.
+  of weight goes next (a tenant's weight: ``dmsc token create --weight``).
 
-Two lanes keep long tasks (``async``) from blocking short ones (``sync``). A failed or timed-out
+The control plane claims in the policy ``dmsc up --queue`` names (``priority`` by default).
+
+Two lanes keep long tasks (``async``) from blocking short ones (``sync``): each has its own
+consumer, and a long task's session lends the weights to a waiting short one between two steps
+(:mod:`.lanes`). A failed or timed-out
 task is retried until ``max_attempts``, then parked in the exception queue (state ``failed``)
 with its exception type and a log excerpt, until someone requeues it.
 
@@ -36,7 +40,7 @@ from typing import Any, Literal
 
 from sqlalchemy import func, select, update
 
-from dmsc.data.db import Database, RunRecord, TaskRecord
+from dmsc.data.db import Database, RunRecord, TaskRecord, TenantRecord
 from dmsc.runtime.business.queueing import QuotaExceeded, TaskFinished
 
 Policy = Literal["fcfs", "priority", "fair"]
@@ -136,14 +140,16 @@ class TaskQueue:
             )
 
     def _served(self) -> dict[str, float]:
-        """Work served per tenant (claimed tasks), divided by the tenant's weight."""
+        """Work served per tenant (claimed tasks), divided by the tenant's weight (its own,
+        ``dmsc token create --weight``; else its tasks' heaviest)."""
         with self.db.sessions() as s:
             rows = s.execute(
                 select(TaskRecord.tenant, func.count(), func.max(TaskRecord.weight))
                 .where(TaskRecord.run_id == self.run_id, TaskRecord.state != "queued")
                 .group_by(TaskRecord.tenant)
             ).all()
-        return {tenant: n / w for tenant, n, w in rows}
+            weights = {t.name: t.weight for t in s.scalars(select(TenantRecord))}
+        return {tenant: n / weights.get(tenant, w) for tenant, n, w in rows}
 
     def claim(self, policy: Policy = "priority", lane: str = "sync") -> TaskRecord | None:
         """The next task under ``policy``, now ``running``; None when the lane is empty."""

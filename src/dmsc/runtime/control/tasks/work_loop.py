@@ -18,14 +18,18 @@ from __future__ import annotations
 import json
 import logging
 import threading
+from collections.abc import Callable
+from functools import partial
 from typing import Protocol
 
 from prometheus_client import Counter, Gauge
 
 from dmsc.data.db import RunRecord, StorageError
+from dmsc.planner.plan import Plan
 from dmsc.runtime.compute.checkpoints import DiskFull
 from dmsc.runtime.control.launch.fallback import NoGoodCheckpoint
-from dmsc.runtime.control.tasks.task_queue import TaskQueue
+from dmsc.runtime.control.tasks import lanes
+from dmsc.runtime.control.tasks.task_queue import Policy, TaskQueue
 from dmsc.runtime.control.training.retention import QuotaExceeded
 from dmsc.runtime.control.training.training import TrainParams, TrainReport
 from dmsc.runtime.transport.messages import TrainRequest
@@ -47,17 +51,21 @@ class Plane(Protocol):
     stopped: threading.Event
     log: logging.Logger
     lock: threading.Lock
+    handoff: lanes.Handoff
     weights_lost: str | None
     m_queue: Gauge
     m_tasks: Counter
     run: RunRecord
+    plan: Plan
 
     @property
     def inference(self) -> Versions: ...
 
     def train_params(self, req: TrainRequest) -> TrainParams: ...
 
-    def run_task(self, task_id: int, params: TrainParams) -> tuple[TrainReport, int]: ...
+    def run_task(
+        self, task_id: int, params: TrainParams, lend: Callable[[], bool] | None = None
+    ) -> tuple[TrainReport, int]: ...
 
 
 def record_end(
@@ -90,17 +98,30 @@ def record_end(
                 return None
 
 
-def work_queue(cp: Plane, queue: TaskQueue) -> None:
-    """Run queued training tasks (the asynchronous lane first) until the plane stops; between
-    tasks, load the model versions the replicas should serve."""
+def work_queue(cp: Plane, queue: TaskQueue, policy: Policy = "priority") -> None:
+    """Run queued training tasks until the plane stops: one consumer per lane (a thread each,
+    this one the last lane's), each claiming its lane's next task under ``policy``."""
+    handoff = cp.handoff
+    for lane in lanes.LANES[:-1]:
+        args = (cp, queue, lane, policy, handoff)
+        threading.Thread(target=work_lane, args=args, name=f"lane-{lane}", daemon=True).start()
+    work_lane(cp, queue, lanes.LANES[-1], policy, handoff)
+
+
+def work_lane(
+    cp: Plane, queue: TaskQueue, lane: str, policy: Policy, handoff: lanes.Handoff
+) -> None:
+    """Run the lane's queued tasks until the plane stops; between tasks, when no task holds
+    the weights, load the model versions the replicas should serve."""
     while not cp.stopped.is_set():
-        try:
-            cp.inference.sync_versions()
-        except Exception as exc:  # a bad checkpoint must not stop the queue
-            cp.log.warning("version sync failed: %s", exc)
+        if not cp.lock.locked():  # a task trains: its weights must stay (it syncs after)
+            try:
+                cp.inference.sync_versions()
+            except Exception as exc:  # a bad checkpoint must not stop the queue
+                cp.log.warning("version sync failed: %s", exc)
         try:
             cp.m_queue.set(queue.depth())
-            task = queue.claim("priority", lane="async") or queue.claim("priority", lane="sync")
+            task = queue.claim(policy, lane=lane)
         except StorageError as exc:  # a full disk, say: wait for room
             cp.log.error("cannot read the task queue (trying again in %g s): %s", RETRY_S, exc)
             cp.stopped.wait(RETRY_S)
@@ -108,11 +129,13 @@ def work_queue(cp: Plane, queue: TaskQueue) -> None:
         if task is None:
             cp.stopped.wait(0.5)
             continue
-        extra = {"task_id": task.id, "run": cp.run.id}
+        extra = {"task_id": task.id, "run": cp.run.id, "lane": lane}
         try:
             params = cp.train_params(parse(TrainRequest, json.loads(task.params_json)))
-            with cp.lock:
-                report, _ = cp.run_task(task.id, params)
+            nests, fits = lanes.nestable(params, cp.plan.job.dp), lanes.fits(params, cp.plan.job.dp)
+            lend = partial(handoff.lend, fits) if lane == lanes.LENDS and nests else None
+            with handoff.hold(params if lane != lanes.LENDS and nests else None):
+                report, _ = cp.run_task(task.id, params, lend)
         except Exception as exc:  # isolate it in the exception queue (or retry)
             # a task whose weights are lost fails at once: a retry would meet the same
             state = record_end(queue, task.id, cp.stopped, cp.log, exc, retry=not cp.weights_lost)

@@ -297,6 +297,7 @@ def train(
     turn: Callable[[], contextlib.AbstractContextManager[None]] | None = None,
     lr: Callable[[int], float] | None = None,
     sync: SyncSettings | None = None,
+    pause: Callable[[int], int] | None = None,
 ) -> TrainReport:
     """Run steps ``first_step`` .. ``first_step + steps - 1``; validation loss before and after.
     ``turn()`` is held around each step and validation (the replicas' fair locks: inference
@@ -310,7 +311,11 @@ def train(
     draws its batches from its own shard (``sync.local_data``: loaded by the caller,
     :mod:`dmsc.runtime.control.training.shards`; ``corpus`` then serves nothing but its size).
     The task's state is the caller's to set (running, then done or cancelled once it has
-    recorded what the session produced)."""
+    recorded what the session produced).
+    ``pause(step)``, asked before each step (each round's first with ``sync.outer``), may let
+    other tasks train the same weights (:mod:`dmsc.runtime.control.tasks.lanes`): it returns
+    the step they left them at; the session's remaining steps then follow from there, after a
+    checkpoint (a rollback never undoes their steps)."""
     rec = recovering or Recovering()
     end = first_step + steps
     report = TrainReport(steps, tokens_per_step=batch * dep.layout.model.seq, first_step=first_step)
@@ -418,6 +423,13 @@ def train(
             if stop is not None and stop():
                 report.cancelled = True
                 break
+            if pause is not None and (not in_rounds or (step - first_step) % rounds_of == 0):
+                moved = pause(step) - step
+                if moved:  # other tasks ran meanwhile: go on from where they left the weights
+                    first_step, end, step = first_step + moved, end + moved, step + moved
+                    report.first_step = first_step
+                    save(step)
+                    del history[:-1]
             x, y = (None, None) if local else corpus.batch(step, batch)
             outer = in_rounds and ((step - first_step + 1) % rounds_of == 0 or step == end - 1)
             try:
