@@ -14,6 +14,7 @@ import torch
 
 from dmsc.cli import main
 from dmsc.cli.dp_effect import noise_to_update, noise_warning, stage_params
+from dmsc.runtime.transport.replies import TrainReply
 from dmsc.spec import ClusterSpec, JobSpec, load_spec, resolve_model
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -44,15 +45,15 @@ class _Answers:
         self.capsys = capsys
         self.err_before_sending = ""
 
-    def send_future(self, method: str, req: object) -> _Answers:
+    def train_future(self, req: object) -> _Answers:
         self.err_before_sending = self.capsys.readouterr().err
         return self
 
     def done(self) -> bool:
         return True
 
-    def result(self) -> str:
-        return json.dumps({"task": 1, "state": "cancelled", "steps": 0, "model_version": None})
+    def result(self) -> TrainReply:  # the fields a cancelled task's line reads
+        return TrainReply.model_construct(task=1, state="cancelled", steps=0, model_version=None)
 
 
 @pytest.mark.parametrize("noise", ["0.8", "0.0001"])

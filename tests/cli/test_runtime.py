@@ -212,10 +212,14 @@ def test_status_keeps_sids_and_addresses_whole_at_80_columns(
     from rich.console import Console
 
     from dmsc.cli import runtime
+    from dmsc.runtime.transport.replies import StatusReply
 
     sids = [f"sid-{s}-{'0123456789abcdef' * 2}" for s in range(3)]
     answer = {
         "run": 12,
+        "epoch": 0,
+        "replicas_down": [],
+        "spares": [],
         "model": "gpt-mini",
         "steps": 40,
         "services": [
@@ -224,7 +228,7 @@ def test_status_keeps_sids_and_addresses_whole_at_80_columns(
                 "stage": s,
                 "replica": 0,
                 "address": f"127.0.0.1:{50000 + s}",
-                "health": "serving",
+                "health": "ok",
                 "registered": True,
                 "heartbeat_age_s": 0.4,
                 "pid": 123456 + s,
@@ -242,14 +246,15 @@ def test_status_keeps_sids_and_addresses_whole_at_80_columns(
                 "detected_at": 1.0,
                 "recovered_at": 3.5,
                 "checkpoint_step": 30,
+                "steps_lost": 0,
+                "epoch": 0,
             }
         ],
     }
 
     class Client:
-        def call(self, method: str) -> dict[str, object]:
-            assert method == "Status"
-            return answer
+        def status(self) -> StatusReply:
+            return StatusReply.model_validate(answer)
 
     buf = io.StringIO()
     monkeypatch.setattr(runtime, "console", Console(file=buf, width=80, force_terminal=False))

@@ -137,9 +137,13 @@ def test_status_keeps_pids_and_nodes_whole(ray: bool, printed: list[Table]) -> N
     """``status`` printed PID 26743 as ``2674`` / ``3``, and under Ray the node 192.168.0.2 as
     ``192.`` / ``0.2.`` / ``2``."""
     from dmsc.cli.runtime import print_status
+    from dmsc.runtime.transport.replies import StatusReply
 
     answer = {
         "run": 3,
+        "epoch": 0,
+        "replicas_down": [],
+        "spares": [],
         "model": "gpt-mini",
         "steps": 40,
         "services": [
@@ -148,7 +152,7 @@ def test_status_keeps_pids_and_nodes_whole(ray: bool, printed: list[Table]) -> N
                 "stage": s,
                 "replica": 0,
                 "address": f"192.168.0.{2 + s}:50051" if ray else f"127.0.0.1:{50051 + s}",
-                "health": "serving",
+                "health": "ok",
                 "registered": True,
                 "heartbeat_age_s": 0.4,
                 "pid": 26743 + s,
@@ -160,7 +164,7 @@ def test_status_keeps_pids_and_nodes_whole(ray: bool, printed: list[Table]) -> N
         "faults": [],
     }
     buf = io.StringIO()
-    print_status(Console(file=buf, width=80, force_terminal=False), answer)
+    print_status(Console(file=buf, width=80, force_terminal=False), StatusReply(**answer))
     text = buf.getvalue()
     assert_whole(printed, text)
     assert "26743" in text and "26744" in text

@@ -14,6 +14,7 @@ import pytest
 
 from dmsc.cli import main
 from dmsc.data.db import Database
+from dmsc.runtime.transport.replies import TrainReply
 
 
 @pytest.fixture
@@ -83,8 +84,7 @@ class _TrainCall:
         run_id = db.new_run("gpt-mini", "c", {}).id
         self.task = db.new_task(run_id, "train", {"steps": 50}, state="running").id
 
-    def send_future(self, method: str, req: object) -> _TrainCall:
-        assert method == "Train"
+    def train_future(self, req: object) -> _TrainCall:
         return self
 
     def done(self) -> bool:
@@ -94,8 +94,10 @@ class _TrainCall:
             task = s.get(TaskRecord, self.task)
             return task is not None and task.state in ("cancelling", "cancelled")
 
-    def result(self) -> str:
-        return json.dumps({"task": self.task, "state": "cancelled", "steps": 3, "model_version": 2})
+    def result(self) -> TrainReply:  # the fields a cancelled task's line reads
+        return TrainReply.model_construct(
+            task=self.task, state="cancelled", steps=3, model_version=2
+        )
 
 
 def test_ctrl_c_during_train_cancels_the_task_and_exits_130(

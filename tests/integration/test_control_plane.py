@@ -14,6 +14,9 @@ from pathlib import Path
 from runtime_helpers import dmsc, make_plan, one_box, up_with_gateway
 
 from dmsc.data.db import Database
+from dmsc.runtime.control.client import ControlClient
+from dmsc.runtime.transport.messages import InferRequest, ReplanRequest
+from dmsc.runtime.transport.replies import InferEnd, InferPiece
 
 
 def test_up_status_train_infer_down(tmp_path: Path) -> None:
@@ -92,6 +95,19 @@ def test_up_status_train_infer_down(tmp_path: Path) -> None:
         assert params["data"] == str(data) and params["lr_schedule"] == "cosine"
         log = (tmp_path / "logs" / "control.log").read_text().splitlines()
         assert [json.loads(x)["msg"] for x in log].count("task done") == 0
+        # the typed client the CLI uses, on the same control plane
+        client = ControlClient.connect(tmp_path / "control.json")
+        now = client.status()
+        assert now.run == status["run"] and [s.health for s in now.services] == ["ok", "ok"]
+        req = InferRequest(prompt="def ", tokens=6, temperature=1.5, seed=5)
+        whole = client.infer(req)
+        *pieces, end = list(client.infer_stream(req))
+        assert isinstance(end, InferEnd) and end.seed == whole.seed == 5
+        assert "".join(p.text for p in pieces if isinstance(p, InferPiece)) == whole.text
+        assert whole.replica == "replica-0" and len(whole.token_ids) == len(end.token_ids)
+        dry = client.replan(ReplanRequest(dry_run=True))
+        assert dry.run == now.run and dry.dry_run and dry.decide_s is not None
+        client.close()
     finally:
         res = dmsc(tmp_path, "down")
     assert res.returncode == 0, res.stderr

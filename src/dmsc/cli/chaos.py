@@ -14,6 +14,7 @@ from rich.console import Console
 from dmsc.cli.app import console
 from dmsc.cli.options import JsonOpt
 from dmsc.cli.runtime import control_client
+from dmsc.runtime.transport.messages import InjectRequest
 from dmsc.spec import SpecError
 
 
@@ -57,58 +58,55 @@ def do_chaos(
     if after_s < 0 or watch_s <= 0:
         raise SpecError("command line", "--after", "must be 0 or positive (and --watch positive)")
     control = control_client()
-    before = control.call("Status")
-    victim = next(
-        (s for s in before["services"] if (s["stage"], s["replica"]) == (stage, replica)), None
-    )
+    before = control.status()
+    victim = next((s for s in before.services if (s.stage, s.replica) == (stage, replica)), None)
     if victim is None:
         raise SpecError(
             "command line", "--kill-worker", f"no worker at stage {stage} replica {replica}"
         )
-    seen = {f["id"] for f in before.get("faults", [])}
+    seen = {f.id for f in before.faults}
     time.sleep(after_s)
     # through the control plane's launcher: the worker may run on another machine (Ray)
-    injected = control.call(
-        "Inject", {"sid": victim["sid"], "fault": "freeze" if freeze else "kill"}
-    )["at"]
+    injected = control.inject(
+        InjectRequest(sid=victim.sid, fault="freeze" if freeze else "kill")
+    ).at
     fault = None
     deadline = time.monotonic() + watch_s
     while time.monotonic() < deadline:
-        now = control.call("Status")
         fresh = [
             f
-            for f in now.get("faults", [])
-            if f["id"] not in seen
-            and f["kind"] == "worker"
-            and victim["sid"] in f["services"].split(",")
+            for f in control.status().faults
+            if f.id not in seen and f.kind == "worker" and victim.sid in f.services.split(",")
         ]
-        if fresh and fresh[-1]["recovered_at"]:
+        if fresh and fresh[-1].recovered_at:
             fault = fresh[-1]
             break
         time.sleep(0.2)
     if freeze:  # let the frozen instance run again: fencing must keep it out
-        control.call("Inject", {"sid": victim["sid"], "fault": "thaw"})
+        control.inject(InjectRequest(sid=victim.sid, fault="thaw"))
     out = {
         "fault": "freeze" if freeze else "kill -9",
-        "target": victim["sid"],
-        "pid": victim["pid"],
+        "target": victim.sid,
+        "pid": victim.pid,
         "recovered": fault is not None,
-        "detected_after_s": fault["detected_at"] - injected if fault else None,
-        "recovered_after_s": fault["recovered_at"] - injected if fault else None,
-        "checkpoint_step": fault["checkpoint_step"] if fault else None,
-        "steps_lost": fault["steps_lost"] if fault else None,
+        "detected_after_s": fault.detected_at - injected if fault else None,
+        "recovered_after_s": fault.recovered_at - injected
+        if fault and fault.recovered_at
+        else None,
+        "checkpoint_step": fault.checkpoint_step if fault else None,
+        "steps_lost": fault.steps_lost if fault else None,
     }
     if as_json:
         print(json.dumps(out))
     elif fault is None:
         console.print(
-            f"{out['fault']} {victim['sid']} (pid {victim['pid']}): "
+            f"{out['fault']} {victim.sid} (pid {victim.pid}): "
             f"no recovery seen within {watch_s:g} s",
             highlight=False,
         )
     else:
         console.print(
-            f"{out['fault']} {victim['sid']} (pid {victim['pid']}): detected after "
+            f"{out['fault']} {victim.sid} (pid {victim.pid}): detected after "
             f"{out['detected_after_s']:.2f} s, recovered after {out['recovered_after_s']:.2f} s, "
             f"back to the checkpoint of step {out['checkpoint_step']} "
             f"({out['steps_lost']} steps run again)",

@@ -4,9 +4,9 @@ then the cost model, the planner and the simulator on the example clusters."""
 
 from __future__ import annotations
 
-import json
+import time
 from pathlib import Path
-from typing import Annotated, Any
+from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
 from rich.console import Console
@@ -14,10 +14,16 @@ from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
 
 from dmsc.cli.app import console, err_console
 from dmsc.cli.options import build_job, build_model, load_cluster
+from dmsc.cli.progress import find_task
 from dmsc.cli.render import prediction_words
-from dmsc.cli.runtime import calibrated_path, do_calibrate
+from dmsc.cli.runtime import calibrated_path, control_client, do_calibrate, down, up
 from dmsc.cli.simulate import run_simulation
+from dmsc.runtime.transport.messages import InferRequest, TrainRequest
 from dmsc.spec import SpecError
+
+if TYPE_CHECKING:
+    from dmsc.runtime.control.client import ControlClient
+    from dmsc.runtime.transport.replies import InferReply
 
 
 def demo(
@@ -118,111 +124,108 @@ def demo(
 
 
 def runtime_demo(console: Console, steps: int = 200) -> dict[str, Any]:
-    """Calibrate, plan gpt-mini on this machine, deploy, train, compare, sample, shut down."""
-    from dmsc.cli.database import open_database
+    """Calibrate, plan gpt-mini on this machine, then what a user does: ``dmsc up``, train,
+    compare with the prediction, sample, ``dmsc down``: the same control plane, through the
+    same client (:class:`~dmsc.runtime.control.client.ControlClient`)."""
     from dmsc.cli.plan_render import print_plan
-    from dmsc.data.corpus import Corpus, stdlib_text
-    from dmsc.data.db import ModelVersionRecord, ServiceRecord, data_dir
+    from dmsc.data.db import data_dir
     from dmsc.planner.solve import plan_job
-    from dmsc.runtime.control.advisors.prediction import prediction_for
-    from dmsc.runtime.control.launch.deployment import Deployment
-    from dmsc.runtime.control.training.training import layout_from_plan, train
     from dmsc.spec import ClusterSpec, JobSpec, TransformerSpec, load_spec, resolve_model
 
     console.rule("runtime: gpt-mini as three micro-model services on this machine")
     do_calibrate(None, None, console)
-    cluster = load_spec(ClusterSpec, calibrated_path())
+    cluster_file = calibrated_path()
+    cluster = load_spec(ClusterSpec, cluster_file)
     model = resolve_model("gpt-mini")
     assert isinstance(model, TransformerSpec)
     job = JobSpec(global_batch=16, micro_batch=4, pp=3, schedule="1f1b", overlap_dp_comm=False)
     plan = plan_job(cluster, model, job, fixed=True).plan
     print_plan(console, plan)
-    db = open_database()
-    run = db.new_run(plan.model, plan.cluster, json.loads(plan.model_dump_json()))
-    train_text, valid_text = stdlib_text()
-    corpus, valid = Corpus(train_text, model.seq, 0), Corpus(valid_text, model.seq, 1)
-    with Deployment(layout_from_plan(plan, model), home=data_dir()) as dep:
-        for h in dep.handles:
-            db.add(
-                ServiceRecord(
-                    run_id=run.id,
-                    sid=h.config.sid,
-                    stage=h.config.stage,
-                    replica=h.config.replica,
-                    address=h.address,
-                )
-            )
-        console.print(
-            "services: " + ", ".join(f"{h.config.sid}@{h.address}" for h in dep.handles),
-            highlight=False,
-        )
-        task = db.new_task(run.id, "train", {"steps": steps}, state="running")
-        with Progress(
-            TextColumn("{task.description}"),
-            BarColumn(),
-            TimeElapsedColumn(),
-            console=console,
-            transient=False,
-        ) as progress:
-            bar = progress.add_task("training", total=steps)
+    plan_file = data_dir() / "demo-plan.json"
+    plan_file.write_text(plan.model_dump_json(indent=1))
+    up(plan_file=str(plan_file), cluster=str(cluster_file))
+    try:
+        return _train_and_sample(console, control_client(), steps)
+    finally:
+        down()
 
-            def on_step(step: int, out: dict[str, Any]) -> None:
+
+def _train_and_sample(console: Console, client: ControlClient, steps: int) -> dict[str, Any]:
+    """Train ``steps`` steps on the running control plane (a bar per step), compare the step
+    time with the prediction, sample."""
+    from dmsc.cli.database import open_database
+
+    status = client.status()
+    console.print(
+        "services: " + ", ".join(f"{s.sid}@{s.address}" for s in status.services),
+        highlight=False,
+    )
+    db = open_database()
+    since = time.time()
+    pending = client.train_future(TrainRequest(steps=steps))
+    task_id: int | None = None
+    with Progress(
+        TextColumn("{task.description}"),
+        BarColumn(),
+        TimeElapsedColumn(),
+        console=console,
+        transient=False,
+    ) as progress:
+        bar = progress.add_task("training", total=steps)
+
+        def show(task: int) -> None:
+            metrics = db.metrics(task)
+            if metrics:
+                m = metrics[-1]
                 progress.update(
                     bar,
-                    advance=1,
+                    completed=len(metrics),
                     description=(
-                        f"step {step + 1}/{steps} loss {out['loss']:.3f} "
-                        f"{out['tokens_per_s']:,.0f} tok/s {out['step_s'] * 1e3:.0f} ms"
+                        f"step {len(metrics)}/{steps} loss {m.loss:.3f} "
+                        f"{m.tokens_per_s:,.0f} tok/s {m.step_s * 1e3:.0f} ms"
                     ),
                 )
 
-            report = train(
-                dep,
-                corpus,
-                valid,
-                steps,
-                job.global_batch,
-                job.microbatches,
-                "1f1b",
-                db,
-                task.id,
-                on_step,
-            )
-        db.set_task_state(task.id, "done")
-        saved = dep.clients[(0, 0)].call(
-            "Save",
-            {
-                "path": str(
-                    Path(db.url.split("///")[-1]).parent
-                    / "checkpoints"
-                    / f"demo-run{run.id}.safetensors"
-                )
-            },
-        )
-        db.add(
-            ModelVersionRecord(
-                run_id=run.id, step=steps, path=saved["path"], sha256=saved["sha256"]
-            )
-        )
-        sample = bytes(dep.generate(b"def main(", 80))
-    # the prediction for the job that ran, on the calibration just measured
-    ran = prediction_for(plan, cluster, model, job.global_batch, job.microbatches, job.dp)
-    predicted, measured = ran.step_s, report.median_step_s
+        while not pending.done():
+            time.sleep(0.25)
+            task_id = task_id if task_id is not None else find_task(db, since)
+            if task_id is not None:
+                show(task_id)
+        report = pending.result()
+        show(report.task)
+    measured, predicted = report.median_step_s, report.predicted_step_s
+    assert measured is not None and report.val_start is not None  # it trained: steps >= 1
     console.print(
         f"validation loss {report.val_start:.3f} -> {report.val_end:.3f}; step time measured "
-        f"{measured * 1e3:.1f} ms ({prediction_words(measured, predicted, ran.basis)})",
+        f"{measured * 1e3:.1f} ms ({prediction_words(measured, predicted, report.prediction)})",
         highlight=False,
         soft_wrap=True,
     )
+    prompt = "def main("
+    sample = _sample(client, InferRequest(prompt=prompt, tokens=80, seed=0))
+    console.print("sample: " + prompt + sample.text, highlight=False, markup=False)
     console.print(
-        "sample: def main(" + sample.decode("utf-8", errors="replace"),
+        f"run {status.run} recorded in {db.url} (model version {report.model_version})",
         highlight=False,
-        markup=False,
     )
-    console.print(f"run {run.id} recorded in {db.url}", highlight=False)
     return {
         "val_start": report.val_start,
         "val_end": report.val_end,
         "measured_step_s": measured,
         "predicted_step_s": predicted,
     }
+
+
+def _sample(client: ControlClient, req: InferRequest) -> InferReply:
+    """The sample, asked once more when a model version loaded into the replica between two of
+    its tokens: the task's version goes into production as it ends, and the load drops the
+    inference session a request holds open (a known race of the serving layer)."""
+    import grpc
+
+    try:
+        return client.infer(req)
+    except grpc.RpcError as exc:
+        if "not open here" not in str(exc.details()):
+            raise
+    time.sleep(1.0)
+    return client.infer(req)

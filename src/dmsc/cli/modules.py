@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import json
 import time
+from functools import partial
 from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
@@ -18,10 +19,14 @@ import typer
 from dmsc.cli.app import console
 from dmsc.cli.clusters import cluster_file
 from dmsc.cli.options import JsonOpt
+from dmsc.cli.runtime import control_client
+from dmsc.runtime.transport.messages import ReplanRequest
+from dmsc.runtime.transport.replies import ReplanReply
 from dmsc.spec import SpecError
 
 if TYPE_CHECKING:
     from dmsc.runtime.control.advisors import DecisionRule
+    from dmsc.runtime.control.client import ControlClient
     from dmsc.spec import ClusterSpec
 
 modules_app = typer.Typer(
@@ -102,10 +107,8 @@ def _print(doc: dict[str, Any]) -> None:
         console.print(f"{n}. {why}", highlight=False)
 
 
-def _running_plane() -> Any:
+def _running_plane() -> ControlClient | None:
     """A client of the control plane running on this data directory, or None."""
-    from dmsc.cli.runtime import control_client
-
     try:
         return control_client()
     except SpecError:
@@ -147,17 +150,18 @@ def replan(
     if not dry_run:
         _apply(cluster, run, threshold, horizon_steps, as_json)
         return
+    from dmsc.runtime.control.advisors import DecisionRule
+
     rule = {"threshold": threshold, "horizon_steps": horizon_steps}
     plane = _running_plane() if cluster is None and run is None else None
     if plane is not None:  # the deployment's current plan: the decision a real replan takes
-        doc: dict[str, Any] = plane.call("Replan", {"dry_run": True, **rule})
-        doc["rule"] = rule
+        doc = plane.replan(ReplanRequest(dry_run=True, **rule)).wire()
     else:
-        from dmsc.runtime.control.advisors import DecisionRule
-
-        doc = _offline(cluster, run, DecisionRule(threshold, horizon_steps), as_json)
-        if not doc:
+        found = _offline(cluster, run, DecisionRule(threshold, horizon_steps), as_json)
+        if found is None:
             return
+        doc = found.wire()
+    doc["rule"] = rule
     if as_json:
         print(json.dumps(doc, default=str))
         return
@@ -166,38 +170,29 @@ def replan(
 
 def _offline(
     cluster: str | None, run: int | None, rule: DecisionRule, as_json: bool
-) -> dict[str, Any]:
+) -> ReplanReply | None:
     """The dry run with no control plane running: the database's run, its plan, the cluster spec
-    found by name (or given), decided as the control plane decides (:func:`decide_on`); an
-    empty document when there is nothing to decide on (said so)."""
+    found by name (or given), decided as the control plane decides
+    (:func:`~dmsc.runtime.control.replanning.dry_run_offline`); None when there is nothing to
+    decide on (said so)."""
     from dmsc.cli.database import open_database
-    from dmsc.runtime.control.advisors import newest_run, read_measurements
-    from dmsc.runtime.control.advisors.paths import cluster_mismatch
-    from dmsc.runtime.control.replanning import decide_on, decisions_doc
-    from dmsc.spec import resolve_model
+    from dmsc.runtime.control.advisors import newest_run
+    from dmsc.runtime.control.replanning import NothingMeasured, WrongCluster, dry_run_offline
 
     db = open_database()
     run_id = run if run is not None else newest_run(db)
     if run_id is None:
         _nothing(as_json, None, "no run in this database yet: `dmsc up` starts one")
-        return {}
+        return None
     try:
-        m = read_measurements(db, run_id, time.time())
+        return dry_run_offline(db, run_id, partial(_cluster, cluster), rule, time.time())
     except KeyError:
         raise SpecError("command line", "--run", f"no run {run_id}") from None
-    if m.empty:
-        _nothing(
-            as_json, run_id, f"run {run_id} has measured nothing yet: train on it (`dmsc train`)"
-        )
-        return {}
-    spec = _cluster(cluster, m.plan.cluster)
-    why = cluster_mismatch(m.plan, spec)
-    if why is not None:
-        raise SpecError(cluster or spec.name, "", why)
-    model = m.plan.model_spec or resolve_model(m.plan.model)
-    m, decisions = decide_on(db, run_id, m.plan, spec, model, rule, time.time())
-    rules = {"threshold": rule.threshold, "horizon_steps": rule.horizon_steps}
-    return {**decisions_doc(m, decisions, dry_run=True), "cluster": spec.name, "rule": rules}
+    except NothingMeasured as exc:
+        _nothing(as_json, run_id, str(exc))
+        return None
+    except WrongCluster as exc:
+        raise SpecError(cluster or exc.cluster, "", str(exc)) from None
 
 
 def _apply(
@@ -205,29 +200,25 @@ def _apply(
 ) -> None:
     """``dmsc replan`` without ``--dry-run``: the running control plane decides on its own
     run's measurements and applies (exceptions raised, a move made)."""
-    from dmsc.cli.runtime import control_client
-
     for flag, value in (("--cluster", cluster), ("--run", run)):
         if value is not None:
             raise SpecError(
                 "command line", flag, "the running deployment uses its own (with --dry-run only)"
             )
-    body = {"dry_run": False, "threshold": threshold, "horizon_steps": horizon}
-    out: dict[str, Any] = control_client().call("Replan", body)
+    req = ReplanRequest(dry_run=False, threshold=threshold, horizon_steps=horizon)
+    out = control_client().replan(req)
     if as_json:
-        print(json.dumps(out, default=str))
+        print(json.dumps(out.wire(), default=str))
         return
-    for n, d in enumerate(out["decisions"], 1):
+    for n, d in enumerate(out.decisions, 1):
         console.print(
-            f"{n}. {d['module']} {d['kind']} {d['target']}: {d['decision']} ({d['why']})",
-            highlight=False,
+            f"{n}. {d.module} {d.kind} {d.target}: {d.decision} ({d.why})", highlight=False
         )
-    applied = out["applied"]
-    where = ", ".join(out["datacenters"])
+    applied, where = out.applied, ", ".join(out.datacenters)
     console.print(
-        f"decided in {out['decide_s']:.2f} s; "
-        + (f"moved ({applied['target']}) in {applied['move_s']:.1f} s" if applied else "no move")
-        + f"; stages now in {where}; exceptions raised: {len(out['exceptions_raised'])}",
+        f"decided in {out.decide_s or 0:.2f} s; "
+        + (f"moved ({applied.target}) in {applied.move_s:.1f} s" if applied else "no move")
+        + f"; stages now in {where}; exceptions raised: {len(out.exceptions_raised)}",
         highlight=False,
     )
 

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import json
 import time
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import typer
 from rich.console import Console
@@ -24,6 +24,10 @@ from rich.progress import (
 )
 
 from dmsc.cli.app import err_console
+
+if TYPE_CHECKING:
+    from dmsc.runtime.control.client import PendingTrain
+    from dmsc.runtime.transport.replies import TrainReply
 
 POLL_S = 0.5
 
@@ -41,7 +45,8 @@ def elapsed_bar(disable: bool, console: Console | None = None) -> Progress:
     )
 
 
-def _find_task(db: Any, since: float) -> int | None:
+def find_task(db: Any, since: float) -> int | None:
+    """The training task a Train call sent at ``since`` runs as (None until it starts)."""
     from sqlalchemy import select
 
     from dmsc.data.db import TaskRecord
@@ -57,7 +62,7 @@ def _find_task(db: Any, since: float) -> int | None:
     return None
 
 
-def follow(future: Any, steps: int, as_json: bool) -> tuple[dict[str, Any], bool]:
+def follow(future: PendingTrain, steps: int, as_json: bool) -> tuple[TrainReply, bool]:
     """Wait for the Train call ``future`` while showing its task's steps, and return its answer
     and whether Ctrl-C cancelled it. Ctrl-C asks the task to stop (it ends ``cancelled`` after
     its current step, keeping what it trained); a second one, or one before the task shows,
@@ -87,7 +92,7 @@ def follow(future: Any, steps: int, as_json: bool) -> tuple[dict[str, Any], bool
                     break
                 time.sleep(POLL_S)
                 if task_id is None:
-                    task_id = _find_task(db, since)
+                    task_id = find_task(db, since)
                     if task_id is None:
                         continue
                     progress.update(bar, task=str(task_id))
@@ -126,8 +131,8 @@ def follow(future: Any, steps: int, as_json: bool) -> tuple[dict[str, Any], bool
                     "(Ctrl-C again to stop waiting; the task still ends)",
                     highlight=False,
                 )
-    out = dict(json.loads(future.result()))
-    _lines(int(out["task"]), db.metrics(int(out["task"])), seen, as_json)  # the last steps
+    out = future.result()
+    _lines(out.task, db.metrics(out.task), seen, as_json)  # the last steps
     return out, cancelled
 
 

@@ -17,7 +17,7 @@ import subprocess
 import sys
 import time
 from pathlib import Path
-from typing import Annotated, Any
+from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
 from rich.console import Console
@@ -25,7 +25,11 @@ from rich.console import Console
 from dmsc.cli.app import console
 from dmsc.cli.options import JsonOpt
 from dmsc.cli.up_settings import control_settings
+from dmsc.runtime.transport.replies import StatusReply
 from dmsc.spec import SpecError
+
+if TYPE_CHECKING:
+    from dmsc.runtime.control.client import ControlClient
 
 ROOT = Path(__file__).resolve().parents[3]
 LOCAL_CPU = ROOT / "examples" / "clusters" / "local-cpu.yaml"
@@ -38,32 +42,11 @@ def calibrated_path() -> Path:
     return data_dir() / "local-cpu.calibrated.yaml"
 
 
-def control_client() -> Any:
-    """A client of the running control plane (an error when none runs)."""
-    from dmsc.data.db import control_file
-    from dmsc.runtime.transport.messages import CONTROL_SERVICE
-    from dmsc.runtime.transport.rpc import Client
+def control_client() -> ControlClient:
+    """The client of the running control plane (a SpecError when none runs)."""
+    from dmsc.runtime.control.client import ControlClient
 
-    path = control_file()
-    if not path.exists():
-        raise SpecError("control plane", "", "not running (start it with `dmsc up --plan FILE`)")
-    try:
-        info = json.loads(path.read_text())
-        address, pid = str(info["address"]), int(info["pid"])
-    except (ValueError, KeyError, TypeError):
-        raise SpecError(str(path), "", "unreadable; remove it if no control plane runs") from None
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:  # killed without cleaning up: its run resumes at the next up
-        raise SpecError(
-            "control plane",
-            "",
-            f"not running (pid {pid} is gone without a clean stop; "
-            "`dmsc up --plan FILE` with the same plan resumes its run)",
-        ) from None
-    except PermissionError:  # alive, another user's
-        pass
-    return Client(address, CONTROL_SERVICE, timeout_s=3600, token=info.get("token"))
+    return ControlClient.connect()
 
 
 def calibrate(
@@ -328,18 +311,18 @@ def up(
 
 def status(as_json: JsonOpt = False) -> None:
     """Services (SID, stage, address, health) and tasks of the running deployment."""
-    out: dict[str, Any] = control_client().call("Status")
+    out = control_client().status()
     if as_json:
-        print(json.dumps(out))
+        print(json.dumps(out.wire()))
         return
     print_status(console, out)
 
 
-def print_status(console: Console, out: dict[str, Any]) -> None:
+def print_status(console: Console, out: StatusReply) -> None:
     """The Status answer as tables; SIDs and addresses whole on any terminal width."""
     from dmsc.cli.render import fit_table
 
-    ray = any(s.get("node", "local") != "local" for s in out["services"])  # Ray: show nodes
+    ray = any(s.node != "local" for s in out.services)  # Ray: show nodes
     t = fit_table(
         "SID",
         "stage",
@@ -350,31 +333,31 @@ def print_status(console: Console, out: dict[str, Any]) -> None:
         "pid",
         *(["node"] if ray else []),
         keep=(0, 3),
-        title=f"run {out['run']}: {out['model']}, {out['steps']} steps trained"
-        + (f", queue {out['queue']}" if "queue" in out else ""),
+        title=f"run {out.run}: {out.model}, {out.steps} steps trained"
+        + (f", queue {out.queue}" if out.queue else ""),
     )
-    for s in out["services"]:
-        age = s.get("heartbeat_age_s")
-        beat = f"{age:.1f} s ago" if s["registered"] and age is not None else "not registered"
+    for s in out.services:
+        age = s.heartbeat_age_s
+        beat = f"{age:.1f} s ago" if s.registered and age is not None else "not registered"
         t.add_row(
-            s["sid"],
-            str(s["stage"]),
-            str(s["replica"]),
-            s["address"],
-            s["health"],
+            s.sid,
+            str(s.stage),
+            str(s.replica),
+            s.address,
+            s.health,
             beat,
-            str(s["pid"]),
-            *([s.get("node", "local")] if ray else []),
+            str(s.pid),
+            *([s.node] if ray else []),
         )
     console.print(t)
-    if out.get("weights_lost"):
-        console.print(f"[bold red]weights not restored:[/] {out['weights_lost']}", highlight=False)
-    if out["tasks"]:
+    if out.weights_lost:
+        console.print(f"[bold red]weights not restored:[/] {out.weights_lost}", highlight=False)
+    if out.tasks:
         tt = fit_table("task", "kind", "state")
-        for task in out["tasks"]:
-            tt.add_row(str(task["id"]), task["kind"], task["state"])
+        for task in out.tasks:
+            tt.add_row(str(task.id), task.kind, task.state)
         console.print(tt)
-    if out.get("faults"):
+    if out.faults:
         ft = fit_table(
             "fault",
             "task",
@@ -384,17 +367,15 @@ def print_status(console: Console, out: dict[str, Any]) -> None:
             "back to step",
             title="faults",
         )
-        for f in out["faults"]:
-            took = (
-                f"{f['recovered_at'] - f['detected_at']:.1f} s" if f["recovered_at"] else "not yet"
-            )
+        for f in out.faults:
+            took = f"{f.recovered_at - f.detected_at:.1f} s" if f.recovered_at else "not yet"
             ft.add_row(
-                f"{f['id']} {f['kind']}",
-                str(f["task"] or ""),
-                f["services"],
-                f["reason"],
+                f"{f.id} {f.kind}",
+                str(f.task or ""),
+                f.services,
+                f.reason,
                 took,
-                str(f["checkpoint_step"]),
+                str(f.checkpoint_step),
             )
         console.print(ft)
 
@@ -404,7 +385,7 @@ def down() -> None:
     from dmsc.data.db import control_file
 
     info = json.loads(control_file().read_text()) if control_file().exists() else None
-    control_client().call("Down")
+    control_client().down()
     deadline = time.time() + 30
     while control_file().exists() and time.time() < deadline:
         time.sleep(0.2)

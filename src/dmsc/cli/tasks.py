@@ -14,10 +14,18 @@ from rich.text import Text
 
 from dmsc.cli.app import console, err_console
 from dmsc.cli.options import JsonOpt, message_from_flags
+from dmsc.cli.progress import follow
 from dmsc.cli.render import prediction_words
 from dmsc.cli.runtime import control_client
 from dmsc.cli.tables import FoldTable
-from dmsc.runtime.transport.messages import DEFAULT_LR, LR_SCHEDULES, MAX_INFER_TOKENS
+from dmsc.runtime.transport.messages import (
+    DEFAULT_LR,
+    LR_SCHEDULES,
+    MAX_INFER_TOKENS,
+    InferRequest,
+    TrainRequest,
+)
+from dmsc.runtime.transport.replies import InferEnd, InferPiece, TrainReply
 from dmsc.spec import SpecError
 
 _TRAIN_FLAGS = {
@@ -139,7 +147,6 @@ def train(
     """Run a training task on the running services; it survives failed workers. Progress shows
     while it runs (JSON lines with --json); Ctrl-C cancels it after its current step."""
     from dmsc.cli.train_sync import sync_settings, task_steps
-    from dmsc.runtime.transport.messages import TrainRequest
 
     settings = sync_settings(
         sync,
@@ -184,38 +191,40 @@ def train(
         dp=dp,
     )
     from dmsc.cli.dp_effect import warn_about_noise
-    from dmsc.cli.progress import follow
 
     warn_about_noise(settings, dp)  # before it runs: noise that outweighs the updates
     # The call answers when the task ends; meanwhile its steps show (Ctrl-C cancels it).
-    out, interrupted = follow(control_client().send_future("Train", req), steps, as_json)
+    out, interrupted = follow(control_client().train_future(req), steps, as_json)
     if as_json:
-        print(json.dumps(out))
-    elif out.get("state") == "cancelled":
+        print(json.dumps(out.wire()))
+    elif out.state == "cancelled":
         console.print(
-            f"task {out['task']}: cancelled after {out['steps']} steps "
-            f"(model version {out['model_version']})",
+            f"task {out.task}: cancelled after {out.steps} steps "
+            f"(model version {out.model_version})",
             highlight=False,
         )
     else:
-        console.print(
-            f"task {out['task']}: {out['steps']} steps, loss {out['loss_first']:.3f} -> "
-            f"{out['loss_last']:.3f}, validation {out['val_start']:.3f} -> {out['val_end']:.3f}, "
-            f"step {out['median_step_s'] * 1e3:.1f} ms ("
-            f"{prediction_words(out['median_step_s'], out['predicted_step_s'], out['prediction'])}"
-            "), "
-            f"{out['tokens_per_s']:,.0f} tokens/s",
-            highlight=False,
-        )
-        for r in out.get("recoveries", []):
+        console.print(train_line(out), highlight=False)
+        for r in out.recoveries:
             console.print(
-                f"recovered: replaced {', '.join(r['services']) or 'nothing'} "
-                f"({r['reason'][:100]}) in {r['recovered_after_s']:.1f} s, "
-                f"back to the checkpoint of step {r['checkpoint_step']}",
+                f"recovered: replaced {', '.join(r.services) or 'nothing'} "
+                f"({r.reason[:100]}) in {r.recovered_after_s:.1f} s, "
+                f"back to the checkpoint of step {r.checkpoint_step}",
                 highlight=False,
             )
     if interrupted:  # Ctrl-C cancelled the task: it did not run its course
         raise typer.Exit(130)
+
+
+def train_line(out: TrainReply) -> str:
+    """What ``dmsc train`` says about a task that ran its course."""
+    step_s, val = out.median_step_s, f"validation {out.val_start:.3f} -> {out.val_end:.3f}"
+    step = "step time unknown"
+    if step_s is not None:
+        words = prediction_words(step_s, out.predicted_step_s, out.prediction)
+        step = f"step {step_s * 1e3:.1f} ms ({words}), {out.tokens_per_s:,.0f} tokens/s"
+    loss = f"loss {out.loss_first:.3f} -> {out.loss_last:.3f}"
+    return f"task {out.task}: {out.steps} steps, {loss}, {val}, {step}"
 
 
 def infer(
@@ -251,8 +260,6 @@ def infer(
 ) -> None:
     """Sample a continuation through the stage services. Ctrl-C stops the generation (the
     workers stop at their next token)."""
-    from dmsc.runtime.transport.messages import InferRequest
-
     req = message_from_flags(
         InferRequest,
         {},
@@ -267,18 +274,18 @@ def infer(
     # Streamed from the control plane in every mode: cancelling the call (Ctrl-C) stops the
     # workers at their next token.
     show = stream and not as_json
-    calls = control_client().stream("InferStream", req)
+    calls = control_client().infer_stream(req)
     pieces: list[str] = []
-    end: dict[str, Any] = {}
+    end: InferEnd | None = None
     if show:
         sys.stdout.write(prompt)
         sys.stdout.flush()
     try:
         for piece in calls:
-            if "text" in piece:
-                pieces.append(piece["text"])
+            if isinstance(piece, InferPiece):
+                pieces.append(piece.text)
                 if show:
-                    sys.stdout.write(piece["text"])
+                    sys.stdout.write(piece.text)
                     sys.stdout.flush()
             else:
                 end = piece
@@ -289,28 +296,29 @@ def infer(
         err_console.print(f"cancelled after {len(''.join(pieces))} characters")
         raise typer.Exit(130) from None
     text = "".join(pieces)
+    said = {k: v for k, v in end.wire().items() if k != "done"} if end is not None else {}
     if as_json:
-        print(json.dumps({"text": text, **{k: v for k, v in end.items() if k != "done"}}))
+        print(json.dumps({"text": text, **said}))
     elif show:
         sys.stdout.write("\n")
     else:
         console.print(prompt + text, highlight=False, markup=False)
-    if aggregate is not None and not as_json:
+    if aggregate is not None and not as_json and end is not None:
         err_console.print(heads_line(end), highlight=False)
 
 
-def heads_line(end: dict[str, Any]) -> str:
+def heads_line(end: InferEnd) -> str:
     """What ``dmsc infer --aggregate`` says about the heads it combined."""
-    answered = end.get("answered", [])
-    line = f"{end.get('aggregate')} of {len(answered)}/{end.get('heads')} heads"
-    if end.get("weights"):
-        line += " weights " + " ".join(f"{w:.3f}" for w in end["weights"])
-    cal = end.get("calibration")
+    answered = end.answered or []
+    line = f"{end.aggregate} of {len(answered)}/{end.heads} heads"
+    if end.weights:
+        line += " weights " + " ".join(f"{w:.3f}" for w in end.weights)
+    cal = end.calibration
     if cal:
         accs = " ".join("-" if a is None else f"{a:.3f}" for a in cal["accuracy"])
         line += f"; held-out accuracy ({cal['windows']} windows): heads {accs}"
         line += ", " + ", ".join(f"{m} {a:.3f}" for m, a in cal["combined"].items())
-    for r, why in end.get("missing", {}).items():
+    for r, why in (end.missing or {}).items():
         line += f"; head {r} missing: {why}"
     return line
 

@@ -8,6 +8,8 @@ from typing import Annotated
 import typer
 
 from dmsc.cli.app import console, err_console
+from dmsc.cli.runtime import control_client
+from dmsc.runtime.transport.messages import RevokeRequest
 from dmsc.spec import SpecError
 
 token_app = typer.Typer(help="API keys of the gateway.", no_args_is_help=True)
@@ -91,11 +93,8 @@ def token_revoke(key_id: Annotated[int, typer.Argument(help="Key id.")]) -> None
     if control_file().exists():
         import grpc
 
-        from dmsc.cli.runtime import control_client
-        from dmsc.runtime.transport.messages import RevokeRequest
-
         try:
-            control_client().send("Revoke", RevokeRequest(key_id=key_id), timeout_s=10)
+            control_client().revoke(RevokeRequest(key_id=key_id), timeout_s=10)
         except grpc.RpcError as exc:
             if exc.code() == grpc.StatusCode.INVALID_ARGUMENT:
                 raise SpecError("command line", "KEY_ID", str(exc.details())) from None

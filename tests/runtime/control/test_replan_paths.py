@@ -97,14 +97,17 @@ def test_the_dry_run_command_asks_the_running_control_plane(monkeypatch: Any, ca
     import json
 
     from dmsc.cli import modules
+    from dmsc.runtime.transport.replies import ReplanReply
 
     asked: list[tuple[str, dict[str, Any]]] = []
     answer = {"run": 1, "dry_run": True, "decide_s": 0.01, "decisions": []}
+    answer |= {"task": None, "steps_measured": 0, "median_step_s": None, "remaining_steps": None}
+    answer |= {"predicted_step_s": None, "prediction": "no task", "not_comparable": "no task"}
 
     class Client:
-        def call(self, method: str, body: dict[str, Any]) -> dict[str, Any]:
-            asked.append((method, body))
-            return dict(answer)
+        def replan(self, req: ReplanRequest) -> ReplanReply:
+            asked.append(("Replan", req.model_dump()))
+            return ReplanReply.model_validate(answer)
 
     monkeypatch.setattr(modules, "_running_plane", lambda: Client())
     modules.replan(dry_run=True, cluster=None, run=None, as_json=True)

@@ -18,6 +18,7 @@ import grpc
 
 from dmsc.runtime.transport import messages as msg
 from dmsc.runtime.transport.messages import REGISTRY_SERVICE
+from dmsc.runtime.transport.replies import HeartbeatReply, Registered
 from dmsc.runtime.transport.rpc import message_handler
 
 __all__ = ["REGISTRY_SERVICE", "Registry", "ServiceInfo", "registry_methods"]
@@ -160,8 +161,8 @@ def registry_methods(reg: Registry) -> dict[str, grpc.RpcMethodHandler]:
         return {"version": version, "services": [asdict(s) for s in services]}
 
     return {
-        "Register": message_handler(msg.Register, register),
-        "Heartbeat": message_handler(msg.Heartbeat, heartbeat),
+        "Register": message_handler(msg.Register, register, reply=Registered),
+        "Heartbeat": message_handler(msg.Heartbeat, heartbeat, reply=HeartbeatReply),
         "Deregister": message_handler(msg.Deregister, deregister),
         "Lookup": message_handler(msg.Lookup, lookup),
         "Watch": message_handler(msg.Watch, watch),

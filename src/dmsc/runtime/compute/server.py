@@ -58,6 +58,7 @@ from dmsc.runtime.compute.peers import Peers
 from dmsc.runtime.transport import messages as msg
 from dmsc.runtime.transport.messages import REGISTRY_SERVICE
 from dmsc.runtime.transport.observe import json_logger
+from dmsc.runtime.transport.replies import Registered
 from dmsc.runtime.transport.rpc import (
     Abandoned,
     BadRequest,
@@ -153,17 +154,21 @@ class StageWorker:
     def epoch(self) -> int:
         return self.inbox.epoch
 
-    def record(self) -> dict[str, Any]:
+    def record(self) -> msg.Register:
         """This worker's registry record."""
-        return {
-            "sid": self.cfg.sid,
-            "kind": "spare" if self.cfg.spare else "stage",
-            "stage": self.cfg.stage,
-            "replica": self.cfg.replica,
-            "address": self.address,
-            "datacenter": self.cfg.datacenter,
-            "epoch": self.cfg.epoch,
-        }
+        return msg.Register(
+            sid=self.cfg.sid,
+            kind="spare" if self.cfg.spare else "stage",
+            stage=self.cfg.stage,
+            replica=self.cfg.replica,
+            address=self.address,
+            datacenter=self.cfg.datacenter,
+            epoch=self.cfg.epoch,
+        )
+
+    def register(self) -> Registered:
+        """Announce this worker (``fenced``: a newer incarnation holds its SID)."""
+        return self.registry.ask("Register", self.record(), Registered)
 
     def _check_epoch(self, epoch: int | None) -> None:
         """Refuse a call of another epoch than this worker's (none given: this worker's)."""
@@ -417,9 +422,9 @@ class StageWorker:
             except ValueError as exc:
                 raise BadRequest(f"cannot build the stage: {exc}") from None
             self.inbox.advance(cfg.epoch)
-            if self.registry.call("Register", self.record()).get("fenced"):
+            if self.register().fenced:
                 raise BadRequest(f"{cfg.sid} is held by a newer epoch than {cfg.epoch}")
-            self.registry.call("Deregister", {"sid": spare_sid}, timeout_s=5)
+            self.registry.send("Deregister", msg.Deregister(sid=spare_sid), timeout_s=5)
         self.log.info("took over %s", cfg.sid, extra={"sid": cfg.sid, "stage": cfg.stage})
         return {"sid": cfg.sid, "stage": cfg.stage, "epoch": cfg.epoch}
 

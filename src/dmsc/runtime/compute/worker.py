@@ -29,8 +29,9 @@ from pathlib import Path
 from dmsc.runtime.compute.config import WorkerConfig
 from dmsc.runtime.compute.server import StageWorker
 from dmsc.runtime.transport.logs import file_logger
-from dmsc.runtime.transport.messages import STAGE_SERVICE
+from dmsc.runtime.transport.messages import STAGE_SERVICE, Deregister, Heartbeat
 from dmsc.runtime.transport.observe import json_logger, metrics_server
+from dmsc.runtime.transport.replies import HeartbeatReply
 from dmsc.runtime.transport.rpc import serve
 
 __all__ = ["STAGE_SERVICE", "StageWorker", "WorkerConfig", "main"]
@@ -55,30 +56,30 @@ def main(argv: list[str] | None = None) -> None:
     server, port = serve(STAGE_SERVICE, worker.methods(), f"{cfg.host}:0", token=cfg.token)
     worker.metrics_address = metrics_server(worker.metrics)
     worker.address = f"{cfg.host}:{port}"
-    reply = worker.registry.call("Register", worker.record())
-    if reply.get("fenced"):
+    registered = worker.register()
+    if registered.fenced:
         print(f"FENCED {cfg.sid} epoch {cfg.epoch}", flush=True)
         sys.exit(3)
-    ttl = float(reply.get("ttl_s", 10.0))
+    ttl = registered.ttl_s
     print(f"READY {worker.address}", flush=True)
     stop = threading.Event()
     signal.signal(signal.SIGTERM, lambda *_: stop.set())
     while not stop.wait(ttl / 3):
-        beat = {"sid": worker.cfg.sid, "epoch": worker.cfg.epoch}  # a spare may take a stage
+        beat = Heartbeat(sid=worker.cfg.sid, epoch=worker.cfg.epoch)  # a spare may take a stage
         try:
-            reply = worker.registry.call("Heartbeat", beat, timeout_s=5)
-            if reply.get("fenced"):  # a newer incarnation holds our SID: stop serving
-                worker.log.warning("fenced by a newer epoch; exiting", extra=beat)
+            reply = worker.registry.ask("Heartbeat", beat, HeartbeatReply, timeout_s=5)
+            if reply.fenced:  # a newer incarnation holds our SID: stop serving
+                worker.log.warning("fenced by a newer epoch; exiting", extra=beat.model_dump())
                 break
-            if not reply["known"]:
-                worker.registry.call("Register", worker.record())
+            if not reply.known:
+                worker.register()
         except Exception:
             if os.getppid() == 1:  # the control plane is gone and so is our parent
                 break
     # Leave the registry on the way out (a kill -9 leaves it to the TTL).
     with contextlib.suppress(Exception):
-        beat = {"sid": worker.cfg.sid, "epoch": worker.cfg.epoch}
-        worker.registry.call("Deregister", beat, timeout_s=2)
+        leave = Deregister(sid=worker.cfg.sid, epoch=worker.cfg.epoch)
+        worker.registry.send("Deregister", leave, timeout_s=2)
     worker.inbox.advance(-1)  # fail any wait in progress: the handlers return at once
     server.stop(grace=1).wait(2)
     logging.shutdown()

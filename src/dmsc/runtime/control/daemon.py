@@ -46,6 +46,7 @@ from dmsc.runtime.transport.messages import (
     RevokeRequest,
 )
 from dmsc.runtime.transport.observe import metrics_server
+from dmsc.runtime.transport.replies import RevokeReply
 from dmsc.runtime.transport.rpc import BadRequest, message_handler, parse, serve
 
 if TYPE_CHECKING:
@@ -244,7 +245,8 @@ def main(stdin: TextIO | None = None) -> None:
     # keys. The credential is in control.json, readable by its owner only.
     token = secrets.token_urlsafe(24)
     revoking = partial(_revoke, db, principals)
-    methods = {**cp.methods(), "Revoke": message_handler(RevokeRequest, revoking)}
+    revoke_method = message_handler(RevokeRequest, revoking, reply=RevokeReply)
+    methods = {**cp.methods(), "Revoke": revoke_method}
     server, port = serve(CONTROL_SERVICE, methods, token=token)
     info = {
         "address": f"127.0.0.1:{port}",

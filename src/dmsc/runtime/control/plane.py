@@ -27,7 +27,6 @@ import json
 import logging
 import threading
 from collections.abc import Callable, Iterator
-from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -44,7 +43,7 @@ from dmsc.runtime.control.launch import fallback, signals
 from dmsc.runtime.control.launch.deployment import Checkpoint, Deployment
 from dmsc.runtime.control.launch.fallback import NoGoodCheckpoint, Restored
 from dmsc.runtime.control.launch.launchers import Launcher
-from dmsc.runtime.control.replanning import replan_now
+from dmsc.runtime.control.service import control_methods
 from dmsc.runtime.control.serving.head_inference import Heads
 from dmsc.runtime.control.serving.infer_calls import InferCalls
 from dmsc.runtime.control.serving.inference import Replicas
@@ -66,7 +65,6 @@ from dmsc.runtime.transport.messages import (
     DownRequest,
     InferRequest,
     InjectRequest,
-    ReplanRequest,
     Sampling,
     Schedule,
     StatusRequest,
@@ -74,7 +72,7 @@ from dmsc.runtime.transport.messages import (
     TrainSettings,
 )
 from dmsc.runtime.transport.observe import json_logger
-from dmsc.runtime.transport.rpc import BadRequest, message_handler, parse, stream_handler
+from dmsc.runtime.transport.rpc import BadRequest, parse
 from dmsc.spec import ClusterSpec, TransformerSpec, resolve_model
 
 
@@ -424,15 +422,8 @@ class ControlPlane:
         return signals.signal_worker(self.deployment, req.sid, req.fault)
 
     def methods(self) -> dict[str, grpc.RpcMethodHandler]:
-        return {
-            "Status": message_handler(StatusRequest, self.status),
-            "Train": message_handler(TrainRequest, self.train),
-            "Infer": message_handler(InferRequest, self.infer),
-            "InferStream": stream_handler(InferRequest, self.infer_stream),
-            "Down": message_handler(DownRequest, self.down),
-            "Inject": message_handler(InjectRequest, self.inject),
-            "Replan": message_handler(ReplanRequest, partial(replan_now, self)),
-        }
+        """The ``dmsc.Control`` handlers, typed both ways (:mod:`.service`)."""
+        return control_methods(self)
 
     # -- the gateway's backend (dmsc.runtime.business.gateway.Backend) -----------------------
     def replicas(self) -> list[str]:

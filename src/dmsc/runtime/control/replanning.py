@@ -7,7 +7,7 @@ current one, which a resize or an earlier move may have changed) and the orchest
 step time of the job the measured task ran (:func:`~.advisors.prediction.task_prediction`), and an
 exception raised within the last ``DEDUPE_S`` is noted as not raised again (a dry run said it
 would raise what the real one then did not). ``dmsc replan --dry-run`` asks the running control
-plane for this answer, and decides offline with :func:`decide_on` only when none runs. Unless
+plane for this answer, and decides offline (:func:`dry_run_offline`) only when none runs. Unless
 the request is a dry run:
 
 - exceptions go into the exception queue;
@@ -27,6 +27,7 @@ import dataclasses
 import statistics
 import threading
 import time
+from collections.abc import Callable
 from typing import Any, Protocol
 
 from dmsc.data.db import Database, RunRecord
@@ -34,12 +35,13 @@ from dmsc.planner.plan import Plan
 from dmsc.runtime.control.advisors import default_modules, orchestrate, read_measurements
 from dmsc.runtime.control.advisors.base import Measurements, Proposal
 from dmsc.runtime.control.advisors.orchestrator import Decision, DecisionRule, apply
-from dmsc.runtime.control.advisors.paths import replan
+from dmsc.runtime.control.advisors.paths import cluster_mismatch, replan
 from dmsc.runtime.control.advisors.policy import DEDUPE_S, raised_recently
 from dmsc.runtime.control.advisors.prediction import task_prediction
 from dmsc.runtime.transport.messages import ReplanRequest
+from dmsc.runtime.transport.replies import ReplanReply, parse_reply
 from dmsc.runtime.transport.rpc import BadRequest
-from dmsc.spec import ClusterSpec, LayerListSpec, TransformerSpec
+from dmsc.spec import ClusterSpec, LayerListSpec, TransformerSpec, resolve_model
 
 
 def not_again(db: Database, run_id: int, decisions: list[Decision], now_s: float) -> list[Decision]:
@@ -95,6 +97,44 @@ def decisions_doc(m: Measurements, decisions: list[Decision], dry_run: bool) -> 
     }
 
 
+class NothingMeasured(LookupError):
+    """The run has measured nothing yet: there is nothing to decide on."""
+
+
+class WrongCluster(ValueError):
+    """The cluster spec given is not the one the run's plan was made on (``cluster``: its name;
+    the message says why)."""
+
+    def __init__(self, cluster: str, why: str) -> None:
+        super().__init__(why)
+        self.cluster = cluster
+
+
+def dry_run_offline(
+    db: Database,
+    run_id: int,
+    cluster_of: Callable[[str], ClusterSpec],
+    rule: DecisionRule,
+    now_s: float,
+) -> ReplanReply:
+    """``dmsc replan --dry-run`` with no control plane running: run ``run_id``'s measurements on
+    its own plan, on the cluster spec ``cluster_of`` gives for the plan's cluster name, decided
+    as :func:`replan_now` decides. KeyError for an unknown run, :class:`NothingMeasured`,
+    :class:`WrongCluster`."""
+    measured = read_measurements(db, run_id, now_s)
+    if measured.empty:
+        raise NothingMeasured(f"run {run_id} has measured nothing yet: train on it (`dmsc train`)")
+    spec = cluster_of(measured.plan.cluster)
+    why = cluster_mismatch(measured.plan, spec)
+    if why is not None:
+        raise WrongCluster(spec.name, why)
+    plan = measured.plan
+    model = plan.model_spec or resolve_model(plan.model)
+    measured, decisions = decide_on(db, run_id, plan, spec, model, rule, now_s)
+    doc = {**decisions_doc(measured, decisions, dry_run=True), "cluster": spec.name}
+    return parse_reply(ReplanReply, doc)
+
+
 class Replannable(Protocol):
     """What :func:`replan_now` reads of the control plane (:class:`~.plane.ControlPlane`), and
     the one thing it asks of it: :meth:`relayout` onto a new plan."""
@@ -141,7 +181,7 @@ def replan_now(cp: Replannable, req: ReplanRequest) -> dict[str, Any]:
         raised: list[int] = []
         if not req.dry_run:
             raised = apply(cp.db, cp.run.id, decisions, time.time(), move=move)
-    return {
+    return {  # the service sends it as a ReplanReply (.service)
         **decisions_doc(measured, decisions, req.dry_run),
         "cluster": cp.cluster.name if cp.cluster is not None else None,
         "decide_s": decide_s,

@@ -27,6 +27,7 @@ import grpc
 from pydantic import BaseModel, ValidationError
 
 from dmsc.runtime.transport.messages import explain
+from dmsc.runtime.transport.replies import Reply, parse_reply
 
 # The largest whole message: a data-plane frame (256 MiB of payload and its header) or a reply.
 MAX_MESSAGE_BYTES = 256 * 1024 * 1024 + 4096
@@ -137,6 +138,7 @@ def json_handler(
 
 
 M = TypeVar("M", bound=BaseModel)
+R = TypeVar("R", bound=Reply)
 
 
 def parse(model: type[M], payload: bytes | dict[str, Any]) -> M:
@@ -149,26 +151,41 @@ def parse(model: type[M], payload: bytes | dict[str, Any]) -> M:
         raise BadRequest(explain(exc, model.__name__)) from None
 
 
+def reply_json(out: Reply | dict[str, Any], reply: type[Reply] | None = None) -> dict[str, Any]:
+    """A handler's answer as the JSON it sends: a :class:`Reply` as its fields set; a dict
+    through ``reply`` (its model) when given, a :class:`BadReply` naming the field that does
+    not fit (a server error: nothing is sent)."""
+    if isinstance(out, Reply):
+        return out.wire()
+    return out if reply is None else parse_reply(reply, out).wire()
+
+
 def message_handler(
-    model: type[M], fn: Callable[[M], dict[str, Any]], max_bytes: int = CONTROL_BYTES
+    model: type[M],
+    fn: Callable[[M], Reply | dict[str, Any]],
+    max_bytes: int = CONTROL_BYTES,
+    reply: type[Reply] | None = None,
 ) -> grpc.RpcMethodHandler:
     """A JSON method whose request (at most ``max_bytes``) is checked against ``model`` (one of
-    :mod:`dmsc.runtime.transport.messages`) before ``fn`` sees it."""
+    :mod:`dmsc.runtime.transport.messages`) before ``fn`` sees it, and whose answer goes out
+    through its reply model (:mod:`dmsc.runtime.transport.replies`)."""
 
     def wrapped(request: bytes) -> bytes:
-        return json.dumps(fn(parse(model, request))).encode()
+        return json.dumps(reply_json(fn(parse(model, request)), reply)).encode()
 
     return bytes_handler(wrapped, max_bytes)
 
 
 def stream_handler(
     model: type[M],
-    fn: Callable[[M, threading.Event], Iterator[dict[str, Any]]],
+    fn: Callable[[M, threading.Event], Iterator[Reply | dict[str, Any]]],
     max_bytes: int = CONTROL_BYTES,
+    reply: Callable[[dict[str, Any]], Reply] | None = None,
 ) -> grpc.RpcMethodHandler:
     """A server-streaming JSON method: ``fn`` yields the reply's messages one by one (each sent
     as it comes). ``fn``'s event is set when the call ends early (the client cancelled or went
-    away), so that the work behind the stream can stop."""
+    away), so that the work behind the stream can stop. ``reply`` types each message (a dict
+    that does not fit raises :class:`BadReply`)."""
 
     def handle(pieces: Iterator[bytes], context: grpc.ServicerContext) -> Iterator[bytes]:
         request = _receive(pieces, context, max_bytes)
@@ -176,7 +193,9 @@ def stream_handler(
         context.add_callback(gone.set)
         try:
             for item in fn(parse(model, request), gone):
-                yield json.dumps(item).encode()
+                if isinstance(item, dict) and reply is not None:
+                    item = reply(item)
+                yield json.dumps(reply_json(item)).encode()
         except (BadRequest, ValueError) as exc:
             context.abort(grpc.StatusCode.INVALID_ARGUMENT, str(exc))
         except Abandoned as exc:
@@ -289,6 +308,12 @@ class Client:
             self.raw(method, msg.model_dump_json(exclude_none=True).encode(), timeout_s)
         )
         return out
+
+    def ask(self, method: str, msg: BaseModel, reply: type[R], timeout_s: float | None = None) -> R:
+        """Call ``method`` with a typed message; the reply as its model (:class:`BadReply` names
+        the field of a reply that does not fit)."""
+        data = self.raw(method, msg.model_dump_json(exclude_none=True).encode(), timeout_s)
+        return parse_reply(reply, data)
 
     def send_future(self, method: str, msg: BaseModel, timeout_s: float | None = None) -> Any:
         """Send a typed message without waiting: a grpc future whose ``result()`` is the reply
