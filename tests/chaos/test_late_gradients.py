@@ -1,7 +1,7 @@
 """Late gradients in data-parallel averaging: a bounded wait, then the task's policy.
 
-Two replicas of a two-stage pipeline; replica 1 of every stage delivers its gradient 3 s late at
-step 3 (fault injection in the worker: a slow link) while the bound is 1 s. References are
+Two replicas of a two-stage pipeline; replica 1 of every stage delivers its gradient 5 s late at
+step 3 (fault injection in the worker: a slow link) while the bound is 2.5 s. References are
 single-process training runs on the same batches.
 """
 
@@ -21,7 +21,9 @@ from dmsc.spec import resolve_model
 
 SPEC = resolve_model("gpt-mini")
 RANGES = [("embedding", "block_1"), ("block_2", "head")]
-STEPS, BATCH, MICRO, LATE_STEP, DELAY, BOUND = 7, 8, 4, 3, 3.0, 1.0
+# The bound leaves a busy machine room: at 1 s, a step whose gradients were merely slow under
+# the full suite (-n 2 on 2 cores) was restarted too, and CI counted 2 restarts for one late step.
+STEPS, BATCH, MICRO, LATE_STEP, DELAY, BOUND = 7, 8, 4, 3, 5.0, 2.5
 
 
 @pytest.fixture(scope="module")
