@@ -32,7 +32,7 @@ from dmsc.data.corpus import Corpus, stdlib_text
 from dmsc.data.db import Database
 from dmsc.runtime.business.gateway import wait_ready
 from dmsc.runtime.control.launch.deployment import Deployment, StageLayout
-from dmsc.runtime.control.training.training import Recovering, train
+from dmsc.runtime.control.training.session import Recovering, train
 from dmsc.spec import resolve_model
 from dmsc.testing.chaos import FaultReport, serve_under_fault, train_under_fault
 

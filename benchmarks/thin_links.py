@@ -28,7 +28,7 @@ from typing import Any
 
 from dmsc.data.corpus import Corpus, stdlib_text
 from dmsc.runtime.control.launch.deployment import Deployment, StageLayout
-from dmsc.runtime.control.training.training import train, validation_loss
+from dmsc.runtime.control.training.session import train, validation_loss
 from dmsc.runtime.transport.messages import SyncSettings
 from dmsc.spec import resolve_model
 
@@ -50,7 +50,9 @@ MODES: dict[str, SyncSettings] = {
     "powersgd": SyncSettings(compress="powersgd:4"),
     "fedavg-25": SyncSettings(mode="fedavg", inner_steps=25),
     # the federated example: clipping to 1 and noise 0.8 on the sum (central DP), masks
-    "fedavg-25-dp": SyncSettings(mode="fedavg", inner_steps=25, dp_clip=1.0, dp_noise=0.8),
+    "fedavg-25-dp": SyncSettings(
+        mode="fedavg", inner_steps=25, privacy_clip=1.0, privacy_noise=0.8
+    ),
     "fedavg-25-secure": SyncSettings(mode="fedavg", inner_steps=25, secure=True),
 }
 

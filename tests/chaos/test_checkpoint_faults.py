@@ -26,7 +26,7 @@ from dmsc.planner.plan import Plan
 from dmsc.runtime.control.launch.deployment import Deployment, StageLayout
 from dmsc.runtime.control.launch.fallback import NoGoodCheckpoint
 from dmsc.runtime.control.plane import ControlPlane
-from dmsc.runtime.control.training.training import Recovering, train
+from dmsc.runtime.control.training.session import Recovering, train
 from dmsc.runtime.control.watchdog import watch_workers
 from dmsc.runtime.transport.messages import StatusRequest, TrainRequest
 from dmsc.spec import resolve_model

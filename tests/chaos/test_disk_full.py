@@ -30,7 +30,7 @@ from dmsc.runtime.control.tasks import work_loop
 from dmsc.runtime.control.tasks.lanes import Handoff
 from dmsc.runtime.control.tasks.task_queue import TaskQueue
 from dmsc.runtime.control.training.retention import Retention
-from dmsc.runtime.control.training.training import TrainParams
+from dmsc.runtime.control.training.session import TrainParams
 from dmsc.spec import resolve_model
 
 SPEC = resolve_model("gpt-mini")

@@ -18,7 +18,7 @@ from runtime_helpers import reference_losses
 from dmsc.data.corpus import Corpus, stdlib_text
 from dmsc.runtime.compute.reference import train_diloco_reference
 from dmsc.runtime.control.launch.deployment import Deployment, StageLayout
-from dmsc.runtime.control.training.training import Recovering, train
+from dmsc.runtime.control.training.session import Recovering, train
 from dmsc.runtime.transport.messages import SyncSettings
 from dmsc.spec import resolve_model
 from dmsc.testing.chaos import train_under_fault

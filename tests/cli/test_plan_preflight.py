@@ -60,7 +60,7 @@ def test_a_plan_of_one_chunk_per_stage_still_starts(
     capsys: pytest.CaptureFixture[str],
 ) -> None:
     from dmsc.planner.plan import Plan
-    from dmsc.runtime.control.training.training import layout_from_plan
+    from dmsc.runtime.control.training.session import layout_from_plan
 
     path = _plan(tmp_path, local_cpu)
     code, err = _up(tmp_path, path, monkeypatch, capsys)

@@ -35,7 +35,9 @@ def test_no_sync_flag_leaves_the_choice_to_the_plan() -> None:
 def test_the_issue_commands_make_the_settings_they_say() -> None:
     s = _flags("diloco", inner_steps=50, outer_lr=0.7, compress="int8")
     assert (s.mode, s.inner_steps, s.outer_lr, s.compress) == ("diloco", 50, 0.7, "int8")
-    f = _flags("fedavg", local_steps=25, aggregator="trimmed-mean", dp_clip=1.0, dp_noise=0.8)
+    f = _flags(
+        "fedavg", local_steps=25, aggregator="trimmed-mean", privacy_clip=1.0, privacy_noise=0.8
+    )
     assert (f.mode, f.inner_steps, f.round_rate) == ("fedavg", 25, 1.0)
     assert task_steps(2000, 20, f) == 500
     assert _flags("diloco:10").inner_steps == 10
@@ -51,7 +53,7 @@ def test_the_issue_commands_make_the_settings_they_say() -> None:
         ("diloco", {"compress": "zip"}, "--compress", "powersgd:RANK"),
         ("diloco", {"aggregator": "krum:x"}, "--aggregator", "multi-krum"),
         ("fedavg", {"aggregator": "median", "secure": True}, "--aggregator", "only the sum"),
-        ("every-step", {"dp_noise": 1.0}, "--dp-noise", "dp_clip"),
+        ("every-step", {"privacy_noise": 1.0}, "--privacy-noise", "privacy_clip"),
         ("every-step", {"inner_steps": 5}, "--inner-steps", "one step"),
         ("diloco", {"outer_momentum": 1.0}, "--outer-momentum", "less than 1"),
         ("diloco:5", {"task_heads": True}, "--task-heads", "only every-step"),

@@ -12,7 +12,7 @@ import pytest
 from runtime_helpers import control_plane, one_box
 
 from dmsc.planner.solve import plan_job
-from dmsc.runtime.control.serving.serving import ServingPool
+from dmsc.runtime.control.serving.elastic import ServingPool
 from dmsc.runtime.transport.messages import Sampling, TrainRequest
 from dmsc.runtime.transport.rpc import NoRoom
 from dmsc.spec import ClusterSpec, JobSpec, load_spec, resolve_model

@@ -15,7 +15,7 @@ from dmsc.data.corpus import Corpus, stdlib_text
 from dmsc.runtime.compute.models.chain import layer_names
 from dmsc.runtime.compute.reference import train_diloco_reference, train_reference
 from dmsc.runtime.control.launch.deployment import Deployment, StageLayout
-from dmsc.runtime.control.training.training import train
+from dmsc.runtime.control.training.session import train
 from dmsc.runtime.transport.messages import Health, SyncSettings
 from dmsc.spec import resolve_model
 
@@ -77,7 +77,9 @@ def test_diloco_equals_its_reference_in_one_process(dep, corpus) -> None:  # typ
         SyncSettings(compress="topk:0.05"),
         SyncSettings(compress="powersgd:2"),
         SyncSettings(mode="fedprox", inner_steps=2, compress="bf16"),
-        SyncSettings(mode="fedavg", inner_steps=2, secure=True, dp_clip=1.0, dp_noise=0.01),
+        SyncSettings(
+            mode="fedavg", inner_steps=2, secure=True, privacy_clip=1.0, privacy_noise=0.01
+        ),
     ],
     ids=["diloco-int8", "topk", "powersgd", "fedprox-bf16", "fedavg-secure-dp"],
 )
@@ -143,7 +145,12 @@ def test_a_federated_task_on_its_sites_own_files_reports_bytes_and_epsilon(tmp_p
     for i in range(6):
         (data / f"f{i}.py").write_text(f"def f{i}(x):\n    return x * {i}\n" * 60)
     sync = SyncSettings(
-        mode="fedavg", inner_steps=2, local_data=True, skew=1.0, dp_clip=1.0, dp_noise=0.01
+        mode="fedavg",
+        inner_steps=2,
+        local_data=True,
+        skew=1.0,
+        privacy_clip=1.0,
+        privacy_noise=0.01,
     )
     (tmp_path / "home").mkdir()
     with control_plane(plan, tmp_path / "home") as cp:

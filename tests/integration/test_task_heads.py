@@ -18,7 +18,7 @@ from dmsc.runtime.compute.models.chain import layer_names, loss_fn
 from dmsc.runtime.compute.models.hf import stage_module
 from dmsc.runtime.control.launch.deployment import Deployment, StageLayout
 from dmsc.runtime.control.serving.combiners import combine
-from dmsc.runtime.control.training.training import train
+from dmsc.runtime.control.training.session import train
 from dmsc.runtime.transport.messages import InferRequest, Save, SyncSettings, TrainRequest
 from dmsc.runtime.transport.rpc import BadRequest
 from dmsc.spec import ClusterSpec, JobSpec, load_spec, resolve_model

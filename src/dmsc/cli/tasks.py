@@ -111,13 +111,13 @@ def train(
             "multi-krum[:f]."
         ),
     ] = "mean",
-    dp_clip: Annotated[
+    privacy_clip: Annotated[
         float | None, typer.Option(help="Differential privacy: clip each update to this norm.")
     ] = None,
-    dp_noise: Annotated[
-        float, typer.Option(help="Noise multiplier (std = it x --dp-clip on the sum).")
+    privacy_noise: Annotated[
+        float, typer.Option(help="Noise multiplier (std = it x --privacy-clip on the sum).")
     ] = 0.0,
-    dp_delta: Annotated[float, typer.Option(help="The delta epsilon is reported at.")] = 1e-5,
+    privacy_delta: Annotated[float, typer.Option(help="The delta epsilon is reported at.")] = 1e-5,
     secure_aggregation: Annotated[
         bool, typer.Option(help="Mask updates so the leader learns only their sum.")
     ] = False,
@@ -158,9 +158,9 @@ def train(
         inner_optimizer=inner_optimizer,
         compress=compress,
         aggregator=aggregator,
-        dp_clip=dp_clip,
-        dp_noise=dp_noise,
-        dp_delta=dp_delta,
+        privacy_clip=privacy_clip,
+        privacy_noise=privacy_noise,
+        privacy_delta=privacy_delta,
         secure=secure_aggregation,
         local_data=local_data,
         skew=skew,
@@ -190,7 +190,7 @@ def train(
         sync=settings,
         dp=dp,
     )
-    from dmsc.cli.dp_effect import warn_about_noise
+    from dmsc.cli.privacy_effect import warn_about_noise
 
     warn_about_noise(settings, dp)  # before it runs: noise that outweighs the updates
     # The call answers when the task ends; meanwhile its steps show (Ctrl-C cancels it).

@@ -22,7 +22,7 @@ from dmsc.data.corpus import Corpus
 from dmsc.runtime.control.launch.deployment import Deployment, StageLayout
 from dmsc.runtime.control.launch.ray_launcher import RayLauncher, ray_module
 from dmsc.runtime.control.launch.ray_private import GCS_WAIT_ENV, LOOPBACK_ENV, START_WAIT_S
-from dmsc.runtime.control.training.training import Recovering, TrainReport, train
+from dmsc.runtime.control.training.session import Recovering, TrainReport, train
 from dmsc.testing.chaos import FaultReport
 
 NodeFault = Literal["lose", "partition"]

@@ -66,7 +66,7 @@ def plain_sync(s: SyncSettings) -> bool:
         s.mode == "every-step"
         and s.compress == "none"
         and s.aggregator == "mean"
-        and s.dp_clip is None
+        and s.privacy_clip is None
         and not s.secure
     )
 
@@ -123,8 +123,8 @@ class ReplicaSync:
             self.codec, self.down = codec, downlink_codec(name, self.n)
         self.aggregator, self.agg_options = parse_aggregator(settings.aggregator)
         self.ledger = (
-            PrivacyLedger(noise_multiplier=settings.dp_noise, max_norm=settings.dp_clip)
-            if settings.dp_clip is not None
+            PrivacyLedger(noise_multiplier=settings.privacy_noise, max_norm=settings.privacy_clip)
+            if settings.privacy_clip is not None
             else None
         )
         # the leader's noise: seeded per stage, so that a rerun of the task draws the same
@@ -143,8 +143,8 @@ class ReplicaSync:
         vector): clipped, encoded, combined at the leader, decoded. Also the replicas left
         out (policy ``skip``)."""
         s = self.settings
-        if s.dp_clip is not None:
-            update, _ = clip_update(update, s.dp_clip)
+        if s.privacy_clip is not None:
+            update, _ = clip_update(update, s.privacy_clip)
         poison = self.star.cfg.faults.get("poison")  # rehearsal: a hostile replica's update
         if poison is not None:
             update = update * float(poison.get("scale", -100.0))
@@ -162,8 +162,8 @@ class ReplicaSync:
     def _finish(self, total: torch.Tensor, count: int) -> torch.Tensor:
         """The mean of ``count`` clipped updates from their sum, with the privacy noise."""
         s = self.settings
-        if s.dp_clip is not None and s.dp_noise > 0:
-            total = add_noise(total, s.dp_noise, s.dp_clip, self.noise)
+        if s.privacy_clip is not None and s.privacy_noise > 0:
+            total = add_noise(total, s.privacy_noise, s.privacy_clip, self.noise)
         return total / count
 
     def _coded(
@@ -181,7 +181,7 @@ class ReplicaSync:
                 agreed = self._finish(torch.stack(vectors).sum(0), len(vectors))
             else:
                 agreed = aggregate(self.aggregator, vectors, **self.agg_options)
-                if self.settings.dp_clip is not None and self.settings.dp_noise > 0:
+                if self.settings.privacy_clip is not None and self.settings.privacy_noise > 0:
                     agreed = self._finish(agreed * len(vectors), len(vectors))
             return down.encode(agreed)
 

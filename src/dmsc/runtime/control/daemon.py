@@ -50,7 +50,7 @@ from dmsc.runtime.transport.replies import RevokeReply
 from dmsc.runtime.transport.rpc import BadRequest, message_handler, parse, serve
 
 if TYPE_CHECKING:
-    from dmsc.runtime.control.serving.serving import ServingPool
+    from dmsc.runtime.control.serving.elastic import ServingPool
 
 GATEWAY_CONNECTIONS = 1000  # uvicorn's limit_concurrency: connections and requests at once
 HEADER_DEADLINE_S = 10.0  # for a request's line and headers to arrive
@@ -280,10 +280,10 @@ def main(stdin: TextIO | None = None) -> None:
 def start_autoscaler(
     cp: ControlPlane, scale: AutoscaleSettings, cluster_path: str, ttl_s: float
 ) -> ServingPool:
-    """Elastic serving replicas (:mod:`.serving.serving`) and the thread that sizes them: the
+    """Elastic serving replicas (:mod:`.serving.elastic`) and the thread that sizes them: the
     pool, for the caller to hand to ``cp.inference``."""
     from dmsc.runtime.control.serving.autoscale import ScalePolicy
-    from dmsc.runtime.control.serving.serving import ServingPool, autoscale_loop
+    from dmsc.runtime.control.serving.elastic import ServingPool, autoscale_loop
     from dmsc.spec import ClusterSpec, load_spec
 
     pool = ServingPool(

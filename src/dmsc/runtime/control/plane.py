@@ -9,7 +9,7 @@ INVALID_ARGUMENT naming it). The process around it (settings, threads, the gatew
 :mod:`.serving.inference`, the repair of failed workers between tasks :mod:`.watchdog`.
 
 Recovery. Training tasks checkpoint every ``checkpoint_every`` steps (default 50) and survive a
-failed worker (see :mod:`.training.training`). After a crash of the control plane, the same plan
+failed worker (see :mod:`.training.session`). After a crash of the control plane, the same plan
 resumes its run (:meth:`dmsc.data.db.Database.resume_or_new_run`): workers load the run's last
 checkpoint, queued tasks stay queued, and a task that was running resumes from its own last
 checkpoint (the steps it had done since count as lost in the restart's fault). Every recovery loads
@@ -52,8 +52,7 @@ from dmsc.runtime.control.tasks import lanes, task_queue, work_loop
 from dmsc.runtime.control.training.lr_schedule import lr_at
 from dmsc.runtime.control.training.resize import record_resize, resize, resized_plan
 from dmsc.runtime.control.training.retention import Retention
-from dmsc.runtime.control.training.shards import load_task_shards
-from dmsc.runtime.control.training.training import (
+from dmsc.runtime.control.training.session import (
     Recovering,
     TrainParams,
     TrainReport,
@@ -61,6 +60,7 @@ from dmsc.runtime.control.training.training import (
     task_params,
     train,
 )
+from dmsc.runtime.control.training.shards import load_task_shards
 from dmsc.runtime.transport.messages import (
     DownRequest,
     InferRequest,

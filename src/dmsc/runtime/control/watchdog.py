@@ -1,6 +1,6 @@
 """The watchdog: repairs failed workers while no task runs.
 
-A training task recovers its own failures (:mod:`dmsc.runtime.control.training.training`); between
+A training task recovers its own failures (:mod:`dmsc.runtime.control.training.session`); between
 tasks nobody would notice a dead worker until the next request hit it. Every second, while the
 control plane's lock is free, the watchdog looks for workers that exited, stopped heartbeating, or
 do not answer ``Health`` within the registry's TTL (alive and heartbeating is not enough: a stuck
@@ -28,7 +28,7 @@ from dmsc.runtime.control.launch.failures import WorkerFailure, key_of
 from dmsc.runtime.control.launch.fallback import Restored
 from dmsc.runtime.control.launch.recovery import Recovery
 from dmsc.runtime.control.serving.inference import Replicas
-from dmsc.runtime.control.training.training import fault_record
+from dmsc.runtime.control.training.session import fault_record
 from dmsc.runtime.transport.messages import Health
 
 

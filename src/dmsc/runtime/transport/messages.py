@@ -108,9 +108,9 @@ class SyncSettings(SyncForms, Message):
     # forms of dmsc.spec.sync_forms, checked here so that a typo is refused before a task queues
     compress: CompressForm = "none"
     aggregator: AggregatorForm = "mean"
-    dp_clip: Annotated[float, Field(gt=0, le=1e6)] | None = None
-    dp_noise: Annotated[float, Field(ge=0, le=100)] = 0.0
-    dp_delta: Annotated[float, Field(gt=0, lt=1)] = 1e-5
+    privacy_clip: Annotated[float, Field(gt=0, le=1e6)] | None = None
+    privacy_noise: Annotated[float, Field(ge=0, le=100)] = 0.0
+    privacy_delta: Annotated[float, Field(gt=0, lt=1)] = 1e-5
     secure: bool = False
     # each datacenter's replicas train on their own part of the task's files ("local data")
     local_data: bool = False
@@ -127,8 +127,8 @@ class SyncSettings(SyncForms, Message):
             raise ValueError("aggregator: secure aggregation reveals only the sum: only mean")
         if self.secure and compress != "none":
             raise ValueError("compress: secure aggregation masks fixed-point values: only none")
-        if self.dp_noise > 0 and self.dp_clip is None:
-            raise ValueError("dp_noise: noise needs a clipping norm (dp_clip)")
+        if self.privacy_noise > 0 and self.privacy_clip is None:
+            raise ValueError("privacy_noise: noise needs a clipping norm (privacy_clip)")
         if self.task_heads and self.outer:
             raise ValueError(
                 "task_heads: a round averages whole models, heads included: only every-step"

@@ -8,7 +8,7 @@ import threading
 import pytest
 
 from dmsc.runtime.control.serving.autoscale import ScalePolicy, parse_autoscale
-from dmsc.runtime.control.serving.serving import autoscale_loop
+from dmsc.runtime.control.serving.elastic import autoscale_loop
 from dmsc.runtime.transport.messages import AutoscaleSettings
 
 

@@ -40,7 +40,7 @@ from dmsc.runtime.transport.rpc import NoRoom
 
 TRAINING = "\x00training"  # the training session's party at the replicas' fair locks
 if TYPE_CHECKING:
-    from dmsc.runtime.control.serving.serving import ServingPool
+    from dmsc.runtime.control.serving.elastic import ServingPool
 
 STEP_BASE = 10_000_000  # inference steps live far above training ones; 10_000 per request
 

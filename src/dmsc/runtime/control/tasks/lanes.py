@@ -6,7 +6,7 @@ through :meth:`Handoff.hold`. The long lane's (``async``) session, between two s
 :meth:`Handoff.lend`: when a task of the short lane (``sync``) waits for the weights and may run
 inside it, the session lends it the lock (it stays held: the watchdog and the version sync see
 a task running) and waits until that task ends; its own steps then go on from the step the
-other one left the weights at (:func:`~..training.training.train`, ``pause``).
+other one left the weights at (:func:`~..training.session.train`, ``pause``).
 
 A waiting task may run inside a paused one when neither changes the workers beyond their
 weights and optimizers: the same data-parallel degree (no resize), no task heads, no shards of
@@ -23,7 +23,7 @@ from dataclasses import dataclass
 from typing import Protocol
 
 from dmsc.data.db import Database
-from dmsc.runtime.control.training.training import TrainParams
+from dmsc.runtime.control.training.session import TrainParams
 
 LANES = ("async", "sync")  # the long lane first: the lane that lends is the long one
 LENDS = "async"  # the lane whose sessions lend the weights to the other's waiting tasks

@@ -31,7 +31,7 @@ from dmsc.runtime.control.launch.fallback import NoGoodCheckpoint
 from dmsc.runtime.control.tasks import lanes
 from dmsc.runtime.control.tasks.task_queue import Policy, TaskQueue
 from dmsc.runtime.control.training.retention import QuotaExceeded
-from dmsc.runtime.control.training.training import TrainParams, TrainReport
+from dmsc.runtime.control.training.session import TrainParams, TrainReport
 from dmsc.runtime.transport.messages import TrainRequest
 from dmsc.runtime.transport.rpc import parse
 

@@ -25,7 +25,7 @@ from dmsc.planner.plan import Plan
 from dmsc.planner.solve import plan_job
 from dmsc.runtime.control.launch.deployment import Deployment, StageLayout
 from dmsc.runtime.control.launch.launchers import LocalLauncher
-from dmsc.runtime.control.training.training import layout_from_plan
+from dmsc.runtime.control.training.session import layout_from_plan
 from dmsc.spec import ClusterSpec, JobSpec, SpecError, TransformerSpec
 
 

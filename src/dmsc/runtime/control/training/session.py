@@ -216,9 +216,9 @@ class TrainReport:
             "bytes_per_step": self.dp_bytes / steps,
             "rounds": self.rounds,
         }
-        if s.dp_clip is not None:
-            ledger = PrivacyLedger(s.dp_noise, s.dp_clip, rounds=self.rounds)
-            privacy = ledger.as_json(s.dp_delta)
+        if s.privacy_clip is not None:
+            ledger = PrivacyLedger(s.privacy_noise, s.privacy_clip, rounds=self.rounds)
+            privacy = ledger.as_json(s.privacy_delta)
             if privacy["epsilon"] == float("inf"):  # no noise: no guarantee (JSON has no inf)
                 privacy["epsilon"] = None  # type: ignore[assignment]
             out["privacy"] = privacy

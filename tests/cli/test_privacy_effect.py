@@ -1,5 +1,5 @@
 """``dmsc train`` warns before it sends a task whose privacy noise outweighs its updates (issue
-29, point 9: FedAvg with ``--dp-noise 0.8`` took the validation loss from 2.98 to 31.39 with no
+29, point 9: FedAvg with ``--privacy-noise 0.8`` took the validation loss from 2.98 to 31.39 with no
 warning). The figure it gives is checked against the mechanism itself (clipping and noise of
 :mod:`dmsc.runtime.compute.privacy`)."""
 
@@ -13,7 +13,7 @@ import pytest
 import torch
 
 from dmsc.cli import main
-from dmsc.cli.dp_effect import noise_to_update, noise_warning, stage_params
+from dmsc.cli.privacy_effect import noise_to_update, noise_warning, stage_params
 from dmsc.runtime.transport.replies import TrainReply
 from dmsc.spec import ClusterSpec, JobSpec, load_spec, resolve_model
 
@@ -75,7 +75,16 @@ def test_train_warns_before_sending_noise_that_outweighs_the_update(
     control_file().write_text(json.dumps({"run": run.id, "pid": os.getpid()}))
     answers = _Answers(capsys)
     monkeypatch.setattr(tasks, "control_client", lambda: answers)
-    flags = ["--sync", "fedavg:5", "--dp-clip", "1.0", "--dp-noise", noise, "--steps", "10"]
+    flags = [
+        "--sync",
+        "fedavg:5",
+        "--privacy-clip",
+        "1.0",
+        "--privacy-noise",
+        noise,
+        "--steps",
+        "10",
+    ]
     with pytest.raises(SystemExit) as exit_:
         main(["train", *flags])
     assert not exit_.value.code, capsys.readouterr().err
@@ -85,6 +94,7 @@ def test_train_warns_before_sending_noise_that_outweighs_the_update(
         assert said == ""
         return
     assert (
-        f"warning: --dp-noise 0.8 over 2 replicas adds noise of L2 norm about {ratio:,.1f}" in said
+        f"warning: --privacy-noise 0.8 over 2 replicas adds noise of L2 norm about {ratio:,.1f}"
+        in said
     )
     assert "expect the loss to stay or rise" in said

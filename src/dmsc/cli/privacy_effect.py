@@ -1,12 +1,12 @@
 """What differential-privacy noise will do to a training task, said before it starts.
 
 DP-FedAvg (:mod:`dmsc.runtime.compute.privacy`) clips each replica's update of a stage to L2
-norm ``C`` (``--dp-clip``), adds Gaussian noise of standard deviation ``sigma * C`` to every
-coordinate of the sum of the ``n`` replicas' updates (``--dp-noise`` is ``sigma``), then divides
-by ``n``. On the mean update of a stage of ``d`` parameters the noise has L2 norm about
+norm ``C`` (``--privacy-clip``), adds Gaussian noise of standard deviation ``sigma * C`` to
+every coordinate of the sum of the ``n`` replicas' updates (``--privacy-noise`` is ``sigma``), then
+divides by ``n``. On the mean update of a stage of ``d`` parameters the noise has L2 norm about
 ``sigma * C * sqrt(d) / n``, while the mean of the clipped updates has norm at most ``C``: where
 ``sigma * sqrt(d) / n`` is above 1 the noise outweighs the update it is added to, and training
-goes nowhere or backwards (``--dp-noise 0.8`` over 2 replicas of gpt-mini took the validation
+goes nowhere or backwards (``--privacy-noise 0.8`` over 2 replicas of gpt-mini took the validation
 loss from 2.98 to 31.39). ``dmsc train`` says so, with the figures, before it sends the task.
 """
 
@@ -31,11 +31,12 @@ def noise_warning(noise: float, clip: float, replicas: int, params: float) -> st
     if ratio <= 1:
         return None
     return (
-        f"--dp-noise {noise:g} over {replicas} replicas adds noise of L2 norm about "
-        f"{ratio:,.1f} x --dp-clip ({ratio * clip:,.3g}) to each round's mean update of a stage "
-        f"of {params:,.0f} parameters, whose own norm is at most --dp-clip ({clip:g}): the noise "
-        "outweighs the update, so expect the loss to stay or rise rather than fall. Noise no "
-        f"larger than the update needs --dp-noise at most {replicas / math.sqrt(params):.2g} "
+        f"--privacy-noise {noise:g} over {replicas} replicas adds noise of L2 norm about "
+        f"{ratio:,.1f} x --privacy-clip ({ratio * clip:,.3g}) to each round's mean update of a "
+        f"stage of {params:,.0f} parameters, whose own norm is at most --privacy-clip ({clip:g}): "
+        "the noise outweighs the update, so expect the loss to stay or rise rather than fall. "
+        "Noise no larger than the update needs --privacy-noise at most "
+        f"{replicas / math.sqrt(params):.2g} "
         "here, or more replicas (the noise on the mean falls as 1 / replicas)."
     )
 
@@ -66,12 +67,14 @@ def running_plan() -> Any:
 def warn_about_noise(settings: Any, dp: int | None) -> None:
     """Print the warning of :func:`noise_warning` on standard error for a task's sync
     ``settings`` (at ``dp`` replicas, the plan's when None), where it applies."""
-    if settings is None or settings.dp_noise <= 0 or settings.dp_clip is None:
+    if settings is None or settings.privacy_noise <= 0 or settings.privacy_clip is None:
         return
     plan = running_plan()
     if plan is None:
         return
     replicas = dp if dp is not None else plan.job.dp
-    line = noise_warning(settings.dp_noise, settings.dp_clip, replicas, stage_params(plan))
+    line = noise_warning(
+        settings.privacy_noise, settings.privacy_clip, replicas, stage_params(plan)
+    )
     if line is not None:
         err_console.print(f"warning: {line}", highlight=False)
