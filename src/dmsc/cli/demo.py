@@ -23,7 +23,6 @@ from dmsc.spec import SpecError
 
 if TYPE_CHECKING:
     from dmsc.runtime.control.client import ControlClient
-    from dmsc.runtime.transport.replies import InferReply
 
 
 def demo(
@@ -202,7 +201,7 @@ def _train_and_sample(console: Console, client: ControlClient, steps: int) -> di
         soft_wrap=True,
     )
     prompt = "def main("
-    sample = _sample(client, InferRequest(prompt=prompt, tokens=80, seed=0))
+    sample = client.infer(InferRequest(prompt=prompt, tokens=80, seed=0))
     console.print("sample: " + prompt + sample.text, highlight=False, markup=False)
     console.print(
         f"run {status.run} recorded in {db.url} (model version {report.model_version})",
@@ -214,18 +213,3 @@ def _train_and_sample(console: Console, client: ControlClient, steps: int) -> di
         "measured_step_s": measured,
         "predicted_step_s": predicted,
     }
-
-
-def _sample(client: ControlClient, req: InferRequest) -> InferReply:
-    """The sample, asked once more when a model version loaded into the replica between two of
-    its tokens: the task's version goes into production as it ends, and the load drops the
-    inference session a request holds open (a known race of the serving layer)."""
-    import grpc
-
-    try:
-        return client.infer(req)
-    except grpc.RpcError as exc:
-        if "not open here" not in str(exc.details()):
-            raise
-    time.sleep(1.0)
-    return client.infer(req)

@@ -106,7 +106,8 @@ def _wait_loaded(db: Database, version: int, wait: float) -> None:
             now = ", ".join(f"{n}: {h.label}" for n, h in held.items()) or "nothing recorded"
             console.print(
                 f"version {version} in production; not every replica has loaded it yet "
-                f"(a task may be running: they load it when it ends). Now: {now}",
+                f"(a task may be running, or long requests: they load it when those end). "
+                f"Now: {now}",
                 highlight=False,
             )
             return

@@ -15,6 +15,9 @@ the voted byte for ``vote``).
   request, and the others' weights are renormalised over the heads still present (the rule of
   the combiners module); a failed replica also leaves routing until the watchdog heals it.
   Only when no head answers does the request fail.
+- A request is in flight on every head's replica while it runs: a model version is loaded into
+  one of them only after it ended, and one that comes during a load waits for it
+  (:meth:`~.inference.Replicas.admitted`), so no head loses its session half-way.
 - **Calibration.** ``weighted`` weighs each head by its next-byte accuracy and ``attention``
   needs a fitted combiner, both measured on held-out text through the deployed services: the
   first aggregate request after the weights changed runs ``windows`` validation windows through
@@ -196,23 +199,25 @@ class Heads:
 
         session = uuid.uuid4().hex[:16]
         tok = self.replicas.tokenizer
-        try:
-            out = decoding.decode(
-                forward,
-                self.replicas.dep.layout.model.seq,
-                tok.encode(prompt),
-                tokens,
-                sampling or Sampling(seed=0),
-                step_base=self.replicas.next_base(),
-                cancel=cancel,
-                turn=lambda until: self._turns(list(live), tenant, until),
-                token_timeout_s=self.replicas.token_timeout_s,
-                on_token=None if on_token is None else text_stream(tok, on_token),
-                session=session,
-            )
-        finally:
-            for r in heads:
-                self.replicas.dep.end_session(session, r)
+        # in flight on every head's replica: a version loads into one only once it ended
+        with self.replicas.admitted([f"replica-{r}" for r in heads], cancel=cancel):
+            try:
+                out = decoding.decode(
+                    forward,
+                    self.replicas.dep.layout.model.seq,
+                    tok.encode(prompt),
+                    tokens,
+                    sampling or Sampling(seed=0),
+                    step_base=self.replicas.next_base(),
+                    cancel=cancel,
+                    turn=lambda until: self._turns(list(live), tenant, until),
+                    token_timeout_s=self.replicas.token_timeout_s,
+                    on_token=None if on_token is None else text_stream(tok, on_token),
+                    session=session,
+                )
+            finally:
+                for r in heads:
+                    self.replicas.dep.end_session(session, r)
         if ids is not None:
             ids[:] = out
         info: dict[str, object] = {

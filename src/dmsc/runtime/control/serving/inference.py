@@ -15,6 +15,17 @@ carries the version of the weights that produced it: a training task changes the
 weights, so from its first step until the versions are loaded again they hold no version. A new
 training task goes on from the run's newest training weights (:meth:`Replicas.lineage`), not
 from the version that served in between.
+
+Loading a version into a replica waits for the requests it is answering (:meth:`Replicas.drained`:
+loading replaces the weights and drops the keys and values the stages keep for every open
+session, so a request cut there would fail). While it waits, the replica takes no new request:
+they go to another replica, or, when none other is in routing, wait at the replica's gate
+(:meth:`Replicas.admitted`) and start on the new version once it is loaded. So every answer comes
+from one version, the one it started on or, for a request that came during the load, the new one.
+This drains rather than keeping the old weights beside the new ones until their sessions end:
+that would hold two copies of every stage in the workers' memory, the very memory a version
+fills, while a drain costs only the wait of the requests that arrive during it, bounded by
+``drain_timeout_s`` (:mod:`.version_sync` puts a load off past it rather than cut a request).
 """
 
 from __future__ import annotations
@@ -24,11 +35,13 @@ import itertools
 import json
 import logging
 import threading
+import time
 from collections.abc import Callable, Iterator, Sequence
 from typing import TYPE_CHECKING
 
 from dmsc.data.db import Database
 from dmsc.data.tokenizer import ByteTokenizer, Tokenizer, text_stream
+from dmsc.runtime.control.launch.decoding import Cancelled, DeadlineExceeded
 from dmsc.runtime.control.launch.deployment import Checkpoint, Deployment
 from dmsc.runtime.control.launch.failures import WorkerFailure
 from dmsc.runtime.control.serving import held as weights
@@ -43,6 +56,8 @@ if TYPE_CHECKING:
     from dmsc.runtime.control.serving.elastic import ServingPool
 
 STEP_BASE = 10_000_000  # inference steps live far above training ones; 10_000 per request
+# the longest a load waits for a replica's requests in flight (the new ones wait as long)
+DRAIN_TIMEOUT_S = 60.0
 
 
 class NoReplica(RuntimeError):
@@ -82,8 +97,11 @@ class Replicas:
         # elastic serving replicas (dmsc up --autoscale), which serve the production version
         self.pool: ServingPool | None = None
         self.production: int | None = None
+        self.drain_timeout_s = DRAIN_TIMEOUT_S
         self._in_flight: dict[str, int] = {}
-        self._counting = threading.Lock()
+        self._loading: set[str] = set()  # replicas a version is being loaded into (gate shut)
+        self._counting = threading.Condition()  # guards both; notified as they change
+        self._syncing = threading.Lock()  # one version sync at a time
 
     @property
     def served(self) -> dict[int, int | None]:
@@ -148,9 +166,14 @@ class Replicas:
             weights.record(self.db, self.extra["run"], f"replica-{r}", moved)
 
     def names(self) -> list[str]:
-        """The replicas in routing (a failed one leaves until it is healed), serving ones last."""
+        """The replicas in routing (a failed one leaves until it is healed), serving ones last;
+        one that a version is being loaded into only when no other is (its requests wait for
+        the load)."""
         own = [f"replica-{r}" for r in range(self.count) if r not in self.down]
-        return own + (self.pool.names() if self.pool is not None else [])
+        routed = own + (self.pool.names() if self.pool is not None else [])
+        with self._counting:
+            ready = [name for name in routed if name not in self._loading]
+        return ready or routed
 
     def for_version(self, version_id: int | None) -> list[str]:
         """The replicas in routing that hold ``version_id`` (all of them when none does)."""
@@ -174,14 +197,59 @@ class Replicas:
             return self._in_flight.get(name, 0)
 
     @contextlib.contextmanager
-    def _counted(self, name: str) -> Iterator[None]:
+    def admitted(
+        self,
+        names: Sequence[str],
+        deadline: float | None = None,
+        cancel: threading.Event | None = None,
+    ) -> Iterator[None]:
+        """One request in flight on the replicas ``names`` while it runs. It starts once no
+        version is being loaded into any of them (:meth:`drained`): it waits for the load, so
+        that it runs on one version from first token to last. Waiting past ``deadline``
+        (``time.monotonic()``) raises :class:`DeadlineExceeded`; ``cancel`` stops it too."""
         with self._counting:
-            self._in_flight[name] = self._in_flight.get(name, 0) + 1
+            while self._loading.intersection(names):
+                if cancel is not None and cancel.is_set():
+                    raise Cancelled("cancelled while a model version loaded")
+                left = None if deadline is None else deadline - time.monotonic()
+                if left is not None and left <= 0:
+                    raise DeadlineExceeded("deadline passed while a model version loaded")
+                self._counting.wait(0.1 if left is None else min(left, 0.1))  # sees cancel
+            for name in names:
+                self._in_flight[name] = self._in_flight.get(name, 0) + 1
         try:
             yield
         finally:
             with self._counting:
-                self._in_flight[name] -= 1
+                for name in names:
+                    self._in_flight[name] -= 1
+                self._counting.notify_all()
+
+    @contextlib.contextmanager
+    def drained(self, name: str, why: str) -> Iterator[int]:
+        """Shut replica ``name``'s gate for ``why`` (a load): no new request starts there, and
+        this waits, at most ``drain_timeout_s``, for those in flight to end. Yields how many
+        are still in flight (0: drained); the gate opens again on leaving."""
+        with self._counting:
+            if name in self._loading:
+                raise RuntimeError(f"{name}: already being loaded")
+            self._loading.add(name)
+            left = self._in_flight.get(name, 0)
+        try:
+            if left:
+                n = f"{left} request{'s' if left > 1 else ''}"
+                wait = f"{why} waits for {n} in flight (at most {self.drain_timeout_s:g} s)"
+                self.log.info("%s: %s", name, wait, extra=self.extra)
+                with self._counting:
+                    self._counting.wait_for(
+                        lambda: not self._in_flight.get(name, 0), self.drain_timeout_s
+                    )
+                    left = self._in_flight.get(name, 0)
+            yield left
+        finally:
+            with self._counting:
+                self._loading.discard(name)
+                self._counting.notify_all()
 
     def infer_on(
         self,
@@ -199,7 +267,7 @@ class Replicas:
         says (``on_token`` sees each byte as it comes; ``ids`` gets the token ids drawn). A
         failure names the stage and takes the replica out of routing (the watchdog heals it);
         ``cancel`` and ``deadline`` (``time.monotonic()``) stop it between tokens."""
-        with self._counted(replica):
+        with self.admitted([replica], deadline, cancel):
             return self._infer_on(
                 replica, prompt, tokens, cancel, tenant, deadline, sampling, on_token, ids
             )
@@ -338,4 +406,5 @@ class Replicas:
     def sync_versions(self) -> None:
         """Load the production version into the replicas and, during a gray release, the
         canary into the last replica (with two or more replicas): :mod:`.version_sync`."""
-        sync(self)
+        with self._syncing:  # two lanes' consumers may call it at once
+            sync(self)

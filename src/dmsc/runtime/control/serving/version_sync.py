@@ -13,6 +13,16 @@ before it (:func:`dmsc.runtime.control.serving.model_store.refuse`), and a fault
 ``model-version`` says which stages refused and why, in words (the worker's reason, never a raw
 gRPC error). A worker that fails during a load is a worker failure, not the version's: its
 replica leaves routing and the watchdog heals it.
+
+A request finishes on the version it started on. A load replaces the weights at every stage and
+drops the keys and values they keep for the requests in flight, so it first drains the replica
+(:meth:`~.inference.Replicas.drained`): new requests go to another replica or wait for the load,
+and the load waits for those in flight to end. The control plane's lock is held meanwhile, so a
+training task waits for the load as it would for any (the requests take only the replica's
+per-token lock, never the control plane's: nothing waits in a circle). A replica whose requests
+outlast the drain timeout is not loaded this time (no request is cut): it keeps serving the
+version it holds, and the next sync loads it. Putting a replica back after a refused version
+waits for the drain too, but not past it: a refused version must stop serving.
 """
 
 from __future__ import annotations
@@ -20,6 +30,7 @@ from __future__ import annotations
 import logging
 import threading
 import time
+from contextlib import AbstractContextManager
 from pathlib import Path
 from typing import Protocol
 
@@ -62,6 +73,8 @@ class Replicas(Protocol):
 
     def route(self, replica: str) -> tuple[Deployment, int, FairLock]: ...
 
+    def drained(self, name: str, why: str) -> AbstractContextManager[int]: ...
+
 
 def sync(rep: Replicas) -> None:
     """Load the versions the replicas should serve (module docstring)."""
@@ -80,12 +93,15 @@ def sync(rep: Replicas) -> None:
     ]
     wanted += [(name, production) for name in (rep.pool.names() if rep.pool is not None else [])]
     switched: list[tuple[str, int | None]] = []  # replicas loaded here, and what they held
+    put_off = False  # a replica's requests outlasted the drain: the next sync loads it
     for name, want in wanted:
         prior = rep.held_by(name)
         if want is None or (prior is not None and prior.version == want.id):
             continue
         try:
-            load(rep, name, want, all_versions)
+            if not load(rep, name, want, all_versions):
+                put_off = True
+                continue
         except CheckpointRefused as exc:
             back = [*switched, (name, prior.version if prior is not None else None)]
             _refused(rep, want, name, exc, back, all_versions, before)
@@ -94,29 +110,44 @@ def sync(rep: Replicas) -> None:
             rep.failed(name, f"loading version {want.id}: {exc}")
             continue
         switched.append((name, prior.version if prior is not None else None))
-    rep.signature = signature
+    if not put_off:
+        rep.signature = signature
 
 
 def load(
-    rep: Replicas, name: str, v: ModelVersionRecord, all_versions: list[ModelVersionRecord]
-) -> None:
-    """Load version ``v`` into replica ``name`` (CheckpointRefused: a stage refused it)."""
+    rep: Replicas,
+    name: str,
+    v: ModelVersionRecord,
+    all_versions: list[ModelVersionRecord],
+    put_off: bool = True,
+) -> bool:
+    """Load version ``v`` into replica ``name`` once its requests in flight ended; False when
+    they outlasted the drain timeout and ``put_off`` (nothing loaded then; else it loads all
+    the same). CheckpointRefused: a stage refused it."""
     dep, r, lock = rep.route(name)
     keys = dep.pipeline(r)
     files = version_files(v, keys)
-    with rep.lock, lock:
-        digests = load_files(dep, files)
-    expected = {s: files[(s, r)][1] for s, _ in keys}
-    held = Held(digests, v.id if digests == expected else None, f"version {v.id}")
-    if held.version is None:
-        held.version = version_of(all_versions, digests, r)
-    if r and dep is rep.dep:  # a version of task heads saved every replica's last stage
-        last = (dep.stages - 1, r)
-        rep.heads = files[last][0] == str(replica_file(Path(v.path), *last))
-    rep.hold(name, held)
+    with rep.lock, rep.drained(name, f"loading version {v.id}") as left:
+        if left and put_off:
+            why = f"{left} requests still in flight after the drain; the next sync loads it"
+            rep.log.warning(
+                "%s: loading version %d is put off: %s", name, v.id, why, extra=rep.extra
+            )
+            return False
+        with lock:
+            digests = load_files(dep, files)
+        expected = {s: files[(s, r)][1] for s, _ in keys}
+        held = Held(digests, v.id if digests == expected else None, f"version {v.id}")
+        if held.version is None:
+            held.version = version_of(all_versions, digests, r)
+        if r and dep is rep.dep:  # a version of task heads saved every replica's last stage
+            last = (dep.stages - 1, r)
+            rep.heads = files[last][0] == str(replica_file(Path(v.path), *last))
+        rep.hold(name, held)  # before the gate opens: the next request reads its version
     rep.log.info("%s serves version %d", name, v.id, extra=rep.extra)
     if dep is rep.dep:
         rep.log.info("replica %d serves version %d", r, v.id, extra=rep.extra)
+    return True
 
 
 def _back(
@@ -127,7 +158,7 @@ def _back(
     old = next((v for v in all_versions if v.id == prior), None)
     if old is not None:
         try:
-            load(rep, name, old, all_versions)
+            load(rep, name, old, all_versions, put_off=False)
             return f"version {old.id}"
         except (CheckpointRefused, WorkerFailure) as exc:
             rep.log.error("%s cannot go back to version %d: %s", name, old.id, exc, extra=rep.extra)
@@ -136,15 +167,16 @@ def _back(
         Checkpoint.from_json(c.step, c.files_json, c.id)
         for c in rep.db.checkpoints(rep.extra["run"])
     ]
-    with rep.lock, lock:
-        restored = fallback.restore_newest(dep, candidates, dep.pipeline(r))
-    if restored.checkpoint is None:
-        rep.failed(name, "no version or checkpoint it held before loads")
-        return "nothing: out of routing"
-    ckpt = restored.checkpoint
-    digests = {s: ckpt.replicas.get((s, r), ckpt.files[s])[1] for s in range(dep.stages)}
-    version = version_of(all_versions, digests, r)
-    rep.hold(name, Held(digests, version, f"the checkpoint of step {ckpt.step}"))
+    with rep.lock, rep.drained(name, "going back to a checkpoint"):
+        with lock:
+            restored = fallback.restore_newest(dep, candidates, dep.pipeline(r))
+        if restored.checkpoint is None:
+            rep.failed(name, "no version or checkpoint it held before loads")
+            return "nothing: out of routing"
+        ckpt = restored.checkpoint
+        digests = {s: ckpt.replicas.get((s, r), ckpt.files[s])[1] for s in range(dep.stages)}
+        version = version_of(all_versions, digests, r)
+        rep.hold(name, Held(digests, version, f"the checkpoint of step {ckpt.step}"))
     return f"the checkpoint of step {ckpt.step}" + (f" (version {version})" if version else "")
 
 

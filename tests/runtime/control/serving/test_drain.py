@@ -1,0 +1,57 @@
+"""The gate a replica shuts while a model version loads into it (no workers: the counting
+alone; tests/runtime/control/serving/test_version_sync.py loads versions on real workers)."""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from types import SimpleNamespace
+from typing import Any
+
+import pytest
+
+from dmsc.runtime.control.launch.decoding import Cancelled, DeadlineExceeded
+from dmsc.runtime.control.serving.inference import Replicas
+
+
+def replicas(count: int) -> Replicas:
+    dep: Any = SimpleNamespace(layout=SimpleNamespace(replicas=count))
+    return Replicas(dep, db=None, lock=threading.Lock(), log=logging.getLogger("t"), run_id=1)  # type: ignore[arg-type]
+
+
+def test_new_requests_go_elsewhere_or_wait_and_the_load_waits_for_those_in_flight() -> None:
+    rep = replicas(2)
+    rep.drain_timeout_s = 30.0
+    release, admitted = threading.Event(), threading.Event()
+
+    def under_way() -> None:
+        with rep.admitted(["replica-0"]):
+            admitted.set()
+            release.wait(30)
+
+    threading.Thread(target=under_way, daemon=True).start()
+    assert admitted.wait(30)
+    threading.Timer(0.3, release.set).start()
+    t0 = time.monotonic()
+    with rep.drained("replica-0", "loading version 2") as left:
+        assert left == 0 and time.monotonic() - t0 >= 0.25  # it waited for the request
+        assert rep.names() == ["replica-1"]  # new requests go to the other replica
+        with pytest.raises(DeadlineExceeded), rep.admitted(["replica-0"], time.monotonic() + 0.2):
+            pass
+        cancel = threading.Event()
+        threading.Timer(0.2, cancel.set).start()
+        with pytest.raises(Cancelled), rep.admitted(["replica-1", "replica-0"], cancel=cancel):
+            pass
+        assert rep.in_flight() == 0  # the ones refused at the gate were never counted
+    assert rep.names() == ["replica-0", "replica-1"]
+
+
+def test_a_drain_gives_up_after_its_timeout_and_a_lone_replica_stays_routed() -> None:
+    rep = replicas(1)
+    rep.drain_timeout_s = 0.2
+    with rep.admitted(["replica-0"]), rep.drained("replica-0", "loading version 2") as left:
+        assert left == 1
+        assert rep.names() == ["replica-0"]  # none other: its requests wait at the gate
+    with rep.admitted(["replica-0"]):  # the gate is open again
+        assert rep.in_flight("replica-0") == 1
