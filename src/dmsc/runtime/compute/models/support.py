@@ -6,6 +6,11 @@ from __future__ import annotations
 from dmsc.spec import TransformerSpec
 
 
+def layer_names(spec: TransformerSpec) -> list[str]:
+    """The chain of layers every family runs, by the names the cost model and the plan use."""
+    return ["embedding", *[f"block_{i}" for i in range(spec.layers)], "head"]
+
+
 def check_runnable(spec: TransformerSpec) -> None:
     """A ValueError naming what the runtime cannot compute for ``spec``."""
     if spec.dropout:
