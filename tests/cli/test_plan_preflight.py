@@ -109,7 +109,7 @@ def test_a_tensor_parallel_plan_is_refused_naming_job_tp(
     assert Plan.model_validate_json(path.read_text()).job.tp == 2
     err = _refused(tmp_path, path, monkeypatch, capsys, "job.tp")
     assert "tp=2" in err and "tensor parallelism is not yet wired into deployments" in err
-    assert "--tp 1" in err
+    assert "fix the strategy with dmsc plan --tp 1 --pp P --dp D" in err
 
 
 def test_an_expert_parallel_plan_is_refused_naming_job_ep(
@@ -117,16 +117,20 @@ def test_an_expert_parallel_plan_is_refused_naming_job_ep(
 ) -> None:
     path = _two_sites_plan(tmp_path, "moe-mini", tp=1, pp=2, dp=2, ep=2)
     err = _refused(tmp_path, path, monkeypatch, capsys, "job.ep")
-    assert "ep=2" in err and "expert parallelism is not run" in err and "--ep 1" in err
+    assert "ep=2" in err and "expert parallelism is not run" in err and "--dp D (ep 1)" in err
 
 
 def _edited(path: Path, edit: str) -> None:
-    """The plan at ``path`` (gpt-mini, pp=2, dp=2, one device per replica) edited by hand."""
+    """The plan at ``path`` (pp=2, dp=2, one device per replica) edited by hand."""
     plan = Plan.model_validate_json(path.read_text())
     data = plan.model_dump(mode="json")
     stages = data["stages"]
     if edit == "tp not dividing the heads":
         data["job"]["tp"] = 3
+    elif edit == "ep on a model without experts":
+        data["job"]["ep"] = 2
+    elif edit == "ep not dividing the experts":
+        data["job"].update(dp=3, ep=3, global_batch=12)
     elif edit == "more ranks than devices":
         stages[1]["replicas"][1]["devices"] = stages[0]["replicas"][0]["devices"]
     elif edit == "a replica fewer than dp":
@@ -146,6 +150,8 @@ def _edited(path: Path, edit: str) -> None:
     ("edit", "field", "reason"),
     [
         ("tp not dividing the heads", "job.tp", "tp=3 does not divide the model's heads (4)"),
+        ("ep on a model without experts", "job.ep", "ep=2: the model has no experts"),
+        ("ep not dividing the experts", "job.ep", "ep=3 does not divide the model's experts (4)"),
         ("more ranks than devices", "stages[1].replicas[1].devices", "also holds stages[0]"),
         ("a replica fewer than dp", "stages[1].replicas", "1 replicas for job.dp 2"),
         ("a stage fewer than pp", "stages", "1 stages for job.pp 2"),
@@ -162,7 +168,8 @@ def test_a_plan_that_does_not_add_up_is_refused(
     field: str,
     reason: str,
 ) -> None:
-    path = _two_sites_plan(tmp_path, tp=1, pp=2, dp=2)
+    model = "moe-mini" if edit == "ep not dividing the experts" else "gpt-mini"
+    path = _two_sites_plan(tmp_path, model, tp=1, pp=2, dp=2)
     _edited(path, edit)
     err = _refused(tmp_path, path, monkeypatch, capsys, field)
     assert reason in err, err

@@ -35,39 +35,41 @@ def check_plan_parallelism(plan_path: str, plan: Any) -> None:
     stage replica as one worker process on one device (``training.plan_devices``: one device
     per (stage, replica)) and every expert in every replica, so a plan with tp > 1 or ep > 1
     would train another job than the one planned and predicted."""
+    from dmsc.runtime.compute.models.support import check_tp_divisible
     from dmsc.spec import TransformerSpec
 
     job, model = plan.job, plan.model_spec
     if not isinstance(model, TransformerSpec):
         model = None
-    shapes = [("heads", model.heads), ("kv_heads", model.kv_heads_count)] if model else []
     if model is not None:
-        shapes.append(("ffn", model.ffn_size))
-    for name, value in shapes:
-        if value % job.tp:
-            raise SpecError(
-                plan_path, "job.tp", f"tp={job.tp} does not divide the model's {name} ({value})"
-            )
+        try:
+            check_tp_divisible(model, job.tp)
+        except ValueError as exc:
+            raise SpecError(plan_path, "job.tp", str(exc)) from None
     if job.tp > 1:
         raise SpecError(
             plan_path,
             "job.tp",
             f"tp={job.tp}: tensor parallelism is not yet wired into deployments (the runtime "
             "runs each stage replica as one worker on one device, which would train another "
-            "job than the one planned); plan with --tp 1",
+            "job than the one planned); fix the strategy with dmsc plan --tp 1 --pp P --dp D",
         )
-    if model is not None and job.ep > 1 and (not model.is_moe or model.experts % job.ep):
-        raise SpecError(
-            plan_path,
-            "job.ep",
-            f"ep={job.ep} does not divide the model's experts ({model.experts})",
-        )
+    if model is not None and job.ep > 1:
+        if not model.is_moe:
+            raise SpecError(plan_path, "job.ep", f"ep={job.ep}: the model has no experts")
+        if model.experts % job.ep:
+            raise SpecError(
+                plan_path,
+                "job.ep",
+                f"ep={job.ep} does not divide the model's experts ({model.experts})",
+            )
     if job.ep > 1:
         raise SpecError(
             plan_path,
             "job.ep",
             f"ep={job.ep}: expert parallelism is not run (every replica keeps all the experts "
-            "and routes its own tokens); plan with --ep 1",
+            "and routes its own tokens); fix the strategy with dmsc plan --tp 1 --pp P --dp D "
+            "(ep 1)",
         )
 
 

@@ -43,6 +43,7 @@ from torch import nn
 
 from dmsc.runtime.compute.models import gpt, llama
 from dmsc.runtime.compute.models.chain import StageModule
+from dmsc.runtime.compute.models.support import check_tp_divisible
 from dmsc.spec import TransformerSpec
 
 Split = Literal["column", "qkv", "row"]
@@ -72,17 +73,6 @@ def split_of(spec: TransformerSpec, name: str) -> Split | None:
     return None
 
 
-def check_divisible(spec: TransformerSpec, tp: int) -> None:
-    """A ValueError naming the model's shape that ``tp`` ranks cannot share evenly."""
-    for what, value in (
-        ("heads", spec.heads),
-        ("kv_heads", spec.kv_heads_count),
-        ("ffn", spec.ffn_size),
-    ):
-        if value % tp:
-            raise ValueError(f"tp={tp} does not divide the model's {what} ({value})")
-
-
 def shard(tensor: torch.Tensor, split: Split, rank: int, tp: int) -> torch.Tensor:
     """Rank ``rank``'s part of a whole ``tensor`` split as ``split`` says."""
     if split == "row":
@@ -108,7 +98,7 @@ def shard_state_dict(
     spec: TransformerSpec, full: dict[str, torch.Tensor], rank: int, tp: int
 ) -> dict[str, torch.Tensor]:
     """A tp = 1 stage state dict cut into rank ``rank``'s of ``tp`` (same keys)."""
-    check_divisible(spec, tp)
+    check_tp_divisible(spec, tp)
     out = {}
     for name, tensor in full.items():
         split = split_of(spec, name)
@@ -230,7 +220,7 @@ def parallelize_stage(
     """Split ``module``'s blocks (built whole, from the seed or a tp = 1 checkpoint) in place
     over the ranks of ``group``: this rank keeps its shard of every split parameter."""
     tp = dist.get_world_size(group)
-    check_divisible(spec, tp)
+    check_tp_divisible(spec, tp)
     for layer in module.layers:
         if isinstance(layer, gpt.Block):
             _column(layer, "qkv", group, enters=True, qkv=True)
