@@ -1,7 +1,7 @@
 """Tensor parallelism (:mod:`dmsc.runtime.compute.tensor_parallel`) against one process: a whole
 model split over two gloo ranks trains 10 steps to the same losses as the model unsplit, and
 its state dict gathers to the unsplit one and shards back (a tp = 2 checkpoint loads into
-tp = 1 and back)."""
+tp = 1 and back), where the unsplit model computes and greedily decodes what the ranks did."""
 
 from __future__ import annotations
 
@@ -13,6 +13,7 @@ import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
 
+from dmsc.runtime.compute.models.attention import StageCache
 from dmsc.runtime.compute.models.chain import StageModule, build_stage, loss_fn
 from dmsc.runtime.compute.outer_sync import make_optimizer
 from dmsc.runtime.compute.tensor_parallel import (
@@ -74,6 +75,7 @@ def _rank(rank: int, port: int, out: str) -> None:
             full = gather_state_dict(spec, module)
             held_out = _evaluate(spec, module)
             record = {"losses": losses, "initial": initial, "local": local, "full": full}
+            record["greedy"] = _greedy(spec, module)
             record["all_reduces"] = collectives
             torch.save(record | {"held_out": held_out}, f"{out}/{name}-rank{rank}.pt")
     finally:
@@ -96,6 +98,19 @@ def _all_reduces(spec: TransformerSpec, module: StageModule) -> int:
         dist.all_reduce = all_reduce
     module.zero_grad(set_to_none=True)
     return len(calls)
+
+
+def _greedy(spec: TransformerSpec, module: StageModule, new: int = 8) -> list[int]:
+    """Greedy decoding with the key/value cache: a prompt, then one token at a time."""
+    tokens = _batches(spec)[0][:1, :12]
+    cache, out = StageCache(), []
+    with torch.no_grad():
+        logits = module(tokens, cache, 0)
+        for _ in range(new):
+            nxt = int(logits[0, -1].argmax())
+            out.append(nxt)
+            logits = module(torch.tensor([[nxt]]), cache, cache.length)
+    return out
 
 
 def _evaluate(spec: TransformerSpec, module: StageModule) -> float:
@@ -148,6 +163,8 @@ def test_a_tp2_state_dict_loads_into_tp1_and_back(
     one = build_stage(spec, 0, "embedding", "head")
     one.load_state_dict(full)
     assert _evaluate(spec, one) == pytest.approx(tp2[name][0]["held_out"], abs=1e-5)
+    # and decodes the same tokens (each rank keeping the keys and values of its own heads)
+    assert _greedy(spec, one) == tp2[name][0]["greedy"] == tp2[name][1]["greedy"]
     # tp = 1 -> tp = 2: each rank's shard of it is exactly what that rank held
     split = [k for k in full if split_of(spec, k)]
     assert split and len(split) < len(full)
