@@ -1,7 +1,9 @@
 """``dmsc up`` refuses a plan the runtime cannot run as planned before anything starts: an
 interleaved plan's stages hold several chunks of layers apart from one another, and the runtime
 runs one contiguous range of layers per stage (it used to merge a stage's chunks into one range
-over other stages' layers: gpt-mini pp=2 v=2 ran blocks 1 and 2 twice)."""
+over other stages' layers: gpt-mini pp=2 v=2 ran blocks 1 and 2 twice); a plan with tensor or
+expert parallelism (it used to start one worker per stage replica and train without a word), and
+a plan whose stages, replicas or devices do not add up to its job (issue 31)."""
 
 from __future__ import annotations
 
@@ -12,8 +14,10 @@ from pathlib import Path
 import pytest
 
 from dmsc.cli import main
+from dmsc.planner.plan import Plan
 from dmsc.planner.solve import plan_job
-from dmsc.spec import ClusterSpec, JobSpec, resolve_model
+from dmsc.spec import ClusterSpec, JobSpec, load_spec, resolve_model
+from tests.conftest import EXAMPLES
 
 
 def _plan(tmp_path: Path, local_cpu: ClusterSpec, **job: object) -> Path:
@@ -59,7 +63,6 @@ def test_a_plan_of_one_chunk_per_stage_still_starts(
     monkeypatch: pytest.MonkeyPatch,
     capsys: pytest.CaptureFixture[str],
 ) -> None:
-    from dmsc.planner.plan import Plan
     from dmsc.runtime.control.training.session import layout_from_plan
 
     path = _plan(tmp_path, local_cpu)
@@ -71,3 +74,111 @@ def test_a_plan_of_one_chunk_per_stage_still_starts(
     ranges = layout_from_plan(plan, plan.model_spec).ranges  # type: ignore[arg-type]
     assert [tuple(r) for r in ranges] == [st.chunks[0] for st in plan.stages]
     assert ranges[0][0] == "embedding" and ranges[-1][1] == "head"
+
+
+def _two_sites_plan(tmp_path: Path, model: str = "gpt-mini", **job: object) -> Path:
+    """A plan on two-sites-cpu.yaml (two sites of two devices), the issue's example."""
+    cluster = load_spec(ClusterSpec, EXAMPLES / "two-sites-cpu.yaml")
+    spec = JobSpec(global_batch=8, micro_batch=2, **job)
+    plan = plan_job(cluster, resolve_model(model), spec, fixed=True).plan
+    path = tmp_path / "plan.json"
+    path.write_text(plan.model_dump_json())
+    return path
+
+
+def _refused(
+    tmp_path: Path,
+    path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    capsys: pytest.CaptureFixture[str],
+    field: str,
+) -> str:
+    """``dmsc up`` exits 2 on ``path`` with one line naming ``field``, and starts nothing."""
+    code, err = _up(tmp_path, path, monkeypatch, capsys)
+    assert code == 2 and len(err.strip().splitlines()) == 1, err
+    assert err.startswith(f"error: {path}: {field}: "), err
+    assert "Traceback" not in err and not (tmp_path / "started").exists()
+    return err
+
+
+def test_a_tensor_parallel_plan_is_refused_naming_job_tp(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    # dmsc plan --tp 2 --pp 2 --dp 1 on two-sites-cpu.yaml: dmsc up used to exit 0
+    path = _two_sites_plan(tmp_path, tp=2, pp=2, dp=1)
+    assert Plan.model_validate_json(path.read_text()).job.tp == 2
+    err = _refused(tmp_path, path, monkeypatch, capsys, "job.tp")
+    assert "tp=2" in err and "tensor parallelism is not yet wired into deployments" in err
+    assert "fix the strategy with dmsc plan --tp 1 --pp P --dp D" in err
+
+
+def test_an_expert_parallel_plan_is_refused_naming_job_ep(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    path = _two_sites_plan(tmp_path, "moe-mini", tp=1, pp=2, dp=2, ep=2)
+    err = _refused(tmp_path, path, monkeypatch, capsys, "job.ep")
+    assert "ep=2" in err and "expert parallelism is not run" in err and "--dp D (ep 1)" in err
+
+
+def _edited(path: Path, edit: str) -> None:
+    """The plan at ``path`` (pp=2, dp=2, one device per replica) edited by hand."""
+    plan = Plan.model_validate_json(path.read_text())
+    data = plan.model_dump(mode="json")
+    stages = data["stages"]
+    if edit == "tp not dividing the heads":
+        data["job"]["tp"] = 3
+    elif edit == "ep on a model without experts":
+        data["job"]["ep"] = 2
+    elif edit == "ep not dividing the experts":
+        data["job"].update(dp=3, ep=3, global_batch=12)
+    elif edit == "more ranks than devices":
+        stages[1]["replicas"][1]["devices"] = stages[0]["replicas"][0]["devices"]
+    elif edit == "a replica fewer than dp":
+        stages[1]["replicas"].pop()
+    elif edit == "a stage fewer than pp":
+        stages.pop()
+    elif edit == "a layer left out":
+        stages[1]["chunks"] = [["block_3", "head"]]
+    elif edit == "stages out of order":
+        stages.reverse()
+    elif edit == "devices other than tp":
+        stages[0]["replicas"][0]["devices"] = [0, 1]
+    path.write_text(Plan.model_validate(data).model_dump_json())
+
+
+@pytest.mark.parametrize(
+    ("edit", "field", "reason"),
+    [
+        ("tp not dividing the heads", "job.tp", "tp=3 does not divide the model's heads (4)"),
+        ("ep on a model without experts", "job.ep", "ep=2: the model has no experts"),
+        ("ep not dividing the experts", "job.ep", "ep=3 does not divide the model's experts (4)"),
+        ("more ranks than devices", "stages[1].replicas[1].devices", "also holds stages[0]"),
+        ("a replica fewer than dp", "stages[1].replicas", "1 replicas for job.dp 2"),
+        ("a stage fewer than pp", "stages", "1 stages for job.pp 2"),
+        ("a layer left out", "stages[1].chunks", "starts at block_3, after block_1"),
+        ("stages out of order", "stages[0].index", "is 1"),
+        ("devices other than tp", "stages[0].replicas[0].devices", "2 devices for job.tp 1"),
+    ],
+)
+def test_a_plan_that_does_not_add_up_is_refused(
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    capsys: pytest.CaptureFixture[str],
+    edit: str,
+    field: str,
+    reason: str,
+) -> None:
+    model = "moe-mini" if edit == "ep not dividing the experts" else "gpt-mini"
+    path = _two_sites_plan(tmp_path, model, tp=1, pp=2, dp=2)
+    _edited(path, edit)
+    err = _refused(tmp_path, path, monkeypatch, capsys, field)
+    assert reason in err, err
+
+
+def test_the_two_sites_plan_without_tp_or_ep_still_starts(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    path = _two_sites_plan(tmp_path, tp=1, pp=2, dp=2)
+    code, err = _up(tmp_path, path, monkeypatch, capsys)
+    assert code == 0, err
+    assert (tmp_path / "started").exists()

@@ -1,7 +1,9 @@
 """What ``dmsc up`` checks in a plan before it starts anything: that the runtime can run its
-stages (one contiguous range of layers each) and its model (and the checkpoint is the one
-planned from), and that every device the workers will run on is on this machine. Each failure
-is a :class:`~dmsc.spec.SpecError` naming the plan's field."""
+stages (one contiguous range of layers each, in order, the whole model between them), its
+parallelism (one worker per stage replica on one device: no tensor or expert parallelism yet)
+and its model (and the checkpoint is the one planned from), that its stages, replicas and
+devices add up to its job, and that every device the workers will run on is on this machine.
+Each failure is a :class:`~dmsc.spec.SpecError` naming the plan's field."""
 
 from __future__ import annotations
 
@@ -28,6 +30,103 @@ def check_plan_stages(plan_path: str, plan: Any) -> None:
             )
 
 
+def check_plan_parallelism(plan_path: str, plan: Any) -> None:
+    """Before anything starts: the plan's parallelism is what the runtime deploys. It runs a
+    stage replica as one worker process on one device (``training.plan_devices``: one device
+    per (stage, replica)) and every expert in every replica, so a plan with tp > 1 or ep > 1
+    would train another job than the one planned and predicted."""
+    from dmsc.runtime.compute.models.support import check_tp_divisible
+    from dmsc.spec import TransformerSpec
+
+    job, model = plan.job, plan.model_spec
+    if not isinstance(model, TransformerSpec):
+        model = None
+    if model is not None:
+        try:
+            check_tp_divisible(model, job.tp)
+        except ValueError as exc:
+            raise SpecError(plan_path, "job.tp", str(exc)) from None
+    if job.tp > 1:
+        raise SpecError(
+            plan_path,
+            "job.tp",
+            f"tp={job.tp}: tensor parallelism is not yet wired into deployments (the runtime "
+            "runs each stage replica as one worker on one device, which would train another "
+            "job than the one planned); fix the strategy with dmsc plan --tp 1 --pp P --dp D",
+        )
+    if model is not None and job.ep > 1:
+        if not model.is_moe:
+            raise SpecError(plan_path, "job.ep", f"ep={job.ep}: the model has no experts")
+        if model.experts % job.ep:
+            raise SpecError(
+                plan_path,
+                "job.ep",
+                f"ep={job.ep} does not divide the model's experts ({model.experts})",
+            )
+    if job.ep > 1:
+        raise SpecError(
+            plan_path,
+            "job.ep",
+            f"ep={job.ep}: expert parallelism is not run (every replica keeps all the experts "
+            "and routes its own tokens); fix the strategy with dmsc plan --tp 1 --pp P --dp D "
+            "(ep 1)",
+        )
+
+
+def check_plan_shape(plan_path: str, plan: Any) -> None:
+    """Before anything starts: the plan's stages, replicas and devices add up to its job, as
+    ``training.layout_from_plan`` deploys them: ``job.pp`` stages in order, each the next
+    contiguous range of the model's layers (the first from the embedding, the last to the
+    head), ``job.dp`` replicas of each, ``job.tp`` devices for each replica and no device
+    holding two of them (more ranks than devices)."""
+    from dmsc.runtime.compute.models.support import layer_names
+    from dmsc.spec import TransformerSpec
+
+    job = plan.job
+    if len(plan.stages) != job.pp:
+        raise SpecError(plan_path, "stages", f"{len(plan.stages)} stages for job.pp {job.pp}")
+    names = layer_names(plan.model_spec) if isinstance(plan.model_spec, TransformerSpec) else []
+    holder: dict[int, str] = {}
+    after = ""  # the last layer of the stage before
+    for s, st in enumerate(plan.stages):
+        if st.index != s:
+            raise SpecError(plan_path, f"stages[{s}].index", f"is {st.index}, expected {s}")
+        first, last = st.chunks[0][0], st.chunks[-1][1]
+        if names:
+            want = names[names.index(after) + 1] if after else names[0]
+            if first != want or last not in names or names.index(last) < names.index(first):
+                where = f"after {after}" if after else "the model's first layer"
+                raise SpecError(
+                    plan_path,
+                    f"stages[{s}].chunks",
+                    f"starts at {first}, {where}: every layer from {names[0]} to {names[-1]} "
+                    "runs in exactly one stage, in order",
+                )
+        after = last
+        if len(st.replicas) != job.dp:
+            raise SpecError(
+                plan_path,
+                f"stages[{s}].replicas",
+                f"{len(st.replicas)} replicas for job.dp {job.dp}",
+            )
+        for r, rep in enumerate(st.replicas):
+            where = f"stages[{s}].replicas[{r}].devices"
+            if len(rep.devices) != job.tp:
+                raise SpecError(plan_path, where, f"{len(rep.devices)} devices for job.tp {job.tp}")
+            for d in rep.devices:
+                if d in holder:
+                    raise SpecError(
+                        plan_path,
+                        where,
+                        f"device {d} also holds {holder[d]}: the plan puts more ranks than devices",
+                    )
+                holder[d] = f"stages[{s}].replicas[{r}]"
+    if names and after != names[-1]:
+        raise SpecError(
+            plan_path, f"stages[{job.pp - 1}].chunks", f"ends at {after}, not at {names[-1]}"
+        )
+
+
 def check_plan_model(plan_path: str, plan: Any) -> None:
     """Before anything starts: the runtime can run the plan's stages
     (:func:`check_plan_stages`) and its model, and its checkpoint is the one the plan was made
@@ -38,6 +137,8 @@ def check_plan_model(plan_path: str, plan: Any) -> None:
     from dmsc.spec.hf import checkpoint_sha256
 
     check_plan_stages(plan_path, plan)
+    check_plan_parallelism(plan_path, plan)
+    check_plan_shape(plan_path, plan)
     model = plan.model_spec
     if model is None:
         return

@@ -16,11 +16,8 @@ from torch import nn
 from dmsc.runtime.compute.models import gpt, llama
 from dmsc.runtime.compute.models.attention import StageCache
 from dmsc.runtime.compute.models.support import check_runnable
+from dmsc.runtime.compute.models.support import layer_names as layer_names
 from dmsc.spec import TransformerSpec
-
-
-def layer_names(spec: TransformerSpec) -> list[str]:
-    return ["embedding", *[f"block_{i}" for i in range(spec.layers)], "head"]
 
 
 def build_layer(spec: TransformerSpec, index: int) -> nn.Module:

@@ -31,7 +31,7 @@ class Block(nn.Module):
     def __init__(self, spec: TransformerSpec) -> None:
         super().__init__()
         hidden, eps = spec.hidden, spec.norm_eps
-        self.heads = spec.heads
+        self.head_dim = hidden // spec.heads
         self.approximate = spec.gelu_approximate
         self.ln1 = nn.LayerNorm(hidden, eps=eps)
         self.qkv = nn.Linear(hidden, 3 * hidden)
@@ -43,11 +43,13 @@ class Block(nn.Module):
     def forward(
         self, x_BTH: torch.Tensor, kv: LayerKV | None = None, start: int = 0
     ) -> torch.Tensor:
-        B, T, H = x_BTH.shape
-        q, k, v = self.qkv(self.ln1(x_BTH)).split(H, dim=-1)
-        q, k, v = (t.view(B, T, self.heads, H // self.heads).transpose(1, 2) for t in (q, k, v))
+        # q, k and v of this module's heads: all of them, or a tensor-parallel rank's share
+        # (:mod:`..tensor_parallel` keeps each rank's q, k and v in that order)
+        B, T, _ = x_BTH.shape
+        q, k, v = self.qkv(self.ln1(x_BTH)).chunk(3, dim=-1)
+        q, k, v = (t.view(B, T, -1, self.head_dim).transpose(1, 2) for t in (q, k, v))
         att = causal_attention(q, k, v, kv)
-        x_BTH = x_BTH + self.proj(att.transpose(1, 2).reshape(B, T, H))
+        x_BTH = x_BTH + self.proj(att.transpose(1, 2).reshape(B, T, -1))
         mlp = self.fc2(F.gelu(self.fc1(self.ln2(x_BTH)), approximate=self.approximate))
         return x_BTH + mlp
 

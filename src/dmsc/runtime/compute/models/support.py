@@ -6,6 +6,11 @@ from __future__ import annotations
 from dmsc.spec import TransformerSpec
 
 
+def layer_names(spec: TransformerSpec) -> list[str]:
+    """The chain of layers every family runs, by the names the cost model and the plan use."""
+    return ["embedding", *[f"block_{i}" for i in range(spec.layers)], "head"]
+
+
 def check_runnable(spec: TransformerSpec) -> None:
     """A ValueError naming what the runtime cannot compute for ``spec``."""
     if spec.dropout:
@@ -15,3 +20,15 @@ def check_runnable(spec: TransformerSpec) -> None:
             "a GPT model (mlp: gelu) runs with full attention and no experts; "
             "grouped-query attention and experts are the Llama family's (mlp: swiglu)"
         )
+
+
+def check_tp_divisible(spec: TransformerSpec, tp: int) -> None:
+    """A ValueError naming the model's shape that ``tp`` tensor-parallel ranks cannot share
+    evenly (each rank holds whole attention heads and an equal part of the MLP)."""
+    for what, value in (
+        ("heads", spec.heads),
+        ("kv_heads", spec.kv_heads_count),
+        ("ffn", spec.ffn_size),
+    ):
+        if value % tp:
+            raise ValueError(f"tp={tp} does not divide the model's {what} ({value})")

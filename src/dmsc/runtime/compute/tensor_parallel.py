@@ -1,0 +1,261 @@
+"""Tensor parallelism inside a stage replica, Megatron-style (Shoeybi et al., "Megatron-LM", 2019).
+
+A stage's blocks are split over the ranks of a tensor-parallel process group: the attention by
+heads (its q, k, v projections column-parallel, its output projection row-parallel) and the MLP
+by its hidden units (the first projections column-parallel, the last row-parallel). Each
+sub-layer then costs one all-reduce in the forward (summing the row-parallel partial outputs)
+and one in the backward (summing the column-parallel inputs' partial gradients): Megatron's
+``g`` and ``f`` operators. The embedding, the norms, the row-parallel biases, a mixture of
+experts' router and the head stay whole on every rank; they compute the same values everywhere
+and so get the same gradients without a collective. Mixtral's experts are split like the MLP,
+each expert with its own two all-reduces (the router weights a whole expert output, so the sum
+over the ranks comes before the weighting).
+
+Parameter names stay those of the whole model, each holding the rank's shard:
+:func:`gather_state_dict` makes a tp = 1 state dict of a tp = N stage and
+:func:`shard_state_dict` the reverse, so a checkpoint moves across a change of tp.
+
+Why hand-written column and row linears and not ``torch.distributed.tensor.parallel``
+(``ColwiseParallel``/``RowwiseParallel`` on a ``DeviceMesh``): measured with
+``benchmarks/tensor_parallel_cpu.py`` (results/tensor_parallel_cpu.json: two gloo processes of
+one thread on this project's 2-core CPU machine, torch 2.13, both splits in the same processes,
+steps in turn), a forward and backward of gpt-mini (4 blocks, hidden 128, 8 x 128 tokens) took
+311 ms with these and 516 ms with DTensor (1.58 and 1.66 times in two runs), the same model
+with hidden 512 3.63 s and 3.70 s (0.97 and 1.02 times): DTensor's per-op dispatch (sharding
+propagation on every ``DTensor``) costs up to two thirds more where the GEMMs are small and
+nothing where they are large, for the same two all-reduces per sub-layer and the same losses to
+the bit. Its parameters would also be ``DTensor``s, which the optimizer, the gradient sync and
+the checkpoints here would each have to unwrap; these are plain tensors. Nor can
+``torch.distributed.nn.functional.all_reduce`` serve as ``g``: its backward all-reduces the
+gradient again, which with the loss computed whole on every rank multiplies the gradients by tp.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Callable
+from typing import Any, Literal
+
+import torch
+import torch.distributed as dist
+import torch.nn.functional as F
+from torch import nn
+
+from dmsc.runtime.compute.models import gpt, llama
+from dmsc.runtime.compute.models.chain import StageModule
+from dmsc.runtime.compute.models.support import check_tp_divisible
+from dmsc.spec import TransformerSpec
+
+Split = Literal["column", "qkv", "row"]
+
+# How each split parameter of a stage divides over the ranks, by its state-dict name: "column"
+# (by output rows), "qkv" (GPT's fused q, k, v: each third by output rows), "row" (by inputs).
+_SPLITS: dict[str, list[tuple[re.Pattern[str], Split]]] = {
+    "gpt": [
+        (re.compile(r"\.qkv\.(weight|bias)$"), "qkv"),
+        (re.compile(r"\.fc1\.(weight|bias)$"), "column"),
+        (re.compile(r"\.(proj|fc2)\.weight$"), "row"),
+    ],
+    "llama": [
+        (re.compile(r"\.attn\.[qkv]\.(weight|bias)$"), "column"),
+        (re.compile(r"\.(gate|up)\.weight$"), "column"),
+        (re.compile(r"\.attn\.o\.weight$"), "row"),
+        (re.compile(r"\.down\.weight$"), "row"),
+    ],
+}
+
+
+def split_of(spec: TransformerSpec, name: str) -> Split | None:
+    """How the parameter ``name`` (a stage's state-dict key) splits; None: whole on every rank."""
+    for pattern, split in _SPLITS["gpt" if spec.family == "gpt" else "llama"]:
+        if pattern.search(name):
+            return split
+    return None
+
+
+def shard(tensor: torch.Tensor, split: Split, rank: int, tp: int) -> torch.Tensor:
+    """Rank ``rank``'s part of a whole ``tensor`` split as ``split`` says."""
+    if split == "row":
+        return tensor.chunk(tp, dim=1)[rank].contiguous()
+    if split == "qkv":
+        thirds = tensor.view(3, -1, *tensor.shape[1:])
+        return thirds.chunk(tp, dim=1)[rank].reshape(-1, *tensor.shape[1:]).contiguous()
+    return tensor.chunk(tp, dim=0)[rank].contiguous()
+
+
+def unshard(parts: list[torch.Tensor], split: Split) -> torch.Tensor:
+    """The whole tensor of the ranks' ``parts`` (in rank order): :func:`shard` undone."""
+    if split == "row":
+        return torch.cat(parts, dim=1)
+    if split == "qkv":
+        thirds = [p.view(3, -1, *p.shape[1:]) for p in parts]
+        whole = torch.cat(thirds, dim=1)
+        return whole.reshape(-1, *parts[0].shape[1:])
+    return torch.cat(parts, dim=0)
+
+
+def shard_state_dict(
+    spec: TransformerSpec, full: dict[str, torch.Tensor], rank: int, tp: int
+) -> dict[str, torch.Tensor]:
+    """A tp = 1 stage state dict cut into rank ``rank``'s of ``tp`` (same keys)."""
+    check_tp_divisible(spec, tp)
+    out = {}
+    for name, tensor in full.items():
+        split = split_of(spec, name)
+        out[name] = tensor if split is None else shard(tensor, split, rank, tp)
+    return out
+
+
+def gather_state_dict(
+    spec: TransformerSpec, module: nn.Module, group: dist.ProcessGroup | None = None
+) -> dict[str, torch.Tensor]:
+    """The tp = 1 state dict of a tensor-parallel stage, on every rank of its ``group`` (each
+    split parameter all-gathered from the ranks; a collective: every rank calls it)."""
+    tp = dist.get_world_size(group)
+    out = {}
+    for name, tensor in module.state_dict().items():
+        split = split_of(spec, name)
+        if split is None:
+            out[name] = tensor.detach().clone()
+            continue
+        parts = [torch.empty_like(tensor) for _ in range(tp)]
+        dist.all_gather(parts, tensor.detach().contiguous(), group=group)
+        out[name] = unshard(parts, split)
+    return out
+
+
+class _Enter(torch.autograd.Function):
+    """Megatron's ``f``: the identity forward; the backward sums the ranks' partial gradients
+    of the sub-layer's input (each rank's column shard contributes its part)."""
+
+    @staticmethod
+    def forward(ctx: Any, x: torch.Tensor, group: dist.ProcessGroup | None) -> torch.Tensor:
+        ctx.group = group
+        return x.view_as(x)
+
+    @staticmethod
+    def backward(ctx: Any, grad: torch.Tensor) -> tuple[torch.Tensor, None]:
+        grad = grad.clone(memory_format=torch.contiguous_format)
+        dist.all_reduce(grad, group=ctx.group)
+        return grad, None
+
+
+class _Reduce(torch.autograd.Function):
+    """Megatron's ``g``: the forward sums the ranks' partial outputs; the backward passes the
+    gradient through (every rank holds the whole output's gradient)."""
+
+    @staticmethod
+    def forward(ctx: Any, x: torch.Tensor, group: dist.ProcessGroup | None) -> torch.Tensor:
+        out = x.clone(memory_format=torch.contiguous_format)
+        dist.all_reduce(out, group=group)
+        return out
+
+    @staticmethod
+    def backward(ctx: Any, grad: torch.Tensor) -> tuple[torch.Tensor, None]:
+        return grad, None
+
+
+def enter(x: torch.Tensor, group: dist.ProcessGroup | None) -> torch.Tensor:
+    out: torch.Tensor = _Enter.apply(x, group)
+    return out
+
+
+def reduce(x: torch.Tensor, group: dist.ProcessGroup | None) -> torch.Tensor:
+    out: torch.Tensor = _Reduce.apply(x, group)
+    return out
+
+
+class ColumnParallelLinear(nn.Module):
+    """A linear layer's share of output features (its input whole on every rank). With
+    ``enters``, it applies ``f`` itself (its sub-layer's only column-parallel layer); otherwise
+    its sub-layer does once for all of them (:func:`_enter_hook`)."""
+
+    def __init__(
+        self, full: nn.Linear, group: dist.ProcessGroup | None, enters: bool, qkv: bool
+    ) -> None:
+        super().__init__()
+        rank, tp = dist.get_rank(group), dist.get_world_size(group)
+        split: Split = "qkv" if qkv else "column"
+        self.group, self.enters = group, enters
+        self.weight = nn.Parameter(shard(full.weight.detach(), split, rank, tp))
+        self.bias = (
+            None if full.bias is None else nn.Parameter(shard(full.bias.detach(), split, rank, tp))
+        )
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if self.enters:
+            x = enter(x, self.group)
+        return F.linear(x, self.weight, self.bias)
+
+
+class RowParallelLinear(nn.Module):
+    """A linear layer's share of input features: its partial outputs summed over the ranks
+    (``g``), then its bias, whole on every rank, added once."""
+
+    def __init__(self, full: nn.Linear, group: dist.ProcessGroup | None) -> None:
+        super().__init__()
+        rank, tp = dist.get_rank(group), dist.get_world_size(group)
+        self.group = group
+        self.weight = nn.Parameter(shard(full.weight.detach(), "row", rank, tp))
+        self.bias = None if full.bias is None else nn.Parameter(full.bias.detach().clone())
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        y = reduce(F.linear(x, self.weight), self.group)
+        return y if self.bias is None else y + self.bias
+
+
+def _enter_hook(group: dist.ProcessGroup | None) -> Callable[..., tuple[Any, ...]]:
+    """A forward pre-hook applying ``f`` once to a sub-layer's input, before its several
+    column-parallel layers (Llama's q, k, v; SwiGLU's gate and up) read it."""
+
+    def hook(_module: nn.Module, args: tuple[Any, ...]) -> tuple[Any, ...]:
+        return (enter(args[0], group), *args[1:])
+
+    return hook
+
+
+def parallelize_stage(
+    spec: TransformerSpec, module: StageModule, group: dist.ProcessGroup | None = None
+) -> StageModule:
+    """Split ``module``'s blocks (built whole, from the seed or a tp = 1 checkpoint) in place
+    over the ranks of ``group``: this rank keeps its shard of every split parameter."""
+    tp = dist.get_world_size(group)
+    check_tp_divisible(spec, tp)
+    for layer in module.layers:
+        if isinstance(layer, gpt.Block):
+            _column(layer, "qkv", group, enters=True, qkv=True)
+            _column(layer, "fc1", group, enters=True)
+            _row(layer, "proj", group)
+            _row(layer, "fc2", group)
+        elif isinstance(layer, llama.Block):
+            attn = layer.attn
+            attn.heads, attn.kv_heads = attn.heads // tp, attn.kv_heads // tp
+            for name in ("q", "k", "v"):
+                _column(attn, name, group)
+            _row(attn, "o", group)
+            attn.register_forward_pre_hook(_enter_hook(group))
+            mlps = layer.mlp.experts if isinstance(layer.mlp, llama.MixtureOfExperts) else None
+            for mlp in mlps if mlps is not None else [layer.mlp]:
+                _column(mlp, "gate", group)
+                _column(mlp, "up", group)
+                _row(mlp, "down", group)
+                mlp.register_forward_pre_hook(_enter_hook(group))
+    return module
+
+
+def _column(
+    parent: nn.Module,
+    name: str,
+    group: dist.ProcessGroup | None,
+    enters: bool = False,
+    qkv: bool = False,
+) -> None:
+    full = parent.get_submodule(name)
+    assert isinstance(full, nn.Linear)
+    setattr(parent, name, ColumnParallelLinear(full, group, enters, qkv))
+
+
+def _row(parent: nn.Module, name: str, group: dist.ProcessGroup | None) -> None:
+    full = parent.get_submodule(name)
+    assert isinstance(full, nn.Linear)
+    setattr(parent, name, RowParallelLinear(full, group))
