@@ -1,7 +1,8 @@
 """A deployment and its workers: started, stepped, checkpointed, recovered.
 
 - :mod:`.launchers`: the :class:`~.launchers.Launcher` protocol and the local launcher (one
-  process per stage worker); :mod:`.ray_launcher` the same on a Ray cluster, after the checks of
+  process per stage worker, forked by :mod:`.forked` from a server that imported the worker
+  once); :mod:`.ray_launcher` the same on a Ray cluster, after the checks of
   :mod:`.ray_checks`; :mod:`.ray_private` the one-node Ray cluster ``dmsc up --launcher ray``
   starts without ``--ray-address``; :mod:`.spares` warm spares.
 - :mod:`.layout`: what a deployment runs (:class:`~.layout.StageLayout`) and a consistent
@@ -20,5 +21,6 @@ builds on this one, and this one on none of them.
 
 Imports run one way, down this list (each module imports only modules on later lines):
 ``recovery, signals -> fallback -> deployment -> decoding, staging, spares -> failures,
-sampling, layout -> launchers``, and ``ray_private -> ray_launcher -> ray_checks, launchers``.
+sampling, layout -> launchers -> forked``, and
+``ray_private -> ray_launcher -> ray_checks, launchers``.
 """

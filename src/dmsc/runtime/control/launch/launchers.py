@@ -24,6 +24,7 @@ from pathlib import Path
 from typing import Protocol
 
 from dmsc.runtime.compute.config import WorkerConfig
+from dmsc.runtime.control.launch.forked import start_forked
 from dmsc.runtime.transport import logs
 
 
@@ -79,9 +80,14 @@ class LocalLauncher:
     """Worker processes on this machine (``python -m dmsc.runtime.compute.worker``); their logs
     go under ``home`` (default: the ``workdir`` each start is given)."""
 
-    def __init__(self, ready_timeout_s: float = 60.0, home: Path | None = None) -> None:
+    def __init__(
+        self, ready_timeout_s: float = 60.0, home: Path | None = None, fork: bool | None = None
+    ) -> None:
         self.ready_timeout_s = ready_timeout_s
         self.home = home
+        # forked from a server that imported the worker once (.forked), unless DMSC_WORKER_START
+        # is "exec" (a fresh interpreter per worker, as before)
+        self.fork = fork if fork is not None else os.environ.get("DMSC_WORKER_START") != "exec"
 
     def prepare(self, cfgs: list[WorkerConfig]) -> None:
         """Every worker runs on this machine: nothing to check."""
@@ -94,18 +100,23 @@ class LocalLauncher:
         cfg = replace(cfg, log_file=str(logs.log_file(home, cfg.sid)))
         path = workdir / f"{cfg.sid}.json"  # holds the service credential: owner only
         logs.write_private(path, json.dumps(asdict(cfg)))
-        stderr = logs.open_stderr(home, cfg.sid)
-        try:
-            proc = subprocess.Popen(
-                [sys.executable, "-m", "dmsc.runtime.compute.worker", "--config", str(path)],
-                stdout=subprocess.PIPE,
-                stderr=stderr,
-                text=True,
-            )
-        finally:
-            os.close(stderr)  # the child holds its own copy
-        assert proc.stdout is not None
-        line = proc.stdout.readline()  # blocks until READY or exit
+        proc: Process
+        if self.fork:
+            proc = forked = start_forked(path, home, cfg.sid)
+            line = forked.stdout.readline()  # blocks until READY or exit
+        else:
+            stderr = logs.open_stderr(home, cfg.sid)
+            try:
+                popen = subprocess.Popen(
+                    [sys.executable, "-m", "dmsc.runtime.compute.worker", "--config", str(path)],
+                    stdout=subprocess.PIPE,
+                    stderr=stderr,
+                    text=True,
+                )
+            finally:
+                os.close(stderr)  # the child holds its own copy
+            assert popen.stdout is not None
+            proc, line = popen, popen.stdout.readline()  # blocks until READY or exit
         path.unlink(missing_ok=True)  # read at start: the credential stays in no file
         if not line.startswith("READY "):
             proc.kill()
