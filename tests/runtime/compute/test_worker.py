@@ -3,8 +3,10 @@
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
+import time
 from dataclasses import asdict
 from pathlib import Path
 
@@ -46,3 +48,18 @@ def test_a_worker_with_a_log_file_logs_there_and_not_on_stderr(tmp_path: Path) -
     records = [json.loads(x) for x in log_file.read_text().splitlines()]
     assert {"msg": "moved to epoch 1", "sid": "s0", "level": "info"}.items() <= records[-1].items()
     assert "moved to epoch" not in stderr
+
+
+def test_a_worker_knows_when_the_process_that_launched_it_is_gone() -> None:
+    from dmsc.runtime.compute.worker import owner_gone
+
+    assert not owner_gone(os.getpid())
+    child = subprocess.Popen([sys.executable, "-c", "pass"])
+    deadline = time.monotonic() + 30
+    while Path(f"/proc/{child.pid}/stat").read_text().rsplit(")", 1)[1].split()[0] != "Z":
+        assert time.monotonic() < deadline
+        time.sleep(0.01)
+    assert owner_gone(child.pid)  # exited, not reaped yet: a zombie is gone
+    child.wait()
+    assert owner_gone(child.pid)  # reaped: no such process
+    assert not owner_gone(0)  # 0: its parent, which is alive

@@ -39,6 +39,9 @@ class WorkerConfig:
     max_sessions: int = 64
     session_idle_s: float = 300.0
     token: str | None = None  # the deployment's service credential
+    # The process that launched it (0: its parent): once that one is gone and the registry no
+    # longer answers, the worker leaves.
+    owner_pid: int = 0
     log_file: str = ""
     # The deployment's directory: Save writes only below it (empty: anywhere, for tests that
     # build a worker by hand).

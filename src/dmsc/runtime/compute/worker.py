@@ -43,6 +43,24 @@ def _logger(cfg: WorkerConfig) -> logging.Logger:
     return file_logger(name, Path(cfg.log_file)) if cfg.log_file else json_logger(name)
 
 
+def owner_gone(owner: int) -> bool:
+    """Has the process that launched this worker exited? (0: its parent, gone once this
+    process belongs to init.) A zombie counts as gone: its parent may not have reaped it yet."""
+    if owner <= 0:
+        return os.getppid() == 1
+    try:
+        os.kill(owner, 0)
+    except ProcessLookupError:
+        return True
+    except PermissionError:  # alive, and another user's
+        return False
+    try:
+        state = Path(f"/proc/{owner}/stat").read_text().rsplit(")", 1)[1].split()[0]
+    except (OSError, IndexError):
+        return False
+    return state in ("Z", "X")
+
+
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description="dmsc stage worker")
     parser.add_argument("--config", required=True)
@@ -74,7 +92,7 @@ def main(argv: list[str] | None = None) -> None:
             if not reply.known:
                 worker.register()
         except Exception:
-            if os.getppid() == 1:  # the control plane is gone and so is our parent
+            if owner_gone(worker.cfg.owner_pid):  # the control plane is gone
                 break
     # Leave the registry on the way out (a kill -9 leaves it to the TTL).
     with contextlib.suppress(Exception):

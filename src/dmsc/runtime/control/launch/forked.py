@@ -26,7 +26,10 @@ import multiprocessing
 import os
 import signal
 import subprocess
+import sys
 import threading
+import types
+from collections.abc import Iterator
 from multiprocessing.connection import Connection, wait
 from multiprocessing.process import BaseProcess
 from pathlib import Path
@@ -89,6 +92,19 @@ class ForkedProcess:
         self.send_signal(signal.SIGTERM)
 
 
+@contextlib.contextmanager
+def _no_main() -> Iterator[None]:
+    """While a worker is forked, a bare ``__main__``: multiprocessing would otherwise have the
+    child import the launcher's main module again (``python -m dmsc.runtime.control.daemon``'s
+    whole control plane, about 1 s of CPU a worker) before it runs its target."""
+    main = sys.modules["__main__"]
+    sys.modules["__main__"] = types.ModuleType("__main__")
+    try:
+        yield
+    finally:
+        sys.modules["__main__"] = main
+
+
 def start_forked(config: Path, home: Path, sid: str) -> ForkedProcess:
     """Fork a worker reading ``config`` (its ``stdout`` is the read end of its standard
     output)."""
@@ -96,9 +112,9 @@ def start_forked(config: Path, home: Path, sid: str) -> ForkedProcess:
     read, write = ctx.Pipe(duplex=False)
     args = (str(config), str(home), sid, write, dict(os.environ), os.getcwd())
     # daemon: a launcher that exits normally takes its workers with it (a kill -9 does not: they
-    # leave when they find their parent gone, as a Popen child does)
+    # leave once they find the launcher gone: .compute.worker.owner_gone)
     proc = ctx.Process(target=_serve, args=args, name=sid, daemon=True)
-    with _LOCK:
+    with _LOCK, _no_main():
         ctx.set_forkserver_preload(_PRELOAD)  # read when the server starts: the first time only
         proc.start()
     write.close()

@@ -97,7 +97,7 @@ class LocalLauncher:
 
     def start(self, cfg: WorkerConfig, workdir: Path) -> WorkerHandle:
         home = self.home if self.home is not None else workdir
-        cfg = replace(cfg, log_file=str(logs.log_file(home, cfg.sid)))
+        cfg = replace(cfg, log_file=str(logs.log_file(home, cfg.sid)), owner_pid=os.getpid())
         path = workdir / f"{cfg.sid}.json"  # holds the service credential: owner only
         logs.write_private(path, json.dumps(asdict(cfg)))
         proc: Process
