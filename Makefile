@@ -20,7 +20,7 @@ demo: $(STAMP)
 # It builds the docs first (`make docs`: a broken link fails the build).
 test: docs
 	DMSC_TEST_POSTGRES_URL=$$(scripts/postgres.sh) DMSC_TEST_CHROMEDRIVER=$$(scripts/browser.sh) \
-	  $(BIN)/pytest -n 2 -q --durations=25
+	  $(BIN)/pytest -n 2 --dist loadgroup -q --durations=25
 
 # The tests that start no processes (about a minute); `make test` runs them all.
 test-quick: $(STAMP)

@@ -33,13 +33,16 @@ RANGES = [("embedding", "block_1"), ("block_2", "head")]
 # pp=2 x dp=2 across two datacenters: stage 0 in dc-0, stage 1 in dc-1
 DCS = {(s, r): f"dc-{s}" for s in range(2) for r in range(2)}
 STEPS, BATCH, MICRO = 10, 8, 2  # MICRO per replica: 4 micro-batches in all
+# One worker of `pytest -n 2 --dist loadgroup` runs every test of this module: one cluster for
+# them all rather than one per worker.
+pytestmark = pytest.mark.xdist_group("ray-cluster")
 
 
 @pytest.fixture(scope="module")
 def cluster() -> Iterator[Any]:
-    """A cluster per test process (under ``pytest -n 2`` each worker that runs tests of this
-    module starts its own, on ports of its own): the head offers dc-0 and dc-2, one more node
-    dc-1; a node that stops answering is declared dead in about 1.5 s."""
+    """A cluster for this module's tests (``pytestmark`` keeps them on one test process): the
+    head offers dc-0 and dc-2, one more node dc-1; a node that stops answering is declared dead
+    in about 1.5 s."""
     head = {"dc:dc-0": 4, "dc:dc-2": 4}
     with local_cluster(head, [{"dc:dc-1": 4}]) as c:
         yield c
