@@ -136,11 +136,15 @@ def local_plan() -> Plan:
 
 
 @contextmanager
-def control_plane(plan: Plan, home: Path, start: bool = True) -> Iterator[ControlPlane]:
+def control_plane(
+    plan: Plan, home: Path, start: bool = True, data_roots: list[Path] | None = None
+) -> Iterator[ControlPlane]:
     """A started control plane on ``home`` (its database there) with real workers (not started
-    with ``start=False``: the test starts it). Leaving it does not end the run: that is a crash,
-    and the next control plane on ``home`` resumes it."""
-    cp = ControlPlane(plan, Database(f"sqlite:///{home / 'dmsc.sqlite'}"), home=home)
+    with ``start=False``: the test starts it); tasks' data inside ``data_roots`` (default:
+    ``home``). Leaving it does not end the run: that is a crash, and the next control plane on
+    ``home`` resumes it."""
+    db = Database(f"sqlite:///{home / 'dmsc.sqlite'}")
+    cp = ControlPlane(plan, db, home=home, data_roots=data_roots)
     try:
         if start:
             cp.start()

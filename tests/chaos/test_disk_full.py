@@ -29,8 +29,8 @@ from dmsc.runtime.compute.models.chain import StageModule
 from dmsc.runtime.control.tasks import work_loop
 from dmsc.runtime.control.tasks.lanes import Handoff
 from dmsc.runtime.control.tasks.task_queue import TaskQueue
+from dmsc.runtime.control.training.params import TrainParams
 from dmsc.runtime.control.training.retention import Retention
-from dmsc.runtime.control.training.session import TrainParams
 from dmsc.spec import resolve_model
 
 SPEC = resolve_model("gpt-mini")

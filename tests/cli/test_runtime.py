@@ -75,6 +75,7 @@ def test_up_hands_the_settings_over_on_stdin(
         failure_timeout_s=2.5,
         spares=1,
         cluster=str(cluster),
+        data_roots=[str(Path.cwd().resolve())],  # tasks' data: where dmsc up was started
     )
     assert "control plane up at 127.0.0.1:4242" in out
     assert f"logs in {logs.log_dir(home.resolve())}" in out and "`dmsc logs`" in out
@@ -105,6 +106,7 @@ def test_a_failed_start_shows_the_end_of_the_control_planes_stderr(
         (["--router", "magic"], "--router: unknown policy"),
         (["--gateway", "example.com:80"], "--gateway: expected 127.0.0.1:PORT"),
         (["--device", "tpu"], "--device: String should match pattern"),
+        (["--data-root", "/nowhere-at-all"], "--data-root: /nowhere-at-all: not a directory"),
     ],
 )
 def test_bad_up_flags_exit_2_before_starting_anything(

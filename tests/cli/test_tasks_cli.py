@@ -127,3 +127,37 @@ def test_ctrl_c_during_train_cancels_the_task_and_exits_130(
 
         task = s.get(TaskRecord, call.task)
         assert task is not None and task.state == "cancelling"
+
+
+class _Sent(_TrainCall):
+    """A Train call that has ended already, keeping the request it was sent."""
+
+    def train_future(self, req: object) -> _TrainCall:
+        self.req = req
+        return self
+
+    def done(self) -> bool:
+        return True
+
+
+@pytest.mark.parametrize(
+    ("flags", "placed"), [([], (0, "sync")), (["--priority", "5", "--lane", "async"], (5, "async"))]
+)
+def test_train_places_its_task_in_the_queue_as_its_flags_say(
+    db: Database,
+    monkeypatch: pytest.MonkeyPatch,
+    capsys: pytest.CaptureFixture[str],
+    flags: list[str],
+    placed: tuple[int, str],
+) -> None:
+    """``dmsc train`` queues its task like the gateway's: ``--priority`` and ``--lane`` (the
+    short lane, ``sync``, by default) go in the one request both doors take."""
+    from dmsc.cli import tasks
+
+    call = _Sent(db)
+    monkeypatch.setattr(tasks, "control_client", lambda: call)
+    run(capsys, "train", "--steps", "3", *flags)
+    assert (call.req.priority, call.req.lane) == placed  # type: ignore[attr-defined]
+    with pytest.raises(SystemExit) as exit_:
+        main(["train", "--lane", "fast"])
+    assert exit_.value.code == 2 and "--lane" in capsys.readouterr().err

@@ -23,7 +23,8 @@ def test_up_status_train_infer_down(tmp_path: Path) -> None:
     plan = make_plan(tmp_path)
     res = dmsc(tmp_path, "status")
     assert res.returncode == 2 and "not running" in res.stderr
-    res = dmsc(tmp_path, "up", "--plan", str(plan))
+    # the tasks' data lies in the test's directory (dmsc up runs in the repository's)
+    res = dmsc(tmp_path, "up", "--plan", str(plan), "--data-root", str(tmp_path))
     assert res.returncode == 0, res.stderr
     try:
         assert dmsc(tmp_path, "up", "--plan", str(plan)).returncode == 2  # already running
@@ -50,6 +51,11 @@ def test_up_status_train_infer_down(tmp_path: Path) -> None:
         assert out["val_end"] < out["val_start"] + 0.5
         bad = dmsc(tmp_path, "train", "--steps", "0")
         assert bad.returncode == 2 and "--steps" in bad.stderr
+        # data outside the control plane's data roots is refused, naming them and the flag
+        elsewhere = Path(__file__)
+        bad = dmsc(tmp_path, "train", "--steps", "1", "--data", str(elsewhere))
+        assert bad.returncode == 2 and "outside the control plane's data roots" in bad.stderr
+        assert str(tmp_path) in bad.stderr and "--data-root" in bad.stderr
         res = dmsc(tmp_path, "infer", "--prompt", "def ", "--tokens", "5")
         assert res.returncode == 0 and res.stdout.startswith("def ")
         # sampling settings; streamed or not, the same seed gives the same text
@@ -82,8 +88,8 @@ def test_up_status_train_infer_down(tmp_path: Path) -> None:
         assert res.returncode == 2 and "tokens" in res.stderr and "Traceback" not in res.stderr
         status = json.loads(dmsc(tmp_path, "status", "--json").stdout)
         assert [t["state"] for t in status["tasks"]] == ["done"] * 5 + ["cancelled"]
-        # The train task ran once, in the Train call: the task queue never claimed it (it used to
-        # claim it while the call ran and run it again once the call released the lock).
+        # The train task ran once: the Train call queued it and the queue ran it (it used to run
+        # in the call, and the queue once claimed it again after the call released the lock).
         time.sleep(1.0)  # the queue polls every 0.5 s
         db = Database(f"sqlite:///{tmp_path / 'dmsc.sqlite'}")
         assert [(t.kind, t.state, t.attempts) for t in db.tasks()] == [
@@ -92,9 +98,9 @@ def test_up_status_train_infer_down(tmp_path: Path) -> None:
             ("infer", "cancelled", 1),
         ]
         params = json.loads(db.tasks()[0].params_json)
-        assert params["data"] == str(data) and params["lr_schedule"] == "cosine"
+        assert params["data"] == str(data.resolve()) and params["lr_schedule"] == "cosine"
         log = (tmp_path / "logs" / "control.log").read_text().splitlines()
-        assert [json.loads(x)["msg"] for x in log].count("task done") == 0
+        assert [json.loads(x)["msg"] for x in log].count("task done") == 1
         # the typed client the CLI uses, on the same control plane
         client = ControlClient.connect(tmp_path / "control.json")
         now = client.status()

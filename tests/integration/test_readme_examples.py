@@ -60,6 +60,7 @@ import contextlib
 import json
 import os
 import re
+import shutil
 import signal
 import socket
 import subprocess
@@ -395,7 +396,13 @@ class Shell:
         shim.write_text(f'#!/bin/sh\nexec "{sys.executable}" -m dmsc "$@"\n')
         shim.chmod(0o755)
         (self.cwd / "examples").symlink_to(ROOT / "examples")
-        (self.cwd / "src").symlink_to(ROOT / "src")  # `dmsc train --data src/dmsc/`
+        # `dmsc train --data src/dmsc/`: a copy, for the control plane reads data only inside
+        # its data roots (here the directory `dmsc up` runs in), symlinks followed
+        shutil.copytree(
+            ROOT / "src" / "dmsc",
+            self.cwd / "src" / "dmsc",
+            ignore=shutil.ignore_patterns("__pycache__"),
+        )
         self.env = {
             **os.environ,
             "PATH": f"{bin_dir}{os.pathsep}{os.environ.get('PATH', '')}",

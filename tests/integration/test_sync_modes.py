@@ -153,7 +153,7 @@ def test_a_federated_task_on_its_sites_own_files_reports_bytes_and_epsilon(tmp_p
         privacy_noise=0.01,
     )
     (tmp_path / "home").mkdir()
-    with control_plane(plan, tmp_path / "home") as cp:
+    with control_plane(plan, tmp_path / "home", data_roots=[tmp_path]) as cp:
         out = cp.train(TrainRequest(steps=4, data=str(data), sync=sync))
         stored = cp.db.recent_tasks()[0]
     assert json.loads(stored.result_json)["sync"] == out["sync"]  # in the task's record

@@ -51,15 +51,15 @@ def test_a_short_task_behind_a_long_one_on_another_lane_finishes_first(
 def test_the_train_call_does_not_wait_behind_a_long_queued_task(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """``dmsc train`` (the Train call) is the short lane's too: its task runs inside the long
-    one, at the step that one paused at."""
+    """``dmsc train`` (the Train call, its task queued on the short lane, as the CLI asks by
+    default) runs inside the long one, at the step that one paused at."""
     monkeypatch.setenv("DMSC_HOME", str(tmp_path))
     with control_plane(local_plan(), tmp_path) as cp:
         queue = TaskQueue(cp.db, cp.run.id)
         long = queue.submit("train", {"steps": 500, "checkpoint_every": 0}, lane="async")
         threading.Thread(target=cp.work_queue, args=(queue,), daemon=True).start()
         wait_for(lambda: len(cp.db.metrics(long.id)) >= 2, 60, "the long task's first steps")
-        out = cp.train(TrainRequest(steps=2, checkpoint_every=0))
+        out = cp.train(TrainRequest(steps=2, checkpoint_every=0, lane="sync"))  # dmsc train's
         assert out["state"] == "done" and out["steps"] == 2
         assert _state(queue, long.id) == "running"
         queue.cancel(long.id)

@@ -231,6 +231,13 @@ def up(
     queue: Annotated[
         str, typer.Option(help="Task queue order: fcfs, priority, or fair (tenants' weights).")
     ] = "priority",
+    data_root: Annotated[
+        list[Path] | None,
+        typer.Option(
+            help="A directory training tasks' --data may lie in (repeatable; default: this "
+            "directory). Data elsewhere, symlinks followed, is refused from either door."
+        ),
+    ] = None,
 ) -> None:
     """Start the control plane and one worker process per stage replica."""
     from dmsc.data.db import data_dir
@@ -246,7 +253,8 @@ def up(
     }
     settings = control_settings(
         plan_file, home, gateway, router, failure_timeout, spares, device,
-        launcher=launcher, ray_address=ray_address, queue=queue, **limits,
+        launcher=launcher, ray_address=ray_address, queue=queue, data_roots=data_root,
+        **limits,
     )  # fmt: skip
     # the plan's cluster spec: for --autoscale, and for training tasks that change dp
     from dmsc.cli.autoscale_flag import autoscale_settings

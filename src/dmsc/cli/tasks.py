@@ -66,9 +66,20 @@ def train(
         Path | None,
         typer.Option(
             help="Train on this text file or directory of files (its last tenth held out for "
-            "validation) instead of the Python standard library's sources."
+            "validation) instead of the Python standard library's sources; it must lie in one "
+            "of the control plane's data roots (dmsc up --data-root)."
         ),
     ] = None,
+    priority: Annotated[
+        int, typer.Option(help="The task's place in the queue: higher runs first (-100..100).")
+    ] = 0,
+    lane: Annotated[
+        str,
+        typer.Option(
+            help="The queue's lane: sync (short tasks, run between a long task's steps) or "
+            "async (long ones)."
+        ),
+    ] = "sync",
     late_policy: Annotated[
         str,
         typer.Option(help="Late data-parallel gradients: wait, skip (re-weight) or restart."),
@@ -189,6 +200,8 @@ def train(
         data=str(data) if data is not None else None,
         sync=settings,
         dp=dp,
+        priority=priority,
+        lane=lane,
     )
     from dmsc.cli.privacy_effect import warn_about_noise
 

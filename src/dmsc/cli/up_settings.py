@@ -29,6 +29,7 @@ _SETTING_FLAGS = {
     "keep_checkpoints": "--keep-checkpoints",
     "checkpoint_quota_bytes": "--checkpoint-quota",
     "queue": "--queue",
+    "data_roots": "--data-root",
 }
 
 
@@ -43,6 +44,7 @@ def control_settings(
     launcher: str = "local",
     ray_address: str | None = None,
     queue: str = "priority",
+    data_roots: list[Path] | None = None,
     **limits: float,
 ) -> ControlSettings:
     """The flags of ``dmsc up`` checked (errors name the flag) into a ``ControlSettings``."""
@@ -80,6 +82,10 @@ def control_settings(
         raise SpecError("command line", "--failure-timeout", "must be positive")
     if not 0 <= spares <= 64:
         raise SpecError("command line", "--spares", "must be between 0 and 64")
+    roots = [r.resolve() for r in data_roots] if data_roots else [Path.cwd().resolve()]
+    for root in roots:
+        if not root.is_dir():
+            raise SpecError("command line", "--data-root", f"{root}: not a directory")
     if gateway:
         host, _, port = gateway.rpartition(":")
         if host not in ("127.0.0.1", "localhost") or not port.isdigit():
@@ -96,6 +102,7 @@ def control_settings(
             launcher=launcher,
             ray_address=ray_address,
             queue=queue,
+            data_roots=[str(r) for r in roots],
             **limits,
         )
     except ValidationError as exc:

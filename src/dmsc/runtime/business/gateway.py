@@ -46,13 +46,13 @@ from dmsc.runtime.business.queueing import QuotaExceeded, TaskFinished, TaskQueu
 from dmsc.runtime.business.router import POLICIES, NoReplica, Router, pick_version
 from dmsc.runtime.business.versions import ModelVersions
 from dmsc.runtime.transport.messages import GatewayInferRequest as InferRequest
-from dmsc.runtime.transport.messages import GatewayTaskRequest as TaskRequest
-from dmsc.runtime.transport.messages import Sampling
+from dmsc.runtime.transport.messages import Sampling, TrainRequest
 from dmsc.runtime.transport.rpc import NoRoom
 
 
 class Backend(Protocol):
-    """What the gateway serves from: pipeline replicas that answer inference."""
+    """What the gateway serves from: pipeline replicas that answer inference (and, when it has
+    one, ``submit_task(req, tenant)``: the control plane's one way in for a training task)."""
 
     def replicas(self) -> list[str]: ...
 
@@ -379,21 +379,23 @@ def create_app(
                 raise HTTPException(502, last_error)
 
     @app.post("/v1/tasks", status_code=202)
-    def submit(req: TaskRequest, request: Request) -> dict[str, Any]:
+    def submit(req: TrainRequest, request: Request) -> dict[str, Any]:
+        """The request ``dmsc train`` sends: resolved and queued by the backend's one way in
+        (the control plane's :meth:`~dmsc.runtime.control.plane.ControlPlane.submit_task`);
+        a backend without one (a test's) queues it as it came."""
         who = authorize(request, "submit")
-        params = req.model_dump(exclude={"priority", "lane"}, exclude_none=True)
-        check = getattr(backend, "check_train", None)  # against the plan, before it queues
-        if check is not None:
-            try:
-                check(params)
-            except ValueError as exc:
-                raise HTTPException(422, str(exc)) from None
         try:
-            task = queue.submit(
-                "train", params, tenant=who.tenant, priority=req.priority, lane=req.lane
-            )
+            if (submit_task := getattr(backend, "submit_task", None)) is not None:
+                task = submit_task(req, who.tenant)
+            else:
+                params = req.model_dump(exclude={"priority", "lane"}, exclude_none=True)
+                task = queue.submit(
+                    "train", params, tenant=who.tenant, priority=req.priority, lane=req.lane
+                )
         except QuotaExceeded as exc:  # queued work, not a rate: retrying soon will not help
             raise HTTPException(429, str(exc), headers={"Retry-After": "60"}) from None
+        except ValueError as exc:  # the control plane's check (BadRequest): the same words
+            raise HTTPException(422, str(exc)) from None
         return _task_json(task)
 
     def _own_task(task_id: int, who: Principal) -> TaskRecord:

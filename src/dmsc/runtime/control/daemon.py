@@ -35,7 +35,6 @@ from dmsc.planner.plan import Plan
 from dmsc.runtime.business.auth import PrincipalCache, revoke
 from dmsc.runtime.control.db_watch import watch_database
 from dmsc.runtime.control.plane import ControlPlane
-from dmsc.runtime.control.tasks.task_queue import TaskQueue
 from dmsc.runtime.control.training.retention import Retention
 from dmsc.runtime.control.watchdog import watch_workers
 from dmsc.runtime.transport import logs
@@ -178,6 +177,8 @@ def main(stdin: TextIO | None = None) -> None:
         cluster=cluster,
         retention=Retention(settings.keep_checkpoints, settings.checkpoint_quota_bytes),
         queue=settings.queue,
+        # dmsc up fills them in (--data-root, or where it was started: this process's directory)
+        data_roots=[Path(r) for r in settings.data_roots] or [Path.cwd()],
     )
 
     def db_lost(message: str) -> None:
@@ -192,7 +193,7 @@ def main(stdin: TextIO | None = None) -> None:
         cp.deployment.shutdown()
         _fail(f"the deployment failed to start: {exc}")
         return
-    queue = TaskQueue(db, cp.run.id)
+    queue = cp.queue  # the queue both doors submit to (.tasks.door)
     threading.Thread(target=cp.work_queue, args=(queue,), daemon=True).start()
     threading.Thread(target=partial(watch_workers, cp), daemon=True).start()
     if settings.autoscale is not None and settings.cluster is not None:

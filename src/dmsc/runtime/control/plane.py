@@ -26,7 +26,8 @@ from __future__ import annotations
 import json
 import logging
 import threading
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -38,7 +39,11 @@ from dmsc.data.db import Database, TaskRecord, data_dir
 from dmsc.data.tokenizer import tokenizer_for
 from dmsc.planner.plan import Plan
 from dmsc.runtime.control import dashboard_state, status
-from dmsc.runtime.control.advisors.prediction import Prediction, prediction_for, task_prediction
+from dmsc.runtime.control.advisors.prediction import (
+    Prediction,
+    TaskPredictions,
+    prediction_for,
+)
 from dmsc.runtime.control.launch import fallback, signals
 from dmsc.runtime.control.launch.deployment import Checkpoint, Deployment
 from dmsc.runtime.control.launch.fallback import NoGoodCheckpoint, Restored
@@ -49,16 +54,16 @@ from dmsc.runtime.control.serving.infer_calls import InferCalls
 from dmsc.runtime.control.serving.inference import Replicas
 from dmsc.runtime.control.serving.model_store import save_version
 from dmsc.runtime.control.tasks import lanes, task_queue, work_loop
-from dmsc.runtime.control.training.lr_schedule import lr_at
+from dmsc.runtime.control.tasks.door import Door
+from dmsc.runtime.control.training.corpora import TaskTexts, inside_roots
+from dmsc.runtime.control.training.params import TrainParams, task_params
 from dmsc.runtime.control.training.resize import record_resize, resize, resized_plan
 from dmsc.runtime.control.training.retention import Retention
 from dmsc.runtime.control.training.session import (
     Recovering,
-    TrainParams,
     TrainReport,
     layout_from_plan,
-    task_params,
-    train,
+    train_task,
 )
 from dmsc.runtime.control.training.shards import load_task_shards
 from dmsc.runtime.transport.messages import (
@@ -69,10 +74,9 @@ from dmsc.runtime.transport.messages import (
     Schedule,
     StatusRequest,
     TrainRequest,
-    TrainSettings,
 )
 from dmsc.runtime.transport.observe import json_logger
-from dmsc.runtime.transport.rpc import BadRequest, parse
+from dmsc.runtime.transport.rpc import BadRequest
 from dmsc.spec import ClusterSpec, TransformerSpec, resolve_model
 
 
@@ -92,15 +96,18 @@ class ControlPlane:
         cluster: ClusterSpec | None = None,
         retention: Retention | None = None,
         queue: task_queue.Policy = "priority",
+        data_roots: Sequence[Path] | None = None,
     ) -> None:
         # the plan's cluster spec, when known: training tasks may then change dp (.resize)
         self.cluster, self.device, self.local = cluster, device, launcher is None
         self.queue_policy = queue  # the order the task queue's consumers claim in
+        # where a task's data may lie (dmsc up --data-root; the data directory when none given)
         model = plan.model_spec if plan.model_spec is not None else resolve_model(plan.model)
         if not isinstance(model, TransformerSpec):
             raise ValueError("the runtime serves transformer models")
         self.plan, self.model, self.db = plan, model, db
         self.home = home if home is not None else data_dir()
+        self.data_roots = [Path(r) for r in data_roots] if data_roots else [self.home]
         self.tokenizer = tokenizer_for(model)
         self.encode = getattr(self.tokenizer, "encode_corpus", None)  # None: bytes as they are
         # the default (training, validation) text, tokenized once, before the plane serves
@@ -123,9 +130,16 @@ class ControlPlane:
         # this run's checkpoints (never another database's run of the same number: .run_key)
         self.run_dir = self.home / "checkpoints" / db.run_key(self.run.id)
         self.retention = retention or Retention()  # which of a task's checkpoints stay
+        self.queue = task_queue.TaskQueue(db, self.run.id)
+        self.door = Door(self.queue, self.train_params)  # both doors' one way in (.tasks.door)
+        self.consumers = work_loop.Consumers(self, queue)  # started once (.work_queue)
         self.corpus, self.valid = task_corpora(None, model.seq, 0, self.texts, self.encode)
+        self.task_texts = TaskTexts(
+            lambda data, seed: task_corpora(data, model.seq, seed, self.texts, self.encode)
+        )
+        self._resized: dict[tuple[int, bool, bool], tuple[Plan, Plan]] = {}  # dp: (from, to)
         self.steps_done = 0
-        self._predictions: dict[tuple[int, int], Prediction] = {}  # (task, plan): ._task_prediction
+        self._predictions = TaskPredictions()  # by (task, plan): ._task_prediction
         self.lock = threading.Lock()  # one task at a time touches the weights
         self.handoff = lanes.Handoff(self.lock)  # taken by tasks, lent between lanes (.tasks)
         self.log = log or json_logger("dmsc.control")
@@ -189,15 +203,7 @@ class ControlPlane:
 
     def record_refused(self, restored: Restored, task_id: int | None = None) -> None:
         """Record and log the checkpoints a recovery skipped (they are not tried again)."""
-        dep = self.deployment
-        for ckpt, exc in restored.refused:
-            if ckpt.id is not None:
-                self.db.refuse_checkpoint(ckpt.id, str(exc))
-        sids = {k: dep.sid(*k) for k in dep.clients}
-        for row in fallback.checkpoint_faults(restored, self.run.id, sids, task_id, dep.epoch):
-            self.db.add(row)
-            say = self.log.error if restored.lost else self.log.warning
-            say("checkpoint fault: %s", row.reason, extra={"run": self.run.id})
+        fallback.record_refused(restored, self.deployment, self.db, self.run.id, self.log, task_id)
 
     def end_run(self) -> None:
         self.db.end_run(self.run.id)
@@ -227,8 +233,11 @@ class ControlPlane:
 
     def train_params(self, req: TrainRequest) -> TrainParams:
         """A training request completed from the plan and checked against it, its data
-        included (BadRequest says what is wrong)."""
+        included (BadRequest says what is wrong): the parameters its task stores and runs
+        from. The corpus read and the resized plan are kept for the run (.training.corpora)."""
         try:
+            if req.data is not None:  # inside a data root: the task keeps the resolved path
+                req = req.model_copy(update={"data": inside_roots(req.data, self.data_roots)})
             params = task_params(req, self.plan)
             if req.dp is not None and req.dp != self.plan.job.dp:
                 self.resized(req.dp)  # before it queues: the cluster has room for it
@@ -239,9 +248,17 @@ class ControlPlane:
         return params
 
     def resized(self, dp: int) -> Plan:
-        """The plan at ``dp`` replicas (ValueError says why there is none)."""
-        on = {"heads": self.inference.heads, "serving": self.inference.pool is not None}
-        return resized_plan(self.plan, self.model, self.cluster, dp, local=self.local, **on)
+        """The plan at ``dp`` replicas (ValueError says why there is none), planned once per
+        deployed plan and serving state."""
+        heads, serving = self.inference.heads, self.inference.pool is not None
+        kept = self._resized.get((dp, heads, serving))
+        if kept is None or kept[0] is not self.plan:
+            to = resized_plan(
+                self.plan, self.model, self.cluster, dp, local=self.local, heads=heads,
+                serving=serving,
+            )  # fmt: skip
+            kept = self._resized[(dp, heads, serving)] = (self.plan, to)
+        return kept[1]
 
     def relayout(self, plan: Plan, action: str, why: str) -> None:
         """Move the deployment to ``plan`` from a checkpoint (a new dp, a move: .resize)."""
@@ -258,7 +275,7 @@ class ControlPlane:
     def corpora(self, data: str | None, seed: int) -> tuple[Corpus, Corpus]:
         """The (training, validation) text of a task; BadRequest names the data."""
         try:
-            return task_corpora(data, self.model.seq, seed, self.texts, self.encode)
+            return self.task_texts.get(data, seed)
         except ValueError as exc:
             raise BadRequest(f"data: {exc}") from None
 
@@ -266,11 +283,22 @@ class ControlPlane:
         self, task_id: int, params: TrainParams, lend: Callable[[], bool] | None = None
     ) -> tuple[TrainReport, int]:
         """Run a training task (holding the lock) and save the model version it produced;
-        returns the report and the version. A task that was running when the control plane
-        died resumes from its newest checkpoint that verifies; the steps it had done after its
-        newest checkpoint count as lost in the restart's fault. A cancel request stops it
-        between two steps (``report.cancelled``); ``lend`` lets waiting tasks train in between
-        (:mod:`.tasks.lanes`)."""
+        returns the report and the version, told to a caller that waits (.tasks.door). A task
+        that was running when the control plane died resumes from its newest checkpoint that
+        verifies; the steps it had done after its newest checkpoint count as lost in the
+        restart's fault. A cancel request stops it between two steps (``report.cancelled``);
+        ``lend`` lets waiting tasks train in between (:mod:`.tasks.lanes`)."""
+        try:
+            ran = self._run_task(task_id, params, lend)
+        except BaseException as exc:
+            self.door.ran(task_id, exc)
+            raise
+        self.door.ran(task_id, ran)
+        return ran
+
+    def _run_task(
+        self, task_id: int, params: TrainParams, lend: Callable[[], bool] | None
+    ) -> tuple[TrainReport, int]:
         if self.weights_lost:
             raise RuntimeError(
                 f"training refused: {self.weights_lost} (`dmsc down` and `dmsc up` start a new "
@@ -337,28 +365,19 @@ class ControlPlane:
         pause: Callable[[int], int] | None = None,
     ) -> TrainReport:
         corpus, valid = self.corpora(params.data, params.seed)
-        settings = TrainSettings(
-            lr=params.lr,
-            lr_schedule=params.lr_schedule,
-            warmup_steps=params.warmup_steps,
-            min_lr_ratio=params.min_lr_ratio,
-        )
         if params.sync.local_data:  # each datacenter's replicas read their own files
             load_task_shards(self.deployment, params)
         if params.sync.task_heads:  # from its first step the replicas' heads differ
             self.heads_valid, self.inference.heads = valid, True
-        return train(
+        return train_task(
             self.deployment,
-            corpus,
-            valid,
-            params.steps,
-            params.batch,
-            params.microbatches,
+            params,
+            (corpus, valid),
             schedule,
             self.db,
             task_id,
-            first_step=first,
-            recovering=Recovering(
+            first,
+            Recovering(
                 checkpoint_every=params.checkpoint_every,
                 checkpoint_dir=folder,
                 late_policy=params.late_policy,
@@ -370,33 +389,31 @@ class ControlPlane:
             run_id=self.run.id,
             stop=lambda: task_queue.cancel_requested(self.db, task_id),
             turn=self.inference.training_turn,
-            lr=lambda i: lr_at(i, params.steps, settings),
-            sync=params.sync,
             pause=pause,
         )
 
-    def train(self, req: TrainRequest) -> dict[str, Any]:
-        params = self.train_params(req.model_copy(update={"first_step": None}))
-        # a short lane's task: it may run inside a paused long one (.tasks.lanes)
-        with self.handoff.hold(params if lanes.nestable(params, self.plan.job.dp) else None):
-            task = self.db.new_task(self.run.id, "train", params.as_json(), state="running")
-            try:
-                report, version = self.run_task(task.id, params)
-            except Exception as exc:
-                self.db.set_task_state(task.id, "failed", str(exc))
-                raise
-            state = "cancelled" if report.cancelled else "done"
-            self.db.set_task_state(task.id, state)
+    def train(self, req: TrainRequest, gone: threading.Event | None = None) -> dict[str, Any]:
+        """The Train call: the task queued as the gateway's are (.tasks.door), then waited for
+        until it ends; ``gone`` set (the caller went away) cancels it. It has one attempt: the
+        caller sees a failure, as the task does."""
+        task, params = self.door.submit(req, max_attempts=1, wait=True)
+        ended = partial(self.door.ended, task.id)  # no consumer runs: this thread works
+        self.consumers.drive(self.queue, req.lane, ended)
+        report, version, state = self.door.wait(task.id, gone)
         for s in report.step_s:
             self.m_step.observe(s)
-        self.m_tasks.labels("train", state).inc()
-        self.log.info(f"train task {state}", extra={"task_id": task.id, "run": self.run.id})
         # the prediction for the job that ran (its batch, micro-batches and dp), or why none
         ran = prediction_for(
             self.plan, self.cluster, self.model, params.batch, params.microbatches, self.plan.job.dp
         )
         out = {"task": task.id, "state": state, "model_version": version}
         return {**out, **report.as_json(), **ran.as_json()}
+
+    def submit_task(self, req: TrainRequest, tenant: str) -> TaskRecord:
+        """The gateway's ``POST /v1/tasks``: the task resolved and queued (BadRequest says what
+        is wrong, QuotaExceeded which quota it would pass)."""
+        task, _ = self.door.submit(req, tenant=tenant)
+        return task
 
     def _save_version(self, task_id: int | None = None) -> int:
         """Save the model as a new version of ``task_id`` (and the run's latest checkpoint)."""
@@ -446,10 +463,6 @@ class ControlPlane:
             replica, prompt, tokens, cancel, tenant, deadline, sampling=sampling
         )
 
-    def check_train(self, params: dict[str, Any]) -> None:
-        """Would a training task with ``params`` run on this plan? (ValueError says why not.)"""
-        self.train_params(parse(TrainRequest, params))
-
     def stage_count(self) -> int:
         """Stages of a replica's pipeline: a request's cost is its tokens times this."""
         return self.deployment.stages
@@ -474,14 +487,10 @@ class ControlPlane:
 
     def _task_prediction(self, task: TaskRecord) -> Prediction:
         """The prediction for the job training task ``task`` ran (kept: it re-plans once)."""
-        key = (task.id, id(self.plan))
-        if key not in self._predictions:
-            params = json.loads(task.params_json or "{}")
-            self._predictions[key] = task_prediction(self.plan, self.cluster, self.model, params)
-        return self._predictions[key]
+        return self._predictions.get(task, self.plan, self.cluster, self.model)
 
     # -- queued work ------------------------------------------------------------------------
-    def work_queue(self, queue: task_queue.TaskQueue) -> None:
+    def work_queue(self, queue: task_queue.TaskQueue | None = None) -> None:
         """Run queued training tasks until the plane stops (:mod:`.tasks.work_loop`: a consumer
-        per lane, claiming in :attr:`queue_policy`; every task reaches an end)."""
-        work_loop.work_queue(self, queue, self.queue_policy)
+        per lane, claiming in :attr:`queue_policy`; every task reaches an end; once)."""
+        self.consumers.run(queue or self.queue)

@@ -30,14 +30,14 @@ from dmsc.runtime.transport.replies import (
     TrainReply,
     stream_item,
 )
-from dmsc.runtime.transport.rpc import message_handler, stream_handler
+from dmsc.runtime.transport.rpc import message_handler, stream_handler, waiting_handler
 
 
 class Serves(Replannable, Protocol):
     """What the service calls on the control plane (:class:`~.plane.ControlPlane`)."""
 
     def status(self, req: StatusRequest) -> dict[str, Any]: ...
-    def train(self, req: TrainRequest) -> dict[str, Any]: ...
+    def train(self, req: TrainRequest, gone: threading.Event) -> dict[str, Any]: ...
     def infer(self, req: InferRequest) -> dict[str, Any]: ...
     def infer_stream(
         self, req: InferRequest, gone: threading.Event
@@ -51,7 +51,8 @@ def control_methods(cp: Serves) -> dict[str, grpc.RpcMethodHandler]:
     gateway's key cache)."""
     return {
         "Status": message_handler(StatusRequest, cp.status, reply=StatusReply),
-        "Train": message_handler(TrainRequest, cp.train, reply=TrainReply),
+        # waits for the task's end; the caller going away (Ctrl-C) cancels the task
+        "Train": waiting_handler(TrainRequest, cp.train, reply=TrainReply),
         "Infer": message_handler(InferRequest, cp.infer, reply=InferReply),
         "InferStream": stream_handler(InferRequest, cp.infer_stream, reply=stream_item),
         "Down": message_handler(DownRequest, cp.down, reply=DownReply),

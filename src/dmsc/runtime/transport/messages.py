@@ -286,19 +286,26 @@ class TrainSettings(Message):
 
 
 class TrainRequest(TrainSettings):
-    """A training task. ``data`` is a text file or a directory of them on the control plane's
-    machine (the standard library's sources when empty)."""
+    """A training task, the one request of both doors: ``dmsc train`` (the ``Train`` call, which
+    waits for its end) and the gateway's ``POST /v1/tasks`` (which answers once it is queued).
+    ``data`` is a text file or a directory of them that the control plane reads, inside one of
+    its data roots (``dmsc up --data-root``; the standard library's sources when empty).
+    ``priority`` and ``lane`` place it in the task queue (:mod:`dmsc.runtime.control.tasks`).
+    What the control plane adds once the task runs (its first step) is no field here: a client
+    cannot set it."""
 
     steps: TrainSteps = 100
     checkpoint_every: CheckpointEvery = DEFAULT_CHECKPOINT_EVERY
     late_policy: LatePolicy = "wait"
     grad_wait_s: GradWait = DEFAULT_GRAD_WAIT_S
-    data: Annotated[str, Field(max_length=4096)] | None = None
-    first_step: Step | None = None  # set by the control plane once the task has started
+    data: Annotated[str, Field(min_length=1, max_length=4096)] | None = None
     sync: SyncSettings | None = None  # how the replicas agree (none: as the plan says)
     # the data-parallel degree to train at (none: the deployment's); another one resizes the
     # deployment from a checkpoint before the first step (dmsc.runtime.control.training.resize)
     dp: Annotated[int, Field(ge=1, le=1024)] | None = None
+    priority: Annotated[int, Field(ge=-MAX_PRIORITY, le=MAX_PRIORITY)] = 0
+    # the long lane (async) by default; dmsc train asks for the short one (sync)
+    lane: Lane = "async"
 
 
 class Sampling(Message):
@@ -376,18 +383,6 @@ class GatewayInferRequest(Sampling):
     timeout_s: Annotated[float, Field(ge=0.1, le=600)] | None = None
 
 
-class GatewayTaskRequest(TrainSettings):
-    """``POST /v1/tasks``: a queued training task (on the deployment's own data: a client of
-    the gateway names no file of the server's)."""
-
-    steps: TrainSteps
-    priority: Annotated[int, Field(ge=-MAX_PRIORITY, le=MAX_PRIORITY)] = 0
-    lane: Lane = "async"
-    checkpoint_every: CheckpointEvery = DEFAULT_CHECKPOINT_EVERY
-    late_policy: LatePolicy = "wait"
-    grad_wait_s: GradWait = DEFAULT_GRAD_WAIT_S
-
-
 # -- from the CLI to the control-plane process -------------------------------------------------
 class AutoscaleSettings(Message):
     """``dmsc up --autoscale infer:...``: the pipelines that serve inference, between ``min``
@@ -451,3 +446,8 @@ class ControlSettings(Message):
     new_database: bool = False
     # The order the task queue's consumers claim tasks in (dmsc.runtime.control.tasks).
     queue: Literal["fcfs", "priority", "fair"] = "priority"
+    # The directories a training task's data must lie in (symlinks followed): dmsc up
+    # --data-root, by default the directory it was started in.
+    data_roots: Annotated[
+        list[Annotated[str, Field(min_length=1, max_length=4096)]], Field(max_length=64)
+    ] = []

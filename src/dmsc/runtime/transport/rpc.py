@@ -92,6 +92,27 @@ def _receive(pieces: Iterator[bytes], context: grpc.ServicerContext, max_bytes: 
     return parts[0] if len(parts) == 1 else b"".join(parts)
 
 
+def _answered(work: Callable[[], bytes], context: grpc.ServicerContext) -> bytes:
+    """``work()``'s answer, or the status its exception stands for (with its message)."""
+    try:
+        return work()
+    except DataLost as exc:
+        context.abort(grpc.StatusCode.DATA_LOSS, str(exc))
+        raise
+    except NoRoom as exc:
+        context.abort(grpc.StatusCode.RESOURCE_EXHAUSTED, str(exc))
+        raise
+    except (BadRequest, ValueError) as exc:
+        context.abort(grpc.StatusCode.INVALID_ARGUMENT, str(exc))
+        raise  # unreachable: abort raises
+    except Abandoned as exc:
+        context.abort(grpc.StatusCode.ABORTED, str(exc))
+        raise
+    except TimeoutError as exc:  # what it waited for (a peer's frame) never came
+        context.abort(grpc.StatusCode.DEADLINE_EXCEEDED, str(exc))
+        raise
+
+
 def bytes_handler(
     fn: Callable[[bytes], bytes], max_bytes: int = MAX_MESSAGE_BYTES
 ) -> grpc.RpcMethodHandler:
@@ -99,23 +120,7 @@ def bytes_handler(
 
     def handle(pieces: Iterator[bytes], context: grpc.ServicerContext) -> bytes:
         request = _receive(pieces, context, max_bytes)
-        try:
-            return fn(request)
-        except DataLost as exc:
-            context.abort(grpc.StatusCode.DATA_LOSS, str(exc))
-            raise
-        except NoRoom as exc:
-            context.abort(grpc.StatusCode.RESOURCE_EXHAUSTED, str(exc))
-            raise
-        except (BadRequest, ValueError) as exc:
-            context.abort(grpc.StatusCode.INVALID_ARGUMENT, str(exc))
-            raise  # unreachable: abort raises
-        except Abandoned as exc:
-            context.abort(grpc.StatusCode.ABORTED, str(exc))
-            raise
-        except TimeoutError as exc:  # what it waited for (a peer's frame) never came
-            context.abort(grpc.StatusCode.DEADLINE_EXCEEDED, str(exc))
-            raise
+        return _answered(lambda: fn(request), context)
 
     return grpc.stream_unary_rpc_method_handler(
         handle, request_deserializer=_identity, response_serializer=_identity
@@ -174,6 +179,30 @@ def message_handler(
         return json.dumps(reply_json(fn(parse(model, request)), reply)).encode()
 
     return bytes_handler(wrapped, max_bytes)
+
+
+def waiting_handler(
+    model: type[M],
+    fn: Callable[[M, threading.Event], Reply | dict[str, Any]],
+    max_bytes: int = CONTROL_BYTES,
+    reply: type[Reply] | None = None,
+) -> grpc.RpcMethodHandler:
+    """:func:`message_handler` for a method that waits for long work: ``fn``'s event is set when
+    the call ends early (the client cancelled or went away), so that the work can stop."""
+
+    def handle(pieces: Iterator[bytes], context: grpc.ServicerContext) -> bytes:
+        request = _receive(pieces, context, max_bytes)
+        gone = threading.Event()
+        context.add_callback(gone.set)
+
+        def work() -> bytes:
+            return json.dumps(reply_json(fn(parse(model, request), gone), reply)).encode()
+
+        return _answered(work, context)
+
+    return grpc.stream_unary_rpc_method_handler(
+        handle, request_deserializer=_identity, response_serializer=_identity
+    )
 
 
 def stream_handler(

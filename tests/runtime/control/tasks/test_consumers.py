@@ -19,7 +19,8 @@ from dmsc.runtime.business.auth import create_key
 from dmsc.runtime.control.tasks.lanes import Handoff
 from dmsc.runtime.control.tasks.task_queue import Policy, TaskQueue
 from dmsc.runtime.control.tasks.work_loop import work_queue
-from dmsc.runtime.control.training.session import TrainParams, TrainReport, task_params
+from dmsc.runtime.control.training.params import TrainParams, task_params
+from dmsc.runtime.control.training.session import TrainReport
 from dmsc.runtime.transport.messages import TrainRequest
 
 PLAN = local_plan()

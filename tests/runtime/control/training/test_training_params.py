@@ -7,7 +7,7 @@ from pathlib import Path
 import pytest
 from runtime_helpers import local_plan
 
-from dmsc.runtime.control.training.session import task_params
+from dmsc.runtime.control.training.params import task_params
 from dmsc.runtime.transport.messages import SyncSettings, TrainRequest
 from dmsc.spec.sync import SyncSpec
 

@@ -16,9 +16,11 @@ measured is compared with:
 
 from __future__ import annotations
 
+import json
 from dataclasses import dataclass
 from typing import Any
 
+from dmsc.data.db import TaskRecord
 from dmsc.netmodel import DEFAULT_CALIBRATION
 from dmsc.planner.plan import Plan
 from dmsc.spec import ClusterSpec, JobSpec, LayerListSpec, SpecError, TransformerSpec
@@ -134,3 +136,24 @@ def task_prediction(
         int(p.get("microbatches") or job.microbatches),
         int(p.get("dp") or job.dp),
     )
+
+
+class TaskPredictions:
+    """:func:`task_prediction` of each training task, kept by (task, deployed plan): a task's
+    prediction re-plans once per plan it is read under."""
+
+    def __init__(self) -> None:
+        self._kept: dict[tuple[int, int], tuple[Plan, Prediction]] = {}
+
+    def get(
+        self,
+        task: TaskRecord,
+        plan: Plan,
+        cluster: ClusterSpec | None,
+        model: TransformerSpec | LayerListSpec,
+    ) -> Prediction:
+        key = (task.id, id(plan))
+        if key not in self._kept or self._kept[key][0] is not plan:
+            params = json.loads(task.params_json or "{}")
+            self._kept[key] = (plan, task_prediction(plan, cluster, model, params))
+        return self._kept[key][1]

@@ -17,11 +17,12 @@ reason of every refusal): a worker must never go on with fresh weights as if it 
 
 from __future__ import annotations
 
+import logging
 import time
 from collections.abc import Collection, Sequence
 from dataclasses import dataclass, field
 
-from dmsc.data.db import FaultRecord
+from dmsc.data.db import Database, FaultRecord
 from dmsc.runtime.control.launch.deployment import Checkpoint, Deployment
 from dmsc.runtime.control.launch.failures import CheckpointRefused, Key
 
@@ -102,3 +103,23 @@ def checkpoint_faults(
             )
         )
     return rows
+
+
+def record_refused(
+    restored: Restored,
+    dep: Deployment,
+    db: Database,
+    run_id: int,
+    log: logging.Logger,
+    task_id: int | None = None,
+) -> None:
+    """Record and log the checkpoints a recovery skipped (marked refused: they are not tried
+    again), with a ``checkpoint`` fault each."""
+    for ckpt, exc in restored.refused:
+        if ckpt.id is not None:
+            db.refuse_checkpoint(ckpt.id, str(exc))
+    sids = {k: dep.sid(*k) for k in dep.clients}
+    for row in checkpoint_faults(restored, run_id, sids, task_id, dep.epoch):
+        db.add(row)
+        say = log.error if restored.lost else log.warning
+        say("checkpoint fault: %s", row.reason, extra={"run": run_id})

@@ -23,7 +23,7 @@ from dataclasses import dataclass
 from typing import Protocol
 
 from dmsc.data.db import Database
-from dmsc.runtime.control.training.session import TrainParams
+from dmsc.runtime.control.training.params import TrainParams
 
 LANES = ("async", "sync")  # the long lane first: the lane that lends is the long one
 LENDS = "async"  # the lane whose sessions lend the weights to the other's waiting tasks

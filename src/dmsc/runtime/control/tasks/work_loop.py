@@ -20,7 +20,7 @@ import logging
 import threading
 from collections.abc import Callable
 from functools import partial
-from typing import Protocol
+from typing import Any, Protocol
 
 from prometheus_client import Counter, Gauge
 
@@ -30,8 +30,9 @@ from dmsc.runtime.compute.checkpoints import DiskFull
 from dmsc.runtime.control.launch.fallback import NoGoodCheckpoint
 from dmsc.runtime.control.tasks import lanes
 from dmsc.runtime.control.tasks.task_queue import Policy, TaskQueue
+from dmsc.runtime.control.training.params import TrainParams
 from dmsc.runtime.control.training.retention import QuotaExceeded
-from dmsc.runtime.control.training.session import TrainParams, TrainReport
+from dmsc.runtime.control.training.session import TrainReport
 from dmsc.runtime.transport.messages import TrainRequest
 from dmsc.runtime.transport.rpc import parse
 
@@ -66,6 +67,14 @@ class Plane(Protocol):
     def run_task(
         self, task_id: int, params: TrainParams, lend: Callable[[], bool] | None = None
     ) -> tuple[TrainReport, int]: ...
+
+
+def _params(cp: Plane, stored: dict[str, Any]) -> TrainParams:
+    """The task's parameters as its submit resolved them (neither the planner nor the corpus
+    runs again); a request queued as it came (a test's, an older database's) resolved now."""
+    if TrainParams.resolved(stored):
+        return TrainParams.from_stored(stored)
+    return cp.train_params(parse(TrainRequest, stored))
 
 
 def record_end(
@@ -108,6 +117,34 @@ def work_queue(cp: Plane, queue: TaskQueue, policy: Policy = "priority") -> None
     work_lane(cp, queue, lanes.LANES[-1], policy, handoff)
 
 
+class Consumers:
+    """The control plane's consumers of the queue (the daemon starts them at once): they run
+    once, however often :meth:`run` is called."""
+
+    def __init__(self, cp: Plane, policy: Policy = "priority") -> None:
+        self.cp, self.policy = cp, policy
+        self._running = threading.Lock()  # held while they run
+
+    def run(self, queue: TaskQueue) -> None:
+        """Run them until the plane stops (when they run already: wait for the stop)."""
+        if not self._running.acquire(blocking=False):
+            self.cp.stopped.wait()
+            return
+        work_queue(self.cp, queue, self.policy)
+
+    @property
+    def running(self) -> bool:
+        return self._running.locked()
+
+    def drive(self, queue: TaskQueue, lane: str, until: Callable[[], bool]) -> None:
+        """No consumer runs (a plane in a test, or one whose daemon has not started them yet):
+        the caller's thread works ``lane`` until ``until()`` (its own task ended); without
+        syncing the replicas' versions between tasks, which is the consumers' work."""
+        while not until() and not self.cp.stopped.is_set() and not self.running:
+            if not run_next(self.cp, queue, lane, self.policy, self.cp.handoff):
+                self.cp.stopped.wait(0.05)
+
+
 def work_lane(
     cp: Plane, queue: TaskQueue, lane: str, policy: Policy, handoff: lanes.Handoff
 ) -> None:
@@ -120,28 +157,38 @@ def work_lane(
             except Exception as exc:  # a bad checkpoint must not stop the queue
                 cp.log.warning("version sync failed: %s", exc)
         try:
-            cp.m_queue.set(queue.depth())
-            task = queue.claim(policy, lane=lane)
+            ran = run_next(cp, queue, lane, policy, handoff)
         except StorageError as exc:  # a full disk, say: wait for room
             cp.log.error("cannot read the task queue (trying again in %g s): %s", RETRY_S, exc)
             cp.stopped.wait(RETRY_S)
             continue
-        if task is None:
+        if not ran:
             cp.stopped.wait(0.5)
-            continue
-        extra = {"task_id": task.id, "run": cp.run.id, "lane": lane}
-        try:
-            params = cp.train_params(parse(TrainRequest, json.loads(task.params_json)))
-            nests, fits = lanes.nestable(params, cp.plan.job.dp), lanes.fits(params, cp.plan.job.dp)
-            lend = partial(handoff.lend, fits) if lane == lanes.LENDS and nests else None
-            with handoff.hold(params if lane != lanes.LENDS and nests else None):
-                report, _ = cp.run_task(task.id, params, lend)
-        except Exception as exc:  # isolate it in the exception queue (or retry)
-            # a task whose weights are lost fails at once: a retry would meet the same
-            state = record_end(queue, task.id, cp.stopped, cp.log, exc, retry=not cp.weights_lost)
-            cp.log.warning("task failed: %s", exc, extra=extra)
-        else:
-            state = record_end(queue, task.id, cp.stopped, cp.log, cancelled=report.cancelled)
-            cp.log.info(f"task {state}", extra=extra)
-        if state is not None:
-            cp.m_tasks.labels("train", state).inc()
+
+
+def run_next(
+    cp: Plane, queue: TaskQueue, lane: str, policy: Policy, handoff: lanes.Handoff
+) -> bool:
+    """Claim the lane's next task under ``policy`` and run it to its end (or back to the
+    queue, with attempts left); whether there was one."""
+    cp.m_queue.set(queue.depth())
+    task = queue.claim(policy, lane=lane)
+    if task is None:
+        return False
+    extra = {"task_id": task.id, "run": cp.run.id, "lane": lane}
+    try:
+        params = _params(cp, json.loads(task.params_json))
+        nests, fits = lanes.nestable(params, cp.plan.job.dp), lanes.fits(params, cp.plan.job.dp)
+        lend = partial(handoff.lend, fits) if lane == lanes.LENDS and nests else None
+        with handoff.hold(params if lane != lanes.LENDS and nests else None):
+            report, _ = cp.run_task(task.id, params, lend)
+    except Exception as exc:  # isolate it in the exception queue (or retry)
+        # a task whose weights are lost fails at once: a retry would meet the same
+        state = record_end(queue, task.id, cp.stopped, cp.log, exc, retry=not cp.weights_lost)
+        cp.log.warning("task failed: %s", exc, extra=extra)
+    else:
+        state = record_end(queue, task.id, cp.stopped, cp.log, cancelled=report.cancelled)
+        cp.log.info(f"task {state}", extra=extra)
+    if state is not None:
+        cp.m_tasks.labels("train", state).inc()
+    return True

@@ -1,13 +1,16 @@
 """A training task on a deployment: its session, its data, its size and its checkpoints.
 
-- :mod:`.session`: the training session (steps, validation, checkpoints, recovery, metrics)
-  and a task's parameters (:class:`~.session.TrainParams`);
+- :mod:`.params`: a task's parameters (:class:`~.params.TrainParams`), its request resolved
+  against the plan once, when it is submitted;
+- :mod:`.corpora`: a task's text: inside the control plane's data roots, read once;
+- :mod:`.session`: the training session (steps, validation, checkpoints, recovery, metrics);
 - :mod:`.resize`: the task's data-parallel degree grown or shrunk between checkpoints;
 - :mod:`.shards`: each datacenter's replicas train on their own shard of the task's files;
 - :mod:`.lr_schedule`: the learning rate of each step;
 - :mod:`.retention`: how many checkpoints a task keeps and how many bytes a tenant's may take.
 
-Imports run one way: ``resize, shards -> session -> retention``; ``lr_schedule`` imports none
-of them. Below this package only :mod:`..launch`; it never imports :mod:`..serving` (nor
-serving this one).
+Imports run one way: ``resize -> session -> params, lr_schedule, retention`` and ``shards ->
+params``; ``corpora``, ``params``, ``lr_schedule`` and ``retention`` import none of the others.
+Below this package only :mod:`..launch`; it never imports :mod:`..serving` (nor serving this
+one).
 """

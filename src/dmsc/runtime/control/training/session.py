@@ -23,7 +23,7 @@ import contextlib
 import logging
 import time
 from collections.abc import Callable
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -31,24 +31,23 @@ from dmsc.data.corpus import Corpus
 from dmsc.data.db import CheckpointRecord, Database, FaultRecord
 from dmsc.data.traces import add_step_traces
 from dmsc.planner.plan import Plan
-from dmsc.runtime.compute.aggregators import parse_aggregator
 from dmsc.runtime.compute.privacy import PrivacyLedger
 from dmsc.runtime.control.launch import recovery
 from dmsc.runtime.control.launch.deployment import Checkpoint, Deployment, StageLayout
 from dmsc.runtime.control.launch.failures import StepRestartNeeded, WorkerFailure
 from dmsc.runtime.control.launch.fallback import Restored, checkpoint_faults, restore_newest
 from dmsc.runtime.control.launch.recovery import Recovery
+from dmsc.runtime.control.training.lr_schedule import lr_at
+from dmsc.runtime.control.training.params import TrainParams
 from dmsc.runtime.control.training.retention import Retention, check_quota, prune
 from dmsc.runtime.transport.messages import (
     DEFAULT_GRAD_WAIT_S,
-    DEFAULT_LR,
     LatePolicy,
-    LrSchedule,
     Schedule,
     SyncSettings,
-    TrainRequest,
+    TrainSettings,
 )
-from dmsc.spec import TransformerSpec, resolve_model
+from dmsc.spec import TransformerSpec
 
 log = logging.getLogger("dmsc.control.training")  # the control plane's log, where it has one
 
@@ -79,73 +78,6 @@ def layout_from_plan(
         lr=lr,
         sids=[st.sid for st in plan.stages],
     )
-
-
-@dataclass(frozen=True)
-class TrainParams:
-    """A training task's parameters, checked against the plan (stored with the task)."""
-
-    steps: int
-    batch: int
-    microbatches: int
-    checkpoint_every: int
-    late_policy: LatePolicy
-    grad_wait_s: float
-    lr: float = DEFAULT_LR
-    lr_schedule: LrSchedule = "constant"
-    warmup_steps: int = 0
-    min_lr_ratio: float = 0.0
-    seed: int = 0
-    data: str | None = None  # a file or directory of text (the standard library's when None)
-    first_step: int | None = None  # set once the task has started: a rerun resumes
-    dp: int | None = None  # another degree than the deployment's: resized first
-    sync: SyncSettings = field(default_factory=SyncSettings)
-
-    def as_json(self) -> dict[str, Any]:
-        out = {k: v for k, v in asdict(self).items() if v is not None}
-        return out | {"sync": self.sync.model_dump()}
-
-
-def task_params(req: TrainRequest, plan: Plan) -> TrainParams:
-    """A training request completed from ``plan`` (batch and micro-batches default to its) and
-    checked against it (ValueError says what is wrong)."""
-    batch = req.batch if req.batch is not None else plan.job.global_batch
-    micro = req.microbatches if req.microbatches is not None else plan.job.microbatches
-    dp = req.dp or plan.job.dp
-    if batch % (micro * dp):
-        raise ValueError(f"batch ({batch}) must be divisible by microbatches x dp ({micro} x {dp})")
-    if req.warmup_steps > req.steps:
-        raise ValueError(f"warmup_steps ({req.warmup_steps}) exceeds steps ({req.steps})")
-    sync, planned = req.sync, plan.job.sync
-    if sync is None:  # the plan's sync mode (dmsc plan --sync) when the task names none
-        sync = SyncSettings(
-            mode=planned.mode, inner_steps=planned.inner_steps, compress=planned.compress
-        )
-    if sync.outer and req.late_policy == "restart":
-        raise ValueError(
-            "late_policy: restart runs a step again; a round spans inner_steps steps: "
-            "use wait or skip"
-        )
-    try:  # the aggregator's own rule on how many replicas it needs
-        parse_aggregator(sync.aggregator).check_replicas(dp)
-    except ValueError as exc:
-        raise ValueError(f"sync.aggregator: {exc} (dp = {dp})") from None
-    if sync.task_heads:
-        if plan.job.pp < 2 or dp < 2:
-            raise ValueError(
-                f"sync.task_heads: one head per replica after a shared backbone needs a pipeline "
-                f"of 2 or more stages and dp >= 2 (the plan has pp = {plan.job.pp}, dp = {dp})"
-            )
-        model = plan.model_spec or resolve_model(plan.model)
-        if isinstance(model, TransformerSpec) and model.tied_embeddings:
-            raise ValueError(
-                "sync.task_heads: the output layer is tied to the backbone's embedding, so a "
-                "head cannot be a replica's own"
-            )
-    if sync.local_data and (req.data is None or not Path(req.data).is_dir()):
-        raise ValueError("sync.local_data: needs data, a directory of files to share out")
-    fields = {k: getattr(req, k) for k in TrainParams.__dataclass_fields__}
-    return TrainParams(**{**fields, "batch": batch, "microbatches": micro, "sync": sync})
 
 
 @dataclass
@@ -491,3 +423,45 @@ def train(
     report.losses = [losses[s] for s in sorted(losses)]
     report.end_step = step
     return report
+
+
+def train_task(
+    dep: Deployment,
+    params: TrainParams,
+    corpora: tuple[Corpus, Corpus],
+    schedule: Schedule,
+    db: Database,
+    task_id: int,
+    first: int,
+    recovering: Recovering,
+    run_id: int,
+    stop: Callable[[], bool],
+    turn: Callable[[], contextlib.AbstractContextManager[None]],
+    pause: Callable[[int], int] | None,
+) -> TrainReport:
+    """:func:`train` a task from its stored parameters, from step ``first``, at the learning
+    rate of its schedule (:mod:`.lr_schedule`)."""
+    settings = TrainSettings(
+        lr=params.lr,
+        lr_schedule=params.lr_schedule,
+        warmup_steps=params.warmup_steps,
+        min_lr_ratio=params.min_lr_ratio,
+    )
+    return train(
+        dep,
+        *corpora,
+        params.steps,
+        params.batch,
+        params.microbatches,
+        schedule,
+        db,
+        task_id,
+        first_step=first,
+        recovering=recovering,
+        run_id=run_id,
+        stop=stop,
+        turn=turn,
+        lr=lambda i: lr_at(i, params.steps, settings),
+        sync=params.sync,
+        pause=pause,
+    )

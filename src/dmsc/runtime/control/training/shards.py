@@ -13,7 +13,7 @@ from pathlib import Path
 
 from dmsc.data.shards import shard_files, training_files
 from dmsc.runtime.control.launch.deployment import Deployment
-from dmsc.runtime.control.training.session import TrainParams
+from dmsc.runtime.control.training.params import TrainParams
 from dmsc.runtime.transport.messages import LoadShard
 
 
