@@ -49,6 +49,7 @@ from dmsc.runtime.control.serving.infer_calls import InferCalls
 from dmsc.runtime.control.serving.inference import Replicas
 from dmsc.runtime.control.serving.model_store import save_version
 from dmsc.runtime.control.tasks import lanes, task_queue, work_loop
+from dmsc.runtime.control.training.local_data import load_task_shards
 from dmsc.runtime.control.training.lr_schedule import lr_at
 from dmsc.runtime.control.training.resize import record_resize, resize, resized_plan
 from dmsc.runtime.control.training.retention import Retention
@@ -60,7 +61,6 @@ from dmsc.runtime.control.training.session import (
     task_params,
     train,
 )
-from dmsc.runtime.control.training.shards import load_task_shards
 from dmsc.runtime.transport.messages import (
     DownRequest,
     InferRequest,
