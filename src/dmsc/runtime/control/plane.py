@@ -56,6 +56,7 @@ from dmsc.runtime.control.serving.model_store import save_version
 from dmsc.runtime.control.tasks import lanes, task_queue, work_loop
 from dmsc.runtime.control.tasks.door import Door
 from dmsc.runtime.control.training.corpora import TaskTexts, inside_roots
+from dmsc.runtime.control.training.local_data import load_task_shards
 from dmsc.runtime.control.training.params import TrainParams, task_params
 from dmsc.runtime.control.training.resize import record_resize, resize, resized_plan
 from dmsc.runtime.control.training.retention import Retention
@@ -65,7 +66,6 @@ from dmsc.runtime.control.training.session import (
     layout_from_plan,
     train_task,
 )
-from dmsc.runtime.control.training.shards import load_task_shards
 from dmsc.runtime.transport.messages import (
     DownRequest,
     InferRequest,

@@ -110,7 +110,7 @@ class Deployment:
                 dict.fromkeys(layout.datacenters[k] for k in sorted(layout.datacenters))
             ),
         )
-        self.local_batch = 0  # a replica's batch from its own shard (control.training.shards)
+        self.local_batch = 0  # a replica's batch from its own shard (control.training.local_data)
         self.threads = ThreadPoolExecutor(
             max_workers=max(4, 2 * len(layout.ranges) * layout.replicas)
         )

@@ -5,11 +5,11 @@
 - :mod:`.corpora`: a task's text: inside the control plane's data roots, read once;
 - :mod:`.session`: the training session (steps, validation, checkpoints, recovery, metrics);
 - :mod:`.resize`: the task's data-parallel degree grown or shrunk between checkpoints;
-- :mod:`.shards`: each datacenter's replicas train on their own shard of the task's files;
+- :mod:`.local_data`: each datacenter's replicas train on their own shard of the task's files;
 - :mod:`.lr_schedule`: the learning rate of each step;
 - :mod:`.retention`: how many checkpoints a task keeps and how many bytes a tenant's may take.
 
-Imports run one way: ``resize -> session -> params, lr_schedule, retention`` and ``shards ->
+Imports run one way: ``resize -> session -> params, lr_schedule, retention`` and ``local_data ->
 params``; ``corpora``, ``params``, ``lr_schedule`` and ``retention`` import none of the others.
 Below this package only :mod:`..launch`; it never imports :mod:`..serving` (nor serving this
 one).

@@ -241,7 +241,7 @@ def train(
     ``sync`` says how the data-parallel replicas agree (every step by default; a round of
     ``sync.inner_steps`` otherwise, the session's last step ending one too) and whether each
     draws its batches from its own shard (``sync.local_data``: loaded by the caller,
-    :mod:`dmsc.runtime.control.training.shards`; ``corpus`` then serves nothing but its size).
+    :mod:`dmsc.runtime.control.training.local_data`; ``corpus`` then serves nothing but its size).
     The task's state is the caller's to set (running, then done or cancelled once it has
     recorded what the session produced).
     ``pause(step)``, asked before each step (each round's first with ``sync.outer``), may let
