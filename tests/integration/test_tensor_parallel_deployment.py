@@ -1,0 +1,62 @@
+"""Deployments whose replicas are tensor-parallel groups of worker processes, on 127.0.0.1,
+against single-process training (the reference the pipeline tests use)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import torch
+from runtime_helpers import reference_losses
+
+from dmsc.data.corpus import Corpus, stdlib_text
+from dmsc.runtime.compute.checkpoints import read_checkpoint
+from dmsc.runtime.compute.models.hf import stage_module
+from dmsc.runtime.compute.outer_sync import make_optimizer
+from dmsc.runtime.control.launch.deployment import Deployment, StageLayout
+from dmsc.spec import resolve_model
+
+SPEC = resolve_model("gpt-mini")
+STEPS = 3
+MICRO = 2
+WHOLE = [("embedding", "head")]
+TWO = [("embedding", "block_1"), ("block_2", "head")]
+
+
+def _batches() -> list[tuple[torch.Tensor, torch.Tensor]]:
+    train, _ = stdlib_text(max_bytes=200_000)
+    corpus = Corpus(train, SPEC.seq, seed=1)
+    return [corpus.batch(s, 4) for s in range(STEPS)]
+
+
+def test_tp2_trains_as_one_process_and_its_checkpoint_is_tp1(tmp_path) -> None:  # type: ignore[no-untyped-def]
+    """tp = 2 with one stage: two processes, SIDs with their tp rank, the reference's losses;
+    the checkpoint it saves is a tp = 1 stage file, and loading it back resumes the run."""
+    batches = _batches()
+    reference = reference_losses(SPEC, 0, 1e-3, batches, MICRO)
+    with Deployment(StageLayout(SPEC, WHOLE, tp=2), home=tmp_path) as dep:
+        sids = sorted(s.sid for s in dep.registry.lookup(stage=0))
+        assert sids == ["stage0-r0-t0", "stage0-r0-t1"]
+        losses = [dep.train_step(s, x, y, MICRO)["loss"] for s, (x, y) in enumerate(batches[:2])]
+        ckpt = dep.checkpoint(2)
+        losses.append(dep.train_step(2, *batches[2], MICRO)["loss"])
+        dep.restore(ckpt)  # back before step 2: the same step gives the same loss
+        again = dep.train_step(2, *batches[2], MICRO)["loss"]
+    assert max(abs(a - b) for a, b in zip(losses, reference, strict=True)) < 1e-4
+    assert abs(again - losses[2]) < 1e-6
+    # the file is the whole stage, optimizer included: it loads into a tp = 1 module, and a
+    # tp = 1 deployment restored from it takes step 2 as the tp = 2 one did
+    path, _ = ckpt.files[0]
+    module = stage_module(SPEC, 0, *WHOLE[0])
+    assert read_checkpoint(Path(path), SPEC, module, make_optimizer("adamw", module, 1e-3)) == 2
+    with Deployment(StageLayout(SPEC, WHOLE), home=tmp_path) as dep:
+        dep.restore(ckpt)
+        assert abs(dep.train_step(2, *batches[2], MICRO)["loss"] - losses[2]) < 1e-4
+
+
+def test_tp2_pp2_trains_as_one_process() -> None:
+    batches = _batches()
+    reference = reference_losses(SPEC, 0, 1e-3, batches, MICRO)
+    with Deployment(StageLayout(SPEC, TWO, tp=2)) as dep:
+        assert len(dep.tp.handles) == 2 and len(dep.handles) == 2
+        losses = [dep.train_step(s, x, y, MICRO)["loss"] for s, (x, y) in enumerate(batches)]
+    assert max(abs(a - b) for a, b in zip(losses, reference, strict=True)) < 1e-4
