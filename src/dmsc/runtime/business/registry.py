@@ -2,8 +2,9 @@
 
 A service registers (SID, kind, stage, replica, tp rank, model version, address, datacenter,
 capacity) and heartbeats within its TTL; a lookup returns the live ones; ``watch`` returns the
-services once the registry's version moves past the one the caller knows. The clock is injected, so tests and
-the simulator can drive time. :func:`registry_methods` exposes it over gRPC (JSON messages).
+services once the registry's version moves past the one the caller knows. The clock is
+injected, so tests and the simulator can drive time. :func:`registry_methods` exposes it over
+gRPC (JSON messages).
 """
 
 from __future__ import annotations

@@ -16,12 +16,13 @@ import contextlib
 from collections.abc import Callable
 from typing import Any
 
+import grpc
 import torch.distributed as dist
 from pydantic import BaseModel
 
 from dmsc.runtime.control.launch.failures import Key, key_of
 from dmsc.runtime.control.launch.launchers import Launcher, WorkerHandle
-from dmsc.runtime.transport.messages import STAGE_SERVICE
+from dmsc.runtime.transport.messages import STAGE_SERVICE, Health
 from dmsc.runtime.transport.rpc import Client
 
 
@@ -81,13 +82,28 @@ class TensorRanks:
             self.address = f"{host}:{self.store.port}"
         self.handles: list[WorkerHandle] = []
         self.clients: dict[Key, list[Client]] = {}
+        self.by_sid: dict[str, Client] = {}
 
     def adopt(self, h: WorkerHandle, token: str | None) -> None:
         """Serve through ``h``, a rank past the first of its replica."""
         self.handles.append(h)
         self.handles.sort(key=lambda x: (key_of(x), x.config.tp_rank))
-        clients = self.clients.setdefault(key_of(h), [])
-        clients.append(Client(h.address, STAGE_SERVICE, token=token))
+        client = Client(h.address, STAGE_SERVICE, token=token)
+        self.clients.setdefault(key_of(h), []).append(client)
+        self.by_sid[h.config.sid] = client
+
+    def silent(self, timeout_s: float) -> set[str]:
+        """The SIDs of the ranks that do not answer Health within ``timeout_s`` (asked at once)."""
+        futures = {
+            sid: c.send_future("Health", Health(), timeout_s) for sid, c in self.by_sid.items()
+        }
+        out = set()
+        for sid, fut in futures.items():
+            try:
+                fut.result()
+            except grpc.RpcError:
+                out.add(sid)
+        return out
 
     def fan(self, key: Key, leader: Client, call: Callable[[Client], Any]) -> Any:
         """``call`` on every rank of the replica at ``key`` (``leader``: rank 0's client); its
