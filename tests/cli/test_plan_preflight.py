@@ -214,3 +214,15 @@ def test_sequence_parallel_flag_needs_a_fixed_strategy(
         main(["plan", "--cluster", cluster, "--model", "gpt-mini", "--no-sequence-parallel"])
     err = capsys.readouterr().err
     assert exit_.value.code == 2 and "--sequence-parallel: only with a fixed strategy" in err
+
+
+def test_spares_with_a_tensor_parallel_plan_are_refused(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    # a spare took the replica's config whole and would have waited in a group at start
+    path = _two_sites_plan(tmp_path, tp=2, pp=2, dp=1)
+    monkeypatch.setenv("DMSC_HOME", str(tmp_path / "home"))
+    with pytest.raises(SystemExit) as exit_:
+        main(["up", "--plan", str(path), "--spares", "1"])
+    err = capsys.readouterr().err
+    assert exit_.value.code == 2 and "--spares: the plan's tp is 2" in err, err

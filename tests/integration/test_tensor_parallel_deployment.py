@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import pytest
 import torch
 from runtime_helpers import reference_losses
 
@@ -13,6 +14,7 @@ from dmsc.runtime.compute.checkpoints import read_checkpoint
 from dmsc.runtime.compute.models.hf import stage_module
 from dmsc.runtime.compute.outer_sync import make_optimizer
 from dmsc.runtime.control.launch.deployment import Deployment, StageLayout
+from dmsc.runtime.transport.messages import Sampling
 from dmsc.spec import resolve_model
 
 SPEC = resolve_model("gpt-mini")
@@ -60,3 +62,26 @@ def test_tp2_pp2_trains_as_one_process() -> None:
         assert len(dep.tp.handles) == 2 and len(dep.handles) == 2
         losses = [dep.train_step(s, x, y, MICRO)["loss"] for s, (x, y) in enumerate(batches)]
     assert max(abs(a - b) for a, b in zip(losses, reference, strict=True)) < 1e-4
+
+
+def test_tp2_dp2_trains_as_one_process() -> None:
+    """Each tp rank averages its shard's gradients with the same rank of the other replica."""
+    batches = _batches()
+    reference = reference_losses(SPEC, 0, 1e-3, batches, MICRO)
+    with Deployment(StageLayout(SPEC, WHOLE, tp=2, replicas=2)) as dep:
+        losses = [dep.train_step(s, x, y, MICRO // 2)["loss"] for s, (x, y) in enumerate(batches)]
+    assert max(abs(a - b) for a, b in zip(losses, reference, strict=True)) < 1e-4
+
+
+def test_tp2_greedy_decoding_equals_one_process() -> None:
+    prompt, tokens, greedy = list(b"def f(x):"), 6, Sampling(temperature=0)
+    with Deployment(StageLayout(SPEC, WHOLE)) as dep:  # one process
+        want = dep.generate(prompt, tokens, sampling=greedy)
+    with Deployment(StageLayout(SPEC, TWO, tp=2)) as dep:  # four: two stages of two ranks
+        assert dep.generate(prompt, tokens, sampling=greedy) == want  # each rank caches its heads
+        assert dep.generate(prompt, tokens, sampling=greedy, use_cache=False) == want
+
+
+def test_spares_are_refused_at_tp2() -> None:
+    with pytest.raises(ValueError, match="warm spares do not take over a tensor-parallel rank"):
+        Deployment(StageLayout(SPEC, WHOLE, tp=2), spares=1)

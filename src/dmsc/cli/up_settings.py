@@ -80,6 +80,11 @@ def control_settings(
         raise SpecError("command line", "--failure-timeout", "must be positive")
     if not 0 <= spares <= 64:
         raise SpecError("command line", "--spares", "must be between 0 and 64")
+    if spares and plan.job.tp > 1:
+        reason = (
+            f"the plan's tp is {plan.job.tp}: warm spares do not take over a tensor-parallel rank"
+        )
+        raise SpecError("command line", "--spares", reason)
     if gateway:
         host, _, port = gateway.rpartition(":")
         if host not in ("127.0.0.1", "localhost") or not port.isdigit():

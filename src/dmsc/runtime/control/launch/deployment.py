@@ -92,11 +92,11 @@ class Deployment:
         self.token = secrets.token_urlsafe(24)
         # the launcher says where workers can reach the registry (this machine's address)
         host = getattr(self.launcher, "control_host", "127.0.0.1")
+        self.tp = TensorRanks(layout.tp, host, spares)  # a replica's ranks past the first
         self.server, port = serve(
             REGISTRY_SERVICE, registry_methods(self.registry), f"{host}:0", token=self.token
         )
         self.registry_address = f"{host}:{port}"
-        self.tp = TensorRanks(layout.tp, host)  # a replica's ranks past the first
         self.handles: list[WorkerHandle] = []
         self._ending: set[Any] = set()  # EndSession calls in flight
         self.clients: dict[Key, Client] = {}
