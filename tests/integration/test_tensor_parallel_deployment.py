@@ -13,7 +13,9 @@ from dmsc.data.corpus import Corpus, stdlib_text
 from dmsc.runtime.compute.checkpoints import read_checkpoint
 from dmsc.runtime.compute.models.hf import stage_module
 from dmsc.runtime.compute.outer_sync import make_optimizer
+from dmsc.runtime.control.launch import recovery
 from dmsc.runtime.control.launch.deployment import Deployment, StageLayout
+from dmsc.runtime.control.launch.failures import WorkerFailure
 from dmsc.runtime.transport.messages import Sampling
 from dmsc.spec import resolve_model
 
@@ -85,3 +87,23 @@ def test_tp2_greedy_decoding_equals_one_process() -> None:
 def test_spares_are_refused_at_tp2() -> None:
     with pytest.raises(ValueError, match="warm spares do not take over a tensor-parallel rank"):
         Deployment(StageLayout(SPEC, WHOLE, tp=2), spares=1)
+
+
+def test_a_lost_tp_rank_is_found_and_its_whole_group_replaced(tmp_path) -> None:  # type: ignore[no-untyped-def]
+    """Rank 1 of a replica killed: the step fails naming the replica, recovery starts both
+    ranks anew (a new rank 0 alone would wait for its group forever) and the run goes on from
+    the checkpoint with the reference's losses."""
+    batches = _batches()
+    reference = reference_losses(SPEC, 0, 1e-3, batches, MICRO)
+    with Deployment(StageLayout(SPEC, WHOLE, tp=2), home=tmp_path) as dep:
+        dep.train_step(0, *batches[0], MICRO)
+        ckpt = dep.checkpoint(1)
+        dep.tp.handles[0].process.kill()
+        with pytest.raises(WorkerFailure) as failure:
+            dep.train_step(1, *batches[1], MICRO)
+        assert failure.value.failed.keys() == {(0, 0)}
+        rec = recovery.recover(dep, failure.value, [ckpt])
+        assert rec.failed == ["stage0-r0-t0", "stage0-r0-t1"] and rec.checkpoint_step == 1
+        assert [h.config.epoch for h in [*dep.handles, *dep.tp.handles]] == [1, 1]
+        losses = [dep.train_step(s, *batches[s], MICRO)["loss"] for s in (1, 2)]
+    assert max(abs(a - b) for a, b in zip(losses, reference[1:], strict=True)) < 1e-4

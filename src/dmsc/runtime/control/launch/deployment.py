@@ -1,6 +1,6 @@
 """The Service Mesh Orchestrator: deploys stage workers, hosts the registry, drives the steps.
 
-A :class:`Deployment` starts one worker process per stage replica through a
+A :class:`Deployment` starts one worker process per stage replica and tp rank through a
 :class:`~dmsc.runtime.control.launch.launchers.Launcher` (the local one by default), waits until
 each has registered, then runs training steps (tokens to the first stage, targets to the last, every
 replica's ``RunStep`` at once, then ``Commit`` everywhere), evaluation and sampling, and saves and

@@ -94,6 +94,16 @@ class TensorRanks:
         self.clients.setdefault(key_of(h), []).append(client)
         self.by_sid[h.config.sid] = client
 
+    def drop(self, key: Key) -> list[WorkerHandle]:
+        """Forget the ranks of the replica at ``key`` (being replaced); their handles."""
+        gone = [h for h in self.handles if key_of(h) == key]
+        self.handles = [h for h in self.handles if key_of(h) != key]
+        for h in gone:
+            self.by_sid.pop(h.config.sid, None)
+        for c in self.clients.pop(key, []):
+            c.close()
+        return gone
+
     def silent(self, timeout_s: float) -> set[str]:
         """The SIDs of the ranks that do not answer Health within ``timeout_s`` (asked at once)."""
         futures = {
