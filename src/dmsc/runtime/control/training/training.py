@@ -33,7 +33,7 @@ from dmsc.data.traces import add_step_traces
 from dmsc.planner.plan import Plan
 from dmsc.runtime.compute.aggregators import parse_aggregator
 from dmsc.runtime.compute.privacy import PrivacyLedger
-from dmsc.runtime.control.launch import recovery
+from dmsc.runtime.control.launch import recovery, tp_ranks
 from dmsc.runtime.control.launch.deployment import Checkpoint, Deployment, StageLayout
 from dmsc.runtime.control.launch.failures import StepRestartNeeded, WorkerFailure
 from dmsc.runtime.control.launch.fallback import Restored, checkpoint_faults, restore_newest
@@ -143,6 +143,8 @@ def task_params(req: TrainRequest, plan: Plan) -> TrainParams:
                 "sync.task_heads: the output layer is tied to the backbone's embedding, so a "
                 "head cannot be a replica's own"
             )
+    if (problem := tp_ranks.task_problem(plan.job.tp, plan.job.dp, dp, sync)) is not None:
+        raise ValueError(problem)
     if sync.local_data and (req.data is None or not Path(req.data).is_dir()):
         raise ValueError("sync.local_data: needs data, a directory of files to share out")
     fields = {k: getattr(req, k) for k in TrainParams.__dataclass_fields__}
