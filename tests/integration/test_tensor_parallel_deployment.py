@@ -107,3 +107,16 @@ def test_a_lost_tp_rank_is_found_and_its_whole_group_replaced(tmp_path) -> None:
         assert [h.config.epoch for h in [*dep.handles, *dep.tp.handles]] == [1, 1]
         losses = [dep.train_step(s, *batches[s], MICRO)["loss"] for s in (1, 2)]
     assert max(abs(a - b) for a, b in zip(losses, reference[1:], strict=True)) < 1e-4
+
+
+@pytest.mark.parametrize("name", ["llama-mini", "moe-mini"])
+def test_tp2_llama_and_mixtral_families_train_as_one_process(name: str) -> None:
+    """Grouped-query attention split by key/value heads, SwiGLU and each expert by units."""
+    spec = resolve_model(name)
+    train, _ = stdlib_text(max_bytes=200_000)
+    corpus = Corpus(train, spec.seq, seed=1)
+    batches = [corpus.batch(s, 4) for s in range(2)]
+    reference = reference_losses(spec, 0, 1e-3, batches, MICRO)  # type: ignore[arg-type]
+    with Deployment(StageLayout(spec, WHOLE, tp=2)) as dep:  # type: ignore[arg-type]
+        losses = [dep.train_step(s, x, y, MICRO)["loss"] for s, (x, y) in enumerate(batches)]
+    assert max(abs(a - b) for a, b in zip(losses, reference, strict=True)) < 1e-4
