@@ -1,5 +1,6 @@
-"""``dmsc plan --tp 2 --pp 2 --dp 1``, then ``dmsc up``, ``status`` and ``train`` as a user runs
-them on ``two-sites-cpu.yaml``: four worker processes, two tensor-parallel ranks per stage."""
+"""``dmsc plan --tp 2 --pp 2 --dp 1``, then ``dmsc up``, ``status``, ``train`` and ``infer`` as a
+user runs them on ``two-sites-cpu.yaml``: four worker processes, two tensor-parallel ranks per
+stage."""
 
 from __future__ import annotations
 
@@ -36,5 +37,7 @@ def test_plan_up_status_train_with_tp2_pp2(tmp_path: Path) -> None:
         assert res.returncode == 0, res.stderr
         *progress, last = [json.loads(line) for line in res.stdout.splitlines()]
         assert [p["step"] for p in progress] == [0, 1, 2] and last["steps"] == 3
+        res = dmsc(tmp_path, "infer", "--prompt", "def ", "--tokens", "5")
+        assert res.returncode == 0 and res.stdout.startswith("def "), res.stderr
     finally:
         assert dmsc(tmp_path, "down").returncode == 0
