@@ -1,9 +1,10 @@
 """``dmsc up`` refuses a plan the runtime cannot run as planned before anything starts: an
 interleaved plan's stages hold several chunks of layers apart from one another, and the runtime
 runs one contiguous range of layers per stage (it used to merge a stage's chunks into one range
-over other stages' layers: gpt-mini pp=2 v=2 ran blocks 1 and 2 twice); a plan with tensor or
-expert parallelism (it used to start one worker per stage replica and train without a word), and
-a plan whose stages, replicas or devices do not add up to its job (issue 31)."""
+over other stages' layers: gpt-mini pp=2 v=2 ran blocks 1 and 2 twice); a plan with expert
+parallelism (it used to start one worker per stage replica and train without a word), one with
+tensor parallelism the runtime does not run (sequence parallel, GPUs), and a plan whose stages,
+replicas or devices do not add up to its job (issue 31)."""
 
 from __future__ import annotations
 
@@ -101,15 +102,36 @@ def _refused(
     return err
 
 
-def test_a_tensor_parallel_plan_is_refused_naming_job_tp(
+def test_a_tensor_parallel_plan_starts(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    # dmsc plan --tp 2 --pp 2 --dp 1 on two-sites-cpu.yaml: dmsc up used to exit 0
+    # dmsc plan --tp 2 --pp 2 --dp 1 --no-sequence-parallel on two-sites-cpu.yaml: the runtime
+    # runs each replica as two ranks (tests/integration/test_tensor_parallel_cli.py)
     path = _two_sites_plan(tmp_path, tp=2, pp=2, dp=1)
     assert Plan.model_validate_json(path.read_text()).job.tp == 2
-    err = _refused(tmp_path, path, monkeypatch, capsys, "job.tp")
-    assert "tp=2" in err and "tensor parallelism is not yet wired into deployments" in err
-    assert "fix the strategy with dmsc plan --tp 1 --pp P --dp D" in err
+    code, err = _up(tmp_path, path, monkeypatch, capsys)
+    assert code == 0, err
+    assert (tmp_path / "started").exists()
+
+
+def test_a_tensor_parallel_plan_with_sequence_parallelism_is_refused(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    path = _two_sites_plan(tmp_path, tp=2, pp=2, dp=1, sequence_parallel=True)
+    err = _refused(tmp_path, path, monkeypatch, capsys, "job.sequence_parallel")
+    assert "tp=2 with sequence parallelism" in err and "--no-sequence-parallel" in err
+
+
+def test_a_tensor_parallel_plan_on_gpus_is_refused(tmp_path: Path) -> None:
+    from dmsc.cli.preflight import check_plan_devices
+    from dmsc.spec import SpecError
+
+    path = _two_sites_plan(tmp_path, tp=2, pp=2, dp=1)
+    plan = Plan.model_validate_json(path.read_text())
+    with pytest.raises(SpecError) as err:
+        check_plan_devices(str(path), plan, "cuda:0")
+    assert err.value.field == "--device"
+    assert "tensor-parallel ranks run on the CPU" in str(err.value)
 
 
 def test_an_expert_parallel_plan_is_refused_naming_job_ep(
@@ -182,3 +204,25 @@ def test_the_two_sites_plan_without_tp_or_ep_still_starts(
     code, err = _up(tmp_path, path, monkeypatch, capsys)
     assert code == 0, err
     assert (tmp_path / "started").exists()
+
+
+def test_sequence_parallel_flag_needs_a_fixed_strategy(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    cluster = str(EXAMPLES / "two-sites-cpu.yaml")
+    with pytest.raises(SystemExit) as exit_:
+        main(["plan", "--cluster", cluster, "--model", "gpt-mini", "--no-sequence-parallel"])
+    err = capsys.readouterr().err
+    assert exit_.value.code == 2 and "--sequence-parallel: only with a fixed strategy" in err
+
+
+def test_spares_with_a_tensor_parallel_plan_are_refused(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    # a spare took the replica's config whole and would have waited in a group at start
+    path = _two_sites_plan(tmp_path, tp=2, pp=2, dp=1)
+    monkeypatch.setenv("DMSC_HOME", str(tmp_path / "home"))
+    with pytest.raises(SystemExit) as exit_:
+        main(["up", "--plan", str(path), "--spares", "1"])
+    err = capsys.readouterr().err
+    assert exit_.value.code == 2 and "--spares: the plan's tp is 2" in err, err

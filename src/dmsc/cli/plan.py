@@ -55,6 +55,13 @@ def plan(
             help="Training recipe: mixed (the default), autocast (plain PyTorch), pure or fp8."
         ),
     ] = None,
+    sequence_parallel: Annotated[
+        bool | None,
+        typer.Option(
+            "--sequence-parallel/--no-sequence-parallel",
+            help="Sequence parallelism (fixed strategy; default: on when tp > 1).",
+        ),
+    ] = None,
     zero: Annotated[int | None, typer.Option(help="ZeRO stage 0-3.")] = None,
     sync: SyncOpt = None,
     compress: CompressOpt = None,
@@ -98,7 +105,11 @@ def plan(
             schedule=schedule,
             interleave=interleave,
             recompute=recompute,
-            sequence_parallel=(tp or 1) > 1,
+            sequence_parallel=(tp or 1) > 1 if sequence_parallel is None else sequence_parallel,
+        )
+    elif sequence_parallel is not None:
+        raise SpecError(
+            "command line", "--sequence-parallel", "only with a fixed strategy (--tp --pp --dp)"
         )
     elif any(v is not None for v in (tp, pp, dp)):
         raise SpecError("command line", "--tp/--pp/--dp", "give all three to fix the strategy")

@@ -1,6 +1,7 @@
 """What ``dmsc up`` checks in a plan before it starts anything: that the runtime can run its
 stages (one contiguous range of layers each, in order, the whole model between them), its
-parallelism (one worker per stage replica on one device: no tensor or expert parallelism yet)
+parallelism (a stage replica is one worker per tensor-parallel rank, on the CPU; no expert
+parallelism, no sequence parallelism)
 and its model (and the checkpoint is the one planned from), that its stages, replicas and
 devices add up to its job, and that every device the workers will run on is on this machine.
 Each failure is a :class:`~dmsc.spec.SpecError` naming the plan's field."""
@@ -32,9 +33,10 @@ def check_plan_stages(plan_path: str, plan: Any) -> None:
 
 def check_plan_parallelism(plan_path: str, plan: Any) -> None:
     """Before anything starts: the plan's parallelism is what the runtime deploys. It runs a
-    stage replica as one worker process on one device (``training.plan_devices``: one device
-    per (stage, replica)) and every expert in every replica, so a plan with tp > 1 or ep > 1
-    would train another job than the one planned and predicted."""
+    stage replica as one worker process per tensor-parallel rank (heads and MLP split
+    Megatron-style over a gloo group) and every expert in every replica, so a plan with ep > 1
+    or with sequence parallelism would train another job than the one planned and predicted
+    (GPUs at tp > 1: :func:`check_plan_devices`)."""
     from dmsc.runtime.compute.models.support import check_tp_divisible
     from dmsc.spec import TransformerSpec
 
@@ -46,13 +48,13 @@ def check_plan_parallelism(plan_path: str, plan: Any) -> None:
             check_tp_divisible(model, job.tp)
         except ValueError as exc:
             raise SpecError(plan_path, "job.tp", str(exc)) from None
-    if job.tp > 1:
+    if job.tp > 1 and job.sequence_parallel:
         raise SpecError(
             plan_path,
-            "job.tp",
-            f"tp={job.tp}: tensor parallelism is not yet wired into deployments (the runtime "
-            "runs each stage replica as one worker on one device, which would train another "
-            "job than the one planned); fix the strategy with dmsc plan --tp 1 --pp P --dp D",
+            "job.sequence_parallel",
+            f"tp={job.tp} with sequence parallelism: the runtime splits heads and the MLP over "
+            "the tp ranks but runs the norms and dropout on the whole sequence at every rank; "
+            "plan with --no-sequence-parallel",
         )
     if model is not None and job.ep > 1:
         if not model.is_moe:
@@ -171,6 +173,15 @@ def check_plan_devices(plan_path: str, plan: Any, device: str) -> None:
     wanted = plan_devices(plan, device)
     if all(name == "cpu" for name in wanted.values()):
         return  # no torch import for the usual CPU run
+    if plan.job.tp > 1:
+        (stage, replica), name = next((k, v) for k, v in sorted(wanted.items()) if v != "cpu")
+        where = "--device" if device != "plan" else f"stages[{stage}].replicas[{replica}].device"
+        raise SpecError(
+            "command line" if device != "plan" else plan_path,
+            where,
+            f"{name} at tp={plan.job.tp}: tensor-parallel ranks run on the CPU only (the plan "
+            "names one GPU per replica, not one per rank); run with --device cpu",
+        )
     from dmsc.runtime.compute.devices import stage_device
 
     for (stage, replica), name in sorted(wanted.items()):

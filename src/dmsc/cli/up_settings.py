@@ -86,6 +86,11 @@ def control_settings(
     for root in roots:
         if not root.is_dir():
             raise SpecError("command line", "--data-root", f"{root}: not a directory")
+    if spares and plan.job.tp > 1:
+        reason = (
+            f"the plan's tp is {plan.job.tp}: warm spares do not take over a tensor-parallel rank"
+        )
+        raise SpecError("command line", "--spares", reason)
     if gateway:
         host, _, port = gateway.rpartition(":")
         if host not in ("127.0.0.1", "localhost") or not port.isdigit():

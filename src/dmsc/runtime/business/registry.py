@@ -1,9 +1,10 @@
 """Service registration and discovery: who serves which stage, where, and is it alive.
 
-A service registers (SID, kind, stage, replica, model version, address, datacenter, capacity)
-and heartbeats within its TTL; a lookup returns the live ones; ``watch`` returns the services once
-the registry's version moves past the one the caller knows. The clock is injected, so tests and
-the simulator can drive time. :func:`registry_methods` exposes it over gRPC (JSON messages).
+A service registers (SID, kind, stage, replica, tp rank, model version, address, datacenter,
+capacity) and heartbeats within its TTL; a lookup returns the live ones; ``watch`` returns the
+services once the registry's version moves past the one the caller knows. The clock is
+injected, so tests and the simulator can drive time. :func:`registry_methods` exposes it over
+gRPC (JSON messages).
 """
 
 from __future__ import annotations
@@ -33,6 +34,7 @@ class ServiceInfo:
     stage: int
     address: str
     replica: int = 0
+    tp_rank: int = 0  # its rank in its replica's tensor-parallel group
     model_version: str = "0"
     datacenter: str = "local"
     capacity: float = 1.0

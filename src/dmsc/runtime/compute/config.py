@@ -24,6 +24,11 @@ class WorkerConfig:
     registry: str
     replica: int = 0
     replicas: int = 1
+    # tensor parallelism: this process is rank tp_rank of its replica's tp ranks, whose
+    # process group meets through the deployment's TCPStore at tp_store (host:port)
+    tp: int = 1
+    tp_rank: int = 0
+    tp_store: str = ""
     seed: int = 0
     lr: float = 1e-3
     epoch: int = 0  # the deployment generation this worker was launched in

@@ -45,12 +45,14 @@ class Peers:
         token: str | None = None,
         device: torch.device | None = None,
         links: dict[int, Any] | None = None,
+        tp_rank: int = 0,
     ) -> None:
         self.registry = registry
         # tensors on a GPU leave and arrive through pinned host buffers
         self.staging = HostStaging(device or torch.device("cpu"))
         self.inbox = inbox
         self.replica = replica  # this worker's: the default peer of every stage
+        self.tp_rank = tp_rank  # peers are the ranks of the same tensor-parallel rank
         self.recv_timeout_s = recv_timeout_s
         self.token = token
         self._bytes_sent = bytes_sent
@@ -74,7 +76,9 @@ class Peers:
         key = self._key(stage, replica)
         if refresh or key not in self._clients:
             found = self.registry.call("Lookup", {"stage": stage, "kind": "stage"})["services"]
-            mine = [s for s in found if s["replica"] == key[1]]
+            mine = [
+                s for s in found if s["replica"] == key[1] and s.get("tp_rank", 0) == self.tp_rank
+            ]
             if not mine:
                 raise RuntimeError(f"no live replica {key[1]} of stage {stage}")
             self._clients[key] = Client(mine[0]["address"], STAGE_SERVICE, token=self.token)

@@ -31,13 +31,12 @@ from prometheus_client import CollectorRegistry, Counter, Histogram
 
 from dmsc.data.corpus import Corpus
 from dmsc.data.shards import read_shard
+from dmsc.runtime.compute import tp_worker
 from dmsc.runtime.compute.checkpoints import (
     CheckpointError,
     checkpoint_sha256,
-    load_state,
     read_state,
     verify_checkpoint,
-    write_checkpoint,
 )
 from dmsc.runtime.compute.config import WorkerConfig
 from dmsc.runtime.compute.devices import autocast_dtype, stage_device
@@ -47,7 +46,6 @@ from dmsc.runtime.compute.gradient_sync import GradientSync, LinkShaper
 from dmsc.runtime.compute.inbox import Inbox
 from dmsc.runtime.compute.models.attention import StageCache
 from dmsc.runtime.compute.models.chain import tied_weight
-from dmsc.runtime.compute.models.hf import stage_module
 from dmsc.runtime.compute.outer_sync import (
     ReplicaSync,
     make_optimizer,
@@ -116,7 +114,7 @@ class StageWorker:
         self.device = stage_device(cfg.device)
         self.autocast = autocast_dtype(self.spec, self.device)
         # built (or read from its checkpoint) on the host, then moved: the float32 master copy
-        self.module = stage_module(self.spec, cfg.seed, cfg.first, cfg.last).to(self.device)
+        self.module = tp_worker.stage(self.spec, cfg).to(self.device)  # its tp rank's shard
         self.optimizer = make_optimizer("adamw", self.module, cfg.lr)
         self.sync: ReplicaSync | None = None  # a task's sync mode, other than plain averaging
         self.sync_held: dict[str, torch.Tensor] = {}  # its round state, as last loaded
@@ -146,6 +144,7 @@ class StageWorker:
             cfg.token,
             self.device,
             {int(k): LinkShaper(v) for k, v in cfg.pp_link_mbps.items()},
+            cfg.tp_rank,
         )
         self.grads = GradientSync(cfg, self.module, self.peers, self.inbox)
         self.bytes_reported = 0  # of self.grads.link.bytes, by the last Commit
@@ -161,6 +160,7 @@ class StageWorker:
             kind="spare" if self.cfg.spare else "stage",
             stage=self.cfg.stage,
             replica=self.cfg.replica,
+            tp_rank=self.cfg.tp_rank,
             address=self.address,
             datacenter=self.cfg.datacenter,
             epoch=self.cfg.epoch,
@@ -453,10 +453,10 @@ class StageWorker:
             raise BadRequest(f"save: {path} is outside the deployment directory {root}")
         with self._lock:
             extra = self.sync.state() if self.sync is not None else {}
-            names = write_checkpoint(
-                path, self.spec, self.module, self.optimizer, self.steps_done, extra
-            )
-        return {"path": str(path), "sha256": checkpoint_sha256(path), "tensors": names}
+            args = (self.spec, self.cfg, self.module, self.optimizer, self.steps_done, extra)
+            names = tp_worker.write(path, *args)  # tp > 1: gathered, rank 0 writes
+        sha = checkpoint_sha256(path) if names else ""
+        return {"path": str(path), "sha256": sha, "tensors": names}
 
     def load(self, m: msg.Load) -> dict[str, Any]:
         """Load a checkpoint; one that is missing, fails its hash or cannot be read is refused
@@ -469,7 +469,8 @@ class StageWorker:
             with self._lock:
                 if kind != optimizer_kind(self.optimizer):
                     self.optimizer = make_optimizer(kind, self.module, self.cfg.lr)
-                self.steps_done = load_state(state, self.spec, self.module, self.optimizer)
+                args = (self.spec, self.cfg, self.module, self.optimizer)
+                self.steps_done = tp_worker.load(state, *args)  # tp > 1: this rank's shard
                 self.sync_held = {
                     k: v for k, v in state.moments.items() if k.startswith("dmsc.sync.")
                 }

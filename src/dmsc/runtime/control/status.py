@@ -20,15 +20,20 @@ HEALTH_TIMEOUT_S = 3.0
 
 def services(dep: Deployment) -> list[dict[str, Any]]:
     """Every serving worker: address, pid, whether it answers, registered, last heartbeat."""
-    handles = list(dep.handles)
+    ranks = dep.tp.handles  # a replica's tensor-parallel ranks past the first
+    handles = sorted([*dep.handles, *ranks], key=lambda h: (key_of(h), h.config.tp_rank))
     silent = dep.probe(HEALTH_TIMEOUT_S)
+    silent_ranks = dep.tp.silent(HEALTH_TIMEOUT_S) if ranks else set()
     out: list[dict[str, Any]] = [
         {
             "sid": h.config.sid,
             "stage": h.config.stage,
             "replica": h.config.replica,
+            "tp_rank": h.config.tp_rank,
             "address": h.address,
-            "health": "unreachable" if key_of(h) in silent else "ok",
+            "health": "unreachable"
+            if (h.config.sid in silent_ranks if h.config.tp_rank else key_of(h) in silent)
+            else "ok",
             "pid": h.process.pid,
             "node": getattr(h.process, "ip", "local"),
         }

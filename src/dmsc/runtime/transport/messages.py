@@ -243,6 +243,7 @@ class Register(Message):
     stage: Annotated[int, Field(ge=0)]
     address: Annotated[str, Field(min_length=1, max_length=256)]
     replica: Annotated[int, Field(ge=0)] = 0
+    tp_rank: Annotated[int, Field(ge=0)] = 0  # its rank in its replica's tensor-parallel group
     model_version: str = "0"
     datacenter: str = "local"
     capacity: Annotated[float, Field(ge=0)] = 1.0

@@ -71,6 +71,7 @@ class ServiceState(Reply):
     sid: str
     stage: int
     replica: int
+    tp_rank: int = 0  # its rank in its replica's tensor-parallel group
     address: str
     health: Literal["ok", "unreachable"]
     pid: int

@@ -9,7 +9,9 @@
   snapshot of it (:class:`~.layout.Checkpoint`); :mod:`.staging` writes a checkpoint folder
   whole or not at all.
 - :mod:`.deployment`: the :class:`~.deployment.Deployment` (stage workers, their registry, a
-  step, a forward, a checkpoint); it decodes a request token by token with :mod:`.decoding`,
+  step, a forward, a checkpoint); :mod:`.tp_ranks` keeps each replica's tensor-parallel ranks
+  past the first (every call to a replica goes to all its ranks) and the TCPStore where their
+  process groups meet; it decodes a request token by token with :mod:`.decoding`,
   which draws each token with :mod:`.sampling`.
 - :mod:`.failures` finds failed workers; :mod:`.fallback` picks the newest checkpoint that
   verifies; :mod:`.recovery` brings failed workers back (for training and for serving).
@@ -20,7 +22,7 @@ Decoding and sampling are here, not in :mod:`..serving`, because
 builds on this one, and this one on none of them.
 
 Imports run one way, down this list (each module imports only modules on later lines):
-``recovery, signals -> fallback -> deployment -> decoding, staging, spares -> failures,
+``recovery, signals -> fallback -> deployment -> decoding, staging, spares, tp_ranks -> failures,
 sampling, layout -> launchers -> forked``, and
 ``ray_private -> ray_launcher -> ray_checks, launchers``.
 """

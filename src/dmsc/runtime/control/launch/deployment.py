@@ -1,6 +1,6 @@
 """The Service Mesh Orchestrator: deploys stage workers, hosts the registry, drives the steps.
 
-A :class:`Deployment` starts one worker process per stage replica through a
+A :class:`Deployment` starts one worker process per stage replica and tp rank through a
 :class:`~dmsc.runtime.control.launch.launchers.Launcher` (the local one by default), waits until
 each has registered, then runs training steps (tokens to the first stage, targets to the last, every
 replica's ``RunStep`` at once, then ``Commit`` everywhere), evaluation and sampling, and saves and
@@ -29,6 +29,7 @@ import uuid
 from collections.abc import Callable, Collection, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import replace
+from itertools import product
 from pathlib import Path
 from typing import Any
 
@@ -43,6 +44,7 @@ from dmsc.runtime.control.launch.failures import Key, StepRestartNeeded, key_of
 from dmsc.runtime.control.launch.launchers import Launcher, LocalLauncher, WorkerHandle
 from dmsc.runtime.control.launch.layout import Checkpoint, StageLayout
 from dmsc.runtime.control.launch.spares import SparePool
+from dmsc.runtime.control.launch.tp_ranks import TensorRanks
 from dmsc.runtime.transport import logs
 from dmsc.runtime.transport.messages import (
     DEFAULT_GRAD_WAIT_S,
@@ -90,6 +92,7 @@ class Deployment:
         self.token = secrets.token_urlsafe(24)
         # the launcher says where workers can reach the registry (this machine's address)
         host = getattr(self.launcher, "control_host", "127.0.0.1")
+        self.tp = TensorRanks(layout.tp, host, spares)  # a replica's ranks past the first
         self.server, port = serve(
             REGISTRY_SERVICE, registry_methods(self.registry), f"{host}:0", token=self.token
         )
@@ -112,16 +115,16 @@ class Deployment:
         )
         self.local_batch = 0  # a replica's batch from its own shard (control.training.local_data)
         self.threads = ThreadPoolExecutor(
-            max_workers=max(4, 2 * len(layout.ranges) * layout.replicas)
+            max_workers=max(4, 2 * len(layout.ranges) * layout.replicas * layout.tp)
         )
 
     @property
     def stages(self) -> int:
         return len(self.layout.ranges)
 
-    def sid(self, stage: int, replica: int) -> str:
+    def sid(self, stage: int, replica: int, tp_rank: int = 0) -> str:
         base = self.layout.sids[stage] if stage < len(self.layout.sids) else f"stage{stage}"
-        return f"{base}-r{replica}"
+        return f"{base}-r{replica}" + (f"-t{tp_rank}" if self.layout.tp > 1 else "")
 
     def handle(self, key: Key) -> WorkerHandle:
         return next(h for h in self.handles if key_of(h) == key)
@@ -130,11 +133,11 @@ class Deployment:
         """The workers of one replica's pipeline, first stage first."""
         return [(s, replica) for s in range(self.stages)]
 
-    def config(self, stage: int, replica: int) -> WorkerConfig:
-        """The configuration of the worker at (stage, replica), at the current epoch."""
+    def config(self, stage: int, replica: int, tp_rank: int = 0) -> WorkerConfig:
+        """The configuration of the worker at (stage, replica, tp rank), at the current epoch."""
         lay = self.layout
         first, last = lay.ranges[stage]
-        sid = self.sid(stage, replica)
+        sid = self.sid(stage, replica, tp_rank)
         return WorkerConfig(
             sid=sid,
             stage=stage,
@@ -145,6 +148,9 @@ class Deployment:
             registry=self.registry_address,
             replica=replica,
             replicas=lay.replicas,
+            tp=lay.tp,
+            tp_rank=tp_rank,
+            tp_store=self.tp.address,
             seed=lay.seed,
             lr=lay.lr,
             epoch=self.epoch,
@@ -175,12 +181,15 @@ class Deployment:
         self.epochs[key] = h.config.epoch
 
     def start(self) -> None:
-        cfgs = [self.config(s, r) for s in range(self.stages) for r in range(self.layout.replicas)]
+        ranks = product(range(self.stages), range(self.layout.replicas), range(self.layout.tp))
+        cfgs = [self.config(*k) for k in ranks]
         cfgs += [self.spares.new_config() for _ in range(self.spares.wanted)]
         self.launcher.prepare(cfgs)
-        for h in self.launch(cfgs):
+        for h in self.launch(cfgs):  # a replica's ranks all at once: they meet in a group
             if h.config.spare:
                 self.spares.add(h)
+            elif h.config.tp_rank:
+                self.tp.adopt(h, self.token)
             else:
                 self.adopt(h)
 
@@ -206,14 +215,15 @@ class Deployment:
         """Send ``method`` to every worker of ``keys`` without waiting; ``message(epoch)``
         builds each one's request with the epoch that worker serves."""
         return {
-            k: self.clients[k].send_future(method, message(self.epochs[k]), timeout_s) for k in keys
+            k: self.tp.send(k, self.clients[k], method, message(self.epochs[k]), timeout_s)
+            for k in keys
         }
 
     # -- data in ----------------------------------------------------------------------------
     def push(self, key: Key, kind: Kind, step: int, mb: int, t: torch.Tensor, *t_s: float) -> Any:
         """Send a frame to ``key`` (within ``t_s`` seconds when given); its future."""
         frame = encode(kind, step, mb, t, self.epochs[key])
-        return self.clients[key].raw_future("Push", frame, *t_s)
+        return self.tp.fan(key, self.clients[key], lambda c: c.raw_future("Push", frame, *t_s))
 
     def feed(self, step: int, tokens: torch.Tensor, targets: torch.Tensor | None, m: int) -> None:
         """Tokens to each replica's first stage and targets to its last, ``m`` micro-batches
@@ -447,7 +457,7 @@ class Deployment:
     def move_to_epoch(self, keys: Collection[Key], epoch: int) -> list[Key]:
         """Abort the step in progress on ``keys`` and move them to ``epoch``; returns the
         workers that did not answer."""
-        futures = {k: self.clients[k].send_future("Abort", Abort(epoch=epoch), 5.0) for k in keys}
+        futures = self.calls("Abort", lambda _: Abort(epoch=epoch), keys, 5.0)
         lost = []
         for k, fut in futures.items():
             try:
@@ -464,6 +474,7 @@ class Deployment:
         self.spares.wait_refills()  # a spare being started must not outlive the deployment
         for h in [*self.handles, *self.spares.handles]:
             self.launcher.stop(h)
+        self.tp.stop(self.launcher)
         for h in [*self.abandoned, *self.spares.dead]:  # fenced (a frozen one ignores SIGTERM)
             with contextlib.suppress(Exception):
                 h.process.kill()

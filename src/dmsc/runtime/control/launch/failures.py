@@ -80,15 +80,18 @@ class Workers(Protocol):
 
 def suspects(ws: Workers, keys: Collection[Key] | None = None) -> dict[Key, str]:
     """Workers (of ``keys``, default all) that are not alive: exited, or silent in the registry
-    past its TTL."""
+    past its TTL. A replica's tensor-parallel rank past the first (``ws.tp.handles``, where
+    there are some) fails its replica's key."""
     out: dict[Key, str] = {}
     ttl = ws.registry.ttl_s
-    for h in ws.handles:
+    for h in [*ws.handles, *getattr(getattr(ws, "tp", None), "handles", [])]:
         key = key_of(h)
         if keys is not None and key not in keys:
             continue
         if not ws.launcher.alive(h):
-            out[key] = ws.launcher.exit_reason(h)
+            out[key] = ws.launcher.exit_reason(h) + (
+                f" (tp rank {h.config.tp_rank})" if h.config.tp_rank else ""
+            )
             continue
         age = ws.registry.heartbeat_age(h.config.sid)
         if age is None:

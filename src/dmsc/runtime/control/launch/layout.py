@@ -17,6 +17,7 @@ class StageLayout:
     model: TransformerSpec
     ranges: list[tuple[str, str]]  # first and last layer of each stage
     replicas: int = 1
+    tp: int = 1  # tensor-parallel ranks of each replica: one worker process each
     seed: int = 0
     lr: float = 1e-3
     sids: list[str] = field(default_factory=list)

@@ -57,18 +57,26 @@ class Recovery:
         return self.restored.lost
 
 
+def sids(dep: Deployment, key: Key) -> list[str]:
+    """The SIDs of the replica at ``key``: one, or one per tensor-parallel rank."""
+    return [dep.sid(*key, t) for t in range(dep.layout.tp)]
+
+
 def fence(dep: Deployment, keys: Collection[Key]) -> None:
     """Refuse the current instances at ``keys`` in the registry (their records go)."""
     for key in keys:
-        dep.registry.fence(dep.sid(*key), dep.epoch)
+        for sid in sids(dep, key):
+            dep.registry.fence(sid, dep.epoch)
 
 
 def replace(dep: Deployment, keys: Collection[Key]) -> None:
     """Fence the instances at ``keys`` and put replacements at the current epoch in their place
-    (warm spares first). The failed instances are kept to be reaped at shutdown."""
+    (warm spares first). The failed instances are kept to be reaped at shutdown. A
+    tensor-parallel replica is replaced whole: its ranks meet in a group of the new epoch."""
     fence(dep, keys)
     dep.abandoned.extend(dep.handle(key) for key in keys)
-    launch = []
+    launch = [dep.config(*k, t) for k in keys for t in range(1, dep.layout.tp)]
+    dep.abandoned.extend(h for k in keys for h in dep.tp.drop(k))
     for cfg in (dep.config(*k) for k in keys):
         taken = dep.spares.take(cfg)
         if taken is None:
@@ -76,7 +84,10 @@ def replace(dep: Deployment, keys: Collection[Key]) -> None:
         else:
             dep.adopt(taken)
     for h in dep.launch(launch):
-        dep.adopt(h)
+        if h.config.tp_rank:
+            dep.tp.adopt(h, dep.token)
+        else:
+            dep.adopt(h)
     dep.spares.refill(dep.threads)
 
 
@@ -98,7 +109,7 @@ def recover(
     restored = restore_newest(dep, candidates, group)
     ckpt = restored.checkpoint
     return Recovery(
-        failed=[dep.sid(*k) for k in sorted(failed)],
+        failed=[sid for k in sorted(failed) for sid in sids(dep, k)],
         reason=str(failure),
         detected_at=failure.at,
         recovered_at=time.time(),

@@ -14,6 +14,7 @@ from pydantic import TypeAdapter, ValidationError
 
 from dmsc.planner.plan import Plan
 from dmsc.runtime.compute.aggregators import parse_aggregator
+from dmsc.runtime.control.launch import tp_ranks
 from dmsc.runtime.transport.messages import (
     DEFAULT_LR,
     LatePolicy,
@@ -105,6 +106,8 @@ def task_params(req: TrainRequest, plan: Plan) -> TrainParams:
                 "sync.task_heads: the output layer is tied to the backbone's embedding, so a "
                 "head cannot be a replica's own"
             )
+    if (problem := tp_ranks.task_problem(plan.job.tp, plan.job.dp, dp, sync)) is not None:
+        raise ValueError(problem)
     if sync.local_data and (req.data is None or not Path(req.data).is_dir()):
         raise ValueError("sync.local_data: needs data, a directory of files to share out")
     fields = {k: getattr(req, k) for k in TrainParams.__dataclass_fields__ if k != "first_step"}

@@ -74,6 +74,7 @@ def layout_from_plan(
         model=model,
         ranges=[(st.chunks[0][0], st.chunks[-1][1]) for st in plan.stages],
         replicas=plan.job.dp,
+        tp=plan.job.tp,
         seed=seed,
         lr=lr,
         sids=[st.sid for st in plan.stages],

@@ -1,0 +1,155 @@
+"""The tensor-parallel ranks of a deployment's stage replicas, past the first.
+
+A replica planned with tp = N is N worker processes. Rank 0 is the replica's worker as the rest
+of the control layer knows it (its key, its client, its recovery); ranks 1 .. N-1 are kept here,
+and every call the deployment makes to a replica goes to all of its ranks at once
+(:meth:`TensorRanks.fan`): each rank takes the same frames and runs the same step on its shard,
+and the call is over when every rank answered (rank 0's reply stands for the replica's) or
+failed as soon as one rank failed. The ranks of a replica meet in a process group through the
+TCPStore hosted here (port 0: the system picks a free one; its address goes into each
+:class:`~dmsc.runtime.compute.config.WorkerConfig`).
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Callable
+from typing import Any
+
+import grpc
+import torch.distributed as dist
+from pydantic import BaseModel
+
+from dmsc.runtime.compute.outer_sync import plain_sync
+from dmsc.runtime.control.launch.failures import Key, key_of
+from dmsc.runtime.control.launch.launchers import Launcher, WorkerHandle
+from dmsc.runtime.transport.messages import STAGE_SERVICE, Health, SyncSettings
+from dmsc.runtime.transport.rpc import Client
+
+
+def task_problem(tp: int, planned_dp: int, dp: int, sync: SyncSettings) -> str | None:
+    """Why a training task cannot run on a deployment of ``tp`` ranks per replica (None: it
+    can): the sync modes keep round state that a gathered checkpoint does not carry, and a
+    change of dp starts replicas of one rank each."""
+    if tp == 1:
+        return None
+    if dp != planned_dp:
+        return f"dp: the deployment runs tp = {tp}; resizing it to dp = {dp} is not run"
+    if not plain_sync(sync) or sync.task_heads:
+        return (
+            f"sync: at tp = {tp} the replicas average every step's gradients, nothing else "
+            "(no rounds, compression, robust aggregators, privacy or task heads)"
+        )
+    return None
+
+
+class GroupFuture:
+    """The calls to every rank of a replica as one grpc-like future: done once every call is,
+    or one failed; its result is the first (rank 0's) reply."""
+
+    def __init__(self, futures: list[Any]) -> None:
+        self.futures = futures
+
+    def _failed(self) -> BaseException | None:
+        for f in self.futures:
+            if f.done() and f.exception() is not None:
+                return f.exception()  # type: ignore[no-any-return]
+        return None
+
+    def done(self) -> bool:
+        return all(f.done() for f in self.futures) or self._failed() is not None
+
+    def exception(self, timeout: float | None = None) -> BaseException | None:
+        failed = self._failed()
+        if failed is not None:
+            return failed
+        for f in self.futures:
+            exc = f.exception(timeout)
+            if exc is not None:
+                return exc  # type: ignore[no-any-return]
+        return None
+
+    def result(self, timeout: float | None = None) -> Any:
+        exc = self.exception(timeout)
+        if exc is not None:
+            raise exc
+        return self.futures[0].result()
+
+    def add_done_callback(self, fn: Callable[[Any], None]) -> None:
+        for f in self.futures:
+            f.add_done_callback(lambda _: fn(self))
+
+    def cancel(self) -> bool:
+        return all([f.cancel() for f in self.futures])
+
+
+class TensorRanks:
+    """Ranks 1 .. tp-1 of every replica (none at tp = 1) and the store their groups meet at."""
+
+    def __init__(self, tp: int, host: str = "127.0.0.1", spares: int = 0) -> None:
+        if tp < 1:
+            raise ValueError(f"tp must be at least 1, not {tp}")
+        if tp > 1 and spares:
+            raise ValueError(f"tp={tp}: warm spares do not take over a tensor-parallel rank")
+        self.tp = tp
+        self.store: Any = None  # a TCPStore (torch's stubs do not export the name)
+        self.address = ""
+        if tp > 1:
+            self.store = dist.TCPStore(  # type: ignore[attr-defined]
+                host, 0, is_master=True, wait_for_workers=False
+            )
+            self.address = f"{host}:{self.store.port}"
+        self.handles: list[WorkerHandle] = []
+        self.clients: dict[Key, list[Client]] = {}
+        self.by_sid: dict[str, Client] = {}
+
+    def adopt(self, h: WorkerHandle, token: str | None) -> None:
+        """Serve through ``h``, a rank past the first of its replica."""
+        self.handles.append(h)
+        self.handles.sort(key=lambda x: (key_of(x), x.config.tp_rank))
+        client = Client(h.address, STAGE_SERVICE, token=token)
+        self.clients.setdefault(key_of(h), []).append(client)
+        self.by_sid[h.config.sid] = client
+
+    def drop(self, key: Key) -> list[WorkerHandle]:
+        """Forget the ranks of the replica at ``key`` (being replaced); their handles."""
+        gone = [h for h in self.handles if key_of(h) == key]
+        self.handles = [h for h in self.handles if key_of(h) != key]
+        for h in gone:
+            self.by_sid.pop(h.config.sid, None)
+        for c in self.clients.pop(key, []):
+            c.close()
+        return gone
+
+    def silent(self, timeout_s: float) -> set[str]:
+        """The SIDs of the ranks that do not answer Health within ``timeout_s`` (asked at once)."""
+        futures = {
+            sid: c.send_future("Health", Health(), timeout_s) for sid, c in self.by_sid.items()
+        }
+        out = set()
+        for sid, fut in futures.items():
+            try:
+                fut.result()
+            except grpc.RpcError:
+                out.add(sid)
+        return out
+
+    def fan(self, key: Key, leader: Client, call: Callable[[Client], Any]) -> Any:
+        """``call`` on every rank of the replica at ``key`` (``leader``: rank 0's client); its
+        future (one :class:`GroupFuture` for several ranks)."""
+        others = self.clients.get(key, [])
+        first = call(leader)
+        return GroupFuture([first, *(call(c) for c in others)]) if others else first
+
+    def send(self, key: Key, leader: Client, method: str, m: BaseModel, timeout_s: float) -> Any:
+        """Send the message ``m`` to every rank of the replica at ``key``; its future."""
+        return self.fan(key, leader, lambda c: c.send_future(method, m, timeout_s))
+
+    def stop(self, launcher: Launcher) -> None:
+        for h in self.handles:
+            with contextlib.suppress(Exception):
+                launcher.stop(h)
+        for clients in self.clients.values():
+            for c in clients:
+                c.close()
+        self.store = None

@@ -1,0 +1,122 @@
+"""Deployments whose replicas are tensor-parallel groups of worker processes, on 127.0.0.1,
+against single-process training (the reference the pipeline tests use)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import torch
+from runtime_helpers import reference_losses
+
+from dmsc.data.corpus import Corpus, stdlib_text
+from dmsc.runtime.compute.checkpoints import read_checkpoint
+from dmsc.runtime.compute.models.hf import stage_module
+from dmsc.runtime.compute.outer_sync import make_optimizer
+from dmsc.runtime.control.launch import recovery
+from dmsc.runtime.control.launch.deployment import Deployment, StageLayout
+from dmsc.runtime.control.launch.failures import WorkerFailure
+from dmsc.runtime.transport.messages import Sampling
+from dmsc.spec import resolve_model
+
+SPEC = resolve_model("gpt-mini")
+STEPS = 3
+MICRO = 2
+WHOLE = [("embedding", "head")]
+TWO = [("embedding", "block_1"), ("block_2", "head")]
+
+
+def _batches() -> list[tuple[torch.Tensor, torch.Tensor]]:
+    train, _ = stdlib_text(max_bytes=200_000)
+    corpus = Corpus(train, SPEC.seq, seed=1)
+    return [corpus.batch(s, 4) for s in range(STEPS)]
+
+
+def test_tp2_trains_as_one_process_and_its_checkpoint_is_tp1(tmp_path) -> None:  # type: ignore[no-untyped-def]
+    """tp = 2 with one stage: two processes, SIDs with their tp rank, the reference's losses;
+    the checkpoint it saves is a tp = 1 stage file, and loading it back resumes the run."""
+    batches = _batches()
+    reference = reference_losses(SPEC, 0, 1e-3, batches, MICRO)
+    with Deployment(StageLayout(SPEC, WHOLE, tp=2), home=tmp_path) as dep:
+        sids = sorted(s.sid for s in dep.registry.lookup(stage=0))
+        assert sids == ["stage0-r0-t0", "stage0-r0-t1"]
+        losses = [dep.train_step(s, x, y, MICRO)["loss"] for s, (x, y) in enumerate(batches[:2])]
+        ckpt = dep.checkpoint(2)
+        losses.append(dep.train_step(2, *batches[2], MICRO)["loss"])
+        dep.restore(ckpt)  # back before step 2: the same step gives the same loss
+        again = dep.train_step(2, *batches[2], MICRO)["loss"]
+    assert max(abs(a - b) for a, b in zip(losses, reference, strict=True)) < 1e-4
+    assert abs(again - losses[2]) < 1e-6
+    # the file is the whole stage, optimizer included: it loads into a tp = 1 module, and a
+    # tp = 1 deployment restored from it takes step 2 as the tp = 2 one did
+    path, _ = ckpt.files[0]
+    module = stage_module(SPEC, 0, *WHOLE[0])
+    assert read_checkpoint(Path(path), SPEC, module, make_optimizer("adamw", module, 1e-3)) == 2
+    with Deployment(StageLayout(SPEC, WHOLE), home=tmp_path) as dep:
+        dep.restore(ckpt)
+        assert abs(dep.train_step(2, *batches[2], MICRO)["loss"] - losses[2]) < 1e-4
+
+
+def test_tp2_pp2_trains_as_one_process() -> None:
+    batches = _batches()
+    reference = reference_losses(SPEC, 0, 1e-3, batches, MICRO)
+    with Deployment(StageLayout(SPEC, TWO, tp=2)) as dep:
+        assert len(dep.tp.handles) == 2 and len(dep.handles) == 2
+        losses = [dep.train_step(s, x, y, MICRO)["loss"] for s, (x, y) in enumerate(batches)]
+    assert max(abs(a - b) for a, b in zip(losses, reference, strict=True)) < 1e-4
+
+
+def test_tp2_dp2_trains_as_one_process() -> None:
+    """Each tp rank averages its shard's gradients with the same rank of the other replica."""
+    batches = _batches()
+    reference = reference_losses(SPEC, 0, 1e-3, batches, MICRO)
+    with Deployment(StageLayout(SPEC, WHOLE, tp=2, replicas=2)) as dep:
+        losses = [dep.train_step(s, x, y, MICRO // 2)["loss"] for s, (x, y) in enumerate(batches)]
+    assert max(abs(a - b) for a, b in zip(losses, reference, strict=True)) < 1e-4
+
+
+def test_tp2_greedy_decoding_equals_one_process() -> None:
+    prompt, tokens, greedy = list(b"def f(x):"), 6, Sampling(temperature=0)
+    with Deployment(StageLayout(SPEC, WHOLE)) as dep:  # one process
+        want = dep.generate(prompt, tokens, sampling=greedy)
+    with Deployment(StageLayout(SPEC, TWO, tp=2)) as dep:  # four: two stages of two ranks
+        assert dep.generate(prompt, tokens, sampling=greedy) == want  # each rank caches its heads
+        assert dep.generate(prompt, tokens, sampling=greedy, use_cache=False) == want
+
+
+def test_spares_are_refused_at_tp2() -> None:
+    with pytest.raises(ValueError, match="warm spares do not take over a tensor-parallel rank"):
+        Deployment(StageLayout(SPEC, WHOLE, tp=2), spares=1)
+
+
+def test_a_lost_tp_rank_is_found_and_its_whole_group_replaced(tmp_path) -> None:  # type: ignore[no-untyped-def]
+    """Rank 1 of a replica killed: the step fails naming the replica, recovery starts both
+    ranks anew (a new rank 0 alone would wait for its group forever) and the run goes on from
+    the checkpoint with the reference's losses."""
+    batches = _batches()
+    reference = reference_losses(SPEC, 0, 1e-3, batches, MICRO)
+    with Deployment(StageLayout(SPEC, WHOLE, tp=2), home=tmp_path) as dep:
+        dep.train_step(0, *batches[0], MICRO)
+        ckpt = dep.checkpoint(1)
+        dep.tp.handles[0].process.kill()
+        with pytest.raises(WorkerFailure) as failure:
+            dep.train_step(1, *batches[1], MICRO)
+        assert failure.value.failed.keys() == {(0, 0)}
+        rec = recovery.recover(dep, failure.value, [ckpt])
+        assert rec.failed == ["stage0-r0-t0", "stage0-r0-t1"] and rec.checkpoint_step == 1
+        assert [h.config.epoch for h in [*dep.handles, *dep.tp.handles]] == [1, 1]
+        losses = [dep.train_step(s, *batches[s], MICRO)["loss"] for s in (1, 2)]
+    assert max(abs(a - b) for a, b in zip(losses, reference[1:], strict=True)) < 1e-4
+
+
+@pytest.mark.parametrize("name", ["llama-mini", "moe-mini"])
+def test_tp2_llama_and_mixtral_families_train_as_one_process(name: str) -> None:
+    """Grouped-query attention split by key/value heads, SwiGLU and each expert by units."""
+    spec = resolve_model(name)
+    train, _ = stdlib_text(max_bytes=200_000)
+    corpus = Corpus(train, spec.seq, seed=1)
+    batches = [corpus.batch(s, 4) for s in range(2)]
+    reference = reference_losses(spec, 0, 1e-3, batches, MICRO)  # type: ignore[arg-type]
+    with Deployment(StageLayout(spec, WHOLE, tp=2)) as dep:  # type: ignore[arg-type]
+        losses = [dep.train_step(s, x, y, MICRO)["loss"] for s, (x, y) in enumerate(batches)]
+    assert max(abs(a - b) for a, b in zip(losses, reference, strict=True)) < 1e-4
