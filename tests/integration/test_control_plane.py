@@ -132,7 +132,9 @@ def test_up_with_a_bad_plan(tmp_path: Path) -> None:
 
 def test_a_worker_that_cannot_start_shows_its_last_log_lines(tmp_path: Path) -> None:
     """``dmsc up`` when a stage worker dies at start: the error names the worker and shows the
-    end of its standard error, and nothing is left running."""
+    end of its standard error, and nothing is left running. The failure is injected at the start
+    of a fresh interpreter (``DMSC_WORKER_START=exec``); a forked worker's failed start is
+    tests/runtime/control/launch/test_launchers.py's."""
     plan = make_plan(tmp_path)
     inject = tmp_path / "inject"
     inject.mkdir()
@@ -148,7 +150,12 @@ def test_a_worker_that_cannot_start_shows_its_last_log_lines(tmp_path: Path) -> 
         capture_output=True,
         text=True,
         timeout=120,
-        env={**os.environ, "DMSC_HOME": str(tmp_path), "PYTHONPATH": path},
+        env={
+            **os.environ,
+            "DMSC_HOME": str(tmp_path),
+            "PYTHONPATH": path,
+            "DMSC_WORKER_START": "exec",
+        },
     )
     assert res.returncode == 2, res.stderr
     assert "the control plane failed to start" in res.stderr

@@ -57,7 +57,10 @@ def test_a_killed_worker_says_signal_9_to_every_thread_that_asks(
     monkeypatch.chdir(run)
     proc = _start(tmp_path, silent_registry, "forked-r0")
     assert proc.poll() is None
-    assert Path(f"/proc/{proc.pid}/cwd").resolve() == run.resolve()  # this moment's directory
+    cwd, deadline = Path(f"/proc/{proc.pid}/cwd"), time.monotonic() + 30
+    while cwd.resolve() != run.resolve():  # this moment's directory, once the child set it up
+        assert time.monotonic() < deadline, cwd.resolve()
+        time.sleep(0.01)
     with pytest.raises(subprocess.TimeoutExpired):
         proc.wait(timeout=0.05)
     os.kill(proc.pid, signal.SIGKILL)  # as dmsc chaos and the chaos tests do, by pid
