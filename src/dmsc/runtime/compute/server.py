@@ -55,6 +55,7 @@ from dmsc.runtime.compute.outer_sync import (
     plain_sync,
 )
 from dmsc.runtime.compute.peers import Peers
+from dmsc.runtime.compute.telemetry import Telemetry
 from dmsc.runtime.transport import messages as msg
 from dmsc.runtime.transport.messages import REGISTRY_SERVICE
 from dmsc.runtime.transport.observe import json_logger
@@ -101,12 +102,12 @@ class StageWorker:
         self.m_rejected = Counter(
             "dmsc_worker_rejected_messages_total", "Malformed messages", registry=self.metrics
         )
+        self.telemetry = Telemetry(self.metrics)  # CPU, memory, I/O of this process, its node
         self.inbox = Inbox(cfg.epoch)
         self.registry = Client(cfg.registry, REGISTRY_SERVICE, token=cfg.token)
         self._build(cfg)
         self._lock = threading.Lock()
-        self.address = ""
-        self.metrics_address = ""
+        self.address = self.metrics_address = ""
         self.log = log or json_logger(f"dmsc.worker.{cfg.sid}")
 
     def _build(self, cfg: WorkerConfig) -> None:
@@ -486,8 +487,8 @@ class StageWorker:
     def methods(self) -> dict[str, grpc.RpcMethodHandler]:
         return {
             "Push": bytes_handler(self.push),
-            "RunStep": message_handler(msg.RunStep, self.run_step),
-            "Health": message_handler(msg.Health, self.health),
+            "RunStep": message_handler(msg.RunStep, self.telemetry.traced(self.run_step)),
+            "Health": message_handler(msg.Health, self.telemetry.reported(self.health)),
             "Save": message_handler(msg.Save, self.save),
             "Load": message_handler(msg.Load, self.load),
             "Abort": message_handler(msg.Abort, self.abort),
