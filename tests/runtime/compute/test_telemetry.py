@@ -140,8 +140,9 @@ def test_memory_io_and_network_against_proc(tmp_path: Path) -> None:
 
 
 class FakeCuda:
-    """``torch.cuda`` as a process with two GPUs sees it: device 0 answers NVML, device 1 does
-    not (as without nvidia-ml-py). Every call is logged."""
+    """``torch.cuda`` as a process on a node of three GPUs sees it: it uses devices 0 and 1 (its
+    allocator holds memory there), device 2 is another worker's. Device 0 answers NVML, device 1
+    does not (as without nvidia-ml-py). Every call is logged."""
 
     def __init__(self, initialized: bool = True) -> None:
         self.initialized = initialized
@@ -156,7 +157,7 @@ class FakeCuda:
 
     def device_count(self) -> int:
         assert self.initialized, "device_count before CUDA was initialised"
-        return 2
+        return 3
 
     def _log(self, name: str, i: int) -> None:
         assert self.initialized, f"{name} before CUDA was initialised"
@@ -168,7 +169,7 @@ class FakeCuda:
 
     def memory_reserved(self, i: int) -> int:
         self._log("memory_reserved", i)
-        return (i + 2) << 30
+        return (i + 2) << 30 if i < 2 else 0
 
     def max_memory_allocated(self, i: int) -> int:
         self._log("max_memory_allocated", i)
@@ -208,9 +209,13 @@ def test_gpus_through_a_fake_torch_cuda() -> None:
             "utilization_percent": None,  # unknown, not 0
         },
     ]
+    assert all(i < 2 for name, i in cuda.calls if name != "memory_reserved")  # not device 2's
     cuda.calls.clear()
     start = t.step_start()
-    assert cuda.calls == [("reset_peak_memory_stats", 0), ("reset_peak_memory_stats", 1)]
+    assert [c for c in cuda.calls if c[0] == "reset_peak_memory_stats"] == [
+        ("reset_peak_memory_stats", 0),
+        ("reset_peak_memory_stats", 1),
+    ]
     assert t.step_end(start)["gpu_peak_bytes"] == 8 << 30
     samples = {
         (s.name, s.labels.get("device")): s.value

@@ -3,8 +3,8 @@
 psutil reads the worker process's CPU time, resident memory (RSS) and storage I/O, and its node's
 CPU, memory and network counters; ``torch.cuda`` reads the GPU memory the process holds and, where
 ``nvidia-ml-py`` is installed (``torch.cuda.utilization`` needs it; dmsc does not require it), each
-GPU's utilisation. A process that has not initialised CUDA is never made to: a CPU worker reports
-no GPU.
+GPU's utilisation, for the GPUs this process holds memory on. A process that has not initialised
+CUDA is never made to: a CPU worker reports no GPU.
 
 Three readers, each through :class:`Telemetry`:
 
@@ -171,12 +171,13 @@ class Telemetry:
             "net_recv_bytes_s": self.rates["net_recv_bytes_s"],
         }
 
-    def _cuda_devices(self) -> range:
-        """The CUDA devices this process may read (none until it initialised CUDA itself)."""
+    def _cuda_devices(self) -> list[int]:
+        """The CUDA devices this process uses: those its allocator holds memory on (none until
+        it initialised CUDA itself; a GPU of the node that another worker uses is not ours)."""
         c = self.cuda
         if not (c.is_available() and c.is_initialized()):
-            return range(0)
-        return range(c.device_count())
+            return []
+        return [i for i in range(c.device_count()) if c.memory_reserved(i) > 0]
 
     def gpus(self) -> list[dict[str, Any]]:
         """Each CUDA device: the memory this process's allocator holds, the device's memory and
