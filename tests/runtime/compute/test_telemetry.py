@@ -263,3 +263,19 @@ def test_the_collector_scrapes_what_the_readings_say(name: str) -> None:
     )
     want = proc_rss() if "rss" in name else t.node()["memory_total_bytes"]
     assert abs(value - want) < 4 << 20
+
+
+def test_a_reading_that_fails_never_fails_the_step_or_health() -> None:
+    """psutil raises when /proc cannot be read (a hardened container): the step and the Health
+    answer go through without telemetry."""
+    import psutil
+
+    t = Telemetry(window_s=0)
+
+    class Refused:
+        def __getattr__(self, name: str) -> Any:
+            raise psutil.AccessDenied(os.getpid())
+
+    t.proc = Refused()  # type: ignore[assignment]
+    assert t.traced(lambda m: {"stage": 0})(SimpleNamespace(train=True)) == {"stage": 0}
+    assert t.reported(lambda m: {"status": "ok"})(None) == {"status": "ok"}

@@ -31,7 +31,7 @@ import threading
 import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, TypeVar
 
 import psutil
 import torch
@@ -224,29 +224,45 @@ class Telemetry:
         }
 
     def traced(self, run_step: Handler) -> Handler:
-        """``RunStep`` whose training replies carry ``telemetry`` (:meth:`step_end`)."""
+        """``RunStep`` whose training replies carry ``telemetry`` (:meth:`step_end`); a reading
+        that fails leaves it out and never fails the step."""
 
         @functools.wraps(run_step)
         def run(m: Any) -> dict[str, Any]:
             if not getattr(m, "train", False):
                 return run_step(m)
-            start = self.step_start()
+            start = _quietly(self.step_start)
             out = run_step(m)
-            out["telemetry"] = self.step_end(start)
+            if start is not None and (use := _quietly(lambda: self.step_end(start))) is not None:
+                out["telemetry"] = use
             return out
 
         return run
 
     def reported(self, health: Handler) -> Handler:
-        """``Health`` whose reply carries ``telemetry`` (:meth:`snapshot`)."""
+        """``Health`` whose reply carries ``telemetry`` (:meth:`snapshot`); a reading that fails
+        leaves it out: a worker that answers is never taken for a stuck one because of it."""
 
         @functools.wraps(health)
         def answer(m: Any) -> dict[str, Any]:
             out = health(m)
-            out["telemetry"] = self.snapshot()
+            if (seen := _quietly(self.snapshot)) is not None:
+                out["telemetry"] = seen
             return out
 
         return answer
+
+
+T = TypeVar("T")
+
+
+def _quietly(read: Callable[[], T]) -> T | None:
+    """``read()``, or None when the counters cannot be read (psutil, the OS or the GPU's
+    driver refused): telemetry is never the reason a step or a Health call fails."""
+    try:
+        return read()
+    except Exception:  # psutil.Error, OSError, a CUDA or NVML error: all the same here
+        return None
 
 
 # (metric, the reading's key, kind, help): the process's, then its node's, then each GPU's
