@@ -270,7 +270,8 @@ def test_a_reading_that_fails_never_fails_the_step_or_health() -> None:
     answer go through without telemetry."""
     import psutil
 
-    t = Telemetry(window_s=0)
+    reg = CollectorRegistry()
+    t = Telemetry(reg, window_s=0)
 
     class Refused:
         def __getattr__(self, name: str) -> Any:
@@ -279,3 +280,6 @@ def test_a_reading_that_fails_never_fails_the_step_or_health() -> None:
     t.proc = Refused()  # type: ignore[assignment]
     assert t.traced(lambda m: {"stage": 0})(SimpleNamespace(train=True)) == {"stage": 0}
     assert t.reported(lambda m: {"status": "ok"})(None) == {"status": "ok"}
+    scraped = generate_latest(reg).decode()  # a scrape too: the node's readings, not the process's
+    assert "\ndmsc_node_memory_total_bytes " in scraped  # a sample line, not only its HELP
+    assert "\ndmsc_worker_memory_rss_bytes " not in scraped

@@ -359,14 +359,17 @@ class _Collector(Collector):
         self.t = t
 
     def collect(self) -> Iterator[Metric]:
-        for table, reading in ((_PROCESS, self.t.process()), (_NODE, self.t.node())):
+        for table, reading in (
+            (_PROCESS, _quietly(self.t.process)),
+            (_NODE, _quietly(self.t.node)),
+        ):
             for name, key, kind, doc in table:
                 family = GaugeMetricFamily if kind == "gauge" else CounterMetricFamily
                 m = family(name, doc)
-                if reading[key] is not None:
+                if reading is not None and reading[key] is not None:
                     m.add_metric([], reading[key])
                 yield m
-        gpus = self.t.gpus()
+        gpus = _quietly(self.t.gpus) or []
         for name, key, _, doc in _GPU if gpus else ():
             g = GaugeMetricFamily(name, doc, labels=["device"])
             for d in gpus:
