@@ -57,8 +57,10 @@ def test_workers_report_their_use_per_step_in_health_and_in_their_metrics(
             assert set(out["telemetry"]) == set(dep.clients)  # every worker, every step
             for k, use in out["telemetry"].items():
                 assert use["cpu_percent"] > 0 and use["gpu_peak_bytes"] is None
+                # RSS at the end of RunStep, between ours before the step and after its Commit
+                # (what the step allocates for a moment, and frees, may stand out of that range)
                 low, high = sorted((before[k], rss_of(pids[k])))
-                assert low - SLACK <= use["rss_bytes"] <= high + SLACK, (k, use, low, high)
+                assert low - 4 * SLACK <= use["rss_bytes"] <= high + 4 * SLACK, (k, use, low, high)
 
         time.sleep(1.2)  # a window of the CPU percentages closed since the workers started
         for k, c in dep.clients.items():
@@ -77,13 +79,13 @@ def test_workers_report_their_use_per_step_in_health_and_in_their_metrics(
                 "dmsc_node_memory_used_bytes",
             ):
                 assert f"# HELP {name} " in scraped and f"# TYPE {name} gauge" in scraped
-            assert abs(value["dmsc_worker_memory_rss_bytes"] - ours_rss) < SLACK
-            assert abs(value["dmsc_worker_cpu_seconds_total"] - ours_cpu) < 0.5
+            assert abs(value["dmsc_worker_memory_rss_bytes"] - ours_rss) < SLACK, (k, ours_rss)
+            assert abs(value["dmsc_worker_cpu_seconds_total"] - ours_cpu) < 0.5, (k, ours_cpu)
             assert value["dmsc_node_memory_total_bytes"] == mem_total()
             assert 0 <= value["dmsc_node_cpu_percent"] <= 100
             assert "dmsc_worker_gpu_memory_allocated_bytes" not in value  # a CPU worker
             seen = health["telemetry"]
-            assert abs(seen["process"]["rss_bytes"] - ours_rss) < SLACK
+            assert abs(seen["process"]["rss_bytes"] - ours_rss) < SLACK, (k, seen, ours_rss)
             assert seen["node"]["memory_total_bytes"] == mem_total() and seen["gpus"] == []
 
         services, nodes = status.survey(dep)
