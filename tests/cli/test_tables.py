@@ -157,8 +157,23 @@ def test_status_keeps_pids_and_nodes_whole(ray: bool, printed: list[Table]) -> N
                 "heartbeat_age_s": 0.4,
                 "pid": 26743 + s,
                 **({"node": f"192.168.0.{2 + s}"} if ray else {}),
+                "cpu_percent": 97.4 + s,
+                "rss_bytes": 312_000_000 + s * 1_000_000,
             }
             for s in range(2)
+        ],
+        "nodes": [
+            {
+                "node": "local",
+                "host": "box",
+                "cpus": 2,
+                "cpu_percent": 88.0,
+                "memory_used_bytes": 3.5e9,
+                "memory_total_bytes": 25.3e9,
+                "workers": 2,
+                "workers_cpu_percent": 195.8,
+                "workers_rss_bytes": 625e6,
+            }
         ],
         "tasks": [{"id": 1, "kind": "train", "state": "running"}],
         "faults": [],
@@ -168,6 +183,9 @@ def test_status_keeps_pids_and_nodes_whole(ray: bool, printed: list[Table]) -> N
     text = buf.getvalue()
     assert_whole(printed, text)
     assert "26743" in text and "26744" in text
+    # each worker's CPU % and memory, then the node's totals
+    assert "97" in text and "98" in text and "312.00 MB" in text and "313.00 MB" in text
+    assert "25.30" in text and "196" in text and "625.00" in text and "busy %" in text
     if ray:
         assert "192.168.0.2" in text and "192.168.0.3" in text
 

@@ -85,6 +85,17 @@ def test_the_dashboard_in_a_browser(tmp_path: Path, browser: Any) -> None:
         # the topology and the running services
         wait_for(lambda: all(s in _text(browser, "services") for s in sids), 20, "services")
         assert "dc-0" in _text(browser, "datacenters")
+        # each worker's CPU % and memory, and the machine under them: its memory as /proc says
+        rows = _text(browser, "services").splitlines()
+        assert rows[0].upper().endswith("PID CPU % MEMORY")
+        page = os.sysconf("SC_PAGE_SIZE")
+        for row in rows[1:]:  # ... PID CPU% N MB: the RSS of that pid as /proc says
+            pid, _cpu, mb = re.fullmatch(r".* (\d+) (\d+) ([\d.]+) MB", row).groups()  # type: ignore[union-attr]
+            rss = int(Path(f"/proc/{pid}/statm").read_text().split()[1]) * page
+            assert abs(float(mb) * 1e6 - rss) < 16e6, (row, rss)
+        total = int(Path("/proc/meminfo").read_text().split()[1]) * 1024
+        wait_for(lambda: f"{total / 1e9:.2f} GB" in _text(browser, "nodes"), 20, "the nodes")
+        assert "BUSY %" in _text(browser, "nodes").upper() and "local" in _text(browser, "nodes")
         browser.save_screenshot(str(shots / "dashboard-overview.png"))
         assert _errors(browser) == []
 

@@ -228,6 +228,9 @@ def test_dmsc_up_with_the_ray_launcher_as_a_user_runs_it(cluster: Any, tmp_path:
     try:
         status = json.loads(dmsc(tmp_path, "status", "--json").stdout)
         assert [s["node"] for s in status["services"]] == ["127.0.0.1"] * len(stages)
+        # each worker's memory, and the node's totals under the Ray node's name
+        assert all(s["rss_bytes"] > 50 << 20 for s in status["services"])
+        assert [(n["node"], n["workers"]) for n in status["nodes"]] == [("127.0.0.1", len(stages))]
         # `dmsc chaos` reaches the worker through the control plane's launcher (Ray)
         res = dmsc(tmp_path, "chaos", "--kill-worker", "stage=1", "--watch", "60", "--json")
         assert res.returncode == 0, res.stderr

@@ -328,9 +328,16 @@ def status(as_json: JsonOpt = False) -> None:
 
 def print_status(console: Console, out: StatusReply) -> None:
     """The Status answer as tables; SIDs and addresses whole on any terminal width."""
-    from dmsc.cli.render import fit_table
+    from dmsc.cli.render import fit_table, human_bytes
+
+    def size(n: float | None) -> str:
+        return "-" if n is None else human_bytes(n)
+
+    def pct(x: float | None) -> str:
+        return "-" if x is None else f"{x:.0f}"
 
     ray = any(s.node != "local" for s in out.services)  # Ray: show nodes
+    gpu = any(s.gpu_memory_bytes is not None for s in out.services)
     t = fit_table(
         "SID",
         "stage",
@@ -339,6 +346,9 @@ def print_status(console: Console, out: StatusReply) -> None:
         "health",
         "last heartbeat",
         "pid",
+        "CPU %",
+        "memory",
+        *(["GPU memory"] if gpu else []),
         *(["node"] if ray else []),
         keep=(0, 3),
         title=f"run {out.run}: {out.model}, {out.steps} steps trained"
@@ -355,9 +365,38 @@ def print_status(console: Console, out: StatusReply) -> None:
             s.health,
             beat,
             str(s.pid),
+            pct(s.cpu_percent),
+            size(s.rss_bytes),
+            *([size(s.gpu_memory_bytes)] if gpu else []),
             *([s.node] if ray else []),
         )
     console.print(t)
+    if out.nodes:
+        nt = fit_table(
+            "node",
+            "cores",
+            "busy %",
+            "memory used",
+            "workers",
+            "their CPU %",
+            "their memory",
+            *(["their GPU memory"] if gpu else []),
+            title="nodes",
+            caption="a worker's CPU %: of one core (above 100 with several busy); "
+            "a node's busy %: of all its cores; both over the last second",
+        )
+        for n in out.nodes:
+            nt.add_row(
+                n.node if n.host is None or n.node == n.host else f"{n.node} ({n.host})",
+                pct(n.cpus),
+                pct(n.cpu_percent),
+                f"{size(n.memory_used_bytes)} of {size(n.memory_total_bytes)}",
+                str(n.workers),
+                pct(n.workers_cpu_percent),
+                size(n.workers_rss_bytes),
+                *([size(n.workers_gpu_memory_bytes)] if gpu else []),
+            )
+        console.print(nt)
     if out.weights_lost:
         console.print(f"[bold red]weights not restored:[/] {out.weights_lost}", highlight=False)
     if out.tasks:

@@ -388,6 +388,7 @@ def tasks_show(
     """One task: its parameters, state, and the steps it has recorded."""
     from dmsc.cli.database import open_database
     from dmsc.data.db import TaskRecord
+    from dmsc.data.traces import worker_usage
 
     db = open_database()
     with db.sessions() as s:
@@ -399,16 +400,35 @@ def tasks_show(
     if metrics:
         out["steps_recorded"] = len(metrics)
         out["last_step"], out["last_loss"] = metrics[-1].step, metrics[-1].loss
+    # what each worker's process used over the steps (dmsc.runtime.compute.telemetry)
+    usage = {k: u for k, u in worker_usage(db, task_id).items() if u["steps"]}
+    if usage:
+        out["workers"] = usage
     if as_json:
         print(json.dumps(out))
         return
     out["attempts"] = f"{task.attempts} of {task.max_attempts}"
+    for key, u in out.pop("workers", {}).items():
+        out[f"worker {key}"] = _usage_words(u)
     t = FoldTable(show_header=False, box=None, padding=(0, 1, 0, 0))
     t.add_column(style="bold", no_wrap=True)
     t.add_column(overflow="fold")
     for k, v in out.items():
         t.add_row(k, Text(_words(v)))
     console.print(t)
+
+
+def _usage_words(u: dict[str, Any]) -> str:
+    """A worker's use over a task's steps in words (``tasks show``)."""
+    from dmsc.cli.render import human_bytes
+
+    words = f"{u['steps']} steps measured, CPU {u['cpu_percent_mean']:.0f}% of a core on average"
+    words += f" ({u['cpu_percent_max']:.0f}% at most)"
+    if u["rss_bytes_max"] is not None:
+        words += f", memory {human_bytes(u['rss_bytes_max'])} at most"
+    if u["gpu_peak_bytes_max"] is not None:
+        words += f", GPU memory {human_bytes(u['gpu_peak_bytes_max'])} at the peak"
+    return words
 
 
 def _words(value: Any) -> str:

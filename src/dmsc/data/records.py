@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import datetime as dt
 
-from sqlalchemy import ForeignKey, String
+from sqlalchemy import BigInteger, ForeignKey, String
 from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column
 
 
@@ -105,6 +105,11 @@ class StepTraceRecord(Base):
     compute_s: Mapped[float]
     spans_json: Mapped[str] = mapped_column(default="[]")  # [[op, micro-batch, t0, t1], ...]
     sent_json: Mapped[str] = mapped_column(default="{}")  # {"STAGE/REPLICA": bytes}
+    # the worker process's CPU % over its part of the step, its RSS at the end, and (on a GPU) the
+    # memory torch allocated at the step's peak (dmsc.runtime.compute.telemetry); None: not known
+    cpu_percent: Mapped[float | None]
+    rss_bytes: Mapped[int | None] = mapped_column(BigInteger)
+    gpu_peak_bytes: Mapped[int | None] = mapped_column(BigInteger)
 
 
 class ModelVersionRecord(Base):

@@ -2,9 +2,12 @@
 
 Each worker answers a training step with the spans of its forward and backward ops (micro-batch,
 start and end on the wall clock) and the bytes it pushed to each peer; the control plane keeps
-them, a row per worker and step (:class:`~dmsc.data.db.StepTraceRecord`). From them come the
-measured pipeline Gantt of recent steps, the traffic per stage boundary and per data-parallel
-exchange, and the measurements the functional modules forecast from.
+them, a row per worker and step (:class:`~dmsc.data.db.StepTraceRecord`), with what the worker's
+process used meanwhile: its CPU % over the step, its resident memory at the end and, on a GPU, the
+memory torch allocated at the step's peak (:mod:`dmsc.runtime.compute.telemetry`). From them come
+the measured pipeline Gantt of recent steps, the traffic per stage boundary and per data-parallel
+exchange, the measurements the functional modules forecast from, and each worker's use of its
+machine over a task (:func:`worker_usage`).
 """
 
 from __future__ import annotations
@@ -14,7 +17,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from sqlalchemy import select
+from sqlalchemy import func, select
 
 from dmsc.data.db import Database, StepTraceRecord, TaskRecord
 
@@ -31,6 +34,9 @@ class StepTrace:
     compute_s: float
     spans: list[tuple[str, int, float, float]]  # (op "F"/"B", micro-batch, start, end)
     sent: dict[Key, int]  # bytes to each peer (stage, replica)
+    cpu_percent: float | None = None  # the worker process's, over its part of the step
+    rss_bytes: int | None = None  # its resident memory at the end of the step
+    gpu_peak_bytes: int | None = None  # the GPU memory torch allocated at the step's peak
 
     @classmethod
     def of(cls, rec: StepTraceRecord) -> StepTrace:
@@ -41,7 +47,8 @@ class StepTrace:
         spans = [
             (str(op), int(mb), float(a), float(b)) for op, mb, a, b in json.loads(rec.spans_json)
         ]
-        return cls(rec.step, rec.stage, rec.replica, rec.compute_s, spans, sent)
+        use = (rec.cpu_percent, rec.rss_bytes, rec.gpu_peak_bytes)
+        return cls(rec.step, rec.stage, rec.replica, rec.compute_s, spans, sent, *use)
 
 
 def add_step_traces(
@@ -50,8 +57,11 @@ def add_step_traces(
     step: int,
     traces: Mapping[Key, tuple[Sequence[Any], Mapping[str, int]]],
     compute_s: Mapping[str, float],
+    telemetry: Mapping[Key, Mapping[str, Any]] | None = None,
 ) -> None:
-    """Keep one step's traces (``Deployment.train_step``'s ``traces`` and ``compute_s``)."""
+    """Keep one step's traces (``Deployment.train_step``'s ``traces``, ``compute_s`` and
+    ``telemetry``: each worker's ``cpu_percent``, ``rss_bytes`` and ``gpu_peak_bytes``)."""
+    use = telemetry or {}
     rows = [
         StepTraceRecord(
             task_id=task_id,
@@ -61,11 +71,20 @@ def add_step_traces(
             compute_s=float(compute_s.get(f"{stage}/{replica}", 0.0)),
             spans_json=json.dumps([list(s) for s in spans]),
             sent_json=json.dumps(dict(sent)),
+            cpu_percent=use.get((stage, replica), {}).get("cpu_percent"),
+            rss_bytes=use.get((stage, replica), {}).get("rss_bytes"),
+            gpu_peak_bytes=use.get((stage, replica), {}).get("gpu_peak_bytes"),
         )
         for (stage, replica), (spans, sent) in traces.items()
     ]
     with db.sessions() as s, s.begin():
         s.add_all(rows)
+
+
+def record_step(db: Database, task_id: int, step: int, reply: Mapping[str, Any]) -> None:
+    """Keep the traces of ``reply``, what ``Deployment.train_step`` returned for ``step``."""
+    traces, compute_s = reply.get("traces", {}), reply.get("compute_s", {})
+    add_step_traces(db, task_id, step, traces, compute_s, reply.get("telemetry", {}))
 
 
 def step_traces(db: Database, task_id: int, last: int | None = None) -> list[StepTrace]:
@@ -101,3 +120,36 @@ def link_bytes(traces: Sequence[StepTrace]) -> dict[tuple[Key, Key], float]:
             edge = ((t.stage, t.replica), peer)
             total[edge] = total.get(edge, 0) + n
     return {edge: n / max(1, len(steps)) for edge, n in total.items()}
+
+
+def worker_usage(db: Database, task_id: int) -> dict[str, dict[str, Any]]:
+    """Each worker's use of its machine over the task's steps, by ``"STAGE/REPLICA"``: the
+    steps measured, its mean and highest CPU %, its highest RSS and GPU peak (None where no step
+    was measured, as in traces kept before workers reported it)."""
+    r = StepTraceRecord
+    q = (
+        select(
+            r.stage,
+            r.replica,
+            func.count(r.cpu_percent),
+            func.avg(r.cpu_percent),
+            func.max(r.cpu_percent),
+            func.max(r.rss_bytes),
+            func.max(r.gpu_peak_bytes),
+        )
+        .where(r.task_id == task_id)
+        .group_by(r.stage, r.replica)
+        .order_by(r.stage, r.replica)
+    )
+    with db.sessions() as s:
+        rows = s.execute(q).all()
+    return {
+        f"{stage}/{replica}": {
+            "steps": n,
+            "cpu_percent_mean": None if mean is None else float(mean),
+            "cpu_percent_max": None if top is None else float(top),
+            "rss_bytes_max": rss,
+            "gpu_peak_bytes_max": gpu,
+        }
+        for stage, replica, n, mean, top, rss, gpu in rows
+    }

@@ -21,7 +21,6 @@ import logging
 import os
 import threading
 import time
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -44,7 +43,7 @@ from dmsc.runtime.compute.executor import run_ops, step_ops
 from dmsc.runtime.compute.frames import FrameSpec, check_frame
 from dmsc.runtime.compute.gradient_sync import GradientSync, LinkShaper
 from dmsc.runtime.compute.inbox import Inbox
-from dmsc.runtime.compute.models.attention import StageCache
+from dmsc.runtime.compute.models.attention import StageCache, StageSession
 from dmsc.runtime.compute.models.chain import tied_weight
 from dmsc.runtime.compute.outer_sync import (
     ReplicaSync,
@@ -53,6 +52,7 @@ from dmsc.runtime.compute.outer_sync import (
     plain_sync,
 )
 from dmsc.runtime.compute.peers import Peers
+from dmsc.runtime.compute.telemetry import Telemetry
 from dmsc.runtime.transport import messages as msg
 from dmsc.runtime.transport.messages import REGISTRY_SERVICE
 from dmsc.runtime.transport.observe import json_logger
@@ -68,14 +68,6 @@ from dmsc.runtime.transport.rpc import (
 )
 from dmsc.runtime.transport.wire import Kind, WireError, decode
 from dmsc.spec import TransformerSpec
-
-
-@dataclass
-class Session:
-    """An inference session at this stage: its keys and values, and when it last ran."""
-
-    cache: StageCache
-    used: float
 
 
 class StageWorker:
@@ -99,12 +91,12 @@ class StageWorker:
         self.m_rejected = Counter(
             "dmsc_worker_rejected_messages_total", "Malformed messages", registry=self.metrics
         )
+        self.telemetry = Telemetry(self.metrics)  # CPU, memory, I/O of this process, its node
         self.inbox = Inbox(cfg.epoch)
         self.registry = Client(cfg.registry, REGISTRY_SERVICE, token=cfg.token)
         self._build(cfg)
         self._lock = threading.Lock()
-        self.address = ""
-        self.metrics_address = ""
+        self.address = self.metrics_address = ""
         self.log = log or json_logger(f"dmsc.worker.{cfg.sid}")
 
     def _build(self, cfg: WorkerConfig) -> None:
@@ -133,7 +125,7 @@ class StageWorker:
             tied=self.tied is not None,
         )
         self.steps_done = 0
-        self.sessions: dict[str, Session] = {}  # inference sessions' keys and values
+        self.sessions: dict[str, StageSession] = {}  # inference sessions' keys and values
         self.uncommitted: int | None = None  # the step whose gradients wait for Commit
         self.peers = Peers(
             self.registry,
@@ -350,7 +342,7 @@ class StageWorker:
                     f"stage {self.cfg.stage}: {len(self.sessions)} inference sessions open, the "
                     "most it keeps; retry when one ends"
                 )
-            self.sessions[session] = Session(StageCache(), now)
+            self.sessions[session] = StageSession(StageCache(), now)
         held = self.sessions.get(session)
         if held is None:
             raise BadRequest(f"session {session}: not open here (ended, idle too long, or lost)")
@@ -487,8 +479,8 @@ class StageWorker:
     def methods(self) -> dict[str, grpc.RpcMethodHandler]:
         return {
             "Push": bytes_handler(self.push),
-            "RunStep": message_handler(msg.RunStep, self.run_step),
-            "Health": message_handler(msg.Health, self.health),
+            "RunStep": message_handler(msg.RunStep, self.telemetry.traced(self.run_step)),
+            "Health": message_handler(msg.Health, self.telemetry.reported(self.health)),
             "Save": message_handler(msg.Save, self.save),
             "Load": message_handler(msg.Load, self.load),
             "Abort": message_handler(msg.Abort, self.abort),

@@ -6,7 +6,8 @@ they draw, every field from a real source:
 - ``topology``: the plan's datacenters with the stages placed in each, and its reserved paths
   (the stage boundary, the links, the reserved units or bandwidth);
 - ``services``: every worker (SID, stage, replica, datacenter, device, health, heartbeat age,
-  its epoch) as ``dmsc status`` probes them;
+  its epoch, its process's CPU % and memory) as ``dmsc status`` probes them, and ``nodes``: the
+  machines they run on (CPU, memory and network use, and the sums over their workers);
 - ``tasks`` (the newest), the queue depths by lane and the exception queue, the model versions
   with their canary share, and the run's faults;
 - ``training``: the newest training task's step times beside the plan's prediction, loss and
@@ -248,7 +249,8 @@ def dashboard_state(
     faults = status.faults(db, run_id)  # before the services, as dmsc status reads them
     where = _where(plan)
     services = []
-    for s in status.services(dep):
+    found, nodes = status.survey(dep)
+    for s in found:
         key = (s["stage"], s["replica"])
         dc, device = where.get(key, ("?", "?"))
         epoch = dep.epochs.get(key, dep.epoch)
@@ -262,6 +264,7 @@ def dashboard_state(
         "replicas_down": sorted(replicas_down or ()),
         "topology": topology(plan),
         "services": services,
+        "nodes": nodes,
         **tenant_rows(db, plan, run_id, tenant, faults, predict),
         "serving": serving or [],
         "scale_events": [

@@ -1,9 +1,12 @@
-"""What ``dmsc status`` shows: the services and their health, tasks, faults, spares.
+"""What ``dmsc status`` shows: the services, their health and use, nodes, tasks, faults, spares.
 
-Health is asked of every worker at once (:func:`dmsc.runtime.control.launch.failures.probe`), so a
-dead worker costs one timeout, not one per worker. The faults are read before the services: a heal
-replaces the handles before it records its fault, so a fault shown as recovered is never shown
-beside the worker it replaced.
+Health is asked of every worker at once (:func:`dmsc.runtime.control.launch.failures.health`), so
+a dead worker costs one timeout, not one per worker. Each answer carries the worker's telemetry
+(:mod:`dmsc.runtime.compute.telemetry`): its process's CPU % over the last second, resident memory
+and GPU memory, and its node's CPU, memory and network use, from which come the node totals.
+
+The faults are read before the services: a heal replaces the handles before it records its
+fault, so a fault shown as recovered is never shown beside the worker it replaced.
 """
 
 from __future__ import annotations
@@ -12,6 +15,7 @@ from collections.abc import Collection
 from typing import Any
 
 from dmsc.data.db import Database
+from dmsc.runtime.control.launch import failures
 from dmsc.runtime.control.launch.deployment import Deployment
 from dmsc.runtime.control.launch.failures import key_of
 
@@ -19,30 +23,106 @@ HEALTH_TIMEOUT_S = 3.0
 
 
 def services(dep: Deployment) -> list[dict[str, Any]]:
-    """Every serving worker: address, pid, whether it answers, registered, last heartbeat."""
+    """Every serving worker: address, pid, whether it answers, registered, last heartbeat, and
+    what its process uses (None where it did not say)."""
+    return survey(dep)[0]
+
+
+def survey(dep: Deployment) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
+    """The services (:func:`services`) and the nodes they run on (:func:`node_totals`). A
+    replica's tensor-parallel ranks past the first answer their own health probe; what their
+    processes use is not sampled (None)."""
     ranks = dep.tp.handles  # a replica's tensor-parallel ranks past the first
     handles = sorted([*dep.handles, *ranks], key=lambda h: (key_of(h), h.config.tp_rank))
-    silent = dep.probe(HEALTH_TIMEOUT_S)
+    answers, silent = failures.health(dep, HEALTH_TIMEOUT_S)
     silent_ranks = dep.tp.silent(HEALTH_TIMEOUT_S) if ranks else set()
-    out: list[dict[str, Any]] = [
-        {
-            "sid": h.config.sid,
-            "stage": h.config.stage,
-            "replica": h.config.replica,
-            "tp_rank": h.config.tp_rank,
-            "address": h.address,
-            "health": "unreachable"
-            if (h.config.sid in silent_ranks if h.config.tp_rank else key_of(h) in silent)
-            else "ok",
-            "pid": h.process.pid,
-            "node": getattr(h.process, "ip", "local"),
-        }
-        for h in handles
-    ]
-    seen = {s.sid for s in dep.registry.lookup()}
+    out: list[dict[str, Any]] = []
+    machines: dict[str, dict[str, Any]] = {}
+    for h in handles:
+        first = not h.config.tp_rank
+        use = _obj(_obj(answers.get(key_of(h))).get("telemetry")) if first else {}
+        node = getattr(h.process, "ip", "local")
+        if _obj(use.get("node")):
+            machines.setdefault(node, use["node"])
+        gone = key_of(h) in silent if first else h.config.sid in silent_ranks
+        out.append(
+            {
+                "sid": h.config.sid,
+                "stage": h.config.stage,
+                "replica": h.config.replica,
+                "tp_rank": h.config.tp_rank,
+                "address": h.address,
+                "health": "unreachable" if gone else "ok",
+                "pid": h.process.pid,
+                "node": node,
+                **worker_use(use),
+            }
+        )
+    seen_sids = {s.sid for s in dep.registry.lookup()}
     for s in out:
-        s["registered"] = s["sid"] in seen
+        s["registered"] = s["sid"] in seen_sids
         s["heartbeat_age_s"] = dep.registry.heartbeat_age(s["sid"])
+    return out, node_totals(out, machines)
+
+
+def _obj(x: Any) -> dict[str, Any]:
+    """``x`` if it is a JSON object, else an empty one (a worker's answer is read, not trusted)."""
+    return x if isinstance(x, dict) else {}
+
+
+def _number(x: Any) -> float | None:
+    return float(x) if isinstance(x, int | float) and not isinstance(x, bool) else None
+
+
+def worker_use(telemetry: dict[str, Any]) -> dict[str, Any]:
+    """A worker's Health telemetry as the services table shows it: its process's CPU % (over
+    the last second) and RSS, the GPU memory its allocator holds and its GPUs' mean utilisation
+    (None where unknown; GPU fields None without CUDA)."""
+    p, node = _obj(telemetry.get("process")), _obj(telemetry.get("node"))
+    gpus = [_obj(g) for g in telemetry.get("gpus") or [] if _obj(g)]
+    held = [_number(g.get("memory_reserved_bytes")) for g in gpus]
+    util = [u for u in (_number(g.get("utilization_percent")) for g in gpus) if u is not None]
+    rss = _number(p.get("rss_bytes"))
+    return {
+        "host": node.get("host") if isinstance(node.get("host"), str) else None,
+        "cpu_percent": _number(p.get("cpu_percent")),
+        "rss_bytes": None if rss is None else int(rss),
+        "gpu_memory_bytes": int(sum(h for h in held if h is not None)) if gpus else None,
+        "gpu_utilization_percent": sum(util) / len(util) if util else None,
+    }
+
+
+def node_totals(
+    services: list[dict[str, Any]], machines: dict[str, dict[str, Any]]
+) -> list[dict[str, Any]]:
+    """Each node the services run on: its own CPU % (all cores, over the last second), memory
+    and network rates as one of its workers read them, and the sums of its workers' CPU %, RSS
+    and GPU memory."""
+    out = []
+    for node in sorted({s["node"] for s in services}):
+        mine = [s for s in services if s["node"] == node]
+        m = machines.get(node, {})
+
+        def total(key: str, rows: list[dict[str, Any]] = mine) -> float | None:
+            known = [r[key] for r in rows if r[key] is not None]
+            return sum(known) if known else None
+
+        out.append(
+            {
+                "node": node,
+                "host": m.get("host") if isinstance(m.get("host"), str) else None,
+                "cpus": _number(m.get("cpus")),
+                "cpu_percent": _number(m.get("cpu_percent")),
+                "memory_used_bytes": _number(m.get("memory_used_bytes")),
+                "memory_total_bytes": _number(m.get("memory_total_bytes")),
+                "net_sent_bytes_s": _number(m.get("net_sent_bytes_s")),
+                "net_recv_bytes_s": _number(m.get("net_recv_bytes_s")),
+                "workers": len(mine),
+                "workers_cpu_percent": total("cpu_percent"),
+                "workers_rss_bytes": total("rss_bytes"),
+                "workers_gpu_memory_bytes": total("gpu_memory_bytes"),
+            }
+        )
     return out
 
 
@@ -76,12 +156,14 @@ def report(
     """The reply of ``Status``."""
     faults_now = faults(db, run_id)  # before the services (see the module docstring)
     down = sorted(replicas_down)
+    serving, nodes = survey(dep)
     return {
         "run": run_id,
         "model": model,
         "steps": steps,
         "epoch": dep.epoch,
-        "services": services(dep),
+        "services": serving,
+        "nodes": nodes,
         "tasks": [{"id": t.id, "kind": t.kind, "state": t.state} for t in db.tasks(run_id)],
         "faults": faults_now,
         "replicas_down": down,

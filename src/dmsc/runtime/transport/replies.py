@@ -78,6 +78,29 @@ class ServiceState(Reply):
     node: str = "local"
     registered: bool
     heartbeat_age_s: float | None
+    # what the worker's process uses (dmsc.runtime.compute.telemetry); None: it did not say
+    host: str | None = None
+    cpu_percent: float | None = None  # over the last second, percent of one core
+    rss_bytes: int | None = None
+    gpu_memory_bytes: int | None = None  # held by its allocator, every GPU (None: no CUDA)
+    gpu_utilization_percent: float | None = None
+
+
+class NodeState(Reply):
+    """A machine the workers run on, as one of them read it, and the sums over its workers."""
+
+    node: str  # "local", or the Ray node's address
+    host: str | None = None
+    cpus: float | None = None
+    cpu_percent: float | None = None  # over the last second, percent of all its cores
+    memory_used_bytes: float | None = None
+    memory_total_bytes: float | None = None
+    net_sent_bytes_s: float | None = None
+    net_recv_bytes_s: float | None = None
+    workers: int
+    workers_cpu_percent: float | None = None
+    workers_rss_bytes: float | None = None
+    workers_gpu_memory_bytes: float | None = None
 
 
 class TaskState(Reply):
@@ -108,7 +131,7 @@ class SpareState(Reply):
 
 
 class StatusReply(Reply):
-    """``Status``: the run, its services and their health, tasks, faults, spares."""
+    """``Status``: the run, its services, their health and use, nodes, tasks, faults, spares."""
 
     run: int
     model: str
@@ -119,6 +142,7 @@ class StatusReply(Reply):
     faults: list[FaultState]
     replicas_down: list[int]
     spares: list[SpareState]
+    nodes: list[NodeState] = []  # the machines under the services, with their totals
     weights_lost: str | None = None  # set only when no checkpoint could restore the workers
     queue: Literal["fcfs", "priority", "fair"] | None = None  # the task queue's policy
 

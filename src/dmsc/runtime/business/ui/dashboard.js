@@ -93,7 +93,19 @@ function drawOverview(s) {
     ["datacenter", (v) => v.datacenter], ["device", (v) => v.device],
     ["health", health], ["heartbeat age (s)", (v) => fmt(v.heartbeat_age_s, 1), "num"],
     ["epoch", (v) => v.epoch, "num"], ["address", (v) => v.address], ["pid", (v) => v.pid, "num"],
+    ["CPU %", (v) => fmt(v.cpu_percent, 0), "num"], ["memory", (v) => bytes(v.rss_bytes), "num"],
+    ...(s.services.some((v) => v.gpu_memory_bytes !== null && v.gpu_memory_bytes !== undefined)
+      ? [["GPU memory", (v) => bytes(v.gpu_memory_bytes), "num"], ["GPU %", (v) => fmt(v.gpu_utilization_percent, 0), "num"]]
+      : []),
   ], s.services, "no services"));
+  put("nodes", table([
+    ["node", (n) => n.node], ["host", (n) => n.host ?? "-"], ["cores", (n) => fmt(n.cpus, 0), "num"],
+    ["busy %", (n) => fmt(n.cpu_percent, 0), "num"],
+    ["memory used", (n) => bytes(n.memory_used_bytes), "num"], ["of", (n) => bytes(n.memory_total_bytes), "num"],
+    ["sent /s", (n) => bytes(n.net_sent_bytes_s), "num"], ["received /s", (n) => bytes(n.net_recv_bytes_s), "num"],
+    ["workers", (n) => n.workers, "num"], ["their CPU %", (n) => fmt(n.workers_cpu_percent, 0), "num"],
+    ["their memory", (n) => bytes(n.workers_rss_bytes), "num"],
+  ], s.nodes || [], "no nodes"));
   put("serving", table([
     ["name", (r) => r.name],
     ["placement", (r) => r.placement.map(([st, dc, devs]) => `stage ${st}: ${dc} ${devs.join("+")}`).join("; ")],

@@ -48,6 +48,14 @@ class StageCache:
         return sum(kv.nbytes for kv in self.layers.values())
 
 
+@dataclass
+class StageSession:
+    """An inference session at a stage worker: its keys and values, and when it last ran."""
+
+    cache: StageCache
+    used: float
+
+
 def causal_attention(
     q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, kv: LayerKV | None, gqa: bool = False
 ) -> torch.Tensor:

@@ -104,15 +104,28 @@ def suspects(ws: Workers, keys: Collection[Key] | None = None) -> dict[Key, str]
 def probe(ws: Workers, timeout_s: float, keys: Collection[Key] | None = None) -> dict[Key, str]:
     """Workers (of ``keys``, default all) that do not answer Health within ``timeout_s``; every
     worker is asked at once, so a dead one costs one timeout."""
+    return health(ws, timeout_s, keys)[1]
+
+
+def health(
+    ws: Workers, timeout_s: float, keys: Collection[Key] | None = None
+) -> tuple[dict[Key, dict[str, Any]], dict[Key, str]]:
+    """Ask every worker of ``keys`` (default all) for Health at once: the answers, and why each
+    worker that gave none did not."""
     keys = list(ws.clients) if keys is None else list(keys)
     futures = {k: ws.clients[k].send_future("Health", Health(), timeout_s) for k in keys}
-    out = {}
+    answers, silent = {}, {}
     for k, fut in futures.items():
         try:
-            fut.result()
+            reply = fut.result()
         except grpc.RpcError as exc:
-            out[k] = f"no answer to Health within {timeout_s:g} s ({exc.code().name})"
-    return out
+            silent[k] = f"no answer to Health within {timeout_s:g} s ({exc.code().name})"
+            continue
+        try:  # it answered: what it said matters only to the readers of its telemetry
+            answers[k] = json.loads(reply)
+        except ValueError:
+            answers[k] = {}
+    return answers, silent
 
 
 def failure(

@@ -29,7 +29,7 @@ from typing import Any
 
 from dmsc.data.corpus import Corpus
 from dmsc.data.db import CheckpointRecord, Database, FaultRecord
-from dmsc.data.traces import add_step_traces
+from dmsc.data.traces import record_step
 from dmsc.planner.plan import Plan
 from dmsc.runtime.compute.privacy import PrivacyLedger
 from dmsc.runtime.control.launch import recovery
@@ -397,7 +397,7 @@ def train(
             if logged:
                 assert db is not None and task_id is not None
                 db.add_metric(task_id, step, out["loss"], dt, report.tokens_per_step / dt)
-                add_step_traces(db, task_id, step, out.get("traces", {}), out.get("compute_s", {}))
+                record_step(db, task_id, step, out)
             if on_step is not None:
                 on_step(step, {**out, "step_s": dt, "tokens_per_s": report.tokens_per_step / dt})
             step += 1
