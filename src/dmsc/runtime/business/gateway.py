@@ -45,14 +45,14 @@ from dmsc.runtime.business.protection import CircuitBreaker, RateLimiter, Tenant
 from dmsc.runtime.business.queueing import QuotaExceeded, TaskFinished, TaskQueue
 from dmsc.runtime.business.router import POLICIES, NoReplica, Router, pick_version
 from dmsc.runtime.business.versions import ModelVersions
-from dmsc.runtime.transport.messages import GatewayInferRequest as InferRequest
-from dmsc.runtime.transport.messages import Sampling, TrainRequest
+from dmsc.runtime.transport.messages import InferRequest, Sampling, TrainRequest
 from dmsc.runtime.transport.rpc import NoRoom
 
 
 class Backend(Protocol):
     """What the gateway serves from: pipeline replicas that answer inference (and, when it has
-    one, ``submit_task(req, tenant)``: the control plane's one way in for a training task)."""
+    them, ``submit_task(req, tenant)``: the control plane's one way in for a training task;
+    ``answer(req, cancel)``: its answer to a whole request, an ``aggregate`` one here)."""
 
     def replicas(self) -> list[str]: ...
 
@@ -122,6 +122,8 @@ def _safe_errors(errors: Sequence[Any]) -> list[dict[str, Any]]:
     ]
 
 
+# aggregate through a backend that has no task heads to combine (a test's)
+NO_HEADS = "aggregate: this gateway's backend combines no task heads"
 DEADLINE_GRACE_S = 0.25  # for a backend that stopped at the deadline to say so
 
 
@@ -260,10 +262,38 @@ def create_app(
             gone.cancel()
             admission.leave(who.tenant, cost)
 
+    async def _aggregated(
+        req: InferRequest, who: Principal, gone: asyncio.Future[None], budget: float
+    ) -> dict[str, Any]:
+        """``aggregate``: the task heads of every replica at once, through the backend's own
+        answer (the control plane's, as its Infer call: the same checks, the same words)."""
+        answer = getattr(backend, "answer", None)
+        if answer is None:
+            raise HTTPException(422, NO_HEADS)
+        cancel = threading.Event()
+        timed = req.model_copy(update={"timeout_s": budget})
+        fut = asyncio.wrap_future(calls.submit(answer, timed, cancel))
+        done, _ = await asyncio.wait({fut, gone}, return_when=asyncio.FIRST_COMPLETED)
+        if fut not in done:  # nobody waits for the answer: stop computing it
+            cancel.set()
+            raise HTTPException(499, "the client closed the request")
+        try:
+            out = dict(fut.result())
+        except TimeoutError as exc:
+            raise HTTPException(504, str(exc)) from None
+        except NoRoom as exc:
+            raise HTTPException(503, f"no room for a new inference session ({exc})") from None
+        except ValueError as exc:  # BadRequest: no heads to combine, none up
+            raise HTTPException(422, str(exc)) from None
+        out.pop("token_ids", None)
+        return {"raced": None, "tenant": who.tenant, **out}
+
     async def _infer(
         req: InferRequest, who: Principal, gone: asyncio.Future[None]
     ) -> dict[str, Any]:
         budget = req.timeout_s or request_timeout_s
+        if req.aggregate is not None:
+            return await _aggregated(req, who, gone, budget)
         deadline = time.monotonic() + budget
         sampling = req.sampling()  # one seed for every replica that tries the request
         tried: set[str] = set()

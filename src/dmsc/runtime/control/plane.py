@@ -430,6 +430,10 @@ class ControlPlane:
     def infer_stream(self, req: InferRequest, gone: threading.Event) -> Iterator[dict[str, Any]]:
         return self.calls.infer_stream(req, gone)
 
+    def answer(self, req: InferRequest, cancel: threading.Event | None = None) -> dict[str, Any]:
+        """The gateway's aggregated request (no task recorded: the gateway answers it)."""
+        return self.calls.answer(req, cancel)
+
     def down(self, req: DownRequest) -> dict[str, Any]:
         self.stopped.set()
         return {"ok": True}
