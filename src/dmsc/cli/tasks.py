@@ -241,7 +241,9 @@ def train_line(out: TrainReply) -> str:
 
 
 def infer(
-    prompt: Annotated[str, typer.Option(help="Text to continue.")],
+    prompt: Annotated[
+        str | None, typer.Option(help="Text to continue (one request; or --batch).")
+    ] = None,
     tokens: Annotated[
         int, typer.Option(help=f"Bytes to generate (at most {MAX_INFER_TOKENS}, as the gateway).")
     ] = 80,
@@ -269,10 +271,32 @@ def infer(
             "(by each head's held-out accuracy) or attention (a fitted combiner)."
         ),
     ] = None,
+    batch: Annotated[
+        Path | None,
+        typer.Option(
+            help="A JSON-lines file of requests (each line at least a prompt, with any field "
+            "of POST /v1/infer) run as one queued task; prints each answer's text on a line "
+            "of its own (escaped as in a JSON string), or JSON lines with --json."
+        ),
+    ] = None,
+    priority: Annotated[
+        int, typer.Option(help="--batch: the task's place in the queue (-100..100).")
+    ] = 0,
+    lane: Annotated[
+        str, typer.Option(help="--batch: the queue's lane, sync (default) or async.")
+    ] = "sync",
     as_json: JsonOpt = False,
 ) -> None:
     """Sample a continuation through the stage services. Ctrl-C stops the generation (the
-    workers stop at their next token)."""
+    workers stop at their next token); with --batch, it cancels the batch's task."""
+    if (prompt is None) == (batch is None):
+        raise SpecError("command line", "--prompt", "give --prompt or --batch FILE (one)")
+    if batch is not None:
+        from dmsc.cli.infer_batch import run_batch
+
+        run_batch(batch, priority, lane, as_json)
+        return
+    assert prompt is not None
     req = message_from_flags(
         InferRequest,
         {},

@@ -6,6 +6,7 @@ The refusals need no worker; what the fields do is checked on a control plane wi
 
 from __future__ import annotations
 
+import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
@@ -134,3 +135,65 @@ def test_every_field_reaches_the_same_place_through_both_doors(tmp_path: Path) -
             client.call("Infer", late)
         assert info.value.code() == grpc.StatusCode.DEADLINE_EXCEEDED
         assert str(info.value.details()).startswith("no answer within 0.1 s")
+
+
+# -- a batch of requests as one queued task (dmsc infer --batch, POST /v1/tasks/infer) ----------
+def _rpc_batch_refusal(client: Client, body: dict[str, Any]) -> str:
+    with pytest.raises(grpc.RpcError) as info:
+        client.call("InferBatch", body)
+    assert info.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+    return str(info.value.details())
+
+
+def _http_batch_refusal(gateway: TestClient, auth: dict[str, str], body: dict[str, Any]) -> str:
+    r = gateway.post("/v1/tasks/infer", json=body, headers=auth)
+    assert r.status_code == 422, r.text
+    detail = r.json()["detail"]
+    if isinstance(detail, str):
+        return detail
+    return "; ".join(f"{'.'.join(map(str, d['loc'][1:])) or 'body'}: {d['msg']}" for d in detail)
+
+
+@pytest.mark.parametrize(
+    ("body", "plane"),
+    [
+        ({"requests": []}, False),
+        ({"requests": [{"prompt": "x"}, {"prompt": "x", "tokens": 0}]}, False),
+        ({"requests": [{"prompt": "x"}], "lane": "fast"}, False),
+        ({"requests": [{"prompt": "x"}, {"prompt": "y", "aggregate": "vote"}]}, True),
+        ({"requests": [{"prompt": "x", "redundant": True}]}, True),
+    ],
+)
+def test_a_bad_batch_is_refused_by_both_doors_in_the_same_words_before_it_queues(
+    doors: Doors, body: dict[str, Any], plane: bool
+) -> None:
+    cp, client, gateway, auth = doors
+    auth = {"Authorization": f"Bearer {create_key(cp.db, 'bob', ['submit'])[1]}"}
+    by_gateway = _http_batch_refusal(gateway, auth, body)
+    by_rpc = _rpc_batch_refusal(client, body)
+    assert by_rpc == (by_gateway if plane else f"bad InferBatch: {by_gateway}")
+    if plane:  # the control plane's check names the request and its field
+        assert by_rpc.startswith(("requests.1.aggregate: ", "requests.0.redundant: "))
+    assert not cp.db.tasks(cp.run.id)
+
+
+def test_a_batch_queues_as_one_infer_task_and_its_caller_going_away_cancels_it(
+    doors: Doors,
+) -> None:
+    cp, client, gateway, auth = doors
+    auth = {"Authorization": f"Bearer {create_key(cp.db, 'bob', ['submit', 'read'])[1]}"}
+    body = {"requests": [{"prompt": "x", "tokens": 2}], "priority": 5}
+    r = gateway.post("/v1/tasks/infer", json=body, headers=auth)
+    assert r.status_code == 202, r.text
+    assert r.json()["kind"] == "infer" and r.json()["state"] == "queued"
+    with pytest.raises(grpc.RpcError) as info:
+        client.call("InferBatch", body, timeout_s=1.5)
+    assert info.value.code() == grpc.StatusCode.DEADLINE_EXCEEDED
+    by_gateway, by_rpc = cp.db.tasks(cp.run.id)
+    assert by_gateway.params_json == by_rpc.params_json
+    assert (by_gateway.kind, by_gateway.lane, by_gateway.priority) == ("infer", "sync", 5)
+    deadline = time.monotonic() + 10
+    while cp.db.tasks(cp.run.id)[1].state != "cancelled":
+        assert time.monotonic() < deadline, "the InferBatch call's task was not cancelled"
+        time.sleep(0.1)
+    assert cp.db.tasks(cp.run.id)[0].state == "queued"

@@ -354,6 +354,21 @@ class InferRequest(Sampling):
         return self
 
 
+MAX_BATCH_REQUESTS = 256  # inference requests in one queued batch
+
+
+class InferBatch(Message):
+    """A batch of inference requests run as one queued task (kind ``infer``): ``dmsc infer
+    --batch FILE`` (the ``InferBatch`` call, which waits for its end) and the gateway's
+    ``POST /v1/tasks/infer`` (which answers once it is queued). Each request is the one both
+    inference doors take; ``priority`` and ``lane`` place the task as a training task's do
+    (the short lane, ``sync``, by default: a batch holds no weights)."""
+
+    requests: Annotated[list[InferRequest], Field(min_length=1, max_length=MAX_BATCH_REQUESTS)]
+    priority: Annotated[int, Field(ge=-MAX_PRIORITY, le=MAX_PRIORITY)] = 0
+    lane: Lane = "sync"
+
+
 class StatusRequest(Message):
     """The deployment's state (no fields)."""
 

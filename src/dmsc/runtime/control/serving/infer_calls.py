@@ -70,9 +70,17 @@ class InferCalls:
             return "the replicas hold one model, not task heads: train with --task-heads first"
         return None
 
-    def _generate(self, req: InferRequest, sampling: Sampling) -> Generate:
+    def check(self, req: InferRequest) -> None:
+        """BadRequest when the control plane cannot serve ``req``, saying why (a batch's
+        requests are checked before it queues)."""
         if req.redundant:
             raise BadRequest(REDUNDANT)
+        why_not = None if req.aggregate is None else self.why_no_heads()
+        if why_not is not None:
+            raise BadRequest(f"aggregate: {why_not}")
+
+    def _generate(self, req: InferRequest, sampling: Sampling) -> Generate:
+        self.check(req)
         deadline = None if req.timeout_s is None else time.monotonic() + req.timeout_s
         if req.aggregate is None:
 
@@ -95,9 +103,6 @@ class InferCalls:
                 return replica, text, {"model_version": getattr(text, "model_version", None)}
 
             return _timed(plain, req.timeout_s)
-        why_not = self.why_no_heads()
-        if why_not is not None:
-            raise BadRequest(f"aggregate: {why_not}")
         method = req.aggregate
 
         def aggregated(
