@@ -8,20 +8,22 @@ from __future__ import annotations
 
 import json
 import os
+import threading
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 from fastapi.testclient import TestClient
-from runtime_helpers import control_plane, local_plan
+from runtime_helpers import control_plane, local_plan, wait_for
 
 from dmsc.cli import main
 from dmsc.cli.infer_batch import one_line
+from dmsc.data.db import TaskRecord
 from dmsc.runtime.business.auth import create_key
 from dmsc.runtime.business.gateway import create_app
 from dmsc.runtime.control.plane import ControlPlane
 from dmsc.runtime.control.tasks import work_loop
-from dmsc.runtime.transport.messages import CONTROL_SERVICE, InferRequest
+from dmsc.runtime.transport.messages import CONTROL_SERVICE, InferBatch, InferRequest
 from dmsc.runtime.transport.rpc import serve
 
 LINES = [
@@ -127,3 +129,26 @@ def test_the_gateway_queues_the_same_batch_and_the_consumer_runs_it(plane: Contr
     assert got["state"] == "done" and got["kind"] == "infer"
     texts = [cp.infer(InferRequest(**line))["text"] for line in LINES]
     assert [a["text"] for a in got["result"]["answers"]] == texts
+
+
+def test_a_running_batch_cancelled_stops_and_keeps_the_answers_it_has(plane: ControlPlane) -> None:
+    cp = plane
+    long = [{"prompt": "def ", "tokens": 4}] + [{"prompt": "x", "tokens": 1024}] * 2
+    task = cp.batches.submit(InferBatch(requests=[InferRequest(**r) for r in long]))
+    runner = threading.Thread(
+        target=work_loop.run_next, args=(cp, cp.queue, "sync", "priority", cp.handoff)
+    )
+    runner.start()
+
+    def answered() -> int:
+        with cp.db.sessions() as s:
+            got = s.get(TaskRecord, task.id)
+            return len(json.loads(got.result_json)["answers"]) if got and got.result_json else 0
+
+    wait_for(answered, 60, "the batch's first answer")
+    assert cp.queue.cancel(task.id) == "cancelling"
+    runner.join(60)
+    assert not runner.is_alive()
+    ended = next(t for t in cp.db.tasks(cp.run.id) if t.id == task.id)
+    assert ended.state == "cancelled"
+    assert 1 <= len(json.loads(ended.result_json)["answers"]) < len(long)
