@@ -662,6 +662,13 @@ class Live:
         elif command.startswith("dmsc infer --prompt") and command.endswith("--json"):
             answer = json.loads(out)
             assert answer["text"] and answer["seed"] == 1, out  # the example's --seed 1
+        elif command.startswith("dmsc infer --batch") and command.endswith("--json"):
+            answers = [json.loads(line) for line in out.splitlines()]
+            assert [a["line"] for a in answers] == [1, 2] and answers[0]["seed"] == 1, out
+        elif command.startswith("dmsc infer --batch"):
+            assert len(out.splitlines()) == 2, out  # the example file's two requests
+        elif command.startswith("curl") and command.endswith("/v1/tasks/infer"):
+            assert json.loads(out)["kind"] == "infer", out
         elif command.startswith("dmsc infer --prompt"):
             prompt = re.search(r'--prompt "([^"]*)"', command)
             assert prompt and out.startswith(prompt.group(1)), out

@@ -9,11 +9,14 @@ from pathlib import Path
 
 import pytest
 import torch
+from fastapi.testclient import TestClient
 from runtime_helpers import control_plane, local_plan, one_box
 
 from dmsc.data.corpus import Corpus, stdlib_text
 from dmsc.planner.plan import Plan
 from dmsc.planner.solve import plan_job
+from dmsc.runtime.business.auth import create_key
+from dmsc.runtime.business.gateway import create_app
 from dmsc.runtime.compute.models.chain import layer_names, loss_fn
 from dmsc.runtime.compute.models.hf import stage_module
 from dmsc.runtime.control.launch.deployment import Deployment, StageLayout
@@ -113,6 +116,13 @@ def test_infer_aggregates_the_heads_it_trained(four_devices: Plan, tmp_path: Pat
         for method in ("vote", "attention"):
             got = cp.infer(req.model_copy(update={"aggregate": method}))
             assert got["aggregate"] == method and len(got["token_ids"]) == 6
+        # the gateway's /v1/infer takes the same request and gives the same combined answer
+        gateway = TestClient(create_app(cp, cp.db, cp.queue))
+        auth = {"Authorization": f"Bearer {create_key(cp.db, 'alice', ['infer'])[1]}"}
+        r = gateway.post("/v1/infer", json=req.model_dump(exclude_none=True), headers=auth)
+        assert r.status_code == 200, r.text
+        assert r.json()["text"] == out["text"] and r.json()["aggregate"] == "weighted"
+        assert r.json()["answered"] == [0, 1] and r.json()["replica"] == "heads"
         # the version the task saved holds every head: loaded again, the same answer
         cp.inference.heads = False
         for r in (0, 1):

@@ -17,6 +17,7 @@ from dmsc.cli import (
     segment,
     simulate,
     specs,
+    task_records,
     tasks,
     tokens,
     topology,
@@ -35,7 +36,7 @@ app.command()(runtime.calibrate)
 app.command()(runtime.up)
 app.add_typer(tokens.token_app, name="token")
 app.add_typer(models.models_app, name="models")
-app.add_typer(tasks.tasks_app, name="tasks")
+app.add_typer(task_records.tasks_app, name="tasks")
 app.add_typer(modules.modules_app, name="modules")
 app.command()(runtime.status)
 app.command()(tasks.train)

@@ -65,8 +65,9 @@ def find_task(db: Any, since: float) -> int | None:
 def follow(future: PendingTrain, steps: int, as_json: bool) -> tuple[TrainReply, bool]:
     """Wait for the Train call ``future`` while showing its task's steps, and return its answer
     and whether Ctrl-C cancelled it. Ctrl-C asks the task to stop (it ends ``cancelled`` after
-    its current step, keeping what it trained); a second one, or one before the task shows,
-    stops waiting: exit 130, with what became of the task."""
+    its current step, keeping what it trained); a second one stops waiting; one before the
+    task shows cancels the call, and the control plane cancels the task with it: exit 130,
+    with what became of the task."""
     from dmsc.cli.database import open_database
 
     db = open_database()
@@ -110,11 +111,14 @@ def follow(future: PendingTrain, steps: int, as_json: bool) -> tuple[TrainReply,
             except KeyboardInterrupt:
                 if cancelled or task_id is None:
                     progress.stop()
+                    if not cancelled:  # the call going away cancels its task (.tasks.door)
+                        future.cancel()
                     err_console.print(
                         f"stopped waiting: task {task_id} still ends after its current step"
                         if cancelled
-                        else "stopped waiting: a task that started goes on (dmsc tasks list, "
-                        "dmsc tasks cancel ID)",
+                        else "stopped waiting: the Train call is cancelled and the control "
+                        "plane cancels the task with it (a queued one at once, one that "
+                        "started after its current step; dmsc tasks list shows it)",
                         highlight=False,
                     )
                     raise typer.Exit(130) from None

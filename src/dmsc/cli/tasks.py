@@ -1,23 +1,21 @@
 """The work a running deployment does for the user: ``dmsc train`` and ``dmsc infer``, each one
-call to the control plane (which queues it as a task and survives failed workers), and
-``dmsc tasks list|show|cancel``."""
+call to the control plane (which queues it as a task and survives failed workers); the tasks'
+records are :mod:`dmsc.cli.task_records`'s."""
 
 from __future__ import annotations
 
 import json
 import sys
 from pathlib import Path
-from typing import Annotated, Any
+from typing import Annotated
 
 import typer
-from rich.text import Text
 
 from dmsc.cli.app import console, err_console
 from dmsc.cli.options import JsonOpt, message_from_flags
 from dmsc.cli.progress import follow
 from dmsc.cli.render import prediction_words
 from dmsc.cli.runtime import control_client
-from dmsc.cli.tables import FoldTable
 from dmsc.runtime.transport.messages import (
     DEFAULT_LR,
     LR_SCHEDULES,
@@ -241,7 +239,9 @@ def train_line(out: TrainReply) -> str:
 
 
 def infer(
-    prompt: Annotated[str, typer.Option(help="Text to continue.")],
+    prompt: Annotated[
+        str | None, typer.Option(help="Text to continue (one request; or --batch).")
+    ] = None,
     tokens: Annotated[
         int, typer.Option(help=f"Bytes to generate (at most {MAX_INFER_TOKENS}, as the gateway).")
     ] = 80,
@@ -269,10 +269,32 @@ def infer(
             "(by each head's held-out accuracy) or attention (a fitted combiner)."
         ),
     ] = None,
+    batch: Annotated[
+        Path | None,
+        typer.Option(
+            help="A JSON-lines file of requests (each line at least a prompt, with any field "
+            "of POST /v1/infer) run as one queued task; prints each answer's text on a line "
+            "of its own (escaped as in a JSON string), or JSON lines with --json."
+        ),
+    ] = None,
+    priority: Annotated[
+        int, typer.Option(help="--batch: the task's place in the queue (-100..100).")
+    ] = 0,
+    lane: Annotated[
+        str, typer.Option(help="--batch: the queue's lane, sync (default) or async.")
+    ] = "sync",
     as_json: JsonOpt = False,
 ) -> None:
     """Sample a continuation through the stage services. Ctrl-C stops the generation (the
-    workers stop at their next token)."""
+    workers stop at their next token); with --batch, it cancels the batch's task."""
+    if (prompt is None) == (batch is None):
+        raise SpecError("command line", "--prompt", "give --prompt or --batch FILE (one)")
+    if batch is not None:
+        from dmsc.cli.infer_batch import run_batch
+
+        run_batch(batch, priority, lane, as_json)
+        return
+    assert prompt is not None
     req = message_from_flags(
         InferRequest,
         {},
@@ -334,144 +356,3 @@ def heads_line(end: InferEnd) -> str:
     for r, why in (end.missing or {}).items():
         line += f"; head {r} missing: {why}"
     return line
-
-
-tasks_app = typer.Typer(help="Tasks of the deployment: list, show, cancel.", no_args_is_help=True)
-
-
-@tasks_app.command("list")
-def tasks_list(
-    tenant: Annotated[str | None, typer.Option(help="Only this tenant's tasks.")] = None,
-    state: Annotated[
-        str | None,
-        typer.Option(
-            help="Only tasks in this state: queued, running, cancelling, done, failed, cancelled."
-        ),
-    ] = None,
-    limit: Annotated[int, typer.Option(help="At most this many, newest first.")] = 50,
-    as_json: JsonOpt = False,
-) -> None:
-    """The newest tasks, newest first."""
-    from dmsc.cli.database import open_database
-    from dmsc.cli.render import fit_table
-    from dmsc.data.db import TASK_STATES
-
-    if state is not None and state not in TASK_STATES:
-        raise SpecError("command line", "--state", f"{state!r} is none of {', '.join(TASK_STATES)}")
-    rows = open_database().recent_tasks(tenant, state, max(1, limit))
-    if as_json:
-        print(json.dumps([_task_row(t) for t in rows]))
-        return
-    t = fit_table(
-        "id", "kind", "state", "tenant", "steps", "attempts", "created (UTC)", "error", keep=(0,)
-    )
-    for r in rows:
-        steps = json.loads(r.params_json or "{}").get("steps", "")
-        t.add_row(
-            str(r.id),
-            r.kind,
-            r.state,
-            r.tenant,
-            str(steps),
-            str(r.attempts),
-            r.created_at.strftime("%Y-%m-%d %H:%M:%S"),
-            (r.error or "")[:60],
-        )
-    console.print(t)
-
-
-@tasks_app.command("show")
-def tasks_show(
-    task_id: Annotated[int, typer.Argument(help="Task id (`dmsc tasks list`).")],
-    as_json: JsonOpt = False,
-) -> None:
-    """One task: its parameters, state, and the steps it has recorded."""
-    from dmsc.cli.database import open_database
-    from dmsc.data.db import TaskRecord
-    from dmsc.data.traces import worker_usage
-
-    db = open_database()
-    with db.sessions() as s:
-        task = s.get(TaskRecord, task_id)
-    if task is None:
-        raise SpecError("command line", "TASK_ID", f"no task {task_id}")
-    out = _task_row(task)
-    metrics = db.metrics(task_id)
-    if metrics:
-        out["steps_recorded"] = len(metrics)
-        out["last_step"], out["last_loss"] = metrics[-1].step, metrics[-1].loss
-    # what each worker's process used over the steps (dmsc.runtime.compute.telemetry)
-    usage = {k: u for k, u in worker_usage(db, task_id).items() if u["steps"]}
-    if usage:
-        out["workers"] = usage
-    if as_json:
-        print(json.dumps(out))
-        return
-    out["attempts"] = f"{task.attempts} of {task.max_attempts}"
-    for key, u in out.pop("workers", {}).items():
-        out[f"worker {key}"] = _usage_words(u)
-    t = FoldTable(show_header=False, box=None, padding=(0, 1, 0, 0))
-    t.add_column(style="bold", no_wrap=True)
-    t.add_column(overflow="fold")
-    for k, v in out.items():
-        t.add_row(k, Text(_words(v)))
-    console.print(t)
-
-
-def _usage_words(u: dict[str, Any]) -> str:
-    """A worker's use over a task's steps in words (``tasks show``)."""
-    from dmsc.cli.render import human_bytes
-
-    words = f"{u['steps']} steps measured, CPU {u['cpu_percent_mean']:.0f}% of a core on average"
-    words += f" ({u['cpu_percent_max']:.0f}% at most)"
-    if u["rss_bytes_max"] is not None:
-        words += f", memory {human_bytes(u['rss_bytes_max'])} at most"
-    if u["gpu_peak_bytes_max"] is not None:
-        words += f", GPU memory {human_bytes(u['gpu_peak_bytes_max'])} at the peak"
-    return words
-
-
-def _words(value: Any) -> str:
-    """A field of ``tasks show`` as words: a mapping as ``key=value, ...``, nothing as ``-``."""
-    if value is None or value == "":
-        return "-"
-    if isinstance(value, dict):
-        return ", ".join(f"{k}={_words(v)}" for k, v in value.items()) or "-"
-    if isinstance(value, list):
-        return "[" + ", ".join(_words(v) for v in value) + "]"
-    return str(value)
-
-
-@tasks_app.command("cancel")
-def tasks_cancel(task_id: Annotated[int, typer.Argument(help="Task id.")]) -> None:
-    """Cancel a task: a queued one at once, a running one between two steps (it keeps what it
-    trained and records a model version)."""
-    from dmsc.cli.database import open_database
-    from dmsc.data.db import TaskRecord
-    from dmsc.runtime.business.queueing import TaskFinished
-    from dmsc.runtime.control.tasks.task_queue import TaskQueue
-
-    db = open_database()
-    with db.sessions() as s:
-        task = s.get(TaskRecord, task_id)
-    if task is None:
-        raise SpecError("command line", "TASK_ID", f"no task {task_id}")
-    try:
-        state = TaskQueue(db, task.run_id).cancel(task_id)
-    except (KeyError, TaskFinished) as exc:
-        raise SpecError("command line", "TASK_ID", str(exc).strip("'")) from None
-    console.print(f"task {task_id}: {state}")
-
-
-def _task_row(t: Any) -> dict[str, Any]:
-    return {
-        "id": t.id,
-        "kind": t.kind,
-        "state": t.state,
-        "tenant": t.tenant,
-        "params": json.loads(t.params_json or "{}"),
-        "attempts": t.attempts,
-        "created": t.created_at.isoformat(),
-        "error": t.error,
-        "result": json.loads(t.result_json) if t.result_json else None,
-    }

@@ -10,12 +10,10 @@ from dmsc.runtime.transport.rpc import BadRequest, parse
 
 
 def test_the_gateway_and_the_control_plane_share_the_inference_limit() -> None:
-    top = msg.MAX_INFER_TOKENS
+    top = msg.MAX_INFER_TOKENS  # one request model for both doors (tests/.../test_infer_doors)
     assert msg.InferRequest(prompt="x", tokens=top).tokens == top
-    assert msg.GatewayInferRequest(prompt="x", tokens=top).tokens == top
-    for model in (msg.InferRequest, msg.GatewayInferRequest):
-        with pytest.raises(ValidationError):
-            model(prompt="x", tokens=top + 1)
+    with pytest.raises(ValidationError):
+        msg.InferRequest(prompt="x", tokens=top + 1)
 
 
 def test_a_bad_message_is_refused_with_every_field_and_reason() -> None:

@@ -22,10 +22,9 @@ import time
 from collections.abc import Callable, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
 from functools import partial
-from typing import Annotated, Any, Protocol
+from typing import Any, Protocol
 
-from fastapi import FastAPI, HTTPException, Query, Request, Response
-from fastapi import Path as PathParam
+from fastapi import FastAPI, HTTPException, Request, Response
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
 from prometheus_client import (
@@ -36,23 +35,24 @@ from prometheus_client import (
     generate_latest,
 )
 
-from dmsc.data.db import Database, ModelVersionRecord, StorageError, TaskRecord
+from dmsc.data.db import Database, ModelVersionRecord, StorageError
 from dmsc.runtime.business.api_docs import mount_docs
 from dmsc.runtime.business.auth import Principal, PrincipalCache
 from dmsc.runtime.business.dashboard import UiSessions, mount_dashboard
 from dmsc.runtime.business.http_guard import UNAUTHORIZED, Guard
 from dmsc.runtime.business.protection import CircuitBreaker, RateLimiter, TenantAdmission
-from dmsc.runtime.business.queueing import QuotaExceeded, TaskFinished, TaskQueue
+from dmsc.runtime.business.queueing import TaskQueue
 from dmsc.runtime.business.router import POLICIES, NoReplica, Router, pick_version
+from dmsc.runtime.business.task_routes import mount_tasks
 from dmsc.runtime.business.versions import ModelVersions
-from dmsc.runtime.transport.messages import GatewayInferRequest as InferRequest
-from dmsc.runtime.transport.messages import Sampling, TrainRequest
+from dmsc.runtime.transport.messages import InferRequest, Sampling
 from dmsc.runtime.transport.rpc import NoRoom
 
 
 class Backend(Protocol):
     """What the gateway serves from: pipeline replicas that answer inference (and, when it has
-    one, ``submit_task(req, tenant)``: the control plane's one way in for a training task)."""
+    them, ``submit_task(req, tenant)``: the control plane's one way in for a training task;
+    ``answer(req, cancel)``: its answer to a whole request, an ``aggregate`` one here)."""
 
     def replicas(self) -> list[str]: ...
 
@@ -75,19 +75,6 @@ class Backend(Protocol):
     def stage_count(self) -> int:
         """Stages a request passes (its cost is tokens times this)."""
         ...
-
-
-def _task_json(t: TaskRecord) -> dict[str, Any]:
-    return {
-        "id": t.id,
-        "kind": t.kind,
-        "state": t.state,
-        "tenant": t.tenant,
-        "priority": t.priority,
-        "attempts": t.attempts,
-        "error": t.error,
-        "exception_type": t.exception_type,
-    }
 
 
 def wait_ready(base: str, timeout_s: float = 10.0) -> bool:
@@ -122,6 +109,8 @@ def _safe_errors(errors: Sequence[Any]) -> list[dict[str, Any]]:
     ]
 
 
+# aggregate through a backend that has no task heads to combine (a test's)
+NO_HEADS = "aggregate: this gateway's backend combines no task heads"
 DEADLINE_GRACE_S = 0.25  # for a backend that stopped at the deadline to say so
 
 
@@ -229,7 +218,6 @@ def create_app(
             raise HTTPException(429, "rate limit exceeded", headers={"Retry-After": str(retry)})
         return who
 
-    TaskId = Annotated[int, PathParam(ge=1, le=2**62, description="Task id")]
     if dashboard is not None and sessions is not None:
         mount_dashboard(app, dashboard, principals, sessions, authorize)
 
@@ -260,10 +248,38 @@ def create_app(
             gone.cancel()
             admission.leave(who.tenant, cost)
 
+    async def _aggregated(
+        req: InferRequest, who: Principal, gone: asyncio.Future[None], budget: float
+    ) -> dict[str, Any]:
+        """``aggregate``: the task heads of every replica at once, through the backend's own
+        answer (the control plane's, as its Infer call: the same checks, the same words)."""
+        answer = getattr(backend, "answer", None)
+        if answer is None:
+            raise HTTPException(422, NO_HEADS)
+        cancel = threading.Event()
+        timed = req.model_copy(update={"timeout_s": budget})
+        fut = asyncio.wrap_future(calls.submit(answer, timed, cancel))
+        done, _ = await asyncio.wait({fut, gone}, return_when=asyncio.FIRST_COMPLETED)
+        if fut not in done:  # nobody waits for the answer: stop computing it
+            cancel.set()
+            raise HTTPException(499, "the client closed the request")
+        try:
+            out = dict(fut.result())
+        except TimeoutError as exc:
+            raise HTTPException(504, str(exc)) from None
+        except NoRoom as exc:
+            raise HTTPException(503, f"no room for a new inference session ({exc})") from None
+        except ValueError as exc:  # BadRequest: no heads to combine, none up
+            raise HTTPException(422, str(exc)) from None
+        out.pop("token_ids", None)
+        return {"raced": None, "tenant": who.tenant, **out}
+
     async def _infer(
         req: InferRequest, who: Principal, gone: asyncio.Future[None]
     ) -> dict[str, Any]:
         budget = req.timeout_s or request_timeout_s
+        if req.aggregate is not None:
+            return await _aggregated(req, who, gone, budget)
         deadline = time.monotonic() + budget
         sampling = req.sampling()  # one seed for every replica that tries the request
         tried: set[str] = set()
@@ -378,78 +394,7 @@ def create_app(
                     raise HTTPException(503, f"no room for a new inference session ({last_error})")
                 raise HTTPException(502, last_error)
 
-    @app.post("/v1/tasks", status_code=202)
-    def submit(req: TrainRequest, request: Request) -> dict[str, Any]:
-        """The request ``dmsc train`` sends: resolved and queued by the backend's one way in
-        (the control plane's :meth:`~dmsc.runtime.control.plane.ControlPlane.submit_task`);
-        a backend without one (a test's) queues it as it came."""
-        who = authorize(request, "submit")
-        try:
-            if (submit_task := getattr(backend, "submit_task", None)) is not None:
-                task = submit_task(req, who.tenant)
-            else:
-                params = req.model_dump(exclude={"priority", "lane"}, exclude_none=True)
-                task = queue.submit(
-                    "train", params, tenant=who.tenant, priority=req.priority, lane=req.lane
-                )
-        except QuotaExceeded as exc:  # queued work, not a rate: retrying soon will not help
-            raise HTTPException(429, str(exc), headers={"Retry-After": "60"}) from None
-        except ValueError as exc:  # the control plane's check (BadRequest): the same words
-            raise HTTPException(422, str(exc)) from None
-        return _task_json(task)
-
-    def _own_task(task_id: int, who: Principal) -> TaskRecord:
-        with db.sessions() as s:
-            task = s.get(TaskRecord, task_id)
-        if task is None or (task.tenant != who.tenant and not who.may("admin")):
-            raise HTTPException(404, f"no task {task_id}")
-        return task
-
-    @app.get("/v1/tasks")
-    def list_tasks(
-        request: Request,
-        state: Annotated[str | None, Query(max_length=32)] = None,
-        limit: Annotated[int, Query(ge=1, le=1000)] = 100,
-    ) -> list[dict[str, Any]]:
-        """The caller's tenant's newest tasks, newest first (an admin key: every tenant's)."""
-        who = authorize(request, "read")
-        tenant = None if who.may("admin") else who.tenant
-        return [_task_json(t) for t in db.recent_tasks(tenant, state, limit)]
-
-    @app.get("/v1/tasks/{task_id}")
-    def get_task(task_id: TaskId, request: Request) -> dict[str, Any]:
-        return _task_json(_own_task(task_id, authorize(request, "read")))
-
-    @app.delete("/v1/tasks/{task_id}")
-    def cancel(task_id: TaskId, request: Request) -> dict[str, Any]:
-        """A queued task is cancelled at once; a running one is asked to stop (``cancelling``:
-        it stops between two steps, keeps what it trained, and ends ``cancelled``)."""
-        _own_task(task_id, authorize(request, "submit"))
-        try:
-            state = queue.cancel(task_id)
-        except KeyError:
-            raise HTTPException(404, f"no task {task_id}") from None
-        except TaskFinished as exc:
-            raise HTTPException(409, str(exc)) from None
-        return {"id": task_id, "state": state}
-
-    @app.post("/v1/tasks/{task_id}/requeue")
-    def requeue(task_id: TaskId, request: Request) -> dict[str, Any]:
-        authorize(request, "admin")
-        try:
-            queue.requeue(task_id)
-        except KeyError as exc:
-            raise HTTPException(409, str(exc).strip("'")) from None
-        return {"id": task_id, "state": "queued"}
-
-    @app.get("/v1/exceptions")
-    def exceptions(request: Request) -> list[dict[str, Any]]:
-        who = authorize(request, "read")
-        return [
-            {**_task_json(t), "log_excerpt": t.log_excerpt}
-            for t in queue.exceptions()
-            if t.tenant == who.tenant or who.may("admin")
-        ]
+    mount_tasks(app, backend, db, queue, authorize)  # /v1/tasks, /v1/exceptions
 
     @app.get("/v1/services")
     def services(request: Request) -> list[dict[str, Any]]:

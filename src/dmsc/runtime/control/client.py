@@ -57,6 +57,10 @@ class PendingTrain:
     def result(self) -> TrainReply:
         return parse_reply(TrainReply, self._future.result())
 
+    def cancel(self) -> None:
+        """Cancel the call: the control plane cancels its task (it sees the caller go)."""
+        self._future.cancel()
+
 
 class InferStream:
     """An ``InferStream`` call: iterate for the pieces of text and then the end

@@ -53,7 +53,7 @@ from dmsc.runtime.control.serving.head_inference import Heads
 from dmsc.runtime.control.serving.infer_calls import InferCalls
 from dmsc.runtime.control.serving.inference import Replicas
 from dmsc.runtime.control.serving.model_store import save_version
-from dmsc.runtime.control.tasks import lanes, task_queue, work_loop
+from dmsc.runtime.control.tasks import infer_batch, lanes, task_queue, work_loop
 from dmsc.runtime.control.tasks.door import Door
 from dmsc.runtime.control.training.corpora import TaskTexts, inside_roots
 from dmsc.runtime.control.training.local_data import load_task_shards
@@ -162,6 +162,7 @@ class ControlPlane:
             "dmsc_control_train_step_seconds", "Training step time", registry=self.metrics
         )
         self.stopped = threading.Event()
+        self.batches = infer_batch.Batches(self.door, self.calls, self.consumers, self.stopped)
         # Set when no checkpoint could restore the workers: training is refused (see start).
         self.weights_lost: str | None = None
         self.unrestored: set[int] = set()  # replicas kept out of routing for that reason
@@ -429,6 +430,9 @@ class ControlPlane:
 
     def infer_stream(self, req: InferRequest, gone: threading.Event) -> Iterator[dict[str, Any]]:
         return self.calls.infer_stream(req, gone)
+
+    def answer(self, req: InferRequest, cancel: threading.Event | None = None) -> dict[str, Any]:
+        return self.calls.answer(req, cancel)  # the gateway's aggregate request (no task)
 
     def down(self, req: DownRequest) -> dict[str, Any]:
         self.stopped.set()

@@ -13,8 +13,10 @@ from typing import Any, Protocol
 import grpc
 
 from dmsc.runtime.control.replanning import Replannable, replan_now
+from dmsc.runtime.control.tasks.infer_batch import Batches
 from dmsc.runtime.transport.messages import (
     DownRequest,
+    InferBatch,
     InferRequest,
     InjectRequest,
     ReplanRequest,
@@ -23,6 +25,7 @@ from dmsc.runtime.transport.messages import (
 )
 from dmsc.runtime.transport.replies import (
     DownReply,
+    InferBatchReply,
     InferReply,
     InjectReply,
     ReplanReply,
@@ -35,6 +38,8 @@ from dmsc.runtime.transport.rpc import message_handler, stream_handler, waiting_
 
 class Serves(Replannable, Protocol):
     """What the service calls on the control plane (:class:`~.plane.ControlPlane`)."""
+
+    batches: Batches
 
     def status(self, req: StatusRequest) -> dict[str, Any]: ...
     def train(self, req: TrainRequest, gone: threading.Event) -> dict[str, Any]: ...
@@ -55,6 +60,8 @@ def control_methods(cp: Serves) -> dict[str, grpc.RpcMethodHandler]:
         "Train": waiting_handler(TrainRequest, cp.train, reply=TrainReply),
         "Infer": message_handler(InferRequest, cp.infer, reply=InferReply),
         "InferStream": stream_handler(InferRequest, cp.infer_stream, reply=stream_item),
+        # a batch queued as one task and waited for; the caller going away cancels it
+        "InferBatch": waiting_handler(InferBatch, cp.batches.call, reply=InferBatchReply),
         "Down": message_handler(DownRequest, cp.down, reply=DownReply),
         "Inject": message_handler(InjectRequest, cp.inject, reply=InjectReply),
         "Replan": message_handler(ReplanRequest, partial(replan_now, cp), reply=ReplanReply),

@@ -329,13 +329,45 @@ class Sampling(Message):
 
 
 class InferRequest(Sampling):
-    """Generate ``tokens`` bytes after ``prompt``; with ``aggregate``, every token from the
-    task heads' distributions combined (one head per data-parallel replica, trained with
-    ``task_heads``; see :mod:`dmsc.runtime.control.serving.head_inference`)."""
+    """An inference request, the one request of both doors: ``dmsc infer`` (the control plane's
+    ``Infer``/``InferStream`` calls, and each line of ``dmsc infer --batch``) and the gateway's
+    ``POST /v1/infer``. Generate ``tokens`` tokens after ``prompt``; with ``aggregate``, every
+    token from the task heads' distributions combined (one head per data-parallel replica,
+    trained with ``task_heads``; see :mod:`dmsc.runtime.control.serving.head_inference`).
+    ``session`` keeps a client's requests on one replica (at the gateway, on one model
+    version too); ``timeout_s`` is the request's deadline (past it, it stops and frees its
+    replica). ``redundant`` (two replicas at once, the first answer wins) is the gateway's
+    alone: the control plane's calls refuse it, saying so."""
 
     prompt: Prompt
     tokens: Tokens = 40
     aggregate: Aggregate | None = None
+    session: Annotated[str, Field(max_length=MAX_SESSION_CHARS)] | None = None
+    redundant: bool = False
+    timeout_s: Annotated[float, Field(ge=0.1, le=600)] | None = None
+
+    @model_validator(mode="after")
+    def _one_way(self) -> InferRequest:
+        if self.redundant and self.aggregate is not None:
+            raise ValueError(
+                "redundant: an aggregated answer asks every task head at once: no replica to race"
+            )
+        return self
+
+
+MAX_BATCH_REQUESTS = 256  # inference requests in one queued batch
+
+
+class InferBatch(Message):
+    """A batch of inference requests run as one queued task (kind ``infer``): ``dmsc infer
+    --batch FILE`` (the ``InferBatch`` call, which waits for its end) and the gateway's
+    ``POST /v1/tasks/infer`` (which answers once it is queued). Each request is the one both
+    inference doors take; ``priority`` and ``lane`` place the task as a training task's do
+    (the short lane, ``sync``, by default: a batch holds no weights)."""
+
+    requests: Annotated[list[InferRequest], Field(min_length=1, max_length=MAX_BATCH_REQUESTS)]
+    priority: Annotated[int, Field(ge=-MAX_PRIORITY, le=MAX_PRIORITY)] = 0
+    lane: Lane = "sync"
 
 
 class StatusRequest(Message):
@@ -368,20 +400,6 @@ class RevokeRequest(Message):
     """Revoke an API key: in the database and in the running gateway's key cache."""
 
     key_id: Annotated[int, Field(ge=1, le=2**62)]
-
-
-# -- the HTTP gateway's bodies (the same limits) ------------------------------------------------
-class GatewayInferRequest(Sampling):
-    """``POST /v1/infer``."""
-
-    prompt: Prompt
-    tokens: Tokens = 40
-    session: Annotated[str, Field(max_length=MAX_SESSION_CHARS)] | None = None
-    # Redundant execution: two replicas at once, the first answer wins, the other is cancelled.
-    redundant: bool = False
-    # The request's deadline in seconds (at most the gateway's own): past it, it stops and
-    # frees its replica, and the client gets 504.
-    timeout_s: Annotated[float, Field(ge=0.1, le=600)] | None = None
 
 
 # -- from the CLI to the control-plane process -------------------------------------------------

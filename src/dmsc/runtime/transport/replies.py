@@ -218,6 +218,16 @@ class InferEnd(InferDone):
     done: Literal[True]
 
 
+class InferBatchReply(Reply):
+    """``InferBatch``: the task, how it ended, and one answer per request, in order (each the
+    fields of an ``Infer`` reply, or ``error`` with why that request got none; a cancelled
+    batch has the answers of the requests it ran)."""
+
+    task: int
+    state: Literal["done", "cancelled"]
+    answers: list[dict[str, Any]]
+
+
 def stream_item(payload: dict[str, Any]) -> InferPiece | InferEnd:
     """One message of ``InferStream``, typed (:class:`BadReply` when it is neither)."""
     if "done" in payload:

@@ -169,9 +169,11 @@ class Heads:
         cancel: threading.Event | None = None,
         ids: list[int] | None = None,
         tenant: str = "default",
+        deadline: float | None = None,
     ) -> tuple[str, str, dict[str, object]]:
         """``("heads", text, info)``: ``tokens`` drawn from the heads' combined distributions;
-        ``info`` says which heads answered, their weights and the calibration."""
+        ``info`` says which heads answered, their weights and the calibration. ``deadline``
+        (``time.monotonic()``) stops it between tokens."""
         heads = [r for r in range(self.count) if r not in self.replicas.down]
         if not heads:
             raise NoReplica("no head is up: every replica is out of routing")
@@ -210,6 +212,7 @@ class Heads:
                     sampling or Sampling(seed=0),
                     step_base=self.replicas.next_base(),
                     cancel=cancel,
+                    deadline=deadline,
                     turn=lambda until: self._turns(list(live), tenant, until),
                     token_timeout_s=self.replicas.token_timeout_s,
                     on_token=None if on_token is None else text_stream(tok, on_token),

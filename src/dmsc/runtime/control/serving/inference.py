@@ -36,6 +36,7 @@ import json
 import logging
 import threading
 import time
+import zlib
 from collections.abc import Callable, Iterator, Sequence
 from typing import TYPE_CHECKING
 
@@ -367,11 +368,14 @@ class Replicas:
         on_token: Callable[[int], None] | None = None,
         cancel: threading.Event | None = None,
         ids: list[int] | None = None,
+        deadline: float | None = None,
+        session: str | None = None,
     ) -> tuple[str, str]:
-        """``(replica, text)`` from the first replica that answers, trying each in turn.
-        ``on_token`` sees each byte once: a replica that takes over after another failed draws
-        the same bytes again (same seed, same weights), and those already seen are not
-        repeated."""
+        """``(replica, text)`` from the first replica that answers, trying each in turn (a
+        ``session``'s own replica first, the same for every request of it). ``on_token`` sees
+        each byte once: a replica that takes over after another failed draws the same bytes
+        again (same seed, same weights), and those already seen are not repeated. ``deadline``
+        (``time.monotonic()``) stops it between tokens."""
         errors, seen = [], 0
 
         def once(drawn: list[int]) -> Callable[[int], None] | None:
@@ -387,10 +391,21 @@ class Replicas:
 
             return forward
 
-        for replica in self.names():
+        names = self.names()
+        if session is not None and names:  # sticky: the session's replica, then the others
+            k = zlib.crc32(session.encode()) % len(names)
+            names = names[k:] + names[:k]
+        for replica in names:
             try:
                 return replica, self.infer_on(
-                    replica, prompt, tokens, cancel, sampling=sampling, on_token=once([]), ids=ids
+                    replica,
+                    prompt,
+                    tokens,
+                    cancel,
+                    deadline=deadline,
+                    sampling=sampling,
+                    on_token=once([]),
+                    ids=ids,
                 )
             except (WorkerFailure, NoRoom) as exc:  # a full replica: another may have room
                 errors.append(f"{replica}: {exc}")

@@ -1,9 +1,11 @@
-"""The one way in for a training task: both doors, ``dmsc train`` (the ``Train`` call) and the
+"""The one way in for a queued task: both doors, ``dmsc train`` (the ``Train`` call) and the
 gateway's ``POST /v1/tasks``, hand the same :class:`~dmsc.runtime.transport.messages.TrainRequest`
 to :meth:`Door.submit`, which resolves it once (the control plane's check: plan, data roots, the
 corpus, a resized plan) into the task's stored parameters and queues it under the request's
 priority and lane. The gateway answers once it is queued; the Train call then waits
 (:meth:`Door.wait`) until a consumer of the queue ran it, and its caller going away cancels it.
+A batch of inference requests (:mod:`.infer_batch`) comes in through the same queue
+(:meth:`Door.queue_task`, :meth:`Door.wait_for`).
 """
 
 from __future__ import annotations
@@ -25,7 +27,8 @@ from dmsc.runtime.transport.rpc import Abandoned
 
 POLL_S = 0.2
 
-Ran = tuple[TrainReport, int] | BaseException  # the report and model version, or what failed
+# what running a task gave (a training task: its report and model version), or what failed
+Ran = object
 
 
 @dataclass
@@ -48,18 +51,27 @@ class Door:
     ) -> tuple[TaskRecord, TrainParams]:
         """Resolve ``req`` and queue it; ``wait``: :meth:`wait` will be asked for its end."""
         params = self.resolve(req)
+        args = (tenant, req.priority, req.lane, max_attempts, wait)
+        return self.queue_task("train", params.as_json(), *args), params
+
+    def queue_task(
+        self,
+        kind: str,
+        params: dict[str, object],
+        tenant: str,
+        priority: int,
+        lane: str,
+        max_attempts: int,
+        wait: bool = False,
+    ) -> TaskRecord:
+        """Queue a task of ``kind`` whose ``params`` are resolved already."""
         task = self.queue.submit(
-            "train",
-            params.as_json(),
-            tenant=tenant,
-            priority=req.priority,
-            lane=req.lane,
-            max_attempts=max_attempts,
+            kind, params, tenant=tenant, priority=priority, lane=lane, max_attempts=max_attempts
         )
         if wait:
             with self._lock:
                 self._waiting[task.id] = _Waiting()
-        return task, params
+        return task
 
     def ran(self, task_id: int, outcome: Ran) -> None:
         """What running the task gave (the consumer's run, :meth:`.plane.ControlPlane.run_task`)."""
@@ -76,7 +88,14 @@ class Door:
     def wait(
         self, task_id: int, gone: threading.Event | None = None
     ) -> tuple[TrainReport, int, str]:
-        """The report, model version and end state of the task once it ended; raises what it
+        """The report, model version and end state of the training task once it ended (as
+        :meth:`wait_for`)."""
+        ran, state = self.wait_for(task_id, gone)
+        assert isinstance(ran, tuple)  # what run_task gave: (report, version)
+        return ran[0], ran[1], state
+
+    def wait_for(self, task_id: int, gone: threading.Event | None = None) -> tuple[object, str]:
+        """What running the task gave and its end state, once it ended; raises what it
         failed with. ``gone`` set (the caller went away) cancels it; a task cancelled before
         it started raises :class:`~dmsc.runtime.transport.rpc.Abandoned`."""
         with self._lock:
@@ -97,7 +116,7 @@ class Door:
                 outcome = waiting.ran[-1]
                 if isinstance(outcome, BaseException):
                     raise outcome
-                return outcome[0], outcome[1], state
+                return outcome, state
         finally:
             with self._lock:
                 self._waiting.pop(task_id, None)

@@ -1,4 +1,5 @@
-"""The control plane's loop over queued training tasks, and how a task's end is recorded.
+"""The control plane's loop over queued tasks (training, and batches of inference requests:
+:mod:`.infer_batch`), and how a task's end is recorded.
 
 Every task the loop claims reaches a terminal state (or, with attempts left, the queue again),
 whatever the disk does. A write the database refuses (a full disk: SQLite's "database or disk is
@@ -46,8 +47,17 @@ class Versions(Protocol):
     def sync_versions(self) -> None: ...
 
 
+class Batches(Protocol):
+    """Runs a queued batch of inference requests (:class:`.infer_batch.Batches`): its answers
+    and whether a cancel stopped it."""
+
+    def run(self, task_id: int, params: dict[str, Any]) -> tuple[list[dict[str, Any]], bool]: ...
+
+
 class Plane(Protocol):
     """What the loop asks of the control plane."""
+
+    batches: Batches
 
     stopped: threading.Event
     log: logging.Logger
@@ -176,6 +186,8 @@ def run_next(
     if task is None:
         return False
     extra = {"task_id": task.id, "run": cp.run.id, "lane": lane}
+    if task.kind == "infer":  # a batch of inference requests: no weights held, nothing lent
+        return _run_batch(cp, queue, task.id, json.loads(task.params_json), extra)
     try:
         params = _params(cp, json.loads(task.params_json))
         nests, fits = lanes.nestable(params, cp.plan.job.dp), lanes.fits(params, cp.plan.job.dp)
@@ -191,4 +203,20 @@ def run_next(
         cp.log.info(f"task {state}", extra=extra)
     if state is not None:
         cp.m_tasks.labels("train", state).inc()
+    return True
+
+
+def _run_batch(
+    cp: Plane, queue: TaskQueue, task_id: int, params: dict[str, Any], extra: dict[str, Any]
+) -> bool:
+    try:
+        _, cancelled = cp.batches.run(task_id, params)
+    except Exception as exc:
+        state = record_end(queue, task_id, cp.stopped, cp.log, exc)
+        cp.log.warning("task failed: %s", exc, extra=extra)
+    else:
+        state = record_end(queue, task_id, cp.stopped, cp.log, cancelled=cancelled)
+        cp.log.info(f"task {state}", extra=extra)
+    if state is not None:
+        cp.m_tasks.labels("infer", state).inc()
     return True
