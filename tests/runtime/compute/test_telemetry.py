@@ -60,7 +60,9 @@ def test_a_busy_step_and_an_idle_one_measure_what_proc_says() -> None:
         assert abs(got["cpu_percent"] - want) < 8, (name, got, want)  # 10 ms ticks over 0.5 s
         assert got["gpu_peak_bytes"] is None  # no CUDA here
         shown[name] = got["cpu_percent"]
-    assert shown["busy"] > 40 > shown["idle"], shown
+    # how much of a core the busy loop gets depends on what else runs (CI measured 28 %): /proc
+    # agreeing is the check above; here only that the busy step shows the CPU it took
+    assert shown["busy"] > shown["idle"] + 10, shown
 
 
 def test_an_allocation_raises_the_rss_by_what_proc_says() -> None:
