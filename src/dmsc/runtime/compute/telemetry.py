@@ -103,7 +103,7 @@ class Telemetry:
 
     def mark(self) -> Mark:
         busy, total = _node_cpu()
-        net = psutil.net_io_counters()
+        net = psutil.net_io_counters(nowrap=False)  # the kernel's sums as /proc/net/dev has them
         sent, recv = (net.bytes_sent, net.bytes_recv) if net is not None else (0, 0)
         return Mark(time.monotonic(), _process_cpu_s(self.proc), busy, total, sent, recv)
 
@@ -120,8 +120,9 @@ class Telemetry:
             "node_cpu_percent": 100.0
             * (new.node_busy_s - old.node_busy_s)
             / max(new.node_all_s - old.node_all_s, 1e-9),
-            "net_sent_bytes_s": (new.net_sent - old.net_sent) / dt,
-            "net_recv_bytes_s": (new.net_recv - old.net_recv) / dt,
+            # an interface that went away takes its counts with it: never a negative rate
+            "net_sent_bytes_s": max(new.net_sent - old.net_sent, 0) / dt,
+            "net_recv_bytes_s": max(new.net_recv - old.net_recv, 0) / dt,
         }
 
     def _every(self, window_s: float) -> None:
@@ -157,7 +158,7 @@ class Telemetry:
     def node(self) -> dict[str, Any]:
         """The machine now: CPU % over the last window, cores, memory, network totals and rates."""
         vm = psutil.virtual_memory()
-        net = psutil.net_io_counters()
+        net = psutil.net_io_counters(nowrap=False)  # the kernel's sums as /proc/net/dev has them
         return {
             "host": self.host,
             "cpus": self.cpus,
