@@ -214,11 +214,14 @@ class Save(Message):
 
 
 class Load(Message):
-    """Load a checkpoint written by ``Save``; ``sha256`` (when given) must match the file."""
+    """Load a checkpoint written by ``Save``; ``sha256`` (when given) must match the file.
+    ``others``: the checkpoint's other stage files (path -> SHA-256), where the stage finds the
+    tensors its own file lacks (a checkpoint of another cut: interleaved, or plain)."""
 
     path: Annotated[str, Field(min_length=1, max_length=4096)]
     sha256: str = ""
     epoch: Epoch | None = None
+    others: Annotated[dict[str, str], Field(max_length=4096)] = Field(default_factory=dict)
 
 
 class Assume(Message):
