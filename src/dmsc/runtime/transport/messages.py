@@ -152,7 +152,7 @@ class RunStep(Message):
 
     step: Step
     microbatches: Annotated[int, Field(gt=0, le=MAX_MICROBATCHES)]
-    schedule: Schedule = "1f1b"
+    schedule: Schedule = "1f1b"  # a stage of several chunks runs 1f1b interleaved
     train: bool = True
     eval: bool = False
     epoch: Epoch | None = None  # default: the worker's own
