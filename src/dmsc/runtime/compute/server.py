@@ -33,8 +33,9 @@ from dmsc.data.shards import read_shard
 from dmsc.runtime.compute import tp_worker
 from dmsc.runtime.compute.checkpoints import (
     CheckpointError,
+    checkpoint_keys,
     checkpoint_sha256,
-    read_state,
+    read_states,
     verify_checkpoint,
 )
 from dmsc.runtime.compute.config import WorkerConfig
@@ -123,6 +124,7 @@ class StageWorker:
             hidden=self.spec.hidden,
             n_params=self.n_params,
             tied=self.tied is not None,
+            chunks=self.module.chunks,
         )
         self.steps_done = 0
         self.sessions: dict[str, StageSession] = {}  # inference sessions' keys and values
@@ -214,7 +216,12 @@ class StageWorker:
             self.round_policy = (m.late_policy, m.grad_wait_s)
         if m.local_batch is not None:
             self._feed_from_shard(m.step, m.local_batch, m.microbatches)
-        ops = step_ops(m.schedule, cfg.stage, cfg.stages, m.microbatches, m.train)
+        try:  # a stage of several chunks runs the interleaved schedule
+            ops = step_ops(
+                m.schedule, cfg.stage, cfg.stages, m.microbatches, m.train, len(cfg.ranges())
+            )
+        except ValueError as exc:
+            raise BadRequest(f"RunStep: {exc}") from None
         cache = self._session(m.session, m.start) if m.session and not m.train else None
         try:
             done = run_ops(
@@ -229,6 +236,7 @@ class StageWorker:
                 cache,
                 m.start,
                 self.autocast,
+                cfg.stages,
             )
         except BaseException:
             if m.session:  # a step that failed half-way leaves the cache half-extended
@@ -456,7 +464,7 @@ class StageWorker:
         path = Path(m.path)
         try:
             verify_checkpoint(path, m.sha256)
-            state = read_state(path)
+            state = read_states(path, m.others, checkpoint_keys(self.spec, self.module))
             kind = "adamw" if not state.param_groups or "betas" in state.param_groups[0] else "sgd"
             with self._lock:
                 if kind != optimizer_kind(self.optimizer):
