@@ -2,7 +2,8 @@
 
 - The example clusters (``selene``, ``nsfnet``, ``local_cpu``).
 - :func:`run_dmsc`, the ``dmsc`` command as a user runs it (a real process, its output and exit
-  code), and the ``dmsc`` fixture: the same with a data directory (``DMSC_HOME``) of the test's own.
+  code; forked from a server that imported the CLI once: :mod:`cli_fork`), and the ``dmsc``
+  fixture: the same with a data directory (``DMSC_HOME``) of the test's own.
 - Markers (registered in ``pyproject.toml``): ``integration`` for tests that start processes or
   services, ``chaos`` for fault injection. Test modules of this tree mark themselves; the folders
   listed in :data:`MARKED_BY_PATH` are marked here, by path. ``pytest -m "not integration"`` is
@@ -24,6 +25,7 @@ import sys
 from collections.abc import Callable
 from pathlib import Path
 
+import cli_fork
 import pytest
 
 from dmsc.spec import ClusterSpec, load_spec
@@ -46,6 +48,9 @@ MARKED_BY_PATH: dict[str, tuple[str, ...]] = {
 
 DmscRunner = Callable[..., "subprocess.CompletedProcess[str]"]
 
+if cli_fork.wanted():  # the server this process forks from imports the CLI when it starts
+    cli_fork.add_preload()
+
 
 def run_dmsc(
     *args: str, home: Path | None = None, timeout: float = 300
@@ -53,6 +58,8 @@ def run_dmsc(
     """Run ``python -m dmsc ARGS`` in the repository root, with ``DMSC_HOME=home`` when given
     (else the caller's environment), and return its exit code and captured output."""
     env = {**os.environ, "DMSC_HOME": str(home)} if home is not None else None
+    if cli_fork.wanted():  # forked from a server that imported the CLI once (tests/cli_fork.py)
+        return cli_fork.run(list(args), env or dict(os.environ), str(ROOT), timeout)
     return subprocess.run(
         [sys.executable, "-m", "dmsc", *args],
         capture_output=True,

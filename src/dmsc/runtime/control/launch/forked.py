@@ -30,11 +30,11 @@ import subprocess
 import sys
 import threading
 import types
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from multiprocessing.connection import Connection, wait
 from multiprocessing.process import BaseProcess
 from pathlib import Path
-from typing import TextIO
+from typing import Any, TextIO
 
 from dmsc.runtime.transport import logs
 
@@ -113,6 +113,11 @@ def wanted() -> bool:
     return os.environ.get("DMSC_WORKER_START") != "exec"
 
 
+def preload(*modules: str) -> None:
+    """More modules for the server to import when it starts (no effect once it runs)."""
+    _PRELOAD.extend(m for m in modules if m not in _PRELOAD)
+
+
 def warm() -> None:
     """Start the server now, without forking a worker: it imports the worker while the caller
     goes on with its own start."""
@@ -121,18 +126,24 @@ def warm() -> None:
         multiprocessing.forkserver.ensure_running()
 
 
-def start_forked(config: Path, home: Path, sid: str) -> ForkedProcess:
-    """Fork a worker reading ``config`` (its ``stdout`` is the read end of its standard
-    output)."""
+def fork(target: Callable[..., None], args: tuple[Any, ...], name: str) -> BaseProcess:
+    """``target(*args)`` in a process forked from the server (started with it when needed)."""
     ctx = multiprocessing.get_context("forkserver")
-    read, write = ctx.Pipe(duplex=False)
-    args = (str(config), str(home), sid, write, dict(os.environ), os.getcwd())
     # daemon: a launcher that exits normally takes its workers with it (a kill -9 does not: they
     # leave once they find the launcher gone: .compute.worker.owner_gone)
-    proc = ctx.Process(target=_serve, args=args, name=sid, daemon=True)
+    proc = ctx.Process(target=target, args=args, name=name, daemon=True)
     with _LOCK, _no_main():
         ctx.set_forkserver_preload(_PRELOAD)  # read when the server starts: the first time only
         proc.start()
+    return proc
+
+
+def start_forked(config: Path, home: Path, sid: str) -> ForkedProcess:
+    """Fork a worker reading ``config`` (its ``stdout`` is the read end of its standard
+    output)."""
+    read, write = multiprocessing.get_context("forkserver").Pipe(duplex=False)
+    args = (str(config), str(home), sid, write, dict(os.environ), os.getcwd())
+    proc = fork(_serve, args, sid)
     write.close()
     stdout = os.fdopen(os.dup(read.fileno()), "r")
     read.close()
