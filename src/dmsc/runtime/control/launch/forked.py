@@ -13,6 +13,10 @@ and kill / terminate / wait. Each worker gets the environment and working direct
 it starts (the server's are those of its own start), its standard error appended to its
 ``<SID>.stderr`` and its standard output to a pipe the launcher reads ``READY host:port`` from.
 
+``dmsc up``'s control plane starts the server (:func:`warm`) before it imports itself, so that the
+two imports overlap. :func:`fork` runs any function in a forked process; the tests fork their
+``python -m dmsc`` calls that way, with the CLI added to what the server imports (:func:`preload`).
+
 Why one lock for every call into :mod:`multiprocessing`: a forkserver child's exit code is read
 once from a pipe, and ``Process.start`` polls the other children; two threads polling one child
 at once (a deployment starts its workers in parallel and watches them from others) could both see
