@@ -37,7 +37,7 @@ from dmsc.runtime.control.db_watch import watch_database
 from dmsc.runtime.control.plane import ControlPlane
 from dmsc.runtime.control.training.retention import Retention
 from dmsc.runtime.control.watchdog import watch_workers
-from dmsc.runtime.transport import logs
+from dmsc.runtime.transport import logs, tls
 from dmsc.runtime.transport.messages import (
     CONTROL_SERVICE,
     AutoscaleSettings,
@@ -165,6 +165,7 @@ def main(stdin: TextIO | None = None) -> None:
     from dmsc.spec import ClusterSpec, load_spec
 
     cluster = load_spec(ClusterSpec, Path(settings.cluster)) if settings.cluster else None
+    cli_leaf = tls.install_authority(home)  # mutual TLS from here on; the CLI's leaf
     cp = ControlPlane(
         plan,
         db,
@@ -207,6 +208,7 @@ def main(stdin: TextIO | None = None) -> None:
 
         from dmsc.runtime.business.gateway import create_app
         from dmsc.runtime.business.http_guard import header_deadline_protocol
+        from dmsc.runtime.business.https import StrictTransport, uvicorn_tls
 
         app = create_app(
             cp,
@@ -222,7 +224,8 @@ def main(stdin: TextIO | None = None) -> None:
         )
         gateway = uvicorn.Server(
             uvicorn.Config(
-                app,
+                StrictTransport(app),  # HSTS on every answer over HTTPS
+                **uvicorn_tls(settings.tls_cert, settings.tls_key),
                 log_level="warning",
                 # Open connections and requests at once: past it, 503 rather than exhaustion.
                 limit_concurrency=GATEWAY_CONNECTIONS,
@@ -255,6 +258,7 @@ def main(stdin: TextIO | None = None) -> None:
         "run": cp.run.id,
         "metrics": metrics_server(cp.metrics),
         "token": token,
+        "tls": cli_leaf.wire(),  # the CLI's leaf certificate and key: this file is 0600
         "database": location(db.url),  # CLI commands that open it check it is this one
         "queue": settings.queue,  # the task queue's policy (dmsc up --queue)
     }

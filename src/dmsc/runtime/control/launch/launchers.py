@@ -25,7 +25,7 @@ from typing import Protocol
 
 from dmsc.runtime.compute.config import WorkerConfig
 from dmsc.runtime.control.launch.forked import start_forked
-from dmsc.runtime.transport import logs
+from dmsc.runtime.transport import logs, tls
 
 
 class Process(Protocol):
@@ -76,6 +76,14 @@ class Launcher(Protocol):
         """Give back what :meth:`prepare` reserved, once the deployment's workers are stopped."""
 
 
+def with_leaf(cfg: WorkerConfig) -> WorkerConfig:
+    """``cfg`` with a leaf certificate of its SID and epoch when this process issues them
+    (:func:`dmsc.runtime.transport.tls.issuer`): made at each start, so that a replacement holds
+    its own epoch's and the fenced one's is refused."""
+    issue = tls.issuer()
+    return cfg if issue is None else replace(cfg, tls=issue(cfg.sid, cfg.epoch).wire())
+
+
 class LocalLauncher:
     """Worker processes on this machine (``python -m dmsc.runtime.compute.worker``); their logs
     go under ``home`` (default: the ``workdir`` each start is given)."""
@@ -98,7 +106,8 @@ class LocalLauncher:
     def start(self, cfg: WorkerConfig, workdir: Path) -> WorkerHandle:
         home = self.home if self.home is not None else workdir
         cfg = replace(cfg, log_file=str(logs.log_file(home, cfg.sid)), owner_pid=os.getpid())
-        path = workdir / f"{cfg.sid}.json"  # holds the service credential: owner only
+        cfg = with_leaf(cfg)
+        path = workdir / f"{cfg.sid}.json"  # holds the credential and the leaf's key: owner only
         logs.write_private(path, json.dumps(asdict(cfg)))
         proc: Process
         if self.fork:
