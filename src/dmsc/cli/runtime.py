@@ -248,6 +248,13 @@ def up(
     insecure: Annotated[
         bool, typer.Option("--insecure", help="Plain HTTP on an address other than loopback.")
     ] = False,
+    encrypt_checkpoints: Annotated[
+        bool,
+        typer.Option(
+            "--encrypt-checkpoints",
+            help="Seal checkpoints (AES-GCM; the key in $DMSC_HOME/keys, outside them).",
+        ),
+    ] = False,
 ) -> None:
     """Start the control plane and one worker process per stage replica."""
     from dmsc.data.db import data_dir
@@ -281,6 +288,7 @@ def up(
     https = gateway_tls(gateway, home, tls_cert, tls_key, tls, insecure)
     if https is not None:
         more |= {"tls_cert": str(https.cert), "tls_key": str(https.key)}
+    more["encrypt_checkpoints"] = encrypt_checkpoints
     settings = settings.model_copy(update={"autoscale": scale, "cluster": cluster_path, **more})
     stderr_path = logs.stderr_file(home, logs.CONTROL)
     seen = stderr_path.stat().st_size if stderr_path.exists() else 0  # earlier starts' lines

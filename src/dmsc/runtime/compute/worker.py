@@ -29,6 +29,7 @@ from pathlib import Path
 
 import grpc
 
+from dmsc.runtime.compute import sealing
 from dmsc.runtime.compute.config import WorkerConfig
 from dmsc.runtime.compute.server import StageWorker
 from dmsc.runtime.transport import tls
@@ -76,6 +77,8 @@ def main(argv: list[str] | None = None) -> None:
     cfg = WorkerConfig(**json.loads(Path(args.config).read_text()))
     if cfg.tls is not None:  # its leaf (SID@epoch): every server and channel is mutual TLS
         tls.install(tls.Leaf.from_wire(cfg.tls))
+    if cfg.checkpoint_key is not None:  # checkpoints sealed with the control plane's key
+        sealing.install(bytes.fromhex(cfg.checkpoint_key))
     worker = StageWorker(cfg, _logger(cfg))
     server, port = serve(STAGE_SERVICE, worker.methods(), f"{cfg.host}:0", token=cfg.token)
     worker.metrics_address = metrics_server(worker.metrics)

@@ -33,6 +33,7 @@ from dmsc.data.db import Database, StorageError, control_file, data_dir
 from dmsc.data.storage import location
 from dmsc.planner.plan import Plan
 from dmsc.runtime.business.auth import PrincipalCache, revoke
+from dmsc.runtime.compute import sealing
 from dmsc.runtime.control.db_watch import watch_database
 from dmsc.runtime.control.plane import ControlPlane
 from dmsc.runtime.control.training.retention import Retention
@@ -166,6 +167,8 @@ def main(stdin: TextIO | None = None) -> None:
 
     cluster = load_spec(ClusterSpec, Path(settings.cluster)) if settings.cluster else None
     cli_leaf = tls.install_authority(home)  # mutual TLS from here on; the CLI's leaf
+    if settings.encrypt_checkpoints:  # sealed by every worker (and read here) with this key
+        sealing.install(sealing.home_key(home))
     cp = ControlPlane(
         plan,
         db,
