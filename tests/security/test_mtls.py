@@ -20,6 +20,8 @@ from dmsc.runtime.business.registry import REGISTRY_SERVICE, Registry, registry_
 from dmsc.runtime.compute.worker import STAGE_SERVICE, StageWorker
 from dmsc.runtime.transport import tls
 from dmsc.runtime.transport.authority import Authority, Leaf, worker_name
+from dmsc.runtime.transport.messages import Heartbeat
+from dmsc.runtime.transport.replies import HeartbeatReply
 from dmsc.runtime.transport.rpc import Client, bytes_handler, serve
 from dmsc.runtime.transport.wire import Kind, encode
 
@@ -33,10 +35,10 @@ def services() -> Iterator[tuple[dict[str, str], tls.FenceFloors]]:
     """The registry and a stage worker, both over mutual TLS with fence floors of their own."""
     fences = tls.FenceFloors()
     reg = Registry(ttl_s=60, fences=fences)
-    reg_server, reg_port = serve(
-        REGISTRY_SERVICE, registry_methods(reg), token=TOKEN, leaf=CA.issue("control"),
-        fences=fences,
-    )  # fmt: skip
+    # the registry's methods check its own floors; the worker's server is given them
+    reg_leaf = CA.issue("control")
+    methods = registry_methods(reg)
+    reg_server, reg_port = serve(REGISTRY_SERVICE, methods, token=TOKEN, leaf=reg_leaf)
     worker = StageWorker(first_stage(f"127.0.0.1:{reg_port}", epoch=0, token=TOKEN))
     leaf = CA.issue(worker_name("s0", 0))
     server, port = serve(STAGE_SERVICE, worker.methods(), token=TOKEN, leaf=leaf, fences=fences)
@@ -96,6 +98,15 @@ def test_the_registry_fences_certificates_of_a_replaced_instance() -> None:
     assert fences.fenced("s0", 0) and fences.fenced("s0", 1) and not fences.fenced("s0", 2)
     assert reg.register(ServiceInfo("s1", "stage", 1, "a:2", epoch=4))
     assert fences.floors() == {"s0": 2, "s1": 4}
+    # a worker learns the floors with each heartbeat (and its registration), for its server
+    server, port = serve(REGISTRY_SERVICE, registry_methods(reg))
+    client = Client(f"127.0.0.1:{port}", REGISTRY_SERVICE, timeout_s=5)
+    try:
+        beat = client.ask("Heartbeat", Heartbeat(sid="s1", epoch=4), HeartbeatReply)
+        assert beat.known and beat.fences == {"s0": 2, "s1": 4}
+    finally:
+        client.close()
+        server.stop(0)
 
 
 class Tap:

@@ -51,10 +51,11 @@ class Registry:
         clock: Callable[[], float] = time.monotonic,
         fences: tls.FenceFloors | None = None,
     ) -> None:
-        """``fences`` (default: the process's, :data:`.tls.FENCES`) follows every fence floor
-        raised here: the certificates of fenced epochs are refused by this process's servers."""
+        """``fences`` (default: its own) follows every fence floor raised here: the registry's
+        service refuses the certificates of fenced epochs, and its answers hand the floors to
+        the workers (each deployment's registry has its own: SIDs are per deployment)."""
         self.ttl_s = ttl_s
-        self.fences = fences if fences is not None else tls.FENCES
+        self.fences = fences if fences is not None else tls.FenceFloors()
         self.clock = clock
         self._services: dict[str, tuple[ServiceInfo, float]] = {}
         self._fence_floor: dict[str, int] = {}  # per SID: instances below this epoch are fenced
@@ -178,10 +179,12 @@ def registry_methods(reg: Registry) -> dict[str, grpc.RpcMethodHandler]:
         version, services = reg.watch(m.since, m.timeout_s)
         return {"version": version, "services": [asdict(s) for s in services]}
 
-    return {
+    methods = {
         "Register": message_handler(msg.Register, register, reply=Registered),
         "Heartbeat": message_handler(msg.Heartbeat, heartbeat, reply=HeartbeatReply),
         "Deregister": message_handler(msg.Deregister, deregister),
         "Lookup": message_handler(msg.Lookup, lookup),
         "Watch": message_handler(msg.Watch, watch),
     }
+    # over mutual TLS, a fenced epoch's certificate is refused by every method (.tls)
+    return {name: tls.fence_checked(h, reg.fences) for name, h in methods.items()}

@@ -80,7 +80,8 @@ def main(argv: list[str] | None = None) -> None:
     if cfg.checkpoint_key is not None:  # checkpoints sealed with the control plane's key
         sealing.install(bytes.fromhex(cfg.checkpoint_key))
     worker = StageWorker(cfg, _logger(cfg))
-    server, port = serve(STAGE_SERVICE, worker.methods(), f"{cfg.host}:0", token=cfg.token)
+    at, floors = f"{cfg.host}:0", tls.FENCES  # floors: the registry's, from each heartbeat
+    server, port = serve(STAGE_SERVICE, worker.methods(), at, token=cfg.token, fences=floors)
     worker.metrics_address = metrics_server(worker.metrics)
     worker.address = f"{cfg.host}:{port}"
     registered = worker.register()

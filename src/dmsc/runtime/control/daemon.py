@@ -254,7 +254,8 @@ def main(stdin: TextIO | None = None) -> None:
     revoking = partial(_revoke, db, principals)
     revoke_method = message_handler(RevokeRequest, revoking, reply=RevokeReply)
     methods = {**cp.methods(), "Revoke": revoke_method}
-    server, port = serve(CONTROL_SERVICE, methods, token=token)
+    fences = cp.deployment.registry.fences  # a fenced epoch's certificate: refused here too
+    server, port = serve(CONTROL_SERVICE, methods, token=token, fences=fences)
     info = {
         "address": f"127.0.0.1:{port}",
         "pid": os.getpid(),

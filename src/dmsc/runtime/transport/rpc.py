@@ -274,12 +274,11 @@ def serve(
     """Start a server for ``service`` on ``address``; returns it and its port. With ``token``,
     only callers that present it (``authorization: Bearer <token>``) are served. With a
     ``leaf`` (default: the process's, :func:`.tls.current`), only callers with a leaf of its
-    authority, and not fenced in ``fences`` (default :data:`.tls.FENCES`), are served."""
+    authority are served, and with ``fences`` only those whose leaf is not of a fenced epoch."""
     interceptors = [_CredentialCheck(token)] if token else []
     leaf = leaf or tls.current()
-    if leaf is not None:
-        floors = fences if fences is not None else tls.FENCES
-        methods = {name: tls.fence_checked(h, floors) for name, h in methods.items()}
+    if fences is not None:
+        methods = {name: tls.fence_checked(h, fences) for name, h in methods.items()}
     server = grpc.server(
         futures.ThreadPoolExecutor(max_workers=workers),
         options=SERVER_OPTIONS,

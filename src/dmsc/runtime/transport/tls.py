@@ -8,12 +8,14 @@ its channels check the server's certificate against that authority, under the on
 leaf carries (``grpc.ssl_target_name_override``; see :mod:`.authority`). A process with none
 (a test that builds a worker by hand, ``dmsc calibrate``'s loopback probe) stays on plain gRPC.
 
-Fencing: a worker's leaf names its SID and the epoch it was started in. :data:`FENCES` holds,
-per SID, the lowest epoch still served (the registry raises it when a replacement registers or
-an instance is fenced: :mod:`dmsc.runtime.business.registry`; a worker learns the registry's
-floors with its registration and each heartbeat). A call made with the leaf of an epoch below
-its SID's floor is refused (PERMISSION_DENIED) before its request is read, whatever it carries.
-In a worker the floors are as fresh as its last heartbeat (a third of the failure timeout).
+Fencing: a worker's leaf names its SID and the epoch it was started in. A :class:`FenceFloors`
+holds, per SID, the lowest epoch still served: each registry keeps its own (raised when a
+replacement registers or an instance is fenced: :mod:`dmsc.runtime.business.registry`), and
+checks it on its own service and the control service; a worker learns its registry's floors
+with its registration and each heartbeat, into :data:`FENCES`, which its server checks. A call
+made with the leaf of an epoch below its SID's floor is refused (PERMISSION_DENIED) before its
+request is read, whatever it carries. In a worker the floors are as fresh as its last heartbeat
+(a third of the failure timeout).
 """
 
 from __future__ import annotations
@@ -74,7 +76,7 @@ class FenceFloors:
             return self._floors.get(sid, 0) > epoch
 
 
-FENCES = FenceFloors()  # this process's: the registry's (control plane), or learnt (worker)
+FENCES = FenceFloors()  # a worker process's: learnt from its registry
 
 
 def server_credentials(leaf: Leaf) -> grpc.ServerCredentials:
