@@ -63,7 +63,7 @@ def _self_signed(home: Path, host: str) -> tuple[Path, Path]:
     folder.mkdir(parents=True, exist_ok=True)
     folder.chmod(0o700)
     cert, key = folder / "gateway.pem", folder / "gateway.key"
-    hosts = [host, "localhost", "127.0.0.1"]
+    hosts = [host.strip("[]"), "localhost", "127.0.0.1"]  # an IPv6 address without brackets
     if host in ("0.0.0.0", "::", ""):  # every address: name this machine
         hosts = [socket.gethostname(), "localhost", "127.0.0.1"]
     if cert.exists() and key.exists():
