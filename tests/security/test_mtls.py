@@ -182,3 +182,18 @@ def test_no_plaintext_crosses_the_wire_between_two_services() -> None:
     sealed, markers = _captured(secure=True)
     assert len(sealed) > 2 * len(markers[2])
     assert not any(m in sealed for m in markers)
+
+
+def test_a_workers_leaf_names_its_sid_and_epoch_and_lives_a_week() -> None:
+    """What the docs say of a worker's certificate, read back from the certificate itself."""
+    from cryptography import x509
+    from cryptography.x509.oid import NameOID
+
+    leaf = CA.issue(worker_name("stage1-r0", 3))
+    cert = x509.load_pem_x509_certificate(leaf.cert)
+    assert cert.subject.get_attributes_for_oid(NameOID.COMMON_NAME)[0].value == "stage1-r0@3"
+    names = cert.extensions.get_extension_for_class(x509.SubjectAlternativeName).value
+    assert names.get_values_for_type(x509.DNSName) == ["dmsc.internal"]
+    lifetime = cert.not_valid_after_utc - cert.not_valid_before_utc
+    assert abs(lifetime.total_seconds() - (7 * 86400 + 300)) < 5  # 7 days, 5 min of skew
+    assert cert.issuer == CA.cert.subject
