@@ -10,7 +10,10 @@ in a process of its own (``--serve-bare PORT``), as the gateway does inside the 
 plane's process.
 
 wrk comes from the system's packages (Debian: ``apt-get install wrk``); without it the program
-says so and exits 2. Prints a table, or with --json one object: per target requests_per_s,
+says so and exits 2. With ``--tls`` a second deployment (a home of its own) serves its gateway
+over HTTPS (``dmsc up --tls``, a self-signed certificate), and its two targets join the same
+interleaved rounds: the cost of TLS side by side (``ratio_to_plain``: requests/s over the same
+route's over plain HTTP). Prints a table, or with --json one object: per target requests_per_s,
 latency p50/p99 in ms, non-2xx answers, and ``ratio_to_bare`` (requests/s over the bare
 endpoint's, measured in the same run).
 """
@@ -107,6 +110,7 @@ def main() -> None:
     parser.add_argument("--seconds", type=float, default=10.0)
     parser.add_argument("--connections", type=int, default=16)
     parser.add_argument("--rounds", type=int, default=2, help="Each target this many times.")
+    parser.add_argument("--tls", action="store_true", help="Also the gateway over HTTPS.")
     parser.add_argument("--serve-bare", type=int, metavar="PORT", help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.serve_bare:
@@ -116,11 +120,13 @@ def main() -> None:
         print("wrk is not installed (Debian: apt-get install wrk)", file=sys.stderr)
         raise SystemExit(2)
     home = Path(tempfile.mkdtemp(prefix="dmsc-gw-bench-"))
+    tls_home = Path(tempfile.mkdtemp(prefix="dmsc-gw-bench-tls-"))
     env = {**os.environ, "DMSC_HOME": str(home)}
+    tls_env = {**os.environ, "DMSC_HOME": str(tls_home)}
     dmsc = [sys.executable, "-m", "dmsc"]
 
-    def run(*a: str) -> str:
-        res = subprocess.run([*dmsc, *a], env=env, capture_output=True, text=True, timeout=600)
+    def run(*a: str, where: dict[str, str] = env) -> str:
+        res = subprocess.run([*dmsc, *a], env=where, capture_output=True, text=True, timeout=600)
         if res.returncode:
             raise SystemExit(f"dmsc {' '.join(a)} failed: {res.stderr}")
         return res.stdout
@@ -131,12 +137,17 @@ def main() -> None:
         *("plan", "--cluster", str(cluster), "--model", "gpt-mini", "--global-batch", "8"),
         *("--micro-batch", "2", "--tp", "1", "--pp", "2", "--dp", "1", "--out", str(plan)),
     )
-    gport, bport = _port(), _port()
+    gport, bport, tport = _port(), _port(), _port()
     bare = subprocess.Popen([sys.executable, __file__, "--serve-bare", str(bport)])
     try:
         # A rate limit the load cannot reach: the gateway's work is measured, not its 429s.
         run("up", "--plan", str(plan), "--gateway", f"127.0.0.1:{gport}", "--rate", "1e6")
         key = run("token", "create", "--tenant", "bench", "--scopes", "read").strip()
+        tls_key = ""
+        if args.tls:
+            gw = ("--gateway", f"127.0.0.1:{tport}", "--tls", "--rate", "1e6")
+            run("up", "--plan", str(plan), *gw, where=tls_env)
+            tls_key = run("token", "create", "--tenant", "bench", "--scopes", "read", where=tls_env)
         _wait(f"http://127.0.0.1:{bport}/ping")
         _wait(f"http://127.0.0.1:{gport}/v1/health")
         # Both servers on CPU 1, wrk on CPU 0: each server has one core, as uvicorn uses one,
@@ -144,6 +155,8 @@ def main() -> None:
         control = json.loads((home / "control.json").read_text())["pid"]
         _pin(bare.pid, 1)
         _pin(control, 1)
+        if args.tls:
+            _pin(json.loads((tls_home / "control.json").read_text())["pid"], 1)
         targets = {
             "bare FastAPI GET /ping": (f"http://127.0.0.1:{bport}/ping", None),
             "dmsc GET /v1/health": (f"http://127.0.0.1:{gport}/v1/health", None),
@@ -152,6 +165,12 @@ def main() -> None:
                 f"Authorization: Bearer {key}",
             ),
         }
+        if args.tls:
+            targets["dmsc GET /v1/health (https)"] = (f"https://127.0.0.1:{tport}/v1/health", None)
+            targets["dmsc GET /v1/models (key, https)"] = (
+                f"https://127.0.0.1:{tport}/v1/models",
+                f"Authorization: Bearer {tls_key.strip()}",
+            )
         runs: dict[str, list[dict[str, float]]] = {name: [] for name in targets}
         for _ in range(args.rounds):  # interleaved, so drift hits all targets alike
             for name, (url, header) in targets.items():
@@ -159,6 +178,8 @@ def main() -> None:
     finally:
         bare.terminate()
         subprocess.run([*dmsc, "down"], env=env, capture_output=True, timeout=120)
+        if args.tls:
+            subprocess.run([*dmsc, "down"], env=tls_env, capture_output=True, timeout=120)
     results: dict[str, dict[str, float]] = {}
     for name, rs in runs.items():
         best = max(rs, key=lambda r: r["requests_per_s"])
@@ -166,6 +187,10 @@ def main() -> None:
     bare_rps = results["bare FastAPI GET /ping"]["requests_per_s"]
     for r in results.values():
         r["ratio_to_bare"] = r["requests_per_s"] / bare_rps
+    for name, r in results.items():  # over HTTPS against the same route over plain HTTP
+        if name.endswith("https)"):
+            plain = results[name.replace(", https)", ")").replace(" (https)", "")]
+            r["ratio_to_plain"] = r["requests_per_s"] / plain["requests_per_s"]
     out = {"connections": args.connections, "seconds": args.seconds, "targets": results}
     if args.json:
         print(json.dumps(out))

@@ -4,6 +4,10 @@ gpt-mini in 3 stages ((embedding, block_0), (block_1, block_2), (block_3, head))
 16 in 4 micro-batches, 1F1B, AdamW; torch runs one gloo process per stage (CPU), dmsc one
 worker process per stage with gRPC between them. Median step time over the measured steps.
 Prints a table, or with --json one object: dmsc_step_s, torch_step_s, ratio (dmsc / torch).
+With ``--tls`` dmsc also runs with mutual TLS between the control plane and every worker (as
+``dmsc up`` runs it: a CA in a temporary home, a leaf per worker), plain and TLS alternated over
+``--rounds`` deployments each: dmsc_tls_step_s and tls_ratio (TLS over plain, the better round
+of each).
 """
 
 from __future__ import annotations
@@ -12,7 +16,9 @@ import argparse
 import json
 import os
 import statistics
+import tempfile
 import time
+from pathlib import Path
 
 import torch
 import torch.distributed as dist
@@ -78,7 +84,18 @@ def torch_step_s(steps: int) -> float:
     return statistics.median(times[steps // 5 :])
 
 
-def dmsc_step_s(steps: int) -> float:
+def dmsc_step_s(steps: int, mtls: bool = False) -> float:
+    from dmsc.runtime.transport import tls
+
+    if mtls:  # what the control plane does at dmsc up: every channel and server mutual TLS
+        tls.install_authority(Path(tempfile.mkdtemp(prefix="dmsc-bench-ca-")))
+    try:
+        return _dmsc_steps(steps)
+    finally:
+        tls.install(None)
+
+
+def _dmsc_steps(steps: int) -> float:
     spec = resolve_model("gpt-mini")
     assert isinstance(spec, TransformerSpec)
     train, _ = stdlib_text(max_bytes=400_000)
@@ -95,16 +112,37 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--json", action="store_true")
     parser.add_argument("--steps", type=int, default=40)
+    parser.add_argument("--tls", action="store_true", help="Also dmsc with mutual TLS.")
+    parser.add_argument("--rounds", type=int, default=2, help="With --tls: plain/TLS pairs.")
     args = parser.parse_args()
     t_torch = torch_step_s(args.steps)
-    t_dmsc = dmsc_step_s(args.steps)
-    out = {"dmsc_step_s": t_dmsc, "torch_step_s": t_torch, "ratio": t_dmsc / t_torch}
+    if not args.tls:
+        t_dmsc = dmsc_step_s(args.steps)
+        out = {"dmsc_step_s": t_dmsc, "torch_step_s": t_torch, "ratio": t_dmsc / t_torch}
+    else:
+        plain, sealed = [], []
+        for _ in range(args.rounds):  # alternated, so drift hits both alike
+            plain.append(dmsc_step_s(args.steps))
+            sealed.append(dmsc_step_s(args.steps, mtls=True))
+        t_dmsc, t_tls = min(plain), min(sealed)
+        out = {
+            "dmsc_step_s": t_dmsc,
+            "torch_step_s": t_torch,
+            "ratio": t_dmsc / t_torch,
+            "dmsc_tls_step_s": t_tls,
+            "tls_ratio": t_tls / t_dmsc,
+            "plain_rounds_s": plain,
+            "tls_rounds_s": sealed,
+        }
     if args.json:
         print(json.dumps(out))
         return
     print(f"torch.distributed.pipelining (gloo): {t_torch * 1e3:.1f} ms per step")
     print(f"dmsc (gRPC stage services):          {t_dmsc * 1e3:.1f} ms per step")
     print(f"ratio dmsc / torch: {out['ratio']:.2f} (target <= 1.25)")
+    if args.tls:
+        print(f"dmsc with mutual TLS:                {t_tls * 1e3:.1f} ms per step")
+        print(f"ratio TLS / plain: {out['tls_ratio']:.3f} (goal < 1.05)")
 
 
 if __name__ == "__main__":

@@ -1,6 +1,10 @@
 """The data plane (gRPC frames, as stage workers exchange activations) against a raw loopback
 TCP socket, side by side: throughput of activation-sized transfers and small-message round trip.
 
+With ``--tls`` the same gRPC frames also go over mutual TLS (certificates of a throwaway
+authority, as ``dmsc up`` gives every service), measured in the same loop: ``tls_mb_s`` and
+``tls_ratio`` (TLS throughput over plain), and the small-message round trip over TLS.
+
 Prints a table, or with --json one object.
 """
 
@@ -64,9 +68,18 @@ def measure(fn, repeats: int) -> float:  # type: ignore[no-untyped-def]
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--json", action="store_true")
+    parser.add_argument("--tls", action="store_true", help="Also gRPC over mutual TLS.")
     args = parser.parse_args()
-    server, port = serve("dmsc.Bench", {"Push": bytes_handler(lambda b: (decode(b), b"")[1])})
+    methods = {"Push": bytes_handler(lambda b: (decode(b), b"")[1])}
+    server, port = serve("dmsc.Bench", methods)
     grpc_client = Client(f"127.0.0.1:{port}", "dmsc.Bench")
+    tls_client = None
+    if args.tls:
+        from dmsc.runtime.transport.authority import Authority
+
+        ca = Authority.new("bench CA")
+        tls_server, tls_port = serve("dmsc.Bench", methods, leaf=ca.issue("control"))
+        tls_client = Client(f"127.0.0.1:{tls_port}", "dmsc.Bench", leaf=ca.issue("w@0"))
     srv, tport = tcp_server()
     sock = socket.create_connection(("127.0.0.1", tport))
     sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
@@ -81,18 +94,25 @@ def main() -> None:
         frame = encode(Kind.ACTIVATION, 0, 0, tensor)
         t_grpc = measure(lambda f=frame: grpc_client.raw("Push", f), 20)
         t_tcp = measure(lambda f=frame: tcp_send(f), 20)
-        rows.append(
-            {
-                "mb": mb,
-                "dmsc_mb_s": len(frame) / t_grpc / 1e6,
-                "tcp_mb_s": len(frame) / t_tcp / 1e6,
-                "ratio": t_tcp / t_grpc,
-            }
-        )
+        row = {
+            "mb": mb,
+            "dmsc_mb_s": len(frame) / t_grpc / 1e6,
+            "tcp_mb_s": len(frame) / t_tcp / 1e6,
+            "ratio": t_tcp / t_grpc,
+        }
+        if tls_client is not None:
+            t_tls = measure(lambda f=frame: tls_client.raw("Push", f), 20)  # type: ignore[misc]
+            row |= {"tls_mb_s": len(frame) / t_tls / 1e6, "tls_ratio": t_grpc / t_tls}
+        rows.append(row)
     small = encode(Kind.ACTIVATION, 0, 0, torch.zeros(1))
     rtt_grpc = measure(lambda: grpc_client.raw("Push", small), 300)
     rtt_tcp = measure(lambda: tcp_send(small), 300)
     out = {"throughput": rows, "small_rtt_us": {"dmsc": rtt_grpc * 1e6, "tcp": rtt_tcp * 1e6}}
+    if tls_client is not None:
+        rtt_tls = measure(lambda: tls_client.raw("Push", small), 300)  # type: ignore[union-attr]
+        out["small_rtt_us"]["dmsc_tls"] = rtt_tls * 1e6
+        tls_client.close()
+        tls_server.stop(grace=0)
     sock.close()
     srv.close()
     grpc_client.close()
@@ -104,6 +124,11 @@ def main() -> None:
     for r in rows:
         print(f"{r['mb']:7.3f}M {r['dmsc_mb_s']:18.0f} {r['tcp_mb_s']:14.0f} {r['ratio']:9.2f}")
     print(f"small-message round trip: dmsc {rtt_grpc * 1e6:.0f} us, raw TCP {rtt_tcp * 1e6:.0f} us")
+    for r in rows:
+        if "tls_ratio" in r:
+            print(
+                f"{r['mb']:7.3f}M over mutual TLS: {r['tls_mb_s']:.0f} MB/s, x{r['tls_ratio']:.2f}"
+            )
 
 
 if __name__ == "__main__":

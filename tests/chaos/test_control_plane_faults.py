@@ -9,10 +9,15 @@ import signal
 import time
 from pathlib import Path
 
+import grpc
 import httpx
+import pytest
 from runtime_helpers import dmsc, make_plan, one_box, up_with_gateway
 
 from dmsc.data.db import Database
+from dmsc.runtime.transport.authority import Authority, worker_name
+from dmsc.runtime.transport.messages import CONTROL_SERVICE
+from dmsc.runtime.transport.rpc import Client
 from dmsc.testing.chaos import alive
 
 TIMEOUT = "3"  # seconds without a heartbeat before a worker is declared failed
@@ -160,6 +165,20 @@ def test_dmsc_chaos_kills_a_worker_and_reports_the_recovery(tmp_path: Path) -> N
         assert frozen["recovered"] and frozen["detected_after_s"] < float(TIMEOUT) + 3
         # the thawed instance is fenced: it leaves and only the replacement serves
         _wait(lambda: not alive(frozen["pid"]), 20, "the fenced instance to exit")
+        # its certificate (stage 0's SID at epoch 0) is refused by the control plane, credential
+        # or not: mutual TLS checks the epoch against the registry's floors
+        info = json.loads((tmp_path / "control.json").read_text())
+        now = json.loads(dmsc(tmp_path, "status", "--json").stdout)
+        sid = next(s["sid"] for s in now["services"] if s["stage"] == 0)
+        fenced = Authority.at(tmp_path / "tls").issue(worker_name(sid, 0))
+        caller = Client(
+            info["address"], CONTROL_SERVICE, timeout_s=10, token=info["token"], leaf=fenced
+        )
+        with pytest.raises(grpc.RpcError) as err:
+            caller.call("Status")
+        caller.close()
+        assert err.value.code() == grpc.StatusCode.PERMISSION_DENIED
+        assert f"{sid} at epoch 0 is fenced" in (err.value.details() or "")
         res = dmsc(tmp_path, "train", "--steps", "2", "--json")
         assert res.returncode == 0, res.stderr
         status = json.loads(dmsc(tmp_path, "status", "--json").stdout)

@@ -20,8 +20,12 @@ def export(
 ) -> None:
     """Write a trained model version as a directory `transformers` loads."""
     from dmsc.cli.database import open_database
+    from dmsc.data.db import data_dir
+    from dmsc.runtime.compute import sealing
     from dmsc.runtime.control.serving.model_store import export_version
 
+    if sealing.key_file(data_dir()).exists():  # sealed checkpoints: the home's key opens them
+        sealing.install(sealing.home_key(data_dir()))
     target = Path(out)
     if target.exists() and not target.is_dir():
         raise SpecError("command line", "--out", f"{out} exists and is not a directory")

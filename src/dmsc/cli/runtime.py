@@ -238,6 +238,23 @@ def up(
             "directory). Data elsewhere, symlinks followed, is refused from either door."
         ),
     ] = None,
+    tls: Annotated[
+        bool, typer.Option("--tls", help="Gateway over HTTPS, a self-signed certificate.")
+    ] = False,
+    tls_cert: Annotated[
+        Path | None, typer.Option(help="Gateway over HTTPS: its certificate (PEM).")
+    ] = None,
+    tls_key: Annotated[Path | None, typer.Option(help="The certificate's key (PEM).")] = None,
+    insecure: Annotated[
+        bool, typer.Option("--insecure", help="Plain HTTP on an address other than loopback.")
+    ] = False,
+    encrypt_checkpoints: Annotated[
+        bool,
+        typer.Option(
+            "--encrypt-checkpoints",
+            help="Seal checkpoints (AES-GCM; the key in $DMSC_HOME/keys, outside them).",
+        ),
+    ] = False,
 ) -> None:
     """Start the control plane and one worker process per stage replica."""
     from dmsc.data.db import data_dir
@@ -265,7 +282,13 @@ def up(
     scale, path = autoscale_settings(autoscale, cluster, plan, launcher)
     cluster_path = str(Path(path).resolve()) if path is not None else None
     quota = size_flag("--checkpoint-quota", checkpoint_quota)
-    more = {"checkpoint_quota_bytes": quota, "new_database": new_database}
+    more: dict[str, Any] = {"checkpoint_quota_bytes": quota, "new_database": new_database}
+    from dmsc.cli.gateway_tls import gateway_tls
+
+    https = gateway_tls(gateway, home, tls_cert, tls_key, tls, insecure)
+    if https is not None:
+        more |= {"tls_cert": str(https.cert), "tls_key": str(https.key)}
+    more["encrypt_checkpoints"] = encrypt_checkpoints
     settings = settings.model_copy(update={"autoscale": scale, "cluster": cluster_path, **more})
     stderr_path = logs.stderr_file(home, logs.CONTROL)
     seen = stderr_path.stat().st_size if stderr_path.exists() else 0  # earlier starts' lines
@@ -305,9 +328,16 @@ def up(
         )
     console.print(
         f"control plane up at {line.split()[1]} (pid {proc.pid})"
-        + (f", gateway http://{gateway}" if gateway else ""),
+        + (f", gateway {'https' if https else 'http'}://{gateway}" if gateway else ""),
         highlight=False,
     )
+    if https is not None:
+        kind = "self-signed certificate" if https.self_signed else "certificate"
+        console.print(
+            f"gateway {kind} {https.cert}, SHA-256 {https.fingerprint}",
+            highlight=False,
+            soft_wrap=True,
+        )
     console.print(
         f"logs in {logs.log_dir(home)}: `dmsc logs` (control plane), "
         "`dmsc logs --service SID` (a worker), `--follow` to keep reading",

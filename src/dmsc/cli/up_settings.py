@@ -93,8 +93,8 @@ def control_settings(
         raise SpecError("command line", "--spares", reason)
     if gateway:
         host, _, port = gateway.rpartition(":")
-        if host not in ("127.0.0.1", "localhost") or not port.isdigit():
-            raise SpecError("command line", "--gateway", "expected 127.0.0.1:PORT")
+        if not host or not port.isdigit() or not 0 < int(port) < 65536:
+            raise SpecError("command line", "--gateway", "expected HOST:PORT")
     try:
         settings = ControlSettings(
             plan=str(Path(plan_path).resolve()),

@@ -35,8 +35,10 @@ class Backend:
         return 1
 
 
-@pytest.fixture
-def ui(tmp_path: Path):  # type: ignore[no-untyped-def]
+@pytest.fixture(params=["http", "https"])
+def ui(tmp_path: Path, request: pytest.FixtureRequest):  # type: ignore[no-untyped-def]
+    """The app with a dashboard and its client, by plain HTTP or HTTPS (the scheme is what the
+    session cookie's Secure flag follows)."""
     db = Database(f"sqlite:///{tmp_path / 'g.sqlite'}")
     run = db.new_run("gpt-mini", "local", {})
     calls: list[int] = []
@@ -60,7 +62,7 @@ def ui(tmp_path: Path):  # type: ignore[no-untyped-def]
         "infer": create_key(db, "app", ["infer"]),
         "admin": create_key(db, "ops", ["read", "infer", "submit"]),
     }
-    return TestClient(app, base_url="http://127.0.0.1"), db, keys, principals, calls
+    return TestClient(app, base_url=f"{request.param}://127.0.0.1"), db, keys, principals, calls
 
 
 def _bearer(key: str) -> dict[str, str]:
@@ -98,6 +100,7 @@ def test_the_login_form_sets_a_session_cookie_for_dashboard_reads_only(ui) -> No
     assert r.status_code == 303 and r.headers["location"] == "/ui"
     cookie = r.headers["set-cookie"]
     assert "HttpOnly" in cookie and "SameSite=strict" in cookie and "Path=/ui" in cookie
+    assert ("Secure" in cookie) == (client.base_url.scheme == "https")  # HTTPS only, when on
     assert keys["admin"][1] not in cookie  # a random token stands for the key
     assert client.get("/ui/api/state").status_code == 200
     assert client.get("/ui").status_code == 200

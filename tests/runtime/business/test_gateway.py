@@ -7,12 +7,15 @@ import time
 from pathlib import Path
 from typing import Any, ClassVar
 
+import httpx
 import pytest
 from fastapi.testclient import TestClient
+from https_helpers import https_client, https_server
 
 from dmsc.data.db import Database
 from dmsc.runtime.business.auth import PrincipalCache, create_key, revoke, revoke_key
 from dmsc.runtime.business.gateway import create_app
+from dmsc.runtime.business.https import HSTS
 from dmsc.runtime.control.tasks.task_queue import TaskQueue
 from dmsc.runtime.transport.messages import Sampling, TrainRequest
 from dmsc.runtime.transport.rpc import BadRequest
@@ -60,8 +63,17 @@ class Backend:
         return 2
 
 
-@pytest.fixture
-def env(tmp_path: Path):  # type: ignore[no-untyped-def]
+@pytest.fixture(scope="module")
+def https(tmp_path_factory: pytest.TempPathFactory):  # type: ignore[no-untyped-def]
+    """One HTTPS server for the module's tests over HTTPS (each sets its app)."""
+    with https_server(tmp_path_factory.mktemp("https")) as holder:
+        yield holder
+
+
+@pytest.fixture(params=["http", "https"])
+def env(tmp_path: Path, request: pytest.FixtureRequest):  # type: ignore[no-untyped-def]
+    """The gateway app and its client: in process (TestClient), or over HTTPS as ``dmsc up
+    --tls`` serves it (the same tests, each answer also checked for HSTS)."""
     db = Database(f"sqlite:///{tmp_path / 'g.sqlite'}")
     run = db.new_run("gpt-mini", "local", {})
     clock = Clock()
@@ -88,7 +100,17 @@ def env(tmp_path: Path):  # type: ignore[no-untyped-def]
         ]
     }
     app.state.principals = app.user_middleware[0].kwargs["principals"]
-    return TestClient(app), db, clock, backend, keys
+    if request.param == "http":
+        yield TestClient(app), db, clock, backend, keys
+        return
+    client = https_client(request.getfixturevalue("https"), app)
+
+    def strict(response: httpx.Response) -> None:
+        assert response.headers["strict-transport-security"] == HSTS
+
+    client.event_hooks["response"].append(strict)
+    yield client, db, clock, backend, keys
+    client.close()
 
 
 def _h(key: str) -> dict[str, str]:

@@ -231,6 +231,7 @@ def mount_dashboard(
             path=UI_PREFIX,
             httponly=True,
             samesite="strict",
+            secure=request.url.scheme == "https",  # never sent back over plain HTTP
         )
         return out
 

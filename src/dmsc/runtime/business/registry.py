@@ -18,6 +18,7 @@ from typing import Any
 import grpc
 
 from dmsc.runtime.transport import messages as msg
+from dmsc.runtime.transport import tls
 from dmsc.runtime.transport.messages import REGISTRY_SERVICE
 from dmsc.runtime.transport.replies import HeartbeatReply, Registered
 from dmsc.runtime.transport.rpc import message_handler
@@ -44,8 +45,17 @@ class ServiceInfo:
 class Registry:
     """Live services with a heartbeat TTL (thread-safe)."""
 
-    def __init__(self, ttl_s: float = 10.0, clock: Callable[[], float] = time.monotonic) -> None:
+    def __init__(
+        self,
+        ttl_s: float = 10.0,
+        clock: Callable[[], float] = time.monotonic,
+        fences: tls.FenceFloors | None = None,
+    ) -> None:
+        """``fences`` (default: its own) follows every fence floor raised here: the registry's
+        service refuses the certificates of fenced epochs, and its answers hand the floors to
+        the workers (each deployment's registry has its own: SIDs are per deployment)."""
         self.ttl_s = ttl_s
+        self.fences = fences if fences is not None else tls.FenceFloors()
         self.clock = clock
         self._services: dict[str, tuple[ServiceInfo, float]] = {}
         self._fence_floor: dict[str, int] = {}  # per SID: instances below this epoch are fenced
@@ -66,6 +76,7 @@ class Registry:
             if self._fence_floor.get(info.sid, 0) > info.epoch:
                 return False
             self._fence_floor[info.sid] = max(self._fence_floor.get(info.sid, 0), info.epoch)
+            self.fences.raise_floor(info.sid, info.epoch)
             self._services[info.sid] = (info, self.clock())
             self._changed()
             return True
@@ -82,6 +93,11 @@ class Registry:
             self._services[sid] = (info, self.clock())
             return True
 
+    def floors(self) -> dict[str, int]:
+        """Per SID, the lowest epoch served (what a worker's servers refuse below)."""
+        with self._cond:
+            return dict(self._fence_floor)
+
     def fenced(self, sid: str, epoch: int) -> bool:
         """Whether an instance of ``sid`` at ``epoch`` has been replaced by a newer one."""
         with self._cond:
@@ -92,6 +108,7 @@ class Registry:
         calls this when it declares an instance failed, before its replacement registers)."""
         with self._cond:
             self._fence_floor[sid] = max(self._fence_floor.get(sid, 0), epoch)
+            self.fences.raise_floor(sid, epoch)
             held = self._services.get(sid)
             if held is not None and held[0].epoch < epoch:
                 del self._services[sid]
@@ -143,12 +160,12 @@ def registry_methods(reg: Registry) -> dict[str, grpc.RpcMethodHandler]:
 
     def register(m: msg.Register) -> dict[str, Any]:
         ok = reg.register(ServiceInfo(**m.model_dump()))
-        return {"ok": ok, "fenced": not ok, "ttl_s": reg.ttl_s}
+        return {"ok": ok, "fenced": not ok, "ttl_s": reg.ttl_s, "fences": reg.floors()}
 
     def heartbeat(m: msg.Heartbeat) -> dict[str, Any]:
         epoch = m.epoch if m.epoch is not None else 0
         known = reg.heartbeat(m.sid, epoch)
-        return {"known": known, "fenced": reg.fenced(m.sid, epoch)}
+        return {"known": known, "fenced": reg.fenced(m.sid, epoch), "fences": reg.floors()}
 
     def deregister(m: msg.Deregister) -> dict[str, Any]:
         reg.deregister(m.sid, m.epoch)
@@ -162,10 +179,12 @@ def registry_methods(reg: Registry) -> dict[str, grpc.RpcMethodHandler]:
         version, services = reg.watch(m.since, m.timeout_s)
         return {"version": version, "services": [asdict(s) for s in services]}
 
-    return {
+    methods = {
         "Register": message_handler(msg.Register, register, reply=Registered),
         "Heartbeat": message_handler(msg.Heartbeat, heartbeat, reply=HeartbeatReply),
         "Deregister": message_handler(msg.Deregister, deregister),
         "Lookup": message_handler(msg.Lookup, lookup),
         "Watch": message_handler(msg.Watch, watch),
     }
+    # over mutual TLS, a fenced epoch's certificate is refused by every method (.tls)
+    return {name: tls.fence_checked(h, reg.fences) for name, h in methods.items()}

@@ -19,6 +19,9 @@ code. A checkpoint that cannot be read, or does not fit the stage, is refused th
 (:mod:`dmsc.runtime.control.launch.fallback`). Files written by ``torch.save`` (dmsc before the
 safetensors format) are still read, with ``weights_only=True``.
 
+With a checkpoint key installed (:mod:`.sealing`, ``dmsc up --encrypt-checkpoints``) each file
+is written sealed (AES-GCM) and read back through the key; the digest covers the sealed bytes.
+
 A save is atomic per file (written beside, then renamed over the name) and leaves nothing behind
 when it fails. A full disk (ENOSPC, a quota: EDQUOT, a file size limit: EFBIG) raises
 :class:`DiskFull`, answered RESOURCE_EXHAUSTED by the worker: the control plane fails the task
@@ -41,8 +44,11 @@ from typing import Any
 
 import torch
 from safetensors import SafetensorError, safe_open
+from safetensors.torch import load as load_bytes
+from safetensors.torch import save as save_bytes
 from safetensors.torch import save_file
 
+from dmsc.runtime.compute import sealing
 from dmsc.runtime.compute.models.chain import StageModule
 from dmsc.runtime.compute.models.hf import hf_key
 from dmsc.runtime.transport.rpc import NoRoom
@@ -103,7 +109,10 @@ def _save_atomic(tensors: dict[str, torch.Tensor], path: Path, meta: dict[str, s
     tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
     try:
         try:
-            save_file(tensors, str(tmp), metadata=meta)
+            if sealing.current() is None:
+                save_file(tensors, str(tmp), metadata=meta)
+            else:  # sealed: the whole file encrypted (.sealing)
+                tmp.write_bytes(sealing.seal(save_bytes(tensors, metadata=meta), _part(path)))
         except SafetensorError as exc:  # its I/O errors come as text: "... (os error 28)"
             found = re.search(r"os error (\d+)", str(exc))
             if found is None:
@@ -255,8 +264,30 @@ def _read_legacy(path: Path) -> StageState:
     return StageState({}, {}, int(state["steps"]), [], legacy=state)
 
 
+def _part(path: Path) -> str:
+    """Which of a stage checkpoint's two files ``path`` is (a sealed file's additional data)."""
+    return "optimizer" if path.name.endswith(OPTIM_SUFFIX) else "weights"
+
+
+def _read_sealed(path: Path) -> tuple[dict[str, torch.Tensor], dict[str, str]] | None:
+    """The tensors and metadata of ``path`` when it is sealed (None: a plain file)."""
+    with path.open("rb") as fh:
+        if not sealing.sealed(fh.read(len(sealing.MAGIC))):
+            return None
+        blob = sealing.MAGIC + fh.read()
+    try:
+        data = sealing.unseal(blob, _part(path), path.name)
+        # the safetensors header: its length (8 bytes, little-endian), then JSON
+        header = json.loads(data[8 : 8 + int.from_bytes(data[:8], "little")])
+        return load_bytes(data), header.get("__metadata__") or {}
+    except (sealing.SealError, SafetensorError, ValueError) as exc:
+        raise CheckpointError(str(exc)[:300]) from None
+
+
 def _read_file(path: Path) -> tuple[dict[str, torch.Tensor], dict[str, str]]:
     try:
+        if (opened := _read_sealed(path)) is not None:
+            return opened
         with safe_open(str(path), "pt") as fh:
             return {k: fh.get_tensor(k) for k in fh.keys()}, fh.metadata() or {}  # noqa: SIM118
     except (SafetensorError, OSError, ValueError) as exc:

@@ -47,6 +47,11 @@ class WorkerConfig:
     max_sessions: int = 64
     session_idle_s: float = 300.0
     token: str | None = None  # the deployment's service credential
+    # Its leaf certificate (SID@epoch), key and CA, PEM (dmsc.runtime.transport.authority):
+    # issued by the control plane at its start, never written to a file others may read.
+    tls: dict[str, str] | None = None
+    # The checkpoint key (hex) when checkpoints are sealed (.sealing), delivered the same way.
+    checkpoint_key: str | None = None
     # The process that launched it (0: its parent): once that one is gone and the registry no
     # longer answers, the worker leaves.
     owner_pid: int = 0

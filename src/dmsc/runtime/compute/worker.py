@@ -27,8 +27,12 @@ import sys
 import threading
 from pathlib import Path
 
+import grpc
+
+from dmsc.runtime.compute import sealing
 from dmsc.runtime.compute.config import WorkerConfig
 from dmsc.runtime.compute.server import StageWorker
+from dmsc.runtime.transport import tls
 from dmsc.runtime.transport.logs import file_logger
 from dmsc.runtime.transport.messages import STAGE_SERVICE, Deregister, Heartbeat
 from dmsc.runtime.transport.observe import json_logger, metrics_server
@@ -71,11 +75,17 @@ def main(argv: list[str] | None = None) -> None:
     # assumes (dmsc.netmodel.memory.MemoryBreakdown.required).
     os.environ.setdefault("PYTORCH_CUDA_ALLOC_CONF", "expandable_segments:True")
     cfg = WorkerConfig(**json.loads(Path(args.config).read_text()))
+    if cfg.tls is not None:  # its leaf (SID@epoch): every server and channel is mutual TLS
+        tls.install(tls.Leaf.from_wire(cfg.tls))
+    if cfg.checkpoint_key is not None:  # checkpoints sealed with the control plane's key
+        sealing.install(bytes.fromhex(cfg.checkpoint_key))
     worker = StageWorker(cfg, _logger(cfg))
-    server, port = serve(STAGE_SERVICE, worker.methods(), f"{cfg.host}:0", token=cfg.token)
+    at, floors = f"{cfg.host}:0", tls.FENCES  # floors: the registry's, from each heartbeat
+    server, port = serve(STAGE_SERVICE, worker.methods(), at, token=cfg.token, fences=floors)
     worker.metrics_address = metrics_server(worker.metrics)
     worker.address = f"{cfg.host}:{port}"
     registered = worker.register()
+    tls.FENCES.raise_floors(registered.fences)
     if registered.fenced:
         print(f"FENCED {cfg.sid} epoch {cfg.epoch}", flush=True)
         sys.exit(3)
@@ -87,12 +97,16 @@ def main(argv: list[str] | None = None) -> None:
         beat = Heartbeat(sid=worker.cfg.sid, epoch=worker.cfg.epoch)  # a spare may take a stage
         try:
             reply = worker.registry.ask("Heartbeat", beat, HeartbeatReply, timeout_s=5)
+            tls.FENCES.raise_floors(reply.fences)  # the leaves of fenced epochs refused here
             if reply.fenced:  # a newer incarnation holds our SID: stop serving
                 worker.log.warning("fenced by a newer epoch; exiting", extra=beat.model_dump())
                 break
             if not reply.known:
                 worker.register()
-        except Exception:
+        except Exception as exc:
+            if isinstance(exc, grpc.RpcError) and exc.code() == grpc.StatusCode.PERMISSION_DENIED:
+                worker.log.warning("our certificate's epoch is fenced; exiting")
+                break
             if owner_gone(worker.cfg.owner_pid):  # the control plane is gone
                 break
     # Leave the registry on the way out (a kill -9 leaves it to the TTL).

@@ -15,6 +15,7 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+from dmsc.runtime.transport.authority import Leaf
 from dmsc.runtime.transport.messages import (
     CONTROL_SERVICE,
     DownRequest,
@@ -80,9 +81,16 @@ class InferStream:
 class ControlClient:
     """Calls the ``dmsc.Control`` service at one address."""
 
-    def __init__(self, address: str, token: str | None = None, timeout_s: float = CALL_TIMEOUT_S):
+    def __init__(
+        self,
+        address: str,
+        token: str | None = None,
+        timeout_s: float = CALL_TIMEOUT_S,
+        leaf: Leaf | None = None,
+    ):
+        """``leaf``: the certificate to call with (mutual TLS; None: plain gRPC)."""
         self.address = address
-        self.rpc = Client(address, CONTROL_SERVICE, timeout_s=timeout_s, token=token)
+        self.rpc = Client(address, CONTROL_SERVICE, timeout_s=timeout_s, token=token, leaf=leaf)
 
     @classmethod
     def connect(cls, control_file: Path | None = None) -> ControlClient:
@@ -111,7 +119,8 @@ class ControlClient:
             ) from None
         except PermissionError:  # alive, another user's
             pass
-        return cls(address, token=info.get("token"))
+        leaf = Leaf.from_wire(info["tls"]) if isinstance(info.get("tls"), dict) else None
+        return cls(address, token=info.get("token"), leaf=leaf)
 
     def status(self) -> StatusReply:
         return self.rpc.ask("Status", StatusRequest(), StatusReply)

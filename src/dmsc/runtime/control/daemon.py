@@ -33,9 +33,10 @@ from dmsc.data.db import Database, StorageError, control_file, data_dir
 from dmsc.data.storage import location
 from dmsc.planner.plan import Plan
 from dmsc.runtime.business.auth import PrincipalCache, revoke
+from dmsc.runtime.compute import sealing
 from dmsc.runtime.control.db_watch import watch_database
 from dmsc.runtime.control.launch import forked
-from dmsc.runtime.transport import logs
+from dmsc.runtime.transport import logs, tls
 from dmsc.runtime.transport.messages import (
     CONTROL_SERVICE,
     AutoscaleSettings,
@@ -172,6 +173,9 @@ def main(stdin: TextIO | None = None) -> None:
     from dmsc.spec import ClusterSpec, load_spec
 
     cluster = load_spec(ClusterSpec, Path(settings.cluster)) if settings.cluster else None
+    cli_leaf = tls.install_authority(home)  # mutual TLS from here on; the CLI's leaf
+    if settings.encrypt_checkpoints:  # sealed by every worker (and read here) with this key
+        sealing.install(sealing.home_key(home))
     cp = ControlPlane(
         plan,
         db,
@@ -214,6 +218,7 @@ def main(stdin: TextIO | None = None) -> None:
 
         from dmsc.runtime.business.gateway import create_app
         from dmsc.runtime.business.http_guard import header_deadline_protocol
+        from dmsc.runtime.business.https import StrictTransport, uvicorn_tls
 
         app = create_app(
             cp,
@@ -229,7 +234,8 @@ def main(stdin: TextIO | None = None) -> None:
         )
         gateway = uvicorn.Server(
             uvicorn.Config(
-                app,
+                StrictTransport(app),  # HSTS on every answer over HTTPS
+                **uvicorn_tls(settings.tls_cert, settings.tls_key),
                 log_level="warning",
                 # Open connections and requests at once: past it, 503 rather than exhaustion.
                 limit_concurrency=GATEWAY_CONNECTIONS,
@@ -255,13 +261,15 @@ def main(stdin: TextIO | None = None) -> None:
     revoking = partial(_revoke, db, principals)
     revoke_method = message_handler(RevokeRequest, revoking, reply=RevokeReply)
     methods = {**cp.methods(), "Revoke": revoke_method}
-    server, port = serve(CONTROL_SERVICE, methods, token=token)
+    fences = cp.deployment.registry.fences  # a fenced epoch's certificate: refused here too
+    server, port = serve(CONTROL_SERVICE, methods, token=token, fences=fences)
     info = {
         "address": f"127.0.0.1:{port}",
         "pid": os.getpid(),
         "run": cp.run.id,
         "metrics": metrics_server(cp.metrics),
         "token": token,
+        "tls": cli_leaf.wire(),  # the CLI's leaf certificate and key: this file is 0600
         "database": location(db.url),  # CLI commands that open it check it is this one
         "queue": settings.queue,  # the task queue's policy (dmsc up --queue)
     }

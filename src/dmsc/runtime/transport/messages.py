@@ -432,6 +432,11 @@ class ControlSettings(Message):
     plan: Annotated[str, Field(min_length=1)]  # path of the plan file
     home: Annotated[str, Field(min_length=1)]  # the data directory (DMSC_HOME)
     gateway: str | None = None  # HOST:PORT of the HTTP gateway, when one is wanted
+    # HTTPS at the gateway: its certificate and key files (dmsc up --tls, --tls-cert/--tls-key)
+    tls_cert: str | None = None
+    tls_key: str | None = None
+    # Checkpoints sealed with AES-GCM, the key under the home (dmsc up --encrypt-checkpoints)
+    encrypt_checkpoints: bool = False
     router: str = "least_outstanding"  # replica routing policy of the gateway
     failure_timeout_s: Annotated[float, Field(gt=0, le=3600)] = 10.0
     spares: Annotated[int, Field(ge=0, le=64)] = 0

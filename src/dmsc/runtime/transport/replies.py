@@ -55,6 +55,7 @@ class Registered(Reply):
     ok: bool
     fenced: bool
     ttl_s: float
+    fences: dict[str, int] = {}  # per SID, the lowest epoch served (.tls: older leaves refused)
 
 
 class HeartbeatReply(Reply):
@@ -62,6 +63,7 @@ class HeartbeatReply(Reply):
 
     known: bool
     fenced: bool
+    fences: dict[str, int] = {}  # as in Registered
 
 
 # -- dmsc.Control: Status --------------------------------------------------------------------------

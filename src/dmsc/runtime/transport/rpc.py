@@ -13,6 +13,9 @@ names is missing or corrupt) DATA_LOSS, one whose wait for a peer's frame ran ou
 (TimeoutError) DEADLINE_EXCEEDED with what it waited for, and the server keeps serving. Using
 generic handlers keeps grpcio-tools (and its protobuf) out of the process that also imports
 OR-Tools.
+
+Where the process holds a leaf certificate (:mod:`.tls`), servers and channels are mutual TLS
+and a fenced epoch's certificate is refused; the service credential is checked as well.
 """
 
 from __future__ import annotations
@@ -26,6 +29,7 @@ from typing import Any, TypeVar
 import grpc
 from pydantic import BaseModel, ValidationError
 
+from dmsc.runtime.transport import tls
 from dmsc.runtime.transport.messages import explain
 from dmsc.runtime.transport.replies import Reply, parse_reply
 
@@ -264,17 +268,27 @@ def serve(
     address: str = "127.0.0.1:0",
     workers: int = 16,
     token: str | None = None,
+    leaf: tls.Leaf | None = None,
+    fences: tls.FenceFloors | None = None,
 ) -> tuple[grpc.Server, int]:
     """Start a server for ``service`` on ``address``; returns it and its port. With ``token``,
-    only callers that present it (``authorization: Bearer <token>``) are served."""
+    only callers that present it (``authorization: Bearer <token>``) are served. With a
+    ``leaf`` (default: the process's, :func:`.tls.current`), only callers with a leaf of its
+    authority are served, and with ``fences`` only those whose leaf is not of a fenced epoch."""
     interceptors = [_CredentialCheck(token)] if token else []
+    leaf = leaf or tls.current()
+    if fences is not None:
+        methods = {name: tls.fence_checked(h, fences) for name, h in methods.items()}
     server = grpc.server(
         futures.ThreadPoolExecutor(max_workers=workers),
         options=SERVER_OPTIONS,
         interceptors=interceptors,
     )
     server.add_generic_rpc_handlers((grpc.method_handlers_generic_handler(service, methods),))
-    port = server.add_insecure_port(address)
+    if leaf is None:
+        port = server.add_insecure_port(address)
+    else:
+        port = server.add_secure_port(address, tls.server_credentials(leaf))
     server.start()
     return server, port
 
@@ -283,13 +297,26 @@ class Client:
     """Calls one service at one address; JSON or raw bytes."""
 
     def __init__(
-        self, address: str, service: str, timeout_s: float = 30.0, token: str | None = None
+        self,
+        address: str,
+        service: str,
+        timeout_s: float = 30.0,
+        token: str | None = None,
+        leaf: tls.Leaf | None = None,
     ) -> None:
+        """With a ``leaf`` (default: the process's, :func:`.tls.current`) the channel is mutual
+        TLS, the server checked against the leaf's authority."""
         self.address = address
         self.service = service
         self.timeout_s = timeout_s
         self.metadata = [("authorization", f"Bearer {token}")] if token else None
-        self.channel = grpc.insecure_channel(address, options=CHANNEL_OPTIONS)
+        leaf = leaf or tls.current()
+        if leaf is None:
+            self.channel = grpc.insecure_channel(address, options=CHANNEL_OPTIONS)
+        else:
+            creds = tls.channel_credentials(leaf)
+            options = [*CHANNEL_OPTIONS, *tls.channel_options()]
+            self.channel = grpc.secure_channel(address, creds, options=options)
         self._stubs: dict[tuple[str, bool], Any] = {}
 
     def _stub(self, method: str, data: bytes) -> Any:

@@ -23,9 +23,10 @@ from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 from typing import Protocol
 
+from dmsc.runtime.compute import sealing
 from dmsc.runtime.compute.config import WorkerConfig
 from dmsc.runtime.control.launch.forked import start_forked, wanted
-from dmsc.runtime.transport import logs
+from dmsc.runtime.transport import logs, tls
 
 
 class Process(Protocol):
@@ -76,6 +77,16 @@ class Launcher(Protocol):
         """Give back what :meth:`prepare` reserved, once the deployment's workers are stopped."""
 
 
+def with_secrets(cfg: WorkerConfig) -> WorkerConfig:
+    """``cfg`` with a leaf certificate of its SID and epoch when this process issues them
+    (:func:`dmsc.runtime.transport.tls.issuer`; made at each start, so that a replacement holds
+    its own epoch's and the fenced one's is refused), and the checkpoint key when checkpoints
+    are sealed (:mod:`dmsc.runtime.compute.sealing`)."""
+    issue, key = tls.issuer(), sealing.current()
+    leaf = issue(cfg.sid, cfg.epoch).wire() if issue is not None else None
+    return replace(cfg, tls=leaf, checkpoint_key=key.hex() if key is not None else None)
+
+
 class LocalLauncher:
     """Worker processes on this machine (``python -m dmsc.runtime.compute.worker``); their logs
     go under ``home`` (default: the ``workdir`` each start is given)."""
@@ -98,7 +109,8 @@ class LocalLauncher:
     def start(self, cfg: WorkerConfig, workdir: Path) -> WorkerHandle:
         home = self.home if self.home is not None else workdir
         cfg = replace(cfg, log_file=str(logs.log_file(home, cfg.sid)), owner_pid=os.getpid())
-        path = workdir / f"{cfg.sid}.json"  # holds the service credential: owner only
+        cfg = with_secrets(cfg)
+        path = workdir / f"{cfg.sid}.json"  # holds the credential and the leaf's key: owner only
         logs.write_private(path, json.dumps(asdict(cfg)))
         proc: Process
         if self.fork:

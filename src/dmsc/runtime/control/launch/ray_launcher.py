@@ -41,7 +41,7 @@ from pathlib import Path
 from typing import Any
 
 from dmsc.runtime.compute.config import WorkerConfig
-from dmsc.runtime.control.launch.launchers import WorkerHandle, WorkerStartError
+from dmsc.runtime.control.launch.launchers import WorkerHandle, WorkerStartError, with_secrets
 from dmsc.runtime.control.launch.ray_checks import bundle as _bundle
 from dmsc.runtime.control.launch.ray_checks import free_on, on_loopback, shortfall
 from dmsc.runtime.transport import logs
@@ -289,6 +289,8 @@ class RayLauncher:
         actor = self._place(cfg, gpu)
         if not cfg.spare:
             self._occupant[(cfg.stage, cfg.replica)] = actor
+        # the config (its leaf's key with it) travels inline in the actor call, never ray.put
+        cfg = with_secrets(cfg)
         ref = actor.start.remote(asdict(cfg), str(home), self.ready_timeout_s, self.worker_host)
         try:
             out = ray.get(ref, timeout=self.ready_timeout_s)
