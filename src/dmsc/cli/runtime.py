@@ -23,6 +23,15 @@ import typer
 from rich.console import Console
 
 from dmsc.cli.app import console
+from dmsc.cli.control_flags import (
+    DEFAULT_INTERVAL_S,
+    IntervalOpt,
+    ModeOpt,
+    PolicyOpt,
+    SloOpt,
+    WebhookOpt,
+    loop_settings,
+)
 from dmsc.cli.options import JsonOpt
 from dmsc.cli.up_settings import control_settings
 from dmsc.runtime.transport.replies import StatusReply
@@ -238,6 +247,11 @@ def up(
             "directory). Data elsewhere, symlinks followed, is refused from either door."
         ),
     ] = None,
+    control_interval: IntervalOpt = DEFAULT_INTERVAL_S,
+    control: ModeOpt = "act",
+    policy: PolicyOpt = None,
+    slo: SloOpt = None,
+    alert_webhook: WebhookOpt = None,
 ) -> None:
     """Start the control plane and one worker process per stage replica."""
     from dmsc.data.db import data_dir
@@ -266,6 +280,7 @@ def up(
     cluster_path = str(Path(path).resolve()) if path is not None else None
     quota = size_flag("--checkpoint-quota", checkpoint_quota)
     more = {"checkpoint_quota_bytes": quota, "new_database": new_database}
+    more |= loop_settings(control_interval, control, policy, slo, alert_webhook)  # control loop
     settings = settings.model_copy(update={"autoscale": scale, "cluster": cluster_path, **more})
     stderr_path = logs.stderr_file(home, logs.CONTROL)
     seen = stderr_path.stat().st_size if stderr_path.exists() else 0  # earlier starts' lines
