@@ -26,7 +26,7 @@ from dmsc.planner.plan import Plan
 from dmsc.runtime.control.advisors import Measurements, Proposal
 from dmsc.runtime.control.loop import runner
 from dmsc.runtime.control.loop.objectives import Policy, load_policy, with_flags
-from dmsc.runtime.control.loop.runner import ControlLoop
+from dmsc.runtime.control.loop.runner import ControlLoop, with_loop
 from dmsc.runtime.control.loop.tick import LoopConfig
 from dmsc.runtime.control.loop.webhook import Webhook
 from dmsc.runtime.control.tasks.task_queue import TaskQueue
@@ -196,6 +196,16 @@ def test_advise_proposes_and_a_breach_alerts_queues_and_posts(
     assert any(line.startswith(f"alert {alert.id}: step_time_s") for line in lines.lines)
     loop.once()  # still broken: not raised again
     assert len(alerts(cp.db, cp.run.id)) == 1
+    # the dashboard's part: settings, cost, decisions and alerts (a tenant's reader sees the
+    # task at fault only when it is its own)
+    doc = with_loop(lambda tenant: {"tasks": [{"id": task}] if tenant == "own" else []}, loop)
+    control = doc(None)["control"]
+    assert control["mode"] == "advise" and control["cost"]["ticks"] == 2
+    assert control["slos"] == {"step_time_s": {"max": 0.5, "action": "alert"}}
+    assert control["open_alerts"] == 1 and control["alerts"][0]["task"] == task
+    assert {d["module"] for d in control["decisions"]} == {"mover", "control-loop"}
+    assert doc("other")["control"]["alerts"][0]["task"] is None
+    assert doc("own")["control"]["alerts"][0]["task"] == task
     loop.close()
 
 
@@ -242,3 +252,26 @@ def test_a_wrong_policy_names_file_field_and_reason(tmp_path: Path) -> None:
     )
     assert ok.slos.step_time_s is not None and ok.slos.step_time_s.max == 0.5
     assert ok.slos.infer_p99_s is not None and ok.slos.infer_p99_s.action == "scale-out"
+
+
+def test_a_breach_whose_policy_names_scale_out_adds_a_serving_replica(
+    tmp_path: Path, plan: Plan
+) -> None:
+    cp, _ = _plane(tmp_path, plan)
+    asked: list[str] = []
+    cp.inference.pool = SimpleNamespace(
+        scale_out=lambda reason: asked.append(reason) or "serve-1", count=lambda: 2
+    )
+    for _ in range(3):  # three inference requests of 20 ms or more
+        infer = cp.db.new_task(cp.run.id, "infer", {}, state="running").id
+        time.sleep(0.02)
+        cp.db.set_task_state(infer, "done")
+    policy = Policy.model_validate({"slos": {"infer_p99_s": {"max": 0.01, "action": "scale-out"}}})
+    loop, _ = _loop(cp, policy, "act", [])
+    loop.once()
+    (alert,) = alerts(cp.db, cp.run.id)
+    assert alert.slo == "infer_p99_s" and alert.value >= 0.02 and alert.task_id is None
+    assert alert.action_outcome == "added serving replica serve-1"
+    assert asked == [f"policy: infer_p99_s {alert.value:.3g} > 0.01"]
+    assert TaskQueue(cp.db, cp.run.id).exceptions() == []  # no task at fault: no exception
+    assert loop.last["serving_replicas"] == 2
