@@ -179,8 +179,8 @@ def test_gateway_in_front_of_a_live_deployment(tmp_path: Path) -> None:
         "--weight", "2",
     ).stdout.strip()  # fmt: skip
     assert key.startswith("dmsc_")
-    # the control loop ticks every 0.3 s with an objective every step breaks, and posts its
-    # alerts to a webhook served here
+    # the control loop ticks every 0.3 s with an objective every step breaks (judged from the
+    # third step: the task below trains 3), and posts its alerts to a webhook served here
     hook, posted = _webhook()
     loop = ["--control-interval", "0.3", "--slo", "step_time_s=0.001", "--alert-webhook", hook]
     base = up_with_gateway(tmp_path, plan, "--queue", "fair", *loop)
@@ -195,7 +195,7 @@ def test_gateway_in_front_of_a_live_deployment(tmp_path: Path) -> None:
             f"{base}/v1/infer", json={"prompt": "def ", "tokens": 4}, headers=auth, timeout=60
         )
         assert r.status_code == 200 and len(r.json()["text"]) >= 1
-        r = httpx.post(f"{base}/v1/tasks", json={"steps": 2, "priority": 3}, headers=auth)
+        r = httpx.post(f"{base}/v1/tasks", json={"steps": 3, "priority": 3}, headers=auth)
         assert r.status_code == 202
         task_id = r.json()["id"]
         state = "queued"

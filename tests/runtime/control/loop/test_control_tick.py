@@ -68,6 +68,13 @@ def test_step_time_is_the_median_of_the_last_20_steps(plan: Plan) -> None:
     assert check_slos(Snapshot(_measured(plan, steps)), _policy(step_time_s=0.6)) == []
 
 
+def test_the_step_time_is_judged_from_the_third_step(plan: Plan) -> None:
+    policy = _policy(step_time_s=0.5)
+    assert check_slos(Snapshot(_measured(plan, [3.0, 0.6])), policy) == []  # warm-up
+    (b,) = check_slos(Snapshot(_measured(plan, [3.0, 0.6, 0.6])), policy)
+    assert b.value == 0.6
+
+
 def test_a_finished_tasks_old_steps_break_nothing(plan: Plan) -> None:
     old = _task(1, state="done", finished=NOW - 3600)
     snap = Snapshot(_measured(plan, [2.0] * 5, (old,)))

@@ -37,6 +37,7 @@ from dmsc.runtime.control.loop.objectives import Policy
 
 MODULE = "control-loop"  # the name the loop's own proposals carry (its SLO exceptions)
 RECENT_STEPS = 20  # the steps the step-time median is over
+MIN_STEPS = 3  # the step time is judged once this many are measured (the first warms up)
 MODULE_STEPS = 10  # new steps of the measured task after which the modules run again
 EFFECT_STEPS = 3  # steps of the next training task that measure a move's effect
 FINISHED = ("done", "failed")  # task states that count for the error rate
@@ -150,7 +151,7 @@ def check_slos(snap: Snapshot, policy: Policy) -> list[Breach]:
             live = task is not None and (
                 task.state == "running" or (task.finished_s or 0) >= now - window
             )
-            median = _median_step(m)
+            median = _median_step(m) if len(m.metrics) >= MIN_STEPS else None
             if live and median is not None and median > limit:
                 n = min(len(m.metrics), RECENT_STEPS)
                 why = f"median step {median:.3f} s over the last {n} steps of task {m.task_id}"
