@@ -56,10 +56,9 @@ def loop_settings(
         raise SpecError("command line", "--control-interval", "must be between 0 and 3600")
     if mode not in ("act", "advise"):
         raise SpecError("command line", "--control", f"{mode!r}: expected act or advise")
+    out: dict[str, Any] = {"control_interval_s": interval_s, "control": mode}
+    if policy_file is None and not slos and webhook is None:
+        return out  # no policy: the defaults, no objective (None in the settings)
     policy = load_policy(policy_file) if policy_file is not None else Policy()
     policy = with_flags(policy, slos or [], webhook)
-    return {
-        "control_interval_s": interval_s,
-        "control": mode,
-        "policy": policy.model_dump(mode="json", exclude_none=True),
-    }
+    return {**out, "policy": policy.model_dump(mode="json", exclude_none=True)}
