@@ -8,11 +8,14 @@ import signal
 import subprocess
 import sys
 import sysconfig
+import threading
 import time
 from pathlib import Path
+from typing import Any
 
-from runtime_helpers import dmsc, make_plan, one_box, up_with_gateway
+from runtime_helpers import dmsc, make_plan, one_box, up_with_gateway, wait_for
 
+from dmsc.data.control_records import decisions
 from dmsc.data.db import Database
 from dmsc.runtime.control.client import ControlClient
 from dmsc.runtime.transport.messages import InferRequest, ReplanRequest
@@ -176,7 +179,11 @@ def test_gateway_in_front_of_a_live_deployment(tmp_path: Path) -> None:
         "--weight", "2",
     ).stdout.strip()  # fmt: skip
     assert key.startswith("dmsc_")
-    base = up_with_gateway(tmp_path, plan, "--queue", "fair")
+    # the control loop ticks every 0.3 s with an objective every step breaks (judged from the
+    # third step: the task below trains 3), and posts its alerts to a webhook served here
+    hook, posted = _webhook()
+    loop = ["--control-interval", "0.3", "--slo", "step_time_s=0.001", "--alert-webhook", hook]
+    base = up_with_gateway(tmp_path, plan, "--queue", "fair", *loop)
     auth = {"Authorization": f"Bearer {key}"}
     try:
         # the policy the consumers claim in, as `dmsc up --queue` set it
@@ -188,7 +195,7 @@ def test_gateway_in_front_of_a_live_deployment(tmp_path: Path) -> None:
             f"{base}/v1/infer", json={"prompt": "def ", "tokens": 4}, headers=auth, timeout=60
         )
         assert r.status_code == 200 and len(r.json()["text"]) >= 1
-        r = httpx.post(f"{base}/v1/tasks", json={"steps": 2, "priority": 3}, headers=auth)
+        r = httpx.post(f"{base}/v1/tasks", json={"steps": 3, "priority": 3}, headers=auth)
         assert r.status_code == 202
         task_id = r.json()["id"]
         state = "queued"
@@ -199,8 +206,44 @@ def test_gateway_in_front_of_a_live_deployment(tmp_path: Path) -> None:
             time.sleep(0.5)
         assert state == "done"
         assert "dmsc_gateway_requests_total" in httpx.get(f"{base}/metrics").text
+        # the loop: an alert on the task's slow steps (GET /v1/alerts, alice's own task shown),
+        # its exception, one decision row and one control-log line, the webhook's post
+        assert httpx.get(f"{base}/v1/alerts").status_code == 401
+        alerts = wait_for(
+            lambda: httpx.get(f"{base}/v1/alerts", headers=auth).json(), 30, "an alert"
+        )
+        (alert,) = [a for a in alerts if a["slo"] == "step_time_s"]
+        assert alert["task"] == task_id and alert["value"] > 0.001 and alert["objective"] == 0.001
+        db = Database(f"sqlite:///{tmp_path / 'dmsc.sqlite'}")
+        (row,) = [d for d in decisions(db, alert["run"]) if d.target == "slo:step_time_s"]
+        assert row.verdict == "raise" and row.outcome == f"raised: task {alert['exception_task']}"
+        log = (tmp_path / "logs" / "control.log").read_text()
+        assert log.count(f"control decision {row.id}: raise") == 1
+        wait_for(lambda: posted, 30, "the webhook's post")
+        assert posted[0]["alert"]["id"] == alert["id"]
     finally:
         assert dmsc(tmp_path, "down").returncode == 0
+
+
+def _webhook() -> tuple[str, list[dict[str, Any]]]:
+    """A webhook on 127.0.0.1 (its URL) and the bodies posted to it (a daemon thread serves it
+    until the test process ends)."""
+    from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+    posted: list[dict[str, Any]] = []
+
+    class Hook(BaseHTTPRequestHandler):
+        def do_POST(self) -> None:
+            posted.append(json.loads(self.rfile.read(int(self.headers["Content-Length"]))))
+            self.send_response(204)
+            self.end_headers()
+
+        def log_message(self, *args: Any) -> None:
+            pass
+
+    server = ThreadingHTTPServer(("127.0.0.1", 0), Hook)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    return f"http://127.0.0.1:{server.server_address[1]}/hook", posted
 
 
 def test_gray_release_sends_the_canary_share_to_the_canary_replica(tmp_path: Path) -> None:

@@ -1,7 +1,8 @@
 """The dashboard in a real browser (Debian's headless Chromium, driven by Selenium) against a
 real deployment (``dmsc up --gateway``): the login form without a key, the pages with one,
-no console errors, the services and the charts drawn from what the deployment measured, and a
-page that shows a fault without being reloaded.
+no console errors, the services and the charts drawn from what the deployment measured, a
+page that shows a fault without being reloaded, and the control loop's alert banner, alerts and
+decisions.
 
 Screenshots of every page go to ``tmp_path`` (or to ``$DMSC_UI_SCREENSHOTS`` when set: that is
 how the README's pictures under ``docs/`` are made)."""
@@ -62,7 +63,9 @@ def test_the_dashboard_in_a_browser(tmp_path: Path, browser: Any) -> None:
     shots.mkdir(parents=True, exist_ok=True)
     home = tmp_path / "home"
     home.mkdir()
-    base = up_with_gateway(home, make_plan(home))
+    # the control loop with an objective every step breaks: its alert shows on every page
+    loop = ["--control-interval", "0.5", "--slo", "step_time_s=0.001"]
+    base = up_with_gateway(home, make_plan(home), *loop)
     try:
         # the operator's key: the training below is a CLI task of no tenant, which a tenant's
         # read key does not see (issue 29, item 10), an admin key does
@@ -117,6 +120,14 @@ def test_the_dashboard_in_a_browser(tmp_path: Path, browser: Any) -> None:
         assert out.returncode == 0, out.stderr
         wait_for(lambda: "worker" in _text(browser, "faults"), 20, "the fault on the page")
         assert "train" in _text(browser, "tasks")
+        # the control loop: the banner of the broken objective, its alert, and the decision
+        # with its reason (the exception raised for the task at fault)
+        wait_for(lambda: "step_time_s" in _text(browser, "alert-banner"), 20, "the banner")
+        assert "1 objective broken: step_time_s" in _text(browser, "alert-banner")
+        assert "every 0.5 s, act mode" in _text(browser, "control-loop")
+        assert "median step" in _text(browser, "alerts") and "open" in _text(browser, "alerts")
+        decisions = _text(browser, "decisions")
+        assert "slo:step_time_s" in decisions and "raised: task" in decisions
         browser.save_screenshot(str(shots / "dashboard-tasks.png"))
         assert _errors(browser) == []
     finally:

@@ -259,6 +259,7 @@ RULES: list[Rule] = [
         "tests/integration/test_serving.py and benchmarks/autoscale.py run serving replicas on "
         "a cluster of four devices, tests/cli/test_autoscale_flag.py the refusals",
     ),
+    Rule(r"dmsc up --plan plan\.json --gateway 127\.0\.0\.1:8080 --control advise --policy "),
     Rule(
         r"dmsc up --plan plan\.json --gateway 127\.0\.0\.1:8080 ",
         first_only=True,

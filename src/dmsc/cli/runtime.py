@@ -23,6 +23,15 @@ import typer
 from rich.console import Console
 
 from dmsc.cli.app import console
+from dmsc.cli.control_flags import (
+    DEFAULT_INTERVAL_S,
+    IntervalOpt,
+    ModeOpt,
+    PolicyOpt,
+    SloOpt,
+    WebhookOpt,
+    loop_settings,
+)
 from dmsc.cli.options import JsonOpt
 from dmsc.cli.up_settings import control_settings
 from dmsc.runtime.transport.replies import StatusReply
@@ -255,6 +264,11 @@ def up(
             help="Seal checkpoints (AES-GCM; the key in $DMSC_HOME/keys, outside them).",
         ),
     ] = False,
+    control_interval: IntervalOpt = DEFAULT_INTERVAL_S,
+    control: ModeOpt = "act",
+    policy: PolicyOpt = None,
+    slo: SloOpt = None,
+    alert_webhook: WebhookOpt = None,
 ) -> None:
     """Start the control plane and one worker process per stage replica."""
     from dmsc.data.db import data_dir
@@ -289,6 +303,7 @@ def up(
     if https is not None:
         more |= {"tls_cert": str(https.cert), "tls_key": str(https.key)}
     more["encrypt_checkpoints"] = encrypt_checkpoints
+    more |= loop_settings(control_interval, control, policy, slo, alert_webhook)  # control loop
     settings = settings.model_copy(update={"autoscale": scale, "cluster": cluster_path, **more})
     stderr_path = logs.stderr_file(home, logs.CONTROL)
     seen = stderr_path.stat().st_size if stderr_path.exists() else 0  # earlier starts' lines

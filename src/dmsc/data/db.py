@@ -20,9 +20,11 @@ from sqlalchemy.orm import Session, sessionmaker
 from dmsc.data import storage
 from dmsc.data.records import (
     TASK_STATES,
+    AlertRecord,
     ApiKeyRecord,
     Base,
     CheckpointRecord,
+    DecisionRecord,
     FaultRecord,
     IdentityRecord,
     MetricRecord,
@@ -57,10 +59,12 @@ def default_url() -> str:
 # the tables are defined apart (dmsc.data.records) and importable from here too
 __all__ = [
     "TASK_STATES",
+    "AlertRecord",
     "ApiKeyRecord",
     "Base",
     "CheckpointRecord",
     "Database",
+    "DecisionRecord",
     "FaultRecord",
     "IdentityRecord",
     "MetricRecord",

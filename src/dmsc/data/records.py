@@ -1,6 +1,7 @@
 """The tables of the data layer: runs, tasks, services, metrics and traces per step, model
-versions, checkpoints, faults, API keys, tenants and scale events (:mod:`dmsc.data.db` reads
-and writes them; every name here is also importable from there)."""
+versions, checkpoints, faults, API keys, tenants, scale events, and the control loop's decisions
+and alerts (:mod:`dmsc.data.db` reads and writes them, :mod:`dmsc.data.control_records` the
+last two; every name here is also importable from there)."""
 
 from __future__ import annotations
 
@@ -210,3 +211,50 @@ class ReplicaWeightsRecord(Base):
     version_id: Mapped[int | None]
     what: Mapped[str] = mapped_column(default="")  # "version 3", "training task 7 at step 40"
     at: Mapped[dt.datetime] = mapped_column(default=_now)
+
+
+class DecisionRecord(Base):
+    """One decision of the control loop on one proposal, with why, and what became of it."""
+
+    __tablename__ = "control_decisions"
+    id: Mapped[int] = mapped_column(primary_key=True)
+    run_id: Mapped[int] = mapped_column(ForeignKey("runs.id"), index=True)
+    at: Mapped[dt.datetime] = mapped_column(default=_now)
+    tick: Mapped[int]  # the loop's tick that made it (from 1, per control-plane start)
+    mode: Mapped[str] = mapped_column(String(16))  # act or advise
+    module: Mapped[str] = mapped_column(String(64))
+    kind: Mapped[str] = mapped_column(String(32))  # the proposal's kind
+    target: Mapped[str] = mapped_column(String(128))
+    verdict: Mapped[str] = mapped_column(String(16))  # apply, refuse, raise, note
+    reason: Mapped[str]  # the proposal's reason and the rule's, one line each
+    # applied, proposed (advise), deferred, failed: ..., or "" for a note or a refusal
+    outcome: Mapped[str] = mapped_column(default="")
+    gain_s_per_step: Mapped[float] = mapped_column(default=0.0)
+    cost_s: Mapped[float] = mapped_column(default=0.0)
+    # the measured effect of an applied move: the median step time of the training task it was
+    # measured on, and of the first steps of the next training task after it
+    task_before: Mapped[int | None]
+    step_before_s: Mapped[float | None]
+    step_after_s: Mapped[float | None]
+    task_after: Mapped[int | None]
+    details_json: Mapped[str] = mapped_column(default="{}")
+
+
+class AlertRecord(Base):
+    """An objective the run broke (a service-level objective of the policy), raised once per
+    breach until it holds again (``resolved_at``)."""
+
+    __tablename__ = "alerts"
+    id: Mapped[int] = mapped_column(primary_key=True)
+    run_id: Mapped[int] = mapped_column(ForeignKey("runs.id"), index=True)
+    at: Mapped[dt.datetime] = mapped_column(default=_now)
+    slo: Mapped[str] = mapped_column(String(32))  # step_time_s, infer_p99_s, ...
+    value: Mapped[float]  # what was measured
+    objective: Mapped[float]  # the limit it broke
+    reason: Mapped[str]
+    task_id: Mapped[int | None]  # the task at fault, when one is
+    exception_task: Mapped[int | None]  # the exception the loop raised for it, if any
+    action: Mapped[str] = mapped_column(String(32), default="alert")  # what the policy names
+    action_outcome: Mapped[str] = mapped_column(default="")
+    webhook: Mapped[str] = mapped_column(default="")  # "", pending, sent, failed: ...
+    resolved_at: Mapped[dt.datetime | None]

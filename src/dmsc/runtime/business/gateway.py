@@ -36,6 +36,7 @@ from prometheus_client import (
 )
 
 from dmsc.data.db import Database, ModelVersionRecord, StorageError
+from dmsc.runtime.business.alert_routes import mount_alerts
 from dmsc.runtime.business.api_docs import mount_docs
 from dmsc.runtime.business.auth import Principal, PrincipalCache
 from dmsc.runtime.business.dashboard import UiSessions, mount_dashboard
@@ -395,6 +396,7 @@ def create_app(
                 raise HTTPException(502, last_error)
 
     mount_tasks(app, backend, db, queue, authorize)  # /v1/tasks, /v1/exceptions
+    mount_alerts(app, db, authorize)  # /v1/alerts: the control loop's
 
     @app.get("/v1/services")
     def services(request: Request) -> list[dict[str, Any]]:

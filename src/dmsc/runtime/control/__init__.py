@@ -13,6 +13,8 @@ At the top, the control plane and the process around it:
 
 The packages, each named with its modules in its own docstring:
 
+- :mod:`.loop`: the control loop of ``dmsc up --control-interval``: every tick a snapshot, the
+  modules and the user's objectives run on it, decisions applied or proposed, alerts raised;
 - :mod:`.advisors`: the functional modules (traffic, paths, policy), the orchestrator's decision
   rule, and the prediction measurements are compared with;
 - :mod:`.tasks`: the persistent task queue and the loop over queued training tasks;
@@ -22,7 +24,7 @@ The packages, each named with its modules in its own docstring:
 
 Imports run one way: ``daemon -> watchdog -> plane -> service -> replanning, dashboard_state ->
 status`` at the top (``db_watch`` and ``client`` import none of them), the top over the
-packages, and among them ``advisors -> tasks -> training | serving -> launch`` (training and
+packages, and among them ``loop -> advisors -> tasks -> training | serving -> launch`` (training and
 serving never import each other). No package imports a module at the top; an import contract
 in ``pyproject.toml`` keeps these layers.
 

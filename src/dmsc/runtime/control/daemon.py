@@ -167,6 +167,7 @@ def main(stdin: TextIO | None = None) -> None:
         # while this process imports the control plane below (about 3 s): on two cores `dmsc
         # up` waits for the longer of the two, not for both.
         forked.warm()
+    from dmsc.runtime.control.loop.runner import start_control_loop, with_loop
     from dmsc.runtime.control.plane import ControlPlane
     from dmsc.runtime.control.training.retention import Retention
     from dmsc.runtime.control.watchdog import watch_workers
@@ -207,6 +208,7 @@ def main(stdin: TextIO | None = None) -> None:
     queue = cp.queue  # the queue both doors submit to (.tasks.door)
     threading.Thread(target=cp.work_queue, args=(queue,), daemon=True).start()
     threading.Thread(target=partial(watch_workers, cp), daemon=True).start()
+    control_loop = start_control_loop(cp, settings, log)  # None: --control-interval 0
     if settings.autoscale is not None and settings.cluster is not None:
         cp.inference.pool = start_autoscaler(
             cp, settings.autoscale, settings.cluster, settings.failure_timeout_s
@@ -230,7 +232,7 @@ def main(stdin: TextIO | None = None) -> None:
             burst=settings.burst,
             tenant_requests=settings.tenant_requests,
             max_body_bytes=settings.max_body_bytes,
-            dashboard=cp.dashboard,
+            dashboard=with_loop(cp.dashboard, control_loop) if control_loop else cp.dashboard,
         )
         gateway = uvicorn.Server(
             uvicorn.Config(
@@ -282,6 +284,8 @@ def main(stdin: TextIO | None = None) -> None:
         cp.end_run()  # a clean stop ends the run; a crash or a lost database leaves it resumable
     if gateway is not None:
         gateway.should_exit = True
+    if control_loop is not None:
+        control_loop.close()
     if cp.inference.pool is not None:
         cp.inference.pool.shutdown()
     cp.deployment.shutdown()

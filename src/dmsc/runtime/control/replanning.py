@@ -11,11 +11,9 @@ plane for this answer, and decides offline (:func:`dry_run_offline`) only when n
 the request is a dry run:
 
 - exceptions go into the exception queue;
-- an applied move re-plans on the measured figures again (the same re-plan the proposal came
-  from) and moves the deployment to that plan from a checkpoint (``ControlPlane.relayout``:
-  the workers stop and start where the plan puts them; weights and AdamW state carry over).
-  Only a move that keeps each stage's layers is applied: a re-cut changes which stage holds
-  which layers, and the per-stage checkpoint does not carry over (refused, with the reason).
+- an applied move re-plans on the measured figures again and moves the deployment to that plan
+  from a checkpoint (:func:`~.loop.moves.apply_move`, which the control loop applies moves
+  with too; a re-cut is refused with the reason).
 
 The answer lists every decision with its reason, what was applied, and how long deciding and
 moving took.
@@ -35,12 +33,12 @@ from dmsc.planner.plan import Plan
 from dmsc.runtime.control.advisors import default_modules, orchestrate, read_measurements
 from dmsc.runtime.control.advisors.base import Measurements, Proposal
 from dmsc.runtime.control.advisors.orchestrator import Decision, DecisionRule, apply
-from dmsc.runtime.control.advisors.paths import cluster_mismatch, replan
+from dmsc.runtime.control.advisors.paths import cluster_mismatch
 from dmsc.runtime.control.advisors.policy import DEDUPE_S, raised_recently
 from dmsc.runtime.control.advisors.prediction import task_prediction
+from dmsc.runtime.control.loop.moves import apply_move
 from dmsc.runtime.transport.messages import ReplanRequest
 from dmsc.runtime.transport.replies import ReplanReply, parse_reply
-from dmsc.runtime.transport.rpc import BadRequest
 from dmsc.spec import ClusterSpec, LayerListSpec, TransformerSpec, resolve_model
 
 
@@ -163,20 +161,7 @@ def replan_now(cp: Replannable, req: ReplanRequest) -> dict[str, Any]:
 
         def move(p: Proposal) -> None:
             nonlocal applied
-            if cp.cluster is None:
-                raise BadRequest("a move needs the plan's cluster spec (dmsc up --cluster)")
-            found = replan(cp.plan, cp.cluster, measured.traces)
-            if isinstance(found, str):
-                raise BadRequest(f"the move is no longer proposed: {found}")
-            new = found.new_plan
-            if [st.chunks for st in new.stages] != [st.chunks for st in cp.plan.stages]:
-                raise BadRequest(
-                    f"{p.target}: a re-cut moves layers between stages, and the per-stage "
-                    "checkpoint does not carry over: not applied (dmsc plan, then dmsc up)"
-                )
-            t1 = time.perf_counter()
-            cp.relayout(new, "move", f"{p.target}: {p.reason}")
-            applied = {"target": p.target, "move_s": time.perf_counter() - t1}
+            applied = apply_move(cp, measured.traces, p)
 
         raised: list[int] = []
         if not req.dry_run:

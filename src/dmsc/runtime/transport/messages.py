@@ -478,3 +478,8 @@ class ControlSettings(Message):
     data_roots: Annotated[
         list[Annotated[str, Field(min_length=1, max_length=4096)]], Field(max_length=64)
     ] = []
+    # The control loop (dmsc.runtime.control.loop): seconds between ticks (0: off), accepted
+    # moves applied or only proposed, and the policy file's content (checked by dmsc up).
+    control_interval_s: Annotated[float, Field(ge=0, le=3600)] = 5.0
+    control: Literal["act", "advise"] = "act"
+    policy: dict[str, Any] | None = None

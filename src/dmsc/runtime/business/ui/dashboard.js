@@ -224,7 +224,52 @@ function drawCharts(s) {
   ], links, "no traffic measured yet: a training task reports it"));
 }
 
-const DRAW = { overview: drawOverview, tasks: drawTasks, charts: drawCharts };
+// the control loop's open alerts, on every page (the document has no "control" part when
+// dmsc up ran with --control-interval 0)
+function banner(s) {
+  const box = document.getElementById("alert-banner");
+  if (!box) return;
+  const open = ((s.control || {}).alerts || []).filter((a) => !a.resolved_at);
+  box.hidden = !open.length;
+  box.textContent = open.length
+    ? `${open.length} objective${open.length > 1 ? "s" : ""} broken: ` +
+      open.map((a) => `${a.slo} ${fmt(a.value)} > ${fmt(a.objective)}`).join("; ")
+    : "";
+}
+
+function effect(d) {
+  if (d.step_before_s === null || d.step_before_s === undefined) return "";
+  if (d.step_after_s === null || d.step_after_s === undefined) return `${fmt(d.step_before_s)} s -> (measuring)`;
+  return `${fmt(d.step_before_s)} s -> ${fmt(d.step_after_s)} s (task ${d.task_after})`;
+}
+
+function drawControl(s) {
+  const c = s.control;
+  if (!c) {
+    put("control-loop", document.createTextNode("off (dmsc up --control-interval 0)"));
+    return;
+  }
+  const slos = Object.entries(c.slos).map(([k, v]) => `${k} <= ${v.max} (${v.action})`).join(", ");
+  put("control-loop", document.createTextNode(
+    `every ${c.interval_s} s, ${c.mode} mode · objectives: ${slos || "none"} · ` +
+    `${c.cost.ticks} ticks, ${fmt(c.cost.mean_wall_ms, 2)} ms and ${fmt(c.cost.mean_cpu_ms, 2)} ms CPU each`));
+  put("alerts", table([
+    ["id", (a) => a.id, "num"], ["at", (a) => when(a.at)], ["objective", (a) => a.slo],
+    ["measured", (a) => fmt(a.value), "num"], ["limit", (a) => fmt(a.objective), "num"],
+    ["why", (a) => a.reason, "why"], ["task", (a) => a.task ?? "", "num"],
+    ["action", (a) => `${a.action}${a.action_outcome ? ": " + a.action_outcome : ""}`],
+    ["webhook", (a) => a.webhook],
+    ["state", (a) => (a.resolved_at ? el("span", { class: "ok" }, "resolved") : el("span", { class: "bad" }, "open"))],
+  ], c.alerts, "no alerts"));
+  put("decisions", table([
+    ["id", (d) => d.id, "num"], ["at", (d) => when(d.at)], ["module", (d) => d.module],
+    ["kind", (d) => d.kind], ["target", (d) => d.target], ["verdict", (d) => d.verdict],
+    ["why", (d) => d.reason, "why"], ["outcome", (d) => d.outcome],
+    ["step before -> after", effect],
+  ], c.decisions, "no decisions yet"));
+}
+
+const DRAW = { overview: drawOverview, tasks: (s) => { drawTasks(s); drawControl(s); }, charts: drawCharts };
 
 function live(on, s) {
   const badge = document.getElementById("live");
@@ -247,6 +292,7 @@ async function poll() {
     if (!r.ok) throw new Error(`HTTP ${r.status}`);
     const s = await r.json();
     draw(s);
+    banner(s);
     live(true, s);
   } catch (e) {
     live(false);

@@ -1,0 +1,19 @@
+"""The control loop: every few seconds (``dmsc up --control-interval``), one snapshot of what
+the control plane measured, the functional modules and the user's objectives run on it, and the
+orchestrator's decisions are applied (``--control act``) or only proposed (``advise``); every
+decision is a row and a log line, every broken objective an alert.
+
+- :mod:`.objectives`: the policy a user sets (a policy file or flags): the service-level
+  objectives, the action a breach asks for, the webhook, the decision rule's settings;
+- :mod:`.tick`: one tick as a pure function over a snapshot: the objectives checked, the
+  modules' proposals decided, what is new to record;
+- :mod:`.snapshot`: the snapshot read from the database and the control plane;
+- :mod:`.moves`: an accepted move applied to the deployment (``dmsc replan`` applies with it too);
+- :mod:`.webhook`: alerts posted to the policy's webhook from a thread of their own, retried;
+- :mod:`.runner`: the thread that ticks, records decisions and alerts, acts, and measures its
+  own cost.
+
+Imports run one way: ``runner -> snapshot -> tick -> objectives``, ``runner -> moves, webhook``.
+Below it: :mod:`..advisors` (the modules and the decision rule) and :mod:`..tasks` (the
+exception queue, through :mod:`..advisors.policy`).
+"""

@@ -1,0 +1,125 @@
+"""One snapshot of what the control plane measured, for one tick of the loop.
+
+Where each measurement is kept, and what :func:`take` reads of it:
+
+- the run's training metrics, step traces (with each worker's CPU % and memory over its steps:
+  :mod:`dmsc.runtime.compute.telemetry`), tasks and faults: the database, read once through
+  :func:`~dmsc.runtime.control.advisors.read_measurements` on the deployment's current plan;
+- the queue depth: the run's queued training tasks in the same read;
+- inference requests in flight and the elastic serving replicas: the control plane's router
+  (``cp.inference``), a counter read under its own short lock;
+- the rate across each stage boundary: the traced bytes per step over the measured step time,
+  and the capacity of the plan's reserved path there (:mod:`dmsc.planner.plan`).
+
+Nothing here waits on a worker or on the plane's task lock: a tick never probes the workers
+(their health comes from the watchdog, their use of the machine from the step traces).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import statistics
+from typing import Any, Protocol
+
+from dmsc.data.db import Database, RunRecord
+from dmsc.data.traces import step_traces
+from dmsc.planner.plan import Plan
+from dmsc.runtime.control.advisors.base import Measurements, read_measurements
+from dmsc.runtime.control.advisors.prediction import Prediction, task_prediction
+from dmsc.runtime.control.advisors.traffic import boundary_bytes
+from dmsc.runtime.control.loop.tick import Snapshot, modules_due
+from dmsc.spec import ClusterSpec, LayerListSpec, TransformerSpec
+
+TRACED_STEPS = 50  # the step traces a snapshot reads (the modules' window)
+RATE_STEPS = 5  # the last steps a boundary's rate is the mean of
+
+
+class Observed(Protocol):
+    """What a snapshot reads of the control plane (:class:`~..plane.ControlPlane`)."""
+
+    db: Database
+    run: RunRecord
+    plan: Plan
+    cluster: ClusterSpec | None
+    model: TransformerSpec
+    inference: Any  # .in_flight(), .pool
+
+
+class Predictions:
+    """The prediction for the job a training task ran, kept per (task, plan): it re-plans once."""
+
+    def __init__(self) -> None:
+        self._kept: dict[tuple[int, int], Prediction] = {}
+
+    def get(
+        self,
+        plan: Plan,
+        cluster: ClusterSpec | None,
+        model: TransformerSpec | LayerListSpec,
+        m: Measurements,
+    ) -> Prediction:
+        key = (m.task_id or 0, id(plan))
+        if key not in self._kept:
+            params = next((t.params for t in m.tasks if t.id == m.task_id), None)
+            self._kept = {key: task_prediction(plan, cluster, model, params)}  # the newest only
+        return self._kept[key]
+
+
+def link_rates(m: Measurements) -> dict[int, float]:
+    """Bytes/s across each stage boundary over the last ``RATE_STEPS`` traced steps."""
+    steps = {p.step: p.step_s for p in m.metrics}
+    traced = sorted({t.step for t in m.traces})[-RATE_STEPS:]
+    times = [steps[s] for s in traced if s in steps]
+    if not times or statistics.mean(times) <= 0:
+        return {}
+    recent = [t for t in m.traces if t.step in set(traced)]
+    return {
+        b: statistics.mean(series) / statistics.mean(times)
+        for b, series in boundary_bytes(recent).items()
+        if series
+    }
+
+
+def telemetry(m: Measurements) -> dict[str, dict[str, float | None]]:
+    """Each worker's mean CPU % and largest memory over its last ``RATE_STEPS`` traced steps."""
+    traced = set(sorted({t.step for t in m.traces})[-RATE_STEPS:])
+    out: dict[str, dict[str, float | None]] = {}
+    by: dict[str, list[Any]] = {}
+    for t in m.traces:
+        if t.step in traced:
+            by.setdefault(f"{t.stage}/{t.replica}", []).append(t)
+    for name, rows in sorted(by.items()):
+        cpu = [t.cpu_percent for t in rows if t.cpu_percent is not None]
+        rss = [t.rss_bytes for t in rows if t.rss_bytes is not None]
+        out[name] = {
+            "cpu_percent": statistics.mean(cpu) if cpu else None,
+            "rss_bytes": float(max(rss)) if rss else None,
+        }
+    return out
+
+
+def take(
+    cp: Observed, now_s: float, predictions: Predictions, last_key: tuple[Any, ...] | None = None
+) -> Snapshot:
+    """The snapshot of ``cp``'s run at ``now_s`` (module docstring). The last ``RATE_STEPS``
+    step traces are read for the objectives; ``TRACED_STEPS`` only when the modules are due
+    (:func:`.tick.modules_due` of ``last_key``, the key they last ran on)."""
+    plan = cp.plan  # read once: a move may replace it meanwhile
+    measured = read_measurements(cp.db, cp.run.id, now_s, last_steps=RATE_STEPS)
+    measured = dataclasses.replace(measured, plan=plan)
+    if measured.task_id is not None and modules_due(Snapshot(measured).key(), last_key):
+        traces = tuple(step_traces(cp.db, measured.task_id, last=TRACED_STEPS))
+        measured = dataclasses.replace(measured, traces=traces)
+    if measured.task_id is not None:
+        predicted = predictions.get(plan, cp.cluster, cp.model, measured)
+        measured = dataclasses.replace(measured, predicted=predicted)
+    pool = getattr(cp.inference, "pool", None)
+    return Snapshot(
+        measured=measured,
+        queue_depth=sum(t.kind == "train" and t.state == "queued" for t in measured.tasks),
+        in_flight=int(cp.inference.in_flight()),
+        serving_replicas=pool.count() if pool is not None else 0,
+        link_rates=link_rates(measured),
+        link_capacity={p.after_stage: p.gbit_s * 1e9 / 8 for p in plan.paths if p.gbit_s > 0},
+        telemetry=telemetry(measured),
+    )
