@@ -138,7 +138,7 @@ class StageWorker:
             {int(k): LinkShaper(v) for k, v in cfg.pp_link_mbps.items()},
             cfg.tp_rank,
         )
-        self.grads = GradientSync(cfg, self.module, self.peers, self.inbox)
+        self.grads = GradientSync(cfg, self.module, self.peers, self.inbox, self.tied)
         self.bytes_reported = 0  # of self.grads.link.bytes, by the last Commit
 
     @property
@@ -216,6 +216,10 @@ class StageWorker:
             self._feed_from_shard(m.step, m.local_batch, m.microbatches)
         ops = step_ops(m.schedule, cfg.stage, cfg.stages, m.microbatches, m.train)
         cache = self._session(m.session, m.start) if m.session and not m.train else None
+        heads = bool(m.sync and m.sync.task_heads and self.module.is_last)  # its own task head
+        if m.train:  # the collective's buckets go as the backward makes their gradients
+            plain, backwards = self.sync is None and not heads, [op for op, _ in ops].count("B")
+            self.grads.prepare(m.step, backwards, m.late_policy, m.grad_wait_s, plain)
         try:
             done = run_ops(
                 self.module,
@@ -237,7 +241,7 @@ class StageWorker:
         skipped: list[int] = []
         if m.train:
             self._add_tied_grad(m.step)
-            if m.sync is not None and m.sync.task_heads and self.module.is_last:
+            if heads:
                 pass  # this replica's own task head: its gradient stays here
             elif self.sync is not None and not self.sync.settings.outer:
                 skipped = self.sync.sync_gradients(m.step, m.late_policy, m.grad_wait_s)
