@@ -71,17 +71,17 @@ def test_a_quorum_reuses_its_group_until_its_members_change_and_reforms_around_w
 
 def test_a_late_replica_under_restart_or_wait_drops_or_fails_the_step_for_everyone() -> None:
     store = _store()
-    restart = _quorums(store, 2, "e0/g0", {}, [0], policy="restart")[0]
+    restart = _quorums(store, 2, "e0/g0", {}, [0], policy="restart", bound_s=0.2)[0]
     assert restart.verdict == "restart" and restart.late == (1,)
     # the late one reads the same decision when it arrives
-    late = Quorum(store, 1, 2).join("e0/g0", "restart", 0.5, 5.0, "", lambda: False)
+    late = Quorum(store, 1, 2).join("e0/g0", "restart", 0.2, 5.0, "", lambda: False)
     assert late == restart
-    fail = _quorums(store, 2, "e0/g1", {}, [0], policy="wait")[0]
+    fail = _quorums(store, 2, "e0/g1", {}, [0], policy="wait", bound_s=0.2)[0]
     assert fail.verdict == "fail"
     # a slow announcement (fault injection): the decision is awaited meanwhile
     t0 = time.monotonic()
     both = _quorums(store, 2, "e0/g2", {}, [0, 1], delay_s=0.0)
-    slow = _quorums(store, 2, "e0/g3", {}, [1], bound_s=0.2, delay_s=1.0)
+    slow = _quorums(store, 2, "e0/g3", {}, [1], bound_s=0.1, delay_s=0.4)
     assert both[1].members == (0, 1)
     assert slow[1].members == (1,)  # its own announcement came late: it decided alone
     assert time.monotonic() - t0 < 3.0

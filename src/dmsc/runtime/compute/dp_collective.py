@@ -177,18 +177,21 @@ class _Step:
     waiting: list[int]
     queued: int = 0  # buckets handed to the communication thread, in order
     decision: Decision | None = None
+    pg: Any = None  # the group it agreed on (a later step's may replace the replica's)
     works: list[tuple[int, torch.Tensor, Any]] = field(default_factory=list)
     error: BaseException | None = None
     bytes_until: float = 0.0  # when a thin link is through this step's bytes
     launched: threading.Event = field(default_factory=threading.Event)
     over: bool = False  # finished, or left by a step that failed half-way
+    jobs: queue.SimpleQueue[int | None] = field(default_factory=queue.SimpleQueue)
 
 
 class DataParallel:
     """One replica's side of its stage's all-reduces (see the module docstring). The hooks
-    run in the backward; the quorum and the launches run on a communication thread of its own,
-    so that a replica waiting for its quorum does not hold up its backward (nor, through it,
-    the stages before it)."""
+    run in the backward; the quorum and the launches run on a communication thread of the
+    step's own, so that a replica waiting for its quorum does not hold up its backward (nor,
+    through it, the stages before it), and a thread left stuck by a failed step (a rendezvous
+    with a member that died) holds up no later step."""
 
     def __init__(
         self,
@@ -209,8 +212,6 @@ class DataParallel:
                 p.register_post_accumulate_grad_hook(self._hook(i))
         self._faults_fired: set[int] = set()
         self.current: _Step | None = None
-        self._jobs: queue.SimpleQueue[tuple[_Step, int | None]] = queue.SimpleQueue()
-        threading.Thread(target=self._communicate, daemon=True, name="dp-comm").start()
 
     @property
     def armed(self) -> bool:
@@ -230,7 +231,9 @@ class DataParallel:
                 self.group.drop()
         seen = [0] * len(self.params)
         waiting = [len(b) for b in self.buckets]
-        self.current = _Step(step, self.inbox.epoch, backwards, policy, wait_s, seen, waiting)
+        st = _Step(step, self.inbox.epoch, backwards, policy, wait_s, seen, waiting)
+        self.current = st
+        threading.Thread(target=self._communicate, args=(st,), daemon=True, name="dp-comm").start()
 
     def _hook(self, i: int) -> Callable[[torch.Tensor], None]:
         def ready(_: torch.Tensor) -> None:
@@ -247,16 +250,22 @@ class DataParallel:
     def _queue_ready(self, st: _Step) -> None:
         """Hand the communication thread every bucket whose gradients are whole, in order."""
         while st.queued < len(self.buckets) and st.waiting[st.queued] == 0:
-            self._jobs.put((st, st.queued))
+            st.jobs.put(st.queued)
             st.queued += 1
 
-    def _communicate(self) -> None:
+    def _communicate(self, st: _Step) -> None:
+        """The step's communication thread: its quorum, then each bucket's launch in order."""
         while True:
-            st, b = self._jobs.get()
+            try:
+                b = st.jobs.get(timeout=0.5)
+            except queue.Empty:
+                if st.over:  # a step that failed half-way
+                    return
+                continue
             if b is None:
                 st.launched.set()
-                continue
-            if st.error is not None or (st.over and st.decision is None):
+                return
+            if st.error is not None or st.over:
                 continue
             try:
                 self._launch(st, b)
@@ -282,12 +291,13 @@ class DataParallel:
     def _launch(self, st: _Step, b: int) -> None:
         if st.decision is None:
             st.decision = self._agree(st, f"g{st.step}", st.policy, st.wait_s, True)
+            st.pg = self.group.pg
         d = st.decision
         if st.over or d.verdict != "go" or d.rank(self.cfg.replica) is None or len(d.members) < 2:
             return  # nothing to reduce here
         flat = torch.cat([self._grad(i).reshape(-1) for i in self.buckets[b]]).cpu()
         self._book(st, flat, d)
-        st.works.append((b, flat, self.group.pg.allreduce([flat])))
+        st.works.append((b, flat, st.pg.allreduce([flat])))
 
     def _grad(self, i: int) -> torch.Tensor:
         p = self.params[i]
@@ -309,7 +319,7 @@ class DataParallel:
         assert st is not None
         st.waiting = [0] * len(self.buckets)
         self._queue_ready(st)
-        self._jobs.put((st, None))
+        st.jobs.put(None)
         abandoned = self._abandoned(st)
         try:
             while not st.launched.wait(0.05):
