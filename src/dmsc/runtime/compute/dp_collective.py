@@ -15,7 +15,7 @@ with a torch.distributed all-reduce among its replicas, as ``DistributedDataPara
   ``ProcessGroupGloo`` calls ``gloo::allreduce`` without choosing an algorithm, and the ring
   (a reduce-scatter then an all-gather, n - 1 steps each, in segments) is the only one built in:
   so the plan's ``--allreduce ring`` runs as priced, and ``tree`` and ``hierarchical`` run the
-  same ring (:data:`ALGORITHM`, which the step's reply names). They differ from it in the cost
+  same ring (:data:`ALGORITHM`). They differ from it in the cost
   model only: a tree pays 2 log2(n) latencies where the ring pays 2 (n - 1), and puts 2 x the
   buffer on its busiest link where the ring puts 2 (n - 1) / n of it on every link;
   hierarchical is a ring inside each node or datacenter, then across them;

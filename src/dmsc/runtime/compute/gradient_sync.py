@@ -38,7 +38,7 @@ from collections.abc import Callable, Sequence
 import torch
 
 from dmsc.runtime.compute.config import WorkerConfig
-from dmsc.runtime.compute.dp_collective import ALGORITHM, DataParallel, StepRestart
+from dmsc.runtime.compute.dp_collective import DataParallel, StepRestart
 from dmsc.runtime.compute.inbox import Inbox
 from dmsc.runtime.compute.peers import Peers
 from dmsc.runtime.transport.messages import LatePolicy
@@ -111,11 +111,6 @@ class GradientSync:
         if cfg.replicas > 1 and cfg.tp_store and not cfg.dp_star:
             params = list(module.parameters())
             self.collective = DataParallel(cfg, params, tied, peers, inbox, self.link)
-
-    @property
-    def algorithm(self) -> str:
-        """How plain averaging runs here: the collective's algorithm, or ``star``."""
-        return "star" if self.collective is None else ALGORITHM
 
     def prepare(
         self, step: int, backwards: int, policy: LatePolicy, wait_s: float, plain: bool
