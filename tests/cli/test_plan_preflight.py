@@ -1,6 +1,6 @@
 """``dmsc up`` refuses a plan the runtime cannot run as planned before anything starts: an
-interleaved plan's stages hold several chunks of layers apart from one another, and the runtime
-runs one contiguous range of layers per stage (it used to merge a stage's chunks into one range
+interleaved plan whose stages do not hold their chunks in order (the runtime runs each stage's
+chunks apart, by the interleaved 1F1B schedule; it used to merge a stage's chunks into one range
 over other stages' layers: gpt-mini pp=2 v=2 ran blocks 1 and 2 twice); a plan with expert
 parallelism (it used to start one worker per stage replica and train without a word), one with
 tensor parallelism the runtime does not run (sequence parallel, GPUs), and a plan whose stages,
@@ -43,19 +43,53 @@ def _up(
     return int(exit_.value.code or 0), capsys.readouterr().err
 
 
-def test_an_interleaved_plan_is_refused_before_anything_starts(
+def test_an_interleaved_plan_starts_with_each_stage_holding_its_chunks(
     tmp_path: Path,
     local_cpu: ClusterSpec,
     monkeypatch: pytest.MonkeyPatch,
     capsys: pytest.CaptureFixture[str],
 ) -> None:
+    from dmsc.runtime.control.training.session import layout_from_plan
+
     path = _plan(tmp_path, local_cpu, schedule="interleaved", interleave=2)
     code, err = _up(tmp_path, path, monkeypatch, capsys)
-    assert code == 2 and len(err.strip().splitlines()) == 1, err
-    assert f"{path}: stages[0].chunks:" in err
-    assert "2 chunks" in err and "schedule interleaved" in err
-    assert "one contiguous range of layers per stage" in err
-    assert "Traceback" not in err and not (tmp_path / "started").exists()
+    assert code == 0, err
+    plan = Plan.model_validate_json(path.read_text())
+    assert plan.model_spec is not None
+    layout = layout_from_plan(plan, plan.model_spec)  # type: ignore[arg-type]
+    assert layout.chunks == [list(st.chunks) for st in plan.stages]
+    assert [len(c) for c in layout.chunks] == [2, 2]
+    for s, st in enumerate(plan.stages):  # never one range over other stages' layers
+        fields = layout.stage_fields(s)
+        assert (fields["first"], fields["last"]) == st.chunks[0]
+        assert fields["chunks"] == [list(c) for c in st.chunks]
+
+
+@pytest.mark.parametrize(
+    ("edit", "field", "reason"),
+    [
+        ("a chunk fewer", "stages[1].chunks", "1 chunks for job.schedule interleaved"),
+        ("chunks swapped", "stages[0].chunks[0]", "starts at block_2, the model's first layer"),
+    ],
+)
+def test_an_interleaved_plan_whose_chunks_do_not_add_up_is_refused(
+    tmp_path: Path,
+    local_cpu: ClusterSpec,
+    monkeypatch: pytest.MonkeyPatch,
+    capsys: pytest.CaptureFixture[str],
+    edit: str,
+    field: str,
+    reason: str,
+) -> None:
+    path = _plan(tmp_path, local_cpu, schedule="interleaved", interleave=2)
+    data = Plan.model_validate_json(path.read_text()).model_dump(mode="json")
+    if edit == "a chunk fewer":
+        data["stages"][1]["chunks"].pop()
+    else:
+        data["stages"][0]["chunks"].reverse()
+    path.write_text(Plan.model_validate(data).model_dump_json())
+    err = _refused(tmp_path, path, monkeypatch, capsys, field)
+    assert reason in err, err
 
 
 def test_a_plan_of_one_chunk_per_stage_still_starts(

@@ -238,6 +238,12 @@ RULES: list[Rule] = [
         "tests/integration/test_ray.py runs `dmsc up --launcher ray --ray-address` on a local "
         "Ray cluster, tests/integration/test_ray_private.py on one started with `ray start`",
     ),
+    Rule(
+        r"dmsc calibrate$",
+        page="docs/runtime.md",
+        skip="the same command as the README's tour, which this test runs first (measuring the "
+        "machine again would test nothing more); this page's plan reads the file it wrote",
+    ),
     Rule(r"dmsc estimate ", OFFLINE),
     Rule(r"dmsc plan (--compare )?--cluster examples/clusters/", OFFLINE),
     Rule(r"dmsc segment ", OFFLINE),

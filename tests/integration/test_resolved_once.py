@@ -11,8 +11,8 @@ import pytest
 from runtime_helpers import control_plane, one_box
 
 from dmsc.data import corpus
+from dmsc.planner import solve
 from dmsc.planner.solve import plan_job
-from dmsc.runtime.control.training import resize
 from dmsc.runtime.transport.messages import TrainRequest
 from dmsc.spec import ClusterSpec, JobSpec, load_spec, resolve_model
 
@@ -36,7 +36,7 @@ def test_a_dp_task_on_its_own_data_plans_once_and_reads_once(
 
         return call
 
-    monkeypatch.setattr(resize, "plan_job", counted("plan_job", resize.plan_job))
+    monkeypatch.setattr(solve, "plan_job", counted("plan_job", solve.plan_job))
     monkeypatch.setattr(corpus, "text_from", counted("text_from", corpus.text_from))
     with control_plane(plan, tmp_path) as cp:
         cp.cluster = cluster

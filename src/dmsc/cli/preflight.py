@@ -1,5 +1,6 @@
 """What ``dmsc up`` checks in a plan before it starts anything: that the runtime can run its
-stages (one contiguous range of layers each, in order, the whole model between them), its
+stages (one contiguous range of layers each, or in an interleaved plan one per chunk, in order
+down the virtual stages, the whole model between them), its
 parallelism (a stage replica is one worker per tensor-parallel rank, on the CPU; no expert
 parallelism, no sequence parallelism)
 and its model (and the checkpoint is the one planned from), that its stages, replicas and
@@ -15,19 +16,18 @@ from dmsc.spec import SpecError
 
 
 def check_plan_stages(plan_path: str, plan: Any) -> None:
-    """Before anything starts: every stage is one contiguous range of layers, the only thing
-    the runtime runs. An interleaved plan's stage holds several chunks apart from one another
-    (chunk ``c`` of stage ``s`` is the model's chunk ``c pp + s``); run as one range from its
-    first layer to its last, it would take other stages' layers too."""
+    """Before anything starts: every stage holds the chunks the runtime runs: one contiguous
+    range of layers, or in an interleaved plan ``job.interleave`` of them (chunk ``c`` of stage
+    ``s`` is the model's chunk ``c pp + s``, run by the interleaved 1F1B schedule); a stage
+    holding any other number would be merged or take another stage's place."""
+    want = plan.job.chunks
     for st in plan.stages:
-        if len(st.chunks) > 1:
+        if len(st.chunks) != want:
             raise SpecError(
                 plan_path,
                 f"stages[{st.index}].chunks",
-                f"{len(st.chunks)} chunks (job.schedule {plan.job.schedule}, "
-                f"interleave {plan.job.interleave}): the runtime runs one contiguous range of "
-                "layers per stage, not an interleaved schedule; plan with --schedule 1f1b "
-                "or gpipe",
+                f"{len(st.chunks)} chunks for job.schedule {plan.job.schedule} with "
+                f"interleave {plan.job.interleave}: each stage runs {want}",
             )
 
 
@@ -79,8 +79,10 @@ def check_plan_shape(plan_path: str, plan: Any) -> None:
     """Before anything starts: the plan's stages, replicas and devices add up to its job, as
     ``training.layout_from_plan`` deploys them: ``job.pp`` stages in order, each the next
     contiguous range of the model's layers (the first from the embedding, the last to the
-    head), ``job.dp`` replicas of each, ``job.tp`` devices for each replica and no device
-    holding two of them (more ranks than devices)."""
+    head; interleaved, each chunk the next range after chunk ``c`` of the stage before, the
+    last stage's followed by chunk ``c + 1`` of the first), ``job.dp`` replicas of each,
+    ``job.tp`` devices for each replica and no device holding two of them (more ranks than
+    devices)."""
     from dmsc.runtime.compute.models.support import layer_names
     from dmsc.spec import TransformerSpec
 
@@ -89,22 +91,29 @@ def check_plan_shape(plan_path: str, plan: Any) -> None:
         raise SpecError(plan_path, "stages", f"{len(plan.stages)} stages for job.pp {job.pp}")
     names = layer_names(plan.model_spec) if isinstance(plan.model_spec, TransformerSpec) else []
     holder: dict[int, str] = {}
-    after = ""  # the last layer of the stage before
     for s, st in enumerate(plan.stages):
         if st.index != s:
             raise SpecError(plan_path, f"stages[{s}].index", f"is {st.index}, expected {s}")
-        first, last = st.chunks[0][0], st.chunks[-1][1]
+    after = ""  # the last layer of the chunk before, down the pipeline's virtual stages
+    last_where = f"stages[{job.pp - 1}].chunks"
+    for k in range(job.pp * job.chunks):
+        s, c = k % job.pp, k // job.pp
+        if c >= len(plan.stages[s].chunks):
+            break  # the chunks' count: check_plan_stages
+        first, last = plan.stages[s].chunks[c]
+        where = f"stages[{s}].chunks" + (f"[{c}]" if job.chunks > 1 else "")
         if names:
             want = names[names.index(after) + 1] if after else names[0]
             if first != want or last not in names or names.index(last) < names.index(first):
-                where = f"after {after}" if after else "the model's first layer"
+                at = f"after {after}" if after else "the model's first layer"
                 raise SpecError(
                     plan_path,
-                    f"stages[{s}].chunks",
-                    f"starts at {first}, {where}: every layer from {names[0]} to {names[-1]} "
+                    where,
+                    f"starts at {first}, {at}: every layer from {names[0]} to {names[-1]} "
                     "runs in exactly one stage, in order",
                 )
-        after = last
+        after, last_where = last, where
+    for s, st in enumerate(plan.stages):
         if len(st.replicas) != job.dp:
             raise SpecError(
                 plan_path,
@@ -124,9 +133,7 @@ def check_plan_shape(plan_path: str, plan: Any) -> None:
                     )
                 holder[d] = f"stages[{s}].replicas[{r}]"
     if names and after != names[-1]:
-        raise SpecError(
-            plan_path, f"stages[{job.pp - 1}].chunks", f"ends at {after}, not at {names[-1]}"
-        )
+        raise SpecError(plan_path, last_where, f"ends at {after}, not at {names[-1]}")
 
 
 def check_plan_model(plan_path: str, plan: Any) -> None:

@@ -14,12 +14,12 @@ all-reduce and the optimizer step follow it on every stage (:func:`with_tail`), 
 at the plan's iteration time.
 
 An interleaved plan (``v`` chunks per device) is replayed as Megatron-Core's interleaved 1F1B
-(:func:`stage_order`): chunk ``c`` of stage ``s`` is virtual stage ``c p + s``, a micro-batch
-goes forward through the virtual stages in turn (from the last stage back to the first between
-chunks) and backward the other way, and each chunk's forward, backward and exchange take a
-``v``-th of the stage's, so that a stage still spends ``t_s`` per micro-batch. A uniform
-pipeline then takes ``(m + (p - 1) / v) t``, the closed form the cost model prices
-(:mod:`dmsc.netmodel.iteration`).
+(:func:`~dmsc.netmodel.schedule.stage_order`, the order the stage workers run): chunk ``c``
+of stage ``s`` is virtual stage ``c p + s``, a micro-batch goes forward through the virtual
+stages in turn (from the last stage back to the first between chunks) and backward the other
+way, and each chunk's forward, backward and exchange take a ``v``-th of the stage's, so that
+a stage still spends ``t_s`` per micro-batch. A uniform pipeline then takes
+``(m + (p - 1) / v) t``, the closed form the cost model prices (:mod:`dmsc.netmodel.iteration`).
 
 Kinds of block: ``F`` and ``B`` (compute), ``comm`` (a boundary exchange inside a datacenter),
 ``dci`` (an exchange over an inter-datacenter link), ``wait-dci`` (the stage idle, waiting for an
@@ -32,7 +32,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from dmsc.netmodel.schedule import schedule_ops
+from dmsc.netmodel.schedule import stage_order
 from dmsc.planner.placement.problem import Placement, PlacementProblem, boundary_us
 
 
@@ -47,50 +47,6 @@ class Op:
     end: float
     in_flight: bool = False  # a message on its way while both stages go on (``comm_s``)
     chunk: int = 0  # the stage's model chunk (interleaved schedule), 0 otherwise
-
-
-def microbatch_group(stages: int, microbatches: int) -> int:
-    """Micro-batches each chunk runs in a row in the interleaved schedule (Megatron-Core's
-    ``microbatch_group_size_per_vp_stage``): ``stages``, or when ``stages`` does not divide the
-    micro-batches the smallest group from ``stages`` up whose last group is empty or holds at
-    least ``stages`` (Megatron-Core refuses a last group of fewer: dependency bubbles); all of
-    them when there are fewer micro-batches than stages (which Megatron-Core refuses)."""
-    for n in range(stages, microbatches + 1):
-        if microbatches % n == 0 or microbatches % n >= stages:
-            return n
-    return microbatches
-
-
-def stage_order(
-    schedule: str, stage: int, stages: int, microbatches: int, chunks: int = 1
-) -> list[tuple[str, int, int]]:
-    """The operations of ``stage`` in the order it runs them: (``F`` or ``B``, micro-batch,
-    chunk). One chunk: :func:`~dmsc.netmodel.schedule.schedule_ops`. Several: Megatron-Core's
-    interleaved 1F1B (``get_schedule_table`` and ``get_pp_rank_microbatches``): forwards group
-    by group (:func:`microbatch_group`), each group through chunk 0, 1, ..., backwards in the
-    same order through the chunks reversed; ``2 (stages - stage - 1) + (chunks - 1) group``
-    warm-up forwards (all of them if that is as many), then one forward and one backward in
-    turn, then the remaining backwards."""
-    if chunks == 1:
-        name = "gpipe" if schedule == "gpipe" else "1f1b"
-        return [(kind, i, 0) for kind, i in schedule_ops(name, stage, stages, microbatches)]
-    m, p, v = microbatches, stages, chunks
-    n = microbatch_group(p, m)
-    table: list[tuple[int, int]] = []
-    for first in range(0, m, n):
-        group = range(first, m if first + n >= m else first + n)
-        table += [(i, c) for c in range(v) for i in group]
-    total = m * v
-    warm = min(total, 2 * (p - stage - 1) + (v - 1) * n)
-    ops = [("F", *table[k]) for k in range(warm)]
-    for k in range(total - warm):
-        ops.append(("F", *table[k + warm]))
-        i, c = table[k]
-        ops.append(("B", i, v - 1 - c))
-    for k in range(total - warm, total):
-        i, c = table[k]
-        ops.append(("B", i, v - 1 - c))
-    return ops
 
 
 def replay(

@@ -75,7 +75,7 @@ def test_autocast_training_keeps_float32_master_weights_and_loss() -> None:
     for autocast in (None, torch.bfloat16):
         module = build_stage(SPEC, 0, "embedding", "head")
         peers: Any = _Loopback(frames)
-        done = run_ops(module, peers, 0, 0, [("F", 0), ("B", 0)], 1, True, autocast=autocast)
+        done = run_ops(module, peers, 0, 0, [("F", 0, 0), ("B", 0, 0)], 1, True, autocast=autocast)
         losses.append(done.losses[0])
         grads = [p.grad for p in module.parameters()]
         assert all(g is not None and g.dtype == torch.float32 for g in grads)

@@ -285,6 +285,32 @@ def read_state(path: Path) -> StageState:
     return StageState(weights, moments, steps, groups)
 
 
+def checkpoint_keys(spec: TransformerSpec, module: StageModule) -> set[str]:
+    """The names of the tensors a checkpoint of ``module`` holds (its weights)."""
+    return {key for _, key, _ in _params(spec, module)}
+
+
+def read_states(path: Path, others: dict[str, str], needed: set[str]) -> StageState:
+    """The checkpoint at ``path``; when it lacks some of the ``needed`` weights, with the
+    tensors it lacks from the same checkpoint's other stage files (path -> SHA-256, each
+    verified first): the weights and moments a stage cut otherwise finds there (an interleaved
+    stage's chunks lie in several files of a plain checkpoint, and the other way round). The
+    steps and settings are ``path``'s."""
+    state = read_state(path)
+    if state.legacy or needed <= state.weights.keys():
+        return state
+    for other, sha in sorted(others.items()):
+        if Path(other) == path:
+            continue
+        verify_checkpoint(Path(other), sha)
+        more = read_state(Path(other))
+        for key, t in more.weights.items():
+            state.weights.setdefault(key, t)
+        for key, t in more.moments.items():
+            state.moments.setdefault(key, t)
+    return state
+
+
 def load_state(
     state: StageState,
     spec: TransformerSpec,

@@ -22,6 +22,9 @@ class WorkerConfig:
     first: str
     last: str
     registry: str
+    # an interleaved stage's chunks, [first, last] each in chain order (first .. last being the
+    # first chunk's); empty: the one range first .. last
+    chunks: list[list[str]] = field(default_factory=list)
     replica: int = 0
     replicas: int = 1
     # tensor parallelism: this process is rank tp_rank of its replica's tp ranks, whose
@@ -68,3 +71,7 @@ class WorkerConfig:
     # this worker's datacenter and that stage's, when it is a thin one.
     pp_link_mbps: dict[str, float] = field(default_factory=dict)
     extra: dict[str, Any] = field(default_factory=dict)
+
+    def ranges(self) -> list[tuple[str, str]]:
+        """The layer ranges this worker holds: its chunks, or first .. last."""
+        return [(a, b) for a, b in self.chunks] if self.chunks else [(self.first, self.last)]

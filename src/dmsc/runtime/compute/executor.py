@@ -1,8 +1,16 @@
 """The pipeline executor: one step's schedule of forward and backward ops at one stage.
 
-A training step runs GPipe or 1F1B over the step's micro-batches (the order comes from
-:func:`dmsc.netmodel.schedule.schedule_ops`, the same one the cost model replays); evaluation and
-inference run the forwards only. Inputs come from the inbox through :class:`Peers`, outputs go
+A training step runs GPipe or 1F1B over the step's micro-batches, or the interleaved 1F1B of a
+stage holding several model chunks (the order comes from
+:func:`dmsc.netmodel.schedule.stage_order`, the same one the cost model replays); evaluation and
+inference run the forwards only (in the interleaved schedule's order of chunks).
+
+An interleaved pipeline of ``p`` stages and ``v`` chunks each is a pipeline of ``p v`` virtual
+stages: chunk ``c`` of stage ``s`` is virtual stage ``c p + s``, whose output goes to virtual
+stage ``c p + s + 1`` (stage ``s + 1``, or from the last stage to chunk ``c + 1`` of stage 0)
+and whose input gradient goes back the same way. A frame for chunk ``c`` carries micro-batch
+``c m + i`` (``m`` micro-batches), so that a stage tells its chunks' frames apart; with one
+chunk that is the micro-batch itself. Inputs come from the inbox through :class:`Peers`, outputs go
 straight to the neighbouring stage; the last stage computes the loss (scaled by the number of
 micro-batches, so that the gradients add up to those of the whole batch) or, for inference, keeps
 the logits of every sequence's last position. Gradients stay in the module: averaging them
@@ -16,13 +24,13 @@ from dataclasses import dataclass, field
 
 import torch
 
-from dmsc.netmodel.schedule import schedule_ops
+from dmsc.netmodel.schedule import chunk_table, stage_order
 from dmsc.runtime.compute.models.attention import StageCache
 from dmsc.runtime.compute.models.chain import StageModule, loss_fn
 from dmsc.runtime.compute.peers import Peers
 from dmsc.runtime.transport.wire import Kind
 
-Op = tuple[str, int]  # ("F" or "B", micro-batch)
+Op = tuple[str, int, int]  # ("F" or "B", micro-batch, chunk)
 
 
 @dataclass
@@ -37,11 +45,23 @@ class StepOutcome:
     spans: list[tuple[str, int, float, float]] = field(default_factory=list)
 
 
-def step_ops(schedule: str, stage: int, stages: int, microbatches: int, train: bool) -> list[Op]:
-    """The ops of one step at ``stage``: the schedule's when training, forwards otherwise."""
+def step_ops(
+    schedule: str, stage: int, stages: int, microbatches: int, train: bool, chunks: int = 1
+) -> list[Op]:
+    """The ops of one step at ``stage`` (holding ``chunks`` model chunks): the schedule's when
+    training (interleaved 1F1B with several chunks, which GPipe is not), forwards otherwise."""
+    if chunks > 1 and schedule == "gpipe":
+        raise ValueError(f"{chunks} model chunks run the interleaved 1F1B schedule, not gpipe")
     if train:
-        return schedule_ops(schedule, stage, stages, microbatches)
-    return [("F", i) for i in range(microbatches)]
+        return stage_order(schedule, stage, stages, microbatches, chunks)
+    return [("F", i, c) for i, c in chunk_table(stages, microbatches, chunks)]
+
+
+def hop(stage: int, stages: int, chunk: int, step: int) -> tuple[int, int]:
+    """The (stage, chunk) ``step`` virtual stages away from chunk ``chunk`` of ``stage``
+    (``+1``: where its output goes; ``-1``: where its input gradient goes)."""
+    k = chunk * stages + stage + step
+    return k % stages, k // stages
 
 
 def run_ops(
@@ -56,30 +76,35 @@ def run_ops(
     cache: StageCache | None = None,
     start: int = 0,
     autocast: torch.dtype | None = None,
+    stages: int = 1,
 ) -> StepOutcome:
-    """Run ``ops`` of ``step`` at ``stage`` and wait for every send (:meth:`Peers.flush`);
-    inference with an inference session's ``cache`` runs positions ``start ..`` only. The
-    forwards run under ``autocast`` (a lower precision) when one is given."""
+    """Run ``ops`` of ``step`` at ``stage`` (of ``stages``) and wait for every send
+    (:meth:`Peers.flush`); inference with an inference session's ``cache`` runs positions
+    ``start ..`` only. The forwards run under ``autocast`` (a lower precision) when one is
+    given."""
     m, out = microbatches, StepOutcome()
     device = next(module.parameters()).device
     gpu = device.type == "cuda"
-    inputs: dict[int, torch.Tensor] = {}
-    outputs: dict[int, torch.Tensor] = {}
+    inputs: dict[tuple[int, int], torch.Tensor] = {}  # by (micro-batch, chunk)
+    outputs: dict[tuple[int, int], torch.Tensor] = {}
     module.train(train)
-    for op, i in ops:
+    p = stages
+    for op, i, c in ops:
+        tag = c * m + i  # the frame's micro-batch field for this chunk's frames
         if op == "F":
-            if module.is_first:
+            if module.chunk_first(c):
                 x = peers.recv(Kind.TOKENS, step, i)
             else:
-                x = peers.recv(Kind.ACTIVATION, step, i)
+                x = peers.recv(Kind.ACTIVATION, step, tag)
                 x.requires_grad_(train)
             c0, w0 = time.perf_counter(), time.time()
             with (
                 torch.set_grad_enabled(train),
                 torch.autocast(device.type, autocast or torch.float32, enabled=bool(autocast)),
             ):
-                y = module(x) if cache is None else module(x, cache, start)
-            if module.is_last and (train or evaluate):
+                y = module(x, cache, start if cache is not None else 0, c)
+            last = module.chunk_last(c)
+            if last and (train or evaluate):
                 targets = peers.recv(Kind.TARGETS, step, i)
                 with torch.set_grad_enabled(train):
                     loss = loss_fn(y.float(), targets) / m
@@ -89,25 +114,27 @@ def run_ops(
                 torch.cuda.synchronize(device)
             out.compute_s += _span(out, "F", i, c0, w0)
             if train:
-                inputs[i], outputs[i] = x, y
-            if module.is_last and not train and not evaluate:
+                inputs[(i, c)], outputs[(i, c)] = x, y
+            if last and not train and not evaluate:
                 out.logits.append(y[:, -1, :].detach().float())
-            if not module.is_last:
-                peers.send(stage + 1, Kind.ACTIVATION, step, i, y)
+            if not last:
+                to, tc = hop(stage, p, c, 1)
+                peers.send(to, Kind.ACTIVATION, step, tc * m + i, y)
         else:
             grad = None
-            if not module.is_last:  # wait for the gradient first: waiting is not compute
-                grad = peers.recv(Kind.GRADIENT, step, i)
+            if not module.chunk_last(c):  # wait for the gradient first: waiting is not compute
+                grad = peers.recv(Kind.GRADIENT, step, tag)
             c0, w0 = time.perf_counter(), time.time()
-            outputs[i].backward(grad)
+            outputs[(i, c)].backward(grad)
             if gpu:
                 torch.cuda.synchronize(device)
             out.compute_s += _span(out, "B", i, c0, w0)
-            if not module.is_first:
-                grad_in = inputs[i].grad
+            if not module.chunk_first(c):
+                grad_in = inputs[(i, c)].grad
                 assert grad_in is not None
-                peers.send(stage - 1, Kind.GRADIENT, step, i, grad_in)
-            del inputs[i], outputs[i]
+                to, tc = hop(stage, p, c, -1)
+                peers.send(to, Kind.GRADIENT, step, tc * m + i, grad_in)
+            del inputs[(i, c)], outputs[(i, c)]
     peers.flush()
     return out
 

@@ -30,6 +30,9 @@ class FrameSpec:
     hidden: int
     n_params: int  # the length of a flattened gradient (averaging between replicas)
     tied: bool = False  # shares its embedding matrix with the other end of the pipeline
+    # model chunks (interleaved): the first stage's later chunks take activations, the last
+    # stage's earlier chunks gradients
+    chunks: int = 1
 
 
 def expected_frame(at: FrameSpec, kind: Kind) -> tuple[torch.dtype, str]:
@@ -40,7 +43,10 @@ def expected_frame(at: FrameSpec, kind: Kind) -> tuple[torch.dtype, str]:
             raise BadRequest(f"stage {at.stage} does not take {kind.name.lower()}")
         return torch.int64, f"[batch, 1..{at.seq}] token ids below {at.vocab}"
     if kind in (Kind.ACTIVATION, Kind.GRADIENT):
-        if (kind == Kind.ACTIVATION and at.first) or (kind == Kind.GRADIENT and at.last):
+        alone = at.chunks == 1
+        if (kind == Kind.ACTIVATION and at.first and alone) or (
+            kind == Kind.GRADIENT and at.last and alone
+        ):
             raise BadRequest(f"stage {at.stage} does not take {kind.name.lower()}s")
         return torch.float32, f"[batch, 1..{at.seq}, {at.hidden}]"
     if kind == Kind.TIED_GRAD:

@@ -41,7 +41,7 @@ from dmsc.runtime.compute.config import WorkerConfig
 from dmsc.runtime.compute.dp_collective import DataParallel, StepRestart
 from dmsc.runtime.compute.inbox import Inbox
 from dmsc.runtime.compute.peers import Peers
-from dmsc.runtime.transport.messages import LatePolicy
+from dmsc.runtime.transport.messages import DEFAULT_GRAD_WAIT_S, LatePolicy, RunStep
 from dmsc.runtime.transport.wire import ROUND_SLOTS, Kind, encode
 
 Combine = Callable[[dict[int, torch.Tensor]], torch.Tensor]
@@ -107,19 +107,24 @@ class GradientSync:
         self.inbox = inbox
         self._faults_fired: set[int] = set()
         self.link = LinkShaper(cfg.dp_link_mbps)
+        self.round_policy: tuple[LatePolicy, float] = ("wait", DEFAULT_GRAD_WAIT_S)
         self.collective: DataParallel | None = None
         if cfg.replicas > 1 and cfg.tp_store and not cfg.dp_star:
             params = list(module.parameters())
             self.collective = DataParallel(cfg, params, tied, peers, inbox, self.link)
 
-    def prepare(
-        self, step: int, backwards: int, policy: LatePolicy, wait_s: float, plain: bool
-    ) -> None:
-        """Before a training step's backward: arm the collective's hooks when the step's
-        gradients are averaged plainly (``plain``), else keep them quiet."""
+    def prepare(self, m: RunStep, plain: bool) -> None:
+        """Before a training step: keep its late policy (a round's, ended by ``Commit``, takes
+        it too) and arm the collective's hooks when the step's gradients are averaged plainly
+        (``plain``: no sync mode of :mod:`.outer_sync`, and not this replica's own task head),
+        else keep them quiet. Each chunk's parameters see one backward per micro-batch."""
+        self.round_policy = (m.late_policy, m.grad_wait_s)
+        own_head = (
+            m.sync is not None and m.sync.task_heads and getattr(self.module, "is_last", False)
+        )
         if self.collective is not None:
-            if plain:
-                self.collective.begin(step, backwards, policy, wait_s)
+            if plain and not own_head:
+                self.collective.begin(m.step, m.microbatches, m.late_policy, m.grad_wait_s)
             else:
                 self.collective.disarm()
 

@@ -33,8 +33,9 @@ from dmsc.data.shards import read_shard
 from dmsc.runtime.compute import tp_worker
 from dmsc.runtime.compute.checkpoints import (
     CheckpointError,
+    checkpoint_keys,
     checkpoint_sha256,
-    read_state,
+    read_states,
     verify_checkpoint,
 )
 from dmsc.runtime.compute.config import WorkerConfig
@@ -110,7 +111,6 @@ class StageWorker:
         self.optimizer = make_optimizer("adamw", self.module, cfg.lr)
         self.sync: ReplicaSync | None = None  # a task's sync mode, other than plain averaging
         self.sync_held: dict[str, torch.Tensor] = {}  # its round state, as last loaded
-        self.round_policy: tuple[msg.LatePolicy, float] = ("wait", msg.DEFAULT_GRAD_WAIT_S)
         self.shard: Corpus | None = None  # this replica's own training text (LoadShard)
         self.n_params = sum(p.numel() for p in self.module.parameters())
         self.tied = tied_weight(self.spec, self.module) if cfg.stages > 1 else None
@@ -123,6 +123,7 @@ class StageWorker:
             hidden=self.spec.hidden,
             n_params=self.n_params,
             tied=self.tied is not None,
+            chunks=self.module.chunks,
         )
         self.steps_done = 0
         self.sessions: dict[str, StageSession] = {}  # inference sessions' keys and values
@@ -211,15 +212,16 @@ class StageWorker:
         t0 = time.perf_counter()
         if m.train:
             self._use_sync(m.sync)
-            self.round_policy = (m.late_policy, m.grad_wait_s)
+            self.grads.prepare(m, plain=self.sync is None)  # and the step's late policy
         if m.local_batch is not None:
             self._feed_from_shard(m.step, m.local_batch, m.microbatches)
-        ops = step_ops(m.schedule, cfg.stage, cfg.stages, m.microbatches, m.train)
+        try:  # a stage of several chunks runs the interleaved schedule
+            ops = step_ops(
+                m.schedule, cfg.stage, cfg.stages, m.microbatches, m.train, len(cfg.ranges())
+            )
+        except ValueError as exc:
+            raise BadRequest(f"RunStep: {exc}") from None
         cache = self._session(m.session, m.start) if m.session and not m.train else None
-        heads = bool(m.sync and m.sync.task_heads and self.module.is_last)  # its own task head
-        if m.train:  # the collective's buckets go as the backward makes their gradients
-            plain, backwards = self.sync is None and not heads, [op for op, _ in ops].count("B")
-            self.grads.prepare(m.step, backwards, m.late_policy, m.grad_wait_s, plain)
         try:
             done = run_ops(
                 self.module,
@@ -233,6 +235,7 @@ class StageWorker:
                 cache,
                 m.start,
                 self.autocast,
+                cfg.stages,
             )
         except BaseException:
             if m.session:  # a step that failed half-way leaves the cache half-extended
@@ -241,7 +244,7 @@ class StageWorker:
         skipped: list[int] = []
         if m.train:
             self._add_tied_grad(m.step)
-            if heads:
+            if m.sync is not None and m.sync.task_heads and self.module.is_last:
                 pass  # this replica's own task head: its gradient stays here
             elif self.sync is not None and not self.sync.settings.outer:
                 skipped = self.sync.sync_gradients(m.step, m.late_policy, m.grad_wait_s)
@@ -383,7 +386,7 @@ class StageWorker:
             self.steps_done += 1
             compute = time.perf_counter() - c0
             if rounds is not None and m.outer:
-                policy, wait_s = self.round_policy
+                policy, wait_s = self.grads.round_policy
                 rounds.outer_step(m.step, "wait" if policy == "restart" else policy, wait_s)
         self.m_compute.inc(compute)
         self.log.info("step committed", extra={"sid": self.cfg.sid, "step": m.step})
@@ -460,7 +463,7 @@ class StageWorker:
         path = Path(m.path)
         try:
             verify_checkpoint(path, m.sha256)
-            state = read_state(path)
+            state = read_states(path, m.others, checkpoint_keys(self.spec, self.module))
             kind = "adamw" if not state.param_groups or "betas" in state.param_groups[0] else "sgd"
             with self._lock:
                 if kind != optimizer_kind(self.optimizer):

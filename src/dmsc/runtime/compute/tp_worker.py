@@ -49,7 +49,7 @@ def join_group(cfg: WorkerConfig) -> None:
 def stage(spec: TransformerSpec, cfg: WorkerConfig) -> StageModule:
     """The stage ``cfg`` names, on the host: whole, or at tp > 1 this rank's shard of it (the
     group joined first)."""
-    module = stage_module(spec, cfg.seed, cfg.first, cfg.last)
+    module = stage_module(spec, cfg.seed, cfg.first, cfg.last, cfg.ranges())
     if cfg.tp > 1:
         join_group(cfg)
         parallelize_stage(spec, module)
@@ -88,7 +88,7 @@ def _whole(
     spec: TransformerSpec, cfg: WorkerConfig, optimizer: torch.optim.Optimizer
 ) -> tuple[StageModule, torch.optim.Optimizer]:
     """A tp = 1 copy of this stage on the host, with an optimizer of the same kind and rates."""
-    whole = stage_module(spec, cfg.seed, cfg.first, cfg.last)
+    whole = stage_module(spec, cfg.seed, cfg.first, cfg.last, cfg.ranges())
     opt = make_optimizer(optimizer_kind(optimizer), whole, cfg.lr)
     for mine, theirs in zip(opt.param_groups, optimizer.param_groups, strict=True):
         mine.update({k: v for k, v in theirs.items() if k != "params"})

@@ -34,9 +34,7 @@ from dmsc.data.storage import location
 from dmsc.planner.plan import Plan
 from dmsc.runtime.business.auth import PrincipalCache, revoke
 from dmsc.runtime.control.db_watch import watch_database
-from dmsc.runtime.control.plane import ControlPlane
-from dmsc.runtime.control.training.retention import Retention
-from dmsc.runtime.control.watchdog import watch_workers
+from dmsc.runtime.control.launch import forked
 from dmsc.runtime.transport import logs
 from dmsc.runtime.transport.messages import (
     CONTROL_SERVICE,
@@ -49,6 +47,7 @@ from dmsc.runtime.transport.replies import RevokeReply
 from dmsc.runtime.transport.rpc import BadRequest, message_handler, parse, serve
 
 if TYPE_CHECKING:
+    from dmsc.runtime.control.plane import ControlPlane
     from dmsc.runtime.control.serving.elastic import ServingPool
 
 GATEWAY_CONNECTIONS = 1000  # uvicorn's limit_concurrency: connections and requests at once
@@ -162,6 +161,14 @@ def main(stdin: TextIO | None = None) -> None:
         log.error("%s", exc)
         _fail(str(exc))
         return
+    if launcher is None and forked.wanted():
+        # The server the local workers are forked from imports the worker (about 2 s of CPU)
+        # while this process imports the control plane below (about 3 s): on two cores `dmsc
+        # up` waits for the longer of the two, not for both.
+        forked.warm()
+    from dmsc.runtime.control.plane import ControlPlane
+    from dmsc.runtime.control.training.retention import Retention
+    from dmsc.runtime.control.watchdog import watch_workers
     from dmsc.spec import ClusterSpec, load_spec
 
     cluster = load_spec(ClusterSpec, Path(settings.cluster)) if settings.cluster else None

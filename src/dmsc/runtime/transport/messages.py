@@ -152,7 +152,7 @@ class RunStep(Message):
 
     step: Step
     microbatches: Annotated[int, Field(gt=0, le=MAX_MICROBATCHES)]
-    schedule: Schedule = "1f1b"
+    schedule: Schedule = "1f1b"  # a stage of several chunks runs 1f1b interleaved
     train: bool = True
     eval: bool = False
     epoch: Epoch | None = None  # default: the worker's own
@@ -214,11 +214,14 @@ class Save(Message):
 
 
 class Load(Message):
-    """Load a checkpoint written by ``Save``; ``sha256`` (when given) must match the file."""
+    """Load a checkpoint written by ``Save``; ``sha256`` (when given) must match the file.
+    ``others``: the checkpoint's other stage files (path -> SHA-256), where the stage finds the
+    tensors its own file lacks (a checkpoint of another cut: interleaved, or plain)."""
 
     path: Annotated[str, Field(min_length=1, max_length=4096)]
     sha256: str = ""
     epoch: Epoch | None = None
+    others: Annotated[dict[str, str], Field(max_length=4096)] = Field(default_factory=dict)
 
 
 class Assume(Message):

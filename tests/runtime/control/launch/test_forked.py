@@ -18,6 +18,7 @@ from pathlib import Path
 import pytest
 
 from dmsc.runtime.compute.worker import WorkerConfig
+from dmsc.runtime.control.launch import forked
 from dmsc.runtime.control.launch.forked import ForkedProcess, start_forked
 from dmsc.spec import resolve_model
 
@@ -89,3 +90,26 @@ def test_terminate_and_wait_as_popen_does(tmp_path: Path, silent_registry: str) 
     proc.terminate()
     assert proc.wait(timeout=30) == -signal.SIGTERM  # it is still registering: the default
     assert proc.poll() == -signal.SIGTERM
+
+
+def test_warm_starts_the_server_the_next_worker_is_forked_from(
+    tmp_path: Path, silent_registry: str
+) -> None:
+    """``dmsc up``'s control plane warms the server before it imports itself: the server is
+    this process's child at once, and the worker started later is that server's child."""
+    import psutil
+
+    forked.warm()
+    forked.warm()  # a second call starts no second server
+    servers = [
+        p
+        for p in psutil.Process().children()
+        if "multiprocessing.forkserver" in " ".join(p.cmdline())
+    ]
+    assert len(servers) == 1, servers
+    proc = _start(tmp_path, silent_registry, "warmed")
+    try:
+        assert psutil.Process(proc.pid).ppid() == servers[0].pid
+    finally:
+        proc.kill()
+        proc.wait(10)

@@ -22,3 +22,25 @@ def test_each_worker_gets_the_rate_of_the_link_to_each_neighbouring_stage() -> N
     assert layout.pp_link_mbps(2, 0, 3) == {}
     assert layout.pp_link_mbps(1, 1, 3) == {"2": 50.0}
     assert layout.pp_link_mbps(0, 1, 3) == {}
+
+
+def test_an_interleaved_last_stage_hands_on_to_the_first_over_their_link() -> None:
+    model = resolve_model("gpt-mini")
+    assert isinstance(model, TransformerSpec)
+    chunks = [
+        [("embedding", "block_0"), ("block_2", "block_2")],
+        [("block_1", "block_1"), ("block_3", "head")],
+    ]
+    plain = StageLayout(model, [("embedding", "block_1"), ("block_2", "head")])
+    layout = StageLayout(
+        model,
+        [c[0] for c in chunks],
+        chunks=chunks,
+        datacenters={(0, 0): "a", (1, 0): "b"},
+        link_mbps={("a", "b"): 10.0},
+    )
+    assert layout.pp_link_mbps(0, 0, 2) == {"1": 10.0}
+    assert layout.pp_link_mbps(1, 0, 2) == {"0": 10.0}
+    fields = layout.stage_fields(1)
+    assert fields == {"first": "block_1", "last": "block_1", "chunks": [list(c) for c in chunks[1]]}
+    assert plain.stage_fields(1) == {"first": "block_2", "last": "head", "chunks": []}

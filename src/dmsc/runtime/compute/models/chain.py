@@ -1,4 +1,5 @@
-"""A model as a chain of layers that any contiguous slice of can run as a stage (a micro-model).
+"""A model as a chain of layers that any contiguous slice of can run as a stage (a micro-model),
+or several slices apart from one another as the chunks of one interleaved stage.
 
 The chain is ``embedding, block_0 .. block_{L-1}, head``: the names the cost model and the plan
 use, for every family (:mod:`.gpt`, :mod:`.llama`). A model made from a seed is built whole in
@@ -8,6 +9,8 @@ parameters single-process training would; a model loaded from a checkpoint build
 """
 
 from __future__ import annotations
+
+import itertools
 
 import torch
 import torch.nn.functional as F
@@ -33,12 +36,33 @@ def build_layer(spec: TransformerSpec, index: int) -> nn.Module:
 
 
 class StageModule(nn.Module):
-    """A contiguous slice of the chain: a micro-model."""
+    """A contiguous slice of the chain: a micro-model; or, with ``spans``, the chunks of an
+    interleaved stage (each a contiguous slice, ``layers[lo:hi]``), run one at a time. The
+    layers are held once, in chain order, whatever their chunks: a checkpoint of the stage is
+    that of its layers, as that of any other cut of the model."""
 
-    def __init__(self, layers: list[nn.Module], names: list[str]) -> None:
+    def __init__(
+        self,
+        layers: list[nn.Module],
+        names: list[str],
+        spans: list[tuple[int, int]] | None = None,
+    ) -> None:
         super().__init__()
         self.layers = nn.ModuleList(layers)
         self.names = names
+        self.spans = spans or [(0, len(layers))]
+
+    @property
+    def chunks(self) -> int:
+        return len(self.spans)
+
+    def chunk_first(self, chunk: int) -> bool:
+        """Chunk ``chunk`` starts at the embedding (takes tokens)."""
+        return self.names[self.spans[chunk][0]] == "embedding"
+
+    def chunk_last(self, chunk: int) -> bool:
+        """Chunk ``chunk`` ends at the head (gives logits)."""
+        return self.names[self.spans[chunk][1] - 1] == "head"
 
     @property
     def is_first(self) -> bool:
@@ -49,11 +73,14 @@ class StageModule(nn.Module):
         return self.names[-1] == "head"
 
     def forward(
-        self, x: torch.Tensor, cache: StageCache | None = None, start: int = 0
+        self, x: torch.Tensor, cache: StageCache | None = None, start: int = 0, chunk: int = 0
     ) -> torch.Tensor:
-        """This stage's layers on ``x``; with a ``cache``, ``x`` holds positions ``start ..``
-        and the attention layers attend to, and extend, the session's kept keys and values."""
-        for i, (name, layer) in enumerate(zip(self.names, self.layers, strict=True)):
+        """This stage's layers (of ``chunk``) on ``x``; with a ``cache``, ``x`` holds positions
+        ``start ..`` and the attention layers attend to, and extend, the session's kept keys
+        and values (by the layer's index in the stage: chunks never share one)."""
+        lo, hi = self.spans[chunk]
+        for i in range(lo, hi):
+            name, layer = self.names[i], self.layers[i]
             if name == "embedding":
                 x = layer(x, start)
             elif name == "head":
@@ -76,24 +103,46 @@ def layer_range(spec: TransformerSpec, first: str, last: str) -> tuple[int, int]
     return lo, hi
 
 
+def chunk_spans(spec: TransformerSpec, ranges: list[tuple[str, str]]) -> list[tuple[int, int]]:
+    """Chain indices ``[lo, hi)`` of each of ``ranges`` (first and last layer, by name), which
+    follow one another down the chain without overlapping; ValueError otherwise."""
+    spans = [layer_range(spec, first, last) for first, last in ranges]
+    for (_, hi), (lo, _) in itertools.pairwise(spans):
+        if lo < hi:
+            raise ValueError(f"chunks overlap or are out of order: {ranges}")
+    return spans
+
+
 def build_stage(
-    spec: TransformerSpec, seed: int, first: str, last: str, *, empty: bool = False
+    spec: TransformerSpec,
+    seed: int,
+    first: str,
+    last: str,
+    *,
+    empty: bool = False,
+    chunks: list[tuple[str, str]] | None = None,
 ) -> StageModule:
-    """The layers ``first`` .. ``last`` of the model built from ``seed``; with ``empty``, only
-    those layers, uninitialised (their storage allocated, for a checkpoint to fill)."""
+    """The layers ``first`` .. ``last`` of the model built from ``seed`` (or those of each of
+    ``chunks``: an interleaved stage); with ``empty``, only those layers, uninitialised (their
+    storage allocated, for a checkpoint to fill)."""
     check_runnable(spec)
-    lo, hi = layer_range(spec, first, last)
-    names = layer_names(spec)[lo:hi]
+    spans = chunk_spans(spec, chunks or [(first, last)])
+    index = [i for lo, hi in spans for i in range(lo, hi)]
+    names = [layer_names(spec)[i] for i in index]
+    local, at = [], 0
+    for lo, hi in spans:
+        local.append((at, at + hi - lo))
+        at += hi - lo
     if empty:
         with torch.device("meta"):
-            module = StageModule([build_layer(spec, i) for i in range(lo, hi)], names)
+            module = StageModule([build_layer(spec, i) for i in index], names, local)
         module = module.to_empty(device="cpu")
     else:
         torch.manual_seed(seed)
         chain = [build_layer(spec, i) for i in range(spec.layers + 2)]
         if spec.tied_embeddings:  # the head starts from the embedding, wherever each one runs
             _tie(chain[-1], chain[0])
-        module = StageModule(chain[lo:hi], names)
+        module = StageModule([chain[i] for i in index], names, local)
     if spec.tied_embeddings and module.is_first and module.is_last:
         _tie(module.layers[-1], module.layers[0])  # one tensor, as in transformers
     return module

@@ -170,12 +170,19 @@ def load_stage(module: StageModule, spec: TransformerSpec, directory: Path) -> N
             target.copy_(value.to(target.dtype))
 
 
-def stage_module(spec: TransformerSpec, seed: int, first: str, last: str) -> StageModule:
-    """The stage ``first`` .. ``last``: loaded from the spec's checkpoint when it has one (only
-    this stage's layers are built and read), else built from ``seed``."""
+def stage_module(
+    spec: TransformerSpec,
+    seed: int,
+    first: str,
+    last: str,
+    chunks: list[tuple[str, str]] | None = None,
+) -> StageModule:
+    """The stage ``first`` .. ``last`` (or its ``chunks``, interleaved): loaded from the spec's
+    checkpoint when it has one (only this stage's layers are built and read), else built from
+    ``seed``."""
     if spec.checkpoint is None:
-        return build_stage(spec, seed, first, last)
-    module = build_stage(spec, seed, first, last, empty=True)
+        return build_stage(spec, seed, first, last, chunks=chunks)
+    module = build_stage(spec, seed, first, last, empty=True, chunks=chunks)
     load_stage(module, spec, Path(spec.checkpoint.path))
     return module
 

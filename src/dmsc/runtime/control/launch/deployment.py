@@ -136,15 +136,13 @@ class Deployment:
     def config(self, stage: int, replica: int, tp_rank: int = 0) -> WorkerConfig:
         """The configuration of the worker at (stage, replica, tp rank), at the current epoch."""
         lay = self.layout
-        first, last = lay.ranges[stage]
         sid = self.sid(stage, replica, tp_rank)
         return WorkerConfig(
             sid=sid,
             stage=stage,
             stages=self.stages,
             model=lay.model.model_dump(),
-            first=first,
-            last=last,
+            **lay.stage_fields(stage),  # its layers: first, last, and chunks when interleaved
             registry=self.registry_address,
             replica=replica,
             replicas=lay.replicas,
@@ -441,8 +439,7 @@ class Deployment:
         keys = list(self.clients) if keys is None else list(keys)
 
         def load(k: Key) -> Callable[[int], Load]:
-            path, sha = ckpt.replicas.get(k, ckpt.files[k[0]])
-            return lambda epoch: Load(path=path, sha256=sha, epoch=epoch)
+            return lambda epoch: ckpt.load(*k, epoch)
 
         futures = {k: self.calls("Load", load(k), [k], 120.0)[k] for k in keys}
         try:

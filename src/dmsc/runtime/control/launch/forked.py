@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import contextlib
 import multiprocessing
+import multiprocessing.forkserver
 import os
 import signal
 import subprocess
@@ -104,6 +105,20 @@ def _no_main() -> Iterator[None]:
         yield
     finally:
         sys.modules["__main__"] = main
+
+
+def wanted() -> bool:
+    """Whether local workers are forked (the default) or each started as its own interpreter
+    (``DMSC_WORKER_START=exec``)."""
+    return os.environ.get("DMSC_WORKER_START") != "exec"
+
+
+def warm() -> None:
+    """Start the server now, without forking a worker: it imports the worker while the caller
+    goes on with its own start."""
+    with _LOCK, _no_main():
+        multiprocessing.get_context("forkserver").set_forkserver_preload(_PRELOAD)
+        multiprocessing.forkserver.ensure_running()
 
 
 def start_forked(config: Path, home: Path, sid: str) -> ForkedProcess:

@@ -24,7 +24,7 @@ from pathlib import Path
 from typing import Protocol
 
 from dmsc.runtime.compute.config import WorkerConfig
-from dmsc.runtime.control.launch.forked import start_forked
+from dmsc.runtime.control.launch.forked import start_forked, wanted
 from dmsc.runtime.transport import logs
 
 
@@ -87,7 +87,7 @@ class LocalLauncher:
         self.home = home
         # forked from a server that imported the worker once (.forked), unless DMSC_WORKER_START
         # is "exec" (a fresh interpreter per worker, as before)
-        self.fork = fork if fork is not None else os.environ.get("DMSC_WORKER_START") != "exec"
+        self.fork = fork if fork is not None else wanted()
 
     def prepare(self, cfgs: list[WorkerConfig]) -> None:
         """Every worker runs on this machine: nothing to check."""

@@ -7,6 +7,7 @@ import json
 from dataclasses import dataclass, field
 from typing import Any
 
+from dmsc.runtime.transport.messages import Load
 from dmsc.spec import TransformerSpec
 
 
@@ -15,7 +16,10 @@ class StageLayout:
     """What to deploy: a model, its stage layer ranges, data parallelism."""
 
     model: TransformerSpec
-    ranges: list[tuple[str, str]]  # first and last layer of each stage
+    ranges: list[tuple[str, str]]  # first and last layer of each stage (its first chunk's)
+    # an interleaved pipeline's chunks: each stage's layer ranges, in chain order (chunk c of
+    # stage s is the model's chunk c pp + s); empty: each stage runs its one range
+    chunks: list[list[tuple[str, str]]] = field(default_factory=list)
     replicas: int = 1
     tp: int = 1  # tensor-parallel ranks of each replica: one worker process each
     seed: int = 0
@@ -30,12 +34,20 @@ class StageLayout:
     # thin links between datacenters for the pipeline's sends: {(dc, dc): Mbit/s}, either way
     link_mbps: dict[tuple[str, str], float] = field(default_factory=dict)
 
+    def stage_fields(self, stage: int) -> dict[str, Any]:
+        """A worker configuration's layers of ``stage``: first and last, and its chunks."""
+        chunks = self.chunks[stage] if self.chunks else []
+        first, last = chunks[0] if chunks else self.ranges[stage]
+        return {"first": first, "last": last, "chunks": [list(c) for c in chunks]}
+
     def pp_link_mbps(self, stage: int, replica: int, stages: int) -> dict[str, float]:
         """The rate of the link from worker (stage, replica) to each neighbouring stage's
-        replica, where ``link_mbps`` names the two datacenters (none: no limit)."""
+        replica, where ``link_mbps`` names the two datacenters (none: no limit); interleaved,
+        the last stage and the first are neighbours too (chunk to chunk)."""
         here = self.datacenters.get((stage, replica), "local")
         out = {}
-        for other in (stage - 1, stage + 1):
+        around = (stage - 1) % stages, (stage + 1) % stages
+        for other in (stage - 1, stage + 1, *(around if self.chunks else ())):
             there = self.datacenters.get((other, replica), "local")
             mbps = self.link_mbps.get((here, there)) or self.link_mbps.get((there, here))
             if 0 <= other < stages and here != there and mbps:
@@ -59,6 +71,15 @@ class Checkpoint:
         files = {k: (r["path"], r["sha256"]) for k, r in saved.items()}
         stages = {s: f for (s, r), f in files.items() if not r}
         return cls(step, stages, replicas={k: f for k, f in files.items() if k[1]})
+
+    def load(self, stage: int, replica: int, epoch: int) -> Load:
+        """The ``Load`` of worker (stage, replica): its own file (replica 0's of its stage when
+        it has none), with every stage file of replica 0 beside it, where a stage cut
+        otherwise than the checkpoint's (interleaved or plain) finds the rest of its layers."""
+        own = self.files.get(stage) or self.files[min(self.files)]
+        path, sha = self.replicas.get((stage, replica), own)
+        others = {p: s for p, s in self.files.values() if p != path}
+        return Load(path=path, sha256=sha, epoch=epoch, others=others)
 
     def files_json(self) -> str:
         """Its files as the database keeps them: ``{"STAGE": [path, sha], "S/REPLICA": ...}``."""

@@ -163,7 +163,8 @@ class ServingPool:
         where = [[s, r.datacenter, r.devices] for s, r in enumerate(placement)]
         layout = StageLayout(
             model=self.model,
-            ranges=[(st.chunks[0][0], st.chunks[-1][1]) for st in self.plan.stages],
+            ranges=[st.chunks[0] for st in self.plan.stages],
+            chunks=[list(st.chunks) for st in self.plan.stages] if self.plan.job.chunks > 1 else [],
             replicas=1,
             sids=[f"{st.sid}-e{k}" for st in self.plan.stages],
             devices={(s, 0): r.device for s, r in enumerate(placement)},

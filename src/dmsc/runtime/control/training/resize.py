@@ -22,7 +22,6 @@ from pathlib import Path
 
 from dmsc.data.db import Database, ScaleEventRecord
 from dmsc.planner.plan import Plan
-from dmsc.planner.solve import plan_job
 from dmsc.runtime.control.launch.deployment import Deployment, StageLayout
 from dmsc.runtime.control.launch.launchers import LocalLauncher
 from dmsc.runtime.control.training.session import layout_from_plan
@@ -51,6 +50,10 @@ def resized_plan(
             f"dp: re-placing replicas needs the cluster spec of {plan.cluster!r} "
             "(dmsc up --cluster PATH)"
         )
+    # imported here: the solver brings OR-Tools and pandas (about 0.4 s of CPU) into every
+    # control plane's start, and only a resize uses it
+    from dmsc.planner.solve import plan_job
+
     try:
         job = JobSpec.model_validate({**plan.job.model_dump(), "dp": dp})
         outcome = plan_job(cluster, model, job, fixed=True)

@@ -65,14 +65,16 @@ def plan_devices(plan: Plan, device: str = "plan") -> dict[tuple[int, int], str]
 def layout_from_plan(
     plan: Plan, model: TransformerSpec, seed: int = 0, lr: float = 1e-3, device: str = "plan"
 ) -> StageLayout:
-    """The stage layer ranges, replicas, SIDs and devices a plan deploys."""
+    """The stage layer ranges (each stage's chunks, interleaved), replicas, SIDs and devices a
+    plan deploys."""
     return StageLayout(
         devices=plan_devices(plan, device),
         datacenters={
             (st.index, r): rep.datacenter for st in plan.stages for r, rep in enumerate(st.replicas)
         },
         model=model,
-        ranges=[(st.chunks[0][0], st.chunks[-1][1]) for st in plan.stages],
+        ranges=[st.chunks[0] for st in plan.stages],
+        chunks=[list(st.chunks) for st in plan.stages] if plan.job.chunks > 1 else [],
         replicas=plan.job.dp,
         tp=plan.job.tp,
         seed=seed,
