@@ -140,3 +140,29 @@ def test_diloco_rounds_survive_a_killed_replica_as_if_nothing_happened(corpora) 
     batches = [corpora[0].batch(s, BATCH) for s in range(steps)]
     want = train_diloco_reference(SPEC, 0, 1e-3, batches, 2, 2, inner, 0.7, 0.9)
     assert max(abs(a - b) for a, b in zip(report.losses, want, strict=True)) < 1e-4
+
+
+def test_a_replica_killed_mid_step_is_replaced_and_the_group_reforms_around_it(
+    corpora, reference
+) -> None:  # type: ignore[no-untyped-def]
+    """Plain data parallelism over the all-reduce: replica 1 is killed while a step runs. The
+    survivor's collective fails (or its quorum is abandoned), the replica is replaced, the two
+    form a new group at the next step and the loss curve is the failure-free one (the same
+    batches in one process: each replica takes half of every batch in half the micro-batches)."""
+    steps = 6
+    report, fr = train_under_fault(
+        StageLayout(SPEC, [("embedding", "head")], replicas=2),
+        *corpora,
+        steps,
+        BATCH,
+        MICRO // 2,
+        "kill",
+        stage=0,
+        at_step=4,
+        replica=1,
+        checkpoint_every=4,
+        registry_ttl_s=TTL,
+    )
+    assert [r.failed for r in report.recoveries] == [["stage0-r1"]]
+    assert fr.detected_after_s is not None and fr.detected_after_s < 2.0
+    assert max(abs(a - b) for a, b in zip(report.losses, reference[:steps], strict=True)) < 1e-5

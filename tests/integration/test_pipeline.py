@@ -8,6 +8,7 @@ import torch
 from runtime_helpers import reference_losses
 
 from dmsc.data.corpus import Corpus, stdlib_text
+from dmsc.runtime.compute.models.hf import stage_module
 from dmsc.runtime.compute.reference import train_reference
 from dmsc.runtime.compute.worker import STAGE_SERVICE
 from dmsc.runtime.control.launch.deployment import Deployment, StageLayout
@@ -75,8 +76,13 @@ def _check_traces(traces, step: int, m: int) -> None:  # type: ignore[no-untyped
     for r in (0, 1):
         assert traces[(0, r)][1]["1/" + str(r)] == m * frame
         assert traces[(1, r)][1]["0/" + str(r)] == m * frame
-    # the follower of each stage sends its flat fp32 gradient to the stage's leader
-    assert traces[(0, 1)][1]["0/0"] > 4 * 100_000 and traces[(1, 1)][1]["1/0"] > 4 * 100_000
+    # The replicas of each stage all-reduce their gradients in a ring of two: each puts
+    # 2 (n - 1) / n = 1 times its stage's fp32 gradient on its link to the other, exactly (the
+    # leader's star sent wire frames, a header more, and only the leader sent back).
+    for s, (first, last) in enumerate(RANGES[2]):
+        n = sum(p.numel() for p in stage_module(SPEC, 0, first, last).parameters())
+        for r in (0, 1):
+            assert traces[(s, r)][1][f"{s}/{1 - r}"] == 4 * n
 
 
 def _train_transformers(directory, batches, m: int) -> list[float]:  # type: ignore[no-untyped-def]

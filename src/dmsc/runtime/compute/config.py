@@ -28,10 +28,14 @@ class WorkerConfig:
     replica: int = 0
     replicas: int = 1
     # tensor parallelism: this process is rank tp_rank of its replica's tp ranks, whose
-    # process group meets through the deployment's TCPStore at tp_store (host:port)
+    # process group meets through the deployment's TCPStore at tp_store (host:port); the
+    # replicas' data-parallel groups meet there too
     tp: int = 1
     tp_rank: int = 0
     tp_store: str = ""
+    # average plain data-parallel gradients through the stage leader (the star) rather than
+    # by all-reduce (benchmarks/parallel_modes.py compares the two)
+    dp_star: bool = False
     seed: int = 0
     lr: float = 1e-3
     epoch: int = 0  # the deployment generation this worker was launched in

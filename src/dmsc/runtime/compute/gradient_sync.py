@@ -1,11 +1,16 @@
-"""Gradient averaging between the replicas of one stage, through the stage's leader.
+"""Gradient averaging between the replicas of one stage: the collective, or the leader's star.
 
-Replicas of one stage average their gradients through the stage's leader (replica 0) over the same
+Plain averaging runs as a torch.distributed all-reduce among the replicas, bucketed and
+overlapped with the backward, its group re-formed per step around a quorum
+(:mod:`.dp_collective`, :mod:`.quorum`). :class:`GradientSync` picks it where the deployment
+hosts a rendezvous store (``tp_store``) and the config does not ask for the star
+(``dp_star``: ``benchmarks/parallel_modes.py`` runs both side by side).
+
+The star stays for what needs one party to see every update (the sync modes' secure
+aggregation, robust aggregators and central privacy, :mod:`.outer_sync`) and for a worker without
+a store. Replicas of one stage average through the stage's leader (replica 0) over the same
 ``Push`` channel: every replica sends its flattened gradient, the leader waits a bounded time and
-sends the average back. A torch.distributed (gloo) all-reduce did this before; it was replaced
-because a gloo group is fixed at start: a collective with a dead or late member can only time out
-the whole group, it cannot skip the late replica, and admitting a replacement means re-forming the
-group on every member. The leader keeps the late-gradient policy in one place (``wait``: no bound
+sends the average back. The leader keeps the late-gradient policy in one place (``wait``: no bound
 but the step's; ``skip``: average what arrived in time, re-weighted by the count, and send that to
 everyone, the late replica included; ``restart``: tell every replica to drop the step, so that the
 orchestrator runs it again). The averaged gradient stays in the module: the optimizer step is
@@ -20,7 +25,7 @@ unprivileged, on one machine, and shapes only the data-parallel frames, not the 
 
 Fault injection for rehearsals and tests lives here too: ``slow_grads`` (see
 :class:`dmsc.runtime.compute.config.WorkerConfig`) delivers a replica's gradient to its leader
-late, as a slow link would.
+late, as a slow link would (on the collective: its announcement to the step's quorum).
 """
 
 from __future__ import annotations
@@ -33,17 +38,14 @@ from collections.abc import Callable, Sequence
 import torch
 
 from dmsc.runtime.compute.config import WorkerConfig
+from dmsc.runtime.compute.dp_collective import DataParallel, StepRestart
 from dmsc.runtime.compute.inbox import Inbox
 from dmsc.runtime.compute.peers import Peers
-from dmsc.runtime.transport.messages import LatePolicy
-from dmsc.runtime.transport.rpc import Abandoned
+from dmsc.runtime.transport.messages import DEFAULT_GRAD_WAIT_S, LatePolicy, RunStep
 from dmsc.runtime.transport.wire import ROUND_SLOTS, Kind, encode
 
 Combine = Callable[[dict[int, torch.Tensor]], torch.Tensor]
-
-
-class StepRestart(Abandoned):
-    """The stage leader dropped the step (late gradients, policy ``restart``)."""
+__all__ = ["GradientSync", "LinkShaper", "StepRestart", "assign_grads", "flatten_grads"]
 
 
 def flatten_grads(params: Sequence[torch.nn.Parameter]) -> torch.Tensor:
@@ -72,14 +74,19 @@ class LinkShaper:
         self._lock = threading.Lock()
         self.bytes = 0  # sent through it, shaped or not
 
-    def take(self, nbytes: int) -> None:
+    def reserve(self, nbytes: int) -> float:
+        """Book a send of ``nbytes`` without waiting: when (``time.monotonic()``) it is
+        through the link (0: no limit)."""
         with self._lock:
             self.bytes += nbytes
             if self.rate <= 0:
-                return
+                return 0.0
             start = max(time.monotonic(), self._free_at)
             self._free_at = start + nbytes / self.rate
-            until = self._free_at
+            return self._free_at
+
+    def take(self, nbytes: int) -> None:
+        until = self.reserve(nbytes)
         time.sleep(max(0.0, until - time.monotonic()))
 
 
@@ -87,7 +94,12 @@ class GradientSync:
     """This replica's part in averaging its stage's gradients: the leader's or a follower's."""
 
     def __init__(
-        self, cfg: WorkerConfig, module: torch.nn.Module, peers: Peers, inbox: Inbox
+        self,
+        cfg: WorkerConfig,
+        module: torch.nn.Module,
+        peers: Peers,
+        inbox: Inbox,
+        tied: torch.nn.Parameter | None = None,
     ) -> None:
         self.cfg = cfg
         self.module = module
@@ -95,10 +107,33 @@ class GradientSync:
         self.inbox = inbox
         self._faults_fired: set[int] = set()
         self.link = LinkShaper(cfg.dp_link_mbps)
+        self.round_policy: tuple[LatePolicy, float] = ("wait", DEFAULT_GRAD_WAIT_S)
+        self.collective: DataParallel | None = None
+        if cfg.replicas > 1 and cfg.tp_store and not cfg.dp_star:
+            params = list(module.parameters())
+            self.collective = DataParallel(cfg, params, tied, peers, inbox, self.link)
+
+    def prepare(self, m: RunStep, plain: bool) -> None:
+        """Before a training step: keep its late policy (a round's, ended by ``Commit``, takes
+        it too) and arm the collective's hooks when the step's gradients are averaged plainly
+        (``plain``: no sync mode of :mod:`.outer_sync`, and not this replica's own task head),
+        else keep them quiet. Each chunk's parameters see one backward per micro-batch."""
+        self.round_policy = (m.late_policy, m.grad_wait_s)
+        own_head = (
+            m.sync is not None and m.sync.task_heads and getattr(self.module, "is_last", False)
+        )
+        if self.collective is not None:
+            if plain and not own_head:
+                self.collective.begin(m.step, m.microbatches, m.late_policy, m.grad_wait_s)
+            else:
+                self.collective.disarm()
 
     def sync(self, step: int, policy: LatePolicy, wait_s: float) -> list[int]:
-        """Average the gradients of this stage's replicas through replica 0 (the leader).
-        Returns the replicas whose gradient was left out (policy ``skip``)."""
+        """Average the gradients of this stage's replicas: the collective's buckets armed by
+        :meth:`prepare`, else through replica 0 (the leader). Returns the replicas whose
+        gradient was left out (policy ``skip``)."""
+        if self.collective is not None and self.collective.armed:
+            return self.collective.finish()
         params = list(self.module.parameters())
         flat = flatten_grads(params).cpu()  # averaged on the host, where the frames are
         late: list[int] = []

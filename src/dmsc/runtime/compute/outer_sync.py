@@ -15,7 +15,10 @@ per replica and per task's :class:`~dmsc.runtime.transport.messages.SyncSettings
 - **how it travels**: a codec of :mod:`~dmsc.runtime.compute.compression` (bf16, int8 with
   per-block scales, top-k with error feedback; PowerSGD in two rounds), or masked for secure
   aggregation (:mod:`~dmsc.runtime.compute.secure_agg`, X25519 key agreement once per session);
-- **how it is combined** at the leader: an aggregator of
+- **how it is combined**: a plain mean of fp32 updates (no codec, robust aggregator, privacy
+  or secure aggregation) by all-reduce among the replicas
+  (:mod:`~dmsc.runtime.compute.dp_collective`: DiLoCo's and FedAvg's plain rounds), anything
+  else at the leader: an aggregator of
   :mod:`~dmsc.runtime.compute.aggregators` (weighted mean, median, trimmed mean, Krum), after
   each replica clipped its update and with Gaussian noise added to the combination when
   differential privacy is on (:mod:`~dmsc.runtime.compute.privacy`; the ledger's accountant
@@ -59,16 +62,19 @@ KEY_ROUND, MASK_ROUND = 0, 1  # secure aggregation: public keys, then masked upd
 P_ROUND, Q_ROUND = 0, 1  # PowerSGD's two factors
 
 
-def plain_sync(s: SyncSettings) -> bool:
-    """Every-step averaging of fp32 gradients with nothing on top: the leader's plain path
-    (:class:`~dmsc.runtime.compute.gradient_sync.GradientSync`, with every late policy)."""
+def plain_mean(s: SyncSettings) -> bool:
+    """Whether the replicas' updates are averaged as they are: no codec, robust aggregator,
+    privacy or secure aggregation (each of which needs the leader's star). Such a mean goes by
+    all-reduce where the replicas have a collective (:mod:`.dp_collective`)."""
     return (
-        s.mode == "every-step"
-        and s.compress == "none"
-        and s.aggregator == "mean"
-        and s.privacy_clip is None
-        and not s.secure
+        s.compress == "none" and s.aggregator == "mean" and s.privacy_clip is None and not s.secure
     )
+
+
+def plain_sync(s: SyncSettings) -> bool:
+    """Every-step averaging of fp32 gradients with nothing on top: the plain path of
+    :class:`~dmsc.runtime.compute.gradient_sync.GradientSync`, with every late policy."""
+    return s.mode == "every-step" and plain_mean(s)
 
 
 def make_optimizer(kind: str, module: torch.nn.Module, lr: float) -> torch.optim.Optimizer:
@@ -134,6 +140,8 @@ class ReplicaSync:
         self.party: MaskingParty | None = None
         self.party_epoch = -1
         self.rounds = 0
+        # DiLoCo's and FedAvg's plain rounds: the all-reduce, where the replicas have one
+        self.collective = star.collective if plain_mean(settings) else None
 
     # -- the agreed update ---------------------------------------------------------------------
     def agree(
@@ -170,6 +178,8 @@ class ReplicaSync:
         self, step: int, update: torch.Tensor, policy: LatePolicy, wait_s: float
     ) -> tuple[torch.Tensor, list[int]]:
         assert self.codec is not None and self.down is not None
+        if self.collective is not None:
+            return self.collective.mean(step, 0, 0, update, policy, wait_s)
         codec, down, n = self.codec, self.down, self.n
 
         def combine(parts: dict[int, torch.Tensor]) -> torch.Tensor:

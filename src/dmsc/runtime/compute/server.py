@@ -111,7 +111,6 @@ class StageWorker:
         self.optimizer = make_optimizer("adamw", self.module, cfg.lr)
         self.sync: ReplicaSync | None = None  # a task's sync mode, other than plain averaging
         self.sync_held: dict[str, torch.Tensor] = {}  # its round state, as last loaded
-        self.round_policy: tuple[msg.LatePolicy, float] = ("wait", msg.DEFAULT_GRAD_WAIT_S)
         self.shard: Corpus | None = None  # this replica's own training text (LoadShard)
         self.n_params = sum(p.numel() for p in self.module.parameters())
         self.tied = tied_weight(self.spec, self.module) if cfg.stages > 1 else None
@@ -140,7 +139,7 @@ class StageWorker:
             {int(k): LinkShaper(v) for k, v in cfg.pp_link_mbps.items()},
             cfg.tp_rank,
         )
-        self.grads = GradientSync(cfg, self.module, self.peers, self.inbox)
+        self.grads = GradientSync(cfg, self.module, self.peers, self.inbox, self.tied)
         self.bytes_reported = 0  # of self.grads.link.bytes, by the last Commit
 
     @property
@@ -213,7 +212,7 @@ class StageWorker:
         t0 = time.perf_counter()
         if m.train:
             self._use_sync(m.sync)
-            self.round_policy = (m.late_policy, m.grad_wait_s)
+            self.grads.prepare(m, plain=self.sync is None)  # and the step's late policy
         if m.local_batch is not None:
             self._feed_from_shard(m.step, m.local_batch, m.microbatches)
         try:  # a stage of several chunks runs the interleaved schedule
@@ -387,7 +386,7 @@ class StageWorker:
             self.steps_done += 1
             compute = time.perf_counter() - c0
             if rounds is not None and m.outer:
-                policy, wait_s = self.round_policy
+                policy, wait_s = self.grads.round_policy
                 rounds.outer_step(m.step, "wait" if policy == "restart" else policy, wait_s)
         self.m_compute.inc(compute)
         self.log.info("step committed", extra={"sid": self.cfg.sid, "step": m.step})

@@ -11,7 +11,8 @@ names one (rotated, see :mod:`dmsc.runtime.transport.logs`), to standard error o
 The rest of the worker lives in one module per job: :mod:`.inbox` (frames waiting, fencing by
 epoch), :mod:`.peers` (sends to the neighbouring stages), :mod:`.frames` (what a frame must
 hold), :mod:`.executor` (one step's schedule), :mod:`.gradient_sync` (averaging between
-replicas, late-gradient policy), :mod:`.checkpoints`, :mod:`.telemetry` (CPU, memory, I/O and GPU
+replicas, late-gradient policy: by all-reduce in :mod:`.dp_collective`, each step's replicas
+agreed in :mod:`.quorum`), :mod:`.checkpoints`, :mod:`.telemetry` (CPU, memory, I/O and GPU
 use of the process and its node) and :mod:`.server` (the RPC methods).
 """
 

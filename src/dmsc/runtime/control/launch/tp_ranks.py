@@ -7,7 +7,9 @@ and every call the deployment makes to a replica goes to all of its ranks at onc
 and the call is over when every rank answered (rank 0's reply stands for the replica's) or
 failed as soon as one rank failed. The ranks of a replica meet in a process group through the
 TCPStore hosted here (port 0: the system picks a free one; its address goes into each
-:class:`~dmsc.runtime.compute.config.WorkerConfig`).
+:class:`~dmsc.runtime.compute.config.WorkerConfig`), and so do the replicas of a stage for their
+data-parallel all-reduces (:mod:`dmsc.runtime.compute.dp_collective`): the store is hosted
+whenever there are several ranks or several replicas.
 """
 
 from __future__ import annotations
@@ -84,9 +86,12 @@ class GroupFuture:
 
 
 class TensorRanks:
-    """Ranks 1 .. tp-1 of every replica (none at tp = 1) and the store their groups meet at."""
+    """Ranks 1 .. tp-1 of every replica (none at tp = 1) and the store their groups (and the
+    replicas' data-parallel groups) meet at."""
 
-    def __init__(self, tp: int, host: str = "127.0.0.1", spares: int = 0) -> None:
+    def __init__(
+        self, tp: int, host: str = "127.0.0.1", spares: int = 0, replicas: int = 1
+    ) -> None:
         if tp < 1:
             raise ValueError(f"tp must be at least 1, not {tp}")
         if tp > 1 and spares:
@@ -94,7 +99,7 @@ class TensorRanks:
         self.tp = tp
         self.store: Any = None  # a TCPStore (torch's stubs do not export the name)
         self.address = ""
-        if tp > 1:
+        if tp > 1 or replicas > 1:
             self.store = dist.TCPStore(  # type: ignore[attr-defined]
                 host, 0, is_master=True, wait_for_workers=False
             )

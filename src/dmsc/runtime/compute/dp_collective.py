@@ -1,0 +1,400 @@
+"""Data-parallel averaging as a collective: bucketed gloo all-reduces overlapped with the backward.
+
+Plain data parallelism (no secure aggregation, robust aggregator or central privacy: those keep
+the leader's star of :mod:`.gradient_sync`, which is their point) averages a stage's gradients
+with a torch.distributed all-reduce among its replicas, as ``DistributedDataParallel`` does:
+
+- the parameters are cut into buckets, last layer first (the order the backward produces their
+  gradients; the first bucket small, so that communication starts early). A hook on each
+  parameter (``register_post_accumulate_grad_hook``) counts the backward passes that reached it;
+  once it has seen every micro-batch's the gradient is whole, and once a bucket's gradients all
+  are, the bucket is flattened and its all-reduce launched (asynchronous: the backward goes on),
+  buckets always in the same order on every replica. The step waits for the handles before the
+  optimizer's (``Commit``), so only the last buckets' time is exposed, as the cost model counts;
+- the all-reduce is gloo's on the host, with the algorithm gloo has. torch 2.13's
+  ``ProcessGroupGloo`` calls ``gloo::allreduce`` without choosing an algorithm, and the ring
+  (a reduce-scatter then an all-gather, n - 1 steps each, in segments) is the only one built in:
+  so the plan's ``--allreduce ring`` runs as priced, and ``tree`` and ``hierarchical`` run the
+  same ring (:data:`ALGORITHM`). They differ from it in the cost
+  model only: a tree pays 2 log2(n) latencies where the ring pays 2 (n - 1), and puts 2 x the
+  buffer on its busiest link where the ring puts 2 (n - 1) / n of it on every link;
+  hierarchical is a ring inside each node or datacenter, then across them;
+- before the first bucket goes, the replicas agree on a quorum (:mod:`.quorum`): who is in this
+  step, in which process group (formed again when the quorum changed, under a fresh store
+  prefix). A late replica is left out as the late policy says (``skip``: the members average
+  their own, re-weighted by their count, and the lowest member sends the average to the late
+  one over ``Push``, as the star did; ``restart``: every replica drops the step; ``wait``: the
+  step fails past the receive timeout). A collective that fails (a member died: gloo sees the
+  socket close) or outlives the receive timeout drops its group, and the step fails; the next
+  quorum forms a new group around the replicas that are there. A move to a newer epoch
+  (``Abort``) abandons a wait at once.
+
+The same quorum and group average a round's pseudo-gradient for DiLoCo and FedAvg
+(:meth:`DataParallel.mean`). Bytes a replica puts on its link are a ring's, 2 (n - 1) / n of each
+bucket, to its successor in the ring; a thin link (``dp_link_mbps``) books them on the
+replica's :class:`~.gradient_sync.LinkShaper` at launch and the step waits for the link too.
+"""
+
+from __future__ import annotations
+
+import queue
+import threading
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from datetime import timedelta
+from typing import Any
+
+import torch
+import torch.distributed as dist
+
+from dmsc.runtime.compute.config import WorkerConfig
+from dmsc.runtime.compute.inbox import Aborted, Inbox
+from dmsc.runtime.compute.peers import Peers
+from dmsc.runtime.compute.quorum import Decision, Quorum
+from dmsc.runtime.transport.messages import LatePolicy
+from dmsc.runtime.transport.rpc import Abandoned
+from dmsc.runtime.transport.wire import Kind, encode
+
+ALGORITHM = "ring"  # what gloo runs for every --allreduce value (see the module docstring)
+FIRST_BUCKET_BYTES = 256 << 10  # DDP starts with a small bucket too (1 MiB there)
+BUCKET_BYTES = 4 << 20
+
+
+class StepRestart(Abandoned):
+    """The stage's replicas dropped the step (late gradients, policy ``restart``)."""
+
+
+def buckets_of(
+    params: Sequence[torch.nn.Parameter], last: torch.nn.Parameter | None = None
+) -> list[list[int]]:
+    """Indices of ``params`` in buckets, the last parameter first, each bucket at most
+    :data:`BUCKET_BYTES` (the first :data:`FIRST_BUCKET_BYTES`) unless one parameter is more.
+    ``last`` (a tied weight, whose gradient is complete only after the backward) goes alone in
+    the final bucket."""
+    out: list[list[int]] = [[]]
+    size, cap = 0, FIRST_BUCKET_BYTES
+    for i in reversed(range(len(params))):
+        if params[i] is last:
+            continue
+        nbytes = params[i].numel() * params[i].element_size()
+        if out[-1] and size + nbytes > cap:
+            out.append([])
+            size, cap = 0, BUCKET_BYTES
+        out[-1].append(i)
+        size += nbytes
+    out = [b for b in out if b]
+    if last is not None:
+        out.append([next(i for i, p in enumerate(params) if p is last)])
+    return out
+
+
+class ReplicaGroup:
+    """This replica's process group with the other replicas of its stage (same tp rank), formed
+    per quorum through the deployment's store (``cfg.tp_store``)."""
+
+    def __init__(self, cfg: WorkerConfig) -> None:
+        self.cfg = cfg
+        self.timeout_s = cfg.recv_timeout_s
+        self._store: Any = None
+        self.pg: Any = None  # a ProcessGroupGloo (torch's stubs do not export the name)
+        self.group = ""  # its id ("" none)
+
+    def store(self) -> Any:
+        if self._store is None:
+            host, _, port = self.cfg.tp_store.rpartition(":")
+            self._store = dist.TCPStore(  # type: ignore[attr-defined]
+                host, int(port), is_master=False, timeout=timedelta(seconds=self.timeout_s)
+            )
+        return self._store
+
+    def agree(
+        self,
+        epoch: int,
+        key: str,
+        policy: LatePolicy,
+        bound_s: float,
+        abandoned: Callable[[], bool],
+        delay_s: float = 0.0,
+    ) -> Decision:
+        """The quorum ``key`` of ``epoch``, and this replica in the group it names."""
+        prefix = f"dp/{self.cfg.stage}/{self.cfg.tp_rank}/e{epoch}/"
+        if not self.group.startswith(prefix):
+            self.drop()  # a group of an older epoch: its members may have moved on
+        quorum = Quorum(self.store(), self.cfg.replica, self.cfg.replicas)
+        timeout = bound_s + self.timeout_s
+        d = quorum.join(prefix + key, policy, bound_s, timeout, self.group, abandoned, delay_s)
+        rank = d.rank(self.cfg.replica)
+        if d.verdict == "go" and rank is not None and d.group and d.group != self.group:
+            self.drop()
+            pg_store = dist.PrefixStore(f"{d.group}/pg", self.store())  # type: ignore[attr-defined]
+            self.pg = dist.ProcessGroupGloo(
+                pg_store, rank, len(d.members), timedelta(seconds=self.timeout_s)
+            )
+            self.group = d.group
+        return d
+
+    def drop(self) -> None:
+        """Leave the group (its next quorum forms a new one). The group is let go on a thread
+        of its own: gloo's ``abort`` does not end a collective in progress, and destroying the
+        group waits for it, up to its timeout (measured: 20 s of a 20 s timeout, with a member
+        that never came), which no step must wait for."""
+        held, self.pg, self.group = [self.pg], None, ""
+        if held[0] is not None:
+            held[0].abort()
+            threading.Thread(target=held.clear, daemon=True, name="dp-drop").start()
+
+    def wait(self, work: Any, abandoned: Callable[[], bool]) -> None:
+        """Wait for an all-reduce: at most the receive timeout, given up once abandoned; a
+        failure drops the group."""
+        done = threading.Event()
+        work.get_future().add_done_callback(lambda _: done.set())
+        end = time.monotonic() + self.timeout_s
+        while not done.wait(0.05):
+            if abandoned() or time.monotonic() > end:
+                self.drop()
+                if abandoned():
+                    raise Aborted("all-reduce abandoned: moved to a newer epoch")
+                raise TimeoutError(f"all-reduce: no answer within {self.timeout_s:g} s")
+        try:
+            work.wait()
+        except Exception:
+            self.drop()
+            raise
+
+
+@dataclass(eq=False)
+class _Step:
+    """One training step's all-reduces: what the hooks counted and the communication thread
+    launched."""
+
+    step: int
+    epoch: int
+    backwards: int
+    policy: LatePolicy
+    wait_s: float
+    seen: list[int]
+    waiting: list[int]
+    queued: int = 0  # buckets handed to the communication thread, in order
+    decision: Decision | None = None
+    pg: Any = None  # the group it agreed on (a later step's may replace the replica's)
+    works: list[tuple[int, torch.Tensor, Any]] = field(default_factory=list)
+    error: BaseException | None = None
+    bytes_until: float = 0.0  # when a thin link is through this step's bytes
+    launched: threading.Event = field(default_factory=threading.Event)
+    over: bool = False  # finished, or left by a step that failed half-way
+    jobs: queue.SimpleQueue[int | None] = field(default_factory=queue.SimpleQueue)
+
+
+class DataParallel:
+    """One replica's side of its stage's all-reduces (see the module docstring). The hooks
+    run in the backward; the quorum and the launches run on a communication thread of the
+    step's own, so that a replica waiting for its quorum does not hold up its backward (nor,
+    through it, the stages before it), and a thread left stuck by a failed step (a rendezvous
+    with a member that died) holds up no later step."""
+
+    def __init__(
+        self,
+        cfg: WorkerConfig,
+        params: Sequence[torch.nn.Parameter],
+        tied: torch.nn.Parameter | None,
+        peers: Peers,
+        inbox: Inbox,
+        link: Any,
+    ) -> None:
+        self.cfg, self.peers, self.inbox, self.link = cfg, peers, inbox, link
+        self.params = list(params)
+        self.group = ReplicaGroup(cfg)
+        self.buckets = buckets_of(self.params, tied)
+        self.bucket_of = {i: b for b, idx in enumerate(self.buckets) for i in idx}
+        for i, p in enumerate(self.params):
+            if p is not tied:
+                p.register_post_accumulate_grad_hook(self._hook(i))
+        self._faults_fired: set[int] = set()
+        self.current: _Step | None = None
+
+    @property
+    def armed(self) -> bool:
+        return self.current is not None and not self.current.over
+
+    def disarm(self) -> None:
+        if self.current is not None:
+            self.current.over = True
+
+    # -- a training step ---------------------------------------------------------------------
+    def begin(self, step: int, backwards: int, policy: LatePolicy, wait_s: float) -> None:
+        """Arm the hooks for ``step``, whose stage runs ``backwards`` backward passes."""
+        old = self.current
+        if old is not None and not old.over:  # a step that failed half-way
+            old.over = True
+            if old.works:
+                self.group.drop()
+        seen = [0] * len(self.params)
+        waiting = [len(b) for b in self.buckets]
+        st = _Step(step, self.inbox.epoch, backwards, policy, wait_s, seen, waiting)
+        self.current = st
+        threading.Thread(target=self._communicate, args=(st,), daemon=True, name="dp-comm").start()
+
+    def _hook(self, i: int) -> Callable[[torch.Tensor], None]:
+        def ready(_: torch.Tensor) -> None:
+            st = self.current
+            if st is None or st.over:
+                return
+            st.seen[i] += 1
+            if st.seen[i] == st.backwards:
+                st.waiting[self.bucket_of[i]] -= 1
+                self._queue_ready(st)
+
+        return ready
+
+    def _queue_ready(self, st: _Step) -> None:
+        """Hand the communication thread every bucket whose gradients are whole, in order."""
+        while st.queued < len(self.buckets) and st.waiting[st.queued] == 0:
+            st.jobs.put(st.queued)
+            st.queued += 1
+
+    def _communicate(self, st: _Step) -> None:
+        """The step's communication thread: its quorum, then each bucket's launch in order."""
+        while True:
+            try:
+                b = st.jobs.get(timeout=0.5)
+            except queue.Empty:
+                if st.over:  # a step that failed half-way
+                    return
+                continue
+            if b is None:
+                st.launched.set()
+                return
+            if st.error is not None or st.over:
+                continue
+            try:
+                self._launch(st, b)
+            except BaseException as exc:  # raised by finish()
+                st.error = exc
+
+    def _abandoned(self, st: _Step) -> Callable[[], bool]:
+        return lambda: st.over or self.inbox.epoch != st.epoch
+
+    def _agree(
+        self, st: _Step, key: str, policy: LatePolicy, wait_s: float, gradients: bool
+    ) -> Decision:
+        bound = self.cfg.recv_timeout_s if policy == "wait" else wait_s
+        slow = self.cfg.faults.get("slow_grads", {}) if gradients else {}
+        delay = 0.0
+        if st.step in slow.get("steps", []) and st.step not in self._faults_fired:
+            # a slow link: this replica's gradients reach the others late (once: a step run
+            # again is on time); it waits for the quorum's decision meanwhile
+            self._faults_fired.add(st.step)
+            delay = float(slow.get("seconds", 0.0))
+        return self.group.agree(st.epoch, key, policy, bound, self._abandoned(st), delay)
+
+    def _launch(self, st: _Step, b: int) -> None:
+        if st.decision is None:
+            st.decision = self._agree(st, f"g{st.step}", st.policy, st.wait_s, True)
+            st.pg = self.group.pg
+        d = st.decision
+        if st.over or d.verdict != "go" or d.rank(self.cfg.replica) is None or len(d.members) < 2:
+            return  # nothing to reduce here
+        flat = torch.cat([self._grad(i).reshape(-1) for i in self.buckets[b]]).cpu()
+        self._book(st, flat, d)
+        st.works.append((b, flat, st.pg.allreduce([flat])))
+
+    def _grad(self, i: int) -> torch.Tensor:
+        p = self.params[i]
+        return p.grad if p.grad is not None else torch.zeros_like(p)
+
+    def _book(self, st: _Step, flat: torch.Tensor, d: Decision) -> None:
+        """Count the ring's bytes out of this replica (to its successor) and book its link."""
+        n = len(d.members)
+        nbytes = int(2 * (n - 1) / n * flat.numel() * flat.element_size())
+        succ = d.members[(d.members.index(self.cfg.replica) + 1) % n]
+        key = (self.cfg.stage, succ)
+        self.peers.sent[key] = self.peers.sent.get(key, 0) + nbytes
+        st.bytes_until = max(st.bytes_until, self.link.reserve(nbytes))
+
+    def finish(self) -> list[int]:
+        """After the backward (and the tied weight's exchange): launch what is left, wait for
+        every all-reduce and set each gradient to the average. Returns the replicas left out."""
+        st = self.current
+        assert st is not None
+        st.waiting = [0] * len(self.buckets)
+        self._queue_ready(st)
+        st.jobs.put(None)
+        abandoned = self._abandoned(st)
+        try:
+            while not st.launched.wait(0.05):
+                if abandoned():
+                    raise Aborted(f"step {st.step} abandoned: moved to a newer epoch")
+            return self._average(st)
+        finally:
+            st.over = True
+
+    def _average(self, st: _Step) -> list[int]:
+        if st.error is not None:
+            raise st.error
+        d, cfg = st.decision, self.cfg
+        assert d is not None
+        if d.verdict == "restart":
+            late = list(d.late)
+            raise StepRestart(f"restart: stage {cfg.stage}, gradients of replicas {late} late")
+        if d.verdict == "fail":
+            raise TimeoutError(f"stage {cfg.stage}: no gradient from replicas {list(d.late)}")
+        if d.rank(cfg.replica) is None:  # late: the members' average comes over Push
+            self._assign(range(len(self.params)), self.peers.recv(Kind.GRAD_AVG, st.step, 0))
+            return []
+        for b, flat, work in st.works:
+            self.group.wait(work, self._abandoned(st))
+            self._assign(self.buckets[b], flat / len(d.members))
+        time.sleep(max(0.0, st.bytes_until - time.monotonic()))  # a thin link's turn
+        if d.late and d.members[0] == cfg.replica:
+            flat = torch.cat([self._grad(i).reshape(-1) for i in range(len(self.params))])
+            self._send_late(Kind.GRAD_AVG, st.step, 0, flat.cpu(), d.late)
+        return list(d.late)
+
+    def _assign(self, indices: Sequence[int], flat: torch.Tensor) -> None:
+        offset = 0
+        for i in indices:
+            p = self.params[i]
+            p.grad = flat[offset : offset + p.numel()].view_as(p).to(p.device, copy=True)
+            offset += p.numel()
+
+    def _send_late(
+        self, kind: Kind, step: int, mb: int, flat: torch.Tensor, late: Sequence[int]
+    ) -> None:
+        """Hand the late replicas the members' average (they may be stalled: nobody waits)."""
+        frame = encode(kind, step, mb, flat, self.peers.epoch)
+        for r in late:
+            self.link.take(len(frame))
+            self.peers.count(kind, len(frame))
+            self.peers.push_detached((self.cfg.stage, r), frame)
+
+    # -- a round of a sync mode ----------------------------------------------------------------
+    def mean(
+        self,
+        step: int,
+        round_: int,
+        mb: int,
+        vector: torch.Tensor,
+        policy: LatePolicy,
+        wait_s: float,
+    ) -> tuple[torch.Tensor, list[int]]:
+        """The mean of every replica's ``vector`` (flat, on the host) by all-reduce: the
+        members', re-weighted by their count, under ``skip``; a late replica gets it from the
+        lowest member (``SYNC_DOWN`` of ``step``, micro-batch ``mb``). Also the replicas left
+        out. ``restart`` is not a round's policy: read as ``wait``."""
+        policy = "wait" if policy == "restart" else policy
+        st = _Step(step, self.inbox.epoch, 0, policy, wait_s, [], [])
+        d = self._agree(st, f"r{step}/{round_}", policy, wait_s, False)
+        if d.verdict != "go":
+            raise TimeoutError(f"stage {self.cfg.stage}: no update from replicas {list(d.late)}")
+        if d.rank(self.cfg.replica) is None:
+            return self.peers.recv(Kind.SYNC_DOWN, step, mb).cpu(), []
+        out = vector.clone()
+        if len(d.members) > 1:
+            self._book(st, out, d)
+            self.group.wait(self.group.pg.allreduce([out]), self._abandoned(st))
+            out /= len(d.members)
+            time.sleep(max(0.0, st.bytes_until - time.monotonic()))
+        if d.late and d.members[0] == self.cfg.replica:
+            self._send_late(Kind.SYNC_DOWN, step, mb, out, d.late)
+        return out, list(d.late)

@@ -1,0 +1,168 @@
+"""Which replicas of a stage take part in one all-reduce: a quorum agreed through a key-value store.
+
+The replicas of a stage average their gradients with a torch.distributed (gloo) all-reduce, and
+a gloo group is fixed once formed: a collective with a dead or late member fails or waits for
+the whole group. So each all-reduce is preceded by a quorum, in the way torchft does it (a
+quorum per step; the members of a new quorum form a new group under a store prefix of its
+own): every replica announces itself under the step's key in the deployment's TCPStore, the
+first to arrive (the store's atomic counter says who) waits for the others, at most the bound
+the late policy gives, and writes the decision every replica reads:
+
+- ``members``: the replicas that arrived in time (ascending; a member's rank in the group is its
+  index there) and ``late`` the others;
+- ``group``: the process group the members reduce in. A replica announces the group it holds;
+  when every member holds the same one and its members are exactly this quorum, the group is
+  used again (no rendezvous on a step like the last); else the members form a new one under
+  the new id (a replacement holds none, so the group always re-forms around it). Alone, no
+  group is needed;
+- ``verdict``: ``go``; ``restart`` when someone is late under policy ``restart`` (every
+  replica drops the step); ``fail`` when someone is late under ``wait`` (whose bound is the
+  receive timeout: the step fails, and the deployment's recovery takes over).
+
+A step runs at most once per epoch (a restart and a recovery each open a new one), and the
+store prefix carries the epoch, so a quorum's keys are never reused. Waiting polls the store
+(``check``: one round trip, no server-side log line as a timed-out ``wait`` leaves) and gives up
+as soon as ``abandoned()`` says the step was (a move to a newer epoch).
+
+Why not torchft itself (``torchft`` 0.2.0 installs from PyPI beside torch 2.13): its quorum is
+served by its own lighthouse and a manager server per replica group, a second control plane
+beside the registry and the epochs that already fence this deployment's workers; its policy is
+one (a minimum of replicas and a join timeout, the late ones healing from a peer's checkpoint
+over its own transport), where the policies here are three and ``skip`` hands the late replica
+the average; and it brings the OpenTelemetry packages with it. What is taken from it is the
+design: the per-step quorum, the fresh store prefix per group, the re-formed group.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any, Literal
+
+from dmsc.runtime.compute.inbox import Aborted
+from dmsc.runtime.transport.messages import LatePolicy
+
+Verdict = Literal["go", "restart", "fail"]
+POLL_MAX_S = 0.01  # the longest pause between two looks at the store
+_VERDICTS: dict[str, Verdict] = {"wait": "fail", "skip": "go", "restart": "restart"}
+
+
+@dataclass(frozen=True)
+class Decision:
+    """One quorum's outcome (see the module docstring)."""
+
+    members: tuple[int, ...]
+    late: tuple[int, ...]
+    group: str  # "" when alone
+    new: bool  # whether the members form ``group`` now
+    verdict: Verdict
+
+    def rank(self, replica: int) -> int | None:
+        """``replica``'s rank in the group (None: not a member)."""
+        return self.members.index(replica) if replica in self.members else None
+
+
+def group_members(group: str) -> tuple[int, ...]:
+    """The members a group id names (its part after ``|``)."""
+    _, _, tail = group.rpartition("|")
+    return tuple(int(r) for r in tail.split(".")) if tail else ()
+
+
+class Quorum:
+    """One replica's side of the quorums of its stage, over ``store`` (a torch.distributed
+    store; keys under the prefix the caller gives)."""
+
+    def __init__(self, store: Any, replica: int, replicas: int) -> None:
+        self.store = store
+        self.replica = replica
+        self.replicas = replicas
+
+    def join(
+        self,
+        key: str,
+        policy: LatePolicy,
+        bound_s: float,
+        timeout_s: float,
+        held: str,
+        abandoned: Callable[[], bool],
+        delay_s: float = 0.0,
+    ) -> Decision:
+        """Take part in the quorum ``key`` holding group ``held`` ("" none). The first replica
+        to arrive decides after at most ``bound_s``; the others wait for its decision at most
+        ``timeout_s`` (TimeoutError). ``delay_s`` > 0 announces this replica that much later
+        while the decision is awaited meanwhile (a slow link, for rehearsals and tests)."""
+        if delay_s > 0:
+
+            def late() -> None:
+                with contextlib.suppress(Exception):  # its step may be long over
+                    self._announce(key, held, policy, bound_s, lambda: False)
+
+            threading.Timer(delay_s, late).start()
+        else:
+            decided = self._announce(key, held, policy, bound_s, abandoned)
+            if decided is not None:
+                return decided
+        return self._await(key, timeout_s, abandoned)
+
+    def _announce(
+        self,
+        key: str,
+        held: str,
+        policy: LatePolicy,
+        bound_s: float,
+        abandoned: Callable[[], bool],
+    ) -> Decision | None:
+        """Announce this replica; the decision if it was the first (the decider)."""
+        self.store.set(f"{key}/join/{self.replica}", held)
+        if self.store.add(f"{key}/arrived", 1) != 1:
+            return None
+        return self._decide(key, policy, bound_s, abandoned)
+
+    def _decide(
+        self, key: str, policy: LatePolicy, bound_s: float, abandoned: Callable[[], bool]
+    ) -> Decision:
+        joins = [f"{key}/join/{r}" for r in range(self.replicas)]
+        _poll(lambda: self.store.check(joins), time.monotonic() + bound_s, abandoned)
+        members = tuple(r for r in range(self.replicas) if self.store.check([joins[r]]))
+        late = tuple(r for r in range(self.replicas) if r not in members)
+        held = {self.store.get(joins[r]).decode() for r in members}
+        verdict: Verdict = "go"
+        if late:
+            verdict = _VERDICTS[policy]
+        group, new = "", False
+        if len(members) > 1:
+            same = held.pop() if len(held) == 1 else ""
+            if same and group_members(same) == members:
+                group = same
+            else:
+                group, new = f"{key}|" + ".".join(map(str, members)), True
+        decision = Decision(members, late, group, new, verdict)
+        self.store.set(f"{key}/decision", json.dumps(decision.__dict__))
+        return decision
+
+    def _await(self, key: str, timeout_s: float, abandoned: Callable[[], bool]) -> Decision:
+        name = f"{key}/decision"
+        if not _poll(lambda: self.store.check([name]), time.monotonic() + timeout_s, abandoned):
+            raise TimeoutError(f"quorum {key}: no decision within {timeout_s:g} s")
+        raw = json.loads(self.store.get(name))
+        return Decision(
+            tuple(raw["members"]), tuple(raw["late"]), raw["group"], raw["new"], raw["verdict"]
+        )
+
+
+def _poll(ready: Callable[[], bool], deadline: float, abandoned: Callable[[], bool]) -> bool:
+    """Look until ``ready()`` (True) or ``deadline`` (False); :class:`Aborted` once the step
+    is abandoned. The pause grows from 0.2 ms to :data:`POLL_MAX_S`."""
+    pause = 0.0002
+    while not ready():
+        if abandoned():
+            raise Aborted("quorum abandoned: moved to a newer epoch")
+        if time.monotonic() >= deadline:
+            return False
+        time.sleep(pause)
+        pause = min(POLL_MAX_S, pause * 2)
+    return True

@@ -1,0 +1,245 @@
+"""The data-parallel collective with in-process ranks: the quorum and its re-formed groups, and
+bucketed all-reduces launched from the backward's hooks.
+
+Ranks are threads of this process meeting in a TCPStore hosted here (port 0), as the workers
+meet in the deployment's; each has its own inbox, and a late replica's average is handed over
+through the inboxes as ``Push`` would.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
+from typing import Any
+
+import pytest
+import torch
+import torch.distributed as dist
+
+from dmsc.runtime.compute.config import WorkerConfig
+from dmsc.runtime.compute.dp_collective import DataParallel, StepRestart, buckets_of
+from dmsc.runtime.compute.gradient_sync import LinkShaper
+from dmsc.runtime.compute.inbox import Aborted, Inbox
+from dmsc.runtime.compute.quorum import Quorum, group_members
+from dmsc.runtime.transport.wire import Kind, decode
+
+
+def _store() -> Any:
+    return dist.TCPStore("127.0.0.1", 0, is_master=True, wait_for_workers=False)  # type: ignore[attr-defined]
+
+
+def _quorums(store: Any, replicas: int, key: str, held: dict[int, str], present: list[int], **kw):  # type: ignore[no-untyped-def]
+    """The decision every present replica reads for quorum ``key``."""
+    # the bound is waited only when someone is absent: a present one is never left out by it
+    kw = {"policy": "skip", "bound_s": 5.0, "timeout_s": 10.0, **kw}
+
+    def one(r: int):  # type: ignore[no-untyped-def]
+        return Quorum(store, r, replicas).join(
+            key, held=held.get(r, ""), abandoned=lambda: False, **kw
+        )
+
+    with ThreadPoolExecutor(len(present)) as pool:
+        return dict(zip(present, pool.map(one, present), strict=True))
+
+
+def test_a_quorum_reuses_its_group_until_its_members_change_and_reforms_around_who_is_there() -> (
+    None
+):
+    store = _store()
+    first = _quorums(store, 3, "e0/g0", {}, [0, 1, 2])
+    d = first[0]
+    assert all(x == d for x in first.values())  # one decision, read by all
+    assert d.members == (0, 1, 2) and d.new and d.verdict == "go" and not d.late
+    held = dict.fromkeys(range(3), d.group)
+    again = _quorums(store, 3, "e0/g1", held, [0, 1, 2])[0]
+    assert again.group == d.group and not again.new  # the same members: no new rendezvous
+    # replica 2 is late (skip): the others go on in a group of two, formed now
+    t0 = time.monotonic()
+    short = _quorums(store, 3, "e0/g2", held, [0, 1], bound_s=0.5)[1]
+    assert 0.5 <= time.monotonic() - t0 < 3.0
+    assert short.members == (0, 1) and short.late == (2,) and short.new
+    assert group_members(short.group) == (0, 1) and short.rank(2) is None
+    # back with its old group: every member's held group must be the same, so a new one
+    held = {0: short.group, 1: short.group, 2: d.group}
+    back = _quorums(store, 3, "e0/g3", held, [0, 1, 2])[2]
+    assert back.members == (0, 1, 2) and back.new and back.group not in (d.group, short.group)
+    # a replacement holds no group: the group re-forms around it
+    held = {0: back.group, 1: back.group}
+    assert _quorums(store, 3, "e0/g4", held, [0, 1, 2])[0].new
+
+
+def test_a_late_replica_under_restart_or_wait_drops_or_fails_the_step_for_everyone() -> None:
+    store = _store()
+    restart = _quorums(store, 2, "e0/g0", {}, [0], policy="restart", bound_s=0.2)[0]
+    assert restart.verdict == "restart" and restart.late == (1,)
+    # the late one reads the same decision when it arrives
+    late = Quorum(store, 1, 2).join("e0/g0", "restart", 0.2, 5.0, "", lambda: False)
+    assert late == restart
+    fail = _quorums(store, 2, "e0/g1", {}, [0], policy="wait", bound_s=0.2)[0]
+    assert fail.verdict == "fail"
+    # a slow announcement (fault injection): the decision is awaited meanwhile
+    t0 = time.monotonic()
+    both = _quorums(store, 2, "e0/g2", {}, [0, 1], delay_s=0.0)
+    slow = _quorums(store, 2, "e0/g3", {}, [1], bound_s=0.1, delay_s=0.4)
+    assert both[1].members == (0, 1)
+    assert slow[1].members == (1,)  # its own announcement came late: it decided alone
+    assert time.monotonic() - t0 < 3.0
+
+
+def test_waiting_for_a_quorum_gives_up_at_once_when_the_step_is_abandoned() -> None:
+    store = _store()
+    gone = threading.Event()
+    threading.Timer(0.2, gone.set).start()
+    t0 = time.monotonic()
+    with pytest.raises(Aborted):
+        Quorum(store, 0, 2).join("e0/g0", "wait", 60.0, 60.0, "", gone.is_set)
+    assert time.monotonic() - t0 < 2.0
+
+
+class _Peers:
+    """The part of :class:`~dmsc.runtime.compute.peers.Peers` the collective uses, between
+    threads: a push lands in the other thread's inbox."""
+
+    def __init__(self, inboxes: list[Inbox], replica: int) -> None:
+        self.inboxes, self.inbox, self.sent = inboxes, inboxes[replica], {}  # type: ignore[var-annotated]
+
+    @property
+    def epoch(self) -> int:
+        return self.inbox.epoch
+
+    def count(self, kind: Kind, nbytes: int) -> None:
+        pass
+
+    def push_detached(self, key: tuple[int, int], frame: bytes) -> None:
+        f = decode(frame, 1 << 30)
+        self.inboxes[key[1]].put(f.kind, f.step, f.microbatch, f.tensor, f.epoch)
+
+    def recv(self, kind: Kind, step: int, mb: int) -> torch.Tensor:
+        return self.inbox.get(kind, step, mb, 10.0)
+
+
+def _replicas(
+    n: int, store: Any, timeout_s: float = 5.0
+) -> list[tuple[torch.nn.Module, DataParallel]]:
+    inboxes = [Inbox() for _ in range(n)]
+    out = []
+    for r in range(n):
+        torch.manual_seed(0)  # the same weights everywhere, as replicas start
+        model = torch.nn.Sequential(
+            torch.nn.Linear(64, 1024), torch.nn.Tanh(), torch.nn.Linear(1024, 8)
+        )
+        cfg = WorkerConfig(
+            sid=f"s-r{r}", stage=0, stages=1, model={}, first="", last="", registry="",
+            replica=r, replicas=n, tp_store=f"127.0.0.1:{store.port}", recv_timeout_s=timeout_s,
+        )  # fmt: skip
+        peers = _Peers(inboxes, r)
+        dp = DataParallel(cfg, list(model.parameters()), None, peers, inboxes[r], LinkShaper(0))  # type: ignore[arg-type]
+        out.append((model, dp))
+    return out
+
+
+def _step(
+    model: torch.nn.Module, dp: DataParallel, step: int, seed: int, policy: str = "wait"
+) -> Callable[[], list[int]]:
+    def run() -> list[int]:
+        model.zero_grad(set_to_none=True)
+        dp.begin(step, 2, policy, 0.5)  # type: ignore[arg-type]
+        g = torch.Generator().manual_seed(seed)
+        for _ in range(2):  # two micro-batches: the gradients are whole after the second
+            x = torch.randn(4, 64, generator=g)
+            model(x).pow(2).mean().backward()
+        return dp.finish()
+
+    return run
+
+
+def _grads(model: torch.nn.Module) -> list[torch.Tensor]:
+    return [p.grad.clone() for p in model.parameters() if p.grad is not None]
+
+
+def test_buckets_launched_from_the_backward_average_every_gradient() -> None:
+    store = _store()
+    ranks = _replicas(2, store)
+    params = list(ranks[0][0].parameters())
+    assert buckets_of(params) == [[3, 2, 1], [0]]  # the last layer first; a small first bucket
+    with ThreadPoolExecutor(2) as pool:
+        late = list(pool.map(lambda r: _step(*ranks[r], 0, seed=r)(), range(2)))
+    assert late == [[], []]
+    # the reference: each replica's gradients computed alone, averaged by hand
+    alone = []
+    for r in range(2):
+        model, _ = _replicas(1, store)[0]
+        g = torch.Generator().manual_seed(r)
+        for _ in range(2):
+            model(torch.randn(4, 64, generator=g)).pow(2).mean().backward()
+        alone.append(_grads(model))
+    want = [(a + b) / 2 for a, b in zip(*alone, strict=True)]
+    for model, dp in ranks:
+        for got, ref in zip(_grads(model), want, strict=True):
+            assert (got - ref).abs().max() < 1e-7  # (assert_close would import DTensor: 2 s)
+        # a ring of two: each replica put its whole gradient on its link to the other
+        assert sum(dp.peers.sent.values()) == sum(p.numel() * 4 for p in params)
+
+
+def test_a_missing_replica_is_skipped_then_a_dead_member_fails_the_step_and_the_group_reforms() -> (
+    None
+):
+    store = _store()
+    ranks = _replicas(2, store, timeout_s=2.0)
+    with ThreadPoolExecutor(2) as pool:  # step 0: both; the group of two is formed
+        list(pool.map(lambda r: _step(*ranks[r], 0, seed=r)(), range(2)))
+    group = ranks[0][1].group.group
+    # step 1: replica 1 does not come (skip): replica 0 averages alone and hands it the result
+    model1, dp1 = ranks[1]
+    assert _step(*ranks[0], 1, seed=5, policy="skip")() == [1]
+    dp1.begin(1, 2, "skip", 0.5)
+    dp1.current.decision = dp1.group.agree(0, "g1", "skip", 0.5, lambda: False)  # type: ignore[union-attr]
+    dp1.current.queued = len(dp1.buckets)  # type: ignore[union-attr]
+    assert dp1.finish() == []
+    for a, b in zip(_grads(ranks[0][0]), _grads(model1), strict=True):
+        assert torch.equal(a, b)
+    assert ranks[0][1].group.group == group  # nobody reduced: the group of two is kept
+
+    # step 2: replica 1 dies after the quorum (its group aborted): replica 0 fails in bounded time
+    def die() -> None:
+        dp1.group.agree(0, "g2", "wait", 2.0, lambda: False)
+        dp1.group.drop()
+
+    t0 = time.monotonic()
+    threading.Thread(target=die).start()
+    with pytest.raises((RuntimeError, TimeoutError)):  # gloo's error, or the receive timeout
+        _step(*ranks[0], 2, seed=6)()
+    # bounded: gloo sees the closed socket at once, else the 2 s timeout (gloo's default is
+    # 30 min); 20 s leaves room for a loaded machine (10.8 s once under a load average of 13)
+    assert time.monotonic() - t0 < 20.0 and ranks[0][1].group.group == ""
+    # step 3: the two form a new group and average again
+    with ThreadPoolExecutor(2) as pool:
+        assert list(pool.map(lambda r: _step(*ranks[r], 3, seed=r)(), range(2))) == [[], []]
+    assert ranks[0][1].group.group not in ("", group)
+    for a, b in zip(_grads(ranks[0][0]), _grads(model1), strict=True):
+        assert torch.equal(a, b)
+
+
+def test_a_replica_alone_under_restart_drops_the_step() -> None:
+    store = _store()
+    ranks = _replicas(2, store)
+    with pytest.raises(StepRestart, match=r"^restart:"):
+        _step(*ranks[0], 0, seed=0, policy="restart")()
+
+
+def test_an_abandoned_step_leaves_an_all_reduce_stuck_on_a_frozen_member_at_once() -> None:
+    """A member that joined the group and froze: the step is abandoned (a move to a newer
+    epoch) long before the collective's own timeout, and leaving the group does not wait for
+    it either (gloo's group, destroyed, would wait for the timeout)."""
+    store = _store()
+    ranks = _replicas(2, store, timeout_s=20.0)
+    frozen = ranks[1][1]
+    threading.Thread(target=frozen.group.agree, args=(0, "g0", "skip", 5.0, lambda: False)).start()
+    threading.Timer(0.5, ranks[0][1].inbox.advance, args=(1,)).start()
+    t0 = time.monotonic()
+    with pytest.raises(Aborted):
+        _step(*ranks[0], 0, seed=0)()
+    assert time.monotonic() - t0 < 3.0 and ranks[0][1].group.group == ""
+    frozen.group.drop()
