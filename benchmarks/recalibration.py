@@ -12,7 +12,10 @@ recalibrate, all through the ``dmsc`` command:
    traces when its task ended), ``dmsc plan --calibrated`` (the same job on that fit), ``dmsc
    up`` with the new plan, ``dmsc train --steps N``, ``dmsc down``.
 
-The error is measured over predicted minus one (positive: slower than predicted). The fit's own
+The error is measured over predicted minus one (positive: slower than predicted). How far a step
+repeats within one run on this machine is reported beside it (``repeat_error``: the median step
+of the second half of the task's steps against the first's): no prediction can come closer to a
+run than the run comes to itself. The fit's own
 figures (the devices' speed from the stages' spans, the step factor beyond them, the links'
 factors) are reported beside them. Prints a table, or with --json one object; --out also writes
 the JSON (benchmarks/results/recalibration_cpu.json).
@@ -36,7 +39,18 @@ JOB = ("--model", "gpt-mini", "--global-batch", "16", "--micro-batch", "4")
 STRATEGY = ("--tp", "1", "--pp", "3", "--dp", "1", "--schedule", "1f1b")
 
 
-def _train(dmsc: Any, plan: Path, cluster: Path, steps: int) -> dict[str, Any]:
+def _halves(home: Path, task: int) -> tuple[float, float]:
+    """The median step of the first and of the second half of the task's steps, warm-up left
+    out as the task's median leaves it out: how far the step repeats within one run."""
+    from dmsc.data.db import Database
+
+    steps = [m.step_s for m in Database(f"sqlite:///{home / 'dmsc.sqlite'}").metrics(task)]
+    kept = steps[len(steps) // 5 :]
+    half = len(kept) // 2
+    return statistics.median(kept[:half]), statistics.median(kept[half:])
+
+
+def _train(dmsc: Any, home: Path, plan: Path, cluster: Path, steps: int) -> dict[str, Any]:
     """Deploy ``plan``, train ``steps`` steps, take it down: the task's reply and its run."""
     dmsc("up", "--plan", str(plan), "--cluster", str(cluster))
     try:
@@ -46,6 +60,7 @@ def _train(dmsc: Any, plan: Path, cluster: Path, steps: int) -> dict[str, Any]:
     finally:
         dmsc("down")
     measured, predicted = reply["median_step_s"], reply["predicted_step_s"]
+    first, second = _halves(home, reply["task"])
     return {
         "run": run,
         "task": reply["task"],
@@ -53,6 +68,8 @@ def _train(dmsc: Any, plan: Path, cluster: Path, steps: int) -> dict[str, Any]:
         "predicted_step_s": predicted,
         "error": measured / predicted - 1,
         "load_1min": load,
+        "halves_step_s": [first, second],
+        "repeat_error": second / first - 1,  # the second half against the first
     }
 
 
@@ -62,7 +79,7 @@ def one_run(steps: int) -> dict[str, Any]:
     dmsc("calibrate", "--out", str(calibrated))
     plan = home / "plan.json"
     dmsc("plan", "--cluster", str(calibrated), *JOB, *STRATEGY, "--out", str(plan))
-    before = _train(dmsc, plan, calibrated, steps)
+    before = _train(dmsc, home, plan, calibrated, steps)
     refit = home / "recalibrated.yaml"
     dmsc("calibrate", "--from-run", str(before["run"]), "--out", str(refit))
     plan2 = home / "plan-calibrated.json"
@@ -70,7 +87,7 @@ def one_run(steps: int) -> dict[str, Any]:
         dmsc("plan", "--cluster", str(calibrated), *JOB, *STRATEGY, "--calibrated", "--json",
              "--out", str(plan2))
     )  # fmt: skip
-    after = _train(dmsc, plan2, refit, steps)
+    after = _train(dmsc, home, plan2, refit, steps)
     fit = _fit_figures(home, before["run"])
     return {"before": before, "after": after, "fit": fit, "calibrated": planned["calibrated"]}
 
@@ -112,6 +129,9 @@ def main() -> None:
             phase: statistics.median(abs(r[phase]["error"]) for r in runs)
             for phase in ("before", "after")
         },
+        "median_abs_repeat_error": statistics.median(
+            abs(r[phase]["repeat_error"]) for r in runs for phase in ("before", "after")
+        ),
         "seconds": time.time() - started,
     }
     text = json.dumps(out, indent=1)
@@ -121,18 +141,20 @@ def main() -> None:
         print(text)
         return
     print(f"{'run':>3} {'before: predicted':>18} {'measured':>9} {'error':>7}   "
-          f"{'after: predicted':>17} {'measured':>9} {'error':>7}   step factor")  # fmt: skip
+          f"{'after: predicted':>17} {'measured':>9} {'error':>7}   "
+          "step factor   halves apart")  # fmt: skip
     for i, r in enumerate(runs, 1):
         b, a = r["before"], r["after"]
         print(
             f"{i:>3} {b['predicted_step_s'] * 1e3:>15.1f} ms {b['measured_step_s'] * 1e3:>6.1f} ms"
             f" {b['error']:>+7.1%}   {a['predicted_step_s'] * 1e3:>14.1f} ms "
             f"{a['measured_step_s'] * 1e3:>6.1f} ms {a['error']:>+7.1%}   "
-            f"{r['fit']['step_factor']:.3f}"
+            f"{r['fit']['step_factor']:.3f}   {b['repeat_error']:+.1%} / {a['repeat_error']:+.1%}"
         )
     print(
         f"within {GOAL:.0%}: before {out['within_goal']['before']} of {len(runs)} runs, after "
-        f"{out['within_goal']['after']} of {len(runs)}"
+        f"{out['within_goal']['after']} of {len(runs)}; a run's second half against its first: "
+        f"{out['median_abs_repeat_error']:.1%} apart (median)"
     )
 
 
