@@ -160,6 +160,7 @@ class _Plane:
         self.ends, self.queue = ends, queue
         self.handoff = Handoff(self.lock)  # the weights, taken by the lanes' consumers
         self.plan = type("P", (), {"job": type("J", (), {"dp": 1})()})()
+        self.cluster = None
 
     def train_params(self, req: object) -> TrainParams:
         return TrainParams(1, 8, 1, 0, "wait", 1.0)

@@ -72,6 +72,13 @@ def plan(
     out: Annotated[str | None, typer.Option(help="Write the plan (JSON) here.")] = None,
     gantt: Annotated[str | None, typer.Option(help="Draw one iteration to this PNG.")] = None,
     compare: Annotated[bool, typer.Option(help="Run every solver side by side.")] = False,
+    calibrated: Annotated[
+        bool,
+        typer.Option(
+            help="Plan on the cluster's newest recalibration (the fit of a run's step traces, "
+            "kept in the database) instead of the spec file's figures."
+        ),
+    ] = False,
     as_json: JsonOpt = False,
 ) -> None:
     """Split a model into stages, choose its parallelism and place it on the cluster."""
@@ -85,6 +92,12 @@ def plan(
     check_output(out, "--out")
     check_output(gantt, "--gantt", image=True)
     cluster_spec = load_cluster(cluster)
+    used = None
+    if calibrated:
+        from dmsc.cli.recalibrate import calibrated as recalibrated
+
+        cluster_spec, used = recalibrated(cluster_spec, cluster)
+        (err_console if as_json else console).print(used, highlight=False, soft_wrap=True)
     model_spec = build_model(model, {})
     model_spec = pin_checkpoint(model_spec)
     fixed = tp is not None and pp is not None and dp is not None
@@ -172,6 +185,8 @@ def plan(
         drawn = _draw_gantt(outcome, gantt)
     if as_json:
         out_obj = plan_json(the_plan)
+        if used is not None:
+            out_obj["calibrated"] = used
         if compare:
             out_obj["compare"] = rows
         typer.echo(json.dumps(out_obj))

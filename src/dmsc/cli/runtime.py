@@ -71,11 +71,23 @@ def calibrate(
         ),
     ] = None,
     quick: Annotated[bool, typer.Option(help="With --device: fewer sizes, fewer repeats.")] = False,
+    from_run: Annotated[
+        int | None,
+        typer.Option(
+            help="Write the cluster spec refitted to run RUN's step traces instead of measuring "
+            "(the control plane fits every training task when it ends)."
+        ),
+    ] = None,
 ) -> None:
     """Measure this machine (FLOP/s, memory, loopback) into a cluster spec."""
     from dmsc.cli.paths import check_output
 
     check_output(out, "--out")  # before measuring; a missing directory is never created
+    if from_run is not None:
+        from dmsc.cli.recalibrate import write_from_run
+
+        write_from_run(from_run, out, console)
+        return
     if device is None:
         do_calibrate(cluster, out, console)
         return

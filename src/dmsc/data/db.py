@@ -18,6 +18,7 @@ from sqlalchemy.engine import ExceptionContext
 from sqlalchemy.orm import Session, sessionmaker
 
 from dmsc.data import storage
+from dmsc.data.calibration_records import RecalibrationRecord
 from dmsc.data.records import (
     TASK_STATES,
     AlertRecord,
@@ -69,6 +70,7 @@ __all__ = [
     "IdentityRecord",
     "MetricRecord",
     "ModelVersionRecord",
+    "RecalibrationRecord",
     "ReplicaWeightsRecord",
     "RunRecord",
     "ScaleEventRecord",

@@ -31,6 +31,7 @@ class Plane:
 
     def __init__(self, db: Database, plan: Plan) -> None:
         self.db, self.plan, self.run = db, plan, db.new_run("gpt-mini", "local", {})
+        self.cluster = None  # no spec: its tasks are not recalibrated (the row says why)
         self.stopped, self.lock = threading.Event(), threading.Lock()
         self.handoff = Handoff(self.lock)
         self.log, self.weights_lost = logging.getLogger("test"), None

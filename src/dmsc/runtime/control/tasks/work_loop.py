@@ -31,11 +31,13 @@ from dmsc.runtime.compute.checkpoints import DiskFull
 from dmsc.runtime.control.launch.fallback import NoGoodCheckpoint
 from dmsc.runtime.control.tasks import lanes
 from dmsc.runtime.control.tasks.task_queue import Policy, TaskQueue
+from dmsc.runtime.control.training import recalibration
 from dmsc.runtime.control.training.params import TrainParams
 from dmsc.runtime.control.training.retention import QuotaExceeded
 from dmsc.runtime.control.training.session import TrainReport
 from dmsc.runtime.transport.messages import TrainRequest
 from dmsc.runtime.transport.rpc import parse
+from dmsc.spec import ClusterSpec
 
 RETRY_S = 2.0
 PERMANENT: tuple[type[BaseException], ...] = (NoGoodCheckpoint, DiskFull, QuotaExceeded)
@@ -68,6 +70,7 @@ class Plane(Protocol):
     m_tasks: Counter
     run: RunRecord
     plan: Plan
+    cluster: ClusterSpec | None  # the plan's cluster spec, when known (for recalibration)
 
     @property
     def inference(self) -> Versions: ...
@@ -198,7 +201,9 @@ def run_next(
         # a task whose weights are lost fails at once: a retry would meet the same
         state = record_end(queue, task.id, cp.stopped, cp.log, exc, retry=not cp.weights_lost)
         cp.log.warning("task failed: %s", exc, extra=extra)
-    else:
+    else:  # its traces refit the cluster spec (before its end is told: the fit is there then)
+        args = (queue.db, cp.run.id, task.id, cp.plan, cp.cluster, params, report, cp.log)
+        recalibration.after_task(*args)
         state = record_end(queue, task.id, cp.stopped, cp.log, cancelled=report.cancelled)
         cp.log.info(f"task {state}", extra=extra)
     if state is not None:

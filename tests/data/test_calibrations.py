@@ -1,0 +1,103 @@
+"""Recalibrations in the database: step traces laid out from the cost model's own figures (known
+device speed and link bandwidths) are measured and fitted back to those figures, and the fit is
+kept with its run and found again by cluster."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from dmsc.data.calibrations import (
+    fit_task,
+    fitted_spec,
+    newest_fit,
+    record_fit,
+    run_figures,
+    run_fits,
+)
+from dmsc.data.db import Database
+from dmsc.data.traces import add_step_traces
+from dmsc.planner.placement.from_specs import build_problem
+from dmsc.planner.placement.problem import boundary_us
+from dmsc.planner.plan import Plan
+from dmsc.planner.recalibrate import iteration_s, plan_placement, scaled
+from dmsc.planner.solve import plan_job
+from dmsc.spec import ClusterSpec, JobSpec, load_spec, resolve_model
+
+ROOT = Path(__file__).resolve().parents[2]
+MODEL = resolve_model("gpt-mini")
+
+
+def demo() -> tuple[Plan, ClusterSpec]:
+    cluster = load_spec(ClusterSpec, ROOT / "examples/clusters/local-cpu.yaml")
+    job = JobSpec(global_batch=16, micro_batch=4, pp=3, schedule="1f1b", overlap_dp_comm=False)
+    return plan_job(cluster, MODEL, job, fixed=True).plan, cluster
+
+
+def lay_out(
+    plan: Plan, true: ClusterSpec, step: int, slow: float = 1.0
+) -> dict[tuple[int, int], tuple[list[tuple[str, int, float, float]], dict[str, int]]]:
+    """One step's traces as workers on ``true`` report them (``slow``: every op that many times
+    longer): all forwards then all backwards, each op as soon as its input has arrived and its
+    stage is free; a forward a third of a stage's micro-batch, a backward the rest."""
+    built = build_problem(true, MODEL, plan.job)
+    place = plan_placement(built, plan)
+    p, m = built.problem, plan.job.microbatches
+    op_s = [(p.compute_us[s][d] or 0) * 1e-6 * slow for s, d in enumerate(place.dcs)]
+    hop = [t * 1e-6 for t in boundary_us(p, place.dcs, place.routes)]
+    n = len(op_s)
+    spans: list[list[tuple[str, int, float, float]]] = [[] for _ in range(n)]
+    free, t0 = [0.0] * n, 100.0 * step
+    fwd_end: dict[tuple[int, int], float] = {}
+    for mb in range(m):
+        for s in range(n):
+            start = max(free[s], fwd_end[(s - 1, mb)] + hop[s - 1] if s else t0)
+            fwd_end[(s, mb)] = free[s] = start + op_s[s] / 3
+            spans[s].append(("F", mb, start, free[s]))
+    bwd_end: dict[tuple[int, int], float] = {}
+    for mb in range(m):
+        for s in reversed(range(n)):
+            arrive = bwd_end[(s + 1, mb)] + hop[s] if s < n - 1 else free[s]
+            start = max(free[s], arrive)
+            bwd_end[(s, mb)] = free[s] = start + op_s[s] * 2 / 3
+            spans[s].append(("B", mb, start, free[s]))
+    out = {}
+    for s in range(n):
+        sent = {f"{s + 1}/0": int(p.boundary_bytes[s]) * m} if s < n - 1 else {}
+        out[(s, 0)] = (spans[s], sent)
+    return out
+
+
+def test_traces_laid_out_from_known_figures_are_fitted_back_to_them(tmp_path: Path) -> None:
+    plan, cluster = demo()
+    true = scaled(cluster, {"cpu": 0.5}, {"dc-0-dc-1": 0.2, "dc-1-dc-2": 0.4})
+    db = Database(f"sqlite:///{tmp_path / 'dmsc.sqlite'}")
+    run = db.new_run("gpt-mini", plan.cluster, {})
+    task = db.new_task(run.id, "train", {}).id
+    for step in range(5):  # the first is a warm-up, ten times slower: left out
+        traces = lay_out(plan, true, step, slow=10.0 if step == 0 else 1.0)
+        add_step_traces(db, task, step, traces, {})
+    step_s = iteration_s(plan, true, MODEL)
+    fit = fit_task(db, run.id, task, plan, cluster, step_s)
+    assert fit.steps == 4
+    assert fit.span_speed["cpu"] == pytest.approx(0.5, rel=1e-3)
+    assert fit.device_speed["cpu"] == pytest.approx(0.5, rel=2e-3)
+    assert fit.link_scale == pytest.approx({"dc-0-dc-1": 0.2, "dc-1-dc-2": 0.4}, rel=1e-2)
+    assert fit.predicted_after_s == pytest.approx(step_s, rel=1e-3)
+    figures = run_figures([], plan.job.microbatches, step_s)
+    assert figures.stage_s == {} and figures.boundaries == {}
+
+    kept = record_fit(db, run.id, task, plan.cluster, fit)
+    assert newest_fit(db, plan.cluster) is not None
+    assert newest_fit(db, plan.cluster).id == kept.id  # type: ignore[union-attr]
+    spec = ClusterSpec.model_validate(fitted_spec(kept))
+    assert spec.name == cluster.name  # the same cluster, refitted
+    assert spec.device_types["cpu"].peak_tflops["fp32"] == pytest.approx(
+        true.device_types["cpu"].peak_tflops["fp32"], rel=2e-3
+    )
+    # a task that could not be fitted keeps its reason, and is never the newest fit
+    record_fit(db, run.id, task, plan.cluster, "the task timed no step")
+    assert [r.reason for r in run_fits(db, run.id)] == ["the task timed no step", None]
+    assert newest_fit(db, plan.cluster).id == kept.id  # type: ignore[union-attr]
+    assert newest_fit(db, "another") is None
