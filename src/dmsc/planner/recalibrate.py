@@ -36,6 +36,7 @@ from typing import Any
 from dmsc.planner.placement.from_specs import BuiltProblem, build_problem
 from dmsc.planner.placement.problem import (
     Placement,
+    PlacementProblem,
     PlacementResult,
     Reservation,
     boundary_us,
@@ -120,7 +121,14 @@ class Fit:
 def plan_placement(built: BuiltProblem, plan: Plan) -> Placement:
     """The plan's placement in ``built`` (its job on a cluster with the plan's datacenters and
     links); CannotFit when the cluster does not have them."""
-    problem = built.problem
+    return placement_in(built.problem, plan)
+
+
+def placement_in(problem: PlacementProblem, plan: Plan) -> Placement:
+    """The plan's placement in ``problem`` (a problem of the plan's job on some cluster): its
+    stages' datacenters and its reserved paths as the problem's route options; CannotFit when a
+    datacenter or a path of the plan is not the problem's (the control loop's path module asks
+    the same of the cluster it re-plans on)."""
     index = {name: d for d, name in enumerate(problem.dc_names)}
     missing = sorted({st.datacenter for st in plan.stages} - set(index))
     if missing:

@@ -40,11 +40,11 @@ from dmsc.planner.placement.problem import (
     Placement,
     PlacementProblem,
     PlacementResult,
-    Reservation,
     boundary_us,
     evaluate,
 )
 from dmsc.planner.plan import Plan, placed_pipeline_s, stage_chunks
+from dmsc.planner.recalibrate import CannotFit, placement_in
 from dmsc.runtime.control.advisors.base import FaultInfo, Measurements, Proposal, ProposalKind
 from dmsc.spec import ClusterSpec, LayerListSpec, TransformerSpec, resolve_model
 
@@ -124,30 +124,11 @@ def measure_stages(traces: Sequence[StepTrace], microbatches: int) -> dict[int, 
 
 def current_placement(problem: PlacementProblem, plan: Plan) -> Placement | None:
     """The plan's placement in ``problem`` (a problem of the plan's job on some cluster); None
-    when one of its paths is not among the problem's path options."""
-    dc_index = {name: d for d, name in enumerate(problem.dc_names)}
-    link_names = [link.name for link in problem.links]
-    dcs = tuple(dc_index[st.datacenter] for st in plan.stages)
-    paths = {p.after_stage: p for p in plan.paths}
-    routes: list[Reservation | None] = []
-    for b in range(len(dcs) - 1):
-        if dcs[b] == dcs[b + 1]:
-            routes.append(None)
-            continue
-        record = paths.get(b)
-        options = problem.paths.get((dcs[b], dcs[b + 1]), ())
-        k = next(
-            (
-                k
-                for k, o in enumerate(options)
-                if record is not None and [link_names[i] for i in o.links] == record.links
-            ),
-            None,
-        )
-        if record is None or k is None:
-            return None
-        routes.append(Reservation(k, record.units, record.first_unit))
-    return Placement(dcs, tuple(routes))
+    when one of its datacenters or paths is not among the problem's."""
+    try:
+        return placement_in(problem, plan)
+    except CannotFit:
+        return None
 
 
 def _geomean(values: Sequence[float]) -> float:
