@@ -2,11 +2,13 @@
 mixture split over two gloo ranks computes what the whole mixture computes on each rank's
 tokens; moe-mini with ep = 2, each rank on half the batch, trains to the losses and gradients of
 the whole model on the whole batch; its state dict gathers to the ep = 1 one and shards back
-exactly; and the gradient-averaging groups match the cost model's layout."""
+exactly, the whole model then decoding what each rank decoded; and which replicas average
+which gradients, for a few (dp, ep)."""
 
 from __future__ import annotations
 
 import copy
+from collections import Counter
 from pathlib import Path
 from typing import Any
 
@@ -25,12 +27,13 @@ from dmsc.runtime.compute.expert_parallel import (
     parallelize_experts,
     shard_state_dict,
 )
+from dmsc.runtime.compute.models.attention import StageCache
 from dmsc.runtime.compute.models.chain import StageModule, build_stage, loss_fn
 from dmsc.runtime.compute.models.llama import MixtureOfExperts
 from dmsc.runtime.compute.outer_sync import make_optimizer
 from dmsc.spec import TransformerSpec, resolve_model
 
-STEPS, SEED, LR, EP = 5, 3, 3e-3, 2
+STEPS, SEED, LR, EP = 10, 3, 3e-3, 2
 # tokens per rank in each forward of the first mixture: uneven, and a rank with none
 SIZES = ((3, 0, 64), (40, 5, 0))
 
@@ -51,6 +54,20 @@ def _batches(spec: TransformerSpec) -> list[torch.Tensor]:
 
 def _held_out(spec: TransformerSpec) -> torch.Tensor:
     return torch.randint(0, spec.vocab, (4, 33), generator=torch.Generator().manual_seed(99))
+
+
+def _greedy(spec: TransformerSpec, module: StageModule, rank: int, new: int = 8) -> list[int]:
+    """Greedy decoding with the key/value cache, each rank its own prompt: a prompt, then one
+    token at a time (each step's few tokens exchanged between the ranks)."""
+    tokens = _held_out(spec)[rank : rank + 1, :12]
+    cache, out = StageCache(), []
+    with torch.no_grad():
+        logits = module(tokens, cache, 0)
+        for _ in range(new):
+            nxt = int(logits[0, -1].argmax())
+            out.append(nxt)
+            logits = module(torch.tensor([[nxt]]), cache, cache.length)
+    return out
 
 
 def _average(module: StageModule, rank: int) -> None:
@@ -108,29 +125,24 @@ def _rank(rank: int, port: int, out: str) -> None:
         with torch.no_grad():
             held = _held_out(spec)
             held_out = float(loss_fn(module(held[:, :-1]), held[:, 1:]))
+        greedy = _greedy(spec, module, rank)
         record = {"forward": forward, "initial": initial, "exchanges": exchanges}
         record |= {"losses": losses, "grads": grads, "local": local, "full": full}
-        torch.save(record | {"held_out": held_out}, f"{out}/rank{rank}.pt")
+        record |= {"held_out": held_out, "greedy": greedy}
+        torch.save(record, f"{out}/rank{rank}.pt")
     finally:
         dist.destroy_process_group()
 
 
-def _all_to_alls(spec: TransformerSpec, module: StageModule, rank: int) -> int:
-    """The all-to-alls of one forward and backward (its gradients then dropped)."""
-    calls, all_to_all = [], dist.all_to_all_single
-
-    def counted(*args: Any, **kwargs: Any) -> Any:
-        calls.append(1)
-        return all_to_all(*args, **kwargs)
-
+def _all_to_alls(spec: TransformerSpec, module: StageModule, rank: int) -> dict[str, int]:
+    """The all-to-alls of one forward and backward (its gradients then dropped): the tokens'
+    (differentiable) and all those gloo ran."""
     tokens = _batches(spec)[0][rank * 2 : (rank + 1) * 2]
-    dist.all_to_all_single = counted
-    try:
+    with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU]) as prof:
         loss_fn(module(tokens[:, :-1]), tokens[:, 1:]).backward()
-    finally:
-        dist.all_to_all_single = all_to_all
     module.zero_grad(set_to_none=True)
-    return len(calls)
+    names = Counter(e.name for e in prof.events())
+    return {"tokens": names["_c10d_functional::all_to_all_single"], "all": names["gloo:all_to_all"]}
 
 
 @pytest.fixture(scope="module")
@@ -184,7 +196,9 @@ def test_ep2_trains_to_the_losses_and_gradients_of_one_process(
     # cost model's four), and one exchange of the token counts
     mixtures = sum(isinstance(m, MixtureOfExperts) for m in whole.modules())
     assert mixtures == spec.layers == 2
-    assert ep2[0]["exchanges"] == ep2[1]["exchanges"] == 5 * mixtures
+    assert (
+        ep2[0]["exchanges"] == ep2[1]["exchanges"] == {"tokens": 4 * mixtures, "all": 5 * mixtures}
+    )
 
 
 @pytest.mark.integration
@@ -206,6 +220,9 @@ def test_an_ep2_state_dict_loads_into_ep1_and_back(ep2: list[dict[str, Any]]) ->
     with torch.no_grad():
         loss = float(loss_fn(one(held[:, :-1]), held[:, 1:]))
     assert loss == pytest.approx(ep2[0]["held_out"], abs=1e-5)
+    # and decodes each rank's prompt as that rank did
+    for rank, record in enumerate(ep2):
+        assert _greedy(spec, one, rank) == record["greedy"]
     # ep = 1 -> ep = 2: each rank's shard is exactly what it held, half the experts each
     for rank, record in enumerate(ep2):
         shard = shard_state_dict(one.state_dict(), spec.experts, rank, EP)

@@ -11,10 +11,12 @@ router and summed. The backward runs the same two exchanges in reverse: four all
 mixture and step, the ``ep`` term the cost model prices (``netmodel/iteration.py``). A third,
 small one tells each rank how many tokens it receives for each of its experts.
 
-The exchange is ``torch.distributed.nn.functional.all_to_all_single``, PyTorch's differentiable
-all-to-all (its backward is the reverse all-to-all); gloo runs it on CPU with uneven splits
-(tried with torch 2.13). Every rank of an expert-parallel group must call a mixture's forward
-together, with any number of tokens, none included.
+The exchange is PyTorch's differentiable all-to-all, its backward the reverse all-to-all:
+``torch.distributed._functional_collectives.all_to_all_single``, which torch 2.13 names as the
+replacement of the deprecated ``torch.distributed.nn.functional.all_to_all_single`` (that one
+warns on every call); gloo runs it on CPU with uneven splits (tried with torch 2.13). Every
+rank of an expert-parallel group must call a mixture's forward together, with any number of
+tokens, none included (a decoding step's one token too).
 
 Parameter names stay those of the whole model: a rank's experts keep their global numbers
 (``mlp.experts.2.gate.weight`` on rank 1 of ep = 2 with four experts), so a rank's state dict
@@ -36,7 +38,7 @@ from typing import Literal
 
 import torch
 import torch.distributed as dist
-import torch.distributed.nn.functional as dist_fn
+import torch.distributed._functional_collectives as funcol
 import torch.nn.functional as F
 from torch import nn
 
@@ -114,10 +116,10 @@ class ExpertParallelMoE(nn.Module):
         self, x: torch.Tensor, out_splits: list[int], in_splits: list[int]
     ) -> torch.Tensor:
         """Rows of ``x`` sent to the ranks in ``in_splits`` runs; what arrives, by source rank."""
-        out = x.new_empty((sum(out_splits), *x.shape[1:]))
-        return dist_fn.all_to_all_single(
-            out, x.contiguous(), out_splits, in_splits, group=self.group
-        )
+        group = dist.group.WORLD if self.group is None else self.group
+        assert group is not None
+        out = funcol.all_to_all_single(x.contiguous(), out_splits, in_splits, group)
+        return funcol.wait_tensor(out)
 
 
 def parallelize_experts(module: nn.Module, group: dist.ProcessGroup | None = None) -> nn.Module:
