@@ -1,1 +1,6 @@
-"""The computing-power layer: stage workers that run micro-models, and calibration."""
+"""The computing-power layer: stage workers that run micro-models, and calibration.
+
+Parallelism inside a stage: :mod:`.tensor_parallel` splits a replica's blocks over the ranks of
+a tensor-parallel group; :mod:`.expert_parallel` shares a mixture of experts' experts over an
+expert-parallel group of data-parallel replicas, tokens exchanged by all-to-all.
+"""

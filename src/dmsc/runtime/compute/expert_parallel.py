@@ -1,0 +1,209 @@
+"""Expert parallelism for a mixture of experts (GShard, Lepikhin et al. 2020; Mixtral's routing).
+
+The ``dp`` data-parallel replicas of a stage form groups of ``ep`` consecutive replicas (the cost
+model's layout, :class:`dmsc.netmodel.parallel.Layout`). Within a group each replica runs its own
+micro-batches, as in data parallelism, but holds only ``experts / ep`` of each mixture's experts:
+rank ``r`` keeps experts ``r * E / ep`` .. ``(r + 1) * E / ep - 1``; the router, the attention and
+everything else stay whole on every rank. A mixture routes its tokens locally, sends each token
+to the rank of each expert it chose (one all-to-all), runs the tokens it received through its
+own experts, and sends the results back (a second all-to-all), where they are weighted by the
+router and summed. The backward runs the same two exchanges in reverse: four all-to-alls per
+mixture and step, the ``ep`` term the cost model prices (``netmodel/iteration.py``). A third,
+small one tells each rank how many tokens it receives for each of its experts.
+
+The exchange is PyTorch's differentiable all-to-all, its backward the reverse all-to-all:
+``torch.distributed._functional_collectives.all_to_all_single``, which torch 2.13 names as the
+replacement of the deprecated ``torch.distributed.nn.functional.all_to_all_single`` (that one
+warns on every call); gloo runs it on CPU with uneven splits (tried with torch 2.13). Every
+rank of an expert-parallel group must call a mixture's forward together, with any number of
+tokens, none included (a decoding step's one token too).
+
+Parameter names stay those of the whole model: a rank's experts keep their global numbers
+(``mlp.experts.2.gate.weight`` on rank 1 of ep = 2 with four experts), so a rank's state dict
+is the whole one without the other ranks' experts. :func:`gather_state_dict` makes the ep = 1
+state dict of an expert-parallel stage and :func:`shard_state_dict` the reverse.
+
+Gradients (:func:`gradient_averaging`): a parameter held by every replica is averaged over all
+``dp`` of them, as without experts. An expert's gradient already sums what every rank of its
+expert-parallel group sent it, each rank's loss a mean over its own tokens; so it is summed
+over the ``dp / ep`` replicas that hold the same expert and divided by ``dp`` too, which gives
+the gradient of the mean loss over all the replicas' tokens (with equal batches per replica).
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+from typing import Literal
+
+import torch
+import torch.distributed as dist
+import torch.distributed._functional_collectives as funcol
+import torch.nn.functional as F
+from torch import nn
+
+from dmsc.netmodel.parallel import Group, Layout
+from dmsc.runtime.compute.models.llama import MixtureOfExperts
+
+_EXPERT = re.compile(r"(^|\.)experts\.(\d+)\.")
+
+
+def check_ep_divisible(experts: int, ep: int) -> None:
+    """A ValueError unless ``ep`` ranks can hold an equal share of ``experts``."""
+    if ep < 1 or experts % ep:
+        raise ValueError(f"ep={ep} does not divide the model's experts ({experts})")
+
+
+def expert_of(name: str) -> int | None:
+    """The global number of the expert a state-dict key belongs to; None: not an expert's."""
+    match = _EXPERT.search(name)
+    return None if match is None else int(match.group(2))
+
+
+def _renamed(name: str, expert: int) -> str:
+    """``name`` with its expert number replaced by ``expert``."""
+    match = _EXPERT.search(name)
+    assert match is not None
+    return f"{name[: match.start(2)]}{expert}{name[match.end(2) :]}"
+
+
+class ExpertParallelMoE(nn.Module):
+    """A :class:`MixtureOfExperts` with this rank's share of its experts, the others on the
+    other ranks of ``group``; it computes what the whole mixture computes on this rank's tokens."""
+
+    def __init__(self, full: MixtureOfExperts, group: dist.ProcessGroup | None = None) -> None:
+        super().__init__()
+        rank, ep = dist.get_rank(group), dist.get_world_size(group)
+        total = len(full.experts)
+        check_ep_divisible(total, ep)
+        self.group, self.ep, self.top_k = group, ep, full.top_k
+        self.local = total // ep
+        self.first = rank * self.local
+        self.router = full.router
+        self.experts = nn.ModuleDict(
+            {str(e): full.experts[e] for e in range(self.first, self.first + self.local)}
+        )
+
+    def forward(self, x_BTH: torch.Tensor) -> torch.Tensor:
+        flat = x_BTH.reshape(-1, x_BTH.shape[-1])
+        probs = F.softmax(self.router(flat), dim=-1, dtype=torch.float32)
+        weight, chosen = probs.topk(self.top_k, dim=-1)
+        weight = (weight / weight.sum(dim=-1, keepdim=True)).to(flat.dtype)
+        # every (token, choice) pair, ordered by expert (and so by rank), token order within
+        expert = chosen.reshape(-1)
+        order = torch.argsort(expert, stable=True)
+        rows = order // self.top_k
+        sent = self.local * self.ep
+        counts = torch.bincount(expert, minlength=sent)
+        received = torch.empty_like(counts)
+        # what each rank sends this one, for each of its experts: [source rank, local expert]
+        dist.all_to_all_single(received, counts, group=self.group)
+        send_splits = counts.view(self.ep, self.local).sum(dim=1).tolist()
+        recv_splits = received.view(self.ep, self.local).sum(dim=1).tolist()
+        tokens = self._exchange(flat[rows], recv_splits, send_splits)
+        local_ids = torch.arange(self.local).repeat(self.ep)
+        of_expert = torch.repeat_interleave(local_ids, received)
+        done = torch.zeros_like(tokens)
+        for j, module in enumerate(self.experts.values()):
+            (at,) = (of_expert == j).nonzero(as_tuple=True)
+            if at.numel():
+                done = done.index_copy(0, at, module(tokens[at]))
+        back = self._exchange(done, send_splits, recv_splits)
+        picked = weight.reshape(-1)[order, None]
+        return torch.zeros_like(flat).index_add(0, rows, back * picked).view_as(x_BTH)
+
+    def _exchange(
+        self, x: torch.Tensor, out_splits: list[int], in_splits: list[int]
+    ) -> torch.Tensor:
+        """Rows of ``x`` sent to the ranks in ``in_splits`` runs; what arrives, by source rank."""
+        group = dist.group.WORLD if self.group is None else self.group
+        assert group is not None
+        out = funcol.all_to_all_single(x.contiguous(), out_splits, in_splits, group)
+        return funcol.wait_tensor(out)
+
+
+def parallelize_experts(module: nn.Module, group: dist.ProcessGroup | None = None) -> nn.Module:
+    """Replace every :class:`MixtureOfExperts` in ``module`` (built whole, from the seed or an
+    ep = 1 checkpoint) in place by this rank's :class:`ExpertParallelMoE` over ``group``."""
+    for parent in list(module.modules()):
+        for name, child in list(parent.named_children()):
+            if isinstance(child, MixtureOfExperts):
+                setattr(parent, name, ExpertParallelMoE(child, group))
+    return module
+
+
+def shard_state_dict(
+    full: dict[str, torch.Tensor], experts: int, rank: int, ep: int
+) -> dict[str, torch.Tensor]:
+    """Rank ``rank``'s of ``ep`` state dict of an ep = 1 one whose mixtures have ``experts``
+    experts: everything but the other ranks' experts."""
+    check_ep_divisible(experts, ep)
+    local = experts // ep
+    keep = range(rank * local, (rank + 1) * local)
+    return {k: t for k, t in full.items() if (e := expert_of(k)) is None or e in keep}
+
+
+def gather_state_dict(
+    module: nn.Module, group: dist.ProcessGroup | None = None
+) -> dict[str, torch.Tensor]:
+    """The ep = 1 state dict of an expert-parallel stage, on every rank of its ``group`` (each
+    expert's tensors all-gathered from the rank holding it; a collective: every rank calls it)."""
+    rank, ep = dist.get_rank(group), dist.get_world_size(group)
+    sizes = {m.local for m in module.modules() if isinstance(m, ExpertParallelMoE)}
+    if len(sizes) > 1:
+        raise ValueError(f"the mixtures hold different numbers of experts per rank: {sizes}")
+    local = sizes.pop() if sizes else 0
+    out = {}
+    for name, tensor in module.state_dict().items():
+        expert = expert_of(name)
+        if expert is None:
+            out[name] = tensor.detach().clone()
+            continue
+        slot = expert - rank * local
+        parts = [torch.empty_like(tensor) for _ in range(ep)]
+        dist.all_gather(parts, tensor.detach().contiguous(), group=group)
+        for source, part in enumerate(parts):
+            out[_renamed(name, source * local + slot)] = part
+    return out
+
+
+@dataclass(frozen=True)
+class Averaging:
+    """How one kind of gradient is averaged over the data-parallel replicas: summed within
+    each of ``groups`` (of data-parallel ranks), then divided by ``divisor``."""
+
+    groups: tuple[Group, ...]
+    divisor: int
+
+    def group_of(self, dp_rank: int) -> Group:
+        """The group data-parallel rank ``dp_rank`` sums this kind of gradient with."""
+        return next(g for g in self.groups if dp_rank in g)
+
+
+Kind = Literal["dense", "expert"]
+
+
+def gradient_averaging(dp: int, ep: int) -> dict[Kind, Averaging]:
+    """How the gradients of ``dp`` replicas in expert-parallel groups of ``ep`` are averaged:
+    ``dense`` (held by every replica) over all of them, ``expert`` over the replicas holding the
+    same experts (one from each expert-parallel group), both divided by ``dp``."""
+    if ep < 1 or dp < 1 or dp % ep:
+        raise ValueError(f"ep={ep} must divide dp={dp}")
+    layout = Layout(tp=1, pp=1, dp=dp, ep=ep, first_device=0)
+    return {
+        "dense": Averaging(tuple(layout.dp_groups(0)), dp),
+        "expert": Averaging(tuple(layout.expert_dp_groups(0)), dp),
+    }
+
+
+def expert_parallel_groups(dp: int, ep: int) -> list[Group]:
+    """The data-parallel ranks exchanging tokens: runs of ``ep`` consecutive replicas; a
+    replica's rank in its group (its share of the experts) is its data-parallel rank mod ep."""
+    if ep < 1 or dp < 1 or dp % ep:
+        raise ValueError(f"ep={ep} must divide dp={dp}")
+    return Layout(tp=1, pp=1, dp=dp, ep=ep, first_device=0).ep_groups(0)
+
+
+def kind_of(name: str) -> Kind:
+    """Whether the parameter ``name`` (a state-dict key) is an expert's or held by every rank."""
+    return "dense" if expert_of(name) is None else "expert"
