@@ -53,3 +53,19 @@ def test_no_module_is_long_without_a_reason() -> None:
     assert not unexplained, (
         f"over {MAX_LINES} lines without '{EXCUSE} ...' in the module docstring: {unexplained}"
     )
+
+
+def test_every_control_package_docstring_names_each_of_its_modules() -> None:
+    """``runtime/control/`` and each of its sub-packages say in their docstring what every module
+    (and sub-package) in them is: one that is added without a word there fails here."""
+    root = Path(__file__).resolve().parents[1] / "src" / "dmsc" / "runtime" / "control"
+    unnamed = {}
+    for init in [root / "__init__.py", *sorted(root.glob("*/__init__.py"))]:
+        doc = ast.get_docstring(ast.parse(init.read_text())) or ""
+        here = init.parent
+        names = [p.stem for p in here.glob("*.py") if p.stem != "__init__"]
+        names += [p.name for p in here.iterdir() if (p / "__init__.py").exists()]
+        missing = sorted(n for n in names if f":mod:`.{n}`" not in doc)
+        if missing:
+            unnamed[str(here.relative_to(root.parent))] = missing
+    assert not unnamed, unnamed
