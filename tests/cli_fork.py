@@ -98,6 +98,22 @@ def run(
     )
 
 
+def _close_databases() -> None:
+    """What the interpreter's shutdown does to the SQLAlchemy engines a command left open: their
+    connections closed, so that SQLite ends its write-ahead log as it does after a fresh
+    process (a process that leaves without closing them leaves that log for the next one)."""
+    import gc
+
+    from sqlalchemy.engine import Engine
+
+    # type(), not isinstance(): isinstance reads __class__, which some of torch's deprecated
+    # objects answer with a warning on standard error
+    for obj in gc.get_objects():
+        if issubclass(type(obj), Engine):
+            with contextlib.suppress(Exception):
+                obj.dispose()
+
+
 def child(
     main: str, args: list[str], env: dict[str, str], cwd: str, out: Connection, err: Connection
 ) -> None:
@@ -127,6 +143,7 @@ def child(
         code = 1
     with contextlib.suppress(Exception):
         atexit._run_exitfuncs()
+    _close_databases()
     sys.stdout.flush()
     sys.stderr.flush()
     os._exit(code)

@@ -46,6 +46,15 @@ MARKED_BY_PATH: dict[str, tuple[str, ...]] = {
     "runtime/control/launch/test_launchers.py": ("integration",),
 }
 
+# The tests that take longest (a minute or more of a CI run on 2 cores: the durations pytest prints)
+LONG_FIRST = (
+    "tests/integration/test_readme_examples.py::test_live_examples",
+    "tests/integration/test_ray_private.py",
+    "tests/integration/test_ray.py",
+    "tests/cli/test_cli.py::test_demo_runs",
+    "tests/chaos/test_control_plane_faults.py",
+)
+
 DmscRunner = Callable[..., "subprocess.CompletedProcess[str]"]
 
 if cli_fork.wanted():  # the server this process forks from imports the CLI when it starts
@@ -134,6 +143,13 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
         needs_postgres = "postgresql" in item.name or item.get_closest_marker("postgresql")
         if needs_postgres and not os.environ.get(POSTGRES_ENV):
             item.add_marker(pytest.mark.skip(reason=NO_POSTGRES))
+
+    # The longest first, so that under -n 2 the other process runs the rest beside them instead
+    # of one of them running alone at the end (the same order in every process, as xdist needs).
+    def rank(item: pytest.Item) -> int:
+        return next((i for i, p in enumerate(LONG_FIRST) if item.nodeid.startswith(p)), 99)
+
+    items.sort(key=rank)
 
 
 @pytest.fixture(scope="session")
