@@ -117,15 +117,8 @@ class Authority:
         """A new authority (in memory)."""
         key = ec.generate_private_key(ec.SECP256R1())
         subject = x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, name)])
-        now = _now()
         cert = (
-            x509.CertificateBuilder()
-            .subject_name(subject)
-            .issuer_name(subject)
-            .public_key(key.public_key())
-            .serial_number(x509.random_serial_number())
-            .not_valid_before(now - _SKEW)
-            .not_valid_after(now + CA_LIFETIME)
+            _builder(subject, subject, key, CA_LIFETIME)
             .add_extension(x509.BasicConstraints(ca=True, path_length=0), critical=True)
             .add_extension(_CA_USAGE, critical=True)
             .sign(key, hashes.SHA256())
@@ -135,15 +128,9 @@ class Authority:
     def issue(self, name: str, lifetime: dt.timedelta = LEAF_LIFETIME) -> Leaf:
         """A leaf for ``name`` (its common name), good as server and as client."""
         key = ec.generate_private_key(ec.SECP256R1())
-        now = _now()
+        subject = x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, name)])
         cert = (
-            x509.CertificateBuilder()
-            .subject_name(x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, name)]))
-            .issuer_name(self.cert.subject)
-            .public_key(key.public_key())
-            .serial_number(x509.random_serial_number())
-            .not_valid_before(now - _SKEW)
-            .not_valid_after(now + lifetime)
+            _builder(subject, self.cert.subject, key, lifetime)
             .add_extension(x509.BasicConstraints(ca=False, path_length=None), critical=True)
             .add_extension(x509.SubjectAlternativeName([x509.DNSName(SERVICE_NAME)]), False)
             .add_extension(
@@ -155,6 +142,25 @@ class Authority:
             .sign(self.key, hashes.SHA256())
         )
         return Leaf(self.pem, cert.public_bytes(serialization.Encoding.PEM), _key_pem(key))
+
+
+def _builder(
+    subject: x509.Name,
+    issuer: x509.Name,
+    key: ec.EllipticCurvePrivateKey,
+    lifetime: dt.timedelta,
+) -> x509.CertificateBuilder:
+    """A certificate for ``key``'s public half, good from a little before now for ``lifetime``."""
+    now = _now()
+    return (
+        x509.CertificateBuilder()
+        .subject_name(subject)
+        .issuer_name(issuer)
+        .public_key(key.public_key())
+        .serial_number(x509.random_serial_number())
+        .not_valid_before(now - _SKEW)
+        .not_valid_after(now + lifetime)
+    )
 
 
 def worker_name(sid: str, epoch: int) -> str:
@@ -172,15 +178,8 @@ def self_signed(hosts: list[str], lifetime: dt.timedelta = GATEWAY_LIFETIME) -> 
         except ValueError:
             names.append(x509.DNSName(h))
     subject = x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, hosts[0])])
-    now = _now()
     cert = (
-        x509.CertificateBuilder()
-        .subject_name(subject)
-        .issuer_name(subject)
-        .public_key(key.public_key())
-        .serial_number(x509.random_serial_number())
-        .not_valid_before(now - _SKEW)
-        .not_valid_after(now + lifetime)
+        _builder(subject, subject, key, lifetime)
         .add_extension(x509.SubjectAlternativeName(names), critical=False)
         .add_extension(x509.BasicConstraints(ca=False, path_length=None), critical=True)
         .add_extension(x509.ExtendedKeyUsage([ExtendedKeyUsageOID.SERVER_AUTH]), critical=False)
