@@ -17,8 +17,8 @@ from runtime_helpers import dmsc, make_plan, one_box, up_with_gateway
 from dmsc.data.db import Database
 from dmsc.runtime.transport.authority import Authority, worker_name
 from dmsc.runtime.transport.messages import CONTROL_SERVICE
+from dmsc.runtime.transport.processes import alive
 from dmsc.runtime.transport.rpc import Client
-from dmsc.testing.chaos import alive
 
 TIMEOUT = "3"  # seconds without a heartbeat before a worker is declared failed
 TRAIN_STEPS = 60  # the kill lands after step 5; 60 steps outlast detection and recovery

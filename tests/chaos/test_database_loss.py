@@ -20,7 +20,7 @@ from runtime_helpers import ROOT, dmsc, make_plan
 
 from dmsc.runtime.control.db_watch import SHADOW_S
 from dmsc.runtime.transport.messages import ControlSettings
-from dmsc.testing.chaos import alive
+from dmsc.runtime.transport.processes import alive
 
 
 def _start_control_plane(home: Path, plan: Path) -> subprocess.Popen[str]:

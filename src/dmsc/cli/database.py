@@ -28,6 +28,7 @@ def running_database() -> tuple[int, str | None] | None:
     """The pid of the control plane running on this home and the database it uses (``None``
     when its ``control.json`` does not say), or ``None`` when none runs."""
     from dmsc.data.db import control_file
+    from dmsc.runtime.transport import processes
 
     path = control_file()
     try:
@@ -35,12 +36,8 @@ def running_database() -> tuple[int, str | None] | None:
         pid = int(info["pid"])
     except (OSError, ValueError, KeyError, TypeError):
         return None
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
+    if not processes.alive(pid):
         return None
-    except PermissionError:  # alive, another user's
-        pass
     database = info.get("database")
     return pid, str(database) if database else None
 

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import json
-import os
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -54,6 +53,7 @@ def control_settings(
     from dmsc.planner.plan import Plan
     from dmsc.runtime.business.router import POLICIES
     from dmsc.runtime.control.launch.ray_checks import address_problem
+    from dmsc.runtime.transport import processes
     from dmsc.runtime.transport.messages import ControlSettings
     from dmsc.spec.errors import spec_error_from_validation
 
@@ -70,12 +70,9 @@ def control_settings(
         )
     if control_file().exists():
         pid = json.loads(control_file().read_text()).get("pid", 0)
-        try:
-            os.kill(int(pid), 0)
-        except (OSError, ValueError):  # it died without cleaning up: a stale file
-            control_file().unlink()
-        else:
+        if isinstance(pid, int) and processes.alive(pid):
             raise SpecError("control plane", "", "already running (`dmsc down` first)")
+        control_file().unlink()  # it died without cleaning up: a stale file
     if ray_address is not None and (why := address_problem(ray_address)):
         raise SpecError("command line", "--ray-address", why)
     if not failure_timeout_s > 0:

@@ -7,7 +7,6 @@ processes; ``dmsc chaos`` sends the same signals to the workers of a running con
 
 from __future__ import annotations
 
-import os
 import random
 import signal
 import threading
@@ -60,20 +59,6 @@ def inject(process: Process, fault: Fault) -> float:
     another machine); returns when (unix time)."""
     process.send_signal(SIGNALS[fault])
     return time.time()
-
-
-def alive(pid: int) -> bool:
-    """Whether process ``pid`` runs (a zombie does not)."""
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    # A zombie (exited, not yet reaped) is not alive either.
-    try:
-        with open(f"/proc/{pid}/stat") as f:
-            return f.read().split(") ", 1)[1][0] != "Z"
-    except OSError:
-        return False
 
 
 def train_under_fault(

@@ -33,7 +33,7 @@ import grpc
 from dmsc.runtime.compute import sealing
 from dmsc.runtime.compute.config import WorkerConfig
 from dmsc.runtime.compute.server import StageWorker
-from dmsc.runtime.transport import tls
+from dmsc.runtime.transport import processes, tls
 from dmsc.runtime.transport.logs import file_logger
 from dmsc.runtime.transport.messages import STAGE_SERVICE, Deregister, Heartbeat
 from dmsc.runtime.transport.observe import json_logger, metrics_server
@@ -54,17 +54,7 @@ def owner_gone(owner: int) -> bool:
     process belongs to init.) A zombie counts as gone: its parent may not have reaped it yet."""
     if owner <= 0:
         return os.getppid() == 1
-    try:
-        os.kill(owner, 0)
-    except ProcessLookupError:
-        return True
-    except PermissionError:  # alive, and another user's
-        return False
-    try:
-        state = Path(f"/proc/{owner}/stat").read_text().rsplit(")", 1)[1].split()[0]
-    except (OSError, IndexError):
-        return False
-    return state in ("Z", "X")
+    return not processes.alive(owner)
 
 
 def main(argv: list[str] | None = None) -> None:

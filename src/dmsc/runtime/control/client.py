@@ -10,11 +10,11 @@ naming the field; a refused request raises ``grpc.RpcError`` with the server's r
 from __future__ import annotations
 
 import json
-import os
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+from dmsc.runtime.transport import processes
 from dmsc.runtime.transport.authority import Leaf
 from dmsc.runtime.transport.messages import (
     CONTROL_SERVICE,
@@ -108,17 +108,13 @@ class ControlClient:
         except (ValueError, KeyError, TypeError):
             why = "unreadable; remove it if no control plane runs"
             raise SpecError(str(path), "", why) from None
-        try:
-            os.kill(pid, 0)
-        except ProcessLookupError:  # killed without cleaning up: its run resumes at the next up
+        if not processes.alive(pid):  # killed without cleaning up: its run resumes at the next up
             raise SpecError(
                 "control plane",
                 "",
                 f"not running (pid {pid} is gone without a clean stop; "
                 "`dmsc up --plan FILE` with the same plan resumes its run)",
-            ) from None
-        except PermissionError:  # alive, another user's
-            pass
+            )
         leaf = Leaf.from_wire(info["tls"]) if isinstance(info.get("tls"), dict) else None
         return cls(address, token=info.get("token"), leaf=leaf)
 
