@@ -24,8 +24,11 @@ import subprocess
 import sys
 import threading
 import traceback
+from collections.abc import Callable
 from multiprocessing.connection import Connection, wait
 from pathlib import Path
+
+import cli_daemon
 
 import dmsc
 from dmsc.runtime.control.launch import forked
@@ -40,6 +43,9 @@ PRELOAD = [
     "dmsc.runtime.control.client",
     "dmsc.runtime.control.advisors",
     "dmsc.runtime.control.replanning",
+    # what `dmsc up`'s control plane imports, for the standby it forks (tests/cli_daemon.py)
+    "dmsc.runtime.control.daemon",
+    "dmsc.runtime.control.plane",
     "cli_fork",
 ]
 
@@ -114,22 +120,15 @@ def _close_databases() -> None:
                 obj.dispose()
 
 
-def child(
-    main: str, args: list[str], env: dict[str, str], cwd: str, out: Connection, err: Connection
-) -> None:
-    """In the forked process: the call's directory, environment and pipes, then ``python -m
-    dmsc``'s ``__main__``; the exit status as the interpreter would give it."""
-    os.dup2(out.fileno(), 1)
-    os.dup2(err.fileno(), 2)
-    out.close()
-    err.close()
-    sys.argv = [main, *args]
+def exit_as_the_interpreter(run: Callable[[], object], argv: list[str]) -> int:
+    """Run ``run`` as ``python`` runs a program (``sys.argv`` is ``argv``), then leave as the
+    interpreter's shutdown does: the exit status (``SystemExit``'s code; 1 and the traceback on
+    standard error for an uncaught exception), the exit functions run, the databases closed and
+    the output flushed. The caller ends the process with the status returned."""
+    sys.argv = list(argv)
     code: int = 0
     try:
-        os.chdir(cwd)
-        os.environ.clear()
-        os.environ.update(env)
-        runpy.run_module("dmsc", run_name="__main__", alter_sys=True)
+        run()
     except SystemExit as exc:
         if exc.code is None:
             code = 0
@@ -144,6 +143,35 @@ def child(
     with contextlib.suppress(Exception):
         atexit._run_exitfuncs()
     _close_databases()
-    sys.stdout.flush()
-    sys.stderr.flush()
+    with contextlib.suppress(Exception):
+        sys.stdout.flush()
+    with contextlib.suppress(Exception):
+        sys.stderr.flush()
+    return code
+
+
+def child(
+    main: str, args: list[str], env: dict[str, str], cwd: str, out: Connection, err: Connection
+) -> None:
+    """In the forked process: the call's directory, environment and pipes, then ``python -m
+    dmsc``'s ``__main__``; the exit status as the interpreter would give it. A call that may
+    start a control plane (``up``, ``demo``) forks its standby first (:mod:`cli_daemon`)."""
+    os.dup2(out.fileno(), 1)
+    os.dup2(err.fileno(), 2)
+    out.close()
+    err.close()
+    standby = None
+    if args and args[0] in ("up", "demo") and env.get("DMSC_TEST_DAEMON") != "exec":
+        standby = cli_daemon.Standby()
+        cli_daemon.take_over(standby)
+
+    def run() -> None:
+        os.chdir(cwd)
+        os.environ.clear()
+        os.environ.update(env)
+        runpy.run_module("dmsc", run_name="__main__", alter_sys=True)
+
+    code = exit_as_the_interpreter(run, [main, *args])
+    if standby is not None:
+        standby.release()
     os._exit(code)

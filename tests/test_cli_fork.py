@@ -1,9 +1,12 @@
 """The tests' forked ``dmsc`` calls (:mod:`cli_fork`) give what a fresh ``python -m dmsc`` gives:
 the same standard output, standard error and exit status, for a help page, a table, a refused
-spec (exit 2), a command that needs the data directory, and an uncaught exception."""
+spec (exit 2), a command that needs the data directory, and an uncaught exception; and the
+control plane a forked ``dmsc up`` starts from its standby (:mod:`cli_daemon`) is started as
+``Popen`` starts it."""
 
 from __future__ import annotations
 
+import json
 import os
 import subprocess
 import sys
@@ -66,3 +69,43 @@ def test_a_call_past_its_time_limit_is_killed(tmp_path: Path) -> None:
     env = {**os.environ, "DMSC_HOME": str(tmp_path)}
     with pytest.raises(subprocess.TimeoutExpired):
         cli_fork.run(["calibrate", "--out", str(tmp_path / "c.yaml")], env, str(ROOT), 0.5)
+
+
+def _children(pid: int) -> list[int]:
+    return [int(k) for k in Path(f"/proc/{pid}/task/{pid}/children").read_text().split()]
+
+
+def test_up_starts_its_control_plane_as_a_started_process(tmp_path: Path) -> None:
+    """The control plane a forked ``dmsc up`` starts from its standby (tests/cli_daemon.py) is
+    a process as ``Popen`` would have started it: a session of its own, the call's environment
+    and directory, standard output on the pipe ``up`` read READY from, standard error on the
+    control log; its workers' fork server is its own child; nothing of the call kept open."""
+    from runtime_helpers import make_plan
+
+    from dmsc.runtime.transport.processes import alive
+
+    plan = make_plan(tmp_path)
+    env = {**os.environ, "DMSC_HOME": str(tmp_path)}  # read from the call's environment
+    up = cli_fork.run(["up", "--plan", str(plan)], env, str(ROOT), timeout=120)
+    assert up.returncode == 0, up.stderr
+    pid = int(json.loads((tmp_path / "control.json").read_text())["pid"])
+    try:
+        assert f"(pid {pid})" in up.stdout
+        assert os.getsid(pid) == pid and pid != os.getpid()
+        assert Path(f"/proc/{pid}/cwd").resolve() == ROOT.resolve()
+        fds = {int(fd.name): os.readlink(fd) for fd in Path(f"/proc/{pid}/fd").iterdir()}
+        assert fds[1].startswith("pipe:") and fds[2] == str(tmp_path / "logs" / "control.stderr")
+        server = [
+            k for k in _children(pid) if b"forkserver" in Path(f"/proc/{k}/cmdline").read_bytes()
+        ]
+        assert len(server) == 1, _children(pid)
+        workers = [
+            s["pid"]
+            for s in json.loads(cli_fork.run(["status", "--json"], env, str(ROOT), 60).stdout)[
+                "services"
+            ]
+        ]
+        assert len(workers) == 2 and all(w in _children(server[0]) for w in workers)
+    finally:
+        assert cli_fork.run(["down"], env, str(ROOT), timeout=60).returncode == 0
+    assert not alive(pid)
