@@ -34,15 +34,20 @@ import contextlib
 import threading
 import time
 from collections.abc import Callable, Sequence
+from typing import TYPE_CHECKING
 
 import torch
 
 from dmsc.runtime.compute.config import WorkerConfig
 from dmsc.runtime.compute.dp_collective import DataParallel, StepRestart
+from dmsc.runtime.compute.expert_parallel import kind_of
 from dmsc.runtime.compute.inbox import Inbox
 from dmsc.runtime.compute.peers import Peers
 from dmsc.runtime.transport.messages import DEFAULT_GRAD_WAIT_S, LatePolicy, RunStep
 from dmsc.runtime.transport.wire import ROUND_SLOTS, Kind, encode
+
+if TYPE_CHECKING:  # ep_worker imports outer_sync, which imports this module
+    from dmsc.runtime.compute.ep_worker import ExpertRanks
 
 Combine = Callable[[dict[int, torch.Tensor]], torch.Tensor]
 __all__ = ["GradientSync", "LinkShaper", "StepRestart", "assign_grads", "flatten_grads"]
@@ -100,6 +105,7 @@ class GradientSync:
         peers: Peers,
         inbox: Inbox,
         tied: torch.nn.Parameter | None = None,
+        experts: ExpertRanks | None = None,
     ) -> None:
         self.cfg = cfg
         self.module = module
@@ -109,8 +115,9 @@ class GradientSync:
         self.link = LinkShaper(cfg.dp_link_mbps)
         self.round_policy: tuple[LatePolicy, float] = ("wait", DEFAULT_GRAD_WAIT_S)
         self.collective: DataParallel | None = None
+        self.experts = experts  # ep > 1: the experts' gradients are averaged apart
         if cfg.replicas > 1 and cfg.tp_store and not cfg.dp_star:
-            params = list(module.parameters())
+            params = [p for n, p in module.named_parameters() if kind_of(n) == "dense"]
             self.collective = DataParallel(cfg, params, tied, peers, inbox, self.link)
 
     def prepare(self, m: RunStep, plain: bool) -> None:
@@ -133,7 +140,12 @@ class GradientSync:
         :meth:`prepare`, else through replica 0 (the leader). Returns the replicas whose
         gradient was left out (policy ``skip``)."""
         if self.collective is not None and self.collective.armed:
-            return self.collective.finish()
+            late = self.collective.finish()
+            if self.experts is not None:
+                self.experts.average_expert_grads(self.module)
+            return late
+        if self.experts is not None:
+            raise ValueError(f"ep={self.cfg.ep}: the experts' gradients average by collective")
         params = list(self.module.parameters())
         flat = flatten_grads(params).cpu()  # averaged on the host, where the frames are
         late: list[int] = []
