@@ -80,7 +80,7 @@ def task_problem(
     if late_policy != "wait":
         return (
             f"late_policy: at ep = {ep} every replica of an expert-parallel group takes part in "
-            f"each step's token exchange, so none can be {late_policy}ped: use wait"
+            f"each step's token exchange, so none can be left out ({late_policy}): use wait"
         )
     return None
 
@@ -200,7 +200,7 @@ def write_gathered(
                     opt.state[into[global_name]] = {s: v[source] for s, v in moments.items()}
     if cfg.replica != 0:
         return []
-    return write_checkpoint(path, spec, whole, opt, steps)  # type: ignore[arg-type]
+    return write_checkpoint(path, spec, whole, opt, steps)
 
 
 def _renamed(name: str, old: int, new: int) -> str:

@@ -4,7 +4,8 @@ Plain averaging runs as a torch.distributed all-reduce among the replicas, bucke
 overlapped with the backward, its group re-formed per step around a quorum
 (:mod:`.dp_collective`, :mod:`.quorum`). :class:`GradientSync` picks it where the deployment
 hosts a rendezvous store (``tp_store``) and the config does not ask for the star
-(``dp_star``: ``benchmarks/parallel_modes.py`` runs both side by side).
+(``dp_star``: ``benchmarks/parallel_modes.py`` runs both side by side). At ep > 1 the collective
+takes the shared (non-expert) gradients only; the experts' are :mod:`.ep_worker`'s.
 
 The star stays for what needs one party to see every update (the sync modes' secure
 aggregation, robust aggregators and central privacy, :mod:`.outer_sync`) and for a worker without
@@ -34,7 +35,7 @@ import contextlib
 import threading
 import time
 from collections.abc import Callable, Sequence
-from typing import TYPE_CHECKING
+from typing import Protocol
 
 import torch
 
@@ -46,8 +47,13 @@ from dmsc.runtime.compute.peers import Peers
 from dmsc.runtime.transport.messages import DEFAULT_GRAD_WAIT_S, LatePolicy, RunStep
 from dmsc.runtime.transport.wire import ROUND_SLOTS, Kind, encode
 
-if TYPE_CHECKING:  # ep_worker imports outer_sync, which imports this module
-    from dmsc.runtime.compute.ep_worker import ExpertRanks
+
+class ExpertGrads(Protocol):
+    """What averages the experts' gradients at ep > 1 (:class:`.ep_worker.ExpertRanks`, which
+    imports this module through :mod:`.outer_sync`)."""
+
+    def average_expert_grads(self, module: torch.nn.Module) -> None: ...
+
 
 Combine = Callable[[dict[int, torch.Tensor]], torch.Tensor]
 __all__ = ["GradientSync", "LinkShaper", "StepRestart", "assign_grads", "flatten_grads"]
@@ -105,7 +111,7 @@ class GradientSync:
         peers: Peers,
         inbox: Inbox,
         tied: torch.nn.Parameter | None = None,
-        experts: ExpertRanks | None = None,
+        experts: ExpertGrads | None = None,
     ) -> None:
         self.cfg = cfg
         self.module = module
@@ -140,11 +146,11 @@ class GradientSync:
         :meth:`prepare`, else through replica 0 (the leader). Returns the replicas whose
         gradient was left out (policy ``skip``)."""
         if self.collective is not None and self.collective.armed:
-            late = self.collective.finish()
+            left_out = self.collective.finish()  # at ep > 1 the shared gradients only
             if self.experts is not None:
                 self.experts.average_expert_grads(self.module)
-            return late
-        if self.experts is not None:
+            return left_out
+        if self.experts is not None:  # the star would average one share's experts with another's
             raise ValueError(f"ep={self.cfg.ep}: the experts' gradients average by collective")
         params = list(self.module.parameters())
         flat = flatten_grads(params).cpu()  # averaged on the host, where the frames are
