@@ -178,7 +178,28 @@ def test_an_expert_parallel_plan_starts(
 ) -> None:
     # the runtime shares moe-mini's experts out among the replicas of each stage
     # (tests/integration/test_expert_parallel_deployment.py); it used to refuse ep > 1
-    path = _two_sites_plan(tmp_path, "moe-mini", tp=1, pp=2, dp=2, ep=2)
+    path, cluster = tmp_path / "plan.json", str(EXAMPLES / "two-sites-cpu.yaml")
+    args = ["--model", "moe-mini", "--global-batch", "8", "--micro-batch", "2", "--out", str(path)]
+    with pytest.raises(SystemExit) as exit_:
+        main(
+            [
+                "plan",
+                "--cluster",
+                cluster,
+                *args,
+                "--tp",
+                "1",
+                "--pp",
+                "2",
+                "--dp",
+                "2",
+                "--ep",
+                "2",
+            ]
+        )
+    assert exit_.value.code == 0, capsys.readouterr().err
+    job = Plan.model_validate_json(path.read_text()).job
+    assert (job.tp, job.pp, job.dp, job.ep) == (1, 2, 2, 2)
     code, err = _up(tmp_path, path, monkeypatch, capsys)
     assert code == 0, err
     assert (tmp_path / "started").exists()
@@ -288,7 +309,7 @@ def test_the_two_sites_plan_without_tp_or_ep_still_starts(
     assert (tmp_path / "started").exists()
 
 
-def test_sequence_parallel_flag_needs_a_fixed_strategy(
+def test_sequence_parallel_and_ep_flags_need_a_fixed_strategy(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
     cluster = str(EXAMPLES / "two-sites-cpu.yaml")
@@ -296,6 +317,10 @@ def test_sequence_parallel_flag_needs_a_fixed_strategy(
         main(["plan", "--cluster", cluster, "--model", "gpt-mini", "--no-sequence-parallel"])
     err = capsys.readouterr().err
     assert exit_.value.code == 2 and "--sequence-parallel: only with a fixed strategy" in err
+    with pytest.raises(SystemExit) as exit_:
+        main(["plan", "--cluster", cluster, "--model", "moe-mini", "--ep", "2"])
+    err = capsys.readouterr().err
+    assert exit_.value.code == 2 and "--ep: only with a fixed strategy" in err
 
 
 def test_spares_with_a_tensor_parallel_plan_are_refused(
