@@ -17,7 +17,9 @@ from dmsc.runtime.compute.checkpoints import read_checkpoint
 from dmsc.runtime.compute.models.chain import loss_fn
 from dmsc.runtime.compute.models.hf import stage_module
 from dmsc.runtime.compute.outer_sync import make_optimizer
+from dmsc.runtime.control.launch import recovery
 from dmsc.runtime.control.launch.deployment import Deployment, StageLayout
+from dmsc.runtime.control.launch.failures import WorkerFailure
 from dmsc.spec import TransformerSpec, resolve_model
 
 pytestmark = pytest.mark.integration
@@ -30,7 +32,9 @@ def test_ep2_trains_ten_steps_as_one_process_and_saves_the_whole_stage(tmp_path:
     """Ten steps at ep = 2 (dp = 4, one sequence per replica) give the losses of one process
     on the whole batch (four micro-batches of one); the checkpoint taken before
     the last step is the ep = 1 stage, with every expert: it loads into one whole module, which
-    computes the last step's loss as the four replicas did. Inference is refused, not hung."""
+    computes the last step's loss as the four replicas did. A replica killed before the last
+    step fails it; the recovery replaces it from the checkpoint, its run's group forms again
+    around it, and the last step gives the reference's loss. Inference is refused, not hung."""
     spec = resolve_model("moe-mini")
     assert isinstance(spec, TransformerSpec) and spec.experts == 4
     spec = spec.model_copy(update={"layers": 2, "seq": 64})  # two mixtures; a quicker reference
@@ -41,6 +45,12 @@ def test_ep2_trains_ten_steps_as_one_process_and_saves_the_whole_stage(tmp_path:
     with Deployment(StageLayout(spec, WHOLE, replicas=4, ep=2), home=tmp_path) as dep:
         losses = [dep.train_step(s, *batches[s], 1)["loss"] for s in range(STEPS - 1)]
         ckpt = dep.checkpoint(STEPS - 1)
+        dep.handle((0, 1)).process.kill()  # a replica of the first run dies: the step fails,
+        with pytest.raises(WorkerFailure) as failure:  # its partner does not hang
+            dep.train_step(STEPS - 1, *batches[-1], 1)
+        assert failure.value.failed.keys() == {(0, 1)}
+        rec = recovery.recover(dep, failure.value, [ckpt])  # the run's group formed anew
+        assert rec.failed == ["stage0-r1"] and rec.checkpoint_step == STEPS - 1
         losses.append(dep.train_step(STEPS - 1, *batches[-1], 1)["loss"])
         with pytest.raises(Exception, match="inference at ep=2 is not run"):
             dep.logits(STEPS, batches[0][0][:1])

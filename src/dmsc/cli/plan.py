@@ -1,8 +1,8 @@
 """``dmsc plan``: split a model into stages, choose its parallelism and place it on the cluster.
 
-The strategy is searched unless ``--tp --pp --dp`` (and ``--ep``) fix it; ``--compare`` places the chosen
-strategy with every solver, each as ``--solver`` would (so each row's time is that plan's),
-``--gantt`` draws one iteration. An infeasible job exits with code 1.
+The strategy is searched unless ``--tp --pp --dp`` (and ``--ep``) fix it; ``--compare`` places
+the chosen strategy with every solver, each as ``--solver`` would (so each row's time is that
+plan's), ``--gantt`` draws one iteration. An infeasible job exits with code 1.
 """
 
 from __future__ import annotations

@@ -7,7 +7,7 @@ others of its run by all-to-all. Here a worker
 
 - builds its stage whole (from the seed) and keeps its slot's experts (:meth:`ExpertRanks.split`);
 - joins its run's gloo group through the deployment's TCPStore (``cfg.tp_store``, the store the
-  data-parallel groups meet at; keys under ``ep/STAGE/RUN/eEPOCH``): the process's default group,
+  data-parallel groups meet at; keys under ``ep/STAGE/eEPOCH/runN``): the process's default group,
   as a tensor-parallel rank's is (a plan with ep > 1 has tp = 1: ``dmsc up`` refuses both). The
   group is formed at the first mixture forward of each epoch (a forward pre-hook), not at start:
   a replacement started by a recovery builds its stage before the others moved to its epoch, and
@@ -17,8 +17,9 @@ others of its run by all-to-all. Here a worker
 - has its gradients averaged as :func:`~.expert_parallel.gradient_averaging` says: the shared
   (non-expert) ones by the data-parallel collective over all ``dp`` replicas
   (:mod:`.dp_collective`, which takes only those), the experts' summed over the ``dp / ep``
-  replicas holding the same slot (a plain gloo group, formed per epoch as the run's is; none at
-  dp = ep) and divided by ``dp`` (:meth:`ExpertRanks.average_expert_grads`);
+  replicas holding the same slot (a plain gloo group formed per epoch at the step's averaging,
+  under ``ep/STAGE/eEPOCH/slotN``; none at dp = ep) and divided by ``dp``
+  (:meth:`ExpertRanks.average_expert_grads`);
 - saves the gathered (ep = 1) stage: every replica of the first run gathers its experts' weights
   and moments, replica 0 writes (:func:`write_gathered`), so a checkpoint loads at any ep and
   exports as any other. Loading needs nothing of its own: a worker's parameters keep their
@@ -99,8 +100,9 @@ class ExpertRanks:
         self.rank, self.run = cfg.replica % cfg.ep, cfg.replica // cfg.ep
         self.timeout = timedelta(seconds=cfg.recv_timeout_s)
         self._store: Any = None
-        self.formed = -1  # the epoch the groups were formed in
+        self.formed = -1  # the epoch the run's group was formed in
         self.holders: Any = None  # a ProcessGroupGloo over the replicas of this slot (dp > ep)
+        self.holders_epoch = -1
 
     def split(self, module: StageModule) -> StageModule:
         """Keep this replica's experts of each mixture of ``module`` (built whole); the
@@ -123,23 +125,31 @@ class ExpertRanks:
         return self._store
 
     def join(self) -> None:
-        """Form this epoch's groups, once (every replica of the stage calls it at the same
-        point of its step: the first mixture's forward)."""
+        """Form this epoch's group of the run, once (every replica of the run calls it at the
+        same point: its first mixture's forward of the epoch, or a Save)."""
         epoch = self.epoch()
         if self.formed == epoch:
             return
         if dist.is_initialized():
             dist.destroy_process_group()  # an older epoch's: its members may have moved on
-        base = f"ep/{self.cfg.stage}/e{epoch}"
-        run = dist.PrefixStore(f"{base}/run{self.run}", self.store())  # type: ignore[attr-defined]
+        run = dist.PrefixStore(f"ep/{self.cfg.stage}/e{epoch}/run{self.run}", self.store())  # type: ignore[attr-defined]
         dist.init_process_group(
             "gloo", store=run, rank=self.rank, world_size=self.ep, timeout=self.timeout
         )
-        self.holders = None
-        if self.dp > self.ep:  # the replicas holding this slot: one from each run
-            slot = dist.PrefixStore(f"{base}/slot{self.rank}", self.store())  # type: ignore[attr-defined]
-            self.holders = dist.ProcessGroupGloo(slot, self.run, self.dp // self.ep, self.timeout)
         self.formed = epoch
+
+    def _holders(self) -> Any:
+        """This epoch's group of the replicas holding this slot's experts, one from each run (a
+        ProcessGroupGloo; None at dp = ep), formed at the first step's averaging."""
+        epoch = self.epoch()
+        if self.dp == self.ep:
+            return None
+        if self.holders is None or self.holders_epoch != epoch:
+            name = f"ep/{self.cfg.stage}/e{epoch}/slot{self.rank}"
+            slot = dist.PrefixStore(name, self.store())  # type: ignore[attr-defined]
+            self.holders = dist.ProcessGroupGloo(slot, self.run, self.dp // self.ep, self.timeout)
+            self.holders_epoch = epoch
+        return self.holders
 
     def average_expert_grads(self, module: nn.Module) -> None:
         """The experts' gradients of the step: summed over the replicas holding the same
@@ -149,8 +159,9 @@ class ExpertRanks:
             return
         grads = [p.grad if p.grad is not None else torch.zeros_like(p) for p in params]
         flat = torch.cat([g.reshape(-1) for g in grads]).cpu()
-        if self.holders is not None:
-            self.holders.allreduce([flat]).wait()
+        holders = self._holders()
+        if holders is not None:
+            holders.allreduce([flat]).wait()
         flat /= self.dp
         offset = 0
         for p in params:
@@ -182,7 +193,8 @@ def write_gathered(
     for mine, theirs in zip(opt.param_groups, optimizer.param_groups, strict=True):
         mine.update({k: v for k, v in theirs.items() if k != "params"})
     into = dict(whole.named_parameters())
-    local = len(next(m for m in module.modules() if isinstance(m, ExpertParallelMoE)).experts)
+    mixtures = [m for m in module.modules() if isinstance(m, ExpertParallelMoE)]
+    local = len(mixtures[0].experts) if mixtures else 0  # a stage may hold none (moe_every)
     with torch.no_grad():
         for name, p in module.named_parameters():  # the same order on every replica
             expert = expert_of(name)
