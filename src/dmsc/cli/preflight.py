@@ -35,10 +35,10 @@ def check_plan_parallelism(plan_path: str, plan: Any) -> None:
     """Before anything starts: the plan's parallelism is what the runtime deploys. It runs a
     stage replica as one worker process per tensor-parallel rank (heads and MLP split
     Megatron-style over a gloo group) and, at ep > 1 (with tp = 1), a stage's experts shared
-    out among runs of ep replicas (:mod:`dmsc.runtime.compute.ep_worker`); a plan with
-    sequence parallelism, with ep and tp both above 1, or with an ep not dividing the experts
-    would train another job than the one planned and predicted (an ep not dividing the
-    replicas is no JobSpec; GPUs at tp > 1 or ep > 1: :func:`check_plan_devices`)."""
+    out among expert-parallel groups of ep replicas (:mod:`dmsc.runtime.compute.ep_worker`); a
+    plan with sequence parallelism, with ep and tp both above 1, or with an ep not dividing the
+    experts would train another job than the one planned and predicted (an ep not dividing
+    the replicas is no JobSpec; GPUs at tp > 1 or ep > 1: :func:`check_plan_devices`)."""
     from dmsc.runtime.compute.models.support import check_tp_divisible
     from dmsc.spec import TransformerSpec
 

@@ -1,33 +1,34 @@
 """A stage worker's expert-parallel side: its share of the experts, its groups, its checkpoints.
 
-A plan with ``ep`` > 1 cuts the ``dp`` replicas of each stage into runs of ``ep`` consecutive
-replicas (:func:`~.expert_parallel.expert_parallel_groups`, the cost model's layout): replica
-``r`` holds the experts of slot ``r % ep`` (:mod:`.expert_parallel`) and exchanges tokens with the
-others of its run by all-to-all. Here a worker
+A plan with ``ep`` > 1 cuts the ``dp`` replicas of each stage into expert-parallel groups of
+``ep`` consecutive replicas (:func:`~.expert_parallel.expert_parallel_groups`, the cost model's
+layout): replica ``r`` holds share ``r % ep`` of the experts (:mod:`.expert_parallel`) and
+exchanges tokens with the others of its group by all-to-all. Here a worker
 
-- builds its stage whole (from the seed) and keeps its slot's experts (:meth:`ExpertRanks.split`);
-- joins its run's gloo group through the deployment's TCPStore (``cfg.tp_store``, the store the
-  data-parallel groups meet at; keys under ``ep/STAGE/eEPOCH/runN``): the process's default group,
-  as a tensor-parallel rank's is (a plan with ep > 1 has tp = 1: ``dmsc up`` refuses both). The
-  group is formed at the first mixture forward of each epoch (a forward pre-hook), not at start:
-  a replacement started by a recovery builds its stage before the others moved to its epoch, and
-  they meet again at the next step's forward. A member that died fails the all-to-all (gloo sees
-  the socket close) or leaves it waiting for the receive timeout; the recovery's new epoch
-  re-forms the group around the replacement;
+- builds its stage whole (from the seed) and keeps its share of the experts
+  (:meth:`ExpertRanks.split`);
+- joins its expert-parallel group through the deployment's TCPStore (``cfg.tp_store``, the
+  store the data-parallel groups meet at; keys under ``ep/STAGE/eEPOCH/groupN``): the process's
+  default group, as a tensor-parallel rank's is (a plan with ep > 1 has tp = 1: ``dmsc up``
+  refuses both). The group is formed at the first mixture forward of each epoch (a forward
+  pre-hook), not at start: a replacement started by a recovery builds its stage before the
+  others moved to its epoch, and they meet again at the next step's forward. A member that
+  died fails the all-to-all (gloo sees the socket close) or leaves it waiting for the receive
+  timeout; the recovery's new epoch re-forms the group around the replacement;
 - has its gradients averaged as :func:`~.expert_parallel.gradient_averaging` says: the shared
   (non-expert) ones by the data-parallel collective over all ``dp`` replicas
   (:mod:`.dp_collective`, which takes only those), the experts' summed over the ``dp / ep``
-  replicas holding the same slot (a plain gloo group formed per epoch at the step's averaging,
-  under ``ep/STAGE/eEPOCH/slotN``; none at dp = ep) and divided by ``dp``
+  replicas holding the same share (a plain gloo group formed per epoch at the step's averaging,
+  under ``ep/STAGE/eEPOCH/shareN``; none at dp = ep) and divided by ``dp``
   (:meth:`ExpertRanks.average_expert_grads`);
-- saves the gathered (ep = 1) stage: every replica of the first run gathers its experts' weights
-  and moments, replica 0 writes (:func:`write_gathered`), so a checkpoint loads at any ep and
-  exports as any other. Loading needs nothing of its own: a worker's parameters keep their
-  global names, so it reads just its experts from an ep = 1 file.
+- saves the gathered (ep = 1) stage: every replica of the first group gathers its experts'
+  weights and moments, replica 0 writes (:func:`write_gathered`), so a checkpoint loads at any
+  ep and exports as any other. Loading needs nothing of its own: a worker's parameters keep
+  their global names, so it reads just its experts from an ep = 1 file.
 
 What does not run at ep > 1 is refused, not approximated: inference (a mixture's forward needs
-every replica of its run, and a request goes through one replica's pipeline) and, for a training
-task, the sync modes and late policies other than ``wait`` (:func:`task_problem`).
+every replica of its group, and a request goes through one replica's pipeline) and, for a
+training task, the sync modes and late policies other than ``wait`` (:func:`task_problem`).
 """
 
 from __future__ import annotations
@@ -67,7 +68,7 @@ def task_problem(
 ) -> str | None:
     """Why a training task cannot run on a deployment whose replicas hold ``1 / ep`` of the
     experts each (None: it can): the experts' groups are the planned replicas', the round modes
-    and the leader's star would average one slot's experts with another's, and a replica left
+    and the leader's star would average one share's experts with another's, and a replica left
     out of a step has already sent and received its tokens."""
     if ep == 1:
         return None
@@ -97,11 +98,11 @@ class ExpertRanks:
             raise ValueError(f"ep={cfg.ep} does not divide the stage's {cfg.replicas} replicas")
         self.cfg, self.epoch = cfg, epoch
         self.ep, self.dp = cfg.ep, cfg.replicas
-        self.rank, self.run = cfg.replica % cfg.ep, cfg.replica // cfg.ep
+        self.rank, self.group = cfg.replica % cfg.ep, cfg.replica // cfg.ep
         self.timeout = timedelta(seconds=cfg.recv_timeout_s)
         self._store: Any = None
-        self.formed = -1  # the epoch the run's group was formed in
-        self.holders: Any = None  # a ProcessGroupGloo over the replicas of this slot (dp > ep)
+        self.formed = -1  # the epoch the expert-parallel group was formed in
+        self.holders: Any = None  # a ProcessGroupGloo over the replicas of this share (dp > ep)
         self.holders_epoch = -1
 
     def split(self, module: StageModule) -> StageModule:
@@ -125,29 +126,33 @@ class ExpertRanks:
         return self._store
 
     def join(self) -> None:
-        """Form this epoch's group of the run, once (every replica of the run calls it at the
-        same point: its first mixture's forward of the epoch, or a Save)."""
+        """Form this epoch's expert-parallel group, once (every replica of the group calls it at
+        the same point: its first mixture's forward of the epoch, or a Save)."""
         epoch = self.epoch()
         if self.formed == epoch:
             return
         if dist.is_initialized():
             dist.destroy_process_group()  # an older epoch's: its members may have moved on
-        run = dist.PrefixStore(f"ep/{self.cfg.stage}/e{epoch}/run{self.run}", self.store())  # type: ignore[attr-defined]
+        prefix = f"ep/{self.cfg.stage}/e{epoch}/group{self.group}"
+        store = dist.PrefixStore(prefix, self.store())  # type: ignore[attr-defined]
         dist.init_process_group(
-            "gloo", store=run, rank=self.rank, world_size=self.ep, timeout=self.timeout
+            "gloo", store=store, rank=self.rank, world_size=self.ep, timeout=self.timeout
         )
         self.formed = epoch
 
     def _holders(self) -> Any:
-        """This epoch's group of the replicas holding this slot's experts, one from each run (a
-        ProcessGroupGloo; None at dp = ep), formed at the first step's averaging."""
+        """This epoch's group of the replicas holding this share of the experts, one from each
+        expert-parallel group (a ProcessGroupGloo; None at dp = ep), formed at the first step's
+        averaging."""
         epoch = self.epoch()
         if self.dp == self.ep:
             return None
         if self.holders is None or self.holders_epoch != epoch:
-            name = f"ep/{self.cfg.stage}/e{epoch}/slot{self.rank}"
-            slot = dist.PrefixStore(name, self.store())  # type: ignore[attr-defined]
-            self.holders = dist.ProcessGroupGloo(slot, self.run, self.dp // self.ep, self.timeout)
+            name = f"ep/{self.cfg.stage}/e{epoch}/share{self.rank}"
+            share = dist.PrefixStore(name, self.store())  # type: ignore[attr-defined]
+            self.holders = dist.ProcessGroupGloo(
+                share, self.group, self.dp // self.ep, self.timeout
+            )
             self.holders_epoch = epoch
         return self.holders
 
@@ -185,7 +190,7 @@ def write_gathered(
     steps: int,
 ) -> list[str]:
     """Gather the stage's experts, weights and optimizer moments, from the replicas of this
-    run (a collective: each calls it) and write the ep = 1 stage at replica 0; the weights'
+    group (a collective: each calls it) and write the ep = 1 stage at replica 0; the weights'
     names (none elsewhere)."""
     ranks.join()
     whole = stage_module(spec, cfg.seed, cfg.first, cfg.last, cfg.ranges())
