@@ -33,13 +33,34 @@ def test_a_task_at_ep_above_one_averages_plainly_waiting_at_the_planned_dp(
     assert (got is None) if problem is None else (got is not None and problem in got), got
 
 
+def _cfg(**fields: int) -> WorkerConfig:
+    cfg = WorkerConfig(sid="s", stage=0, stages=1, model={}, first="a", last="b", registry="")
+    for key, value in fields.items():
+        setattr(cfg, key, value)
+    return cfg
+
+
+@pytest.mark.parametrize(
+    ("replicas", "ep", "replica", "group", "share", "holding"),
+    [
+        (2, 2, 1, 0, 1, (1,)),  # dp = ep: one group, every expert held once
+        (4, 2, 1, 0, 1, (1, 3)),
+        (4, 2, 2, 1, 0, (0, 2)),
+        (6, 3, 5, 1, 2, (2, 5)),
+    ],
+)
+def test_a_replica_finds_its_groups_where_the_cost_model_puts_them(
+    replicas: int, ep: int, replica: int, group: int, share: int, holding: tuple[int, ...]
+) -> None:
+    ranks = ExpertRanks(_cfg(replicas=replicas, ep=ep, replica=replica), lambda: 0)
+    assert (ranks.group, ranks.rank, ranks.holding) == (group, share, holding)
+    assert ranks.averaging.divisor == replicas  # every expert's gradient over all the tokens
+
+
 @pytest.mark.parametrize(
     ("fields", "reason"),
     [({"tp": 2, "replicas": 2}, "ep=2 with tp=2 is not run"), ({"replicas": 3}, "divide the")],
 )
 def test_a_worker_refuses_expert_shares_it_cannot_hold(fields: dict[str, int], reason: str) -> None:
-    cfg = WorkerConfig(sid="s", stage=0, stages=1, model={}, first="a", last="b", registry="", ep=2)
-    for key, value in fields.items():
-        setattr(cfg, key, value)
     with pytest.raises(ValueError, match=reason):
-        ExpertRanks(cfg, lambda: 0)
+        ExpertRanks(_cfg(ep=2, **fields), lambda: 0)

@@ -47,6 +47,8 @@ from dmsc.runtime.compute.config import WorkerConfig
 from dmsc.runtime.compute.expert_parallel import (
     ExpertParallelMoE,
     expert_of,
+    expert_parallel_groups,
+    gradient_averaging,
     kind_of,
     parallelize_experts,
 )
@@ -98,7 +100,12 @@ class ExpertRanks:
             raise ValueError(f"ep={cfg.ep} does not divide the stage's {cfg.replicas} replicas")
         self.cfg, self.epoch = cfg, epoch
         self.ep, self.dp = cfg.ep, cfg.replicas
-        self.rank, self.group = cfg.replica % cfg.ep, cfg.replica // cfg.ep
+        # who exchanges tokens with whom, and who averages which gradients: the core's layout
+        exchange = expert_parallel_groups(self.dp, self.ep)
+        self.group = next(i for i, g in enumerate(exchange) if cfg.replica in g)
+        self.rank = exchange[self.group].index(cfg.replica)  # = this replica's share
+        self.averaging = gradient_averaging(self.dp, self.ep)["expert"]
+        self.holding = self.averaging.group_of(cfg.replica)  # replicas with the same share
         self.timeout = timedelta(seconds=cfg.recv_timeout_s)
         self._store: Any = None
         self.formed = -1  # the epoch the expert-parallel group was formed in
@@ -145,14 +152,13 @@ class ExpertRanks:
         expert-parallel group (a ProcessGroupGloo; None at dp = ep), formed at the first step's
         averaging."""
         epoch = self.epoch()
-        if self.dp == self.ep:
+        if len(self.holding) == 1:
             return None
         if self.holders is None or self.holders_epoch != epoch:
             name = f"ep/{self.cfg.stage}/e{epoch}/share{self.rank}"
             share = dist.PrefixStore(name, self.store())  # type: ignore[attr-defined]
-            self.holders = dist.ProcessGroupGloo(
-                share, self.group, self.dp // self.ep, self.timeout
-            )
+            rank = self.holding.index(self.cfg.replica)
+            self.holders = dist.ProcessGroupGloo(share, rank, len(self.holding), self.timeout)
             self.holders_epoch = epoch
         return self.holders
 
@@ -167,7 +173,7 @@ class ExpertRanks:
         holders = self._holders()
         if holders is not None:
             holders.allreduce([flat]).wait()
-        flat /= self.dp
+        flat /= self.averaging.divisor
         offset = 0
         for p in params:
             p.grad = flat[offset : offset + p.numel()].view_as(p).to(p.device, copy=True)
