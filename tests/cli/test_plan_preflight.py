@@ -236,6 +236,15 @@ def test_an_expert_parallel_plan_with_spares_or_ray_is_refused(
     assert exit_.value.code == 2 and reason in err, err
 
 
+# the edits made to a plan of a model with experts (the others: gpt-mini's)
+_ON_EXPERTS = {
+    "ep not dividing the experts",
+    "ep not dividing the replicas",
+    "ep with tp",
+    "ep for inference",
+}
+
+
 def _edited(path: Path, edit: str) -> None:
     """The plan at ``path`` (pp=2, dp=2, one device per replica) edited by hand."""
     plan = Plan.model_validate_json(path.read_text())
@@ -251,6 +260,8 @@ def _edited(path: Path, edit: str) -> None:
         data["job"]["ep"] = 4
     elif edit == "ep with tp":
         data["job"].update(tp=2, ep=2)
+    elif edit == "ep for inference":
+        data["job"].update(ep=2, mode="infer")
     elif edit == "more ranks than devices":
         stages[1]["replicas"][1]["devices"] = stages[0]["replicas"][0]["devices"]
     elif edit == "a replica fewer than dp":
@@ -277,6 +288,7 @@ def _edited(path: Path, edit: str) -> None:
         ("ep not dividing the experts", "job.ep", "ep=3 does not divide the model's experts (4)"),
         ("ep not dividing the replicas", "job.ep", "dp=2 is not divisible by ep=4"),
         ("ep with tp", "job.ep", "ep=2 with tp=2: the runtime shares the experts out among"),
+        ("ep for inference", "job.ep", "ep=2 for inference: a mixture's forward needs every"),
         ("more ranks than devices", "stages[1].replicas[1].devices", "also holds stages[0]"),
         ("a replica fewer than dp", "stages[1].replicas", "1 replicas for job.dp 2"),
         ("a stage fewer than pp", "stages", "1 stages for job.pp 2"),
@@ -293,7 +305,7 @@ def test_a_plan_that_does_not_add_up_is_refused(
     field: str,
     reason: str,
 ) -> None:
-    model = "moe-mini" if edit.startswith("ep not dividing") or edit == "ep with tp" else "gpt-mini"
+    model = "moe-mini" if edit in _ON_EXPERTS else "gpt-mini"
     path = _two_sites_plan(tmp_path, model, tp=1, pp=2, dp=2)
     _edited(path, edit)
     err = _refused(tmp_path, path, monkeypatch, capsys, field)

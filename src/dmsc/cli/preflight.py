@@ -36,9 +36,10 @@ def check_plan_parallelism(plan_path: str, plan: Any) -> None:
     stage replica as one worker process per tensor-parallel rank (heads and MLP split
     Megatron-style over a gloo group) and, at ep > 1 (with tp = 1), a stage's experts shared
     out among expert-parallel groups of ep replicas (:mod:`dmsc.runtime.compute.ep_worker`); a
-    plan with sequence parallelism, with ep and tp both above 1, or with an ep not dividing the
-    experts would train another job than the one planned and predicted (an ep not dividing
-    the replicas is no JobSpec; GPUs at tp > 1 or ep > 1: :func:`check_plan_devices`)."""
+    plan with sequence parallelism, with ep and tp both above 1 or for inference, or with an ep
+    not dividing the experts would run another job than the one planned and predicted (an ep
+    not dividing the replicas is no JobSpec; GPUs at tp > 1 or ep > 1:
+    :func:`check_plan_devices`)."""
     from dmsc.runtime.compute.models.support import check_tp_divisible
     from dmsc.spec import TransformerSpec
 
@@ -67,6 +68,13 @@ def check_plan_parallelism(plan_path: str, plan: Any) -> None:
                 "job.ep",
                 f"ep={job.ep} does not divide the model's experts ({model.experts})",
             )
+    if job.ep > 1 and job.mode == "infer":
+        raise SpecError(
+            plan_path,
+            "job.ep",
+            f"ep={job.ep} for inference: a mixture's forward needs every replica of its "
+            "expert-parallel group and a request goes through one; plan with --ep 1",
+        )
     if job.ep > 1 and job.tp > 1:
         raise SpecError(
             plan_path,
