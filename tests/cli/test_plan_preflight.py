@@ -1,13 +1,15 @@
 """``dmsc up`` refuses a plan the runtime cannot run as planned before anything starts: an
 interleaved plan whose stages do not hold their chunks in order (the runtime runs each stage's
 chunks apart, by the interleaved 1F1B schedule; it used to merge a stage's chunks into one range
-over other stages' layers: gpt-mini pp=2 v=2 ran blocks 1 and 2 twice); a plan with expert
-parallelism (it used to start one worker per stage replica and train without a word), one with
+over other stages' layers: gpt-mini pp=2 v=2 ran blocks 1 and 2 twice); a plan with
 tensor parallelism the runtime does not run (sequence parallel, GPUs), and a plan whose stages,
-replicas or devices do not add up to its job (issue 31)."""
+replicas or devices do not add up to its job (issue 31). A plan with expert parallelism starts
+(it used to be refused), unless its ep does not divide the experts or the replicas, comes with
+tp > 1, GPUs, spares or Ray."""
 
 from __future__ import annotations
 
+import json
 import stat
 import sys
 from pathlib import Path
@@ -87,6 +89,9 @@ def test_an_interleaved_plan_whose_chunks_do_not_add_up_is_refused(
         data["stages"][1]["chunks"].pop()
     else:
         data["stages"][0]["chunks"].reverse()
+    if edit == "ep not dividing the replicas":  # a plan no JobSpec takes: written as it is
+        path.write_text(json.dumps(data))
+        return
     path.write_text(Plan.model_validate(data).model_dump_json())
     err = _refused(tmp_path, path, monkeypatch, capsys, field)
     assert reason in err, err
@@ -168,12 +173,76 @@ def test_a_tensor_parallel_plan_on_gpus_is_refused(tmp_path: Path) -> None:
     assert "tensor-parallel ranks run on the CPU" in str(err.value)
 
 
-def test_an_expert_parallel_plan_is_refused_naming_job_ep(
+def test_an_expert_parallel_plan_starts(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
 ) -> None:
+    # the runtime shares moe-mini's experts out among the replicas of each stage
+    # (tests/integration/test_expert_parallel_deployment.py); it used to refuse ep > 1
+    path, cluster = tmp_path / "plan.json", str(EXAMPLES / "two-sites-cpu.yaml")
+    args = ["--model", "moe-mini", "--global-batch", "8", "--micro-batch", "2", "--out", str(path)]
+    with pytest.raises(SystemExit) as exit_:
+        main(
+            [
+                "plan",
+                "--cluster",
+                cluster,
+                *args,
+                "--tp",
+                "1",
+                "--pp",
+                "2",
+                "--dp",
+                "2",
+                "--ep",
+                "2",
+            ]
+        )
+    assert exit_.value.code == 0, capsys.readouterr().err
+    job = Plan.model_validate_json(path.read_text()).job
+    assert (job.tp, job.pp, job.dp, job.ep) == (1, 2, 2, 2)
+    code, err = _up(tmp_path, path, monkeypatch, capsys)
+    assert code == 0, err
+    assert (tmp_path / "started").exists()
+
+
+def test_an_expert_parallel_plan_on_gpus_is_refused(tmp_path: Path) -> None:
+    from dmsc.cli.preflight import check_plan_devices
+    from dmsc.spec import SpecError
+
     path = _two_sites_plan(tmp_path, "moe-mini", tp=1, pp=2, dp=2, ep=2)
-    err = _refused(tmp_path, path, monkeypatch, capsys, "job.ep")
-    assert "ep=2" in err and "expert parallelism is not run" in err and "--dp D (ep 1)" in err
+    plan = Plan.model_validate_json(path.read_text())
+    with pytest.raises(SpecError) as err:
+        check_plan_devices(str(path), plan, "cuda:0")
+    assert err.value.field == "--device"
+    assert "cuda:0 at ep=2: the experts' tokens are exchanged by gloo on the CPU" in str(err.value)
+
+
+@pytest.mark.parametrize(
+    ("flags", "reason"),
+    [
+        (["--spares", "1"], "--spares: the plan's ep is 2: warm spares do not take over"),
+        (["--launcher", "ray"], "--launcher: the plan's ep is 2: expert parallelism runs on local"),
+    ],
+)
+def test_an_expert_parallel_plan_with_spares_or_ray_is_refused(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch,
+    flags: list[str], reason: str,
+) -> None:  # fmt: skip
+    path = _two_sites_plan(tmp_path, "moe-mini", tp=1, pp=2, dp=2, ep=2)
+    monkeypatch.setenv("DMSC_HOME", str(tmp_path / "home"))
+    with pytest.raises(SystemExit) as exit_:
+        main(["up", "--plan", str(path), *flags])
+    err = capsys.readouterr().err
+    assert exit_.value.code == 2 and reason in err, err
+
+
+# the edits made to a plan of a model with experts (the others: gpt-mini's)
+_ON_EXPERTS = {
+    "ep not dividing the experts",
+    "ep not dividing the replicas",
+    "ep with tp",
+    "ep for inference",
+}
 
 
 def _edited(path: Path, edit: str) -> None:
@@ -187,6 +256,12 @@ def _edited(path: Path, edit: str) -> None:
         data["job"]["ep"] = 2
     elif edit == "ep not dividing the experts":
         data["job"].update(dp=3, ep=3, global_batch=12)
+    elif edit == "ep not dividing the replicas":
+        data["job"]["ep"] = 4
+    elif edit == "ep with tp":
+        data["job"].update(tp=2, ep=2)
+    elif edit == "ep for inference":
+        data["job"].update(ep=2, mode="infer")
     elif edit == "more ranks than devices":
         stages[1]["replicas"][1]["devices"] = stages[0]["replicas"][0]["devices"]
     elif edit == "a replica fewer than dp":
@@ -199,6 +274,9 @@ def _edited(path: Path, edit: str) -> None:
         stages.reverse()
     elif edit == "devices other than tp":
         stages[0]["replicas"][0]["devices"] = [0, 1]
+    if edit == "ep not dividing the replicas":  # a plan no JobSpec takes: written as it is
+        path.write_text(json.dumps(data))
+        return
     path.write_text(Plan.model_validate(data).model_dump_json())
 
 
@@ -208,6 +286,9 @@ def _edited(path: Path, edit: str) -> None:
         ("tp not dividing the heads", "job.tp", "tp=3 does not divide the model's heads (4)"),
         ("ep on a model without experts", "job.ep", "ep=2: the model has no experts"),
         ("ep not dividing the experts", "job.ep", "ep=3 does not divide the model's experts (4)"),
+        ("ep not dividing the replicas", "job.ep", "dp=2 is not divisible by ep=4"),
+        ("ep with tp", "job.ep", "ep=2 with tp=2: the runtime shares the experts out among"),
+        ("ep for inference", "job.ep", "ep=2 for inference: a mixture's forward needs every"),
         ("more ranks than devices", "stages[1].replicas[1].devices", "also holds stages[0]"),
         ("a replica fewer than dp", "stages[1].replicas", "1 replicas for job.dp 2"),
         ("a stage fewer than pp", "stages", "1 stages for job.pp 2"),
@@ -224,7 +305,7 @@ def test_a_plan_that_does_not_add_up_is_refused(
     field: str,
     reason: str,
 ) -> None:
-    model = "moe-mini" if edit == "ep not dividing the experts" else "gpt-mini"
+    model = "moe-mini" if edit in _ON_EXPERTS else "gpt-mini"
     path = _two_sites_plan(tmp_path, model, tp=1, pp=2, dp=2)
     _edited(path, edit)
     err = _refused(tmp_path, path, monkeypatch, capsys, field)
@@ -240,7 +321,7 @@ def test_the_two_sites_plan_without_tp_or_ep_still_starts(
     assert (tmp_path / "started").exists()
 
 
-def test_sequence_parallel_flag_needs_a_fixed_strategy(
+def test_sequence_parallel_and_ep_flags_need_a_fixed_strategy(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
     cluster = str(EXAMPLES / "two-sites-cpu.yaml")
@@ -248,6 +329,10 @@ def test_sequence_parallel_flag_needs_a_fixed_strategy(
         main(["plan", "--cluster", cluster, "--model", "gpt-mini", "--no-sequence-parallel"])
     err = capsys.readouterr().err
     assert exit_.value.code == 2 and "--sequence-parallel: only with a fixed strategy" in err
+    with pytest.raises(SystemExit) as exit_:
+        main(["plan", "--cluster", cluster, "--model", "moe-mini", "--ep", "2"])
+    err = capsys.readouterr().err
+    assert exit_.value.code == 2 and "--ep: only with a fixed strategy" in err
 
 
 def test_spares_with_a_tensor_parallel_plan_are_refused(

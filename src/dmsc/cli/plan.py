@@ -1,8 +1,8 @@
 """``dmsc plan``: split a model into stages, choose its parallelism and place it on the cluster.
 
-The strategy is searched unless ``--tp --pp --dp`` fix it; ``--compare`` places the chosen
-strategy with every solver, each as ``--solver`` would (so each row's time is that plan's),
-``--gantt`` draws one iteration. An infeasible job exits with code 1.
+The strategy is searched unless ``--tp --pp --dp`` (and ``--ep``) fix it; ``--compare`` places
+the chosen strategy with every solver, each as ``--solver`` would (so each row's time is that
+plan's), ``--gantt`` draws one iteration. An infeasible job exits with code 1.
 """
 
 from __future__ import annotations
@@ -41,6 +41,9 @@ def plan(
     tp: Annotated[int | None, typer.Option(help="Fix tensor parallelism (with --pp --dp).")] = None,
     pp: Annotated[int | None, typer.Option(help="Fix pipeline parallelism.")] = None,
     dp: Annotated[int | None, typer.Option(help="Fix data parallelism.")] = None,
+    ep: Annotated[
+        int | None, typer.Option(help="Expert parallelism, dividing dp (fixed strategy).")
+    ] = None,
     micro_batch: Annotated[int | None, typer.Option(help="Micro-batch (fixed strategy).")] = None,
     schedule: Annotated[str | None, typer.Option(help="Schedule (fixed strategy).")] = None,
     interleave: Annotated[int | None, typer.Option(help="Chunks (fixed strategy).")] = None,
@@ -114,6 +117,7 @@ def plan(
             tp=tp,
             pp=pp,
             dp=dp,
+            ep=ep,
             micro_batch=micro_batch,
             schedule=schedule,
             interleave=interleave,
@@ -124,6 +128,8 @@ def plan(
         raise SpecError(
             "command line", "--sequence-parallel", "only with a fixed strategy (--tp --pp --dp)"
         )
+    elif ep is not None:
+        raise SpecError("command line", "--ep", "only with a fixed strategy (--tp --pp --dp)")
     elif any(v is not None for v in (tp, pp, dp)):
         raise SpecError("command line", "--tp/--pp/--dp", "give all three to fix the strategy")
     job_spec = build_job(None, flags)

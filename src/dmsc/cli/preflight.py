@@ -1,8 +1,8 @@
 """What ``dmsc up`` checks in a plan before it starts anything: that the runtime can run its
 stages (one contiguous range of layers each, or in an interleaved plan one per chunk, in order
 down the virtual stages, the whole model between them), its
-parallelism (a stage replica is one worker per tensor-parallel rank, on the CPU; no expert
-parallelism, no sequence parallelism)
+parallelism (a stage replica is one worker per tensor-parallel rank, on the CPU; experts shared
+out among ep replicas of one rank each, on the CPU; no sequence parallelism)
 and its model (and the checkpoint is the one planned from), that its stages, replicas and
 devices add up to its job, and that every device the workers will run on is on this machine.
 Each failure is a :class:`~dmsc.spec.SpecError` naming the plan's field."""
@@ -34,9 +34,12 @@ def check_plan_stages(plan_path: str, plan: Any) -> None:
 def check_plan_parallelism(plan_path: str, plan: Any) -> None:
     """Before anything starts: the plan's parallelism is what the runtime deploys. It runs a
     stage replica as one worker process per tensor-parallel rank (heads and MLP split
-    Megatron-style over a gloo group) and every expert in every replica, so a plan with ep > 1
-    or with sequence parallelism would train another job than the one planned and predicted
-    (GPUs at tp > 1: :func:`check_plan_devices`)."""
+    Megatron-style over a gloo group) and, at ep > 1 (with tp = 1), a stage's experts shared
+    out among expert-parallel groups of ep replicas (:mod:`dmsc.runtime.compute.ep_worker`); a
+    plan with sequence parallelism, with ep and tp both above 1 or for inference, or with an ep
+    not dividing the experts would run another job than the one planned and predicted (an ep
+    not dividing the replicas is no JobSpec; GPUs at tp > 1 or ep > 1:
+    :func:`check_plan_devices`)."""
     from dmsc.runtime.compute.models.support import check_tp_divisible
     from dmsc.spec import TransformerSpec
 
@@ -65,13 +68,19 @@ def check_plan_parallelism(plan_path: str, plan: Any) -> None:
                 "job.ep",
                 f"ep={job.ep} does not divide the model's experts ({model.experts})",
             )
-    if job.ep > 1:
+    if job.ep > 1 and job.mode == "infer":
         raise SpecError(
             plan_path,
             "job.ep",
-            f"ep={job.ep}: expert parallelism is not run (every replica keeps all the experts "
-            "and routes its own tokens); fix the strategy with dmsc plan --tp 1 --pp P --dp D "
-            "(ep 1)",
+            f"ep={job.ep} for inference: a mixture's forward needs every replica of its "
+            "expert-parallel group and a request goes through one; plan with --ep 1",
+        )
+    if job.ep > 1 and job.tp > 1:
+        raise SpecError(
+            plan_path,
+            "job.ep",
+            f"ep={job.ep} with tp={job.tp}: the runtime shares the experts out among replicas "
+            "of one rank each; plan with --tp 1, or with --ep 1 (tp splits every expert)",
         )
 
 
@@ -180,14 +189,20 @@ def check_plan_devices(plan_path: str, plan: Any, device: str) -> None:
     wanted = plan_devices(plan, device)
     if all(name == "cpu" for name in wanted.values()):
         return  # no torch import for the usual CPU run
-    if plan.job.tp > 1:
+    if plan.job.tp > 1 or plan.job.ep > 1:
         (stage, replica), name = next((k, v) for k, v in sorted(wanted.items()) if v != "cpu")
         where = "--device" if device != "plan" else f"stages[{stage}].replicas[{replica}].device"
+        why = (
+            f"{name} at tp={plan.job.tp}: tensor-parallel ranks run on the CPU only (the plan "
+            "names one GPU per replica, not one per rank)"
+            if plan.job.tp > 1
+            else f"{name} at ep={plan.job.ep}: the experts' tokens are exchanged by gloo on the "
+            "CPU only"
+        )
         raise SpecError(
             "command line" if device != "plan" else plan_path,
             where,
-            f"{name} at tp={plan.job.tp}: tensor-parallel ranks run on the CPU only (the plan "
-            "names one GPU per replica, not one per rank); run with --device cpu",
+            f"{why}; run with --device cpu",
         )
     from dmsc.runtime.compute.devices import stage_device
 

@@ -61,6 +61,12 @@ def control_settings(
         raise SpecError(plan_path, "", "no such file")
     try:
         plan = Plan.model_validate_json(Path(plan_path).read_text())
+    except ValidationError as exc:
+        err = spec_error_from_validation(plan_path, exc)
+        head, sep, rest = err.reason.partition(": ")
+        if err.field and sep and head.isidentifier():  # a check's "field: reason" (job.ep)
+            raise SpecError(plan_path, f"{err.field}.{head}", rest) from None
+        raise SpecError(plan_path, "", f"not a dmsc plan ({str(exc).splitlines()[0]})") from None
     except ValueError as exc:
         raise SpecError(plan_path, "", f"not a dmsc plan ({str(exc).splitlines()[0]})") from None
     check_plan_model(plan_path, plan)
@@ -88,6 +94,12 @@ def control_settings(
             f"the plan's tp is {plan.job.tp}: warm spares do not take over a tensor-parallel rank"
         )
         raise SpecError("command line", "--spares", reason)
+    if spares and plan.job.ep > 1:
+        reason = f"the plan's ep is {plan.job.ep}: warm spares do not take over an expert share"
+        raise SpecError("command line", "--spares", reason)
+    if launcher == "ray" and plan.job.ep > 1:
+        reason = f"the plan's ep is {plan.job.ep}: expert parallelism runs on local workers only"
+        raise SpecError("command line", "--launcher", reason)
     if gateway:
         host, _, port = gateway.rpartition(":")
         if not host or not port.isdigit() or not 0 < int(port) < 65536:

@@ -2,5 +2,6 @@
 
 Parallelism inside a stage: :mod:`.tensor_parallel` splits a replica's blocks over the ranks of
 a tensor-parallel group; :mod:`.expert_parallel` shares a mixture of experts' experts over an
-expert-parallel group of data-parallel replicas, tokens exchanged by all-to-all.
+expert-parallel group of data-parallel replicas, tokens exchanged by all-to-all; :mod:`.tp_worker`
+and :mod:`.ep_worker` are a stage worker's side of each (its groups, its gathered checkpoints).
 """

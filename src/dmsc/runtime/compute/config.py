@@ -33,6 +33,9 @@ class WorkerConfig:
     tp: int = 1
     tp_rank: int = 0
     tp_store: str = ""
+    # expert parallelism: replica r holds share r % ep of the experts and exchanges tokens with
+    # its expert-parallel group of ep replicas (dmsc.runtime.compute.ep_worker), met at tp_store
+    ep: int = 1
     # average plain data-parallel gradients through the stage leader (the star) rather than
     # by all-reduce (benchmarks/parallel_modes.py compares the two)
     dp_star: bool = False

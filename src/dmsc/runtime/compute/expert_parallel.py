@@ -69,11 +69,20 @@ def _renamed(name: str, expert: int) -> str:
 
 class ExpertParallelMoE(nn.Module):
     """A :class:`MixtureOfExperts` with this rank's share of its experts, the others on the
-    other ranks of ``group``; it computes what the whole mixture computes on this rank's tokens."""
+    other ranks of ``group``; it computes what the whole mixture computes on this rank's tokens.
+    ``rank`` and ``ep`` given, no group need exist yet (a worker forms it at its first step:
+    :mod:`.ep_worker`); ``group`` is then set before the first forward."""
 
-    def __init__(self, full: MixtureOfExperts, group: dist.ProcessGroup | None = None) -> None:
+    def __init__(
+        self,
+        full: MixtureOfExperts,
+        group: dist.ProcessGroup | None = None,
+        rank: int | None = None,
+        ep: int | None = None,
+    ) -> None:
         super().__init__()
-        rank, ep = dist.get_rank(group), dist.get_world_size(group)
+        rank = dist.get_rank(group) if rank is None else rank
+        ep = dist.get_world_size(group) if ep is None else ep
         total = len(full.experts)
         check_ep_divisible(total, ep)
         self.group, self.ep, self.top_k = group, ep, full.top_k
@@ -122,13 +131,19 @@ class ExpertParallelMoE(nn.Module):
         return funcol.wait_tensor(out)
 
 
-def parallelize_experts(module: nn.Module, group: dist.ProcessGroup | None = None) -> nn.Module:
+def parallelize_experts(
+    module: nn.Module,
+    group: dist.ProcessGroup | None = None,
+    rank: int | None = None,
+    ep: int | None = None,
+) -> nn.Module:
     """Replace every :class:`MixtureOfExperts` in ``module`` (built whole, from the seed or an
-    ep = 1 checkpoint) in place by this rank's :class:`ExpertParallelMoE` over ``group``."""
+    ep = 1 checkpoint) in place by this rank's :class:`ExpertParallelMoE` over ``group`` (rank
+    ``rank`` of ``ep`` when given: see :class:`ExpertParallelMoE`)."""
     for parent in list(module.modules()):
         for name, child in list(parent.named_children()):
             if isinstance(child, MixtureOfExperts):
-                setattr(parent, name, ExpertParallelMoE(child, group))
+                setattr(parent, name, ExpertParallelMoE(child, group, rank, ep))
     return module
 
 

@@ -4,7 +4,8 @@ Plain averaging runs as a torch.distributed all-reduce among the replicas, bucke
 overlapped with the backward, its group re-formed per step around a quorum
 (:mod:`.dp_collective`, :mod:`.quorum`). :class:`GradientSync` picks it where the deployment
 hosts a rendezvous store (``tp_store``) and the config does not ask for the star
-(``dp_star``: ``benchmarks/parallel_modes.py`` runs both side by side).
+(``dp_star``: ``benchmarks/parallel_modes.py`` runs both side by side). At ep > 1 the collective
+takes the shared (non-expert) gradients only; the experts' are :mod:`.ep_worker`'s.
 
 The star stays for what needs one party to see every update (the sync modes' secure
 aggregation, robust aggregators and central privacy, :mod:`.outer_sync`) and for a worker without
@@ -34,15 +35,25 @@ import contextlib
 import threading
 import time
 from collections.abc import Callable, Sequence
+from typing import Protocol
 
 import torch
 
 from dmsc.runtime.compute.config import WorkerConfig
 from dmsc.runtime.compute.dp_collective import DataParallel, StepRestart
+from dmsc.runtime.compute.expert_parallel import kind_of
 from dmsc.runtime.compute.inbox import Inbox
 from dmsc.runtime.compute.peers import Peers
 from dmsc.runtime.transport.messages import DEFAULT_GRAD_WAIT_S, LatePolicy, RunStep
 from dmsc.runtime.transport.wire import ROUND_SLOTS, Kind, encode
+
+
+class ExpertGrads(Protocol):
+    """What averages the experts' gradients at ep > 1 (:class:`.ep_worker.ExpertRanks`, which
+    imports this module through :mod:`.outer_sync`)."""
+
+    def average_expert_grads(self, module: torch.nn.Module) -> None: ...
+
 
 Combine = Callable[[dict[int, torch.Tensor]], torch.Tensor]
 __all__ = ["GradientSync", "LinkShaper", "StepRestart", "assign_grads", "flatten_grads"]
@@ -100,6 +111,7 @@ class GradientSync:
         peers: Peers,
         inbox: Inbox,
         tied: torch.nn.Parameter | None = None,
+        experts: ExpertGrads | None = None,
     ) -> None:
         self.cfg = cfg
         self.module = module
@@ -109,8 +121,9 @@ class GradientSync:
         self.link = LinkShaper(cfg.dp_link_mbps)
         self.round_policy: tuple[LatePolicy, float] = ("wait", DEFAULT_GRAD_WAIT_S)
         self.collective: DataParallel | None = None
+        self.experts = experts  # ep > 1: the experts' gradients are averaged apart
         if cfg.replicas > 1 and cfg.tp_store and not cfg.dp_star:
-            params = list(module.parameters())
+            params = [p for n, p in module.named_parameters() if kind_of(n) == "dense"]
             self.collective = DataParallel(cfg, params, tied, peers, inbox, self.link)
 
     def prepare(self, m: RunStep, plain: bool) -> None:
@@ -133,7 +146,12 @@ class GradientSync:
         :meth:`prepare`, else through replica 0 (the leader). Returns the replicas whose
         gradient was left out (policy ``skip``)."""
         if self.collective is not None and self.collective.armed:
-            return self.collective.finish()
+            left_out = self.collective.finish()  # at ep > 1 the shared gradients only
+            if self.experts is not None:
+                self.experts.average_expert_grads(self.module)
+            return left_out
+        if self.experts is not None:  # the star would average one share's experts with another's
+            raise ValueError(f"ep={self.cfg.ep}: the experts' gradients average by collective")
         params = list(self.module.parameters())
         flat = flatten_grads(params).cpu()  # averaged on the host, where the frames are
         late: list[int] = []

@@ -40,18 +40,14 @@ from dmsc.runtime.compute.checkpoints import (
 )
 from dmsc.runtime.compute.config import WorkerConfig
 from dmsc.runtime.compute.devices import autocast_dtype, stage_device
+from dmsc.runtime.compute.ep_worker import EP_INFERENCE, ExpertRanks
 from dmsc.runtime.compute.executor import run_ops, step_ops
 from dmsc.runtime.compute.frames import FrameSpec, check_frame
 from dmsc.runtime.compute.gradient_sync import GradientSync, LinkShaper
 from dmsc.runtime.compute.inbox import Inbox
 from dmsc.runtime.compute.models.attention import StageCache, StageSession
 from dmsc.runtime.compute.models.chain import tied_weight
-from dmsc.runtime.compute.outer_sync import (
-    ReplicaSync,
-    make_optimizer,
-    optimizer_kind,
-    plain_sync,
-)
+from dmsc.runtime.compute.outer_sync import ReplicaSync, make_optimizer, optimizer_kind, plain_sync
 from dmsc.runtime.compute.peers import Peers
 from dmsc.runtime.compute.telemetry import Telemetry
 from dmsc.runtime.transport import messages as msg
@@ -106,8 +102,10 @@ class StageWorker:
         self.spec = TransformerSpec.model_validate(cfg.model)
         self.device = stage_device(cfg.device)
         self.autocast = autocast_dtype(self.spec, self.device)
+        # ep > 1: this replica's share of the experts, its groups formed per epoch
+        self.experts = ExpertRanks(cfg, lambda: self.inbox.epoch) if cfg.ep > 1 else None
         # built (or read from its checkpoint) on the host, then moved: the float32 master copy
-        self.module = tp_worker.stage(self.spec, cfg).to(self.device)  # its tp rank's shard
+        self.module = tp_worker.stage(self.spec, cfg, self.experts).to(self.device)
         self.optimizer = make_optimizer("adamw", self.module, cfg.lr)
         self.sync: ReplicaSync | None = None  # a task's sync mode, other than plain averaging
         self.sync_held: dict[str, torch.Tensor] = {}  # its round state, as last loaded
@@ -139,7 +137,7 @@ class StageWorker:
             {int(k): LinkShaper(v) for k, v in cfg.pp_link_mbps.items()},
             cfg.tp_rank,
         )
-        self.grads = GradientSync(cfg, self.module, self.peers, self.inbox, self.tied)
+        self.grads = GradientSync(cfg, self.module, self.peers, self.inbox, self.tied, self.experts)
         self.bytes_reported = 0  # of self.grads.link.bytes, by the last Commit
 
     @property
@@ -185,6 +183,8 @@ class StageWorker:
         waits for the worker and for frames no longer, so a request past its deadline frees
         the worker instead of holding it for the next one."""
         self._check_epoch(m.epoch)
+        if self.experts is not None and not (m.train or m.eval):
+            raise BadRequest(f"inference at ep={self.cfg.ep} is not run: {EP_INFERENCE}")
         if m.local_batch is not None and m.microbatches > m.local_batch:
             raise BadRequest(
                 f"RunStep: {m.microbatches} micro-batches of a batch of {m.local_batch} "
@@ -453,7 +453,7 @@ class StageWorker:
         with self._lock:
             extra = self.sync.state() if self.sync is not None else {}
             args = (self.spec, self.cfg, self.module, self.optimizer, self.steps_done, extra)
-            names = tp_worker.write(path, *args)  # tp > 1: gathered, rank 0 writes
+            names = tp_worker.write(path, *args, self.experts)  # tp, ep > 1: gathered
         sha = checkpoint_sha256(path) if names else ""
         return {"path": str(path), "sha256": sha, "tensors": names}
 

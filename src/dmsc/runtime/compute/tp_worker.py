@@ -6,7 +6,9 @@ on CUDA) through the TCPStore the deployment hosts (its address in each
 epoch, so that groups never mix). Each process serves one stage, so the group is the process's
 default one. Checkpoints stay in the tp = 1 format: :func:`write_gathered` puts the weights and
 the optimizer's moments back together (a collective: every rank calls it, rank 0 writes) and
-:func:`load_sharded` reads a tp = 1 file and keeps this rank's shard.
+:func:`load_sharded` reads a tp = 1 file and keeps this rank's shard. At ep > 1 (tp = 1) the
+stage keeps its replica's experts and its checkpoint is gathered likewise
+(:mod:`.ep_worker`).
 """
 
 from __future__ import annotations
@@ -18,8 +20,10 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
+from dmsc.runtime.compute import ep_worker
 from dmsc.runtime.compute.checkpoints import StageState, load_state, write_checkpoint
 from dmsc.runtime.compute.config import WorkerConfig
+from dmsc.runtime.compute.ep_worker import ExpertRanks
 from dmsc.runtime.compute.models.chain import StageModule
 from dmsc.runtime.compute.models.hf import stage_module
 from dmsc.runtime.compute.outer_sync import make_optimizer, optimizer_kind
@@ -46,13 +50,17 @@ def join_group(cfg: WorkerConfig) -> None:
     )
 
 
-def stage(spec: TransformerSpec, cfg: WorkerConfig) -> StageModule:
+def stage(
+    spec: TransformerSpec, cfg: WorkerConfig, experts: ExpertRanks | None = None
+) -> StageModule:
     """The stage ``cfg`` names, on the host: whole, or at tp > 1 this rank's shard of it (the
-    group joined first)."""
+    group joined first), or at ep > 1 with only this replica's experts (``experts``)."""
     module = stage_module(spec, cfg.seed, cfg.first, cfg.last, cfg.ranges())
     if cfg.tp > 1:
         join_group(cfg)
         parallelize_stage(spec, module)
+    if experts is not None:
+        experts.split(module)
     return module
 
 
@@ -64,10 +72,14 @@ def write(
     optimizer: torch.optim.Optimizer,
     steps: int,
     extra: dict[str, torch.Tensor] | None = None,
+    experts: ExpertRanks | None = None,
 ) -> list[str]:
-    """Write the stage's checkpoint (:func:`write_gathered` at tp > 1); the weights' names."""
+    """Write the stage's checkpoint (:func:`write_gathered` at tp > 1, the experts gathered at
+    ep > 1); the weights' names."""
     if cfg.tp > 1:
         return write_gathered(path, spec, cfg, module, optimizer, steps)
+    if experts is not None:
+        return ep_worker.write_gathered(path, spec, cfg, experts, module, optimizer, steps)
     return write_checkpoint(path, spec, module, optimizer, steps, extra)
 
 

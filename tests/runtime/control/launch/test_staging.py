@@ -7,6 +7,7 @@ from __future__ import annotations
 import threading
 from concurrent.futures import Future
 from pathlib import Path
+from types import SimpleNamespace
 from typing import Any
 
 import pytest
@@ -20,7 +21,7 @@ class _Frozen:
     watch reports it failed."""
 
     def __init__(self) -> None:
-        self.layout: Any = None
+        self.layout: Any = SimpleNamespace(ep=1)  # replica 0 of each stage saves
         self.futures: dict[tuple[int, int], Future[str]] = {}
 
     @property

@@ -61,3 +61,22 @@ def test_a_tensor_parallel_plan_takes_plain_averaging_at_its_own_dp_only() -> No
         task_params(_req(compress="int8"), plan)
     with pytest.raises(ValueError, match="resizing it to dp = 1 is not run"):
         task_params(TrainRequest(steps=10, batch=8, dp=1), plan)
+
+
+def test_an_expert_parallel_plan_takes_plain_averaging_waiting_at_its_own_dp_only() -> None:
+    # every replica of an expert-parallel group exchanges tokens in each step: none can be
+    # left out of its average, and the star or a round mode would average one share's
+    # experts with another's (dmsc.runtime.compute.ep_worker.task_problem)
+    plan = local_plan()
+    plan = plan.model_copy(update={"job": plan.job.model_copy(update={"dp": 2, "ep": 2})})
+    assert task_params(TrainRequest(steps=10, batch=8), plan).late_policy == "wait"
+    with pytest.raises(ValueError, match="sync: at ep = 2 the replicas average every step"):
+        task_params(_req(mode="diloco", inner_steps=5), plan)
+    with pytest.raises(ValueError, match="sync: at ep = 2"):
+        task_params(_req(compress="int8"), plan)
+    with pytest.raises(
+        ValueError, match=r"late_policy: at ep = 2 .* none can be left out \(skip\)"
+    ):
+        task_params(TrainRequest(steps=10, batch=8, late_policy="skip"), plan)
+    with pytest.raises(ValueError, match="resizing is not run"):
+        task_params(TrainRequest(steps=10, batch=8, dp=4), plan)

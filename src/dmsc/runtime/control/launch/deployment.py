@@ -149,6 +149,7 @@ class Deployment:
             tp=lay.tp,
             tp_rank=tp_rank,
             tp_store=self.tp.address,
+            ep=lay.ep,
             seed=lay.seed,
             lr=lay.lr,
             epoch=self.epoch,

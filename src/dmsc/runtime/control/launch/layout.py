@@ -22,6 +22,7 @@ class StageLayout:
     chunks: list[list[tuple[str, str]]] = field(default_factory=list)
     replicas: int = 1
     tp: int = 1  # tensor-parallel ranks of each replica: one worker process each
+    ep: int = 1  # expert-parallel degree: runs of ep replicas share out the experts
     seed: int = 0
     lr: float = 1e-3
     sids: list[str] = field(default_factory=list)

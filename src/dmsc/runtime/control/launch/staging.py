@@ -57,14 +57,16 @@ class Saving(Protocol):
 def save_checkpoint(dep: Saving, step: int, final: Path, every: bool = False) -> Checkpoint:
     """Save every stage of ``dep`` between two steps into ``final``: replica 0 (replicas hold
     the same weights), or ``every`` replica (mid-round their weights and inner optimizers
-    differ: sync modes). The files go to a hidden folder renamed ``final`` once all are in."""
+    differ: sync modes). At ep > 1 the first ``ep`` replicas are asked, each holding a share
+    of the experts; they gather the stage and replica 0 writes it. The files go to a hidden
+    folder renamed ``final`` once all are in."""
     with staged(final) as folder:
 
         def save(k: Key) -> Callable[[int], Save]:
             path = stage_file(folder, k[0]) if not k[1] else replica_file(folder, *k)
             return lambda epoch: Save(path=str(path), epoch=epoch)
 
-        count = dep.layout.replicas if every else 1
+        count = dep.layout.replicas if every else dep.layout.ep
         keys = [(s, r) for s in range(dep.stages) for r in range(count)]
         futures = {k: dep.calls("Save", save(k), [k], 120.0)[k] for k in keys}
         try:
@@ -81,6 +83,7 @@ def save_checkpoint(dep: Saving, step: int, final: Path, every: bool = False) ->
                 else:
                     fut.exception()
             raise
+        out = {k: r for k, r in out.items() if r["tensors"] or not k[1]}  # ep: who wrote
         names = {Path(r["path"]).name: r["tensors"] for k, r in out.items() if not k[1]}
         write_index(dep.layout.model, folder, names)  # the folder loads in transformers
     return moved(Checkpoint.of(step, out), folder, final)

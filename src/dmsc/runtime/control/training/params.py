@@ -13,6 +13,7 @@ from typing import Any
 from pydantic import TypeAdapter, ValidationError
 
 from dmsc.planner.plan import Plan
+from dmsc.runtime.compute import ep_worker
 from dmsc.runtime.compute.aggregators import parse_aggregator
 from dmsc.runtime.control.launch import tp_ranks
 from dmsc.runtime.transport.messages import (
@@ -107,6 +108,9 @@ def task_params(req: TrainRequest, plan: Plan) -> TrainParams:
                 "head cannot be a replica's own"
             )
     if (problem := tp_ranks.task_problem(plan.job.tp, plan.job.dp, dp, sync)) is not None:
+        raise ValueError(problem)
+    job = plan.job
+    if (problem := ep_worker.task_problem(job.ep, job.dp, dp, sync, req.late_policy)) is not None:
         raise ValueError(problem)
     if sync.local_data and (req.data is None or not Path(req.data).is_dir()):
         raise ValueError("sync.local_data: needs data, a directory of files to share out")

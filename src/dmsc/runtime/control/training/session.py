@@ -77,6 +77,7 @@ def layout_from_plan(
         chunks=[list(st.chunks) for st in plan.stages] if plan.job.chunks > 1 else [],
         replicas=plan.job.dp,
         tp=plan.job.tp,
+        ep=plan.job.ep,
         seed=seed,
         lr=lr,
         sids=[st.sid for st in plan.stages],

@@ -1,0 +1,69 @@
+"""A deployment whose replicas share out a mixture's experts, against single-process training of
+the whole model (issue 31, point 6): dp = 4, ep = 2 is four worker processes in two runs of two,
+each replica with two of moe-mini's four experts, exchanging tokens by all-to-all within its run
+over a gloo group formed through the control plane's store; the shared weights' gradients
+averaged over the four, each expert's over the two replicas holding it."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import torch
+from runtime_helpers import reference_losses
+
+from dmsc.data.corpus import Corpus, stdlib_text
+from dmsc.runtime.compute.checkpoints import read_checkpoint
+from dmsc.runtime.compute.models.chain import loss_fn
+from dmsc.runtime.compute.models.hf import stage_module
+from dmsc.runtime.compute.outer_sync import make_optimizer
+from dmsc.runtime.control.launch import recovery
+from dmsc.runtime.control.launch.deployment import Deployment, StageLayout
+from dmsc.runtime.control.launch.failures import WorkerFailure
+from dmsc.spec import TransformerSpec, resolve_model
+
+pytestmark = pytest.mark.integration
+
+STEPS = 10
+WHOLE = [("embedding", "head")]
+
+
+def test_ep2_trains_ten_steps_as_one_process_and_saves_the_whole_stage(tmp_path: Path) -> None:
+    """Ten steps at ep = 2 (dp = 4, one sequence per replica) give the losses of one process
+    on the whole batch (four micro-batches of one); the checkpoint taken before
+    the last step is the ep = 1 stage, with every expert: it loads into one whole module, which
+    computes the last step's loss as the four replicas did. A replica killed before the last
+    step fails it; the recovery replaces it from the checkpoint, its run's group forms again
+    around it, and the last step gives the reference's loss. Inference is refused, not hung."""
+    spec = resolve_model("moe-mini")
+    assert isinstance(spec, TransformerSpec) and spec.experts == 4
+    spec = spec.model_copy(update={"layers": 2, "seq": 64})  # two mixtures; a quicker reference
+    train, _ = stdlib_text(max_bytes=200_000)
+    corpus = Corpus(train, spec.seq, seed=1)
+    batches = [corpus.batch(s, 4) for s in range(STEPS)]
+    reference = reference_losses(spec, 0, 1e-3, batches, 4)
+    with Deployment(StageLayout(spec, WHOLE, replicas=4, ep=2), home=tmp_path) as dep:
+        losses = [dep.train_step(s, *batches[s], 1)["loss"] for s in range(STEPS - 1)]
+        ckpt = dep.checkpoint(STEPS - 1)
+        dep.handle((0, 1)).process.kill()  # a replica of the first run dies: the step fails,
+        with pytest.raises(WorkerFailure) as failure:  # its partner does not hang
+            dep.train_step(STEPS - 1, *batches[-1], 1)
+        assert failure.value.failed.keys() == {(0, 1)}
+        rec = recovery.recover(dep, failure.value, [ckpt])  # the run's group formed anew
+        assert rec.failed == ["stage0-r1"] and rec.checkpoint_step == STEPS - 1
+        losses.append(dep.train_step(STEPS - 1, *batches[-1], 1)["loss"])
+        with pytest.raises(Exception, match="inference at ep=2 is not run"):
+            dep.logits(STEPS, batches[0][0][:1])
+    diff = max(abs(a - b) for a, b in zip(losses, reference, strict=True))
+    print(f"dp=4 ep=2 against one process, {STEPS} steps: max loss difference {diff:.2e}")
+    assert diff < 1e-4
+    assert list(ckpt.files) == [0] and not ckpt.replicas  # one file, written by replica 0
+    module = stage_module(spec, 0, *WHOLE[0])
+    path = Path(ckpt.files[0][0])
+    assert read_checkpoint(path, spec, module, make_optimizer("adamw", module, 1e-3)) == 9
+    assert {k for k in module.state_dict() if ".experts." in k} == {  # every expert, ep = 1
+        k for k in stage_module(spec, 0, *WHOLE[0]).state_dict() if ".experts." in k
+    }
+    with torch.no_grad():  # the whole stage computes the last step's loss the replicas did
+        x, y = batches[-1]
+        assert abs(float(loss_fn(module(x), y)) - losses[-1]) < 1e-4
