@@ -99,7 +99,7 @@ def test_a_move_waits_for_the_lock_then_applies_and_its_effect_is_measured(
 
     monkeypatch.setattr(runner, "apply_move", fake_move)
     mover = Mover(gain=0.5)
-    loop, lines = _loop(cp, Policy(), "act", [mover])
+    loop, lines = _loop(cp, Policy(confirm_ticks=1), "act", [mover])
     with cp.lock:  # a training task holds the deployment: the tick does not wait
         t0 = time.perf_counter()
         loop.once()
@@ -169,7 +169,9 @@ def test_advise_proposes_and_a_breach_alerts_queues_and_posts(
 ) -> None:
     cp, task = _plane(tmp_path, plan, step_s=1.0)
     Hook.answers = [503]  # the first post fails: retried
-    policy = Policy.model_validate({"slos": {"step_time_s": 0.5}, "webhook": hook})
+    policy = Policy.model_validate(
+        {"slos": {"step_time_s": 0.5}, "webhook": hook, "confirm_ticks": 1}
+    )
     loop, lines = _loop(cp, policy, "advise", [Mover(gain=0.5)])
     loop.webhook = Webhook(hook, loop._webhook_done, first_backoff_s=0.05)
     loop.once()

@@ -4,12 +4,14 @@ Each tick (:meth:`ControlLoop.once`) takes a snapshot (:mod:`.snapshot`), runs t
 over it (:mod:`.tick`) and acts on the result:
 
 - every new decision is one row in ``control_decisions`` and one line in the control log. A move
-  accepted in ``act`` mode is applied (:func:`.moves.apply_move`) when the plane's task lock is
-  free, that is between training tasks: the loop never waits for the lock, a move it cannot
-  take now is ``deferred`` and tried again at the next tick. In ``advise`` mode it is only
-  ``proposed``. An applied move's effect is measured afterwards: the median step time of the
-  task it was measured on against the first steps of the next training task, written into the
-  same row;
+  accepted in ``act`` mode (steady: :mod:`.hysteresis`) is applied (:func:`.moves.apply_move`)
+  when the plane's task lock is free, that is between training tasks: the loop never waits for
+  the lock, a move it cannot take now is ``deferred`` and tried again at the next tick. The
+  move restarts the workers, so it first waits for the inference requests in flight
+  (:mod:`.moves`); requests still running then defer it too, and none is cut. In ``advise``
+  mode it is only ``proposed``. An applied move's effect is measured afterwards: the median
+  step time of the task it was measured on against the first steps of the next training task,
+  written into the same row;
 - an exception (a breach with a task at fault) goes into the exception queue;
 - a newly broken objective is one row in ``alerts``, one line in the log, a post to the
   policy's webhook (queued, from its own thread: :mod:`.webhook`) and the policy's action
@@ -50,7 +52,8 @@ from dmsc.runtime.control.advisors.orchestrator import Decision
 from dmsc.runtime.control.advisors.paths import PathOptimisation
 from dmsc.runtime.control.advisors.policy import raise_into_queue
 from dmsc.runtime.control.advisors.traffic import TrafficPrediction
-from dmsc.runtime.control.loop.moves import apply_move
+from dmsc.runtime.control.loop.hysteresis import after_move
+from dmsc.runtime.control.loop.moves import StillServing, apply_move
 from dmsc.runtime.control.loop.objectives import policy_from
 from dmsc.runtime.control.loop.snapshot import Predictions, take
 from dmsc.runtime.control.loop.tick import (
@@ -260,6 +263,8 @@ class ControlLoop:
             return "deferred: a task holds the deployment (tried again next tick)"
         try:
             done = apply_move(self.cp, snap.measured.traces, pending.proposal)
+        except StillServing as exc:
+            return f"deferred: {exc} (tried again next tick)"
         except BadRequest as exc:
             self.pending = None
             return f"not applied: {exc}"
@@ -270,7 +275,10 @@ class ControlLoop:
         finally:
             self.cp.lock.release()
         self.pending = None
-        self.state = LoopState(open=self.state.open)  # a new placement: decide afresh
+        # a new placement: decide afresh, on measurements of it, the moved parts cooling down
+        memory = after_move(self.state.memory, pending.proposal, snap.measured.taken_s,
+                            pending.task_before)  # fmt: skip
+        self.state = LoopState(open=self.state.open, memory=memory)
         if pending.task_before is not None:
             self.effects.append((pending.decision, pending.task_before))
         set_decision(
