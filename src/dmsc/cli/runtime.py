@@ -277,7 +277,7 @@ def up(
         ),
     ] = False,
     control_interval: IntervalOpt = DEFAULT_INTERVAL_S,
-    control: ModeOpt = "advise",
+    control: ModeOpt = "act",
     policy: PolicyOpt = None,
     slo: SloOpt = None,
     alert_webhook: WebhookOpt = None,
