@@ -186,8 +186,11 @@ def test_gateway_in_front_of_a_live_deployment(tmp_path: Path) -> None:
     base = up_with_gateway(tmp_path, plan, "--queue", "fair", *loop)
     auth = {"Authorization": f"Bearer {key}"}
     try:
-        # the policy the consumers claim in, as `dmsc up --queue` set it
-        assert json.loads(dmsc(tmp_path, "status", "--json").stdout)["queue"] == "fair"
+        # the policy the consumers claim in, as `dmsc up --queue` set it; the loop (act: the
+        # default)
+        status = json.loads(dmsc(tmp_path, "status", "--json").stdout)
+        assert status["queue"] == "fair"
+        assert (status["control"]["interval_s"], status["control"]["mode"]) == (0.3, "act")
         assert (
             httpx.post(f"{base}/v1/infer", json={"prompt": "def ", "tokens": 4}).status_code == 401
         )

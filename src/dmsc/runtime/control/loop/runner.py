@@ -13,6 +13,8 @@ over it (:mod:`.tick`) and acts on the result:
   step time of the task it was measured on against the first steps of the next training task,
   written into the same row;
 - an exception (a breach with a task at fault) goes into the exception queue;
+- a log line of a worker or of the control plane that shows a failure (out of memory, NCCL or
+  gloo, a checkpoint) raises an alert too (:mod:`.symptoms`);
 - a newly broken objective is one row in ``alerts``, one line in the log, a post to the
   policy's webhook (queued, from its own thread: :mod:`.webhook`) and the policy's action
   (``scale-out``: one more serving replica, when ``dmsc up --autoscale`` made a pool); an
@@ -56,6 +58,7 @@ from dmsc.runtime.control.loop.hysteresis import after_move
 from dmsc.runtime.control.loop.moves import StillServing, apply_move
 from dmsc.runtime.control.loop.objectives import policy_from
 from dmsc.runtime.control.loop.snapshot import Predictions, take
+from dmsc.runtime.control.loop.symptoms import LogAlerts
 from dmsc.runtime.control.loop.tick import (
     Breach,
     LoopConfig,
@@ -67,6 +70,7 @@ from dmsc.runtime.control.loop.tick import (
     tick,
 )
 from dmsc.runtime.control.loop.webhook import Webhook
+from dmsc.runtime.transport.logs import log_dir
 from dmsc.runtime.transport.messages import ControlSettings
 from dmsc.runtime.transport.rpc import BadRequest
 from dmsc.spec import ClusterSpec
@@ -136,6 +140,10 @@ class ControlLoop:
         self.webhook: Webhook | None = None
         if config.policy.webhook is not None:
             self.webhook = Webhook(config.policy.webhook, self._webhook_done)
+        home = getattr(cp, "home", None)  # the logs' folder: alerts on failure symptoms
+        self.log_alerts = None if home is None else LogAlerts(
+            log_dir(home), cp.db, cp.run.id, log, self._post if self.webhook else None
+        )  # fmt: skip
         reg = getattr(cp, "metrics", None)
         self.m_tick = Histogram(
             "dmsc_control_loop_tick_seconds",
@@ -178,6 +186,23 @@ class ControlLoop:
             "last": self.last,
         }
 
+    def status_json(self) -> dict[str, Any]:
+        """The loop in a few fields for ``dmsc status``: its interval and mode, its ticks, the
+        open alerts and its newest decision (one read of the database)."""
+        newest = decisions(self.cp.db, self.cp.run.id, 1)
+        last = None
+        if newest:
+            d = newest[0]
+            last = f"{d.id}: {d.verdict} {d.module} {d.kind} ({d.target})"
+            last += f" -> {d.outcome}" if d.outcome else ""
+        return {
+            "interval_s": self.interval_s,
+            "mode": self.config.mode,
+            "ticks": self.cost.ticks,
+            "open_alerts": len(self.alert_ids),
+            "last_decision": last,
+        }
+
     # -- one tick ------------------------------------------------------------------------------
     def once(self) -> TickResult:
         wall0, cpu0 = time.perf_counter(), time.thread_time()
@@ -189,6 +214,9 @@ class ControlLoop:
         self._alerts(res, raised)
         self._retry_pending(snap)
         self._effects(snap)
+        if self.log_alerts is not None:
+            for _ in self.log_alerts.once(snap.measured.taken_s, self.config.policy.window_s):
+                self.m_alerts.labels("log").inc()
         wall = time.perf_counter() - wall0
         c = self.cost
         c.ticks += 1
@@ -352,8 +380,7 @@ class ControlLoop:
                 b.objective,
                 extra={"alert": alert, "slo": b.slo},
             )
-            if self.webhook is not None:
-                self.webhook.send(alert, {"alert": alert_json(get_alert(db, alert))})
+            self._post(alert)
 
     def _action(self, b: Breach) -> str:
         """Carry out the policy's action for a new breach (``move`` is the tick's own)."""
@@ -371,6 +398,10 @@ class ControlLoop:
         except Exception as exc:
             return f"failed: {type(exc).__name__}: {exc}"
         return f"added serving replica {name}" if name else "refused: no free device"
+
+    def _post(self, alert: int) -> None:
+        if self.webhook is not None:
+            self.webhook.send(alert, {"alert": alert_json(get_alert(self.cp.db, alert))})
 
     def _webhook_done(self, alert: int, outcome: str) -> None:
         set_alert(self.cp.db, alert, webhook=outcome)
@@ -407,6 +438,17 @@ def with_loop(
         return out
 
     return doc
+
+
+def with_loop_status(
+    status: Callable[[Any], dict[str, Any]], loop: ControlLoop
+) -> Callable[[Any], dict[str, Any]]:
+    """The ``Status`` answer with the loop's part (``control``: :meth:`ControlLoop.status_json`)."""
+
+    def answer(req: Any) -> dict[str, Any]:
+        return {**status(req), "control": loop.status_json()}
+
+    return answer
 
 
 def start_control_loop(
