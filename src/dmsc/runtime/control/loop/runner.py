@@ -304,8 +304,9 @@ class ControlLoop:
             self.cp.lock.release()
         self.pending = None
         # a new placement: decide afresh, on measurements of it, the moved parts cooling down
-        memory = after_move(self.state.memory, pending.proposal, snap.measured.taken_s,
-                            pending.task_before)  # fmt: skip
+        # (every task measured so far ran on the old placement: a deferred move's too)
+        newest = max((t for t in (snap.measured.task_id, pending.task_before) if t), default=None)
+        memory = after_move(self.state.memory, pending.proposal, snap.measured.taken_s, newest)
         self.state = LoopState(open=self.state.open, memory=memory)
         if pending.task_before is not None:
             self.effects.append((pending.decision, pending.task_before))
