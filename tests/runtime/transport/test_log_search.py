@@ -169,3 +169,20 @@ def test_the_tail_reads_what_was_appended_across_a_rotation(tmp_path: Path) -> N
         ("sid-0-aaaa-r0", "Traceback: CUDA out of memory"),
     ]
     assert tail.read() == []
+
+
+def test_a_tail_since_a_time_keeps_what_the_process_logged_before_its_first_read(
+    tmp_path: Path,
+) -> None:
+    folder = logs.log_dir(tmp_path)
+    (folder / "control.log").write_text(
+        rec(T0 - 60, "checkpoint cannot be read: an earlier control plane's") + "\n"
+        + rec(T0 + 1, "checkpoint skipped while resuming the run: checkpoint fails its hash")
+        + "\n  a traceback line of it\n"
+    )  # fmt: skip
+    (folder / "sid-0-aaaa-r0.stderr").write_text("an old traceback, no time\n")
+    got = LogTail(folder, since_s=T0).read()
+    assert [e.line for e in got] == [
+        rec(T0 + 1, "checkpoint skipped while resuming the run: checkpoint fails its hash"),
+        "  a traceback line of it",
+    ]

@@ -191,11 +191,13 @@ def symptom_of(line: str) -> Symptom | None:
 
 
 class LogTail:
-    """What was appended to the logs of a folder since the last :meth:`read` (the first read
-    starts at the files' ends: what was there before is not new)."""
+    """What was appended to the logs of a folder since the last :meth:`read`. The first read
+    starts at the files' ends (what was there before is not new), or, with ``since_s``, keeps
+    the JSON lines written from then on (and the plain lines that continue them): a control
+    plane's own start, resuming from a checkpoint, comes before its loop's first tick."""
 
-    def __init__(self, folder: Path) -> None:
-        self.folder = folder
+    def __init__(self, folder: Path, since_s: float | None = None) -> None:
+        self.folder, self.since_s = folder, since_s
         self._at: dict[Path, tuple[int, int]] = {}  # path -> (inode, offset)
         self._started = False
 
@@ -205,13 +207,15 @@ class LogTail:
         out: list[Entry] = []
         first = not self._started
         self._started = True
+        since = self.since_s if first and self.since_s is not None else None
         paths = sorted([*self.folder.glob("*.log"), *self.folder.glob("*.stderr")])
         for path in paths:
             try:
                 st = path.stat()
             except FileNotFoundError:
                 continue
-            inode, offset = self._at.get(path, (st.st_ino, st.st_size if first else 0))
+            at_end = first and self.since_s is None
+            inode, offset = self._at.get(path, (st.st_ino, st.st_size if at_end else 0))
             if inode != st.st_ino or st.st_size < offset:
                 offset = 0  # rotated or truncated: the new file from its start
             if st.st_size > offset:
@@ -219,10 +223,13 @@ class LogTail:
                     f.seek(offset)
                     chunk = f.read(st.st_size - offset)
                 done = chunk.rfind(b"\n") + 1  # whole lines only: the rest next time
+                last: float | None = None
                 for raw in chunk[:done].splitlines():
                     line = raw.decode(errors="replace")
-                    if line:
-                        out.append(Entry(path.stem, line_time(line), line))
+                    ts = line_time(line)
+                    last = ts if ts is not None else last
+                    if line and not (since is not None and (last is None or last < since)):
+                        out.append(Entry(path.stem, ts, line))
                 offset += done
             self._at[path] = (st.st_ino, offset)
         return out

@@ -35,6 +35,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
+import psutil
 from prometheus_client import Counter, Histogram
 
 from dmsc.data.control_records import (
@@ -141,9 +142,11 @@ class ControlLoop:
         if config.policy.webhook is not None:
             self.webhook = Webhook(config.policy.webhook, self._webhook_done)
         home = getattr(cp, "home", None)  # the logs' folder: alerts on failure symptoms
-        self.log_alerts = None if home is None else LogAlerts(
-            log_dir(home), cp.db, cp.run.id, log, self._post if self.webhook else None
-        )  # fmt: skip
+        self.log_alerts = None
+        if home is not None:  # what they gained since this process started (.symptoms)
+            post = self._post if self.webhook else None
+            since = psutil.Process().create_time()
+            self.log_alerts = LogAlerts(log_dir(home), cp.db, cp.run.id, log, post, since)
         reg = getattr(cp, "metrics", None)
         self.m_tick = Histogram(
             "dmsc_control_loop_tick_seconds",
@@ -199,7 +202,8 @@ class ControlLoop:
             "interval_s": self.interval_s,
             "mode": self.config.mode,
             "ticks": self.cost.ticks,
-            "open_alerts": len(self.alert_ids),
+            "open_alerts": len(self.alert_ids)
+            + (len(self.log_alerts.alert_ids) if self.log_alerts else 0),
             "last_decision": last,
         }
 

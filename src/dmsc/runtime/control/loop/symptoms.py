@@ -5,11 +5,12 @@ does: one row in ``alerts`` (``slo`` is ``log:NAME``), one warning in the contro
 the policy's webhook.
 
 Each tick reads what the logs gained since the tick before
-(:class:`~dmsc.runtime.transport.log_search.LogTail`: the lines before the loop started are not
-new). :func:`judge` is the rule, pure: a symptom seen
-now and not open is raised, with how many lines showed it, on which services, and the first
-of them; an open symptom seen again stays open (no second alert); one not seen for the policy's
-window resolves.
+(:class:`~dmsc.runtime.transport.log_search.LogTail`; the first tick, what they gained since the
+control plane's process started: its start, which resumes from a checkpoint, comes before the
+loop's first tick, and what an earlier control plane logged is not new). :func:`judge` is the
+rule, pure: a symptom seen now and not open is raised, with how many lines showed it, on which
+services, and the first of them; an open symptom seen again stays open (no second alert); one
+not seen for the policy's window resolves.
 """
 
 from __future__ import annotations
@@ -74,12 +75,14 @@ class LogAlerts:
         run_id: int,
         log: logging.Logger,
         post: Callable[[int], None] | None = None,
+        since_s: float | None = None,
     ) -> None:
-        self.tail = LogTail(folder)
+        self.tail = LogTail(folder, since_s)
         self.db, self.run_id, self.log, self.post = db, run_id, log, post
         self.open: dict[str, float] = {}  # symptom -> last seen (unix seconds)
         self.alert_ids: dict[str, int] = {}
-        self.tail.read()  # from here on: what the logs held before is not new
+        if since_s is None:
+            self.tail.read()  # from here on: what the logs held before is not new
 
     def once(self, now_s: float, window_s: float) -> list[int]:
         """Read the logs' new lines, raise and resolve (module docstring); the alerts raised."""
