@@ -8,6 +8,8 @@ from __future__ import annotations
 
 import logging
 import threading
+import time
+from dataclasses import replace
 from pathlib import Path
 from types import SimpleNamespace
 from typing import Any
@@ -26,7 +28,9 @@ from dmsc.runtime.control.loop import runner
 from dmsc.runtime.control.loop.hysteresis import Memory, after_move, cooled, parts
 from dmsc.runtime.control.loop.objectives import Policy
 from dmsc.runtime.control.loop.runner import ControlLoop
+from dmsc.runtime.control.loop.snapshot import last_move_s
 from dmsc.runtime.control.loop.tick import LoopConfig, LoopState, Snapshot, tick
+from dmsc.runtime.control.training.resize import record_resize
 from dmsc.spec import ClusterSpec, load_spec, resolve_model
 
 ROOT = Path(__file__).resolve().parents[4]
@@ -154,3 +158,20 @@ def test_a_stage_just_moved_cools_down_and_a_move_back_pays_the_round_trip() -> 
     other = _decision("stage 0: a -> c", ["a", "c"], ["c", "c"], 0.5, 30.0)
     (d,) = cooled([other], memory, NOW + 6, cooldown_s=600, horizon=1000)
     assert d.verdict == "apply"
+
+
+def test_a_task_that_started_before_any_move_is_stale(plan: Plan, tmp_path: Path) -> None:
+    """A move of ``dmsc replan`` the loop did not make: the scale event it recorded dates it."""
+    db = Database(f"sqlite:///{tmp_path / 'dmsc.sqlite'}")
+    run = db.new_run(plan.model, plan.cluster, {}).id
+    assert last_move_s(db, run) is None
+    record_resize(db, run, "move", "stage 1: b -> c (dmsc replan)", plan)
+    moved = last_move_s(db, run)
+    assert moved is not None and abs(moved - time.time()) < 60
+    cfg = LoopConfig(Policy(confirm_ticks=1))
+    snap = _snap(plan, 10)  # its task started at NOW - 90
+    before = tick(replace(snap, moved_s=NOW - 30), cfg, LoopState(), [Noisy([True])])
+    (d,) = before.decisions
+    assert d.verdict == "refuse" and "ran on the placement before the last move" in d.reason
+    after = tick(replace(snap, moved_s=NOW - 120), cfg, LoopState(), [Noisy([True])])
+    assert [d.verdict for d in after.decisions] == ["apply"]

@@ -10,7 +10,8 @@ clock):
   ran on the old placement, and path optimisation read them against the new plan, so the slow
   link it had just left looked like the new one and it proposed the way back
   (tests/runtime/control/loop/test_hysteresis.py reproduces it with the real module). A move is
-  judged only on a training task that started after the last move (:func:`stale`);
+  judged only on a training task that started after the last move, the loop's or ``dmsc
+  replan``'s (:func:`stale`);
 - **noise**: a move must be the decision on ``confirm_ticks`` consecutive ticks on which the
   modules ran on new measurements (a new training task, or ``MODULE_STEPS`` more steps), the same
   move (module, kind and target) each time; one tick that does not propose it starts the count
@@ -88,10 +89,20 @@ def _applies(d: Decision) -> bool:
     return d.verdict == "apply" and d.proposal.kind in MOVE_KINDS
 
 
-def stale(decisions: Sequence[Decision], memory: Memory, task_id: int | None) -> list[Decision]:
-    """Moves judged on a task that ran on the placement before the last move are refused."""
+def stale(
+    decisions: Sequence[Decision],
+    memory: Memory,
+    task_id: int | None,
+    started_s: float | None = None,
+    moved_s: float | None = None,
+) -> list[Decision]:
+    """Moves judged on a task that ran on the placement before the last move are refused: a
+    task up to the one measured when the loop moved (``memory``), or one that started before
+    the deployment's last move (``moved_s``, unix seconds: a move of ``dmsc replan`` too)."""
     placed = memory.placed_task
-    if placed is None or task_id is None or task_id > placed:
+    old = placed is not None and task_id is not None and task_id <= placed
+    old = old or (moved_s is not None and started_s is not None and started_s < moved_s)
+    if not old:
         return list(decisions)
     why = (
         f"measured on task {task_id}, which ran on the placement before the last move: "
@@ -157,6 +168,8 @@ def steady(
     memory: Memory,
     *,
     task_id: int | None,
+    started_s: float | None = None,
+    moved_s: float | None = None,
     now_s: float,
     confirm_ticks: int,
     cooldown_s: float,
@@ -164,7 +177,7 @@ def steady(
 ) -> tuple[list[Decision], Memory]:
     """The three rules over the decisions of a tick on which the modules ran (module
     docstring), and the memory after it."""
-    out = stale(decisions, memory, task_id)
+    out = stale(decisions, memory, task_id, started_s, moved_s)
     out = cooled(out, memory, now_s, cooldown_s, horizon)
     out, streaks = confirmed(out, memory, confirm_ticks)
     return out, Memory(streaks, memory.moved, memory.placed_task)

@@ -60,6 +60,7 @@ class Snapshot:
     link_capacity: Mapping[int, float] = field(default_factory=dict)
     # each worker's CPU % and memory over its last traced steps ("STAGE/REPLICA": {...})
     telemetry: Mapping[str, Mapping[str, float | None]] = field(default_factory=dict)
+    moved_s: float | None = None  # when the deployment last moved (unix seconds), if it did
 
     def key(self) -> tuple[Any, ...]:
         """What the modules last ran on: the measured task, its last step, the training tasks
@@ -267,10 +268,14 @@ def tick(
         horizon = config.rule.horizon_steps
         if remaining is not None:
             horizon = min(horizon, remaining)
+        m = snap.measured
+        task = next((t for t in m.tasks if t.id == m.task_id), None)
         decisions, memory = steady(
             decisions,
             memory,
-            task_id=snap.measured.task_id,
+            task_id=m.task_id,
+            started_s=task.started_s if task is not None else None,
+            moved_s=snap.moved_s,
             now_s=snap.measured.taken_s,
             confirm_ticks=config.policy.confirm_ticks,
             cooldown_s=config.policy.cooldown_s,
