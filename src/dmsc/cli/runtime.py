@@ -30,6 +30,7 @@ from dmsc.cli.control_flags import (
     PolicyOpt,
     SloOpt,
     WebhookOpt,
+    loop_line,
     loop_settings,
 )
 from dmsc.cli.options import JsonOpt
@@ -277,7 +278,7 @@ def up(
         ),
     ] = False,
     control_interval: IntervalOpt = DEFAULT_INTERVAL_S,
-    control: ModeOpt = "advise",
+    control: ModeOpt = "act",
     policy: PolicyOpt = None,
     slo: SloOpt = None,
     alert_webhook: WebhookOpt = None,
@@ -454,6 +455,8 @@ def print_status(console: Console, out: StatusReply) -> None:
                 *([size(n.workers_gpu_memory_bytes)] if gpu else []),
             )
         console.print(nt)
+    if out.control is not None:
+        console.print(loop_line(out.control), highlight=False, markup=False)
     if out.weights_lost:
         console.print(f"[bold red]weights not restored:[/] {out.weights_lost}", highlight=False)
     if out.tasks:

@@ -42,9 +42,10 @@ from dmsc.runtime.transport.messages import (
     AutoscaleSettings,
     ControlSettings,
     RevokeRequest,
+    StatusRequest,
 )
 from dmsc.runtime.transport.observe import metrics_server
-from dmsc.runtime.transport.replies import RevokeReply
+from dmsc.runtime.transport.replies import RevokeReply, StatusReply
 from dmsc.runtime.transport.rpc import BadRequest, message_handler, parse, serve
 
 if TYPE_CHECKING:
@@ -167,7 +168,7 @@ def main(stdin: TextIO | None = None) -> None:
         # while this process imports the control plane below (about 3 s): on two cores `dmsc
         # up` waits for the longer of the two, not for both.
         forked.warm()
-    from dmsc.runtime.control.loop.runner import start_control_loop, with_loop
+    from dmsc.runtime.control.loop.runner import start_control_loop, with_loop, with_loop_status
     from dmsc.runtime.control.plane import ControlPlane
     from dmsc.runtime.control.training.retention import Retention
     from dmsc.runtime.control.watchdog import watch_workers
@@ -263,6 +264,9 @@ def main(stdin: TextIO | None = None) -> None:
     revoking = partial(_revoke, db, principals)
     revoke_method = message_handler(RevokeRequest, revoking, reply=RevokeReply)
     methods = {**cp.methods(), "Revoke": revoke_method}
+    if control_loop is not None:  # dmsc status shows the loop too
+        answer = with_loop_status(cp.status, control_loop)
+        methods["Status"] = message_handler(StatusRequest, answer, reply=StatusReply)
     fences = cp.deployment.registry.fences  # a fenced epoch's certificate: refused here too
     server, port = serve(CONTROL_SERVICE, methods, token=token, fences=fences)
     info = {

@@ -132,8 +132,19 @@ class SpareState(Reply):
     pid: int
 
 
+class LoopState(Reply):
+    """The control loop as ``dmsc status`` shows it (none with ``--control-interval 0``)."""
+
+    interval_s: float
+    mode: Literal["act", "advise"]
+    ticks: int
+    open_alerts: int
+    last_decision: str | None = None  # "N: VERDICT MODULE KIND (TARGET) -> OUTCOME"
+
+
 class StatusReply(Reply):
-    """``Status``: the run, its services, their health and use, nodes, tasks, faults, spares."""
+    """``Status``: the run, its services, their health and use, nodes, tasks, faults, spares,
+    and the control loop."""
 
     run: int
     model: str
@@ -147,6 +158,7 @@ class StatusReply(Reply):
     nodes: list[NodeState] = []  # the machines under the services, with their totals
     weights_lost: str | None = None  # set only when no checkpoint could restore the workers
     queue: Literal["fcfs", "priority", "fair"] | None = None  # the task queue's policy
+    control: LoopState | None = None
 
 
 # -- dmsc.Control: Train ---------------------------------------------------------------------------

@@ -55,3 +55,26 @@ def test_a_drain_gives_up_after_its_timeout_and_a_lone_replica_stays_routed() ->
         assert rep.names() == ["replica-0"]  # none other: its requests wait at the gate
     with rep.admitted(["replica-0"]):  # the gate is open again
         assert rep.in_flight("replica-0") == 1
+
+
+def test_a_move_shuts_every_gate_at_once_and_waits_for_the_requests_in_flight() -> None:
+    rep = replicas(2)
+    release, admitted = threading.Event(), threading.Event()
+
+    def under_way() -> None:
+        with rep.admitted(["replica-1"]):
+            admitted.set()
+            release.wait(30)
+
+    threading.Thread(target=under_way, daemon=True).start()
+    assert admitted.wait(30)
+    threading.Timer(0.3, release.set).start()
+    t0 = time.monotonic()
+    with rep.paused("a move", 30.0) as left:
+        assert left == 0 and time.monotonic() - t0 >= 0.25  # it waited for the request
+        # no replica takes a new request: they wait at the gates until the move is done
+        with pytest.raises(DeadlineExceeded), rep.admitted(["replica-0"], time.monotonic() + 0.2):
+            pass
+    with rep.admitted(["replica-0"]), rep.paused("a move", 0.2) as left:
+        assert left == 1  # still in flight after the wait: the caller defers the move
+    assert rep.in_flight() == 0

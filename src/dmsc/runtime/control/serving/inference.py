@@ -252,6 +252,35 @@ class Replicas:
                 self._loading.discard(name)
                 self._counting.notify_all()
 
+    @contextlib.contextmanager
+    def paused(self, why: str, timeout_s: float) -> Iterator[int]:
+        """Shut every replica's gate of the deployment for ``why`` (a move: the workers
+        restart), all at once: new requests wait at the gates (or go to the elastic serving
+        replicas), and this waits, at most ``timeout_s``, for those in flight to end. Yields how
+        many are still in flight (0: drained); the gates open again on leaving."""
+        names = [f"replica-{r}" for r in range(self.count)]
+        with self._counting:
+            busy = self._loading.intersection(names)
+            if busy:
+                raise RuntimeError(f"{', '.join(sorted(busy))}: a version is being loaded")
+            self._loading.update(names)
+
+        def left() -> int:
+            return sum(self._in_flight.get(n, 0) for n in names)
+
+        try:
+            with self._counting:
+                if left():
+                    n = left()
+                    self.log.info("%s waits for %d requests in flight", why, n, extra=self.extra)
+                    self._counting.wait_for(lambda: not left(), timeout_s)
+                n = left()
+            yield n
+        finally:
+            with self._counting:
+                self._loading.difference_update(names)
+                self._counting.notify_all()
+
     def infer_on(
         self,
         replica: str,
