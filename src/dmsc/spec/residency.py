@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import fnmatch
 from collections.abc import Iterable
-from pathlib import PurePosixPath
+from pathlib import Path, PurePosixPath
 from typing import Annotated, Self
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
@@ -186,3 +186,24 @@ def allowed_datacenters(
             binding.append(rule.name)
         allowed = kept
     return frozenset(allowed), tuple(binding)
+
+
+RECORD = "residency.json"  # in the control plane's home: the rules of the cluster it runs on
+
+
+def record_residency(home: Path, residency: ResidencySpec | None) -> None:
+    """Keep ``residency`` in ``home`` (``dmsc up --cluster``) for the commands that store the
+    model's weights without the control plane (``dmsc export``); none: the record goes."""
+    path = home / RECORD
+    if residency is None:
+        path.unlink(missing_ok=True)
+        return
+    path.write_text(residency.model_dump_json(indent=2))
+
+
+def recorded_residency(home: Path) -> ResidencySpec | None:
+    """The rules ``dmsc up`` recorded in ``home``, or None."""
+    path = home / RECORD
+    if not path.exists():
+        return None
+    return ResidencySpec.model_validate_json(path.read_text())

@@ -172,8 +172,10 @@ def main(stdin: TextIO | None = None) -> None:
     from dmsc.runtime.control.training.retention import Retention
     from dmsc.runtime.control.watchdog import watch_workers
     from dmsc.spec import ClusterSpec, load_spec
+    from dmsc.spec.residency import record_residency
 
     cluster = load_spec(ClusterSpec, Path(settings.cluster)) if settings.cluster else None
+    record_residency(home, cluster.residency if cluster is not None else None)  # dmsc export's
     cli_leaf = tls.install_authority(home)  # mutual TLS from here on; the CLI's leaf
     if settings.encrypt_checkpoints:  # sealed by every worker (and read here) with this key
         sealing.install(sealing.home_key(home))

@@ -6,7 +6,8 @@ measured figures again (the same re-plan the proposal came from) and moves the d
 that plan from a checkpoint (``relayout``: the workers stop and start where the plan puts them;
 weights and AdamW state carry over). Only a move that keeps each stage's layers is applied: a
 re-cut changes which stage holds which layers, and the per-stage checkpoint does not carry over
-(refused, with the reason).
+(refused, with the reason), and so is one that would put a stage where a residency rule of the
+cluster spec keeps the model's weights out (naming the rule).
 """
 
 from __future__ import annotations
@@ -19,6 +20,7 @@ from dmsc.data.traces import StepTrace
 from dmsc.planner.plan import Plan
 from dmsc.runtime.control.advisors.base import Proposal
 from dmsc.runtime.control.advisors.paths import replan
+from dmsc.runtime.control.training.residency import check_move
 from dmsc.runtime.transport.rpc import BadRequest
 from dmsc.spec import ClusterSpec
 
@@ -46,6 +48,10 @@ def apply_move(cp: Movable, traces: Sequence[StepTrace], p: Proposal) -> dict[st
             f"{p.target}: a re-cut moves layers between stages, and the per-stage "
             "checkpoint does not carry over: not applied (dmsc plan, then dmsc up)"
         )
+    try:  # the re-plan keeps to the rules of the spec; a move is checked where it is applied
+        check_move(cp.cluster, new, f"the move of {p.target}")
+    except ValueError as exc:
+        raise BadRequest(str(exc)) from None
     t1 = time.perf_counter()
     cp.relayout(new, "move", f"{p.target}: {p.reason}")
     return {"target": p.target, "move_s": time.perf_counter() - t1}
