@@ -148,8 +148,13 @@ def main(stdin: TextIO | None = None) -> None:
                     private_resources,
                 )
 
-                ray_dir = private_cluster(*private_resources(plan, settings.spares))
+                ray_dir = private_cluster(*private_resources(plan, settings.spares), home=home)
                 log.info("a private Ray cluster on 127.0.0.1, its files in %s", ray_dir)
+            else:  # a cluster of the user's: dmsc cannot secure it, it says what is open
+                from dmsc.runtime.control.launch.ray_checks import exposure
+
+                for gap in exposure(os.environ):
+                    log.warning("the Ray cluster at %s: %s", settings.ray_address, gap)
             launcher = RayLauncher(settings.ray_address, home=home)
         except Exception as exc:  # no cluster at that address, or Ray refused us
             where = settings.ray_address or "127.0.0.1 (private)"
