@@ -88,20 +88,6 @@ def test_duplicate_rule_names_are_refused(tmp_path: Path) -> None:
     assert info.value.field == "residency.rules[1].name"
 
 
-def test_the_cli_exits_2_naming_the_field(
-    tmp_path: Path, capsys: pytest.CaptureFixture[str]
-) -> None:
-    from dmsc.cli.app import main
-
-    path = tmp_path / "c.yaml"
-    path.write_text(TWO_DCS + RULES.replace("home: eu", "home: mars"))
-    with pytest.raises(SystemExit) as exit_:
-        main(["plan", "--cluster", str(path), "--model", "tiny"])
-    assert exit_.value.code == 2
-    err = capsys.readouterr().err
-    assert "residency.home" in err and "Traceback" not in err
-
-
 def _res() -> ResidencySpec:
     return ResidencySpec.model_validate(
         {
