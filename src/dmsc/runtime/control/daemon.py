@@ -149,8 +149,13 @@ def main(stdin: TextIO | None = None) -> None:
                     private_resources,
                 )
 
-                ray_dir = private_cluster(*private_resources(plan, settings.spares))
+                ray_dir = private_cluster(*private_resources(plan, settings.spares), home=home)
                 log.info("a private Ray cluster on 127.0.0.1, its files in %s", ray_dir)
+            else:  # a cluster of the user's: dmsc cannot secure it, it says what is open
+                from dmsc.runtime.control.launch.ray_checks import exposure
+
+                for gap in exposure(os.environ):
+                    log.warning("the Ray cluster at %s: %s", settings.ray_address, gap)
             launcher = RayLauncher(settings.ray_address, home=home)
         except Exception as exc:  # no cluster at that address, or Ray refused us
             where = settings.ray_address or "127.0.0.1 (private)"
@@ -173,8 +178,10 @@ def main(stdin: TextIO | None = None) -> None:
     from dmsc.runtime.control.training.retention import Retention
     from dmsc.runtime.control.watchdog import watch_workers
     from dmsc.spec import ClusterSpec, load_spec
+    from dmsc.spec.residency import record_residency
 
     cluster = load_spec(ClusterSpec, Path(settings.cluster)) if settings.cluster else None
+    record_residency(home, cluster.residency if cluster is not None else None)  # dmsc export's
     cli_leaf = tls.install_authority(home)  # mutual TLS from here on; the CLI's leaf
     if settings.encrypt_checkpoints:  # sealed by every worker (and read here) with this key
         sealing.install(sealing.home_key(home))

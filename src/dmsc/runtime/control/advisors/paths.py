@@ -31,12 +31,13 @@ from __future__ import annotations
 import math
 import statistics
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 from dmsc.data.traces import StepTrace
 from dmsc.planner.placement.from_specs import BuiltProblem, build_problem
 from dmsc.planner.placement.problem import (
+    Infeasible,
     Placement,
     PlacementProblem,
     PlacementResult,
@@ -260,7 +261,8 @@ def _iteration_s(
     """The iteration of ``plan``'s job placed as ``placement`` in ``built`` (its cluster)."""
     from dmsc.netmodel import estimate_iteration
 
-    objective = evaluate(built.problem, placement)
+    # as it runs: a residency rule added since it was planned does not stop it being measured
+    objective = evaluate(replace(built.problem, resident_dcs=None), placement)
     if objective is None:
         return None
     result = PlacementResult(placement, objective, "current", 0.0)
@@ -323,7 +325,10 @@ def replan(plan: Plan, cluster: ClusterSpec, traces: Sequence[StepTrace]) -> Rep
     if current_s is None:
         return "the current placement breaks a constraint of the measured cluster"
     solver = plan.search.solver if plan.search.solver in SOLVERS else "milp"
-    new_plan = plan_job(measured_cluster, model, plan.job, solver=solver, fixed=True).plan
+    try:  # a residency rule may leave the job nowhere to go on the measured cluster
+        new_plan = plan_job(measured_cluster, model, plan.job, solver=solver, fixed=True).plan
+    except Infeasible as exc:
+        return f"no placement on the measured cluster: {exc}"
     nominal_compute = {
         s: (nominal.problem.compute_us[s][d] or 0) * 1e-6 for s, d in enumerate(place.dcs)
     }

@@ -10,7 +10,8 @@ are answering ("Channel closed"), so the move first shuts the replicas' gates an
 serving replicas) until the move is done. Requests still running then: :class:`StillServing`,
 and nothing moved (the control loop tries again at its next tick). Only a move that keeps each
 stage's layers is applied: a re-cut changes which stage holds which layers, and the per-stage
-checkpoint does not carry over (refused, with the reason).
+checkpoint does not carry over (refused, with the reason), and so is one that would put a stage
+where a residency rule of the cluster spec keeps the model's weights out (naming the rule).
 """
 
 from __future__ import annotations
@@ -24,6 +25,7 @@ from dmsc.data.traces import StepTrace
 from dmsc.planner.plan import Plan
 from dmsc.runtime.control.advisors.base import Proposal
 from dmsc.runtime.control.advisors.paths import replan
+from dmsc.runtime.control.training.residency import check_move
 from dmsc.runtime.transport.rpc import BadRequest
 from dmsc.spec import ClusterSpec
 
@@ -70,6 +72,10 @@ def apply_move(
             f"{p.target}: a re-cut moves layers between stages, and the per-stage "
             "checkpoint does not carry over: not applied (dmsc plan, then dmsc up)"
         )
+    try:  # the re-plan keeps to the rules of the spec; a move is checked where it is applied
+        check_move(cp.cluster, new, f"the move of {p.target}")
+    except ValueError as exc:
+        raise BadRequest(str(exc)) from None
     t1 = time.perf_counter()
     with cp.inference.paused(f"a move ({p.target})", drain_s) as left:
         if left:
