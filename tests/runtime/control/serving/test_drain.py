@@ -20,19 +20,24 @@ def replicas(count: int) -> Replicas:
     return Replicas(dep, db=None, lock=threading.Lock(), log=logging.getLogger("t"), run_id=1)  # type: ignore[arg-type]
 
 
-def test_new_requests_go_elsewhere_or_wait_and_the_load_waits_for_those_in_flight() -> None:
-    rep = replicas(2)
-    rep.drain_timeout_s = 30.0
+def _under_way(rep: Replicas, name: str, for_s: float) -> None:
+    """A request admitted to replica ``name`` now, which ends ``for_s`` seconds later."""
     release, admitted = threading.Event(), threading.Event()
 
-    def under_way() -> None:
-        with rep.admitted(["replica-0"]):
+    def request() -> None:
+        with rep.admitted([name]):
             admitted.set()
             release.wait(30)
 
-    threading.Thread(target=under_way, daemon=True).start()
+    threading.Thread(target=request, daemon=True).start()
     assert admitted.wait(30)
-    threading.Timer(0.3, release.set).start()
+    threading.Timer(for_s, release.set).start()
+
+
+def test_new_requests_go_elsewhere_or_wait_and_the_load_waits_for_those_in_flight() -> None:
+    rep = replicas(2)
+    rep.drain_timeout_s = 30.0
+    _under_way(rep, "replica-0", 0.3)
     t0 = time.monotonic()
     with rep.drained("replica-0", "loading version 2") as left:
         assert left == 0 and time.monotonic() - t0 >= 0.25  # it waited for the request
@@ -59,16 +64,7 @@ def test_a_drain_gives_up_after_its_timeout_and_a_lone_replica_stays_routed() ->
 
 def test_a_move_shuts_every_gate_at_once_and_waits_for_the_requests_in_flight() -> None:
     rep = replicas(2)
-    release, admitted = threading.Event(), threading.Event()
-
-    def under_way() -> None:
-        with rep.admitted(["replica-1"]):
-            admitted.set()
-            release.wait(30)
-
-    threading.Thread(target=under_way, daemon=True).start()
-    assert admitted.wait(30)
-    threading.Timer(0.3, release.set).start()
+    _under_way(rep, "replica-1", 0.3)
     t0 = time.monotonic()
     with rep.paused("a move", 30.0) as left:
         assert left == 0 and time.monotonic() - t0 >= 0.25  # it waited for the request
