@@ -1,0 +1,110 @@
+"""The autoscaler's forecast (pure): a stepped ramp of requests, scaled out ahead with a
+look-ahead and only after the step without one; no forecast scale-out on a steady load."""
+
+from __future__ import annotations
+
+import math
+import re
+from collections.abc import Callable
+
+import numpy as np
+import pytest
+
+from dmsc.data.forecast import fit_holt, forecast_ahead, holt_forecasts
+from dmsc.runtime.control.serving.autoscale import ScalePolicy, parse_autoscale
+from dmsc.runtime.transport.messages import AutoscaleSettings
+
+IN_FLIGHT_S = 2.0  # each request stays 2 s: a replica at target 4 serves 2 req/s
+CAPACITY = 4 / IN_FLIGHT_S
+
+
+def stepped(t: float) -> float:
+    """0.5 req/s more every 10 s, from 0.5 to 3 req/s; one replica's capacity (2 req/s) is
+    crossed at the step at 30 s (to 2.0, at it) and 40 s (2.5, above it)."""
+    return 0.5 * (1 + min(int(t // 10), 5))
+
+
+def _run(lookahead_s: float, rate: Callable[[float], float], seconds: float) -> list[tuple]:
+    """Sample ``rate`` every 0.5 s as the autoscale loop would (requests in flight by
+    Little's law, the arrivals counter); every change (time, replicas, reason)."""
+    policy = ScalePolicy(
+        AutoscaleSettings(
+            min=1, max=4, target=4, cooldown_s=10, window_s=5, lookahead_s=lookahead_s
+        )
+    )
+    current, arrived, changes = 1, 0.0, []
+    for k in range(int(seconds / 0.5) + 1):
+        t = k * 0.5
+        if k:
+            arrived += rate(t - 0.5) * 0.5
+        in_flight = round(rate(t) * IN_FLIGHT_S)
+        wanted = policy.observe(t, in_flight, current, math.floor(arrived + 1e-9))
+        if wanted != current:
+            changes.append((t, wanted, policy.why))
+            current = wanted
+            policy.changed(t)
+    return changes
+
+
+def test_a_forecast_ramp_is_scaled_out_before_its_step_and_says_so() -> None:
+    ahead = _run(20.0, stepped, 60.0)
+    t, replicas, why = ahead[0]
+    assert replicas == 2
+    assert t < 30.0  # before the rate reaches one replica's capacity
+    assert stepped(t) < CAPACITY
+    found = re.fullmatch(r"forecast: ([\d.]+) req/s in 20s > capacity ([\d.]+) req/s .*", why)
+    assert found is not None, why
+    rate, capacity = float(found[1]), float(found[2])
+    assert capacity == pytest.approx(CAPACITY, rel=0.1)  # measured by Little's law
+    assert rate > capacity
+
+
+def test_without_a_look_ahead_the_replica_comes_only_after_the_step() -> None:
+    reactive = _run(0.0, stepped, 60.0)
+    t, replicas, why = reactive[0]
+    assert replicas == 2 and t >= 40.0 and stepped(t) > CAPACITY
+    assert "forecast" not in why and "requests in flight" in why
+
+
+def test_a_steady_load_below_capacity_is_not_forecast_into_a_scale_out() -> None:
+    assert _run(20.0, lambda t: 1.5, 120.0) == []
+
+
+def test_a_replica_the_forecast_needs_is_not_removed() -> None:
+    """The load in flight has fitted one replica fewer for a minute; the climbing rate, 40 s
+    ahead, will not."""
+    policy = ScalePolicy(
+        AutoscaleSettings(min=1, max=4, target=4, cooldown_s=0, window_s=5, lookahead_s=40)
+    )
+    reactive = ScalePolicy(AutoscaleSettings(min=1, max=4, target=4, cooldown_s=0, window_s=5))
+    for k in range(201):  # 100 s: the scale-in window (a minute) is full
+        t = k * 0.5
+        rate = 0.3 + 0.016 * t  # 0.3 to 1.9 req/s: at most 4 in flight, one replica's target
+        arrived = math.floor(0.3 * t + 0.008 * t * t)
+        wanted = policy.observe(t, round(rate * IN_FLIGHT_S), 2, arrived)
+        without = reactive.observe(t, round(rate * IN_FLIGHT_S), 2, arrived)
+    assert without == 1  # the reference: the reactive rule removes it
+    assert wanted == 2, policy.why
+
+
+def test_the_look_ahead_is_the_longer_of_the_setting_and_the_last_measured_start() -> None:
+    policy = ScalePolicy(AutoscaleSettings(lookahead_s=10))
+    assert policy.lookahead_s == 10
+    policy.changed(0.0, ready_s=25.0)
+    assert policy.lookahead_s == 25
+    assert ScalePolicy(AutoscaleSettings()).lookahead_s == 0  # off: no forecast
+    assert parse_autoscale("infer:lookahead=20").lookahead_s == 20
+    with pytest.raises(ValueError, match="lookahead_s: Input should be greater than or equal"):
+        parse_autoscale("infer:lookahead=-1")
+
+
+def test_forecast_ahead_extends_holts_last_level_and_trend() -> None:
+    y = np.array([1.0, 2.5, 2.9, 4.2, 5.1, 5.8, 7.2])
+    alpha, beta = fit_holt(y)
+    one = holt_forecasts(y, alpha, beta)[0, -1]
+    assert forecast_ahead(y, 1) == pytest.approx(one)
+    step = forecast_ahead(y, 2) - forecast_ahead(y, 1)  # the trend
+    assert forecast_ahead(y, 5) == pytest.approx(one + 4 * step)
+    assert forecast_ahead([3.0, 4.0], 10) == 4.0  # too few points: the last value
+    with pytest.raises(ValueError, match="no measurements"):
+        forecast_ahead([], 1)
