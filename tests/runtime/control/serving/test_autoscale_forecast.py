@@ -14,31 +14,39 @@ from dmsc.data.forecast import fit_holt, forecast_ahead, holt_forecasts
 from dmsc.runtime.control.serving.autoscale import ScalePolicy, parse_autoscale
 from dmsc.runtime.transport.messages import AutoscaleSettings
 
-IN_FLIGHT_S = 2.0  # each request stays 2 s: a replica at target 4 serves 2 req/s
-CAPACITY = 4 / IN_FLIGHT_S
+SERVICE_S = 0.25  # a request alone takes 0.25 s of a replica
+CAPACITY = 2 / 3 / SERVICE_S  # at target 2 in flight a replica runs at rho = 2/3: 2.67 req/s
+
+
+def in_flight(rate: float) -> float:
+    """The mean requests in flight on one replica, a processor-sharing queue at ``rate``."""
+    rho = rate * SERVICE_S
+    return rho / (1 - rho)
 
 
 def stepped(t: float) -> float:
-    """0.5 req/s more every 10 s, from 0.5 to 3 req/s; one replica's capacity (2 req/s) is
-    crossed at the step at 30 s (to 2.0, at it) and 40 s (2.5, above it)."""
+    """0.5 req/s more every 10 s, from 0.5 to 3 req/s; one replica's capacity (2.67 req/s at
+    its target) is crossed by the step at 50 s."""
     return 0.5 * (1 + min(int(t // 10), 5))
 
 
 def _run(lookahead_s: float, rate: Callable[[float], float], seconds: float) -> list[tuple]:
-    """Sample ``rate`` every 0.5 s as the autoscale loop would (requests in flight by
-    Little's law, the arrivals counter); every change (time, replicas, reason)."""
+    """Sample ``rate`` every 0.5 s as the autoscale loop would (the requests in flight one
+    replica would hold, as whole numbers whose mean is the queue's; the arrivals counter);
+    every change (time, replicas, reason)."""
     policy = ScalePolicy(
         AutoscaleSettings(
-            min=1, max=4, target=4, cooldown_s=10, window_s=5, lookahead_s=lookahead_s
+            min=1, max=4, target=2, cooldown_s=10, window_s=5, lookahead_s=lookahead_s
         )
     )
-    current, arrived, changes = 1, 0.0, []
+    current, arrived, held, changes = 1, 0.0, 0.0, []
     for k in range(int(seconds / 0.5) + 1):
         t = k * 0.5
         if k:
             arrived += rate(t - 0.5) * 0.5
-        in_flight = round(rate(t) * IN_FLIGHT_S)
-        wanted = policy.observe(t, in_flight, current, math.floor(arrived + 1e-9))
+        before, held = held, held + in_flight(rate(t))
+        n = math.floor(held) - math.floor(before)  # whole numbers, the right mean
+        wanted = policy.observe(t, n, current, math.floor(arrived + 1e-9))
         if wanted != current:
             changes.append((t, wanted, policy.why))
             current = wanted
@@ -50,40 +58,42 @@ def test_a_forecast_ramp_is_scaled_out_before_its_step_and_says_so() -> None:
     ahead = _run(20.0, stepped, 60.0)
     t, replicas, why = ahead[0]
     assert replicas == 2
-    assert t < 30.0  # before the rate reaches one replica's capacity
+    assert t < 50.0  # before the rate passes one replica's capacity
     assert stepped(t) < CAPACITY
     found = re.fullmatch(r"forecast: ([\d.]+) req/s in 20s > capacity ([\d.]+) req/s .*", why)
     assert found is not None, why
     rate, capacity = float(found[1]), float(found[2])
-    assert capacity == pytest.approx(CAPACITY, rel=0.1)  # measured by Little's law
+    assert capacity == pytest.approx(CAPACITY, rel=0.1)  # Little's law and the PS queue
     assert rate > capacity
 
 
 def test_without_a_look_ahead_the_replica_comes_only_after_the_step() -> None:
     reactive = _run(0.0, stepped, 60.0)
     t, replicas, why = reactive[0]
-    assert replicas == 2 and t >= 40.0 and stepped(t) > CAPACITY
+    assert replicas == 2 and t >= 50.0 and stepped(t) > CAPACITY
     assert "forecast" not in why and "requests in flight" in why
 
 
 def test_a_steady_load_below_capacity_is_not_forecast_into_a_scale_out() -> None:
-    assert _run(20.0, lambda t: 1.5, 120.0) == []
+    assert _run(20.0, lambda t: 2.0, 120.0) == []
 
 
 def test_a_replica_the_forecast_needs_is_not_removed() -> None:
-    """The load in flight has fitted one replica fewer for a minute; the climbing rate, 40 s
-    ahead, will not."""
-    policy = ScalePolicy(
-        AutoscaleSettings(min=1, max=4, target=4, cooldown_s=0, window_s=5, lookahead_s=40)
-    )
-    reactive = ScalePolicy(AutoscaleSettings(min=1, max=4, target=4, cooldown_s=0, window_s=5))
+    """Two replicas; the load in flight has fitted one for a minute, the climbing rate 40 s
+    ahead will not."""
+    settings = {"min": 1, "max": 4, "target": 2, "cooldown_s": 0, "window_s": 5}
+    policy = ScalePolicy(AutoscaleSettings(**settings, lookahead_s=40))
+    reactive = ScalePolicy(AutoscaleSettings(**settings))
+    held = 0.0
     for k in range(201):  # 100 s: the scale-in window (a minute) is full
         t = k * 0.5
-        rate = 0.3 + 0.016 * t  # 0.3 to 1.9 req/s: at most 4 in flight, one replica's target
-        arrived = math.floor(0.3 * t + 0.008 * t * t)
-        wanted = policy.observe(t, round(rate * IN_FLIGHT_S), 2, arrived)
-        without = reactive.observe(t, round(rate * IN_FLIGHT_S), 2, arrived)
-    assert without == 1  # the reference: the reactive rule removes it
+        rate = 0.5 + 0.025 * t  # 0.5 to 3 req/s over two replicas, 4 req/s 40 s later
+        before, held = held, held + 2 * in_flight(rate / 2)
+        n = math.floor(held) - math.floor(before)
+        arrived = math.floor(0.5 * t + 0.0125 * t * t)
+        wanted = policy.observe(t, n, 2, arrived)
+        without = reactive.observe(t, n, 2, arrived)
+    assert without == 1, reactive.why  # the reference: the reactive rule removes it
     assert wanted == 2, policy.why
 
 

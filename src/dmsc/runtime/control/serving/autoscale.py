@@ -19,10 +19,14 @@ every ``interval`` and averaged over the last ``window_s`` seconds. The rule:
   :data:`RATE_WINDOWS` of them), forecast ``lookahead_s`` ahead (the time a new pipeline takes
   to be ready: the setting, or the last measured start when that was longer) by Holt's linear
   smoothing (:mod:`dmsc.data.forecast`), and one replica is added when the forecast exceeds
-  what the replicas serve. What a replica serves comes from Little's law (in flight = rate x
-  time in flight; Little, Operations Research 9(3), 1961): over the last window a request
-  stayed ``W`` = mean in flight / rate seconds, so a replica at ``target`` in flight serves
-  ``target / W`` requests per second.
+  what the replicas serve. What a replica serves at ``target`` in flight comes from queueing
+  theory: its requests take turns (a token each), a processor-sharing queue, whose mean number
+  in system is L = rho / (1 - rho) and time in system W = s / (1 - rho) whatever the
+  distribution of the service time ``s`` (Kleinrock, *Queueing Systems* vol. 2, 1976, ch. 4).
+  Over the last window Little's law (L = lambda W) gives W = mean in flight / rate, the load per
+  replica gives rho, hence ``s`` = W / (1 + L per replica); at ``target`` in flight a replica
+  runs at rho = target / (1 + target), so it serves ``target / (1 + target) / s`` requests per
+  second.
   The reason then says so (``forecast: 9.1 req/s in 20s > capacity 6.0 req/s``), and a replica
   the forecast still needs is not removed.
 
@@ -165,10 +169,12 @@ class ScalePolicy:
         if rate_now <= 0 or load_now <= 0:
             return None
         in_flight_s = load_now / rate_now  # Little's law: W = L / lambda
+        busy = load_now / current  # in flight per replica
+        alone_s = in_flight_s / (1 + busy)  # processor sharing: W = s (1 + L) (docstring)
         times = [t for t, _, _ in self.rates]
         interval = (times[-1] - times[0]) / (len(times) - 1)
         rate = max(0.0, forecast_ahead([r for _, r, _ in self.rates], self.lookahead_s / interval))
-        per_replica = self.s.target / in_flight_s
+        per_replica = self.s.target / (1 + self.s.target) / alone_s  # rho at target, times mu
         needed = min(self.s.max, max(self.s.min, math.ceil(rate / per_replica)))
         return rate, current * per_replica, needed
 
