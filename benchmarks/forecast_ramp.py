@@ -160,6 +160,11 @@ def figures(sim: dict[str, Any], slo_s: float, end_s: float) -> dict[str, Any]:
     }
 
 
+def _first(r: dict[str, Any]) -> float:
+    """When the first pipeline was added (inf: never)."""
+    return float(r["scale_outs"][0][0]) if r["scale_outs"] else math.inf
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument(
@@ -192,6 +197,16 @@ def main() -> None:
         name: {k: float(np.mean([r[k] for r in per.values()])) for k in keys}
         for name, per in runs.items()
     }
+    seeds = [str(k) for k in range(args.seeds)]
+    compared = {
+        "forecast_acted": sum(runs["forecast"][k]["forecast_scale_outs"] > 0 for k in seeds),
+        "first_out_earlier": sum(
+            _first(runs["forecast"][k]) < _first(runs["reactive"][k]) for k in seeds
+        ),
+        "first_out_same": sum(
+            _first(runs["forecast"][k]) == _first(runs["reactive"][k]) for k in seeds
+        ),
+    }
     doc = {
         "model": "simulated: processor-sharing pipelines, Poisson arrivals, the real ScalePolicy",
         "steps": args.steps,
@@ -201,6 +216,7 @@ def main() -> None:
         "seeds": args.seeds,
         "autoscale": variants,
         "mean_over_seeds": summary,
+        "seeds_where": compared,
         "runs": runs,
     }
     if args.out:
@@ -209,6 +225,7 @@ def main() -> None:
         print(json.dumps(doc))
         return
     print(f"ramp {args.steps} req/s x s; p99 SLO {args.slo_s:g} s; start {args.start_s:g} s")
+    print(f"seeds where: {compared}")
     head = ("deployment", "seed", "p50 s", "p99 s", "max s", "s>SLO", "pipes", "first out")
     print(f"{head[0]:<10} " + " ".join(f"{h:>9}" for h in head[1:]))
     for name, per in runs.items():

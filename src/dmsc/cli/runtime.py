@@ -231,8 +231,7 @@ def up(
         str | None,
         typer.Option(
             help="Elastic serving replicas: infer:min=1,max=4[,target=2,cooldown=10,window=5,"
-            "lookahead=0] (requests in flight per replica; seconds; lookahead > 0 scales out "
-            "ahead of the request rate forecast that far ahead)."
+            "lookahead=0] (in flight per replica; seconds; lookahead: forecast the rate ahead)."
         ),
     ] = None,
     cluster: Annotated[

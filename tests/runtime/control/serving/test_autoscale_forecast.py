@@ -3,8 +3,10 @@ look-ahead and only after the step without one; no forecast scale-out on a stead
 
 from __future__ import annotations
 
+import logging
 import math
 import re
+import threading
 from collections.abc import Callable
 
 import numpy as np
@@ -12,6 +14,7 @@ import pytest
 
 from dmsc.data.forecast import fit_holt, forecast_ahead, holt_forecasts
 from dmsc.runtime.control.serving.autoscale import ScalePolicy, parse_autoscale
+from dmsc.runtime.control.serving.elastic import autoscale_loop
 from dmsc.runtime.transport.messages import AutoscaleSettings
 
 SERVICE_S = 0.25  # a request alone takes 0.25 s of a replica
@@ -118,3 +121,61 @@ def test_forecast_ahead_extends_holts_last_level_and_trend() -> None:
     assert forecast_ahead([3.0, 4.0], 10) == 4.0  # too few points: the last value
     with pytest.raises(ValueError, match="no measurements"):
         forecast_ahead([], 1)
+
+
+class RecordingPool:
+    """What autoscale_loop drives, without processes: the reasons it was given."""
+
+    def __init__(self) -> None:
+        self.serving: list[str] = []
+        self.reasons: list[str] = []
+        self.log = logging.getLogger("test")
+
+    def count(self) -> int:
+        return 1 + len(self.serving)
+
+    def scale_out(self, reason: str, in_flight: float = 0.0) -> str | None:
+        self.reasons.append(reason)
+        self.serving.append(f"serve-{len(self.serving) + 1}")
+        return self.serving[-1]
+
+    def newest(self) -> str | None:
+        return self.serving[-1] if self.serving else None
+
+    def scale_in(self, name: str, reason: str, in_flight: float = 0.0) -> None:
+        self.serving.remove(name)
+
+
+def test_the_loop_reads_the_arrivals_and_records_the_forecasts_reason() -> None:
+    """The ramp of the first test through ``autoscale_loop``: the pool is told why (the
+    reason of its ``scale_events`` row), and the start it took becomes the look-ahead."""
+    pool, stop, t = RecordingPool(), threading.Event(), [0.0]
+    arrived = [0.0]
+
+    def clock() -> float:  # called once a sample, and once more after a scale-out
+        t[0] += 0.5
+        arrived[0] += stepped(t[0]) * 0.5
+        if t[0] >= 48.0:
+            stop.set()
+        return t[0]
+
+    settings = AutoscaleSettings(min=1, max=4, target=2, cooldown_s=10, window_s=5, lookahead_s=20)
+    policy = ScalePolicy(settings)
+    held = [0.0]
+
+    def load() -> int:
+        before = held[0]
+        held[0] += in_flight(stepped(t[0]))
+        return math.floor(held[0]) - math.floor(before)
+
+    autoscale_loop(
+        pool,  # type: ignore[arg-type]
+        policy,
+        load,
+        stop,
+        0.0,
+        clock,
+        arrivals=lambda: math.floor(arrived[0] + 1e-9),
+    )
+    assert pool.reasons and pool.reasons[0].startswith("forecast: ")
+    assert policy.ready_s == pytest.approx(0.5)  # one tick of this clock
