@@ -230,8 +230,8 @@ def up(
     autoscale: Annotated[
         str | None,
         typer.Option(
-            help="Elastic serving replicas: infer:min=1,max=4[,target=2,cooldown=10,window=5] "
-            "(requests in flight per replica; seconds)."
+            help="Elastic serving replicas: infer:min=1,max=4[,target=2,cooldown=10,window=5,"
+            "lookahead=0] (in flight per replica; seconds; lookahead: forecast the rate ahead)."
         ),
     ] = None,
     cluster: Annotated[

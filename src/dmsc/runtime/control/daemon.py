@@ -328,7 +328,14 @@ def start_autoscaler(
         cp.inference.in_flight,
         registry_ttl_s=ttl_s,
     )
-    loop = partial(autoscale_loop, pool, ScalePolicy(scale), cp.inference.in_flight, cp.stopped)
+    loop = partial(
+        autoscale_loop,
+        pool,
+        ScalePolicy(scale),
+        cp.inference.in_flight,
+        cp.stopped,
+        arrivals=lambda: cp.inference.arrivals,
+    )
     threading.Thread(target=loop, name="autoscaler", daemon=True).start()
     return pool
 

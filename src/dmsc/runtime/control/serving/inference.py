@@ -100,6 +100,7 @@ class Replicas:
         self.production: int | None = None
         self.drain_timeout_s = DRAIN_TIMEOUT_S
         self._in_flight: dict[str, int] = {}
+        self.arrivals = 0  # requests admitted so far (the autoscaler forecasts their rate)
         self._loading: set[str] = set()  # replicas a version is being loaded into (gate shut)
         self._counting = threading.Condition()  # guards both; notified as they change
         self._syncing = threading.Lock()  # one version sync at a time
@@ -218,6 +219,7 @@ class Replicas:
                 self._counting.wait(0.1 if left is None else min(left, 0.1))  # sees cancel
             for name in names:
                 self._in_flight[name] = self._in_flight.get(name, 0) + 1
+            self.arrivals += 1
         try:
             yield
         finally:
