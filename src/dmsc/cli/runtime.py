@@ -385,6 +385,7 @@ def status(as_json: JsonOpt = False) -> None:
 
 def print_status(console: Console, out: StatusReply) -> None:
     """The Status answer as tables; SIDs and addresses whole on any terminal width."""
+    from dmsc.cli.mode_table import print_modes
     from dmsc.cli.render import fit_table, human_bytes
 
     def size(n: float | None) -> str:
@@ -454,6 +455,7 @@ def print_status(console: Console, out: StatusReply) -> None:
                 *([size(n.workers_gpu_memory_bytes)] if gpu else []),
             )
         console.print(nt)
+    print_modes(console, out)  # each mode's communication, predicted against measured
     if out.weights_lost:
         console.print(f"[bold red]weights not restored:[/] {out.weights_lost}", highlight=False)
     if out.tasks:
