@@ -156,7 +156,7 @@ def calibration_report(measured: dict[str, float], written: dict[str, Any], dst:
         f"{measured['loopback_rtt_s'] * 1e6:.0f} us, per-kernel overhead "
         f"{measured['op_overhead_s'] * 1e6:.1f} us, {measured['cores']:.0f} cores"
     )
-    from dmsc.runtime.compute.calibrate import spread_lines
+    from dmsc.runtime.compute.calibrate import collective_words, spread_lines
 
     lines = [seen, *spread_lines(measured)]
     devices = sum(
@@ -177,7 +177,7 @@ def calibration_report(measured: dict[str, float], written: dict[str, Any], dst:
         link = node["link"]
         lines.append(
             f"  node {node_name}: link {link['bandwidth_gbit_s']:.2f} Gbit/s, "
-            f"{link['latency_us']:.1f} us"
+            f"{link['latency_us']:.1f} us" + collective_words(node)
         )
     return lines
 
