@@ -68,3 +68,8 @@ def test_a_mode_measured_without_a_prediction_and_one_predicted_unmeasured() -> 
     assert by["dp"].predicted_s is None and by["dp"].ratio is None
     assert by["ep"].measured_s is None and by["ep"].predicted_s == 0.5 and by["ep"].steps == 0
     assert compare_modes(None, []) == []
+
+
+def test_a_mode_neither_measured_nor_predicted_to_take_time_is_left_out() -> None:
+    # one stage: the cost model's bubble is a rounding (5.6e-8 s seen), nothing is measured
+    assert compare_modes({"pp_comm": 0.0, "bubble": 5.6e-8}, []) == []

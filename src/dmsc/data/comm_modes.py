@@ -23,6 +23,9 @@ from typing import Any
 from dmsc.data.traces import StepTrace
 
 MODES = ("tp", "dp", "ep", "pp")
+# a mode neither measured nor predicted to take this long is left out (a pipeline of one stage
+# has a bubble of a few float roundings)
+UNUSED_S = 1e-6
 # the cost model's breakdown keys each mode's measured time is compared with
 PREDICTED_KEYS: dict[str, tuple[str, ...]] = {
     "tp": ("tp_comm",),
@@ -83,7 +86,7 @@ def compare_modes(
         keys = PREDICTED_KEYS[mode]
         predicted = sum(pred[k] for k in keys if k in pred) if keys[0] in pred else None
         steps = measured.get(mode, {})
-        if not steps and not predicted:
+        if not steps and (predicted or 0.0) < UNUSED_S:
             continue  # a mode the job does not use
         seconds = [s for s, _ in steps.values()]
         nbytes = [float(n) for _, n in steps.values()]
