@@ -119,11 +119,13 @@ def fill_run(
     gap_scale: dict[int, float] | None = None,
     step_s: Callable[[int], float] | None = None,
     task_steps: int = 1000,
+    gap_by_step: Callable[[int], float] | None = None,
 ) -> tuple[int, int]:
     """A run of ``plan`` with a running training task that did ``steps`` steps: the planner's
-    figures, each stage's compute times ``compute_scale[stage]`` and each boundary's transfer
-    ``gap_scale[boundary]``; ``step_s(step)`` the recorded step time (default the plan's
-    prediction). Returns the run and the task."""
+        figures, each stage's compute times ``compute_scale[stage]`` and each boundary's transfer
+        ``gap_scale[boundary]``; ``step_s(step)`` the recorded step time (default the plan's
+        prediction); ``gap_by_step(step)`` multiplies every boundary's transfer at that step (a link
+    whose load changes). Returns the run and the task."""
     run = db.new_run(plan.model, plan.cluster, json.loads(plan.model_dump_json()))
     task = db.new_task(run.id, "train", {"steps": task_steps, "first_step": 0}, state="running")
     nom = nominal(cluster, plan)
@@ -131,8 +133,14 @@ def fill_run(
     gaps = [g * (gap_scale or {}).get(b, 1.0) for b, g in enumerate(nom.transfer_s)]
     t = 1_700_000_000.0
     for step in range(steps):
+        at = gap_by_step(step) if gap_by_step is not None else 1.0
         traces, end = step_traces(
-            compute, gaps, nom.bytes_per_microbatch, plan.job.microbatches, plan.job.dp, t
+            compute,
+            [g * at for g in gaps],
+            nom.bytes_per_microbatch,
+            plan.job.microbatches,
+            plan.job.dp,
+            t,
         )
         took = step_s(step) if step_s is not None else plan.prediction.iteration_time_s
         db.add_metric(task.id, step, 4.0 - step * 0.01, took, 1000.0 / took)

@@ -49,9 +49,9 @@ def test_up_hands_the_loop_and_its_policy_over(
     assert settings.policy["slos"]["step_time_s"] == {"max": 0.2, "action": "move"}
     assert settings.policy["slos"]["queue_wait_s"] == {"max": 60.0, "action": "alert"}
     (tmp_path / "settings.json").unlink()
-    code, err = run(capsys, "up", "--plan", str(plan))  # the defaults: on, advise, no policy
+    code, err = run(capsys, "up", "--plan", str(plan))  # the defaults: on, act, no policy
     settings = ControlSettings.model_validate_json((tmp_path / "settings.json").read_text())
-    assert (settings.control_interval_s, settings.control, settings.policy) == (5.0, "advise", None)
+    assert (settings.control_interval_s, settings.control, settings.policy) == (5.0, "act", None)
     (tmp_path / "settings.json").unlink()
     for bad, where in (
         ("slos:\n  queue_wait_s: -3\n", f"{policy}: slos.queue_wait_s"),

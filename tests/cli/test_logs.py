@@ -103,6 +103,43 @@ def test_a_service_without_a_log_lists_those_with_one(
     assert "control, sid-0-aaaa-r0, sid-1-bbbb-r0" in err
 
 
+def test_grep_and_since_search_every_log(home: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    now = time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime())  # the fixture's lines are of 2025
+    with logs.log_file(home, "sid-1-bbbb-r0").open("a") as f:
+        f.write(json.dumps({"ts": now, "level": "error", "msg": "NCCL error: unhandled"}) + "\n")
+    nccl = json.dumps({"ts": now, "level": "error", "msg": "NCCL error: unhandled"})
+    code, out, _ = run(capsys, "--grep", "hello|NCCL")
+    assert code == 0 and out.splitlines() == [
+        f"sid-0-aaaa-r0  {logs.render(record('hello from sid-0-aaaa-r0', 'sid-0-aaaa-r0'))}",
+        f"sid-1-bbbb-r0  {logs.render(record('hello from sid-1-bbbb-r0', 'sid-1-bbbb-r0'))}",
+        f"sid-1-bbbb-r0  {logs.render(nccl)}",
+    ]
+    code, out, _ = run(capsys, "--since", "10m", "--raw")  # the new line alone, with its service
+    assert code == 0 and [json.loads(line) for line in out.splitlines()] == [
+        {"service": "sid-1-bbbb-r0", "ts": now, "level": "error", "msg": "NCCL error: unhandled"}
+    ]
+    code, out, _ = run(capsys, "--grep", "control 9[89]", "--control")
+    assert out.splitlines() == [f"control  {logs.render(record(f'control {i}'))}" for i in (98, 99)]
+    assert run(capsys, "--grep", "hello", "--service", "sid-0")[1].count("\n") == 1
+
+
+@pytest.mark.parametrize(
+    ("args", "needle"),
+    [
+        (["--grep", "("], "--grep: '(' is not a regular expression"),
+        (["--since", "5 minutes"], "--since: '5 minutes': expected a duration"),
+        (["--since", "5m", "--follow"], "not with --follow"),
+        (["--grep", "x", "--follow"], "name it with --service SID or --control"),
+    ],
+)
+def test_bad_searches_exit_2_in_one_line(
+    home: Path, capsys: pytest.CaptureFixture[str], args: list[str], needle: str
+) -> None:
+    code, out, err = run(capsys, *args)
+    assert code == 2 and out == ""
+    assert needle in err and len(err.strip().splitlines()) == 1
+
+
 def test_no_control_plane_log_yet(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
 ) -> None:

@@ -2,10 +2,10 @@
 interleaved plan whose stages do not hold their chunks in order (the runtime runs each stage's
 chunks apart, by the interleaved 1F1B schedule; it used to merge a stage's chunks into one range
 over other stages' layers: gpt-mini pp=2 v=2 ran blocks 1 and 2 twice); a plan with
-tensor parallelism the runtime does not run (sequence parallel, GPUs), and a plan whose stages,
-replicas or devices do not add up to its job (issue 31). A plan with expert parallelism starts
-(it used to be refused), unless its ep does not divide the experts or the replicas, comes with
-tp > 1, GPUs, spares or Ray."""
+tensor parallelism the runtime does not run (sequence parallel with experts, GPUs), and a plan
+whose stages, replicas or devices do not add up to its job (issue 31). A plan with expert
+parallelism starts (it used to be refused), unless its ep does not divide the experts or the
+replicas, comes with tp > 1, GPUs, spares or Ray."""
 
 from __future__ import annotations
 
@@ -153,12 +153,21 @@ def test_a_tensor_parallel_plan_starts(
     assert (tmp_path / "started").exists()
 
 
-def test_a_tensor_parallel_plan_with_sequence_parallelism_is_refused(
+def test_a_tensor_parallel_plan_with_sequence_parallelism_starts(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
 ) -> None:
+    # the runtime splits the blocks' sequence too (tests/runtime/compute/test_sequence_parallel.py)
     path = _two_sites_plan(tmp_path, tp=2, pp=2, dp=1, sequence_parallel=True)
+    code, err = _up(tmp_path, path, monkeypatch, capsys)
+    assert code == 0, err
+
+
+def test_sequence_parallelism_for_a_mixture_of_experts_is_refused(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    path = _two_sites_plan(tmp_path, "moe-mini", tp=2, pp=2, dp=1, sequence_parallel=True)
     err = _refused(tmp_path, path, monkeypatch, capsys, "job.sequence_parallel")
-    assert "tp=2 with sequence parallelism" in err and "--no-sequence-parallel" in err
+    assert "mixture of experts" in err and "--no-sequence-parallel" in err
 
 
 def test_a_tensor_parallel_plan_on_gpus_is_refused(tmp_path: Path) -> None:

@@ -192,8 +192,11 @@ def test_gateway_in_front_of_a_live_deployment(tmp_path: Path) -> None:
     base = up_with_gateway(tmp_path, plan, "--queue", "fair", *loop)
     auth = {"Authorization": f"Bearer {key}"}
     try:
-        # the policy the consumers claim in, as `dmsc up --queue` set it
-        assert json.loads(dmsc(tmp_path, "status", "--json").stdout)["queue"] == "fair"
+        # the policy the consumers claim in, as `dmsc up --queue` set it; the loop (act: the
+        # default)
+        status = json.loads(dmsc(tmp_path, "status", "--json").stdout)
+        assert status["queue"] == "fair"
+        assert (status["control"]["interval_s"], status["control"]["mode"]) == (0.3, "act")
         assert (
             httpx.post(f"{base}/v1/infer", json={"prompt": "def ", "tokens": 4}).status_code == 401
         )
@@ -227,6 +230,18 @@ def test_gateway_in_front_of_a_live_deployment(tmp_path: Path) -> None:
         assert log.count(f"control decision {row.id}: raise") == 1
         wait_for(lambda: posted, 30, "the webhook's post")
         assert posted[0]["alert"]["id"] == alert["id"]
+        # a worker's standard error shows it ran out of memory: an alert from the logs
+        sid = status["services"][0]["sid"]
+        with (tmp_path / "logs" / f"{sid}.stderr").open("a") as f:
+            f.write("torch.OutOfMemoryError: CUDA out of memory. Tried to allocate 2.00 GiB\n")
+
+        def oom() -> list[dict[str, Any]]:
+            got = httpx.get(f"{base}/v1/alerts", headers=auth).json()
+            return [a for a in got if a["slo"] == "log:out-of-memory"]
+
+        (alert,) = wait_for(oom, 30, "the log's alert")
+        assert alert["reason"].startswith(f"1 log line of {sid} showed out of memory: torch.")
+        wait_for(lambda: len(posted) > 1, 30, "its webhook post")
     finally:
         assert dmsc(tmp_path, "down").returncode == 0
 

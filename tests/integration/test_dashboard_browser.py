@@ -124,7 +124,7 @@ def test_the_dashboard_in_a_browser(tmp_path: Path, browser: Any) -> None:
         # with its reason (the exception raised for the task at fault)
         wait_for(lambda: "step_time_s" in _text(browser, "alert-banner"), 20, "the banner")
         assert "1 objective broken: step_time_s" in _text(browser, "alert-banner")
-        assert "every 0.5 s, advise mode" in _text(browser, "control-loop")  # the default
+        assert "every 0.5 s, act mode" in _text(browser, "control-loop")  # the default
         assert "median step" in _text(browser, "alerts") and "open" in _text(browser, "alerts")
         decisions = _text(browser, "decisions")
         assert "slo:step_time_s" in decisions and "raised: task" in decisions

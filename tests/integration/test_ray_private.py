@@ -17,6 +17,7 @@ import time
 from collections.abc import Iterator
 from pathlib import Path
 
+import grpc
 from runtime_helpers import dmsc, make_plan
 
 from dmsc.testing.ray_local import _descendants
@@ -72,7 +73,8 @@ def test_a_cluster_started_on_loopback_short_of_cpus_then_grown(tmp_path: Path) 
     Ray's free-resource dict), exit 2. A node with 2 more CPUs joins; the next ``dmsc up`` of
     the same plan starts, records no "control plane restarted" fault (the failed start made
     its run), and every worker serves on 127.0.0.1 (Ray registers the nodes on the machine's
-    address: the workers used to serve there)."""
+    address: the workers used to serve there). The control plane's log warns that the cluster
+    asks no token and speaks no TLS (issue 33, point 3)."""
     port = _free_port()
     plan = _plan_in(tmp_path, "dc-a")
     temp = Path(tempfile.mkdtemp(prefix="dmsc-t-"))  # short: Ray's socket paths fit 107 bytes
@@ -100,14 +102,19 @@ def test_a_cluster_started_on_loopback_short_of_cpus_then_grown(tmp_path: Path) 
     assert [s["node"] for s in status["services"]] == ["127.0.0.1", "127.0.0.1"]
     assert all(s["address"].startswith("127.0.0.1:") for s in status["services"])
     assert not status.get("faults"), status["faults"]
+    # a cluster started without Ray's token authentication and TLS: the log says what is open
+    log = (tmp_path / "logs" / "control.log").read_text()
+    assert "RAY_AUTH_MODE is not token" in log and "RAY_USE_TLS is off" in log
 
 
 def test_without_an_address_dmsc_runs_a_private_cluster_others_cannot_join(
     tmp_path: Path,
 ) -> None:
     """No ``--ray-address``: dmsc starts its own one-node cluster, on 127.0.0.1, in a folder of
-    its own (mode 0700, not /tmp/ray), with token authentication: a client without the token
-    is refused. The workers serve on 127.0.0.1; the cluster and its folder go with ``down``."""
+    its own (mode 0700, not /tmp/ray), with token authentication and TLS (issue 33, point 3): a
+    client without the token is refused even with the certificate, and a plain or uncertified
+    gRPC client is refused at the handshake. The workers serve on 127.0.0.1; the cluster and
+    its folder go with ``down``."""
     plan = _plan_in(tmp_path, "dc-a")
     res = dmsc(tmp_path, "up", "--plan", str(plan), "--launcher", "ray")
     assert res.returncode == 0, res.stderr
@@ -119,9 +126,29 @@ def test_without_an_address_dmsc_runs_a_private_cluster_others_cannot_join(
         assert root.is_dir() and root.stat().st_mode & 0o777 == 0o700
         (port,) = (root / "ray" / "session_latest").glob("gcs_server_port_*")
         gcs = f"127.0.0.1:{port.read_text().strip()}"
-        # another user's client: Ray's environment variables not inherited, so no token
+        tls = root / "tls"
+        assert tls.stat().st_mode & 0o777 == 0o700 and (tls / "ray.key").stat().st_mode & 0o77 == 0
+        ca, cert, key = ((tls / n).read_bytes() for n in ("ca.pem", "ray.pem", "ray.key"))
+
+        def ready(channel: grpc.Channel) -> bool:
+            try:
+                grpc.channel_ready_future(channel).result(timeout=2)
+                return True
+            except grpc.FutureTimeoutError:
+                return False
+            finally:
+                channel.close()
+
+        assert not ready(grpc.insecure_channel(gcs))  # TLS only
+        assert not ready(grpc.secure_channel(gcs, grpc.ssl_channel_credentials(ca)))  # no cert
+        assert ready(grpc.secure_channel(gcs, grpc.ssl_channel_credentials(ca, key, cert)))
+        # another user's client: Ray's environment variables not inherited, so no token (but,
+        # as if it had stolen them, the TLS files: the token still keeps it out)
         env = {k: v for k, v in os.environ.items() if not k.startswith("RAY_")}
         env["RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER"] = "0"  # reach it on 127.0.0.1, as it serves
+        files = {"RAY_TLS_CA_CERT": "ca.pem", "RAY_TLS_SERVER_CERT": "ray.pem",
+                 "RAY_TLS_SERVER_KEY": "ray.key"}  # fmt: skip
+        env.update({"RAY_USE_TLS": "1"}, **{k: str(tls / v) for k, v in files.items()})
         join = f"import ray; ray.init(address={gcs!r}); print('JOINED')"
         intruder = subprocess.run([sys.executable, "-c", join], env=env, capture_output=True,
                                   text=True, timeout=180)  # fmt: skip

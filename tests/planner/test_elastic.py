@@ -88,3 +88,16 @@ def test_a_tensor_parallel_group_stays_on_one_node() -> None:
     (extra,) = place_replica(plan, cluster, devices_in_use(plan), dp_rank=1) or []
     assert extra.devices == [2, 3] and extra.nodes == [0]
     assert place_replica(plan, cluster, {0, 1, 2}, dp_rank=1) is None  # 1 free device, tp = 2
+
+
+def test_a_serving_replica_stays_out_of_a_datacenter_a_residency_rule_forbids() -> None:
+    cluster = _cluster({"a": 1, "b": 2, "c": 2}, [("a", "b", 10), ("b", "c", 10)])
+    plan = _forced(cluster, ["a", "a"])
+    assert [r.datacenter for r in place_replica(plan, cluster, {0}, 1) or []] == ["b", "b"]
+    data = cluster.model_dump(mode="json", exclude_none=True)
+    data["residency"] = {
+        "rules": [{"name": "not-b", "models": [plan.model], "datacenters": ["a", "c"]}]
+    }
+    ruled = ClusterSpec.model_validate(data)
+    assert [r.datacenter for r in place_replica(plan, ruled, {0}, 1) or []] == ["c", "c"]
+    assert place_replica(plan, ruled, {0, 3, 4}, 1) is None  # b alone has room: no replica

@@ -1,5 +1,6 @@
-"""``dmsc up --autoscale infer:min=1,max=4[,target=2,cooldown=10,window=5] [--cluster PATH]``:
-the flag checked against the plan before anything starts (errors name the flag, exit 2)."""
+"""``dmsc up --autoscale infer:min=1,max=4[,target=2,cooldown=10,window=5,lookahead=0]
+[--cluster PATH]``: the flag checked against the plan before anything starts (errors name the
+flag, exit 2)."""
 
 from __future__ import annotations
 

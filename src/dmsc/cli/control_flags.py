@@ -1,14 +1,17 @@
 """``dmsc up``'s control-loop flags: the interval, the mode and the policy (a file, ``--slo``
 flags over it, the webhook), checked here into the control plane's settings (errors name the
-file or the flag, exit 2)."""
+file or the flag, exit 2); and the loop's line in ``dmsc status`` (:func:`loop_line`)."""
 
 from __future__ import annotations
 
-from typing import Annotated, Any
+from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
 
 from dmsc.spec import SpecError
+
+if TYPE_CHECKING:
+    from dmsc.runtime.transport.replies import LoopState
 
 IntervalOpt = Annotated[
     float,
@@ -62,3 +65,14 @@ def loop_settings(
     policy = load_policy(policy_file) if policy_file is not None else Policy()
     policy = with_flags(policy, slos or [], webhook)
     return {**out, "policy": policy.model_dump(mode="json", exclude_none=True)}
+
+
+def loop_line(loop: LoopState) -> str:
+    """``dmsc status``'s line on the control loop: its interval, mode, ticks, open alerts and
+    newest decision."""
+    alerts = f", {loop.open_alerts} open alert{'s' if loop.open_alerts != 1 else ''}"
+    last = f"; last decision {loop.last_decision}" if loop.last_decision else "; no decision yet"
+    return (
+        f"control loop: every {loop.interval_s:g} s, {loop.mode} mode, {loop.ticks} ticks"
+        f"{alerts if loop.open_alerts else ''}{last}"
+    )

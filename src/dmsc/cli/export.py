@@ -23,6 +23,7 @@ def export(
     from dmsc.data.db import data_dir
     from dmsc.runtime.compute import sealing
     from dmsc.runtime.control.serving.model_store import export_version
+    from dmsc.spec.residency import recorded_residency
 
     if sealing.key_file(data_dir()).exists():  # sealed checkpoints: the home's key opens them
         sealing.install(sealing.home_key(data_dir()))
@@ -30,7 +31,8 @@ def export(
     if target.exists() and not target.is_dir():
         raise SpecError("command line", "--out", f"{out} exists and is not a directory")
     try:
-        record = export_version(open_database(), version, target)
+        rules = recorded_residency(data_dir())  # those of the cluster dmsc up ran on
+        record = export_version(open_database(), version, target, rules)
     except ValueError as exc:
         raise SpecError("command line", "--version" if version else "--out", str(exc)) from None
     which = "" if version else ", the newest"

@@ -2,7 +2,12 @@
 
 The control plane writes ``control.log``, each stage worker ``<SID>.log`` (JSON lines, rotated;
 see :mod:`dmsc.runtime.transport.logs`). Lines are rendered as ``time level [context] message``
-unless ``--raw``. ``--follow`` polls the file, like ``tail -F``: polling needs nothing but the
+unless ``--raw``. ``--grep PATTERN`` and ``--since DURATION`` search every log at once (the
+control plane's, every worker's, their rotated files and standard errors), merged in time order,
+each line after the service that wrote it (``--raw``: one JSON object a line, with a
+``service`` field); ``--service`` or ``--control`` narrow it to one
+(:func:`dmsc.runtime.transport.log_search.search`); with ``--follow`` ``--grep`` filters the one
+log followed. ``--follow`` polls the file, like ``tail -F``: polling needs nothing but the
 standard library and a log line a fifth of a second late is fine for a person watching. When the
 file is rotated (replaced by a new one) or truncated, the rest of the old file is printed and the
 new one is read from its start.
@@ -11,6 +16,8 @@ new one is read from its start.
 from __future__ import annotations
 
 import contextlib
+import json
+import re
 import time
 from collections import deque
 from collections.abc import Callable
@@ -38,8 +45,25 @@ def logs(
         int, typer.Option("--lines", "-n", help="Lines from the end to print first.")
     ] = 50,
     raw: Annotated[bool, typer.Option("--raw", help="Print the JSON lines as they are.")] = False,
+    grep: Annotated[
+        str | None,
+        typer.Option(
+            "--grep",
+            help="Only lines matching this regular expression, searched in every log "
+            "(the control plane's and every worker's) unless --service or --control.",
+        ),
+    ] = None,
+    since: Annotated[
+        str | None,
+        typer.Option(
+            "--since",
+            help="Only lines written in this last duration (90, 30s, 5m, 2h, 1d), "
+            "searched in every log unless --service or --control.",
+        ),
+    ] = None,
 ) -> None:
-    """Show the log of the control plane (default) or of one worker (--service SID)."""
+    """Show the log of the control plane (default) or of one worker (--service SID); search
+    every log at once with --grep and --since."""
     from dmsc.data.db import data_dir
     from dmsc.runtime.transport import logs as log_files
 
@@ -47,12 +71,28 @@ def logs(
         raise SpecError("command line", "--service", "give --service or --control, not both")
     if lines < 0:
         raise SpecError("command line", "--lines", "must be 0 or positive")
+    pattern = _pattern(grep)
     home = data_dir()
+    if since is not None or (grep is not None and not follow):
+        if follow:
+            raise SpecError(
+                "command line", "--follow", "--since searches the logs once; not with --follow"
+            )
+        folder = log_files.log_dir(home)
+        only = None if service is None and not control else [choose_log(folder, service)]
+        _search(folder, pattern, since, only, lines, raw)
+        return
+    if grep is not None and service is None and not control:
+        raise SpecError(
+            "command line", "--follow", "--grep with --follow reads one log: name it with "
+            "--service SID or --control",
+        )  # fmt: skip
     name = choose_log(log_files.log_dir(home), service)
     path = log_files.log_file(home, name)
 
     def show(line: str) -> None:
-        print(line if raw else log_files.render(line), flush=True)
+        if pattern is None or pattern.search(log_files.render(line)):
+            print(line if raw else log_files.render(line), flush=True)
 
     with path.open("rb") as f:  # bytes: a position to compare with the file's size
         for line in deque(f, maxlen=lines) if lines else ():
@@ -60,6 +100,46 @@ def logs(
         if follow:
             with contextlib.suppress(KeyboardInterrupt):  # Ctrl-C is how a follow ends
                 _follow(path, f, show)
+
+
+def _pattern(grep: str | None) -> re.Pattern[str] | None:
+    if grep is None:
+        return None
+    try:
+        return re.compile(grep)
+    except re.error as exc:
+        why = f"{grep!r} is not a regular expression: {exc}"
+        raise SpecError("command line", "--grep", why) from None
+
+
+def _search(
+    folder: Path,
+    pattern: re.Pattern[str] | None,
+    since: str | None,
+    only: list[str] | None,
+    lines: int,
+    raw: bool,
+) -> None:
+    """Print the last ``lines`` (0: all) matching lines of the logs in ``folder``."""
+    from dmsc.runtime.transport.log_search import parse_since, search
+
+    since_s = None
+    if since is not None:
+        try:
+            since_s = time.time() - parse_since(since)
+        except ValueError as exc:
+            raise SpecError("command line", "--since", str(exc)) from None
+    found = search(folder, pattern, since_s, only)
+    for e in found[-lines:] if lines else found:
+        if raw:
+            try:
+                rec = json.loads(e.line)
+            except json.JSONDecodeError:
+                rec = None
+            body = rec if isinstance(rec, dict) else {"msg": e.line}
+            print(json.dumps({"service": e.service, **body}), flush=True)
+        else:
+            print(f"{e.service}  {e.rendered()}", flush=True)
 
 
 def choose_log(folder: Path, service: str | None) -> str:

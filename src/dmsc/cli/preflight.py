@@ -34,10 +34,12 @@ def check_plan_stages(plan_path: str, plan: Any) -> None:
 def check_plan_parallelism(plan_path: str, plan: Any) -> None:
     """Before anything starts: the plan's parallelism is what the runtime deploys. It runs a
     stage replica as one worker process per tensor-parallel rank (heads and MLP split
-    Megatron-style over a gloo group) and, at ep > 1 (with tp = 1), a stage's experts shared
-    out among expert-parallel groups of ep replicas (:mod:`dmsc.runtime.compute.ep_worker`); a
-    plan with sequence parallelism, with ep and tp both above 1 or for inference, or with an ep
-    not dividing the experts would run another job than the one planned and predicted (an ep
+    Megatron-style over a gloo group, the sequence too where the plan asks for sequence
+    parallelism) and, at ep > 1 (with tp = 1), a stage's experts shared out among
+    expert-parallel groups of ep replicas (:mod:`dmsc.runtime.compute.ep_worker`); a plan with
+    sequence parallelism for a mixture of experts, with ep and tp both above 1 or for inference,
+    or with an ep not dividing the experts would run another job than the one planned and
+    predicted (an ep
     not dividing the replicas is no JobSpec; GPUs at tp > 1 or ep > 1:
     :func:`check_plan_devices`)."""
     from dmsc.runtime.compute.models.support import check_tp_divisible
@@ -51,13 +53,13 @@ def check_plan_parallelism(plan_path: str, plan: Any) -> None:
             check_tp_divisible(model, job.tp)
         except ValueError as exc:
             raise SpecError(plan_path, "job.tp", str(exc)) from None
-    if job.tp > 1 and job.sequence_parallel:
+    if job.tp > 1 and job.sequence_parallel and model is not None and model.is_moe:
         raise SpecError(
             plan_path,
             "job.sequence_parallel",
-            f"tp={job.tp} with sequence parallelism: the runtime splits heads and the MLP over "
-            "the tp ranks but runs the norms and dropout on the whole sequence at every rank; "
-            "plan with --no-sequence-parallel",
+            f"tp={job.tp} with sequence parallelism for a mixture of experts: each rank's "
+            "router would pick experts for its own slice of the sequence only; plan with "
+            "--no-sequence-parallel",
         )
     if model is not None and job.ep > 1:
         if not model.is_moe:

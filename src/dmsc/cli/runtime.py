@@ -30,10 +30,11 @@ from dmsc.cli.control_flags import (
     PolicyOpt,
     SloOpt,
     WebhookOpt,
+    loop_line,
     loop_settings,
 )
 from dmsc.cli.options import JsonOpt
-from dmsc.cli.up_settings import control_settings
+from dmsc.cli.up_settings import check_plan_residency, control_settings
 from dmsc.runtime.transport.replies import StatusReply
 from dmsc.spec import SpecError
 
@@ -130,56 +131,18 @@ def calibrate_device(device: str, out: str | None, quick: bool) -> None:
 
 def do_calibrate(template: str | None, out: str | None, console: Console) -> dict[str, float]:
     """Measure this machine into a copy of ``template``; prints and returns the measurements."""
+    import yaml
+
+    from dmsc.cli.calibration_report import calibration_report
     from dmsc.runtime.compute.calibrate import calibrate
 
     src = Path(template) if template else LOCAL_CPU
     dst = Path(out) if out else calibrated_path()
     measured = calibrate(src, dst)
-    import yaml
-
     written = yaml.safe_load(dst.read_text())
     for line in calibration_report(measured, written, dst):
         console.print(line, highlight=False, soft_wrap=True)
     return measured
-
-
-def calibration_report(measured: dict[str, float], written: dict[str, Any], dst: Path) -> list[str]:
-    """What ``dmsc calibrate`` measured, then the figures it wrote (those the cost model reads):
-    a device's peak is the measurement over the model's efficiency, shared by the devices that
-    run on this machine's cores, so the written figures differ from the measured ones."""
-    from dmsc.cli.render import human_flops
-
-    seen = (
-        f"measured: matmul {human_flops(measured['matmul_flops'])} on one core, memory copy "
-        f"{measured['memory_bytes_s'] / 1e9:.2f} GB/s, loopback "
-        f"{measured['loopback_bytes_s'] * 8 / 1e9:.2f} Gbit/s, round trip "
-        f"{measured['loopback_rtt_s'] * 1e6:.0f} us, per-kernel overhead "
-        f"{measured['op_overhead_s'] * 1e6:.1f} us, {measured['cores']:.0f} cores"
-    )
-    from dmsc.runtime.compute.calibrate import collective_words, spread_lines
-
-    lines = [seen, *spread_lines(measured)]
-    devices = sum(
-        g["count"] * written["node_types"][g["type"]]["devices"]
-        for dc in written["datacenters"]
-        for g in dc["nodes"]
-    )
-    n = measured["cores"]
-    cores = f"{n:.0f} cores shared by {devices} devices" if n < devices else "a core per device"
-    for name, dev in written["device_types"].items():
-        lines.append(
-            f"wrote {dst}: device {name}: peak {human_flops(dev['peak_tflops']['fp32'] * 1e12)} "
-            f"fp32, memory {dev['memory_bw_gbyte_s']:.2f} GB/s, kernel overhead "
-            f"{dev['op_overhead_us']:.1f} us (peak and memory: measured / the cost model's "
-            f"efficiency, {cores})"
-        )
-    for node_name, node in written["node_types"].items():
-        link = node["link"]
-        lines.append(
-            f"  node {node_name}: link {link['bandwidth_gbit_s']:.2f} Gbit/s, "
-            f"{link['latency_us']:.1f} us" + collective_words(node)
-        )
-    return lines
 
 
 def up(
@@ -229,8 +192,8 @@ def up(
     autoscale: Annotated[
         str | None,
         typer.Option(
-            help="Elastic serving replicas: infer:min=1,max=4[,target=2,cooldown=10,window=5] "
-            "(requests in flight per replica; seconds)."
+            help="Elastic serving replicas: infer:min=1,max=4[,target=2,cooldown=10,window=5,"
+            "lookahead=0] (in flight per replica; seconds; lookahead: forecast the rate ahead)."
         ),
     ] = None,
     cluster: Annotated[
@@ -277,7 +240,7 @@ def up(
         ),
     ] = False,
     control_interval: IntervalOpt = DEFAULT_INTERVAL_S,
-    control: ModeOpt = "advise",
+    control: ModeOpt = "act",
     policy: PolicyOpt = None,
     slo: SloOpt = None,
     alert_webhook: WebhookOpt = None,
@@ -306,6 +269,7 @@ def up(
 
     plan = Plan.model_validate_json(Path(plan_file).read_text())
     scale, path = autoscale_settings(autoscale, cluster, plan, launcher)
+    check_plan_residency(plan_file, plan, path)  # a rule of the cluster the plan breaks: exit 2
     cluster_path = str(Path(path).resolve()) if path is not None else None
     quota = size_flag("--checkpoint-quota", checkpoint_quota)
     more: dict[str, Any] = {"checkpoint_quota_bytes": quota, "new_database": new_database}
@@ -456,6 +420,8 @@ def print_status(console: Console, out: StatusReply) -> None:
             )
         console.print(nt)
     print_modes(console, out)  # each mode's communication, predicted against measured
+    if out.control is not None:
+        console.print(loop_line(out.control), highlight=False, markup=False)
     if out.weights_lost:
         console.print(f"[bold red]weights not restored:[/] {out.weights_lost}", highlight=False)
     if out.tasks:

@@ -10,6 +10,7 @@ from dmsc.cli.preflight import check_plan_devices, check_plan_model
 from dmsc.spec import SpecError
 
 if TYPE_CHECKING:
+    from dmsc.planner.plan import Plan
     from dmsc.runtime.transport.messages import ControlSettings
 
 # ControlSettings fields and the flags that set them, for errors that name the flag.
@@ -125,3 +126,17 @@ def control_settings(
         raise SpecError("command line", flag, err.reason) from None
     check_plan_devices(plan_path, plan, settings.device)
     return settings
+
+
+def check_plan_residency(plan_path: str, plan: Plan, cluster_path: str | None) -> None:
+    """SpecError (exit 2) when the plan puts a stage where a residency rule of its cluster spec
+    keeps the model out (a plan made before the rule), naming the rule; before anything starts."""
+    if cluster_path is None:
+        return
+    from dmsc.cli.options import load_cluster
+    from dmsc.runtime.control.training.residency import check_move
+
+    try:
+        check_move(load_cluster(cluster_path), plan, "the plan")
+    except ValueError as exc:
+        raise SpecError(plan_path, "stages", f"{exc} (plan again with dmsc plan)") from None

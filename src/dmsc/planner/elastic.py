@@ -12,8 +12,9 @@ The rule, stage by stage:
    the cluster's inter-datacenter links, fewest hops).
 
 Within a datacenter, the node with the fewest free devices that still fits is taken (packing:
-the emptiest nodes stay whole for later, larger groups). None when some stage finds no room: the
-deployment is at its cluster's capacity.
+the emptiest nodes stay whole for later, larger groups). A datacenter that a residency rule of
+the cluster keeps the model out of (:mod:`dmsc.spec.residency`) is never taken. None when some
+stage finds no room: the deployment is at its cluster's capacity.
 """
 
 from __future__ import annotations
@@ -25,6 +26,7 @@ import networkx as nx
 from dmsc.netmodel.topology import Topology
 from dmsc.planner.plan import Plan, ReplicaRecord, replica_record
 from dmsc.spec import ClusterSpec
+from dmsc.spec.residency import allowed_datacenters
 
 
 def devices_in_use(plan: Plan) -> set[int]:
@@ -59,10 +61,11 @@ def place_replica(
     tp = plan.job.tp
     busy = set(taken)
     picks: list[ReplicaRecord] = []
+    allowed, _ = allowed_datacenters(cluster.residency, plan.model, topo.dc_names)
     for st in plan.stages:
         prefer = [st.datacenter] + ([picks[-1].datacenter] if picks else [])
         placed = None
-        for dc_name in _dc_order(cluster, prefer):
+        for dc_name in (n for n in _dc_order(cluster, prefer) if n in allowed):
             d = topo.dc_names.index(dc_name)
             free_by_node: dict[int, list[int]] = {}
             for dev in topo.devices:

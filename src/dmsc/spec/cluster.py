@@ -13,6 +13,7 @@ from typing import Annotated, Any, Literal, Self
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from dmsc.spec.devices import DEVICE_PRESETS, Generation, generation_from_name
+from dmsc.spec.residency import ResidencySpec
 
 Dtype = Literal["fp32", "tf32", "fp16", "bf16", "fp8", "int8"]
 PositiveFloat = Annotated[float, Field(gt=0)]
@@ -294,6 +295,10 @@ class ClusterSpec(_Spec):
     topology: FiberTopologySpec | None = Field(
         default=None, description="A named optical topology whose fibers join the links."
     )
+    residency: ResidencySpec | None = Field(
+        default=None,
+        description="Which datacenters datasets may be read in and model weights stored in.",
+    )
 
     @model_validator(mode="before")
     @classmethod
@@ -360,7 +365,27 @@ class ClusterSpec(_Spec):
             raise ValueError("datacenters: two datacenters attach to the same site")
         if len(self.datacenters) > 1 and not self.links:
             raise ValueError("links: several datacenters but no link between them")
+        self._residency_names(names)
         return self
+
+    def _residency_names(self, names: set[str]) -> None:
+        """Every datacenter a residency rule names is one of the cluster's."""
+        res, known = self.residency, ", ".join(dc.name for dc in self.datacenters)
+        if res is None:
+            return
+        if res.home is not None and res.home not in names:
+            raise ValueError(f"residency.home: unknown datacenter {res.home!r} (known: {known})")
+        seen: set[str] = set()
+        for i, rule in enumerate(res.rules):
+            if rule.name in seen:
+                raise ValueError(f"residency.rules[{i}].name: duplicate rule {rule.name!r}")
+            seen.add(rule.name)
+            for j, dc in enumerate(rule.datacenters):
+                if dc not in names:
+                    raise ValueError(
+                        f"residency.rules[{i}].datacenters[{j}]: unknown datacenter {dc!r} "
+                        f"(known: {known})"
+                    )
 
     @property
     def device_count(self) -> int:

@@ -16,6 +16,7 @@ import pytest
 import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
+from tp_helpers import LR, SEED, batches, small_spec
 
 from dmsc.runtime.compute.comm_meter import METER
 from dmsc.runtime.compute.expert_parallel import (
@@ -32,25 +33,16 @@ from dmsc.runtime.compute.models.attention import StageCache
 from dmsc.runtime.compute.models.chain import StageModule, build_stage, loss_fn
 from dmsc.runtime.compute.models.llama import MixtureOfExperts
 from dmsc.runtime.compute.outer_sync import make_optimizer
-from dmsc.spec import TransformerSpec, resolve_model
+from dmsc.spec import TransformerSpec
 
-STEPS, SEED, LR, EP = 10, 3, 3e-3, 2
+EP = 2
 # tokens per rank in each forward of the first mixture: uneven, and a rank with none
 SIZES = ((3, 0, 64), (40, 5, 0))
 
 
 def _spec() -> TransformerSpec:
     """moe-mini, two blocks deep (each with experts)."""
-    spec = resolve_model("moe-mini")
-    assert isinstance(spec, TransformerSpec)
-    return spec.model_copy(update={"layers": 2})
-
-
-def _batches(spec: TransformerSpec) -> list[torch.Tensor]:
-    """Two global batches of random tokens in turn."""
-    gen = torch.Generator().manual_seed(11)
-    two = [torch.randint(0, spec.vocab, (4, 33), generator=gen) for _ in range(2)]
-    return [two[i % 2] for i in range(STEPS)]
+    return small_spec("moe-mini")
 
 
 def _held_out(spec: TransformerSpec) -> torch.Tensor:
@@ -109,7 +101,7 @@ def _rank(rank: int, port: int, out: str) -> None:
         exchanges = _all_to_alls(spec, module, rank)
         optimizer = make_optimizer("adamw", module, LR)
         losses, grads = [], {}
-        for step, tokens in enumerate(_batches(spec)):
+        for step, tokens in enumerate(batches(spec)):
             mine = tokens[rank * 2 : (rank + 1) * 2]
             loss = loss_fn(module(mine[:, :-1]), mine[:, 1:])
             optimizer.zero_grad(set_to_none=True)
@@ -141,7 +133,7 @@ def _rank(rank: int, port: int, out: str) -> None:
 def _all_to_alls(spec: TransformerSpec, module: StageModule, rank: int) -> dict[str, int]:
     """The all-to-alls of one forward and backward (its gradients then dropped): the tokens'
     (differentiable) and all those gloo ran."""
-    tokens = _batches(spec)[0][rank * 2 : (rank + 1) * 2]
+    tokens = batches(spec)[0][rank * 2 : (rank + 1) * 2]
     with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU]) as prof:
         loss_fn(module(tokens[:, :-1]), tokens[:, 1:]).backward()
     module.zero_grad(set_to_none=True)
@@ -188,7 +180,7 @@ def test_ep2_trains_to_the_losses_and_gradients_of_one_process(
     whole = build_stage(spec, SEED, "embedding", "head")
     optimizer = make_optimizer("adamw", whole, LR)
     reference, first = [], {}
-    for step, tokens in enumerate(_batches(spec)):
+    for step, tokens in enumerate(batches(spec)):
         loss = loss_fn(whole(tokens[:, :-1]), tokens[:, 1:])
         optimizer.zero_grad(set_to_none=True)
         loss.backward()

@@ -5,54 +5,23 @@ tp = 1 and back), where the unsplit model computes and greedily decodes what the
 
 from __future__ import annotations
 
-from pathlib import Path
 from typing import Any
 
 import pytest
 import torch
 import torch.distributed as dist
-import torch.multiprocessing as mp
+from tp_helpers import SEED, batches, greedy, small_spec, train, two_ranks
 
-from dmsc.runtime.compute.models.attention import StageCache
 from dmsc.runtime.compute.models.chain import StageModule, build_stage, loss_fn
-from dmsc.runtime.compute.outer_sync import make_optimizer
 from dmsc.runtime.compute.tensor_parallel import (
     gather_state_dict,
     parallelize_stage,
     shard_state_dict,
     split_of,
 )
-from dmsc.spec import TransformerSpec, resolve_model
+from dmsc.spec import TransformerSpec
 
 pytestmark = pytest.mark.integration
-
-STEPS, SEED, LR = 10, 3, 3e-3
-
-
-def _spec(name: str) -> TransformerSpec:
-    """The preset, two blocks deep (the first of moe-mini's blocks has experts)."""
-    spec = resolve_model(name)
-    assert isinstance(spec, TransformerSpec)
-    return spec.model_copy(update={"layers": 2})
-
-
-def _batches(spec: TransformerSpec) -> list[torch.Tensor]:
-    """Two batches of random tokens in turn: the loss falls as the model learns them."""
-    gen = torch.Generator().manual_seed(11)
-    two = [torch.randint(0, spec.vocab, (4, 33), generator=gen) for _ in range(2)]
-    return [two[i % 2] for i in range(STEPS)]
-
-
-def _train(spec: TransformerSpec, module: StageModule) -> list[float]:
-    optimizer = make_optimizer("adamw", module, LR)
-    losses = []
-    for tokens in _batches(spec):
-        loss = loss_fn(module(tokens[:, :-1]), tokens[:, 1:])
-        optimizer.zero_grad(set_to_none=True)
-        loss.backward()
-        optimizer.step()
-        losses.append(float(loss.detach()))
-    return losses
 
 
 FAMILIES = ("gpt-mini", "llama-mini", "moe-mini")
@@ -66,16 +35,16 @@ def _rank(rank: int, port: int, out: str) -> None:
     dist.init_process_group("gloo", store=store, rank=rank, world_size=2)
     try:
         for name in FAMILIES:
-            spec = _spec(name)
+            spec = small_spec(name)
             module = parallelize_stage(spec, build_stage(spec, SEED, "embedding", "head"))
             initial = gather_state_dict(spec, module)
             collectives = _all_reduces(spec, module)
-            losses = _train(spec, module)
+            losses = train(spec, module)
             local = {k: v.detach().clone() for k, v in module.state_dict().items()}
             full = gather_state_dict(spec, module)
             held_out = _evaluate(spec, module)
             record = {"losses": losses, "initial": initial, "local": local, "full": full}
-            record["greedy"] = _greedy(spec, module)
+            record["greedy"] = greedy(spec, module)
             record["all_reduces"] = collectives
             torch.save(record | {"held_out": held_out}, f"{out}/{name}-rank{rank}.pt")
     finally:
@@ -90,7 +59,7 @@ def _all_reduces(spec: TransformerSpec, module: StageModule) -> int:
         calls.append(1)
         return all_reduce(*args, **kwargs)
 
-    tokens = _batches(spec)[0]
+    tokens = batches(spec)[0]
     dist.all_reduce = counted
     try:
         loss_fn(module(tokens[:, :-1]), tokens[:, 1:]).backward()
@@ -98,19 +67,6 @@ def _all_reduces(spec: TransformerSpec, module: StageModule) -> int:
         dist.all_reduce = all_reduce
     module.zero_grad(set_to_none=True)
     return len(calls)
-
-
-def _greedy(spec: TransformerSpec, module: StageModule, new: int = 8) -> list[int]:
-    """Greedy decoding with the key/value cache: a prompt, then one token at a time."""
-    tokens = _batches(spec)[0][:1, :12]
-    cache, out = StageCache(), []
-    with torch.no_grad():
-        logits = module(tokens, cache, 0)
-        for _ in range(new):
-            nxt = int(logits[0, -1].argmax())
-            out.append(nxt)
-            logits = module(torch.tensor([[nxt]]), cache, cache.length)
-    return out
 
 
 def _evaluate(spec: TransformerSpec, module: StageModule) -> float:
@@ -122,28 +78,21 @@ def _evaluate(spec: TransformerSpec, module: StageModule) -> float:
 @pytest.fixture(scope="module")
 def tp2(tmp_path_factory: pytest.TempPathFactory) -> dict[str, list[dict[str, Any]]]:
     """Each family's record from the two ranks (one pair of processes for all of them)."""
-    out = tmp_path_factory.mktemp("tp2")
-    store = dist.TCPStore("127.0.0.1", 0, 3, is_master=True, wait_for_workers=False)
-    with pytest.MonkeyPatch.context() as patch:
-        # the spawned ranks import this module by its name, with the parent's sys.path: the
-        # repository's root on it
-        patch.syspath_prepend(str(Path(__file__).resolve().parents[3]))
-        mp.spawn(_rank, args=(store.port, str(out)), nprocs=2, join=True)
-    return {n: [torch.load(out / f"{n}-rank{r}.pt") for r in range(2)] for n in FAMILIES}
+    return two_ranks(_rank, tmp_path_factory.mktemp("tp2"), FAMILIES)
 
 
 @pytest.mark.parametrize("name", FAMILIES)
 def test_tp2_trains_to_the_losses_of_one_process(
     tp2: dict[str, list[dict[str, Any]]], name: str
 ) -> None:
-    spec = _spec(name)
+    spec = small_spec(name)
     torch.set_num_threads(1)
     whole = build_stage(spec, SEED, "embedding", "head")
     split_then_gathered = tp2[name][0]["initial"]
     assert split_then_gathered.keys() == whole.state_dict().keys()
     for key, tensor in whole.state_dict().items():
         assert torch.equal(split_then_gathered[key], tensor), key
-    reference = _train(spec, whole)
+    reference = train(spec, whole)
     for got in tp2[name]:
         assert got["losses"] == pytest.approx(reference, abs=1e-4)
     if not spec.is_moe:  # one all-reduce per sub-layer in the forward, one in the backward
@@ -155,7 +104,7 @@ def test_tp2_trains_to_the_losses_of_one_process(
 def test_a_tp2_state_dict_loads_into_tp1_and_back(
     tp2: dict[str, list[dict[str, Any]]], name: str
 ) -> None:
-    spec = _spec(name)
+    spec = small_spec(name)
     full = tp2[name][0]["full"]
     assert all(torch.equal(full[k], t) for k, t in tp2[name][1]["full"].items())
     # tp = 2 -> tp = 1: the gathered state dict loads into the unsplit model, which computes
@@ -164,7 +113,7 @@ def test_a_tp2_state_dict_loads_into_tp1_and_back(
     one.load_state_dict(full)
     assert _evaluate(spec, one) == pytest.approx(tp2[name][0]["held_out"], abs=1e-5)
     # and decodes the same tokens (each rank keeping the keys and values of its own heads)
-    assert _greedy(spec, one) == tp2[name][0]["greedy"] == tp2[name][1]["greedy"]
+    assert greedy(spec, one) == tp2[name][0]["greedy"] == tp2[name][1]["greedy"]
     # tp = 1 -> tp = 2: each rank's shard of it is exactly what that rank held
     split = [k for k in full if split_of(spec, k)]
     assert split and len(split) < len(full)

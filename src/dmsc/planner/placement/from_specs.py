@@ -4,7 +4,8 @@ Stage times come from the cost model: for each kind of node a datacenter holds, 
 on a one-datacenter cluster of such nodes (so tensor- and expert-parallel traffic stay where the
 stage runs); a datacenter whose devices cannot hold a stage gets ``None`` for it. Candidate routes
 are the ``k`` shortest simple paths between datacenter sites by length (networkx); a path's line
-rate per unit follows the modulation its length allows, or a share of a Gbit/s link.
+rate per unit follows the modulation its length allows, or a share of a Gbit/s link. The
+cluster's residency rules for the model's name become the problem's resident datacenters.
 """
 
 from __future__ import annotations
@@ -28,6 +29,7 @@ from dmsc.netmodel.fabrics import dc_uplink
 from dmsc.netmodel.iteration import assign_stage_layers
 from dmsc.planner.placement.problem import LinkState, PathOption, PlacementProblem
 from dmsc.spec import ClusterSpec, JobSpec, LayerListSpec, NodeGroupSpec, TransformerSpec
+from dmsc.spec.residency import allowed_datacenters
 
 BANDWIDTH_UNITS = 64  # a Gbit/s link is reserved in 1/64 shares
 LEVELS = (2, 4, 8, 16, 32, 64)
@@ -160,8 +162,10 @@ def build_problem(
     levels = tuple(
         sorted({u for u in LEVELS if u <= max_units} | ({max_units} if max_units else set()))
     )
+    names = tuple(dc.name for dc in cluster.datacenters)
+    allowed, rules = allowed_datacenters(cluster.residency, model.name, names)
     problem = PlacementProblem(
-        dc_names=tuple(dc.name for dc in cluster.datacenters),
+        dc_names=names,
         free_devices=free_devices,
         devices=tuple([stage_devices] * job.pp),
         compute_us=compute,
@@ -173,6 +177,8 @@ def build_problem(
         microbatches=job.microbatches,
         chunks=job.chunks,
         link_efficiency=calib.inter_dc_link_efficiency,
+        resident_dcs=frozenset(d for d, n in enumerate(names) if n in allowed) if rules else None,
+        residency_rules=rules,
     )
     return BuiltProblem(
         problem,

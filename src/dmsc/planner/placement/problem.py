@@ -7,6 +7,10 @@ stages ``s`` and ``s + 1`` sit in different datacenters, their boundary needs a 
 with ``n`` capacity units (frequency slots, or shares of a Gbit/s link) reserved on every link of
 the path, the same contiguous range on each (spectrum continuity and contiguity).
 
+A residency rule of the cluster (:mod:`dmsc.spec.residency`) keeps the model's stages, which
+hold its weights, in ``resident_dcs`` (None: anywhere); ``residency_rules`` name the rules that
+narrowed it, for the message when no placement remains.
+
 Score of a solution (micro-batch time of stage ``s`` is ``t_s = compute + 2 max(c_in, c_out)``,
 one blocking exchange per direction, each as slow as the slower neighbouring boundary):
 ``m * max_s t_s + (p - 1) / v * mean_s t_s``, held as the integer ``v p m max t + (p - 1) sum t``.
@@ -62,6 +66,8 @@ class PlacementProblem:
     microbatches: int = 8
     chunks: int = 1
     link_efficiency: float = 0.95
+    resident_dcs: frozenset[int] | None = None
+    residency_rules: tuple[str, ...] = ()
     cross_us_cache: dict[tuple[int, int, int, int, int], int] = field(
         default_factory=dict, compare=False, repr=False
     )
@@ -77,6 +83,10 @@ class PlacementProblem:
     @property
     def n_dcs(self) -> int:
         return len(self.dc_names)
+
+    def may_hold(self, d: int) -> bool:
+        """Whether datacenter ``d`` may hold the model's weights (residency)."""
+        return self.resident_dcs is None or d in self.resident_dcs
 
     def cross_us(self, b: int, a: int, z: int, k: int, n: int) -> int:
         """Micro-batch transfer time of boundary ``b`` from DC ``a`` to ``z`` on path ``k``."""
@@ -149,7 +159,7 @@ def capacity_ok(problem: PlacementProblem, dcs: Sequence[int]) -> bool:
     devices, compute = problem.devices, problem.compute_us
     for s, d in enumerate(dcs):
         used[d] += devices[s]
-        if compute[s][d] is None:
+        if compute[s][d] is None or not problem.may_hold(d):
             return False
     return all(u <= f for u, f in zip(used, problem.free_devices, strict=True))
 

@@ -19,6 +19,11 @@ from dmsc.planner.placement.problem import (
 )
 
 
+def _rules(problem: PlacementProblem) -> str:
+    names = problem.residency_rules
+    return f"residency rule{'s' if len(names) > 1 else ''} " + ", ".join(repr(n) for n in names)
+
+
 def feasible_dcs(problem: PlacementProblem) -> list[list[int]]:
     options = []
     for s in range(problem.n_stages):
@@ -28,12 +33,26 @@ def feasible_dcs(problem: PlacementProblem) -> list[list[int]]:
             if problem.compute_us[s][d] is not None
             and problem.devices[s] <= problem.free_devices[d]
         ]
+        held = [d for d in ok if problem.may_hold(d)]
+        if ok and not held:
+            names = ", ".join(problem.dc_names[d] for d in ok)
+            raise Infeasible(
+                f"{_rules(problem)} keeps the model's weights out of every datacenter that can "
+                f"hold stage {s} ({names})"
+            )
+        ok = held
         if not ok:
             raise Infeasible(
                 f"stage {s} needs {problem.devices[s]} devices in one datacenter; the most free "
                 f"in any is {max(problem.free_devices)}"
             )
         options.append(ok)
+    held_free = sum(f for d, f in enumerate(problem.free_devices) if problem.may_hold(d))
+    if sum(problem.free_devices) >= sum(problem.devices) > held_free:
+        raise Infeasible(
+            f"the stages need {sum(problem.devices)} devices; {_rules(problem)} leaves "
+            f"{held_free} free in the datacenters it allows"
+        )
     if sum(problem.devices) > sum(problem.free_devices):
         raise Infeasible(
             f"the stages need {sum(problem.devices)} devices, the datacenters have "

@@ -3,7 +3,8 @@
 Each mode's exchange is timed where it happens, as the worker waits for it:
 
 - ``tp``: the tensor-parallel all-reduces (Megatron's ``g`` in the forward, ``f`` in the
-  backward, :mod:`.tensor_parallel`);
+  backward, :mod:`.tensor_parallel`), or under sequence parallelism their all-gathers and
+  reduce-scatters (:mod:`.sequence_parallel`);
 - ``ep``: the expert-parallel all-to-alls of the forward (the counts, the tokens out and back,
   :mod:`.expert_parallel`; the backward's run inside autograd's functional collectives and are
   not timed);

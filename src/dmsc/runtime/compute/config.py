@@ -36,6 +36,9 @@ class WorkerConfig:
     # expert parallelism: replica r holds share r % ep of the experts and exchanges tokens with
     # its expert-parallel group of ep replicas (dmsc.runtime.compute.ep_worker), met at tp_store
     ep: int = 1
+    # at tp > 1, the residual stream between the blocks' sub-layers split along the sequence
+    # over the tp ranks (dmsc.runtime.compute.sequence_parallel)
+    sequence_parallel: bool = False
     # average plain data-parallel gradients through the stage leader (the star) rather than
     # by all-reduce (benchmarks/parallel_modes.py compares the two)
     dp_star: bool = False

@@ -7,9 +7,10 @@ sub-layer then costs one all-reduce in the forward (summing the row-parallel par
 and one in the backward (summing the column-parallel inputs' partial gradients): Megatron's
 ``g`` and ``f`` operators. The embedding, the norms, the row-parallel biases, a mixture of
 experts' router and the head stay whole on every rank; they compute the same values everywhere
-and so get the same gradients without a collective. Mixtral's experts are split like the MLP,
-each expert with its own two all-reduces (the router weights a whole expert output, so the sum
-over the ranks comes before the weighting).
+and so get the same gradients without a collective (with sequence parallelism the blocks' norms
+and row-parallel biases see a slice of the sequence each: :mod:`.sequence_parallel`). Mixtral's
+experts are split like the MLP, each expert with its own two all-reduces (the router weights a
+whole expert output, so the sum over the ranks comes before the weighting).
 
 Parameter names stay those of the whole model, each holding the rank's shard:
 :func:`gather_state_dict` makes a tp = 1 state dict of a tp = N stage and
@@ -41,6 +42,7 @@ import torch.distributed as dist
 import torch.nn.functional as F
 from torch import nn
 
+from dmsc.runtime.compute import sequence_parallel
 from dmsc.runtime.compute.comm_meter import METER, ring_allreduce_bytes
 from dmsc.runtime.compute.models import gpt, llama
 from dmsc.runtime.compute.models.chain import StageModule
@@ -163,12 +165,19 @@ class _Reduce(torch.autograd.Function):
         return grad, None
 
 
-def enter(x: torch.Tensor, group: dist.ProcessGroup | None) -> torch.Tensor:
+def enter(x: torch.Tensor, group: dist.ProcessGroup | None, seq: bool = False) -> torch.Tensor:
+    """``f``; with ``seq`` (sequence parallelism, in a forward that keeps its graph) the
+    all-gather of the sequence's slices (:mod:`.sequence_parallel`)."""
+    if sequence_parallel.active(seq):
+        return sequence_parallel.gather_sequence(x, group)
     out: torch.Tensor = _Enter.apply(x, group)
     return out
 
 
-def reduce(x: torch.Tensor, group: dist.ProcessGroup | None) -> torch.Tensor:
+def reduce(x: torch.Tensor, group: dist.ProcessGroup | None, seq: bool = False) -> torch.Tensor:
+    """``g``; with ``seq``, the reduce-scatter to the sequence's slices."""
+    if sequence_parallel.active(seq):
+        return sequence_parallel.reduce_scatter_sequence(x, group)
     out: torch.Tensor = _Reduce.apply(x, group)
     return out
 
@@ -179,12 +188,17 @@ class ColumnParallelLinear(nn.Module):
     its sub-layer does once for all of them (:func:`_enter_hook`)."""
 
     def __init__(
-        self, full: nn.Linear, group: dist.ProcessGroup | None, enters: bool, qkv: bool
+        self,
+        full: nn.Linear,
+        group: dist.ProcessGroup | None,
+        enters: bool,
+        qkv: bool,
+        seq: bool = False,
     ) -> None:
         super().__init__()
         rank, tp = dist.get_rank(group), dist.get_world_size(group)
         split: Split = "qkv" if qkv else "column"
-        self.group, self.enters = group, enters
+        self.group, self.enters, self.seq = group, enters, seq
         self.weight = nn.Parameter(shard(full.weight.detach(), split, rank, tp))
         self.bias = (
             None if full.bias is None else nn.Parameter(shard(full.bias.detach(), split, rank, tp))
@@ -192,7 +206,7 @@ class ColumnParallelLinear(nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         if self.enters:
-            x = enter(x, self.group)
+            x = enter(x, self.group, self.seq)
         return F.linear(x, self.weight, self.bias)
 
 
@@ -200,55 +214,104 @@ class RowParallelLinear(nn.Module):
     """A linear layer's share of input features: its partial outputs summed over the ranks
     (``g``), then its bias, whole on every rank, added once."""
 
-    def __init__(self, full: nn.Linear, group: dist.ProcessGroup | None) -> None:
+    def __init__(self, full: nn.Linear, group: dist.ProcessGroup | None, seq: bool = False) -> None:
         super().__init__()
         rank, tp = dist.get_rank(group), dist.get_world_size(group)
-        self.group = group
+        self.group, self.seq = group, seq
         self.weight = nn.Parameter(shard(full.weight.detach(), "row", rank, tp))
         self.bias = None if full.bias is None else nn.Parameter(full.bias.detach().clone())
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        y = reduce(F.linear(x, self.weight), self.group)
+        y = reduce(F.linear(x, self.weight), self.group, self.seq)
         return y if self.bias is None else y + self.bias
 
 
-def _enter_hook(group: dist.ProcessGroup | None) -> Callable[..., tuple[Any, ...]]:
+def _enter_hook(
+    group: dist.ProcessGroup | None, seq: bool = False
+) -> Callable[..., tuple[Any, ...]]:
     """A forward pre-hook applying ``f`` once to a sub-layer's input, before its several
     column-parallel layers (Llama's q, k, v; SwiGLU's gate and up) read it."""
 
     def hook(_module: nn.Module, args: tuple[Any, ...]) -> tuple[Any, ...]:
-        return (enter(args[0], group), *args[1:])
+        return (enter(args[0], group, seq), *args[1:])
 
     return hook
 
 
 def parallelize_stage(
-    spec: TransformerSpec, module: StageModule, group: dist.ProcessGroup | None = None
+    spec: TransformerSpec,
+    module: StageModule,
+    group: dist.ProcessGroup | None = None,
+    sequence: bool = False,
 ) -> StageModule:
     """Split ``module``'s blocks (built whole, from the seed or a tp = 1 checkpoint) in place
-    over the ranks of ``group``: this rank keeps its shard of every split parameter."""
+    over the ranks of ``group``: this rank keeps its shard of every split parameter. With
+    ``sequence``, the residual stream between the sub-layers is split along the sequence too
+    (:mod:`.sequence_parallel`; not for a mixture of experts, whose routing picks each rank's
+    tokens)."""
     tp = dist.get_world_size(group)
     check_tp_divisible(spec, tp)
+    if sequence and spec.is_moe:
+        raise ValueError(
+            "sequence parallelism with a mixture of experts: each rank's router would pick "
+            "experts for its own tokens only"
+        )
+    seq = sequence
     for layer in module.layers:
         if isinstance(layer, gpt.Block):
-            _column(layer, "qkv", group, enters=True, qkv=True)
-            _column(layer, "fc1", group, enters=True)
-            _row(layer, "proj", group)
-            _row(layer, "fc2", group)
+            _column(layer, "qkv", group, enters=True, qkv=True, seq=seq)
+            _column(layer, "fc1", group, enters=True, seq=seq)
+            _row(layer, "proj", group, seq)
+            _row(layer, "fc2", group, seq)
         elif isinstance(layer, llama.Block):
             attn = layer.attn
             attn.heads, attn.kv_heads = attn.heads // tp, attn.kv_heads // tp
             for name in ("q", "k", "v"):
                 _column(attn, name, group)
-            _row(attn, "o", group)
-            attn.register_forward_pre_hook(_enter_hook(group))
+            _row(attn, "o", group, seq)
+            attn.register_forward_pre_hook(_enter_hook(group, seq))
             mlps = layer.mlp.experts if isinstance(layer.mlp, llama.MixtureOfExperts) else None
             for mlp in mlps if mlps is not None else [layer.mlp]:
                 _column(mlp, "gate", group)
                 _column(mlp, "up", group)
-                _row(mlp, "down", group)
-                mlp.register_forward_pre_hook(_enter_hook(group))
+                _row(mlp, "down", group, seq)
+                mlp.register_forward_pre_hook(_enter_hook(group, seq))
+    if sequence:
+        runs = _block_runs(module)
+        sequence_parallel.split_blocks(runs, {n for r in runs for n in _whole_names(r[0])}, group)
     return module
+
+
+def _block_runs(module: StageModule) -> list[list[nn.Module]]:
+    """The stage's runs of consecutive blocks, chunk by chunk (the embedding and the head stay
+    outside: they run whole)."""
+    runs: list[list[nn.Module]] = []
+    for lo, hi in module.spans:
+        run: list[nn.Module] = []
+        for i in range(lo, hi):
+            if module.names[i] in ("embedding", "head"):
+                if run:
+                    runs.append(run)
+                run = []
+            else:
+                run.append(module.layers[i])
+        if run:
+            runs.append(run)
+    return runs
+
+
+def _whole_names(block: nn.Module) -> set[str]:
+    """The names of ``block``'s parameters that stay whole on every rank (norms, row-parallel
+    biases): under sequence parallelism each rank feeds them only its tokens."""
+    names: set[str] = set()
+    for prefix, sub in block.named_modules():
+        if isinstance(sub, ColumnParallelLinear):
+            continue
+        for name, _ in sub.named_parameters(recurse=False):
+            if isinstance(sub, RowParallelLinear) and name == "weight":
+                continue
+            names.add(f"{prefix}.{name}" if prefix else name)
+    return names
 
 
 def _column(
@@ -257,13 +320,14 @@ def _column(
     group: dist.ProcessGroup | None,
     enters: bool = False,
     qkv: bool = False,
+    seq: bool = False,
 ) -> None:
     full = parent.get_submodule(name)
     assert isinstance(full, nn.Linear)
-    setattr(parent, name, ColumnParallelLinear(full, group, enters, qkv))
+    setattr(parent, name, ColumnParallelLinear(full, group, enters, qkv, seq))
 
 
-def _row(parent: nn.Module, name: str, group: dist.ProcessGroup | None) -> None:
+def _row(parent: nn.Module, name: str, group: dist.ProcessGroup | None, seq: bool = False) -> None:
     full = parent.get_submodule(name)
     assert isinstance(full, nn.Linear)
-    setattr(parent, name, RowParallelLinear(full, group))
+    setattr(parent, name, RowParallelLinear(full, group, seq))

@@ -58,7 +58,7 @@ def stage(
     module = stage_module(spec, cfg.seed, cfg.first, cfg.last, cfg.ranges())
     if cfg.tp > 1:
         join_group(cfg)
-        parallelize_stage(spec, module)
+        parallelize_stage(spec, module, sequence=cfg.sequence_parallel)
     if experts is not None:
         experts.split(module)
     return module

@@ -42,9 +42,10 @@ from dmsc.runtime.transport.messages import (
     AutoscaleSettings,
     ControlSettings,
     RevokeRequest,
+    StatusRequest,
 )
 from dmsc.runtime.transport.observe import metrics_server
-from dmsc.runtime.transport.replies import RevokeReply
+from dmsc.runtime.transport.replies import RevokeReply, StatusReply
 from dmsc.runtime.transport.rpc import BadRequest, message_handler, parse, serve
 
 if TYPE_CHECKING:
@@ -148,8 +149,13 @@ def main(stdin: TextIO | None = None) -> None:
                     private_resources,
                 )
 
-                ray_dir = private_cluster(*private_resources(plan, settings.spares))
+                ray_dir = private_cluster(*private_resources(plan, settings.spares), home=home)
                 log.info("a private Ray cluster on 127.0.0.1, its files in %s", ray_dir)
+            else:  # a cluster of the user's: dmsc cannot secure it, it says what is open
+                from dmsc.runtime.control.launch.ray_checks import exposure
+
+                for gap in exposure(os.environ):
+                    log.warning("the Ray cluster at %s: %s", settings.ray_address, gap)
             launcher = RayLauncher(settings.ray_address, home=home)
         except Exception as exc:  # no cluster at that address, or Ray refused us
             where = settings.ray_address or "127.0.0.1 (private)"
@@ -167,13 +173,15 @@ def main(stdin: TextIO | None = None) -> None:
         # while this process imports the control plane below (about 3 s): on two cores `dmsc
         # up` waits for the longer of the two, not for both.
         forked.warm()
-    from dmsc.runtime.control.loop.runner import start_control_loop, with_loop
+    from dmsc.runtime.control.loop.runner import start_control_loop, with_loop, with_loop_status
     from dmsc.runtime.control.plane import ControlPlane
     from dmsc.runtime.control.training.retention import Retention
     from dmsc.runtime.control.watchdog import watch_workers
     from dmsc.spec import ClusterSpec, load_spec
+    from dmsc.spec.residency import record_residency
 
     cluster = load_spec(ClusterSpec, Path(settings.cluster)) if settings.cluster else None
+    record_residency(home, cluster.residency if cluster is not None else None)  # dmsc export's
     cli_leaf = tls.install_authority(home)  # mutual TLS from here on; the CLI's leaf
     if settings.encrypt_checkpoints:  # sealed by every worker (and read here) with this key
         sealing.install(sealing.home_key(home))
@@ -263,6 +271,9 @@ def main(stdin: TextIO | None = None) -> None:
     revoking = partial(_revoke, db, principals)
     revoke_method = message_handler(RevokeRequest, revoking, reply=RevokeReply)
     methods = {**cp.methods(), "Revoke": revoke_method}
+    if control_loop is not None:  # dmsc status shows the loop too
+        answer = with_loop_status(cp.status, control_loop)
+        methods["Status"] = message_handler(StatusRequest, answer, reply=StatusReply)
     fences = cp.deployment.registry.fences  # a fenced epoch's certificate: refused here too
     server, port = serve(CONTROL_SERVICE, methods, token=token, fences=fences)
     info = {
@@ -317,7 +328,14 @@ def start_autoscaler(
         cp.inference.in_flight,
         registry_ttl_s=ttl_s,
     )
-    loop = partial(autoscale_loop, pool, ScalePolicy(scale), cp.inference.in_flight, cp.stopped)
+    loop = partial(
+        autoscale_loop,
+        pool,
+        ScalePolicy(scale),
+        cp.inference.in_flight,
+        cp.stopped,
+        arrivals=lambda: cp.inference.arrivals,
+    )
     threading.Thread(target=loop, name="autoscaler", daemon=True).start()
     return pool
 

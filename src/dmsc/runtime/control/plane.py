@@ -39,11 +39,7 @@ from dmsc.data.db import Database, TaskRecord, data_dir
 from dmsc.data.tokenizer import tokenizer_for
 from dmsc.planner.plan import Plan
 from dmsc.runtime.control import dashboard_state, status
-from dmsc.runtime.control.advisors.prediction import (
-    Prediction,
-    TaskPredictions,
-    prediction_for,
-)
+from dmsc.runtime.control.advisors.prediction import Prediction, TaskPredictions, prediction_for
 from dmsc.runtime.control.launch import fallback, signals
 from dmsc.runtime.control.launch.deployment import Checkpoint, Deployment
 from dmsc.runtime.control.launch.fallback import NoGoodCheckpoint, Restored
@@ -58,6 +54,7 @@ from dmsc.runtime.control.tasks.door import Door
 from dmsc.runtime.control.training.corpora import TaskTexts, inside_roots
 from dmsc.runtime.control.training.local_data import load_task_shards
 from dmsc.runtime.control.training.params import TrainParams, task_params
+from dmsc.runtime.control.training.residency import check_task
 from dmsc.runtime.control.training.resize import record_resize, resize, resized_plan
 from dmsc.runtime.control.training.retention import Retention
 from dmsc.runtime.control.training.session import (
@@ -239,9 +236,10 @@ class ControlPlane:
         try:
             if req.data is not None:  # inside a data root: the task keeps the resolved path
                 req = req.model_copy(update={"data": inside_roots(req.data, self.data_roots)})
-            params = task_params(req, self.plan)
+            params, runs_on = task_params(req, self.plan), self.plan
             if req.dp is not None and req.dp != self.plan.job.dp:
-                self.resized(req.dp)  # before it queues: the cluster has room for it
+                runs_on = self.resized(req.dp)  # before it queues: the cluster has room for it
+            check_task(self.cluster, runs_on, req.data, "the task")  # residency rules
         except ValueError as exc:
             raise BadRequest(str(exc)) from None
         if req.data is not None:

@@ -36,7 +36,7 @@ from dmsc.runtime.control.advisors.orchestrator import Decision, DecisionRule, a
 from dmsc.runtime.control.advisors.paths import cluster_mismatch
 from dmsc.runtime.control.advisors.policy import DEDUPE_S, raised_recently
 from dmsc.runtime.control.advisors.prediction import task_prediction
-from dmsc.runtime.control.loop.moves import apply_move
+from dmsc.runtime.control.loop.moves import Gates, apply_move
 from dmsc.runtime.transport.messages import ReplanRequest
 from dmsc.runtime.transport.replies import ReplanReply, parse_reply
 from dmsc.spec import ClusterSpec, LayerListSpec, TransformerSpec, resolve_model
@@ -143,6 +143,9 @@ class Replannable(Protocol):
     plan: Plan
     cluster: ClusterSpec | None
     model: TransformerSpec
+
+    @property
+    def inference(self) -> Gates: ...
 
     def relayout(self, plan: Plan, action: str, why: str) -> None: ...
 

@@ -20,6 +20,7 @@ from __future__ import annotations
 import datetime as dt
 import ipaddress
 import os
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -125,14 +126,18 @@ class Authority:
         )
         return cls(cert, key)
 
-    def issue(self, name: str, lifetime: dt.timedelta = LEAF_LIFETIME) -> Leaf:
-        """A leaf for ``name`` (its common name), good as server and as client."""
+    def issue(
+        self, name: str, lifetime: dt.timedelta = LEAF_LIFETIME, hosts: tuple[str, ...] = ()
+    ) -> Leaf:
+        """A leaf for ``name`` (its common name), good as server and as client; ``hosts`` (IP
+        addresses or names) are added to :data:`SERVICE_NAME` for clients that check the
+        address they dial (Ray's processes dial IP addresses)."""
         key = ec.generate_private_key(ec.SECP256R1())
         subject = x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, name)])
         cert = (
             _builder(subject, self.cert.subject, key, lifetime)
             .add_extension(x509.BasicConstraints(ca=False, path_length=None), critical=True)
-            .add_extension(x509.SubjectAlternativeName([x509.DNSName(SERVICE_NAME)]), False)
+            .add_extension(x509.SubjectAlternativeName(_names((SERVICE_NAME, *hosts))), False)
             .add_extension(
                 x509.ExtendedKeyUsage(
                     [ExtendedKeyUsageOID.SERVER_AUTH, ExtendedKeyUsageOID.CLIENT_AUTH]
@@ -171,12 +176,7 @@ def worker_name(sid: str, epoch: int) -> str:
 def self_signed(hosts: list[str], lifetime: dt.timedelta = GATEWAY_LIFETIME) -> tuple[bytes, bytes]:
     """A self-signed server certificate for ``hosts`` (names or IP addresses) and its key, PEM."""
     key = ec.generate_private_key(ec.SECP256R1())
-    names: list[x509.GeneralName] = []
-    for h in dict.fromkeys(hosts):
-        try:
-            names.append(x509.IPAddress(ipaddress.ip_address(h)))
-        except ValueError:
-            names.append(x509.DNSName(h))
+    names = _names(hosts)
     subject = x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, hosts[0])])
     cert = (
         _builder(subject, subject, key, lifetime)
@@ -186,6 +186,17 @@ def self_signed(hosts: list[str], lifetime: dt.timedelta = GATEWAY_LIFETIME) -> 
         .sign(key, hashes.SHA256())
     )
     return cert.public_bytes(serialization.Encoding.PEM), _key_pem(key)
+
+
+def _names(hosts: Sequence[str]) -> list[x509.GeneralName]:
+    """Subject alternative names: an IP address as one, anything else as a DNS name."""
+    names: list[x509.GeneralName] = []
+    for h in dict.fromkeys(hosts):
+        try:
+            names.append(x509.IPAddress(ipaddress.ip_address(h)))
+        except ValueError:
+            names.append(x509.DNSName(h))
+    return names
 
 
 def fingerprint(cert_pem: bytes) -> str:

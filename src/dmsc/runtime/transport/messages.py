@@ -410,13 +410,15 @@ class AutoscaleSettings(Message):
     """``dmsc up --autoscale infer:...``: the pipelines that serve inference, between ``min``
     and ``max`` (the plan's replicas count, and always serve), sized so that each has about
     ``target`` requests in flight; ``cooldown_s`` between two changes, the load averaged over
-    ``window_s`` (:mod:`dmsc.runtime.control.serving.autoscale`)."""
+    ``window_s``, the request rate forecast ``lookahead_s`` ahead
+    (:mod:`dmsc.runtime.control.serving.autoscale`)."""
 
     min: Annotated[int, Field(ge=1, le=64)] = 1
     max: Annotated[int, Field(ge=1, le=64)] = 4
     target: Annotated[float, Field(gt=0, le=1024)] = 2.0
     cooldown_s: Annotated[float, Field(ge=0, le=3600)] = 10.0
     window_s: Annotated[float, Field(gt=0, le=3600)] = 5.0
+    lookahead_s: Annotated[float, Field(ge=0, le=3600)] = 0.0  # 0: no forecast
 
     @model_validator(mode="after")
     def _ordered(self) -> AutoscaleSettings:
@@ -481,5 +483,5 @@ class ControlSettings(Message):
     # The control loop (dmsc.runtime.control.loop): seconds between ticks (0: off), accepted
     # moves applied or only proposed, and the policy file's content (checked by dmsc up).
     control_interval_s: Annotated[float, Field(ge=0, le=3600)] = 5.0
-    control: Literal["act", "advise"] = "advise"
+    control: Literal["act", "advise"] = "act"
     policy: dict[str, Any] | None = None

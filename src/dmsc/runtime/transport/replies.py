@@ -143,8 +143,19 @@ class ModeState(Reply):
     steps: int
 
 
+class LoopState(Reply):
+    """The control loop as ``dmsc status`` shows it (none with ``--control-interval 0``)."""
+
+    interval_s: float
+    mode: Literal["act", "advise"]
+    ticks: int
+    open_alerts: int
+    last_decision: str | None = None  # "N: VERDICT MODULE KIND (TARGET) -> OUTCOME"
+
+
 class StatusReply(Reply):
-    """``Status``: the run, its services, their health and use, nodes, tasks, faults, spares."""
+    """``Status``: the run, its services, their health and use, nodes, tasks, faults, spares,
+    and the control loop."""
 
     run: int
     model: str
@@ -160,6 +171,7 @@ class StatusReply(Reply):
     queue: Literal["fcfs", "priority", "fair"] | None = None  # the task queue's policy
     modes_task: int | None = None  # the training task whose communication ``modes`` compares
     modes: list[ModeState] = []
+    control: LoopState | None = None
 
 
 # -- dmsc.Control: Train ---------------------------------------------------------------------------

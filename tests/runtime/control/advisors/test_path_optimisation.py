@@ -11,6 +11,7 @@ import pytest
 from modules_helpers import fill_run, make_plan, nominal, step_traces, two_sites
 
 from dmsc.data.db import Database
+from dmsc.data.forecast import forecast_ahead
 from dmsc.data.traces import StepTrace
 from dmsc.planner.placement.from_specs import build_problem
 from dmsc.planner.plan import Plan
@@ -21,9 +22,11 @@ from dmsc.runtime.control.advisors.paths import (
     DISK_BYTES_S,
     STATE_BYTES_PER_PARAM,
     WORKER_START_S,
+    BoundaryMeasure,
     PathOptimisation,
     cluster_mismatch,
     device_speeds,
+    forecast_gbit_s,
     measure_boundaries,
     measure_stages,
     move_cost_s,
@@ -191,3 +194,35 @@ def test_synthetic_traces_keep_the_planners_gap(cluster: ClusterSpec, plan: Plan
     f0 = traces[(0, 0)][0][0]
     f1 = traces[(1, 0)][0][0]
     assert f1[2] - f0[3] == pytest.approx(nom.transfer_s[0])
+
+
+def test_a_link_whose_load_grows_is_replanned_on_its_forecast_rate(
+    tmp_path: Path, cluster: ClusterSpec, plan: Plan
+) -> None:
+    """The boundary's transfer takes 1x to 4x the planner's over 12 steps (a link ever more
+    loaded): the link's factor is taken on the rate Holt forecasts for the next step from the
+    per-step rates (recomputed here from the planner's figures), below even the last step's,
+    not on the median, which lags half a window behind."""
+    growth = [1 + 3 * k / 11 for k in range(12)]
+    db = Database(f"sqlite:///{tmp_path / 'dmsc.sqlite'}")
+    run, _ = fill_run(db, cluster, plan, steps=12, gap_by_step=lambda k: growth[k])
+    (p,) = PathOptimisation(cluster).propose(read_measurements(db, run, time.time()))
+    nom = nominal(cluster, plan)
+    planned = nom.bytes_per_microbatch[0] * 8 / nom.transfer_s[0] / 1e9
+    rates = [planned / g for g in growth]
+    expected = forecast_ahead(rates, 1)
+    assert p.details["boundary_forecast_gbit_s"][0] == pytest.approx(expected, rel=1e-4)
+    assert p.details["link_scale"]["site-a-site-b"] == pytest.approx(expected / planned, rel=1e-4)
+    assert p.details["link_scale"]["site-a-site-b"] < 1 / growth[-1]  # the trend, one step on
+    median = p.details["boundary_gbit_s"][0] / planned
+    assert median == pytest.approx(2 / (1 + 4), rel=0.05)  # the median gap: 2.5x the plan's
+
+
+def test_a_boundary_forecast_needs_enough_steps_and_stays_positive() -> None:
+    assert forecast_gbit_s([1.0, 0.9, 0.8, 0.7]) is None  # too few steps: the median stands
+    assert forecast_gbit_s([1.0, 1.0, 1.0, 1.0, 1.0]) == pytest.approx(1.0)
+    falling = [5.0, 4.0, 3.0, 2.0, 1.0, 0.2]  # extrapolated past zero: the last measure
+    assert forecast_gbit_s(falling) == 0.2
+    m = BoundaryMeasure(1000.0, 1e-6)
+    assert m.expected_gbit_s == m.gbit_s  # no forecast: the median
+    assert BoundaryMeasure(1000.0, 1e-6, 0.5).expected_gbit_s == 0.5

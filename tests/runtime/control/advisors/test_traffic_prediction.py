@@ -12,10 +12,10 @@ import pytest
 from modules_helpers import DP_BYTES, fill_run, make_plan, two_sites
 
 from dmsc.data.db import Database
+from dmsc.data.forecast import GRID
 from dmsc.data.traces import StepTrace
 from dmsc.runtime.control.advisors import read_measurements
 from dmsc.runtime.control.advisors.traffic import (
-    GRID,
     TrafficPrediction,
     boundary_bytes,
     exchange_bytes,

@@ -20,16 +20,18 @@ import pytest
 from modules_helpers import fill_run, make_plan, two_sites
 from prometheus_client import CollectorRegistry
 
+from dmsc.cli.control_flags import loop_line
 from dmsc.data.control_records import alerts, decisions
 from dmsc.data.db import Database, RunRecord
 from dmsc.planner.plan import Plan
 from dmsc.runtime.control.advisors import Measurements, Proposal
 from dmsc.runtime.control.loop import runner
 from dmsc.runtime.control.loop.objectives import Policy, load_policy, with_flags
-from dmsc.runtime.control.loop.runner import ControlLoop, with_loop
+from dmsc.runtime.control.loop.runner import ControlLoop, with_loop, with_loop_status
 from dmsc.runtime.control.loop.tick import LoopConfig
 from dmsc.runtime.control.loop.webhook import Webhook
 from dmsc.runtime.control.tasks.task_queue import TaskQueue
+from dmsc.runtime.transport.replies import LoopState
 from dmsc.spec import SpecError, resolve_model
 
 
@@ -99,7 +101,7 @@ def test_a_move_waits_for_the_lock_then_applies_and_its_effect_is_measured(
 
     monkeypatch.setattr(runner, "apply_move", fake_move)
     mover = Mover(gain=0.5)
-    loop, lines = _loop(cp, Policy(), "act", [mover])
+    loop, lines = _loop(cp, Policy(confirm_ticks=1), "act", [mover])
     with cp.lock:  # a training task holds the deployment: the tick does not wait
         t0 = time.perf_counter()
         loop.once()
@@ -169,7 +171,9 @@ def test_advise_proposes_and_a_breach_alerts_queues_and_posts(
 ) -> None:
     cp, task = _plane(tmp_path, plan, step_s=1.0)
     Hook.answers = [503]  # the first post fails: retried
-    policy = Policy.model_validate({"slos": {"step_time_s": 0.5}, "webhook": hook})
+    policy = Policy.model_validate(
+        {"slos": {"step_time_s": 0.5}, "webhook": hook, "confirm_ticks": 1}
+    )
     loop, lines = _loop(cp, policy, "advise", [Mover(gain=0.5)])
     loop.webhook = Webhook(hook, loop._webhook_done, first_backoff_s=0.05)
     loop.once()
@@ -206,6 +210,14 @@ def test_advise_proposes_and_a_breach_alerts_queues_and_posts(
     assert {d["module"] for d in control["decisions"]} == {"mover", "control-loop"}
     assert doc("other")["control"]["alerts"][0]["task"] is None
     assert doc("own")["control"]["alerts"][0]["task"] == task
+    # dmsc status's part: the newest decision (the exception raised), the open alert
+    status = with_loop_status(lambda req: {"run": cp.run.id}, loop)(None)
+    state = LoopState.model_validate(status["control"])
+    assert (state.mode, state.ticks, state.open_alerts) == ("advise", 2, 1)
+    assert state.last_decision is not None
+    assert "raise control-loop exception (slo:step_time_s) -> raised: task" in state.last_decision
+    line = loop_line(state)
+    assert line.startswith("control loop: every 1 s, advise mode, 2 ticks, 1 open alert; last")
     loop.close()
 
 

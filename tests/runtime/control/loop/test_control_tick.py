@@ -43,7 +43,9 @@ def _measured(plan: Plan, steps: list[float], tasks: tuple[TaskTimes, ...] = (),
 
 
 def _policy(**slos: object) -> Policy:
-    return Policy.model_validate({"slos": slos})
+    """The objectives ``slos``; a move applies on its first tick (the hysteresis has its own
+    tests: test_hysteresis.py)."""
+    return Policy.model_validate({"slos": slos, "confirm_ticks": 1})
 
 
 class Mover:
@@ -130,7 +132,7 @@ def test_a_breach_is_raised_once_then_resolved(plan: Plan) -> None:
 
 def test_modules_run_when_something_new_was_measured(plan: Plan) -> None:
     mover = Mover(gain=0.5)
-    cfg = LoopConfig(Policy())
+    cfg = LoopConfig(_policy())
     snap = Snapshot(_measured(plan, [1.0] * 3))
     first = tick(snap, cfg, LoopState(), [mover])
     (d,) = first.recorded

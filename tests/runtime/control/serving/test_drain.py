@@ -20,19 +20,24 @@ def replicas(count: int) -> Replicas:
     return Replicas(dep, db=None, lock=threading.Lock(), log=logging.getLogger("t"), run_id=1)  # type: ignore[arg-type]
 
 
-def test_new_requests_go_elsewhere_or_wait_and_the_load_waits_for_those_in_flight() -> None:
-    rep = replicas(2)
-    rep.drain_timeout_s = 30.0
+def _under_way(rep: Replicas, name: str, for_s: float) -> None:
+    """A request admitted to replica ``name`` now, which ends ``for_s`` seconds later."""
     release, admitted = threading.Event(), threading.Event()
 
-    def under_way() -> None:
-        with rep.admitted(["replica-0"]):
+    def request() -> None:
+        with rep.admitted([name]):
             admitted.set()
             release.wait(30)
 
-    threading.Thread(target=under_way, daemon=True).start()
+    threading.Thread(target=request, daemon=True).start()
     assert admitted.wait(30)
-    threading.Timer(0.3, release.set).start()
+    threading.Timer(for_s, release.set).start()
+
+
+def test_new_requests_go_elsewhere_or_wait_and_the_load_waits_for_those_in_flight() -> None:
+    rep = replicas(2)
+    rep.drain_timeout_s = 30.0
+    _under_way(rep, "replica-0", 0.3)
     t0 = time.monotonic()
     with rep.drained("replica-0", "loading version 2") as left:
         assert left == 0 and time.monotonic() - t0 >= 0.25  # it waited for the request
@@ -55,3 +60,17 @@ def test_a_drain_gives_up_after_its_timeout_and_a_lone_replica_stays_routed() ->
         assert rep.names() == ["replica-0"]  # none other: its requests wait at the gate
     with rep.admitted(["replica-0"]):  # the gate is open again
         assert rep.in_flight("replica-0") == 1
+
+
+def test_a_move_shuts_every_gate_at_once_and_waits_for_the_requests_in_flight() -> None:
+    rep = replicas(2)
+    _under_way(rep, "replica-1", 0.3)
+    t0 = time.monotonic()
+    with rep.paused("a move", 30.0) as left:
+        assert left == 0 and time.monotonic() - t0 >= 0.25  # it waited for the request
+        # no replica takes a new request: they wait at the gates until the move is done
+        with pytest.raises(DeadlineExceeded), rep.admitted(["replica-0"], time.monotonic() + 0.2):
+            pass
+    with rep.admitted(["replica-0"]), rep.paused("a move", 0.2) as left:
+        assert left == 1  # still in flight after the wait: the caller defers the move
+    assert rep.in_flight() == 0

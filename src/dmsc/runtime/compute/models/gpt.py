@@ -45,8 +45,11 @@ class Block(nn.Module):
     ) -> torch.Tensor:
         # q, k and v of this module's heads: all of them, or a tensor-parallel rank's share
         # (:mod:`..tensor_parallel` keeps each rank's q, k and v in that order)
-        B, T, _ = x_BTH.shape
-        q, k, v = self.qkv(self.ln1(x_BTH)).chunk(3, dim=-1)
+        # the projection's rows: those of x, or under sequence parallelism
+        # (:mod:`..sequence_parallel`) the whole sequence while x holds this rank's slice
+        qkv = self.qkv(self.ln1(x_BTH))
+        B, T, _ = qkv.shape
+        q, k, v = qkv.chunk(3, dim=-1)
         q, k, v = (t.view(B, T, -1, self.head_dim).transpose(1, 2) for t in (q, k, v))
         att = causal_attention(q, k, v, kv)
         x_BTH = x_BTH + self.proj(att.transpose(1, 2).reshape(B, T, -1))

@@ -14,11 +14,18 @@ From the step traces (:func:`measure_boundaries`, :func:`measure_stages`):
 
 Measured over nominal (the planner's own figures for the plan's placement) gives a speed for each
 datacenter's devices (geometric mean over its stages) and a factor for each inter-datacenter link
-(the least over the boundaries that cross it). :func:`scaled_cluster` writes them into the cluster
-spec (peak FLOP/s, memory bandwidth and per-op overhead of a datacenter's own copy of its device
-type; a link's Gbit/s or Gbit/s per slot): the cost model's compute time scales as 1/speed to
-within its fixed per-op costs (under 1% on the example clusters). Boundaries inside a datacenter
-are measured and reported, not scaled. Plans of islands (round modes) are not re-planned here.
+(the least over the boundaries that cross it). A link's factor is taken on the boundary's
+*forecast* rate, not the median: each step's rate (its bytes over its gap) is a point of a
+series that Holt's linear smoothing (:mod:`dmsc.data.forecast`) forecasts one step ahead, so a
+link whose load keeps growing (its rate falling step after step) is re-planned on the rate the
+next steps will see rather than on what it carried half a window ago; with fewer than
+:data:`~dmsc.data.forecast.MIN_POINTS` steps the median stands.
+
+:func:`scaled_cluster` writes them into the cluster spec (peak FLOP/s, memory bandwidth and
+per-op overhead of a datacenter's own copy of its device type; a link's Gbit/s or Gbit/s per
+slot): the cost model's compute time scales as 1/speed to within its fixed per-op costs (under
+1% on the example clusters). Boundaries inside a datacenter are measured and reported, not
+scaled. Plans of islands (round modes) are not re-planned here.
 
 Then ``plan_job(..., fixed=True)`` re-plans the plan's strategy on the measured cluster, and the
 current placement is scored on the same measured problem: a move is proposed when the planner's
@@ -31,12 +38,14 @@ from __future__ import annotations
 import math
 import statistics
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
+from dmsc.data.forecast import MIN_POINTS, forecast_ahead
 from dmsc.data.traces import StepTrace
 from dmsc.planner.placement.from_specs import BuiltProblem, build_problem
 from dmsc.planner.placement.problem import (
+    Infeasible,
     Placement,
     PlacementProblem,
     PlacementResult,
@@ -59,14 +68,32 @@ WORKER_START_S = 20.0  # start a worker process, import torch, build its stage, 
 
 @dataclass(frozen=True)
 class BoundaryMeasure:
-    """A stage boundary as measured: bytes per micro-batch (all replicas), transfer gap."""
+    """A stage boundary as measured: bytes per micro-batch (all replicas), transfer gap (the
+    median over the steps), and its rate forecast for the next step (None: too few steps)."""
 
     bytes_per_microbatch: float
     gap_s: float
+    forecast_gbit_s: float | None = None
 
     @property
     def gbit_s(self) -> float:
         return self.bytes_per_microbatch * 8 / self.gap_s / 1e9
+
+    @property
+    def expected_gbit_s(self) -> float:
+        """What the next steps will see: the forecast where there is one, else the median."""
+        return self.forecast_gbit_s if self.forecast_gbit_s is not None else self.gbit_s
+
+
+def forecast_gbit_s(rates: list[float]) -> float | None:
+    """The next step's rate of a boundary from its per-step rates (in step order): Holt's
+    forecast (:mod:`dmsc.data.forecast`); None with fewer than :data:`MIN_POINTS` steps; the
+    last step's rate when the trend runs the forecast to zero or below (a link whose rate
+    falls that fast is taken at its latest measure, not extrapolated past it)."""
+    if len(rates) < MIN_POINTS:
+        return None
+    ahead = forecast_ahead(rates, 1)
+    return ahead if ahead > 0 else rates[-1]
 
 
 def _spans_by_op(trace: StepTrace) -> dict[tuple[str, int], tuple[float, float]]:
@@ -76,9 +103,11 @@ def _spans_by_op(trace: StepTrace) -> dict[tuple[str, int], tuple[float, float]]
 def measure_boundaries(
     traces: Sequence[StepTrace], microbatches: int
 ) -> dict[int, BoundaryMeasure]:
-    """Each boundary's bytes per micro-batch and transfer gap (see the module docstring)."""
+    """Each boundary's bytes per micro-batch and transfer gap (see the module docstring), and
+    its rate forecast from the per-step rates (each step's gap: the median over replicas)."""
     by_key = {(t.step, t.stage, t.replica): t for t in traces}
     gaps: dict[int, list[float]] = {}
+    by_step: dict[int, dict[int, list[float]]] = {}  # boundary -> step -> gaps (replicas)
     sent: dict[int, dict[int, float]] = {}  # boundary -> step -> bytes forward
     for (step, stage, replica), t in by_key.items():
         nxt = by_key.get((step, stage + 1, replica))
@@ -101,13 +130,19 @@ def measure_boundaries(
         positive = [g for g in step_gaps if g > 0]
         if positive:
             gaps.setdefault(stage, []).append(min(positive))
+            by_step.setdefault(stage, {}).setdefault(step, []).append(min(positive))
     out = {}
     for b, samples in gaps.items():
         steps = sent.get(b, {})
         if not steps:
             continue
         per_mb = statistics.median(steps.values()) / microbatches
-        out[b] = BoundaryMeasure(per_mb, statistics.median(samples))
+        rates = [
+            steps[step] / microbatches * 8 / statistics.median(g) / 1e9
+            for step, g in sorted(by_step[b].items())
+            if step in steps
+        ]
+        out[b] = BoundaryMeasure(per_mb, statistics.median(samples), forecast_gbit_s(rates))
     return out
 
 
@@ -260,7 +295,8 @@ def _iteration_s(
     """The iteration of ``plan``'s job placed as ``placement`` in ``built`` (its cluster)."""
     from dmsc.netmodel import estimate_iteration
 
-    objective = evaluate(built.problem, placement)
+    # as it runs: a residency rule added since it was planned does not stop it being measured
+    objective = evaluate(replace(built.problem, resident_dcs=None), placement)
     if objective is None:
         return None
     result = PlacementResult(placement, objective, "current", 0.0)
@@ -278,8 +314,8 @@ def measured_scales(
     boundaries: dict[int, BoundaryMeasure],
 ) -> tuple[dict[str, float], dict[str, float], dict[str, float]]:
     """Measured over nominal: each datacenter's device speed, each inter-datacenter link's
-    bandwidth factor, and the Gbit/s per unit of the slot links among them (what
-    :func:`scaled_cluster` takes)."""
+    bandwidth factor (on the boundary's forecast rate, :attr:`BoundaryMeasure.expected_gbit_s`),
+    and the Gbit/s per unit of the slot links among them (what :func:`scaled_cluster` takes)."""
     ratios: dict[str, list[float]] = {}
     for s, measured in stages.items():
         nominal_s = (nominal.problem.compute_us[s][place.dcs[s]] or 0) * 1e-6
@@ -293,7 +329,7 @@ def measured_scales(
         if b not in boundaries or b >= len(transfer_us):
             continue
         nominal_gbit_s = nominal.problem.boundary_bytes[b] * 8 / (transfer_us[b] * 1e-6) / 1e9
-        factor = boundaries[b].gbit_s / nominal_gbit_s
+        factor = boundaries[b].expected_gbit_s / nominal_gbit_s
         for name in p.links:
             link_scale[name] = min(factor, link_scale.get(name, math.inf))
             if p.slot_ghz is not None:
@@ -323,7 +359,10 @@ def replan(plan: Plan, cluster: ClusterSpec, traces: Sequence[StepTrace]) -> Rep
     if current_s is None:
         return "the current placement breaks a constraint of the measured cluster"
     solver = plan.search.solver if plan.search.solver in SOLVERS else "milp"
-    new_plan = plan_job(measured_cluster, model, plan.job, solver=solver, fixed=True).plan
+    try:  # a residency rule may leave the job nowhere to go on the measured cluster
+        new_plan = plan_job(measured_cluster, model, plan.job, solver=solver, fixed=True).plan
+    except Infeasible as exc:
+        return f"no placement on the measured cluster: {exc}"
     nominal_compute = {
         s: (nominal.problem.compute_us[s][d] or 0) * 1e-6 for s, d in enumerate(place.dcs)
     }
@@ -409,6 +448,7 @@ class PathOptimisation:
             "speed_by_datacenter": found.speed,
             "link_scale": found.link_scale,
             "boundary_gbit_s": {b: m.gbit_s for b, m in found.boundaries.items()},
+            "boundary_forecast_gbit_s": {b: m.forecast_gbit_s for b, m in found.boundaries.items()},
             "boundary_gap_s": {b: m.gap_s for b, m in found.boundaries.items()},
             "stage_compute_s": found.stage_compute_s,
             "nominal_compute_s": found.nominal_compute_s,

@@ -16,8 +16,8 @@ percentage error (MAPE) are reported beside the naive forecaster's (the last val
 steps. A constant series (bytes per boundary when nothing changes) is forecast exactly by both;
 Holt earns its place on a trending one (a step time that drifts, a boundary whose traffic grows).
 
-Written in numpy rather than taken from statsmodels (its ``ExponentialSmoothing`` fits the same
-model): statsmodels is not a dependency, and the model is the few lines above.
+The smoothing itself is :mod:`dmsc.data.forecast` (the serving autoscaler forecasts the request
+rate with it too).
 """
 
 from __future__ import annotations
@@ -26,52 +26,12 @@ import math
 from dataclasses import dataclass
 
 import numpy as np
-import numpy.typing as npt
 
+from dmsc.data.forecast import MIN_POINTS, Series, fit_holt, holt_forecasts
 from dmsc.data.traces import StepTrace
 from dmsc.runtime.control.advisors.base import RECENT_STEPS, Measurements, Proposal
 
-GRID = np.round(np.arange(0.0, 1.0001, 0.1), 10)  # alpha (from 0.1) and beta (from 0) candidates
 HELD_OUT = 0.2  # the share of a series held out to measure the forecaster's error
-MIN_POINTS = 5  # fewer: the last value is the forecast, with no error to report
-
-Series = npt.NDArray[np.float64]
-
-
-def holt_forecasts(y: Series, alpha: Series | float, beta: Series | float) -> Series:
-    """One-step-ahead forecasts of Holt's linear smoothing: row ``k`` of the result holds, for
-    parameter pair ``k``, ``f[t]`` of ``y[t]`` from ``y[:t]`` at column ``t`` (``t`` = 2 .. n-1)
-    and the forecast of the next, unseen value at column ``n``; columns 0 and 1 are NaN (they
-    start the level and the trend). ``alpha`` and ``beta``: scalars or equal-length arrays (a
-    grid, run at once)."""
-    a = np.atleast_1d(np.asarray(alpha, dtype=float))
-    b = np.atleast_1d(np.asarray(beta, dtype=float))
-    n = len(y)
-    if n < 2:
-        raise ValueError("Holt's smoothing needs at least two points")
-    out = np.full((len(a), n + 1), np.nan)
-    level = np.full(len(a), y[0])
-    trend = np.full(len(a), y[1] - y[0])
-    for t in range(1, n):
-        forecast = level + trend
-        if t >= 2:
-            out[:, t] = forecast
-        new_level = a * y[t] + (1 - a) * forecast
-        trend = b * (new_level - level) + (1 - b) * trend
-        level = new_level
-    out[:, n] = level + trend
-    return out
-
-
-def fit_holt(y: Series) -> tuple[float, float]:
-    """The (alpha, beta) of the grid whose one-step-ahead forecasts of ``y`` have the least
-    squared error (ties: the smallest alpha, then beta)."""
-    aa, bb = np.meshgrid(GRID[1:], GRID, indexing="ij")
-    alphas, betas = aa.ravel(), bb.ravel()
-    f = holt_forecasts(y, alphas, betas)[:, 2 : len(y)]
-    sse = ((f - y[2:]) ** 2).sum(axis=1)
-    best = int(np.argmin(sse))  # argmin returns the first of equal minima
-    return float(alphas[best]), float(betas[best])
 
 
 def mae(actual: Series, forecast: Series) -> float:

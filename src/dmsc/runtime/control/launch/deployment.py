@@ -150,6 +150,7 @@ class Deployment:
             tp_rank=tp_rank,
             tp_store=self.tp.address,
             ep=lay.ep,
+            sequence_parallel=lay.sequence_parallel,
             seed=lay.seed,
             lr=lay.lr,
             epoch=self.epoch,

@@ -23,6 +23,7 @@ class StageLayout:
     replicas: int = 1
     tp: int = 1  # tensor-parallel ranks of each replica: one worker process each
     ep: int = 1  # expert-parallel degree: runs of ep replicas share out the experts
+    sequence_parallel: bool = False  # at tp > 1, the blocks' sequence split over the ranks too
     seed: int = 0
     lr: float = 1e-3
     sids: list[str] = field(default_factory=list)

@@ -1,11 +1,13 @@
 """What the Ray launcher checks of a cluster: whether it can hold a plan's workers at all (before
 a placement group would wait for room that never comes), what is free on a datacenter's nodes,
-and whether a head joined on a loopback address keeps every node on this machine."""
+and whether a head joined on a loopback address keeps every node on this machine; and what
+Ray's own security settings leave open on a cluster dmsc joins (:func:`exposure`)."""
 
 from __future__ import annotations
 
 import itertools
 import re
+from collections.abc import Mapping
 from typing import Any
 
 from dmsc.runtime.compute.config import WorkerConfig
@@ -106,3 +108,21 @@ def address_problem(address: str) -> str | None:
         "expected the Ray head's HOST:PORT (`auto` would join whichever cluster this machine "
         "last started, maybe another user's); leave it out for a private cluster"
     )
+
+
+def exposure(env: Mapping[str, str]) -> list[str]:
+    """What Ray's own settings in ``env`` (those of ``dmsc up``, which every Ray client of the
+    cluster must share) leave open on a cluster joined with ``--ray-address``: one sentence per
+    gap, none when token authentication and TLS are both on. dmsc cannot turn them on for a
+    cluster it did not start: each node's processes read them when ``ray start`` runs."""
+    gaps = []
+    if env.get("RAY_AUTH_MODE", "").lower() != "token":
+        gaps.append(
+            "RAY_AUTH_MODE is not token: any client that reaches the head can run code beside "
+            "the workers (and read their keys)"
+        )
+    if env.get("RAY_USE_TLS", "0").lower() not in ("1", "true"):
+        gaps.append(
+            "RAY_USE_TLS is off: Ray's own traffic (and its token) crosses the network in clear"
+        )
+    return gaps

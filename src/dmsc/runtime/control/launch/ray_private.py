@@ -7,12 +7,14 @@ on them, are :mod:`dmsc.testing.ray_local`.
 
 from __future__ import annotations
 
+import datetime as dt
 import logging
 import os
 from pathlib import Path
 from typing import TYPE_CHECKING
 
 from dmsc.runtime.control.launch.ray_launcher import ray_module
+from dmsc.runtime.transport.authority import Authority, Leaf, write_private_bytes
 
 if TYPE_CHECKING:
     from dmsc.planner.plan import Plan
@@ -33,7 +35,28 @@ LOOPBACK_ENV = "RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER"
 AUTH_ENV = ("RAY_AUTH_MODE", "RAY_AUTH_TOKEN")
 
 
-def private_cluster(resources: dict[str, float], cpus: int) -> Path:
+# Ray's TLS settings, read by its processes (the C++ GCS server, raylets, core workers: once, when
+# Ray is first loaded in a process) and by its Python gRPC channels: names as Ray 2.60 reads them
+# (ray/_common/tls_utils.py, ray/_private/grpc_utils.py, and the gcs_server and raylet binaries).
+TLS_ENV = ("RAY_USE_TLS", "RAY_TLS_SERVER_CERT", "RAY_TLS_SERVER_KEY", "RAY_TLS_CA_CERT")
+RAY_HOSTS = ("127.0.0.1", "localhost")  # what Ray's processes dial on a private cluster
+RAY_LEAF_LIFETIME = dt.timedelta(days=365)  # read once per Ray process: no renewal while up
+
+
+def tls_settings(folder: Path, leaf: Leaf) -> dict[str, str]:
+    """Ray's TLS settings for a cluster whose every process presents ``leaf`` and trusts only
+    its authority: the certificate, its key (mode 0600) and the authority's certificate written
+    in ``folder`` (made, mode 0700), and the environment variables that name them."""
+    folder.mkdir(mode=0o700, parents=True, exist_ok=True)
+    os.chmod(folder, 0o700)
+    cert, key, ca = folder / "ray.pem", folder / "ray.key", folder / "ca.pem"
+    cert.write_bytes(leaf.cert)
+    write_private_bytes(key, leaf.key)
+    ca.write_bytes(leaf.ca)
+    return dict(zip(TLS_ENV, ("1", str(cert), str(key), str(ca)), strict=True))
+
+
+def private_cluster(resources: dict[str, float], cpus: int, home: Path | None = None) -> Path:
     """Start (``ray.init``) a one-node Ray cluster for this process only, and return the folder
     it keeps its files in. It is what ``dmsc up --launcher ray`` without ``--ray-address`` runs
     on: the node offers ``resources`` and ``cpus`` CPUs, and
@@ -45,14 +68,26 @@ def private_cluster(resources: dict[str, float], cpus: int) -> Path:
       and no token file is written to ``~/.ray``);
     - keeps its sockets, logs and session files in a folder of its own under the system's
       temporary folder (mode 0700: Ray makes its own folders world-writable, ``/tmp/ray`` is
-      0777), not in ``/tmp/ray``, and never becomes the cluster ``ray.init("auto")`` finds.
+      0777), not in ``/tmp/ray``, and never becomes the cluster ``ray.init("auto")`` finds;
+    - with ``home``, speaks TLS only (Ray's mutual TLS, :func:`tls_settings`) with a certificate
+      from ``home``'s authority (:mod:`dmsc.runtime.transport.authority`) for 127.0.0.1: a client
+      without one is refused before its token is read. Ray loads these settings once per
+      process, so Ray must not have been imported here before (RuntimeError).
 
     The cluster stops, and its folder is removed, when this process exits."""
     import atexit
     import secrets
     import shutil
+    import sys
     import tempfile
 
+    root = Path(tempfile.mkdtemp(prefix="dmsc-ray-"))  # 0700, this user's only
+    if home is not None:
+        if "ray" in sys.modules:
+            shutil.rmtree(root, ignore_errors=True)
+            raise RuntimeError("Ray was loaded before its TLS settings were made")
+        leaf = Authority.at(home / "tls").issue("ray", RAY_LEAF_LIFETIME, RAY_HOSTS)
+        os.environ.update(tls_settings(root / "tls", leaf))
     from ray._private import ray_constants
     from ray._private.authentication import authentication_token_setup as auth
 
@@ -62,7 +97,6 @@ def private_cluster(resources: dict[str, float], cpus: int) -> Path:
     os.environ["RAY_AUTH_TOKEN"] = secrets.token_hex(32)
     auth._enable_token_auth()  # RAY_AUTH_MODE=token, and Ray's settings in this process reread
     os.environ.setdefault(GCS_WAIT_ENV, str(START_WAIT_S))
-    root = Path(tempfile.mkdtemp(prefix="dmsc-ray-"))  # 0700, this user's only
     ray.init(
         address="local",  # never one found by RAY_ADDRESS or "auto"
         num_cpus=cpus,

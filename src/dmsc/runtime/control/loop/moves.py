@@ -4,23 +4,43 @@ Shared by ``dmsc replan`` (:mod:`..replanning`) and the control loop (:mod:`.run
 caller holds the control plane's task lock (between training tasks). The move re-plans on the
 measured figures again (the same re-plan the proposal came from) and moves the deployment to
 that plan from a checkpoint (``relayout``: the workers stop and start where the plan puts them;
-weights and AdamW state carry over). Only a move that keeps each stage's layers is applied: a
-re-cut changes which stage holds which layers, and the per-stage checkpoint does not carry over
-(refused, with the reason).
+weights and AdamW state carry over). The workers' restart would cut the inference requests they
+are answering ("Channel closed"), so the move first shuts the replicas' gates and waits, at most
+``drain_s``, for the requests in flight to end; new ones wait at the gates (or go to the elastic
+serving replicas) until the move is done. Requests still running then: :class:`StillServing`,
+and nothing moved (the control loop tries again at its next tick). Only a move that keeps each
+stage's layers is applied: a re-cut changes which stage holds which layers, and the per-stage
+checkpoint does not carry over (refused, with the reason), and so is one that would put a stage
+where a residency rule of the cluster spec keeps the model's weights out (naming the rule).
 """
 
 from __future__ import annotations
 
 import time
 from collections.abc import Sequence
+from contextlib import AbstractContextManager
 from typing import Any, Protocol
 
 from dmsc.data.traces import StepTrace
 from dmsc.planner.plan import Plan
 from dmsc.runtime.control.advisors.base import Proposal
 from dmsc.runtime.control.advisors.paths import replan
+from dmsc.runtime.control.training.residency import check_move
 from dmsc.runtime.transport.rpc import BadRequest
 from dmsc.spec import ClusterSpec
+
+# the longest a move waits for the inference requests in flight (new ones wait as long)
+DRAIN_S = 15.0
+
+
+class StillServing(BadRequest):
+    """Inference requests were still in flight when the move's wait for them ran out."""
+
+
+class Gates(Protocol):
+    """The replicas' gates (:meth:`~..serving.inference.Replicas.paused`)."""
+
+    def paused(self, why: str, timeout_s: float) -> AbstractContextManager[int]: ...
 
 
 class Movable(Protocol):
@@ -29,12 +49,18 @@ class Movable(Protocol):
     plan: Plan
     cluster: ClusterSpec | None
 
+    @property
+    def inference(self) -> Gates: ...
+
     def relayout(self, plan: Plan, action: str, why: str) -> None: ...
 
 
-def apply_move(cp: Movable, traces: Sequence[StepTrace], p: Proposal) -> dict[str, Any]:
+def apply_move(
+    cp: Movable, traces: Sequence[StepTrace], p: Proposal, drain_s: float = DRAIN_S
+) -> dict[str, Any]:
     """Move ``cp``'s deployment as ``p`` proposed (module docstring); the target and how long
-    the move took. :class:`BadRequest` when it cannot be applied, with the reason."""
+    the move took (``drain_s``: the wait for the requests in flight). :class:`BadRequest` when
+    it cannot be applied, with the reason (:class:`StillServing`: not now)."""
     if cp.cluster is None:
         raise BadRequest("a move needs the plan's cluster spec (dmsc up --cluster)")
     found = replan(cp.plan, cp.cluster, tuple(traces))
@@ -46,6 +72,15 @@ def apply_move(cp: Movable, traces: Sequence[StepTrace], p: Proposal) -> dict[st
             f"{p.target}: a re-cut moves layers between stages, and the per-stage "
             "checkpoint does not carry over: not applied (dmsc plan, then dmsc up)"
         )
+    try:  # the re-plan keeps to the rules of the spec; a move is checked where it is applied
+        check_move(cp.cluster, new, f"the move of {p.target}")
+    except ValueError as exc:
+        raise BadRequest(str(exc)) from None
     t1 = time.perf_counter()
-    cp.relayout(new, "move", f"{p.target}: {p.reason}")
-    return {"target": p.target, "move_s": time.perf_counter() - t1}
+    with cp.inference.paused(f"a move ({p.target})", drain_s) as left:
+        if left:
+            n = f"{left} inference request{'s' if left > 1 else ''}"
+            raise StillServing(f"{n} still in flight after {drain_s:g} s: not moved now")
+        drained = time.perf_counter() - t1
+        cp.relayout(new, "move", f"{p.target}: {p.reason}")
+    return {"target": p.target, "move_s": time.perf_counter() - t1, "drain_s": drained}

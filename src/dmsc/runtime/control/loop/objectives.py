@@ -16,6 +16,8 @@ webhook. An example::
     webhook: http://127.0.0.1:9000/hook
     threshold: 0.05                         # the decision rule: gain over 5% of the step
     horizon_steps: 1000                     # and its cost paid back within 1000 steps
+    confirm_ticks: 3                        # a move holds on 3 ticks in a row before it applies
+    cooldown_s: 600                         # a stage moved is not moved again for 10 minutes
 
 Every breach raises an alert; the action adds to it: ``scale-out`` adds a serving replica
 (``dmsc up --autoscale`` makes the pool), ``move`` applies the move path optimisation proposes
@@ -106,6 +108,10 @@ class Policy(BaseModel):
     webhook: Annotated[str, Field(pattern=r"^https?://[^\s]+$", max_length=2048)] | None = None
     threshold: Annotated[float, Field(ge=0, le=10)] = 0.05
     horizon_steps: Annotated[int, Field(ge=0, le=10**9)] = 1000
+    # the moves' hysteresis (loop.hysteresis): ticks in a row a move must hold, and how long a
+    # stage just moved stays where it is
+    confirm_ticks: Annotated[int, Field(ge=1, le=100)] = 3
+    cooldown_s: Annotated[float, Field(ge=0, le=86400)] = 600.0
 
 
 def load_policy(path: str | Path) -> Policy:

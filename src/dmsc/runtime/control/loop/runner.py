@@ -4,13 +4,17 @@ Each tick (:meth:`ControlLoop.once`) takes a snapshot (:mod:`.snapshot`), runs t
 over it (:mod:`.tick`) and acts on the result:
 
 - every new decision is one row in ``control_decisions`` and one line in the control log. A move
-  accepted in ``act`` mode is applied (:func:`.moves.apply_move`) when the plane's task lock is
-  free, that is between training tasks: the loop never waits for the lock, a move it cannot
-  take now is ``deferred`` and tried again at the next tick. In ``advise`` mode it is only
-  ``proposed``. An applied move's effect is measured afterwards: the median step time of the
-  task it was measured on against the first steps of the next training task, written into the
-  same row;
+  accepted in ``act`` mode (steady: :mod:`.hysteresis`) is applied (:func:`.moves.apply_move`)
+  when the plane's task lock is free, that is between training tasks: the loop never waits for
+  the lock, a move it cannot take now is ``deferred`` and tried again at the next tick. The
+  move restarts the workers, so it first waits for the inference requests in flight
+  (:mod:`.moves`); requests still running then defer it too, and none is cut. In ``advise``
+  mode it is only ``proposed``. An applied move's effect is measured afterwards: the median
+  step time of the task it was measured on against the first steps of the next training task,
+  written into the same row;
 - an exception (a breach with a task at fault) goes into the exception queue;
+- a log line of a worker or of the control plane that shows a failure (out of memory, NCCL or
+  gloo, a checkpoint) raises an alert too (:mod:`.symptoms`);
 - a newly broken objective is one row in ``alerts``, one line in the log, a post to the
   policy's webhook (queued, from its own thread: :mod:`.webhook`) and the policy's action
   (``scale-out``: one more serving replica, when ``dmsc up --autoscale`` made a pool); an
@@ -31,6 +35,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
+import psutil
 from prometheus_client import Counter, Histogram
 
 from dmsc.data.control_records import (
@@ -50,9 +55,11 @@ from dmsc.runtime.control.advisors.orchestrator import Decision
 from dmsc.runtime.control.advisors.paths import PathOptimisation
 from dmsc.runtime.control.advisors.policy import raise_into_queue
 from dmsc.runtime.control.advisors.traffic import TrafficPrediction
-from dmsc.runtime.control.loop.moves import apply_move
+from dmsc.runtime.control.loop.hysteresis import after_move
+from dmsc.runtime.control.loop.moves import StillServing, apply_move
 from dmsc.runtime.control.loop.objectives import policy_from
 from dmsc.runtime.control.loop.snapshot import Predictions, take
+from dmsc.runtime.control.loop.symptoms import LogAlerts
 from dmsc.runtime.control.loop.tick import (
     Breach,
     LoopConfig,
@@ -64,6 +71,7 @@ from dmsc.runtime.control.loop.tick import (
     tick,
 )
 from dmsc.runtime.control.loop.webhook import Webhook
+from dmsc.runtime.transport.logs import log_dir
 from dmsc.runtime.transport.messages import ControlSettings
 from dmsc.runtime.transport.rpc import BadRequest
 from dmsc.spec import ClusterSpec
@@ -133,6 +141,12 @@ class ControlLoop:
         self.webhook: Webhook | None = None
         if config.policy.webhook is not None:
             self.webhook = Webhook(config.policy.webhook, self._webhook_done)
+        home = getattr(cp, "home", None)  # the logs' folder: alerts on failure symptoms
+        self.log_alerts = None
+        if home is not None:  # what they gained since this process started (.symptoms)
+            post = self._post if self.webhook else None
+            since = psutil.Process().create_time()
+            self.log_alerts = LogAlerts(log_dir(home), cp.db, cp.run.id, log, post, since)
         reg = getattr(cp, "metrics", None)
         self.m_tick = Histogram(
             "dmsc_control_loop_tick_seconds",
@@ -175,6 +189,24 @@ class ControlLoop:
             "last": self.last,
         }
 
+    def status_json(self) -> dict[str, Any]:
+        """The loop in a few fields for ``dmsc status``: its interval and mode, its ticks, the
+        open alerts and its newest decision (one read of the database)."""
+        newest = decisions(self.cp.db, self.cp.run.id, 1)
+        last = None
+        if newest:
+            d = newest[0]
+            last = f"{d.id}: {d.verdict} {d.module} {d.kind} ({d.target})"
+            last += f" -> {d.outcome}" if d.outcome else ""
+        return {
+            "interval_s": self.interval_s,
+            "mode": self.config.mode,
+            "ticks": self.cost.ticks,
+            "open_alerts": len(self.alert_ids)
+            + (len(self.log_alerts.alert_ids) if self.log_alerts else 0),
+            "last_decision": last,
+        }
+
     # -- one tick ------------------------------------------------------------------------------
     def once(self) -> TickResult:
         wall0, cpu0 = time.perf_counter(), time.thread_time()
@@ -186,6 +218,9 @@ class ControlLoop:
         self._alerts(res, raised)
         self._retry_pending(snap)
         self._effects(snap)
+        if self.log_alerts is not None:
+            for _ in self.log_alerts.once(snap.measured.taken_s, self.config.policy.window_s):
+                self.m_alerts.labels("log").inc()
         wall = time.perf_counter() - wall0
         c = self.cost
         c.ticks += 1
@@ -260,6 +295,8 @@ class ControlLoop:
             return "deferred: a task holds the deployment (tried again next tick)"
         try:
             done = apply_move(self.cp, snap.measured.traces, pending.proposal)
+        except StillServing as exc:
+            return f"deferred: {exc} (tried again next tick)"
         except BadRequest as exc:
             self.pending = None
             return f"not applied: {exc}"
@@ -270,7 +307,11 @@ class ControlLoop:
         finally:
             self.cp.lock.release()
         self.pending = None
-        self.state = LoopState(open=self.state.open)  # a new placement: decide afresh
+        # a new placement: decide afresh, on measurements of it, the moved parts cooling down
+        # (every task measured so far ran on the old placement: a deferred move's too)
+        newest = max((t for t in (snap.measured.task_id, pending.task_before) if t), default=None)
+        memory = after_move(self.state.memory, pending.proposal, snap.measured.taken_s, newest)
+        self.state = LoopState(open=self.state.open, memory=memory)
         if pending.task_before is not None:
             self.effects.append((pending.decision, pending.task_before))
         set_decision(
@@ -344,8 +385,7 @@ class ControlLoop:
                 b.objective,
                 extra={"alert": alert, "slo": b.slo},
             )
-            if self.webhook is not None:
-                self.webhook.send(alert, {"alert": alert_json(get_alert(db, alert))})
+            self._post(alert)
 
     def _action(self, b: Breach) -> str:
         """Carry out the policy's action for a new breach (``move`` is the tick's own)."""
@@ -363,6 +403,10 @@ class ControlLoop:
         except Exception as exc:
             return f"failed: {type(exc).__name__}: {exc}"
         return f"added serving replica {name}" if name else "refused: no free device"
+
+    def _post(self, alert: int) -> None:
+        if self.webhook is not None:
+            self.webhook.send(alert, {"alert": alert_json(get_alert(self.cp.db, alert))})
 
     def _webhook_done(self, alert: int, outcome: str) -> None:
         set_alert(self.cp.db, alert, webhook=outcome)
@@ -399,6 +443,17 @@ def with_loop(
         return out
 
     return doc
+
+
+def with_loop_status(
+    status: Callable[[Any], dict[str, Any]], loop: ControlLoop
+) -> Callable[[Any], dict[str, Any]]:
+    """The ``Status`` answer with the loop's part (``control``: :meth:`ControlLoop.status_json`)."""
+
+    def answer(req: Any) -> dict[str, Any]:
+        return {**status(req), "control": loop.status_json()}
+
+    return answer
 
 
 def start_control_loop(

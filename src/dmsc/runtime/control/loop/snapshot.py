@@ -9,7 +9,10 @@ Where each measurement is kept, and what :func:`take` reads of it:
 - inference requests in flight and the elastic serving replicas: the control plane's router
   (``cp.inference``), a counter read under its own short lock;
 - the rate across each stage boundary: the traced bytes per step over the measured step time,
-  and the capacity of the plan's reserved path there (:mod:`dmsc.planner.plan`).
+  and the capacity of the plan's reserved path there (:mod:`dmsc.planner.plan`);
+- when the deployment last moved (the newest ``move`` among the run's scale events: the loop's
+  or ``dmsc replan``'s), read when the modules are due: a task that started before it ran on
+  the old placement (:mod:`.hysteresis`).
 
 Nothing here waits on a worker or on the plane's task lock: a tick never probes the workers
 (their health comes from the watchdog, their use of the machine from the step traces).
@@ -21,10 +24,12 @@ import dataclasses
 import statistics
 from typing import Any, Protocol
 
-from dmsc.data.db import Database, RunRecord
+from sqlalchemy import select
+
+from dmsc.data.db import Database, RunRecord, ScaleEventRecord
 from dmsc.data.traces import step_traces
 from dmsc.planner.plan import Plan
-from dmsc.runtime.control.advisors.base import Measurements, read_measurements
+from dmsc.runtime.control.advisors.base import Measurements, read_measurements, unix_s
 from dmsc.runtime.control.advisors.prediction import Prediction, task_prediction
 from dmsc.runtime.control.advisors.traffic import boundary_bytes
 from dmsc.runtime.control.loop.tick import Snapshot, modules_due
@@ -98,6 +103,18 @@ def telemetry(m: Measurements) -> dict[str, dict[str, float | None]]:
     return out
 
 
+def last_move_s(db: Database, run_id: int) -> float | None:
+    """When run ``run_id``'s deployment last moved (unix seconds; None: never)."""
+    with db.sessions() as s:
+        at = s.scalar(
+            select(ScaleEventRecord.at)
+            .where(ScaleEventRecord.run_id == run_id, ScaleEventRecord.action == "move")
+            .order_by(ScaleEventRecord.id.desc())
+            .limit(1)
+        )
+    return unix_s(at)
+
+
 def take(
     cp: Observed, now_s: float, predictions: Predictions, last_key: tuple[Any, ...] | None = None
 ) -> Snapshot:
@@ -107,9 +124,11 @@ def take(
     plan = cp.plan  # read once: a move may replace it meanwhile
     measured = read_measurements(cp.db, cp.run.id, now_s, last_steps=RATE_STEPS)
     measured = dataclasses.replace(measured, plan=plan)
+    moved_s = None
     if measured.task_id is not None and modules_due(Snapshot(measured).key(), last_key):
         traces = tuple(step_traces(cp.db, measured.task_id, last=TRACED_STEPS))
         measured = dataclasses.replace(measured, traces=traces)
+        moved_s = last_move_s(cp.db, cp.run.id)
     if measured.task_id is not None:
         predicted = predictions.get(plan, cp.cluster, cp.model, measured)
         measured = dataclasses.replace(measured, predicted=predicted)
@@ -122,4 +141,5 @@ def take(
         link_rates=link_rates(measured),
         link_capacity={p.after_stage: p.gbit_s * 1e9 / 8 for p in plan.paths if p.gbit_s > 0},
         telemetry=telemetry(measured),
+        moved_s=moved_s,
     )

@@ -17,7 +17,9 @@ Each tick:
   steps); their proposals and the exceptions of the breaches go through the decision rule
   (:func:`~dmsc.runtime.control.advisors.decide`). A breach whose policy names ``move`` lets
   the best move with a gain through even below the rule's threshold (its cost must still be
-  paid back within the horizon);
+  paid back within the horizon). Then the hysteresis (:mod:`.hysteresis`): a move is applied
+  only when it holds on ``confirm_ticks`` consecutive ticks, on a task measured after the last
+  move, and not for a stage moved within the cool-down;
 - a decision is recorded when it is new: the first of its proposal (module, kind, target) or
   one whose verdict changed. The same verdict on the same proposal tick after tick is one row.
 """
@@ -33,6 +35,7 @@ from typing import Any
 from dmsc.runtime.control.advisors.base import MOVE_KINDS, FunctionalModule, Measurements, Proposal
 from dmsc.runtime.control.advisors.orchestrator import Decision, DecisionRule, collect, decide
 from dmsc.runtime.control.advisors.policy import nearest_rank
+from dmsc.runtime.control.loop.hysteresis import Memory, steady
 from dmsc.runtime.control.loop.objectives import Policy
 
 MODULE = "control-loop"  # the name the loop's own proposals carry (its SLO exceptions)
@@ -57,6 +60,7 @@ class Snapshot:
     link_capacity: Mapping[int, float] = field(default_factory=dict)
     # each worker's CPU % and memory over its last traced steps ("STAGE/REPLICA": {...})
     telemetry: Mapping[str, Mapping[str, float | None]] = field(default_factory=dict)
+    moved_s: float | None = None  # when the deployment last moved (unix seconds), if it did
 
     def key(self) -> tuple[Any, ...]:
         """What the modules last ran on: the measured task, its last step, the training tasks
@@ -113,6 +117,7 @@ class LoopState:
     key: tuple[Any, ...] | None = None  # the snapshot key the modules last ran on
     verdicts: Mapping[tuple[str, str, str], str] = field(default_factory=dict)  # last recorded
     open: frozenset[str] = frozenset()  # objectives broken at the last tick
+    memory: Memory = field(default_factory=Memory)  # the moves' hysteresis (.hysteresis)
 
 
 @dataclass(frozen=True)
@@ -257,6 +262,25 @@ def tick(
         movers = [b for b in breaches if b.action == "move"]
         if movers:
             decisions = _forced_move(decisions, config.rule, movers[0].slo)
+    memory = state.memory
+    if due:
+        remaining = snap.measured.remaining_steps
+        horizon = config.rule.horizon_steps
+        if remaining is not None:
+            horizon = min(horizon, remaining)
+        m = snap.measured
+        task = next((t for t in m.tasks if t.id == m.task_id), None)
+        decisions, memory = steady(
+            decisions,
+            memory,
+            task_id=m.task_id,
+            started_s=task.started_s if task is not None else None,
+            moved_s=snap.moved_s,
+            now_s=snap.measured.taken_s,
+            confirm_ticks=config.policy.confirm_ticks,
+            cooldown_s=config.policy.cooldown_s,
+            horizon=horizon,
+        )
     verdicts = dict(state.verdicts)
     if snap.measured.task_id is not None and state.key and state.key[0] != key[0]:
         verdicts = {}  # a new training task: its decisions are new
@@ -266,7 +290,9 @@ def tick(
         if verdicts.get(sig) != d.verdict:
             recorded.append(d)
             verdicts[sig] = d.verdict
-    new_state = replace(state, key=key if due else state.key, verdicts=verdicts, open=broken)
+    new_state = replace(
+        state, key=key if due else state.key, verdicts=verdicts, open=broken, memory=memory
+    )
     return TickResult(
         new_state, tuple(decisions), tuple(recorded), tuple(breaches), raised, resolved, ran
     )

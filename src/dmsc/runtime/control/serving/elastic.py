@@ -260,20 +260,22 @@ def autoscale_loop(
     stop: threading.Event,
     interval_s: float = 0.5,
     clock: Callable[[], float] = time.monotonic,
+    arrivals: Callable[[], int] | None = None,
 ) -> None:
-    """Sample the load every ``interval_s`` and add or remove one serving replica as
-    ``policy`` says, until ``stop`` is set."""
+    """Sample the load (and the ``arrivals`` counter, for the forecast) every ``interval_s``
+    and add or remove one serving replica as ``policy`` says, with its reason, until ``stop``
+    is set."""
     while not stop.wait(interval_s):
         now, in_flight, current = clock(), load(), pool.count()
-        wanted = policy.observe(now, in_flight, current)
+        arrived = None if arrivals is None else arrivals()
+        wanted = policy.observe(now, in_flight, current, arrived)
         try:
             if wanted > current:
-                why = f"{in_flight} requests in flight, {current} replicas: want {wanted}"
-                if pool.scale_out(why, in_flight) is not None:
-                    policy.changed(clock())
+                if pool.scale_out(policy.why, in_flight) is not None:
+                    ready = clock()
+                    policy.changed(ready, ready_s=ready - now)
             elif wanted < current and (name := pool.newest()) is not None:
-                why = f"{in_flight} requests in flight, {current} replicas: want {wanted}"
-                pool.scale_in(name, why, in_flight)
+                pool.scale_in(name, policy.why, in_flight)
                 policy.changed(clock())
         except Exception:  # a failed change must not stop the autoscaler
             pool.log.exception("autoscaling failed")

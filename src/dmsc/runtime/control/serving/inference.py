@@ -100,6 +100,7 @@ class Replicas:
         self.production: int | None = None
         self.drain_timeout_s = DRAIN_TIMEOUT_S
         self._in_flight: dict[str, int] = {}
+        self.arrivals = 0  # requests admitted so far (the autoscaler forecasts their rate)
         self._loading: set[str] = set()  # replicas a version is being loaded into (gate shut)
         self._counting = threading.Condition()  # guards both; notified as they change
         self._syncing = threading.Lock()  # one version sync at a time
@@ -218,6 +219,7 @@ class Replicas:
                 self._counting.wait(0.1 if left is None else min(left, 0.1))  # sees cancel
             for name in names:
                 self._in_flight[name] = self._in_flight.get(name, 0) + 1
+            self.arrivals += 1
         try:
             yield
         finally:
@@ -250,6 +252,35 @@ class Replicas:
         finally:
             with self._counting:
                 self._loading.discard(name)
+                self._counting.notify_all()
+
+    @contextlib.contextmanager
+    def paused(self, why: str, timeout_s: float) -> Iterator[int]:
+        """Shut every replica's gate of the deployment for ``why`` (a move: the workers
+        restart), all at once: new requests wait at the gates (or go to the elastic serving
+        replicas), and this waits, at most ``timeout_s``, for those in flight to end. Yields how
+        many are still in flight (0: drained); the gates open again on leaving."""
+        names = [f"replica-{r}" for r in range(self.count)]
+        with self._counting:
+            busy = self._loading.intersection(names)
+            if busy:
+                raise RuntimeError(f"{', '.join(sorted(busy))}: a version is being loaded")
+            self._loading.update(names)
+
+        def left() -> int:
+            return sum(self._in_flight.get(n, 0) for n in names)
+
+        try:
+            with self._counting:
+                if left():
+                    n = left()
+                    self.log.info("%s waits for %d requests in flight", why, n, extra=self.extra)
+                    self._counting.wait_for(lambda: not left(), timeout_s)
+                n = left()
+            yield n
+        finally:
+            with self._counting:
+                self._loading.difference_update(names)
                 self._counting.notify_all()
 
     def infer_on(

@@ -18,6 +18,7 @@ from sqlalchemy import select
 from sqlalchemy.orm import Session
 
 from dmsc.data.db import CheckpointRecord, Database, ModelVersionRecord, RunRecord
+from dmsc.spec.residency import ResidencySpec, check_model_store
 
 if TYPE_CHECKING:
     from dmsc.runtime.control.launch.deployment import Deployment
@@ -187,10 +188,13 @@ def refuse(db: Database, version_id: int, back_to: int | None) -> int | None:
         return back.id
 
 
-def export_version(db: Database, version_id: int | None, out: Path) -> ModelVersionRecord:
+def export_version(
+    db: Database, version_id: int | None, out: Path, residency: ResidencySpec | None = None
+) -> ModelVersionRecord:
     """Write model version ``version_id`` (default: the newest trained, which need not be the
     one serving) as a Hugging Face directory ``transformers`` loads, each stage file checked
-    against its SHA-256 first. ValueError says what is missing."""
+    against its SHA-256 first. ValueError says what is missing, or which ``residency`` rule
+    keeps the version out of the home's datacenter (the export is written at the home)."""
     import torch
 
     from dmsc.planner.plan import Plan
@@ -218,6 +222,7 @@ def export_version(db: Database, version_id: int | None, out: Path) -> ModelVers
         run = s.get(RunRecord, version.run_id)
         assert run is not None
         plan = Plan.model_validate_json(run.plan_json)
+    check_model_store(residency, plan.model, f"the export of version {version.id}", version.id)
     model = plan.model_spec if plan.model_spec is not None else resolve_model(plan.model)
     if not isinstance(model, TransformerSpec):
         raise ValueError(f"{plan.model}: only transformer models export")

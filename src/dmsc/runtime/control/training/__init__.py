@@ -8,11 +8,13 @@
 - :mod:`.local_data`: each datacenter's replicas train on their own shard of the task's files;
 - :mod:`.lr_schedule`: the learning rate of each step;
 - :mod:`.retention`: how many checkpoints a task keeps and how many bytes a tenant's may take;
+- :mod:`.residency`: the cluster's residency rules on a task (where its data is read, where its
+  checkpoints are stored) and on a move of the deployment;
 - :mod:`.recalibration`: after a task, its traces refit the cluster spec its plan was made for.
 
 Imports run one way: ``resize -> session -> params, lr_schedule, retention``, ``local_data ->
-params`` and ``recalibration -> session, params``; ``corpora``, ``params``, ``lr_schedule`` and
-``retention`` import none of the others.
+params`` and ``recalibration -> session, params``; ``corpora``, ``params``, ``lr_schedule``,
+``retention`` and ``residency`` import none of the others.
 Below this package only :mod:`..launch`; it never imports :mod:`..serving` (nor serving this
 one).
 """

@@ -78,6 +78,7 @@ def layout_from_plan(
         replicas=plan.job.dp,
         tp=plan.job.tp,
         ep=plan.job.ep,
+        sequence_parallel=plan.job.sequence_parallel and plan.job.tp > 1,
         seed=seed,
         lr=lr,
         sids=[st.sid for st in plan.stages],

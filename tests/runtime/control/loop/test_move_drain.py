@@ -1,0 +1,49 @@
+"""A move applied while an inference batch runs, on real workers: the move waits for the request
+in flight, holds the next ones at the replica's gate while the workers restart, and every request
+of the batch is answered (before, the restart cut the request in flight: "Channel closed")."""
+
+from __future__ import annotations
+
+import threading
+from pathlib import Path
+from types import SimpleNamespace
+from typing import Any
+
+import pytest
+from conftest import EXAMPLES
+from runtime_helpers import control_plane, local_plan, wait_for
+
+from dmsc.runtime.control.advisors import Proposal
+from dmsc.runtime.control.loop import moves
+from dmsc.runtime.transport.messages import InferBatch, InferRequest
+from dmsc.spec import ClusterSpec, load_spec
+
+pytestmark = pytest.mark.integration
+
+
+def test_a_move_during_an_inference_batch_answers_every_request(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    plan = local_plan()
+    # the re-plan finds the same placement: the move restarts the workers where they are
+    monkeypatch.setattr(moves, "replan", lambda p, c, t: SimpleNamespace(new_plan=p))
+    with control_plane(plan, tmp_path) as cp:
+        cp.cluster = load_spec(ClusterSpec, EXAMPLES / "local-cpu.yaml")
+        old = [h.address for h in cp.deployment.handles]
+        requests = [InferRequest(prompt=f"request {i} ", tokens=24) for i in range(5)]
+        out: dict[str, Any] = {}
+        batch = threading.Thread(
+            target=lambda: out.update(cp.batches.call(InferBatch(requests=requests)))
+        )
+        batch.start()
+        wait_for(lambda: cp.inference.in_flight() > 0, 60, "a request of the batch in flight")
+        proposal = Proposal("paths", "move-stage", "stage 1: here -> here", "test", 1.0, 2.0, 1.0)
+        done = moves.apply_move(cp, (), proposal)
+        batch.join(120)
+        assert not batch.is_alive()
+        assert [h.address for h in cp.deployment.handles] != old  # the workers restarted
+    assert done["drain_s"] > 0  # it waited for the request in flight
+    answers = out["answers"]
+    assert out["state"] == "done" and len(answers) == len(requests)
+    assert [a.get("error") for a in answers] == [None] * len(requests)
+    assert all(a["text"] for a in answers)
