@@ -70,10 +70,11 @@ class Standby:
                 os.waitpid(self.pid, 0)
 
 
-def _fresh_multiprocessing() -> None:
-    """:mod:`multiprocessing` as a fresh interpreter has it: the call was itself a child of the
+def fresh_multiprocessing() -> None:
+    """:mod:`multiprocessing` as a fresh interpreter has it: a forked call is a child of the
     test's fork server (a daemonic one, which may not start processes), holding that server's
-    descriptors; the control plane starts its own server and resource tracker."""
+    descriptors; the call, and the control plane, start their own server and resource
+    tracker when they need one."""
     import itertools
     import multiprocessing.context
     import multiprocessing.forkserver
@@ -212,7 +213,7 @@ def _become_daemon(sock: socket.socket) -> None:
         for fd in (0, 1, 2):
             os.dup2(null, fd)
         os.close(null)
-        _fresh_multiprocessing()
+        fresh_multiprocessing()
         got = _receive(sock, 3)
         if got is None:  # the call ended without starting a control plane
             os._exit(0)

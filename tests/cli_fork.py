@@ -160,6 +160,9 @@ def child(
     os.dup2(err.fileno(), 2)
     out.close()
     err.close()
+    # a main process, as in a fresh interpreter: not the fork server's daemonic child, which
+    # may not start processes of its own (`dmsc calibrate` starts two)
+    cli_daemon.fresh_multiprocessing()
     standby = None
     if args and args[0] in ("up", "demo") and env.get("DMSC_TEST_DAEMON") != "exec":
         standby = cli_daemon.Standby()
