@@ -66,11 +66,13 @@ def test_tp2_pp2_trains_as_one_process() -> None:
     assert max(abs(a - b) for a, b in zip(losses, reference, strict=True)) < 1e-4
 
 
-def test_tp2_dp2_trains_as_one_process() -> None:
-    """Each tp rank averages its shard's gradients with the same rank of the other replica."""
+def test_tp2_pp2_dp2_with_sequence_parallelism_trains_as_one_process() -> None:
+    """Eight processes: each tp rank averages its shard's gradients with the same rank of the
+    other replica, and each stage's blocks run split along the sequence too."""
     batches = _batches()
     reference = reference_losses(SPEC, 0, 1e-3, batches, MICRO)
-    with Deployment(StageLayout(SPEC, WHOLE, tp=2, replicas=2)) as dep:
+    layout = StageLayout(SPEC, TWO, tp=2, replicas=2, sequence_parallel=True)
+    with Deployment(layout) as dep:
         losses = [dep.train_step(s, x, y, MICRO // 2)["loss"] for s, (x, y) in enumerate(batches)]
     assert max(abs(a - b) for a, b in zip(losses, reference, strict=True)) < 1e-4
 
