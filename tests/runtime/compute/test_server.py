@@ -174,7 +174,7 @@ def test_tokens_carried_in_run_step_give_the_logits_of_tokens_pushed_first() -> 
 
         assert carried(1, prompt, "b", 0) == pushed(2, prompt, "a", 0)
         assert carried(3, nxt, "b", 4) == pushed(4, nxt, "a", 4)
-        with pytest.raises(BadRequest, match="tokens of torch.int64 \\(1, 1\\) refused"):
+        with pytest.raises(BadRequest, match=r"tokens of torch.int64 \(1, 1\) refused"):
             carried(5, [[SPEC.vocab]], "c", 0)  # past the vocabulary, as a TOKENS frame is
         with pytest.raises(BadRequest, match="RunStep tokens"):
             carried(6, [[1, 2], [3]], "d", 0)  # ragged rows
