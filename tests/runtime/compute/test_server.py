@@ -8,6 +8,7 @@ from typing import Any
 
 import grpc
 import pytest
+import torch
 from runtime_helpers import first_stage
 
 from dmsc.runtime.business.registry import REGISTRY_SERVICE, Registry, registry_methods
@@ -144,3 +145,40 @@ def test_no_room_is_answered_resource_exhausted() -> None:
     finally:
         c.close()
         server.stop(0)
+
+
+def test_tokens_carried_in_run_step_give_the_logits_of_tokens_pushed_first() -> None:
+    """The decoding fast path (the tokens in the inference ``RunStep``, no ``Push`` before it)
+    against the frame path, prefill and one cached token each, and its refusals."""
+    from pydantic import ValidationError
+
+    from dmsc.runtime.transport import messages as msg
+    from dmsc.runtime.transport.rpc import BadRequest
+    from dmsc.runtime.transport.wire import Kind, encode
+
+    reg_server, reg_port = serve(REGISTRY_SERVICE, registry_methods(Registry(ttl_s=60)))
+    try:  # the whole model in one stage: its reply carries the logits
+        worker = StageWorker(first_stage(f"127.0.0.1:{reg_port}", stages=1, last="head"))
+        prompt, nxt = [[5, 17, 99, 3]], [[42]]
+
+        def pushed(step: int, ids: list[list[int]], session: str, start: int) -> str:
+            worker.push(encode(Kind.TOKENS, step, 0, torch.tensor(ids), worker.epoch))
+            m = msg.RunStep(step=step, microbatches=1, train=False, session=session, start=start)
+            return str(worker.run_step(m)["logits"])
+
+        def carried(step: int, ids: list[list[int]], session: str, start: int) -> str:
+            m = msg.RunStep(
+                step=step, microbatches=1, train=False, session=session, start=start, tokens=ids
+            )
+            return str(worker.run_step(m)["logits"])
+
+        assert carried(1, prompt, "b", 0) == pushed(2, prompt, "a", 0)
+        assert carried(3, nxt, "b", 4) == pushed(4, nxt, "a", 4)
+        with pytest.raises(BadRequest, match=r"tokens of torch.int64 \(1, 1\) refused"):
+            carried(5, [[SPEC.vocab]], "c", 0)  # past the vocabulary, as a TOKENS frame is
+        with pytest.raises(BadRequest, match="RunStep tokens"):
+            carried(6, [[1, 2], [3]], "d", 0)  # ragged rows
+        with pytest.raises(ValidationError, match="inference step of one micro-batch only"):
+            msg.RunStep(step=7, microbatches=1, train=True, tokens=prompt)
+    finally:
+        reg_server.stop(0)

@@ -100,3 +100,14 @@ def check_frame(at: FrameSpec, kind: Kind, t: torch.Tensor) -> None:
             f"{kind.name.lower()} of {t.dtype} {tuple(t.shape)} refused: "
             f"stage {at.stage} takes {dtype} {shape}"
         )
+
+
+def carried_tokens(at: FrameSpec, rows: list[list[int]]) -> torch.Tensor:
+    """Token ids carried in an inference ``RunStep`` (not pushed as a frame), as a tensor,
+    refused (BadRequest) as a TOKENS frame of the same ids would be."""
+    try:
+        t = torch.tensor(rows, dtype=torch.int64)
+    except (TypeError, ValueError, RuntimeError, OverflowError) as exc:  # ragged, too large
+        raise BadRequest(f"RunStep tokens: {exc}") from None
+    check_frame(at, Kind.TOKENS, t)
+    return t

@@ -1,12 +1,13 @@
 """The ``dmsc.Stage`` service: one stage replica's state and the RPC methods over it.
 
-``Push`` takes a wire frame (checked by :mod:`.frames`) into the inbox; every other method takes
-the typed message of the same name from :mod:`dmsc.runtime.transport.messages`, so this module
-only checks what needs the worker's state. ``RunStep`` runs this stage's part of a step
-(:mod:`.executor`) and, with several replicas, averages the gradients (:mod:`.gradient_sync`);
-optimizer steps are applied only on ``Commit``, once every stage has finished the step, so a step
-that fails anywhere is applied nowhere. ``Save`` and ``Load`` go through :mod:`.checkpoints`,
-``Assume`` makes a warm spare the stage it is told.
+``Push`` takes a wire frame (checked by :mod:`.frames`) into the inbox (an inference ``RunStep``
+may carry its tokens); every other method takes the typed message of the same name from
+:mod:`dmsc.runtime.transport.messages`, so this module only checks what needs the worker's
+state. ``RunStep`` runs this stage's part of a step (:mod:`.executor`) and, with several
+replicas, averages the gradients (:mod:`.gradient_sync`); optimizer steps are applied only on
+``Commit``, once every stage has finished the step, so a step that fails anywhere is applied
+nowhere. ``Save`` and ``Load`` go through :mod:`.checkpoints`, ``Assume`` makes a warm spare the
+stage it is told.
 
 Fencing: each worker serves one epoch (the deployment's generation, carried in every frame and
 ``RunStep``). ``Abort`` moves a worker to a newer epoch, which wakes and fails the step it is in
@@ -43,7 +44,7 @@ from dmsc.runtime.compute.config import WorkerConfig
 from dmsc.runtime.compute.devices import autocast_dtype, stage_device
 from dmsc.runtime.compute.ep_worker import EP_INFERENCE, ExpertRanks
 from dmsc.runtime.compute.executor import run_ops, step_ops
-from dmsc.runtime.compute.frames import FrameSpec, check_frame
+from dmsc.runtime.compute.frames import FrameSpec, carried_tokens, check_frame
 from dmsc.runtime.compute.gradient_sync import GradientSync, LinkShaper
 from dmsc.runtime.compute.inbox import Inbox
 from dmsc.runtime.compute.models.attention import StageCache, StageSession
@@ -215,6 +216,9 @@ class StageWorker:
             self.grads.prepare(m, plain=self.sync is None)  # and the step's late policy
         if m.local_batch is not None:
             self._feed_from_shard(m.step, m.local_batch, m.microbatches)
+        if m.tokens is not None:  # an inference step's tokens, carried in the call
+            ids = carried_tokens(self.frames, m.tokens)  # checked as a TOKENS frame is
+            self.inbox.put(Kind.TOKENS, m.step, 0, ids, self.epoch)
         try:  # a stage of several chunks runs the interleaved schedule
             ops = step_ops(
                 m.schedule, cfg.stage, cfg.stages, m.microbatches, m.train, len(cfg.ranges())
@@ -251,15 +255,12 @@ class StageWorker:
             elif self.sync is None and cfg.replicas > 1:
                 skipped = self.grads.sync(m.step, m.late_policy, m.grad_wait_s)
             self.uncommitted = m.step
-        wall = time.perf_counter() - t0
         mode = "train" if m.train else ("eval" if m.eval else "infer")
-        self.m_steps.labels(mode).observe(wall)
+        self.m_steps.labels(mode).observe(time.perf_counter() - t0)
         self.m_compute.inc(done.compute_s)
         if m.train:
-            self.log.info(
-                "step done",
-                extra={"sid": cfg.sid, "step": m.step, "stage": cfg.stage, "replica": cfg.replica},
-            )
+            where = {"sid": cfg.sid, "step": m.step, "stage": cfg.stage, "replica": cfg.replica}
+            self.log.info("step done", extra=where)
         out: dict[str, Any] = {
             "stage": cfg.stage,
             "replica": cfg.replica,

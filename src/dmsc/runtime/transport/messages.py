@@ -168,6 +168,15 @@ class RunStep(Message):
     sync: SyncSettings | None = None
     # training on the shard the worker holds (LoadShard): this replica's batch, drawn there
     local_batch: Annotated[int, Field(gt=0, le=MAX_BATCH)] | None = None
+    # inference at the first stage: the step's token ids ([batch][positions]) carried in the
+    # call itself, instead of a Push awaited before it (a round trip more for every token)
+    tokens: Annotated[list[list[int]], Field(min_length=1, max_length=MAX_BATCH)] | None = None
+
+    @model_validator(mode="after")
+    def _tokens_for_inference(self) -> RunStep:
+        if self.tokens is not None and (self.train or self.eval or self.microbatches != 1):
+            raise ValueError("tokens: carried in an inference step of one micro-batch only")
+        return self
 
 
 class EndSession(Message):

@@ -38,6 +38,7 @@ import torch
 from pydantic import BaseModel
 
 from dmsc.runtime.business.registry import REGISTRY_SERVICE, Registry, registry_methods
+from dmsc.runtime.compute.frames import FrameSpec, check_frame
 from dmsc.runtime.compute.worker import WorkerConfig
 from dmsc.runtime.control.launch import decoding, failures, staging
 from dmsc.runtime.control.launch.failures import Key, StepRestartNeeded, key_of
@@ -60,7 +61,7 @@ from dmsc.runtime.transport.messages import (
     Schedule,
     SyncSettings,
 )
-from dmsc.runtime.transport.rpc import Client, serve
+from dmsc.runtime.transport.rpc import BadRequest, Client, serve
 from dmsc.runtime.transport.wire import Kind, encode
 
 PUSH_DEADLINE_S = 30.0  # for a step's input frames to be taken (a client call's default)
@@ -220,24 +221,34 @@ class Deployment:
         }
 
     # -- data in ----------------------------------------------------------------------------
+    def checked(self, key: Key, kind: Kind, t: torch.Tensor) -> torch.Tensor:
+        """``t``, refused here as the worker at ``key`` would (the other stages would wait)."""
+        m, s = self.layout.model, key[0]
+        try:
+            at = FrameSpec(s, s == 0, s == self.stages - 1, m.seq, m.vocab, m.hidden, n_params=0)
+            check_frame(at, kind, t)
+        except BadRequest as exc:
+            raise failures.failure(self, f"stage {s} replica {key[1]}: {exc}", [key]) from None
+        return t
+
     def push(self, key: Key, kind: Kind, step: int, mb: int, t: torch.Tensor, *t_s: float) -> Any:
         """Send a frame to ``key`` (within ``t_s`` seconds when given); its future."""
-        frame = encode(kind, step, mb, t, self.epochs[key])
+        frame = encode(kind, step, mb, self.checked(key, kind, t), self.epochs[key])
         return self.tp.fan(key, self.clients[key], lambda c: c.raw_future("Push", frame, *t_s))
 
-    def feed(self, step: int, tokens: torch.Tensor, targets: torch.Tensor | None, m: int) -> None:
+    def feed(self, step: int, tokens: torch.Tensor, ys: torch.Tensor | None, m: int) -> list[Any]:
         """Tokens to each replica's first stage and targets to its last, ``m`` micro-batches
-        each, all frames in flight at once."""
+        each, all frames in flight at once; the calls to settle."""
         sent = []
         R, last = self.layout.replicas, self.stages - 1
-        ys = targets.chunk(R) if targets is not None else [None] * R
-        for r, (xr, yr) in enumerate(zip(tokens.chunk(R), ys, strict=True)):
+        parts = ys.chunk(R) if ys is not None else [None] * R
+        for r, (xr, yr) in enumerate(zip(tokens.chunk(R), parts, strict=True)):
             for i, x in enumerate(xr.chunk(m)):
                 sent.append(((0, r), self.push((0, r), Kind.TOKENS, step, i, x)))
             if yr is not None:
                 for i, y in enumerate(yr.chunk(m)):
                     sent.append(((last, r), self.push((last, r), Kind.TARGETS, step, i, y)))
-        failures.settle(self, sent, PUSH_DEADLINE_S)
+        return sent
 
     # -- steps ------------------------------------------------------------------------------
     def train_step(
@@ -259,8 +270,7 @@ class Deployment:
         t0 = time.perf_counter()
         if len(set(self.epochs.values())) > 1:  # a replica was healed alone: align everyone
             self.move_to_epoch(list(self.clients), self.epoch)
-        if tokens is not None:
-            self.feed(step, tokens, targets, microbatches)
+        fed = self.feed(step, tokens, targets, microbatches) if tokens is not None else []
 
         def run(epoch: int) -> RunStep:
             return RunStep(
@@ -276,10 +286,10 @@ class Deployment:
             )
 
         keys = list(self.clients)
-        try:
-            replies = self.gather(
-                self.calls("RunStep", run, keys, self.step_deadline_s), self.step_deadline_s
-            )
+        try:  # the data and the calls go out at once (a round trip less a step)
+            calls = self.calls("RunStep", run, keys, self.step_deadline_s)
+            failures.settle(self, fed, PUSH_DEADLINE_S)
+            replies = self.gather(calls, self.step_deadline_s)
         except StepRestartNeeded:
             # Drop the step everywhere: a new epoch fails what still runs and empties inboxes.
             self.epoch += 1
@@ -312,7 +322,7 @@ class Deployment:
         self, step: int, tokens: torch.Tensor, targets: torch.Tensor, microbatches: int
     ) -> float:
         """Loss of a batch without training (every replica, forward only)."""
-        self.feed(step, tokens, targets, microbatches)
+        failures.settle(self, self.feed(step, tokens, targets, microbatches), PUSH_DEADLINE_S)
 
         def run(epoch: int) -> RunStep:
             return RunStep(
@@ -337,27 +347,18 @@ class Deployment:
         and values. A failure raises :class:`WorkerFailure` naming the stage that failed, a
         stage without room for a new session :class:`NoRoom`."""
         keys = self.pipeline(replica)
-        try:
-            self.push((0, replica), Kind.TOKENS, step, 0, tokens, timeout_s).result()
-        except grpc.RpcError as exc:
-            reason = f"stage 0 replica {replica}: {exc.details()}"
-            if exc.code() == grpc.StatusCode.DEADLINE_EXCEEDED:  # slow, not (yet) seen dead
-                late = {(0, replica): "missed the step deadline"}
-                raise failures.failure(self, reason, keys, late) from None
-            raise failures.failure(self, reason, keys) from None
+        rows = self.checked(keys[0], Kind.TOKENS, tokens).tolist()
 
-        def run(epoch: int) -> RunStep:
+        def run(epoch: int, first: bool = False) -> RunStep:  # tokens go in stage 0's call
             return RunStep(
-                step=step,
-                microbatches=1,
-                train=False,
-                epoch=epoch,
-                budget_s=timeout_s,
-                session=session,
-                start=start,
-            )
+                step=step, microbatches=1, train=False, epoch=epoch, budget_s=timeout_s,
+                session=session, start=start, tokens=rows if first else None
+            )  # fmt: skip
 
-        replies = self.gather(self.calls("RunStep", run, keys, timeout_s), timeout_s)
+        calls = self.calls("RunStep", run, keys[1:], timeout_s)
+        head = run(self.epochs[keys[0]], first=True)
+        calls[keys[0]] = self.tp.send(keys[0], self.clients[keys[0]], "RunStep", head, timeout_s)
+        replies = self.gather(calls, timeout_s)
         reply = replies[(self.stages - 1, replica)]
         raw = bytearray(base64.b64decode(reply["logits"]))
         return torch.frombuffer(raw, dtype=torch.float32).reshape(reply["logits_shape"])
