@@ -89,8 +89,7 @@ class Deployment:
         self.launcher: Launcher = launcher or LocalLauncher(home=self.home)
         self.registry = Registry(ttl_s=registry_ttl_s)
         self.step_deadline_s = step_deadline_s
-        # The service credential of this deployment: workers refuse calls without it.
-        self.token = secrets.token_urlsafe(24)
+        self.token = secrets.token_urlsafe(24)  # the service credential: workers ask for it
         # the launcher says where workers can reach the registry (this machine's address)
         host = getattr(self.launcher, "control_host", "127.0.0.1")
         self.tp = TensorRanks(layout.tp, host, spares, layout.replicas)  # and the groups' store
