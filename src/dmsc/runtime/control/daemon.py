@@ -49,6 +49,7 @@ from dmsc.runtime.transport.replies import RevokeReply, StatusReply
 from dmsc.runtime.transport.rpc import BadRequest, message_handler, parse, serve
 
 if TYPE_CHECKING:
+    from dmsc.runtime.control.launch.renewal import start_renewal
     from dmsc.runtime.control.plane import ControlPlane
     from dmsc.runtime.control.serving.elastic import ServingPool
 
@@ -287,6 +288,14 @@ def main(stdin: TextIO | None = None) -> None:
         "queue": settings.queue,  # the task queue's policy (dmsc up --queue)
     }
     logs.write_private(control_file(), json.dumps(info))
+
+    def cli_renewed(leaf: tls.Leaf) -> None:  # whole or not at all: a command may be reading it
+        info["tls"] = leaf.wire()
+        staged = control_file().with_suffix(".renewing")
+        logs.write_private(staged, json.dumps(info))
+        os.replace(staged, control_file())
+
+    start_renewal(cp.deployment, cp.stopped, cli_renewed)  # every leaf, before it expires
     log.info("serving at 127.0.0.1:%d", port, extra={"run": cp.run.id})
     print(f"READY 127.0.0.1:{port}", flush=True)
     cp.stopped.wait()

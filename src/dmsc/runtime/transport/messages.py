@@ -231,6 +231,13 @@ class Assume(Message):
     epoch: Epoch | None = None
 
 
+class Renew(Message):
+    """A worker's next leaf certificate (``ca``, ``cert``, ``key`` PEM), sent by the control plane
+    before the one it holds expires (:mod:`dmsc.runtime.control.launch.renewal`)."""
+
+    tls: dict[str, str]
+
+
 class Health(Message):
     """Is the worker serving? (no fields)"""
 
