@@ -6,13 +6,13 @@ worker takes a renewal of its own name only. Real gRPC over 127.0.0.1, in this p
 from __future__ import annotations
 
 import datetime as dt
-import socket
 import ssl
 from collections.abc import Iterator
 from pathlib import Path
 
 import grpc
 import pytest
+from tls_helpers import served_name
 
 from dmsc.runtime.compute.worker import renewed
 from dmsc.runtime.transport import tls
@@ -30,23 +30,6 @@ def _plain_again() -> Iterator[None]:
     tls.install(None)
 
 
-def _served_name(port: int, tmp: Path) -> str:
-    """The common name of the certificate the server at ``port`` presents to a new connection,
-    read with Python's own TLS (``ssl``), checked against the authority."""
-    caller = CA.issue("cli")
-    (tmp / "c.pem").write_bytes(caller.cert)
-    (tmp / "c.key").write_bytes(caller.key)
-    ctx = ssl.create_default_context(cadata=CA.pem.decode())
-    ctx.load_cert_chain(tmp / "c.pem", tmp / "c.key")
-    ctx.set_alpn_protocols(["h2"])
-    with (
-        socket.create_connection(("127.0.0.1", port), timeout=5) as raw,
-        ctx.wrap_socket(raw, server_hostname="dmsc.internal") as conn,
-    ):
-        subject = dict(x[0] for x in conn.getpeercert()["subject"])  # type: ignore[index]
-    return str(subject["commonName"])
-
-
 def _echo() -> dict[str, grpc.RpcMethodHandler]:
     return {"Echo": json_handler(lambda d: d)}
 
@@ -61,9 +44,9 @@ def test_a_server_presents_the_renewed_leaf_to_new_connections(tmp_path: Path) -
         assert err.value.code() == grpc.StatusCode.UNAVAILABLE
         client.close()
         with pytest.raises(ssl.SSLCertVerificationError, match="expired"):
-            _served_name(port, tmp_path)
+            served_name(f"127.0.0.1:{port}", CA, tmp_path)
         tls.renew(CA.issue("control"))  # the same server, no restart
-        assert _served_name(port, tmp_path) == "control"
+        assert served_name(f"127.0.0.1:{port}", CA, tmp_path) == "control"
         client = Client(f"127.0.0.1:{port}", "dmsc.Echo", timeout_s=5, leaf=CA.issue("cli"))
         assert client.call("Echo", {"a": 1}) == {"a": 1}
         client.close()

@@ -49,7 +49,6 @@ from dmsc.runtime.transport.replies import RevokeReply, StatusReply
 from dmsc.runtime.transport.rpc import BadRequest, message_handler, parse, serve
 
 if TYPE_CHECKING:
-    from dmsc.runtime.control.launch.renewal import start_renewal
     from dmsc.runtime.control.plane import ControlPlane
     from dmsc.runtime.control.serving.elastic import ServingPool
 
@@ -174,6 +173,7 @@ def main(stdin: TextIO | None = None) -> None:
         # while this process imports the control plane below (about 3 s): on two cores `dmsc
         # up` waits for the longer of the two, not for both.
         forked.warm()
+    from dmsc.runtime.control.launch.renewal import start_renewal
     from dmsc.runtime.control.loop.runner import start_control_loop, with_loop, with_loop_status
     from dmsc.runtime.control.plane import ControlPlane
     from dmsc.runtime.control.training.retention import Retention

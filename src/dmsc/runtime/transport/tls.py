@@ -60,6 +60,10 @@ __all__ = [
 ]
 
 LIFETIME_ENV = "DMSC_TLS_LEAF_SECONDS"  # a leaf's lifetime in the control plane (default: a week)
+# The least a leaf handed over at a start lives (the control plane's, the commands', a starting
+# worker's or a spare's taking a stage over): a start that loads a large checkpoint takes
+# minutes, and the renewals begin once it is done. Each is replaced at the first renewal.
+FIRST_LIFETIME = dt.timedelta(minutes=10)
 
 _identity: Leaf | None = None
 _issuer: Callable[[str, int], Leaf] | None = None
@@ -241,10 +245,10 @@ def install_authority(home: Path) -> Leaf:
     global _authority, _lifetime
     _lifetime = leaf_lifetime()
     ca = Authority.at(home / "tls")
-    life = _lifetime
-    install(ca.issue("control", life), lambda sid, epoch: ca.issue(worker_name(sid, epoch), life))
+    first = max(_lifetime, FIRST_LIFETIME)  # renewals (renewal()) are of _lifetime
+    install(ca.issue("control", first), lambda sid, epoch: ca.issue(worker_name(sid, epoch), first))
     _authority = ca
-    return ca.issue("cli", life)
+    return ca.issue("cli", first)
 
 
 def leaf_lifetime() -> dt.timedelta:

@@ -14,7 +14,10 @@ of that lifetime :func:`renew_all` issues, from the deployment's authority:
 - the CLI's, through ``on_cli`` (the daemon rewrites ``control.json``, which every command
   reads when it starts).
 
-A leaf is thus never older than a third of its lifetime plus one renewal's time. A worker
+A leaf is thus never older than a third of its lifetime plus one renewal's time. The leaves
+handed over at a start (and with ``Assume``) live at least ten minutes
+(:data:`~dmsc.runtime.transport.tls.FIRST_LIFETIME`), so that a slow start does not outlive its
+own: the first renewal replaces them. A worker
 that does not answer is logged and left to the failure detector; if it comes back after its
 leaf expired, new connections to and from it fail the handshake, and it is replaced as any
 worker that cannot be reached.
@@ -30,7 +33,7 @@ from typing import TYPE_CHECKING
 import grpc
 
 from dmsc.runtime.transport import tls
-from dmsc.runtime.transport.authority import Leaf
+from dmsc.runtime.transport.authority import Leaf, worker_name
 from dmsc.runtime.transport.messages import STAGE_SERVICE, Renew
 from dmsc.runtime.transport.rpc import Client
 
@@ -43,14 +46,14 @@ _log = logging.getLogger("dmsc.renewal")
 def renew_all(dep: Deployment, on_cli: Callable[[Leaf], None] | None = None) -> list[str]:
     """New leaves for this process, every worker and spare of ``dep`` and the CLI; returns the
     SIDs of the workers that could not be given theirs (nothing to do without an authority)."""
-    renewal, issue = tls.renewal(), tls.issuer()
-    if renewal is None or issue is None:
+    renewal = tls.renewal()
+    if renewal is None:
         return []
     named, _ = renewal
     tls.renew(named("control"))
     failed = []
     for h in [*dep.handles, *dep.tp.handles, *list(dep.spares.handles)]:
-        leaf = issue(h.config.sid, h.config.epoch)
+        leaf = named(worker_name(h.config.sid, h.config.epoch))
         client = Client(h.address, STAGE_SERVICE, token=dep.token)
         try:
             client.send("Renew", Renew(tls=leaf.wire()), timeout_s=10)
