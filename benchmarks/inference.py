@@ -30,6 +30,7 @@ import threading
 import time
 from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import torch
 
@@ -78,7 +79,7 @@ def _one_at_a_time() -> Callable[[float | None], threading.Lock]:
 
 def _tls_rounds(
     ckpt: Path, home: Path, prompt: list[int], tokens: int, rounds: int, sessions: int
-) -> dict[str, object]:
+) -> dict[str, Any]:
     """Plain and mutual-TLS deployments alternated: tokens/s of one cached session and of
     ``sessions`` concurrent ones, per round."""
     from dmsc.runtime.transport import tls
@@ -209,7 +210,7 @@ def main() -> None:
     print(f"dmsc (cache) / transformers tokens/s: {out['vs_transformers_ratio']:.2f}")
     print(f"same tokens on every path: {out['same_tokens']}")
     if tls_cost is not None:
-        for path, ratio in tls_cost["tls_ratio"].items():  # type: ignore[union-attr]
+        for path, ratio in tls_cost["tls_ratio"].items():
             print(f"tokens/s with mutual TLS / plain, {path}: {ratio:.3f}")
 
 

@@ -73,7 +73,7 @@ def main() -> None:
             name: t["ratio_to_plain"] for name, t in targets.items() if "ratio_to_plain" in t
         },
     }
-    out = {
+    out: dict[str, Any] = {
         "cpus": os.cpu_count(),
         "ratios": ratios,
         "pipeline": pipeline,
@@ -84,8 +84,7 @@ def main() -> None:
         print(json.dumps(out))
         return
     print(json.dumps(ratios, indent=2))
-    for name in ("pipeline", "inference", "gateway"):
-        part = out[name]
+    for name, part in (("pipeline", pipeline), ("inference", inference), ("gateway", gateway)):
         print(f"{name}: load {part['load_before']} -> {part['load_after']}, {part['wall_s']:.0f} s")
 
 

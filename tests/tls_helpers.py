@@ -5,6 +5,7 @@ from __future__ import annotations
 import socket
 import ssl
 from pathlib import Path
+from typing import Any
 
 from dmsc.runtime.transport.authority import Authority
 
@@ -23,5 +24,6 @@ def served_name(address: str, ca: Authority, tmp: Path) -> str:
         socket.create_connection((host, int(port)), timeout=5) as raw,
         ctx.wrap_socket(raw, server_hostname="dmsc.internal") as conn,
     ):
-        subject = dict(x[0] for x in conn.getpeercert()["subject"])  # type: ignore[index]
+        cert: Any = conn.getpeercert()
+    subject = dict(x[0] for x in cert["subject"])
     return str(subject["commonName"])

@@ -23,7 +23,7 @@ from dmsc.runtime.transport import tls
 from dmsc.runtime.transport.authority import Authority, Leaf
 from dmsc.runtime.transport.messages import REGISTRY_SERVICE, STAGE_SERVICE
 from dmsc.runtime.transport.rpc import Client
-from dmsc.spec import resolve_model
+from dmsc.spec import TransformerSpec, resolve_model
 
 pytestmark = pytest.mark.integration
 
@@ -43,7 +43,9 @@ def test_leaves_of_seconds_are_renewed_and_a_spare_takes_its_stages_leaf(
 ) -> None:
     tls.install_authority(tmp_path)  # a week's leaves while the processes start
     ca = Authority.at(tmp_path / "tls")
-    layout = StageLayout(resolve_model("gpt-mini"), [("embedding", "block_1"), ("block_2", "head")])
+    spec = resolve_model("gpt-mini")
+    assert isinstance(spec, TransformerSpec)
+    layout = StageLayout(spec, [("embedding", "block_1"), ("block_2", "head")])
     stop = threading.Event()
     try:
         with Deployment(layout, home=tmp_path, spares=1, registry_ttl_s=3) as dep:
