@@ -12,6 +12,12 @@ Prints a table, or with --json one object: cache_speedup (recompute time / cache
 session), tokens_per_s (per path), ms_per_token (per path), vs_transformers_ratio (dmsc's
 tokens/s with the cache over transformers', one session), and same_tokens (both dmsc paths and
 transformers chose the same tokens).
+
+With ``--tls`` the two stages are also served with mutual TLS (as under ``dmsc up``: a
+certificate authority of the run, a leaf per worker), ``--rounds`` plain/TLS pairs of decoding
+deployments alternated so that drift on a shared machine hits both alike; the JSON gains
+``tls``: tokens/s per round and path, and ``tls_ratio`` (TLS tokens/s over plain, the better
+round of each).
 """
 
 from __future__ import annotations
@@ -22,7 +28,9 @@ import json
 import tempfile
 import threading
 import time
+from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import torch
 
@@ -63,11 +71,69 @@ def _transformers(directory: Path, prompt: list[int], tokens: int) -> tuple[floa
     return time.perf_counter() - t0, out[0, len(prompt) :].tolist()
 
 
+def _one_at_a_time() -> Callable[[float | None], threading.Lock]:
+    """A turn function that lets one session a token at a time through the replica."""
+    lock = threading.Lock()
+    return lambda _until: lock
+
+
+def _tls_rounds(
+    ckpt: Path, home: Path, prompt: list[int], tokens: int, rounds: int, sessions: int
+) -> dict[str, Any]:
+    """Plain and mutual-TLS deployments alternated: tokens/s of one cached session and of
+    ``sessions`` concurrent ones, per round."""
+    from dmsc.runtime.transport import tls
+
+    spec = resolve_model(f"hf:{ckpt}", {"seq": 512})
+    assert isinstance(spec, TransformerSpec)
+    greedy = Sampling(temperature=0)
+    layout = StageLayout(spec, [("embedding", "block_3"), ("block_4", "head")])
+    rates: dict[str, dict[str, list[float]]] = {
+        k: {"cache_1_session": [], f"cache_{sessions}_sessions": []} for k in ("plain", "tls")
+    }
+    for r in range(rounds):
+        for kind in ("plain", "tls"):
+            if kind == "tls":  # what the control plane does at dmsc up
+                tls.install_authority(home / f"ca-{r}")
+            try:
+                with Deployment(layout, home=home / f"{kind}-{r}") as dep:
+                    dep.generate(prompt, 4, sampling=greedy)  # warm-up
+                    t0 = time.perf_counter()
+                    dep.generate(prompt, tokens, sampling=greedy)
+                    rates[kind]["cache_1_session"].append(tokens / (time.perf_counter() - t0))
+                    turn = _one_at_a_time()
+                    threads = [
+                        threading.Thread(
+                            target=dep.generate,
+                            args=(prompt, tokens),
+                            kwargs={
+                                "step_base": 10_000_000 * (i + 1),
+                                "sampling": greedy,
+                                "turn": turn,
+                            },
+                        )
+                        for i in range(sessions)
+                    ]
+                    t0 = time.perf_counter()
+                    for t in threads:
+                        t.start()
+                    for t in threads:
+                        t.join()
+                    rate = tokens * sessions / (time.perf_counter() - t0)
+                    rates[kind][f"cache_{sessions}_sessions"].append(rate)
+            finally:
+                tls.install(None)
+    ratio = {path: max(rates["tls"][path]) / max(rates["plain"][path]) for path in rates["plain"]}
+    return {"rounds": rates, "tls_ratio": ratio}
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--json", action="store_true")
     parser.add_argument("--tokens", type=int, default=200)
     parser.add_argument("--sessions", type=int, default=8)
+    parser.add_argument("--tls", action="store_true", help="Also decode with mutual TLS.")
+    parser.add_argument("--rounds", type=int, default=2, help="With --tls: plain/TLS pairs.")
     args = parser.parse_args()
     greedy = Sampling(temperature=0)
     with tempfile.TemporaryDirectory(prefix="dmsc-bench-") as tmp:
@@ -104,6 +170,11 @@ def main() -> None:
             for t in threads:
                 t.join()
             many_s = time.perf_counter() - t0
+        tls_cost = (
+            _tls_rounds(ckpt, Path(tmp), prompt_ids, args.tokens, args.rounds, args.sessions)
+            if args.tls
+            else None
+        )
     n = args.tokens
     out = {
         "model": "llama 8 x 512 (vocab 8192), 2 stages",
@@ -126,6 +197,8 @@ def main() -> None:
         "vs_transformers_ratio": (n / cache_s) / (n / hf_s),
         "same_tokens": cached == recomputed == hf_tokens and all(r == cached for r in results),
     }
+    if tls_cost is not None:
+        out["tls"] = tls_cost
     if args.json:
         print(json.dumps(out))
         return
@@ -136,6 +209,9 @@ def main() -> None:
     print(f"cache speedup over recompute: {out['cache_speedup']:.1f}x (target >= 5)")
     print(f"dmsc (cache) / transformers tokens/s: {out['vs_transformers_ratio']:.2f}")
     print(f"same tokens on every path: {out['same_tokens']}")
+    if tls_cost is not None:
+        for path, ratio in tls_cost["tls_ratio"].items():
+            print(f"tokens/s with mutual TLS / plain, {path}: {ratio:.3f}")
 
 
 if __name__ == "__main__":

@@ -7,7 +7,7 @@ state. ``RunStep`` runs this stage's part of a step (:mod:`.executor`) and, with
 replicas, averages the gradients (:mod:`.gradient_sync`); optimizer steps are applied only on
 ``Commit``, once every stage has finished the step, so a step that fails anywhere is applied
 nowhere. ``Save`` and ``Load`` go through :mod:`.checkpoints`, ``Assume`` makes a warm spare the
-stage it is told.
+stage it is told, its certificate included.
 
 Fencing: each worker serves one epoch (the deployment's generation, carried in every frame and
 ``RunStep``). ``Abort`` moves a worker to a newer epoch, which wakes and fails the step it is in
@@ -53,6 +53,7 @@ from dmsc.runtime.compute.outer_sync import ReplicaSync, make_optimizer, optimiz
 from dmsc.runtime.compute.peers import Peers
 from dmsc.runtime.compute.telemetry import Telemetry
 from dmsc.runtime.transport import messages as msg
+from dmsc.runtime.transport import tls
 from dmsc.runtime.transport.messages import REGISTRY_SERVICE
 from dmsc.runtime.transport.observe import json_logger
 from dmsc.runtime.transport.replies import Registered
@@ -81,12 +82,8 @@ class StageWorker:
         self.m_compute = Counter(
             "dmsc_worker_compute_seconds_total", "Compute time", registry=self.metrics
         )
-        self.m_bytes = Counter(
-            "dmsc_worker_bytes_sent_total",
-            "Bytes sent to neighbours",
-            ["kind"],
-            registry=self.metrics,
-        )
+        sent = "dmsc_worker_bytes_sent_total", "Bytes sent to neighbours", ["kind"]
+        self.m_bytes = Counter(*sent, registry=self.metrics)
         self.m_rejected = Counter(
             "dmsc_worker_rejected_messages_total", "Malformed messages", registry=self.metrics
         )
@@ -417,6 +414,7 @@ class StageWorker:
             raise BadRequest("the config must be a stage of this deployment")
         with self._lock:
             spare_sid = self.cfg.sid
+            tls.renew_wire(cfg.tls)  # the stage's leaf (SID@epoch) from now on; the spare's retires
             try:
                 self._build(cfg)
             except ValueError as exc:

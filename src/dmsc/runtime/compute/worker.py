@@ -7,6 +7,8 @@ fenced, or orphaned. It tells its launcher on standard output how the start went
 ``READY HOST:PORT`` once it serves, or ``FENCED SID epoch N`` (exit status 3) when the registry
 already holds its SID at a newer epoch. Its JSON log lines go to ``log_file`` when the config
 names one (rotated, see :mod:`dmsc.runtime.transport.logs`), to standard error otherwise.
+Besides the stage's methods it serves ``Renew``: the control plane's next leaf certificate for
+this process (:func:`dmsc.runtime.transport.tls.renew`), sent before the one it holds expires.
 
 The rest of the worker lives in one module per job: :mod:`.inbox` (frames waiting, fencing by
 epoch), :mod:`.peers` (sends to the neighbouring stages), :mod:`.frames` (what a frame must
@@ -27,6 +29,7 @@ import signal
 import sys
 import threading
 from pathlib import Path
+from typing import Any
 
 import grpc
 
@@ -35,10 +38,10 @@ from dmsc.runtime.compute.config import WorkerConfig
 from dmsc.runtime.compute.server import StageWorker
 from dmsc.runtime.transport import processes, tls
 from dmsc.runtime.transport.logs import file_logger
-from dmsc.runtime.transport.messages import STAGE_SERVICE, Deregister, Heartbeat
+from dmsc.runtime.transport.messages import STAGE_SERVICE, Deregister, Heartbeat, Renew
 from dmsc.runtime.transport.observe import json_logger, metrics_server
 from dmsc.runtime.transport.replies import HeartbeatReply
-from dmsc.runtime.transport.rpc import serve
+from dmsc.runtime.transport.rpc import BadRequest, message_handler, serve
 
 __all__ = ["STAGE_SERVICE", "StageWorker", "WorkerConfig", "main"]
 
@@ -57,6 +60,15 @@ def owner_gone(owner: int) -> bool:
     return not processes.alive(owner)
 
 
+def renewed(m: Renew) -> dict[str, Any]:
+    """Take the control plane's next leaf: new connections, both ways, are made with it."""
+    try:
+        tls.renew(tls.Leaf.from_wire(m.tls), same_name=True)
+    except (KeyError, ValueError) as exc:
+        raise BadRequest(f"tls: {exc}") from None
+    return {"ok": True}
+
+
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description="dmsc stage worker")
     parser.add_argument("--config", required=True)
@@ -72,7 +84,8 @@ def main(argv: list[str] | None = None) -> None:
         sealing.install(bytes.fromhex(cfg.checkpoint_key))
     worker = StageWorker(cfg, _logger(cfg))
     at, floors = f"{cfg.host}:0", tls.FENCES  # floors: the registry's, from each heartbeat
-    server, port = serve(STAGE_SERVICE, worker.methods(), at, token=cfg.token, fences=floors)
+    methods = {**worker.methods(), "Renew": message_handler(Renew, renewed)}
+    server, port = serve(STAGE_SERVICE, methods, at, token=cfg.token, fences=floors)
     worker.metrics_address = metrics_server(worker.metrics)
     worker.address = f"{cfg.host}:{port}"
     registered = worker.register()
@@ -89,13 +102,18 @@ def main(argv: list[str] | None = None) -> None:
         try:
             reply = worker.registry.ask("Heartbeat", beat, HeartbeatReply, timeout_s=5)
             tls.FENCES.raise_floors(reply.fences)  # the leaves of fenced epochs refused here
+            if beat.sid != worker.cfg.sid:  # a spare that took a stage over meanwhile
+                continue
             if reply.fenced:  # a newer incarnation holds our SID: stop serving
                 worker.log.warning("fenced by a newer epoch; exiting", extra=beat.model_dump())
                 break
             if not reply.known:
                 worker.register()
         except Exception as exc:
-            if isinstance(exc, grpc.RpcError) and exc.code() == grpc.StatusCode.PERMISSION_DENIED:
+            denied = (
+                isinstance(exc, grpc.RpcError) and exc.code() == grpc.StatusCode.PERMISSION_DENIED
+            )
+            if denied and beat.sid == worker.cfg.sid:  # (a spare's leaf retires once it took over)
                 worker.log.warning("our certificate's epoch is fenced; exiting")
                 break
             if owner_gone(worker.cfg.owner_pid):  # the control plane is gone

@@ -173,6 +173,7 @@ def main(stdin: TextIO | None = None) -> None:
         # while this process imports the control plane below (about 3 s): on two cores `dmsc
         # up` waits for the longer of the two, not for both.
         forked.warm()
+    from dmsc.runtime.control.launch.renewal import start_renewal
     from dmsc.runtime.control.loop.runner import start_control_loop, with_loop, with_loop_status
     from dmsc.runtime.control.plane import ControlPlane
     from dmsc.runtime.control.training.retention import Retention
@@ -287,6 +288,14 @@ def main(stdin: TextIO | None = None) -> None:
         "queue": settings.queue,  # the task queue's policy (dmsc up --queue)
     }
     logs.write_private(control_file(), json.dumps(info))
+
+    def cli_renewed(leaf: tls.Leaf) -> None:  # whole or not at all: a command may be reading it
+        info["tls"] = leaf.wire()
+        staged = control_file().with_suffix(".renewing")
+        logs.write_private(staged, json.dumps(info))
+        os.replace(staged, control_file())
+
+    start_renewal(cp.deployment, cp.stopped, cli_renewed)  # every leaf, before it expires
     log.info("serving at 127.0.0.1:%d", port, extra={"run": cp.run.id})
     print(f"READY 127.0.0.1:{port}", flush=True)
     cp.stopped.wait()

@@ -5,7 +5,8 @@ gateway's self-signed certificate.
   0600), made at the first ``dmsc up`` and kept. It issues the leaf certificates the services
   present to each other (:mod:`.tls`): one per SID and epoch for a worker (common name
   ``SID@EPOCH``), ``control`` for the control plane, ``cli`` for the commands that call it. A
-  leaf lives :data:`LEAF_LIFETIME` (short: a leaked one is worth little for long) and carries the
+  leaf lives :data:`LEAF_LIFETIME` (short: a leaked one is worth little for long; the control
+  plane renews each before its end, :mod:`dmsc.runtime.control.launch.renewal`) and carries the
   one DNS name :data:`SERVICE_NAME`, the name every client checks (a worker's address on a Ray
   node is an IP known only once it runs; the CA, not the host name, is what is trusted).
 - :func:`self_signed`: ``dmsc up --tls`` without a certificate of the operator's own, for the

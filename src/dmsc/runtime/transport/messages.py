@@ -82,8 +82,7 @@ def explain(exc: ValidationError, what: str) -> str:
 
 
 InnerOptimizer = Literal["adamw", "sgd"]
-# how task heads' outputs are combined at inference
-# (dmsc.runtime.control.serving.combiners.METHODS)
+# how task heads' outputs are combined at inference (dmsc.runtime.control.serving.combiners)
 Aggregate = Literal["vote", "weighted", "attention"]
 
 
@@ -158,8 +157,7 @@ class RunStep(Message):
     epoch: Epoch | None = None  # default: the worker's own
     late_policy: LatePolicy = "wait"
     grad_wait_s: GradWait = DEFAULT_GRAD_WAIT_S
-    # Seconds the caller waits for the answer: past them the worker drops the step.
-    budget_s: Annotated[float, Field(gt=0, le=3600)] | None = None
+    budget_s: Annotated[float, Field(gt=0, le=3600)] | None = None  # then the step is dropped
     # Inference with a KV cache: the session whose keys and values the stage keeps, and the
     # position of this step's first token (0 opens the session with the prompt).
     session: SessionId | None = None
@@ -238,6 +236,13 @@ class Assume(Message):
 
     config: dict[str, Any]
     epoch: Epoch | None = None
+
+
+class Renew(Message):
+    """A worker's next leaf certificate (``ca``, ``cert``, ``key`` PEM), sent by the control plane
+    before the one it holds expires (:mod:`dmsc.runtime.control.launch.renewal`)."""
+
+    tls: dict[str, str]
 
 
 class Health(Message):
@@ -451,8 +456,7 @@ class ControlSettings(Message):
     router: str = "least_outstanding"  # replica routing policy of the gateway
     failure_timeout_s: Annotated[float, Field(gt=0, le=3600)] = 10.0
     spares: Annotated[int, Field(ge=0, le=64)] = 0
-    # Where the workers run: ``plan`` (each replica's device in the plan), ``cpu``, or one GPU
-    # for all (``cuda``, ``cuda:N``).
+    # Where the workers run: ``plan`` (each replica's device), ``cpu``, or one GPU: cuda[:N]
     device: Annotated[str, Field(pattern=r"^(plan|cpu|cuda(:\d{1,3})?)$")] = "plan"
     # Who starts the workers: this machine (``local``) or a Ray cluster (``ray``, joined at
     # ``ray_address``, its head's HOST:PORT; None: a private cluster on 127.0.0.1 for this
@@ -467,8 +471,7 @@ class ControlSettings(Message):
         ]
         | None
     ) = None
-    # The gateway's limits per tenant: requests per second (and the burst saved up), and
-    # inference requests in flight at once.
+    # The gateway's limits per tenant: requests/s (and the burst saved up), inference in flight
     rate_limit: Annotated[float, Field(gt=0, le=1e6)] = 20.0
     burst: Annotated[float, Field(ge=1, le=1e6)] = 40.0
     tenant_requests: Annotated[int, Field(ge=1, le=1024)] = 4

@@ -274,9 +274,10 @@ def serve(
     """Start a server for ``service`` on ``address``; returns it and its port. With ``token``,
     only callers that present it (``authorization: Bearer <token>``) are served. With a
     ``leaf`` (default: the process's, :func:`.tls.current`), only callers with a leaf of its
-    authority are served, and with ``fences`` only those whose leaf is not of a fenced epoch."""
+    authority are served, and with ``fences`` only those whose leaf is not of a fenced epoch.
+    A server on the process's leaf follows its renewals (:func:`.tls.following_credentials`)."""
     interceptors = [_CredentialCheck(token)] if token else []
-    leaf = leaf or tls.current()
+    own, leaf = leaf is None, leaf or tls.current()
     if fences is not None:
         methods = {name: tls.fence_checked(h, fences) for name, h in methods.items()}
     server = grpc.server(
@@ -288,7 +289,8 @@ def serve(
     if leaf is None:
         port = server.add_insecure_port(address)
     else:
-        port = server.add_secure_port(address, tls.server_credentials(leaf))
+        creds = tls.following_credentials() if own else tls.server_credentials(leaf)
+        port = server.add_secure_port(address, creds)
     server.start()
     return server, port
 
@@ -305,19 +307,38 @@ class Client:
         leaf: tls.Leaf | None = None,
     ) -> None:
         """With a ``leaf`` (default: the process's, :func:`.tls.current`) the channel is mutual
-        TLS, the server checked against the leaf's authority."""
+        TLS, the server checked against the leaf's authority. On the process's leaf, the
+        channel is opened anew with its renewal (:func:`.tls.renew`) at the next call."""
         self.address = address
         self.service = service
         self.timeout_s = timeout_s
         self.metadata = [("authorization", f"Bearer {token}")] if token else None
-        leaf = leaf or tls.current()
-        if leaf is None:
-            self.channel = grpc.insecure_channel(address, options=CHANNEL_OPTIONS)
-        else:
-            creds = tls.channel_credentials(leaf)
-            options = [*CHANNEL_OPTIONS, *tls.channel_options()]
-            self.channel = grpc.secure_channel(address, creds, options=options)
+        self._own, self._leaf = leaf is None, leaf or tls.current()
+        self.channel = self._open(self._leaf)
+        self._retired: grpc.Channel | None = None  # the channel before the last renewal
+        self._renewing = threading.Lock()
         self._stubs: dict[tuple[str, bool], Any] = {}
+
+    def _open(self, leaf: tls.Leaf | None) -> grpc.Channel:
+        if leaf is None:
+            return grpc.insecure_channel(self.address, options=CHANNEL_OPTIONS)
+        creds = tls.channel_credentials(leaf)
+        options = [*CHANNEL_OPTIONS, *tls.channel_options()]
+        return grpc.secure_channel(self.address, creds, options=options)
+
+    def _follow(self) -> None:
+        """A new channel with the process's renewed leaf. Calls in flight finish on the old
+        one, kept open until the next renewal (a third of a leaf's lifetime later)."""
+        now = tls.current()
+        if not self._own or now is self._leaf or now is None or self._leaf is None:
+            return
+        with self._renewing:
+            if now is self._leaf:
+                return
+            if self._retired is not None:
+                self._retired.close()
+            self._retired, self.channel = self.channel, self._open(now)
+            self._leaf, self._stubs = now, {}
 
     def _stub(self, method: str, data: bytes) -> Any:
         """The call for ``method`` with ``data``: a plain unary call for a request that fits in
@@ -325,6 +346,7 @@ class Client:
         grpcio's client starts a thread per client-streaming call to consume the request
         iterator; the unary call starts none, which halved the small-message round trip
         (benchmarks/transport.py)."""
+        self._follow()
         unary = len(data) <= CHUNK_BYTES
         key = (method, unary)
         if key not in self._stubs:
@@ -380,6 +402,7 @@ class Client:
         """Call a server-streaming method: an iterator of the reply's JSON objects, as they
         arrive (``cancel()`` on it ends the call)."""
         data = msg.model_dump_json(exclude_none=True).encode()
+        self._follow()
         unary = len(data) <= CHUNK_BYTES
         make = self.channel.unary_stream if unary else self.channel.stream_stream
         call = make(
@@ -394,4 +417,6 @@ class Client:
         )
 
     def close(self) -> None:
+        if self._retired is not None:
+            self._retired.close()
         self.channel.close()

@@ -16,13 +16,15 @@
 - :mod:`.failures` finds failed workers; :mod:`.fallback` picks the newest checkpoint that
   verifies; :mod:`.recovery` brings failed workers back (for training and for serving).
 - :mod:`.signals`: ``dmsc chaos``'s kill, freeze or thaw of a worker of a running deployment.
+- :mod:`.renewal`: every leaf certificate (this process's, the workers', the CLI's) replaced
+  before it expires.
 
 Decoding and sampling are here, not in :mod:`..serving`, because
 :meth:`~.deployment.Deployment.generate` runs them: every other package of the control layer
 builds on this one, and this one on none of them.
 
 Imports run one way, down this list (each module imports only modules on later lines):
-``recovery, signals -> fallback -> deployment -> decoding, staging, spares, tp_ranks -> failures,
-sampling, layout -> launchers -> forked``, and
+``recovery, signals, renewal -> fallback -> deployment -> decoding, staging, spares, tp_ranks
+-> failures, sampling, layout -> launchers -> forked``, and
 ``ray_private -> ray_launcher -> ray_checks, launchers``.
 """

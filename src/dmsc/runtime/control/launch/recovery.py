@@ -78,7 +78,7 @@ def replace(dep: Deployment, keys: Collection[Key]) -> None:
     launch = [dep.config(*k, t) for k in keys for t in range(1, dep.layout.tp)]
     dep.abandoned.extend(h for k in keys for h in dep.tp.drop(k))
     for cfg in (dep.config(*k) for k in keys):
-        taken = dep.spares.take(cfg)
+        taken = dep.spares.take(cfg, retire=dep.registry.fence)  # the spare's own SID retires
         if taken is None:
             launch.append(cfg)
         else:

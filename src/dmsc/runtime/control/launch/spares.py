@@ -7,6 +7,12 @@ The pool is refilled in the background after each use, so a second failure finds
 A spare that does not answer ``Assume`` is dropped (kept in ``dead`` to be reaped) and the next
 one is tried; with none left the caller starts a process as before.
 
+Under mutual TLS a spare starts with a leaf of its own SID (``spare-N@EPOCH``). ``Assume``
+carries the stage's configuration with the leaf of the stage's SID and epoch
+(:func:`~.launchers.with_secrets`, as a new process would be started with), which the spare
+serves and calls with from then on; once it took over, ``retire`` (the registry's fence) raises
+the spare SID's floor past its epoch, so that its old leaf is refused by every service.
+
 Where the launcher places workers by datacenter (Ray: ``places_by_datacenter``), the spares are
 spread over the plan's datacenters (each new one goes to the datacenter with the fewest) and a
 stage is only taken over by a spare of its own datacenter: a spare elsewhere would move the stage
@@ -25,7 +31,7 @@ from pathlib import Path
 import grpc
 
 from dmsc.runtime.compute.worker import WorkerConfig
-from dmsc.runtime.control.launch.launchers import Launcher, WorkerHandle
+from dmsc.runtime.control.launch.launchers import Launcher, WorkerHandle, with_secrets
 from dmsc.runtime.transport.messages import STAGE_SERVICE, Assume
 from dmsc.runtime.transport.rpc import Client
 
@@ -90,8 +96,12 @@ class SparePool:
         if self.wanted:
             self._refills.append(threads.submit(self._refill))
 
-    def take(self, cfg: WorkerConfig) -> WorkerHandle | None:
-        """A spare that has taken over ``cfg``'s stage, or None when no spare could."""
+    def take(
+        self, cfg: WorkerConfig, retire: Callable[[str, int], None] | None = None
+    ) -> WorkerHandle | None:
+        """A spare that has taken over ``cfg``'s stage, or None when no spare could; ``retire``
+        (SID, epoch) refuses the spare's own instances below that epoch once it did."""
+        stage = with_secrets(cfg)  # the stage's leaf, when this process issues them
         while True:
             with self._lock:
                 fits = [
@@ -106,12 +116,14 @@ class SparePool:
             self._gone(spare.config)
             client = Client(spare.address, STAGE_SERVICE, token=self.token)
             try:
-                client.send("Assume", Assume(config=asdict(cfg)), timeout_s=30)
+                client.send("Assume", Assume(config=asdict(stage)), timeout_s=30)
             except grpc.RpcError:  # a dead spare: drop it, try the next
                 self.dead.append(spare)
                 continue
             finally:
                 client.close()
+            if retire is not None:
+                retire(spare.config.sid, spare.config.epoch + 1)
             return WorkerHandle(cfg, spare.process, spare.address)
 
     def wait_refills(self, timeout_s: float = 60.0) -> None:
