@@ -30,7 +30,8 @@ nothing where they are large, for the same two all-reduces per sub-layer and the
 the bit. Its parameters would also be ``DTensor``s, which the optimizer, the gradient sync and
 the checkpoints here would each have to unwrap; these are plain tensors. Nor can
 ``torch.distributed.nn.functional.all_reduce`` serve as ``g``: its backward all-reduces the
-gradient again, which with the loss computed whole on every rank multiplies the gradients by tp.
+gradient again, which with the output's gradient whole on every rank (the loss is the same on
+every rank) multiplies the gradients by tp.
 """
 
 from __future__ import annotations
@@ -291,7 +292,7 @@ def parallelize_stage(
 
 def _block_runs(module: StageModule) -> list[list[nn.Module]]:
     """The stage's runs of consecutive blocks, chunk by chunk (the embedding and the head stay
-    outside: they run whole)."""
+    outside: they run on the whole sequence)."""
     runs: list[list[nn.Module]] = []
     for lo, hi in module.spans:
         run: list[nn.Module] = []

@@ -27,6 +27,13 @@ shards are one parameter again (both split by rows the same way); where the two 
 different stages, each tp rank of the one swaps its shard's gradient with the same tp rank of
 the other (:class:`~dmsc.runtime.compute.peers.Peers` pairs ranks by tp rank), which holds the
 same rows.
+
+PyTorch's ``torch.distributed.tensor.parallel.loss_parallel`` computes the same loss on a
+``DTensor`` of logits sharded over the vocabulary; it is not used here for the reason the
+blocks do not use ``ColwiseParallel`` (:mod:`.tensor_parallel`'s docstring, with the
+measurement): the stage's parameters are plain tensors, which a ``DTensor`` head would have to
+be wrapped into and out of. The loss here is checked against ``F.cross_entropy`` on the whole
+logits (tests/runtime/compute/test_vocab_parallel.py, test_tensor_parallel.py).
 """
 
 from __future__ import annotations
