@@ -1,11 +1,11 @@
 """The vocabulary-parallel ends of a tensor-parallel stage (:mod:`dmsc.runtime.compute.\
 vocab_parallel`) against one process, for GPT and Llama with tied embeddings and a vocabulary
-(301) that two ranks do not divide (padded to 302): 10 steps train to the unsplit model's
-losses, no rank builds a tensor as wide as the vocabulary in a training step, the tied pair
-stays one parameter, the state dict gathers to the unsplit one (padding dropped) and shards
-back, and greedy decoding (the logits gathered) gives the unsplit model's tokens. The untied
-presets at tp = 2 are covered by test_tensor_parallel.py, whose stages are vocabulary-parallel
-too."""
+(600) padded to 768 (a multiple of 128 x 2, as the cost model prices it): 10 steps train to the
+unsplit model's losses, no rank builds a tensor as wide as the vocabulary in a training step,
+the tied pair stays one parameter, the state dict gathers to the unsplit one (padding dropped)
+and shards back, and greedy decoding (the logits gathered) gives the unsplit model's tokens.
+The untied presets at tp = 2 are covered by test_tensor_parallel.py, whose stages are
+vocabulary-parallel too."""
 
 from __future__ import annotations
 
@@ -30,7 +30,7 @@ from dmsc.spec import TransformerSpec
 pytestmark = pytest.mark.integration
 
 FAMILIES = ("gpt-mini", "llama-mini")
-VOCAB = 301  # odd: padded to 302, 151 rows a rank
+VOCAB = 600  # padded to 768: 384 rows a rank, 168 of rank 1's padding
 
 
 def _spec(name: str) -> TransformerSpec:
@@ -105,13 +105,13 @@ def test_vocab_parallel_trains_tied_and_padded_as_one_process(
     for got in vp2[name]:
         assert got["losses"] == pytest.approx(reference, abs=1e-4)
         assert got["tied"]  # one shard serves the embedding and the head
-        # each rank's share of the logits, 151 of the 302 padded columns; nothing made in the
+        # each rank's share of the logits, 384 of the 768 padded columns; nothing made in the
         # step is as wide as the vocabulary (the whole logits, their softmax or gradient)
         tokens = batches(spec)[0]
-        assert got["head"] == [tokens.shape[0], tokens.shape[1] - 1, 151]
-        assert not got["widths"] & {VOCAB, VOCAB + 1}, got["widths"]
+        assert got["head"] == [tokens.shape[0], tokens.shape[1] - 1, 384]
+        assert not got["widths"] & {VOCAB, 768}, got["widths"]
     if name == "gpt-mini":
-        assert 151 in vp2[name][0]["widths"]  # the check saw the head's share
+        assert 384 in vp2[name][0]["widths"]  # the check saw the head's share
     assert reference[-2] < reference[0] - 0.5  # learns
 
 
@@ -130,6 +130,6 @@ def test_vocab_parallel_state_dict_gathers_and_decodes_as_one_process(
     assert greedy(spec, one) == vp2[name][0]["greedy"] == vp2[name][1]["greedy"]
     for rank, got in enumerate(vp2[name]):
         shards = shard_state_dict(spec, one.state_dict(), rank, 2)
-        assert shards[key].shape == (151, spec.hidden)
+        assert shards[key].shape == (384, spec.hidden)
         for k, tensor in got["local"].items():
             assert torch.equal(shards[k], tensor), k

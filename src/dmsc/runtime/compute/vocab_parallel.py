@@ -17,8 +17,9 @@ vocabulary dimension" and fuse the output with the cross-entropy loss).
   all-gathers the logits over the vocabulary, so what leaves the stage is the whole model's
   ``[B, T, V]``, as at tp = 1.
 
-A vocabulary the ranks do not divide (GPT-2's 50257 at tp = 2) is padded, as Megatron-LM pads
-to a multiple of ``make-vocab-size-divisible-by``: ``V' = ceil(V / tp) tp`` rows, the padding
+The vocabulary is padded as Megatron-LM pads it (``make-vocab-size-divisible-by`` 128, times
+tp) and as the cost model prices it (:func:`dmsc.netmodel.layers.padded_vocab`): ``V'`` rows, a
+multiple of 128 tp (GPT-2's 50257 becomes 50432 at tp = 2; 256 stays 256), the padding
 zeros in the embedding (never looked up: ids are below ``V``) and logits masked to ``-inf`` in
 the head (probability 0, gradient 0, so the padding rows stay zero under AdamW). Checkpoints
 stay in the tp = 1 form: :func:`shard_rows` pads then cuts, :func:`unshard_rows` joins then cuts
@@ -45,12 +46,12 @@ import torch.distributed as dist
 import torch.nn.functional as F
 from torch import nn
 
+from dmsc.netmodel.layers import padded_vocab
 from dmsc.runtime.compute.models.chain import StageModule, loss_fn
 
 __all__ = [
     "VocabParallelEmbedding",
     "VocabParallelHead",
-    "padded_vocab",
     "shard_rows",
     "split_ends",
     "stage_loss",
@@ -59,14 +60,9 @@ __all__ = [
 ]
 
 
-def padded_vocab(vocab: int, tp: int) -> int:
-    """The vocabulary padded to a multiple of ``tp``."""
-    return -(-vocab // tp) * tp
-
-
 def shard_rows(tensor: torch.Tensor, rank: int, tp: int) -> torch.Tensor:
-    """Rank ``rank``'s rows of a whole ``[V, ...]`` ``tensor``, padded with zero rows to a
-    multiple of ``tp`` first."""
+    """Rank ``rank``'s rows of a whole ``[V, ...]`` ``tensor``, padded with zero rows to
+    :func:`padded_vocab`'s ``V'`` first."""
     pad = padded_vocab(tensor.shape[0], tp) - tensor.shape[0]
     if pad:
         tensor = torch.cat([tensor, tensor.new_zeros((pad, *tensor.shape[1:]))])
