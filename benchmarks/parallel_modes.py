@@ -7,8 +7,16 @@ gloo all-reduce (the default): the median step time, and the bytes on the busies
 one worker sent and received in a step (its traffic as the step's trace counts it: the star's
 leader carries 2 (n - 1) gradients, a ring member 4 (n - 1) / n of one). Then PyTorch's own
 ``DistributedDataParallel`` (gloo, 2 spawned processes, the same model, batch and optimizer) and
-dmsc's dp = 2 over the ring against it as a ratio of median step times. Prints a table, or with
---json one object (``--out`` also writes it to a file).
+dmsc's dp = 2 over the ring against it as a ratio of median step times.
+
+Each mode's communication, measured against the cost model: ``dmsc calibrate`` measures this
+machine first (a node of 4 devices: the worker processes on its cores, its link the data plane's
+loopback, its collective a 2-process gloo all-reduce), the plan of each run's layout on that spec
+gives the predicted ``tp_comm``, ``dp_comm``, ``pp_comm`` (with its bubble), and the step traces
+give the measured wait per mode (the slowest worker's, median over the steps after the first
+quarter; :func:`dmsc.data.comm_modes.compare_modes`). Besides the data-parallel runs, a tp = 2 run
+and a pp = 2 run (two micro-batches) measure the other modes. Prints a table, or with --json one
+object (``--out`` also writes it to a file).
 """
 
 from __future__ import annotations
@@ -18,6 +26,7 @@ import json
 import os
 import socket
 import statistics
+import tempfile
 import time
 from dataclasses import replace
 from pathlib import Path
@@ -26,15 +35,22 @@ from typing import Any
 import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
+import yaml
 
+from dmsc.data.comm_modes import compare_modes
 from dmsc.data.corpus import Corpus, stdlib_text
+from dmsc.data.traces import StepTrace
+from dmsc.planner.solve import plan_job
+from dmsc.runtime.compute.calibrate import calibrate
 from dmsc.runtime.compute.models.chain import build_stage, loss_fn
 from dmsc.runtime.compute.worker import WorkerConfig
 from dmsc.runtime.control.launch.deployment import Deployment, StageLayout
-from dmsc.spec import TransformerSpec, resolve_model
+from dmsc.spec import ClusterSpec, JobSpec, TransformerSpec, load_spec, resolve_model
 
 WHOLE = [("embedding", "head")]
+TWO = [("embedding", "block_1"), ("block_2", "head")]
 BATCH = 8
+DEVICES = 4  # the calibrated node's: the most worker processes a run starts
 
 
 class StarDeployment(Deployment):
@@ -67,22 +83,63 @@ def busiest_link(sent: dict[tuple[int, int], dict[str, int]]) -> int:
     return max(load.values(), default=0)
 
 
-def dmsc_run(dp: int, star: bool, steps: int) -> dict[str, Any]:
-    spec = _spec()
-    corpus = _corpus(spec)
+def calibrated_spec(home: Path) -> ClusterSpec:
+    """This machine as one node of :data:`DEVICES` devices, measured by ``dmsc calibrate``."""
+    template = {
+        "name": "bench-cpu",
+        "device_types": {
+            "cpu": {"peak_tflops": {"fp32": 0.05}, "memory_gib": 4, "memory_bw_gbyte_s": 10}
+        },
+        "node_types": {
+            "host": {
+                "device": "cpu",
+                "devices": DEVICES,
+                "link": {"bandwidth_gbit_s": 40, "latency_us": 5.0},
+            }
+        },
+        "datacenters": [
+            {
+                "name": "dc-0",
+                "nodes": [{"type": "host", "count": 1}],
+                "network": {"gbit_s_per_node": 10, "latency_us": 20.0},
+            }
+        ],
+    }
+    (home / "template.yaml").write_text(yaml.safe_dump(template))
+    calibrate(home / "template.yaml", home / "calibrated.yaml", rounds=(5, 10))
+    return load_spec(ClusterSpec, home / "calibrated.yaml")
+
+
+def predicted(cluster: ClusterSpec, tp: int, pp: int, dp: int, micro: int) -> dict[str, float]:
+    """The cost model's breakdown of the run's layout on ``cluster`` (its ring all-reduce)."""
+    job = JobSpec(
+        global_batch=BATCH, micro_batch=BATCH // dp // micro, tp=tp, pp=pp, dp=dp, allreduce="ring"
+    )
+    return dict(plan_job(cluster, _spec(), job, fixed=True).plan.prediction.breakdown_s)
+
+
+def dmsc_run(
+    layout: StageLayout, star: bool, steps: int, micro: int, breakdown: dict[str, float]
+) -> dict[str, Any]:
+    corpus = _corpus(layout.model)
     kind = StarDeployment if star else Deployment
-    times, links, losses = [], [], []
-    with kind(StageLayout(spec, WHOLE, replicas=dp)) as dep:
+    times, links, losses, traces = [], [], [], []
+    with kind(layout) as dep:
         for s in range(steps):
-            out = dep.train_step(s, *corpus.batch(s, BATCH), 1, "1f1b")
+            out = dep.train_step(s, *corpus.batch(s, BATCH), micro, "1f1b")
             times.append(out["step_s"])
             links.append(busiest_link({k: v[1] for k, v in out["traces"].items()}))
             losses.append(out["loss"])
+            if s >= steps // 4:  # past the warm-up, as the step time
+                traces += [
+                    StepTrace(s, k[0], k[1], 0.0, [], {}, comm=c) for k, c in out["comm"].items()
+                ]
     return {
         "step_s": statistics.median(times[steps // 4 :]),
         "busiest_link_bytes": max(links),
         "busiest_link_mb": max(links) / 1e6,
         "last_loss": losses[-1],
+        "modes": [r.as_json() for r in compare_modes(breakdown, traces)],
     }
 
 
@@ -134,11 +191,24 @@ def main() -> None:
     ap.add_argument("--out", help="also write the JSON object to this file")
     args = ap.parse_args()
     load_before = os.getloadavg()[0]
+    spec = _spec()
+    with tempfile.TemporaryDirectory() as home:
+        t0 = time.perf_counter()
+        cluster = calibrated_spec(Path(home))
+        calibrate_s = time.perf_counter() - t0
+    collective = next(iter(cluster.node_types.values())).collective
     rows: dict[str, Any] = {}
     for dp in (int(d) for d in args.dp.split(",")):
         for star in (True, False) if dp > 1 else (False,):
             name = f"dp{dp}-" + ("star" if star else "ring") if dp > 1 else "dp1"
-            rows[name] = dmsc_run(dp, star, args.steps)
+            layout = StageLayout(spec, WHOLE, replicas=dp)
+            rows[name] = dmsc_run(layout, star, args.steps, 1, predicted(cluster, 1, 1, dp, 1))
+    rows["tp2"] = dmsc_run(
+        StageLayout(spec, WHOLE, tp=2), False, args.steps, 1, predicted(cluster, 2, 1, 1, 1)
+    )
+    rows["pp2"] = dmsc_run(
+        StageLayout(spec, TWO), False, args.steps, 2, predicted(cluster, 1, 2, 1, 2)
+    )
     ddp = ddp_step_s(2, args.steps)
     out: dict[str, Any] = {
         "command": "python benchmarks/parallel_modes.py --json",
@@ -148,6 +218,10 @@ def main() -> None:
             "cpus": os.cpu_count(),
             "torch": torch.__version__,
             "load_average_1min": [load_before, os.getloadavg()[0]],  # before, after
+        },
+        "calibration": {
+            "seconds": calibrate_s,
+            "collective": None if collective is None else collective.model_dump(),
         },
         "runs": rows,
         "ddp_dp2_step_s": ddp,
@@ -166,12 +240,21 @@ def main() -> None:
     if args.json:
         print(json.dumps(out))
         return
-    print(f"{'run':<10} {'step ms':>9} {'busiest link MB':>16}")
+    print(f"{'run':<10} {'step ms':>9} {'busiest link MB':>16}  comm ms predicted/measured")
     for name, r in rows.items():
-        print(f"{name:<10} {r['step_s'] * 1e3:>9.1f} {r['busiest_link_bytes'] / 1e6:>16.2f}")
+        modes = "  ".join(
+            f"{m['mode']} {_ms(m['predicted_s'])}/{_ms(m['measured_s'])}" for m in r["modes"]
+        )
+        print(
+            f"{name:<10} {r['step_s'] * 1e3:>9.1f} {r['busiest_link_bytes'] / 1e6:>16.2f}  {modes}"
+        )
     print(f"DDP dp2    {ddp * 1e3:>9.1f}")
     if "dmsc_dp2_over_ddp" in out:
         print(f"dmsc dp2 (ring) / DDP: {out['dmsc_dp2_over_ddp']:.2f} (goal <= 1.1)")
+
+
+def _ms(x: float | None) -> str:
+    return "-" if x is None else f"{x * 1e3:.1f}"
 
 
 if __name__ == "__main__":

@@ -208,6 +208,8 @@ def test_calibrate_prints_the_figures_it_writes(
     assert f"peak {peak * 1e3:.1f} GFLOP/s" in out or f"peak {peak:.1f} TFLOP/s" in out
     link = next(iter(written["node_types"].values()))["link"]
     assert f"link {link['bandwidth_gbit_s']:.2f} Gbit/s" in out
+    gloo = next(iter(written["node_types"].values()))["collective"]  # the node's all-reduce
+    assert gloo["backend"] == "gloo" and f"{gloo['bandwidth_gbit_s']:.2f} Gbit/s" in out
     assert str(out_file) in out
 
 

@@ -91,6 +91,12 @@ def test_up_status_train_infer_down(tmp_path: Path) -> None:
         assert res.returncode == 2 and "tokens" in res.stderr and "Traceback" not in res.stderr
         status = json.loads(dmsc(tmp_path, "status", "--json").stdout)
         assert [t["state"] for t in status["tasks"]] == ["done"] * 5 + ["cancelled"]
+        # pp = 2: the pipeline's waits and sends, measured in each of the 3 steps, beside the
+        # plan's prediction, in the status and in the train task's result
+        (pp,) = status["modes"]
+        assert pp["mode"] == "pp" and pp["steps"] == 3 and pp["measured_bytes"] > 0
+        assert pp["measured_s"] > 0 and pp["predicted_s"] > 0
+        assert json.loads(db.tasks()[0].result_json)["modes"] == status["modes"]
         # The train task ran once: the Train call queued it and the queue ran it (it used to run
         # in the call, and the queue once claimed it again after the call released the lock).
         time.sleep(1.0)  # the queue polls every 0.5 s

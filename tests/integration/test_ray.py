@@ -12,6 +12,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from conftest import EXAMPLES
 from runtime_helpers import dmsc, make_plan, reference_losses
 
 from dmsc.data.corpus import Corpus, stdlib_text
@@ -250,6 +251,43 @@ def test_dmsc_up_with_the_ray_launcher_as_a_user_runs_it(cluster: Any, tmp_path:
     while any(_running(p) for p in pids) and time.monotonic() < end:
         time.sleep(0.2)
     assert not any(_running(p) for p in pids)
+
+
+def test_a_tensor_parallel_plan_runs_on_ray_each_group_in_one_bundle(
+    cluster: Any, tmp_path: Path
+) -> None:
+    """``dmsc plan --tp 2 --pp 2`` on two datacenters, ``dmsc up --launcher ray``: each stage's
+    two ranks share one placement-group bundle (one node); they train and answer as with the
+    local launcher. Both ranks of a stage used to be sent to one 1-CPU bundle: the second
+    waited 10 s for room, then was placed outside the group, on any node."""
+    plan = tmp_path / "plan.json"
+    res = dmsc(tmp_path, "plan", "--cluster", str(EXAMPLES / "two-sites-cpu.yaml"),
+               "--model", "gpt-mini", "--global-batch", "8", "--micro-batch", "2",
+               "--tp", "2", "--pp", "2", "--dp", "1", "--out", str(plan))  # fmt: skip
+    assert res.returncode == 0, res.stderr
+    doc = json.loads(plan.read_text())
+    for stage in doc["stages"]:  # the Ray cluster's datacenters
+        for rep in stage["replicas"]:
+            rep["datacenter"] = f"dc-{stage['index']}"
+    plan.write_text(json.dumps(doc))
+    res = dmsc(tmp_path, "up", "--plan", str(plan), "--launcher", "ray",
+               "--ray-address", cluster.address)  # fmt: skip
+    assert res.returncode == 0, res.stderr
+    try:
+        status = json.loads(dmsc(tmp_path, "status", "--json").stdout)
+        assert len(status["services"]) == 4
+        assert all(s["health"] == "ok" for s in status["services"])
+        res = dmsc(tmp_path, "train", "--steps", "2", "--json")
+        assert res.returncode == 0, res.stderr
+        res = dmsc(tmp_path, "infer", "--prompt", "def ", "--tokens", "4", "--json")
+        assert res.returncode == 0 and len(json.loads(res.stdout)["token_ids"]) == 4
+        again = json.loads(dmsc(tmp_path, "status", "--json").stdout)
+        assert [s["pid"] for s in again["services"]] == [s["pid"] for s in status["services"]]
+    finally:
+        assert dmsc(tmp_path, "down").returncode == 0
+    # every rank went into its stage's bundle: none waited for room and was placed outside
+    said = "".join(p.read_text() for p in (tmp_path / "logs").glob("control.*"))
+    assert said and "placed outside" not in said
 
 
 def _running(pid: int) -> bool:

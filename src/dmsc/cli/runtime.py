@@ -131,56 +131,18 @@ def calibrate_device(device: str, out: str | None, quick: bool) -> None:
 
 def do_calibrate(template: str | None, out: str | None, console: Console) -> dict[str, float]:
     """Measure this machine into a copy of ``template``; prints and returns the measurements."""
+    import yaml
+
+    from dmsc.cli.calibration_report import calibration_report
     from dmsc.runtime.compute.calibrate import calibrate
 
     src = Path(template) if template else LOCAL_CPU
     dst = Path(out) if out else calibrated_path()
     measured = calibrate(src, dst)
-    import yaml
-
     written = yaml.safe_load(dst.read_text())
     for line in calibration_report(measured, written, dst):
         console.print(line, highlight=False, soft_wrap=True)
     return measured
-
-
-def calibration_report(measured: dict[str, float], written: dict[str, Any], dst: Path) -> list[str]:
-    """What ``dmsc calibrate`` measured, then the figures it wrote (those the cost model reads):
-    a device's peak is the measurement over the model's efficiency, shared by the devices that
-    run on this machine's cores, so the written figures differ from the measured ones."""
-    from dmsc.cli.render import human_flops
-
-    seen = (
-        f"measured: matmul {human_flops(measured['matmul_flops'])} on one core, memory copy "
-        f"{measured['memory_bytes_s'] / 1e9:.2f} GB/s, loopback "
-        f"{measured['loopback_bytes_s'] * 8 / 1e9:.2f} Gbit/s, round trip "
-        f"{measured['loopback_rtt_s'] * 1e6:.0f} us, per-kernel overhead "
-        f"{measured['op_overhead_s'] * 1e6:.1f} us, {measured['cores']:.0f} cores"
-    )
-    from dmsc.runtime.compute.calibrate import spread_lines
-
-    lines = [seen, *spread_lines(measured)]
-    devices = sum(
-        g["count"] * written["node_types"][g["type"]]["devices"]
-        for dc in written["datacenters"]
-        for g in dc["nodes"]
-    )
-    n = measured["cores"]
-    cores = f"{n:.0f} cores shared by {devices} devices" if n < devices else "a core per device"
-    for name, dev in written["device_types"].items():
-        lines.append(
-            f"wrote {dst}: device {name}: peak {human_flops(dev['peak_tflops']['fp32'] * 1e12)} "
-            f"fp32, memory {dev['memory_bw_gbyte_s']:.2f} GB/s, kernel overhead "
-            f"{dev['op_overhead_us']:.1f} us (peak and memory: measured / the cost model's "
-            f"efficiency, {cores})"
-        )
-    for node_name, node in written["node_types"].items():
-        link = node["link"]
-        lines.append(
-            f"  node {node_name}: link {link['bandwidth_gbit_s']:.2f} Gbit/s, "
-            f"{link['latency_us']:.1f} us"
-        )
-    return lines
 
 
 def up(
@@ -387,6 +349,7 @@ def status(as_json: JsonOpt = False) -> None:
 
 def print_status(console: Console, out: StatusReply) -> None:
     """The Status answer as tables; SIDs and addresses whole on any terminal width."""
+    from dmsc.cli.mode_table import print_modes
     from dmsc.cli.render import fit_table, human_bytes
 
     def size(n: float | None) -> str:
@@ -456,6 +419,7 @@ def print_status(console: Console, out: StatusReply) -> None:
                 *([size(n.workers_gpu_memory_bytes)] if gpu else []),
             )
         console.print(nt)
+    print_modes(console, out)  # each mode's communication, predicted against measured
     if out.control is not None:
         console.print(loop_line(out.control), highlight=False, markup=False)
     if out.weights_lost:

@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import json
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from sqlalchemy import func, select
@@ -37,6 +37,9 @@ class StepTrace:
     cpu_percent: float | None = None  # the worker process's, over its part of the step
     rss_bytes: int | None = None  # its resident memory at the end of the step
     gpu_peak_bytes: int | None = None  # the GPU memory torch allocated at the step's peak
+    # each mode's communication: {"tp": {"s": .., "bytes": .., "calls": ..}, "pp": {.., "links":
+    # {"STAGE/REPLICA": bytes}}, ..} (dmsc.runtime.compute.comm_meter); empty in older traces
+    comm: dict[str, dict[str, Any]] = field(default_factory=dict)
 
     @classmethod
     def of(cls, rec: StepTraceRecord) -> StepTrace:
@@ -48,7 +51,8 @@ class StepTrace:
             (str(op), int(mb), float(a), float(b)) for op, mb, a, b in json.loads(rec.spans_json)
         ]
         use = (rec.cpu_percent, rec.rss_bytes, rec.gpu_peak_bytes)
-        return cls(rec.step, rec.stage, rec.replica, rec.compute_s, spans, sent, *use)
+        comm = json.loads(rec.comm_json) if rec.comm_json else {}
+        return cls(rec.step, rec.stage, rec.replica, rec.compute_s, spans, sent, *use, comm)
 
 
 def add_step_traces(
@@ -58,10 +62,12 @@ def add_step_traces(
     traces: Mapping[Key, tuple[Sequence[Any], Mapping[str, int]]],
     compute_s: Mapping[str, float],
     telemetry: Mapping[Key, Mapping[str, Any]] | None = None,
+    comm: Mapping[Key, Mapping[str, Any]] | None = None,
 ) -> None:
-    """Keep one step's traces (``Deployment.train_step``'s ``traces``, ``compute_s`` and
-    ``telemetry``: each worker's ``cpu_percent``, ``rss_bytes`` and ``gpu_peak_bytes``)."""
-    use = telemetry or {}
+    """Keep one step's traces (``Deployment.train_step``'s ``traces``, ``compute_s``,
+    ``telemetry``: each worker's ``cpu_percent``, ``rss_bytes`` and ``gpu_peak_bytes``, and
+    ``comm``: each worker's communication by mode)."""
+    use, modes = telemetry or {}, comm or {}
     rows = [
         StepTraceRecord(
             task_id=task_id,
@@ -74,6 +80,9 @@ def add_step_traces(
             cpu_percent=use.get((stage, replica), {}).get("cpu_percent"),
             rss_bytes=use.get((stage, replica), {}).get("rss_bytes"),
             gpu_peak_bytes=use.get((stage, replica), {}).get("gpu_peak_bytes"),
+            comm_json=json.dumps(dict(modes[(stage, replica)]))
+            if (stage, replica) in modes
+            else None,
         )
         for (stage, replica), (spans, sent) in traces.items()
     ]
@@ -84,7 +93,8 @@ def add_step_traces(
 def record_step(db: Database, task_id: int, step: int, reply: Mapping[str, Any]) -> None:
     """Keep the traces of ``reply``, what ``Deployment.train_step`` returned for ``step``."""
     traces, compute_s = reply.get("traces", {}), reply.get("compute_s", {})
-    add_step_traces(db, task_id, step, traces, compute_s, reply.get("telemetry", {}))
+    use, comm = reply.get("telemetry", {}), reply.get("comm", {})
+    add_step_traces(db, task_id, step, traces, compute_s, use, comm)
 
 
 def step_traces(db: Database, task_id: int, last: int | None = None) -> list[StepTrace]:

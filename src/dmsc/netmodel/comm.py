@@ -15,7 +15,7 @@ from dataclasses import dataclass, field
 
 from dmsc.netmodel import collectives as cf
 from dmsc.netmodel.constants import Calibration
-from dmsc.netmodel.topology import Hop, Topology
+from dmsc.netmodel.topology import Hop, Link, Topology
 
 Group = tuple[int, ...]
 
@@ -57,6 +57,12 @@ def _efficiency(kind: str, calib: Calibration) -> float:
     return calib.inter_dc_link_efficiency
 
 
+def _latency(link: Link, collective: bool) -> float:
+    if collective and link.collective_latency_s is not None:
+        return link.collective_latency_s
+    return link.latency_s
+
+
 class CommModel:
     """Costs collectives over one topology; caches hop sets, which do not depend on sizes."""
 
@@ -65,7 +71,9 @@ class CommModel:
         self.calib = calib
         self._cache: dict[tuple[str, tuple[Group, ...]], _HopSet] = {}
 
-    def _hopset(self, pairs: Sequence[tuple[int, int]]) -> _HopSet:
+    def _hopset(self, pairs: Sequence[tuple[int, int]], collective: bool) -> _HopSet:
+        """The hops of ``pairs``; a ``collective``'s at a link's measured collective figures
+        where it has them (:attr:`Link.collective_Bps`)."""
         paths = [self.topo.path(a, b) for a, b in pairs if a != b]
         load: Counter[Hop] = Counter()
         for path in paths:
@@ -77,10 +85,11 @@ class CommModel:
         for (lid, _), count in load.items():
             link = links[lid]
             eff = _efficiency(link.kind, self.calib)
-            inv_bw = max(inv_bw, count / (link.bandwidth_Bps * eff))
+            bw = link.collective_Bps if collective and link.collective_Bps else link.bandwidth_Bps
+            inv_bw = max(inv_bw, count / (bw * eff))
             link_hops[lid] += count
         for path in paths:
-            alpha = max(alpha, sum(links[lid].latency_s for lid, _ in path))
+            alpha = max(alpha, sum(_latency(links[lid], collective) for lid, _ in path))
         return _HopSet(inv_bw, alpha, dict(link_hops))
 
     def _pattern(self, name: str, groups: tuple[Group, ...]) -> _HopSet:
@@ -97,7 +106,7 @@ class CommModel:
                     pairs.extend((a, b) for a in g for b in g if a != b)
                 else:  # "p2p": each group is (source, destination)
                     pairs.append((g[0], g[1]))
-            self._cache[key] = self._hopset(pairs)
+            self._cache[key] = self._hopset(pairs, collective=name != "p2p")
         return self._cache[key]
 
     def _cost(self, hs: _HopSet, time_s: float, per_hop_bytes: float, sent: float) -> CommCost:

@@ -9,7 +9,7 @@ built on first use, and inter-DC routes are its shortest paths by propagation de
 from __future__ import annotations
 
 import itertools
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from functools import cached_property
 from typing import Literal
 
@@ -17,7 +17,7 @@ import networkx as nx
 
 from dmsc.netmodel.fabrics import dc_uplink
 from dmsc.netmodel.optical import link_capacity_gbit_s
-from dmsc.spec.cluster import ClusterSpec, DeviceTypeSpec
+from dmsc.spec.cluster import ClusterSpec, CollectiveSpec, DeviceTypeSpec
 
 LinkKind = Literal["device", "node", "interdc"]
 Hop = tuple[int, int]  # (link id, direction): +1 from link.u to link.v, -1 the other way
@@ -34,6 +34,10 @@ class Link:
     bandwidth_Bps: float
     latency_s: float
     km: float = 0.0
+    # a collective's figures where they were measured apart (a node's gloo or NCCL, the
+    # cluster spec's node_types.*.collective); None: the link's
+    collective_Bps: float | None = None
+    collective_latency_s: float | None = None
 
 
 @dataclass(frozen=True)
@@ -98,6 +102,7 @@ class Topology:
                             "device",
                             ntype.link.bandwidth_gbit_s,
                             ntype.link.latency_us,
+                            collective=ntype.collective,
                         )
                         self.devices.append(Device(i, d, n, local, ntype.device, link))
         self._interdc: dict[frozenset[str], int] = {}
@@ -115,9 +120,19 @@ class Topology:
         self._check_connected()
 
     def _add_link(
-        self, u: str, v: str, kind: LinkKind, gbit_s: float, latency_us: float, km: float = 0.0
+        self,
+        u: str,
+        v: str,
+        kind: LinkKind,
+        gbit_s: float,
+        latency_us: float,
+        km: float = 0.0,
+        collective: CollectiveSpec | None = None,
     ) -> int:
         link = Link(len(self.links), u, v, kind, gbit_s * 1e9 / 8, latency_us * 1e-6, km)
+        if collective is not None:
+            bw, lat = collective.bandwidth_gbit_s * 1e9 / 8, collective.latency_us * 1e-6
+            link = replace(link, collective_Bps=bw, collective_latency_s=lat)
         self.links.append(link)
         return link.id
 

@@ -153,6 +153,16 @@ class LinkSpec(_Spec):
     latency_us: NonNegativeFloat = 1.0
 
 
+class CollectiveSpec(_Spec):
+    """The collectives between a node's devices as measured (``dmsc calibrate``): a ring
+    all-reduce's bandwidth (the bytes one member sends per second) and one call's latency."""
+
+    backend: Literal["gloo", "nccl"]
+    bandwidth_gbit_s: PositiveFloat
+    latency_us: NonNegativeFloat
+    source: str = Field(min_length=1, description="Where, when and how it was measured.")
+
+
 class NodeTypeSpec(_Spec):
     """A server: ``devices`` accelerators of one type joined by an intra-node fabric."""
 
@@ -160,6 +170,11 @@ class NodeTypeSpec(_Spec):
     devices: int = Field(gt=0, le=1024)
     link: LinkSpec = Field(
         description="Each device's link into the node fabric (NVLink/NVSwitch, PCIe, memory bus)."
+    )
+    collective: CollectiveSpec | None = Field(
+        default=None,
+        description="Measured collectives inside the node; the cost model prices collectives "
+        "with them in place of the link's figures (point-to-point sends keep the link's).",
     )
 
 

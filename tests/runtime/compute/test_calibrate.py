@@ -64,6 +64,8 @@ def test_calibrate_writes_its_figures_spread_and_source(
     monkeypatch.setattr(cal, "measure_op_overhead", lambda: 20e-6)
     monkeypatch.setattr(cal, "measure_memory_bandwidth", lambda: 10e9)
     monkeypatch.setattr(cal, "measure_loopback", lambda rounds=20: (1e9, 300e-6))
+    gloo = {"gloo_allreduce_bytes_s": 0.5e9, "gloo_allreduce_latency_s": 400e-6}
+    monkeypatch.setattr(cal, "measure_collectives", lambda: gloo)
     out = tmp_path / "c.yaml"
     got = cal.calibrate(LOCAL, out, rounds=(3, 6))
     assert got["block_s"] == 0.03 and got["block_s_rounds"] == 6
@@ -74,3 +76,24 @@ def test_calibrate_writes_its_figures_spread_and_source(
     source = spec.device_types["cpu"].measured.source  # type: ignore[union-attr]
     assert "median of rounds" in source and "TOO NOISY" in source
     assert f"block ±{got['block_s_spread'] * 50:.0f}%" in source
+
+
+def test_the_measured_collective_goes_into_each_node_over_the_efficiency() -> None:
+    """gloo's all-reduce as measured: the node's ``collective``, its bandwidth divided by the
+    efficiency the cost model multiplies it by again; NCCL's instead where it was measured."""
+    template = load_spec(ClusterSpec, LOCAL)
+    gloo = {"gloo_allreduce_bytes_s": 0.5e9, "gloo_allreduce_latency_s": 400e-6}
+    spec = ClusterSpec.model_validate(cal.calibrated_cluster(template, {**FIGURES, **gloo}))
+    eff = DEFAULT_CALIBRATION.intra_node_link_efficiency
+    for node in spec.node_types.values():
+        c = node.collective
+        assert c is not None and c.backend == "gloo" and c.latency_us == pytest.approx(400)
+        assert c.bandwidth_gbit_s * eff == pytest.approx(4.0)  # 0.5 GB/s
+    assert "gloo all-reduce, measured): " in cal.collective_words(
+        cal.calibrated_cluster(template, {**FIGURES, **gloo})["node_types"]["host"]
+    )
+    nccl = {"nccl_allreduce_bytes_s": 100e9, "nccl_allreduce_latency_s": 20e-6}
+    spec = ClusterSpec.model_validate(cal.calibrated_cluster(template, {**FIGURES, **gloo, **nccl}))
+    assert {n.collective.backend for n in spec.node_types.values() if n.collective} == {"nccl"}
+    bare = ClusterSpec.model_validate(cal.calibrated_cluster(template, FIGURES))
+    assert all(n.collective is None for n in bare.node_types.values())

@@ -18,6 +18,7 @@ import torch.distributed as dist
 import torch.multiprocessing as mp
 from tp_helpers import LR, SEED, batches, small_spec
 
+from dmsc.runtime.compute.comm_meter import METER
 from dmsc.runtime.compute.expert_parallel import (
     ExpertParallelMoE,
     expert_of,
@@ -86,11 +87,13 @@ def _rank(rank: int, port: int, out: str) -> None:
         mixture = next(m for m in whole.modules() if isinstance(m, MixtureOfExperts))
         reference, split = copy.deepcopy(mixture), ExpertParallelMoE(copy.deepcopy(mixture))
         forward = []
+        METER.take()
         with torch.no_grad():
             for call, n in enumerate(SIZES[rank]):
                 gen = torch.Generator().manual_seed(100 * rank + call)
                 x = torch.randn(1, n, spec.hidden, generator=gen)
                 forward.append((split(x), reference(x)))
+        metered = METER.take()  # the step's meter: the forwards' all-to-alls
 
         module = parallelize_experts(whole)
         assert isinstance(module, StageModule)
@@ -119,6 +122,7 @@ def _rank(rank: int, port: int, out: str) -> None:
             held_out = float(loss_fn(module(held[:, :-1]), held[:, 1:]))
         greedy = _greedy(spec, module, rank)
         record = {"forward": forward, "initial": initial, "exchanges": exchanges}
+        record |= {"metered": metered}
         record |= {"losses": losses, "grads": grads, "local": local, "full": full}
         record |= {"held_out": held_out, "greedy": greedy}
         torch.save(record, f"{out}/rank{rank}.pt")
@@ -158,6 +162,16 @@ def test_a_split_mixture_computes_what_the_whole_one_does(ep2: list[dict[str, An
 
 
 @pytest.mark.integration
+def test_the_meter_counts_each_forward_s_three_all_to_alls(ep2: list[dict[str, Any]]) -> None:
+    """The counts, the tokens out and the tokens back: on the step's meter as ``ep``, with the
+    bytes that left the rank (the counts' int64s at least)."""
+    experts = _spec().experts
+    for rank, record in enumerate(ep2):
+        ep = record["metered"]["ep"]
+        assert set(record["metered"]) == {"ep"} and ep["calls"] == 3 * len(SIZES[rank])
+        assert ep["bytes"] >= len(SIZES[rank]) * experts * 8 and ep["s"] > 0
+
+
 def test_ep2_trains_to_the_losses_and_gradients_of_one_process(
     ep2: list[dict[str, Any]],
 ) -> None:

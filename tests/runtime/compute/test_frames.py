@@ -11,10 +11,12 @@ from dmsc.runtime.transport.wire import Kind
 
 FIRST = FrameSpec(stage=0, first=True, last=False, seq=8, vocab=16, hidden=4, n_params=10)
 LAST = FrameSpec(stage=1, first=False, last=True, seq=8, vocab=16, hidden=4, n_params=6)
-TIED = FrameSpec(stage=1, first=False, last=True, seq=8, vocab=16, hidden=4, n_params=6, tied=True)
+TIED = FrameSpec(
+    stage=1, first=False, last=True, seq=8, vocab=16, hidden=4, n_params=6, tied_rows=16
+)
 # tp = 2, the vocabulary split: the stage holds (and swaps the gradient of) 8 of the 16 rows
 TIED_SHARE = FrameSpec(
-    stage=1, first=False, last=True, seq=8, vocab=16, hidden=4, n_params=6, tied=True, tied_rows=8
+    stage=1, first=False, last=True, seq=8, vocab=16, hidden=4, n_params=6, tied_rows=8
 )
 
 

@@ -10,7 +10,10 @@ load comes and goes: one round can be twice as slow as the next):
   at a fraction of its matrix-product rate);
 - matrix-multiply FLOP/s at the model's sizes (reported beside the block's rate), memory copy
   bandwidth, the per-kernel overhead, and the data plane's own loopback throughput and round
-  trip.
+  trip (the pipeline's sends: the node's link);
+- the all-reduce of a two-process gloo group, as the tensor- and data-parallel exchanges run it,
+  and of NCCL where CUDA has two devices (:mod:`.collective_calibration`): the node's
+  ``collective``, which the cost model prices collectives with.
 
 The cost model multiplies peaks by its calibrated efficiencies, so the spec gets
 ``measured / efficiency``. Rounds go on until the median holds (the interquartile spread of the
@@ -22,6 +25,7 @@ the machine was too busy to calibrate.
 from __future__ import annotations
 
 import datetime as dt
+import logging
 import os
 import statistics
 import time
@@ -34,9 +38,11 @@ import torch
 import yaml
 
 from dmsc.netmodel import DEFAULT_CALIBRATION
+from dmsc.runtime.compute.collective_calibration import measure_allreduce
 from dmsc.runtime.transport.rpc import Client, bytes_handler, serve
 from dmsc.spec import ClusterSpec, SpecError, load_spec
 
+log = logging.getLogger(__name__)
 MIN_ROUNDS, MAX_ROUNDS = 10, 30  # at least 3 s of block rounds, up to about 10 s
 STABLE_SPREAD = 0.05  # interquartile range / median of the rounds at which measuring stops
 NOISY_SPREAD = 0.15  # above this the figure is not trusted (said so, and in the spec)
@@ -255,6 +261,10 @@ def calibrated_cluster(template: ClusterSpec, measured: dict[str, float]) -> dic
             "bandwidth_gbit_s": link_gbit / c.intra_node_link_efficiency,
             "latency_us": latency_us / 4,
         }
+    collective = _collective(measured, c.intra_node_link_efficiency)
+    for node in data["node_types"].values():
+        if collective is not None:
+            node["collective"] = collective
     for dc in data["datacenters"]:
         dc["network"] = {
             "gbit_s_per_node": link_gbit / c.network_link_efficiency,
@@ -266,6 +276,50 @@ def calibrated_cluster(template: ClusterSpec, measured: dict[str, float]) -> dic
         link["km"] = 0.001  # loopback: no fibre
     data["name"] = f"{template.name}-calibrated"
     return data
+
+
+def _collective(measured: dict[str, float], efficiency: float) -> dict[str, Any] | None:
+    """The node's measured collective for the spec: NCCL's where it was measured, else gloo's
+    (None when neither was); its bandwidth over the efficiency the cost model will apply."""
+    for backend in ("nccl", "gloo"):
+        if f"{backend}_allreduce_bytes_s" in measured:
+            when = dt.datetime.fromtimestamp(measured.get("source", time.time()), dt.UTC)
+            return {
+                "backend": backend,
+                "bandwidth_gbit_s": measured[f"{backend}_allreduce_bytes_s"] * 8 / 1e9 / efficiency,
+                "latency_us": measured[f"{backend}_allreduce_latency_s"] * 1e6,
+                "source": f"dmsc calibrate: a 2-process {backend} all-reduce on this machine, "
+                f"{when:%Y-%m-%d %H:%M} UTC (median of rounds of the smallest and largest size)",
+            }
+    return None
+
+
+def collective_words(node: dict[str, Any]) -> str:
+    """What ``dmsc calibrate`` says of a written node's collective ("" when it has none)."""
+    c = node.get("collective")
+    if not c:
+        return ""
+    return (
+        f"; collectives ({c['backend']} all-reduce, measured): {c['bandwidth_gbit_s']:.2f} "
+        f"Gbit/s, {c['latency_us']:.0f} us"
+    )
+
+
+def measure_collectives() -> dict[str, float]:
+    """The all-reduce of gloo, and of NCCL where CUDA has two devices, as figures
+    (``BACKEND_allreduce_bytes_s`` and ``_latency_s``); a backend that could not be measured is
+    left out, its reason logged."""
+    out: dict[str, float] = {}
+    backends = ["gloo"] + (["nccl"] if torch.cuda.device_count() >= 2 else [])
+    for backend in backends:
+        try:
+            got = measure_allreduce(backend)
+        except (RuntimeError, ValueError) as exc:
+            log.warning("%s all-reduce not measured: %s", backend, exc)
+            continue
+        out[f"{backend}_allreduce_bytes_s"] = got["bytes_s"]
+        out[f"{backend}_allreduce_latency_s"] = got["latency_s"]
+    return out
 
 
 SPREAD_KEYS = ("block_s", "matmul_flops", "op_overhead_s")
@@ -343,6 +397,7 @@ def calibrate(
             else (os.cpu_count() or 1)
         ),
         "source": time.time(),
+        **measure_collectives(),
     }
     for key, fig in figures.items():
         measured |= {key: fig.value, f"{key}_spread": fig.spread, f"{key}_rounds": len(fig.rounds)}

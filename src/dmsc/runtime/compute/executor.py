@@ -25,6 +25,7 @@ from dataclasses import dataclass, field
 import torch
 
 from dmsc.netmodel.schedule import chunk_table, stage_order
+from dmsc.runtime.compute.comm_meter import METER
 from dmsc.runtime.compute.models.attention import StageCache
 from dmsc.runtime.compute.models.chain import StageModule
 from dmsc.runtime.compute.peers import Peers
@@ -83,6 +84,7 @@ def run_ops(
     (:meth:`Peers.flush`); inference with an inference session's ``cache`` runs positions
     ``start ..`` only. The forwards run under ``autocast`` (a lower precision) when one is
     given."""
+    METER.take()  # a new step: what an abandoned one left on the meter is not its
     m, out = microbatches, StepOutcome()
     device = next(module.parameters()).device
     gpu = device.type == "cuda"
@@ -96,7 +98,8 @@ def run_ops(
             if module.chunk_first(c):
                 x = peers.recv(Kind.TOKENS, step, i)
             else:
-                x = peers.recv(Kind.ACTIVATION, step, tag)
+                with METER.timed("pp"):  # waiting for the stage before: the pipeline's
+                    x = peers.recv(Kind.ACTIVATION, step, tag)
                 x.requires_grad_(train)
             c0, w0 = time.perf_counter(), time.time()
             with (
@@ -124,7 +127,8 @@ def run_ops(
         else:
             grad = None
             if not module.chunk_last(c):  # wait for the gradient first: waiting is not compute
-                grad = peers.recv(Kind.GRADIENT, step, tag)
+                with METER.timed("pp"):
+                    grad = peers.recv(Kind.GRADIENT, step, tag)
             c0, w0 = time.perf_counter(), time.time()
             outputs[(i, c)].backward(grad)
             if gpu:
@@ -136,7 +140,10 @@ def run_ops(
                 to, tc = hop(stage, p, c, -1)
                 peers.send(to, Kind.GRADIENT, step, tc * m + i, grad_in)
             del inputs[(i, c)], outputs[(i, c)]
+    f0 = time.perf_counter()
     peers.flush()
+    if stages > 1:  # this stage's sends still on their way
+        METER.add("pp", time.perf_counter() - f0)
     return out
 
 

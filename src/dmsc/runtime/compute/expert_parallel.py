@@ -43,6 +43,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from dmsc.netmodel.parallel import Group, Layout
+from dmsc.runtime.compute.comm_meter import METER
 from dmsc.runtime.compute.models.llama import MixtureOfExperts
 
 _EXPERT = re.compile(r"(^|\.)experts\.(\d+)\.")
@@ -106,7 +107,8 @@ class ExpertParallelMoE(nn.Module):
         counts = torch.bincount(expert, minlength=sent)
         received = torch.empty_like(counts)
         # what each rank sends this one, for each of its experts: [source rank, local expert]
-        dist.all_to_all_single(received, counts, group=self.group)
+        with METER.timed("ep", counts.numel() * counts.element_size()):
+            dist.all_to_all_single(received, counts, group=self.group)
         send_splits = counts.view(self.ep, self.local).sum(dim=1).tolist()
         recv_splits = received.view(self.ep, self.local).sum(dim=1).tolist()
         tokens = self._exchange(flat[rows], recv_splits, send_splits)
@@ -127,8 +129,11 @@ class ExpertParallelMoE(nn.Module):
         """Rows of ``x`` sent to the ranks in ``in_splits`` runs; what arrives, by source rank."""
         group = dist.group.WORLD if self.group is None else self.group
         assert group is not None
-        out = funcol.all_to_all_single(x.contiguous(), out_splits, in_splits, group)
-        return funcol.wait_tensor(out)
+        me = dist.get_rank(group)  # what stays on this rank crosses no link
+        away = (sum(in_splits) - in_splits[me]) * x[:1].numel() * x.element_size()
+        with METER.timed("ep", away):
+            out = funcol.all_to_all_single(x.contiguous(), out_splits, in_splits, group)
+            return funcol.wait_tensor(out)
 
 
 def parallelize_experts(

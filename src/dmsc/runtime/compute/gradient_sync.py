@@ -39,6 +39,7 @@ from typing import Protocol
 
 import torch
 
+from dmsc.runtime.compute.comm_meter import METER
 from dmsc.runtime.compute.config import WorkerConfig
 from dmsc.runtime.compute.dp_collective import DataParallel, StepRestart
 from dmsc.runtime.compute.expert_parallel import kind_of
@@ -144,7 +145,12 @@ class GradientSync:
     def sync(self, step: int, policy: LatePolicy, wait_s: float) -> list[int]:
         """Average the gradients of this stage's replicas: the collective's buckets armed by
         :meth:`prepare`, else through replica 0 (the leader). Returns the replicas whose
-        gradient was left out (policy ``skip``)."""
+        gradient was left out (policy ``skip``). The step's exposed data-parallel time, what
+        it waits here after the backward, goes on the step's meter (:mod:`.comm_meter`)."""
+        with METER.timed("dp"):
+            return self._sync(step, policy, wait_s)
+
+    def _sync(self, step: int, policy: LatePolicy, wait_s: float) -> list[int]:
         if self.collective is not None and self.collective.armed:
             left_out = self.collective.finish()  # at ep > 1 the shared gradients only
             if self.experts is not None:

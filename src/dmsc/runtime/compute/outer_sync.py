@@ -38,6 +38,7 @@ from collections.abc import Sequence
 import torch
 
 from dmsc.runtime.compute.aggregators import aggregate, parse_aggregator
+from dmsc.runtime.compute.comm_meter import METER
 from dmsc.runtime.compute.compression import (
     Codec,
     CodecError,
@@ -255,8 +256,9 @@ class ReplicaSync:
     # -- every-step: the gradient -----------------------------------------------------------------
     def sync_gradients(self, step: int, policy: LatePolicy, wait_s: float) -> list[int]:
         """Replace every parameter's gradient with the agreed one (every-step mode)."""
-        agreed, late = self.agree(step, flatten_grads(self.params).cpu(), policy, wait_s)
-        assign_grads(self.params, agreed)
+        with METER.timed("dp"):  # the step's exposed data-parallel time (.comm_meter)
+            agreed, late = self.agree(step, flatten_grads(self.params).cpu(), policy, wait_s)
+            assign_grads(self.params, agreed)
         return late
 
     # -- rounds: the outer step ---------------------------------------------------------------

@@ -31,6 +31,8 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
+from dmsc.runtime.compute.comm_meter import METER, ring_allreduce_bytes
+
 __all__ = [
     "active",
     "gather_sequence",
@@ -51,7 +53,8 @@ def _gather(x: torch.Tensor, group: dist.ProcessGroup | None) -> torch.Tensor:
     tp = dist.get_world_size(group)
     part = x.movedim(1, 0).contiguous()
     out = part.new_empty((part.shape[0] * tp, *part.shape[1:]))
-    dist.all_gather_into_tensor(out, part, group=group)
+    with METER.timed("tp", (tp - 1) * part.numel() * part.element_size()):  # a ring's share
+        dist.all_gather_into_tensor(out, part, group=group)
     return out.movedim(0, 1)
 
 
@@ -60,7 +63,8 @@ def _reduce_scatter(x: torch.Tensor, group: dist.ProcessGroup | None) -> torch.T
     tp = dist.get_world_size(group)
     whole = x.movedim(1, 0).contiguous()
     out = whole.new_empty((whole.shape[0] // tp, *whole.shape[1:]))
-    dist.reduce_scatter_tensor(out, whole, group=group)
+    with METER.timed("tp", (tp - 1) * out.numel() * out.element_size()):
+        dist.reduce_scatter_tensor(out, whole, group=group)
     return out.movedim(0, 1)
 
 
@@ -126,7 +130,9 @@ def gather_to_whole(x: torch.Tensor, group: dist.ProcessGroup | None) -> torch.T
 def _sum_over(group: dist.ProcessGroup | None) -> Any:
     def hook(grad: torch.Tensor) -> torch.Tensor:
         out = grad.clone(memory_format=torch.contiguous_format)
-        dist.all_reduce(out, group=group)
+        n = dist.get_world_size(group)
+        with METER.timed("tp", ring_allreduce_bytes(out.numel(), out.element_size(), n)):
+            dist.all_reduce(out, group=group)
         return out
 
     return hook

@@ -38,6 +38,7 @@ from dmsc.runtime.compute.checkpoints import (
     read_states,
     verify_checkpoint,
 )
+from dmsc.runtime.compute.comm_meter import METER, step_comm
 from dmsc.runtime.compute.config import WorkerConfig
 from dmsc.runtime.compute.devices import autocast_dtype, stage_device
 from dmsc.runtime.compute.ep_worker import EP_INFERENCE, ExpertRanks
@@ -120,7 +121,6 @@ class StageWorker:
             vocab=self.spec.vocab,
             hidden=self.spec.hidden,
             n_params=self.n_params,
-            tied=self.tied is not None,
             tied_rows=0 if self.tied is None else self.tied.shape[0],
             chunks=self.module.chunks,
         )
@@ -180,9 +180,8 @@ class StageWorker:
         return b""
 
     def run_step(self, m: msg.RunStep) -> dict[str, Any]:
-        """One step. With a ``budget_s`` the step gives up once its caller stopped waiting: it
-        waits for the worker and for frames no longer, so a request past its deadline frees
-        the worker instead of holding it for the next one."""
+        """One step. With a ``budget_s`` it waits for the worker and for frames only until its
+        caller stopped waiting: a request past its deadline frees the worker for the next."""
         self._check_epoch(m.epoch)
         if self.experts is not None and not (m.train or m.eval):
             raise BadRequest(f"inference at ep={self.cfg.ep} is not run: {EP_INFERENCE}")
@@ -272,6 +271,7 @@ class StageWorker:
         if m.train:  # what the operator's view draws: the step's Gantt and its traffic
             out["spans"] = done.spans
             out["sent"] = {f"{s}/{r}": n for (s, r), n in self.peers.sent.items()}
+            out["comm"] = step_comm(METER.take(), cfg.stage, cfg.replica, out["sent"])
         if self.module.is_last:
             out["loss"] = sum(done.losses.values()) / m.microbatches if done.losses else None
             if not m.train and not m.eval:

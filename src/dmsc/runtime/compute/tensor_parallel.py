@@ -46,6 +46,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from dmsc.runtime.compute import sequence_parallel, vocab_parallel
+from dmsc.runtime.compute.comm_meter import METER, ring_allreduce_bytes
 from dmsc.runtime.compute.models import gpt, llama
 from dmsc.runtime.compute.models.chain import StageModule
 from dmsc.runtime.compute.models.support import check_tp_divisible
@@ -138,6 +139,13 @@ def gather_state_dict(
     return out
 
 
+def _all_reduce(x: torch.Tensor, group: dist.ProcessGroup | None) -> None:
+    """Sum ``x`` over the group in place, its time and ring bytes on the step's meter."""
+    n = dist.get_world_size(group)
+    with METER.timed("tp", ring_allreduce_bytes(x.numel(), x.element_size(), n)):
+        dist.all_reduce(x, group=group)
+
+
 class _Enter(torch.autograd.Function):
     """Megatron's ``f``: the identity forward; the backward sums the ranks' partial gradients
     of the sub-layer's input (each rank's column shard contributes its part)."""
@@ -150,7 +158,7 @@ class _Enter(torch.autograd.Function):
     @staticmethod
     def backward(ctx: Any, grad: torch.Tensor) -> tuple[torch.Tensor, None]:
         grad = grad.clone(memory_format=torch.contiguous_format)
-        dist.all_reduce(grad, group=ctx.group)
+        _all_reduce(grad, ctx.group)
         return grad, None
 
 
@@ -161,7 +169,7 @@ class _Reduce(torch.autograd.Function):
     @staticmethod
     def forward(ctx: Any, x: torch.Tensor, group: dist.ProcessGroup | None) -> torch.Tensor:
         out = x.clone(memory_format=torch.contiguous_format)
-        dist.all_reduce(out, group=group)
+        _all_reduce(out, group)
         return out
 
     @staticmethod

@@ -47,6 +47,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from dmsc.netmodel.layers import padded_vocab
+from dmsc.runtime.compute.comm_meter import METER, ring_allreduce_bytes
 from dmsc.runtime.compute.models.chain import StageModule, loss_fn
 
 __all__ = [
@@ -69,6 +70,16 @@ def shard_rows(tensor: torch.Tensor, rank: int, tp: int) -> torch.Tensor:
     return tensor.chunk(tp, dim=0)[rank].contiguous()
 
 
+def _all_reduce(
+    x: torch.Tensor, group: dist.ProcessGroup | None, op: Any = dist.ReduceOp.SUM
+) -> None:
+    """Reduce ``x`` over the group in place, its time and ring bytes on the step's meter (as
+    the blocks' all-reduces: :mod:`.comm_meter`)."""
+    n = dist.get_world_size(group)
+    with METER.timed("tp", ring_allreduce_bytes(x.numel(), x.element_size(), n)):
+        dist.all_reduce(x, op=op, group=group)
+
+
 def unshard_rows(parts: list[torch.Tensor], vocab: int) -> torch.Tensor:
     """The whole ``[vocab, ...]`` tensor of the ranks' ``parts`` (rank order), padding dropped."""
     return torch.cat(parts, dim=0)[:vocab]
@@ -85,7 +96,7 @@ class _Copy(torch.autograd.Function):
     @staticmethod
     def backward(ctx: Any, grad: torch.Tensor) -> tuple[torch.Tensor, None]:
         grad = grad.clone(memory_format=torch.contiguous_format)
-        dist.all_reduce(grad, group=ctx.group)
+        _all_reduce(grad, ctx.group)
         return grad, None
 
 
@@ -95,7 +106,7 @@ class _Sum(torch.autograd.Function):
     @staticmethod
     def forward(ctx: Any, x: torch.Tensor, group: dist.ProcessGroup | None) -> torch.Tensor:
         out = x.clone(memory_format=torch.contiguous_format)
-        dist.all_reduce(out, group=group)
+        _all_reduce(out, group)
         return out
 
     @staticmethod
@@ -153,7 +164,8 @@ class VocabParallelHead(nn.Module):
         if torch.is_grad_enabled():
             return logits
         parts = [torch.empty_like(logits) for _ in range(rows.tp)]
-        dist.all_gather(parts, logits.contiguous(), group=rows.group)
+        with METER.timed("tp", (rows.tp - 1) * logits.numel() * logits.element_size()):
+            dist.all_gather(parts, logits.contiguous(), group=rows.group)
         return torch.cat(parts, dim=-1)[..., : rows.vocab]
 
 
@@ -170,16 +182,16 @@ class _CrossEntropy(torch.autograd.Function):
         group: dist.ProcessGroup | None,
     ) -> torch.Tensor:
         top_N = logits_NV.max(dim=-1).values
-        dist.all_reduce(top_N, op=dist.ReduceOp.MAX, group=group)
+        _all_reduce(top_N, group, dist.ReduceOp.MAX)
         shifted = logits_NV - top_N.unsqueeze(-1)
         local = targets_N - lo
         outside = (local < 0) | (local >= logits_NV.shape[-1])
         local = local.masked_fill(outside, 0)
         target_N = shifted.gather(-1, local.unsqueeze(-1)).squeeze(-1).masked_fill(outside, 0.0)
-        dist.all_reduce(target_N, group=group)
+        _all_reduce(target_N, group)
         exp = shifted.exp()
         total_N = exp.sum(dim=-1)
-        dist.all_reduce(total_N, group=group)
+        _all_reduce(total_N, group)
         ctx.save_for_backward(exp.div_(total_N.unsqueeze(-1)), local, outside)
         return (total_N.log() - target_N).mean()
 

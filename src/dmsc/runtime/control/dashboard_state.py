@@ -11,7 +11,8 @@ they draw, every field from a real source:
 - ``tasks`` (the newest), the queue depths by lane and the exception queue, the model versions
   with their canary share, and the run's faults;
 - ``training``: the newest training task's step times beside the plan's prediction, loss and
-  throughput per step (the ``metrics`` table);
+  throughput per step (the ``metrics`` table), and each parallel mode's communication per step,
+  the plan's prediction against the last steps' traces (``modes``, as ``dmsc status`` shows it);
 - ``links``: the bytes per step each worker sent to each peer, averaged over the last steps of
   that task, and the rate that makes over the measured step time (the ``step_traces`` table);
 - ``gantt``: the forward and backward ops of the last steps, every stage and replica, on the
@@ -225,7 +226,7 @@ def tenant_rows(
         "tasks": [_task(t) for t in tasks[-TASKS_SHOWN:]][::-1],
         "versions": versions,
         "faults": json.loads(json.dumps(faults[-FAULTS_SHOWN:][::-1], default=str)),
-        "training": training(db, task_id, predicted),
+        "training": {**training(db, task_id, predicted), "modes": status.modes(db, plan, task_id)},
         "links": links,
         "gantt": gantt,
     }

@@ -223,7 +223,7 @@ class ControlPlane:
     # -- dmsc.Control -------------------------------------------------------------------------
     def status(self, req: StatusRequest) -> dict[str, Any]:
         dep, down = self.deployment, self.inference.down
-        out = status.report(dep, self.db, self.run.id, self.plan.model, self.steps_done, down)
+        out = status.report(dep, self.db, self.run.id, self.plan, self.steps_done, down)
         out["queue"] = self.queue_policy
         if self.weights_lost:
             out["weights_lost"] = self.weights_lost
@@ -332,7 +332,7 @@ class ControlPlane:
             self._restore_after_loss()
             raise
         self.steps_done = report.end_step
-        self.db.set_task_result(task_id, report.as_json())  # the sync mode, privacy spent
+        self.db.set_task_result(task_id, status.result_of(report, self.db, self.plan, task_id))
         for r in report.recoveries:
             self.log.warning("recovered from a failure: %s", r.reason, extra={"task_id": task_id})
         return report, self._save_version(task_id)

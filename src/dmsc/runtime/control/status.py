@@ -1,5 +1,8 @@
 """What ``dmsc status`` shows: the services, their health and use, nodes, tasks, faults, spares.
 
+The section per parallel mode compares the plan's predicted communication with the one measured
+in the last steps of the run's newest traced training task (:mod:`dmsc.data.comm_modes`).
+
 Health is asked of every worker at once (:func:`dmsc.runtime.control.launch.failures.health`), so
 a dead worker costs one timeout, not one per worker. Each answer carries the worker's telemetry
 (:mod:`dmsc.runtime.compute.telemetry`): its process's CPU % over the last second, resident memory
@@ -12,14 +15,18 @@ fault, so a fault shown as recovered is never shown beside the worker it replace
 from __future__ import annotations
 
 from collections.abc import Collection
-from typing import Any
+from typing import Any, Protocol
 
+from dmsc.data.comm_modes import compare_modes
 from dmsc.data.db import Database
+from dmsc.data.traces import step_traces, traced_tasks
+from dmsc.planner.plan import Plan
 from dmsc.runtime.control.launch import failures
 from dmsc.runtime.control.launch.deployment import Deployment
 from dmsc.runtime.control.launch.failures import key_of
 
 HEALTH_TIMEOUT_S = 3.0
+MODE_STEPS = 20  # the last steps of a task whose communication is compared per mode
 
 
 def services(dep: Deployment) -> list[dict[str, Any]]:
@@ -149,7 +156,7 @@ def report(
     dep: Deployment,
     db: Database,
     run_id: int,
-    model: str,
+    plan: Plan,
     steps: int,
     replicas_down: Collection[int],
 ) -> dict[str, Any]:
@@ -157,9 +164,13 @@ def report(
     faults_now = faults(db, run_id)  # before the services (see the module docstring)
     down = sorted(replicas_down)
     serving, nodes = survey(dep)
+    traced = traced_tasks(db, run_id)
+    task = traced[-1] if traced else None
     return {
         "run": run_id,
-        "model": model,
+        "model": plan.model,
+        "modes_task": task,
+        "modes": modes(db, plan, task),
         "steps": steps,
         "epoch": dep.epoch,
         "services": serving,
@@ -172,3 +183,22 @@ def report(
             for h in dep.spares.handles
         ],
     }
+
+
+def modes(db: Database, plan: Plan, task_id: int | None) -> list[dict[str, Any]]:
+    """Each parallel mode's communication per step over the task's last steps, the plan's
+    prediction against the traces' measurement (:func:`dmsc.data.comm_modes.compare_modes`)."""
+    if task_id is None:
+        return []
+    traces = step_traces(db, task_id, last=MODE_STEPS)
+    return [r.as_json() for r in compare_modes(plan.prediction.breakdown_s, traces)]
+
+
+class _Report(Protocol):
+    def as_json(self) -> dict[str, Any]: ...
+
+
+def result_of(report: _Report, db: Database, plan: Plan, task_id: int) -> dict[str, Any]:
+    """A training task's result (its report's: the sync mode, the privacy spent), with its
+    predicted and measured communication per mode."""
+    return {**report.as_json(), "modes": modes(db, plan, task_id)}

@@ -132,6 +132,17 @@ class SpareState(Reply):
     pid: int
 
 
+class ModeState(Reply):
+    """One parallel mode's communication per step: the plan's prediction against the traces."""
+
+    mode: Literal["tp", "dp", "ep", "pp"]
+    predicted_s: float | None
+    measured_s: float | None
+    measured_bytes: float | None
+    ratio: float | None
+    steps: int
+
+
 class LoopState(Reply):
     """The control loop as ``dmsc status`` shows it (none with ``--control-interval 0``)."""
 
@@ -158,6 +169,8 @@ class StatusReply(Reply):
     nodes: list[NodeState] = []  # the machines under the services, with their totals
     weights_lost: str | None = None  # set only when no checkpoint could restore the workers
     queue: Literal["fcfs", "priority", "fair"] | None = None  # the task queue's policy
+    modes_task: int | None = None  # the training task whose communication ``modes`` compares
+    modes: list[ModeState] = []
     control: LoopState | None = None
 
 

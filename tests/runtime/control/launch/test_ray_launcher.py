@@ -105,3 +105,25 @@ def test_datacenters_that_share_nodes_are_counted_together(
     launcher = _launcher(monkeypatch, nodes)
     with pytest.raises(ValueError, match=r"datacenters dc-0, dc-2 need 6 CPUs, their nodes have 4"):
         launcher.prepare(_cfgs(["dc-0"] * 3 + ["dc-2"] * 3))
+
+
+def test_a_tensor_parallel_group_is_one_bundle_on_one_node() -> None:
+    """tp = 2: each stage's bundle holds both ranks' units (a bundle lies on one node, so the
+    group does); they used to get one bundle each under one (stage, replica) key, the second
+    rank's overwriting the first's, so both were sent to the same 1-CPU bundle."""
+    from dataclasses import replace
+
+    from dmsc.runtime.control.launch.ray_checks import pipeline_bundles
+
+    ranks = [
+        replace(c, sid=f"{c.sid}-t{t}", tp=2, tp_rank=t)
+        for t in (1, 0)
+        for c in _cfgs(["dc-a", "dc-b"])
+    ]
+    bundles, index = pipeline_bundles(ranks)
+    assert bundles == [{"CPU": 2, "dc:dc-a": 2}, {"CPU": 2, "dc:dc-b": 2}]
+    assert index == {0: 0, 1: 1}
+    assert pipeline_bundles(_cfgs(["dc-a", "dc-a"])) == (
+        [{"CPU": 1, "dc:dc-a": 1}] * 2,
+        {0: 0, 1: 1},
+    )

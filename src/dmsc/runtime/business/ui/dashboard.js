@@ -222,6 +222,13 @@ function drawCharts(s) {
     ["kind", (l) => l.kind], ["per step", (l) => bytes(l.bytes_per_step), "num"],
     ["Mbit/s", (l) => fmt(l.mbit_s, 1), "num"],
   ], links, "no traffic measured yet: a training task reports it"));
+  const ms = (x) => (x === null || x === undefined ? "-" : fmt(x * 1e3, 1));
+  put("modes", table([
+    ["mode", (m) => m.mode], ["predicted ms", (m) => ms(m.predicted_s), "num"],
+    ["measured ms", (m) => ms(m.measured_s), "num"], ["ratio", (m) => fmt(m.ratio, 2), "num"],
+    ["bytes sent", (m) => bytes(m.measured_bytes), "num"],
+    ["steps", (m) => m.steps, "num"],
+  ], tr.modes || [], "no communication measured yet: a training task reports it"));
 }
 
 // the control loop's open alerts, on every page (the document has no "control" part when

@@ -305,6 +305,7 @@ class Deployment:
             "dp_bytes": sum(r.get("dp_bytes", 0) for r in commits.values()),
             "traces": {k: (r.get("spans", []), r.get("sent", {})) for k, r in replies.items()},
             "telemetry": {k: r["telemetry"] for k, r in replies.items() if "telemetry" in r},
+            "comm": {k: r["comm"] for k, r in replies.items() if "comm" in r},  # by mode
         }
 
     def eval_step(

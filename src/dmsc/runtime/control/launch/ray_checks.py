@@ -26,6 +26,24 @@ def bundle(cfg: WorkerConfig) -> dict[str, float]:
     return {device: 1, f"dc:{cfg.datacenter}": 1}
 
 
+def pipeline_bundles(
+    cfgs: list[WorkerConfig],
+) -> tuple[list[dict[str, float]], dict[int, int]]:
+    """One pipeline replica's placement-group bundles: one per stage, holding the units of its
+    ``tp`` ranks together (a bundle lies on one node, so a tensor-parallel group does too), and
+    each stage's bundle index."""
+    bundles: list[dict[str, float]] = []
+    index: dict[int, int] = {}
+    for cfg in sorted(cfgs, key=lambda c: (c.stage, c.tp_rank)):
+        if cfg.stage not in index:
+            index[cfg.stage] = len(bundles)
+            bundles.append({})
+        held = bundles[index[cfg.stage]]
+        for key, units in bundle(cfg).items():
+            held[key] = held.get(key, 0) + units
+    return bundles, index
+
+
 def shortfall(
     cfgs: list[WorkerConfig], total: dict[str, float], nodes: list[dict[str, float]]
 ) -> str | None:

@@ -12,11 +12,13 @@ Ray places, starts and stops processes; dmsc keeps the registry, heartbeats and 
 
 The stages of one pipeline replica are reserved together, before any starts, as one Ray
 placement group (strategy ``PACK``): one bundle per stage, holding its datacenter's unit and its
-CPU (or GPU). Ray reserves all of a pipeline's bundles or none (no half-started pipeline holds
-devices another needs), packs the stages the plan puts in one datacenter onto as few of its nodes
-as it can, and, when a node is lost, places that node's bundles again on other nodes with room. A
-replacement goes into its stage's bundle, after the failed instance's actor there is killed. Warm
-spares are placed outside the groups, spread over the plan's datacenters (see
+CPU (or GPU), for each of its tensor-parallel ranks (a bundle lies on one node: so does the
+stage's tp group, whose ranks meet through the control plane's store). Ray reserves all of a
+pipeline's bundles or none (no half-started pipeline holds devices another needs), packs the
+stages the plan puts in one datacenter onto as few of its nodes as it can, and, when a node is
+lost, places that node's bundles again on other nodes with room. A replacement goes into its
+stage's bundle, after the failed instance's actor there is killed. Warm spares are placed
+outside the groups, spread over the plan's datacenters (see
 :mod:`dmsc.runtime.control.launch.spares`). :meth:`RayLauncher.close` gives the groups back.
 
 A worker's exit is seen without polling: each host keeps one call open that returns when its
@@ -42,8 +44,7 @@ from typing import Any
 
 from dmsc.runtime.compute.config import WorkerConfig
 from dmsc.runtime.control.launch.launchers import WorkerHandle, WorkerStartError, with_secrets
-from dmsc.runtime.control.launch.ray_checks import bundle as _bundle
-from dmsc.runtime.control.launch.ray_checks import free_on, on_loopback, shortfall
+from dmsc.runtime.control.launch.ray_checks import free_on, on_loopback, pipeline_bundles, shortfall
 from dmsc.runtime.transport import logs
 
 log = logging.getLogger(__name__)
@@ -217,7 +218,8 @@ class RayLauncher:
             self.control_host = self.worker_host = "127.0.0.1"
         self.groups: dict[int, Any] = {}  # replica -> its pipeline's placement group
         self._bundles: dict[tuple[int, int], int] = {}  # (stage, replica) -> bundle index
-        self._occupant: dict[tuple[int, int], Any] = {}  # (stage, replica) -> actor in it
+        # (stage, replica, tp rank) -> its actor in the stage's bundle
+        self._occupant: dict[tuple[int, int, int], Any] = {}
 
     def prepare(self, cfgs: list[WorkerConfig]) -> None:
         """Refuse (ValueError, naming the resource) a deployment that puts more workers in a
@@ -251,14 +253,16 @@ class RayLauncher:
         by_replica: dict[int, list[WorkerConfig]] = {}
         for cfg in sorted(cfgs, key=lambda c: (c.replica, c.stage)):
             by_replica.setdefault(cfg.replica, []).append(cfg)
+        wanted: dict[int, list[dict[str, float]]] = {}
         for r, group in by_replica.items():
-            self.groups[r] = placement_group([_bundle(c) for c in group], strategy="PACK")
-            for i, cfg in enumerate(group):
-                self._bundles[(cfg.stage, r)] = i
+            wanted[r], index = pipeline_bundles(group)
+            self.groups[r] = placement_group(wanted[r], strategy="PACK")
+            for stage, i in index.items():
+                self._bundles[(stage, r)] = i
         end = time.monotonic() + self.place_timeout_s
         for r, pg in self.groups.items():
             if not pg.wait(timeout_seconds=max(0.1, end - time.monotonic())):
-                want = [_bundle(c) for c in by_replica[r]]
+                want = wanted[r]
                 keys = sorted({k for b in want for k in b})
                 free = free_on([k for k in keys if k.startswith("dc:")])
                 self.close()
@@ -288,7 +292,7 @@ class RayLauncher:
         gpu = cfg.device.startswith("cuda")
         actor = self._place(cfg, gpu)
         if not cfg.spare:
-            self._occupant[(cfg.stage, cfg.replica)] = actor
+            self._occupant[(cfg.stage, cfg.replica, cfg.tp_rank)] = actor
         # the config (its leaf's key with it) travels inline in the actor call, never ray.put
         cfg = with_secrets(cfg)
         ref = actor.start.remote(asdict(cfg), str(home), self.ready_timeout_s, self.worker_host)
@@ -328,7 +332,7 @@ class RayLauncher:
         if not cfg.spare and key in self._bundles:
             from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 
-            before = self._occupant.pop(key, None)
+            before = self._occupant.pop((*key, cfg.tp_rank), None)
             if before is not None:  # a failed instance (fenced) holds the bundle: free it
                 with contextlib.suppress(Exception):
                     ray.kill(before)

@@ -1,0 +1,47 @@
+"""``dmsc status``'s section per parallel mode: each mode's communication per step, predicted
+against measured (:func:`dmsc.runtime.control.status.modes`)."""
+
+from __future__ import annotations
+
+from rich.console import Console
+
+from dmsc.cli.render import fit_table, human_bytes
+from dmsc.runtime.transport.replies import StatusReply
+
+MODE_NAMES = {
+    "tp": "tensor parallel (all-reduces)",
+    "dp": "data parallel (exposed all-reduce)",
+    "ep": "expert parallel (all-to-all)",
+    "pp": "pipeline (sends, waits)",
+}
+
+
+def print_modes(console: Console, out: StatusReply) -> None:
+    """The table, when the run has a traced training task."""
+    if not out.modes:
+        return
+
+    def secs(x: float | None) -> str:
+        return "-" if x is None else f"{x * 1e3:.1f} ms"
+
+    t = fit_table(
+        "mode",
+        "predicted",
+        "measured",
+        "measured / predicted",
+        "bytes sent",
+        "steps",
+        title=f"communication per step by mode (task {out.modes_task})",
+        caption="predicted: the plan's cost model (pipeline: with its bubble, which a stage "
+        "waits through too); measured: the slowest worker's wait, median over the last steps",
+    )
+    for m in out.modes:
+        t.add_row(
+            MODE_NAMES[m.mode],
+            secs(m.predicted_s),
+            secs(m.measured_s),
+            "-" if m.ratio is None else f"{m.ratio:.2f}",
+            "-" if m.measured_bytes is None else human_bytes(m.measured_bytes),
+            str(m.steps),
+        )
+    console.print(t)

@@ -1,0 +1,128 @@
+"""Measure this machine's collectives: the all-reduce of a small process group, as the runtime's
+tensor- and data-parallel exchanges run it (gloo on the CPU; NCCL between GPUs where CUDA is).
+
+Two processes (spawned: a forked copy of a process that already ran torch's thread pools or a
+gRPC server may hang) join a group over a TCPStore on 127.0.0.1 and all-reduce float32 tensors of
+a few sizes, each size in rounds (the median of each); the smallest and the largest give
+``t = a + s / b`` (the alpha-beta model the cost model prices collectives with,
+:mod:`dmsc.netmodel.collectives`) where ``s`` is what one member of a ring all-reduce sends,
+``2 (n - 1) / n`` of the tensor: ``a`` is the call's latency, ``b`` its bandwidth. NCCL needs
+one GPU per rank: it is measured only where CUDA has two devices.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import os
+import socket
+import statistics
+import time
+from collections.abc import Sequence
+from typing import Any
+
+import torch
+import torch.distributed as dist
+import torch.multiprocessing as mp
+
+SIZES = (1024, 256 * 1024, 4 * 1024 * 1024)  # bytes of the all-reduced tensor
+ROUNDS = 30
+WORLD = 2
+JOIN_TIMEOUT_S = 60.0
+
+
+def fit_alpha_beta(points: Sequence[tuple[float, float]]) -> tuple[float, float]:
+    """``(latency_s, bytes_per_s)`` of the line ``t = a + s / b`` through the smallest and the
+    largest of the ``(bytes sent, seconds)`` points: the bandwidth from the difference of their
+    times, the latency what is left of the smallest's (a ping-pong's two-point estimate; on a
+    shared machine a least-squares line through every size was led astray by one slow size)."""
+    if len(points) < 2:
+        raise ValueError("fitting a latency and a bandwidth needs two sizes at least")
+    (x0, t0), (x1, t1) = min(points), max(points)
+    if x1 == x0:
+        raise ValueError("the sizes must differ")
+    if t1 <= t0:
+        raise ValueError(f"the time does not grow with the size ({t0:.3g} s, then {t1:.3g} s)")
+    rate = (x1 - x0) / (t1 - t0)
+    return max(0.0, t0 - x0 / rate), rate
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port: int = s.getsockname()[1]
+        return port
+
+
+def _member(
+    rank: int, port: int, backend: str, sizes: Sequence[int], rounds: int, out: Any
+) -> None:
+    """One rank: join, warm up, time each size's all-reduces (rank 0 reports)."""
+    torch.set_num_threads(1)
+    store = dist.TCPStore(  # type: ignore[attr-defined]
+        "127.0.0.1", port, WORLD, rank == 0, dt.timedelta(seconds=60)
+    )
+    dist.init_process_group(
+        backend, store=store, rank=rank, world_size=WORLD, timeout=dt.timedelta(seconds=60)
+    )
+    device = torch.device("cuda", rank) if backend == "nccl" else torch.device("cpu")
+    try:
+        times: dict[int, float] = {}
+        for size in sizes:
+            x = torch.ones(size // 4, device=device)
+            for _ in range(3):  # warm-up: connections, buffers
+                dist.all_reduce(x)
+            took = []
+            for _ in range(rounds):
+                dist.barrier()
+                if device.type == "cuda":
+                    torch.cuda.synchronize(device)
+                t0 = time.perf_counter()
+                dist.all_reduce(x)
+                if device.type == "cuda":
+                    torch.cuda.synchronize(device)
+                took.append(time.perf_counter() - t0)
+            times[size] = statistics.median(took)
+        if rank == 0:
+            out.put(times)
+    finally:
+        dist.destroy_process_group()
+
+
+def measure_allreduce(
+    backend: str = "gloo", sizes: Sequence[int] = SIZES, rounds: int = ROUNDS
+) -> dict[str, Any]:
+    """Time all-reduces of ``sizes`` bytes in a two-process ``backend`` group; returns the fit
+    (``latency_s``, ``bytes_s``: bandwidth as the bytes one member sends per second), the
+    median seconds per size, and the backend."""
+    if backend == "nccl" and torch.cuda.device_count() < WORLD:
+        raise ValueError(f"nccl: {WORLD} CUDA devices needed, {torch.cuda.device_count()} here")
+    ctx = mp.get_context("spawn")
+    out = ctx.SimpleQueue()
+    port = _free_port()
+    procs = [
+        ctx.Process(target=_member, args=(r, port, backend, tuple(sizes), rounds, out))
+        for r in range(WORLD)
+    ]
+    env = os.environ.get("OMP_NUM_THREADS")
+    os.environ["OMP_NUM_THREADS"] = "1"  # the children's torch: one thread, as a worker runs
+    try:
+        for p in procs:
+            p.start()
+    finally:
+        if env is None:
+            os.environ.pop("OMP_NUM_THREADS", None)
+        else:
+            os.environ["OMP_NUM_THREADS"] = env
+    deadline = time.monotonic() + JOIN_TIMEOUT_S
+    for p in procs:
+        p.join(max(0.0, deadline - time.monotonic()))
+    alive = [p for p in procs if p.is_alive()]
+    for p in alive:
+        p.kill()
+    if alive or any(p.exitcode for p in procs) or out.empty():
+        codes = [p.exitcode for p in procs]
+        raise RuntimeError(f"{backend} all-reduce calibration failed (exit codes {codes})")
+    times: dict[int, float] = out.get()
+    sent = 2 * (WORLD - 1) / WORLD
+    latency, rate = fit_alpha_beta([(s * sent, t) for s, t in times.items()])
+    return {"backend": backend, "latency_s": latency, "bytes_s": rate, "seconds": times}

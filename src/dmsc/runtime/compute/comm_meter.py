@@ -1,0 +1,108 @@
+"""The time and bytes of each parallel mode's communication in a worker's step.
+
+Each mode's exchange is timed where it happens, as the worker waits for it:
+
+- ``tp``: the tensor-parallel all-reduces (Megatron's ``g`` in the forward, ``f`` in the
+  backward, :mod:`.tensor_parallel`), or under sequence parallelism their all-gathers and
+  reduce-scatters (:mod:`.sequence_parallel`);
+- ``ep``: the expert-parallel all-to-alls of the forward (the counts, the tokens out and back,
+  :mod:`.expert_parallel`; the backward's run inside autograd's functional collectives and are
+  not timed);
+- ``dp``: the exposed part of the data-parallel all-reduce, from the end of the backward until
+  every gradient is averaged (what the buckets launched during the backward did not hide);
+- ``pp``: the waits for a neighbouring stage's activation or gradient and for this stage's own
+  sends at the end of the step (:mod:`.executor`).
+
+The collectives run deep inside the model's modules (an autograd function, an expert layer),
+where nothing of the worker's is at hand, and in the data-parallel communication thread; a
+worker process serves one stage and runs one step at a time, so one meter per process
+(:data:`METER`), locked for those threads, is the worker's step's. The server takes its figures
+with the step's reply (:meth:`CommMeter.take`) and empties it at the start of each step.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Iterator, Mapping
+from contextlib import contextmanager
+from typing import Any
+
+MODES = ("tp", "dp", "ep", "pp")
+
+
+class CommMeter:
+    """Seconds and bytes of each mode's communication since it was last taken."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._seconds: dict[str, float] = {}
+        self._bytes: dict[str, int] = {}
+        self._calls: dict[str, int] = {}
+
+    def add(self, mode: str, seconds: float, nbytes: int = 0) -> None:
+        """Count one exchange of ``mode``: ``seconds`` waited, ``nbytes`` this worker sent."""
+        if mode not in MODES:
+            raise ValueError(f"mode {mode!r} is not one of {', '.join(MODES)}")
+        with self._lock:
+            self._seconds[mode] = self._seconds.get(mode, 0.0) + seconds
+            self._bytes[mode] = self._bytes.get(mode, 0) + nbytes
+            self._calls[mode] = self._calls.get(mode, 0) + 1
+
+    @contextmanager
+    def timed(self, mode: str, nbytes: int = 0) -> Iterator[None]:
+        """Count the block as one exchange of ``mode`` (also when it raises)."""
+        t0 = time.perf_counter()
+        try:
+            yield
+        finally:
+            self.add(mode, time.perf_counter() - t0, nbytes)
+
+    def take(self) -> dict[str, dict[str, float]]:
+        """The figures so far by mode (``s``, ``bytes``, ``calls``), and a fresh start."""
+        with self._lock:
+            out = {
+                m: {"s": self._seconds[m], "bytes": self._bytes[m], "calls": self._calls[m]}
+                for m in MODES
+                if m in self._seconds
+            }
+            self._seconds, self._bytes, self._calls = {}, {}, {}
+        return out
+
+
+def ring_allreduce_bytes(numel: int, element_size: int, n: int) -> int:
+    """The bytes one member of a ring all-reduce of ``n`` members sends: ``2 (n - 1) / n`` of
+    the tensor (a reduce-scatter, then an all-gather; Patarasuk and Yuan, JPDC 2009)."""
+    return 0 if n < 2 else int(2 * (n - 1) * numel * element_size / n)
+
+
+def split_sent(stage: int, replica: int, sent: Mapping[str, int]) -> dict[str, dict[str, Any]]:
+    """The pipeline's and the data-parallel exchange's shares of a worker's bytes pushed to each
+    peer (``"STAGE/REPLICA"``, as a step's trace keeps them): to another stage is ``pp``, to
+    another replica of its own stage ``dp``."""
+    out: dict[str, dict[str, Any]] = {}
+    for key, n in sent.items():
+        s, _, r = key.partition("/")
+        if (int(s), int(r)) == (stage, replica):
+            continue
+        mode = "dp" if int(s) == stage else "pp"
+        entry = out.setdefault(mode, {"bytes": 0, "links": {}})
+        entry["bytes"] += int(n)
+        entry["links"][key] = entry["links"].get(key, 0) + int(n)
+    return out
+
+
+def step_comm(
+    taken: Mapping[str, Mapping[str, float]], stage: int, replica: int, sent: Mapping[str, int]
+) -> dict[str, dict[str, Any]]:
+    """A step's figures by mode as its trace keeps them: the meter's (``taken``) with the
+    pipeline's and the data-parallel bytes, by link, from what the worker pushed (``sent``,
+    :func:`split_sent`; the meter times those exchanges, the peers count their bytes)."""
+    out: dict[str, dict[str, Any]] = {m: dict(v) for m, v in taken.items()}
+    for mode, share in split_sent(stage, replica, sent).items():
+        entry = out.setdefault(mode, {"s": 0.0, "calls": 0})
+        entry["bytes"], entry["links"] = share["bytes"], share["links"]
+    return out
+
+
+METER = CommMeter()  # this worker process's (module docstring)

@@ -1,0 +1,75 @@
+"""Each mode's communication: kept in the step traces, and predicted against measured."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from dmsc.data.comm_modes import compare_modes, measured_by_step
+from dmsc.data.db import Database
+from dmsc.data.traces import StepTrace, record_step, step_traces
+
+
+def _trace(step: int, stage: int, replica: int, comm: dict) -> StepTrace:
+    return StepTrace(step, stage, replica, 0.0, [], {}, comm=comm)
+
+
+def test_the_comm_of_each_worker_round_trips_and_older_rows_read_empty(tmp_path: Path) -> None:
+    db = Database(f"sqlite:///{tmp_path / 'dmsc.sqlite'}")
+    task = db.new_task(db.new_run("gpt-mini", "local", {}).id, "train", {}).id
+    comm = {"dp": {"s": 0.5, "bytes": 10, "calls": 1, "links": {"0/1": 10}}}
+    reply = {
+        "traces": {(0, 0): ([], {"0/1": 10}), (0, 1): ([], {"0/0": 10})},
+        "compute_s": {"0/0": 1.0, "0/1": 1.0},
+        "comm": {(0, 0): comm},  # replica 1 as a worker from before the meter
+    }
+    record_step(db, task, 3, reply)
+    got = step_traces(db, task)
+    assert got[0].comm == comm and got[1].comm == {}
+
+
+def test_a_step_is_its_slowest_worker_and_its_bytes_add_up() -> None:
+    traces = [
+        _trace(0, 0, 0, {"tp": {"s": 0.1, "bytes": 100}}),
+        _trace(0, 0, 1, {"tp": {"s": 0.3, "bytes": 100}}),
+        _trace(1, 0, 0, {"tp": {"s": 0.2, "bytes": 50}}),
+    ]
+    assert measured_by_step(traces) == {"tp": {0: (0.3, 200), 1: (0.2, 50)}}
+
+
+def test_predicted_against_measured_per_mode() -> None:
+    # three steps: the median over steps of each step's slowest worker; bytes likewise
+    traces = []
+    for step, (tp, dp, pp) in enumerate([(0.4, 0.1, 0.2), (0.2, 0.3, 0.2), (0.3, 0.2, 9.0)]):
+        traces.append(_trace(step, 0, 0, {"tp": {"s": tp, "bytes": 8}, "pp": {"s": pp}}))
+        traces.append(_trace(step, 0, 1, {"tp": {"s": tp / 2, "bytes": 8}, "dp": {"s": dp}}))
+    breakdown = {
+        "compute": 5.0,
+        "tp_comm": 0.15,
+        "dp_comm": 0.4,
+        "ep_comm": 0.0,
+        "pp_comm": 0.05,
+        "bubble": 0.15,
+    }
+    rows = {r.mode: r for r in compare_modes(breakdown, traces)}
+    assert set(rows) == {"tp", "dp", "pp"}  # ep: neither priced nor measured
+    assert rows["tp"].measured_s == pytest.approx(0.3) and rows["tp"].measured_bytes == 16
+    assert rows["tp"].ratio == pytest.approx(2.0)
+    assert rows["dp"].measured_s == pytest.approx(0.2) and rows["dp"].ratio == pytest.approx(0.5)
+    assert rows["pp"].predicted_s == pytest.approx(0.2)  # pp_comm with the bubble
+    assert rows["pp"].measured_s == pytest.approx(0.2) and rows["pp"].steps == 3
+    assert rows["tp"].as_json()["ratio"] == pytest.approx(2.0)
+
+
+def test_a_mode_measured_without_a_prediction_and_one_predicted_unmeasured() -> None:
+    rows = compare_modes({"ep_comm": 0.5}, [_trace(0, 0, 0, {"dp": {"s": 0.1, "bytes": 4}})])
+    by = {r.mode: r for r in rows}
+    assert by["dp"].predicted_s is None and by["dp"].ratio is None
+    assert by["ep"].measured_s is None and by["ep"].predicted_s == 0.5 and by["ep"].steps == 0
+    assert compare_modes(None, []) == []
+
+
+def test_a_mode_neither_measured_nor_predicted_to_take_time_is_left_out() -> None:
+    # one stage: the cost model's bubble is a rounding (5.6e-8 s seen), nothing is measured
+    assert compare_modes({"pp_comm": 0.0, "bubble": 5.6e-8}, []) == []

@@ -1,0 +1,53 @@
+"""A node's measured collective (``dmsc calibrate``) prices its collectives; its sends keep the
+link's figures."""
+
+from __future__ import annotations
+
+import pytest
+
+from dmsc.netmodel import DEFAULT_CALIBRATION, CommModel, Topology
+from dmsc.spec import ClusterSpec
+
+C = DEFAULT_CALIBRATION
+
+
+def _cluster(collective: dict[str, object] | None) -> ClusterSpec:
+    node: dict[str, object] = {
+        "device": "cpu",
+        "devices": 2,
+        "link": {"bandwidth_gbit_s": 8, "latency_us": 100},
+    }
+    if collective is not None:
+        node["collective"] = collective
+    return ClusterSpec.model_validate(
+        {
+            "device_types": {
+                "cpu": {"peak_tflops": {"fp32": 0.1}, "memory_gib": 8, "memory_bw_gbyte_s": 10}
+            },
+            "node_types": {"box": node},
+            "datacenters": [
+                {
+                    "name": "a",
+                    "nodes": [{"type": "box", "count": 1}],
+                    "network": {"gbit_s_per_node": 8, "latency_us": 100},
+                }
+            ],
+        }
+    )
+
+
+def test_an_all_reduce_is_priced_at_the_measured_collective() -> None:
+    gloo = {"backend": "gloo", "bandwidth_gbit_s": 2, "latency_us": 500, "source": "a test"}
+    plain = CommModel(Topology(_cluster(None)), C)
+    measured = CommModel(Topology(_cluster(gloo)), C)
+    nbytes = 4e6
+    # two devices, each on its own link into the node: a hop crosses two device links, so the
+    # latency is two links' and the bandwidth one link's (the ring's hops share none)
+    for model, gbit, lat_us in ((plain, 8, 100), (measured, 2, 500)):
+        bw = gbit * 1e9 / 8 * C.intra_node_link_efficiency
+        # ring all-reduce of 2: one step of reduce-scatter and one of all-gather, n/2 bytes each
+        want = 2 * (2 * lat_us * 1e-6 + nbytes / 2 / bw) + C.collective_overhead_s
+        got = model.collective("all_reduce", [(0, 1)], nbytes, "ring").time_s
+        assert got == pytest.approx(want, rel=1e-9)
+    # a point-to-point send (the pipeline's) keeps the link's figures
+    assert measured.p2p([(0, 1)], nbytes).time_s == plain.p2p([(0, 1)], nbytes).time_s

@@ -1,0 +1,33 @@
+"""The all-reduce of this machine: the alpha-beta fit and its refusals (a real two-process gloo
+group runs in every ``dmsc calibrate``: tests/cli/test_runtime.py checks what it wrote)."""
+
+from __future__ import annotations
+
+import pytest
+
+from dmsc.runtime.compute.collective_calibration import fit_alpha_beta, measure_allreduce
+
+
+def test_the_fit_recovers_latency_and_bandwidth_from_the_ends() -> None:
+    a, b = 300e-6, 2e9
+    points = [(x, a + x / b) for x in (1024.0, 262144.0, 4194304.0)]
+    points[1] = (262144.0, 1.0)  # one slow size in the middle does not lead the fit
+    latency, rate = fit_alpha_beta(points)
+    assert latency == pytest.approx(a) and rate == pytest.approx(b)
+
+
+def test_the_fit_refuses_what_it_cannot_fit() -> None:
+    with pytest.raises(ValueError, match="two sizes at least"):
+        fit_alpha_beta([(1.0, 1.0)])
+    with pytest.raises(ValueError, match="does not grow with the size"):
+        fit_alpha_beta([(1.0, 2.0), (100.0, 1.0)])
+    with pytest.raises(ValueError, match="the sizes must differ"):
+        fit_alpha_beta([(5.0, 1.0), (5.0, 2.0)])
+
+
+def test_nccl_needs_two_gpus(monkeypatch: pytest.MonkeyPatch) -> None:
+    import torch
+
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 1)
+    with pytest.raises(ValueError, match="nccl: 2 CUDA devices needed, 1 here"):
+        measure_allreduce("nccl")

@@ -1,0 +1,84 @@
+"""The per-mode communication meter and the accounting of a step's bytes by mode."""
+
+from __future__ import annotations
+
+import threading
+
+import pytest
+
+from dmsc.runtime.compute.comm_meter import (
+    CommMeter,
+    ring_allreduce_bytes,
+    split_sent,
+    step_comm,
+)
+
+
+def test_meter_adds_by_mode_and_take_starts_afresh() -> None:
+    meter = CommMeter()
+    meter.add("tp", 0.25, 100)
+    meter.add("tp", 0.5, 50)
+    meter.add("ep", 1.0, 8)
+    assert meter.take() == {
+        "tp": {"s": 0.75, "bytes": 150, "calls": 2},
+        "ep": {"s": 1.0, "bytes": 8, "calls": 1},
+    }
+    assert meter.take() == {}
+
+
+def test_timed_counts_a_block_that_raises() -> None:
+    meter = CommMeter()
+    with pytest.raises(RuntimeError), meter.timed("dp", 4):
+        raise RuntimeError("a failed all-reduce")
+    got = meter.take()["dp"]
+    assert got["calls"] == 1 and got["bytes"] == 4 and got["s"] >= 0.0
+
+
+def test_unknown_mode_is_refused() -> None:
+    with pytest.raises(ValueError, match="'sp' is not one of tp, dp, ep, pp"):
+        CommMeter().add("sp", 1.0)
+
+
+def test_threads_add_without_losing_counts() -> None:
+    meter = CommMeter()
+
+    def work() -> None:
+        for _ in range(1000):
+            meter.add("dp", 0.001, 1)
+
+    threads = [threading.Thread(target=work) for _ in range(4)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    got = meter.take()["dp"]
+    assert got["calls"] == 4000 and got["bytes"] == 4000
+    assert got["s"] == pytest.approx(4.0)
+
+
+@pytest.mark.parametrize("n", [1, 2, 3, 4, 8])
+def test_ring_bytes_equal_a_simulated_ring(n: int) -> None:
+    # reference: count the chunks one member sends in a ring's reduce-scatter and all-gather
+    numel, size = 1200, 4
+    chunk = numel // n
+    sent = sum(chunk for _ in range(n - 1)) * 2 * size if n > 1 else 0
+    assert ring_allreduce_bytes(numel, size, n) == sent
+
+
+def test_sent_bytes_split_between_pipeline_and_data_parallel() -> None:
+    # stage 1, replica 0: to stage 2 (pp), from its ring to replica 1 (dp), and to itself
+    sent = {"2/0": 300, "0/0": 200, "1/1": 1000, "1/0": 7}
+    got = split_sent(1, 0, sent)
+    assert got == {
+        "pp": {"bytes": 500, "links": {"2/0": 300, "0/0": 200}},
+        "dp": {"bytes": 1000, "links": {"1/1": 1000}},
+    }
+
+
+def test_step_comm_takes_pp_and_dp_bytes_from_the_peers() -> None:
+    taken = {"pp": {"s": 0.2, "bytes": 0, "calls": 3}, "tp": {"s": 0.1, "bytes": 64, "calls": 4}}
+    got = step_comm(taken, 0, 0, {"1/0": 80, "0/1": 40})
+    assert got["pp"] == {"s": 0.2, "bytes": 80, "calls": 3, "links": {"1/0": 80}}
+    assert got["tp"] == {"s": 0.1, "bytes": 64, "calls": 4}
+    # dp bytes without a timed wait (a replica whose exchange was all hidden): zero seconds
+    assert got["dp"] == {"s": 0.0, "calls": 0, "bytes": 40, "links": {"0/1": 40}}

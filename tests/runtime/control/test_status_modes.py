@@ -1,0 +1,59 @@
+"""``dmsc status``'s section per parallel mode: the plan's prediction against the traces, in the
+Status reply, the task's result, the dashboard's document and the printed table."""
+
+from __future__ import annotations
+
+import io
+from pathlib import Path
+
+from rich.console import Console
+
+from dmsc.cli.mode_table import print_modes
+from dmsc.data.db import Database
+from dmsc.data.traces import add_step_traces
+from dmsc.planner.solve import plan_job
+from dmsc.runtime.control import status
+from dmsc.runtime.control.dashboard_state import tenant_rows
+from dmsc.runtime.transport.replies import StatusReply
+from dmsc.spec import ClusterSpec, JobSpec, load_spec, resolve_model
+
+ROOT = Path(__file__).resolve().parents[3]
+
+
+class _Report:
+    def as_json(self) -> dict[str, object]:
+        return {"steps": 2}
+
+
+def test_the_plan_against_the_traces_per_mode(tmp_path: Path) -> None:
+    cluster = load_spec(ClusterSpec, ROOT / "examples/clusters/two-sites-cpu.yaml")
+    job = JobSpec(global_batch=16, micro_batch=4, pp=2, dp=2)
+    plan = plan_job(cluster, resolve_model("gpt-mini"), job, fixed=True).plan
+    db = Database(f"sqlite:///{tmp_path / 'd.sqlite'}")
+    run = db.new_run("gpt-mini", "two-sites-cpu", {}).id
+    task = db.new_task(run, "train", {}, state="done").id
+    assert status.modes(db, plan, None) == []
+    for step in range(2):
+        traces = {(0, 0): ([], {"1/0": 1000, "0/1": 40}), (0, 1): ([], {"0/0": 40})}
+        comm = {
+            (0, 0): {"pp": {"s": 0.25, "bytes": 1000}, "dp": {"s": 0.5, "bytes": 40}},
+            (0, 1): {"dp": {"s": 0.125, "bytes": 40}},
+        }
+        add_step_traces(db, task, step, traces, {}, comm=comm)
+    rows = {r["mode"]: r for r in status.modes(db, plan, task)}
+    b = plan.prediction.breakdown_s
+    assert rows["dp"]["predicted_s"] == b["dp_comm"] and rows["dp"]["measured_s"] == 0.5
+    assert rows["dp"]["measured_bytes"] == 80 and rows["dp"]["steps"] == 2
+    assert rows["pp"]["predicted_s"] == b["pp_comm"] + b["bubble"]
+    assert rows["pp"]["ratio"] == 0.25 / (b["pp_comm"] + b["bubble"])
+    assert status.result_of(_Report(), db, plan, task) == {"steps": 2, "modes": list(rows.values())}
+    assert tenant_rows(db, plan, run, None)["training"]["modes"] == list(rows.values())
+    reply = StatusReply(
+        run=run, model="gpt-mini", steps=2, epoch=0, services=[], tasks=[], faults=[],
+        replicas_down=[], spares=[], modes_task=task, modes=list(rows.values()),
+    )  # fmt: skip
+    buf = io.StringIO()
+    print_modes(Console(file=buf, width=120, force_terminal=False), reply)
+    text = buf.getvalue()
+    assert f"(task {task})" in text and "data parallel (exposed all-reduce)" in text
+    assert "500.0 ms" in text and "1.00 KB" in text  # dp's wait; pp's 1000 bytes a step
