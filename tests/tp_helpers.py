@@ -13,8 +13,9 @@ import torch.distributed as dist
 import torch.multiprocessing as mp
 
 from dmsc.runtime.compute.models.attention import StageCache
-from dmsc.runtime.compute.models.chain import StageModule, loss_fn
+from dmsc.runtime.compute.models.chain import StageModule
 from dmsc.runtime.compute.outer_sync import make_optimizer
+from dmsc.runtime.compute.vocab_parallel import stage_loss
 from dmsc.spec import TransformerSpec, resolve_model
 
 STEPS, SEED, LR = 10, 3, 3e-3
@@ -38,7 +39,7 @@ def train(spec: TransformerSpec, module: StageModule) -> list[float]:
     optimizer = make_optimizer("adamw", module, LR)
     losses = []
     for tokens in batches(spec):
-        loss = loss_fn(module(tokens[:, :-1]), tokens[:, 1:])
+        loss = stage_loss(module, module(tokens[:, :-1]), tokens[:, 1:])
         optimizer.zero_grad(set_to_none=True)
         loss.backward()
         optimizer.step()

@@ -58,9 +58,12 @@ def test_tp2_trains_as_one_process_and_its_checkpoint_is_tp1(tmp_path) -> None: 
 
 
 def test_tp2_pp2_trains_as_one_process() -> None:
+    """With the embedding (first stage) and the head (last) sharing one matrix, both split over
+    the vocabulary: each tp rank swaps its rows' gradient with the same rank of the other end."""
+    spec = SPEC.model_copy(update={"tied_embeddings": True})
     batches = _batches()
-    reference = reference_losses(SPEC, 0, 1e-3, batches, MICRO)
-    with Deployment(StageLayout(SPEC, TWO, tp=2)) as dep:
+    reference = reference_losses(spec, 0, 1e-3, batches, MICRO)
+    with Deployment(StageLayout(spec, TWO, tp=2)) as dep:
         assert len(dep.tp.handles) == 2 and len(dep.handles) == 2
         losses = [dep.train_step(s, x, y, MICRO)["loss"] for s, (x, y) in enumerate(batches)]
     assert max(abs(a - b) for a, b in zip(losses, reference, strict=True)) < 1e-4

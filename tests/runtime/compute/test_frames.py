@@ -11,7 +11,13 @@ from dmsc.runtime.transport.wire import Kind
 
 FIRST = FrameSpec(stage=0, first=True, last=False, seq=8, vocab=16, hidden=4, n_params=10)
 LAST = FrameSpec(stage=1, first=False, last=True, seq=8, vocab=16, hidden=4, n_params=6)
-TIED = FrameSpec(stage=1, first=False, last=True, seq=8, vocab=16, hidden=4, n_params=6, tied=True)
+TIED = FrameSpec(
+    stage=1, first=False, last=True, seq=8, vocab=16, hidden=4, n_params=6, tied_rows=16
+)
+# tp = 2, the vocabulary split: the stage holds (and swaps the gradient of) 8 of the 16 rows
+TIED_SHARE = FrameSpec(
+    stage=1, first=False, last=True, seq=8, vocab=16, hidden=4, n_params=6, tied_rows=8
+)
 
 
 def _ids(*shape: int, value: int = 3) -> torch.Tensor:
@@ -30,6 +36,7 @@ def _ids(*shape: int, value: int = 3) -> torch.Tensor:
         (LAST, Kind.ACTIVATION, torch.zeros(1, 8, 4)),
         (LAST, Kind.GRAD_AVG, torch.zeros(6)),
         (TIED, Kind.TIED_GRAD, torch.zeros(16, 4)),
+        (TIED_SHARE, Kind.TIED_GRAD, torch.zeros(8, 4)),
     ],
 )
 def test_frames_a_stage_takes_pass(at: FrameSpec, kind: Kind, tensor: torch.Tensor) -> None:
@@ -55,6 +62,7 @@ def test_frames_a_stage_takes_pass(at: FrameSpec, kind: Kind, tensor: torch.Tens
         (LAST, Kind.GRADIENT, torch.zeros(1, 8, 4), "does not take gradients"),
         (LAST, Kind.TIED_GRAD, torch.zeros(16, 4), "shares no embedding"),
         (TIED, Kind.TIED_GRAD, torch.zeros(4, 16), "[16, 4]"),  # transposed
+        (TIED_SHARE, Kind.TIED_GRAD, torch.zeros(16, 4), "[8, 4]"),  # the whole matrix
     ],
 )
 def test_other_frames_are_refused_with_the_reason(

@@ -16,8 +16,9 @@ import torch.distributed as dist
 from torch import nn
 from tp_helpers import SEED, batches, greedy, small_spec, train, two_ranks
 
-from dmsc.runtime.compute.models.chain import build_stage, loss_fn
+from dmsc.runtime.compute.models.chain import build_stage
 from dmsc.runtime.compute.tensor_parallel import gather_state_dict, parallelize_stage
+from dmsc.runtime.compute.vocab_parallel import stage_loss
 
 pytestmark = pytest.mark.integration
 
@@ -40,7 +41,7 @@ def _collectives(module: nn.Module, tokens: torch.Tensor) -> dict[str, int]:
     for n in names:
         setattr(dist, n, counting(n))
     try:
-        loss_fn(module(tokens[:, :-1]), tokens[:, 1:]).backward()
+        stage_loss(module, module(tokens[:, :-1]), tokens[:, 1:]).backward()
     finally:
         for n in names:
             setattr(dist, n, real[n])
@@ -93,11 +94,12 @@ def test_sp2_trains_to_the_losses_of_one_process(
         assert got["seen"] == tokens // 2  # the norms run on this rank's half of the sequence
         # f and g of each sub-layer, forward and backward: an all-gather and a reduce-scatter
         # instead of two all-reduces (+ the gathers into and out of the blocks); the only
-        # all-reduces left sum the norms' and biases' gradients
+        # all-reduces left sum the norms' and biases' gradients, plus the five of the
+        # vocabulary-parallel ends (embedding, head, the loss's max, target and sum)
         calls = got["calls"]
         assert calls["reduce_scatter_tensor"] == 4 * spec.layers
         assert calls["all_gather_into_tensor"] == 4 * spec.layers + 2
-        assert calls["all_reduce"] == (6 if name == "gpt-mini" else 2) * spec.layers
+        assert calls["all_reduce"] == (6 if name == "gpt-mini" else 2) * spec.layers + 5
     # the weights trained: the same on both ranks, and the unsplit model decodes as they did
     one = build_stage(spec, 0, "embedding", "head")
     one.load_state_dict(sp2[name][0]["full"])

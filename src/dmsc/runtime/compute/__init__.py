@@ -1,7 +1,9 @@
 """The computing-power layer: stage workers that run micro-models, and calibration.
 
 Parallelism inside a stage: :mod:`.tensor_parallel` splits a replica's blocks over the ranks of
-a tensor-parallel group; :mod:`.expert_parallel` shares a mixture of experts' experts over an
-expert-parallel group of data-parallel replicas, tokens exchanged by all-to-all; :mod:`.tp_worker`
-and :mod:`.ep_worker` are a stage worker's side of each (its groups, its gathered checkpoints).
+a tensor-parallel group (:mod:`.sequence_parallel` its residual stream along the sequence,
+:mod:`.vocab_parallel` its embedding, head and loss over the vocabulary);
+:mod:`.expert_parallel` shares a mixture of experts' experts over an expert-parallel group of
+data-parallel replicas, tokens exchanged by all-to-all; :mod:`.tp_worker` and :mod:`.ep_worker`
+are a stage worker's side of each (its groups, its gathered checkpoints).
 """

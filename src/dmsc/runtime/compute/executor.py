@@ -27,8 +27,9 @@ import torch
 from dmsc.netmodel.schedule import chunk_table, stage_order
 from dmsc.runtime.compute.comm_meter import METER
 from dmsc.runtime.compute.models.attention import StageCache
-from dmsc.runtime.compute.models.chain import StageModule, loss_fn
+from dmsc.runtime.compute.models.chain import StageModule
 from dmsc.runtime.compute.peers import Peers
+from dmsc.runtime.compute.vocab_parallel import stage_loss
 from dmsc.runtime.transport.wire import Kind
 
 Op = tuple[str, int, int]  # ("F" or "B", micro-batch, chunk)
@@ -110,7 +111,7 @@ def run_ops(
             if last and (train or evaluate):
                 targets = peers.recv(Kind.TARGETS, step, i)
                 with torch.set_grad_enabled(train):
-                    loss = loss_fn(y.float(), targets) / m
+                    loss = stage_loss(module, y.float(), targets) / m
                 out.losses[i] = float(loss.detach()) * m
                 y = loss
             if gpu:  # kernels run asynchronously: compute is over when the device is done

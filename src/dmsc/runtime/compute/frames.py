@@ -29,7 +29,9 @@ class FrameSpec:
     vocab: int
     hidden: int
     n_params: int  # the length of a flattened gradient (averaging between replicas)
-    tied: bool = False  # shares its embedding matrix with the other end of the pipeline
+    # the rows of the embedding matrix it shares with the other end of the pipeline (at tp > 1
+    # its rank's share of the padded vocabulary: :mod:`.vocab_parallel`); 0: it shares none
+    tied_rows: int = 0
     # model chunks (interleaved): the first stage's later chunks take activations, the last
     # stage's earlier chunks gradients
     chunks: int = 1
@@ -50,9 +52,9 @@ def expected_frame(at: FrameSpec, kind: Kind) -> tuple[torch.dtype, str]:
             raise BadRequest(f"stage {at.stage} does not take {kind.name.lower()}s")
         return torch.float32, f"[batch, 1..{at.seq}, {at.hidden}]"
     if kind == Kind.TIED_GRAD:
-        if not at.tied:
+        if not at.tied_rows:
             raise BadRequest(f"stage {at.stage} shares no embedding")
-        return torch.float32, f"[{at.vocab}, {at.hidden}]"
+        return torch.float32, f"[{at.tied_rows}, {at.hidden}]"
     if kind in (Kind.SYNC_PART, Kind.SYNC_DOWN):  # a codec's payload: it checks the content
         return torch.uint8, f"one dimension, at most {sync_payload_bytes(at)} bytes"
     return torch.float32, f"[{at.n_params}]"
@@ -91,7 +93,7 @@ def check_frame(at: FrameSpec, kind: Kind, t: torch.Tensor) -> None:
                 f"infinite values (stage {at.stage} takes finite numbers only)"
             )
     elif ok and kind == Kind.TIED_GRAD:
-        ok = tuple(t.shape) == (at.vocab, at.hidden)
+        ok = tuple(t.shape) == (at.tied_rows, at.hidden)
     elif ok:  # a gradient part or average; an empty average is the leader's "restart"
         restart = kind == Kind.GRAD_AVG and t.numel() == 0
         ok = t.dim() == 1 and (t.numel() == at.n_params or restart)

@@ -119,7 +119,7 @@ class StageWorker:
             vocab=self.spec.vocab,
             hidden=self.spec.hidden,
             n_params=self.n_params,
-            tied=self.tied is not None,
+            tied_rows=0 if self.tied is None else self.tied.shape[0],
             chunks=self.module.chunks,
         )
         self.steps_done = 0

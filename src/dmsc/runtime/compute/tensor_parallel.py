@@ -5,9 +5,11 @@ heads (its q, k, v projections column-parallel, its output projection row-parall
 by its hidden units (the first projections column-parallel, the last row-parallel). Each
 sub-layer then costs one all-reduce in the forward (summing the row-parallel partial outputs)
 and one in the backward (summing the column-parallel inputs' partial gradients): Megatron's
-``g`` and ``f`` operators. The embedding, the norms, the row-parallel biases, a mixture of
-experts' router and the head stay whole on every rank; they compute the same values everywhere
-and so get the same gradients without a collective (with sequence parallelism the blocks' norms
+``g`` and ``f`` operators. The token embedding and the head's projection are split over the
+vocabulary, and the loss computed on the split logits (:mod:`.vocab_parallel`). The position
+embedding, the norms, the row-parallel biases and a mixture of experts' router stay whole on
+every rank; they compute the same values everywhere and so get the same gradients without a
+collective (with sequence parallelism the blocks' norms
 and row-parallel biases see a slice of the sequence each: :mod:`.sequence_parallel`). Mixtral's
 experts are split like the MLP, each expert with its own two all-reduces (the router weights a
 whole expert output, so the sum over the ranks comes before the weighting).
@@ -28,7 +30,8 @@ nothing where they are large, for the same two all-reduces per sub-layer and the
 the bit. Its parameters would also be ``DTensor``s, which the optimizer, the gradient sync and
 the checkpoints here would each have to unwrap; these are plain tensors. Nor can
 ``torch.distributed.nn.functional.all_reduce`` serve as ``g``: its backward all-reduces the
-gradient again, which with the loss computed whole on every rank multiplies the gradients by tp.
+gradient again, which with the output's gradient whole on every rank (the loss is the same on
+every rank) multiplies the gradients by tp.
 """
 
 from __future__ import annotations
@@ -42,24 +45,28 @@ import torch.distributed as dist
 import torch.nn.functional as F
 from torch import nn
 
-from dmsc.runtime.compute import sequence_parallel
+from dmsc.runtime.compute import sequence_parallel, vocab_parallel
 from dmsc.runtime.compute.comm_meter import METER, ring_allreduce_bytes
 from dmsc.runtime.compute.models import gpt, llama
 from dmsc.runtime.compute.models.chain import StageModule
 from dmsc.runtime.compute.models.support import check_tp_divisible
 from dmsc.spec import TransformerSpec
 
-Split = Literal["column", "qkv", "row"]
+Split = Literal["column", "qkv", "row", "vocab"]
 
 # How each split parameter of a stage divides over the ranks, by its state-dict name: "column"
-# (by output rows), "qkv" (GPT's fused q, k, v: each third by output rows), "row" (by inputs).
+# (by output rows), "qkv" (GPT's fused q, k, v: each third by output rows), "row" (by inputs),
+# "vocab" (the token embedding's and the head's rows, padded to a multiple of tp)
+_VOCAB: list[tuple[re.Pattern[str], Split]] = [(re.compile(r"\.(tok|out)\.weight$"), "vocab")]
 _SPLITS: dict[str, list[tuple[re.Pattern[str], Split]]] = {
     "gpt": [
+        *_VOCAB,
         (re.compile(r"\.qkv\.(weight|bias)$"), "qkv"),
         (re.compile(r"\.fc1\.(weight|bias)$"), "column"),
         (re.compile(r"\.(proj|fc2)\.weight$"), "row"),
     ],
     "llama": [
+        *_VOCAB,
         (re.compile(r"\.attn\.[qkv]\.(weight|bias)$"), "column"),
         (re.compile(r"\.(gate|up)\.weight$"), "column"),
         (re.compile(r"\.attn\.o\.weight$"), "row"),
@@ -78,6 +85,8 @@ def split_of(spec: TransformerSpec, name: str) -> Split | None:
 
 def shard(tensor: torch.Tensor, split: Split, rank: int, tp: int) -> torch.Tensor:
     """Rank ``rank``'s part of a whole ``tensor`` split as ``split`` says."""
+    if split == "vocab":
+        return vocab_parallel.shard_rows(tensor, rank, tp)
     if split == "row":
         return tensor.chunk(tp, dim=1)[rank].contiguous()
     if split == "qkv":
@@ -86,8 +95,11 @@ def shard(tensor: torch.Tensor, split: Split, rank: int, tp: int) -> torch.Tenso
     return tensor.chunk(tp, dim=0)[rank].contiguous()
 
 
-def unshard(parts: list[torch.Tensor], split: Split) -> torch.Tensor:
-    """The whole tensor of the ranks' ``parts`` (in rank order): :func:`shard` undone."""
+def unshard(parts: list[torch.Tensor], split: Split, vocab: int = 0) -> torch.Tensor:
+    """The whole tensor of the ranks' ``parts`` (in rank order): :func:`shard` undone (a
+    "vocab" split's padding dropped: the model's ``vocab`` rows kept)."""
+    if split == "vocab":
+        return vocab_parallel.unshard_rows(parts, vocab)
     if split == "row":
         return torch.cat(parts, dim=1)
     if split == "qkv":
@@ -123,7 +135,7 @@ def gather_state_dict(
             continue
         parts = [torch.empty_like(tensor) for _ in range(tp)]
         dist.all_gather(parts, tensor.detach().contiguous(), group=group)
-        out[name] = unshard(parts, split)
+        out[name] = unshard(parts, split, spec.vocab)
     return out
 
 
@@ -243,12 +255,14 @@ def parallelize_stage(
     module: StageModule,
     group: dist.ProcessGroup | None = None,
     sequence: bool = False,
+    vocab: bool = True,
 ) -> StageModule:
     """Split ``module``'s blocks (built whole, from the seed or a tp = 1 checkpoint) in place
     over the ranks of ``group``: this rank keeps its shard of every split parameter. With
     ``sequence``, the residual stream between the sub-layers is split along the sequence too
     (:mod:`.sequence_parallel`; not for a mixture of experts, whose routing picks each rank's
-    tokens)."""
+    tokens). With ``vocab`` (the default), the token embedding and the head are split over the
+    vocabulary (:mod:`.vocab_parallel`; the loss then by :func:`.vocab_parallel.stage_loss`)."""
     tp = dist.get_world_size(group)
     check_tp_divisible(spec, tp)
     if sequence and spec.is_moe:
@@ -276,6 +290,8 @@ def parallelize_stage(
                 _column(mlp, "up", group)
                 _row(mlp, "down", group, seq)
                 mlp.register_forward_pre_hook(_enter_hook(group, seq))
+    if vocab:
+        vocab_parallel.split_ends(module, group)
     if sequence:
         runs = _block_runs(module)
         sequence_parallel.split_blocks(runs, {n for r in runs for n in _whole_names(r[0])}, group)
@@ -284,7 +300,7 @@ def parallelize_stage(
 
 def _block_runs(module: StageModule) -> list[list[nn.Module]]:
     """The stage's runs of consecutive blocks, chunk by chunk (the embedding and the head stay
-    outside: they run whole)."""
+    outside: they run on the whole sequence)."""
     runs: list[list[nn.Module]] = []
     for lo, hi in module.spans:
         run: list[nn.Module] = []

@@ -113,7 +113,7 @@ def _gather(spec: TransformerSpec, name: str, t: torch.Tensor) -> torch.Tensor:
         return t.detach().cpu().clone()
     parts = [torch.empty_like(t) for _ in range(dist.get_world_size())]
     dist.all_gather(parts, t.detach().contiguous())
-    return unshard([p.cpu() for p in parts], split)
+    return unshard([p.cpu() for p in parts], split, spec.vocab)
 
 
 def write_gathered(
