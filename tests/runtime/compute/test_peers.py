@@ -55,3 +55,41 @@ def test_a_send_to_a_replaced_peer_goes_again_while_the_sender_waits() -> None:
     finally:
         b_server.stop(0)
         reg_server.stop(0)
+
+
+def test_a_step_moved_past_before_it_ran_fails_at_once() -> None:
+    """A RunStep of epoch 0 passes the epoch check, then waits for the worker while an Abort
+    moves it to epoch 1 (its orchestrator gave the step up and is recovering). The step must
+    fail then, not wait for frames of epoch 1 that never come: it used to wait the whole
+    receive timeout (60 s by default, CI's chaos tests of a killed replica) holding the worker,
+    and the recovery's Load waited behind it."""
+    from dmsc.runtime.compute.inbox import Aborted
+    from dmsc.runtime.transport.messages import Abort, RunStep
+
+    reg = Registry(ttl_s=60)
+    reg_server, reg_port = serve(REGISTRY_SERVICE, registry_methods(reg))
+    registry = f"127.0.0.1:{reg_port}"
+    whole = {"first": "embedding", "last": "head", "model": SPEC.model_dump()}
+    cfg = WorkerConfig(sid="s0", stage=0, stages=1, registry=registry, recv_timeout_s=20, **whole)
+    worker = StageWorker(cfg)
+    outcome: list[BaseException | None] = []
+
+    def step() -> None:
+        try:
+            worker.run_step(RunStep(step=0, microbatches=1, epoch=0))
+            outcome.append(None)
+        except BaseException as exc:  # what the handler would answer
+            outcome.append(exc)
+
+    try:
+        with worker._lock:  # another call holds the worker
+            runner = threading.Thread(target=step, daemon=True)
+            runner.start()
+            time.sleep(0.3)  # the step has passed its epoch check and waits for the lock
+            worker.abort(Abort(epoch=1))
+        t0 = time.monotonic()
+        runner.join(15)
+        assert outcome and isinstance(outcome[0], Aborted), outcome
+        assert time.monotonic() - t0 < 2.0
+    finally:
+        reg_server.stop(0)

@@ -14,7 +14,9 @@ it sends the one awaited here), or at the latest when the step flushes.
 
 from __future__ import annotations
 
+import contextlib
 import time
+from collections.abc import Iterator
 from typing import Any
 
 import grpc
@@ -60,13 +62,32 @@ class Peers:
         self._pending: list[tuple[PeerKey, bytes, Any]] = []
         self._detached: list[Any] = []  # sends nobody waits for
         self.deadline: float | None = None  # the step's own end (time.monotonic()), if any
+        self._pinned: int | None = None  # the running step's epoch (at_epoch)
         self.sent: dict[PeerKey, int] = {}  # bytes pushed to each peer since the step began
         # thin links to neighbouring stages (a LinkShaper each, by stage): a send waits its turn
         self.links = links or {}
 
     @property
     def epoch(self) -> int:
-        return self.inbox.epoch
+        """The epoch of the frames this worker sends and waits for: its step's (see
+        :meth:`at_epoch`), else the inbox's."""
+        return self.inbox.epoch if self._pinned is None else self._pinned
+
+    @contextlib.contextmanager
+    def at_epoch(self, epoch: int | None) -> Iterator[None]:
+        """A step's frames, sent and awaited, are of the epoch its call was made in (None: the
+        inbox's now). An ``Abort`` that moves the worker on after the call's epoch was checked,
+        but before its first wait, fails the step (:class:`Aborted`) instead of leaving it
+        waiting for frames of the new epoch, which never come (a recovery waited the whole
+        receive timeout, 60 s, for a step its orchestrator had given up)."""
+        at = self.inbox.epoch if epoch is None else epoch
+        if self.inbox.epoch != at:
+            raise Aborted(f"moved to epoch {self.inbox.epoch} before the step of epoch {at} ran")
+        self._pinned = at
+        try:
+            yield
+        finally:
+            self._pinned = None
 
     def _key(self, stage: int, replica: int | None) -> PeerKey:
         return (stage, self.replica if replica is None else replica)

@@ -189,14 +189,15 @@ class StageWorker:
                 "(each micro-batch needs a sample at least)"
             )
         if m.budget_s is None:
-            with self._lock:
+            with self._lock, self.peers.at_epoch(m.epoch):
                 return self._run(m)
         deadline = time.monotonic() + m.budget_s
         if not self._lock.acquire(timeout=m.budget_s):
             raise Abandoned(f"step {m.step}: worker busy past the step's {m.budget_s:g} s budget")
         try:
             self.peers.deadline = deadline
-            return self._run(m)
+            with self.peers.at_epoch(m.epoch):
+                return self._run(m)
         finally:
             self.peers.deadline = None
             self._lock.release()
