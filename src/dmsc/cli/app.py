@@ -18,8 +18,10 @@ app = typer.Typer(
     pretty_exceptions_enable=False,
     help="dmsc: plan, simulate and run distributed AI models across datacenters.",
 )
-console = Console()
-err_console = Console(stderr=True)
+# No emoji codes: rich reads ":ab:" as 🆎, and a certificate's fingerprint (AB:CD:...) or any
+# other text with colons would print wrong (dmsc up --tls printed one in five fingerprints so).
+console = Console(emoji=False)
+err_console = Console(stderr=True, emoji=False)
 
 EXIT_DOES_NOT_FIT = 1
 EXIT_BAD_INPUT = 2
