@@ -16,7 +16,7 @@ from typing import Any
 import httpx
 import uvicorn
 
-from dmsc.runtime.business.https import StrictTransport, uvicorn_tls
+from dmsc.runtime.business.https import uvicorn_tls
 from dmsc.runtime.transport.authority import self_signed
 
 
@@ -41,9 +41,7 @@ def https_server(folder: Path) -> Iterator[tuple[Swap, str, ssl.SSLContext]]:
     sock = socket.create_server(("127.0.0.1", 0))
     port = sock.getsockname()[1]
     tls = uvicorn_tls(str(cert), str(key))
-    server = uvicorn.Server(
-        uvicorn.Config(StrictTransport(swap), log_level="warning", lifespan="off", **tls)
-    )
+    server = uvicorn.Server(uvicorn.Config(swap, log_level="warning", lifespan="off", **tls))
     thread = threading.Thread(target=server.run, kwargs={"sockets": [sock]}, daemon=True)
     thread.start()
     deadline = time.monotonic() + 20

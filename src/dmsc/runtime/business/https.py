@@ -14,28 +14,17 @@ HSTS = "max-age=31536000"  # a year: browsers keep to HTTPS for this host meanwh
 
 
 def uvicorn_tls(cert: str | None, key: str | None) -> dict[str, Any]:
-    """uvicorn.Config's TLS arguments (none: plain HTTP)."""
+    """uvicorn.Config's TLS arguments (none: plain HTTP).
+
+    With TLS on, every answer says ``Strict-Transport-Security``: uvicorn's own ``headers``
+    setting adds it to every response the server writes (a default header, as ``server`` and
+    ``date`` are), so no ASGI layer wraps each request's ``send``. The port speaks TLS only, so
+    each of its answers is an HTTPS one.
+    """
     if cert is None or key is None:
         return {}
-    return {"ssl_certfile": cert, "ssl_keyfile": key}
-
-
-class StrictTransport:
-    """ASGI middleware: every answer over HTTPS says ``Strict-Transport-Security``."""
-
-    def __init__(self, app: Any) -> None:
-        self.app = app
-
-    async def __call__(self, scope: Any, receive: Any, send: Any) -> None:
-        if scope["type"] != "http" or scope.get("scheme") != "https":
-            await self.app(scope, receive, send)
-            return
-
-        async def sending(message: Any) -> None:
-            if message["type"] == "http.response.start":
-                headers = list(message.get("headers", []))
-                headers.append((b"strict-transport-security", HSTS.encode()))
-                message = {**message, "headers": headers}
-            await send(message)
-
-        await self.app(scope, receive, sending)
+    return {
+        "ssl_certfile": cert,
+        "ssl_keyfile": key,
+        "headers": [("strict-transport-security", HSTS)],
+    }

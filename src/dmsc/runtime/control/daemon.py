@@ -229,7 +229,7 @@ def main(stdin: TextIO | None = None) -> None:
 
         from dmsc.runtime.business.gateway import create_app
         from dmsc.runtime.business.http_guard import header_deadline_protocol
-        from dmsc.runtime.business.https import StrictTransport, uvicorn_tls
+        from dmsc.runtime.business.https import uvicorn_tls
 
         app = create_app(
             cp,
@@ -245,8 +245,8 @@ def main(stdin: TextIO | None = None) -> None:
         )
         gateway = uvicorn.Server(
             uvicorn.Config(
-                StrictTransport(app),  # HSTS on every answer over HTTPS
-                **uvicorn_tls(settings.tls_cert, settings.tls_key),
+                app,
+                **uvicorn_tls(settings.tls_cert, settings.tls_key),  # with HSTS on every answer
                 log_level="warning",
                 # Open connections and requests at once: past it, 503 rather than exhaustion.
                 limit_concurrency=GATEWAY_CONNECTIONS,
