@@ -68,6 +68,8 @@ def test_a_residency_section_loads(tmp_path: Path) -> None:
          "residency.rules[0]", "at least one dataset or model"),
         (("datacenters: [eu]", "datacentres: [eu]"), "residency.rules[0].datacentres",
          "did you mean datacenters"),
+        (("      datasets: [/data/patients]\n", "      derived: true\n"), "residency.rules[0]",
+         "derived: holds data computed from datasets; the rule names none"),
     ],
 )  # fmt: skip
 def test_a_bad_rule_is_named_by_file_field_and_reason(

@@ -3,7 +3,9 @@
 A cluster spec's ``residency`` section holds named rules. A rule names datasets (globs over the
 resolved path a training task reads, ``fnmatch``: ``*`` crosses ``/``) and models (globs over
 the model's name, ``NAME`` for every version, ``NAME@VERSION`` for one), and the datacenters
-they may be in. Where several rules name the same thing, each must allow the datacenter. The
+they may be in. A rule with ``derived: true`` also holds what a training task computes from its
+datasets (activations sent forward to every stage, gradients sent back and between replicas)
+to those datacenters. Where several rules name the same thing, each must allow the datacenter. The
 optional ``home`` is the datacenter that holds the control plane's home folder (``DMSC_HOME``:
 its database, the checkpoints the workers save under it, model versions, ``dmsc export``'s
 source), so that storing a resident model there is judged too.
@@ -54,11 +56,21 @@ class ResidencyRuleSpec(BaseModel):
     datacenters: list[Name] = Field(
         min_length=1, description="The datacenters (names) they may be read or stored in."
     )
+    derived: bool = Field(
+        default=False,
+        description=(
+            "Hold what is computed from the datasets to the rule too: the activations every "
+            "stage of a training task receives and the gradients sent back and between its "
+            "replicas, so no stage of a task reading them may run elsewhere."
+        ),
+    )
 
     @model_validator(mode="after")
     def _names_something(self) -> Self:
         if not self.datasets and not self.models:
             raise ValueError("a rule names at least one dataset or model")
+        if self.derived and not self.datasets:
+            raise ValueError("derived: holds data computed from datasets; the rule names none")
         for i, pattern in enumerate(self.datasets):
             if not pattern.startswith("/"):
                 raise ValueError(f"datasets[{i}]: {pattern!r} is not an absolute path")
@@ -157,17 +169,32 @@ def check_model_store(
 
 
 def check_dataset_read(
-    residency: ResidencySpec | None, path: str, datacenters: Iterable[str], what: str
+    residency: ResidencySpec | None,
+    path: str,
+    datacenters: Iterable[str],
+    what: str,
+    carrying: Iterable[str] = (),
 ) -> None:
-    """ResidencyError unless every datacenter in ``datacenters`` may read the data at ``path``."""
+    """ResidencyError unless every datacenter in ``datacenters`` may read the data at ``path``
+    and, for a rule that holds derived data, every one in ``carrying`` (where the task's
+    activations and gradients go) may hold them."""
     if residency is None:
         return
-    breach = first_breach(residency.dataset_rules(path), datacenters)
+    rules = residency.dataset_rules(path)
+    breach = first_breach(rules, datacenters)
     if breach is not None:
         rule, dc = breach
         raise ResidencyError(
             rule.name,
             f"{what} would read {path} in datacenter {dc}; it allows {', '.join(rule.datacenters)}",
+        )
+    breach = first_breach([r for r in rules if r.derived], carrying)
+    if breach is not None:
+        rule, dc = breach
+        raise ResidencyError(
+            rule.name,
+            f"{what} would carry activations and gradients of {path} into datacenter {dc}; "
+            f"it allows {', '.join(rule.datacenters)} (derived: true)",
         )
 
 

@@ -46,6 +46,24 @@ def _local(residency: dict[str, object]) -> ClusterSpec:
     return _ruled(load_spec(ClusterSpec, EXAMPLES / "local-cpu.yaml"), residency)
 
 
+def test_a_rule_on_derived_data_judges_every_stage_a_task_sends_activations_to() -> None:
+    from dmsc.planner.solve import plan_job
+    from dmsc.spec import JobSpec, load_spec, resolve_model
+
+    cluster = load_spec(ClusterSpec, EXAMPLES / "local-cpu.yaml")
+    job = JobSpec(global_batch=8, micro_batch=2, pp=3)
+    plan = plan_job(cluster, resolve_model("gpt-mini"), job, fixed=True).plan
+    readers, holders = reading_datacenters(plan), holding_datacenters(plan)
+    middle = sorted(set(holders) - set(readers))
+    assert middle, "the middle stage reads no tokens: it only receives activations"
+    rule = {"name": "clinic", "datasets": ["/srv/clinic"], "datacenters": readers}
+    check_task(_local({"rules": [rule]}), plan, "/srv/clinic/a.txt", "the task")  # reads only
+    strict = _local({"rules": [{**rule, "derived": True}]})
+    with pytest.raises(ResidencyError, match=rf"'clinic'.*activations and gradients.*{middle[0]}"):
+        check_task(strict, plan, "/srv/clinic/a.txt", "the task")
+    check_task(strict, plan, "/srv/public/a.txt", "the task")  # another dataset: no rule
+
+
 def test_a_task_is_checked_where_its_stages_read_and_store() -> None:
     plan = local_plan()  # gpt-mini, two stages on local-cpu's datacenters
     readers = reading_datacenters(plan)

@@ -6,8 +6,10 @@ request) naming the rule.
 
 - A training task reads its ``data`` in the datacenters of the stages that take its tokens:
   every replica of the first stage (the inputs) and of the last (the targets); with
-  ``local_data`` each datacenter's replicas read their own shard, in the same datacenters. A task
-  also stores checkpoints and a model version in the control plane's home (``residency.home``).
+  ``local_data`` each datacenter's replicas read their own shard, in the same datacenters. Every
+  stage receives activations computed from them (and sends gradients back), so a rule holding
+  derived data (``derived: true``) judges every replica's datacenter. A task also stores
+  checkpoints and a model version in the control plane's home (``residency.home``).
 - A move (``dmsc replan``, the control loop) puts every stage's weights where the new plan
   places its replicas.
 """
@@ -35,7 +37,9 @@ def check_task(cluster: ClusterSpec | None, plan: Plan, data: str | None, what: 
     read the data, and its checkpoints may be stored at the home."""
     residency = cluster.residency if cluster is not None else None
     if data is not None:
-        check_dataset_read(residency, data, reading_datacenters(plan), what)
+        check_dataset_read(
+            residency, data, reading_datacenters(plan), what, carrying=holding_datacenters(plan)
+        )
     check_model_store(residency, plan.model, f"{what} (its checkpoints, under the home)")
 
 
