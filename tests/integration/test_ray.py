@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -243,6 +244,7 @@ def test_dmsc_up_with_the_ray_launcher_as_a_user_runs_it(cluster: Any, tmp_path:
         assert res.returncode == 0, res.stderr
         res = dmsc(tmp_path, "infer", "--prompt", "def ", "--tokens", "4", "--json")
         assert res.returncode == 0 and len(json.loads(res.stdout)["token_ids"]) == 4
+        _logs_come_from_the_ray_nodes(tmp_path, {s["sid"] for s in status["services"]})
     finally:
         assert dmsc(tmp_path, "down").returncode == 0
     # the workers (processes of Ray actors on their nodes) are gone with the deployment
@@ -251,6 +253,28 @@ def test_dmsc_up_with_the_ray_launcher_as_a_user_runs_it(cluster: Any, tmp_path:
     while any(_running(p) for p in pids) and time.monotonic() < end:
         time.sleep(0.2)
     assert not any(_running(p) for p in pids)
+
+
+def _logs_come_from_the_ray_nodes(home: Path, sids: set[str]) -> None:
+    """The control plane's ``Logs`` call reads each worker's log on its Ray node, through the
+    node's host actor. Asked for every node (these all share this machine's files), it finds the
+    lines ``dmsc logs`` finds in the files here; ``dmsc logs --grep`` itself takes the local
+    files once and asks for other machines' lines only, so no line comes twice."""
+    from dmsc.runtime.control.client import ControlClient
+    from dmsc.runtime.transport.log_calls import LogsRequest
+    from dmsc.runtime.transport.log_search import search
+
+    client = ControlClient.connect(home / "control.json")
+    reply = client.logs(LogsRequest(pattern="step committed", everywhere=True))
+    assert reply.launcher == "ray" and not reply.unreachable
+    assert sids <= {service for service, _, _ in reply.entries}
+    here = search(home / "logs", re.compile("step committed"), None, sorted(sids))
+    assert {tuple(e) for e in reply.entries} <= {(e.service, e.ts, e.line) for e in here}
+    assert not client.logs(LogsRequest(pattern="step committed")).entries  # one machine
+    res = dmsc(home, "logs", "--grep", "step committed", "--lines", "0")
+    assert res.returncode == 0, res.stderr
+    printed = res.stdout.splitlines()
+    assert len(printed) == len(set(printed)) >= len(reply.entries)
 
 
 def test_a_tensor_parallel_plan_runs_on_ray_each_group_in_one_bundle(

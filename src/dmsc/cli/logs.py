@@ -5,12 +5,13 @@ see :mod:`dmsc.runtime.transport.logs`). Lines are rendered as ``time level [con
 unless ``--raw``. ``--grep PATTERN`` and ``--since DURATION`` search every log at once (the
 control plane's, every worker's, their rotated files and standard errors), merged in time order,
 each line after the service that wrote it (``--raw``: one JSON object a line, with a
-``service`` field); ``--service`` or ``--control`` narrow it to one
-(:func:`dmsc.runtime.transport.log_search.search`); with ``--follow`` ``--grep`` filters the one
-log followed. ``--follow`` polls the file, like ``tail -F``: polling needs nothing but the
-standard library and a log line a fifth of a second late is fine for a person watching. When the
-file is rotated (replaced by a new one) or truncated, the rest of the old file is printed and the
-new one is read from its start.
+``service`` field); for a deployment on Ray, the logs its nodes hold on other machines too,
+through the control plane (:mod:`dmsc.runtime.control.launch.ray_logs`); ``--service`` or
+``--control`` narrow it to one (:func:`dmsc.runtime.transport.log_search.search`); with
+``--follow`` ``--grep`` filters the one log followed. ``--follow`` polls the file, like ``tail
+-F``: polling needs nothing but the standard library and a log line a fifth of a second late is
+fine for a person watching. When the file is rotated (replaced by a new one) or truncated, the
+rest of the old file is printed and the new one is read from its start.
 """
 
 from __future__ import annotations
@@ -18,11 +19,12 @@ from __future__ import annotations
 import contextlib
 import json
 import re
+import sys
 import time
 from collections import deque
 from collections.abc import Callable
 from pathlib import Path
-from typing import IO, Annotated
+from typing import IO, Annotated, Any
 
 import typer
 
@@ -79,8 +81,7 @@ def logs(
                 "command line", "--follow", "--since searches the logs once; not with --follow"
             )
         folder = log_files.log_dir(home)
-        only = None if service is None and not control else [choose_log(folder, service)]
-        _search(folder, pattern, since, only, lines, raw)
+        _search(folder, pattern, since, service, control, lines, raw)
         return
     if grep is not None and service is None and not control:
         raise SpecError(
@@ -116,11 +117,14 @@ def _search(
     folder: Path,
     pattern: re.Pattern[str] | None,
     since: str | None,
-    only: list[str] | None,
+    service: str | None,
+    control: bool,
     lines: int,
     raw: bool,
 ) -> None:
-    """Print the last ``lines`` (0: all) matching lines of the logs in ``folder``."""
+    """Print the last ``lines`` (0: all) matching lines of the logs in ``folder`` and, for a
+    deployment on Ray, of the logs its nodes hold on other machines."""
+    from dmsc.runtime.control.launch.ray_logs import merged
     from dmsc.runtime.transport.log_search import parse_since, search
 
     since_s = None
@@ -129,7 +133,18 @@ def _search(
             since_s = time.time() - parse_since(since)
         except ValueError as exc:
             raise SpecError("command line", "--since", str(exc)) from None
-    found = search(folder, pattern, since_s, only)
+    remote = _ray_entries(pattern, since_s, lines)
+    if service is None and not control:
+        only = None
+    elif remote and service is not None and not any(e.service == service for e in remote):
+        only = [service]  # on another machine: its lines, or nothing found
+        with contextlib.suppress(SpecError):
+            only = [choose_log(folder, service)]
+    else:
+        only = [choose_log(folder, service)]
+    if only is not None:
+        remote = [e for e in remote if e.service in only]
+    found = merged(search(folder, pattern, since_s, only), remote)
     for e in found[-lines:] if lines else found:
         if raw:
             try:
@@ -140,6 +155,40 @@ def _search(
             print(json.dumps({"service": e.service, **body}), flush=True)
         else:
             print(f"{e.service}  {e.rendered()}", flush=True)
+
+
+def _ray_entries(pattern: re.Pattern[str] | None, since_s: float | None, lines: int) -> list[Any]:
+    """The matching lines that a running deployment's Ray nodes hold on other machines
+    (:mod:`dmsc.runtime.control.launch.ray_logs`); none for a local deployment or none running.
+    A node that does not answer is named on standard error, and the search goes on."""
+    from dmsc.data.db import control_file
+
+    try:
+        info = json.loads(control_file().read_text())
+    except (OSError, ValueError):
+        return []
+    if not isinstance(info, dict) or info.get("launcher") != "ray":
+        return []
+    import grpc
+
+    from dmsc.cli.runtime import control_client
+    from dmsc.runtime.transport.log_calls import MAX_LINES, LogsRequest
+    from dmsc.runtime.transport.log_search import Entry
+
+    request = LogsRequest(
+        pattern=pattern.pattern if pattern is not None else None,
+        since_s=since_s,
+        lines=min(lines, MAX_LINES) if lines else MAX_LINES,
+    )
+    try:
+        reply = control_client().logs(request)
+    except (SpecError, grpc.RpcError) as exc:
+        why = exc.details() if isinstance(exc, grpc.RpcError) else str(exc)
+        print(f"dmsc logs: other Ray nodes' logs not searched: {why}", file=sys.stderr)
+        return []
+    for node in reply.unreachable:
+        print(f"dmsc logs: Ray node {node} did not answer; its logs are missing", file=sys.stderr)
+    return [Entry(service, ts, line) for service, ts, line in reply.entries]
 
 
 def choose_log(folder: Path, service: str | None) -> str:

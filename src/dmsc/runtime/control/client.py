@@ -16,6 +16,7 @@ from typing import Any
 
 from dmsc.runtime.transport import processes
 from dmsc.runtime.transport.authority import Leaf
+from dmsc.runtime.transport.log_calls import LogsReply, LogsRequest
 from dmsc.runtime.transport.messages import (
     CONTROL_SERVICE,
     DownRequest,
@@ -143,6 +144,9 @@ class ControlClient:
 
     def revoke(self, req: RevokeRequest, timeout_s: float | None = None) -> RevokeReply:
         return self.rpc.ask("Revoke", req, RevokeReply, timeout_s)
+
+    def logs(self, req: LogsRequest, timeout_s: float | None = 30.0) -> LogsReply:
+        return self.rpc.ask("Logs", req, LogsReply, timeout_s)
 
     def down(self) -> DownReply:
         return self.rpc.ask("Down", DownRequest(), DownReply)

@@ -37,6 +37,7 @@ from dmsc.runtime.compute import sealing
 from dmsc.runtime.control.db_watch import watch_database
 from dmsc.runtime.control.launch import forked
 from dmsc.runtime.transport import logs, tls
+from dmsc.runtime.transport.log_calls import LogsReply, LogsRequest
 from dmsc.runtime.transport.messages import (
     CONTROL_SERVICE,
     AutoscaleSettings,
@@ -63,6 +64,26 @@ def _revoke(db: Database, principals: PrincipalCache, req: RevokeRequest) -> dic
     except KeyError as exc:
         raise BadRequest(str(exc).strip("'")) from None
     return {"revoked": req.key_id}
+
+
+def _logs(cp: ControlPlane, ray: bool, req: LogsRequest) -> LogsReply:
+    """``dmsc logs --grep`` of a deployment on Ray: the lines its nodes hold elsewhere."""
+    if not ray:
+        return LogsReply(launcher="local")
+    from dmsc.runtime.control.launch.ray_logs import gather
+
+    dep = cp.deployment
+    handles = [*dep.handles, *dep.tp.handles, *dep.spares.handles, *dep.abandoned]
+    found, unreachable = gather(
+        [h.process for h in handles],
+        dep.home,
+        req.pattern,
+        req.since_s,
+        req.services,
+        everywhere=req.everywhere,
+    )
+    entries = [(e.service, e.ts, e.line) for e in found[-req.lines :]]
+    return LogsReply(launcher="ray", entries=entries, unreachable=unreachable)
 
 
 def read_settings(stream: TextIO) -> ControlSettings:
@@ -271,7 +292,10 @@ def main(stdin: TextIO | None = None) -> None:
     token = secrets.token_urlsafe(24)
     revoking = partial(_revoke, db, principals)
     revoke_method = message_handler(RevokeRequest, revoking, reply=RevokeReply)
-    methods = {**cp.methods(), "Revoke": revoke_method}
+    logs_method = message_handler(
+        LogsRequest, partial(_logs, cp, settings.launcher == "ray"), reply=LogsReply
+    )
+    methods = {**cp.methods(), "Revoke": revoke_method, "Logs": logs_method}
     if control_loop is not None:  # dmsc status shows the loop too
         answer = with_loop_status(cp.status, control_loop)
         methods["Status"] = message_handler(StatusRequest, answer, reply=StatusReply)
@@ -286,6 +310,7 @@ def main(stdin: TextIO | None = None) -> None:
         "tls": cli_leaf.wire(),  # the CLI's leaf certificate and key: this file is 0600
         "database": location(db.url),  # CLI commands that open it check it is this one
         "queue": settings.queue,  # the task queue's policy (dmsc up --queue)
+        "launcher": settings.launcher,  # dmsc logs asks the control plane for Ray nodes' logs
     }
     logs.write_private(control_file(), json.dumps(info))
 

@@ -4,7 +4,8 @@
   process per stage worker, forked by :mod:`.forked` from a server that imported the worker
   once); :mod:`.ray_launcher` the same on a Ray cluster, after the checks of
   :mod:`.ray_checks`; :mod:`.ray_private` the one-node Ray cluster ``dmsc up --launcher ray``
-  starts without ``--ray-address``; :mod:`.spares` warm spares.
+  starts without ``--ray-address``; :mod:`.ray_logs` the logs each Ray node holds, for
+  ``dmsc logs``; :mod:`.spares` warm spares.
 - :mod:`.layout`: what a deployment runs (:class:`~.layout.StageLayout`) and a consistent
   snapshot of it (:class:`~.layout.Checkpoint`); :mod:`.staging` writes a checkpoint folder
   whole or not at all.
@@ -26,5 +27,5 @@ builds on this one, and this one on none of them.
 Imports run one way, down this list (each module imports only modules on later lines):
 ``recovery, signals, renewal -> fallback -> deployment -> decoding, staging, spares, tp_ranks
 -> failures, sampling, layout -> launchers -> forked``, and
-``ray_private -> ray_launcher -> ray_checks, launchers``.
+``ray_private -> ray_launcher -> ray_logs, ray_checks, launchers``.
 """

@@ -110,6 +110,14 @@ class WorkerHost:
         if self.proc is not None and self.proc.poll() is None:
             self.proc.send_signal(sig)
 
+    def log_entries(
+        self, home: str, pattern: str | None, since_s: float | None, services: list[str] | None
+    ) -> dict[str, Any]:
+        """The lines of this node's logs that ``dmsc logs --grep`` asks for (:mod:`.ray_logs`)."""
+        from dmsc.runtime.control.launch.ray_logs import node_entries
+
+        return node_entries(Path(home), pattern, since_s, services)
+
     def stop(self) -> int | None:
         if self.proc is None:
             return None
