@@ -11,8 +11,10 @@ from pathlib import Path
 
 from dmsc.data.control_records import alerts
 from dmsc.data.db import Database
+from dmsc.runtime.control.launch.ray_logs import NodeTail
 from dmsc.runtime.control.loop.symptoms import LogAlerts, Seen, judge
 from dmsc.runtime.transport import logs
+from dmsc.runtime.transport.log_search import Entry
 
 T0 = 1_800_000_000.0
 
@@ -58,3 +60,33 @@ def test_a_workers_out_of_memory_raises_one_alert(tmp_path: Path) -> None:
     (row,) = alerts(db, run)
     assert row.resolved_at is not None
     logging.getLogger("test-symptoms").handlers.clear()
+
+
+def test_another_machines_symptom_lines_raise_an_alert_too(tmp_path: Path) -> None:
+    """With workers on Ray, a node's host actor keeps its place in its node's logs
+    (:class:`~dmsc.runtime.control.launch.ray_logs.NodeTail`, run here on a folder standing for
+    that node's) and sends only its new lines that show a failure; the loop raises on them as
+    on its own machine's."""
+    node_home = tmp_path / "node"
+    node_logs = logs.log_dir(node_home)
+    worker = node_logs / "sid-2-cccc-r0.log"
+    worker.write_text(json.dumps({"ts": "2027-01-15T08:00:00Z", "msg": "old: gloo error"}) + "\n")
+    tail = NodeTail(node_home, T0 + 60)  # the control plane started after the old line
+    assert tail.read()["entries"] == []
+    with worker.open("a") as f:
+        for msg in ("step done", "[gloo/transport/tcp/pair.cc] Connection closed by peer"):
+            f.write(json.dumps({"ts": "2027-01-15T08:05:00Z", "msg": msg}) + "\n")
+    got = tail.read()
+    assert [line for _, _, line in got["entries"]] == [worker.read_text().splitlines()[-1]]
+    assert tail.read()["entries"] == []  # nothing new
+    db = Database(f"sqlite:///{tmp_path / 'dmsc.sqlite'}")
+    run = db.new_run("gpt-mini", "local-cpu", {}).id
+    folder = logs.log_dir(tmp_path / "here")
+    log = logs.file_logger("test-symptoms-remote", folder / "control.log")
+    far = [Entry(s, ts, line) for s, ts, line in got["entries"]]
+    watch = LogAlerts(folder, db, run, log, remote=lambda: far)
+    (alert,) = watch.once(T0 + 5, 300)
+    (row,) = alerts(db, run)
+    assert (row.id, row.slo) == (alert, "log:gloo")
+    assert row.reason.startswith("1 log line of sid-2-cccc-r0 showed")
+    logging.getLogger("test-symptoms-remote").handlers.clear()

@@ -67,6 +67,7 @@ class WorkerHost:
 
     def __init__(self) -> None:
         self.proc: subprocess.Popen[str] | None = None
+        self.tails: dict[str, Any] = {}  # home -> its NodeTail (:meth:`symptom_lines`)
 
     def start(
         self, cfg: dict[str, Any], home: str, ready_timeout_s: float, host: str | None = None
@@ -117,6 +118,14 @@ class WorkerHost:
         from dmsc.runtime.control.launch.ray_logs import node_entries
 
         return node_entries(Path(home), pattern, since_s, services)
+
+    def symptom_lines(self, home: str, since_s: float) -> dict[str, Any]:
+        """The new lines of this node's logs that show a failure (:mod:`.ray_logs`)."""
+        from dmsc.runtime.control.launch.ray_logs import NodeTail
+
+        if home not in self.tails:
+            self.tails[home] = NodeTail(Path(home), since_s)
+        return self.tails[home].read()  # type: ignore[no-any-return]
 
     def stop(self) -> int | None:
         if self.proc is None:

@@ -59,7 +59,7 @@ from dmsc.runtime.control.loop.hysteresis import after_move
 from dmsc.runtime.control.loop.moves import StillServing, apply_move
 from dmsc.runtime.control.loop.objectives import policy_from
 from dmsc.runtime.control.loop.snapshot import Predictions, take
-from dmsc.runtime.control.loop.symptoms import LogAlerts
+from dmsc.runtime.control.loop.symptoms import LogAlerts, remote_symptoms
 from dmsc.runtime.control.loop.tick import (
     Breach,
     LoopConfig,
@@ -146,7 +146,9 @@ class ControlLoop:
         if home is not None:  # what they gained since this process started (.symptoms)
             post = self._post if self.webhook else None
             since = psutil.Process().create_time()
-            self.log_alerts = LogAlerts(log_dir(home), cp.db, cp.run.id, log, post, since)
+            self.log_alerts = LogAlerts(
+                log_dir(home), cp.db, cp.run.id, log, post, since, remote_symptoms(cp, since)
+            )
         reg = getattr(cp, "metrics", None)
         self.m_tick = Histogram(
             "dmsc_control_loop_tick_seconds",

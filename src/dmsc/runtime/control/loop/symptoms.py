@@ -4,7 +4,9 @@ memory, an NCCL or gloo error, a checkpoint error:
 does: one row in ``alerts`` (``slo`` is ``log:NAME``), one warning in the control log, a post to
 the policy's webhook.
 
-Each tick reads what the logs gained since the tick before
+Each tick reads what the logs gained since the tick before (with workers on Ray, the logs
+their nodes hold on other machines too: their new lines that show a symptom,
+:func:`~dmsc.runtime.control.launch.ray_logs.symptom_lines`)
 (:class:`~dmsc.runtime.transport.log_search.LogTail`; the first tick, what they gained since the
 control plane's process started: its start, which resumes from a checkpoint, comes before the
 loop's first tick, and what an earlier control plane logged is not new). :func:`judge` is the
@@ -19,6 +21,7 @@ import logging
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 from dmsc.data.control_records import add_alert, set_alert
 from dmsc.data.db import Database
@@ -65,6 +68,23 @@ def judge(
     return raised, resolved, after
 
 
+def remote_symptoms(cp: Any, since_s: float) -> Callable[[], list[Entry]] | None:
+    """With the deployment's workers on Ray, what brings the symptom lines their nodes' logs
+    gained on other machines (None: every log is on this machine)."""
+    from dmsc.runtime.control.launch.ray_launcher import RayLauncher  # imports no Ray
+    from dmsc.runtime.control.launch.ray_logs import symptom_lines
+
+    if not isinstance(getattr(getattr(cp, "deployment", None), "launcher", None), RayLauncher):
+        return None
+
+    def remote() -> list[Entry]:
+        dep = cp.deployment
+        handles = [*dep.handles, *dep.tp.handles, *dep.spares.handles]
+        return symptom_lines([h.process for h in handles], dep.home, since_s)
+
+    return remote
+
+
 class LogAlerts:
     """The symptom alerts of one run, from the logs in ``folder``."""
 
@@ -76,8 +96,10 @@ class LogAlerts:
         log: logging.Logger,
         post: Callable[[int], None] | None = None,
         since_s: float | None = None,
+        remote: Callable[[], Sequence[Entry]] | None = None,
     ) -> None:
         self.tail = LogTail(folder, since_s)
+        self.remote = remote  # other machines' new symptom lines (workers on Ray)
         self.db, self.run_id, self.log, self.post = db, run_id, log, post
         self.open: dict[str, float] = {}  # symptom -> last seen (unix seconds)
         self.alert_ids: dict[str, int] = {}
@@ -86,7 +108,10 @@ class LogAlerts:
 
     def once(self, now_s: float, window_s: float) -> list[int]:
         """Read the logs' new lines, raise and resolve (module docstring); the alerts raised."""
-        raised, resolved, self.open = judge(seen(self.tail.read()), self.open, now_s, window_s)
+        entries = self.tail.read()
+        if self.remote is not None:
+            entries = [*entries, *self.remote()]
+        raised, resolved, self.open = judge(seen(entries), self.open, now_s, window_s)
         for name in resolved:
             alert = self.alert_ids.pop(name, None)
             if alert is not None:
