@@ -6,19 +6,29 @@ gpt-mini in two stages on a one-box cluster of four CPU devices (``_deployment.O
   one serving pipeline more fits on the two free devices;
 - **fixed**: planned with dp=2, both pipelines up from the start.
 
+- **autoscaled+forecast** (with ``--lookahead S``): the same, its rule also scaling out when the
+  request rate its Holt forecast expects ``S`` seconds ahead needs more pipelines than run
+  (``lookahead=S``), so a ramp is met before the queue builds.
+
 Each is started with ``dmsc up --gateway`` and loaded through the gateway (``POST /v1/infer``,
 closed-loop clients, ``--tokens`` bytes each, sampled) in steps of clients and seconds
-(``--steps 1x20,6x40,1x40`` by default); the replicas in routing are read from ``/v1/health``
-every half second. Prints a table per deployment and load step (requests answered, errors, p50
-and p99 latency, mean replicas), or with --json one object: ``runs`` -> name -> ``phases`` (the
-same figures) and ``timeline`` ([seconds, replicas]), and the settings. On a 2-core machine four
-stage workers share two cores: the second pipeline can only use what the first leaves idle.
+(``--steps 1x20,6x40,1x40`` by default; a ramp such as ``1x20,2x8,3x8,4x8,5x8,6x20,1x20`` is
+where a forecast can lead); the replicas in routing are read from ``/v1/health`` every half
+second. The time over the SLO (``--slo-s``) is the seconds in which the slowest request that
+ended in that second took longer than the SLO. Prints a table per deployment and load step
+(requests answered, errors, p50 and p99 latency, mean replicas) and a line per deployment (p99
+over the whole load, time over the SLO, its first scale-out), or with --json one object:
+``runs`` -> name -> ``phases`` (the same figures), ``p99_s``, ``over_slo_s``,
+``first_scale_out_s`` and ``timeline`` ([seconds, replicas]), and the settings. On a 2-core
+machine four stage workers share two cores: the second pipeline can only use what the first
+leaves idle.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import os
 import re
 import threading
 import time
@@ -60,11 +70,13 @@ def _load(base: str, key: str, steps: list[tuple[int, float]], tokens: int) -> d
     watcher = threading.Thread(target=watch, daemon=True)
     watcher.start()
     phases = []
+    ended: list[tuple[float, float]] = []  # (seconds since the start, latency) of each answer
     body = {"prompt": "def ", "tokens": tokens, "temperature": 0.8}
     headers = {"Authorization": f"Bearer {key}"}
     for clients, seconds in steps:
         start = time.monotonic() - t0
-        lat, errors = _step(f"{base}/v1/infer", body, headers, clients, seconds)
+        lat, errors, ends = _step(f"{base}/v1/infer", body, headers, clients, seconds)
+        ended += [(e - t0, a) for e, a in zip(ends, lat, strict=True)]
         end = time.monotonic() - t0
         seen = [n for s, n in timeline if start <= s <= end] or [0]
         phases.append(
@@ -81,15 +93,39 @@ def _load(base: str, key: str, steps: list[tuple[int, float]], tokens: int) -> d
         )
     done.set()
     watcher.join()
-    return {"phases": phases, "timeline": timeline}
+    lats = [a for _, a in ended]
+    start_n = timeline[0][1] if timeline else 0
+    out = [s for s, n in timeline if n > start_n]
+    return {
+        "phases": phases,
+        "timeline": timeline,
+        "p99_s": float(np.percentile(lats, 99)) if lats else None,
+        "worst_per_second": _worst_per_second(ended),
+        "first_scale_out_s": out[0] if out else None,
+    }
+
+
+def _worst_per_second(ended: list[tuple[float, float]]) -> dict[int, float]:
+    """The longest latency of the answers that ended in each whole second of the load."""
+    worst: dict[int, float] = {}
+    for at, latency in ended:
+        worst[int(at)] = max(worst.get(int(at), 0.0), latency)
+    return worst
+
+
+def over_slo_s(worst: dict[int, float], slo_s: float) -> int:
+    """The seconds in which the slowest answer took longer than ``slo_s``."""
+    return sum(1 for latency in worst.values() if latency > slo_s)
 
 
 def _step(
     url: str, body: dict[str, Any], headers: dict[str, str], clients: int, seconds: float
-) -> tuple[list[float], list[int]]:
-    """``clients`` closed-loop clients for ``seconds``: latencies of answers, error statuses."""
+) -> tuple[list[float], list[int], list[float]]:
+    """``clients`` closed-loop clients for ``seconds``: latencies of answers, error statuses,
+    and when each answer came (``time.monotonic``)."""
     lat: list[float] = []
     errors: list[int] = []
+    ends: list[float] = []
     lock = threading.Lock()
     stop = time.monotonic() + seconds
 
@@ -101,6 +137,7 @@ def _step(
                 with lock:
                     if r.status_code == 200:
                         lat.append(time.perf_counter() - t)
+                        ends.append(time.monotonic())
                     else:
                         errors.append(r.status_code)
 
@@ -109,7 +146,7 @@ def _step(
         t.start()
     for t in threads:
         t.join()
-    return lat, errors
+    return lat, errors, ends
 
 
 def run(
@@ -154,15 +191,30 @@ def main() -> None:
     ap.add_argument("--steps", default="1x20,6x40,1x40", help="CLIENTSxSECONDS,...")
     ap.add_argument("--tokens", type=int, default=24)
     ap.add_argument("--autoscale", default="infer:min=1,max=2,target=2,cooldown=5,window=5")
+    ap.add_argument(
+        "--lookahead", type=float, default=0.0, help="Also run with lookahead=S (0: not)."
+    )
+    ap.add_argument("--slo-s", type=float, default=1.0, help="Latency SLO for time over it.")
     ap.add_argument("--json", action="store_true")
     ap.add_argument("--out", help="also write the JSON here")
     args = ap.parse_args()
     steps = [(int(c), float(s)) for c, s in (p.split("x") for p in args.steps.split(","))]
-    runs = {
-        "autoscaled": run("autoscaled", 1, args.autoscale, steps, args.tokens),
-        "fixed-max": run("fixed", 2, None, steps, args.tokens),
+    runs = {"autoscaled": run("autoscaled", 1, args.autoscale, steps, args.tokens)}
+    if args.lookahead > 0:
+        ahead = f"{args.autoscale},lookahead={args.lookahead:g}"
+        runs["autoscaled+forecast"] = run("forecast", 1, ahead, steps, args.tokens)
+    runs["fixed-max"] = run("fixed", 2, None, steps, args.tokens)
+    for r in runs.values():
+        r["over_slo_s"] = over_slo_s(r.pop("worst_per_second"), args.slo_s)
+    doc = {
+        "steps": args.steps,
+        "tokens": args.tokens,
+        "autoscale": args.autoscale,
+        "lookahead_s": args.lookahead,
+        "slo_s": args.slo_s,
+        "load_after": list(os.getloadavg()),  # a shared machine: how busy it was
+        "runs": runs,
     }
-    doc = {"steps": args.steps, "tokens": args.tokens, "autoscale": args.autoscale, "runs": runs}
     if args.out:
         Path(args.out).write_text(json.dumps(doc, indent=2) + "\n")
     if args.json:
@@ -178,6 +230,11 @@ def main() -> None:
                 f"{name:<12} {p['clients']:>8} {p['seconds']:>8.0f} {p['answered']:>8} "
                 f"{p['errors']:>8} {p50:>8} {p99:>8} {p['mean_replicas']:>8.2f}"
             )
+    for name, r in runs.items():
+        p99 = f"{r['p99_s']:.2f} s" if r["p99_s"] is not None else "-"
+        first = r["first_scale_out_s"]
+        out = f"first scale-out at {first:.1f} s" if first is not None else "no scale-out"
+        print(f"{name}: p99 {p99}, {r['over_slo_s']} s over the {args.slo_s:g} s SLO, {out}")
 
 
 if __name__ == "__main__":
