@@ -85,7 +85,7 @@ def test_tree_and_hierarchical_average_as_gloos_ring_and_one_process_do(n: int) 
     ring = _run(n, "ring", PLACES[n], inputs)
     for algorithm in ("tree", "hierarchical"):
         got = _run(n, algorithm, PLACES[n], inputs)  # type: ignore[arg-type]
-        for (out, sent), (ring_out, _) in zip(got, ring, strict=True):
+        for (out, _), (ring_out, _) in zip(got, ring, strict=True):
             for o, r, w in zip(out, ring_out, want, strict=True):
                 # the averages the replicas apply, against one process's and gloo's ring's
                 assert (o / n - w / n).abs().max() < 1e-6

@@ -256,7 +256,7 @@ class ThreadWork:
             self._future.set_result(None)
         except BaseException as exc:
             self.error = exc
-            self._future.set_exception(exc)
+            self._future.set_exception(exc)  # type: ignore[arg-type]  # (a stub mistake)
         finally:
             self.done.set()
 
