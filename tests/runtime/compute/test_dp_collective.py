@@ -122,7 +122,12 @@ class _Peers:
 
 
 def _replicas(
-    n: int, store: Any, timeout_s: float = 5.0, allreduce: str = "auto", places: str = ""
+    n: int,
+    store: Any,
+    timeout_s: float = 5.0,
+    allreduce: str = "auto",
+    places: str = "",
+    hosts: str = "",
 ) -> list[tuple[torch.nn.Module, DataParallel]]:
     inboxes = [Inbox() for _ in range(n)]
     out = []
@@ -135,6 +140,7 @@ def _replicas(
             sid=f"s-r{r}", stage=0, stages=1, model={}, first="", last="", registry="",
             replica=r, replicas=n, tp_store=f"127.0.0.1:{store.port}", recv_timeout_s=timeout_s,
             allreduce=allreduce, datacenter=places[r] if places else "local",
+            host=hosts[r] if hosts else "127.0.0.1",
         )  # fmt: skip
         peers = _Peers(inboxes, r)
         dp = DataParallel(cfg, list(model.parameters()), None, peers, inboxes[r], LinkShaper(0))  # type: ignore[arg-type]
@@ -302,3 +308,9 @@ def test_a_late_replica_leaves_unequal_datacenters_and_the_members_fall_back_to_
     for model, _ in ranks[:3]:
         for got, ref in zip(_grads(model), want, strict=True):
             assert (got - ref).abs().max() < 1e-6
+    # one datacenter, two nodes of two: the domains are the nodes
+    other = _store()  # held: the store lives as long as its master object
+    nodes = _replicas(4, other, allreduce="hierarchical", hosts="xxyy")
+    with ThreadPoolExecutor(4) as pool:
+        list(pool.map(lambda r: _step(*nodes[r], 0, seed=r)(), range(4)))
+    assert nodes[0][1].group.domains == [[0, 1], [2, 3]]

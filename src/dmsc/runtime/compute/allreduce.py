@@ -19,7 +19,9 @@ reaches the worker, is the ring):
   share across the datacenters (member ``i`` of each with member ``i`` of the others), then a
   ring all-gather inside (Horovod's hierarchical all-reduce; the cost model's
   ``_hierarchical``). Where the members do not split into two or more datacenters of equal
-  size, more than one member each, it is the ring, as the cost model prices it then.
+  size, more than one member each, the domains are their nodes (the host each worker serves
+  on), as the cost model's node level; where neither splits so, it is the ring, as the cost
+  model prices it then.
 
 The tree and the hierarchical rings run on a thread of their own for each launch (one after
 the other, in launch order, as gloo runs its collectives), behind a :class:`ThreadWork` that

@@ -15,9 +15,10 @@ with a torch.distributed all-reduce among its replicas, as ``DistributedDataPara
   :mod:`.allreduce`) over the group, on the host: ``ring`` (and ``auto``) is gloo's own (torch
   2.13's ``ProcessGroupGloo`` runs gloo's ring, a reduce-scatter then an all-gather); ``tree``
   a reduce up a binary tree and a broadcast down it, in segments; ``hierarchical`` a ring
-  reduce-scatter inside each datacenter (the replicas publish theirs in the store), a ring
-  all-reduce of each share across the datacenters and a ring all-gather inside, the ring where
-  the members do not fall into equal datacenters of two or more (as the cost model prices it,
+  reduce-scatter inside each datacenter (the replicas publish theirs, and their node, in the
+  store), a ring all-reduce of each share across the datacenters and a ring all-gather inside;
+  by node where the datacenters are not two or more of equal size, and the ring where the
+  nodes are not either (as the cost model prices it,
   :meth:`dmsc.netmodel.comm.CommModel.collective`);
 - before the first bucket goes, the replicas agree on a quorum (:mod:`.quorum`): who is in this
   step, in which process group (formed again when the quorum changed, under a fresh store
@@ -113,9 +114,10 @@ class ReplicaGroup:
             self._store = dist.TCPStore(  # type: ignore[attr-defined]
                 host, int(port), is_master=False, timeout=timedelta(seconds=self.timeout_s)
             )
-            # where this replica is, for the hierarchical all-reduce's datacenters (set before
-            # its first quorum, so that a group's members find each other's)
-            self._store.set(self._place_key(self.cfg.replica), self.cfg.datacenter)
+            # where this replica is, for the hierarchical all-reduce's domains (set before its
+            # first quorum, so that a group's members find each other's)
+            place = f"{self.cfg.datacenter}\n{self.cfg.host}"
+            self._store.set(self._place_key(self.cfg.replica), place)
         return self._store
 
     def _place_key(self, replica: int) -> str:
@@ -148,8 +150,10 @@ class ReplicaGroup:
             self.rank, self.size, self._launches, self._last = rank, len(d.members), 0, None
             self.domains = None
             if self.algorithm == "hierarchical":
+                # by datacenter, else (the datacenters unequal, or one) by node
                 places = [self.store().get(self._place_key(r)).decode() for r in d.members]
-                self.domains = domains_of(places)
+                dcs = [p.partition("\n")[0] for p in places]
+                self.domains = domains_of(dcs) or domains_of(places)
         return d
 
     def allreduce(self, flat: torch.Tensor) -> Any:
