@@ -238,12 +238,15 @@ def test_a_replica_alone_under_restart_drops_the_step() -> None:
         _step(*ranks[0], 0, seed=0, policy="restart")()
 
 
-def test_an_abandoned_step_leaves_an_all_reduce_stuck_on_a_frozen_member_at_once() -> None:
+@pytest.mark.parametrize("allreduce", ["auto", "tree"])
+def test_an_abandoned_step_leaves_an_all_reduce_stuck_on_a_frozen_member_at_once(
+    allreduce: str,
+) -> None:
     """A member that joined the group and froze: the step is abandoned (a move to a newer
     epoch) long before the collective's own timeout, and leaving the group does not wait for
     it either (gloo's group, destroyed, would wait for the timeout)."""
     store = _store()
-    ranks = _replicas(2, store, timeout_s=20.0)
+    ranks = _replicas(2, store, timeout_s=20.0, allreduce=allreduce)
     frozen = ranks[1][1]
     threading.Thread(target=frozen.group.agree, args=(0, "g0", "skip", 5.0, lambda: False)).start()
     threading.Timer(0.5, ranks[0][1].inbox.advance, args=(1,)).start()
