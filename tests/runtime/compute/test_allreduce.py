@@ -159,3 +159,23 @@ def test_the_bytes_booked_on_each_link_are_the_cost_models(algorithm: str, per_s
             booked[lid] = booked.get(lid, 0.0) + nbytes
     assert booked == pytest.approx(cost.link_bytes)
     assert sum(pairs.values()) == pytest.approx(cost.bytes_sent)
+
+
+def test_a_finished_launch_holds_neither_its_bucket_nor_the_launches_before() -> None:
+    """Each launch waits for the one before; once over, the last one a group keeps must not
+    hold every earlier launch and its bucket for as long as the group lives."""
+    import gc
+    import weakref
+
+    order: list[int] = []
+    buckets = [torch.zeros(1000) for _ in range(3)]
+    gone = [weakref.ref(b) for b in buckets]
+    last = None
+    for i, bucket in enumerate(buckets):
+        last = ThreadWork(lambda i=i, b=bucket: order.append(i + int(b.sum())), last)
+    assert last is not None
+    last.wait()
+    last.done.wait()  # set once its thread let go of its bucket
+    del buckets, bucket
+    gc.collect()
+    assert order == [0, 1, 2] and all(ref() is None for ref in gone)

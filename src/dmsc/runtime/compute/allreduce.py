@@ -45,7 +45,7 @@ import torch
 Algorithm = Literal["ring", "tree", "hierarchical"]
 ALGORITHMS: tuple[str, ...] = ("ring", "tree", "hierarchical")
 SEGMENT_BYTES = 256 << 10  # the tree's pipelining unit
-MAX_SEGMENTS = 1000  # keeps a launch's tags apart (see _tags)
+MAX_SEGMENTS = 1000  # a tree's segments: its tags up and down stay in a launch's range
 
 
 def algorithm_of(name: str) -> Algorithm:
@@ -236,6 +236,10 @@ def hierarchical_all_reduce(
     _ring_all_gather(pg, chunks, mine, pos, tag + 2 * g + 2 * len(domains))
 
 
+def _nothing() -> None:
+    pass
+
+
 class ThreadWork:
     """One launch of a point-to-point algorithm, run on a thread of its own after the launch
     before it (``after``) is over, answering as a gloo work does (``get_future``, ``wait``)."""
@@ -249,17 +253,23 @@ class ThreadWork:
         threading.Thread(target=self._main, daemon=True, name="dp-allreduce").start()
 
     def _main(self) -> None:
+        # let go of the launch before and of the buffer once they are used: each launch would
+        # otherwise hold every earlier one, and its bucket, for as long as the group lives
+        after, self._after = self._after, None
+        run, self._run = self._run, _nothing
         try:
-            if self._after is not None:
-                self._after.done.wait()
-                if self._after.error is not None:
+            if after is not None:
+                after.done.wait()
+                if after.error is not None:
                     raise RuntimeError("all-reduce: an earlier bucket's all-reduce failed")
-            self._run()
+            del after
+            run()
             self._future.set_result(None)
         except BaseException as exc:
             self.error = exc
             self._future.set_exception(exc)  # type: ignore[arg-type]  # (a stub mistake)
         finally:
+            del run
             self.done.set()
 
     def get_future(self) -> torch.futures.Future[None]:
