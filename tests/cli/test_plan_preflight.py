@@ -67,6 +67,28 @@ def test_an_interleaved_plan_starts_with_each_stage_holding_its_chunks(
         assert fields["chunks"] == [list(c) for c in st.chunks]
 
 
+def test_the_plans_all_reduce_reaches_each_workers_configuration(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A plan whose stages say tree: the layout carries it, and each worker's configuration."""
+    from dmsc.runtime.control.launch.deployment import Deployment
+    from dmsc.runtime.control.training.session import layout_from_plan
+
+    cluster = load_spec(ClusterSpec, EXAMPLES / "two-sites-cpu.yaml")
+    job = JobSpec(global_batch=8, micro_batch=2, tp=1, pp=2, dp=2, allreduce="tree")
+    plan = plan_job(cluster, resolve_model("gpt-mini"), job, fixed=True).plan
+    layout = layout_from_plan(plan, plan.model_spec)  # type: ignore[arg-type]
+    assert layout.allreduce == {0: "tree", 1: "tree"}
+    dep = Deployment.__new__(Deployment)  # config() only: no processes
+    monkeypatch.setattr(dep, "layout", layout, raising=False)
+    monkeypatch.setattr(dep, "epoch", 0, raising=False)
+    monkeypatch.setattr(dep, "registry_address", "", raising=False)
+    monkeypatch.setattr(dep, "token", None, raising=False)
+    monkeypatch.setattr(dep, "home", tmp_path, raising=False)
+    monkeypatch.setattr(dep, "tp", type("Store", (), {"address": ""})(), raising=False)
+    assert dep.config(1, 1).allreduce == "tree"
+
+
 @pytest.mark.parametrize(
     ("edit", "field", "reason"),
     [

@@ -2,12 +2,15 @@
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import grpc
 import pytest
 import torch
 from runtime_helpers import reference_losses
 
 from dmsc.data.corpus import Corpus, stdlib_text
+from dmsc.runtime.compute.config import WorkerConfig
 from dmsc.runtime.compute.models.hf import stage_module
 from dmsc.runtime.compute.reference import train_reference
 from dmsc.runtime.compute.worker import STAGE_SERVICE
@@ -55,6 +58,30 @@ def test_data_parallel_pipeline_equals_single_process(batches, reference) -> Non
     losses = [o["loss"] for o in outs]
     assert max(abs(a - b) for a, b in zip(losses, reference, strict=True)) < 1e-5
     _check_traces(outs[-1]["traces"], STEPS - 1, MICRO // 2)
+
+
+class _TreeDeployment(Deployment):
+    """A deployment whose workers run the tree all-reduce, as a plan's ``allreduce: tree``
+    stage makes them (its layout carries the plan's choice into each worker's configuration)."""
+
+    def config(self, stage: int, replica: int, tp_rank: int = 0) -> WorkerConfig:
+        return replace(super().config(stage, replica, tp_rank), allreduce="tree")
+
+
+def test_data_parallel_tree_all_reduce_equals_single_process(batches, reference) -> None:  # type: ignore[no-untyped-def]
+    """dp = 4 replicas of one stage averaging by the binary tree (replica 0 the root, 1 and 2
+    its children, 3 the child of 1): the reference's losses, and each replica's bytes to each
+    peer the tree's, the whole gradient each way along each edge of the tree."""
+    steps = 2  # the second step's loss is of the first's averaged gradients
+    with _TreeDeployment(StageLayout(SPEC, [("embedding", "head")], replicas=4)) as dep:
+        outs = [dep.train_step(s, x, y, 1) for s, (x, y) in enumerate(batches[:steps])]
+    losses = [o["loss"] for o in outs]
+    assert max(abs(a - b) for a, b in zip(losses, reference[:steps], strict=True)) < 1e-5
+    n = 4 * sum(p.numel() for p in stage_module(SPEC, 0, "embedding", "head").parameters())
+    edges = {(1, 0), (2, 0), (3, 1)}
+    for r in range(4):
+        sent = outs[-1]["traces"][(0, r)][1]
+        assert sent == {f"0/{b}": n for a, b in [*edges, *((b, a) for a, b in edges)] if a == r}
 
 
 def _check_traces(traces, step: int, m: int) -> None:  # type: ignore[no-untyped-def]

@@ -4,6 +4,7 @@ against single-process training (the reference the pipeline tests use)."""
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any
 
 import pytest
 import torch
@@ -11,13 +12,14 @@ from runtime_helpers import reference_losses
 
 from dmsc.data.corpus import Corpus, stdlib_text
 from dmsc.runtime.compute.checkpoints import read_checkpoint
+from dmsc.runtime.compute.models.chain import layer_names
 from dmsc.runtime.compute.models.hf import stage_module
 from dmsc.runtime.compute.outer_sync import make_optimizer
 from dmsc.runtime.control.launch import recovery
 from dmsc.runtime.control.launch.deployment import Deployment, StageLayout
 from dmsc.runtime.control.launch.failures import WorkerFailure
 from dmsc.runtime.transport.messages import Sampling
-from dmsc.spec import resolve_model
+from dmsc.spec import TransformerSpec, resolve_model
 
 SPEC = resolve_model("gpt-mini")
 STEPS = 3
@@ -87,6 +89,55 @@ def test_tp2_greedy_decoding_equals_one_process() -> None:
     with Deployment(StageLayout(SPEC, TWO, tp=2)) as dep:  # four: two stages of two ranks
         assert dep.generate(prompt, tokens, sampling=greedy) == want  # each rank caches its heads
         assert dep.generate(prompt, tokens, sampling=greedy, use_cache=False) == want
+
+
+_TINY: dict[str, tuple[str, str, dict[str, Any]]] = {
+    "gpt2": (
+        "GPT2Config",
+        "GPT2LMHeadModel",
+        {"vocab_size": 97, "n_embd": 64, "n_layer": 2, "n_head": 4, "n_positions": 64},
+    ),
+    "llama": (
+        "LlamaConfig",
+        "LlamaForCausalLM",
+        {
+            "vocab_size": 97,
+            "hidden_size": 64,
+            "intermediate_size": 96,
+            "num_hidden_layers": 2,
+            "num_attention_heads": 4,
+            "num_key_value_heads": 2,
+            "max_position_embeddings": 64,
+        },
+    ),
+}
+
+
+@pytest.mark.parametrize("family", sorted(_TINY))
+def test_tp2_greedy_decoding_equals_transformers_generate(family: str, tmp_path: Path) -> None:
+    """A tiny random GPT-2 and Llama saved with ``save_pretrained``, deployed from ``hf:DIR``
+    as two stages of two tensor-parallel ranks: greedy decoding (with the key/value cache)
+    gives the tokens ``transformers``' own ``generate`` gives."""
+    import transformers
+
+    config_cls, model_cls, kwargs = _TINY[family]
+    torch.manual_seed(5)
+    model = getattr(transformers, model_cls)(getattr(transformers, config_cls)(**kwargs)).eval()
+    with torch.no_grad():  # visible biases and norms: zeros and ones would hide a mapping error
+        for p in model.parameters():
+            if p.ndim == 1:
+                p.add_(0.1 * torch.randn_like(p))
+    model.save_pretrained(tmp_path / family)
+    spec = resolve_model(f"hf:{tmp_path / family}", {"seq": 32})
+    assert isinstance(spec, TransformerSpec)
+    names = layer_names(spec)  # embedding, block_0, block_1, head
+    ranges = [(names[0], names[1]), (names[2], names[-1])]
+    prompt = torch.randint(0, 97, (1, 6), generator=torch.Generator().manual_seed(2))
+    want = model.generate(prompt, max_new_tokens=8, min_new_tokens=8, do_sample=False,
+                          pad_token_id=0)  # fmt: skip
+    with Deployment(StageLayout(spec, ranges, tp=2)) as dep:
+        got = dep.generate(prompt[0].tolist(), 8, sampling=Sampling(temperature=0))
+    assert got == want[0, 6:].tolist()
 
 
 def test_spares_are_refused_at_tp2() -> None:

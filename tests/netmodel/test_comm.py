@@ -161,3 +161,18 @@ def test_hierarchical_across_datacenters() -> None:
     # all-reduce has 16 pairs of shards (m/16 each) that each rank sends once over it: 2m.
     assert flat.link_bytes[fiber] == pytest.approx(2 * 2 * 31 / 32 * m)
     assert best.link_bytes[fiber] == pytest.approx(2 * m)
+
+
+def test_the_algorithm_an_all_reduce_comes_to() -> None:
+    """What a runtime should run: auto the fastest of the three, hierarchical the ring where
+    the group does not split into equal domains."""
+    comm = CommModel(Topology(_cluster(node_gbit=200)), C)
+    group = [tuple(range(32))]  # 4 nodes of 8
+    for m in (1e3, 1e9):
+        times = {a: comm.collective("all_reduce", group, m, a).time_s for a in ("ring", "tree")}
+        times["hierarchical"] = comm.collective("all_reduce", group, m, "hierarchical").time_s
+        assert comm.all_reduce_choice(group, m) == min(times, key=times.__getitem__)
+        assert comm.all_reduce_choice(group, m, "tree") == "tree"
+    assert comm.all_reduce_choice(group, 1e9) == "hierarchical"
+    assert comm.all_reduce_choice([(0, 1, 2)], 1e9, "hierarchical") == "ring"  # one node
+    assert comm.all_reduce_choice([(0,)], 1e9) == "ring"  # nothing to reduce

@@ -75,3 +75,31 @@ def test_runner_ups_are_measured_against_the_chosen_strategys_estimate(
     assert f"chosen strategy's estimate {human_seconds(searched)}" in text
     for alt in plan.search.alternatives:
         assert alt.why_lost in text
+
+
+def test_each_stage_records_the_all_reduce_its_replicas_run() -> None:
+    """The job's algorithm, ``auto`` resolved to the fastest the cost model prices for the
+    stage's gradient over its replicas' devices; none for a stage without replicas."""
+    from conftest import EXAMPLES
+
+    from dmsc.netmodel import DEFAULT_CALIBRATION, CommModel, Topology
+    from dmsc.planner.plan import dp_allreduce
+    from dmsc.spec import load_spec
+
+    cluster = load_spec(ClusterSpec, EXAMPLES / "two-sites-cpu.yaml")  # two devices a site
+
+    model = resolve_model("gpt-mini")
+    fixed = {"global_batch": 8, "tp": 1, "pp": 2, "dp": 2}
+    for algorithm in ("auto", "ring", "tree"):
+        job = JobSpec(**fixed, allreduce=algorithm)  # type: ignore[arg-type]
+        plan = plan_job(cluster, model, job, fixed=True).plan
+        comm = CommModel(Topology(cluster), DEFAULT_CALIBRATION)
+        for st in plan.stages:
+            want = algorithm if algorithm != "auto" else dp_allreduce(comm, job, st.replicas, 1e6)
+            assert st.allreduce == want
+            groups = [tuple(r.devices[0] for r in st.replicas)]
+            if algorithm == "auto":  # the resolved one is the one the estimate priced
+                best = comm.collective("all_reduce", groups, 1e6, "auto").time_s
+                assert comm.collective("all_reduce", groups, 1e6, want).time_s == best
+    one = plan_job(cluster, model, JobSpec(global_batch=8, tp=1, pp=2, dp=1), fixed=True).plan
+    assert {st.allreduce for st in one.stages} == {None}

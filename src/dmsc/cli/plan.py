@@ -66,6 +66,12 @@ def plan(
         ),
     ] = None,
     zero: Annotated[int | None, typer.Option(help="ZeRO stage 0-3.")] = None,
+    allreduce: Annotated[
+        str | None,
+        typer.Option(
+            help="Data-parallel all-reduce: auto (the fastest), ring, tree, hierarchical."
+        ),
+    ] = None,
     sync: SyncOpt = None,
     compress: CompressOpt = None,
     top_k: Annotated[int, typer.Option(help="Runner-up strategies to keep.")] = 5,
@@ -108,6 +114,7 @@ def plan(
         "mode": mode,
         "global_batch": global_batch,
         "zero": zero,
+        "allreduce": allreduce,
         "attention": attention,
         "precision": precision,
         "sync": sync_fields(sync, compress),

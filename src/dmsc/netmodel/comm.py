@@ -148,23 +148,43 @@ class CommModel:
         hops = sum(len(g) * (len(g) - 1) if pattern == "pairs" else len(g) for g in groups)
         return self._cost(hs, t, sent / hops, sent)
 
+    def all_reduce_choice(
+        self, groups: Sequence[Group], nbytes: float, algorithm: str = "auto"
+    ) -> str:
+        """The algorithm ``algorithm`` comes to for one all-reduce of ``nbytes`` in every group
+        at once: itself, but ``auto`` the fastest of the three and ``hierarchical`` the ring
+        where the groups do not split into equal domains (what a runtime should run); the ring
+        when there is nothing to reduce."""
+        groups = tuple(tuple(g) for g in groups if len(g) > 1)
+        if not groups or nbytes <= 0:
+            return "ring"
+        n = max(len(g) for g in groups)
+        options = self._all_reduce_options(groups, n, nbytes, algorithm)
+        return min(options, key=lambda o: o[1].time_s)[0]
+
     def _all_reduce(
         self, groups: tuple[Group, ...], n: int, nbytes: float, algorithm: str
     ) -> CommCost:
-        options: list[CommCost] = []
+        options = self._all_reduce_options(groups, n, nbytes, algorithm)
+        return min((c for _, c in options), key=lambda c: c.time_s)
+
+    def _all_reduce_options(
+        self, groups: tuple[Group, ...], n: int, nbytes: float, algorithm: str
+    ) -> list[tuple[str, CommCost]]:
+        options: list[tuple[str, CommCost]] = []
         sent = 2 * (n - 1) / n * nbytes * sum(len(g) for g in groups)
         if algorithm in ("auto", "ring"):
             hs = self._pattern("ring", groups)
             t = cf.ring_time("all_reduce", n, nbytes, 1.0 / hs.inv_bw, hs.alpha)
-            options.append(self._cost(hs, t, sent / sum(len(g) for g in groups), sent))
+            options.append(("ring", self._cost(hs, t, sent / sum(len(g) for g in groups), sent)))
         if algorithm in ("auto", "tree"):
             hs = self._pattern("tree", groups)
             t = cf.tree_all_reduce_time(n, nbytes, 1.0 / hs.inv_bw, hs.alpha)
             tree_sent = 2 * nbytes * sum(len(g) - 1 for g in groups)
-            options.append(self._cost(hs, t, 2 * nbytes, tree_sent))
+            options.append(("tree", self._cost(hs, t, 2 * nbytes, tree_sent)))
         if algorithm in ("auto", "hierarchical"):
             hier = [
-                c
+                ("hierarchical", c)
                 for c in (
                     self._hierarchical(groups, nbytes, "node"),
                     self._hierarchical(groups, nbytes, "dc"),
@@ -176,8 +196,9 @@ class CommModel:
             elif algorithm == "hierarchical":
                 hs = self._pattern("ring", groups)
                 t = cf.ring_time("all_reduce", n, nbytes, 1.0 / hs.inv_bw, hs.alpha)
-                options.append(self._cost(hs, t, sent / sum(len(g) for g in groups), sent))
-        return min(options, key=lambda c: c.time_s)
+                ring = self._cost(hs, t, sent / sum(len(g) for g in groups), sent)
+                options.append(("ring", ring))
+        return options
 
     def _hierarchical(
         self, groups: tuple[Group, ...], nbytes: float, level: str

@@ -15,7 +15,7 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from dmsc.netmodel import Estimate, build_layer_costs
+from dmsc.netmodel import DEFAULT_CALIBRATION, Calibration, CommModel, Estimate, build_layer_costs
 from dmsc.netmodel.iteration import assign_stage_layers
 from dmsc.netmodel.topology import Topology
 from dmsc.planner.gantt import replay_placement, span
@@ -62,6 +62,12 @@ class StageRecord(_Record):
     datacenter: str
     microbatch_s: float
     replicas: list[ReplicaRecord]
+    allreduce: Literal["ring", "tree", "hierarchical"] | None = Field(
+        default=None,
+        description="The all-reduce its replicas average their gradients with: the job's "
+        "allreduce, auto resolved to the one the cost model prices fastest for this stage's "
+        "gradient over its replicas' devices (none: one replica, or a plan of before).",
+    )
 
 
 class PathRecord(_Record):
@@ -264,6 +270,7 @@ def assemble_plan(
     result: PlacementResult,
     estimate: Estimate,
     strategy: StrategySearch | None,
+    calib: Calibration = DEFAULT_CALIBRATION,
 ) -> Plan:
     """The plan of ``job`` placed as ``result`` says, with its prediction and search record."""
     problem, topo = built.problem, built.topology
@@ -279,13 +286,16 @@ def assemble_plan(
     traffic = dict(estimate.traffic_bytes)
     traffic["pp"] = sum(problem.boundary_bytes) * m * (2 if job.mode == "train" else 1)
 
+    comm = CommModel(topo, calib)
     # Devices: each datacenter hands out its devices in order, a stage's replicas node-aligned.
     cursor = {d: 0 for d in range(problem.n_dcs)}
     dc_devices = {
         d: [dev.index for dev in topo.devices if dev.dc == d] for d in range(problem.n_dcs)
     }
     stages: list[StageRecord] = []
-    for s, (names, chunks) in enumerate(stage_chunks(model, job)):
+    parts = stage_chunks(model, job)
+    layers = sum(len(names) for names, _ in parts)
+    for s, (names, chunks) in enumerate(parts):
         d = dcs[s]
         take = dc_devices[d][cursor[d] : cursor[d] + built.stage_devices]
         cursor[d] += built.stage_devices
@@ -293,6 +303,7 @@ def assemble_plan(
         for r in range(job.dp):
             devs = take[r * job.tp : (r + 1) * job.tp]
             replicas.append(replica_record(topo, r, problem.dc_names[d], devs))
+        grad_bytes = _GRAD_BYTES * estimate.params * len(names) / layers / job.tp
         stages.append(
             StageRecord(
                 index=s,
@@ -302,6 +313,7 @@ def assemble_plan(
                 datacenter=problem.dc_names[d],
                 microbatch_s=times[s] * 1e-6,
                 replicas=replicas,
+                allreduce=dp_allreduce(comm, job, replicas, grad_bytes) if job.dp > 1 else None,
             )
         )
     paths = []
@@ -312,6 +324,21 @@ def assemble_plan(
     return plan_record(
         cluster, model, job, estimate, stages, paths, breakdown, traffic, result, strategy
     )
+
+
+_GRAD_BYTES = 4  # the runtime all-reduces float32 gradients (on the host, gloo)
+
+
+def dp_allreduce(
+    comm: CommModel, job: JobSpec, replicas: list[ReplicaRecord], grad_bytes: float
+) -> Literal["ring", "tree", "hierarchical"]:
+    """The all-reduce a stage's replicas run: ``job.allreduce``, ``auto`` resolved to the one
+    the cost model prices fastest for ``grad_bytes`` over the replicas' devices (one group per
+    tensor-parallel rank, all at once, as :mod:`dmsc.netmodel.iteration` prices them)."""
+    groups = [tuple(rep.devices[t] for rep in replicas) for t in range(job.tp)]
+    choice = comm.all_reduce_choice(groups, grad_bytes, job.allreduce)
+    assert choice in ("ring", "tree", "hierarchical")
+    return choice  # type: ignore[return-value]
 
 
 def plan_record(

@@ -166,7 +166,7 @@ def place_job(
                 estimate = estimate_iteration(cluster, model, chosen, calib)
         except (DoesNotFit, Infeasible):
             pass
-    plan = assemble_plan(cluster, model, chosen, built, result, estimate, search)
+    plan = assemble_plan(cluster, model, chosen, built, result, estimate, search, calib)
     return PlanOutcome(plan, built, result, search, searched)
 
 

@@ -18,6 +18,7 @@ import pytest
 import torch
 import torch.distributed as dist
 
+from dmsc.runtime.compute.allreduce import link_bytes
 from dmsc.runtime.compute.config import WorkerConfig
 from dmsc.runtime.compute.dp_collective import DataParallel, StepRestart, buckets_of
 from dmsc.runtime.compute.gradient_sync import LinkShaper
@@ -121,7 +122,12 @@ class _Peers:
 
 
 def _replicas(
-    n: int, store: Any, timeout_s: float = 5.0
+    n: int,
+    store: Any,
+    timeout_s: float = 5.0,
+    allreduce: str = "auto",
+    places: str = "",
+    hosts: str = "",
 ) -> list[tuple[torch.nn.Module, DataParallel]]:
     inboxes = [Inbox() for _ in range(n)]
     out = []
@@ -133,6 +139,8 @@ def _replicas(
         cfg = WorkerConfig(
             sid=f"s-r{r}", stage=0, stages=1, model={}, first="", last="", registry="",
             replica=r, replicas=n, tp_store=f"127.0.0.1:{store.port}", recv_timeout_s=timeout_s,
+            allreduce=allreduce, datacenter=places[r] if places else "local",
+            host=hosts[r] if hosts else "127.0.0.1",
         )  # fmt: skip
         peers = _Peers(inboxes, r)
         dp = DataParallel(cfg, list(model.parameters()), None, peers, inboxes[r], LinkShaper(0))  # type: ignore[arg-type]
@@ -183,11 +191,12 @@ def test_buckets_launched_from_the_backward_average_every_gradient() -> None:
         assert sum(dp.peers.sent.values()) == sum(p.numel() * 4 for p in params)
 
 
-def test_a_missing_replica_is_skipped_then_a_dead_member_fails_the_step_and_the_group_reforms() -> (
-    None
-):
+@pytest.mark.parametrize("allreduce", ["auto", "tree"])
+def test_a_missing_replica_is_skipped_then_a_dead_member_fails_the_step_and_the_group_reforms(
+    allreduce: str,
+) -> None:
     store = _store()
-    ranks = _replicas(2, store, timeout_s=2.0)
+    ranks = _replicas(2, store, timeout_s=2.0, allreduce=allreduce)
     with ThreadPoolExecutor(2) as pool:  # step 0: both; the group of two is formed
         list(pool.map(lambda r: _step(*ranks[r], 0, seed=r)(), range(2)))
     group = ranks[0][1].group.group
@@ -229,12 +238,15 @@ def test_a_replica_alone_under_restart_drops_the_step() -> None:
         _step(*ranks[0], 0, seed=0, policy="restart")()
 
 
-def test_an_abandoned_step_leaves_an_all_reduce_stuck_on_a_frozen_member_at_once() -> None:
+@pytest.mark.parametrize("allreduce", ["auto", "tree"])
+def test_an_abandoned_step_leaves_an_all_reduce_stuck_on_a_frozen_member_at_once(
+    allreduce: str,
+) -> None:
     """A member that joined the group and froze: the step is abandoned (a move to a newer
     epoch) long before the collective's own timeout, and leaving the group does not wait for
     it either (gloo's group, destroyed, would wait for the timeout)."""
     store = _store()
-    ranks = _replicas(2, store, timeout_s=20.0)
+    ranks = _replicas(2, store, timeout_s=20.0, allreduce=allreduce)
     frozen = ranks[1][1]
     threading.Thread(target=frozen.group.agree, args=(0, "g0", "skip", 5.0, lambda: False)).start()
     threading.Timer(0.5, ranks[0][1].inbox.advance, args=(1,)).start()
@@ -243,3 +255,65 @@ def test_an_abandoned_step_leaves_an_all_reduce_stuck_on_a_frozen_member_at_once
         _step(*ranks[0], 0, seed=0)()
     assert time.monotonic() - t0 < 3.0 and ranks[0][1].group.group == ""
     frozen.group.drop()
+
+
+def _alone(store: Any, seeds: list[int]) -> list[torch.Tensor]:
+    """The average of each replica's gradients, each computed in one process by itself."""
+    alone = []
+    for seed in seeds:
+        model, _ = _replicas(1, store)[0]
+        g = torch.Generator().manual_seed(seed)
+        for _ in range(2):
+            model(torch.randn(4, 64, generator=g)).pow(2).mean().backward()
+        alone.append(_grads(model))
+    return [torch.stack(gs).mean(0) for gs in zip(*alone, strict=True)]
+
+
+@pytest.mark.parametrize("algorithm", ["tree", "hierarchical"])
+def test_the_plans_algorithm_averages_the_buckets_as_one_process_and_books_its_own_bytes(
+    algorithm: str,
+) -> None:
+    """dp = 2, 3, 4 with the tree or the hierarchical all-reduce (two datacenters, members
+    alternating between them), through the backward's hooks: every replica's gradients are
+    the average one process computes, and each replica's bytes by peer are the algorithm's."""
+    for n in (2, 3, 4):
+        store = _store()  # each its own: the quorums' keys start again
+        ranks = _replicas(n, store, allreduce=algorithm, places="ab" * n)
+        steps = [_step(*ranks[r], 0, seed=r) for r in range(n)]
+        with ThreadPoolExecutor(n) as pool:
+            assert list(pool.map(lambda run: run(), steps)) == [[]] * n
+        want = _alone(store, list(range(n)))
+        sizes = [sum(ranks[0][1].params[i].numel() for i in b) for b in ranks[0][1].buckets]
+        for r, (model, dp) in enumerate(ranks):
+            for got, ref in zip(_grads(model), want, strict=True):
+                assert (got - ref).abs().max() < 1e-6
+            used = algorithm if algorithm == "tree" or dp.group.domains else "ring"
+            expect: dict[tuple[int, int], int] = {}
+            for size in sizes:
+                for (a, b), v in link_bytes(used, n, size, 4, dp.group.domains).items():  # type: ignore[arg-type]
+                    if a == r:
+                        expect[(0, b)] = expect.get((0, b), 0) + v
+            assert dp.peers.sent == expect
+        assert (ranks[0][1].group.domains is not None) == (algorithm == "hierarchical" and n == 4)
+
+
+def test_a_late_replica_leaves_unequal_datacenters_and_the_members_fall_back_to_the_ring() -> None:
+    store = _store()
+    ranks = _replicas(4, store, allreduce="hierarchical", places="abab")
+    with ThreadPoolExecutor(4) as pool:
+        list(pool.map(lambda r: _step(*ranks[r], 0, seed=r)(), range(4)))
+    assert ranks[0][1].group.domains == [[0, 2], [1, 3]]
+    # step 1: replica 3 does not come (skip): three members, two in a and one in b
+    with ThreadPoolExecutor(3) as pool:
+        late = list(pool.map(lambda r: _step(*ranks[r], 1, seed=10 + r, policy="skip")(), range(3)))
+    assert late == [[3]] * 3 and ranks[0][1].group.domains is None
+    want = _alone(store, [10, 11, 12])
+    for model, _ in ranks[:3]:
+        for got, ref in zip(_grads(model), want, strict=True):
+            assert (got - ref).abs().max() < 1e-6
+    # one datacenter, two nodes of two: the domains are the nodes
+    other = _store()  # held: the store lives as long as its master object
+    nodes = _replicas(4, other, allreduce="hierarchical", hosts="xxyy")
+    with ThreadPoolExecutor(4) as pool:
+        list(pool.map(lambda r: _step(*nodes[r], 0, seed=r)(), range(4)))
+    assert nodes[0][1].group.domains == [[0, 1], [2, 3]]

@@ -42,6 +42,9 @@ class WorkerConfig:
     # average plain data-parallel gradients through the stage leader (the star) rather than
     # by all-reduce (benchmarks/parallel_modes.py compares the two)
     dp_star: bool = False
+    # the plan's all-reduce algorithm for the replicas' gradients: ring, tree or hierarchical
+    # (by datacenter), dmsc.runtime.compute.allreduce; auto is the ring
+    allreduce: str = "auto"
     seed: int = 0
     lr: float = 1e-3
     epoch: int = 0  # the deployment generation this worker was launched in

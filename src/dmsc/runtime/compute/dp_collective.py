@@ -11,14 +11,15 @@ with a torch.distributed all-reduce among its replicas, as ``DistributedDataPara
   are, the bucket is flattened and its all-reduce launched (asynchronous: the backward goes on),
   buckets always in the same order on every replica. The step waits for the handles before the
   optimizer's (``Commit``), so only the last buckets' time is exposed, as the cost model counts;
-- the all-reduce is gloo's on the host, with the algorithm gloo has. torch 2.13's
-  ``ProcessGroupGloo`` calls ``gloo::allreduce`` without choosing an algorithm, and the ring
-  (a reduce-scatter then an all-gather, n - 1 steps each, in segments) is the only one built in:
-  so the plan's ``--allreduce ring`` runs as priced, and ``tree`` and ``hierarchical`` run the
-  same ring (:data:`ALGORITHM`). They differ from it in the cost
-  model only: a tree pays 2 log2(n) latencies where the ring pays 2 (n - 1), and puts 2 x the
-  buffer on its busiest link where the ring puts 2 (n - 1) / n of it on every link;
-  hierarchical is a ring inside each node or datacenter, then across them;
+- the all-reduce is the plan's algorithm (``--allreduce``, ``WorkerConfig.allreduce``; run by
+  :mod:`.allreduce`) over the group, on the host: ``ring`` (and ``auto``) is gloo's own (torch
+  2.13's ``ProcessGroupGloo`` runs gloo's ring, a reduce-scatter then an all-gather); ``tree``
+  a reduce up a binary tree and a broadcast down it, in segments; ``hierarchical`` a ring
+  reduce-scatter inside each datacenter (the replicas publish theirs, and their node, in the
+  store), a ring all-reduce of each share across the datacenters and a ring all-gather inside;
+  by node where the datacenters are not two or more of equal size, and the ring where the
+  nodes are not either (as the cost model prices it,
+  :meth:`dmsc.netmodel.comm.CommModel.collective`);
 - before the first bucket goes, the replicas agree on a quorum (:mod:`.quorum`): who is in this
   step, in which process group (formed again when the quorum changed, under a fresh store
   prefix). A late replica is left out as the late policy says (``skip``: the members average
@@ -30,9 +31,11 @@ with a torch.distributed all-reduce among its replicas, as ``DistributedDataPara
   (``Abort``) abandons a wait at once.
 
 The same quorum and group average a round's pseudo-gradient for DiLoCo and FedAvg
-(:meth:`DataParallel.mean`). Bytes a replica puts on its link are a ring's, 2 (n - 1) / n of each
-bucket, to its successor in the ring; a thin link (``dp_link_mbps``) books them on the
-replica's :class:`~.gradient_sync.LinkShaper` at launch and the step waits for the link too.
+(:meth:`DataParallel.mean`). The bytes a replica puts on its links are its algorithm's, by peer
+(:func:`.allreduce.link_bytes`: a ring's 2 (n - 1) / n of each bucket to its successor, a tree's
+whole bucket to its parent and to each child), what the cost model assumes; a thin link
+(``dp_link_mbps``) books them on the replica's :class:`~.gradient_sync.LinkShaper` at launch
+and the step waits for the link too.
 """
 
 from __future__ import annotations
@@ -48,6 +51,7 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
+from dmsc.runtime.compute.allreduce import ThreadWork, algorithm_of, domains_of, launch, link_bytes
 from dmsc.runtime.compute.config import WorkerConfig
 from dmsc.runtime.compute.inbox import Aborted, Inbox
 from dmsc.runtime.compute.peers import Peers
@@ -56,7 +60,6 @@ from dmsc.runtime.transport.messages import LatePolicy
 from dmsc.runtime.transport.rpc import Abandoned
 from dmsc.runtime.transport.wire import Kind, encode
 
-ALGORITHM = "ring"  # what gloo runs for every --allreduce value (see the module docstring)
 FIRST_BUCKET_BYTES = 256 << 10  # DDP starts with a small bucket too (1 MiB there)
 BUCKET_BYTES = 4 << 20
 
@@ -96,9 +99,14 @@ class ReplicaGroup:
     def __init__(self, cfg: WorkerConfig) -> None:
         self.cfg = cfg
         self.timeout_s = cfg.recv_timeout_s
+        self.algorithm = algorithm_of(cfg.allreduce)
         self._store: Any = None
         self.pg: Any = None  # a ProcessGroupGloo (torch's stubs do not export the name)
         self.group = ""  # its id ("" none)
+        self.rank, self.size = 0, 1  # this replica's in it
+        self.domains: list[list[int]] | None = None  # its members' ranks by datacenter
+        self._launches = 0  # the all-reduces launched in it (the same count on every member)
+        self._last: ThreadWork | None = None  # the latest point-to-point one
 
     def store(self) -> Any:
         if self._store is None:
@@ -106,7 +114,14 @@ class ReplicaGroup:
             self._store = dist.TCPStore(  # type: ignore[attr-defined]
                 host, int(port), is_master=False, timeout=timedelta(seconds=self.timeout_s)
             )
+            # where this replica is, for the hierarchical all-reduce's domains (set before its
+            # first quorum, so that a group's members find each other's)
+            place = f"{self.cfg.datacenter}\n{self.cfg.host}"
+            self._store.set(self._place_key(self.cfg.replica), place)
         return self._store
+
+    def _place_key(self, replica: int) -> str:
+        return f"dp/{self.cfg.stage}/{self.cfg.tp_rank}/dc/{replica}"
 
     def agree(
         self,
@@ -132,14 +147,43 @@ class ReplicaGroup:
                 pg_store, rank, len(d.members), timedelta(seconds=self.timeout_s)
             )
             self.group = d.group
+            self.rank, self.size, self._launches, self._last = rank, len(d.members), 0, None
+            self.domains = None
+            if self.algorithm == "hierarchical":
+                # by datacenter, else (the datacenters unequal, or one) by node
+                places = [self.store().get(self._place_key(r)).decode() for r in d.members]
+                dcs = [p.partition("\n")[0] for p in places]
+                self.domains = domains_of(dcs) or domains_of(places)
         return d
+
+    def allreduce(self, flat: torch.Tensor) -> Any:
+        """Start summing ``flat`` over the group in place with the plan's algorithm; its work."""
+        work = launch(
+            self.pg, flat, self.algorithm, self.rank, self.size, self.domains, self._launches,
+            self._last,
+        )  # fmt: skip
+        self._launches += 1
+        if isinstance(work, ThreadWork):
+            self._last = work
+        return work
+
+    def sent(self, flat: torch.Tensor) -> dict[int, int]:
+        """The bytes one all-reduce of ``flat`` has this replica send to each member's rank."""
+        pairs = link_bytes(
+            self.algorithm if self.domains is not None or self.algorithm == "tree" else "ring",
+            self.size,
+            flat.numel(),
+            flat.element_size(),
+            self.domains,
+        )
+        return {b: v for (a, b), v in pairs.items() if a == self.rank}
 
     def drop(self) -> None:
         """Leave the group (its next quorum forms a new one). The group is let go on a thread
         of its own: gloo's ``abort`` does not end a collective in progress, and destroying the
         group waits for it, up to its timeout (measured: 20 s of a 20 s timeout, with a member
         that never came), which no step must wait for."""
-        held, self.pg, self.group = [self.pg], None, ""
+        held, self.pg, self.group, self._last = [self.pg], None, "", None
         if held[0] is not None:
             held[0].abort()
             threading.Thread(target=held.clear, daemon=True, name="dp-drop").start()
@@ -295,22 +339,25 @@ class DataParallel:
         d = st.decision
         if st.over or d.verdict != "go" or d.rank(self.cfg.replica) is None or len(d.members) < 2:
             return  # nothing to reduce here
+        if st.pg is not self.group.pg:  # left since (a later step's begin dropped it)
+            raise RuntimeError(f"step {st.step}: its data-parallel group was left")
         flat = torch.cat([self._grad(i).reshape(-1) for i in self.buckets[b]]).cpu()
         self._book(st, flat, d)
-        st.works.append((b, flat, st.pg.allreduce([flat])))
+        st.works.append((b, flat, self.group.allreduce(flat)))
 
     def _grad(self, i: int) -> torch.Tensor:
         p = self.params[i]
         return p.grad if p.grad is not None else torch.zeros_like(p)
 
     def _book(self, st: _Step, flat: torch.Tensor, d: Decision) -> None:
-        """Count the ring's bytes out of this replica (to its successor) and book its link."""
-        n = len(d.members)
-        nbytes = int(2 * (n - 1) / n * flat.numel() * flat.element_size())
-        succ = d.members[(d.members.index(self.cfg.replica) + 1) % n]
-        key = (self.cfg.stage, succ)
-        self.peers.sent[key] = self.peers.sent.get(key, 0) + nbytes
-        st.bytes_until = max(st.bytes_until, self.link.reserve(nbytes))
+        """Count the bytes the algorithm has this replica send each member and book its
+        link with them."""
+        total = 0
+        for rank, nbytes in self.group.sent(flat).items():
+            key = (self.cfg.stage, d.members[rank])
+            self.peers.sent[key] = self.peers.sent.get(key, 0) + nbytes
+            total += nbytes
+        st.bytes_until = max(st.bytes_until, self.link.reserve(total))
 
     def finish(self) -> list[int]:
         """After the backward (and the tied weight's exchange): launch what is left, wait for
@@ -392,7 +439,7 @@ class DataParallel:
         out = vector.clone()
         if len(d.members) > 1:
             self._book(st, out, d)
-            self.group.wait(self.group.pg.allreduce([out]), self._abandoned(st))
+            self.group.wait(self.group.allreduce(out), self._abandoned(st))
             out /= len(d.members)
             time.sleep(max(0.0, st.bytes_until - time.monotonic()))
         if d.late and d.members[0] == self.cfg.replica:

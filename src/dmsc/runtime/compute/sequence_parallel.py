@@ -31,7 +31,8 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
-from dmsc.runtime.compute.comm_meter import METER, ring_allreduce_bytes
+from dmsc.runtime.compute.comm_meter import METER
+from dmsc.runtime.compute.tp_ops import all_reduce
 
 __all__ = [
     "active",
@@ -130,9 +131,7 @@ def gather_to_whole(x: torch.Tensor, group: dist.ProcessGroup | None) -> torch.T
 def _sum_over(group: dist.ProcessGroup | None) -> Any:
     def hook(grad: torch.Tensor) -> torch.Tensor:
         out = grad.clone(memory_format=torch.contiguous_format)
-        n = dist.get_world_size(group)
-        with METER.timed("tp", ring_allreduce_bytes(out.numel(), out.element_size(), n)):
-            dist.all_reduce(out, group=group)
+        all_reduce(out, group)
         return out
 
     return hook

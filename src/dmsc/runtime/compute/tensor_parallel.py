@@ -46,10 +46,10 @@ import torch.nn.functional as F
 from torch import nn
 
 from dmsc.runtime.compute import sequence_parallel, vocab_parallel
-from dmsc.runtime.compute.comm_meter import METER, ring_allreduce_bytes
 from dmsc.runtime.compute.models import gpt, llama
 from dmsc.runtime.compute.models.chain import StageModule
 from dmsc.runtime.compute.models.support import check_tp_divisible
+from dmsc.runtime.compute.tp_ops import Enter, Reduce
 from dmsc.spec import TransformerSpec
 
 Split = Literal["column", "qkv", "row", "vocab"]
@@ -139,50 +139,12 @@ def gather_state_dict(
     return out
 
 
-def _all_reduce(x: torch.Tensor, group: dist.ProcessGroup | None) -> None:
-    """Sum ``x`` over the group in place, its time and ring bytes on the step's meter."""
-    n = dist.get_world_size(group)
-    with METER.timed("tp", ring_allreduce_bytes(x.numel(), x.element_size(), n)):
-        dist.all_reduce(x, group=group)
-
-
-class _Enter(torch.autograd.Function):
-    """Megatron's ``f``: the identity forward; the backward sums the ranks' partial gradients
-    of the sub-layer's input (each rank's column shard contributes its part)."""
-
-    @staticmethod
-    def forward(ctx: Any, x: torch.Tensor, group: dist.ProcessGroup | None) -> torch.Tensor:
-        ctx.group = group
-        return x.view_as(x)
-
-    @staticmethod
-    def backward(ctx: Any, grad: torch.Tensor) -> tuple[torch.Tensor, None]:
-        grad = grad.clone(memory_format=torch.contiguous_format)
-        _all_reduce(grad, ctx.group)
-        return grad, None
-
-
-class _Reduce(torch.autograd.Function):
-    """Megatron's ``g``: the forward sums the ranks' partial outputs; the backward passes the
-    gradient through (every rank holds the whole output's gradient)."""
-
-    @staticmethod
-    def forward(ctx: Any, x: torch.Tensor, group: dist.ProcessGroup | None) -> torch.Tensor:
-        out = x.clone(memory_format=torch.contiguous_format)
-        _all_reduce(out, group)
-        return out
-
-    @staticmethod
-    def backward(ctx: Any, grad: torch.Tensor) -> tuple[torch.Tensor, None]:
-        return grad, None
-
-
 def enter(x: torch.Tensor, group: dist.ProcessGroup | None, seq: bool = False) -> torch.Tensor:
     """``f``; with ``seq`` (sequence parallelism, in a forward that keeps its graph) the
     all-gather of the sequence's slices (:mod:`.sequence_parallel`)."""
     if sequence_parallel.active(seq):
         return sequence_parallel.gather_sequence(x, group)
-    out: torch.Tensor = _Enter.apply(x, group)
+    out: torch.Tensor = Enter.apply(x, group)
     return out
 
 
@@ -190,7 +152,7 @@ def reduce(x: torch.Tensor, group: dist.ProcessGroup | None, seq: bool = False) 
     """``g``; with ``seq``, the reduce-scatter to the sequence's slices."""
     if sequence_parallel.active(seq):
         return sequence_parallel.reduce_scatter_sequence(x, group)
-    out: torch.Tensor = _Reduce.apply(x, group)
+    out: torch.Tensor = Reduce.apply(x, group)
     return out
 
 

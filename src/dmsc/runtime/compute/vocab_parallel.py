@@ -47,8 +47,9 @@ import torch.nn.functional as F
 from torch import nn
 
 from dmsc.netmodel.layers import padded_vocab
-from dmsc.runtime.compute.comm_meter import METER, ring_allreduce_bytes
+from dmsc.runtime.compute.comm_meter import METER
 from dmsc.runtime.compute.models.chain import StageModule, loss_fn
+from dmsc.runtime.compute.tp_ops import Enter, Reduce, all_reduce
 
 __all__ = [
     "VocabParallelEmbedding",
@@ -70,48 +71,9 @@ def shard_rows(tensor: torch.Tensor, rank: int, tp: int) -> torch.Tensor:
     return tensor.chunk(tp, dim=0)[rank].contiguous()
 
 
-def _all_reduce(
-    x: torch.Tensor, group: dist.ProcessGroup | None, op: Any = dist.ReduceOp.SUM
-) -> None:
-    """Reduce ``x`` over the group in place, its time and ring bytes on the step's meter (as
-    the blocks' all-reduces: :mod:`.comm_meter`)."""
-    n = dist.get_world_size(group)
-    with METER.timed("tp", ring_allreduce_bytes(x.numel(), x.element_size(), n)):
-        dist.all_reduce(x, op=op, group=group)
-
-
 def unshard_rows(parts: list[torch.Tensor], vocab: int) -> torch.Tensor:
     """The whole ``[vocab, ...]`` tensor of the ranks' ``parts`` (rank order), padding dropped."""
     return torch.cat(parts, dim=0)[:vocab]
-
-
-class _Copy(torch.autograd.Function):
-    """``f``: the identity forward; the backward sums the ranks' partial input gradients."""
-
-    @staticmethod
-    def forward(ctx: Any, x: torch.Tensor, group: dist.ProcessGroup | None) -> torch.Tensor:
-        ctx.group = group
-        return x.view_as(x)
-
-    @staticmethod
-    def backward(ctx: Any, grad: torch.Tensor) -> tuple[torch.Tensor, None]:
-        grad = grad.clone(memory_format=torch.contiguous_format)
-        _all_reduce(grad, ctx.group)
-        return grad, None
-
-
-class _Sum(torch.autograd.Function):
-    """``g``: the forward sums the ranks' partial outputs; the gradient passes through."""
-
-    @staticmethod
-    def forward(ctx: Any, x: torch.Tensor, group: dist.ProcessGroup | None) -> torch.Tensor:
-        out = x.clone(memory_format=torch.contiguous_format)
-        _all_reduce(out, group)
-        return out
-
-    @staticmethod
-    def backward(ctx: Any, grad: torch.Tensor) -> tuple[torch.Tensor, None]:
-        return grad, None
 
 
 class _Rows:
@@ -140,7 +102,7 @@ class VocabParallelEmbedding(nn.Module):
         outside = (local < 0) | (local >= self.rows.per)
         x = F.embedding(local.masked_fill(outside, 0), self.weight)
         x = x.masked_fill(outside.unsqueeze(-1), 0.0)
-        out: torch.Tensor = _Sum.apply(x, self.rows.group)
+        out: torch.Tensor = Reduce.apply(x, self.rows.group)
         return out
 
 
@@ -157,7 +119,7 @@ class VocabParallelHead(nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         rows = self.rows
-        logits = F.linear(_Copy.apply(x, rows.group), self.weight)
+        logits = F.linear(Enter.apply(x, rows.group), self.weight)
         if rows.real < rows.per:  # padding columns: never the answer
             pad = torch.arange(rows.per, device=logits.device) >= rows.real
             logits = logits.masked_fill(pad, float("-inf"))
@@ -182,16 +144,16 @@ class _CrossEntropy(torch.autograd.Function):
         group: dist.ProcessGroup | None,
     ) -> torch.Tensor:
         top_N = logits_NV.max(dim=-1).values
-        _all_reduce(top_N, group, dist.ReduceOp.MAX)
+        all_reduce(top_N, group, dist.ReduceOp.MAX)
         shifted = logits_NV - top_N.unsqueeze(-1)
         local = targets_N - lo
         outside = (local < 0) | (local >= logits_NV.shape[-1])
         local = local.masked_fill(outside, 0)
         target_N = shifted.gather(-1, local.unsqueeze(-1)).squeeze(-1).masked_fill(outside, 0.0)
-        _all_reduce(target_N, group)
+        all_reduce(target_N, group)
         exp = shifted.exp()
         total_N = exp.sum(dim=-1)
-        _all_reduce(total_N, group)
+        all_reduce(total_N, group)
         ctx.save_for_backward(exp.div_(total_N.unsqueeze(-1)), local, outside)
         return (total_N.log() - target_N).mean()
 

@@ -151,6 +151,7 @@ class Deployment:
             tp_store=self.tp.address,
             ep=lay.ep,
             sequence_parallel=lay.sequence_parallel,
+            allreduce=lay.allreduce.get(stage, "auto"),
             seed=lay.seed,
             lr=lay.lr,
             epoch=self.epoch,

@@ -24,6 +24,8 @@ class StageLayout:
     tp: int = 1  # tensor-parallel ranks of each replica: one worker process each
     ep: int = 1  # expert-parallel degree: runs of ep replicas share out the experts
     sequence_parallel: bool = False  # at tp > 1, the blocks' sequence split over the ranks too
+    # each stage's data-parallel all-reduce (the plan's stages[].allreduce); none: auto (ring)
+    allreduce: dict[int, str] = field(default_factory=dict)
     seed: int = 0
     lr: float = 1e-3
     sids: list[str] = field(default_factory=list)

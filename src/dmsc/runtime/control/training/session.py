@@ -79,6 +79,7 @@ def layout_from_plan(
         tp=plan.job.tp,
         ep=plan.job.ep,
         sequence_parallel=plan.job.sequence_parallel and plan.job.tp > 1,
+        allreduce={st.index: st.allreduce for st in plan.stages if st.allreduce},
         seed=seed,
         lr=lr,
         sids=[st.sid for st in plan.stages],
