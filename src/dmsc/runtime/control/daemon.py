@@ -195,7 +195,7 @@ def main(stdin: TextIO | None = None) -> None:
         # up` waits for the longer of the two, not for both.
         forked.warm()
     from dmsc.runtime.control.launch.renewal import start_renewal
-    from dmsc.runtime.control.loop.runner import start_control_loop, with_loop, with_loop_status
+    from dmsc.runtime.control.loop.views import start_control_loop, with_loop, with_loop_status
     from dmsc.runtime.control.plane import ControlPlane
     from dmsc.runtime.control.training.retention import Retention
     from dmsc.runtime.control.watchdog import watch_workers

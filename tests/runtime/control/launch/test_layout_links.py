@@ -42,5 +42,8 @@ def test_an_interleaved_last_stage_hands_on_to_the_first_over_their_link() -> No
     assert layout.pp_link_mbps(0, 0, 2) == {"1": 10.0}
     assert layout.pp_link_mbps(1, 0, 2) == {"0": 10.0}
     fields = layout.stage_fields(1)
-    assert fields == {"first": "block_1", "last": "block_1", "chunks": [list(c) for c in chunks[1]]}
-    assert plain.stage_fields(1) == {"first": "block_2", "last": "head", "chunks": []}
+    layers = {"first": "block_1", "last": "block_1", "chunks": [list(c) for c in chunks[1]]}
+    assert fields == {**layers, "allreduce": "auto"}
+    assert plain.stage_fields(1) == {
+        "first": "block_2", "last": "head", "chunks": [], "allreduce": "auto"
+    }  # fmt: skip

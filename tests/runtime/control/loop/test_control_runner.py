@@ -27,8 +27,9 @@ from dmsc.planner.plan import Plan
 from dmsc.runtime.control.advisors import Measurements, Proposal
 from dmsc.runtime.control.loop import runner
 from dmsc.runtime.control.loop.objectives import Policy, load_policy, with_flags
-from dmsc.runtime.control.loop.runner import ControlLoop, with_loop, with_loop_status
+from dmsc.runtime.control.loop.runner import ControlLoop
 from dmsc.runtime.control.loop.tick import LoopConfig
+from dmsc.runtime.control.loop.views import with_loop, with_loop_status
 from dmsc.runtime.control.loop.webhook import Webhook
 from dmsc.runtime.control.tasks.task_queue import TaskQueue
 from dmsc.runtime.transport.replies import LoopState

@@ -142,7 +142,7 @@ class Deployment:
             stage=stage,
             stages=self.stages,
             model=lay.model.model_dump(),
-            **lay.stage_fields(stage),  # its layers: first, last, and chunks when interleaved
+            **lay.stage_fields(stage),  # its layers (chunks when interleaved), its all-reduce
             registry=self.registry_address,
             replica=replica,
             replicas=lay.replicas,
@@ -151,7 +151,6 @@ class Deployment:
             tp_store=self.tp.address,
             ep=lay.ep,
             sequence_parallel=lay.sequence_parallel,
-            allreduce=lay.allreduce.get(stage, "auto"),
             seed=lay.seed,
             lr=lay.lr,
             epoch=self.epoch,

@@ -39,10 +39,13 @@ class StageLayout:
     link_mbps: dict[tuple[str, str], float] = field(default_factory=dict)
 
     def stage_fields(self, stage: int) -> dict[str, Any]:
-        """A worker configuration's layers of ``stage``: first and last, and its chunks."""
+        """A worker configuration's fields of ``stage``: its layers (first and last, and its
+        chunks), and the all-reduce its replicas average with."""
         chunks = self.chunks[stage] if self.chunks else []
         first, last = chunks[0] if chunks else self.ranges[stage]
-        return {"first": first, "last": last, "chunks": [list(c) for c in chunks]}
+        allreduce = self.allreduce.get(stage, "auto")
+        return {"first": first, "last": last, "chunks": [list(c) for c in chunks],
+                "allreduce": allreduce}  # fmt: skip
 
     def pp_link_mbps(self, stage: int, replica: int, stages: int) -> dict[str, float]:
         """The rate of the link from worker (stage, replica) to each neighbouring stage's

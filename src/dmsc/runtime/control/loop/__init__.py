@@ -15,9 +15,11 @@ decision is a row and a log line, every broken objective an alert.
   gloo errors, a checkpoint error) raises one;
 - :mod:`.webhook`: alerts posted to the policy's webhook from a thread of their own, retried;
 - :mod:`.runner`: the thread that ticks, records decisions and alerts, acts, and measures its
-  own cost.
+  own cost;
+- :mod:`.views`: the loop as ``dmsc up`` starts it and as ``dmsc status`` and the dashboard
+  show it.
 
-Imports run one way: ``runner -> snapshot -> tick -> objectives, hysteresis``,
+Imports run one way: ``views -> runner -> snapshot -> tick -> objectives, hysteresis``,
 ``runner -> moves, webhook, hysteresis, symptoms``.
 Below it: :mod:`..advisors` (the modules and the decision rule) and :mod:`..tasks` (the
 exception queue, through :mod:`..advisors.policy`).

@@ -31,7 +31,6 @@ from __future__ import annotations
 import logging
 import threading
 import time
-from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -42,8 +41,6 @@ from dmsc.data.control_records import (
     add_alert,
     add_decision,
     alert_json,
-    alerts,
-    decision_json,
     decisions,
     get_alert,
     set_alert,
@@ -57,7 +54,6 @@ from dmsc.runtime.control.advisors.policy import raise_into_queue
 from dmsc.runtime.control.advisors.traffic import TrafficPrediction
 from dmsc.runtime.control.loop.hysteresis import after_move
 from dmsc.runtime.control.loop.moves import StillServing, apply_move
-from dmsc.runtime.control.loop.objectives import policy_from
 from dmsc.runtime.control.loop.snapshot import Predictions, take
 from dmsc.runtime.control.loop.symptoms import LogAlerts, remote_symptoms
 from dmsc.runtime.control.loop.tick import (
@@ -72,7 +68,6 @@ from dmsc.runtime.control.loop.tick import (
 )
 from dmsc.runtime.control.loop.webhook import Webhook
 from dmsc.runtime.transport.logs import log_dir
-from dmsc.runtime.transport.messages import ControlSettings
 from dmsc.runtime.transport.rpc import BadRequest
 from dmsc.spec import ClusterSpec
 
@@ -413,65 +408,3 @@ class ControlLoop:
     def _webhook_done(self, alert: int, outcome: str) -> None:
         set_alert(self.cp.db, alert, webhook=outcome)
         self.log.info("alert %d: webhook %s", alert, outcome)
-
-
-DECISIONS_SHOWN = 30
-ALERTS_SHOWN = 30
-
-
-def with_loop(
-    dashboard: Callable[[str | None], dict[str, Any]], loop: ControlLoop
-) -> Callable[[str | None], dict[str, Any]]:
-    """The dashboard's document with the loop's part (``control``): its settings and cost, the
-    newest decisions with their reasons and measured effects, and the alerts (a tenant's reader
-    sees an alert's task only when it is its own)."""
-
-    def doc(tenant: str | None = None) -> dict[str, Any]:
-        out = dashboard(tenant)
-        db, run = loop.cp.db, loop.cp.run.id
-        own = {t["id"] for t in out.get("tasks", [])}
-        shown = []
-        for a in alerts(db, run, limit=ALERTS_SHOWN):
-            row = alert_json(a)
-            if tenant is not None and row["task"] not in own:
-                row = {**row, "task": None, "exception_task": None}
-            shown.append(row)
-        out["control"] = {
-            **loop.as_json(),
-            "decisions": [decision_json(d) for d in decisions(db, run, DECISIONS_SHOWN)],
-            "alerts": shown,
-            "open_alerts": sum(a["resolved_at"] is None for a in shown),
-        }
-        return out
-
-    return doc
-
-
-def with_loop_status(
-    status: Callable[[Any], dict[str, Any]], loop: ControlLoop
-) -> Callable[[Any], dict[str, Any]]:
-    """The ``Status`` answer with the loop's part (``control``: :meth:`ControlLoop.status_json`)."""
-
-    def answer(req: Any) -> dict[str, Any]:
-        return {**status(req), "control": loop.status_json()}
-
-    return answer
-
-
-def start_control_loop(
-    cp: Any, settings: ControlSettings, log: logging.Logger
-) -> ControlLoop | None:
-    """The control loop of ``dmsc up`` started on ``cp`` (None with ``--control-interval 0``)."""
-    if settings.control_interval_s <= 0:
-        return None
-    config = LoopConfig(policy_from(settings.policy), settings.control)
-    loop = ControlLoop(cp, config, settings.control_interval_s, log)
-    loop.start(cp.stopped)
-    slos = ", ".join(f"{k} <= {v.max:g}" for k, v in config.policy.slos.set().items())
-    log.info(
-        "control loop: every %g s, %s mode, objectives: %s",
-        settings.control_interval_s,
-        settings.control,
-        slos or "none",
-    )
-    return loop
