@@ -122,16 +122,20 @@ def last_move_s(db: Database, run_id: int) -> float | None:
 
 
 def capacity(cp: Any, cluster: ClusterSpec) -> tuple[dict[str, int], str]:
-    """The devices online by datacenter, and where that was read."""
-    launcher = getattr(getattr(cp, "deployment", None), "launcher", None)
-    read = getattr(launcher, "capacity", None)
-    if read is not None:
-        return read(), "the Ray cluster's nodes"
+    """The devices online by datacenter, and where that was read: the cluster spec's, as
+    many as the launcher's ``capacity()`` says are up where it says (Ray's nodes alive; a
+    private Ray cluster offers more units than the spec has devices, and the re-plan places on
+    the spec)."""
     out: dict[str, int] = {}
     for dev in (topo := Topology(cluster)).devices:
         name = topo.dc_names[dev.dc]
         out[name] = out.get(name, 0) + 1
-    return out, "the cluster spec"
+    launcher = getattr(getattr(cp, "deployment", None), "launcher", None)
+    read = getattr(launcher, "capacity", None)
+    if read is None:
+        return out, "the cluster spec"
+    up = read()
+    return {dc: min(n, up.get(dc, 0)) for dc, n in out.items()}, "the Ray cluster's nodes"
 
 
 def _blocked(cp: Any, m: Measurements) -> str | None:

@@ -9,7 +9,9 @@ else the same initial weights the plan's replicas started from), and loaded agai
 version goes to production (:mod:`.version_sync`). Training never touches them.
 
 - **Scale out**: the devices are reserved before the workers start, so two decisions never
-  place on the same device; the replica joins routing once its weights are loaded.
+  place on the same device; the replica joins routing once its weights are loaded. Its workers
+  start with the local launcher, or with a Ray launcher of its own (``dmsc up --launcher ray``:
+  one placement group for the pipeline, on the Ray nodes of the datacenters it was placed in).
 - **Scale in**: the replica leaves routing first (no new request reaches it), then its requests
   in flight finish (drained: none is lost) and only then do its workers stop.
 - A serving replica whose worker fails is dropped from routing at once and stopped; the
@@ -39,6 +41,7 @@ from dmsc.planner.elastic import devices_in_use, place_replica
 from dmsc.planner.plan import Plan, ReplicaRecord
 from dmsc.runtime.compute.checkpoints import stage_file
 from dmsc.runtime.control.launch.deployment import Checkpoint, Deployment, StageLayout
+from dmsc.runtime.control.launch.launchers import Launcher
 from dmsc.runtime.control.serving.autoscale import ScalePolicy
 from dmsc.runtime.control.serving.held import Held, forget, record, version_of
 from dmsc.runtime.control.serving.model_store import versions
@@ -100,8 +103,10 @@ class ServingPool:
         log: logging.Logger,
         in_flight: Callable[[str], int],
         registry_ttl_s: float = 10.0,
+        launcher: Callable[[], Launcher] | None = None,
     ) -> None:
         self.plan, self.model, self.cluster = plan, model, cluster
+        self.launcher = launcher  # a new one per replica (None: the local launcher)
         self.db, self.run_id, self.home, self.log = db, run_id, home, log
         self.in_flight = in_flight  # requests in flight on a replica, by name
         self.registry_ttl_s = registry_ttl_s
@@ -172,6 +177,7 @@ class ServingPool:
         )
         dep = Deployment(
             layout,
+            launcher=self.launcher() if self.launcher is not None else None,
             workdir=self.home / "workers",
             registry_ttl_s=self.registry_ttl_s,
             home=self.home,
