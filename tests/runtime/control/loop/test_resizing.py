@@ -97,6 +97,9 @@ def test_the_policy_grows_dp_within_its_range_on_a_slow_step(plan: Plan) -> None
     assert propose(view, _policy(elastic={"dp_max": 2}), 2.0, slow) == []  # at dp_max
     assert propose(view, _policy(elastic={"dp_max": 3}), 2.0, None) == []  # the step is fine
     assert propose(_view(plan, BOTH), _policy(elastic={"dp_max": 3}), 2.0, slow) == []  # full
+    # below the policy's dp_min, devices allowing: back up to it, the step fine or not
+    [up] = propose(view, _policy(elastic={"dp_min": 3, "dp_max": 4}), 2.0, None)
+    assert up.target == "dp 2->3" and "dp_min" in up.reason
 
 
 def test_a_resize_the_deployment_cannot_make_is_a_note(plan: Plan) -> None:

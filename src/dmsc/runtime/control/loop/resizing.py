@@ -11,8 +11,8 @@ step boundary: checkpoint, re-plan, resume). Three causes:
   fewest that make every datacenter fit. Without it the task cannot step, so the proposal is
   *forced*: its gain is the whole step, it skips the hysteresis, and the decision rule's
   refusal for the horizon is overruled (:func:`force`);
-- **devices come back**: dp is below the plan's (the dp the run started with) and the devices
-  online hold more replicas: grow back, as far as they fit;
+- **devices come back**: dp is below the plan's (the dp the run started with) or the policy's
+  ``dp_min``, and the devices online hold more replicas: grow back, as far as they fit;
 - **the policy asks** (``elastic`` in the policy file): while the step-time objective is broken
   and devices are free, grow by one replica, never past ``dp_max`` (nor below ``dp_min``).
 
@@ -145,11 +145,15 @@ def propose(
     else:
         grow = view.dp
         reasons = []
-        if view.dp < view.base_dp:
-            back = max((d for d in range(view.dp + 1, view.base_dp + 1) if view.fits(d)), default=0)
+        floor = max(view.base_dp, el.dp_min if el is not None else 1)
+        if view.dp < floor:
+            back = max((d for d in range(view.dp + 1, floor + 1) if view.fits(d)), default=0)
             if back:
                 grow = back
-                reasons.append(f"devices are back ({view.source}): grow to the plan's dp")
+                reasons.append(
+                    f"devices are back ({view.source}): grow toward dp {floor} (the plan's, "
+                    "or the policy's dp_min)"
+                )
         top = el.dp_max if el is not None else 0
         if step_breach is not None and view.dp < top and view.fits(view.dp + 1):
             if view.dp + 1 > grow:
