@@ -113,8 +113,9 @@ class Elastic(BaseModel):
 
     dp_min: Annotated[int, Field(ge=1, le=4096)] = 1
     dp_max: Annotated[int, Field(ge=1, le=4096)]
-    # a checkpoint, the workers' restart and the load: 2-4 s on the CPU demo's gpt-mini
-    # (tests/integration/test_loop_resize.py logs it); 10 s leaves room for larger models
+    # a checkpoint, the workers' restart and the load: 0.8 s for gpt-mini in two stages from
+    # dp 1 to 2 on the 2-core CPU machine (tests/integration/test_loop_resize.py logs it);
+    # 10 s leaves room for larger models and workers that are not forked
     cost_s: Annotated[float, Field(ge=0, le=3600)] = 10.0
 
     @model_validator(mode="after")

@@ -113,7 +113,8 @@ def resize(
 
 
 def record_resize(db: Database, run_id: int, action: str, why: str, plan: Plan) -> None:
-    """The change (``train-dp``: a task's new dp; ``move``: a move the orchestrator applied)
+    """The change (``train-dp``: a task's new dp; ``loop-dp``: the control loop's resize;
+    ``move``: a move the orchestrator applied)
     among the deployment's scale events, shown on the dashboard."""
     where = [[st.index, r.datacenter, r.devices] for st in plan.stages for r in st.replicas]
     db.add(
