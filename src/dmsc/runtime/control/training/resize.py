@@ -166,14 +166,15 @@ class Between:
 
     @contextmanager
     def running(self, task_id: int) -> Iterator[None]:
-        """While ``task_id``'s session runs; a resize it did not reach is withdrawn after."""
+        """While ``task_id``'s session runs (inside another's, lent the weights: that one's
+        again after); a resize it did not reach is withdrawn after."""
         with self._lock:
-            self._task = task_id
+            outer, self._task = self._task, task_id
         try:
             yield
         finally:
             with self._lock:
-                asked, self._asked, self._task = self._asked, None, None
+                asked, self._asked, self._task = self._asked, None, outer
             if asked is not None:
                 asked.done(f"withdrawn: training task {task_id} ended before its next step")
 
