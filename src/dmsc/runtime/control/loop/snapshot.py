@@ -32,7 +32,6 @@ from sqlalchemy import select
 
 from dmsc.data.db import Database, RunRecord, ScaleEventRecord
 from dmsc.data.traces import step_traces
-from dmsc.netmodel.topology import Topology
 from dmsc.planner.plan import Plan
 from dmsc.runtime.control.advisors.base import Measurements, read_measurements, unix_s
 from dmsc.runtime.control.advisors.prediction import Prediction, task_prediction
@@ -126,10 +125,10 @@ def capacity(cp: Any, cluster: ClusterSpec) -> tuple[dict[str, int], str]:
     many as the launcher's ``capacity()`` says are up where it says (Ray's nodes alive; a
     private Ray cluster offers more units than the spec has devices, and the re-plan places on
     the spec)."""
-    out: dict[str, int] = {}
-    for dev in (topo := Topology(cluster)).devices:
-        name = topo.dc_names[dev.dc]
-        out[name] = out.get(name, 0) + 1
+    out = {
+        dc.name: sum(g.count * cluster.node_types[g.type].devices for g in dc.nodes)
+        for dc in cluster.datacenters
+    }
     launcher = getattr(getattr(cp, "deployment", None), "launcher", None)
     read = getattr(launcher, "capacity", None)
     if read is None:
