@@ -11,7 +11,10 @@ import contextlib
 from collections.abc import Iterator
 from typing import Any
 
-from dmsc.runtime.control.training.resize import Asked, Between
+import pytest
+from modules_helpers import make_plan, two_sites
+
+from dmsc.runtime.control.training.resize import Asked, Between, check_online
 
 
 class Plane:
@@ -69,3 +72,21 @@ def test_a_task_run_inside_another_gives_the_outer_one_back() -> None:
         with between.running(2):
             assert between.ask(Asked(2, "policy", lambda _: None)) == 2
         assert between.ask(Asked(2, "policy", lambda _: None)) == 1
+
+
+def test_a_re_plan_onto_devices_that_are_not_online_is_not_applied() -> None:
+    """The re-plan knows the cluster spec only: a plan that puts replicas where the Ray nodes
+    were lost is refused, naming the datacenter."""
+    plan = make_plan(two_sites())  # dp 2: stage 0 at site-a, stage 1 at site-b
+    check_online(plan, {"site-a": 2, "site-b": 2})
+    check_online(plan, None)  # no view: the spec's devices
+    with pytest.raises(ValueError, match="2 devices in site-b, which has 1 online"):
+        check_online(plan, {"site-a": 2, "site-b": 1})
+    cp, told = Plane(in_flight=[]), []
+    cp.resized = lambda dp: plan  # type: ignore[method-assign]
+    between = Between(cp)
+    with between.running(1):
+        between.ask(Asked(2, "devices back", told.append, {"site-a": 2, "site-b": 0}))
+        assert between(3) is None
+    assert told == ["not applied: dp 2: the re-plan puts 2 devices in site-b, which has 0 online"]
+    assert cp.deployment == "old layout"

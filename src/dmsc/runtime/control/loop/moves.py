@@ -31,7 +31,7 @@ from dmsc.planner.plan import Plan
 from dmsc.runtime.control.advisors.base import Proposal
 from dmsc.runtime.control.advisors.paths import replan
 from dmsc.runtime.control.training.residency import check_move
-from dmsc.runtime.control.training.resize import Asked
+from dmsc.runtime.control.training.resize import Asked, check_online
 from dmsc.runtime.transport.rpc import BadRequest
 from dmsc.spec import ClusterSpec
 
@@ -107,6 +107,7 @@ def resize_now(cp: Resizable, p: Proposal, drain_s: float = DRAIN_S) -> dict[str
     lock); how long it took. :class:`BadRequest` with the reason when it cannot be made."""
     try:
         plan = cp.resized(_dp(p))
+        check_online(plan, p.details.get("online"))
     except ValueError as exc:
         raise BadRequest(str(exc)) from None
     t1 = time.perf_counter()
@@ -124,5 +125,6 @@ def hand_over(cp: Any, p: Proposal, done: Callable[[str], None]) -> int | None:
     between = getattr(cp, "between", None)
     if between is None:
         return None
-    task: int | None = between.ask(Asked(_dp(p), f"{p.target}: {p.reason}", done))
+    asked = Asked(_dp(p), f"{p.target}: {p.reason}", done, p.details.get("online"))
+    task: int | None = between.ask(asked)
     return task

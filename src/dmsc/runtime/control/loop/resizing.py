@@ -23,6 +23,10 @@ row, says by how much). Its cost is the policy's ``cost_s`` (a checkpoint, the w
 and the load). Everything else goes through the decision rule and the hysteresis as a move
 does: confirmed over ticks, and dp resized within the cool-down is not resized again.
 
+The re-plan places on the cluster spec, which does not know a node was lost: a new plan that
+puts more devices in a datacenter than are online there is not applied, with the reason
+(:func:`~dmsc.runtime.control.training.resize.check_online`).
+
 A resize the deployment cannot make now (task heads, elastic serving replicas, no cluster
 spec, a running task whose replicas differ between steps) is a ``keep`` note with the reason.
 """
@@ -116,7 +120,11 @@ def _resize(
         predicted_gain_s_per_step=gain,
         current_s_per_step=now,
         cost_s=cost_s,
-        details={"dp": {"current": view.dp, "proposed": new}, "forced": forced},
+        details={
+            "dp": {"current": view.dp, "proposed": new},
+            "forced": forced,
+            "online": dict(view.capacity),  # the re-plan is checked against it when applied
+        },
     )
 
 

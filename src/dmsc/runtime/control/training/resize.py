@@ -32,7 +32,7 @@ from __future__ import annotations
 import json
 import threading
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Mapping
 from contextlib import AbstractContextManager, contextmanager
 from dataclasses import dataclass
 from pathlib import Path
@@ -74,6 +74,22 @@ def resized_plan(
     except (ValueError, SpecError) as exc:  # DoesNotFit and Infeasible are ValueErrors
         raise ValueError(f"dp: {dp} replicas do not fit cluster {cluster.name!r}: {exc}") from None
     return outcome.plan
+
+
+def check_online(plan: Plan, online: Mapping[str, int] | None) -> None:
+    """ValueError when ``plan`` puts more devices in a datacenter than ``online`` says are up
+    there (the control loop's view of the Ray nodes alive: the re-plan places on the cluster
+    spec, which does not know a node was lost)."""
+    if online is None:
+        return
+    used: dict[str, int] = {}
+    for st in plan.stages:
+        for rep in st.replicas:
+            used[rep.datacenter] = used.get(rep.datacenter, 0) + len(rep.devices)
+    over = [(dc, n, online.get(dc, 0)) for dc, n in sorted(used.items()) if n > online.get(dc, 0)]
+    if over:
+        said = "; ".join(f"{n} devices in {dc}, which has {up} online" for dc, n, up in over)
+        raise ValueError(f"dp {plan.job.dp}: the re-plan puts {said}")
 
 
 def resize(
@@ -150,6 +166,7 @@ class Asked:
     dp: int
     why: str
     done: Callable[[str], None]
+    online: Mapping[str, int] | None = None  # devices up by datacenter (None: the spec's)
 
 
 DRAIN_S = 15.0  # the longest a resize waits for inference requests in flight, per step
@@ -195,6 +212,7 @@ class Between:
         t0 = time.perf_counter()
         try:
             plan = self.cp.resized(asked.dp)
+            check_online(plan, asked.online)
         except ValueError as exc:
             asked.done(f"not applied: {exc}")
             return None
