@@ -26,52 +26,43 @@ def _plan(cluster: str, **job: int):  # type: ignore[no-untyped-def]
 
 def test_the_flag_becomes_settings_and_the_cluster_is_found_by_name() -> None:
     settings, path = autoscale_settings(
-        "infer:min=1,max=2", None, _plan("two-sites-cpu.yaml", pp=2), "local"
+        "infer:min=1,max=2", None, _plan("two-sites-cpu.yaml", pp=2)
     )
     assert settings is not None and settings.max == 2
     assert path is not None and Path(path).name == "two-sites-cpu.yaml"
 
 
 @pytest.mark.parametrize(
-    ("flag", "cluster", "job", "launcher", "field", "reason"),
+    ("flag", "cluster", "job", "field", "reason"),
     [
-        ("infer:min=3,max=2", "two-sites-cpu.yaml", {"pp": 2}, "local", "--autoscale", "above max"),
+        ("infer:min=3,max=2", "two-sites-cpu.yaml", {"pp": 2}, "--autoscale", "above max"),
         (
             "infer:max=1",
             "two-sites-cpu.yaml",
             {"pp": 2, "dp": 2},
-            "local",
             "--autoscale",
             "below the plan's 2",
         ),
-        ("infer:max=3", "local-cpu.yaml", {"pp": 2}, "local", "--autoscale", "no free devices"),
-        (
-            "infer:max=3",
-            "two-sites-cpu.yaml",
-            {"pp": 2},
-            "ray",
-            "--autoscale",
-            "local launcher only",
-        ),
+        ("infer:max=3", "local-cpu.yaml", {"pp": 2}, "--autoscale", "no free devices"),
     ],
 )
 def test_a_flag_that_cannot_hold_is_refused_with_the_reason(
-    flag, cluster, job, launcher, field, reason
+    flag, cluster, job, field, reason
 ) -> None:  # type: ignore[no-untyped-def]
     with pytest.raises(SpecError) as info:
-        autoscale_settings(flag, None, _plan(cluster, **job), launcher)
+        autoscale_settings(flag, None, _plan(cluster, **job))
     assert info.value.field == field and reason in info.value.reason
 
 
 def test_without_autoscale_the_cluster_is_still_found_for_training_resizes() -> None:
     plan = _plan("two-sites-cpu.yaml", pp=2)
-    settings, path = autoscale_settings(None, None, plan, "local")
+    settings, path = autoscale_settings(None, None, plan)
     assert settings is None and path is not None and Path(path).name == "two-sites-cpu.yaml"
     with pytest.raises(SpecError) as info:
-        autoscale_settings(None, "missing.yaml", plan, "local")
+        autoscale_settings(None, "missing.yaml", plan)
     assert info.value.field == "--cluster"
     unknown = plan.model_copy(update={"cluster": "nowhere"})
-    assert autoscale_settings(None, None, unknown, "local") == (None, None)
+    assert autoscale_settings(None, None, unknown) == (None, None)
 
 
 @pytest.mark.integration

@@ -17,10 +17,16 @@ from conftest import EXAMPLES
 from runtime_helpers import dmsc, make_plan, reference_losses
 
 from dmsc.data.corpus import Corpus, stdlib_text
+from dmsc.data.db import Database
+from dmsc.planner.solve import plan_job
 from dmsc.runtime.control.launch.deployment import Deployment, StageLayout
 from dmsc.runtime.control.launch.launchers import WorkerStartError
 from dmsc.runtime.control.launch.ray_launcher import RayLauncher, RayProcess
-from dmsc.spec import TransformerSpec, resolve_model
+from dmsc.runtime.control.loop.snapshot import capacity
+from dmsc.runtime.control.plane import ControlPlane
+from dmsc.runtime.control.serving.elastic import ServingPool
+from dmsc.runtime.transport.messages import TrainRequest
+from dmsc.spec import ClusterSpec, JobSpec, TransformerSpec, load_spec, resolve_model
 from dmsc.testing.chaos import train_under_fault
 from dmsc.testing.ray_local import (
     add_node,
@@ -332,6 +338,45 @@ def test_up_names_the_datacenter_the_ray_cluster_lacks(cluster: Any, tmp_path: P
                "--ray-address", c.address)  # fmt: skip
     assert res.returncode == 2, res.stderr
     assert "lacks dc:dc-9" in res.stderr and "Traceback" not in res.stderr.split("---")[0]
+
+
+def test_training_resizes_dp_and_serving_replicas_scale_out_on_ray(
+    cluster: Any, tmp_path: Path
+) -> None:
+    """A control plane whose workers run on Ray (dc-0 and dc-1 of the cluster spec): the devices
+    online are read from the Ray nodes; a serving replica starts with a Ray launcher of its own
+    and is removed again; a training task at dp 2 resizes the deployment on Ray (the placement
+    groups given back with the old workers and reserved for the new ones) and trains. Both were
+    refused with "the local launcher only"."""
+    text = (EXAMPLES / "two-sites-cpu.yaml").read_text()
+    (tmp_path / "two-dcs.yaml").write_text(text.replace("site-a", "dc-0").replace("site-b", "dc-1"))
+    spec = load_spec(ClusterSpec, tmp_path / "two-dcs.yaml")
+    job = JobSpec(global_batch=8, micro_batch=2, pp=1, dp=1)  # one worker a replica: short
+    plan = plan_job(spec, SPEC, job, fixed=True).plan
+    db = Database(f"sqlite:///{tmp_path / 'dmsc.sqlite'}")
+    cp = ControlPlane(plan, db, home=tmp_path, launcher=RayLauncher(home=tmp_path), cluster=spec)
+    pool = ServingPool(
+        plan, SPEC, spec, db, cp.run.id, tmp_path, cp.log, cp.inference.in_flight,
+        launcher=lambda: RayLauncher(home=tmp_path),
+    )  # fmt: skip
+    try:
+        cp.start()
+        # two devices a datacenter in the spec, and Ray's nodes offer them
+        assert capacity(cp, spec) == ({"dc-0": 2, "dc-1": 2}, "the Ray cluster's nodes")
+        name = pool.scale_out("the test asks")
+        assert name is not None, [e.reason for e in db.scale_events(cp.run.id)]
+        assert all(isinstance(h.process, RayProcess) for h in pool.get(name).dep.handles)
+        pool.scale_in(name, "the test is done with it")
+        assert cp.train(TrainRequest(steps=2, dp=2))["state"] == "done"
+        dep = cp.deployment
+        assert dep.layout.replicas == 2 and len(dep.handles) == 2
+        assert all(isinstance(h.process, RayProcess) for h in dep.handles)
+        events = [(e.action, e.replicas_after) for e in db.scale_events(cp.run.id)]
+        assert events == [("out", 2), ("in", 1), ("train-dp", 2)]
+    finally:
+        pool.shutdown()
+        cp.stopped.set()
+        cp.deployment.shutdown()
 
 
 def test_a_partitioned_ray_node_is_recovered_from_and_fenced_when_it_comes_back(

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from dmsc.planner.elastic import devices_in_use, place_replica
+from dmsc.planner.elastic import IDLE_BAND, devices_in_use, node_load, place_replica
 from dmsc.planner.solve import plan_job
 from dmsc.spec import ClusterSpec, JobSpec, load_spec, resolve_model
 
@@ -101,3 +101,46 @@ def test_a_serving_replica_stays_out_of_a_datacenter_a_residency_rule_forbids() 
     ruled = ClusterSpec.model_validate(data)
     assert [r.datacenter for r in place_replica(plan, ruled, {0}, 1) or []] == ["c", "c"]
     assert place_replica(plan, ruled, {0, 3, 4}, 1) is None  # b alone has room: no replica
+
+
+def _three_hosts() -> ClusterSpec:
+    """One datacenter of three nodes with two CPU devices each."""
+    return ClusterSpec.model_validate(
+        {
+            "name": "three-hosts",
+            "device_types": {
+                "cpu": {"peak_tflops": {"fp32": 0.05}, "memory_gib": 4, "memory_bw_gbyte_s": 10}
+            },
+            "node_types": {
+                "host": {"device": "cpu", "devices": 2, "link": {"bandwidth_gbit_s": 40}}
+            },
+            "datacenters": [
+                {
+                    "name": "dc",
+                    "nodes": [{"type": "host", "count": 3}],
+                    "network": {"gbit_s_per_node": 10},
+                }
+            ],
+        }
+    )
+
+
+def test_a_new_replica_goes_to_the_idlest_node_packing_among_equally_idle_ones() -> None:
+    """Fake telemetry: the plan's one worker holds a device of node 0. Packing alone, or with
+    node 0 nearly idle (within one band), fills node 0's free device; with its worker busy the
+    replica goes to an idle node."""
+    cluster = _three_hosts()
+    plan = plan_job(cluster, MODEL, JobSpec(global_batch=8, micro_batch=2, pp=1), fixed=True).plan
+    taken = devices_in_use(plan)
+    assert taken == {0}  # node 0's first device
+    assert node_load(plan, cluster, {(0, 0): 95.0}) == {0: 95.0}
+    assert node_load(plan, cluster, {(0, 1): 50.0}) == {}  # no such worker: nothing measured
+
+    def node_of(load: dict[int, float] | None) -> int:
+        (rec,) = place_replica(plan, cluster, taken, 1, load) or []
+        return rec.devices[0] // 2  # two devices a node
+
+    assert node_of(None) == 0
+    assert node_of(node_load(plan, cluster, {(0, 0): IDLE_BAND / 2})) == 0
+    assert node_of(node_load(plan, cluster, {(0, 0): 95.0})) == 1
+    assert node_of({0: 95.0, 1: 60.0}) == 2  # node 2 measured nothing: the idlest

@@ -14,7 +14,7 @@ from dmsc.spec import SpecError
 
 
 def autoscale_settings(
-    text: str | None, cluster: str | None, plan: Plan, launcher: str
+    text: str | None, cluster: str | None, plan: Plan
 ) -> tuple[AutoscaleSettings | None, str | None]:
     """(settings, the cluster spec's path) of the flags. Without ``--autoscale`` the settings
     are None and the path is ``--cluster``'s, else the plan's cluster found by name, else None
@@ -41,10 +41,6 @@ def autoscale_settings(
             "command line",
             "--autoscale",
             f"max={settings.max} is below the plan's {dp} replicas, which always serve",
-        )
-    if launcher != "local":
-        raise SpecError(
-            "command line", "--autoscale", "serving replicas start with the local launcher only"
         )
     path = cluster_file(cluster, plan.cluster)
     spec = load_cluster(path)

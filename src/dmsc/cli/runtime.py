@@ -268,7 +268,7 @@ def up(
     from dmsc.planner.plan import Plan
 
     plan = Plan.model_validate_json(Path(plan_file).read_text())
-    scale, path = autoscale_settings(autoscale, cluster, plan, launcher)
+    scale, path = autoscale_settings(autoscale, cluster, plan)
     check_plan_residency(plan_file, plan, path)  # a rule of the cluster the plan breaks: exit 2
     cluster_path = str(Path(path).resolve()) if path is not None else None
     quota = size_flag("--checkpoint-quota", checkpoint_quota)

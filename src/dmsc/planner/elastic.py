@@ -11,15 +11,18 @@ The rule, stage by stage:
 3. else any other datacenter, the nearest to the previous stage first (the propagation delay of
    the cluster's inter-datacenter links, fewest hops).
 
-Within a datacenter, the node with the fewest free devices that still fits is taken (packing:
-the emptiest nodes stay whole for later, larger groups). A datacenter that a residency rule of
+Within a datacenter, the idlest node that still fits is taken: its load is the CPU % its
+workers measured (:func:`node_load`, from the training steps' telemetry), counted in bands of
+``IDLE_BAND`` percent so that measurement noise does not decide; among nodes of one band, the one
+with the fewest free devices (packing: the emptiest nodes stay whole for later, larger groups).
+Without a load, packing alone. A datacenter that a residency rule of
 the cluster keeps the model out of (:mod:`dmsc.spec.residency`) is never taken. None when some
 stage finds no room: the deployment is at its cluster's capacity.
 """
 
 from __future__ import annotations
 
-from collections.abc import Collection
+from collections.abc import Collection, Mapping
 
 import networkx as nx
 
@@ -27,6 +30,26 @@ from dmsc.netmodel.topology import Topology
 from dmsc.planner.plan import Plan, ReplicaRecord, replica_record
 from dmsc.spec import ClusterSpec
 from dmsc.spec.residency import allowed_datacenters
+
+# CPU % (100 a core): nodes whose loads fall in one band of this width rank as equally idle
+IDLE_BAND = 25.0
+
+
+def node_load(
+    plan: Plan, cluster: ClusterSpec, worker_cpu: Mapping[tuple[int, int], float]
+) -> dict[int, float]:
+    """Each node's load: the CPU % of ``plan``'s workers on it (``worker_cpu`` by (stage,
+    replica), as the steps' telemetry measured them), summed; a worker counts on the node of
+    its first device. Nodes with no measured worker are not in it (idle)."""
+    topo = Topology(cluster)
+    out: dict[int, float] = {}
+    for st in plan.stages:
+        for r, rep in enumerate(st.replicas):
+            cpu = worker_cpu.get((st.index, r))
+            if cpu is not None and rep.devices:
+                node = topo.devices[rep.devices[0]].node
+                out[node] = out.get(node, 0.0) + cpu
+    return out
 
 
 def devices_in_use(plan: Plan) -> set[int]:
@@ -53,10 +76,16 @@ def _dc_order(cluster: ClusterSpec, first: list[str]) -> list[str]:
 
 
 def place_replica(
-    plan: Plan, cluster: ClusterSpec, taken: Collection[int], dp_rank: int
+    plan: Plan,
+    cluster: ClusterSpec,
+    taken: Collection[int],
+    dp_rank: int,
+    load: Mapping[int, float] | None = None,
 ) -> list[ReplicaRecord] | None:
     """The devices of one more pipeline replica (one record per stage, rank ``dp_rank``), none
-    of them in ``taken``; None when the cluster has no room for it (module docstring)."""
+    of them in ``taken``, on the idlest nodes by ``load`` (:func:`node_load`); None when the
+    cluster has no room for it (module docstring)."""
+    busy_of = load or {}
     topo = Topology(cluster)
     tp = plan.job.tp
     busy = set(taken)
@@ -71,10 +100,14 @@ def place_replica(
             for dev in topo.devices:
                 if dev.dc == d and dev.index not in busy:
                     free_by_node.setdefault(dev.node, []).append(dev.index)
-            fits = [(len(v), n) for n, v in free_by_node.items() if len(v) >= tp]
+            fits = [
+                (int(busy_of.get(n, 0.0) // IDLE_BAND), len(v), n)
+                for n, v in free_by_node.items()
+                if len(v) >= tp
+            ]
             if not fits:
                 continue
-            _, node = min(fits)
+            _, _, node = min(fits)
             devs = sorted(free_by_node[node])[:tp]
             placed = replica_record(topo, dp_rank, dc_name, devs)
             break

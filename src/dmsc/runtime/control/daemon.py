@@ -25,6 +25,7 @@ import socket
 import sys
 import threading
 import time
+from collections.abc import Callable
 from functools import partial
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, TextIO
@@ -50,6 +51,7 @@ from dmsc.runtime.transport.replies import RevokeReply, StatusReply
 from dmsc.runtime.transport.rpc import BadRequest, message_handler, parse, serve
 
 if TYPE_CHECKING:
+    from dmsc.runtime.control.launch.launchers import Launcher
     from dmsc.runtime.control.plane import ControlPlane
     from dmsc.runtime.control.serving.elastic import ServingPool
 
@@ -342,6 +344,17 @@ def main(stdin: TextIO | None = None) -> None:
     log.info("stopped", extra={"run": cp.run.id})
 
 
+def _pool_launcher(cp: ControlPlane) -> Callable[[], Launcher] | None:
+    """Each serving replica's launcher: a Ray one of its own when the plan's workers run on
+    Ray (the cluster this process joined), else the local one (None)."""
+    from dmsc.runtime.control.launch.ray_launcher import RayLauncher  # imports no Ray itself
+
+    if not isinstance(cp.deployment.launcher, RayLauncher):
+        return None
+    home = cp.home
+    return lambda: RayLauncher(home=home)
+
+
 def start_autoscaler(
     cp: ControlPlane, scale: AutoscaleSettings, cluster_path: str, ttl_s: float
 ) -> ServingPool:
@@ -361,6 +374,7 @@ def start_autoscaler(
         cp.log,
         cp.inference.in_flight,
         registry_ttl_s=ttl_s,
+        launcher=_pool_launcher(cp),
     )
     loop = partial(
         autoscale_loop,

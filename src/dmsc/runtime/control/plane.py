@@ -55,7 +55,7 @@ from dmsc.runtime.control.training.corpora import TaskTexts, inside_roots
 from dmsc.runtime.control.training.local_data import load_task_shards
 from dmsc.runtime.control.training.params import TrainParams, task_params
 from dmsc.runtime.control.training.residency import check_task
-from dmsc.runtime.control.training.resize import record_resize, resize, resized_plan
+from dmsc.runtime.control.training.resize import Between, record_resize, resize, resized_plan
 from dmsc.runtime.control.training.retention import Retention
 from dmsc.runtime.control.training.session import (
     Recovering,
@@ -96,7 +96,7 @@ class ControlPlane:
         data_roots: Sequence[Path] | None = None,
     ) -> None:
         # the plan's cluster spec, when known: training tasks may then change dp (.resize)
-        self.cluster, self.device, self.local = cluster, device, launcher is None
+        self.cluster, self.device = cluster, device
         self.queue_policy = queue  # the order the task queue's consumers claim in
         # where a task's data may lie (dmsc up --data-root; the data directory when none given)
         model = plan.model_spec if plan.model_spec is not None else resolve_model(plan.model)
@@ -135,7 +135,7 @@ class ControlPlane:
             lambda data, seed: task_corpora(data, model.seq, seed, self.texts, self.encode)
         )
         self._resized: dict[tuple[int, bool, bool], tuple[Plan, Plan]] = {}  # dp: (from, to)
-        self.steps_done = 0
+        self.steps_done, self.between = 0, Between(self)  # resizes asked during a task
         self._predictions = TaskPredictions()  # by (task, plan): ._task_prediction
         self.lock = threading.Lock()  # one task at a time touches the weights
         self.handoff = lanes.Handoff(self.lock)  # taken by tasks, lent between lanes (.tasks)
@@ -252,17 +252,16 @@ class ControlPlane:
         heads, serving = self.inference.heads, self.inference.pool is not None
         kept = self._resized.get((dp, heads, serving))
         if kept is None or kept[0] is not self.plan:
-            to = resized_plan(
-                self.plan, self.model, self.cluster, dp, local=self.local, heads=heads,
-                serving=serving,
-            )  # fmt: skip
+            to = resized_plan(self.plan, self.model, self.cluster, dp, heads=heads, serving=serving)
             kept = self._resized[(dp, heads, serving)] = (self.plan, to)
         return kept[1]
 
-    def relayout(self, plan: Plan, action: str, why: str) -> None:
-        """Move the deployment to ``plan`` from a checkpoint (a new dp, a move: .resize)."""
-        folder = self.run_dir / f"{action}{self.steps_done}"
-        d, err = resize(self.deployment, plan, self.model, self.steps_done, folder, self.device)
+    def relayout(self, plan: Plan, action: str, why: str, step: int | None = None) -> None:
+        """Move the deployment to ``plan`` from a checkpoint at ``step`` (default: the step
+        the weights are at between tasks): a new dp, a move (.resize)."""
+        step = self.steps_done if step is None else step
+        folder = self.run_dir / f"{action}{step}"
+        d, err = resize(self.deployment, plan, self.model, step, folder, self.device)
         self.deployment = d
         self.inference.rebind(d)
         self.record_services()
@@ -368,28 +367,30 @@ class ControlPlane:
             load_task_shards(self.deployment, params)
         if params.sync.task_heads:  # from its first step the replicas' heads differ
             self.heads_valid, self.inference.heads = valid, True
-        return train_task(
-            self.deployment,
-            params,
-            (corpus, valid),
-            schedule,
-            self.db,
-            task_id,
-            first,
-            Recovering(
-                checkpoint_every=params.checkpoint_every,
-                checkpoint_dir=folder,
-                late_policy=params.late_policy,
-                grad_wait_s=params.grad_wait_s,
-                start=start,
-                older=older,
-                retention=self.retention,
-            ),
-            run_id=self.run.id,
-            stop=lambda: task_queue.cancel_requested(self.db, task_id),
-            turn=self.inference.training_turn,
-            pause=pause,
-        )
+        with self.between.running(task_id):  # the loop's resizes, before a step (.resize)
+            return train_task(
+                self.deployment,
+                params,
+                (corpus, valid),
+                schedule,
+                self.db,
+                task_id,
+                first,
+                Recovering(
+                    checkpoint_every=params.checkpoint_every,
+                    checkpoint_dir=folder,
+                    late_policy=params.late_policy,
+                    grad_wait_s=params.grad_wait_s,
+                    start=start,
+                    older=older,
+                    retention=self.retention,
+                ),
+                run_id=self.run.id,
+                stop=lambda: task_queue.cancel_requested(self.db, task_id),
+                turn=self.inference.training_turn,
+                pause=pause,
+                swap=self.between,
+            )
 
     def train(self, req: TrainRequest, gone: threading.Event | None = None) -> dict[str, Any]:
         """The Train call: the task queued as the gateway's are (.tasks.door), then waited for

@@ -292,8 +292,16 @@ class RayLauncher:
                     + " (the rest is held by other pipelines or jobs)"
                 )
 
+    def capacity(self) -> dict[str, int]:
+        """The devices online by datacenter: the ``dc:NAME`` units of the cluster's alive nodes
+        (a lost node's go with it; the control loop shrinks dp when they fall short:
+        :mod:`dmsc.runtime.control.loop.resizing`)."""
+        offered = ray_module().cluster_resources()
+        return {k[3:]: int(v) for k, v in offered.items() if k.startswith("dc:")}
+
     def close(self) -> None:
-        """Give the placement groups back (the deployment has stopped its workers)."""
+        """Give the placement groups back (the deployment has stopped its workers); the
+        launcher starts and reserves again for the next deployment (a resize's)."""
         from ray.util.placement_group import remove_placement_group
 
         for pg in self.groups.values():

@@ -10,6 +10,8 @@ decision is a row and a log line, every broken objective an alert.
 - :mod:`.hysteresis`: the rules that keep moves steady: confirmed over consecutive ticks,
   judged on measurements of the current placement, a cool-down for a stage just moved;
 - :mod:`.snapshot`: the snapshot read from the database and the control plane;
+- :mod:`.resizing`: proposals to grow or shrink training's data-parallel degree, when devices
+  go or come back or the policy's ``elastic`` asks (applied through :mod:`..training.resize`);
 - :mod:`.moves`: an accepted move applied to the deployment (``dmsc replan`` applies with it too);
 - :mod:`.symptoms`: alerts from the logs: a line that shows a failure (out of memory, NCCL or
   gloo errors, a checkpoint error) raises one;
@@ -19,7 +21,8 @@ decision is a row and a log line, every broken objective an alert.
 - :mod:`.views`: the loop as ``dmsc up`` starts it and as ``dmsc status`` and the dashboard
   show it.
 
-Imports run one way: ``views -> runner -> snapshot -> tick -> objectives, hysteresis``,
+Imports run one way: ``views -> runner -> snapshot -> tick -> resizing -> objectives``,
+``tick -> hysteresis``,
 ``runner -> moves, webhook, hysteresis, symptoms``.
 Below it: :mod:`..advisors` (the modules and the decision rule) and :mod:`..tasks` (the
 exception queue, through :mod:`..advisors.policy`).

@@ -62,12 +62,16 @@ def signature(p: Proposal) -> Signature:
 def parts(p: Proposal) -> dict[str, tuple[str, str]]:
     """What ``p`` moves: ``{"stage S": (from, to)}`` for each stage that changes datacenter,
     ``{"boundary B": (from, to)}`` for each boundary whose path changes (the proposal's
-    details, as path optimisation writes them); the target itself when it says nothing more."""
+    details, as path optimisation writes them), ``{"dp": (from, to)}`` for a resize; the
+    target itself when it says nothing more."""
     out: dict[str, tuple[str, str]] = {}
     dcs = p.details.get("datacenters") or {}
     for s, (a, b) in enumerate(zip(dcs.get("current", []), dcs.get("proposed", []), strict=False)):
         if a != b:
             out[f"stage {s}"] = (str(a), str(b))
+    dp = p.details.get("dp")
+    if dp:  # a resize: the data-parallel degree is the part it moves
+        out["dp"] = (str(dp["current"]), str(dp["proposed"]))
     paths = p.details.get("paths") or {}
     now = {r["after_stage"]: r for r in paths.get("current", [])}
     for r in paths.get("proposed", []):
@@ -86,7 +90,9 @@ def _refuse(d: Decision, why: str) -> Decision:
 
 
 def _applies(d: Decision) -> bool:
-    return d.verdict == "apply" and d.proposal.kind in MOVE_KINDS
+    """A move the rules judge: a resize forced by lost devices (:mod:`.resizing`) is not one."""
+    forced = bool(d.proposal.details.get("forced"))
+    return d.verdict == "apply" and d.proposal.kind in MOVE_KINDS and not forced
 
 
 def stale(

@@ -12,12 +12,17 @@ and nothing moved (the control loop tries again at its next tick). Only a move t
 stage's layers is applied: a re-cut changes which stage holds which layers, and the per-stage
 checkpoint does not carry over (refused, with the reason), and so is one that would put a stage
 where a residency rule of the cluster spec keeps the model's weights out (naming the rule).
+
+A resize of training's data-parallel degree (``resize-dp``, :mod:`.resizing`) goes through
+:mod:`..training.resize`: between tasks :func:`resize_now` relays the deployment out under the
+task lock, after the same wait for the requests in flight; during a task :func:`hand_over`
+asks the running session, which makes it before its next step and writes the outcome.
 """
 
 from __future__ import annotations
 
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from contextlib import AbstractContextManager
 from typing import Any, Protocol
 
@@ -26,6 +31,7 @@ from dmsc.planner.plan import Plan
 from dmsc.runtime.control.advisors.base import Proposal
 from dmsc.runtime.control.advisors.paths import replan
 from dmsc.runtime.control.training.residency import check_move
+from dmsc.runtime.control.training.resize import Asked, check_online
 from dmsc.runtime.transport.rpc import BadRequest
 from dmsc.spec import ClusterSpec
 
@@ -53,6 +59,12 @@ class Movable(Protocol):
     def inference(self) -> Gates: ...
 
     def relayout(self, plan: Plan, action: str, why: str) -> None: ...
+
+
+class Resizable(Movable, Protocol):
+    """A control plane that also re-plans at another dp (:mod:`..training.resize`)."""
+
+    def resized(self, dp: int) -> Plan: ...
 
 
 def apply_move(
@@ -84,3 +96,35 @@ def apply_move(
         drained = time.perf_counter() - t1
         cp.relayout(new, "move", f"{p.target}: {p.reason}")
     return {"target": p.target, "move_s": time.perf_counter() - t1, "drain_s": drained}
+
+
+def _dp(p: Proposal) -> int:
+    return int(p.details["dp"]["proposed"])
+
+
+def resize_now(cp: Resizable, p: Proposal, drain_s: float = DRAIN_S) -> dict[str, Any]:
+    """Resize ``cp``'s deployment between tasks as ``p`` proposed (the caller holds the task
+    lock); how long it took. :class:`BadRequest` with the reason when it cannot be made."""
+    try:
+        plan = cp.resized(_dp(p))
+        check_online(plan, p.details.get("online"))
+    except ValueError as exc:
+        raise BadRequest(str(exc)) from None
+    t1 = time.perf_counter()
+    with cp.inference.paused(f"a resize ({p.target})", drain_s) as left:
+        if left:
+            n = f"{left} inference request{'s' if left > 1 else ''}"
+            raise StillServing(f"{n} still in flight after {drain_s:g} s: not resized now")
+        cp.relayout(plan, "loop-dp", f"{p.target}: {p.reason}")
+    return {"target": p.target, "move_s": time.perf_counter() - t1}
+
+
+def hand_over(cp: Any, p: Proposal, done: Callable[[str], None]) -> int | None:
+    """Ask the running training task to make resize ``p`` before its next step (``done`` is
+    told the outcome); the task's id, or None when no task runs (:class:`..resize.Between`)."""
+    between = getattr(cp, "between", None)
+    if between is None:
+        return None
+    asked = Asked(_dp(p), f"{p.target}: {p.reason}", done, p.details.get("online"))
+    task: int | None = between.ask(asked)
+    return task

@@ -18,10 +18,17 @@ webhook. An example::
     horizon_steps: 1000                     # and its cost paid back within 1000 steps
     confirm_ticks: 3                        # a move holds on 3 ticks in a row before it applies
     cooldown_s: 600                         # a stage moved is not moved again for 10 minutes
+    elastic:                                # the loop resizes training dp (loop.resizing)
+      dp_min: 1
+      dp_max: 4                             # grows while step_time_s is broken, up to 4
+      cost_s: 10                            # one resize's checkpoint, restart and load
 
 Every breach raises an alert; the action adds to it: ``scale-out`` adds a serving replica
 (``dmsc up --autoscale`` makes the pool), ``move`` applies the move path optimisation proposes
-even below the rule's threshold (within its horizon still).
+even below the rule's threshold (within its horizon still). With ``elastic`` set, a broken
+``step_time_s`` also grows the training task's data-parallel degree by one replica while free
+devices allow, within ``dp_min``..``dp_max`` (:mod:`.resizing`, through the same decision rule
+and hysteresis).
 """
 
 from __future__ import annotations
@@ -98,6 +105,26 @@ class Objectives(BaseModel):
         return {n: o for n in SLO_NAMES if (o := getattr(self, n)) is not None}
 
 
+class Elastic(BaseModel):
+    """How the loop may resize training's data-parallel degree (:mod:`.resizing`): the range
+    it keeps dp in, and the one-off cost a resize is charged in the decision rule."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    dp_min: Annotated[int, Field(ge=1, le=4096)] = 1
+    dp_max: Annotated[int, Field(ge=1, le=4096)]
+    # a checkpoint, the workers' restart and the load: 0.8 s for gpt-mini in two stages from
+    # dp 1 to 2 on the 2-core CPU machine (tests/integration/test_loop_resize.py logs it);
+    # 10 s leaves room for larger models and workers that are not forked
+    cost_s: Annotated[float, Field(ge=0, le=3600)] = 10.0
+
+    @model_validator(mode="after")
+    def _range(self) -> Elastic:
+        if self.dp_min > self.dp_max:
+            raise ValueError(f"dp_min {self.dp_min} is above dp_max {self.dp_max}")
+        return self
+
+
 class Policy(BaseModel):
     """A policy file (module docstring)."""
 
@@ -112,6 +139,7 @@ class Policy(BaseModel):
     # stage just moved stays where it is
     confirm_ticks: Annotated[int, Field(ge=1, le=100)] = 3
     cooldown_s: Annotated[float, Field(ge=0, le=86400)] = 600.0
+    elastic: Elastic | None = None  # None: the loop never resizes dp for the policy
 
 
 def load_policy(path: str | Path) -> Policy:

@@ -6,7 +6,8 @@ over it (:mod:`.tick`) and acts on the result:
 - every new decision is one row in ``control_decisions`` and one line in the control log. A move
   accepted in ``act`` mode (steady: :mod:`.hysteresis`) is applied (:func:`.moves.apply_move`)
   when the plane's task lock is free, that is between training tasks: the loop never waits for
-  the lock, a move it cannot take now is ``deferred`` and tried again at the next tick. The
+  the lock, a move it cannot take now is ``deferred`` and tried again at the next tick (a
+  resize of dp is handed to the running task instead: :mod:`.moves`). The
   move restarts the workers, so it first waits for the inference requests in flight
   (:mod:`.moves`); requests still running then defer it too, and none is cut. In ``advise``
   mode it is only ``proposed``. An applied move's effect is measured afterwards: the median
@@ -53,7 +54,7 @@ from dmsc.runtime.control.advisors.paths import PathOptimisation
 from dmsc.runtime.control.advisors.policy import raise_into_queue
 from dmsc.runtime.control.advisors.traffic import TrafficPrediction
 from dmsc.runtime.control.loop.hysteresis import after_move
-from dmsc.runtime.control.loop.moves import StillServing, apply_move
+from dmsc.runtime.control.loop.moves import StillServing, apply_move, hand_over, resize_now
 from dmsc.runtime.control.loop.snapshot import Predictions, take
 from dmsc.runtime.control.loop.symptoms import LogAlerts, remote_symptoms
 from dmsc.runtime.control.loop.tick import (
@@ -133,6 +134,7 @@ class ControlLoop:
         self.effects: list[tuple[int, int]] = []  # (decision, training task before the move)
         self.last: dict[str, Any] = {}
         self._tried_now = False  # a move was tried at this tick already
+        self._ticking = threading.Lock()
         self.webhook: Webhook | None = None
         if config.policy.webhook is not None:
             self.webhook = Webhook(config.policy.webhook, self._webhook_done)
@@ -206,6 +208,10 @@ class ControlLoop:
 
     # -- one tick ------------------------------------------------------------------------------
     def once(self) -> TickResult:
+        with self._ticking:  # a task's resize outcome waits for the tick's own writes
+            return self._once()
+
+    def _once(self) -> TickResult:
         wall0, cpu0 = time.perf_counter(), time.thread_time()
         self._tried_now = False
         snap = take(self.cp, time.time(), self.predictions, self.state.key)
@@ -285,13 +291,24 @@ class ControlLoop:
         )
 
     def _try_move(self, snap: Snapshot) -> str:
-        """Apply the pending move if the task lock is free now (never waits for it)."""
+        """Apply the pending move if the task lock is free now (never waits for it); a resize
+        while a task holds it is handed to that task, made before its next step."""
         pending = self.pending
         assert pending is not None
+        p = pending.proposal
         if not self.cp.lock.acquire(blocking=False):
-            return "deferred: a task holds the deployment (tried again next tick)"
+            task = None
+            if p.kind == "resize-dp":
+                task = hand_over(self.cp, p, lambda out: self._resized(pending.decision, out))
+            if task is None:
+                return "deferred: a task holds the deployment (tried again next tick)"
+            self._moved(snap, pending)
+            return f"handed to training task {task}: made before its next step"
         try:
-            done = apply_move(self.cp, snap.measured.traces, pending.proposal)
+            if p.kind == "resize-dp":
+                done = resize_now(self.cp, p)
+            else:
+                done = apply_move(self.cp, snap.measured.traces, p)
         except StillServing as exc:
             return f"deferred: {exc} (tried again next tick)"
         except BadRequest as exc:
@@ -303,6 +320,10 @@ class ControlLoop:
             return f"failed: {type(exc).__name__}: {exc}"
         finally:
             self.cp.lock.release()
+        self._moved(snap, pending)
+        return f"applied in {done['move_s']:.1f} s"
+
+    def _moved(self, snap: Snapshot, pending: PendingMove) -> None:
         self.pending = None
         # a new placement: decide afresh, on measurements of it, the moved parts cooling down
         # (every task measured so far ran on the old placement: a deferred move's too)
@@ -311,13 +332,14 @@ class ControlLoop:
         self.state = LoopState(open=self.state.open, memory=memory)
         if pending.task_before is not None:
             self.effects.append((pending.decision, pending.task_before))
-        set_decision(
-            self.cp.db,
-            pending.decision,
-            task_before=pending.task_before,
-            step_before_s=pending.step_before_s,
-        )
-        return f"applied in {done['move_s']:.1f} s"
+        before = {"task_before": pending.task_before, "step_before_s": pending.step_before_s}
+        set_decision(self.cp.db, pending.decision, **before)
+
+    def _resized(self, decision: int, outcome: str) -> None:
+        """A task's outcome of a resize handed to it (from the training thread)."""
+        with self._ticking:
+            set_decision(self.cp.db, decision, outcome=outcome)
+            self.log.info("control decision %d: %s", decision, outcome)
 
     def _retry_pending(self, snap: Snapshot) -> None:
         pending = self.pending

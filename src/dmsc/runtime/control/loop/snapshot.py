@@ -10,6 +10,10 @@ Where each measurement is kept, and what :func:`take` reads of it:
   (``cp.inference``), a counter read under its own short lock;
 - the rate across each stage boundary: the traced bytes per step over the measured step time,
   and the capacity of the plan's reserved path there (:mod:`dmsc.planner.plan`);
+- the devices online by datacenter (the launcher's ``capacity()`` where it has one: the Ray
+  cluster's ``dc:NAME`` resources of its alive nodes; else the cluster spec's devices) against
+  the replicas' (:class:`~.resizing.DeviceView`), and why no resize can be made now, if none
+  can (task heads, elastic serving replicas, the running task's sync mode);
 - when the deployment last moved (the newest ``move`` among the run's scale events: the loop's
   or ``dmsc replan``'s), read when the modules are due: a task that started before it ran on
   the old placement (:mod:`.hysteresis`).
@@ -32,6 +36,7 @@ from dmsc.planner.plan import Plan
 from dmsc.runtime.control.advisors.base import Measurements, read_measurements, unix_s
 from dmsc.runtime.control.advisors.prediction import Prediction, task_prediction
 from dmsc.runtime.control.advisors.traffic import boundary_bytes
+from dmsc.runtime.control.loop.resizing import DeviceView, device_view
 from dmsc.runtime.control.loop.tick import Snapshot, modules_due
 from dmsc.spec import ClusterSpec, LayerListSpec, TransformerSpec
 
@@ -47,7 +52,7 @@ class Observed(Protocol):
     plan: Plan
     cluster: ClusterSpec | None
     model: TransformerSpec
-    inference: Any  # .in_flight(), .pool
+    inference: Any  # .in_flight(), .pool, .heads
 
 
 class Predictions:
@@ -115,6 +120,47 @@ def last_move_s(db: Database, run_id: int) -> float | None:
     return unix_s(at)
 
 
+def capacity(cp: Any, cluster: ClusterSpec) -> tuple[dict[str, int], str]:
+    """The devices online by datacenter, and where that was read: the cluster spec's, as
+    many as the launcher's ``capacity()`` says are up where it says (Ray's nodes alive; a
+    private Ray cluster offers more units than the spec has devices, and the re-plan places on
+    the spec)."""
+    out = {
+        dc.name: sum(g.count * cluster.node_types[g.type].devices for g in dc.nodes)
+        for dc in cluster.datacenters
+    }
+    launcher = getattr(getattr(cp, "deployment", None), "launcher", None)
+    read = getattr(launcher, "capacity", None)
+    if read is None:
+        return out, "the cluster spec"
+    up = read()
+    return {dc: min(n, up.get(dc, 0)) for dc, n in out.items()}, "the Ray cluster's nodes"
+
+
+def _blocked(cp: Any, m: Measurements) -> str | None:
+    """Why the deployment cannot be resized now (training.resize's refusals), or None."""
+    if getattr(cp.inference, "heads", False):
+        return "the replicas hold task heads of their own"
+    if getattr(cp.inference, "pool", None) is not None:
+        return "elastic serving replicas hold devices (dmsc up --autoscale)"
+    running = [t for t in m.tasks if t.kind == "train" and t.state == "running"]
+    for t in running:
+        sync = t.params.get("sync") or {}
+        mode = sync.get("mode", "every-step")
+        if mode != "every-step" or sync.get("local_data") or sync.get("task_heads"):
+            return f"training task {t.id}'s replicas differ between steps (sync {mode})"
+    return None
+
+
+def devices(cp: Any, plan: Plan, base_dp: int, m: Measurements) -> DeviceView | None:
+    """The replicas of ``plan`` against the devices online (None without a cluster spec:
+    nothing to re-plan on)."""
+    if cp.cluster is None:
+        return None
+    online, source = capacity(cp, cp.cluster)
+    return device_view(plan, base_dp, online, source, _blocked(cp, m))
+
+
 def take(
     cp: Observed, now_s: float, predictions: Predictions, last_key: tuple[Any, ...] | None = None
 ) -> Snapshot:
@@ -123,6 +169,7 @@ def take(
     (:func:`.tick.modules_due` of ``last_key``, the key they last ran on)."""
     plan = cp.plan  # read once: a move may replace it meanwhile
     measured = read_measurements(cp.db, cp.run.id, now_s, last_steps=RATE_STEPS)
+    base_dp = measured.plan.job.dp  # the run's own plan: what devices coming back restore
     measured = dataclasses.replace(measured, plan=plan)
     moved_s = None
     if measured.task_id is not None and modules_due(Snapshot(measured).key(), last_key):
@@ -142,4 +189,5 @@ def take(
         link_capacity={p.after_stage: p.gbit_s * 1e9 / 8 for p in plan.paths if p.gbit_s > 0},
         telemetry=telemetry(measured),
         moved_s=moved_s,
+        devices=devices(cp, plan, base_dp, measured),
     )

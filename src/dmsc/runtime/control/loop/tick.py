@@ -20,6 +20,9 @@ Each tick:
   paid back within the horizon). Then the hysteresis (:mod:`.hysteresis`): a move is applied
   only when it holds on ``confirm_ticks`` consecutive ticks, on a task measured after the last
   move, and not for a stage moved within the cool-down;
+- a resize of training's data-parallel degree is proposed by :mod:`.resizing` when devices go
+  or come back, or the policy's ``elastic`` asks for it on a broken step-time objective; one
+  forced by lost devices is proposed and applied at every tick until it is done;
 - a decision is recorded when it is new: the first of its proposal (module, kind, target) or
   one whose verdict changed. The same verdict on the same proposal tick after tick is one row.
 """
@@ -37,6 +40,7 @@ from dmsc.runtime.control.advisors.orchestrator import Decision, DecisionRule, c
 from dmsc.runtime.control.advisors.policy import nearest_rank
 from dmsc.runtime.control.loop.hysteresis import Memory, steady
 from dmsc.runtime.control.loop.objectives import Policy
+from dmsc.runtime.control.loop.resizing import DeviceView, force, propose
 
 MODULE = "control-loop"  # the name the loop's own proposals carry (its SLO exceptions)
 RECENT_STEPS = 20  # the steps the step-time median is over
@@ -61,6 +65,7 @@ class Snapshot:
     # each worker's CPU % and memory over its last traced steps ("STAGE/REPLICA": {...})
     telemetry: Mapping[str, Mapping[str, float | None]] = field(default_factory=dict)
     moved_s: float | None = None  # when the deployment last moved (unix seconds), if it did
+    devices: DeviceView | None = None  # replicas against the devices online (.resizing)
 
     def key(self) -> tuple[Any, ...]:
         """What the modules last ran on: the measured task, its last step, the training tasks
@@ -253,15 +258,20 @@ def tick(
     resolved = tuple(sorted(state.open - broken))
     key = snap.key()
     due = modules_due(key, state.key)
-    ran = due or bool(raised)
+    slow = next((b.reason for b in breaches if b.slo == "step_time_s"), None)
+    resizes = propose(snap.devices, config.policy, _median_step(snap.measured), slow)
+    forced = any(p.details.get("forced") for p in resizes)  # devices lost: every tick
+    ran = due or bool(raised) or forced
     decisions: list[Decision] = []
     if ran:
         proposals = collect(modules, snap.measured) if due else []
+        proposals += resizes if due or forced else []
         proposals += [_exception(b) for b in breaches if b.task is not None]
         decisions = decide(proposals, config.rule, snap.measured.remaining_steps)
         movers = [b for b in breaches if b.action == "move"]
         if movers:
             decisions = _forced_move(decisions, config.rule, movers[0].slo)
+        decisions = force(decisions)
     memory = state.memory
     if due:
         remaining = snap.measured.remaining_steps

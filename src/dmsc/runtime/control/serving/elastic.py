@@ -8,8 +8,12 @@ replica uses, and loaded with the production model version (else the run's newes
 else the same initial weights the plan's replicas started from), and loaded again when another
 version goes to production (:mod:`.version_sync`). Training never touches them.
 
-- **Scale out**: the devices are reserved before the workers start, so two decisions never
-  place on the same device; the replica joins routing once its weights are loaded.
+- **Scale out**: the replica goes to the idlest nodes with room, by the CPU % the training
+  steps' telemetry measured on them (:meth:`ServingPool.node_load`); the devices are reserved
+  before the workers start, so two decisions never place on the same device; the replica
+  joins routing once its weights are loaded. Its workers start with the local launcher, or
+  with a Ray launcher of its own (``dmsc up --launcher ray``: one placement group for the
+  pipeline, on the Ray nodes of the datacenters it was placed in).
 - **Scale in**: the replica leaves routing first (no new request reaches it), then its requests
   in flight finish (drained: none is lost) and only then do its workers stop.
 - A serving replica whose worker fails is dropped from routing at once and stopped; the
@@ -35,10 +39,12 @@ from pathlib import Path
 from typing import Any
 
 from dmsc.data.db import Database, ScaleEventRecord
-from dmsc.planner.elastic import devices_in_use, place_replica
+from dmsc.data.traces import worker_usage
+from dmsc.planner.elastic import devices_in_use, node_load, place_replica
 from dmsc.planner.plan import Plan, ReplicaRecord
 from dmsc.runtime.compute.checkpoints import stage_file
 from dmsc.runtime.control.launch.deployment import Checkpoint, Deployment, StageLayout
+from dmsc.runtime.control.launch.launchers import Launcher
 from dmsc.runtime.control.serving.autoscale import ScalePolicy
 from dmsc.runtime.control.serving.held import Held, forget, record, version_of
 from dmsc.runtime.control.serving.model_store import versions
@@ -100,8 +106,10 @@ class ServingPool:
         log: logging.Logger,
         in_flight: Callable[[str], int],
         registry_ttl_s: float = 10.0,
+        launcher: Callable[[], Launcher] | None = None,
     ) -> None:
         self.plan, self.model, self.cluster = plan, model, cluster
+        self.launcher = launcher  # a new one per replica (None: the local launcher)
         self.db, self.run_id, self.home, self.log = db, run_id, home, log
         self.in_flight = in_flight  # requests in flight on a replica, by name
         self.registry_ttl_s = registry_ttl_s
@@ -154,7 +162,8 @@ class ServingPool:
                 taken |= held
             k = next(self._numbers)
             name = f"serve-{k}"
-            placement = place_replica(self.plan, self.cluster, taken, self.plan.job.dp + k - 1)
+            rank, load = self.plan.job.dp + k - 1, self.node_load()
+            placement = place_replica(self.plan, self.cluster, taken, rank, load)
             if placement is not None:
                 self._reserved[name] = {d for r in placement for d in r.devices}
         if placement is None:
@@ -172,6 +181,7 @@ class ServingPool:
         )
         dep = Deployment(
             layout,
+            launcher=self.launcher() if self.launcher is not None else None,
             workdir=self.home / "workers",
             registry_ttl_s=self.registry_ttl_s,
             home=self.home,
@@ -194,6 +204,19 @@ class ServingPool:
         record(self.db, self.run_id, name, loaded)
         self._record("out", name, in_flight, reason, where)
         return name
+
+    def node_load(self) -> dict[int, float]:
+        """Each node's CPU load as the newest training task's steps measured it (its workers'
+        mean CPU %, :func:`dmsc.planner.elastic.node_load`): a new replica goes to the idlest."""
+        for task in reversed([t for t in self.db.tasks(self.run_id) if t.kind == "train"]):
+            cpu = {
+                (int(k.split("/")[0]), int(k.split("/")[1])): u["cpu_percent_mean"]
+                for k, u in worker_usage(self.db, task.id).items()
+                if u["cpu_percent_mean"] is not None
+            }
+            if cpu:
+                return node_load(self.plan, self.cluster, cpu)
+        return {}
 
     def scale_in(
         self, name: str, reason: str, in_flight: float = 0.0, drain_s: float = DRAIN_TIMEOUT_S

@@ -236,6 +236,7 @@ def train(
     lr: Callable[[int], float] | None = None,
     sync: SyncSettings | None = None,
     pause: Callable[[int], int] | None = None,
+    swap: Callable[[int], Deployment | None] | None = None,
 ) -> TrainReport:
     """Run steps ``first_step`` .. ``first_step + steps - 1``; validation loss before and after.
     ``turn()`` is held around each step and validation (the replicas' fair locks: inference
@@ -253,7 +254,9 @@ def train(
     ``pause(step)``, asked before each step (each round's first with ``sync.outer``), may let
     other tasks train the same weights (:mod:`dmsc.runtime.control.tasks.lanes`): it returns
     the step they left them at; the session's remaining steps then follow from there, after a
-    checkpoint (a rollback never undoes their steps)."""
+    checkpoint (a rollback never undoes their steps). ``swap(step)``, asked before each step
+    after ``pause``, may resize the deployment there (:class:`~.resize.Between`): it returns
+    the deployment the weights now are on, and the session goes on there after a checkpoint."""
     rec = recovering or Recovering()
     end = first_step + steps
     report = TrainReport(steps, tokens_per_step=batch * dep.layout.model.seq, first_step=first_step)
@@ -368,6 +371,10 @@ def train(
                     report.first_step = first_step
                     save(step)
                     del history[:-1]
+            if swap is not None and (resized := swap(step)) is not None:
+                dep = resized  # the same weights at this step, on another layout
+                save(step)
+                del history[:-1]  # a rollback never goes back to the old layout's files
             x, y = (None, None) if local else corpus.batch(step, batch)
             outer = in_rounds and ((step - first_step + 1) % rounds_of == 0 or step == end - 1)
             try:
@@ -444,6 +451,7 @@ def train_task(
     stop: Callable[[], bool],
     turn: Callable[[], contextlib.AbstractContextManager[None]],
     pause: Callable[[int], int] | None,
+    swap: Callable[[int], Deployment | None] | None = None,
 ) -> TrainReport:
     """:func:`train` a task from its stored parameters, from step ``first``, at the learning
     rate of its schedule (:mod:`.lr_schedule`)."""
@@ -470,4 +478,5 @@ def train_task(
         lr=lambda i: lr_at(i, params.steps, settings),
         sync=params.sync,
         pause=pause,
+        swap=swap,
     )
