@@ -109,7 +109,8 @@ def loop_figures(fault_s: float, rows: Iterable[Row]) -> dict[str, Any]:
     """Time to detect, to decide and to apply, and the decisions made, from the rows at or after
     the fault (``fault_s``, unix seconds):
 
-    - ``detect_s``: the fault to the loop's first row about it (a decision or an alert);
+    - ``detect_s``: the fault to the loop's first row about it: an alert, or a decision other
+      than a note (a forecast, a "keep", which the modules write whatever they measured);
     - ``decide_s``: that first row to the decision on the fault: the first that changes the
       deployment (a move accepted, an alert whose policy names ``scale-out``), or, where none
       does, the first exception raised into the queue;
@@ -122,7 +123,9 @@ def loop_figures(fault_s: float, rows: Iterable[Row]) -> dict[str, Any]:
     A figure is None when its event did not happen."""
     after = sorted((r for r in rows if r["t"] >= fault_s), key=lambda r: r["t"])
     loop = [r for r in after if r["source"] in ("decision", "alert")]
-    detect = loop[0]["t"] if loop else None
+    # notes (a forecast, "keep" the placement) are written whatever was measured: not a sign
+    seen = [r for r in loop if not (r["source"] == "decision" and r["verdict"] == "note")]
+    detect = seen[0]["t"] if seen else None
     # the decision that changes the deployment, or else the first that escalates (an exception)
     act = next((r for r in loop if _remedies(r)), None) or next((r for r in loop if _acts(r)), None)
     applied = None

@@ -61,6 +61,7 @@ def test_a_move_detected_decided_deferred_and_applied() -> None:
 
 def test_an_accepted_move_counts_from_its_row_to_the_move() -> None:
     rows = [
+        _decision(0.5, "traffic", "forecast", "note"),  # written whatever happens: no sign
         _decision(2.0, "paths", "move-stage", "refuse"),
         _decision(12.0, "paths", "move-stage", "apply", "applied in 4.0 s"),
         _scale(20.0, "move", "stage 0"),
