@@ -72,6 +72,7 @@ import json
 import logging
 import os
 import re
+import shutil
 import signal
 import statistics
 import subprocess
@@ -139,6 +140,15 @@ def _wait_steps(db: Database, n: int, timeout_s: float = 300) -> int:
             return tasks[-1].id
         time.sleep(0.1)
     raise SystemExit(f"no training task reached {n} steps in {timeout_s:g} s")
+
+
+def _done(home: Path, a: argparse.Namespace) -> None:
+    """A run's data directory, read: removed (its checkpoints take about 100 MB) unless
+    ``--keep-homes``."""
+    if a.keep_homes:
+        print(f"# kept {home}", file=sys.stderr)
+    else:
+        shutil.rmtree(home, ignore_errors=True)
 
 
 def _loop_flags(mode: str, interval: float, slos: list[str]) -> list[str]:
@@ -230,6 +240,7 @@ def slowed_link(mode: str, a: argparse.Namespace) -> dict[str, Any]:
         datacenters={"before": before, "after": after},
         loop_cost=loop.cost.as_json() if loop is not None else None,
     )
+    _done(home, a)
     return out
 
 
@@ -306,6 +317,7 @@ def ramp(mode: str, a: argparse.Namespace) -> dict[str, Any]:
         p99_after_step_s=nearest_rank(during, 99) if during else None,
         replicas_added=sum(r["source"] == "scale" and r["action"] == "out" for r in _rows(db)),
     )
+    _done(home, a)
     return res
 
 
@@ -386,7 +398,7 @@ def busy_node(mode: str, a: argparse.Namespace) -> dict[str, Any]:
 
     slo = _step_slo(a, "busy")
     slos = [f"step_time_s={slo:g}"]
-    _, db, info = _up_and_train(mode, a, "busy", a.busy_steps, slos, inject)
+    home, db, info = _up_and_train(mode, a, "busy", a.busy_steps, slos, inject)
     task = _train_tasks(db)[-1].id
     steps = _steps(db, task)
     k = info["at_step"]
@@ -404,6 +416,7 @@ def busy_node(mode: str, a: argparse.Namespace) -> dict[str, Any]:
         worker_cpu_percent={w: _median(v) for w, v in cpu.items()},
         burners=a.burners_per_core * (os.cpu_count() or 1),
     )
+    _done(home, a)
     return out
 
 
@@ -415,7 +428,7 @@ def lost_device(mode: str, a: argparse.Namespace) -> dict[str, Any]:
 
     slo = _step_slo(a, "lost")
     slos = [f"step_time_s={slo:g}", "error_rate=0.2"]
-    _, db, info = _up_and_train(mode, a, "lost", a.lost_steps, slos, inject)
+    home, db, info = _up_and_train(mode, a, "lost", a.lost_steps, slos, inject)
     faults = [f for f in db.faults(_train_tasks(db)[-1].run_id) if f.kind == "worker"]
     said = info["chaos"]
     fault = faults[0].detected_at - said["detected_after_s"] if faults else info["end_s"]
@@ -436,6 +449,7 @@ def lost_device(mode: str, a: argparse.Namespace) -> dict[str, Any]:
             "steps_lost": said["steps_lost"],
         },
     )
+    _done(home, a)
     return out
 
 
@@ -479,6 +493,7 @@ def main() -> None:
     ap.add_argument("--busy-steps", type=int, default=33)
     ap.add_argument("--burners-per-core", type=int, default=3)
     ap.add_argument("--lost-steps", type=int, default=30)
+    ap.add_argument("--keep-homes", action="store_true", help="keep each run's data directory")
     ap.add_argument("--json", action="store_true")
     ap.add_argument("--out", help="also write the JSON here")
     a = ap.parse_args()
@@ -497,7 +512,7 @@ def main() -> None:
             results[name][mode]["bench_wall_s"] = time.perf_counter() - s0
             print(f"# {name} {mode}: {json.dumps(results[name][mode])}", file=sys.stderr)
     doc = {
-        "settings": {k: v for k, v in vars(a).items() if k not in ("json", "out")},
+        "settings": {k: v for k, v in vars(a).items() if k not in ("json", "out", "keep_homes")},
         "cores": os.cpu_count(),
         "wall_s": time.perf_counter() - t0,
         "load_before": load_before,
