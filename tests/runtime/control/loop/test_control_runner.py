@@ -128,6 +128,48 @@ def test_a_move_waits_for_the_lock_then_applies_and_its_effect_is_measured(
     assert loop.cost.ticks == 3 and loop.cost.cpu_s > 0
 
 
+class Pool:
+    """An elastic serving pool whose replica start sees what the database holds by then."""
+
+    def __init__(self, cp: Any) -> None:
+        self.cp, self.alerts_then, self.replicas = cp, -1, 1
+
+    def count(self) -> int:
+        return self.replicas
+
+    def scale_out(self, reason: str) -> str:
+        self.alerts_then = len(alerts(self.cp.db, self.cp.run.id))
+        self.replicas += 1
+        return f"serve-{self.replicas - 1}"
+
+
+def test_the_gateways_latencies_break_the_inference_objective_and_the_alert_precedes_its_action(
+    tmp_path: Path, plan: Plan
+) -> None:
+    """The latencies come from the router (the gateway's requests are no task rows), and the
+    alert is written when the breach is seen, before the replica it asks for starts (which
+    takes seconds): its time is the detection's, its outcome follows."""
+    cp, _ = _plane(tmp_path, plan)
+    pool = Pool(cp)
+    since: list[float] = []
+    cp.inference = SimpleNamespace(
+        in_flight=lambda: 0,
+        pool=pool,
+        answered_since=lambda s: since.append(s) or [2.5] * 10,
+    )
+    policy = Policy.model_validate(
+        {"slos": {"infer_p99_s": {"max": 1.0, "action": "scale-out"}}, "window_s": 60}
+    )
+    loop, _ = _loop(cp, policy, "act", [])
+    t0 = time.time()
+    loop.once()
+    assert since and abs(since[0] - (t0 - 60)) < 5  # the policy's window
+    (alert,) = alerts(cp.db, cp.run.id)
+    assert (alert.slo, alert.value) == ("infer_p99_s", 2.5)
+    assert pool.alerts_then == 1  # the alert was in the database before the replica started
+    assert alert.action_outcome == "added serving replica serve-1"
+
+
 class Hook(BaseHTTPRequestHandler):
     answers: ClassVar[list[int]] = []
     bodies: ClassVar[list[dict[str, Any]]] = []

@@ -103,6 +103,19 @@ def test_inference_p99_queue_wait_and_error_rate(plan: Plan) -> None:
     assert check_slos(snap, _policy(infer_p99_s=3.0, queue_wait_s=200, error_rate=0.01)) == []
 
 
+def test_the_served_latencies_judge_inference_p99_where_the_router_keeps_them(plan: Plan) -> None:
+    """The gateway's requests are no task rows: the router's latencies (every door's) count,
+    and the inference tasks' times are then not counted a second time."""
+    served = tuple([0.1] * 98 + [3.0, 5.0])
+    (b,) = check_slos(Snapshot(_measured(plan, [0.1]), served=served), _policy(infer_p99_s=2.0))
+    assert b.value == pytest.approx(3.0) and "over 100 requests" in b.reason
+    slow = (_task(1), _task(10, "infer", "done", NOW - 50, NOW - 40, NOW - 30))
+    policy = _policy(infer_p99_s=2.0)
+    assert check_slos(Snapshot(_measured(plan, [0.1], slow), served=()), policy) == []
+    (b,) = check_slos(Snapshot(_measured(plan, [0.1], slow)), policy)
+    assert b.value == pytest.approx(10.0)  # no router's latencies: the tasks' times
+
+
 def test_link_utilisation_against_the_reserved_path(plan: Plan) -> None:
     cap = plan.paths[0].gbit_s * 1e9 / 8
     b0 = plan.paths[0].after_stage

@@ -74,3 +74,17 @@ def test_a_move_shuts_every_gate_at_once_and_waits_for_the_requests_in_flight() 
     with rep.admitted(["replica-0"]), rep.paused("a move", 0.2) as left:
         assert left == 1  # still in flight after the wait: the caller defers the move
     assert rep.in_flight() == 0
+
+
+def test_the_answered_requests_latencies_are_kept_for_the_control_loop() -> None:
+    """Every door's requests pass the gate, the gateway's too (they are no task rows): the
+    control loop's inference objective reads their latencies here."""
+    rep = replicas(1)
+    t0 = time.time()
+    with rep.admitted(["replica-0"]):
+        time.sleep(0.05)
+    with pytest.raises(RuntimeError), rep.admitted(["replica-0"]):
+        raise RuntimeError("the replica failed")  # not answered: not kept
+    (latency,) = rep.answered_since(t0)
+    assert 0.05 <= latency < 5
+    assert rep.answered_since(time.time() + 1) == []

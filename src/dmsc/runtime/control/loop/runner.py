@@ -16,10 +16,11 @@ over it (:mod:`.tick`) and acts on the result:
 - an exception (a breach with a task at fault) goes into the exception queue;
 - a log line of a worker or of the control plane that shows a failure (out of memory, NCCL or
   gloo, a checkpoint) raises an alert too (:mod:`.symptoms`);
-- a newly broken objective is one row in ``alerts``, one line in the log, a post to the
-  policy's webhook (queued, from its own thread: :mod:`.webhook`) and the policy's action
-  (``scale-out``: one more serving replica, when ``dmsc up --autoscale`` made a pool); an
-  objective that holds again resolves its alert.
+- a newly broken objective is one row in ``alerts`` and one line in the log, written when the
+  tick sees the breach, then the policy's action (``scale-out``: one more serving replica,
+  when ``dmsc up --autoscale`` made a pool; its outcome written into the row once the replica
+  serves) and a post to the policy's webhook (queued, from its own thread: :mod:`.webhook`);
+  an objective that holds again resolves its alert.
 
 The loop's cost is measured on every tick (wall and CPU time of the tick's thread) and kept
 in :attr:`ControlLoop.cost` and the control plane's Prometheus metrics
@@ -214,7 +215,9 @@ class ControlLoop:
     def _once(self) -> TickResult:
         wall0, cpu0 = time.perf_counter(), time.thread_time()
         self._tried_now = False
-        snap = take(self.cp, time.time(), self.predictions, self.state.key)
+        snap = take(
+            self.cp, time.time(), self.predictions, self.state.key, self.config.policy.window_s
+        )
         res = tick(snap, self.config, self.state, self.modules)
         self.state = res.state
         raised = self._record(res, snap)
@@ -391,9 +394,8 @@ class ControlLoop:
                 task_id=b.task,
                 exception_task=raised.get(f"slo:{b.slo}"),
                 action=b.action,
-                action_outcome=self._action(b),
                 webhook="pending" if self.webhook is not None else "",
-            )
+            )  # written when the breach is seen: its action (a replica's start) takes seconds
             self.alert_ids[b.slo] = alert
             self.m_alerts.labels(b.slo).inc()
             self.log.warning(
@@ -404,7 +406,10 @@ class ControlLoop:
                 b.objective,
                 extra={"alert": alert, "slo": b.slo},
             )
-            self._post(alert)
+            outcome = self._action(b)
+            if outcome:
+                set_alert(db, alert, action_outcome=outcome)
+            self._post(alert)  # with the action's outcome
 
     def _action(self, b: Breach) -> str:
         """Carry out the policy's action for a new breach (``move`` is the tick's own)."""

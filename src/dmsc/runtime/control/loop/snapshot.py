@@ -6,8 +6,10 @@ Where each measurement is kept, and what :func:`take` reads of it:
   :mod:`dmsc.runtime.compute.telemetry`), tasks and faults: the database, read once through
   :func:`~dmsc.runtime.control.advisors.read_measurements` on the deployment's current plan;
 - the queue depth: the run's queued training tasks in the same read;
-- inference requests in flight and the elastic serving replicas: the control plane's router
-  (``cp.inference``), a counter read under its own short lock;
+- inference requests in flight, the latencies of those answered within the policy's window
+  (whichever door they came through: the gateway's requests are no task rows) and the elastic
+  serving replicas: the control plane's router (``cp.inference``), read under its own short
+  lock;
 - the rate across each stage boundary: the traced bytes per step over the measured step time,
   and the capacity of the plan's reserved path there (:mod:`dmsc.planner.plan`);
 - the devices online by datacenter (the launcher's ``capacity()`` where it has one: the Ray
@@ -52,7 +54,7 @@ class Observed(Protocol):
     plan: Plan
     cluster: ClusterSpec | None
     model: TransformerSpec
-    inference: Any  # .in_flight(), .pool, .heads
+    inference: Any  # .in_flight(), .pool, .heads, .answered_since() where it keeps latencies
 
 
 class Predictions:
@@ -162,11 +164,16 @@ def devices(cp: Any, plan: Plan, base_dp: int, m: Measurements) -> DeviceView | 
 
 
 def take(
-    cp: Observed, now_s: float, predictions: Predictions, last_key: tuple[Any, ...] | None = None
+    cp: Observed,
+    now_s: float,
+    predictions: Predictions,
+    last_key: tuple[Any, ...] | None = None,
+    window_s: float = 300.0,
 ) -> Snapshot:
     """The snapshot of ``cp``'s run at ``now_s`` (module docstring). The last ``RATE_STEPS``
     step traces are read for the objectives; ``TRACED_STEPS`` only when the modules are due
-    (:func:`.tick.modules_due` of ``last_key``, the key they last ran on)."""
+    (:func:`.tick.modules_due` of ``last_key``, the key they last ran on); the inference
+    latencies of the last ``window_s``."""
     plan = cp.plan  # read once: a move may replace it meanwhile
     measured = read_measurements(cp.db, cp.run.id, now_s, last_steps=RATE_STEPS)
     base_dp = measured.plan.job.dp  # the run's own plan: what devices coming back restore
@@ -180,6 +187,7 @@ def take(
         predicted = predictions.get(plan, cp.cluster, cp.model, measured)
         measured = dataclasses.replace(measured, predicted=predicted)
     pool = getattr(cp.inference, "pool", None)
+    answered = getattr(cp.inference, "answered_since", None)  # None: a router that keeps none
     return Snapshot(
         measured=measured,
         queue_depth=sum(t.kind == "train" and t.state == "queued" for t in measured.tasks),
@@ -190,4 +198,5 @@ def take(
         telemetry=telemetry(measured),
         moved_s=moved_s,
         devices=devices(cp, plan, base_dp, measured),
+        served=None if answered is None else tuple(answered(now_s - window_s)),
     )

@@ -37,6 +37,7 @@ import logging
 import threading
 import time
 import zlib
+from collections import deque
 from collections.abc import Callable, Iterator, Sequence
 from typing import TYPE_CHECKING
 
@@ -53,6 +54,8 @@ from dmsc.runtime.transport.messages import Sampling
 from dmsc.runtime.transport.rpc import NoRoom
 
 TRAINING = "\x00training"  # the training session's party at the replicas' fair locks
+# the answered requests' latencies kept for the control loop's inference objective (infer_p99_s)
+ANSWERED_KEPT = 10_000
 if TYPE_CHECKING:
     from dmsc.runtime.control.serving.elastic import ServingPool
 
@@ -101,6 +104,9 @@ class Replicas:
         self.drain_timeout_s = DRAIN_TIMEOUT_S
         self._in_flight: dict[str, int] = {}
         self.arrivals = 0  # requests admitted so far (the autoscaler forecasts their rate)
+        # (unix seconds when answered, seconds it took) of the newest answers, whichever door
+        # they came through (the gateway's requests are no task rows): the loop's p99
+        self._answered: deque[tuple[float, float]] = deque(maxlen=ANSWERED_KEPT)
         self._loading: set[str] = set()  # replicas a version is being loaded into (gate shut)
         self._counting = threading.Condition()  # guards both; notified as they change
         self._syncing = threading.Lock()  # one version sync at a time
@@ -220,13 +226,24 @@ class Replicas:
             for name in names:
                 self._in_flight[name] = self._in_flight.get(name, 0) + 1
             self.arrivals += 1
+        t0 = time.monotonic()
+        answered = False
         try:
             yield
+            answered = True
         finally:
             with self._counting:
                 for name in names:
                     self._in_flight[name] -= 1
+                if answered:
+                    self._answered.append((time.time(), time.monotonic() - t0))
                 self._counting.notify_all()
+
+    def answered_since(self, since_s: float) -> list[float]:
+        """The latencies (seconds, from taking a replica to the answer, its turns included) of
+        the requests answered since ``since_s`` (unix seconds), through any door."""
+        with self._counting:
+            return [s for at, s in self._answered if at >= since_s]
 
     @contextlib.contextmanager
     def drained(self, name: str, why: str) -> Iterator[int]:
