@@ -384,7 +384,11 @@ def test_a_partitioned_ray_node_is_recovered_from_and_fenced_when_it_comes_back(
 
 
 def test_a_lost_ray_node_re_forms_the_tensor_parallel_group_it_held_on_another_node(
-    cluster: Any, corpora: Any, node_fault_losses: list[float], tmp_path: Path
+    cluster: Any,
+    corpora: Any,
+    node_fault_losses: list[float],
+    tmp_path: Path,
+    caplog: pytest.LogCaptureFixture,
 ) -> None:
     """tp = 2: stage 1's two ranks share one bundle on a dc-1 node, and that node goes away
     mid-training. The whole group is replaced (both ranks, not only the one the loss was seen
@@ -434,6 +438,7 @@ def test_a_lost_ray_node_re_forms_the_tensor_parallel_group_it_held_on_another_n
     assert seen["gone"] == [("stage1-r0-t0", 0), ("stage1-r0-t1", 0)]
     assert seen["nodes"] == {fr.extra["node_after"]} != {fr.extra["node_before"]}
     assert seen["bundle_node"] == fr.extra["node_after"]
+    assert "placed outside" not in caplog.text  # no rank waited for room in the bundle
     dc1 = {n["NodeID"] for n in ray.nodes() if n["Alive"] and n["Resources"].get("dc:dc-1")}
     assert fr.extra["node_after"] in dc1
     assert seen["registered"] == seen["addresses"]
