@@ -41,6 +41,7 @@ RANGES = [("embedding", "block_1"), ("block_2", "head")]
 # pp=2 x dp=2 across two datacenters: stage 0 in dc-0, stage 1 in dc-1
 DCS = {(s, r): f"dc-{s}" for s in range(2) for r in range(2)}
 STEPS, BATCH, MICRO = 10, 8, 2  # MICRO per replica: 4 micro-batches in all
+NODE_STEPS = 8  # the steps of a node-fault test
 # One worker of `pytest -n 2 --dist loadgroup` runs every test of this module: one cluster for
 # them all rather than one per worker.
 pytestmark = pytest.mark.xdist_group("ray-cluster")
@@ -60,6 +61,15 @@ def cluster() -> Iterator[Any]:
 def corpora() -> tuple[Corpus, Corpus]:
     train_text, valid_text = stdlib_text(max_bytes=200_000)
     return Corpus(train_text, SPEC.seq, seed=1), Corpus(valid_text, SPEC.seq, seed=2)
+
+
+@pytest.fixture(scope="module")
+def node_fault_losses(corpora: tuple[Corpus, Corpus]) -> list[float]:
+    """Single-process training's losses for the node-fault tests: NODE_STEPS steps of batch
+    BATCH in 2 micro-batches (computed once: tens of seconds on a loaded machine)."""
+    train_c, _ = corpora
+    batches = [train_c.batch(s, BATCH) for s in range(NODE_STEPS)]
+    return reference_losses(SPEC, 0, 1e-3, batches, 2)
 
 
 def test_a_plan_across_two_ray_nodes_trains_as_one_process_through_a_killed_worker(
@@ -380,7 +390,7 @@ def test_training_resizes_dp_and_serving_replicas_scale_out_on_ray(
 
 
 def test_a_partitioned_ray_node_is_recovered_from_and_fenced_when_it_comes_back(
-    cluster: Any, corpora: Any, tmp_path: Path
+    cluster: Any, corpora: Any, node_fault_losses: list[float], tmp_path: Path
 ) -> None:
     """The node running stage 1 (dc-1) stops answering mid-training (every process of it
     frozen: to the rest of the cluster, a network partition). Ray declares the node dead; the
@@ -390,8 +400,7 @@ def test_a_partitioned_ray_node_is_recovered_from_and_fenced_when_it_comes_back(
     c = cluster
     add_node(c, {"dc:dc-1": 4})
     train_c, valid_c = corpora
-    steps = 8
-    want = reference_losses(SPEC, 0, 1e-3, [train_c.batch(s, BATCH) for s in range(steps)], 2)
+    steps, want = NODE_STEPS, node_fault_losses
     layout = StageLayout(SPEC, RANGES, datacenters={(0, 0): "dc-0", (1, 0): "dc-1"})
     seen: dict[str, Any] = {}
 
@@ -419,8 +428,69 @@ def test_a_partitioned_ray_node_is_recovered_from_and_fenced_when_it_comes_back(
     assert seen["registered"] == [seen["address"]] and seen["tokens"] == 2
 
 
+def test_a_lost_ray_node_re_forms_the_tensor_parallel_group_it_held_on_another_node(
+    cluster: Any,
+    corpora: Any,
+    node_fault_losses: list[float],
+    tmp_path: Path,
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """tp = 2: stage 1's two ranks share one bundle on a dc-1 node, and that node goes away
+    mid-training. The whole group is replaced (both ranks, not only the one the loss was seen
+    on), in the stage's bundle, which Ray has placed again on the other dc-1 node; the ranks meet
+    afresh under the new epoch, as do stage 0's, and the run goes back to its checkpoint with the
+    losses of single-process training. (Leaves one dc-1 node, as the test after it expects.)
+    Stage 0's group used to be kept: a frame of the broken step taken by one of its ranks and
+    refused by the other left them in each other's collectives, 120 s, then every step failed."""
+    import ray
+    from ray.util import placement_group_table
+
+    c = cluster
+    add_node(c, {"dc:dc-1": 4})
+    train_c, valid_c = corpora
+    steps = 4
+    want = node_fault_losses[:steps]  # the first steps of a longer run
+    layout = StageLayout(SPEC, RANGES, tp=2, datacenters={(0, 0): "dc-0", (1, 0): "dc-1"})
+    launcher = RayLauncher(home=tmp_path)
+    seen: dict[str, Any] = {}
+
+    def after(dep: Deployment, _node: Any) -> None:
+        # stage 0's group, on the head, restarted too: its ranks may disagree about the step
+        # the loss broke, and would wait in each other's collectives (120 s, then fail)
+        stage0 = [dep.handle((0, 0)), *(h for h in dep.tp.handles if h.config.stage == 0)]
+        seen["stage0"] = {h.config.epoch for h in stage0}
+        ranks = [dep.handle((1, 0)), *(h for h in dep.tp.handles if h.config.stage == 1)]
+        seen["sids"] = sorted(h.config.sid for h in ranks)
+        seen["epochs"] = {h.config.epoch for h in ranks}
+        seen["nodes"] = {h.process.node for h in ranks}  # type: ignore[attr-defined]
+        bundles = placement_group_table(launcher.groups[0])["bundles_to_node_id"]
+        seen["bundle_node"] = bundles[launcher._bundles[(1, 0)]]
+        gone = [h for h in dep.abandoned if h.config.stage == 1]
+        seen["gone"] = sorted((h.config.sid, h.config.epoch) for h in gone)
+        seen["registered"] = sorted(s.address for s in dep.registry.lookup(stage=1))
+        seen["addresses"] = sorted(h.address for h in ranks)
+
+    report, fr = train_through_node_fault(
+        c, layout, train_c, valid_c, steps, BATCH, 2, "lose", at_step=2, launcher=launcher,
+        home=tmp_path, after=after,
+    )  # fmt: skip
+    assert len(report.recoveries) == 1, report.recoveries
+    assert report.recoveries[0].failed == ["stage1-r0-t0", "stage1-r0-t1"]
+    assert max(abs(a - b) for a, b in zip(report.losses, want, strict=True)) < 1e-5
+    # both ranks anew, at the new epoch, together in the stage's bundle on the other dc-1 node
+    assert seen["sids"] == ["stage1-r0-t0", "stage1-r0-t1"] and seen["epochs"] == {1}
+    assert seen["stage0"] == {1}
+    assert seen["gone"] == [("stage1-r0-t0", 0), ("stage1-r0-t1", 0)]
+    assert seen["nodes"] == {fr.extra["node_after"]} != {fr.extra["node_before"]}
+    assert seen["bundle_node"] == fr.extra["node_after"]
+    assert "placed outside" not in caplog.text  # no rank waited for room in the bundle
+    dc1 = {n["NodeID"] for n in ray.nodes() if n["Alive"] and n["Resources"].get("dc:dc-1")}
+    assert fr.extra["node_after"] in dc1
+    assert seen["registered"] == seen["addresses"]
+
+
 def test_a_lost_ray_node_moves_its_stage_to_another_node_of_its_datacenter(
-    cluster: Any, corpora: Any, tmp_path: Path
+    cluster: Any, corpora: Any, node_fault_losses: list[float], tmp_path: Path
 ) -> None:
     """The node running stage 1 (datacenter dc-1) goes away mid-training (its raylet stopped):
     the stage is seen lost, started again on the other dc-1 node, and the run goes back to its
@@ -433,8 +503,7 @@ def test_a_lost_ray_node_moves_its_stage_to_another_node_of_its_datacenter(
     add_node(c, {"dc:dc-1": 4})
     assert len(live_nodes(c, "dc:dc-1")) == 2  # the earlier tests leave one
     train_c, valid_c = corpora
-    steps = 8
-    want = reference_losses(SPEC, 0, 1e-3, [train_c.batch(s, BATCH) for s in range(steps)], 2)
+    steps, want = NODE_STEPS, node_fault_losses
     layout = StageLayout(SPEC, RANGES, datacenters={(0, 0): "dc-0", (1, 0): "dc-1"})
     launcher = RayLauncher(home=tmp_path)
 

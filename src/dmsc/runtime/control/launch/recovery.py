@@ -12,7 +12,12 @@ the group it
 2. moves the survivors to the new epoch (``Abort``: their step in progress fails and their stale
    frames are dropped); one that does not answer is taken as failed too;
 3. replaces the failed workers, by a warm spare (``Assume``) where one is ready, else by a new
-   process, and refills the spares in the background;
+   process, and refills the spares in the background. At tp > 1 every replica of the group is
+   replaced, the survivors too, each rank by a new process whose group meets afresh under the
+   new epoch: the ranks of a surviving replica may disagree about the aborted step (a frame of
+   the old epoch reached one rank before its ``Abort``, its peer after and was refused; the
+   rank that took it then waits in a collective its peer never enters, and the collectives of
+   the next step pair up wrongly), and a collective cannot be interrupted;
 4. loads into the group the newest of the candidate checkpoints that verifies
    (:func:`dmsc.runtime.control.launch.fallback.restore_newest`: a checkpoint whose file is missing
    or corrupt is skipped, and the :class:`Recovery` lists it); with no candidates every worker must
@@ -105,7 +110,7 @@ def recover(
     failed = {k for k in failure.failed if k in group}
     fence(dep, failed)  # before the survivors, moving on, look their peers up again
     failed |= set(dep.move_to_epoch([k for k in group if k not in failed], dep.epoch))
-    replace(dep, sorted(failed))
+    replace(dep, sorted(set(group) if dep.layout.tp > 1 else failed))
     restored = restore_newest(dep, candidates, group)
     ckpt = restored.checkpoint
     return Recovery(
