@@ -46,7 +46,8 @@ The substitutions (:func:`fill`), and nothing else:
   ``--warmup`` of 1 step, which 2 steps hold),
   ``dmsc simulate`` gets ``--arrivals 100`` (the scenario has 2000 per run) and, with
   ``--lightpaths``, ``--requests 3000 --warmup 1000`` (a tenth), ``dmsc chaos --after 120``
-  waits 1 s. Nothing else is scaled.
+  waits 1 s, a federated ``dmsc train --sync ... --rounds 4 --local-steps 5`` runs 2 rounds of
+  2 local steps. Nothing else is scaled.
 
 A command fails the test with its output when it exits non-zero (the pages expect exit 1, "does
 not fit", from none of these examples). Between the pages' ``dmsc up`` commands the test runs
@@ -487,6 +488,8 @@ def fill(command: str, values: dict[str, str]) -> str:
     command = re.sub(r"^curl ", "curl --fail-with-body -sS ", command)
     command = re.sub(r"^(dmsc train .*--steps) (500|200)\b", r"\1 2", command)
     command = re.sub(r"^(dmsc train .*--warmup) \d+\b", r"\1 1", command)  # within 2 steps
+    command = re.sub(r"^(dmsc train --sync \w+ --rounds) 4 (--local-steps) 5\b", r"\1 2 \2 2",
+                     command)  # fmt: skip
     command = re.sub(r"^(dmsc chaos .*--after) 120\b", r"\1 1", command)
     if command.startswith("dmsc simulate "):
         command += " --arrivals 100"
