@@ -3,7 +3,10 @@ against a real gRPC server, and start no thread per call."""
 
 from __future__ import annotations
 
+import subprocess
+import sys
 import threading
+import time
 
 import grpc
 import pytest
@@ -24,7 +27,7 @@ def client() -> Client:
     release = threading.Event()
 
     def slow(data: bytes) -> bytes:
-        release.wait(5)
+        release.wait(60)
         return b"late"
 
     server, port = serve("t.Calls", {"Echo": bytes_handler(_echo), "Slow": bytes_handler(slow)})
@@ -97,3 +100,20 @@ def test_a_call_not_yet_started_can_be_cancelled(monkeypatch: pytest.MonkeyPatch
         queued.result()
     gate.set()
     assert all(b.result(timeout=10) for b in blockers)
+
+
+def test_a_process_ends_without_waiting_for_a_call_in_flight(client: Client) -> None:
+    """A call to a peer that never answers does not hold its process at exit (threads of
+    ``concurrent.futures`` pools are joined at exit: it waited out the call's 60 s deadline)."""
+    code = (
+        "import sys, time\n"
+        "from dmsc.runtime.transport.rpc import Client\n"
+        f"c = Client({client.address!r}, 't.Calls')\n"
+        "c.raw_pooled('Slow', b'', timeout_s=60)\n"
+        "time.sleep(0.5)\n"
+        "sys.exit(0)\n"
+    )
+    t0 = time.monotonic()
+    done = subprocess.run([sys.executable, "-c", code], timeout=50, capture_output=True)
+    assert done.returncode == 0, done.stderr
+    assert time.monotonic() - t0 < 30

@@ -19,6 +19,7 @@ step's calls), never a call that waits for a person.
 from __future__ import annotations
 
 import os
+import queue
 import threading
 from collections.abc import Callable
 from concurrent import futures
@@ -31,15 +32,51 @@ import grpc
 # below this bound, and a call blocked until its deadline holds one thread, not the others.
 MAX_THREADS = 256
 
+
+class _Threads:
+    """Daemon threads taking calls from one queue. Not ``concurrent.futures``'
+    ThreadPoolExecutor: its threads are joined when the interpreter exits, so a process whose
+    peer froze would wait out the calls' deadlines before it could end."""
+
+    def __init__(self) -> None:
+        self._work: queue.SimpleQueue[tuple[futures.Future[Any], Callable[[], Any]]]
+        self._work = queue.SimpleQueue()
+        self._lock = threading.Lock()
+        self._idle = 0  # threads waiting for work and not yet promised any
+        self._count = 0
+
+    def submit(self, call: Callable[[], Any]) -> futures.Future[Any]:
+        future: futures.Future[Any] = futures.Future()
+        with self._lock:
+            self._work.put((future, call))
+            if self._idle:
+                self._idle -= 1
+            elif self._count < MAX_THREADS:
+                self._count += 1
+                threading.Thread(target=self._serve, name="dmsc-call", daemon=True).start()
+        return future
+
+    def _serve(self) -> None:
+        while True:
+            future, call = self._work.get()
+            if future.set_running_or_notify_cancel():
+                try:
+                    future.set_result(call())
+                except BaseException as exc:  # the caller's to see, as grpc's future gives it
+                    future.set_exception(exc)
+            with self._lock:
+                self._idle += 1
+
+
 _lock = threading.Lock()
-_pool: tuple[int, futures.ThreadPoolExecutor] | None = None  # (pid, pool): a fork starts anew
+_pool: tuple[int, _Threads] | None = None  # (pid, threads): a forked child starts its own
 
 
-def _executor() -> futures.ThreadPoolExecutor:
+def _executor() -> _Threads:
     global _pool
     with _lock:
         if _pool is None or _pool[0] != os.getpid():
-            _pool = (os.getpid(), futures.ThreadPoolExecutor(MAX_THREADS, "dmsc-call"))
+            _pool = (os.getpid(), _Threads())
         return _pool[1]
 
 

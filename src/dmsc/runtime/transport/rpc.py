@@ -404,7 +404,9 @@ class Client:
         (JSON bytes)."""
         return self.raw_future(method, msg.model_dump_json(exclude_none=True).encode(), timeout_s)
 
-    def send_pooled(self, method: str, msg: BaseModel, timeout_s: float | None = None) -> PooledCall:
+    def send_pooled(
+        self, method: str, msg: BaseModel, timeout_s: float | None = None
+    ) -> PooledCall:
         """:meth:`send_future` on a thread that stays (:meth:`raw_pooled`)."""
         return self.raw_pooled(method, msg.model_dump_json(exclude_none=True).encode(), timeout_s)
 
