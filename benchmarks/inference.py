@@ -10,8 +10,9 @@ fair lock makes them), and ``transformers`` in this process with its own cache.
 
 Prints a table, or with --json one object: cache_speedup (recompute time / cache time, one
 session), tokens_per_s (per path), ms_per_token (per path), vs_transformers_ratio (dmsc's
-tokens/s with the cache over transformers', one session), and same_tokens (both dmsc paths and
-transformers chose the same tokens).
+tokens/s with the cache over transformers', one session), cpu_ms_per_token (CPU of every
+process, one cached session and transformers), transformers_threads, load_average, and
+same_tokens (both dmsc paths and transformers chose the same tokens).
 
 With ``--tls`` the two stages are also served with mutual TLS (as under ``dmsc up``: a
 certificate authority of the run, a leaf per worker), ``--rounds`` plain/TLS pairs of decoding
@@ -25,6 +26,7 @@ from __future__ import annotations
 import argparse
 import contextlib
 import json
+import os
 import tempfile
 import threading
 import time
@@ -57,18 +59,36 @@ def _checkpoint(directory: Path) -> None:
     transformers.LlamaForCausalLM(config).save_pretrained(directory)
 
 
-def _transformers(directory: Path, prompt: list[int], tokens: int) -> tuple[float, list[int]]:
+def _cpu_s() -> float:
+    """CPU seconds so far of this process and every process under it (the stage workers)."""
+    import psutil
+
+    me, total = psutil.Process(), 0.0
+    for proc in [me, *me.children(recursive=True)]:
+        try:
+            t = proc.cpu_times()
+        except psutil.Error:  # gone meanwhile
+            continue
+        total += t.user + t.system
+    return total
+
+
+def _transformers(
+    directory: Path, prompt: list[int], tokens: int
+) -> tuple[float, list[int], float]:
+    """Seconds and tokens of ``generate``, and the CPU seconds it took."""
     import transformers
 
     model = transformers.AutoModelForCausalLM.from_pretrained(directory).eval()
     ids = torch.tensor([prompt])
     with torch.no_grad():
         model.generate(ids, max_new_tokens=4, do_sample=False, pad_token_id=0)  # warm-up
-        t0 = time.perf_counter()
+        t0, c0 = time.perf_counter(), time.process_time()
         out = model.generate(
             ids, max_new_tokens=tokens, min_new_tokens=tokens, do_sample=False, pad_token_id=0
         )
-    return time.perf_counter() - t0, out[0, len(prompt) :].tolist()
+    took, cpu = time.perf_counter() - t0, time.process_time() - c0
+    return took, out[0, len(prompt) :].tolist(), cpu
 
 
 def _one_at_a_time() -> Callable[[float | None], threading.Lock]:
@@ -143,13 +163,13 @@ def main() -> None:
         assert isinstance(spec, TransformerSpec)
         prompt = torch.randint(0, spec.vocab, (PROMPT,), generator=torch.Generator().manual_seed(1))
         prompt_ids = prompt.tolist()
-        hf_s, hf_tokens = _transformers(ckpt, prompt_ids, args.tokens)
+        hf_s, hf_tokens, hf_cpu = _transformers(ckpt, prompt_ids, args.tokens)
         layout = StageLayout(spec, [("embedding", "block_3"), ("block_4", "head")])
         with Deployment(layout, home=Path(tmp) / "home") as dep:
             dep.generate(prompt_ids, 4, sampling=greedy)  # warm-up
-            t0 = time.perf_counter()
+            t0, c0 = time.perf_counter(), _cpu_s()
             cached = dep.generate(prompt_ids, args.tokens, sampling=greedy)
-            cache_s = time.perf_counter() - t0
+            cache_s, cache_cpu = time.perf_counter() - t0, _cpu_s() - c0
             t0 = time.perf_counter()
             recomputed = dep.generate(prompt_ids, args.tokens, sampling=greedy, use_cache=False)
             recompute_s = time.perf_counter() - t0
@@ -195,6 +215,14 @@ def main() -> None:
         },
         "cache_speedup": recompute_s / cache_s,
         "vs_transformers_ratio": (n / cache_s) / (n / hf_s),
+        # CPU of every process per token (dmsc: control plane and stages), which a shared
+        # machine's load disturbs far less than the wall clock
+        "cpu_ms_per_token": {
+            "cache_1_session": cache_cpu / n * 1e3,
+            "transformers_1_session": hf_cpu / n * 1e3,
+        },
+        "transformers_threads": torch.get_num_threads(),
+        "load_average": list(os.getloadavg()),
         "same_tokens": cached == recomputed == hf_tokens and all(r == cached for r in results),
     }
     if tls_cost is not None:
@@ -208,6 +236,12 @@ def main() -> None:
         print(f"{key:28s} {rate:10.1f} {out['ms_per_token'][key]:10.2f}")
     print(f"cache speedup over recompute: {out['cache_speedup']:.1f}x (target >= 5)")
     print(f"dmsc (cache) / transformers tokens/s: {out['vs_transformers_ratio']:.2f}")
+    cpu = out["cpu_ms_per_token"]
+    print(
+        f"CPU per token: dmsc {cpu['cache_1_session']:.1f} ms (every process), transformers "
+        f"{cpu['transformers_1_session']:.1f} ms ({out['transformers_threads']} threads)"
+    )
+    print("load average: " + " ".join(f"{x:.2f}" for x in out["load_average"]))
     print(f"same tokens on every path: {out['same_tokens']}")
     if tls_cost is not None:
         for path, ratio in tls_cost["tls_ratio"].items():

@@ -2,8 +2,12 @@
 
 gpt-mini in 3 stages ((embedding, block_0), (block_1, block_2), (block_3, head)), global batch
 16 in 4 micro-batches, 1F1B, AdamW; torch runs one gloo process per stage (CPU), dmsc one
-worker process per stage with gRPC between them. Median step time over the measured steps.
-Prints a table, or with --json one object: dmsc_step_s, torch_step_s, ratio (dmsc / torch).
+worker process per stage with gRPC between them. Median step time over the measured steps (the
+first fifth left out), and CPU seconds per measured step of every process of each side (torch:
+each rank's own; dmsc: the control plane and its workers), which a shared machine's load
+disturbs far less than the wall clock. Prints a table, or with --json one object: dmsc_step_s,
+torch_step_s, ratio (dmsc / torch), dmsc_cpu_s_per_step, torch_cpu_s_per_step, cpu_ratio and
+load_average (1, 5, 15 min, at the end).
 With ``--tls`` dmsc also runs with mutual TLS between the control plane and every worker (as
 ``dmsc up`` runs it: a CA in a temporary home, a leaf per worker), plain and TLS alternated over
 ``--rounds`` deployments each: dmsc_tls_step_s and tls_ratio (TLS over plain, the better round
@@ -19,6 +23,7 @@ import statistics
 import tempfile
 import time
 from pathlib import Path
+from typing import Any
 
 import torch
 import torch.distributed as dist
@@ -49,6 +54,8 @@ def _torch_rank(rank: int, world: int, port: int, steps: int, queue: mp.Queue) -
     corpus = Corpus(train, spec.seq, seed=0)
     times = []
     for step in range(steps):
+        if step == steps // 5:
+            cpu0 = time.process_time()
         x, y = corpus.batch(step, BATCH)
         dist.barrier()
         t0 = time.perf_counter()
@@ -62,12 +69,26 @@ def _torch_rank(rank: int, world: int, port: int, steps: int, queue: mp.Queue) -
         opt.zero_grad(set_to_none=True)
         dist.barrier()
         times.append(time.perf_counter() - t0)
-    if rank == 0:
-        queue.put(times)
+    queue.put((rank, times, time.process_time() - cpu0))
     dist.destroy_process_group()
 
 
-def torch_step_s(steps: int) -> float:
+def _cpu_s() -> float:
+    """CPU seconds so far of this process and every process under it."""
+    import psutil
+
+    me, total = psutil.Process(), 0.0
+    for proc in [me, *me.children(recursive=True)]:
+        try:
+            t = proc.cpu_times()
+        except psutil.Error:  # gone meanwhile
+            continue
+        total += t.user + t.system
+    return total
+
+
+def torch_step_s(steps: int) -> tuple[float, float]:
+    """Median step time and CPU seconds per measured step (all ranks)."""
     import socket
 
     with socket.socket() as s:
@@ -78,13 +99,16 @@ def torch_step_s(steps: int) -> float:
     procs = [ctx.Process(target=_torch_rank, args=(r, 3, port, steps, queue)) for r in range(3)]
     for p in procs:
         p.start()
-    times = queue.get(timeout=600)
+    got = [queue.get(timeout=600) for _ in procs]
     for p in procs:
         p.join(timeout=60)
-    return statistics.median(times[steps // 5 :])
+    times = next(t for rank, t, _ in got if rank == 0)
+    cpu = sum(c for _, _, c in got) / (steps - steps // 5)
+    return statistics.median(times[steps // 5 :]), cpu
 
 
-def dmsc_step_s(steps: int, mtls: bool = False) -> float:
+def dmsc_step_s(steps: int, mtls: bool = False) -> tuple[float, float]:
+    """Median step time and CPU seconds per measured step (control plane and workers)."""
     from dmsc.runtime.transport import tls
 
     if mtls:  # what the control plane does at dmsc up: every channel and server mutual TLS
@@ -95,17 +119,19 @@ def dmsc_step_s(steps: int, mtls: bool = False) -> float:
         tls.install(None)
 
 
-def _dmsc_steps(steps: int) -> float:
+def _dmsc_steps(steps: int) -> tuple[float, float]:
     spec = resolve_model("gpt-mini")
     assert isinstance(spec, TransformerSpec)
     train, _ = stdlib_text(max_bytes=400_000)
     corpus = Corpus(train, spec.seq, seed=0)
+    times, warm = [], steps // 5
     with Deployment(StageLayout(spec, RANGES)) as dep:
-        times = [
-            dep.train_step(s, *corpus.batch(s, BATCH), MICRO, "1f1b")["step_s"]
-            for s in range(steps)
-        ]
-    return statistics.median(times[steps // 5 :])
+        for s in range(steps):
+            if s == warm:
+                cpu0 = _cpu_s()
+            times.append(dep.train_step(s, *corpus.batch(s, BATCH), MICRO, "1f1b")["step_s"])
+        cpu = (_cpu_s() - cpu0) / (steps - warm)
+    return statistics.median(times[warm:]), cpu
 
 
 def main() -> None:
@@ -115,15 +141,19 @@ def main() -> None:
     parser.add_argument("--tls", action="store_true", help="Also dmsc with mutual TLS.")
     parser.add_argument("--rounds", type=int, default=2, help="With --tls: plain/TLS pairs.")
     args = parser.parse_args()
-    t_torch = torch_step_s(args.steps)
+    t_torch, cpu_torch = torch_step_s(args.steps)
     if not args.tls:
-        t_dmsc = dmsc_step_s(args.steps)
-        out = {"dmsc_step_s": t_dmsc, "torch_step_s": t_torch, "ratio": t_dmsc / t_torch}
+        t_dmsc, cpu_dmsc = dmsc_step_s(args.steps)
+        out: dict[str, Any] = {
+            "dmsc_step_s": t_dmsc,
+            "torch_step_s": t_torch,
+            "ratio": t_dmsc / t_torch,
+        }
     else:
         plain, sealed = [], []
         for _ in range(args.rounds):  # alternated, so drift hits both alike
-            plain.append(dmsc_step_s(args.steps))
-            sealed.append(dmsc_step_s(args.steps, mtls=True))
+            plain.append(dmsc_step_s(args.steps)[0])
+            sealed.append(dmsc_step_s(args.steps, mtls=True)[0])
         t_dmsc, t_tls = min(plain), min(sealed)
         out = {
             "dmsc_step_s": t_dmsc,
@@ -134,12 +164,19 @@ def main() -> None:
             "plain_rounds_s": plain,
             "tls_rounds_s": sealed,
         }
+    if not args.tls:
+        out["dmsc_cpu_s_per_step"], out["torch_cpu_s_per_step"] = cpu_dmsc, cpu_torch
+        out["cpu_ratio"] = cpu_dmsc / cpu_torch
+    out["load_average"] = list(os.getloadavg())
     if args.json:
         print(json.dumps(out))
         return
     print(f"torch.distributed.pipelining (gloo): {t_torch * 1e3:.1f} ms per step")
     print(f"dmsc (gRPC stage services):          {t_dmsc * 1e3:.1f} ms per step")
-    print(f"ratio dmsc / torch: {out['ratio']:.2f} (target <= 1.25)")
+    print(f"ratio dmsc / torch: {out['ratio']:.2f} (goal <= 1.0)")
+    if not args.tls:
+        print(f"CPU per step: torch {cpu_torch * 1e3:.0f} ms, dmsc {cpu_dmsc * 1e3:.0f} ms")
+    print("load average: " + " ".join(f"{x:.2f}" for x in out["load_average"]))
     if args.tls:
         print(f"dmsc with mutual TLS:                {t_tls * 1e3:.1f} ms per step")
         print(f"ratio TLS / plain: {out['tls_ratio']:.3f} (goal < 1.05)")

@@ -86,3 +86,19 @@ def test_a_kv_cache_session_gives_the_logits_of_the_whole_sequence(preset: str) 
             start += size
     assert start == 20 and caches[1].length == 20 and caches[0].nbytes > 0
     assert torch.allclose(torch.cat(got, dim=1), whole, atol=1e-5)
+
+
+def test_rotary_tables_of_a_decoding_session_equal_those_computed_afresh() -> None:
+    """The frequencies are computed once per device; every position's cos and sin stay what a
+    fresh computation gives, bit for bit (a decoding step asks for a new position each time)."""
+    from dmsc.runtime.compute.models.llama import Rotary, rotary_inv_freq
+
+    spec = resolve_model("llama-mini")
+    assert isinstance(spec, TransformerSpec)
+    rotary = Rotary(spec)
+    for start, T in [(0, 32), *((32 + k, 1) for k in range(20)), (3, 5)]:
+        cos, sin = rotary(start, T, torch.device("cpu"))
+        inv = rotary_inv_freq(spec.head_dim, spec.rope_theta, spec.rope_scaling)
+        freqs = torch.outer(torch.arange(start, start + T, dtype=torch.float32), inv)
+        emb = torch.cat((freqs, freqs), dim=-1)
+        assert torch.equal(cos, emb.cos()) and torch.equal(sin, emb.sin())

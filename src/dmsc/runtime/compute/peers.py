@@ -134,13 +134,13 @@ class Peers:
     def push(self, key: PeerKey, frame: bytes) -> None:
         """Send an encoded frame to the peer at ``key``; :meth:`flush` waits for it."""
         self.sent[key] = self.sent.get(key, 0) + len(frame)
-        self._pending.append((key, frame, self.client(*key).raw_future("Push", frame)))
+        self._pending.append((key, frame, self.client(*key).raw_pooled("Push", frame)))
 
     def push_detached(self, key: PeerKey, frame: bytes) -> None:
         """Send an encoded frame that nobody waits for (its peer may be stalled). The call is
         kept alive here: a grpc future that is garbage-collected is cancelled."""
         self.sent[key] = self.sent.get(key, 0) + len(frame)
-        fut = self.client(*key).raw_future("Push", frame)
+        fut = self.client(*key).raw_pooled("Push", frame)
         self._detached = [f for f in self._detached if not f.done()] + [fut]
 
     def abandon(self) -> None:
@@ -197,4 +197,4 @@ class Peers:
                 peer = self.client(*key, refresh=True)
             except Exception:  # no replacement registered yet: try again on the next round
                 continue
-            self._pending[n] = (key, frame, peer.raw_future("Push", frame))
+            self._pending[n] = (key, frame, peer.raw_pooled("Push", frame))

@@ -30,6 +30,7 @@ import grpc
 from pydantic import BaseModel, ValidationError
 
 from dmsc.runtime.transport import tls
+from dmsc.runtime.transport.calls import PooledCall
 from dmsc.runtime.transport.messages import explain
 from dmsc.runtime.transport.replies import Reply, parse_reply
 
@@ -372,6 +373,11 @@ class Client:
             request, timeout=timeout_s or self.timeout_s, metadata=self.metadata
         )
 
+    def raw_pooled(self, method: str, data: bytes, timeout_s: float | None = None) -> PooledCall:
+        """Send without waiting, as a blocking call on a thread that stays (:mod:`.calls`): no
+        thread started per call. For short calls with a deadline (it cannot be cancelled)."""
+        return PooledCall(lambda: self.raw(method, data, timeout_s))
+
     def call(
         self, method: str, payload: dict[str, Any] | None = None, timeout_s: float | None = None
     ) -> dict[str, Any]:
@@ -397,6 +403,12 @@ class Client:
         """Send a typed message without waiting: a grpc future whose ``result()`` is the reply
         (JSON bytes)."""
         return self.raw_future(method, msg.model_dump_json(exclude_none=True).encode(), timeout_s)
+
+    def send_pooled(
+        self, method: str, msg: BaseModel, timeout_s: float | None = None
+    ) -> PooledCall:
+        """:meth:`send_future` on a thread that stays (:meth:`raw_pooled`)."""
+        return self.raw_pooled(method, msg.model_dump_json(exclude_none=True).encode(), timeout_s)
 
     def stream(self, method: str, msg: BaseModel, timeout_s: float | None = None) -> Any:
         """Call a server-streaming method: an iterator of the reply's JSON objects, as they

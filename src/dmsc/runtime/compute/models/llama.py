@@ -44,13 +44,20 @@ class Rotary(nn.Module):
         super().__init__()
         self.head_dim, self.theta, self.scaling = spec.head_dim, spec.rope_theta, spec.rope_scaling
         self._cache: dict[tuple[int, int, torch.device], tuple[torch.Tensor, torch.Tensor]] = {}
+        # the frequencies do not depend on the positions: once per device, not once per token
+        # (a decoding step misses the cache above, and recomputing them was 5% of a stage's
+        # time per token, py-spy on benchmarks/inference.py)
+        self._inv: dict[torch.device, torch.Tensor] = {}
 
     def forward(
         self, start: int, T: int, device: torch.device
     ) -> tuple[torch.Tensor, torch.Tensor]:
         key = (start, T, device)
         if key not in self._cache:
-            inv = rotary_inv_freq(self.head_dim, self.theta, self.scaling).to(device)
+            inv = self._inv.get(device)
+            if inv is None:
+                inv = rotary_inv_freq(self.head_dim, self.theta, self.scaling).to(device)
+                self._inv[device] = inv
             pos = torch.arange(start, start + T, device=device, dtype=torch.float32)
             freqs = torch.outer(pos, inv)
             emb = torch.cat((freqs, freqs), dim=-1)

@@ -233,7 +233,7 @@ class Deployment:
     def push(self, key: Key, kind: Kind, step: int, mb: int, t: torch.Tensor, *t_s: float) -> Any:
         """Send a frame to ``key`` (within ``t_s`` seconds when given); its future."""
         frame = encode(kind, step, mb, self.checked(key, kind, t), self.epochs[key])
-        return self.tp.fan(key, self.clients[key], lambda c: c.raw_future("Push", frame, *t_s))
+        return self.tp.fan(key, self.clients[key], lambda c: c.raw_pooled("Push", frame, *t_s))
 
     def feed(self, step: int, tokens: torch.Tensor, ys: torch.Tensor | None, m: int) -> list[Any]:
         """Tokens to each replica's first stage and targets to its last, ``m`` micro-batches

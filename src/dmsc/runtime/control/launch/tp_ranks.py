@@ -148,7 +148,7 @@ class TensorRanks:
 
     def send(self, key: Key, leader: Client, method: str, m: BaseModel, timeout_s: float) -> Any:
         """Send the message ``m`` to every rank of the replica at ``key``; its future."""
-        return self.fan(key, leader, lambda c: c.send_future(method, m, timeout_s))
+        return self.fan(key, leader, lambda c: c.send_pooled(method, m, timeout_s))
 
     def stop(self, launcher: Launcher) -> None:
         for h in self.handles:
