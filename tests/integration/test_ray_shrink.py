@@ -39,8 +39,8 @@ def test_a_lost_ray_node_without_room_shrinks_dp_and_trains_as_without(tmp_path:
     plan = plan_job(spec, SPEC, JobSpec(global_batch=8, micro_batch=2, pp=1, dp=2), fixed=True).plan
     assert [r.datacenter for st in plan.stages for r in st.replicas] == ["dc-0", "dc-0"]
     with local_cluster({"dc:dc-1": 2}, [{"dc:dc-0": 1}, {"dc:dc-0": 1}], cpus=2) as c:
-        # a replacement waits 2 s for its bundle and 4 s in all for a node with room
-        launcher = RayLauncher(home=tmp_path, place_timeout_s=4, bundle_wait_s=2)
+        # a replacement waits 1 s for its bundle and 3 s in all for a node with room
+        launcher = RayLauncher(home=tmp_path, place_timeout_s=3, bundle_wait_s=1)
         db = Database(f"sqlite:///{tmp_path / 'dmsc.sqlite'}")
         cp = ControlPlane(plan, db, home=tmp_path, launcher=launcher, cluster=spec)
         try:

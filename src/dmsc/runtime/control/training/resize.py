@@ -192,6 +192,7 @@ class Resizable(Protocol):
     """What a resize between steps reads and changes of the control plane."""
 
     deployment: Deployment
+    plan: Plan
 
     @property
     def inference(self) -> Any: ...  # .paused(why, timeout_s): the replicas' gates
@@ -251,7 +252,7 @@ class Between:
             asked, self._asked = self._asked, None
         if asked is None:
             return None
-        if asked.dp == self.cp.deployment.layout.replicas:  # the session shrank already
+        if asked.dp == self.cp.plan.job.dp:  # the session shrank already (.shrink)
             asked.done(f"not needed before step {step}: dp is {asked.dp} already")
             return None
         t0 = time.perf_counter()

@@ -6,7 +6,7 @@ node of it left with room, the launcher raises
 :class:`~dmsc.runtime.control.launch.launchers.WorkerStartError`. The session then calls
 :class:`Shrink` (its ``shrink`` hook, owned by the control plane), which drops the lost replicas:
 
-1. it decides (:func:`shrunk_dp`): the replicas of the failed workers go, and dp falls by their
+1. it decides (:func:`decide`): the replicas of the failed workers go, and dp falls by their
    number, not below the floor: the policy's ``elastic.dp_min`` when the control loop runs with
    one, 1 otherwise (by default any deployment of dp > 1 may shrink, since the task would
    otherwise fail: a policy that needs more replicas says so with ``dp_min``). It shrinks only
@@ -31,13 +31,13 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Collection, Mapping, Sequence
 from typing import Any, Protocol
 
 from dmsc.data.db import Database
 from dmsc.planner.plan import Plan
 from dmsc.runtime.control.launch.deployment import Checkpoint, Deployment
-from dmsc.runtime.control.launch.failures import WorkerFailure
+from dmsc.runtime.control.launch.failures import Key, WorkerFailure
 from dmsc.runtime.control.launch.recovery import Recovery
 from dmsc.runtime.control.training.resize import check_online, record_resize, restart_from
 from dmsc.spec import TransformerSpec
@@ -47,18 +47,35 @@ log = logging.getLogger("dmsc.control.training")
 ACTION = "lost-dp"  # the scale event of a shrink after lost replicas
 
 
-def shrunk_dp(dp: int, failed: Sequence[tuple[int, int]], dp_min: int) -> tuple[int, str | None]:
-    """The dp left once the replicas of the ``failed`` (stage, replica) workers are dropped,
-    and why it may not be (None: it may)."""
+def decide(
+    plan: Plan,
+    failed: Collection[Key],
+    dp_min: int,
+    online: Mapping[str, int] | None,
+    together: bool = False,
+) -> tuple[int, str | None]:
+    """The dp left once the replicas of the ``failed`` workers of ``plan``'s deployment are
+    dropped, and why that shrink may not be made (None: it may; module docstring, step 1).
+    ``online``: the devices online by datacenter (None: the launcher cannot say)."""
+    dp = plan.job.dp
     lost = sorted({r for _, r in failed})
     if not lost:
         return dp, "the failure names no worker"
-    new = dp - len(lost)
-    floor = max(1, dp_min)
+    if together:
+        return dp, "the replicas differ between steps (a sync mode or task heads)"
+    if online is None:
+        return dp, "the launcher cannot say which devices are online"
+    try:
+        check_online(plan, online)
+    except ValueError:
+        pass  # short of devices: a node was lost
+    else:
+        return dp, f"the devices online ({dict(online)}) still hold every replica: none was lost"
+    new, floor = dp - len(lost), max(1, dp_min)
     if new < floor:
         return new, (
-            f"dropping replica(s) {lost} leaves dp {new}, below {floor} (the policy's "
-            "elastic dp_min, or 1)"
+            f"dropping replica(s) {lost} leaves dp {new}, below {floor} (the policy's elastic "
+            "dp_min, or 1)"
         )
     return new, None
 
@@ -109,11 +126,11 @@ class Shrink:
         (the launcher's error), with the reason as a note, when it may not shrink.
         ``together``: the replicas differ between steps (they cannot be dropped)."""
         cp, dp = self.cp, dep.layout.replicas
-        new, refused = shrunk_dp(dp, list(failure.failed), self.dp_min)
         online = online_of(dep)
+        new, refused = decide(cp.plan, list(failure.failed), self.dp_min, online, together)
+        if dep is not cp.deployment:
+            refused = "the task trains on a deployment of its own"
         plan = cp.plan
-        if refused is None:
-            refused = self._refusal(dep, together, online)
         if refused is None:
             try:
                 plan = cp.resized(new)
@@ -146,18 +163,3 @@ class Shrink:
             epoch=new_dep.epoch,
             restored=restored,
         )
-
-    def _refusal(
-        self, dep: Deployment, together: bool, online: Mapping[str, int] | None
-    ) -> str | None:
-        if dep is not self.cp.deployment:
-            return "the task trains on a deployment of its own"
-        if together:
-            return "the replicas differ between steps (a sync mode or task heads)"
-        if online is None:
-            return "the launcher cannot say which devices are online"
-        try:
-            check_online(self.cp.plan, online)
-        except ValueError:
-            return None  # short of devices: a node was lost
-        return f"the devices online ({dict(online)}) still hold every replica: no node was lost"
