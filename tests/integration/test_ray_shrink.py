@@ -30,14 +30,18 @@ STEPS, LOST_AFTER = 8, 4  # the node goes once step 4 is done; the checkpoint of
 pytestmark = pytest.mark.xdist_group("ray-shrink")
 
 
-def _lose_replica_0(c: Any, cp: ControlPlane) -> list[int]:
+def _lose_replica_0(c: Any, cp: ControlPlane, launcher: RayLauncher) -> list[int]:
     """Once step ``LOST_AFTER`` is done, lose the node of replica 0's worker (and wait until the
-    worker is seen gone, so that the next step meets the loss); the steps it was lost after."""
+    worker is seen gone, so that the next step meets the loss); the steps it was lost after.
+    The replacement then waits 1 s for its bundle and 3 s in all for a node with room (a
+    minute by default); the shrink's new layout starts with the default waits again."""
     dep = cp.deployment
     victim = dep.handle((0, 0))
     node = node_of(c, victim.process.node)  # type: ignore[attr-defined]
     assert victim.process.node != dep.handle((0, 1)).process.node  # type: ignore[attr-defined]
     real, lost = dep.train_step, list[int]()
+    waits = launcher.place_timeout_s, launcher.bundle_wait_s
+    shrink = cp.shrink
 
     def train_step(step: int, *args: Any, **kwargs: Any) -> dict[str, Any]:
         out = real(step, *args, **kwargs)
@@ -47,9 +51,15 @@ def _lose_replica_0(c: Any, cp: ControlPlane) -> list[int]:
             while dep.launcher.alive(victim) and time.monotonic() < end:
                 time.sleep(0.05)
             lost.append(step)
+            launcher.place_timeout_s, launcher.bundle_wait_s = 3, 1
         return out
 
+    def shrinking(*args: Any) -> Any:
+        launcher.place_timeout_s, launcher.bundle_wait_s = waits
+        return shrink(*args)
+
     dep.train_step = train_step  # type: ignore[method-assign]
+    cp.shrink = shrinking  # type: ignore[assignment]
     return lost
 
 
@@ -72,13 +82,12 @@ def test_a_lost_ray_node_without_room_shrinks_dp_and_trains_as_without(tmp_path:
     pool = ThreadPoolExecutor(1)
     reference = pool.submit(reference_losses, SPEC, 0, 1e-3, batches, 1)
     with local_cluster({"dc:dc-1": 2}, [{"dc:dc-0": 1}, {"dc:dc-0": 1}], cpus=2) as c:
-        # a replacement waits 1 s for its bundle and 3 s in all for a node with room
-        launcher = RayLauncher(home=tmp_path, place_timeout_s=3, bundle_wait_s=1)
+        launcher = RayLauncher(home=tmp_path)
         db = Database(f"sqlite:///{tmp_path / 'dmsc.sqlite'}")
         cp = ControlPlane(plan, db, home=tmp_path, launcher=launcher, cluster=spec)
         try:
             cp.start()
-            lost = _lose_replica_0(c, cp)
+            lost = _lose_replica_0(c, cp, launcher)
             out = cp.train(TrainRequest(steps=STEPS, checkpoint_every=2))
             seen = cp.corpora(None, 0)[0].batch(0, 8)  # the reference's data
             got = [m.loss for m in db.metrics(out["task"])]
