@@ -63,6 +63,7 @@ from dmsc.runtime.control.training.session import (
     layout_from_plan,
     train_task,
 )
+from dmsc.runtime.control.training.shrink import Shrink
 from dmsc.runtime.transport.messages import (
     DownRequest,
     InferRequest,
@@ -135,8 +136,8 @@ class ControlPlane:
             lambda data, seed: task_corpora(data, model.seq, seed, self.texts, self.encode)
         )
         self._resized: dict[tuple[int, bool, bool], tuple[Plan, Plan]] = {}  # dp: (from, to)
-        self.steps_done, self.between = 0, Between(self)  # resizes asked during a task
-        self._predictions = TaskPredictions()  # by (task, plan): ._task_prediction
+        self.between, self.shrink = Between(self), Shrink(self)  # resizes during a task
+        self._predictions, self.steps_done = TaskPredictions(), 0  # by (task, plan)
         self.lock = threading.Lock()  # one task at a time touches the weights
         self.handoff = lanes.Handoff(self.lock)  # taken by tasks, lent between lanes (.tasks)
         self.log = log or json_logger("dmsc.control")
@@ -261,9 +262,8 @@ class ControlPlane:
         the weights are at between tasks): a new dp, a move (.resize)."""
         step = self.steps_done if step is None else step
         folder = self.run_dir / f"{action}{step}"
-        d, err = resize(self.deployment, plan, self.model, step, folder, self.device)
-        self.deployment = d
-        self.inference.rebind(d)
+        self.deployment, err = resize(self.deployment, plan, self.model, step, folder, self.device)
+        self.inference.rebind(self.deployment)
         self.record_services()
         if err is not None:
             raise err
@@ -390,6 +390,7 @@ class ControlPlane:
                 turn=self.inference.training_turn,
                 pause=pause,
                 swap=self.between,
+                shrink=self.shrink,  # replicas a lost node took, dropped (.training.shrink)
             )
 
     def train(self, req: TrainRequest, gone: threading.Event | None = None) -> dict[str, Any]:

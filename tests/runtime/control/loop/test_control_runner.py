@@ -330,3 +330,19 @@ def test_a_breach_whose_policy_names_scale_out_adds_a_serving_replica(
     assert asked == [f"policy: infer_p99_s {alert.value:.3g} > 0.01"]
     assert TaskQueue(cp.db, cp.run.id).exceptions() == []  # no task at fault: no exception
     assert loop.last["serving_replicas"] == 2
+
+
+def test_the_policy_s_dp_min_bounds_the_shrink_after_a_lost_node(
+    tmp_path: Path, plan: Plan
+) -> None:
+    """A task that lost replicas for good shrinks no lower than the policy's elastic dp_min
+    (:mod:`dmsc.runtime.control.training.shrink`); without ``elastic``, to 1."""
+    from dmsc.runtime.control.training.shrink import Shrink
+
+    cp, _ = _plane(tmp_path, plan)
+    cp.shrink = Shrink(cp)
+    _loop(cp, Policy(), "advise", [])
+    assert cp.shrink.dp_min == 1
+    cp.metrics = CollectorRegistry()  # the loop's metrics, registered afresh
+    _loop(cp, Policy.model_validate({"elastic": {"dp_min": 2, "dp_max": 4}}), "advise", [])
+    assert cp.shrink.dp_min == 2

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import contextlib
 from collections.abc import Iterator
+from types import SimpleNamespace
 from typing import Any
 
 import pytest
@@ -22,6 +23,7 @@ class Plane:
 
     def __init__(self, in_flight: list[int]) -> None:
         self.deployment: Any = "old layout"
+        self.plan: Any = SimpleNamespace(job=SimpleNamespace(dp=1))
         self.in_flight = in_flight  # requests still in flight at each resize's wait
         self.calls: list[tuple[Any, ...]] = []
         self.inference = self
@@ -64,6 +66,18 @@ def test_a_resize_that_cannot_be_made_or_is_not_reached_says_why() -> None:
     assert told[0] == "not applied: dp: 8 replicas do not fit cluster 'c'"
     assert told[1] == "withdrawn: training task 1 ended before its next step"
     assert cp.deployment == "old layout"
+
+
+def test_a_resize_to_the_dp_the_task_shrank_to_already_is_not_made() -> None:
+    """The loop sees a lost node's devices short and hands a forced shrink to the task, whose
+    session shrank already on its own (:mod:`dmsc.runtime.control.training.shrink`)."""
+    cp, told = Plane(in_flight=[]), []
+    between = Between(cp)
+    with between.running(1):
+        between.ask(Asked(1, "devices lost", told.append))
+        assert between(6) is None
+    assert told == ["not needed before step 6: dp is 1 already"]
+    assert not any(c[0] == "relayout" for c in cp.calls)
 
 
 def test_a_task_run_inside_another_gives_the_outer_one_back() -> None:

@@ -10,7 +10,9 @@ step boundary: checkpoint, re-plan, resume). Three causes:
   nodes alive). The replicas holding devices there are dropped, the highest ranks first, the
   fewest that make every datacenter fit. Without it the task cannot step, so the proposal is
   *forced*: its gain is the whole step, it skips the hysteresis, and the decision rule's
-  refusal for the horizon is overruled (:func:`force`);
+  refusal for the horizon is overruled (:func:`force`). During a task the session's own
+  recovery shrinks first, when it finds no room for a lost replica
+  (:mod:`dmsc.runtime.control.training.shrink`); the loop's resize then finds dp there already;
 - **devices come back**: dp is below the plan's (the dp the run started with) or the policy's
   ``dp_min``, and the devices online hold more replicas: grow back, as far as they fit;
 - **the policy asks** (``elastic`` in the policy file): while the step-time objective is broken

@@ -136,6 +136,9 @@ class ControlLoop:
         self.last: dict[str, Any] = {}
         self._tried_now = False  # a move was tried at this tick already
         self._ticking = threading.Lock()
+        shrink, el = getattr(cp, "shrink", None), config.policy.elastic
+        if shrink is not None and el is not None:  # a lost node's shrink keeps dp_min too
+            shrink.dp_min = el.dp_min
         self.webhook: Webhook | None = None
         if config.policy.webhook is not None:
             self.webhook = Webhook(config.policy.webhook, self._webhook_done)

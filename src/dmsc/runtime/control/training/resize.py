@@ -32,7 +32,7 @@ from __future__ import annotations
 import json
 import threading
 import time
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import AbstractContextManager, contextmanager
 from dataclasses import dataclass
 from pathlib import Path
@@ -40,7 +40,8 @@ from typing import Any, Protocol
 
 from dmsc.data.db import Database, ScaleEventRecord
 from dmsc.planner.plan import Plan
-from dmsc.runtime.control.launch.deployment import Deployment, StageLayout
+from dmsc.runtime.control.launch.deployment import Checkpoint, Deployment, StageLayout
+from dmsc.runtime.control.launch.fallback import Restored, restore_newest
 from dmsc.runtime.control.training.session import layout_from_plan
 from dmsc.spec import ClusterSpec, JobSpec, SpecError, TransformerSpec
 
@@ -92,14 +93,9 @@ def check_online(plan: Plan, online: Mapping[str, int] | None) -> None:
         raise ValueError(f"dp {plan.job.dp}: the re-plan puts {said}")
 
 
-def resize(
-    dep: Deployment, new_plan: Plan, model: TransformerSpec, step: int, folder: Path, device: str
-) -> tuple[Deployment, Exception | None]:
-    """Checkpoint ``dep`` at ``step`` into ``folder``, stop it, and start ``new_plan``'s layout
-    with that checkpoint loaded: (the new deployment, None). When the new one cannot start, the
-    old layout starts again from the same checkpoint: (that deployment, the error)."""
-    ckpt = dep.checkpoint(step, folder)
-    old_layout = dep.layout
+def _restarter(dep: Deployment) -> Callable[[StageLayout], Deployment]:
+    """Stop ``dep``; what starts a layout with the launcher and settings it had (a started
+    deployment, stopped again when it fails to start)."""
     settings = {
         "workdir": dep.workdir,
         "registry_ttl_s": dep.registry.ttl_s,
@@ -110,27 +106,73 @@ def resize(
     launcher = dep.launcher  # reusable once closed: the Ray one reserves its groups again
     dep.shutdown()
 
-    def started(layout: StageLayout) -> Deployment:
+    def start(layout: StageLayout) -> Deployment:
         new = Deployment(layout, launcher=launcher, **settings)  # type: ignore[arg-type]
         try:
             new.start()
+        except BaseException:
+            new.shutdown()
+            raise
+        return new
+
+    return start
+
+
+def _layout(plan: Plan, model: TransformerSpec, device: str, old: StageLayout) -> StageLayout:
+    layout = layout_from_plan(plan, model, device=device)
+    layout.link_mbps = old.link_mbps  # the network's links stay as they were
+    return layout
+
+
+def resize(
+    dep: Deployment, new_plan: Plan, model: TransformerSpec, step: int, folder: Path, device: str
+) -> tuple[Deployment, Exception | None]:
+    """Checkpoint ``dep`` at ``step`` into ``folder``, stop it, and start ``new_plan``'s layout
+    with that checkpoint loaded: (the new deployment, None). When the new one cannot start, the
+    old layout starts again from the same checkpoint: (that deployment, the error)."""
+    ckpt = dep.checkpoint(step, folder)
+    old_layout = dep.layout
+    start = _restarter(dep)
+
+    def started(layout: StageLayout) -> Deployment:
+        new = start(layout)
+        try:
             new.restore(ckpt)
         except BaseException:
             new.shutdown()
             raise
         return new
 
-    layout = layout_from_plan(new_plan, model, device=device)
-    layout.link_mbps = old_layout.link_mbps  # the network's links stay as they were
     try:
-        return started(layout), None
+        return started(_layout(new_plan, model, device, old_layout)), None
     except Exception as exc:
         return started(old_layout), exc
 
 
+def restart_from(
+    dep: Deployment,
+    new_plan: Plan,
+    model: TransformerSpec,
+    device: str,
+    candidates: Sequence[Checkpoint],
+) -> tuple[Deployment, Restored]:
+    """Stop ``dep`` (it lost workers that cannot be replaced: it cannot checkpoint) and start
+    ``new_plan``'s layout with the newest of ``candidates`` (newest first) that verifies loaded
+    (:func:`~dmsc.runtime.control.launch.fallback.restore_newest`: none that does is the
+    caller's to refuse). Nothing starts again when the new layout cannot: the old one lost its
+    room, and the error propagates."""
+    new = _restarter(dep)(_layout(new_plan, model, device, dep.layout))
+    try:
+        return new, restore_newest(new, candidates)
+    except BaseException:
+        new.shutdown()
+        raise
+
+
 def record_resize(db: Database, run_id: int, action: str, why: str, plan: Plan) -> None:
     """The change (``train-dp``: a task's new dp; ``loop-dp``: the control loop's resize;
-    ``move``: a move the orchestrator applied)
+    ``lost-dp``: a task's shrink after a lost node (:mod:`.shrink`); ``move``: a move the
+    orchestrator applied)
     among the deployment's scale events, shown on the dashboard."""
     where = [[st.index, r.datacenter, r.devices] for st in plan.stages for r in st.replicas]
     db.add(
@@ -150,6 +192,7 @@ class Resizable(Protocol):
     """What a resize between steps reads and changes of the control plane."""
 
     deployment: Deployment
+    plan: Plan
 
     @property
     def inference(self) -> Any: ...  # .paused(why, timeout_s): the replicas' gates
@@ -208,6 +251,9 @@ class Between:
         with self._lock:
             asked, self._asked = self._asked, None
         if asked is None:
+            return None
+        if asked.dp == self.cp.plan.job.dp:  # the session shrank already (.shrink)
+            asked.done(f"not needed before step {step}: dp is {asked.dp} already")
             return None
         t0 = time.perf_counter()
         try:

@@ -4,8 +4,9 @@ The session takes a checkpoint before its first step and every ``checkpoint_ever
 worker fails, the deployment replaces it and every worker goes back to the last checkpoint; the
 steps since then run again on the same data (batches are a function of the step), so the run goes
 on as the same run without the failure would have from that checkpoint. Metrics of the lost steps
-are dropped and written again. A step that a stage leader dropped (late gradients, policy
-``restart``) was applied nowhere and simply runs again.
+are dropped and written again (when no replacement can start, a lost Ray node's, the failed
+replicas may be dropped instead: :mod:`.shrink`). A step that a stage leader dropped (late
+gradients, policy ``restart``) was applied nowhere and simply runs again.
 
 A checkpoint whose files are missing or corrupt when a rollback (or a resume) needs it is skipped
 for the session's next older one (:mod:`dmsc.runtime.control.launch.fallback`): a ``checkpoint``
@@ -36,6 +37,7 @@ from dmsc.runtime.control.launch import recovery
 from dmsc.runtime.control.launch.deployment import Checkpoint, Deployment, StageLayout
 from dmsc.runtime.control.launch.failures import StepRestartNeeded, WorkerFailure
 from dmsc.runtime.control.launch.fallback import Restored, checkpoint_faults, restore_newest
+from dmsc.runtime.control.launch.launchers import WorkerStartError
 from dmsc.runtime.control.launch.recovery import Recovery
 from dmsc.runtime.control.training.lr_schedule import lr_at
 from dmsc.runtime.control.training.params import TrainParams
@@ -50,6 +52,10 @@ from dmsc.runtime.transport.messages import (
 from dmsc.spec import TransformerSpec
 
 log = logging.getLogger("dmsc.control.training")  # the control plane's log, where it has one
+# :class:`.shrink.Shrink`: (deployment, failure, error, checkpoints, replicas differ) -> go on with
+ShrinkHook = Callable[
+    [Deployment, WorkerFailure, Exception, list[Checkpoint], bool], tuple[Deployment, Recovery]
+]
 
 
 def plan_devices(plan: Plan, device: str = "plan") -> dict[tuple[int, int], str]:
@@ -237,6 +243,7 @@ def train(
     sync: SyncSettings | None = None,
     pause: Callable[[int], int] | None = None,
     swap: Callable[[int], Deployment | None] | None = None,
+    shrink: ShrinkHook | None = None,
 ) -> TrainReport:
     """Run steps ``first_step`` .. ``first_step + steps - 1``; validation loss before and after.
     ``turn()`` is held around each step and validation (the replicas' fair locks: inference
@@ -256,7 +263,9 @@ def train(
     the step they left them at; the session's remaining steps then follow from there, after a
     checkpoint (a rollback never undoes their steps). ``swap(step)``, asked before each step
     after ``pause``, may resize the deployment there (:class:`~.resize.Between`): it returns
-    the deployment the weights now are on, and the session goes on there after a checkpoint."""
+    the deployment the weights now are on, and the session goes on there after a checkpoint.
+    ``shrink``, called when a recovery cannot start a replacement (no room: a lost Ray node),
+    drops the failed replicas and returns the deployment to go on with (or raises)."""
     rec = recovering or Recovering()
     end = first_step + steps
     report = TrainReport(steps, tokens_per_step=batch * dep.layout.model.seq, first_step=first_step)
@@ -314,9 +323,15 @@ def train(
         return restored.checkpoint
 
     def bring_back(failure: WorkerFailure, at_step: int) -> Checkpoint:
+        nonlocal dep
         if len(report.recoveries) >= rec.max_recoveries:
             raise failure
-        r = recovery.recover(dep, failure, history[::-1])
+        try:
+            r = recovery.recover(dep, failure, history[::-1])
+        except WorkerStartError as exc:  # no room for a replacement
+            if shrink is None:
+                raise
+            dep, r = shrink(dep, failure, exc, history[::-1], every)
         report.recoveries.append(r)
         lost = at_step - r.checkpoint.step if r.checkpoint is not None else 0
         if recorded:
@@ -452,6 +467,7 @@ def train_task(
     turn: Callable[[], contextlib.AbstractContextManager[None]],
     pause: Callable[[int], int] | None,
     swap: Callable[[int], Deployment | None] | None = None,
+    shrink: ShrinkHook | None = None,
 ) -> TrainReport:
     """:func:`train` a task from its stored parameters, from step ``first``, at the learning
     rate of its schedule (:mod:`.lr_schedule`)."""
@@ -479,4 +495,5 @@ def train_task(
         sync=params.sync,
         pause=pause,
         swap=swap,
+        shrink=shrink,
     )
