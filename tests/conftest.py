@@ -24,9 +24,11 @@ import subprocess
 import sys
 from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import cli_fork
 import pytest
+from xdist.scheduler import LoadScopeScheduling
 
 from dmsc.spec import ClusterSpec, load_spec
 
@@ -53,6 +55,20 @@ LONG_FIRST = (
     "tests/integration/test_ray.py",
     "tests/cli/test_cli.py::test_demo_runs",
     "tests/chaos/test_control_plane_faults.py",
+)
+
+# Modules whose tests share an expensive module fixture (a Ray cluster, a pair of rank processes):
+# under ``pytest -n 2 --dist loadgroup`` each runs whole on one pytest process, as the scheduler
+# below groups them, or both processes would start the fixture. pytest-xdist's own
+# ``xdist_group`` marker groups nothing with pytest 9.2: its worker renames ``item._nodeid``,
+# which pytest 9.2's ``nodeid`` no longer reads (checked: every test of a marked module ran on
+# either process, and its module fixture started on both).
+ONE_PROCESS = (
+    "tests/integration/test_ray.py",
+    "tests/runtime/compute/test_tensor_parallel.py",
+    "tests/runtime/compute/test_vocab_parallel.py",
+    "tests/runtime/compute/test_sequence_parallel.py",
+    "tests/runtime/compute/test_expert_parallel.py",
 )
 
 DmscRunner = Callable[..., "subprocess.CompletedProcess[str]"]
@@ -150,6 +166,28 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
         return next((i for i, p in enumerate(LONG_FIRST) if item.nodeid.startswith(p)), 99)
 
     items.sort(key=rank)
+
+
+def unit_of(nodeid: str) -> str:
+    """The unit of work a test goes in: its module's, for a module of :data:`ONE_PROCESS`."""
+    module = nodeid.partition("::")[0]
+    return module if module in ONE_PROCESS else nodeid
+
+
+class ByModule(LoadScopeScheduling):  # type: ignore[misc]
+    """xdist's scheduling by scope, each test its own scope but as :func:`unit_of` says."""
+
+    def _split_scope(self, nodeid: str) -> str:
+        return unit_of(nodeid)
+
+
+@pytest.hookimpl(tryfirst=True)
+def pytest_xdist_make_scheduler(config: pytest.Config, log: Any) -> Any:
+    """``--dist loadgroup`` as xdist schedules it (the tests handed out in the collection's
+    order), with the tests of each module of :data:`ONE_PROCESS` one unit of work."""
+    if config.getvalue("dist") != "loadgroup":
+        return None
+    return ByModule(config, log)
 
 
 @pytest.fixture(scope="session")

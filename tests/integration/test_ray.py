@@ -42,9 +42,8 @@ RANGES = [("embedding", "block_1"), ("block_2", "head")]
 DCS = {(s, r): f"dc-{s}" for s in range(2) for r in range(2)}
 STEPS, BATCH, MICRO = 10, 8, 2  # MICRO per replica: 4 micro-batches in all
 NODE_STEPS = 8  # the steps of a node-fault test
-# One worker of `pytest -n 2 --dist loadgroup` runs every test of this module: one cluster for
-# them all rather than one per worker.
-pytestmark = pytest.mark.xdist_group("ray-cluster")
+# One process of `pytest -n 2 --dist loadgroup` runs every test of this module (conftest's
+# ONE_PROCESS): one cluster for them all rather than one per process.
 
 
 @pytest.fixture(scope="module")

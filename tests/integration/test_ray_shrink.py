@@ -9,7 +9,6 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
-import pytest
 import torch
 from conftest import EXAMPLES
 from runtime_helpers import reference_losses
@@ -27,7 +26,6 @@ SPEC = resolve_model("gpt-mini")
 assert isinstance(SPEC, TransformerSpec)
 SEQ = SPEC.seq
 STEPS, LOST_AFTER = 8, 4  # the node goes once step 4 is done; the checkpoint of step 4 is kept
-pytestmark = pytest.mark.xdist_group("ray-shrink")
 
 
 def _lose_replica_0(c: Any, cp: ControlPlane, launcher: RayLauncher) -> list[int]:

@@ -20,7 +20,7 @@ from dmsc.runtime.compute.models.chain import build_stage
 from dmsc.runtime.compute.tensor_parallel import gather_state_dict, parallelize_stage
 from dmsc.runtime.compute.vocab_parallel import stage_loss
 
-pytestmark = pytest.mark.integration
+pytestmark = pytest.mark.integration  # one pair of rank processes: conftest.ONE_PROCESS
 
 FAMILIES = ("gpt-mini", "llama-mini")
 

@@ -22,7 +22,7 @@ from dmsc.runtime.compute.tensor_parallel import (
 from dmsc.runtime.compute.vocab_parallel import stage_loss
 from dmsc.spec import TransformerSpec
 
-pytestmark = pytest.mark.integration
+pytestmark = pytest.mark.integration  # one pair of rank processes: conftest.ONE_PROCESS
 
 
 FAMILIES = ("gpt-mini", "llama-mini", "moe-mini")

@@ -27,7 +27,7 @@ from dmsc.runtime.compute.tensor_parallel import (
 from dmsc.runtime.compute.vocab_parallel import VocabParallelHead, stage_loss
 from dmsc.spec import TransformerSpec
 
-pytestmark = pytest.mark.integration
+pytestmark = pytest.mark.integration  # one pair of rank processes: conftest.ONE_PROCESS
 
 FAMILIES = ("gpt-mini", "llama-mini")
 VOCAB = 600  # padded to 768: 384 rows a rank, 168 of rank 1's padding
