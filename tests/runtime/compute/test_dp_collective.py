@@ -121,10 +121,17 @@ class _Peers:
         return self.inbox.get(kind, step, mb, 10.0)
 
 
+# The receive timeout of the replicas (the tests of a timeout give their own). It bounds the
+# quorum's wait too, and a replica's first quorum connects to the store: on a loaded machine that
+# can take seconds (a TCPStore made under two busy loops took over 9 s, seen by faulthandler), so
+# 5 s once left a replica out of an all-present quorum in CI ("no gradient from replicas [3]").
+TIMEOUT_S = 30.0
+
+
 def _replicas(
     n: int,
     store: Any,
-    timeout_s: float = 5.0,
+    timeout_s: float = TIMEOUT_S,
     allreduce: str = "auto",
     places: str = "",
     hosts: str = "",
