@@ -19,6 +19,20 @@ ONE_BOX = (
 )
 
 
+def cpu_s() -> float:
+    """CPU seconds so far of this process and every process under it (the stage workers)."""
+    import psutil
+
+    me, total = psutil.Process(), 0.0
+    for proc in [me, *me.children(recursive=True)]:
+        try:
+            t = proc.cpu_times()
+        except psutil.Error:  # gone meanwhile
+            continue
+        total += t.user + t.system
+    return total
+
+
 def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))

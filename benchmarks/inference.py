@@ -35,6 +35,7 @@ from pathlib import Path
 from typing import Any
 
 import torch
+from _deployment import cpu_s
 
 from dmsc.runtime.control.launch.deployment import Deployment, StageLayout
 from dmsc.runtime.transport.messages import Sampling
@@ -57,20 +58,6 @@ def _checkpoint(directory: Path) -> None:
     )
     torch.manual_seed(0)
     transformers.LlamaForCausalLM(config).save_pretrained(directory)
-
-
-def _cpu_s() -> float:
-    """CPU seconds so far of this process and every process under it (the stage workers)."""
-    import psutil
-
-    me, total = psutil.Process(), 0.0
-    for proc in [me, *me.children(recursive=True)]:
-        try:
-            t = proc.cpu_times()
-        except psutil.Error:  # gone meanwhile
-            continue
-        total += t.user + t.system
-    return total
 
 
 def _transformers(
@@ -167,9 +154,9 @@ def main() -> None:
         layout = StageLayout(spec, [("embedding", "block_3"), ("block_4", "head")])
         with Deployment(layout, home=Path(tmp) / "home") as dep:
             dep.generate(prompt_ids, 4, sampling=greedy)  # warm-up
-            t0, c0 = time.perf_counter(), _cpu_s()
+            t0, c0 = time.perf_counter(), cpu_s()
             cached = dep.generate(prompt_ids, args.tokens, sampling=greedy)
-            cache_s, cache_cpu = time.perf_counter() - t0, _cpu_s() - c0
+            cache_s, cache_cpu = time.perf_counter() - t0, cpu_s() - c0
             t0 = time.perf_counter()
             recomputed = dep.generate(prompt_ids, args.tokens, sampling=greedy, use_cache=False)
             recompute_s = time.perf_counter() - t0

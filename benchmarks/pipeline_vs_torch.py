@@ -28,6 +28,7 @@ from typing import Any
 import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
+from _deployment import cpu_s
 
 from dmsc.data.corpus import Corpus, stdlib_text
 from dmsc.runtime.compute.models.chain import build_stage, loss_fn
@@ -73,20 +74,6 @@ def _torch_rank(rank: int, world: int, port: int, steps: int, queue: mp.Queue) -
     dist.destroy_process_group()
 
 
-def _cpu_s() -> float:
-    """CPU seconds so far of this process and every process under it."""
-    import psutil
-
-    me, total = psutil.Process(), 0.0
-    for proc in [me, *me.children(recursive=True)]:
-        try:
-            t = proc.cpu_times()
-        except psutil.Error:  # gone meanwhile
-            continue
-        total += t.user + t.system
-    return total
-
-
 def torch_step_s(steps: int) -> tuple[float, float]:
     """Median step time and CPU seconds per measured step (all ranks)."""
     import socket
@@ -128,9 +115,9 @@ def _dmsc_steps(steps: int) -> tuple[float, float]:
     with Deployment(StageLayout(spec, RANGES)) as dep:
         for s in range(steps):
             if s == warm:
-                cpu0 = _cpu_s()
+                cpu0 = cpu_s()
             times.append(dep.train_step(s, *corpus.batch(s, BATCH), MICRO, "1f1b")["step_s"])
-        cpu = (_cpu_s() - cpu0) / (steps - warm)
+        cpu = (cpu_s() - cpu0) / (steps - warm)
     return statistics.median(times[warm:]), cpu
 
 

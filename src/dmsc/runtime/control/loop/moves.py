@@ -89,12 +89,7 @@ def apply_move(
     except ValueError as exc:
         raise BadRequest(str(exc)) from None
     t1 = time.perf_counter()
-    with cp.inference.paused(f"a move ({p.target})", drain_s) as left:
-        if left:
-            n = f"{left} inference request{'s' if left > 1 else ''}"
-            raise StillServing(f"{n} still in flight after {drain_s:g} s: not moved now")
-        drained = time.perf_counter() - t1
-        cp.relayout(new, "move", f"{p.target}: {p.reason}")
+    drained = _drained(cp, new, "move", p, drain_s)
     return {"target": p.target, "move_s": time.perf_counter() - t1, "drain_s": drained}
 
 
@@ -111,12 +106,23 @@ def resize_now(cp: Resizable, p: Proposal, drain_s: float = DRAIN_S) -> dict[str
     except ValueError as exc:
         raise BadRequest(str(exc)) from None
     t1 = time.perf_counter()
-    with cp.inference.paused(f"a resize ({p.target})", drain_s) as left:
+    _drained(cp, plan, "loop-dp", p, drain_s)
+    return {"target": p.target, "move_s": time.perf_counter() - t1}
+
+
+def _drained(cp: Any, plan: Any, action: str, p: Proposal, drain_s: float) -> float:
+    """Shut the replicas' gates, wait for the inference in flight, then lay ``cp`` out on
+    ``plan`` (``action``: ``move`` or ``loop-dp``); the seconds the drain took.
+    :class:`StillServing` when requests are still in flight after ``drain_s``."""
+    what, done = ("a move", "moved") if action == "move" else ("a resize", "resized")
+    t1 = time.perf_counter()
+    with cp.inference.paused(f"{what} ({p.target})", drain_s) as left:
         if left:
             n = f"{left} inference request{'s' if left > 1 else ''}"
-            raise StillServing(f"{n} still in flight after {drain_s:g} s: not resized now")
-        cp.relayout(plan, "loop-dp", f"{p.target}: {p.reason}")
-    return {"target": p.target, "move_s": time.perf_counter() - t1}
+            raise StillServing(f"{n} still in flight after {drain_s:g} s: not {done} now")
+        drained = time.perf_counter() - t1
+        cp.relayout(plan, action, f"{p.target}: {p.reason}")
+    return drained
 
 
 def hand_over(cp: Any, p: Proposal, done: Callable[[str], None]) -> int | None:
