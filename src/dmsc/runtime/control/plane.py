@@ -299,7 +299,8 @@ class ControlPlane:
                 f"training refused: {self.weights_lost} (`dmsc down` and `dmsc up` start a new "
                 "run with fresh weights)"
             )
-        self.shrink.redeploy()  # no deployment left by a failed shrink: one first
+        if self.undeployed:  # a failed shrink left no workers: a deployment first
+            self.shrink.redeploy()
         schedule: Schedule = "gpipe" if self.plan.job.schedule == "gpipe" else "1f1b"
         start, older = self.inference.lineage(self.checkpoints(), self.steps_done), []
         if params.first_step is not None:  # it ran before: resume
