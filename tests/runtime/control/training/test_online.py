@@ -50,5 +50,7 @@ def test_the_shrinks_re_plan_places_only_on_devices_online() -> None:
     assert plan.job.dp == 1 and plan.cluster == PLAN.cluster
     used = [r.datacenter for st in plan.stages for r in st.replicas]
     assert used.count("site-a") <= 1 and len(used) == 2
+    alone = plan_online(PLAN, MODEL, spec, 1, {"site-b": 2})  # site-a gone: site-b alone
+    assert {r.datacenter for st in alone.stages for r in st.replicas} == {"site-b"}
     with pytest.raises(ValueError, match="do not fit"):  # no room anywhere: said, not placed
         plan_online(PLAN, MODEL, spec, 2, online)

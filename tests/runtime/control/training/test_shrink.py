@@ -167,6 +167,7 @@ def test_no_layout_that_starts_leaves_no_deployment_and_the_next_task_redeploys(
     with pytest.raises(NoDeployment) as caught:
         hook(old, failure, WorkerStartError("no room for replica 0"), cp.saved[1:])
     said = str(caught.value)
+    assert "after losing replica(s) [0] (stage 0 replica 0 (?): lost with its Ray node)" in said
     assert "started nothing: the checkpoint of step 4 is kept" in said, said
     assert "dp 1 did not start: WorkerStartError: no node of dc-0 has room" in said, said
     assert seen == [("stop", 2), ("start", 1)] and cp.deployment is old and not cp.events

@@ -199,7 +199,6 @@ def train(
     def segment(at: int) -> None:  # the steps from ``at`` run on ``dep``'s layout
         report.segment(at, dep.layout.replicas, plan_now() if plan_now is not None else None)
 
-    segment(first_step)
     report.sync = sync
     rounds_of = sync.inner_steps if sync is not None and sync.outer else 1
     local = sync is not None and sync.local_data
@@ -298,6 +297,7 @@ def train(
                 report.val_start = validation_loss(dep, valid, batch, microbatches)
     losses: dict[int, float] = {}
     step = history[-1].step
+    segment(step)  # where the steps begin (a resumed task: at the checkpoint it went back to)
 
     def roll_back(failure: WorkerFailure, at_step: int) -> int:
         back = bring_back(failure, at_step).step

@@ -232,7 +232,8 @@ class Shrink:
             f"layout started; {kept}; the next training task redeploys on the devices online"
         )
         log.error("training has no deployment: %s (%s)", self.cp.undeployed, err)
-        return NoDeployment(err.tried, f"the shrink after a lost node started nothing: {kept}")
+        what = f"the shrink after losing replica(s) {lost} ({failure}) started nothing: {kept}"
+        return NoDeployment(err.tried, what)
 
     def redeploy(self) -> None:
         """Before a training task, when a failed shrink left no deployment (``undeployed``):
