@@ -173,8 +173,8 @@ def restart_from(
 
 def record_resize(db: Database, run_id: int, action: str, why: str, plan: Plan) -> None:
     """The change (``train-dp``: a task's new dp; ``loop-dp``: the control loop's resize;
-    ``lost-dp``: a task's shrink after a lost node (:mod:`.shrink`); ``move``: a move the
-    orchestrator applied)
+    ``lost-dp``: a task's shrink after a lost node (:mod:`.shrink`); ``redeploy``: a layout
+    started again after a shrink that started none; ``move``: a move the orchestrator applied)
     among the deployment's scale events, shown on the dashboard."""
     where = [[st.index, r.datacenter, r.devices] for st in plan.stages for r in st.replicas]
     db.add(
