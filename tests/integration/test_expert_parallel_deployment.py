@@ -76,7 +76,8 @@ def test_ep2_tp2_trains_ten_steps_as_one_process_and_saves_the_whole_stage(
     Megatron-style over its two tp ranks, tp rank t of one replica exchanging tokens with tp
     rank t of the other. Ten steps give the losses of one process on the whole batch; the
     checkpoint taken before the last step is the ep = 1, tp = 1 stage: it loads into one whole
-    module, which computes the last step's loss as the deployment did."""
+    module, which computes the last step's loss as the deployment did, and back into the
+    deployment, which takes the last step again to the same loss."""
     spec = resolve_model("moe-mini")
     assert isinstance(spec, TransformerSpec)
     spec = spec.model_copy(update={"layers": 2, "seq": 64})
@@ -90,6 +91,9 @@ def test_ep2_tp2_trains_ten_steps_as_one_process_and_saves_the_whole_stage(
         losses = [dep.train_step(s, *batches[s], 1)["loss"] for s in range(STEPS - 1)]
         ckpt = dep.checkpoint(STEPS - 1)
         losses.append(dep.train_step(STEPS - 1, *batches[-1], 1)["loss"])
+        dep.restore(ckpt)  # the whole stage cut back into each rank's experts and tp shard
+        again = dep.train_step(STEPS - 1, *batches[-1], 1)["loss"]
+    assert abs(again - losses[-1]) < 1e-6
     diff = max(abs(a - b) for a, b in zip(losses, reference, strict=True))
     print(f"dp=2 ep=2 tp=2 against one process, {STEPS} steps: max loss difference {diff:.2e}")
     assert diff < 1e-4
