@@ -6,7 +6,7 @@ tensor parallelism the runtime does not run (sequence parallel with experts, GPU
 whose stages, replicas or devices do not add up to its job (issue 31). A plan with expert
 parallelism starts (it used to be refused), with tp = 1 or tp = 2 (refused until the runtime
 split each expert over the tp ranks), unless its ep does not divide the experts or the replicas,
-or comes with GPUs, spares or Ray."""
+or comes with GPUs or spares (Ray runs it: tests/integration/test_ray.py)."""
 
 from __future__ import annotations
 
@@ -33,16 +33,21 @@ def _plan(tmp_path: Path, local_cpu: ClusterSpec, **job: object) -> Path:
 
 
 def _up(
-    tmp_path: Path, plan: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+    tmp_path: Path,
+    plan: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    capsys: pytest.CaptureFixture[str],
+    *flags: str,
 ) -> tuple[int, str]:
-    """``dmsc up --plan PLAN`` with a stand-in control plane that records that it started."""
+    """``dmsc up --plan PLAN [FLAGS]`` with a stand-in control plane that records that it
+    started."""
     monkeypatch.setenv("DMSC_HOME", str(tmp_path / "home"))
     script = tmp_path / "control-plane"
     script.write_text(f'#!/bin/sh\ntouch {tmp_path}/started\necho "READY 127.0.0.1:4242"\n')
     script.chmod(script.stat().st_mode | stat.S_IEXEC)
     monkeypatch.setattr(sys, "executable", str(script))
     with pytest.raises(SystemExit) as exit_:
-        main(["up", "--plan", str(plan)])
+        main(["up", "--plan", str(plan), *flags])
     return int(exit_.value.code or 0), capsys.readouterr().err
 
 
@@ -249,6 +254,16 @@ def test_an_expert_parallel_plan_starts(
     assert (tmp_path / "started").exists()
 
 
+def test_an_expert_parallel_plan_starts_on_ray(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    # it used to be refused, naming --launcher (tests/integration/test_ray.py trains one)
+    path = _two_sites_plan(tmp_path, "moe-mini", tp=1, pp=2, dp=2, ep=2)
+    code, err = _up(tmp_path, path, monkeypatch, capsys, "--launcher", "ray")
+    assert code == 0, err
+    assert (tmp_path / "started").exists()
+
+
 def test_an_expert_parallel_plan_on_gpus_is_refused(tmp_path: Path) -> None:
     from dmsc.cli.preflight import check_plan_devices
     from dmsc.spec import SpecError
@@ -263,15 +278,14 @@ def test_an_expert_parallel_plan_on_gpus_is_refused(tmp_path: Path) -> None:
 
 @pytest.mark.parametrize(
     ("flags", "reason"),
-    [
-        (["--spares", "1"], "--spares: the plan's ep is 2: warm spares do not take over"),
-        (["--launcher", "ray"], "--launcher: the plan's ep is 2: expert parallelism runs on local"),
-    ],
+    [(["--spares", "1"], "--spares: the plan's ep is 2: warm spares do not take over")],
 )
-def test_an_expert_parallel_plan_with_spares_or_ray_is_refused(
+def test_an_expert_parallel_plan_with_spares_is_refused(
     tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch,
     flags: list[str], reason: str,
 ) -> None:  # fmt: skip
+    # --launcher ray was refused too, until the expert-parallel groups met at the control
+    # plane's store on Ray (tests/integration/test_ray.py)
     path = _two_sites_plan(tmp_path, "moe-mini", tp=1, pp=2, dp=2, ep=2)
     monkeypatch.setenv("DMSC_HOME", str(tmp_path / "home"))
     with pytest.raises(SystemExit) as exit_:
