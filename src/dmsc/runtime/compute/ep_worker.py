@@ -32,8 +32,10 @@ exchanges tokens with the others of its group by all-to-all. Here a worker
   names, so it reads just its experts from an ep = 1 file (cut to its tp shard at tp > 1).
 
 What does not run at ep > 1 is refused, not approximated: inference (a mixture's forward needs
-every replica of its group, and a request goes through one replica's pipeline) and, for a
-training task, the sync modes and late policies other than ``wait`` (:func:`task_problem`).
+every replica of its group, and a request goes through one replica's pipeline), sequence
+parallelism at tp > 1 (each tp rank would route its own slice of the sequence, and the tp peers
+would no longer send the same tokens) and, for a training task, the sync modes and late
+policies other than ``wait`` (:func:`task_problem`).
 """
 
 from __future__ import annotations
