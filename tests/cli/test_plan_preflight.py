@@ -4,8 +4,9 @@ chunks apart, by the interleaved 1F1B schedule; it used to merge a stage's chunk
 over other stages' layers: gpt-mini pp=2 v=2 ran blocks 1 and 2 twice); a plan with
 tensor parallelism the runtime does not run (sequence parallel with experts, GPUs), and a plan
 whose stages, replicas or devices do not add up to its job (issue 31). A plan with expert
-parallelism starts (it used to be refused), unless its ep does not divide the experts or the
-replicas, comes with tp > 1, GPUs, spares or Ray."""
+parallelism starts (it used to be refused), with tp = 1 or tp = 2 (refused until the runtime
+split each expert over the tp ranks), unless its ep does not divide the experts or the replicas,
+or comes with GPUs or spares (Ray runs it: tests/integration/test_ray.py)."""
 
 from __future__ import annotations
 
@@ -32,16 +33,21 @@ def _plan(tmp_path: Path, local_cpu: ClusterSpec, **job: object) -> Path:
 
 
 def _up(
-    tmp_path: Path, plan: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+    tmp_path: Path,
+    plan: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    capsys: pytest.CaptureFixture[str],
+    *flags: str,
 ) -> tuple[int, str]:
-    """``dmsc up --plan PLAN`` with a stand-in control plane that records that it started."""
+    """``dmsc up --plan PLAN [FLAGS]`` with a stand-in control plane that records that it
+    started."""
     monkeypatch.setenv("DMSC_HOME", str(tmp_path / "home"))
     script = tmp_path / "control-plane"
     script.write_text(f'#!/bin/sh\ntouch {tmp_path}/started\necho "READY 127.0.0.1:4242"\n')
     script.chmod(script.stat().st_mode | stat.S_IEXEC)
     monkeypatch.setattr(sys, "executable", str(script))
     with pytest.raises(SystemExit) as exit_:
-        main(["up", "--plan", str(plan)])
+        main(["up", "--plan", str(plan), *flags])
     return int(exit_.value.code or 0), capsys.readouterr().err
 
 
@@ -204,13 +210,25 @@ def test_a_tensor_parallel_plan_on_gpus_is_refused(tmp_path: Path) -> None:
     assert "tensor-parallel ranks run on the CPU" in str(err.value)
 
 
+@pytest.mark.parametrize(("tp", "pp"), [(1, 2), (2, 1)])
 def test_an_expert_parallel_plan_starts(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    capsys: pytest.CaptureFixture[str],
+    tp: int,
+    pp: int,
 ) -> None:
-    # the runtime shares moe-mini's experts out among the replicas of each stage
-    # (tests/integration/test_expert_parallel_deployment.py); it used to refuse ep > 1
+    # the runtime shares moe-mini's experts out among the replicas of each stage, at tp = 2
+    # each expert split over the replica's two ranks
+    # (tests/integration/test_expert_parallel_deployment.py); it used to refuse ep > 1, then
+    # ep > 1 with tp > 1
     path, cluster = tmp_path / "plan.json", str(EXAMPLES / "two-sites-cpu.yaml")
+    if tp > 1:  # a stage's two replicas of two ranks in one site: one of four devices
+        text = (EXAMPLES / "two-sites-cpu.yaml").read_text().replace("devices: 2", "devices: 4")
+        (tmp_path / "four.yaml").write_text(text)
+        cluster = str(tmp_path / "four.yaml")
     args = ["--model", "moe-mini", "--global-batch", "8", "--micro-batch", "2", "--out", str(path)]
+    args += ["--no-sequence-parallel"] if tp > 1 else []
     with pytest.raises(SystemExit) as exit_:
         main(
             [
@@ -219,9 +237,9 @@ def test_an_expert_parallel_plan_starts(
                 cluster,
                 *args,
                 "--tp",
-                "1",
+                str(tp),
                 "--pp",
-                "2",
+                str(pp),
                 "--dp",
                 "2",
                 "--ep",
@@ -230,8 +248,18 @@ def test_an_expert_parallel_plan_starts(
         )
     assert exit_.value.code == 0, capsys.readouterr().err
     job = Plan.model_validate_json(path.read_text()).job
-    assert (job.tp, job.pp, job.dp, job.ep) == (1, 2, 2, 2)
+    assert (job.tp, job.pp, job.dp, job.ep) == (tp, pp, 2, 2)
     code, err = _up(tmp_path, path, monkeypatch, capsys)
+    assert code == 0, err
+    assert (tmp_path / "started").exists()
+
+
+def test_an_expert_parallel_plan_starts_on_ray(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    # it used to be refused, naming --launcher (tests/integration/test_ray.py trains one)
+    path = _two_sites_plan(tmp_path, "moe-mini", tp=1, pp=2, dp=2, ep=2)
+    code, err = _up(tmp_path, path, monkeypatch, capsys, "--launcher", "ray")
     assert code == 0, err
     assert (tmp_path / "started").exists()
 
@@ -250,15 +278,14 @@ def test_an_expert_parallel_plan_on_gpus_is_refused(tmp_path: Path) -> None:
 
 @pytest.mark.parametrize(
     ("flags", "reason"),
-    [
-        (["--spares", "1"], "--spares: the plan's ep is 2: warm spares do not take over"),
-        (["--launcher", "ray"], "--launcher: the plan's ep is 2: expert parallelism runs on local"),
-    ],
+    [(["--spares", "1"], "--spares: the plan's ep is 2: warm spares do not take over")],
 )
-def test_an_expert_parallel_plan_with_spares_or_ray_is_refused(
+def test_an_expert_parallel_plan_with_spares_is_refused(
     tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch,
     flags: list[str], reason: str,
 ) -> None:  # fmt: skip
+    # --launcher ray was refused too, until the expert-parallel groups met at the control
+    # plane's store on Ray (tests/integration/test_ray.py)
     path = _two_sites_plan(tmp_path, "moe-mini", tp=1, pp=2, dp=2, ep=2)
     monkeypatch.setenv("DMSC_HOME", str(tmp_path / "home"))
     with pytest.raises(SystemExit) as exit_:
@@ -271,7 +298,6 @@ def test_an_expert_parallel_plan_with_spares_or_ray_is_refused(
 _ON_EXPERTS = {
     "ep not dividing the experts",
     "ep not dividing the replicas",
-    "ep with tp",
     "ep for inference",
 }
 
@@ -289,8 +315,6 @@ def _edited(path: Path, edit: str) -> None:
         data["job"].update(dp=3, ep=3, global_batch=12)
     elif edit == "ep not dividing the replicas":
         data["job"]["ep"] = 4
-    elif edit == "ep with tp":
-        data["job"].update(tp=2, ep=2)
     elif edit == "ep for inference":
         data["job"].update(ep=2, mode="infer")
     elif edit == "more ranks than devices":
@@ -318,7 +342,6 @@ def _edited(path: Path, edit: str) -> None:
         ("ep on a model without experts", "job.ep", "ep=2: the model has no experts"),
         ("ep not dividing the experts", "job.ep", "ep=3 does not divide the model's experts (4)"),
         ("ep not dividing the replicas", "job.ep", "dp=2 is not divisible by ep=4"),
-        ("ep with tp", "job.ep", "ep=2 with tp=2: the runtime shares the experts out among"),
         ("ep for inference", "job.ep", "ep=2 for inference: a mixture's forward needs every"),
         ("more ranks than devices", "stages[1].replicas[1].devices", "also holds stages[0]"),
         ("a replica fewer than dp", "stages[1].replicas", "1 replicas for job.dp 2"),

@@ -67,3 +67,46 @@ def test_ep2_trains_ten_steps_as_one_process_and_saves_the_whole_stage(tmp_path:
     with torch.no_grad():  # the whole stage computes the last step's loss the replicas did
         x, y = batches[-1]
         assert abs(float(loss_fn(module(x), y)) - losses[-1]) < 1e-4
+
+
+def test_ep2_tp2_trains_ten_steps_as_one_process_and_saves_the_whole_stage(
+    tmp_path: Path,
+) -> None:
+    """ep = 2 with tp = 2 (dp = 2): four worker processes, each replica's two experts split
+    Megatron-style over its two tp ranks, tp rank t of one replica exchanging tokens with tp
+    rank t of the other. Ten steps give the losses of one process on the whole batch; the
+    checkpoint taken before the last step is the ep = 1, tp = 1 stage: a tp rank killed before
+    the last step, the recovery loads it back into the replaced replica's two ranks, and the
+    last step gives the reference's loss; it loads into one whole module too, which computes
+    the last step's loss as the deployment did."""
+    spec = resolve_model("moe-mini")
+    assert isinstance(spec, TransformerSpec)
+    spec = spec.model_copy(update={"layers": 2, "seq": 64})
+    train, _ = stdlib_text(max_bytes=200_000)
+    corpus = Corpus(train, spec.seq, seed=1)
+    batches = [corpus.batch(s, 2) for s in range(STEPS)]
+    reference = reference_losses(spec, 0, 1e-3, batches, 2)
+    with Deployment(StageLayout(spec, WHOLE, replicas=2, tp=2, ep=2), home=tmp_path) as dep:
+        sids = sorted(s.sid for s in dep.registry.lookup(stage=0))
+        assert sids == ["stage0-r0-t0", "stage0-r0-t1", "stage0-r1-t0", "stage0-r1-t1"]
+        losses = [dep.train_step(s, *batches[s], 1)["loss"] for s in range(STEPS - 1)]
+        ckpt = dep.checkpoint(STEPS - 1)
+        # a tp rank of replica 1 dies: the step fails at once, the recovery replaces the
+        # replica's whole tp group from the checkpoint (the whole stage cut back into each
+        # rank's experts and tp shard) and the expert-parallel groups form anew around it
+        next(h for h in dep.tp.handles if h.config.replica == 1).process.kill()
+        with pytest.raises(WorkerFailure) as failure:
+            dep.train_step(STEPS - 1, *batches[-1], 1)
+        rec = recovery.recover(dep, failure.value, [ckpt])
+        assert rec.failed == ["stage0-r1-t0", "stage0-r1-t1"] and rec.checkpoint_step == 9
+        losses.append(dep.train_step(STEPS - 1, *batches[-1], 1)["loss"])
+    diff = max(abs(a - b) for a, b in zip(losses, reference, strict=True))
+    print(f"dp=2 ep=2 tp=2 against one process, {STEPS} steps: max loss difference {diff:.2e}")
+    assert diff < 1e-4
+    assert list(ckpt.files) == [0] and not ckpt.replicas  # one file: replica 0's tp rank 0
+    module = stage_module(spec, 0, *WHOLE[0])
+    path = Path(ckpt.files[0][0])
+    assert read_checkpoint(path, spec, module, make_optimizer("adamw", module, 1e-3)) == 9
+    with torch.no_grad():  # the whole stage computes the last step's loss the replicas did
+        x, y = batches[-1]
+        assert abs(float(loss_fn(module(x), y)) - losses[-1]) < 1e-4

@@ -329,6 +329,29 @@ def test_a_tensor_parallel_plan_runs_on_ray_each_group_in_one_bundle(
     assert said and "placed outside" not in said
 
 
+def test_an_expert_parallel_plan_trains_on_ray_its_groups_met_at_the_control_plane(
+    cluster: Any, tmp_path: Path
+) -> None:
+    """ep = 2 (dp = 2): replica 0 on the head (dc-0), replica 1 on the other node (dc-1), each
+    holding two of moe-mini's four experts; they exchange tokens across the two nodes over a
+    gloo group that meets at the control plane's store, as the tp groups do, and train to the
+    losses of one process. ``dmsc up --launcher ray`` used to refuse ep > 1."""
+    spec = resolve_model("moe-mini")
+    assert isinstance(spec, TransformerSpec)
+    spec = spec.model_copy(update={"layers": 2, "seq": 64})
+    train, _ = stdlib_text(max_bytes=200_000)
+    corpus = Corpus(train, spec.seq, seed=1)
+    batches = [corpus.batch(s, 2) for s in range(2)]
+    want = reference_losses(spec, 0, 1e-3, batches, 2)
+    dcs = {(0, 0): "dc-0", (0, 1): "dc-1"}
+    layout = StageLayout(spec, [("embedding", "head")], replicas=2, ep=2, datacenters=dcs)
+    with Deployment(layout, RayLauncher(home=tmp_path), home=tmp_path) as dep:
+        nodes = {h.process.node for h in dep.handles}  # type: ignore[attr-defined]
+        losses = [dep.train_step(s, *batches[s], 1)["loss"] for s in range(len(batches))]
+    assert len(nodes) == 2
+    assert max(abs(a - b) for a, b in zip(losses, want, strict=True)) < 1e-4
+
+
 def _running(pid: int) -> bool:
     try:
         os.kill(pid, 0)

@@ -2,7 +2,7 @@
 stages (one contiguous range of layers each, or in an interleaved plan one per chunk, in order
 down the virtual stages, the whole model between them), its
 parallelism (a stage replica is one worker per tensor-parallel rank, on the CPU; experts shared
-out among ep replicas of one rank each, on the CPU; no sequence parallelism)
+out among ep replicas, on the CPU; no sequence parallelism with experts)
 and its model (and the checkpoint is the one planned from), that its stages, replicas and
 devices add up to its job, and that every device the workers will run on is on this machine.
 Each failure is a :class:`~dmsc.spec.SpecError` naming the plan's field."""
@@ -35,13 +35,12 @@ def check_plan_parallelism(plan_path: str, plan: Any) -> None:
     """Before anything starts: the plan's parallelism is what the runtime deploys. It runs a
     stage replica as one worker process per tensor-parallel rank (heads and MLP split
     Megatron-style over a gloo group, the sequence too where the plan asks for sequence
-    parallelism) and, at ep > 1 (with tp = 1), a stage's experts shared out among
-    expert-parallel groups of ep replicas (:mod:`dmsc.runtime.compute.ep_worker`); a plan with
-    sequence parallelism for a mixture of experts, with ep and tp both above 1 or for inference,
-    or with an ep not dividing the experts would run another job than the one planned and
-    predicted (an ep
-    not dividing the replicas is no JobSpec; GPUs at tp > 1 or ep > 1:
-    :func:`check_plan_devices`)."""
+    parallelism) and, at ep > 1, a stage's experts shared out among expert-parallel groups of
+    ep replicas, each expert split over the replica's tp ranks at tp > 1
+    (:mod:`dmsc.runtime.compute.ep_worker`); a plan with sequence parallelism for a mixture of
+    experts, with ep > 1 for inference, or with an ep not dividing the experts would run
+    another job than the one planned and predicted (an ep not dividing the replicas is no
+    JobSpec; GPUs at tp > 1 or ep > 1: :func:`check_plan_devices`)."""
     from dmsc.runtime.compute.models.support import check_tp_divisible
     from dmsc.spec import TransformerSpec
 
@@ -76,13 +75,6 @@ def check_plan_parallelism(plan_path: str, plan: Any) -> None:
             "job.ep",
             f"ep={job.ep} for inference: a mixture's forward needs every replica of its "
             "expert-parallel group and a request goes through one; plan with --ep 1",
-        )
-    if job.ep > 1 and job.tp > 1:
-        raise SpecError(
-            plan_path,
-            "job.ep",
-            f"ep={job.ep} with tp={job.tp}: the runtime shares the experts out among replicas "
-            "of one rank each; plan with --tp 1, or with --ep 1 (tp splits every expert)",
         )
 
 

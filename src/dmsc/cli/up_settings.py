@@ -98,9 +98,6 @@ def control_settings(
     if spares and plan.job.ep > 1:
         reason = f"the plan's ep is {plan.job.ep}: warm spares do not take over an expert share"
         raise SpecError("command line", "--spares", reason)
-    if launcher == "ray" and plan.job.ep > 1:
-        reason = f"the plan's ep is {plan.job.ep}: expert parallelism runs on local workers only"
-        raise SpecError("command line", "--launcher", reason)
     if gateway:
         host, _, port = gateway.rpartition(":")
         if not host or not port.isdigit() or not 0 < int(port) < 65536:

@@ -1,5 +1,6 @@
 """A stage worker's expert-parallel side (:mod:`dmsc.runtime.compute.ep_worker`): what a training
-task may ask of a deployment at ep > 1, and what a worker refuses to build. The worker's run
+task may ask of a deployment at ep > 1, and what a worker refuses to build (ep with tp runs:
+tests/integration/test_expert_parallel_deployment.py). The worker's run
 against one process is tests/integration/test_expert_parallel_deployment.py."""
 
 from __future__ import annotations
@@ -59,7 +60,10 @@ def test_a_replica_finds_its_groups_where_the_cost_model_puts_them(
 
 @pytest.mark.parametrize(
     ("fields", "reason"),
-    [({"tp": 2, "replicas": 2}, "ep=2 with tp=2 is not run"), ({"replicas": 3}, "divide the")],
+    [
+        ({"tp": 2, "replicas": 2, "sequence_parallel": True}, "with sequence parallelism"),
+        ({"replicas": 3}, "divide the"),
+    ],
 )
 def test_a_worker_refuses_expert_shares_it_cannot_hold(fields: dict[str, int], reason: str) -> None:
     with pytest.raises(ValueError, match=reason):

@@ -4,9 +4,10 @@ Parallelism inside a stage: :mod:`.tensor_parallel` splits a replica's blocks ov
 a tensor-parallel group (:mod:`.sequence_parallel` its residual stream along the sequence,
 :mod:`.vocab_parallel` its embedding, head and loss over the vocabulary);
 :mod:`.expert_parallel` shares a mixture of experts' experts over an expert-parallel group of
-data-parallel replicas, tokens exchanged by all-to-all; :mod:`.tp_worker` and :mod:`.ep_worker`
-are a stage worker's side of each (its groups, its gathered checkpoints); :mod:`.tp_ops` holds
-the tensor-parallel group's operators (Megatron's ``f`` and ``g``) the three splits share.
+data-parallel replicas, tokens exchanged by all-to-all (at tp > 1 each expert split over the
+replica's tp ranks too); :mod:`.tp_worker` and :mod:`.ep_worker` are a stage worker's side of
+each (its groups, its gathered checkpoints); :mod:`.tp_ops` holds the tensor-parallel group's
+operators (Megatron's ``f`` and ``g``) the three splits and the experts share.
 Across replicas, :mod:`.dp_collective` averages the gradients by the all-reduce the plan chose
 (:mod:`.allreduce`: ring, tree or hierarchical), after a quorum (:mod:`.quorum`).
 """

@@ -6,7 +6,7 @@ Each mode's exchange is timed where it happens, as the worker waits for it:
   backward, :mod:`.tensor_parallel`), or under sequence parallelism their all-gathers and
   reduce-scatters (:mod:`.sequence_parallel`);
 - ``ep``: the expert-parallel all-to-alls of the forward (the counts, the tokens out and back,
-  :mod:`.expert_parallel`; the backward's run inside autograd's functional collectives and are
+  :mod:`.expert_parallel`; the backward's run inside the exchange's autograd function and are
   not timed);
 - ``dp``: the exposed part of the data-parallel all-reduce, from the end of the backward until
   every gradient is averaged (what the buckets launched during the backward did not hide);

@@ -8,9 +8,12 @@ exchanges tokens with the others of its group by all-to-all. Here a worker
 - builds its stage whole (from the seed) and keeps its share of the experts
   (:meth:`ExpertRanks.split`);
 - joins its expert-parallel group through the deployment's TCPStore (``cfg.tp_store``, the
-  store the data-parallel groups meet at; keys under ``ep/STAGE/eEPOCH/groupN``): the process's
-  default group, as a tensor-parallel rank's is (a plan with ep > 1 has tp = 1: ``dmsc up``
-  refuses both). The group is formed at the first mixture forward of each epoch (a forward
+  store the data-parallel groups meet at; keys under ``ep/STAGE/eEPOCH/tpT/groupN``): a gloo
+  group of its own beside the process's default one, which at tp > 1 is the replica's
+  tensor-parallel group. At tp > 1 tp rank ``t`` of each replica meets tp rank ``t`` of the
+  others (:mod:`.expert_parallel`: the same tokens on every tp rank of a replica, each rank
+  holding its tp shard of the replica's experts). The group is formed at the first mixture
+  forward of each epoch (a forward
   pre-hook), not at start: a replacement started by a recovery builds its stage before the
   others moved to its epoch, and they meet again at the next step's forward. A member that
   died fails the all-to-all (gloo sees the socket close) or leaves it waiting for the receive
@@ -18,17 +21,21 @@ exchanges tokens with the others of its group by all-to-all. Here a worker
 - has its gradients averaged as :func:`~.expert_parallel.gradient_averaging` says: the shared
   (non-expert) ones by the data-parallel collective over all ``dp`` replicas
   (:mod:`.dp_collective`, which takes only those), the experts' summed over the ``dp / ep``
-  replicas holding the same share (a plain gloo group formed per epoch at the step's averaging,
-  under ``ep/STAGE/eEPOCH/shareN``; none at dp = ep) and divided by ``dp``
+  replicas holding the same share at the same tp rank (a plain gloo group formed per epoch at
+  the step's averaging, under ``ep/STAGE/eEPOCH/tpT/shareN``; none at dp = ep) and divided by
+  ``dp``
   (:meth:`ExpertRanks.average_expert_grads`);
-- saves the gathered (ep = 1) stage: every replica of the first group gathers its experts'
-  weights and moments, replica 0 writes (:func:`write_gathered`), so a checkpoint loads at any
-  ep and exports as any other. Loading needs nothing of its own: a worker's parameters keep
-  their global names, so it reads just its experts from an ep = 1 file.
+- saves the gathered (ep = 1, tp = 1) stage: every replica of the first group gathers its
+  experts' weights and moments, at tp > 1 each part then gathered over the tp ranks, replica 0's
+  tp rank 0 writes (:func:`write_gathered`), so a checkpoint loads at any ep and tp and exports
+  as any other. Loading needs nothing of its own: a worker's parameters keep their global
+  names, so it reads just its experts from an ep = 1 file (cut to its tp shard at tp > 1).
 
 What does not run at ep > 1 is refused, not approximated: inference (a mixture's forward needs
-every replica of its group, and a request goes through one replica's pipeline) and, for a
-training task, the sync modes and late policies other than ``wait`` (:func:`task_problem`).
+every replica of its group, and a request goes through one replica's pipeline), sequence
+parallelism at tp > 1 (each tp rank would route its own slice of the sequence, and the tp peers
+would no longer send the same tokens) and, for a training task, the sync modes and late
+policies other than ``wait`` (:func:`task_problem`).
 """
 
 from __future__ import annotations
@@ -46,6 +53,7 @@ from dmsc.runtime.compute.checkpoints import write_checkpoint
 from dmsc.runtime.compute.config import WorkerConfig
 from dmsc.runtime.compute.expert_parallel import (
     ExpertParallelMoE,
+    all_gather,
     expert_of,
     expert_parallel_groups,
     gradient_averaging,
@@ -94,8 +102,11 @@ class ExpertRanks:
     meets them in, formed per epoch (``epoch()``: the worker's current one)."""
 
     def __init__(self, cfg: WorkerConfig, epoch: Callable[[], int]) -> None:
-        if cfg.tp > 1:
-            raise ValueError(f"ep={cfg.ep} with tp={cfg.tp} is not run")
+        if cfg.sequence_parallel:
+            raise ValueError(
+                f"ep={cfg.ep} with sequence parallelism: each tp rank would route its own "
+                "slice of the sequence"
+            )
         if cfg.replicas % cfg.ep:
             raise ValueError(f"ep={cfg.ep} does not divide the stage's {cfg.replicas} replicas")
         self.cfg, self.epoch = cfg, epoch
@@ -108,6 +119,8 @@ class ExpertRanks:
         self.holding = self.averaging.group_of(cfg.replica)  # replicas with the same share
         self.timeout = timedelta(seconds=cfg.recv_timeout_s)
         self._store: Any = None
+        self.mixtures: list[ExpertParallelMoE] = []
+        self.group_pg: Any = None  # this epoch's expert-parallel group (a ProcessGroupGloo)
         self.formed = -1  # the epoch the expert-parallel group was formed in
         self.holders: Any = None  # a ProcessGroupGloo over the replicas of this share (dp > ep)
         self.holders_epoch = -1
@@ -116,9 +129,9 @@ class ExpertRanks:
         """Keep this replica's experts of each mixture of ``module`` (built whole); the
         mixtures join the group before their first forward of an epoch."""
         parallelize_experts(module, None, self.rank, self.ep)
-        for m in module.modules():
-            if isinstance(m, ExpertParallelMoE):
-                m.register_forward_pre_hook(lambda *_: self.join())
+        self.mixtures = [m for m in module.modules() if isinstance(m, ExpertParallelMoE)]
+        for m in self.mixtures:
+            m.register_forward_pre_hook(lambda *_: self.join())
         return module
 
     def store(self) -> Any:
@@ -138,14 +151,16 @@ class ExpertRanks:
         epoch = self.epoch()
         if self.formed == epoch:
             return
-        if dist.is_initialized():
-            dist.destroy_process_group()  # an older epoch's: its members may have moved on
-        prefix = f"ep/{self.cfg.stage}/e{epoch}/group{self.group}"
+        # an older epoch's group is dropped: its members may have moved on
+        prefix = f"{self._prefix(epoch)}/group{self.group}"
         store = dist.PrefixStore(prefix, self.store())  # type: ignore[attr-defined]
-        dist.init_process_group(
-            "gloo", store=store, rank=self.rank, world_size=self.ep, timeout=self.timeout
-        )
+        self.group_pg = dist.ProcessGroupGloo(store, self.rank, self.ep, self.timeout)
+        for m in self.mixtures:
+            m.group = self.group_pg
         self.formed = epoch
+
+    def _prefix(self, epoch: int) -> str:
+        return f"ep/{self.cfg.stage}/e{epoch}/tp{self.cfg.tp_rank}"
 
     def _holders(self) -> Any:
         """This epoch's group of the replicas holding this share of the experts, one from each
@@ -155,7 +170,7 @@ class ExpertRanks:
         if len(self.holding) == 1:
             return None
         if self.holders is None or self.holders_epoch != epoch:
-            name = f"ep/{self.cfg.stage}/e{epoch}/share{self.rank}"
+            name = f"{self._prefix(epoch)}/share{self.rank}"
             share = dist.PrefixStore(name, self.store())  # type: ignore[attr-defined]
             rank = self.holding.index(self.cfg.replica)
             self.holders = dist.ProcessGroupGloo(share, rank, len(self.holding), self.timeout)
@@ -180,10 +195,9 @@ class ExpertRanks:
             offset += p.numel()
 
 
-def _gather(t: torch.Tensor) -> list[torch.Tensor]:
-    parts = [torch.empty_like(t) for _ in range(dist.get_world_size())]
-    dist.all_gather(parts, t.detach().contiguous())
-    return [p.cpu() for p in parts]
+def _host(_name: str, t: torch.Tensor) -> torch.Tensor:
+    """A tp = 1 tensor as it is, on the host."""
+    return t.detach().cpu().clone()
 
 
 def write_gathered(
@@ -194,10 +208,13 @@ def write_gathered(
     module: nn.Module,
     optimizer: torch.optim.Optimizer,
     steps: int,
+    whole_of: Callable[[str, torch.Tensor], torch.Tensor] = _host,
 ) -> list[str]:
     """Gather the stage's experts, weights and optimizer moments, from the replicas of this
-    group (a collective: each calls it) and write the ep = 1 stage at replica 0; the weights'
-    names (none elsewhere)."""
+    group (a collective: each calls it) and write the ep = 1 stage at replica 0 (its tp rank 0);
+    the weights' names (none elsewhere). At tp > 1 ``whole_of(name, shard)`` gathers a tensor's
+    tp shards into the whole one (a collective over the replica's tp ranks), each expert's
+    after the experts were gathered over the expert-parallel group."""
     ranks.join()
     whole = stage_module(spec, cfg.seed, cfg.first, cfg.last, cfg.ranges())
     opt = make_optimizer(optimizer_kind(optimizer), whole, cfg.lr)
@@ -206,22 +223,29 @@ def write_gathered(
     into = dict(whole.named_parameters())
     mixtures = [m for m in module.modules() if isinstance(m, ExpertParallelMoE)]
     local = len(mixtures[0].experts) if mixtures else 0  # a stage may hold none (moe_every)
+
+    def gather(t: torch.Tensor) -> list[torch.Tensor]:
+        return all_gather(t.cpu(), ranks.group_pg)
+
     with torch.no_grad():
-        for name, p in module.named_parameters():  # the same order on every replica
+        # the same order on every replica and tp rank: the collectives pair up
+        for name, p in module.named_parameters():
             expert = expert_of(name)
             slots = optimizer.state.get(p, {})
             if expert is None:
-                into[name].copy_(p.detach().cpu())
+                into[name].copy_(whole_of(name, p))
                 if slots:
-                    opt.state[into[name]] = {s: v.detach().cpu().clone() for s, v in slots.items()}
+                    opt.state[into[name]] = {s: whole_of(name, v) for s, v in slots.items()}
                 continue
-            moments = {s: _gather(v) for s, v in slots.items()}
-            for source, part in enumerate(_gather(p)):
+            moments = {s: gather(v) for s, v in slots.items()}
+            for source, part in enumerate(gather(p)):
                 global_name = _renamed(name, expert, source * local + expert % local)
-                into[global_name].copy_(part)
+                into[global_name].copy_(whole_of(global_name, part))
                 if moments:
-                    opt.state[into[global_name]] = {s: v[source] for s, v in moments.items()}
-    if cfg.replica != 0:
+                    opt.state[into[global_name]] = {
+                        s: whole_of(global_name, v[source]) for s, v in moments.items()
+                    }
+    if cfg.replica != 0 or cfg.tp_rank != 0:
         return []
     return write_checkpoint(path, spec, whole, opt, steps)
 

@@ -11,12 +11,34 @@ router and summed. The backward runs the same two exchanges in reverse: four all
 mixture and step, the ``ep`` term the cost model prices (``netmodel/iteration.py``). A third,
 small one tells each rank how many tokens it receives for each of its experts.
 
-The exchange is PyTorch's differentiable all-to-all, its backward the reverse all-to-all:
-``torch.distributed._functional_collectives.all_to_all_single``, which torch 2.13 names as the
-replacement of the deprecated ``torch.distributed.nn.functional.all_to_all_single`` (that one
-warns on every call); gloo runs it on CPU with uneven splits (tried with torch 2.13). Every
-rank of an expert-parallel group must call a mixture's forward together, with any number of
-tokens, none included (a decoding step's one token too).
+The exchange is a differentiable all-to-all, its backward the reverse all-to-all
+(:class:`_AllToAll`), run by the group's own ``alltoall_base``; gloo runs it on CPU with uneven
+splits. Not ``torch.distributed._functional_collectives.all_to_all_single`` (which torch 2.13
+names as the replacement of the deprecated ``torch.distributed.nn.functional`` one): it takes
+only a group registered in torch's world, and at tp > 1 the expert-parallel group is a second
+group beside the tensor-parallel one (the process's default), a ``ProcessGroupGloo`` formed from
+the store; torch 2.13 refuses it ("Unsupported group type", tried). Every rank of an
+expert-parallel group must call a mixture's forward together, with any number of tokens, none
+included (a decoding step's one token too).
+
+With tensor parallelism (tp > 1, without sequence parallelism) each replica is tp processes,
+each holding the tp-rank-``t`` shard (Megatron-style, :mod:`.tensor_parallel`) of the replica's
+experts: tp rank ``t`` of a replica exchanges tokens with tp rank ``t`` of the other replicas of
+its expert-parallel group. Every tp rank of a replica holds the same tokens and the same router,
+so it routes them alike and sends and receives the same rows as its tp peers; each expert runs
+its column-parallel gate and up and its row-parallel down on them, the down's partial output
+not summed yet, and the partials go back and are weighted by the router and added up per token
+(both linear: the sum over tp ranks may come last). Then one all-reduce over the replica's tp
+ranks sums them (Megatron's ``g``), and in the backward one all-reduce sums the partial
+gradients of the tokens sent to the experts (``f``, on the experts' path only: the router's
+input gradient is whole on every rank already). The router's weights multiply partial outputs,
+so their gradient is partial too: a third, small all-reduce in the backward sums it (B x T x
+top_k numbers). Per mixture that is one tensor-parallel all-reduce of the layer's B x T x hidden
+each way, as the cost model prices every block's MLP
+(``netmodel/layers.py``: ``tp_allreduces_fwd``, ``tp_allreduces_bwd``), and all-to-alls of
+B x T x top_k x hidden per tp rank in ep groups of tp rank t of each replica
+(``netmodel/parallel.py``: ``Layout.ep_groups``). The all-to-alls and the all-reduces run in
+the same order on every process, so the two kinds of group never wait on each other.
 
 Parameter names stay those of the whole model: a rank's experts keep their global numbers
 (``mlp.experts.2.gate.weight`` on rank 1 of ep = 2 with four experts), so a rank's state dict
@@ -34,17 +56,18 @@ from __future__ import annotations
 
 import re
 from dataclasses import dataclass
-from typing import Literal
+from typing import Any, Literal
 
 import torch
 import torch.distributed as dist
-import torch.distributed._functional_collectives as funcol
 import torch.nn.functional as F
 from torch import nn
 
 from dmsc.netmodel.parallel import Group, Layout
 from dmsc.runtime.compute.comm_meter import METER
-from dmsc.runtime.compute.models.llama import MixtureOfExperts
+from dmsc.runtime.compute.models.llama import MixtureOfExperts, SwiGLU
+from dmsc.runtime.compute.tensor_parallel import RowParallelLinear
+from dmsc.runtime.compute.tp_ops import Enter, Reduce
 
 _EXPERT = re.compile(r"(^|\.)experts\.(\d+)\.")
 
@@ -68,22 +91,64 @@ def _renamed(name: str, expert: int) -> str:
     return f"{name[: match.start(2)]}{expert}{name[match.end(2) :]}"
 
 
+def _group(group: Any) -> Any:
+    """``group`` (a ProcessGroup or a gloo backend formed from a store), or the default group."""
+    return dist.distributed_c10d._get_default_group() if group is None else group
+
+
+def _all_to_all(x: torch.Tensor, group: Any, out_splits: list[int], in_splits: list[int]) -> Any:
+    """Rows of ``x`` in ``in_splits`` runs to the group's ranks; what arrives, by source rank."""
+    out = x.new_empty((sum(out_splits), *x.shape[1:]))
+    _group(group).alltoall_base(out, x.contiguous(), out_splits, in_splits).wait()
+    return out
+
+
+class _AllToAll(torch.autograd.Function):
+    """The differentiable all-to-all: the forward sends rows of ``x``, the backward sends their
+    gradients back the reverse way (the splits swapped)."""
+
+    @staticmethod
+    def forward(
+        ctx: Any, x: torch.Tensor, group: Any, out_splits: list[int], in_splits: list[int]
+    ) -> Any:
+        ctx.group, ctx.splits = group, (out_splits, in_splits)
+        with torch.profiler.record_function("ep::all_to_all"):
+            return _all_to_all(x, group, out_splits, in_splits)
+
+    @staticmethod
+    def backward(ctx: Any, grad: torch.Tensor) -> tuple[Any, None, None, None]:
+        out_splits, in_splits = ctx.splits
+        with torch.profiler.record_function("ep::all_to_all"):
+            return _all_to_all(grad, ctx.group, in_splits, out_splits), None, None, None
+
+
+def _partial(expert: nn.Module, x: torch.Tensor) -> torch.Tensor:
+    """A SwiGLU expert on ``x`` with this rank's hidden units: its whole output at tp = 1, at
+    tp > 1 this rank's part of the sum (its row-parallel ``down`` not reduced)."""
+    assert isinstance(expert, SwiGLU)
+    gate, up, down = expert.gate, expert.up, expert.down
+    assert gate.bias is None and up.bias is None and down.bias is None
+    return F.linear(F.silu(F.linear(x, gate.weight)) * F.linear(x, up.weight), down.weight)
+
+
 class ExpertParallelMoE(nn.Module):
     """A :class:`MixtureOfExperts` with this rank's share of its experts, the others on the
     other ranks of ``group``; it computes what the whole mixture computes on this rank's tokens.
     ``rank`` and ``ep`` given, no group need exist yet (a worker forms it at its first step:
-    :mod:`.ep_worker`); ``group`` is then set before the first forward."""
+    :mod:`.ep_worker`); ``group`` is then set before the first forward. ``group``: a
+    ProcessGroup, a gloo backend formed from a store (a second group beside the default one),
+    or None (the default group)."""
 
     def __init__(
         self,
         full: MixtureOfExperts,
-        group: dist.ProcessGroup | None = None,
+        group: Any = None,
         rank: int | None = None,
         ep: int | None = None,
     ) -> None:
         super().__init__()
-        rank = dist.get_rank(group) if rank is None else rank
-        ep = dist.get_world_size(group) if ep is None else ep
+        rank = _group(group).rank() if rank is None else rank
+        ep = _group(group).size() if ep is None else ep
         total = len(full.experts)
         check_ep_divisible(total, ep)
         self.group, self.ep, self.top_k = group, ep, full.top_k
@@ -96,6 +161,12 @@ class ExpertParallelMoE(nn.Module):
 
     def forward(self, x_BTH: torch.Tensor) -> torch.Tensor:
         flat = x_BTH.reshape(-1, x_BTH.shape[-1])
+        # at tp > 1 the experts are split Megatron-style (tensor_parallel.parallelize_stage)
+        down = next(iter(self.experts.values())).get_submodule("down")
+        split = isinstance(down, RowParallelLinear)
+        tp_group = down.group if isinstance(down, RowParallelLinear) else None
+        # f on the experts' path: their partial input gradients summed over the tp ranks
+        src = Enter.apply(flat, tp_group) if split else flat
         probs = F.softmax(self.router(flat), dim=-1, dtype=torch.float32)
         weight, chosen = probs.topk(self.top_k, dim=-1)
         weight = (weight / weight.sum(dim=-1, keepdim=True)).to(flat.dtype)
@@ -108,37 +179,40 @@ class ExpertParallelMoE(nn.Module):
         received = torch.empty_like(counts)
         # what each rank sends this one, for each of its experts: [source rank, local expert]
         with METER.timed("ep", counts.numel() * counts.element_size()):
-            dist.all_to_all_single(received, counts, group=self.group)
+            _group(self.group).alltoall_base(received, counts, [], []).wait()
         send_splits = counts.view(self.ep, self.local).sum(dim=1).tolist()
         recv_splits = received.view(self.ep, self.local).sum(dim=1).tolist()
-        tokens = self._exchange(flat[rows], recv_splits, send_splits)
+        tokens = self._exchange(src[rows], recv_splits, send_splits)
         local_ids = torch.arange(self.local).repeat(self.ep)
         of_expert = torch.repeat_interleave(local_ids, received)
         done = torch.zeros_like(tokens)
         for j, module in enumerate(self.experts.values()):
             (at,) = (of_expert == j).nonzero(as_tuple=True)
             if at.numel():
-                done = done.index_copy(0, at, module(tokens[at]))
+                done = done.index_copy(0, at, _partial(module, tokens[at]))
         back = self._exchange(done, send_splits, recv_splits)
         picked = weight.reshape(-1)[order, None]
-        return torch.zeros_like(flat).index_add(0, rows, back * picked).view_as(x_BTH)
+        if split:  # the router's gradient: the whole outputs', the tp ranks' partials summed
+            picked = Enter.apply(picked, tp_group)
+        out = torch.zeros_like(flat).index_add(0, rows, back * picked)
+        if split:  # g: the tp ranks' partial sums, once for the whole mixture
+            out = Reduce.apply(out, tp_group)
+        return out.view_as(x_BTH)
 
     def _exchange(
         self, x: torch.Tensor, out_splits: list[int], in_splits: list[int]
     ) -> torch.Tensor:
         """Rows of ``x`` sent to the ranks in ``in_splits`` runs; what arrives, by source rank."""
-        group = dist.group.WORLD if self.group is None else self.group
-        assert group is not None
-        me = dist.get_rank(group)  # what stays on this rank crosses no link
+        me = _group(self.group).rank()  # what stays on this rank crosses no link
         away = (sum(in_splits) - in_splits[me]) * x[:1].numel() * x.element_size()
         with METER.timed("ep", away):
-            out = funcol.all_to_all_single(x.contiguous(), out_splits, in_splits, group)
-            return funcol.wait_tensor(out)
+            out: torch.Tensor = _AllToAll.apply(x, self.group, out_splits, in_splits)
+            return out
 
 
 def parallelize_experts(
     module: nn.Module,
-    group: dist.ProcessGroup | None = None,
+    group: Any = None,
     rank: int | None = None,
     ep: int | None = None,
 ) -> nn.Module:
@@ -163,12 +237,17 @@ def shard_state_dict(
     return {k: t for k, t in full.items() if (e := expert_of(k)) is None or e in keep}
 
 
-def gather_state_dict(
-    module: nn.Module, group: dist.ProcessGroup | None = None
-) -> dict[str, torch.Tensor]:
+def all_gather(t: torch.Tensor, group: Any = None) -> list[torch.Tensor]:
+    """``t`` of every rank of ``group`` (see :class:`ExpertParallelMoE`), in rank order."""
+    parts = [torch.empty_like(t) for _ in range(_group(group).size())]
+    _group(group).allgather([parts], [t.detach().contiguous()]).wait()
+    return parts
+
+
+def gather_state_dict(module: nn.Module, group: Any = None) -> dict[str, torch.Tensor]:
     """The ep = 1 state dict of an expert-parallel stage, on every rank of its ``group`` (each
     expert's tensors all-gathered from the rank holding it; a collective: every rank calls it)."""
-    rank, ep = dist.get_rank(group), dist.get_world_size(group)
+    rank = _group(group).rank()
     sizes = {m.local for m in module.modules() if isinstance(m, ExpertParallelMoE)}
     if len(sizes) > 1:
         raise ValueError(f"the mixtures hold different numbers of experts per rank: {sizes}")
@@ -180,9 +259,7 @@ def gather_state_dict(
             out[name] = tensor.detach().clone()
             continue
         slot = expert - rank * local
-        parts = [torch.empty_like(tensor) for _ in range(ep)]
-        dist.all_gather(parts, tensor.detach().contiguous(), group=group)
-        for source, part in enumerate(parts):
+        for source, part in enumerate(all_gather(tensor, group)):
             out[_renamed(name, source * local + slot)] = part
     return out
 

@@ -6,9 +6,9 @@ on CUDA) through the TCPStore the deployment hosts (its address in each
 epoch, so that groups never mix). Each process serves one stage, so the group is the process's
 default one. Checkpoints stay in the tp = 1 format: :func:`write_gathered` puts the weights and
 the optimizer's moments back together (a collective: every rank calls it, rank 0 writes) and
-:func:`load_sharded` reads a tp = 1 file and keeps this rank's shard. At ep > 1 (tp = 1) the
-stage keeps its replica's experts and its checkpoint is gathered likewise
-(:mod:`.ep_worker`).
+:func:`load_sharded` reads a tp = 1 file and keeps this rank's shard. At ep > 1 the stage keeps
+its replica's experts (each cut to this rank's shard at tp > 1) and its checkpoint is gathered
+over the expert-parallel group, then over the tp ranks (:mod:`.ep_worker`).
 """
 
 from __future__ import annotations
@@ -76,10 +76,15 @@ def write(
 ) -> list[str]:
     """Write the stage's checkpoint (:func:`write_gathered` at tp > 1, the experts gathered at
     ep > 1); the weights' names."""
+    if experts is not None:
+        if cfg.tp == 1:
+            return ep_worker.write_gathered(path, spec, cfg, experts, module, optimizer, steps)
+        whole_of = lambda name, t: _gather(spec, name, t)  # noqa: E731
+        return ep_worker.write_gathered(
+            path, spec, cfg, experts, module, optimizer, steps, whole_of
+        )
     if cfg.tp > 1:
         return write_gathered(path, spec, cfg, module, optimizer, steps)
-    if experts is not None:
-        return ep_worker.write_gathered(path, spec, cfg, experts, module, optimizer, steps)
     return write_checkpoint(path, spec, module, optimizer, steps, extra)
 
 
