@@ -73,8 +73,10 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
 
+import cli_fork
 import pytest
 import yaml
+from cli_shim import ShimServer
 from conftest import ROOT, run_dmsc
 
 from dmsc.data.db import Database
@@ -396,12 +398,17 @@ class Shell:
     port: int = 0
     env: dict[str, str] = field(default_factory=dict)
     log: list[str] = field(default_factory=list)
+    server: ShimServer | None = None
 
     def __post_init__(self) -> None:
         bin_dir = self.cwd / ".bin"
         bin_dir.mkdir(exist_ok=True)
         shim = bin_dir / "dmsc"
-        shim.write_text(f'#!/bin/sh\nexec "{sys.executable}" -m dmsc "$@"\n')
+        if cli_fork.wanted():  # each call forked from the test's server (tests/cli_shim.py)
+            self.server = ShimServer()
+            shim.write_text(self.server.command())
+        else:
+            shim.write_text(f'#!/bin/sh\nexec "{sys.executable}" -m dmsc "$@"\n')
         shim.chmod(0o755)
         (self.cwd / "examples").symlink_to(ROOT / "examples")
         # `dmsc train --data src/dmsc/`: a copy, for the control plane reads data only inside
@@ -416,6 +423,10 @@ class Shell:
             "PATH": f"{bin_dir}{os.pathsep}{os.environ.get('PATH', '')}",
             "DMSC_HOME": str(self.home),
         }
+
+    def close(self) -> None:
+        if self.server is not None:
+            self.server.close()
 
     def _spawn(self, command: str) -> subprocess.Popen[str]:
         """``command`` under bash in its own process group (Ctrl-C or a kill reaches it all)."""
@@ -542,8 +553,11 @@ def test_offline_examples(tmp_path: Path) -> None:
     # the README's tour prints some of the pages' commands again: each runs once
     filled = list(dict.fromkeys(filled))
     assert len(filled) >= 13, filled
-    with ThreadPoolExecutor(max_workers=2) as pool:
-        results = list(pool.map(shell.run, filled))
+    try:
+        with ThreadPoolExecutor(max_workers=2) as pool:
+            results = list(pool.map(shell.run, filled))
+    finally:
+        shell.close()
     print("\n".join(shell.log))
     for command, (code, out, err) in zip(filled, results, strict=True):
         assert code == 0, f"`{command}` exited {code}\n--- stdout\n{out}\n--- stderr\n{err}"
@@ -703,3 +717,4 @@ class Live:
                 if pid:
                     with contextlib.suppress(ProcessLookupError):
                         os.killpg(int(pid), signal.SIGKILL)
+        self.shell.close()
