@@ -15,6 +15,8 @@ decision is a row and a log line, every broken objective an alert.
 - :mod:`.moves`: an accepted move applied to the deployment (``dmsc replan`` applies with it too);
 - :mod:`.symptoms`: alerts from the logs: a line that shows a failure (out of memory, NCCL or
   gloo errors, a checkpoint error) raises one;
+- :mod:`.recoveries`: alerts for the workers the runtime replaced (a lost device or worker),
+  each with a decision row that notes it;
 - :mod:`.webhook`: alerts posted to the policy's webhook from a thread of their own, retried;
 - :mod:`.runner`: the thread that ticks, records decisions and alerts, acts, and measures its
   own cost;
@@ -23,7 +25,7 @@ decision is a row and a log line, every broken objective an alert.
 
 Imports run one way: ``views -> runner -> snapshot -> tick -> resizing -> objectives``,
 ``tick -> hysteresis``,
-``runner -> moves, webhook, hysteresis, symptoms``.
+``runner -> moves, webhook, hysteresis, symptoms, recoveries``.
 Below it: :mod:`..advisors` (the modules and the decision rule) and :mod:`..tasks` (the
 exception queue, through :mod:`..advisors.policy`).
 """

@@ -8,8 +8,9 @@ hand. The runner (:mod:`.runner`) acts on the result and writes it down.
 
 Each tick:
 
-- the objectives of the policy are checked (:func:`check_slos`); a breach not open before is a
-  new alert, an open one that holds again is resolved. A breach with a task at fault (the
+- the objectives of the policy are checked (:func:`check_slos`), and whether devices were lost
+  (:func:`device_breaches`); a breach not open before is a new alert, an open one that holds
+  again is resolved. A breach with a task at fault (the
   training task whose steps are slow, the task that waited too long) is also proposed as an
   exception, for the exception queue;
 - the functional modules run when enough new was measured since they last ran
@@ -220,6 +221,17 @@ def check_slos(snap: Snapshot, policy: Policy) -> list[Breach]:
     return out
 
 
+def device_breaches(view: DeviceView | None) -> list[Breach]:
+    """Devices lost (a Ray node gone): an alert while the devices online fall short of what the
+    replicas hold (the forced resize of :mod:`.resizing` is the decision)."""
+    short = view.short() if view is not None else {}
+    if view is None or not short:
+        return []
+    lost = ", ".join(f"{dc} short of {n}" for dc, n in sorted(short.items()))
+    why = f"devices lost ({lost}, as {view.source} says): {view.dp} replicas hold more"
+    return [Breach("devices", float(sum(short.values())), 0.0, "alert", why)]
+
+
 def _exception(b: Breach) -> Proposal:
     reason = f"{b.reason}, above the objective of {b.objective:g}"
     return Proposal(
@@ -260,7 +272,7 @@ def tick(
     modules: Sequence[FunctionalModule],
 ) -> TickResult:
     """One tick over ``snap`` (module docstring)."""
-    breaches = check_slos(snap, config.policy)
+    breaches = check_slos(snap, config.policy) + device_breaches(snap.devices)
     broken = frozenset(b.slo for b in breaches)
     raised = tuple(b for b in breaches if b.slo not in state.open)
     resolved = tuple(sorted(state.open - broken))
