@@ -106,6 +106,9 @@ class Measurements:
     # the prediction for the job the measured task ran (None: the plan's own; replanning.py
     # re-estimates it for another batch, dp or calibration)
     predicted: Prediction | None = None
+    # datacenters whose stage workers' nodes the control loop found busy (node CPU %): their
+    # measured slowness is the node's load, not their device type's (.paths)
+    busy: dict[str, float] = field(default_factory=dict)
 
     def prediction(self) -> Prediction:
         """The predicted step time the measured steps compare with, and what it is."""

@@ -93,7 +93,8 @@ def link_rates(m: Measurements) -> dict[int, float]:
 
 
 def telemetry(m: Measurements) -> dict[str, dict[str, float | None]]:
-    """Each worker's mean CPU % and largest memory over its last ``RATE_STEPS`` traced steps."""
+    """Each worker's mean CPU %, largest memory and its node's mean CPU % (all cores) over its
+    last ``RATE_STEPS`` traced steps."""
     traced = set(sorted({t.step for t in m.traces})[-RATE_STEPS:])
     out: dict[str, dict[str, float | None]] = {}
     by: dict[str, list[Any]] = {}
@@ -103,9 +104,11 @@ def telemetry(m: Measurements) -> dict[str, dict[str, float | None]]:
     for name, rows in sorted(by.items()):
         cpu = [t.cpu_percent for t in rows if t.cpu_percent is not None]
         rss = [t.rss_bytes for t in rows if t.rss_bytes is not None]
+        node = [t.node_cpu_percent for t in rows if t.node_cpu_percent is not None]
         out[name] = {
             "cpu_percent": statistics.mean(cpu) if cpu else None,
             "rss_bytes": float(max(rss)) if rss else None,
+            "node_cpu_percent": statistics.mean(node) if node else None,
         }
     return out
 

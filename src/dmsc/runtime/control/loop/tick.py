@@ -21,6 +21,9 @@ Each tick:
   paid back within the horizon). Then the hysteresis (:mod:`.hysteresis`): a move is applied
   only when it holds on ``confirm_ticks`` consecutive ticks, on a task measured after the last
   move, and not for a stage moved within the cool-down;
+- a stage's node busy over the policy's threshold for ``busy.ticks`` ticks (:mod:`.busy`) runs
+  the modules at once, and path optimisation re-plans with that datacenter's slowness as its
+  node's, not its device type's: a move away is its proposal;
 - a resize of training's data-parallel degree is proposed by :mod:`.resizing` when devices go
   or come back, or the policy's ``elastic`` asks for it on a broken step-time objective; one
   forced by lost devices is proposed and applied at every tick until it is done;
@@ -39,6 +42,7 @@ from typing import Any
 from dmsc.runtime.control.advisors.base import MOVE_KINDS, FunctionalModule, Measurements, Proposal
 from dmsc.runtime.control.advisors.orchestrator import Decision, DecisionRule, collect, decide
 from dmsc.runtime.control.advisors.policy import nearest_rank
+from dmsc.runtime.control.loop.busy import datacenter_cpu, watch
 from dmsc.runtime.control.loop.hysteresis import Memory, steady
 from dmsc.runtime.control.loop.objectives import Policy
 from dmsc.runtime.control.loop.resizing import DeviceView, force, propose
@@ -127,6 +131,7 @@ class LoopState:
     verdicts: Mapping[tuple[str, str, str], str] = field(default_factory=dict)  # last recorded
     open: frozenset[str] = frozenset()  # objectives broken at the last tick
     memory: Memory = field(default_factory=Memory)  # the moves' hysteresis (.hysteresis)
+    busy: Mapping[str, int] = field(default_factory=dict)  # ticks in a row a DC was busy (.busy)
 
 
 @dataclass(frozen=True)
@@ -277,14 +282,17 @@ def tick(
     raised = tuple(b for b in breaches if b.slo not in state.open)
     resolved = tuple(sorted(state.open - broken))
     key = snap.key()
-    due = modules_due(key, state.key)
+    cpu = datacenter_cpu(snap.telemetry, snap.measured.plan)
+    streaks, busy, became = watch(cpu, state.busy, config.policy.busy)
+    due = modules_due(key, state.key) or became
     slow = next((b.reason for b in breaches if b.slo == "step_time_s"), None)
     resizes = propose(snap.devices, config.policy, _median_step(snap.measured), slow)
     forced = any(p.details.get("forced") for p in resizes)  # devices lost: every tick
     ran = due or bool(raised) or forced
     decisions: list[Decision] = []
     if ran:
-        proposals = collect(modules, snap.measured) if due else []
+        measured = replace(snap.measured, busy=busy)  # path optimisation reads them (.busy)
+        proposals = collect(modules, measured) if due else []
         proposals += resizes if due or forced else []
         proposals += [_exception(b) for b in breaches if b.task is not None]
         decisions = decide(proposals, config.rule, snap.measured.remaining_steps)
@@ -321,7 +329,12 @@ def tick(
             recorded.append(d)
             verdicts[sig] = d.verdict
     new_state = replace(
-        state, key=key if due else state.key, verdicts=verdicts, open=broken, memory=memory
+        state,
+        key=key if due else state.key,
+        verdicts=verdicts,
+        open=broken,
+        memory=memory,
+        busy=streaks,
     )
     return TickResult(
         new_state, tuple(decisions), tuple(recorded), tuple(breaches), raised, resolved, ran
