@@ -135,6 +135,20 @@ def link_bytes(traces: Sequence[StepTrace]) -> dict[tuple[Key, Key], float]:
     return {edge: n / max(1, len(steps)) for edge, n in total.items()}
 
 
+def latest_worker_cpu(db: Database, run_id: int) -> dict[tuple[int, int], float]:
+    """Each worker's mean CPU % by (stage, replica) over the newest training task of run
+    ``run_id`` that measured any (empty: none did)."""
+    for task in reversed([t for t in db.tasks(run_id) if t.kind == "train"]):
+        cpu = {
+            (int(k.split("/")[0]), int(k.split("/")[1])): u["cpu_percent_mean"]
+            for k, u in worker_usage(db, task.id).items()
+            if u["cpu_percent_mean"] is not None
+        }
+        if cpu:
+            return cpu
+    return {}
+
+
 def worker_usage(db: Database, task_id: int) -> dict[str, dict[str, Any]]:
     """Each worker's use of its machine over the task's steps, by ``"STAGE/REPLICA"``: the
     steps measured, its mean and highest CPU %, its highest RSS and GPU peak (None where no step

@@ -37,6 +37,7 @@ from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 from dmsc.data.corpus import Corpus, stdlib_text, task_corpora
 from dmsc.data.db import Database, TaskRecord, data_dir
 from dmsc.data.tokenizer import tokenizer_for
+from dmsc.data.traces import latest_worker_cpu
 from dmsc.planner.plan import Plan
 from dmsc.runtime.control import dashboard_state, status
 from dmsc.runtime.control.advisors.prediction import Prediction, TaskPredictions, prediction_for
@@ -248,12 +249,13 @@ class ControlPlane:
         return params
 
     def resized(self, dp: int) -> Plan:
-        """The plan at ``dp`` replicas (ValueError says why there is none), planned once per
-        deployed plan and serving state."""
+        """The plan at ``dp`` replicas (ValueError says why there is none; a grow's new replicas
+        on the idlest nodes), planned once per deployed plan and serving state."""
         heads, serving = self.inference.heads, self.inference.pool is not None
         kept = self._resized.get((dp, heads, serving))
         if kept is None or kept[0] is not self.plan:
-            to = resized_plan(self.plan, self.model, self.cluster, dp, heads=heads, serving=serving)
+            to = resized_plan(self.plan, self.model, self.cluster, dp, heads=heads, serving=serving,
+                              worker_cpu=latest_worker_cpu(self.db, self.run.id))  # fmt: skip
             kept = self._resized[(dp, heads, serving)] = (self.plan, to)
         return kept[1]
 
@@ -394,9 +396,8 @@ class ControlPlane:
             )
 
     def train(self, req: TrainRequest, gone: threading.Event | None = None) -> dict[str, Any]:
-        """The Train call: the task queued as the gateway's are (.tasks.door), then waited for
-        until it ends; ``gone`` set (the caller went away) cancels it. It has one attempt: the
-        caller sees a failure, as the task does."""
+        """The Train call: queued as the gateway's tasks are (.tasks.door), waited for until it
+        ends; ``gone`` set (the caller left) cancels it. One attempt: a failure is the caller's."""
         task, params = self.door.submit(req, max_attempts=1, wait=True)
         ended = partial(self.door.ended, task.id)  # no consumer runs: this thread works
         self.consumers.drive(self.queue, req.lane, ended)
@@ -475,8 +476,7 @@ class ControlPlane:
         return status.services(self.deployment)
 
     def dashboard(self, tenant: str | None = None) -> dict[str, Any]:
-        """What the operator's pages draw (:mod:`.dashboard_state`): ``tenant``'s rows alone, or
-        every tenant's (None)."""
+        """What the operator's pages draw (:mod:`.dashboard_state`): ``tenant``'s rows, or all."""
         return dashboard_state.dashboard_state(
             self.db,
             self.plan,
