@@ -16,7 +16,8 @@ fault is injected at the same point of the same work in both.
    tasks, ``--link-steps`` and ``--link-after-steps``, ``--gap`` seconds apart (the loop applies
    a move between tasks only). Objective ``step_time_s`` at ``--link-slo`` with the action
    ``move`` (benchmarks/results/replan.json: 0.33 s a step at the nominal link, 0.89 s slowed);
-   the policy's ``confirm_ticks`` is ``--confirm-ticks``.
+   the policy's ``confirm_ticks`` is ``--confirm-ticks``, its ``replan_interval_s``
+   ``--replan-interval``.
 2. **stepped inference ramp** (``ramp``): gpt-mini pp=2 x dp=1 on one box of four CPU devices
    (benchmarks/_deployment.py), ``dmsc up --gateway``, closed-loop clients through
    ``POST /v1/infer`` in steps (``--ramp``: clients x seconds); the fault is the step up. On:
@@ -213,6 +214,7 @@ def slowed_link(mode: str, a: argparse.Namespace) -> dict[str, Any]:
                 {
                     "slos": {"step_time_s": {"max": a.link_slo, "action": "move"}},
                     "confirm_ticks": a.confirm_ticks,
+                    "replan_interval_s": a.replan_interval,
                 }
             )
             loop = ControlLoop(cp, LoopConfig(policy, "act"), a.interval, log)
@@ -474,6 +476,9 @@ def main() -> None:
     ap.add_argument("--link-after-steps", type=int, default=12, help="the second's")
     ap.add_argument("--link-slo", type=float, default=0.6, help="step_time_s, slowed link")
     ap.add_argument("--confirm-ticks", type=int, default=2)
+    ap.add_argument(
+        "--replan-interval", type=float, default=30.0, help="the policy's replan_interval_s"
+    )
     ap.add_argument("--gap", type=float, default=3.0, help="seconds between the link's tasks")
     ap.add_argument("--ramp", default="1x8,6x25", help="CLIENTSxSECONDS,...")
     ap.add_argument("--tokens", type=int, default=24)

@@ -19,6 +19,7 @@ webhook. An example::
     confirm_ticks: 3                        # a move holds on 3 ticks in a row before it applies
     cooldown_s: 600                         # a stage moved is not moved again for 10 minutes
     busy: {cpu_percent: 90, ticks: 3}       # a stage's node this busy 3 ticks in a row (loop.busy)
+    replan_interval_s: 30                   # the modules re-plan on new steps at most this often
     elastic:                                # the loop resizes training dp (loop.resizing)
       dp_min: 1
       dp_max: 4                             # grows while step_time_s is broken, up to 4
@@ -152,6 +153,9 @@ class Policy(BaseModel):
     cooldown_s: Annotated[float, Field(ge=0, le=86400)] = 600.0
     elastic: Elastic | None = None  # None: the loop never resizes dp for the policy
     busy: BusyNode = BusyNode()  # a busy node: path optimisation may move its stage away
+    # the least seconds between two runs of the modules on new steps (path optimisation's
+    # re-plan, tens of ms of CPU); a new task, a breach or a busy node runs them at once
+    replan_interval_s: Annotated[float, Field(ge=0, le=86400)] = 30.0
 
 
 def load_policy(path: str | Path) -> Policy:

@@ -222,9 +222,11 @@ class ControlLoop:
     def _once(self) -> TickResult:
         wall0, cpu0 = time.perf_counter(), time.thread_time()
         self._tried_now = False
+        pol, st = self.config.policy, self.state
         snap = take(
-            self.cp, time.time(), self.predictions, self.state.key, self.config.policy.window_s
-        )
+            self.cp, time.time(), self.predictions, st.key, pol.window_s, st.ran_s,
+            pol.replan_interval_s,
+        )  # fmt: skip
         res = tick(snap, self.config, self.state, self.modules)
         self.state = res.state
         raised = self._record(res, snap)
