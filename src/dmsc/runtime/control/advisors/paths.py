@@ -179,7 +179,7 @@ def device_speeds(
     ``ratios``; a datacenter that ran no stage takes the mean of the measured datacenters with
     its device type (a cost model off for a device type is off wherever it runs: left nominal,
     such a datacenter would look faster than the measured ones for no measured reason), those
-    on ``busy`` nodes left out (their slowness is the node's load; none left: nominal)."""
+    on ``busy`` nodes left out while one of that type is not (their slowness is the load)."""
     speed = {dc: _geomean(r) for dc, r in ratios.items() if r}
 
     def device(dc_name: str) -> str:
@@ -187,11 +187,13 @@ def device_speeds(
         return cluster.node_types[dc.nodes[0].type].device
 
     by_type: dict[str, list[float]] = {}
+    idle: dict[str, list[float]] = {}
     for dc, f in speed.items():
+        by_type.setdefault(device(dc), []).append(f)
         if dc not in busy:
-            by_type.setdefault(device(dc), []).append(f)
+            idle.setdefault(device(dc), []).append(f)
     for spec in cluster.datacenters:
-        same = by_type.get(device(spec.name))
+        same = idle.get(device(spec.name)) or by_type.get(device(spec.name))
         if spec.name not in speed and same:
             speed[spec.name] = _geomean(same)
     return speed

@@ -14,10 +14,13 @@ When one becomes busy the tick runs the modules (at once, then at the re-plan's 
 :func:`.tick.modules_due`) with the busy datacenters in their measurements. Path optimisation
 keeps a busy datacenter's measured speed for it, but no longer lends it to the datacenters of
 the same device type that ran no stage (:func:`~..advisors.paths.device_speeds`). Without that,
-the idle datacenters took the busy one's slowness as their device type's and no move ever
-gained. A datacenter is then a candidate when it is idle: measured under the threshold, or
-running none of the run's workers (its load unknown: counted idle, as
-:func:`dmsc.planner.elastic.node_load` counts a node with no measured worker). Whether the move
+the idle datacenters took the busy one's slowness as their device type's. A datacenter is then
+a candidate when it is idle: measured under the threshold, or running none of the run's
+workers (its load unknown: counted idle, as :func:`dmsc.planner.elastic.node_load` counts a
+node with no measured worker) while a measured datacenter of its device type is idle, whose
+speed it takes (with none idle, nothing says the slowness is the nodes' and not the devices':
+the measured speeds stand, and a machine that all the datacenters share moves nothing). The
+check is on when the policy sets ``busy`` (off by default). Whether the move
 pays (its transfers to another datacenter, its one-off cost) is the cost model's and the
 decision rule's: the move is path optimisation's own ``move-stage``, confirmed by the hysteresis
 and applied by :func:`.moves.apply_move`, which re-plans with the same busy datacenters.

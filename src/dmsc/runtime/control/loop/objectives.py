@@ -30,7 +30,9 @@ Every breach raises an alert; the action adds to it: ``scale-out`` adds a servin
 even below the rule's threshold (within its horizon still). With ``elastic`` set, a broken
 ``step_time_s`` also grows the training task's data-parallel degree by one replica while free
 devices allow, within ``dp_min``..``dp_max`` (:mod:`.resizing`, through the same decision rule
-and hysteresis).
+and hysteresis). With ``busy`` set, a stage's node over ``cpu_percent`` on ``ticks`` ticks in a
+row lets path optimisation move the stage to an idle datacenter (:mod:`.busy`).
+``replan_interval_s`` bounds how often the modules re-plan on new steps (:mod:`.tick`).
 """
 
 from __future__ import annotations
@@ -152,7 +154,7 @@ class Policy(BaseModel):
     confirm_ticks: Annotated[int, Field(ge=1, le=100)] = 3
     cooldown_s: Annotated[float, Field(ge=0, le=86400)] = 600.0
     elastic: Elastic | None = None  # None: the loop never resizes dp for the policy
-    busy: BusyNode = BusyNode()  # a busy node: path optimisation may move its stage away
+    busy: BusyNode | None = None  # a busy node: path optimisation may move its stage away
     # the least seconds between two runs of the modules on new steps (path optimisation's
     # re-plan, tens of ms of CPU); a new task, a breach or a busy node runs them at once
     replan_interval_s: Annotated[float, Field(ge=0, le=86400)] = 30.0

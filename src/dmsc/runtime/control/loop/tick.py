@@ -296,7 +296,9 @@ def tick(
     resolved = tuple(sorted(state.open - broken))
     key = snap.key()
     cpu = datacenter_cpu(snap.telemetry, snap.measured.plan)
-    streaks, busy, became = watch(cpu, state.busy, config.policy.busy)
+    streaks, busy, became = {}, {}, False
+    if config.policy.busy is not None:
+        streaks, busy, became = watch(cpu, state.busy, config.policy.busy)
     now, every = snap.measured.taken_s, config.policy.replan_interval_s
     due = modules_due(key, state.key, now, state.ran_s, every, asked=bool(raised) or became)
     slow = next((b.reason for b in breaches if b.slo == "step_time_s"), None)
