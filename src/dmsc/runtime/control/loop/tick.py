@@ -296,7 +296,9 @@ def tick(
     resolved = tuple(sorted(state.open - broken))
     key = snap.key()
     cpu = datacenter_cpu(snap.telemetry, snap.measured.plan)
-    streaks, busy, became = {}, {}, False
+    streaks: dict[str, int] = {}
+    busy: dict[str, float] = {}
+    became = False
     if config.policy.busy is not None:
         streaks, busy, became = watch(cpu, state.busy, config.policy.busy)
     now, every = snap.measured.taken_s, config.policy.replan_interval_s
