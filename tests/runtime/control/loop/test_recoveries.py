@@ -104,6 +104,8 @@ def test_a_replaced_worker_raises_an_alert_a_decision_a_log_line_and_a_post(
     assert any(line.startswith(said) for line in lines)
     loop.once()  # seen once: not raised again
     assert len(alerts(db, run)) == 1 and posts.sent == [alert.id]
+    # the modules ran on the first tick only (nothing new since): the loop's own counter
+    assert cp.metrics.get_sample_value("dmsc_control_loop_module_runs_total") == 1.0
 
 
 def test_devices_short_of_the_replicas_are_an_alert_while_they_last() -> None:

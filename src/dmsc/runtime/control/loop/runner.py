@@ -25,8 +25,9 @@ over it (:mod:`.tick`) and acts on the result:
 
 The loop's cost is measured on every tick (wall and CPU time of the tick's thread) and kept
 in :attr:`ControlLoop.cost` and the control plane's Prometheus metrics
-(``dmsc_control_loop_tick_seconds``, ``dmsc_control_loop_cpu_seconds_total``). A tick that
-fails is logged and the loop goes on.
+(``dmsc_control_loop_tick_seconds``, ``dmsc_control_loop_cpu_seconds_total``, and
+``dmsc_control_loop_module_runs_total``: the ticks that ran the modules). A tick that fails is
+logged and the loop goes on.
 """
 
 from __future__ import annotations
@@ -164,6 +165,9 @@ class ControlLoop:
             "dmsc_control_loop_cpu_seconds_total", "CPU time of the loop's ticks", registry=reg
         )
         self.m_alerts = Counter("dmsc_control_alerts_total", "Alerts raised", ["slo"], registry=reg)
+        self.m_runs = Counter(
+            "dmsc_control_loop_module_runs_total", "Ticks that ran the modules", registry=reg
+        )
 
     # -- the thread ----------------------------------------------------------------------------
     def run(self, stopped: threading.Event) -> None:
@@ -248,6 +252,8 @@ class ControlLoop:
         c.max_wall_s = max(c.max_wall_s, wall)
         c.last_wall_s = wall
         c.modules_ran += res.modules_ran
+        if res.modules_ran:
+            self.m_runs.inc()
         self.m_tick.observe(wall)
         self.last = {**snap.summary(), "breaches": [b.slo for b in res.breaches]}
         return res
