@@ -1,5 +1,6 @@
 """What the runtime benchmarks share: a temporary data directory, the ``dmsc`` command run in
-it, a gpt-mini pp=2 x dp=2 plan on a one-box cluster of four CPU devices, and a free port."""
+it, a gpt-mini pp=2 x dp=2 plan on a one-box cluster of four CPU devices, a free port, and
+closed-loop clients of a gateway."""
 
 from __future__ import annotations
 
@@ -8,8 +9,12 @@ import socket
 import subprocess
 import sys
 import tempfile
+import threading
+import time
 from collections.abc import Callable
+from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 ONE_BOX = (
     "device_types: {cpu: {peak_tflops: {fp32: 0.1}, memory_gib: 4, memory_bw_gbyte_s: 10}}\n"
@@ -31,6 +36,49 @@ def cpu_s() -> float:
             continue
         total += t.user + t.system
     return total
+
+
+@dataclass
+class Answers:
+    """What closed-loop clients got: per answer, when it was sent (``time.time``), when it came
+    (``time.monotonic``) and its latency (``time.perf_counter``); the statuses of the others."""
+
+    sent: list[float] = field(default_factory=list)
+    ended: list[float] = field(default_factory=list)
+    latency: list[float] = field(default_factory=list)
+    errors: list[int] = field(default_factory=list)
+
+
+def closed_loop(
+    url: str, body: dict[str, Any], headers: dict[str, str], clients: int, seconds: float
+) -> Answers:
+    """``clients`` closed-loop clients POSTing ``body`` to ``url`` for ``seconds``, each on its
+    own kept-alive connection, sending the next request when the last is answered."""
+    import httpx
+
+    got = Answers()
+    lock = threading.Lock()
+    stop = time.monotonic() + seconds
+
+    def client() -> None:
+        with httpx.Client(timeout=120) as c:
+            while time.monotonic() < stop:
+                sent, t = time.time(), time.perf_counter()
+                r = c.post(url, json=body, headers=headers)
+                with lock:
+                    if r.status_code == 200:
+                        got.sent.append(sent)
+                        got.latency.append(time.perf_counter() - t)
+                        got.ended.append(time.monotonic())
+                    else:
+                        got.errors.append(r.status_code)
+
+    threads = [threading.Thread(target=client) for _ in range(clients)]
+    for th in threads:
+        th.start()
+    for th in threads:
+        th.join()
+    return got
 
 
 def free_port() -> int:

@@ -37,7 +37,7 @@ from typing import Any
 
 import httpx
 import numpy as np
-from _deployment import ONE_BOX, free_port, home_and_dmsc
+from _deployment import ONE_BOX, closed_loop, free_port, home_and_dmsc
 
 
 def _plan(home: Path, dmsc: Any, dp: int) -> Path:
@@ -75,7 +75,8 @@ def _load(base: str, key: str, steps: list[tuple[int, float]], tokens: int) -> d
     headers = {"Authorization": f"Bearer {key}"}
     for clients, seconds in steps:
         start = time.monotonic() - t0
-        lat, errors, ends = _step(f"{base}/v1/infer", body, headers, clients, seconds)
+        got = closed_loop(f"{base}/v1/infer", body, headers, clients, seconds)
+        lat, errors, ends = got.latency, got.errors, got.ended
         ended += [(e - t0, a) for e, a in zip(ends, lat, strict=True)]
         end = time.monotonic() - t0
         seen = [n for s, n in timeline if start <= s <= end] or [0]
@@ -116,37 +117,6 @@ def _worst_per_second(ended: list[tuple[float, float]]) -> dict[int, float]:
 def over_slo_s(worst: dict[int, float], slo_s: float) -> int:
     """The seconds in which the slowest answer took longer than ``slo_s``."""
     return sum(1 for latency in worst.values() if latency > slo_s)
-
-
-def _step(
-    url: str, body: dict[str, Any], headers: dict[str, str], clients: int, seconds: float
-) -> tuple[list[float], list[int], list[float]]:
-    """``clients`` closed-loop clients for ``seconds``: latencies of answers, error statuses,
-    and when each answer came (``time.monotonic``)."""
-    lat: list[float] = []
-    errors: list[int] = []
-    ends: list[float] = []
-    lock = threading.Lock()
-    stop = time.monotonic() + seconds
-
-    def client() -> None:
-        with httpx.Client(timeout=120) as c:
-            while time.monotonic() < stop:
-                t = time.perf_counter()
-                r = c.post(url, json=body, headers=headers)
-                with lock:
-                    if r.status_code == 200:
-                        lat.append(time.perf_counter() - t)
-                        ends.append(time.monotonic())
-                    else:
-                        errors.append(r.status_code)
-
-    threads = [threading.Thread(target=client) for _ in range(clients)]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join()
-    return lat, errors, ends
 
 
 def run(

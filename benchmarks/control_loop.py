@@ -85,8 +85,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-import httpx
-from _deployment import ONE_BOX, free_port, home_and_dmsc
+from _deployment import ONE_BOX, closed_loop, free_port, home_and_dmsc
 from _loop_figures import (
     alert_row,
     decision_row,
@@ -247,34 +246,6 @@ def slowed_link(mode: str, a: argparse.Namespace) -> dict[str, Any]:
 
 
 # -- 2. a stepped inference ramp ---------------------------------------------------------------
-def _clients(
-    url: str, body: dict[str, Any], headers: dict[str, str], n: int, seconds: float
-) -> tuple[list[tuple[float, float]], int]:
-    """``n`` closed-loop clients for ``seconds``: (arrival, latency) of each answer, errors."""
-    answered: list[tuple[float, float]] = []
-    errors = [0]
-    lock = threading.Lock()
-    stop = time.time() + seconds
-
-    def client() -> None:
-        with httpx.Client(timeout=120) as c:
-            while time.time() < stop:
-                t = time.time()
-                r = c.post(url, json=body, headers=headers)
-                with lock:
-                    if r.status_code == 200:
-                        answered.append((t, time.time() - t))
-                    else:
-                        errors[0] += 1
-
-    threads = [threading.Thread(target=client) for _ in range(n)]
-    for th in threads:
-        th.start()
-    for th in threads:
-        th.join()
-    return answered, errors[0]
-
-
 def ramp(mode: str, a: argparse.Namespace) -> dict[str, Any]:
     home, dmsc = home_and_dmsc(f"dmsc-loop-ramp-{mode}-")
     cluster = home / "one-box.yaml"
@@ -298,9 +269,9 @@ def ramp(mode: str, a: argparse.Namespace) -> dict[str, Any]:
         for i, (n, seconds) in enumerate(steps):
             if i == 1:
                 fault = time.time()  # the step up
-            got, err = _clients(url, body, {"Authorization": f"Bearer {key}"}, n, seconds)
-            answered += got
-            errors += err
+            got = closed_loop(url, body, {"Authorization": f"Bearer {key}"}, n, seconds)
+            answered += zip(got.sent, got.latency, strict=True)
+            errors += len(got.errors)
         end = time.time()
         time.sleep(a.interval)  # the loop's last tick sees the end
     finally:

@@ -14,8 +14,11 @@ says so and exits 2. With ``--tls`` a second deployment (a home of its own) serv
 over HTTPS (``dmsc up --tls``, a self-signed certificate), and its two targets join the same
 interleaved rounds: the cost of TLS side by side (``ratio_to_plain``: requests/s over the same
 route's over plain HTTP). Prints a table, or with --json one object: per target requests_per_s,
-latency p50/p99 in ms, non-2xx answers, and ``ratio_to_bare`` (requests/s over the bare
-endpoint's, measured in the same run).
+latency p50/p99 in ms, non-2xx answers, ``ratio_to_bare`` (requests/s over the bare
+endpoint's, measured in the same run) and ``server_cpu_us_per_request`` (the serving process's
+CPU time over the requests answered, the median of the rounds; with ``--tls``,
+``cpu_ratio_to_plain`` is plain's over HTTPS's: the requests/s one core serves, which other
+jobs on a shared machine move far less than they move requests/s).
 """
 
 from __future__ import annotations
@@ -84,13 +87,27 @@ def _pin(pid: int, cpu: int) -> None:
         subprocess.run(["taskset", "-a", "-p", "-c", str(cpu), str(pid)], capture_output=True)
 
 
-def wrk(url: str, seconds: float, connections: int, header: str | None = None) -> dict[str, float]:
+def _cpu_s(pid: int) -> float:
+    """CPU seconds so far of the process ``pid`` (all its threads)."""
+    import psutil
+
+    t = psutil.Process(pid).cpu_times()
+    return float(t.user + t.system)
+
+
+def wrk(
+    url: str, seconds: float, connections: int, header: str | None = None, pid: int | None = None
+) -> dict[str, float]:
+    """One wrk run; with ``pid``, also the server process's CPU microseconds per request."""
     cmd = ["wrk", "-t1", f"-c{connections}", f"-d{seconds:g}s", "--latency", url]
     if shutil.which("taskset") and (os.cpu_count() or 1) > 1:  # the load on its own CPU
         cmd = ["taskset", "-c", "0", *cmd]
     if header:
         cmd += ["-H", header]
+    cpu0 = _cpu_s(pid) if pid else 0.0
     out = subprocess.run(cmd, capture_output=True, text=True, check=True).stdout
+    cpu = _cpu_s(pid) - cpu0 if pid else 0.0
+    done = int(re.search(r"(\d+) requests in", out).group(1))  # type: ignore[union-attr]
     rps = float(re.search(r"Requests/sec:\s+([\d.]+)", out).group(1))  # type: ignore[union-attr]
     pct = dict(re.findall(r"^\s+(50|99)%\s+(\S+)$", out, re.M))
     bad = re.search(r"Non-2xx or 3xx responses:\s+(\d+)", out)
@@ -101,6 +118,7 @@ def wrk(url: str, seconds: float, connections: int, header: str | None = None) -
         "p99_ms": _ms(pct["99"]),
         "non_2xx": int(bad.group(1)) if bad else 0,
         "socket_errors": errors.group(1) if errors else "",  # type: ignore[dict-item]
+        "server_cpu_us_per_request": 1e6 * cpu / done if pid and done else None,  # type: ignore[dict-item]
     }
 
 
@@ -155,26 +173,34 @@ def main() -> None:
         control = json.loads((home / "control.json").read_text())["pid"]
         _pin(bare.pid, 1)
         _pin(control, 1)
+        tls_control = 0
         if args.tls:
-            _pin(json.loads((tls_home / "control.json").read_text())["pid"], 1)
+            tls_control = json.loads((tls_home / "control.json").read_text())["pid"]
+            _pin(tls_control, 1)
         targets = {
-            "bare FastAPI GET /ping": (f"http://127.0.0.1:{bport}/ping", None),
-            "dmsc GET /v1/health": (f"http://127.0.0.1:{gport}/v1/health", None),
+            "bare FastAPI GET /ping": (f"http://127.0.0.1:{bport}/ping", None, bare.pid),
+            "dmsc GET /v1/health": (f"http://127.0.0.1:{gport}/v1/health", None, control),
             "dmsc GET /v1/models (key)": (
                 f"http://127.0.0.1:{gport}/v1/models",
                 f"Authorization: Bearer {key}",
+                control,
             ),
         }
         if args.tls:
-            targets["dmsc GET /v1/health (https)"] = (f"https://127.0.0.1:{tport}/v1/health", None)
+            targets["dmsc GET /v1/health (https)"] = (
+                f"https://127.0.0.1:{tport}/v1/health",
+                None,
+                tls_control,
+            )
             targets["dmsc GET /v1/models (key, https)"] = (
                 f"https://127.0.0.1:{tport}/v1/models",
                 f"Authorization: Bearer {tls_key.strip()}",
+                tls_control,
             )
         runs: dict[str, list[dict[str, float]]] = {name: [] for name in targets}
         for _ in range(args.rounds):  # interleaved, so drift hits all targets alike
-            for name, (url, header) in targets.items():
-                runs[name].append(wrk(url, args.seconds, args.connections, header))
+            for name, (url, header, pid) in targets.items():
+                runs[name].append(wrk(url, args.seconds, args.connections, header, pid))
     finally:
         bare.terminate()
         subprocess.run([*dmsc, "down"], env=env, capture_output=True, timeout=120)
@@ -183,7 +209,14 @@ def main() -> None:
     results: dict[str, dict[str, float]] = {}
     for name, rs in runs.items():
         best = max(rs, key=lambda r: r["requests_per_s"])
-        results[name] = {**best, "all_requests_per_s": [r["requests_per_s"] for r in rs]}  # type: ignore[dict-item]
+        cpu = sorted(r["server_cpu_us_per_request"] for r in rs)
+        results[name] = {
+            **best,
+            "all_requests_per_s": [r["requests_per_s"] for r in rs],  # type: ignore[dict-item]
+            # the median over the rounds: CPU per request varies far less with the machine's
+            # other load than requests/s does
+            "server_cpu_us_per_request": cpu[len(cpu) // 2],
+        }
     bare_rps = results["bare FastAPI GET /ping"]["requests_per_s"]
     for r in results.values():
         r["ratio_to_bare"] = r["requests_per_s"] / bare_rps
@@ -191,15 +224,22 @@ def main() -> None:
         if name.endswith("https)"):
             plain = results[name.replace(", https)", ")").replace(" (https)", "")]
             r["ratio_to_plain"] = r["requests_per_s"] / plain["requests_per_s"]
+            # plain's CPU per request over HTTPS's: the requests/s one core would serve
+            r["cpu_ratio_to_plain"] = (
+                plain["server_cpu_us_per_request"] / r["server_cpu_us_per_request"]
+            )
     out = {"connections": args.connections, "seconds": args.seconds, "targets": results}
     if args.json:
         print(json.dumps(out))
         return
     print(f"wrk, {args.connections} connections, {args.seconds:g} s each, best of {args.rounds}")
     for name, r in results.items():
+        cpu = r.get("cpu_ratio_to_plain")
         print(
             f"{name:28s} {r['requests_per_s']:8.0f} req/s  x{r['ratio_to_bare']:.2f} of bare  "
-            f"p50 {r['p50_ms']:.1f} ms  p99 {r['p99_ms']:.1f} ms  non-2xx {r['non_2xx']}"
+            f"p50 {r['p50_ms']:.1f} ms  p99 {r['p99_ms']:.1f} ms  non-2xx {r['non_2xx']}  "
+            f"server CPU {r['server_cpu_us_per_request']:.0f} us/request"
+            + (f"  x{cpu:.3f} of plain (CPU)" if cpu is not None else "")
         )
 
 

@@ -10,7 +10,8 @@ drift on a shared machine hits both alike):
 - ``inference.py --tls``: greedy decoding over 2 stage processes with a KV cache; ``tls_ratio``
   is TLS tokens/s over plain, per path (1 session, N concurrent sessions).
 - ``gateway_side_by_side.py --tls``: the gateway over HTTPS (``dmsc up --tls``) against plain
-  HTTP under wrk; ``ratio_to_plain`` is HTTPS requests/s over plain (goal > 0.85).
+  HTTP under wrk; ``ratio_to_plain`` is HTTPS requests/s over plain (goal > 0.85), and
+  ``cpu_ratio_to_plain`` the gateway process's CPU per request over plain HTTP's over HTTPS's.
 
 The 1-, 5- and 15-minute load averages are recorded before and after each benchmark: on a
 shared machine a ratio is only as good as the quiet it was measured in. Prints the ratios, or
@@ -71,6 +72,12 @@ def main() -> None:
         "inference_tokens_per_s_tls_over_plain": inference["result"]["tls"]["tls_ratio"],
         "gateway_requests_per_s_https_over_plain": {
             name: t["ratio_to_plain"] for name, t in targets.items() if "ratio_to_plain" in t
+        },
+        # plain's server CPU per request over HTTPS's (the requests/s one core serves)
+        "gateway_cpu_per_request_plain_over_https": {
+            name: t["cpu_ratio_to_plain"]
+            for name, t in targets.items()
+            if "cpu_ratio_to_plain" in t
         },
     }
     out: dict[str, Any] = {

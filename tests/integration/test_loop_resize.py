@@ -73,5 +73,10 @@ def test_the_loop_grows_dp_mid_task_and_trains_as_without(tmp_path: Path) -> Non
     made_at = int(row.outcome.split("before step ")[1].split(",")[0])
     assert 3 <= made_at < STEPS  # between two of the task's steps
     assert events == [("loop-dp", 2)]
+    # the steps at each dp, each compared with its own prediction; the whole with none
+    segments = [(s["first_step"], s["dp"], s["steps"]) for s in ran["segments"]]
+    assert segments == [(0, 1, made_at), (made_at, 2, STEPS - made_at)], ran["segments"]
+    assert all(s["prediction"] for s in ran["segments"]), ran["segments"]
+    assert ran["not_comparable"].startswith("not comparable: the task ran at dp 1 -> 2"), ran
     assert len(got) == len(want) == STEPS
     assert max(abs(a - b) for a, b in zip(got, want, strict=True)) < 1e-4, (got, want)

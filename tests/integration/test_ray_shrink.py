@@ -102,6 +102,11 @@ def test_a_lost_ray_node_without_room_shrinks_dp_and_trains_as_without(tmp_path:
     assert [(e.action, e.replicas_after) for e in events] == [("lost-dp", 1)]
     why = events[0].reason
     assert "lost with its Ray node" in why and "dp 2 -> 1" in why and "dc-0" in why, why
+    # the steps at dp 2 up to the loss (0..4), then at dp 1 from the checkpoint (4..7)
+    assert [(s["first_step"], s["dp"], s["steps"]) for s in out["segments"]] == [
+        (0, 2, LOST_AFTER + 1),
+        (LOST_AFTER, 1, STEPS - LOST_AFTER),
+    ], out["segments"]
     (rec,) = out["recoveries"]
     assert rec["checkpoint_step"] == LOST_AFTER, rec
     assert len(faults) == 1 and faults[0].checkpoint_step == LOST_AFTER

@@ -424,6 +424,8 @@ def print_status(console: Console, out: StatusReply) -> None:
         console.print(loop_line(out.control), highlight=False, markup=False)
     if out.weights_lost:
         console.print(f"[bold red]weights not restored:[/] {out.weights_lost}", highlight=False)
+    if out.undeployed:
+        console.print(f"[bold red]no deployment:[/] {out.undeployed}", highlight=False)
     if out.tasks:
         tt = fit_table("task", "kind", "state")
         for task in out.tasks:

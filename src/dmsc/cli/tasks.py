@@ -216,6 +216,8 @@ def train(
         )
     else:
         console.print(train_line(out), highlight=False)
+        for line in segment_lines(out):
+            console.print(line, highlight=False)
         for r in out.recoveries:
             console.print(
                 f"recovered: replaced {', '.join(r.services) or 'nothing'} "
@@ -236,6 +238,21 @@ def train_line(out: TrainReply) -> str:
         step = f"step {step_s * 1e3:.1f} ms ({words}), {out.tokens_per_s:,.0f} tokens/s"
     loss = f"loss {out.loss_first:.3f} -> {out.loss_last:.3f}"
     return f"task {out.task}: {out.steps} steps, {loss}, {val}, {step}"
+
+
+def segment_lines(out: TrainReply) -> list[str]:
+    """What ``dmsc train`` says of each dp a task ran at, when a resize or a shrink changed it:
+    the segment's median step against the prediction for that dp and plan (none when one)."""
+    if len(out.segments) < 2:
+        return []
+    lines = []
+    for seg in out.segments:
+        step = "no step timed"
+        if seg.median_step_s is not None:
+            words = prediction_words(seg.median_step_s, seg.predicted_step_s, seg.prediction or "")
+            step = f"step {seg.median_step_s * 1e3:.1f} ms ({words})"
+        lines.append(f"  from step {seg.first_step} at dp {seg.dp}: {seg.steps} steps, {step}")
+    return lines
 
 
 def infer(

@@ -21,7 +21,8 @@ from dmsc.runtime.control.launch.failures import WorkerFailure
 from dmsc.runtime.control.launch.launchers import Launcher, Process
 from dmsc.runtime.control.launch.recovery import heal
 from dmsc.runtime.control.launch.signals import SIGNALS
-from dmsc.runtime.control.training.session import Recovering, TrainReport, train
+from dmsc.runtime.control.training.report import TrainReport
+from dmsc.runtime.control.training.session import Recovering, train
 from dmsc.runtime.transport.messages import SyncSettings
 
 Fault = Literal["kill", "freeze"]

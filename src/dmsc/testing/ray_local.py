@@ -22,7 +22,8 @@ from dmsc.data.corpus import Corpus
 from dmsc.runtime.control.launch.deployment import Deployment, StageLayout
 from dmsc.runtime.control.launch.ray_launcher import RayLauncher, ray_module
 from dmsc.runtime.control.launch.ray_private import GCS_WAIT_ENV, LOOPBACK_ENV, START_WAIT_S
-from dmsc.runtime.control.training.session import Recovering, TrainReport, train
+from dmsc.runtime.control.training.report import TrainReport
+from dmsc.runtime.control.training.session import Recovering, train
 from dmsc.testing.chaos import FaultReport
 
 NodeFault = Literal["lose", "partition"]

@@ -232,8 +232,13 @@ def header_deadline_protocol(seconds: float) -> type:
     previous response) is closed. uvicorn times out idle keep-alive connections but not a
     request that trickles in, so without this a few hundred slow clients hold as many
     connections open for as long as they like (and ``limit_concurrency`` then turns everyone
-    else away). Subclassing is the hook uvicorn offers (``Config(http=...)``)."""
+    else away). Subclassing is the hook uvicorn offers (``Config(http=...)``).
+
+    Its transport joins the writes of one loop turn (:mod:`~dmsc.runtime.business.coalescing`),
+    so an answer's headers and body leave in one write, over HTTPS in one TLS record."""
     from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
+
+    from dmsc.runtime.business.coalescing import Coalescing
 
     class HeaderDeadline(HttpToolsProtocol):
         _timer: asyncio.TimerHandle | None = None
@@ -253,7 +258,7 @@ def header_deadline_protocol(seconds: float) -> type:
                 self.transport.close()
 
         def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
-            super().connection_made(transport)
+            super().connection_made(Coalescing(transport, self.loop))  # type: ignore[arg-type]
             self._arm()
 
         def on_message_begin(self) -> None:

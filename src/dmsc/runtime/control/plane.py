@@ -40,7 +40,7 @@ from dmsc.data.tokenizer import tokenizer_for
 from dmsc.data.traces import latest_worker_cpu
 from dmsc.planner.plan import Plan
 from dmsc.runtime.control import dashboard_state, status
-from dmsc.runtime.control.advisors.prediction import Prediction, TaskPredictions, prediction_for
+from dmsc.runtime.control.advisors.prediction import Prediction, TaskPredictions, predict_segments
 from dmsc.runtime.control.launch import fallback, signals
 from dmsc.runtime.control.launch.deployment import Checkpoint, Deployment
 from dmsc.runtime.control.launch.fallback import NoGoodCheckpoint, Restored
@@ -55,15 +55,11 @@ from dmsc.runtime.control.tasks.door import Door
 from dmsc.runtime.control.training.corpora import TaskTexts, inside_roots
 from dmsc.runtime.control.training.local_data import load_task_shards
 from dmsc.runtime.control.training.params import TrainParams, task_params
+from dmsc.runtime.control.training.report import TrainReport
 from dmsc.runtime.control.training.residency import check_task
 from dmsc.runtime.control.training.resize import Between, record_resize, resize, resized_plan
 from dmsc.runtime.control.training.retention import Retention
-from dmsc.runtime.control.training.session import (
-    Recovering,
-    TrainReport,
-    layout_from_plan,
-    train_task,
-)
+from dmsc.runtime.control.training.session import Recovering, layout_from_plan, train_task
 from dmsc.runtime.control.training.shrink import Shrink
 from dmsc.runtime.transport.messages import (
     DownRequest,
@@ -164,6 +160,7 @@ class ControlPlane:
         self.batches = infer_batch.Batches(self.door, self.calls, self.consumers, self.stopped)
         # Set when no checkpoint could restore the workers: training is refused (see start).
         self.weights_lost: str | None = None
+        self.undeployed: str | None = None  # no workers after a failed shrink (.training.shrink)
         self.unrestored: set[int] = set()  # replicas kept out of routing for that reason
         self.interrupted: set[int] = set()  # tasks a crash cut short, to resume
 
@@ -227,8 +224,8 @@ class ControlPlane:
         dep, down = self.deployment, self.inference.down
         out = status.report(dep, self.db, self.run.id, self.plan, self.steps_done, down)
         out["queue"] = self.queue_policy
-        if self.weights_lost:
-            out["weights_lost"] = self.weights_lost
+        lost = {"weights_lost": self.weights_lost, "undeployed": self.undeployed}
+        out.update({k: v for k, v in lost.items() if v})  # each only when so
         return out
 
     def train_params(self, req: TrainRequest) -> TrainParams:
@@ -304,6 +301,8 @@ class ControlPlane:
                 f"training refused: {self.weights_lost} (`dmsc down` and `dmsc up` start a new "
                 "run with fresh weights)"
             )
+        if self.undeployed:  # a failed shrink left no workers: a deployment first
+            self.shrink.redeploy()
         schedule: Schedule = "gpipe" if self.plan.job.schedule == "gpipe" else "1f1b"
         start, older = self.inference.lineage(self.checkpoints(), self.steps_done), []
         if params.first_step is not None:  # it ran before: resume
@@ -333,6 +332,7 @@ class ControlPlane:
             self._restore_after_loss()
             raise
         self.steps_done = report.end_step
+        predict_segments(report, self.plan, self.cluster, self.model, params)
         self.db.set_task_result(task_id, status.result_of(report, self.db, self.plan, task_id))
         for r in report.recoveries:
             self.log.warning("recovered from a failure: %s", r.reason, extra={"task_id": task_id})
@@ -393,23 +393,21 @@ class ControlPlane:
                 pause=pause,
                 swap=self.between,
                 shrink=self.shrink,  # replicas a lost node took, dropped (.training.shrink)
+                plan_now=lambda: self.plan,  # the plan each segment of steps ran on
             )
 
     def train(self, req: TrainRequest, gone: threading.Event | None = None) -> dict[str, Any]:
-        """The Train call: queued as the gateway's tasks are (.tasks.door), waited for until it
-        ends; ``gone`` set (the caller left) cancels it. One attempt: a failure is the caller's."""
-        task, params = self.door.submit(req, max_attempts=1, wait=True)
+        """The Train call: the task queued as the gateway's are (.tasks.door), then waited for
+        until it ends; ``gone`` set (the caller went away) cancels it. It has one attempt: the
+        caller sees a failure, as the task does."""
+        task, _ = self.door.submit(req, max_attempts=1, wait=True)
         ended = partial(self.door.ended, task.id)  # no consumer runs: this thread works
         self.consumers.drive(self.queue, req.lane, ended)
         report, version, state = self.door.wait(task.id, gone)
         for s in report.step_s:
             self.m_step.observe(s)
-        # the prediction for the job that ran (its batch, micro-batches and dp), or why none
-        ran = prediction_for(
-            self.plan, self.cluster, self.model, params.batch, params.microbatches, self.plan.job.dp
-        )
         out = {"task": task.id, "state": state, "model_version": version}
-        return {**out, **report.as_json(), **ran.as_json()}
+        return {**out, **report.as_json()}  # with the predictions of the job that ran (_run_task)
 
     def submit_task(self, req: TrainRequest, tenant: str) -> TaskRecord:
         """The gateway's ``POST /v1/tasks``: the task resolved and queued (BadRequest says what
@@ -476,7 +474,8 @@ class ControlPlane:
         return status.services(self.deployment)
 
     def dashboard(self, tenant: str | None = None) -> dict[str, Any]:
-        """What the operator's pages draw (:mod:`.dashboard_state`): ``tenant``'s rows, or all."""
+        """What the operator's pages draw (:mod:`.dashboard_state`): ``tenant``'s rows alone, or
+        every tenant's (None)."""
         return dashboard_state.dashboard_state(
             self.db,
             self.plan,

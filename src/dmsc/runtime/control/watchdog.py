@@ -47,6 +47,7 @@ class Healed(Protocol):
     stopped: threading.Event
     unrestored: set[int]
     weights_lost: str | None
+    undeployed: str | None  # a failed shrink left no workers: nothing to heal
     steps_done: int
 
     def checkpoints(self, task_id: int | None = None) -> list[Checkpoint]: ...
@@ -57,7 +58,10 @@ class Healed(Protocol):
 
 
 def heal_once(cp: Healed) -> None:
-    """One round: find failed workers and heal their replicas (the caller holds ``cp.lock``)."""
+    """One round: find failed workers and heal their replicas (the caller holds ``cp.lock``);
+    none while a failed shrink left no deployment (the next training task redeploys)."""
+    if cp.undeployed:
+        return
     dep, replicas = cp.deployment, cp.inference
     found = dep.suspects()
     found.update({k: v for k, v in dep.probe(dep.registry.ttl_s).items() if k not in found})

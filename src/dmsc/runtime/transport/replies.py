@@ -168,6 +168,7 @@ class StatusReply(Reply):
     spares: list[SpareState]
     nodes: list[NodeState] = []  # the machines under the services, with their totals
     weights_lost: str | None = None  # set only when no checkpoint could restore the workers
+    undeployed: str | None = None  # set only while a failed shrink left no workers
     queue: Literal["fcfs", "priority", "fair"] | None = None  # the task queue's policy
     modes_task: int | None = None  # the training task whose communication ``modes`` compares
     modes: list[ModeState] = []
@@ -185,8 +186,22 @@ class RecoveryState(Reply):
     checkpoint_step: int
 
 
+class SegmentState(Reply):
+    """Steps a training task ran at one dp, on one layout: their median against the prediction
+    for that dp and plan (``not_comparable``: why there is none)."""
+
+    first_step: int
+    dp: int
+    steps: int
+    median_step_s: float | None
+    predicted_step_s: float | None = None
+    prediction: str | None = None
+    not_comparable: str | None = None
+
+
 class TrainReply(Reply):
-    """``Train``: the task, how it ended, what it trained, and the prediction of its job."""
+    """``Train``: the task, how it ended, what it trained, and the prediction of its job (of each
+    dp it ran at, in ``segments``, when a resize or a shrink changed it)."""
 
     task: int
     state: Literal["done", "cancelled"]
@@ -206,6 +221,7 @@ class TrainReply(Reply):
     predicted_step_s: float | None
     prediction: str  # the prediction's basis, or why there is none
     not_comparable: str | None
+    segments: list[SegmentState] = []  # one per layout the steps ran on, in order
 
 
 # -- dmsc.Control: Infer and InferStream -----------------------------------------------------------

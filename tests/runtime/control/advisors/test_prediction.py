@@ -9,7 +9,9 @@ from runtime_helpers import MEASURED_CPU
 
 from dmsc.planner.solve import plan_job
 from dmsc.runtime.compute.calibrate import calibrated_cluster
-from dmsc.runtime.control.advisors.prediction import prediction_for
+from dmsc.runtime.control.advisors.prediction import predict_segments, prediction_for
+from dmsc.runtime.control.training.params import TrainParams
+from dmsc.runtime.control.training.report import TrainReport
 from dmsc.runtime.control.training.resize import resized_plan
 from dmsc.spec import ClusterSpec, JobSpec, TransformerSpec, load_spec, resolve_model
 
@@ -93,3 +95,68 @@ def test_the_train_line_names_what_it_compares_with() -> None:
     )
     words = prediction_words(0.3, 0.2, "re-estimated for batch 32 in 4 micro-batches at dp 1")
     assert words.startswith("predicted 200.0 ms, re-estimated for batch 32 in 4 micro-batches")
+
+
+def test_a_task_that_changed_dp_is_compared_segment_by_segment(model: TransformerSpec) -> None:
+    """A task that grew from dp 1 to dp 2 between two steps (or shrank after a lost node) was
+    compared, all its steps together, with the final dp's prediction only. Each segment of one
+    dp is now compared with the prediction for its own dp and plan; the whole with none."""
+    cluster = _cluster(CLUSTERS / "three-sites-cpu.yaml")
+    plan = plan_job(cluster, model, JOB, fixed=True).plan
+    resized = resized_plan(plan, model, cluster, 2)
+    params = TrainParams(steps=6, batch=16, microbatches=4, checkpoint_every=0,
+                         late_policy="wait", grad_wait_s=1.0)  # fmt: skip
+    report = TrainReport(6)
+    report.segment(0, 1, plan)
+    for dt in (0.30, 0.31, 0.29):
+        report.timed(dt)
+    report.segment(3, 2, resized)  # the loop's resize before step 3
+    for dt in (0.20, 0.21, 0.19):
+        report.timed(dt)
+    predict_segments(report, resized, cluster, model, params)
+    first, second = report.as_json()["segments"]
+    assert (first["first_step"], first["dp"], first["steps"]) == (0, 1, 3)
+    assert first["median_step_s"] == 0.30 and second["median_step_s"] == 0.20
+    assert first["predicted_step_s"] == plan.prediction.iteration_time_s  # dp 1's own plan
+    assert first["prediction"] == "the plan's"
+    assert second == {
+        "first_step": 3,
+        "dp": 2,
+        "steps": 3,
+        "median_step_s": 0.20,
+        **prediction_for(resized, cluster, model, 16, 4, 2).as_json(),
+    }
+    whole = report.as_json()
+    assert whole["predicted_step_s"] is None and whole["median_step_s"] == 0.21
+    assert whole["not_comparable"].startswith("not comparable: the task ran at dp 1 -> 2")
+    # a task that kept its dp: one segment, compared as before, with the plan's prediction
+    kept = TrainReport(3)
+    kept.segment(0, 1, plan)
+    kept.timed(0.3)
+    predict_segments(kept, plan, cluster, model, params)
+    assert kept.as_json()["predicted_step_s"] == plan.prediction.iteration_time_s
+    assert kept.as_json()["segments"][0]["predicted_step_s"] == plan.prediction.iteration_time_s
+
+
+def test_the_train_output_shows_each_segment_against_its_prediction() -> None:
+    from dmsc.cli.tasks import segment_lines
+    from dmsc.runtime.transport.replies import SegmentState, TrainReply
+
+    seg = [
+        SegmentState(first_step=0, dp=2, steps=4, median_step_s=0.3, predicted_step_s=0.25,
+                     prediction="the plan's"),
+        SegmentState(first_step=4, dp=1, steps=4, median_step_s=0.5, predicted_step_s=None,
+                     prediction="not comparable: why", not_comparable="not comparable: why"),
+    ]  # fmt: skip
+    reply = TrainReply(
+        task=1, state="done", model_version=1, steps=8, loss_first=5.0, loss_last=4.0,
+        val_start=5.0, val_end=4.0, median_step_s=0.4, tokens_per_s=100.0, recoveries=[],
+        steps_lost=0, restarts=0, skipped=[], sync={}, predicted_step_s=None,
+        prediction="not comparable: the task ran at dp 2 -> 1", not_comparable="x", segments=seg,
+    )  # fmt: skip
+    assert segment_lines(reply) == [
+        "  from step 0 at dp 2: 4 steps, step 300.0 ms (predicted 250.0 ms: measured 20.0% "
+        "slower than predicted)",
+        "  from step 4 at dp 1: 4 steps, step 500.0 ms (not comparable: why)",
+    ]
+    assert segment_lines(reply.model_copy(update={"segments": seg[:1]})) == []

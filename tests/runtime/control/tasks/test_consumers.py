@@ -20,7 +20,7 @@ from dmsc.runtime.control.tasks.lanes import Handoff
 from dmsc.runtime.control.tasks.task_queue import Policy, TaskQueue
 from dmsc.runtime.control.tasks.work_loop import work_queue
 from dmsc.runtime.control.training.params import TrainParams, task_params
-from dmsc.runtime.control.training.session import TrainReport
+from dmsc.runtime.control.training.report import TrainReport
 from dmsc.runtime.transport.messages import TrainRequest
 
 PLAN = local_plan()

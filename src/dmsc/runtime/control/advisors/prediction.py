@@ -12,6 +12,11 @@ measured is compared with:
 - nothing ("not comparable", with the reason) when the job differs and there is no cluster spec
   to re-estimate on, when the re-estimate fails, or when the cluster's devices were never
   measured (a spec of guessed figures, such as ``local-cpu`` before ``dmsc calibrate``).
+
+A task whose dp changed while it ran (a resize between steps, a shrink after a lost node) has
+steps of several jobs: each segment of one dp (:mod:`dmsc.runtime.control.training.report`) is
+compared with the prediction for its own dp on the plan it ran on (:func:`predict_segments`),
+and the task's median as a whole with none (its steps mix jobs).
 """
 
 from __future__ import annotations
@@ -23,6 +28,8 @@ from typing import Any
 from dmsc.data.db import TaskRecord
 from dmsc.netmodel import DEFAULT_CALIBRATION
 from dmsc.planner.plan import Plan
+from dmsc.runtime.control.training.params import TrainParams
+from dmsc.runtime.control.training.report import TrainReport
 from dmsc.spec import ClusterSpec, JobSpec, LayerListSpec, SpecError, TransformerSpec
 
 SAME_REL = 0.01  # a re-estimate within 1% of the plan's is the plan's figure
@@ -157,3 +164,35 @@ class TaskPredictions:
             params = json.loads(task.params_json or "{}")
             self._kept[key] = (plan, task_prediction(plan, cluster, model, params))
         return self._kept[key][1]
+
+
+def predict_segments(
+    report: TrainReport,
+    plan: Plan,
+    cluster: ClusterSpec | None,
+    model: TransformerSpec | LayerListSpec,
+    params: TrainParams,
+) -> None:
+    """Set the prediction of each of ``report``'s segments (the task's batch in its
+    micro-batches, ``params``, at the segment's dp, on the plan it ran on: ``plan``, the one in
+    force now, when the session was not told) and of the task as a whole: ``plan``'s job when
+    every segment ran at its dp, none when the dp changed (module docstring)."""
+    made: dict[tuple[int, int], Prediction] = {}  # by (plan, dp): each re-estimate once
+
+    def predict(on: Plan, dp: int) -> Prediction:
+        key = (id(on), dp)
+        if key not in made:
+            made[key] = prediction_for(on, cluster, model, params.batch, params.microbatches, dp)
+        return made[key]
+
+    for seg in report.segments:
+        seg.prediction = predict(seg.plan or plan, seg.dp).as_json()
+    dps = [seg.dp for seg in report.segments]
+    if any(dp != plan.job.dp for dp in dps):
+        ran = " -> ".join(str(dp) for dp in dps)
+        whole = Prediction(
+            None, f"not comparable: the task ran at dp {ran}; each segment has its own prediction"
+        )
+    else:  # the plan's job, as for a task that never changed dp
+        whole = predict(plan, plan.job.dp)
+    report.prediction = whole.as_json()

@@ -113,8 +113,12 @@ def health(
     """Ask every worker of ``keys`` (default all) for Health at once: the answers, and why each
     worker that gave none did not."""
     keys = list(ws.clients) if keys is None else list(keys)
-    futures = {k: ws.clients[k].send_future("Health", Health(), timeout_s) for k in keys}
-    answers, silent = {}, {}
+    answers, silent, futures = {}, {}, {}
+    for k in keys:
+        try:
+            futures[k] = ws.clients[k].send_future("Health", Health(), timeout_s)
+        except ValueError:  # grpc's "Channel closed!": a stopped deployment (a failed shrink's)
+            silent[k] = "its channel is closed: the deployment was stopped"
     for k, fut in futures.items():
         try:
             reply = fut.result()

@@ -21,7 +21,7 @@ from dmsc.data.db import TaskRecord
 from dmsc.runtime.business.queueing import TaskFinished
 from dmsc.runtime.control.tasks.task_queue import FINISHED, TaskQueue
 from dmsc.runtime.control.training.params import TrainParams
-from dmsc.runtime.control.training.session import TrainReport
+from dmsc.runtime.control.training.report import TrainReport
 from dmsc.runtime.transport.messages import TrainRequest
 from dmsc.runtime.transport.rpc import Abandoned
 

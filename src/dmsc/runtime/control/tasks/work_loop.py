@@ -33,8 +33,8 @@ from dmsc.runtime.control.tasks import lanes
 from dmsc.runtime.control.tasks.task_queue import Policy, TaskQueue
 from dmsc.runtime.control.training import recalibration
 from dmsc.runtime.control.training.params import TrainParams
+from dmsc.runtime.control.training.report import TrainReport
 from dmsc.runtime.control.training.retention import QuotaExceeded
-from dmsc.runtime.control.training.session import TrainReport
 from dmsc.runtime.transport.messages import TrainRequest
 from dmsc.runtime.transport.rpc import parse
 from dmsc.spec import ClusterSpec

@@ -4,8 +4,11 @@
   against the plan once, when it is submitted;
 - :mod:`.corpora`: a task's text: inside the control plane's data roots, read once;
 - :mod:`.session`: the training session (steps, validation, checkpoints, recovery, metrics);
+- :mod:`.report`: what a session reports, its steps cut in segments of one dp each;
 - :mod:`.resize`: the task's data-parallel degree grown or shrunk between checkpoints;
 - :mod:`.shrink`: the replicas a lost node took, dropped when no node has room for them;
+- :mod:`.online`: the cluster spec cut down to the devices online, for the shrink's re-plan;
+- :mod:`.restart`: a layout started again at the largest dp that starts (the shrink's fallback);
 - :mod:`.local_data`: each datacenter's replicas train on their own shard of the task's files;
 - :mod:`.lr_schedule`: the learning rate of each step;
 - :mod:`.retention`: how many checkpoints a task keeps and how many bytes a tenant's may take;
@@ -13,8 +16,9 @@
   checkpoints are stored) and on a move of the deployment;
 - :mod:`.recalibration`: after a task, its traces refit the cluster spec its plan was made for.
 
-Imports run one way: ``shrink -> resize -> session -> params, lr_schedule, retention``,
-``local_data -> params`` and ``recalibration -> session, params``; ``corpora``, ``params``,
+Imports run one way: ``shrink -> online, restart``, ``shrink, online -> resize -> session ->
+params, report, lr_schedule, retention``, ``local_data -> params`` and ``recalibration ->
+report, params``; ``corpora``, ``report``, ``params``,
 ``lr_schedule``, ``retention`` and ``residency`` import none of the others.
 Below this package only :mod:`..launch`; it never imports :mod:`..serving` (nor serving this
 one).

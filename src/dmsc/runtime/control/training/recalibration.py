@@ -18,7 +18,7 @@ from dmsc.data.calibrations import fit_task, record_fit
 from dmsc.data.db import Database
 from dmsc.planner.plan import Plan
 from dmsc.runtime.control.training.params import TrainParams
-from dmsc.runtime.control.training.session import TrainReport
+from dmsc.runtime.control.training.report import TrainReport
 from dmsc.spec import ClusterSpec
 
 

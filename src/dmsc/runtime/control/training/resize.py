@@ -99,7 +99,7 @@ def check_online(plan: Plan, online: Mapping[str, int] | None) -> None:
         raise ValueError(f"dp {plan.job.dp}: the re-plan puts {said}")
 
 
-def _restarter(dep: Deployment) -> Callable[[StageLayout], Deployment]:
+def restarter(dep: Deployment) -> Callable[[StageLayout], Deployment]:
     """Stop ``dep``; what starts a layout with the launcher and settings it had (a started
     deployment, stopped again when it fails to start)."""
     settings = {
@@ -138,7 +138,7 @@ def resize(
     old layout starts again from the same checkpoint: (that deployment, the error)."""
     ckpt = dep.checkpoint(step, folder)
     old_layout = dep.layout
-    start = _restarter(dep)
+    start = restarter(dep)
 
     def started(layout: StageLayout) -> Deployment:
         new = start(layout)
@@ -156,18 +156,20 @@ def resize(
 
 
 def restart_from(
-    dep: Deployment,
+    start: Callable[[StageLayout], Deployment],
+    old: StageLayout,
     new_plan: Plan,
     model: TransformerSpec,
     device: str,
     candidates: Sequence[Checkpoint],
 ) -> tuple[Deployment, Restored]:
-    """Stop ``dep`` (it lost workers that cannot be replaced: it cannot checkpoint) and start
-    ``new_plan``'s layout with the newest of ``candidates`` (newest first) that verifies loaded
+    """Start ``new_plan``'s layout with ``start`` (:func:`restarter` of a deployment that lost
+    workers that cannot be replaced: it cannot checkpoint; ``old`` its layout) and load the
+    newest of ``candidates`` (newest first) that verifies
     (:func:`~dmsc.runtime.control.launch.fallback.restore_newest`: none that does is the
-    caller's to refuse). Nothing starts again when the new layout cannot: the old one lost its
-    room, and the error propagates."""
-    new = _restarter(dep)(_layout(new_plan, model, device, dep.layout))
+    caller's to refuse). When the new layout cannot start, the error propagates (and nothing
+    of it is left running): the caller may try another (:mod:`.restart`)."""
+    new = start(_layout(new_plan, model, device, old))
     try:
         return new, restore_newest(new, candidates)
     except BaseException:
@@ -177,8 +179,8 @@ def restart_from(
 
 def record_resize(db: Database, run_id: int, action: str, why: str, plan: Plan) -> None:
     """The change (``train-dp``: a task's new dp; ``loop-dp``: the control loop's resize;
-    ``lost-dp``: a task's shrink after a lost node (:mod:`.shrink`); ``move``: a move the
-    orchestrator applied)
+    ``lost-dp``: a task's shrink after a lost node (:mod:`.shrink`); ``redeploy``: a layout
+    started again after a shrink that started none; ``move``: a move the orchestrator applied)
     among the deployment's scale events, shown on the dashboard."""
     where = [[st.index, r.datacenter, r.devices] for st in plan.stages for r in st.replicas]
     db.add(

@@ -32,7 +32,6 @@ from dmsc.data.corpus import Corpus
 from dmsc.data.db import CheckpointRecord, Database, FaultRecord
 from dmsc.data.traces import record_step
 from dmsc.planner.plan import Plan
-from dmsc.runtime.compute.privacy import PrivacyLedger
 from dmsc.runtime.control.launch import recovery
 from dmsc.runtime.control.launch.deployment import Checkpoint, Deployment, StageLayout
 from dmsc.runtime.control.launch.failures import StepRestartNeeded, WorkerFailure
@@ -41,6 +40,7 @@ from dmsc.runtime.control.launch.launchers import WorkerStartError
 from dmsc.runtime.control.launch.recovery import Recovery
 from dmsc.runtime.control.training.lr_schedule import lr_at
 from dmsc.runtime.control.training.params import TrainParams
+from dmsc.runtime.control.training.report import TrainReport
 from dmsc.runtime.control.training.retention import Retention, check_quota, prune
 from dmsc.runtime.transport.messages import (
     DEFAULT_GRAD_WAIT_S,
@@ -90,83 +90,6 @@ def layout_from_plan(
         lr=lr,
         sids=[st.sid for st in plan.stages],
     )
-
-
-@dataclass
-class TrainReport:
-    steps: int
-    losses: list[float] = field(default_factory=list)  # by step, as finally applied
-    step_s: list[float] = field(default_factory=list)
-    val_start: float | None = None
-    val_end: float | None = None
-    tokens_per_step: int = 0
-    first_step: int = 0
-    recoveries: list[Recovery] = field(default_factory=list)
-    steps_lost: int = 0  # steps run again after recoveries
-    restarts: int = 0  # steps dropped by a stage leader and run again
-    skipped: list[tuple[int, int, int]] = field(default_factory=list)  # step, stage, replica
-    checkpoint: Checkpoint | None = None  # the last one taken (or gone back to)
-    cancelled: bool = False  # stopped before its last step (``stop`` said so)
-    end_step: int = 0  # the step the weights are at when the session ends
-    sync: SyncSettings | None = None  # how the replicas agreed (None: every step, plain)
-    dp_bytes: int = 0  # what the replicas sent each other (gradients, updates), all steps
-    rounds: int = 0  # the times they agreed (steps, or rounds of the sync mode)
-
-    @property
-    def median_step_s(self) -> float:
-        s = sorted(self.step_s[len(self.step_s) // 5 :] or self.step_s)  # skip warm-up steps
-        return s[len(s) // 2]
-
-    def as_json(self) -> dict[str, Any]:
-        """What ``dmsc train`` and the Train call answer about the session."""
-        timed = bool(self.step_s)
-        return {
-            "steps": self.end_step - self.first_step,
-            "loss_first": self.losses[0] if self.losses else None,
-            "loss_last": self.losses[-1] if self.losses else None,
-            "val_start": self.val_start,
-            "val_end": self.val_end,
-            "median_step_s": self.median_step_s if timed else None,
-            "tokens_per_s": self.tokens_per_step / self.median_step_s if timed else None,
-            "recoveries": [
-                {
-                    "services": r.failed,
-                    "reason": r.reason,
-                    "detected_at": r.detected_at,
-                    "recovered_after_s": r.recovered_at - r.detected_at,
-                    "checkpoint_step": r.checkpoint_step,
-                }
-                for r in self.recoveries
-            ],
-            "steps_lost": self.steps_lost,
-            "restarts": self.restarts,
-            "skipped": self.skipped,
-            "sync": self.sync_json(),
-        }
-
-    def sync_json(self) -> dict[str, Any]:
-        """The sync mode, the bytes it moved, and the privacy spent (epsilon at the task's
-        delta, from the accountant) when its updates were clipped and noised."""
-        s = self.sync or SyncSettings()
-        steps = max(1, len(self.losses))
-        out: dict[str, Any] = {
-            "mode": s.mode if not s.outer else f"{s.mode}:{s.inner_steps}",
-            "compress": s.compress,
-            "aggregator": s.aggregator,
-            "secure": s.secure,
-            "local_data": s.local_data,
-            "task_heads": s.task_heads,
-            "dp_bytes": self.dp_bytes,
-            "bytes_per_step": self.dp_bytes / steps,
-            "rounds": self.rounds,
-        }
-        if s.privacy_clip is not None:
-            ledger = PrivacyLedger(s.privacy_noise, s.privacy_clip, rounds=self.rounds)
-            privacy = ledger.as_json(s.privacy_delta)
-            if privacy["epsilon"] == float("inf"):  # no noise: no guarantee (JSON has no inf)
-                privacy["epsilon"] = None  # type: ignore[assignment]
-            out["privacy"] = privacy
-        return out
 
 
 def validation_loss(
@@ -244,6 +167,7 @@ def train(
     pause: Callable[[int], int] | None = None,
     swap: Callable[[int], Deployment | None] | None = None,
     shrink: ShrinkHook | None = None,
+    plan_now: Callable[[], Plan] | None = None,
 ) -> TrainReport:
     """Run steps ``first_step`` .. ``first_step + steps - 1``; validation loss before and after.
     ``turn()`` is held around each step and validation (the replicas' fair locks: inference
@@ -265,10 +189,16 @@ def train(
     after ``pause``, may resize the deployment there (:class:`~.resize.Between`): it returns
     the deployment the weights now are on, and the session goes on there after a checkpoint.
     ``shrink``, called when a recovery cannot start a replacement (no room: a lost Ray node),
-    drops the failed replicas and returns the deployment to go on with (or raises)."""
+    drops the failed replicas and returns the deployment to go on with (or raises).
+    ``plan_now()``, asked where the steps begin and after each resize or shrink, names the plan
+    in force: each layout's steps are a segment of the report (:mod:`.report`)."""
     rec = recovering or Recovering()
     end = first_step + steps
     report = TrainReport(steps, tokens_per_step=batch * dep.layout.model.seq, first_step=first_step)
+
+    def segment(at: int) -> None:  # the steps from ``at`` run on ``dep``'s layout
+        report.segment(at, dep.layout.replicas, plan_now() if plan_now is not None else None)
+
     report.sync = sync
     rounds_of = sync.inner_steps if sync is not None and sync.outer else 1
     local = sync is not None and sync.local_data
@@ -332,6 +262,7 @@ def train(
             if shrink is None:
                 raise
             dep, r = shrink(dep, failure, exc, history[::-1], every)
+            segment(r.checkpoint_step)
         report.recoveries.append(r)
         lost = at_step - r.checkpoint.step if r.checkpoint is not None else 0
         if recorded:
@@ -366,6 +297,7 @@ def train(
                 report.val_start = validation_loss(dep, valid, batch, microbatches)
     losses: dict[int, float] = {}
     step = history[-1].step
+    segment(step)  # where the steps begin (a resumed task: at the checkpoint it went back to)
 
     def roll_back(failure: WorkerFailure, at_step: int) -> int:
         back = bring_back(failure, at_step).step
@@ -388,6 +320,7 @@ def train(
                     del history[:-1]
             if swap is not None and (resized := swap(step)) is not None:
                 dep = resized  # the same weights at this step, on another layout
+                segment(step)
                 save(step)
                 del history[:-1]  # a rollback never goes back to the old layout's files
             x, y = (None, None) if local else corpus.batch(step, batch)
@@ -419,7 +352,7 @@ def train(
             losses[step] = out["loss"]
             report.dp_bytes += out.get("dp_bytes", 0)
             report.rounds += 1 if outer or not in_rounds else 0
-            report.step_s.append(dt)
+            report.timed(dt)
             report.skipped += [(step, st, r) for st, r in out.get("skipped", [])]
             if logged:
                 assert db is not None and task_id is not None
@@ -468,6 +401,7 @@ def train_task(
     pause: Callable[[int], int] | None,
     swap: Callable[[int], Deployment | None] | None = None,
     shrink: ShrinkHook | None = None,
+    plan_now: Callable[[], Plan] | None = None,
 ) -> TrainReport:
     """:func:`train` a task from its stored parameters, from step ``first``, at the learning
     rate of its schedule (:mod:`.lr_schedule`)."""
@@ -496,4 +430,5 @@ def train_task(
         pause=pause,
         swap=swap,
         shrink=shrink,
+        plan_now=plan_now,
     )
