@@ -44,8 +44,8 @@ def judge(
     new = [
         f
         for f in faults
-        if f.kind == KIND and f.detected_s >= since_s and f.id not in alerted and f.id
-    ]
+        if f.kind == KIND and f.id and f.id not in alerted and f.detected_s >= since_s
+    ]  # a fault of no row (id 0) is not one the runtime recorded
     back = [f for f in faults if f.id in open_ and f.recovered_s is not None]
     return new, back
 
