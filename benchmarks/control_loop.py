@@ -59,7 +59,7 @@ run left (``control_decisions``, ``alerts``, ``scale_events``, ``metrics``, ``fa
   step_time_s``, ``scale out (autoscaler)``...), and ``autoscaler_out_s``: when the autoscaler
   added a replica of its own;
 - per scenario also: ``window_s`` (the work's wall time, fault to end), median steps, the
-  runtime's own fault row (lost device), the workers' CPU % (busy node).
+  runtime's own fault row (lost device), the workers' CPU % and their node's (busy node).
 
 The machine is shared: the load average before and after is recorded (as benchmarks/tls_cost.py
 does). Prints a table, or with --json one object with the same figures
@@ -377,9 +377,12 @@ def busy_node(mode: str, a: argparse.Namespace) -> dict[str, Any]:
     k = info["at_step"]
     slo = _step_slo(a, "busy", steps[1:k])
     cpu: dict[str, list[float]] = {"before": [], "during": []}  # from their step traces
+    node: dict[str, list[float]] = {"before": [], "during": []}  # their node's, all cores
     for t in step_traces(db, task):
         if t.cpu_percent is not None and t.step >= 1:
             cpu["before" if t.step < k else "during"].append(t.cpu_percent)
+        if t.node_cpu_percent is not None and t.step >= 1:
+            node["before" if t.step < k else "during"].append(t.node_cpu_percent)
     out = loop_figures(info["fault_s"], _rows(db))
     out.update(
         slo_s=slo,
@@ -387,6 +390,7 @@ def busy_node(mode: str, a: argparse.Namespace) -> dict[str, Any]:
         window_s=info["end_s"] - info["fault_s"],
         median_step_s={"before": _median(steps[1:k]), "during": _median(steps[k:])},
         worker_cpu_percent={w: _median(v) for w, v in cpu.items()},
+        node_cpu_percent={w: _median(v) for w, v in node.items()},
         burners=a.burners_per_core * (os.cpu_count() or 1),
     )
     _done(home, a)
