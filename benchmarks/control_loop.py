@@ -16,7 +16,8 @@ fault is injected at the same point of the same work in both.
    tasks, ``--link-steps`` and ``--link-after-steps``, ``--gap`` seconds apart (the loop applies
    a move between tasks only). Objective ``step_time_s`` at ``--link-slo`` with the action
    ``move`` (benchmarks/results/replan.json: 0.33 s a step at the nominal link, 0.89 s slowed);
-   the policy's ``confirm_ticks`` is ``--confirm-ticks``.
+   the policy's ``confirm_ticks`` is ``--confirm-ticks``, its ``replan_interval_s``
+   ``--replan-interval``.
 2. **stepped inference ramp** (``ramp``): gpt-mini pp=2 x dp=1 on one box of four CPU devices
    (benchmarks/_deployment.py), ``dmsc up --gateway``, closed-loop clients through
    ``POST /v1/infer`` in steps (``--ramp``: clients x seconds); the fault is the step up. On:
@@ -58,7 +59,7 @@ run left (``control_decisions``, ``alerts``, ``scale_events``, ``metrics``, ``fa
   step_time_s``, ``scale out (autoscaler)``...), and ``autoscaler_out_s``: when the autoscaler
   added a replica of its own;
 - per scenario also: ``window_s`` (the work's wall time, fault to end), median steps, the
-  runtime's own fault row (lost device), the workers' CPU % (busy node).
+  runtime's own fault row (lost device), the workers' CPU % and their node's (busy node).
 
 The machine is shared: the load average before and after is recorded (as benchmarks/tls_cost.py
 does). Prints a table, or with --json one object with the same figures
@@ -212,6 +213,7 @@ def slowed_link(mode: str, a: argparse.Namespace) -> dict[str, Any]:
                 {
                     "slos": {"step_time_s": {"max": a.link_slo, "action": "move"}},
                     "confirm_ticks": a.confirm_ticks,
+                    "replan_interval_s": a.replan_interval,
                 }
             )
             loop = ControlLoop(cp, LoopConfig(policy, "act"), a.interval, log)
@@ -375,9 +377,12 @@ def busy_node(mode: str, a: argparse.Namespace) -> dict[str, Any]:
     k = info["at_step"]
     slo = _step_slo(a, "busy", steps[1:k])
     cpu: dict[str, list[float]] = {"before": [], "during": []}  # from their step traces
+    node: dict[str, list[float]] = {"before": [], "during": []}  # their node's, all cores
     for t in step_traces(db, task):
         if t.cpu_percent is not None and t.step >= 1:
             cpu["before" if t.step < k else "during"].append(t.cpu_percent)
+        if t.node_cpu_percent is not None and t.step >= 1:
+            node["before" if t.step < k else "during"].append(t.node_cpu_percent)
     out = loop_figures(info["fault_s"], _rows(db))
     out.update(
         slo_s=slo,
@@ -385,6 +390,7 @@ def busy_node(mode: str, a: argparse.Namespace) -> dict[str, Any]:
         window_s=info["end_s"] - info["fault_s"],
         median_step_s={"before": _median(steps[1:k]), "during": _median(steps[k:])},
         worker_cpu_percent={w: _median(v) for w, v in cpu.items()},
+        node_cpu_percent={w: _median(v) for w, v in node.items()},
         burners=a.burners_per_core * (os.cpu_count() or 1),
     )
     _done(home, a)
@@ -445,6 +451,9 @@ def main() -> None:
     ap.add_argument("--link-after-steps", type=int, default=12, help="the second's")
     ap.add_argument("--link-slo", type=float, default=0.6, help="step_time_s, slowed link")
     ap.add_argument("--confirm-ticks", type=int, default=2)
+    ap.add_argument(
+        "--replan-interval", type=float, default=30.0, help="the policy's replan_interval_s"
+    )
     ap.add_argument("--gap", type=float, default=3.0, help="seconds between the link's tasks")
     ap.add_argument("--ramp", default="1x8,6x25", help="CLIENTSxSECONDS,...")
     ap.add_argument("--tokens", type=int, default=24)

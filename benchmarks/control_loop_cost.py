@@ -5,10 +5,11 @@ step with the loop on against off.
 training task of ``--steps`` steps, ``dmsc down``; once with ``--control-interval 0`` (off) and
 once with ``--control-interval INTERVAL`` and an objective checked every tick, alternating,
 ``--rounds`` times each. From each run: the median step time of the task (the ``metrics``
-table), and with the loop on its ticks, their mean wall time and CPU time (the control plane's
-Prometheus metrics ``dmsc_control_loop_tick_seconds`` and
-``dmsc_control_loop_cpu_seconds_total``, scraped before ``dmsc down``). The loop's CPU share is
-its CPU time per tick over the interval.
+table), and with the loop on its ticks, their mean wall time and CPU time, and how many ran the
+functional modules (the control plane's Prometheus metrics ``dmsc_control_loop_tick_seconds``,
+``dmsc_control_loop_cpu_seconds_total`` and ``dmsc_control_loop_module_runs_total``, scraped
+before ``dmsc down``). The loop's CPU share is its CPU time per tick over the interval. The
+machine's load averages before and after say what else ran.
 
 Prints a table, or with --json one object (``benchmarks/results/control_loop_cost_cpu.json``).
 """
@@ -73,11 +74,13 @@ def one_run(home: Path, plan: Path, interval: float, steps: int) -> dict[str, An
         "tick_cpu_ms": _metric(text, "dmsc_control_loop_cpu_seconds_total") / ticks * 1e3
         if ticks
         else None,
+        "module_runs": _metric(text, "dmsc_control_loop_module_runs_total"),
     }
 
 
 def measure(interval: float, steps: int, rounds: int) -> dict[str, Any]:
     runs: list[dict[str, Any]] = []
+    load_before = os.getloadavg()
     with tempfile.TemporaryDirectory() as tmp:
         home = Path(tmp)
         plan = home / "plan.json"
@@ -102,6 +105,8 @@ def measure(interval: float, steps: int, rounds: int) -> dict[str, Any]:
         "tick_wall_ms": statistics.mean(r["tick_wall_ms"] for r in on),
         "tick_cpu_ms": cpu,
         "cpu_share": cpu / 1e3 / interval,
+        "load_before": load_before,  # the 1, 5 and 15 minute load averages (other jobs)
+        "load_after": os.getloadavg(),
     }
 
 
@@ -120,7 +125,7 @@ def main() -> None:
         print(
             f"interval {r['interval_s']:>4g} s: median step {r['median_step_s'] * 1e3:7.1f} ms, "
             f"{r['ticks']:.0f} ticks, {r['tick_wall_ms'] or 0:.1f} ms wall and "
-            f"{r['tick_cpu_ms'] or 0:.1f} ms CPU each"
+            f"{r['tick_cpu_ms'] or 0:.1f} ms CPU each, {r['module_runs']:.0f} ran the modules"
         )
     print(
         f"step with the loop on / off: {out['step_on_over_off']:.3f}; a tick: "

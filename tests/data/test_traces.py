@@ -58,10 +58,18 @@ def test_each_step_keeps_what_each_worker_used_and_a_task_sums_it_up(tmp_path: P
         reply = {
             "traces": {(0, 0): ([], {}), (1, 0): ([], {})},
             "compute_s": {"0/0": 0.1},
-            "telemetry": {(0, 0): {"cpu_percent": cpu, "rss_bytes": rss, "gpu_peak_bytes": None}},
+            "telemetry": {
+                (0, 0): {
+                    "cpu_percent": cpu,
+                    "rss_bytes": rss,
+                    "gpu_peak_bytes": None,
+                    "node_cpu_percent": cpu / 2,
+                }
+            },
         }
         record_step(db, task, step, reply)
     got = step_traces(db, task)
+    assert [t.node_cpu_percent for t in got if t.stage == 0] == [40.0, 50.0, 45.0]
     assert [(t.cpu_percent, t.rss_bytes) for t in got if t.stage == 0] == [
         (80.0, 3 << 30),  # above 2**31: kept whole
         (100.0, 5 << 30),
@@ -86,7 +94,7 @@ def test_a_database_from_before_the_telemetry_gets_its_columns(tmp_path: Path) -
     add_step_traces(db, task, 0, {(0, 0): ([], {})}, {})
     db.engine.dispose()
     con = sqlite3.connect(tmp_path / "dmsc.sqlite")
-    for col in ("cpu_percent", "rss_bytes", "gpu_peak_bytes"):
+    for col in ("cpu_percent", "rss_bytes", "gpu_peak_bytes", "node_cpu_percent"):
         con.execute(f"ALTER TABLE step_traces DROP COLUMN {col}")
     con.commit()
     con.close()

@@ -242,6 +242,18 @@ def test_gateway_in_front_of_a_live_deployment(tmp_path: Path) -> None:
         (alert,) = wait_for(oom, 30, "the log's alert")
         assert alert["reason"].startswith(f"1 log line of {sid} showed out of memory: torch.")
         wait_for(lambda: len(posted) > 1, 30, "its webhook post")
+        # a worker killed between tasks: the runtime replaces it, the loop alerts on it
+        killed = dmsc(tmp_path, "chaos", "--kill-worker", "stage=1", "--watch", "60", "--json")
+        assert killed.returncode == 0, killed.stderr
+
+        def lost() -> list[dict[str, Any]]:
+            got = httpx.get(f"{base}/v1/alerts", headers=auth).json()
+            return [a for a in got if a["slo"] == "fault:worker"]
+
+        (alert,) = wait_for(lost, 30, "the lost worker's alert")
+        assert "lost and replaced" in alert["reason"] and alert["resolved_at"] is not None
+        assert "recovered by the runtime in" in alert["reason"] and alert["value"] > 0
+        wait_for(lambda: any(p["alert"]["id"] == alert["id"] for p in posted), 30, "its post")
     finally:
         assert dmsc(tmp_path, "down").returncode == 0
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from dmsc.planner.elastic import IDLE_BAND, devices_in_use, node_load, place_replica
+from dmsc.planner.elastic import IDLE_BAND, devices_in_use, node_load, place_grown, place_replica
 from dmsc.planner.solve import plan_job
 from dmsc.spec import ClusterSpec, JobSpec, load_spec, resolve_model
 
@@ -144,3 +144,61 @@ def test_a_new_replica_goes_to_the_idlest_node_packing_among_equally_idle_ones()
     assert node_of(node_load(plan, cluster, {(0, 0): IDLE_BAND / 2})) == 0
     assert node_of(node_load(plan, cluster, {(0, 0): 95.0})) == 1
     assert node_of({0: 95.0, 1: 60.0}) == 2  # node 2 measured nothing: the idlest
+
+
+def _one_dc_of_three_nodes() -> ClusterSpec:
+    return ClusterSpec.model_validate(
+        {
+            "name": "one-dc",
+            "device_types": {
+                "cpu": {"peak_tflops": {"fp32": 0.05}, "memory_gib": 4, "memory_bw_gbyte_s": 10}
+            },
+            "node_types": {
+                "two": {"device": "cpu", "devices": 2, "link": {"bandwidth_gbit_s": 40}}
+            },
+            "datacenters": [
+                {
+                    "name": "dc",
+                    "nodes": [{"type": "two", "count": 3}],
+                    "network": {"gbit_s_per_node": 10},
+                }
+            ],
+            "links": [],
+        }
+    )
+
+
+def test_a_grown_dp_puts_its_new_replicas_on_the_idlest_nodes() -> None:
+    """The solver hands out a datacenter's devices in order: grown from dp 1 to 3, replica 1
+    shares node 0 with replica 0, whose worker is busy. Told the load, the new replicas go to
+    the idle nodes 1 and 2, one each, each where place_replica puts one more serving replica
+    on that load (the node given a replica one band busier), and replica 0 stays."""
+    cluster = _one_dc_of_three_nodes()
+    plan = plan_job(cluster, MODEL, JobSpec(global_batch=12, micro_batch=2, pp=1), fixed=True).plan
+    assert [r.nodes for r in plan.stages[0].replicas] == [[0]]
+    job3 = JobSpec(global_batch=12, micro_batch=2, pp=1, dp=3)
+    blind = plan_job(cluster, MODEL, job3, fixed=True).plan
+    assert [r.nodes for r in blind.stages[0].replicas] == [[0], [0], [1]]
+    load = node_load(plan, cluster, {(0, 0): 300.0})
+    assert load == {0: 300.0}
+    grown = place_grown(plan, blind, cluster, load)
+    reps = grown.stages[0].replicas
+    assert [r.nodes for r in reps] == [[0], [1], [2]] and [r.dp_rank for r in reps] == [0, 1, 2]
+    assert reps[0] == plan.stages[0].replicas[0]
+    assert grown.job.dp == 3 and grown.prediction == blind.prediction
+    assert grown.paths == blind.paths
+    taken, seen = {0}, dict(load)
+    for r in (1, 2):
+        want = place_replica(blind, cluster, taken, r, seen)
+        assert want == [reps[r]]
+        taken |= set(reps[r].devices)
+        seen[reps[r].nodes[0]] = seen.get(reps[r].nodes[0], 0.0) + IDLE_BAND
+
+
+def test_a_grow_with_no_measured_load_is_the_solvers() -> None:
+    cluster = _one_dc_of_three_nodes()
+    plan = plan_job(cluster, MODEL, JobSpec(global_batch=12, micro_batch=2, pp=1), fixed=True).plan
+    job3 = JobSpec(global_batch=12, micro_batch=2, pp=1, dp=3)
+    blind = plan_job(cluster, MODEL, job3, fixed=True).plan
+    assert place_grown(plan, blind, cluster, {}) is blind
+    assert place_grown(blind, plan, cluster, {0: 99.0}) is plan  # a shrink: nothing to place

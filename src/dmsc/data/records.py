@@ -111,6 +111,9 @@ class StepTraceRecord(Base):
     cpu_percent: Mapped[float | None]
     rss_bytes: Mapped[int | None] = mapped_column(BigInteger)
     gpu_peak_bytes: Mapped[int | None] = mapped_column(BigInteger)
+    # the worker's node's CPU % (all its cores, 100: every core busy) over the last telemetry
+    # window before the step ended; None: not known (or kept before workers reported it)
+    node_cpu_percent: Mapped[float | None]
     # each parallel mode's communication in the step, by mode ("tp", "dp", "ep", "pp"): seconds
     # waited, bytes sent, calls and, for pp and dp, bytes by peer; None in traces kept before
     comm_json: Mapped[str | None]

@@ -40,6 +40,7 @@ class StepTrace:
     # each mode's communication: {"tp": {"s": .., "bytes": .., "calls": ..}, "pp": {.., "links":
     # {"STAGE/REPLICA": bytes}}, ..} (dmsc.runtime.compute.comm_meter); empty in older traces
     comm: dict[str, dict[str, Any]] = field(default_factory=dict)
+    node_cpu_percent: float | None = None  # its node's, all cores (100: every core busy)
 
     @classmethod
     def of(cls, rec: StepTraceRecord) -> StepTrace:
@@ -52,7 +53,8 @@ class StepTrace:
         ]
         use = (rec.cpu_percent, rec.rss_bytes, rec.gpu_peak_bytes)
         comm = json.loads(rec.comm_json) if rec.comm_json else {}
-        return cls(rec.step, rec.stage, rec.replica, rec.compute_s, spans, sent, *use, comm)
+        node = rec.node_cpu_percent
+        return cls(rec.step, rec.stage, rec.replica, rec.compute_s, spans, sent, *use, comm, node)
 
 
 def add_step_traces(
@@ -65,8 +67,8 @@ def add_step_traces(
     comm: Mapping[Key, Mapping[str, Any]] | None = None,
 ) -> None:
     """Keep one step's traces (``Deployment.train_step``'s ``traces``, ``compute_s``,
-    ``telemetry``: each worker's ``cpu_percent``, ``rss_bytes`` and ``gpu_peak_bytes``, and
-    ``comm``: each worker's communication by mode)."""
+    ``telemetry``: each worker's ``cpu_percent``, ``rss_bytes``, ``gpu_peak_bytes`` and
+    ``node_cpu_percent``, and ``comm``: each worker's communication by mode)."""
     use, modes = telemetry or {}, comm or {}
     rows = [
         StepTraceRecord(
@@ -80,6 +82,7 @@ def add_step_traces(
             cpu_percent=use.get((stage, replica), {}).get("cpu_percent"),
             rss_bytes=use.get((stage, replica), {}).get("rss_bytes"),
             gpu_peak_bytes=use.get((stage, replica), {}).get("gpu_peak_bytes"),
+            node_cpu_percent=use.get((stage, replica), {}).get("node_cpu_percent"),
             comm_json=json.dumps(dict(modes[(stage, replica)]))
             if (stage, replica) in modes
             else None,
@@ -130,6 +133,20 @@ def link_bytes(traces: Sequence[StepTrace]) -> dict[tuple[Key, Key], float]:
             edge = ((t.stage, t.replica), peer)
             total[edge] = total.get(edge, 0) + n
     return {edge: n / max(1, len(steps)) for edge, n in total.items()}
+
+
+def latest_worker_cpu(db: Database, run_id: int) -> dict[tuple[int, int], float]:
+    """Each worker's mean CPU % by (stage, replica) over the newest training task of run
+    ``run_id`` that measured any (empty: none did)."""
+    for task in reversed([t for t in db.tasks(run_id) if t.kind == "train"]):
+        cpu = {
+            (int(k.split("/")[0]), int(k.split("/")[1])): u["cpu_percent_mean"]
+            for k, u in worker_usage(db, task.id).items()
+            if u["cpu_percent_mean"] is not None
+        }
+        if cpu:
+            return cpu
+    return {}
 
 
 def worker_usage(db: Database, task_id: int) -> dict[str, dict[str, Any]]:

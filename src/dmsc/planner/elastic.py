@@ -18,6 +18,13 @@ with the fewest free devices (packing: the emptiest nodes stay whole for later, 
 Without a load, packing alone. A datacenter that a residency rule of
 the cluster keeps the model out of (:mod:`dmsc.spec.residency`) is never taken. None when some
 stage finds no room: the deployment is at its cluster's capacity.
+
+A training task's dp grown (:func:`place_grown`) places its new replicas by the same rule: the
+solver re-plans the strategy at the larger dp without seeing the nodes' load, and each replica
+it added is placed again on the idlest nodes, in the datacenter and on the device type the
+solver chose for each of its stages, so the plan's paths and its prediction (priced per
+datacenter) stand; each stage keeps the all-reduce the solver chose (any one is correct). A node
+given a new worker counts ``IDLE_BAND`` busier for the next replica, so that they spread.
 """
 
 from __future__ import annotations
@@ -116,3 +123,39 @@ def place_replica(
         busy.update(placed.devices)
         picks.append(placed)
     return picks
+
+
+def place_grown(old: Plan, new: Plan, cluster: ClusterSpec, load: Mapping[int, float]) -> Plan:
+    """``new``, ``old``'s strategy re-planned at a larger dp, with the replicas it added (ranks
+    ``old.job.dp`` on) placed on the idlest nodes by ``load`` (module docstring); ``new`` as
+    the solver placed it when a replica finds no such room, or nothing grew."""
+    keep = old.job.dp
+    if new.job.dp <= keep or not load:
+        return new
+    topo = Topology(cluster)
+    busy_of = dict(load)
+    taken = {d for st in new.stages for rep in st.replicas[:keep] for d in rep.devices}
+    placed: dict[int, list[ReplicaRecord]] = {}
+    for r in range(keep, new.job.dp):
+        solver = [st.replicas[r] for st in new.stages]
+        # the solver's datacenter of each of this replica's stages is the one tried first
+        first = [st.model_copy(update={"datacenter": rec.datacenter})
+                 for st, rec in zip(new.stages, solver, strict=True)]  # fmt: skip
+        picks = place_replica(new.model_copy(update={"stages": first}), cluster, taken, r, busy_of)
+        if picks is None or any(
+            p.datacenter != rec.datacenter
+            or topo.devices[p.devices[0]].type_name != topo.devices[rec.devices[0]].type_name
+            for p, rec in zip(picks, solver, strict=True)
+        ):
+            return new
+        for p in picks:
+            taken.update(p.devices)
+            node = topo.devices[p.devices[0]].node
+            busy_of[node] = busy_of.get(node, 0.0) + IDLE_BAND
+        placed[r] = picks
+    grown = range(keep, new.job.dp)
+    stages = [
+        st.model_copy(update={"replicas": [*st.replicas[:keep], *(placed[r][s] for r in grown)]})
+        for s, st in enumerate(new.stages)
+    ]
+    return new.model_copy(update={"stages": stages})

@@ -245,8 +245,15 @@ def test_only_training_replies_carry_the_step_telemetry() -> None:
         "cpu_percent",
         "rss_bytes",
         "gpu_peak_bytes",
+        "node_cpu_percent",
     }
     assert run(SimpleNamespace(train=False)) == {"stage": 0}
+    # the node's CPU: the last window the thread closed (none yet: unknown), for a busy node
+    assert t.step_end(t.step_start())["node_cpu_percent"] is None
+    time.sleep(0.05)
+    t.tick()
+    node = t.step_end(t.step_start())["node_cpu_percent"]
+    assert node is not None and node == t.rates["node_cpu_percent"] and 0 <= node <= 100
     health = t.reported(lambda m: {"status": "ok"})(None)
     assert set(health["telemetry"]) == {"process", "node", "gpus"}
 

@@ -9,8 +9,9 @@ CUDA is never made to: a CPU worker reports no GPU.
 Three readers, each through :class:`Telemetry`:
 
 - a training step's reply (:meth:`Telemetry.traced` wraps ``RunStep``) carries the process's CPU
-  % over the call, its RSS at the end and, on a GPU, the peak memory torch allocated during the
-  call; the control plane keeps them with the step's trace (:mod:`dmsc.data.traces`);
+  % over the call, its RSS at the end, on a GPU the peak memory torch allocated during the call,
+  and its node's CPU % over the last window; the control plane keeps them with the step's trace
+  (:mod:`dmsc.data.traces`; the control loop's busy node reads the node's);
 - ``Health`` (:meth:`Telemetry.reported`) carries a snapshot of the process and its node, which
   ``dmsc status`` and the dashboard show;
 - the worker's Prometheus registry holds a collector read at scrape time (``dmsc_worker_*`` for
@@ -211,8 +212,9 @@ class Telemetry:
         return time.monotonic(), _process_cpu_s(self.proc)
 
     def step_end(self, start: tuple[float, float]) -> dict[str, Any]:
-        """CPU % of this process since ``start``, its RSS now, and the GPU memory torch
-        allocated at the peak since then (summed over devices; None without CUDA)."""
+        """CPU % of this process since ``start``, its RSS now, the GPU memory torch
+        allocated at the peak since then (summed over devices; None without CUDA), and its
+        node's CPU % (all cores) over the last window the thread closed (None before one)."""
         with self.proc.oneshot():
             cpu_s = _process_cpu_s(self.proc)
             rss = int(self.proc.memory_info().rss)
@@ -222,6 +224,7 @@ class Telemetry:
             "cpu_percent": percent(cpu_s - start[1], time.monotonic() - start[0]),
             "rss_bytes": rss,
             "gpu_peak_bytes": peak,
+            "node_cpu_percent": self.rates["node_cpu_percent"],
         }
 
     def traced(self, run_step: Handler) -> Handler:

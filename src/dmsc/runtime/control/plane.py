@@ -37,6 +37,7 @@ from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 from dmsc.data.corpus import Corpus, stdlib_text, task_corpora
 from dmsc.data.db import Database, TaskRecord, data_dir
 from dmsc.data.tokenizer import tokenizer_for
+from dmsc.data.traces import latest_worker_cpu
 from dmsc.planner.plan import Plan
 from dmsc.runtime.control import dashboard_state, status
 from dmsc.runtime.control.advisors.prediction import Prediction, TaskPredictions, predict_segments
@@ -245,12 +246,13 @@ class ControlPlane:
         return params
 
     def resized(self, dp: int) -> Plan:
-        """The plan at ``dp`` replicas (ValueError says why there is none), planned once per
-        deployed plan and serving state."""
+        """The plan at ``dp`` replicas (ValueError says why there is none; a grow's new replicas
+        on the idlest nodes), planned once per deployed plan and serving state."""
         heads, serving = self.inference.heads, self.inference.pool is not None
         kept = self._resized.get((dp, heads, serving))
         if kept is None or kept[0] is not self.plan:
-            to = resized_plan(self.plan, self.model, self.cluster, dp, heads=heads, serving=serving)
+            to = resized_plan(self.plan, self.model, self.cluster, dp, heads=heads, serving=serving,
+                              worker_cpu=latest_worker_cpu(self.db, self.run.id))  # fmt: skip
             kept = self._resized[(dp, heads, serving)] = (self.plan, to)
         return kept[1]
 

@@ -44,8 +44,9 @@ def _measured(plan: Plan, steps: list[float], tasks: tuple[TaskTimes, ...] = (),
 
 def _policy(**slos: object) -> Policy:
     """The objectives ``slos``; a move applies on its first tick (the hysteresis has its own
-    tests: test_hysteresis.py)."""
-    return Policy.model_validate({"slos": slos, "confirm_ticks": 1})
+    tests: test_hysteresis.py); the modules re-run on new steps at any interval (its own test
+    below)."""
+    return Policy.model_validate({"slos": slos, "confirm_ticks": 1, "replan_interval_s": 0})
 
 
 class Mover:
@@ -164,6 +165,37 @@ def test_modules_run_when_something_new_was_measured(plan: Plan) -> None:
     assert mover.calls == 3
     (d,) = changed.recorded
     assert d.verdict == "refuse" and "threshold" in d.reason
+
+
+def test_the_re_plan_on_new_steps_waits_the_policys_interval(plan: Plan) -> None:
+    """At 0.12 s steps ten new steps come every 1.2 s: the modules re-run on them only once
+    ``replan_interval_s`` passed since their last run; a new training task or a newly broken
+    objective runs them at once."""
+    mover = Mover(gain=0.01)  # below the threshold: nothing moves, the calls are counted
+    cfg = LoopConfig(Policy.model_validate({"replan_interval_s": 30, "confirm_ticks": 1}))
+
+    def at(steps: int, dt: float, tasks: tuple[TaskTimes, ...] = ()) -> Snapshot:
+        m = _measured(plan, [0.12] * steps, tasks)
+        return Snapshot(replace(m, taken_s=NOW + dt))
+
+    first = tick(at(3, 0.0), cfg, LoopState(), [mover])
+    assert mover.calls == 1 and first.state.ran_s == NOW
+    state = first.state
+    for k, dt in enumerate((1.2, 2.4, 28.0), start=1):  # ten new steps each, within 30 s
+        res = tick(at(3 + 10 * k, dt), cfg, state, [mover])
+        assert not res.modules_ran and mover.calls == 1
+        state = res.state
+    late = tick(at(43, 30.5), cfg, state, [mover])
+    assert late.modules_ran and mover.calls == 2 and late.state.ran_s == NOW + 30.5
+    queued = (_task(1), _task(2, state="queued", started=None))
+    came = tick(at(44, 31.0, queued), cfg, late.state, [mover])  # a task came: at once
+    assert came.modules_ran and mover.calls == 3
+    slow = LoopConfig(cfg.policy.model_copy(update={"slos": Policy.model_validate(
+        {"slos": {"step_time_s": 0.1}}).slos}))  # fmt: skip
+    broken = tick(at(45, 32.0, queued), slow, came.state, [mover])  # a new breach: at once
+    assert broken.raised and broken.modules_ran and mover.calls == 4
+    again = tick(at(46, 33.0, queued), slow, broken.state, [mover])  # still broken: not new
+    assert not again.modules_ran and mover.calls == 4
 
 
 def test_the_policys_move_applies_a_move_below_the_threshold(plan: Plan) -> None:

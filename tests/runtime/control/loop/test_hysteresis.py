@@ -109,8 +109,10 @@ def _snap(plan: Plan, steps: int, task: int = 1) -> Snapshot:
 
 
 def _run(plan: Plan, policy: Policy, module: Noisy, ticks: int) -> list[str]:
-    """The verdicts on the move, tick by tick, ten new steps each (the modules run each)."""
+    """The verdicts on the move, tick by tick, ten new steps each (the modules run each: no
+    least interval between their runs)."""
     state, out = LoopState(), []
+    policy = policy.model_copy(update={"replan_interval_s": 0.0})
     for i in range(ticks):
         res = tick(_snap(plan, 10 * (i + 1)), LoopConfig(policy), state, [module])
         state = res.state

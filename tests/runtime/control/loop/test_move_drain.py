@@ -26,7 +26,7 @@ def test_a_move_during_an_inference_batch_answers_every_request(
 ) -> None:
     plan = local_plan()
     # the re-plan finds the same placement: the move restarts the workers where they are
-    monkeypatch.setattr(moves, "replan", lambda p, c, t: SimpleNamespace(new_plan=p))
+    monkeypatch.setattr(moves, "replan", lambda p, c, t, busy=(): SimpleNamespace(new_plan=p))
     with control_plane(plan, tmp_path) as cp:
         cp.cluster = load_spec(ClusterSpec, EXAMPLES / "local-cpu.yaml")
         old = [h.address for h in cp.deployment.handles]

@@ -85,6 +85,9 @@ class FaultInfo:
     detected_s: float
     recovered_s: float | None
     steps_lost: int
+    id: int = 0  # its row in ``faults``
+    services: str = ""  # the SIDs replaced, comma-separated
+    task_id: int | None = None  # the training task it struck, if one
 
 
 @dataclass(frozen=True)
@@ -103,6 +106,9 @@ class Measurements:
     # the prediction for the job the measured task ran (None: the plan's own; replanning.py
     # re-estimates it for another batch, dp or calibration)
     predicted: Prediction | None = None
+    # datacenters whose stage workers' nodes the control loop found busy (node CPU %): their
+    # measured slowness is the node's load, not their device type's (.paths)
+    busy: dict[str, float] = field(default_factory=dict)
 
     def prediction(self) -> Prediction:
         """The predicted step time the measured steps compare with, and what it is."""
@@ -232,7 +238,16 @@ def read_measurements(
         traces = tuple(step_traces(db, task_id, last=last_steps))
     tasks = tuple(task_times(t) for t in db.tasks(run_id))
     faults = tuple(
-        FaultInfo(f.kind, f.reason, f.detected_at, f.recovered_at, f.steps_lost)
+        FaultInfo(
+            f.kind,
+            f.reason,
+            f.detected_at,
+            f.recovered_at,
+            f.steps_lost,
+            f.id,
+            f.services,
+            f.task_id,
+        )
         for f in db.faults(run_id)
     )
     measured = next((t for t in tasks if t.id == task_id), None)

@@ -24,8 +24,10 @@ next steps will see rather than on what it carried half a window ago; with fewer
 :func:`scaled_cluster` writes them into the cluster spec (peak FLOP/s, memory bandwidth and
 per-op overhead of a datacenter's own copy of its device type; a link's Gbit/s or Gbit/s per
 slot): the cost model's compute time scales as 1/speed to within its fixed per-op costs (under
-1% on the example clusters). Boundaries inside a datacenter are measured and reported, not
-scaled. Plans of islands (round modes) are not re-planned here.
+1% on the example clusters). A datacenter whose node the control loop found busy keeps its own
+measured speed but lends it to no other (:func:`device_speeds`): an idle one may then win.
+Boundaries inside a datacenter are measured and reported, not scaled. Plans of islands (round
+modes) are not re-planned here.
 
 Then ``plan_job(..., fixed=True)`` re-plans the plan's strategy on the measured cluster, and the
 current placement is scored on the same measured problem: a move is proposed when the planner's
@@ -37,7 +39,7 @@ from __future__ import annotations
 
 import math
 import statistics
-from collections.abc import Sequence
+from collections.abc import Collection, Sequence
 from dataclasses import dataclass, replace
 from typing import Any
 
@@ -170,11 +172,14 @@ def _geomean(values: Sequence[float]) -> float:
     return math.exp(statistics.fmean(math.log(v) for v in values))
 
 
-def device_speeds(cluster: ClusterSpec, ratios: dict[str, list[float]]) -> dict[str, float]:
+def device_speeds(
+    cluster: ClusterSpec, ratios: dict[str, list[float]], busy: Collection[str] = ()
+) -> dict[str, float]:
     """Each datacenter's device speed, measured over nominal: the geometric mean of its stages'
     ``ratios``; a datacenter that ran no stage takes the mean of the measured datacenters with
     its device type (a cost model off for a device type is off wherever it runs: left nominal,
-    such a datacenter would look faster than the measured ones for no measured reason)."""
+    such a datacenter would look faster than the measured ones for no measured reason), those
+    on ``busy`` nodes left out while one of that type is not (their slowness is the load)."""
     speed = {dc: _geomean(r) for dc, r in ratios.items() if r}
 
     def device(dc_name: str) -> str:
@@ -182,10 +187,13 @@ def device_speeds(cluster: ClusterSpec, ratios: dict[str, list[float]]) -> dict[
         return cluster.node_types[dc.nodes[0].type].device
 
     by_type: dict[str, list[float]] = {}
+    idle: dict[str, list[float]] = {}
     for dc, f in speed.items():
         by_type.setdefault(device(dc), []).append(f)
+        if dc not in busy:
+            idle.setdefault(device(dc), []).append(f)
     for spec in cluster.datacenters:
-        same = by_type.get(device(spec.name))
+        same = idle.get(device(spec.name)) or by_type.get(device(spec.name))
         if spec.name not in speed and same:
             speed[spec.name] = _geomean(same)
     return speed
@@ -312,6 +320,7 @@ def measured_scales(
     place: Placement,
     stages: dict[int, float],
     boundaries: dict[int, BoundaryMeasure],
+    busy: Collection[str] = (),
 ) -> tuple[dict[str, float], dict[str, float], dict[str, float]]:
     """Measured over nominal: each datacenter's device speed, each inter-datacenter link's
     bandwidth factor (on the boundary's forecast rate, :attr:`BoundaryMeasure.expected_gbit_s`),
@@ -334,11 +343,14 @@ def measured_scales(
             link_scale[name] = min(factor, link_scale.get(name, math.inf))
             if p.slot_ghz is not None:
                 slot_rate[name] = p.gbit_s / p.units
-    return device_speeds(cluster, ratios), link_scale, slot_rate
+    return device_speeds(cluster, ratios, busy), link_scale, slot_rate
 
 
-def replan(plan: Plan, cluster: ClusterSpec, traces: Sequence[StepTrace]) -> Replanned | str:
-    """Measure, scale the cluster, re-plan and score the current placement; or why not."""
+def replan(
+    plan: Plan, cluster: ClusterSpec, traces: Sequence[StepTrace], busy: Collection[str] = ()
+) -> Replanned | str:
+    """Measure, scale the cluster, re-plan and score the current placement; or why not
+    (``busy``: datacenters whose nodes the loop found busy, :func:`device_speeds`)."""
     from dmsc.planner.solve import SOLVERS, plan_job
 
     model: TransformerSpec | LayerListSpec = plan.model_spec or resolve_model(plan.model)
@@ -351,7 +363,7 @@ def replan(plan: Plan, cluster: ClusterSpec, traces: Sequence[StepTrace]) -> Rep
     if not stages:
         return "no step traces with compute times yet"
     speed, link_scale, slot_rate = measured_scales(
-        plan, cluster, nominal, place, stages, boundaries
+        plan, cluster, nominal, place, stages, boundaries, busy
     )
     measured_cluster = scaled_cluster(cluster, speed, link_scale, slot_rate)
     built = build_problem(measured_cluster, model, plan.job)
@@ -441,7 +453,7 @@ class PathOptimisation:
             return self._keep(why)
         if not measurements.traces:
             return self._keep("no step traces yet: nothing measured to re-plan on")
-        found = replan(plan, self.cluster, measurements.traces)
+        found = replan(plan, self.cluster, measurements.traces, measurements.busy)
         if isinstance(found, str):
             return self._keep(found)
         measured = {
@@ -454,6 +466,7 @@ class PathOptimisation:
             "nominal_compute_s": found.nominal_compute_s,
             "current_s": found.current_s,
             "proposed_s": found.new_s,
+            "busy": dict(measurements.busy),  # a move re-plans with them (loop.moves)
         }
         kind, target, details = _describe(plan, found.new_plan)
         gain = found.current_s - found.new_s
@@ -469,12 +482,14 @@ class PathOptimisation:
         crossing = [m.bytes_per_microbatch / m.gap_s for b, m in found.boundaries.items()
                     if any(p.after_stage == b for p in plan.paths)]  # fmt: skip
         cost, parts = move_cost_s(plan, moved, min(crossing, default=None), measurements.faults)
+        busy = ", ".join(f"{dc} ({cpu:.0f}%)" for dc, cpu in sorted(measurements.busy.items()))
         return [
             Proposal(
                 module=self.name,
                 kind=kind,
                 target=target,
-                reason=f"predicted {found.new_s:.3f} s/step on the measured figures against "
+                reason=(f"busy node CPU in {busy}: " if busy else "")
+                + f"predicted {found.new_s:.3f} s/step on the measured figures against "
                 f"{found.current_s:.3f} s/step now; the move costs {cost:.1f} s (checkpoint, "
                 f"{moved} layers to move, restart)",
                 predicted_gain_s_per_step=gain,

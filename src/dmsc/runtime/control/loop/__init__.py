@@ -7,6 +7,8 @@ decision is a row and a log line, every broken objective an alert.
   objectives, the action a breach asks for, the webhook, the decision rule's settings;
 - :mod:`.tick`: one tick as a pure function over a snapshot: the objectives checked, the
   modules' proposals decided, what is new to record;
+- :mod:`.busy`: a stage's node busy over the policy's threshold, tick after tick: path
+  optimisation may move the stage away;
 - :mod:`.hysteresis`: the rules that keep moves steady: confirmed over consecutive ticks,
   judged on measurements of the current placement, a cool-down for a stage just moved;
 - :mod:`.snapshot`: the snapshot read from the database and the control plane;
@@ -15,6 +17,8 @@ decision is a row and a log line, every broken objective an alert.
 - :mod:`.moves`: an accepted move applied to the deployment (``dmsc replan`` applies with it too);
 - :mod:`.symptoms`: alerts from the logs: a line that shows a failure (out of memory, NCCL or
   gloo errors, a checkpoint error) raises one;
+- :mod:`.recoveries`: alerts for the workers the runtime replaced (a lost device or worker),
+  each with a decision row that notes it;
 - :mod:`.webhook`: alerts posted to the policy's webhook from a thread of their own, retried;
 - :mod:`.runner`: the thread that ticks, records decisions and alerts, acts, and measures its
   own cost;
@@ -22,8 +26,8 @@ decision is a row and a log line, every broken objective an alert.
   show it.
 
 Imports run one way: ``views -> runner -> snapshot -> tick -> resizing -> objectives``,
-``tick -> hysteresis``,
-``runner -> moves, webhook, hysteresis, symptoms``.
+``tick -> hysteresis``, ``tick -> busy -> objectives``,
+``runner -> moves, webhook, hysteresis, symptoms, recoveries``.
 Below it: :mod:`..advisors` (the modules and the decision rule) and :mod:`..tasks` (the
 exception queue, through :mod:`..advisors.policy`).
 """

@@ -13,9 +13,10 @@ clock):
   judged only on a training task that started after the last move, the loop's or ``dmsc
   replan``'s (:func:`stale`);
 - **noise**: a move must be the decision on ``confirm_ticks`` consecutive ticks on which the
-  modules ran on new measurements (a new training task, or ``MODULE_STEPS`` more steps), the same
-  move (module, kind and target) each time; one tick that does not propose it starts the count
-  again (:func:`confirmed`);
+  modules ran on new measurements (a new training task, or ``MODULE_STEPS`` more steps after
+  the policy's ``replan_interval_s``: :func:`.tick.modules_due`), the same move (module, kind and
+  target) each time; one tick that does not propose it starts the count again
+  (:func:`confirmed`);
 - **cool-down**: a stage (or a boundary's path) moved less than ``cooldown_s`` ago is not moved
   again; after it, a move that puts it back where it was must pay back the round trip, its own
   cost and that of the move it undoes, within the decision rule's horizon (:func:`cooled`).

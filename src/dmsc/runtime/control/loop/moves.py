@@ -75,7 +75,7 @@ def apply_move(
     it cannot be applied, with the reason (:class:`StillServing`: not now)."""
     if cp.cluster is None:
         raise BadRequest("a move needs the plan's cluster spec (dmsc up --cluster)")
-    found = replan(cp.plan, cp.cluster, tuple(traces))
+    found = replan(cp.plan, cp.cluster, tuple(traces), busy=p.details.get("busy") or ())
     if isinstance(found, str):
         raise BadRequest(f"the move is no longer proposed: {found}")
     new = found.new_plan

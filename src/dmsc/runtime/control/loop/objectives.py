@@ -18,6 +18,8 @@ webhook. An example::
     horizon_steps: 1000                     # and its cost paid back within 1000 steps
     confirm_ticks: 3                        # a move holds on 3 ticks in a row before it applies
     cooldown_s: 600                         # a stage moved is not moved again for 10 minutes
+    busy: {cpu_percent: 90, ticks: 3}       # a stage's node this busy 3 ticks in a row (loop.busy)
+    replan_interval_s: 30                   # the modules re-plan on new steps at most this often
     elastic:                                # the loop resizes training dp (loop.resizing)
       dp_min: 1
       dp_max: 4                             # grows while step_time_s is broken, up to 4
@@ -28,7 +30,9 @@ Every breach raises an alert; the action adds to it: ``scale-out`` adds a servin
 even below the rule's threshold (within its horizon still). With ``elastic`` set, a broken
 ``step_time_s`` also grows the training task's data-parallel degree by one replica while free
 devices allow, within ``dp_min``..``dp_max`` (:mod:`.resizing`, through the same decision rule
-and hysteresis).
+and hysteresis). With ``busy`` set, a stage's node over ``cpu_percent`` on ``ticks`` ticks in a
+row lets path optimisation move the stage to an idle datacenter (:mod:`.busy`).
+``replan_interval_s`` bounds how often the modules re-plan on new steps (:mod:`.tick`).
 """
 
 from __future__ import annotations
@@ -125,6 +129,16 @@ class Elastic(BaseModel):
         return self
 
 
+class BusyNode(BaseModel):
+    """When a stage's node counts as busy (:mod:`.busy`): its CPU % (all cores, as the steps'
+    telemetry measured it) over ``cpu_percent`` on ``ticks`` ticks in a row."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    cpu_percent: Annotated[float, Field(gt=0, le=100)] = 90.0
+    ticks: Annotated[int, Field(ge=1, le=1000)] = 3
+
+
 class Policy(BaseModel):
     """A policy file (module docstring)."""
 
@@ -140,6 +154,10 @@ class Policy(BaseModel):
     confirm_ticks: Annotated[int, Field(ge=1, le=100)] = 3
     cooldown_s: Annotated[float, Field(ge=0, le=86400)] = 600.0
     elastic: Elastic | None = None  # None: the loop never resizes dp for the policy
+    busy: BusyNode | None = None  # a busy node: path optimisation may move its stage away
+    # the least seconds between two runs of the modules on new steps (path optimisation's
+    # re-plan, tens of ms of CPU); a new task, a breach or a busy node runs them at once
+    replan_interval_s: Annotated[float, Field(ge=0, le=86400)] = 30.0
 
 
 def load_policy(path: str | Path) -> Policy:

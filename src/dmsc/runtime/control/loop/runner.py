@@ -15,7 +15,8 @@ over it (:mod:`.tick`) and acts on the result:
   written into the same row;
 - an exception (a breach with a task at fault) goes into the exception queue;
 - a log line of a worker or of the control plane that shows a failure (out of memory, NCCL or
-  gloo, a checkpoint) raises an alert too (:mod:`.symptoms`);
+  gloo, a checkpoint) raises an alert too (:mod:`.symptoms`), and so does each worker the
+  runtime replaced, with a decision row that notes it (:mod:`.recoveries`);
 - a newly broken objective is one row in ``alerts`` and one line in the log, written when the
   tick sees the breach, then the policy's action (``scale-out``: one more serving replica,
   when ``dmsc up --autoscale`` made a pool; its outcome written into the row once the replica
@@ -24,8 +25,9 @@ over it (:mod:`.tick`) and acts on the result:
 
 The loop's cost is measured on every tick (wall and CPU time of the tick's thread) and kept
 in :attr:`ControlLoop.cost` and the control plane's Prometheus metrics
-(``dmsc_control_loop_tick_seconds``, ``dmsc_control_loop_cpu_seconds_total``). A tick that
-fails is logged and the loop goes on.
+(``dmsc_control_loop_tick_seconds``, ``dmsc_control_loop_cpu_seconds_total``, and
+``dmsc_control_loop_module_runs_total``: the ticks that ran the modules). A tick that fails is
+logged and the loop goes on.
 """
 
 from __future__ import annotations
@@ -56,6 +58,7 @@ from dmsc.runtime.control.advisors.policy import raise_into_queue
 from dmsc.runtime.control.advisors.traffic import TrafficPrediction
 from dmsc.runtime.control.loop.hysteresis import after_move
 from dmsc.runtime.control.loop.moves import StillServing, apply_move, hand_over, resize_now
+from dmsc.runtime.control.loop.recoveries import FaultAlerts
 from dmsc.runtime.control.loop.snapshot import Predictions, take
 from dmsc.runtime.control.loop.symptoms import LogAlerts, remote_symptoms
 from dmsc.runtime.control.loop.tick import (
@@ -142,11 +145,12 @@ class ControlLoop:
         self.webhook: Webhook | None = None
         if config.policy.webhook is not None:
             self.webhook = Webhook(config.policy.webhook, self._webhook_done)
+        post = self._post if self.webhook else None
+        since = psutil.Process().create_time()  # faults of this process's time are new
+        self.fault_alerts = FaultAlerts(cp.db, cp.run.id, log, config.mode, since, post)
         home = getattr(cp, "home", None)  # the logs' folder: alerts on failure symptoms
         self.log_alerts = None
         if home is not None:  # what they gained since this process started (.symptoms)
-            post = self._post if self.webhook else None
-            since = psutil.Process().create_time()
             self.log_alerts = LogAlerts(
                 log_dir(home), cp.db, cp.run.id, log, post, since, remote_symptoms(cp, since)
             )
@@ -161,6 +165,9 @@ class ControlLoop:
             "dmsc_control_loop_cpu_seconds_total", "CPU time of the loop's ticks", registry=reg
         )
         self.m_alerts = Counter("dmsc_control_alerts_total", "Alerts raised", ["slo"], registry=reg)
+        self.m_runs = Counter(
+            "dmsc_control_loop_module_runs_total", "Ticks that ran the modules", registry=reg
+        )
 
     # -- the thread ----------------------------------------------------------------------------
     def run(self, stopped: threading.Event) -> None:
@@ -206,6 +213,7 @@ class ControlLoop:
             "mode": self.config.mode,
             "ticks": self.cost.ticks,
             "open_alerts": len(self.alert_ids)
+            + len(self.fault_alerts.open)
             + (len(self.log_alerts.alert_ids) if self.log_alerts else 0),
             "last_decision": last,
         }
@@ -218,9 +226,11 @@ class ControlLoop:
     def _once(self) -> TickResult:
         wall0, cpu0 = time.perf_counter(), time.thread_time()
         self._tried_now = False
+        pol, st = self.config.policy, self.state
         snap = take(
-            self.cp, time.time(), self.predictions, self.state.key, self.config.policy.window_s
-        )
+            self.cp, time.time(), self.predictions, st.key, pol.window_s, st.ran_s,
+            pol.replan_interval_s,
+        )  # fmt: skip
         res = tick(snap, self.config, self.state, self.modules)
         self.state = res.state
         raised = self._record(res, snap)
@@ -230,6 +240,8 @@ class ControlLoop:
         if self.log_alerts is not None:
             for _ in self.log_alerts.once(snap.measured.taken_s, self.config.policy.window_s):
                 self.m_alerts.labels("log").inc()
+        for _ in self.fault_alerts.once(snap.measured.faults, self.cost.ticks + 1):
+            self.m_alerts.labels("fault").inc()
         wall = time.perf_counter() - wall0
         c = self.cost
         c.ticks += 1
@@ -240,6 +252,8 @@ class ControlLoop:
         c.max_wall_s = max(c.max_wall_s, wall)
         c.last_wall_s = wall
         c.modules_ran += res.modules_ran
+        if res.modules_ran:
+            self.m_runs.inc()
         self.m_tick.observe(wall)
         self.last = {**snap.summary(), "breaches": [b.slo for b in res.breaches]}
         return res

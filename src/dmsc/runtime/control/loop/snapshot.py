@@ -93,7 +93,8 @@ def link_rates(m: Measurements) -> dict[int, float]:
 
 
 def telemetry(m: Measurements) -> dict[str, dict[str, float | None]]:
-    """Each worker's mean CPU % and largest memory over its last ``RATE_STEPS`` traced steps."""
+    """Each worker's mean CPU %, largest memory and its node's mean CPU % (all cores) over its
+    last ``RATE_STEPS`` traced steps."""
     traced = set(sorted({t.step for t in m.traces})[-RATE_STEPS:])
     out: dict[str, dict[str, float | None]] = {}
     by: dict[str, list[Any]] = {}
@@ -103,9 +104,11 @@ def telemetry(m: Measurements) -> dict[str, dict[str, float | None]]:
     for name, rows in sorted(by.items()):
         cpu = [t.cpu_percent for t in rows if t.cpu_percent is not None]
         rss = [t.rss_bytes for t in rows if t.rss_bytes is not None]
+        node = [t.node_cpu_percent for t in rows if t.node_cpu_percent is not None]
         out[name] = {
             "cpu_percent": statistics.mean(cpu) if cpu else None,
             "rss_bytes": float(max(rss)) if rss else None,
+            "node_cpu_percent": statistics.mean(node) if node else None,
         }
     return out
 
@@ -169,17 +172,21 @@ def take(
     predictions: Predictions,
     last_key: tuple[Any, ...] | None = None,
     window_s: float = 300.0,
+    last_ran_s: float | None = None,
+    interval_s: float = 0.0,
 ) -> Snapshot:
     """The snapshot of ``cp``'s run at ``now_s`` (module docstring). The last ``RATE_STEPS``
     step traces are read for the objectives; ``TRACED_STEPS`` only when the modules are due
-    (:func:`.tick.modules_due` of ``last_key``, the key they last ran on); the inference
-    latencies of the last ``window_s``."""
+    (:func:`.tick.modules_due` of ``last_key``, the key they last ran on at ``last_ran_s``, and
+    the re-plan's ``interval_s``; a tick that an event makes run them has the last
+    ``RATE_STEPS``); the inference latencies of the last ``window_s``."""
     plan = cp.plan  # read once: a move may replace it meanwhile
     measured = read_measurements(cp.db, cp.run.id, now_s, last_steps=RATE_STEPS)
     base_dp = measured.plan.job.dp  # the run's own plan: what devices coming back restore
     measured = dataclasses.replace(measured, plan=plan)
     moved_s = None
-    if measured.task_id is not None and modules_due(Snapshot(measured).key(), last_key):
+    key = Snapshot(measured).key()
+    if measured.task_id is not None and modules_due(key, last_key, now_s, last_ran_s, interval_s):
         traces = tuple(step_traces(cp.db, measured.task_id, last=TRACED_STEPS))
         measured = dataclasses.replace(measured, traces=traces)
         moved_s = last_move_s(cp.db, cp.run.id)

@@ -39,7 +39,7 @@ from pathlib import Path
 from typing import Any
 
 from dmsc.data.db import Database, ScaleEventRecord
-from dmsc.data.traces import worker_usage
+from dmsc.data.traces import latest_worker_cpu
 from dmsc.planner.elastic import devices_in_use, node_load, place_replica
 from dmsc.planner.plan import Plan, ReplicaRecord
 from dmsc.runtime.compute.checkpoints import stage_file
@@ -208,15 +208,8 @@ class ServingPool:
     def node_load(self) -> dict[int, float]:
         """Each node's CPU load as the newest training task's steps measured it (its workers'
         mean CPU %, :func:`dmsc.planner.elastic.node_load`): a new replica goes to the idlest."""
-        for task in reversed([t for t in self.db.tasks(self.run_id) if t.kind == "train"]):
-            cpu = {
-                (int(k.split("/")[0]), int(k.split("/")[1])): u["cpu_percent_mean"]
-                for k, u in worker_usage(self.db, task.id).items()
-                if u["cpu_percent_mean"] is not None
-            }
-            if cpu:
-                return node_load(self.plan, self.cluster, cpu)
-        return {}
+        cpu = latest_worker_cpu(self.db, self.run_id)
+        return node_load(self.plan, self.cluster, cpu) if cpu else {}
 
     def scale_in(
         self, name: str, reason: str, in_flight: float = 0.0, drain_s: float = DRAIN_TIMEOUT_S

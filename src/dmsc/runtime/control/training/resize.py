@@ -54,8 +54,11 @@ def resized_plan(
     *,
     heads: bool = False,
     serving: bool = False,
+    worker_cpu: Mapping[tuple[int, int], float] | None = None,
 ) -> Plan:
-    """The plan of the same strategy at ``dp`` replicas; ValueError says why it cannot be."""
+    """The plan of the same strategy at ``dp`` replicas; ValueError says why it cannot be.
+    ``worker_cpu``: the CPU % ``plan``'s workers measured, by (stage, replica): the replicas a
+    grow adds go to the idlest nodes (:func:`dmsc.planner.elastic.place_grown`)."""
     if heads:
         raise ValueError("dp: the replicas hold task heads of their own; they cannot be copied")
     if serving:
@@ -67,6 +70,7 @@ def resized_plan(
         )
     # imported here: the solver brings OR-Tools and pandas (about 0.4 s of CPU) into every
     # control plane's start, and only a resize uses it
+    from dmsc.planner.elastic import node_load, place_grown
     from dmsc.planner.solve import plan_job
 
     try:
@@ -74,7 +78,9 @@ def resized_plan(
         outcome = plan_job(cluster, model, job, fixed=True)
     except (ValueError, SpecError) as exc:  # DoesNotFit and Infeasible are ValueErrors
         raise ValueError(f"dp: {dp} replicas do not fit cluster {cluster.name!r}: {exc}") from None
-    return outcome.plan
+    if not worker_cpu:
+        return outcome.plan
+    return place_grown(plan, outcome.plan, cluster, node_load(plan, cluster, worker_cpu))
 
 
 def check_online(plan: Plan, online: Mapping[str, int] | None) -> None:
