@@ -130,15 +130,22 @@ def _rank(rank: int, port: int, out: str) -> None:
         dist.destroy_process_group()
 
 
-def _all_to_alls(spec: TransformerSpec, module: StageModule, rank: int) -> dict[str, int]:
+def _all_to_alls(spec: TransformerSpec, module: StageModule, rank: int) -> dict[str, Any]:
     """The all-to-alls of one forward and backward (its gradients then dropped): the tokens'
-    (differentiable) and all those gloo ran."""
+    (differentiable) and all those gloo ran; and the step's meter's ``ep`` figures for the
+    forward alone and for the forward and backward."""
     tokens = batches(spec)[0][rank * 2 : (rank + 1) * 2]
+    METER.take()
+    with torch.no_grad():
+        module(tokens[:, :-1])
+    forward = METER.take()["ep"]
     with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU]) as prof:
         loss_fn(module(tokens[:, :-1]), tokens[:, 1:]).backward()
+    step = METER.take()["ep"]
     module.zero_grad(set_to_none=True)
     names = Counter(e.name for e in prof.events())
-    return {"tokens": names["ep::all_to_all"], "all": names["gloo:all_to_all"]}
+    counted = {"tokens": names["ep::all_to_all"], "all": names["gloo:all_to_all"]}
+    return counted | {"forward": forward, "step": step}
 
 
 @pytest.fixture(scope="module")
@@ -202,9 +209,28 @@ def test_ep2_trains_to_the_losses_and_gradients_of_one_process(
     # cost model's four), and one exchange of the token counts
     mixtures = sum(isinstance(m, MixtureOfExperts) for m in whole.modules())
     assert mixtures == spec.layers == 2
-    assert (
-        ep2[0]["exchanges"] == ep2[1]["exchanges"] == {"tokens": 4 * mixtures, "all": 5 * mixtures}
-    )
+    for record in ep2:
+        got = record["exchanges"]
+        assert {k: got[k] for k in ("tokens", "all")} == {
+            "tokens": 4 * mixtures,
+            "all": 5 * mixtures,
+        }
+
+
+@pytest.mark.integration
+def test_the_meter_counts_the_backward_s_all_to_alls_too(ep2: list[dict[str, Any]]) -> None:
+    """Forward and backward: the three of each mixture's forward and the two of its backward on
+    the step's meter, the backward sending away what the forward's two exchanges brought in
+    (each exchange's reverse), so the step's ``ep`` bytes are twice the tokens' of the forward
+    plus the counts (one int64 per expert and mixture)."""
+    spec = _spec()
+    counts = spec.layers * spec.experts * 8
+    for record in ep2:
+        forward, step = record["exchanges"]["forward"], record["exchanges"]["step"]
+        assert forward["calls"] == 3 * spec.layers and step["calls"] == 5 * spec.layers
+        assert forward["bytes"] > counts
+        assert step["bytes"] == 2 * (forward["bytes"] - counts) + counts
+        assert step["s"] > 0 and forward["s"] > 0
 
 
 @pytest.mark.integration
