@@ -179,12 +179,15 @@ class ExpertParallelMoE(nn.Module):
         ep = _group(group).size() if ep is None else ep
         whole = list(full.experts.values() if isinstance(full, ExpertParallelMoE) else full.experts)
         check_ep_divisible(len(whole), ep)
-        self.group, self.ep, self.top_k = group, ep, full.top_k
-        self.tp, self.tp_group = tp, tp_group
+        self.group: Any = group
+        self.ep: int = ep
+        self.top_k: int = full.top_k
+        self.tp: int = tp
+        self.tp_group: Any = tp_group
         self.local = len(whole) // ep
         self.first = rank * self.local
-        self.router = full.router
-        self.experts = nn.ModuleDict(
+        self.router: nn.Linear = full.router
+        self.experts: nn.ModuleDict = nn.ModuleDict(
             {str(e): whole[e] for e in range(self.first, self.first + self.local)}
         )
 
