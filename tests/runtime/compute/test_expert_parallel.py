@@ -307,3 +307,34 @@ def test_expert_parameters_are_told_by_name() -> None:
     assert kind_of("layers.1.mlp.router.weight") == "dense"
     assert kind_of("layers.1.mlp.gate.weight") == "dense"
     assert kind_of("layers.0.tok.weight") == "dense"
+
+
+def test_an_ep1_mixture_computes_and_learns_what_the_whole_one_does() -> None:
+    """At ep = 1 (a tensor-parallel replica's mixture at tp = 1) nothing is exchanged and no
+    group is needed: the output and every gradient are the whole mixture's."""
+    spec = _spec()
+    whole = MixtureOfExperts(spec)
+    mine = ExpertParallelMoE(copy.deepcopy(whole), None, 0, 1)
+    x = torch.randn(2, 9, spec.hidden, generator=torch.Generator().manual_seed(4))
+    outputs = []
+    for mixture in (whole, mine):
+        xi = x.clone().requires_grad_(True)
+        y = mixture(xi)
+        y.square().sum().backward()
+        assert xi.grad is not None
+        outputs.append((y.detach(), xi.grad, {n: p.grad for n, p in mixture.named_parameters()}))
+    (y0, g0, p0), (y1, g1, p1) = outputs
+    torch.testing.assert_close(y1, y0, rtol=0, atol=1e-6)
+    torch.testing.assert_close(g1, g0, rtol=1e-5, atol=1e-6)
+    assert p1.keys() == p0.keys()
+    for name, grad in p0.items():
+        torch.testing.assert_close(p1[name], grad, rtol=1e-5, atol=1e-6, msg=name)
+
+
+def test_an_ep1_mixture_is_cut_to_a_rank_s_share_once() -> None:
+    spec = _spec()
+    one = ExpertParallelMoE(MixtureOfExperts(spec), None, 0, 1)
+    half = ExpertParallelMoE(one, None, 1, EP)
+    assert list(half.experts) == ["2", "3"] and half.experts["2"] is one.experts["2"]
+    with pytest.raises(ValueError, match="already split over ep=2"):
+        ExpertParallelMoE(half, None, 0, EP)
