@@ -130,15 +130,22 @@ def _rank(rank: int, port: int, out: str) -> None:
         dist.destroy_process_group()
 
 
-def _all_to_alls(spec: TransformerSpec, module: StageModule, rank: int) -> dict[str, int]:
+def _all_to_alls(spec: TransformerSpec, module: StageModule, rank: int) -> dict[str, Any]:
     """The all-to-alls of one forward and backward (its gradients then dropped): the tokens'
-    (differentiable) and all those gloo ran."""
+    (differentiable) and all those gloo ran; and the step's meter's ``ep`` figures for the
+    forward alone and for the forward and backward."""
     tokens = batches(spec)[0][rank * 2 : (rank + 1) * 2]
+    METER.take()
+    with torch.no_grad():
+        module(tokens[:, :-1])
+    forward = METER.take()["ep"]
     with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU]) as prof:
         loss_fn(module(tokens[:, :-1]), tokens[:, 1:]).backward()
+    step = METER.take()["ep"]
     module.zero_grad(set_to_none=True)
     names = Counter(e.name for e in prof.events())
-    return {"tokens": names["ep::all_to_all"], "all": names["gloo:all_to_all"]}
+    counted = {"tokens": names["ep::all_to_all"], "all": names["gloo:all_to_all"]}
+    return counted | {"forward": forward, "step": step}
 
 
 @pytest.fixture(scope="module")
@@ -202,9 +209,28 @@ def test_ep2_trains_to_the_losses_and_gradients_of_one_process(
     # cost model's four), and one exchange of the token counts
     mixtures = sum(isinstance(m, MixtureOfExperts) for m in whole.modules())
     assert mixtures == spec.layers == 2
-    assert (
-        ep2[0]["exchanges"] == ep2[1]["exchanges"] == {"tokens": 4 * mixtures, "all": 5 * mixtures}
-    )
+    for record in ep2:
+        got = record["exchanges"]
+        assert {k: got[k] for k in ("tokens", "all")} == {
+            "tokens": 4 * mixtures,
+            "all": 5 * mixtures,
+        }
+
+
+@pytest.mark.integration
+def test_the_meter_counts_the_backward_s_all_to_alls_too(ep2: list[dict[str, Any]]) -> None:
+    """Forward and backward: the three of each mixture's forward and the two of its backward on
+    the step's meter, the backward sending away what the forward's two exchanges brought in
+    (each exchange's reverse), so the step's ``ep`` bytes are twice the tokens' of the forward
+    plus the counts (one int64 per expert and mixture)."""
+    spec = _spec()
+    counts = spec.layers * spec.experts * 8
+    for record in ep2:
+        forward, step = record["exchanges"]["forward"], record["exchanges"]["step"]
+        assert forward["calls"] == 3 * spec.layers and step["calls"] == 5 * spec.layers
+        assert forward["bytes"] > counts
+        assert step["bytes"] == 2 * (forward["bytes"] - counts) + counts
+        assert step["s"] > 0 and forward["s"] > 0
 
 
 @pytest.mark.integration
@@ -281,3 +307,34 @@ def test_expert_parameters_are_told_by_name() -> None:
     assert kind_of("layers.1.mlp.router.weight") == "dense"
     assert kind_of("layers.1.mlp.gate.weight") == "dense"
     assert kind_of("layers.0.tok.weight") == "dense"
+
+
+def test_an_ep1_mixture_computes_and_learns_what_the_whole_one_does() -> None:
+    """At ep = 1 (a tensor-parallel replica's mixture at tp = 1) nothing is exchanged and no
+    group is needed: the output and every gradient are the whole mixture's."""
+    spec = _spec()
+    whole = MixtureOfExperts(spec)
+    mine = ExpertParallelMoE(copy.deepcopy(whole), None, 0, 1)
+    x = torch.randn(2, 9, spec.hidden, generator=torch.Generator().manual_seed(4))
+    outputs = []
+    for mixture in (whole, mine):
+        xi = x.clone().requires_grad_(True)
+        y = mixture(xi)
+        y.square().sum().backward()
+        assert xi.grad is not None
+        outputs.append((y.detach(), xi.grad, {n: p.grad for n, p in mixture.named_parameters()}))
+    (y0, g0, p0), (y1, g1, p1) = outputs
+    torch.testing.assert_close(y1, y0, rtol=0, atol=1e-6)
+    torch.testing.assert_close(g1, g0, rtol=1e-5, atol=1e-6)
+    assert p1.keys() == p0.keys()
+    for name, grad in p0.items():
+        torch.testing.assert_close(p1[name], grad, rtol=1e-5, atol=1e-6, msg=name)
+
+
+def test_an_ep1_mixture_is_cut_to_a_rank_s_share_once() -> None:
+    spec = _spec()
+    one = ExpertParallelMoE(MixtureOfExperts(spec), None, 0, 1)
+    half = ExpertParallelMoE(one, None, 1, EP)
+    assert list(half.experts) == ["2", "3"] and half.experts["2"] is one.experts["2"]
+    with pytest.raises(ValueError, match="already split over ep=2"):
+        ExpertParallelMoE(half, None, 0, EP)

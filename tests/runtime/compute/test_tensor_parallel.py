@@ -12,6 +12,9 @@ import torch
 import torch.distributed as dist
 from tp_helpers import SEED, batches, greedy, small_spec, train, two_ranks
 
+from dmsc.netmodel import build_layer_costs
+from dmsc.netmodel.constants import DTYPE_BYTES
+from dmsc.runtime.compute.comm_meter import METER, ring_allreduce_bytes
 from dmsc.runtime.compute.models.chain import StageModule, build_stage, loss_fn
 from dmsc.runtime.compute.tensor_parallel import (
     gather_state_dict,
@@ -20,7 +23,7 @@ from dmsc.runtime.compute.tensor_parallel import (
     split_of,
 )
 from dmsc.runtime.compute.vocab_parallel import stage_loss
-from dmsc.spec import TransformerSpec
+from dmsc.spec import JobSpec, TransformerSpec
 
 pytestmark = pytest.mark.integration  # one pair of rank processes: conftest.ONE_PROCESS
 
@@ -47,6 +50,7 @@ def _rank(rank: int, port: int, out: str) -> None:
             record = {"losses": losses, "initial": initial, "local": local, "full": full}
             record["greedy"] = greedy(spec, module)
             record["all_reduces"] = collectives
+            record["block_comm"] = _block_comm(spec, module)
             torch.save(record | {"held_out": held_out}, f"{out}/{name}-rank{rank}.pt")
     finally:
         dist.destroy_process_group()
@@ -68,6 +72,18 @@ def _all_reduces(spec: TransformerSpec, module: StageModule) -> int:
         dist.all_reduce = all_reduce
     module.zero_grad(set_to_none=True)
     return len(calls)
+
+
+def _block_comm(spec: TransformerSpec, module: StageModule) -> dict[str, float]:
+    """The step's meter's ``tp`` figures for the first block's forward and backward on a
+    micro-batch of two sequences of the model's length (its gradients then dropped)."""
+    block = module.layers[1]
+    x = torch.randn(2, spec.seq, spec.hidden, generator=torch.Generator().manual_seed(5))
+    x.requires_grad_(True)
+    METER.take()
+    block(x).square().mean().backward()
+    module.zero_grad(set_to_none=True)
+    return METER.take()["tp"]
 
 
 def _evaluate(spec: TransformerSpec, module: StageModule) -> float:
@@ -96,9 +112,9 @@ def test_tp2_trains_to_the_losses_of_one_process(
     reference = train(spec, whole)
     for got in tp2[name]:
         assert got["losses"] == pytest.approx(reference, abs=1e-4)
-    if not spec.is_moe:  # one all-reduce per sub-layer in the forward, one in the backward;
-        # the embedding's and the head's (forward, backward) and the loss's three
-        assert tp2[name][0]["all_reduces"] == 4 * spec.layers + 5
+    # one all-reduce per sub-layer in the forward, one in the backward (a mixture's too, not
+    # one per expert); the embedding's and the head's (forward, backward) and the loss's three
+    assert tp2[name][0]["all_reduces"] == 4 * spec.layers + 5
     assert reference[-2] < reference[0] - 0.5 and reference[-1] < reference[1] - 0.5  # learns
 
 
@@ -126,3 +142,23 @@ def test_a_tp2_state_dict_loads_into_tp1_and_back(
             assert torch.equal(shards[key], tensor), key
             if key in split:
                 assert tensor.numel() * 2 == full[key].numel(), key
+
+
+@pytest.mark.parametrize("name", ("llama-mini", "moe-mini"))
+def test_a_block_runs_the_tp_collectives_the_cost_model_prices(
+    tp2: dict[str, list[dict[str, Any]]], name: str
+) -> None:
+    """A block's forward and backward on each rank: the calls and the ring's bytes of the
+    block's layer cost (``netmodel/layers.py``), a mixture's like a dense MLP's; the mixture
+    adds only its router weights' gradients (tokens x top_k numbers) to the backward's sum."""
+    spec = small_spec(name)
+    job = JobSpec(global_batch=2, micro_batch=2, tp=2, sequence_parallel=False)
+    block = build_layer_costs(spec, job)[1]
+    assert block.kind == ("moe_block" if spec.is_moe else "block")
+    calls = block.tp_allreduces_fwd + block.tp_allreduces_bwd
+    elements = int(block.tp_allreduce_bytes) // DTYPE_BYTES[spec.dtype]
+    priced = calls * ring_allreduce_bytes(elements, DTYPE_BYTES[spec.dtype], 2)
+    router = ring_allreduce_bytes(2 * spec.seq * spec.top_k, 4, 2) if spec.is_moe else 0
+    for got in tp2[name]:
+        assert got["block_comm"]["calls"] == calls == 4
+        assert got["block_comm"]["bytes"] == priced + router

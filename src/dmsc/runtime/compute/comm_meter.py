@@ -5,9 +5,8 @@ Each mode's exchange is timed where it happens, as the worker waits for it:
 - ``tp``: the tensor-parallel all-reduces (Megatron's ``g`` in the forward, ``f`` in the
   backward, :mod:`.tensor_parallel`), or under sequence parallelism their all-gathers and
   reduce-scatters (:mod:`.sequence_parallel`);
-- ``ep``: the expert-parallel all-to-alls of the forward (the counts, the tokens out and back,
-  :mod:`.expert_parallel`; the backward's run inside the exchange's autograd function and are
-  not timed);
+- ``ep``: the expert-parallel all-to-alls (the counts, the tokens out and back in the forward,
+  and the two exchanges of their gradients in the backward, :mod:`.expert_parallel`);
 - ``dp``: the exposed part of the data-parallel all-reduce, from the end of the backward until
   every gradient is averaged (what the buckets launched during the backward did not hide);
 - ``pp``: the waits for a neighbouring stage's activation or gradient and for this stage's own

@@ -9,7 +9,8 @@ to the rank of each expert it chose (one all-to-all), runs the tokens it receive
 own experts, and sends the results back (a second all-to-all), where they are weighted by the
 router and summed. The backward runs the same two exchanges in reverse: four all-to-alls per
 mixture and step, the ``ep`` term the cost model prices (``netmodel/iteration.py``). A third,
-small one tells each rank how many tokens it receives for each of its experts.
+small one tells each rank how many tokens it receives for each of its experts. All of them are
+timed on the step's meter (:mod:`.comm_meter`), the backward's two included.
 
 The exchange is a differentiable all-to-all, its backward the reverse all-to-all
 (:class:`_AllToAll`), run by the group's own ``alltoall_base``; gloo runs it on CPU with uneven
@@ -32,13 +33,17 @@ not summed yet, and the partials go back and are weighted by the router and adde
 ranks sums them (Megatron's ``g``), and in the backward one all-reduce sums the partial
 gradients of the tokens sent to the experts (``f``, on the experts' path only: the router's
 input gradient is whole on every rank already). The router's weights multiply partial outputs,
-so their gradient is partial too: a third, small all-reduce in the backward sums it (B x T x
-top_k numbers). Per mixture that is one tensor-parallel all-reduce of the layer's B x T x hidden
-each way, as the cost model prices every block's MLP
-(``netmodel/layers.py``: ``tp_allreduces_fwd``, ``tp_allreduces_bwd``), and all-to-alls of
+so their gradient is partial too: it rides in the same backward all-reduce (B x T x top_k
+numbers more than the B x T x hidden of the tokens, :class:`.tp_ops.EnterPair`). Per mixture
+that is one tensor-parallel all-reduce of the layer's B x T x hidden each way, as the cost model
+prices every block's MLP (``netmodel/layers.py``: ``tp_allreduces_fwd``, ``tp_allreduces_bwd``;
+it does not count the router's top_k / hidden more bytes), and all-to-alls of
 B x T x top_k x hidden per tp rank in ep groups of tp rank t of each replica
 (``netmodel/parallel.py``: ``Layout.ep_groups``). The all-to-alls and the all-reduces run in
-the same order on every process, so the two kinds of group never wait on each other.
+the same order on every process, so the two kinds of group never wait on each other. At
+ep = 1 the same mixture, exchanging nothing, is a tensor-parallel replica's
+(:func:`.tensor_parallel.parallelize_stage`), and :func:`parallelize_experts` cuts it to a
+rank's share of the experts when the plan has ep > 1 too.
 
 Parameter names stay those of the whole model: a rank's experts keep their global numbers
 (``mlp.experts.2.gate.weight`` on rank 1 of ep = 2 with four experts), so a rank's state dict
@@ -66,8 +71,7 @@ from torch import nn
 from dmsc.netmodel.parallel import Group, Layout
 from dmsc.runtime.compute.comm_meter import METER
 from dmsc.runtime.compute.models.llama import MixtureOfExperts, SwiGLU
-from dmsc.runtime.compute.tensor_parallel import RowParallelLinear
-from dmsc.runtime.compute.tp_ops import Enter, Reduce
+from dmsc.runtime.compute.tp_ops import EnterPair, Reduce
 
 _EXPERT = re.compile(r"(^|\.)experts\.(\d+)\.")
 
@@ -105,7 +109,8 @@ def _all_to_all(x: torch.Tensor, group: Any, out_splits: list[int], in_splits: l
 
 class _AllToAll(torch.autograd.Function):
     """The differentiable all-to-all: the forward sends rows of ``x``, the backward sends their
-    gradients back the reverse way (the splits swapped)."""
+    gradients back the reverse way (the splits swapped). Both ways are on the step's meter as
+    ``ep``, each with the bytes that left this rank (its own rows cross no link)."""
 
     @staticmethod
     def forward(
@@ -113,13 +118,25 @@ class _AllToAll(torch.autograd.Function):
     ) -> Any:
         ctx.group, ctx.splits = group, (out_splits, in_splits)
         with torch.profiler.record_function("ep::all_to_all"):
-            return _all_to_all(x, group, out_splits, in_splits)
+            return _metered_all_to_all(x, group, out_splits, in_splits)
 
     @staticmethod
     def backward(ctx: Any, grad: torch.Tensor) -> tuple[Any, None, None, None]:
         out_splits, in_splits = ctx.splits
         with torch.profiler.record_function("ep::all_to_all"):
-            return _all_to_all(grad, ctx.group, in_splits, out_splits), None, None, None
+            back = _metered_all_to_all(grad, ctx.group, in_splits, out_splits)
+            return back, None, None, None
+
+
+def _metered_all_to_all(
+    x: torch.Tensor, group: Any, out_splits: list[int], in_splits: list[int]
+) -> torch.Tensor:
+    """:func:`_all_to_all` timed on the step's meter, with the bytes of the rows sent away."""
+    me = _group(group).rank()
+    away = (sum(in_splits) - in_splits[me]) * x[:1].numel() * x.element_size()
+    with METER.timed("ep", away):
+        out: torch.Tensor = _all_to_all(x, group, out_splits, in_splits)
+    return out
 
 
 def _partial(expert: nn.Module, x: torch.Tensor) -> torch.Tensor:
@@ -137,36 +154,45 @@ class ExpertParallelMoE(nn.Module):
     ``rank`` and ``ep`` given, no group need exist yet (a worker forms it at its first step:
     :mod:`.ep_worker`); ``group`` is then set before the first forward. ``group``: a
     ProcessGroup, a gloo backend formed from a store (a second group beside the default one),
-    or None (the default group)."""
+    or None (the default group). At ``ep`` = 1 it exchanges nothing: every expert is local,
+    which is the mixture of a tensor-parallel replica without expert parallelism
+    (:func:`.tensor_parallel.parallelize_stage`). ``tp`` > 1: the experts are already split
+    Megatron-style over the ``tp`` ranks of ``tp_group`` (None: the default group), and their
+    partial outputs are summed once for the whole mixture; ``full`` may then be such a mixture
+    at ep = 1 (its ``tp`` and ``tp_group`` carried over)."""
 
     def __init__(
         self,
-        full: MixtureOfExperts,
+        full: MixtureOfExperts | ExpertParallelMoE,
         group: Any = None,
         rank: int | None = None,
         ep: int | None = None,
+        tp: int = 1,
+        tp_group: Any = None,
     ) -> None:
         super().__init__()
+        if isinstance(full, ExpertParallelMoE):
+            if full.ep != 1:
+                raise ValueError(f"a mixture already split over ep={full.ep} ranks")
+            tp, tp_group = full.tp, full.tp_group
         rank = _group(group).rank() if rank is None else rank
         ep = _group(group).size() if ep is None else ep
-        total = len(full.experts)
-        check_ep_divisible(total, ep)
-        self.group, self.ep, self.top_k = group, ep, full.top_k
-        self.local = total // ep
+        whole = list(full.experts.values() if isinstance(full, ExpertParallelMoE) else full.experts)
+        check_ep_divisible(len(whole), ep)
+        self.group: Any = group
+        self.ep: int = ep
+        self.top_k: int = full.top_k
+        self.tp: int = tp
+        self.tp_group: Any = tp_group
+        self.local = len(whole) // ep
         self.first = rank * self.local
-        self.router = full.router
-        self.experts = nn.ModuleDict(
-            {str(e): full.experts[e] for e in range(self.first, self.first + self.local)}
+        self.router: nn.Linear = full.router
+        self.experts: nn.ModuleDict = nn.ModuleDict(
+            {str(e): whole[e] for e in range(self.first, self.first + self.local)}
         )
 
     def forward(self, x_BTH: torch.Tensor) -> torch.Tensor:
         flat = x_BTH.reshape(-1, x_BTH.shape[-1])
-        # at tp > 1 the experts are split Megatron-style (tensor_parallel.parallelize_stage)
-        down = next(iter(self.experts.values())).get_submodule("down")
-        split = isinstance(down, RowParallelLinear)
-        tp_group = down.group if isinstance(down, RowParallelLinear) else None
-        # f on the experts' path: their partial input gradients summed over the tp ranks
-        src = Enter.apply(flat, tp_group) if split else flat
         probs = F.softmax(self.router(flat), dim=-1, dtype=torch.float32)
         weight, chosen = probs.topk(self.top_k, dim=-1)
         weight = (weight / weight.sum(dim=-1, keepdim=True)).to(flat.dtype)
@@ -174,15 +200,24 @@ class ExpertParallelMoE(nn.Module):
         expert = chosen.reshape(-1)
         order = torch.argsort(expert, stable=True)
         rows = order // self.top_k
-        sent = self.local * self.ep
-        counts = torch.bincount(expert, minlength=sent)
-        received = torch.empty_like(counts)
-        # what each rank sends this one, for each of its experts: [source rank, local expert]
-        with METER.timed("ep", counts.numel() * counts.element_size()):
-            _group(self.group).alltoall_base(received, counts, [], []).wait()
-        send_splits = counts.view(self.ep, self.local).sum(dim=1).tolist()
-        recv_splits = received.view(self.ep, self.local).sum(dim=1).tolist()
-        tokens = self._exchange(src[rows], recv_splits, send_splits)
+        picked = weight.reshape(-1)[order, None]
+        src = flat
+        if self.tp > 1:
+            # f on the experts' path (their partial input gradients) and on the router's
+            # weights (they multiply partial outputs, so their gradients are partial too):
+            # both summed over the tp ranks in one all-reduce of the backward
+            src, picked = EnterPair.apply(flat, picked, self.tp_group)
+        counts = torch.bincount(expert, minlength=self.local * self.ep)
+        if self.ep == 1:
+            received, tokens = counts, src[rows]
+        else:
+            received = torch.empty_like(counts)
+            # what each rank sends this one, for each of its experts: [source rank, local expert]
+            with METER.timed("ep", counts.numel() * counts.element_size()):
+                _group(self.group).alltoall_base(received, counts, [], []).wait()
+            send_splits = counts.view(self.ep, self.local).sum(dim=1).tolist()
+            recv_splits = received.view(self.ep, self.local).sum(dim=1).tolist()
+            tokens = _AllToAll.apply(src[rows], self.group, recv_splits, send_splits)
         local_ids = torch.arange(self.local).repeat(self.ep)
         of_expert = torch.repeat_interleave(local_ids, received)
         done = torch.zeros_like(tokens)
@@ -190,24 +225,11 @@ class ExpertParallelMoE(nn.Module):
             (at,) = (of_expert == j).nonzero(as_tuple=True)
             if at.numel():
                 done = done.index_copy(0, at, _partial(module, tokens[at]))
-        back = self._exchange(done, send_splits, recv_splits)
-        picked = weight.reshape(-1)[order, None]
-        if split:  # the router's gradient: the whole outputs', the tp ranks' partials summed
-            picked = Enter.apply(picked, tp_group)
+        back = done if self.ep == 1 else _AllToAll.apply(done, self.group, send_splits, recv_splits)
         out = torch.zeros_like(flat).index_add(0, rows, back * picked)
-        if split:  # g: the tp ranks' partial sums, once for the whole mixture
-            out = Reduce.apply(out, tp_group)
+        if self.tp > 1:  # g: the tp ranks' partial sums, once for the whole mixture
+            out = Reduce.apply(out, self.tp_group)
         return out.view_as(x_BTH)
-
-    def _exchange(
-        self, x: torch.Tensor, out_splits: list[int], in_splits: list[int]
-    ) -> torch.Tensor:
-        """Rows of ``x`` sent to the ranks in ``in_splits`` runs; what arrives, by source rank."""
-        me = _group(self.group).rank()  # what stays on this rank crosses no link
-        away = (sum(in_splits) - in_splits[me]) * x[:1].numel() * x.element_size()
-        with METER.timed("ep", away):
-            out: torch.Tensor = _AllToAll.apply(x, self.group, out_splits, in_splits)
-            return out
 
 
 def parallelize_experts(
@@ -217,11 +239,12 @@ def parallelize_experts(
     ep: int | None = None,
 ) -> nn.Module:
     """Replace every :class:`MixtureOfExperts` in ``module`` (built whole, from the seed or an
-    ep = 1 checkpoint) in place by this rank's :class:`ExpertParallelMoE` over ``group`` (rank
-    ``rank`` of ``ep`` when given: see :class:`ExpertParallelMoE`)."""
+    ep = 1 checkpoint), and every ep = 1 :class:`ExpertParallelMoE` of a tensor-parallel stage,
+    in place by this rank's :class:`ExpertParallelMoE` over ``group`` (rank ``rank`` of ``ep``
+    when given: see :class:`ExpertParallelMoE`)."""
     for parent in list(module.modules()):
         for name, child in list(parent.named_children()):
-            if isinstance(child, MixtureOfExperts):
+            if isinstance(child, MixtureOfExperts | ExpertParallelMoE):
                 setattr(parent, name, ExpertParallelMoE(child, group, rank, ep))
     return module
 

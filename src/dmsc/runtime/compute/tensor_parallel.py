@@ -11,8 +11,13 @@ embedding, the norms, the row-parallel biases and a mixture of experts' router s
 every rank; they compute the same values everywhere and so get the same gradients without a
 collective (with sequence parallelism the blocks' norms
 and row-parallel biases see a slice of the sequence each: :mod:`.sequence_parallel`). Mixtral's
-experts are split like the MLP, each expert with its own two all-reduces (the router weights a
-whole expert output, so the sum over the ranks comes before the weighting).
+experts are split like the MLP, and the mixture becomes an
+:class:`~.expert_parallel.ExpertParallelMoE` at ep = 1: the router weights each expert's
+partial output and adds them up per token (both linear, so the sum over the ranks may come
+last), then one all-reduce sums the mixture's output, and one in the backward sums the tokens'
+and the router weights' partial gradients together. That is a mixture's two all-reduces, as the
+cost model prices every block's MLP (``netmodel/layers.py``), where an all-reduce per expert
+that got tokens would cost up to ``experts`` calls and ``top_k`` times the bytes.
 
 Parameter names stay those of the whole model, each holding the rank's shard:
 :func:`gather_state_dict` makes a tp = 1 state dict of a tp = N stage and
@@ -46,6 +51,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from dmsc.runtime.compute import sequence_parallel, vocab_parallel
+from dmsc.runtime.compute.expert_parallel import ExpertParallelMoE
 from dmsc.runtime.compute.models import gpt, llama
 from dmsc.runtime.compute.models.chain import StageModule
 from dmsc.runtime.compute.models.support import check_tp_divisible
@@ -246,12 +252,19 @@ def parallelize_stage(
                 _column(attn, name, group)
             _row(attn, "o", group, seq)
             attn.register_forward_pre_hook(_enter_hook(group, seq))
-            mlps = layer.mlp.experts if isinstance(layer.mlp, llama.MixtureOfExperts) else None
-            for mlp in mlps if mlps is not None else [layer.mlp]:
-                _column(mlp, "gate", group)
-                _column(mlp, "up", group)
-                _row(mlp, "down", group, seq)
-                mlp.register_forward_pre_hook(_enter_hook(group, seq))
+            if isinstance(layer.mlp, llama.MixtureOfExperts):
+                # each expert split alike, their partial outputs combined by the router, then
+                # summed over the ranks once for the whole mixture (not once per expert)
+                for mlp in layer.mlp.experts:
+                    _column(mlp, "gate", group)
+                    _column(mlp, "up", group)
+                    _row(mlp, "down", group, seq)
+                layer.mlp = ExpertParallelMoE(layer.mlp, None, 0, 1, tp, group)
+            else:
+                _column(layer.mlp, "gate", group)
+                _column(layer.mlp, "up", group)
+                _row(layer.mlp, "down", group, seq)
+                layer.mlp.register_forward_pre_hook(_enter_hook(group, seq))
     if vocab:
         vocab_parallel.split_ends(module, group)
     if sequence:

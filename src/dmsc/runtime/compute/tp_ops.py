@@ -5,7 +5,8 @@ sequence split (:mod:`.sequence_parallel`).
 Megatron-LM's ``f`` and ``g`` (Shoeybi et al., 2019, sec. 3, fig. 3): ``f`` (:class:`Enter`) is
 the identity forward and an all-reduce of the gradient backward, placed where a column-parallel
 layer's input enters; ``g`` (:class:`Reduce`) an all-reduce forward and the identity backward,
-where a row-parallel layer's partial outputs leave. Every all-reduce here books its time and a
+where a row-parallel layer's partial outputs leave; :class:`EnterPair` is ``f`` on two inputs
+whose gradients share one all-reduce. Every all-reduce here books its time and a
 ring's bytes on the step's meter (:mod:`.comm_meter`): gloo and NCCL both run a ring for these
 (the data-parallel all-reduce's algorithms are :mod:`.allreduce`'s).
 """
@@ -19,7 +20,7 @@ import torch.distributed as dist
 
 from dmsc.runtime.compute.comm_meter import METER, ring_allreduce_bytes
 
-__all__ = ["Enter", "Reduce", "all_reduce"]
+__all__ = ["Enter", "EnterPair", "Reduce", "all_reduce"]
 
 
 def all_reduce(
@@ -46,6 +47,30 @@ class Enter(torch.autograd.Function):
         grad = grad.clone(memory_format=torch.contiguous_format)
         all_reduce(grad, ctx.group)
         return grad, None
+
+
+class EnterPair(torch.autograd.Function):
+    """``f`` on two inputs at once: the identity forward; the backward sums both gradients
+    over the ranks in one all-reduce (a mixture's tokens and router weights,
+    :mod:`.expert_parallel`: one call where two would each pay the latency)."""
+
+    @staticmethod
+    def forward(
+        ctx: Any, x: torch.Tensor, y: torch.Tensor, group: dist.ProcessGroup | None
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        if x.dtype != y.dtype:
+            raise ValueError(f"EnterPair: {x.dtype} and {y.dtype} cannot share one all-reduce")
+        ctx.group = group
+        return x.view_as(x), y.view_as(y)
+
+    @staticmethod
+    def backward(
+        ctx: Any, grad_x: torch.Tensor, grad_y: torch.Tensor
+    ) -> tuple[torch.Tensor, torch.Tensor, None]:
+        both = torch.cat([grad_x.reshape(-1), grad_y.reshape(-1)])
+        all_reduce(both, ctx.group)
+        gx, gy = both.split([grad_x.numel(), grad_y.numel()])
+        return gx.view_as(grad_x), gy.view_as(grad_y), None
 
 
 class Reduce(torch.autograd.Function):
