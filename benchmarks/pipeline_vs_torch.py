@@ -2,16 +2,20 @@
 
 gpt-mini in 3 stages ((embedding, block_0), (block_1, block_2), (block_3, head)), global batch
 16 in 4 micro-batches, 1F1B, AdamW; torch runs one gloo process per stage (CPU), dmsc one
-worker process per stage with gRPC between them. Median step time over the measured steps (the
-first fifth left out), and CPU seconds per measured step of every process of each side (torch:
-each rank's own; dmsc: the control plane and its workers), which a shared machine's load
-disturbs far less than the wall clock. Prints a table, or with --json one object: dmsc_step_s,
-torch_step_s, ratio (dmsc / torch), dmsc_cpu_s_per_step, torch_cpu_s_per_step, cpu_ratio and
-load_average (1, 5, 15 min, at the end).
+worker process per stage with gRPC between them. Median step time over the measured steps
+(the first fifth left out), and CPU seconds per measured step of every process of each side
+(torch: each rank's own; dmsc: the control plane and its workers), which a shared machine's
+load disturbs far less than the wall clock. Prints a table, or with --json one object:
+dmsc_step_s, torch_step_s, ratio (dmsc / torch), dmsc_cpu_s_per_step, torch_cpu_s_per_step,
+cpu_ratio and load_average (1, 5, 15 min, at the end).
 With ``--tls`` dmsc also runs with mutual TLS between the control plane and every worker (as
 ``dmsc up`` runs it: a CA in a temporary home, a leaf per worker), plain and TLS alternated over
 ``--rounds`` deployments each: dmsc_tls_step_s and tls_ratio (TLS over plain, the better round
-of each).
+of each). With ``--gloo`` dmsc also runs with its activations and gradients over gloo
+point-to-point (``StageLayout.pp_gloo``: the stages share a datacenter,
+:mod:`dmsc.runtime.compute.pipe_group`), gRPC and gloo alternated over ``--rounds`` deployments
+each: dmsc_gloo_step_s, dmsc_gloo_cpu_s_per_step, gloo_ratio (gloo over gRPC) and
+gloo_torch_ratio, the median round of each, dmsc_step_s and its CPU the gRPC rounds' median.
 """
 
 from __future__ import annotations
@@ -94,25 +98,26 @@ def torch_step_s(steps: int) -> tuple[float, float]:
     return statistics.median(times[steps // 5 :]), cpu
 
 
-def dmsc_step_s(steps: int, mtls: bool = False) -> tuple[float, float]:
-    """Median step time and CPU seconds per measured step (control plane and workers)."""
+def dmsc_step_s(steps: int, mtls: bool = False, gloo: bool = False) -> tuple[float, float]:
+    """Median step time and CPU seconds per measured step (control plane and workers); with
+    ``gloo`` the pipeline's frames go over gloo point-to-point."""
     from dmsc.runtime.transport import tls
 
     if mtls:  # what the control plane does at dmsc up: every channel and server mutual TLS
         tls.install_authority(Path(tempfile.mkdtemp(prefix="dmsc-bench-ca-")))
     try:
-        return _dmsc_steps(steps)
+        return _dmsc_steps(steps, gloo)
     finally:
         tls.install(None)
 
 
-def _dmsc_steps(steps: int) -> tuple[float, float]:
+def _dmsc_steps(steps: int, gloo: bool = False) -> tuple[float, float]:
     spec = resolve_model("gpt-mini")
     assert isinstance(spec, TransformerSpec)
     train, _ = stdlib_text(max_bytes=400_000)
     corpus = Corpus(train, spec.seq, seed=0)
     times, warm = [], steps // 5
-    with Deployment(StageLayout(spec, RANGES)) as dep:
+    with Deployment(StageLayout(spec, RANGES, pp_gloo=gloo)) as dep:
         for s in range(steps):
             if s == warm:
                 cpu0 = cpu_s()
@@ -125,13 +130,33 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--json", action="store_true")
     parser.add_argument("--steps", type=int, default=40)
-    parser.add_argument("--tls", action="store_true", help="Also dmsc with mutual TLS.")
-    parser.add_argument("--rounds", type=int, default=2, help="With --tls: plain/TLS pairs.")
+    also = parser.add_mutually_exclusive_group()
+    also.add_argument("--tls", action="store_true", help="Also dmsc with mutual TLS.")
+    also.add_argument("--gloo", action="store_true", help="Also dmsc's sends over gloo.")
+    parser.add_argument("--rounds", type=int, default=2, help="With --tls or --gloo: pairs.")
     args = parser.parse_args()
     t_torch, cpu_torch = torch_step_s(args.steps)
-    if not args.tls:
-        t_dmsc, cpu_dmsc = dmsc_step_s(args.steps)
+    if args.gloo:
+        rounds: dict[bool, list[tuple[float, float]]] = {False: [], True: []}
+        for _ in range(args.rounds):  # alternated, so drift hits both alike
+            for gloo in (False, True):
+                rounds[gloo].append(dmsc_step_s(args.steps, gloo=gloo))
+        t_dmsc, cpu_dmsc = (statistics.median(x) for x in zip(*rounds[False], strict=True))
+        t_gloo, cpu_gloo = (statistics.median(x) for x in zip(*rounds[True], strict=True))
         out: dict[str, Any] = {
+            "dmsc_step_s": t_dmsc,
+            "torch_step_s": t_torch,
+            "ratio": t_dmsc / t_torch,
+            "dmsc_gloo_step_s": t_gloo,
+            "dmsc_gloo_cpu_s_per_step": cpu_gloo,
+            "gloo_ratio": t_gloo / t_dmsc,
+            "gloo_torch_ratio": t_gloo / t_torch,
+            "grpc_rounds": rounds[False],
+            "gloo_rounds": rounds[True],
+        }
+    elif not args.tls:
+        t_dmsc, cpu_dmsc = dmsc_step_s(args.steps)
+        out = {
             "dmsc_step_s": t_dmsc,
             "torch_step_s": t_torch,
             "ratio": t_dmsc / t_torch,
@@ -163,6 +188,9 @@ def main() -> None:
     print(f"ratio dmsc / torch: {out['ratio']:.2f} (goal <= 1.0)")
     if not args.tls:
         print(f"CPU per step: torch {cpu_torch * 1e3:.0f} ms, dmsc {cpu_dmsc * 1e3:.0f} ms")
+    if args.gloo:
+        print(f"dmsc with its sends over gloo:       {t_gloo * 1e3:.1f} ms per step")
+        print(f"ratio gloo / gRPC: {out['gloo_ratio']:.3f}; CPU per step {cpu_gloo * 1e3:.0f} ms")
     print("load average: " + " ".join(f"{x:.2f}" for x in out["load_average"]))
     if args.tls:
         print(f"dmsc with mutual TLS:                {t_tls * 1e3:.1f} ms per step")
