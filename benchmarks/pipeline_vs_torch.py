@@ -98,32 +98,77 @@ def torch_step_s(steps: int) -> tuple[float, float]:
     return statistics.median(times[steps // 5 :]), cpu
 
 
-def dmsc_step_s(steps: int, mtls: bool = False, gloo: bool = False) -> tuple[float, float]:
+def dmsc_step_s(
+    steps: int, mtls: bool = False, gloo: bool = False, phases: list[Any] | None = None
+) -> tuple[float, float]:
     """Median step time and CPU seconds per measured step (control plane and workers); with
-    ``gloo`` the pipeline's frames go over gloo point-to-point."""
+    ``gloo`` the pipeline's frames go over gloo point-to-point. Where the step's wall time went
+    (:func:`_phases`) is appended to ``phases`` when given."""
     from dmsc.runtime.transport import tls
 
     if mtls:  # what the control plane does at dmsc up: every channel and server mutual TLS
         tls.install_authority(Path(tempfile.mkdtemp(prefix="dmsc-bench-ca-")))
     try:
-        return _dmsc_steps(steps, gloo)
+        return _dmsc_steps(steps, gloo, phases)
     finally:
         tls.install(None)
 
 
-def _dmsc_steps(steps: int, gloo: bool = False) -> tuple[float, float]:
+def _dmsc_steps(
+    steps: int, gloo: bool = False, phases: list[Any] | None = None
+) -> tuple[float, float]:
     spec = resolve_model("gpt-mini")
     assert isinstance(spec, TransformerSpec)
     train, _ = stdlib_text(max_bytes=400_000)
     corpus = Corpus(train, spec.seq, seed=0)
-    times, warm = [], steps // 5
+    times, warm, seen = [], steps // 5, []
     with Deployment(StageLayout(spec, RANGES, pp_gloo=gloo)) as dep:
         for s in range(steps):
             if s == warm:
                 cpu0 = cpu_s()
-            times.append(dep.train_step(s, *corpus.batch(s, BATCH), MICRO, "1f1b")["step_s"])
+            called = time.time()
+            out = dep.train_step(s, *corpus.batch(s, BATCH), MICRO, "1f1b")
+            times.append(out["step_s"])
+            if s >= warm:
+                seen.append((called, time.time(), {k[0]: v[0] for k, v in out["traces"].items()}))
         cpu = (cpu_s() - cpu0) / (steps - warm)
+    if phases is not None:
+        phases.append(_phases(seen))
     return statistics.median(times[warm:]), cpu
+
+
+def _phases(seen: list[tuple[float, float, dict[int, list[Any]]]]) -> dict[str, Any]:
+    """Where the steps' wall time went, from each stage's spans (op, micro-batch, start, end;
+    wall clock), medians in ms: from the call to each stage's first op, from the last op's end
+    to the step's return (the last sends, the replies, ``Commit``), each stage's compute, and
+    a frame's way (its sender's op ended, its receiver's op began) where the receiver was idle
+    waiting for it."""
+    start: dict[int, list[float]] = {}
+    compute: dict[int, list[float]] = {}
+    tail, hops = [], []
+    for called, returned, spans in seen:
+        tail.append(returned - max(sp[3] for ops in spans.values() for sp in ops))
+        for st, ops in spans.items():
+            start.setdefault(st, []).append(ops[0][2] - called)
+            compute.setdefault(st, []).append(sum(sp[3] - sp[2] for sp in ops))
+            for j, (op, mb, began, _) in enumerate(ops):
+                src = st - 1 if op == "F" else st + 1
+                if src not in spans:
+                    continue
+                sent = next(x[3] for x in spans[src] if x[0] == op and x[1] == mb)
+                if j == 0 or ops[j - 1][3] < sent:  # idle: waiting for exactly this frame
+                    hops.append(began - sent)
+
+    def ms(xs: list[float]) -> float:
+        return round(1e3 * statistics.median(xs), 2)
+
+    return {
+        "first_op_after_call_ms": {st: ms(v) for st, v in sorted(start.items())},
+        "after_last_op_ms": ms(tail),
+        "compute_ms": {st: ms(v) for st, v in sorted(compute.items())},
+        "idle_frame_way_ms": ms(hops),
+        "idle_frames": len(hops),
+    }
 
 
 def main() -> None:
@@ -138,9 +183,10 @@ def main() -> None:
     t_torch, cpu_torch = torch_step_s(args.steps)
     if args.gloo:
         rounds: dict[bool, list[tuple[float, float]]] = {False: [], True: []}
+        phases: dict[bool, list[Any]] = {False: [], True: []}
         for _ in range(args.rounds):  # alternated, so drift hits both alike
             for gloo in (False, True):
-                rounds[gloo].append(dmsc_step_s(args.steps, gloo=gloo))
+                rounds[gloo].append(dmsc_step_s(args.steps, gloo=gloo, phases=phases[gloo]))
         t_dmsc, cpu_dmsc = (statistics.median(x) for x in zip(*rounds[False], strict=True))
         t_gloo, cpu_gloo = (statistics.median(x) for x in zip(*rounds[True], strict=True))
         out: dict[str, Any] = {
@@ -153,6 +199,8 @@ def main() -> None:
             "gloo_torch_ratio": t_gloo / t_torch,
             "grpc_rounds": rounds[False],
             "gloo_rounds": rounds[True],
+            "grpc_phases": phases[False],
+            "gloo_phases": phases[True],
         }
     elif not args.tls:
         t_dmsc, cpu_dmsc = dmsc_step_s(args.steps)
