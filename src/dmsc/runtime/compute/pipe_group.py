@@ -8,15 +8,15 @@ both sides, the server's handler and the inbox before the waiting stage wakes. A
 datacenters (shaped links, TLS) and for every other frame (tokens, targets, tied embeddings,
 data-parallel traffic, inference steps, which carry a deadline) the gRPC path stays.
 
-Why it is off: measured on this 2-core machine with other jobs running (load 7-10), a 256 KiB
-activation takes 0.45-0.54 ms one way between two gloo processes (header and payload, waited
-as below; 0.3-0.45 ms of CPU a message), but in the deployment of
-``benchmarks/pipeline_vs_torch.py`` a stage waiting idle saw its frame 2.8-5.1 ms after it was
-sent over gRPC and 2.8-4.0 ms over gloo: with three busy processes on two cores the wait is the
-scheduler's, not the transport's. Step time and CPU a step were the same within the load's
-noise (``--gloo``: 291 and 402 ms over gloo against 299 and 339 ms over gRPC in alternated
-rounds; CPU 327-342 against 329-339 ms a step; per worker 78-80 / 149-157 / 83-88 ms over gloo
-against 82-85 / 148-157 / 88-94 ms over gRPC).
+Why it is off (``benchmarks/results/pipeline_gloo_cpu.json``, this 2-core machine with other
+jobs running, load 6-11): a 256 KiB activation takes 0.45-0.54 ms one way between two bare gloo
+processes, but in the deployment of ``benchmarks/pipeline_vs_torch.py`` a stage waiting idle
+saw its frame 3.7-4.3 ms after it was sent over gRPC and 5.2-5.5 ms over gloo (a header then
+the payload, each handed to the waiting stage by a thread): with three busy processes on two
+cores the wait is the scheduler's, not the transport's. The step and its CPU were the same
+within the load's noise (398 against 412 ms a step, CPU 359 against 375 ms; an earlier run 347
+against 319 ms, CPU 334 both), and gloo's own loop thread cost the middle stage more CPU (21 ms
+a step) than grpc's threads (13 ms).
 
 - The group is formed per epoch under the deployment's store (``cfg.tp_store``, prefix
   ``pp/<replica>/<tp rank>/e<epoch>``), lazily at the first frame of a step of that epoch:
