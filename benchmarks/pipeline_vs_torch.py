@@ -2,16 +2,20 @@
 
 gpt-mini in 3 stages ((embedding, block_0), (block_1, block_2), (block_3, head)), global batch
 16 in 4 micro-batches, 1F1B, AdamW; torch runs one gloo process per stage (CPU), dmsc one
-worker process per stage with gRPC between them. Median step time over the measured steps (the
-first fifth left out), and CPU seconds per measured step of every process of each side (torch:
-each rank's own; dmsc: the control plane and its workers), which a shared machine's load
-disturbs far less than the wall clock. Prints a table, or with --json one object: dmsc_step_s,
-torch_step_s, ratio (dmsc / torch), dmsc_cpu_s_per_step, torch_cpu_s_per_step, cpu_ratio and
-load_average (1, 5, 15 min, at the end).
+worker process per stage with gRPC between them. Median step time over the measured steps
+(the first fifth left out), and CPU seconds per measured step of every process of each side
+(torch: each rank's own; dmsc: the control plane and its workers), which a shared machine's
+load disturbs far less than the wall clock. Prints a table, or with --json one object:
+dmsc_step_s, torch_step_s, ratio (dmsc / torch), dmsc_cpu_s_per_step, torch_cpu_s_per_step,
+cpu_ratio and load_average (1, 5, 15 min, at the end).
 With ``--tls`` dmsc also runs with mutual TLS between the control plane and every worker (as
 ``dmsc up`` runs it: a CA in a temporary home, a leaf per worker), plain and TLS alternated over
 ``--rounds`` deployments each: dmsc_tls_step_s and tls_ratio (TLS over plain, the better round
-of each).
+of each). With ``--gloo`` dmsc also runs with its activations and gradients over gloo
+point-to-point (``StageLayout.pp_gloo``: the stages share a datacenter,
+:mod:`dmsc.runtime.compute.pipe_group`), gRPC and gloo alternated over ``--rounds`` deployments
+each: dmsc_gloo_step_s, dmsc_gloo_cpu_s_per_step, gloo_ratio (gloo over gRPC) and
+gloo_torch_ratio, the median round of each, dmsc_step_s and its CPU the gRPC rounds' median.
 """
 
 from __future__ import annotations
@@ -94,44 +98,113 @@ def torch_step_s(steps: int) -> tuple[float, float]:
     return statistics.median(times[steps // 5 :]), cpu
 
 
-def dmsc_step_s(steps: int, mtls: bool = False) -> tuple[float, float]:
-    """Median step time and CPU seconds per measured step (control plane and workers)."""
+def dmsc_step_s(
+    steps: int, mtls: bool = False, gloo: bool = False, phases: list[Any] | None = None
+) -> tuple[float, float]:
+    """Median step time and CPU seconds per measured step (control plane and workers); with
+    ``gloo`` the pipeline's frames go over gloo point-to-point. Where the step's wall time went
+    (:func:`_phases`) is appended to ``phases`` when given."""
     from dmsc.runtime.transport import tls
 
     if mtls:  # what the control plane does at dmsc up: every channel and server mutual TLS
         tls.install_authority(Path(tempfile.mkdtemp(prefix="dmsc-bench-ca-")))
     try:
-        return _dmsc_steps(steps)
+        return _dmsc_steps(steps, gloo, phases)
     finally:
         tls.install(None)
 
 
-def _dmsc_steps(steps: int) -> tuple[float, float]:
+def _dmsc_steps(
+    steps: int, gloo: bool = False, phases: list[Any] | None = None
+) -> tuple[float, float]:
     spec = resolve_model("gpt-mini")
     assert isinstance(spec, TransformerSpec)
     train, _ = stdlib_text(max_bytes=400_000)
     corpus = Corpus(train, spec.seq, seed=0)
-    times, warm = [], steps // 5
-    with Deployment(StageLayout(spec, RANGES)) as dep:
+    times, warm, seen = [], steps // 5, []
+    with Deployment(StageLayout(spec, RANGES, pp_gloo=gloo)) as dep:
         for s in range(steps):
             if s == warm:
                 cpu0 = cpu_s()
-            times.append(dep.train_step(s, *corpus.batch(s, BATCH), MICRO, "1f1b")["step_s"])
+            called = time.time()
+            out = dep.train_step(s, *corpus.batch(s, BATCH), MICRO, "1f1b")
+            times.append(out["step_s"])
+            if s >= warm:
+                seen.append((called, time.time(), {k[0]: v[0] for k, v in out["traces"].items()}))
         cpu = (cpu_s() - cpu0) / (steps - warm)
+    if phases is not None:
+        phases.append(_phases(seen))
     return statistics.median(times[warm:]), cpu
+
+
+def _phases(seen: list[tuple[float, float, dict[int, list[Any]]]]) -> dict[str, Any]:
+    """Where the steps' wall time went, from each stage's spans (op, micro-batch, start, end;
+    wall clock), medians in ms: from the call to each stage's first op, from the last op's end
+    to the step's return (the last sends, the replies, ``Commit``), each stage's compute, and
+    a frame's way (its sender's op ended, its receiver's op began) where the receiver was idle
+    waiting for it."""
+    start: dict[int, list[float]] = {}
+    compute: dict[int, list[float]] = {}
+    tail, hops = [], []
+    for called, returned, spans in seen:
+        tail.append(returned - max(sp[3] for ops in spans.values() for sp in ops))
+        for st, ops in spans.items():
+            start.setdefault(st, []).append(ops[0][2] - called)
+            compute.setdefault(st, []).append(sum(sp[3] - sp[2] for sp in ops))
+            for j, (op, mb, began, _) in enumerate(ops):
+                src = st - 1 if op == "F" else st + 1
+                if src not in spans:
+                    continue
+                sent = next(x[3] for x in spans[src] if x[0] == op and x[1] == mb)
+                if j == 0 or ops[j - 1][3] < sent:  # idle: waiting for exactly this frame
+                    hops.append(began - sent)
+
+    def ms(xs: list[float]) -> float:
+        return round(1e3 * statistics.median(xs), 2)
+
+    return {
+        "first_op_after_call_ms": {st: ms(v) for st, v in sorted(start.items())},
+        "after_last_op_ms": ms(tail),
+        "compute_ms": {st: ms(v) for st, v in sorted(compute.items())},
+        "idle_frame_way_ms": ms(hops),
+        "idle_frames": len(hops),
+    }
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--json", action="store_true")
     parser.add_argument("--steps", type=int, default=40)
-    parser.add_argument("--tls", action="store_true", help="Also dmsc with mutual TLS.")
-    parser.add_argument("--rounds", type=int, default=2, help="With --tls: plain/TLS pairs.")
+    also = parser.add_mutually_exclusive_group()
+    also.add_argument("--tls", action="store_true", help="Also dmsc with mutual TLS.")
+    also.add_argument("--gloo", action="store_true", help="Also dmsc's sends over gloo.")
+    parser.add_argument("--rounds", type=int, default=2, help="With --tls or --gloo: pairs.")
     args = parser.parse_args()
     t_torch, cpu_torch = torch_step_s(args.steps)
-    if not args.tls:
-        t_dmsc, cpu_dmsc = dmsc_step_s(args.steps)
+    if args.gloo:
+        rounds: dict[bool, list[tuple[float, float]]] = {False: [], True: []}
+        phases: dict[bool, list[Any]] = {False: [], True: []}
+        for _ in range(args.rounds):  # alternated, so drift hits both alike
+            for gloo in (False, True):
+                rounds[gloo].append(dmsc_step_s(args.steps, gloo=gloo, phases=phases[gloo]))
+        t_dmsc, cpu_dmsc = (statistics.median(x) for x in zip(*rounds[False], strict=True))
+        t_gloo, cpu_gloo = (statistics.median(x) for x in zip(*rounds[True], strict=True))
         out: dict[str, Any] = {
+            "dmsc_step_s": t_dmsc,
+            "torch_step_s": t_torch,
+            "ratio": t_dmsc / t_torch,
+            "dmsc_gloo_step_s": t_gloo,
+            "dmsc_gloo_cpu_s_per_step": cpu_gloo,
+            "gloo_ratio": t_gloo / t_dmsc,
+            "gloo_torch_ratio": t_gloo / t_torch,
+            "grpc_rounds": rounds[False],
+            "gloo_rounds": rounds[True],
+            "grpc_phases": phases[False],
+            "gloo_phases": phases[True],
+        }
+    elif not args.tls:
+        t_dmsc, cpu_dmsc = dmsc_step_s(args.steps)
+        out = {
             "dmsc_step_s": t_dmsc,
             "torch_step_s": t_torch,
             "ratio": t_dmsc / t_torch,
@@ -163,6 +236,9 @@ def main() -> None:
     print(f"ratio dmsc / torch: {out['ratio']:.2f} (goal <= 1.0)")
     if not args.tls:
         print(f"CPU per step: torch {cpu_torch * 1e3:.0f} ms, dmsc {cpu_dmsc * 1e3:.0f} ms")
+    if args.gloo:
+        print(f"dmsc with its sends over gloo:       {t_gloo * 1e3:.1f} ms per step")
+        print(f"ratio gloo / gRPC: {out['gloo_ratio']:.3f}; CPU per step {cpu_gloo * 1e3:.0f} ms")
     print("load average: " + " ".join(f"{x:.2f}" for x in out["load_average"]))
     if args.tls:
         print(f"dmsc with mutual TLS:                {t_tls * 1e3:.1f} ms per step")

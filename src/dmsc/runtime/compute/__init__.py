@@ -9,5 +9,7 @@ replica's tp ranks too); :mod:`.tp_worker` and :mod:`.ep_worker` are a stage wor
 each (its groups, its gathered checkpoints); :mod:`.tp_ops` holds the tensor-parallel group's
 operators (Megatron's ``f`` and ``g``) the three splits and the experts share.
 Across replicas, :mod:`.dp_collective` averages the gradients by the all-reduce the plan chose
-(:mod:`.allreduce`: ring, tree or hierarchical), after a quorum (:mod:`.quorum`).
+(:mod:`.allreduce`: ring, tree or hierarchical), after a quorum (:mod:`.quorum`). Between
+stages, :mod:`.peers` sends frames over gRPC, or, where the deployment asks and the stages share
+a datacenter, :mod:`.pipe_group` over gloo point-to-point.
 """

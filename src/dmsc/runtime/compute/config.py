@@ -84,6 +84,10 @@ class WorkerConfig:
     # The same for its pipeline sends, by neighbouring stage ("1": 20.0): the link between
     # this worker's datacenter and that stage's, when it is a thin one.
     pp_link_mbps: dict[str, float] = field(default_factory=dict)
+    # Its replica's stages share one datacenter and no shaped link: a training step's
+    # activations and gradients go over a gloo group of the pipeline met at tp_store
+    # (dmsc.runtime.compute.pipe_group), not over gRPC.
+    pp_group: bool = False
     extra: dict[str, Any] = field(default_factory=dict)
 
     def ranges(self) -> list[tuple[str, str]]:

@@ -83,7 +83,33 @@ def run_ops(
     """Run ``ops`` of ``step`` at ``stage`` (of ``stages``) and wait for every send
     (:meth:`Peers.flush`); inference with an inference session's ``cache`` runs positions
     ``start ..`` only. The forwards run under ``autocast`` (a lower precision) when one is
-    given."""
+    given. A training step without a deadline sends its activations and gradients over the
+    pipeline's gloo group where it has one (:mod:`.pipe_group`); the other steps over gRPC."""
+    peers.direct = train and peers.deadline is None
+    try:
+        return _run_ops(
+            module, peers, stage, step, ops, microbatches, train, evaluate, cache, start,
+            autocast, stages,
+        )  # fmt: skip
+    except BaseException as exc:
+        peers.step_failed(str(exc) or type(exc).__name__)
+        raise
+
+
+def _run_ops(
+    module: StageModule,
+    peers: Peers,
+    stage: int,
+    step: int,
+    ops: list[Op],
+    microbatches: int,
+    train: bool,
+    evaluate: bool = False,
+    cache: StageCache | None = None,
+    start: int = 0,
+    autocast: torch.dtype | None = None,
+    stages: int = 1,
+) -> StepOutcome:
     METER.take()  # a new step: what an abandoned one left on the meter is not its
     m, out = microbatches, StepOutcome()
     device = next(module.parameters()).device
@@ -99,7 +125,7 @@ def run_ops(
                 x = peers.recv(Kind.TOKENS, step, i)
             else:
                 with METER.timed("pp"):  # waiting for the stage before: the pipeline's
-                    x = peers.recv(Kind.ACTIVATION, step, tag)
+                    x = peers.recv(Kind.ACTIVATION, step, tag, hop(stage, p, c, -1)[0])
                 x.requires_grad_(train)
             c0, w0 = time.perf_counter(), time.time()
             with (
@@ -128,7 +154,7 @@ def run_ops(
             grad = None
             if not module.chunk_last(c):  # wait for the gradient first: waiting is not compute
                 with METER.timed("pp"):
-                    grad = peers.recv(Kind.GRADIENT, step, tag)
+                    grad = peers.recv(Kind.GRADIENT, step, tag, hop(stage, p, c, 1)[0])
             c0, w0 = time.perf_counter(), time.time()
             outputs[(i, c)].backward(grad)
             if gpu:

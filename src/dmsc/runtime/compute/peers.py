@@ -10,13 +10,17 @@ A peer may be replaced while a step runs (a recovery gives it a new address): a 
 address fails with UNAVAILABLE, and the frame goes again to the address the registry has now,
 while the sender waits for its own frames (the peer may be waiting for exactly that frame before
 it sends the one awaited here), or at the latest when the step flushes.
+
+With a :class:`~.pipe_group.PipeGroup` (the stages of its replica in one datacenter, no shaped
+link between them) and :attr:`Peers.direct` set (a training step), activations and gradients
+go over that group's gloo point-to-point instead; the bytes are booked per peer the same way.
 """
 
 from __future__ import annotations
 
 import contextlib
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from typing import Any
 
 import grpc
@@ -25,6 +29,7 @@ from prometheus_client import Counter
 
 from dmsc.runtime.compute.devices import HostStaging
 from dmsc.runtime.compute.inbox import Aborted, Inbox
+from dmsc.runtime.compute.pipe_group import CARRIED, PipeGroup
 from dmsc.runtime.transport.messages import STAGE_SERVICE
 from dmsc.runtime.transport.rpc import Client
 from dmsc.runtime.transport.wire import Kind, encode
@@ -48,6 +53,7 @@ class Peers:
         device: torch.device | None = None,
         links: dict[int, Any] | None = None,
         tp_rank: int = 0,
+        pipe: PipeGroup | None = None,
     ) -> None:
         self.registry = registry
         # tensors on a GPU leave and arrive through pinned host buffers
@@ -66,6 +72,8 @@ class Peers:
         self.sent: dict[PeerKey, int] = {}  # bytes pushed to each peer since the step began
         # thin links to neighbouring stages (a LinkShaper each, by stage): a send waits its turn
         self.links = links or {}
+        self.pipe = pipe  # the pipeline's gloo group, where its stages share a datacenter
+        self.direct = False  # this step's activations and gradients go through ``pipe``
 
     @property
     def epoch(self) -> int:
@@ -120,12 +128,37 @@ class Peers:
         replica: int | None = None,
     ) -> None:
         """Send without blocking the schedule (like an isend); :meth:`flush` waits for all."""
+        if self._direct(kind, replica):
+            assert self.pipe is not None
+            self.pipe.ready(self.epoch, self._abandoned(), self._end())
+            n = self.pipe.send(stage, kind, step, mb, self.staging.to_host(tensor))
+            self._bytes_sent.labels(kind.name.lower()).inc(n)
+            key = self._key(stage, None)
+            self.sent[key] = self.sent.get(key, 0) + n
+            return
         frame = encode(kind, step, mb, self.staging.to_host(tensor), self.epoch)
         self._bytes_sent.labels(kind.name.lower()).inc(len(frame))
         link = self.links.get(stage)
         if link is not None:
             link.take(len(frame))
         self.push(self._key(stage, replica), frame)
+
+    def _direct(self, kind: Kind, replica: int | None) -> bool:
+        return self.direct and self.pipe is not None and kind in CARRIED and replica is None
+
+    def _abandoned(self) -> Callable[[], bool]:
+        epoch = self.epoch
+        return lambda: self.inbox.epoch != epoch
+
+    def _end(self) -> float:
+        end = time.monotonic() + self.recv_timeout_s
+        return end if self.deadline is None else min(end, self.deadline)
+
+    def step_failed(self, why: str) -> None:
+        """A step that used the pipeline group ended half-way: its frames in flight would
+        pair up with the next step's, so the group of this epoch is dropped."""
+        if self.direct and self.pipe is not None and self.pipe.pg is not None:
+            self.pipe.drop(f"a step failed: {why}")
 
     def count(self, kind: Kind, nbytes: int) -> None:
         """Count a frame encoded elsewhere (a leader's answer to several replicas)."""
@@ -153,6 +186,8 @@ class Peers:
         """Wait for every send; a peer that moved is looked up again (once). Gives up with
         :class:`Aborted` as soon as the worker moves to a newer epoch (a stalled peer must not
         hold the survivors of a failure)."""
+        if self.pipe is not None and self.pipe.pg is not None:
+            self.pipe.flush(self._abandoned(), self._end())
         pending, self._pending = self._pending, []
         epoch = self.epoch
         for key, frame, fut in pending:
@@ -168,14 +203,18 @@ class Peers:
                     self.client(*key, refresh=True).raw("Push", frame, timeout_s=10)
                 break
 
-    def recv(self, kind: Kind, step: int, mb: int) -> torch.Tensor:
-        """Wait for a frame of this step (on this worker's device). Meanwhile a send that
-        failed because its peer is gone (replaced since it was looked up) goes again to the
-        address the registry has now."""
+    def recv(self, kind: Kind, step: int, mb: int, src: int | None = None) -> torch.Tensor:
+        """Wait for a frame of this step (on this worker's device), sent by stage ``src``
+        (needed for the pipeline group's frames). Meanwhile a send that failed because its
+        peer is gone (replaced since it was looked up) goes again to the address the registry
+        has now."""
         epoch = self.epoch
-        end = time.monotonic() + self.recv_timeout_s
-        if self.deadline is not None:  # nobody waits for the step past its deadline
-            end = min(end, self.deadline)
+        end = self._end()  # nobody waits for the step past its deadline
+        if src is not None and self._direct(kind, None):
+            assert self.pipe is not None
+            self.pipe.ready(epoch, self._abandoned(), end)
+            got = self.pipe.recv(src, kind, step, mb, self._abandoned(), end)
+            return self.staging.to_device(got)
         while True:
             left = end - time.monotonic()
             try:

@@ -51,6 +51,7 @@ from dmsc.runtime.compute.models.attention import StageCache, StageSession
 from dmsc.runtime.compute.models.chain import tied_weight
 from dmsc.runtime.compute.outer_sync import ReplicaSync, make_optimizer, optimizer_kind, plain_sync
 from dmsc.runtime.compute.peers import Peers
+from dmsc.runtime.compute.pipe_group import pipe_group_of
 from dmsc.runtime.compute.telemetry import Telemetry
 from dmsc.runtime.transport import messages as msg
 from dmsc.runtime.transport import tls
@@ -126,16 +127,10 @@ class StageWorker:
         self.sessions: dict[str, StageSession] = {}  # inference sessions' keys and values
         self.uncommitted: int | None = None  # the step whose gradients wait for Commit
         self.peers = Peers(
-            self.registry,
-            self.inbox,
-            cfg.replica,
-            cfg.recv_timeout_s,
-            self.m_bytes,
-            cfg.token,
-            self.device,
-            {int(k): LinkShaper(v) for k, v in cfg.pp_link_mbps.items()},
-            cfg.tp_rank,
-        )
+            self.registry, self.inbox, cfg.replica, cfg.recv_timeout_s, self.m_bytes, cfg.token,
+            self.device, {int(k): LinkShaper(v) for k, v in cfg.pp_link_mbps.items()},
+            cfg.tp_rank, pipe_group_of(cfg, lambda kind, t: check_frame(self.frames, kind, t)),
+        )  # fmt: skip
         self.grads = GradientSync(cfg, self.module, self.peers, self.inbox, self.tied, self.experts)
         self.bytes_reported = 0  # of self.grads.link.bytes, by the last Commit
 

@@ -31,7 +31,7 @@ def test_an_interleaved_last_stage_hands_on_to_the_first_over_their_link() -> No
         [("embedding", "block_0"), ("block_2", "block_2")],
         [("block_1", "block_1"), ("block_3", "head")],
     ]
-    plain = StageLayout(model, [("embedding", "block_1"), ("block_2", "head")])
+    plain = StageLayout(model, [("embedding", "block_1"), ("block_2", "head")], pp_gloo=True)
     layout = StageLayout(
         model,
         [c[0] for c in chunks],
@@ -43,7 +43,19 @@ def test_an_interleaved_last_stage_hands_on_to_the_first_over_their_link() -> No
     assert layout.pp_link_mbps(1, 0, 2) == {"0": 10.0}
     fields = layout.stage_fields(1)
     layers = {"first": "block_1", "last": "block_1", "chunks": [list(c) for c in chunks[1]]}
-    assert fields == {**layers, "allreduce": "auto"}
+    assert fields == {**layers, "allreduce": "auto", "pp_group": False}  # two datacenters
     assert plain.stage_fields(1) == {
-        "first": "block_2", "last": "head", "chunks": [], "allreduce": "auto"
+        "first": "block_2", "last": "head", "chunks": [], "allreduce": "auto", "pp_group": True
     }  # fmt: skip
+
+
+def test_a_pipeline_meets_in_a_gloo_group_only_inside_one_datacenter() -> None:
+    model = resolve_model("gpt-mini")
+    assert isinstance(model, TransformerSpec)
+    ranges = [("embedding", "block_1"), ("block_2", "head")]
+    dcs = {(0, 0): "a", (1, 0): "a", (0, 1): "a", (1, 1): "b"}
+    split = StageLayout(model, ranges, replicas=2, datacenters=dcs, pp_gloo=True)
+    assert [split.pp_group(r) for r in range(2)] == [True, False]
+    assert split.pp_groups()
+    assert not StageLayout(model, ranges).pp_groups()  # gRPC unless asked for
+    assert not StageLayout(model, [("embedding", "head")], pp_gloo=True).pp_groups()  # one stage

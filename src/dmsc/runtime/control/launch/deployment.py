@@ -92,7 +92,7 @@ class Deployment:
         self.token = secrets.token_urlsafe(24)  # the service credential: workers ask for it
         # the launcher says where workers can reach the registry (this machine's address)
         host = getattr(self.launcher, "control_host", "127.0.0.1")
-        self.tp = TensorRanks(layout.tp, host, spares, layout.replicas)  # and the groups' store
+        self.tp = TensorRanks(layout.tp, host, spares, layout.replicas, layout.pp_groups())
         self.server, port = serve(
             REGISTRY_SERVICE, registry_methods(self.registry), f"{host}:0", token=self.token
         )
@@ -142,7 +142,7 @@ class Deployment:
             stage=stage,
             stages=self.stages,
             model=lay.model.model_dump(),
-            **lay.stage_fields(stage),  # its layers (chunks when interleaved), its all-reduce
+            **lay.stage_fields(stage, replica),  # its layers, its all-reduce, its pipeline group
             registry=self.registry_address,
             replica=replica,
             replicas=lay.replicas,

@@ -37,15 +37,31 @@ class StageLayout:
     dp_link_mbps: float = 0.0
     # thin links between datacenters for the pipeline's sends: {(dc, dc): Mbit/s}, either way
     link_mbps: dict[tuple[str, str], float] = field(default_factory=dict)
+    # a replica whose stages share one datacenter sends its training steps' activations and
+    # gradients over gloo point-to-point (dmsc.runtime.compute.pipe_group); off by default: it
+    # measured no faster than gRPC on this 2-core machine (benchmarks/pipeline_vs_torch.py
+    # --gloo: the same step time and CPU a step within the load's noise)
+    pp_gloo: bool = False
 
-    def stage_fields(self, stage: int) -> dict[str, Any]:
-        """A worker configuration's fields of ``stage``: its layers (first and last, and its
-        chunks), and the all-reduce its replicas average with."""
+    def stage_fields(self, stage: int, replica: int = 0) -> dict[str, Any]:
+        """A worker configuration's fields of ``stage`` (of ``replica``): its layers (first and
+        last, and its chunks), the all-reduce its replicas average with, and whether its
+        pipeline sends go over a gloo group (:meth:`pp_group`)."""
         chunks = self.chunks[stage] if self.chunks else []
         first, last = chunks[0] if chunks else self.ranges[stage]
         allreduce = self.allreduce.get(stage, "auto")
         return {"first": first, "last": last, "chunks": [list(c) for c in chunks],
-                "allreduce": allreduce}  # fmt: skip
+                "allreduce": allreduce, "pp_group": self.pp_group(replica)}  # fmt: skip
+
+    def pp_group(self, replica: int) -> bool:
+        """Whether the pipeline of ``replica`` meets in a gloo group (its stages in one
+        datacenter, so that no link between them is shaped)."""
+        places = {self.datacenters.get((s, replica), "local") for s in range(len(self.ranges))}
+        return self.pp_gloo and len(self.ranges) > 1 and len(places) == 1
+
+    def pp_groups(self) -> bool:
+        """Whether any replica's pipeline meets in a gloo group (the store must be hosted)."""
+        return any(self.pp_group(r) for r in range(self.replicas))
 
     def pp_link_mbps(self, stage: int, replica: int, stages: int) -> dict[str, float]:
         """The rate of the link from worker (stage, replica) to each neighbouring stage's

@@ -8,8 +8,9 @@ and the call is over when every rank answered (rank 0's reply stands for the rep
 failed as soon as one rank failed. The ranks of a replica meet in a process group through the
 TCPStore hosted here (port 0: the system picks a free one; its address goes into each
 :class:`~dmsc.runtime.compute.config.WorkerConfig`), and so do the replicas of a stage for their
-data-parallel all-reduces (:mod:`dmsc.runtime.compute.dp_collective`): the store is hosted
-whenever there are several ranks or several replicas.
+data-parallel all-reduces (:mod:`dmsc.runtime.compute.dp_collective`) and the stages of a
+pipeline in one datacenter for their sends (:mod:`dmsc.runtime.compute.pipe_group`): the store
+is hosted whenever there are several ranks, several replicas or such a pipeline.
 """
 
 from __future__ import annotations
@@ -90,7 +91,12 @@ class TensorRanks:
     replicas' data-parallel groups) meet at."""
 
     def __init__(
-        self, tp: int, host: str = "127.0.0.1", spares: int = 0, replicas: int = 1
+        self,
+        tp: int,
+        host: str = "127.0.0.1",
+        spares: int = 0,
+        replicas: int = 1,
+        pipelines: bool = False,
     ) -> None:
         if tp < 1:
             raise ValueError(f"tp must be at least 1, not {tp}")
@@ -99,7 +105,7 @@ class TensorRanks:
         self.tp = tp
         self.store: Any = None  # a TCPStore (torch's stubs do not export the name)
         self.address = ""
-        if tp > 1 or replicas > 1:
+        if tp > 1 or replicas > 1 or pipelines:
             self.store = dist.TCPStore(  # type: ignore[attr-defined]
                 host, 0, is_master=True, wait_for_workers=False
             )
