@@ -10,8 +10,16 @@ from dmsc.data.db import Database
 from dmsc.data.traces import add_step_traces
 from dmsc.planner.solve import plan_job
 from dmsc.runtime.compute.calibrate import calibrated_cluster
-from dmsc.runtime.control.advisors.prediction import Prediction, task_prediction
+from dmsc.runtime.control.advisors.prediction import (
+    Prediction,
+    predict_segments,
+    prediction_for,
+    task_prediction,
+)
 from dmsc.runtime.control.dashboard_state import tenant_rows, topology, traffic, training
+from dmsc.runtime.control.training.params import TrainParams
+from dmsc.runtime.control.training.report import TrainReport
+from dmsc.runtime.control.training.resize import resized_plan
 from dmsc.spec import ClusterSpec, JobSpec, load_spec, resolve_model
 
 ROOT = Path(__file__).resolve().parents[3]
@@ -110,3 +118,54 @@ def test_the_step_chart_shows_the_prediction_for_the_job_the_task_ran(tmp_path: 
         db, plan, run, None, predict=lambda t: task_prediction(plan, cluster, model, {})
     )["training"]
     assert guessed["predicted_step_s"] is None and "never measured" in guessed["prediction"]
+
+
+def test_a_task_that_changed_dp_is_drawn_beside_each_dps_prediction(tmp_path: Path) -> None:
+    """Issue 32: a task that shrank from dp 2 to dp 1 between two steps was drawn beside the
+    prediction for the job in its parameters; the chart now has each segment's own prediction
+    over its steps (the task's result, as the session reported it), and none task-wide."""
+    cluster = load_spec(ClusterSpec, ROOT / "examples/clusters/two-sites-cpu.yaml")
+    measured = ClusterSpec.model_validate(calibrated_cluster(cluster, MEASURED_CPU))
+    model = resolve_model("gpt-mini")
+    plan = plan_job(measured, model, JobSpec(global_batch=16, micro_batch=4, pp=2, dp=2),
+                    fixed=True).plan  # fmt: skip
+    shrunk = resized_plan(plan, model, measured, 1)
+    params = TrainParams(steps=6, batch=16, microbatches=4, checkpoint_every=0,
+                         late_policy="wait", grad_wait_s=1.0)  # fmt: skip
+    report = TrainReport(6, first_step=10)
+    report.segment(10, 2, plan)
+    for dt in (0.30, 0.31, 0.29):
+        report.timed(dt)
+    report.segment(13, 1, shrunk)  # the loop's shrink before step 13
+    for dt in (0.50, 0.52):
+        report.timed(dt)
+    predict_segments(report, shrunk, measured, model, params)
+    db = Database(f"sqlite:///{tmp_path / 'd.sqlite'}")
+    run = db.new_run("gpt-mini", "two-sites-cpu", {}).id
+    task = db.new_task(run, "train", params.as_json(), state="done").id
+    for step, dt in zip(range(10, 15), (0.30, 0.31, 0.29, 0.50, 0.52), strict=True):
+        db.add_metric(task, step, 3.0, dt, 1000.0)
+    db.set_task_result(task, report.as_json())
+    asked = []
+    shown = tenant_rows(db, plan, run, None, predict=lambda t: asked.append(t) or Prediction(
+        0.1, "the plan's"))["training"]  # fmt: skip
+    assert asked == []  # not the task-wide prediction of the job in its parameters
+    assert shown["predicted_step_s"] is None
+    assert shown["prediction"].startswith("not comparable: the task ran at dp 2 -> 1")
+    first, second = shown["segments"]
+    assert (first["first_step"], first["last_step"], first["dp"], first["steps"]) == (10, 12, 2, 3)
+    assert (second["first_step"], second["last_step"], second["dp"]) == (13, 14, 1)
+    assert first["median_step_s"] == 0.30 and second["median_step_s"] == 0.52
+    for seg, on, dp in ((first, plan, 2), (second, shrunk, 1)):
+        want = prediction_for(on, measured, model, 16, 4, dp)
+        assert want.step_s is not None and seg["predicted_step_s"] == want.step_s
+    assert first["predicted_step_s"] != second["predicted_step_s"]
+    # a task that ran at one dp has no segments: the task-wide prediction, as before
+    one = db.new_task(run, "train", params.as_json(), state="done").id
+    db.add_metric(one, 15, 3.0, 0.3, 1000.0)
+    kept = TrainReport(1, first_step=15)
+    kept.segment(15, 2, plan)
+    kept.timed(0.3)
+    db.set_task_result(one, kept.as_json())
+    shown = tenant_rows(db, plan, run, None, predict=lambda t: Prediction(0.1, "the plan's"))
+    assert shown["training"]["segments"] == [] and shown["training"]["predicted_step_s"] == 0.1

@@ -7,8 +7,10 @@ Pages (static HTML, the data fetched by the page's script every :data:`POLL_S` s
   between them) and the services (SID, stage, replica, device, health, heartbeat age, epoch);
 - ``/ui/tasks``: tasks and queues (lanes, the exception queue), model versions and the canary's
   share, faults;
-- ``/ui/charts``: step time measured beside predicted, loss, throughput, per-link traffic, and
-  the measured pipeline Gantt of the last steps (Chart.js, vendored from the npm registry).
+- ``/ui/charts``: step time measured beside predicted (for a task whose dp changed while it
+  ran, each dp's steps beside that dp's prediction, and a table of them), loss, throughput,
+  per-link traffic, and the measured pipeline Gantt of the last steps (Chart.js, vendored from
+  the npm registry).
 
 Access needs a key with the ``read`` scope: an ``Authorization: Bearer`` header, or the session
 cookie that the login form (``POST /ui/login``) sets (HttpOnly, SameSite=Strict, for ``/ui``

@@ -10,9 +10,14 @@ they draw, every field from a real source:
   machines they run on (CPU, memory and network use, and the sums over their workers);
 - ``tasks`` (the newest), the queue depths by lane and the exception queue, the model versions
   with their canary share, and the run's faults;
-- ``training``: the newest training task's step times beside the plan's prediction, loss and
-  throughput per step (the ``metrics`` table), and each parallel mode's communication per step,
-  the plan's prediction against the last steps' traces (``modes``, as ``dmsc status`` shows it);
+- ``training``: the newest training task's step times beside the prediction for the job it ran,
+  loss and throughput per step (the ``metrics`` table), and each parallel mode's communication
+  per step, the plan's prediction against the last steps' traces (``modes``, as ``dmsc status``
+  shows it). A finished task whose dp changed while it ran (a resize between steps, a shrink
+  after a lost node) has ``segments``: each dp it ran at, from which step to which, its steps,
+  their median and the prediction for that dp on the plan it ran on, as ``dmsc train`` and the
+  task's result say (:mod:`.training.report`); its task-wide prediction is none, with the
+  reason (its steps mix jobs);
 - ``links``: the bytes per step each worker sent to each peer, averaged over the last steps of
   that task, and the rate that makes over the measured step time (the ``step_traces`` table);
 - ``gantt``: the forward and backward ops of the last steps, every stage and replica, on the
@@ -119,10 +124,30 @@ def _where(plan: Plan) -> dict[tuple[int, int], tuple[str, str]]:
     }
 
 
-def training(db: Database, task_id: int | None, predicted: Prediction) -> dict[str, Any]:
+def resized_segments(task: TaskRecord | None) -> list[dict[str, Any]]:
+    """The segments of one dp each of a finished training task (its result's, as the report
+    wrote them), when its dp changed while it ran; none otherwise (a task still running has no
+    result yet, and one that ran at one dp has its task-wide prediction)."""
+    result = json.loads(task.result_json) if task is not None and task.result_json else {}
+    segments = result.get("segments") or []
+    return list(segments) if len(segments) > 1 else []
+
+
+def training(
+    db: Database,
+    task_id: int | None,
+    predicted: Prediction,
+    segments: list[dict[str, Any]] | None = None,
+) -> dict[str, Any]:
     """The task's step times beside the prediction for the job it ran (None: not comparable,
-    ``prediction`` says why), its loss and throughput per step."""
+    ``prediction`` says why), its loss and throughput per step; ``segments``: its
+    :func:`resized_segments`, each given the last step it ran (the step before the next one
+    begins; the last, the task's last measured step)."""
     rows = db.metrics(task_id) if task_id is not None else []
+    segs = segments or []
+    ends = [s["first_step"] - 1 for s in segs[1:]]
+    if segs:
+        ends.append(rows[-1].step if rows else segs[-1]["first_step"] + segs[-1]["steps"] - 1)
     return {
         "task": task_id,
         "predicted_step_s": predicted.step_s,
@@ -131,6 +156,7 @@ def training(db: Database, task_id: int | None, predicted: Prediction) -> dict[s
         "step_s": [m.step_s for m in rows],
         "loss": [m.loss for m in rows],
         "tokens_per_s": [m.tokens_per_s for m in rows],
+        "segments": [{**s, "last_step": end} for s, end in zip(segs, ends, strict=True)],
     }
 
 
@@ -206,7 +232,11 @@ def tenant_rows(
     task_id = trained[-1] if trained else None
     newest = next((t for t in tasks if t.id == task_id), None)
     predicted = Prediction(plan.prediction.iteration_time_s, "the plan's")
-    if predict is not None and newest is not None:
+    segments = resized_segments(newest)
+    if segments:  # the task's own words: none task-wide, each segment has its own
+        result = json.loads(newest.result_json or "{}")  # type: ignore[union-attr]
+        predicted = Prediction(result.get("predicted_step_s"), result.get("prediction") or "")
+    elif predict is not None and newest is not None:
         predicted = predict(newest)
     links, gantt = traffic(db, plan, task_id)
     versions = [
@@ -226,7 +256,10 @@ def tenant_rows(
         "tasks": [_task(t) for t in tasks[-TASKS_SHOWN:]][::-1],
         "versions": versions,
         "faults": json.loads(json.dumps(faults[-FAULTS_SHOWN:][::-1], default=str)),
-        "training": {**training(db, task_id, predicted), "modes": status.modes(db, plan, task_id)},
+        "training": {
+            **training(db, task_id, predicted, segments),
+            "modes": status.modes(db, plan, task_id),
+        },
         "links": links,
         "gantt": gantt,
     }

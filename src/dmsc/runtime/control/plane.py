@@ -26,7 +26,7 @@ from __future__ import annotations
 import json
 import logging
 import threading
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from functools import partial
 from pathlib import Path
 from typing import Any
@@ -54,10 +54,11 @@ from dmsc.runtime.control.tasks import infer_batch, lanes, task_queue, work_loop
 from dmsc.runtime.control.tasks.door import Door
 from dmsc.runtime.control.training.corpora import TaskTexts, inside_roots
 from dmsc.runtime.control.training.local_data import load_task_shards
+from dmsc.runtime.control.training.online import ResizedPlans
 from dmsc.runtime.control.training.params import TrainParams, task_params
 from dmsc.runtime.control.training.report import TrainReport
 from dmsc.runtime.control.training.residency import check_task
-from dmsc.runtime.control.training.resize import Between, record_resize, resize, resized_plan
+from dmsc.runtime.control.training.resize import Between, record_resize, resize
 from dmsc.runtime.control.training.retention import Retention
 from dmsc.runtime.control.training.session import Recovering, layout_from_plan, train_task
 from dmsc.runtime.control.training.shrink import Shrink
@@ -132,7 +133,7 @@ class ControlPlane:
         self.task_texts = TaskTexts(
             lambda data, seed: task_corpora(data, model.seq, seed, self.texts, self.encode)
         )
-        self._resized: dict[tuple[int, bool, bool], tuple[Plan, Plan]] = {}  # dp: (from, to)
+        self._resized = ResizedPlans()  # the plans at other dps (.training.online)
         self.between, self.shrink = Between(self), Shrink(self)  # resizes during a task
         self._predictions, self.steps_done = TaskPredictions(), 0  # by (task, plan)
         self.lock = threading.Lock()  # one task at a time touches the weights
@@ -245,16 +246,13 @@ class ControlPlane:
             self.corpora(req.data, req.seed)  # readable, and long enough: before it queues
         return params
 
-    def resized(self, dp: int) -> Plan:
-        """The plan at ``dp`` replicas (ValueError says why there is none; a grow's new replicas
-        on the idlest nodes), planned once per deployed plan and serving state."""
+    def resized(self, dp: int, online: Mapping[str, int] | None = None) -> Plan:
+        """The plan at ``dp`` replicas on the devices ``online`` (None: the spec's), kept once
+        planned (ValueError says why there is none; .training.online)."""
         heads, serving = self.inference.heads, self.inference.pool is not None
-        kept = self._resized.get((dp, heads, serving))
-        if kept is None or kept[0] is not self.plan:
-            to = resized_plan(self.plan, self.model, self.cluster, dp, heads=heads, serving=serving,
-                              worker_cpu=latest_worker_cpu(self.db, self.run.id))  # fmt: skip
-            kept = self._resized[(dp, heads, serving)] = (self.plan, to)
-        return kept[1]
+        cpu = partial(latest_worker_cpu, self.db, self.run.id)  # read when a re-plan runs
+        return self._resized.get(self.plan, self.model, self.cluster, dp, online, heads=heads,
+                                 serving=serving, worker_cpu=cpu)  # fmt: skip
 
     def relayout(self, plan: Plan, action: str, why: str, step: int | None = None) -> None:
         """Move the deployment to ``plan`` from a checkpoint at ``step`` (default: the step

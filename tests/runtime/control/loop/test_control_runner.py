@@ -6,6 +6,7 @@ tests/cli/test_control_flags.py)."""
 
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
 import threading
@@ -346,3 +347,58 @@ def test_the_policy_s_dp_min_bounds_the_shrink_after_a_lost_node(
     cp.metrics = CollectorRegistry()  # the loop's metrics, registered afresh
     _loop(cp, Policy.model_validate({"elastic": {"dp_min": 2, "dp_max": 4}}), "advise", [])
     assert cp.shrink.dp_min == 2
+
+
+class Resizer:
+    """A module that proposes a resize of dp between tasks."""
+
+    name = "elastic-dp"
+    description = reads = proposes = "test"
+
+    def propose(self, m: Measurements) -> list[Proposal]:
+        dp = {"current": 2, "proposed": 1}
+        return [Proposal("elastic-dp", "resize-dp", "dp 2->1", "devices lost", 1.0, 1.0, 0.5,
+                         {"dp": dp, "online": {"site-a": 2, "site-b": 2}})]  # fmt: skip
+
+
+def test_a_resize_while_a_failed_shrink_left_no_deployment_is_skipped_and_says_so(
+    tmp_path: Path, plan: Plan
+) -> None:
+    """A failed shrink stopped every worker (``undeployed``): a resize between tasks is skipped
+    with the reason in its decision row, nothing re-planned or checkpointed (before, it re-planned
+    and failed at the stopped deployment's checkpoint: a ``failed`` outcome); the loop's own
+    resize proposals are a ``keep`` note while it lasts. Once deployed again, the resize
+    re-plans on the devices online the proposal saw."""
+    from dmsc.runtime.control.loop.moves import resize_now
+    from dmsc.runtime.control.loop.resizing import NO_DEPLOYMENT
+    from dmsc.runtime.control.loop.snapshot import devices
+
+    cp, task = _plane(tmp_path, plan)
+    cp.db.set_task_state(task, "done")  # between tasks: the lock is free
+    cp.undeployed = "no workers since replica(s) [1] were lost"
+    asked: list[tuple[int, Any]] = []
+
+    def resized(dp: int, online: Any = None) -> Plan:
+        asked.append((dp, online))
+        return plan
+
+    def relayout(new: Plan, action: str, why: str) -> None:
+        raise RuntimeError("checkpoint: the deployment is stopped")
+
+    cp.resized, cp.relayout = resized, relayout
+    cp.inference.paused = lambda why, timeout_s: contextlib.nullcontext(0)  # none in flight
+    loop, lines = _loop(cp, Policy(confirm_ticks=1), "act", [Resizer()])
+    loop.once()
+    (row,) = [d for d in decisions(cp.db, cp.run.id) if d.kind == "resize-dp"]
+    assert row.outcome == f"not applied: {NO_DEPLOYMENT} ({cp.undeployed})"
+    assert asked == [] and any(NO_DEPLOYMENT in line for line in lines.lines)
+    # the loop's own proposals: blocked, with the same words
+    cp.cluster = two_sites()
+    m = Measurements(cp.run.id, plan, time.time())
+    view = devices(cp, plan, 2, m)
+    assert view is not None and view.blocked == f"{NO_DEPLOYMENT} ({cp.undeployed})"
+    # deployed again: the resize re-plans on the devices online it was proposed for
+    cp.undeployed = None
+    cp.relayout = lambda new, action, why: None
+    resize_now(cp, Resizer().propose(m)[0])
+    assert asked == [(1, {"site-a": 2, "site-b": 2})]

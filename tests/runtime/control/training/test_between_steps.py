@@ -33,7 +33,7 @@ class Plane:
         self.calls.append(("paused", why))
         yield self.in_flight.pop(0) if self.in_flight else 0
 
-    def resized(self, dp: int) -> Any:
+    def resized(self, dp: int, online: Any = None) -> Any:
         if dp > 4:
             raise ValueError(f"dp: {dp} replicas do not fit cluster 'c'")
         return f"plan at dp {dp}"
@@ -89,15 +89,15 @@ def test_a_task_run_inside_another_gives_the_outer_one_back() -> None:
 
 
 def test_a_re_plan_onto_devices_that_are_not_online_is_not_applied() -> None:
-    """The re-plan knows the cluster spec only: a plan that puts replicas where the Ray nodes
-    were lost is refused, naming the datacenter."""
+    """A plan that puts replicas where the Ray nodes were lost (lost after the re-plan on the
+    devices online, test_online.py) is refused, naming the datacenter."""
     plan = make_plan(two_sites())  # dp 2: stage 0 at site-a, stage 1 at site-b
     check_online(plan, {"site-a": 2, "site-b": 2})
     check_online(plan, None)  # no view: the spec's devices
     with pytest.raises(ValueError, match="2 devices in site-b, which has 1 online"):
         check_online(plan, {"site-a": 2, "site-b": 1})
     cp, told = Plane(in_flight=[]), []
-    cp.resized = lambda dp: plan  # type: ignore[method-assign]
+    cp.resized = lambda dp, online=None: plan  # type: ignore[method-assign]
     between = Between(cp)
     with between.running(1):
         between.ask(Asked(2, "devices back", told.append, {"site-a": 2, "site-b": 0}))

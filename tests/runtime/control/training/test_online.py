@@ -1,13 +1,18 @@
 """The cluster spec cut down to the devices online (:mod:`dmsc.runtime.control.training.online`),
-and the shrink's re-plan on it: a lost device is never placed on."""
+and the re-plans on it (the shrink's, and the loop's resize between steps): a lost device is
+never placed on."""
 
 from __future__ import annotations
+
+import contextlib
+from collections.abc import Iterator, Mapping
 
 import pytest
 from modules_helpers import make_plan, two_sites
 
-from dmsc.runtime.control.training.online import online_cluster, plan_online
-from dmsc.runtime.control.training.resize import check_online, resized_plan
+from dmsc.planner.plan import Plan
+from dmsc.runtime.control.training.online import ResizedPlans, online_cluster, plan_online
+from dmsc.runtime.control.training.resize import Asked, Between, check_online, resized_plan
 from dmsc.spec import ClusterSpec, resolve_model
 
 MODEL = resolve_model("gpt-mini")
@@ -54,3 +59,56 @@ def test_the_shrinks_re_plan_places_only_on_devices_online() -> None:
     assert {r.datacenter for st in alone.stages for r in st.replicas} == {"site-b"}
     with pytest.raises(ValueError, match="do not fit"):  # no room anywhere: said, not placed
         plan_online(PLAN, MODEL, spec, 2, online)
+
+
+class Plane:
+    """What a resize between steps reads and changes of the control plane: its re-plan is the
+    control plane's own (:class:`ResizedPlans` on the two-site spec), the rest recorded."""
+
+    def __init__(self) -> None:
+        self.plan, self.deployment, self.calls = PLAN, "old layout", list[object]()
+        self.inference, self.plans = self, ResizedPlans()
+
+    @contextlib.contextmanager
+    def paused(self, why: str, timeout_s: float) -> Iterator[int]:
+        yield 0  # no inference request in flight
+
+    def resized(self, dp: int, online: Mapping[str, int] | None = None) -> Plan:
+        return self.plans.get(self.plan, MODEL, two_sites(), dp, online)
+
+    def relayout(self, plan: Plan, action: str, why: str, step: int | None = None) -> None:
+        self.calls.append(plan)
+        self.deployment = "new layout"
+
+
+def test_the_loops_resize_between_steps_re_plans_on_the_devices_online() -> None:
+    """The loop saw a site-a device lost and hands the running task a shrink to dp 1: the
+    re-plan on the whole spec puts both stages at site-a (refused before: "2 devices in
+    site-a, which has 1 online"); on the devices online it places where there is room."""
+    cp, told = Plane(), list[str]()
+    between = Between(cp)
+    with between.running(3):
+        between.ask(Asked(1, "devices lost", told.append, {"site-a": 1, "site-b": 2}))
+        assert between(5) == "new layout"
+    assert len(told) == 1 and told[0].startswith("applied before step 5"), told
+    [plan] = cp.calls
+    check_online(plan, {"site-a": 1, "site-b": 2})
+    assert plan.job.dp == 1
+
+
+def test_resized_plans_are_kept_by_dp_and_devices_online() -> None:
+    plans, reads = ResizedPlans(), list[int]()
+
+    def cpu() -> None:
+        reads.append(1)  # the workers' load is read only when a re-plan runs
+
+    online = {"site-a": 1, "site-b": 2}
+    cut = plans.get(PLAN, MODEL, two_sites(), 1, online, worker_cpu=cpu)
+    assert plans.get(PLAN, MODEL, two_sites(), 1, dict(online), worker_cpu=cpu) is cut
+    whole = plans.get(PLAN, MODEL, two_sites(), 1, None, worker_cpu=cpu)
+    assert whole is not cut and len(reads) == 2
+    with pytest.raises(ValueError, match="2 devices in site-a, which has 1 online"):
+        check_online(whole, online)
+    # nothing cut (every device online): the spec itself, its devices numbered as before
+    spec = two_sites()
+    assert online_cluster(spec, {"site-a": 2, "site-b": 3}) is spec

@@ -166,16 +166,24 @@ function drawCharts(s) {
   const tr = s.training;
   const xy = (ys) => tr.steps.map((x, i) => ({ x, y: ys[i] }));
   const span = tr.steps.length ? [tr.steps[0], tr.steps[tr.steps.length - 1]] : [0, 1];
+  // a task whose dp changed while it ran: each segment's prediction over its own steps
+  const segs = tr.segments || [];
+  const predicted = segs.length
+    ? segs.filter((g) => g.predicted_step_s !== null).map((g) => ({
+      label: `predicted at dp ${g.dp}`,
+      data: [g.first_step, g.last_step].map((x) => ({ x, y: g.predicted_step_s })),
+      borderColor: "#c0392b", borderDash: [6, 4], pointRadius: 0 }))
+    : tr.predicted_step_s === null ? [] : [
+      { label: "predicted", data: span.map((x) => ({ x, y: tr.predicted_step_s })),
+        borderColor: "#c0392b", borderDash: [6, 4], pointRadius: 0 },
+    ];
   chart("chart-step", {
     type: "line",
     // the prediction for the job the task ran; none where it is not comparable (the reason
     // is the chart's title)
     data: { datasets: [
       { label: "measured", data: xy(tr.step_s), borderColor: "#2563eb", pointRadius: 0 },
-    ].concat(tr.predicted_step_s === null ? [] : [
-      { label: "predicted", data: span.map((x) => ({ x, y: tr.predicted_step_s })),
-        borderColor: "#c0392b", borderDash: [6, 4], pointRadius: 0 },
-    ]) },
+    ].concat(predicted) },
     options: {
       scales: { x: linear("step"), y: { beginAtZero: true } },
       plugins: { title: { display: !!tr.prediction, text: "prediction: " + (tr.prediction || "") } },
@@ -223,6 +231,12 @@ function drawCharts(s) {
     ["Mbit/s", (l) => fmt(l.mbit_s, 1), "num"],
   ], links, "no traffic measured yet: a training task reports it"));
   const ms = (x) => (x === null || x === undefined ? "-" : fmt(x * 1e3, 1));
+  put("segments", table([
+    ["steps", (g) => `${g.first_step} .. ${g.last_step}`], ["dp", (g) => g.dp, "num"],
+    ["steps run", (g) => g.steps, "num"], ["measured median ms", (g) => ms(g.median_step_s), "num"],
+    ["predicted ms", (g) => ms(g.predicted_step_s), "num"],
+    ["prediction", (g) => g.not_comparable || g.prediction || ""],
+  ], segs, "the newest training task ran at one dp (its prediction is the chart's)"));
   put("modes", table([
     ["mode", (m) => m.mode], ["predicted ms", (m) => ms(m.predicted_s), "num"],
     ["measured ms", (m) => ms(m.measured_s), "num"], ["ratio", (m) => fmt(m.ratio, 2), "num"],

@@ -16,13 +16,15 @@ where a residency rule of the cluster spec keeps the model's weights out (naming
 A resize of training's data-parallel degree (``resize-dp``, :mod:`.resizing`) goes through
 :mod:`..training.resize`: between tasks :func:`resize_now` relays the deployment out under the
 task lock, after the same wait for the requests in flight; during a task :func:`hand_over`
-asks the running session, which makes it before its next step and writes the outcome.
+asks the running session, which makes it before its next step and writes the outcome. Both
+re-plan on the devices online the proposal saw (:mod:`..training.online`). While a failed
+shrink left no deployment, a move or a resize is skipped with the reason (:mod:`.resizing`).
 """
 
 from __future__ import annotations
 
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from contextlib import AbstractContextManager
 from typing import Any, Protocol
 
@@ -30,6 +32,7 @@ from dmsc.data.traces import StepTrace
 from dmsc.planner.plan import Plan
 from dmsc.runtime.control.advisors.base import Proposal
 from dmsc.runtime.control.advisors.paths import replan
+from dmsc.runtime.control.loop.resizing import NO_DEPLOYMENT
 from dmsc.runtime.control.training.residency import check_move
 from dmsc.runtime.control.training.resize import Asked, check_online
 from dmsc.runtime.transport.rpc import BadRequest
@@ -64,7 +67,7 @@ class Movable(Protocol):
 class Resizable(Movable, Protocol):
     """A control plane that also re-plans at another dp (:mod:`..training.resize`)."""
 
-    def resized(self, dp: int) -> Plan: ...
+    def resized(self, dp: int, online: Mapping[str, int] | None = None) -> Plan: ...
 
 
 def apply_move(
@@ -73,6 +76,7 @@ def apply_move(
     """Move ``cp``'s deployment as ``p`` proposed (module docstring); the target and how long
     the move took (``drain_s``: the wait for the requests in flight). :class:`BadRequest` when
     it cannot be applied, with the reason (:class:`StillServing`: not now)."""
+    _deployed(cp)
     if cp.cluster is None:
         raise BadRequest("a move needs the plan's cluster spec (dmsc up --cluster)")
     found = replan(cp.plan, cp.cluster, tuple(traces), busy=p.details.get("busy") or ())
@@ -93,6 +97,13 @@ def apply_move(
     return {"target": p.target, "move_s": time.perf_counter() - t1, "drain_s": drained}
 
 
+def _deployed(cp: Any) -> None:
+    """:class:`BadRequest` while a failed shrink left no deployment (``undeployed``): nothing
+    to checkpoint or move (:mod:`.resizing`: skipped, not redeployed)."""
+    if undeployed := getattr(cp, "undeployed", None):
+        raise BadRequest(f"{NO_DEPLOYMENT} ({undeployed})")
+
+
 def _dp(p: Proposal) -> int:
     return int(p.details["dp"]["proposed"])
 
@@ -100,9 +111,11 @@ def _dp(p: Proposal) -> int:
 def resize_now(cp: Resizable, p: Proposal, drain_s: float = DRAIN_S) -> dict[str, Any]:
     """Resize ``cp``'s deployment between tasks as ``p`` proposed (the caller holds the task
     lock); how long it took. :class:`BadRequest` with the reason when it cannot be made."""
+    _deployed(cp)
     try:
-        plan = cp.resized(_dp(p))
-        check_online(plan, p.details.get("online"))
+        online = p.details.get("online")
+        plan = cp.resized(_dp(p), online)  # on the devices online (..training.online)
+        check_online(plan, online)
     except ValueError as exc:
         raise BadRequest(str(exc)) from None
     t1 = time.perf_counter()

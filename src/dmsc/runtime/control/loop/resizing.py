@@ -25,12 +25,20 @@ row, says by how much). Its cost is the policy's ``cost_s`` (a checkpoint, the w
 and the load). Everything else goes through the decision rule and the hysteresis as a move
 does: confirmed over ticks, and dp resized within the cool-down is not resized again.
 
-The re-plan places on the cluster spec, which does not know a node was lost: a new plan that
-puts more devices in a datacenter than are online there is not applied, with the reason
+The re-plan places on the devices online the proposal saw (its ``online`` detail: the cluster
+spec cut down to them, :func:`~dmsc.runtime.control.training.online.plan_online`, as the
+shrink does), so that no replica lands on a lost device; a plan that still puts more devices
+in a datacenter than are online there (nodes lost since) is not applied, with the reason
 (:func:`~dmsc.runtime.control.training.resize.check_online`).
 
 A resize the deployment cannot make now (task heads, elastic serving replicas, no cluster
 spec, a running task whose replicas differ between steps) is a ``keep`` note with the reason.
+So is one while a failed shrink left no deployment (the control plane's ``undeployed``): the
+loop skips it rather than redeploy, since the next training task redeploys first anyway, at
+the largest dp the devices online then hold (``Shrink.redeploy``,
+:mod:`dmsc.runtime.control.training.shrink`), from the newest checkpoint that verifies, and a
+resize has no running deployment to checkpoint; one accepted before the shrink failed is
+skipped where it is applied (:mod:`.moves`), with the same words.
 """
 
 from __future__ import annotations
@@ -44,6 +52,8 @@ from dmsc.runtime.control.advisors.orchestrator import Decision
 from dmsc.runtime.control.loop.objectives import Policy
 
 MODULE = "elastic-dp"
+# why a resize or a move is skipped while a failed shrink left no deployment (module docstring)
+NO_DEPLOYMENT = "skipped: no deployment, the next training task redeploys first"
 DEFAULT_COST_S = 10.0  # a resize's cost without a policy's elastic.cost_s (objectives.Elastic)
 
 

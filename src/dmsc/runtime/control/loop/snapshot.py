@@ -15,7 +15,8 @@ Where each measurement is kept, and what :func:`take` reads of it:
 - the devices online by datacenter (the launcher's ``capacity()`` where it has one: the Ray
   cluster's ``dc:NAME`` resources of its alive nodes; else the cluster spec's devices) against
   the replicas' (:class:`~.resizing.DeviceView`), and why no resize can be made now, if none
-  can (task heads, elastic serving replicas, the running task's sync mode);
+  can (task heads, elastic serving replicas, the running task's sync mode, no deployment left
+  by a failed shrink);
 - when the deployment last moved (the newest ``move`` among the run's scale events: the loop's
   or ``dmsc replan``'s), read when the modules are due: a task that started before it ran on
   the old placement (:mod:`.hysteresis`).
@@ -38,7 +39,7 @@ from dmsc.planner.plan import Plan
 from dmsc.runtime.control.advisors.base import Measurements, read_measurements, unix_s
 from dmsc.runtime.control.advisors.prediction import Prediction, task_prediction
 from dmsc.runtime.control.advisors.traffic import boundary_bytes
-from dmsc.runtime.control.loop.resizing import DeviceView, device_view
+from dmsc.runtime.control.loop.resizing import NO_DEPLOYMENT, DeviceView, device_view
 from dmsc.runtime.control.loop.tick import Snapshot, modules_due
 from dmsc.spec import ClusterSpec, LayerListSpec, TransformerSpec
 
@@ -144,6 +145,8 @@ def capacity(cp: Any, cluster: ClusterSpec) -> tuple[dict[str, int], str]:
 
 def _blocked(cp: Any, m: Measurements) -> str | None:
     """Why the deployment cannot be resized now (training.resize's refusals), or None."""
+    if undeployed := getattr(cp, "undeployed", None):  # a failed shrink stopped every worker
+        return f"{NO_DEPLOYMENT} ({undeployed})"
     if getattr(cp.inference, "heads", False):
         return "the replicas hold task heads of their own"
     if getattr(cp.inference, "pool", None) is not None:

@@ -9,11 +9,18 @@ node of a node type of that many devices (the same device and link: a Ray node m
 units than the spec's server holds); a datacenter with none online goes, and so do the
 residency rules' mentions of it. The planner then places on what is left
 (:func:`plan_online`), as ``dmsc plan`` would on a spec of those devices.
+
+The control plane's re-plans at another dp (a task's ``--dp``, the loop's resizes between
+tasks and between steps, :mod:`.resize`) go through :class:`ResizedPlans`: each re-plans on the
+devices online the loop saw, once per deployed plan, dp, devices online and serving state. A
+grow's new replicas go to the idlest nodes (:func:`dmsc.planner.elastic.place_grown`) only when
+nothing is cut: a cut spec numbers its devices and nodes anew, and the workers' measured load
+is by the deployed plan's numbering.
 """
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 
 from dmsc.planner.plan import Plan
 from dmsc.runtime.control.training.resize import resized_plan
@@ -41,12 +48,19 @@ def _kept_nodes(
     return kept
 
 
+def _devices(cluster: ClusterSpec) -> dict[str, int]:
+    return {
+        dc.name: sum(g.count * cluster.node_types[g.type].devices for g in dc.nodes)
+        for dc in cluster.datacenters
+    }
+
+
 def online_cluster(cluster: ClusterSpec, online: Mapping[str, int] | None) -> ClusterSpec:
     """``cluster`` with, in each datacenter, no more devices than ``online`` says are up there
     (module docstring; None: the launcher cannot say, the spec as it is). ValueError when no
     device is online, or the spec cut down is not valid (the reason named)."""
-    if online is None:
-        return cluster
+    if online is None or all(online.get(dc, 0) >= n for dc, n in _devices(cluster).items()):
+        return cluster  # nothing cut: the same spec, its devices numbered as before
     doc = cluster.model_dump(exclude_none=True)
     types: dict[str, object] = dict(doc["node_types"])
     dcs = []
@@ -82,9 +96,44 @@ def plan_online(
     *,
     heads: bool = False,
     serving: bool = False,
+    worker_cpu: Mapping[tuple[int, int], float] | None = None,
 ) -> Plan:
     """``plan``'s strategy at ``dp`` replicas placed on the devices ``online`` only
     (:func:`~.resize.resized_plan` on :func:`online_cluster`); ValueError says why there is
-    none."""
+    none. ``worker_cpu``: ``plan``'s workers' CPU %, used only when nothing is cut (module
+    docstring)."""
     on = online_cluster(cluster, online) if cluster is not None else None
-    return resized_plan(plan, model, on, dp, heads=heads, serving=serving)
+    cpu = worker_cpu if on is cluster else None
+    return resized_plan(plan, model, on, dp, heads=heads, serving=serving, worker_cpu=cpu)
+
+
+class ResizedPlans:
+    """The control plane's plans at other dps, each re-planned once per deployed plan, dp,
+    devices online and serving state (module docstring)."""
+
+    def __init__(self) -> None:
+        self._kept: dict[tuple[object, ...], tuple[Plan, Plan]] = {}
+
+    def get(
+        self,
+        plan: Plan,
+        model: TransformerSpec,
+        cluster: ClusterSpec | None,
+        dp: int,
+        online: Mapping[str, int] | None = None,
+        *,
+        heads: bool = False,
+        serving: bool = False,
+        worker_cpu: Callable[[], Mapping[tuple[int, int], float] | None] | None = None,
+    ) -> Plan:
+        """``plan`` at ``dp`` replicas on the devices ``online`` (None: the spec's): ValueError
+        says why there is none. ``worker_cpu`` reads the workers' CPU % when a re-plan runs."""
+        up = None if online is None else tuple(sorted(online.items()))
+        key = (dp, up, heads, serving)
+        kept = self._kept.get(key)
+        if kept is None or kept[0] is not plan:
+            cpu = worker_cpu() if worker_cpu is not None else None
+            to = plan_online(plan, model, cluster, dp, online, heads=heads, serving=serving,
+                             worker_cpu=cpu)  # fmt: skip
+            kept = self._kept[key] = (plan, to)
+        return kept[1]

@@ -205,7 +205,7 @@ class Resizable(Protocol):
     @property
     def inference(self) -> Any: ...  # .paused(why, timeout_s): the replicas' gates
 
-    def resized(self, dp: int) -> Plan: ...
+    def resized(self, dp: int, online: Mapping[str, int] | None = None) -> Plan: ...
 
     def relayout(self, plan: Plan, action: str, why: str, step: int | None = None) -> None: ...
 
@@ -265,7 +265,7 @@ class Between:
             return None
         t0 = time.perf_counter()
         try:
-            plan = self.cp.resized(asked.dp)
+            plan = self.cp.resized(asked.dp, asked.online)  # on the devices online (.online)
             check_online(plan, asked.online)
         except ValueError as exc:
             asked.done(f"not applied: {exc}")
