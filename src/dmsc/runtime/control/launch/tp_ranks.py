@@ -23,7 +23,6 @@ import grpc
 import torch.distributed as dist
 from pydantic import BaseModel
 
-from dmsc.runtime.compute.outer_sync import plain_sync
 from dmsc.runtime.control.launch.failures import Key, key_of
 from dmsc.runtime.control.launch.launchers import Launcher, WorkerHandle
 from dmsc.runtime.transport.messages import STAGE_SERVICE, Health, SyncSettings
@@ -32,16 +31,18 @@ from dmsc.runtime.transport.rpc import Client
 
 def task_problem(tp: int, planned_dp: int, dp: int, sync: SyncSettings) -> str | None:
     """Why a training task cannot run on a deployment of ``tp`` ranks per replica (None: it
-    can): the sync modes keep round state that a gathered checkpoint does not carry, and a
-    change of dp starts replicas of one rank each."""
+    can). Every sync mode runs per tensor-parallel rank, on its shard with the same rank of the
+    other replicas (:mod:`dmsc.runtime.compute.tp_sync`), but task heads: a replica's own head
+    is saved, loaded and served per replica (``dmsc.runtime.control.plane``, the serving
+    layer), a path written for one process per replica."""
     if tp == 1:
         return None
     if dp != planned_dp:
         return f"dp: the deployment runs tp = {tp}; resizing it to dp = {dp} is not run"
-    if not plain_sync(sync) or sync.task_heads:
+    if sync.task_heads:
         return (
-            f"sync: at tp = {tp} the replicas average every step's gradients, nothing else "
-            "(no rounds, compression, robust aggregators, privacy or task heads)"
+            f"sync.task_heads: at tp = {tp} a replica's own head is {tp} shards, and the heads "
+            "are saved and served per replica by a path that expects one process each"
         )
     return None
 
