@@ -29,17 +29,15 @@ from dmsc.runtime.transport.messages import STAGE_SERVICE, Health, SyncSettings
 from dmsc.runtime.transport.rpc import Client
 
 
-def task_problem(tp: int, planned_dp: int, dp: int, sync: SyncSettings) -> str | None:
+def task_problem(tp: int, sync: SyncSettings) -> str | None:
     """Why a training task cannot run on a deployment of ``tp`` ranks per replica (None: it
     can). Every sync mode runs per tensor-parallel rank, on its shard with the same rank of the
-    other replicas (:mod:`dmsc.runtime.compute.tp_sync`), but task heads: a replica's own head
-    is saved, loaded and served per replica (``dmsc.runtime.control.plane``, the serving
-    layer), a path written for one process per replica."""
-    if tp == 1:
-        return None
-    if dp != planned_dp:
-        return f"dp: the deployment runs tp = {tp}; resizing it to dp = {dp} is not run"
-    if sync.task_heads:
+    other replicas (:mod:`dmsc.runtime.compute.tp_sync`), and a change of dp starts the new
+    layout whole, each replica with its ``tp`` ranks (:mod:`dmsc.runtime.control.training.resize`);
+    but task heads: a replica's own head is saved, loaded and served per replica
+    (``dmsc.runtime.control.plane``, the serving layer), a path written for one process per
+    replica."""
+    if tp > 1 and sync.task_heads:
         return (
             f"sync.task_heads: at tp = {tp} a replica's own head is {tp} shards, and the heads "
             "are saved and served per replica by a path that expects one process each"

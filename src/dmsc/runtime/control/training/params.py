@@ -107,7 +107,7 @@ def task_params(req: TrainRequest, plan: Plan) -> TrainParams:
                 "sync.task_heads: the output layer is tied to the backbone's embedding, so a "
                 "head cannot be a replica's own"
             )
-    if (problem := tp_ranks.task_problem(plan.job.tp, plan.job.dp, dp, sync)) is not None:
+    if (problem := tp_ranks.task_problem(plan.job.tp, sync)) is not None:
         raise ValueError(problem)
     job = plan.job
     if (problem := ep_worker.task_problem(job.ep, job.dp, dp, sync, req.late_policy)) is not None:
