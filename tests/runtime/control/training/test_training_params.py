@@ -60,7 +60,7 @@ def test_a_tensor_parallel_plan_takes_every_sync_mode_but_task_heads_and_any_dp(
     assert task_params(_req(secure=True), plan).sync.secure
     assert task_params(_req(mode="fedavg", inner_steps=2, privacy_clip=1.0), plan).sync.outer
     staged = plan.model_copy(update={"job": plan.job.model_copy(update={"pp": 2})})
-    with pytest.raises(ValueError, match="sync.task_heads: at tp = 2 a replica's own head"):
+    with pytest.raises(ValueError, match=r"sync\.task_heads: at tp = 2 a replica's own head"):
         task_params(_req(task_heads=True), staged)
     assert task_params(TrainRequest(steps=10, batch=8, dp=1), plan).dp == 1  # a resize
 
