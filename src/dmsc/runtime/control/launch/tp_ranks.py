@@ -90,17 +90,10 @@ class TensorRanks:
     replicas' data-parallel groups) meet at."""
 
     def __init__(
-        self,
-        tp: int,
-        host: str = "127.0.0.1",
-        spares: int = 0,
-        replicas: int = 1,
-        pipelines: bool = False,
+        self, tp: int, host: str = "127.0.0.1", replicas: int = 1, pipelines: bool = False
     ) -> None:
         if tp < 1:
             raise ValueError(f"tp must be at least 1, not {tp}")
-        if tp > 1 and spares:
-            raise ValueError(f"tp={tp}: warm spares do not take over a tensor-parallel rank")
         self.tp = tp
         self.store: Any = None  # a TCPStore (torch's stubs do not export the name)
         self.address = ""
