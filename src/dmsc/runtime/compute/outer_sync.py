@@ -24,6 +24,10 @@ per replica and per task's :class:`~dmsc.runtime.transport.messages.SyncSettings
   differential privacy is on (:mod:`~dmsc.runtime.compute.privacy`; the ledger's accountant
   gives epsilon).
 
+At tp > 1 each tensor-parallel rank runs its replica's mode on its own shard, with the same rank
+of the other replicas; what a mode computes over the whole update (the clipping norm, Krum's
+distances, the noise) is the whole replica's (:mod:`~dmsc.runtime.compute.tp_sync`).
+
 The leader sends the combination back in the codec's downlink form and takes the same decoded
 vector as every other replica, so the replicas stay bit-identical after every round. A round's
 state that must survive a rollback (the anchor and the outer momentum) travels in the stage's
