@@ -25,24 +25,8 @@ from pydantic import BaseModel
 
 from dmsc.runtime.control.launch.failures import Key, key_of
 from dmsc.runtime.control.launch.launchers import Launcher, WorkerHandle
-from dmsc.runtime.transport.messages import STAGE_SERVICE, Health, SyncSettings
+from dmsc.runtime.transport.messages import STAGE_SERVICE, Health
 from dmsc.runtime.transport.rpc import Client
-
-
-def task_problem(tp: int, sync: SyncSettings) -> str | None:
-    """Why a training task cannot run on a deployment of ``tp`` ranks per replica (None: it
-    can). Every sync mode runs per tensor-parallel rank, on its shard with the same rank of the
-    other replicas (:mod:`dmsc.runtime.compute.tp_sync`), and a change of dp starts the new
-    layout whole, each replica with its ``tp`` ranks (:mod:`dmsc.runtime.control.training.resize`);
-    but task heads: a replica's own head is saved, loaded and served per replica
-    (``dmsc.runtime.control.plane``, the serving layer), a path written for one process per
-    replica."""
-    if tp > 1 and sync.task_heads:
-        return (
-            f"sync.task_heads: at tp = {tp} a replica's own head is {tp} shards, and the heads "
-            "are saved and served per replica by a path that expects one process each"
-        )
-    return None
 
 
 class GroupFuture:
