@@ -19,7 +19,7 @@ from dmsc.spec import ClusterSpec, JobSpec, TransformerSpec, load_spec, resolve_
 
 pytestmark = pytest.mark.integration
 
-BATCH, MICRO = 8, 2
+BATCH, MICRO = 4, 2  # the batches of test_tensor_parallel_deployment: one shared reference
 
 
 def test_growing_dp_at_tp2_starts_groups_of_ranks_and_trains_as_one_process(
@@ -35,7 +35,7 @@ def test_growing_dp_at_tp2_starts_groups_of_ranks_and_trains_as_one_process(
 
     text, _ = stdlib_text(max_bytes=200_000)
     corpus = Corpus(text, model.seq, seed=1)
-    want = reference_losses(model, 0, 1e-3, [corpus.batch(s, BATCH) for s in range(4)], MICRO)
+    want = reference_losses(model, 0, 1e-3, [corpus.batch(s, BATCH) for s in range(3)], MICRO)
     dep = Deployment(layout_from_plan(plan(1), model, device="cpu"), home=tmp_path / "home")
     dep.start()
     try:
@@ -45,7 +45,7 @@ def test_growing_dp_at_tp2_starts_groups_of_ranks_and_trains_as_one_process(
         assert dep.layout.replicas == 2 and dep.layout.tp == 2
         sids = sorted(s.sid for s in dep.registry.lookup(stage=0))
         assert len(sids) == 4 and all(s.endswith(("-t0", "-t1")) for s in sids), sids
-        got += train(dep, corpus, corpus, 2, BATCH, MICRO // 2, validate=False, first_step=2).losses
+        got += train(dep, corpus, corpus, 1, BATCH, MICRO // 2, validate=False, first_step=2).losses
     finally:
         dep.shutdown()
     assert max(abs(a - b) for a, b in zip(got, want, strict=True)) < 1e-4, (got, want)
