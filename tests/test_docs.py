@@ -111,6 +111,7 @@ def test_every_figure_placeholder_names_a_figure_of_the_results() -> None:
         "validate_costmodel.json",
         "sim_reproduce_cba.json",
         "hardening_cpu.json",
+        "tp_sync_modes_cpu.json",
     }
     assert quoted <= read, f"results the pages quote without reading them: {quoted - read}"
 

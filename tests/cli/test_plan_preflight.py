@@ -6,7 +6,8 @@ tensor parallelism the runtime does not run (sequence parallel with experts, GPU
 whose stages, replicas or devices do not add up to its job (issue 31). A plan with expert
 parallelism starts (it used to be refused), with tp = 1 or tp = 2 (refused until the runtime
 split each expert over the tp ranks), unless its ep does not divide the experts or the replicas,
-or comes with GPUs or spares (Ray runs it: tests/integration/test_ray.py)."""
+or comes with GPUs or spares (Ray runs it: tests/integration/test_ray.py). Spares with tp > 1
+(and ep = 1) are taken."""
 
 from __future__ import annotations
 
@@ -389,13 +390,14 @@ def test_sequence_parallel_and_ep_flags_need_a_fixed_strategy(
     assert exit_.value.code == 2 and "--ep: only with a fixed strategy" in err
 
 
-def test_spares_with_a_tensor_parallel_plan_are_refused(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+def test_spares_with_a_tensor_parallel_plan_are_taken(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    # a spare took the replica's config whole and would have waited in a group at start
+    # a spare waits as a whole stage and takes one rank over, a replica's ranks together
+    # (dmsc.runtime.control.launch.spares); it used to be refused here
+    from dmsc.cli.up_settings import control_settings
+
     path = _two_sites_plan(tmp_path, tp=2, pp=2, dp=1)
     monkeypatch.setenv("DMSC_HOME", str(tmp_path / "home"))
-    with pytest.raises(SystemExit) as exit_:
-        main(["up", "--plan", str(path), "--spares", "1"])
-    err = capsys.readouterr().err
-    assert exit_.value.code == 2 and "--spares: the plan's tp is 2" in err, err
+    settings = control_settings(str(path), tmp_path, None, "round_robin", 3.0, 2)
+    assert settings.spares == 2

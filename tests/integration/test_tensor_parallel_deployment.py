@@ -140,18 +140,38 @@ def test_tp2_greedy_decoding_equals_transformers_generate(family: str, tmp_path:
     assert got == want[0, 6:].tolist()
 
 
-def test_spares_are_refused_at_tp2() -> None:
-    with pytest.raises(ValueError, match="warm spares do not take over a tensor-parallel rank"):
-        Deployment(StageLayout(SPEC, WHOLE, tp=2), spares=1)
+def test_a_lost_tp_group_is_taken_over_by_warm_spares_one_per_rank(tmp_path) -> None:  # type: ignore[no-untyped-def]
+    """Two warm spares (whole stages while they wait): rank 1 killed, both ranks of the replica
+    are taken over by the spares, which meet in the new epoch's group, and the run goes on from
+    the checkpoint with the reference's losses."""
+    batches = _batches()
+    reference = reference_losses(SPEC, 0, 1e-3, batches, MICRO)
+    with Deployment(StageLayout(SPEC, WHOLE, tp=2), home=tmp_path, spares=2) as dep:
+        spares = {h.address for h in dep.spares.handles}
+        assert len(spares) == 2 and all(h.config.tp == 1 for h in dep.spares.handles)
+        dep.train_step(0, *batches[0], MICRO)
+        ckpt = dep.checkpoint(1)
+        dep.tp.handles[0].process.kill()
+        with pytest.raises(WorkerFailure) as failure:
+            dep.train_step(1, *batches[1], MICRO)
+        rec = recovery.recover(dep, failure.value, [ckpt])
+        assert rec.failed == ["stage0-r0-t0", "stage0-r0-t1"] and rec.checkpoint_step == 1
+        group = [*dep.handles, *dep.tp.handles]
+        assert {h.address for h in group} == spares  # no new process for either rank
+        assert [(h.config.tp_rank, h.config.epoch) for h in group] == [(0, 1), (1, 1)]
+        losses = [dep.train_step(s, *batches[s], MICRO)["loss"] for s in (1, 2)]
+    assert max(abs(a - b) for a, b in zip(losses, reference[1:], strict=True)) < 1e-4
 
 
 def test_a_lost_tp_rank_is_found_and_its_whole_group_replaced(tmp_path) -> None:  # type: ignore[no-untyped-def]
     """Rank 1 of a replica killed: the step fails naming the replica, recovery starts both
-    ranks anew (a new rank 0 alone would wait for its group forever) and the run goes on from
-    the checkpoint with the reference's losses."""
+    ranks anew (a new rank 0 alone would wait for its group forever; one warm spare is too few
+    for the group's two ranks, and stays in the pool) and the run goes on from the checkpoint
+    with the reference's losses."""
     batches = _batches()
     reference = reference_losses(SPEC, 0, 1e-3, batches, MICRO)
-    with Deployment(StageLayout(SPEC, WHOLE, tp=2), home=tmp_path) as dep:
+    with Deployment(StageLayout(SPEC, WHOLE, tp=2), home=tmp_path, spares=1) as dep:
+        spare = [h.address for h in dep.spares.handles]
         dep.train_step(0, *batches[0], MICRO)
         ckpt = dep.checkpoint(1)
         dep.tp.handles[0].process.kill()
@@ -161,6 +181,8 @@ def test_a_lost_tp_rank_is_found_and_its_whole_group_replaced(tmp_path) -> None:
         rec = recovery.recover(dep, failure.value, [ckpt])
         assert rec.failed == ["stage0-r0-t0", "stage0-r0-t1"] and rec.checkpoint_step == 1
         assert [h.config.epoch for h in [*dep.handles, *dep.tp.handles]] == [1, 1]
+        assert [h.address for h in dep.spares.handles] == spare  # not taken: too few
+        assert spare[0] not in {h.address for h in [*dep.handles, *dep.tp.handles]}
         losses = [dep.train_step(s, *batches[s], MICRO)["loss"] for s in (1, 2)]
     assert max(abs(a - b) for a, b in zip(losses, reference[1:], strict=True)) < 1e-4
 

@@ -90,11 +90,6 @@ def control_settings(
     for root in roots:
         if not root.is_dir():
             raise SpecError("command line", "--data-root", f"{root}: not a directory")
-    if spares and plan.job.tp > 1:
-        reason = (
-            f"the plan's tp is {plan.job.tp}: warm spares do not take over a tensor-parallel rank"
-        )
-        raise SpecError("command line", "--spares", reason)
     if spares and plan.job.ep > 1:
         reason = f"the plan's ep is {plan.job.ep}: warm spares do not take over an expert share"
         raise SpecError("command line", "--spares", reason)

@@ -7,7 +7,8 @@ a tensor-parallel group (:mod:`.sequence_parallel` its residual stream along the
 data-parallel replicas, tokens exchanged by all-to-all (at tp > 1 each expert split over the
 replica's tp ranks too); :mod:`.tp_worker` and :mod:`.ep_worker` are a stage worker's side of
 each (its groups, its gathered checkpoints); :mod:`.tp_ops` holds the tensor-parallel group's
-operators (Megatron's ``f`` and ``g``) the three splits and the experts share.
+operators (Megatron's ``f`` and ``g``) the three splits and the experts share, and
+:mod:`.tp_sync` what a sync mode computes over a replica's whole update at tp > 1.
 Across replicas, :mod:`.dp_collective` averages the gradients by the all-reduce the plan chose
 (:mod:`.allreduce`: ring, tree or hierarchical), after a quorum (:mod:`.quorum`). Between
 stages, :mod:`.peers` sends frames over gRPC, or, where the deployment asks and the stages share

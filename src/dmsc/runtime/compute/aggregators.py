@@ -26,7 +26,7 @@ here is a local bug, and the caller knows which replica to drop and can aggregat
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 
 import torch
 
@@ -72,9 +72,13 @@ def aggregate(
     *,
     byzantine: int = DEFAULT_BYZANTINE,
     trim: float = DEFAULT_TRIM,
+    distances: Callable[[Sequence[torch.Tensor]], torch.Tensor] | None = None,
 ) -> torch.Tensor:
     """Combine the replicas' vectors ``parts`` (same shape, floating point) by rule ``name``
-    (the rule's form and how many replicas it needs: :mod:`dmsc.spec.sync_forms`)."""
+    (the rule's form and how many replicas it needs: :mod:`dmsc.spec.sync_forms`).
+    ``distances`` gives Krum's squared distances between the replicas when ``parts`` are
+    parts of longer vectors (a tensor-parallel rank's shards: :mod:`.tp_sync`); by default
+    those of ``parts``."""
     check_aggregator(name, byzantine, trim)
     _check_parts(parts)
     count = len(parts)
@@ -85,7 +89,7 @@ def aggregate(
         return _median(parts)
     if name == "trimmed-mean":
         return _trimmed_mean(parts, math.floor(trim * count))
-    order = _krum_order(parts, byzantine)
+    order = _krum_order(parts, byzantine, distances)
     if name == "krum":
         return parts[order[0]].clone()
     return _weighted_mean([parts[i] for i in order[: count - byzantine]], None)
@@ -144,14 +148,24 @@ def _trimmed_mean(parts: Sequence[torch.Tensor], cut: int) -> torch.Tensor:
     return kept.double().mean(dim=0).to(ranked.dtype)
 
 
-def _krum_order(parts: Sequence[torch.Tensor], byzantine: int) -> list[int]:
-    """Replica indices from best to worst Krum score, ties to the lower index."""
+def _sq_distances(parts: Sequence[torch.Tensor]) -> torch.Tensor:
     count = len(parts)
     dist = torch.zeros(count, count, dtype=torch.float64)
     for i in range(count):
         for j in range(i + 1, count):
             d = torch.linalg.vector_norm(parts[i] - parts[j], dtype=torch.float64)
             dist[i, j] = dist[j, i] = d * d
+    return dist
+
+
+def _krum_order(
+    parts: Sequence[torch.Tensor],
+    byzantine: int,
+    distances: Callable[[Sequence[torch.Tensor]], torch.Tensor] | None = None,
+) -> list[int]:
+    """Replica indices from best to worst Krum score, ties to the lower index."""
+    count = len(parts)
+    dist = (distances or _sq_distances)(parts)
     nearest = count - byzantine - 2
     scores = []
     for i in range(count):

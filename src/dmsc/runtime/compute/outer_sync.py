@@ -24,6 +24,10 @@ per replica and per task's :class:`~dmsc.runtime.transport.messages.SyncSettings
   differential privacy is on (:mod:`~dmsc.runtime.compute.privacy`; the ledger's accountant
   gives epsilon).
 
+At tp > 1 each tensor-parallel rank runs its replica's mode on its own shard, with the same rank
+of the other replicas; what a mode computes over the whole update (the clipping norm, Krum's
+distances, the noise) is the whole replica's (:mod:`~dmsc.runtime.compute.tp_sync`).
+
 The leader sends the combination back in the codec's downlink form and takes the same decoded
 vector as every other replica, so the replicas stay bit-identical after every round. A round's
 state that must survive a rollback (the anchor and the outer momentum) travels in the stage's
@@ -56,6 +60,7 @@ from dmsc.runtime.compute.secure_agg import (
     ring_to_payload,
     unmask_sum,
 )
+from dmsc.runtime.compute.tp_sync import ShardLayout
 from dmsc.runtime.transport.messages import LatePolicy, SyncSettings
 from dmsc.runtime.transport.rpc import BadRequest
 
@@ -104,7 +109,9 @@ def assign_params(params: Sequence[torch.nn.Parameter], flat: torch.Tensor) -> N
 
 class ReplicaSync:
     """One replica's side of a task's sync mode: agrees on updates through the stage leader and
-    keeps the round's anchor, outer momentum, codec state, key pair and privacy ledger."""
+    keeps the round's anchor, outer momentum, codec state, key pair and privacy ledger. At
+    tp > 1 (``layout``: this rank's place in the replica) it is one rank's side, on its shard
+    with the same rank of the other replicas (:mod:`.tp_sync`)."""
 
     def __init__(
         self,
@@ -112,9 +119,11 @@ class ReplicaSync:
         module: torch.nn.Module,
         star: GradientSync,
         seed: int = 0,
+        layout: ShardLayout | None = None,
     ) -> None:
         self.settings = settings
         self.star = star
+        self.layout = layout if layout is not None and layout.tp > 1 else None
         self.params = list(module.parameters())
         self.n = sum(p.numel() for p in self.params)
         shapes = [p.shape for p in self.params]
@@ -152,8 +161,9 @@ class ReplicaSync:
         vector): clipped, encoded, combined at the leader, decoded. Also the replicas left
         out (policy ``skip``)."""
         s = self.settings
-        if s.privacy_clip is not None:
-            update, _ = clip_update(update, s.privacy_clip)
+        if s.privacy_clip is not None:  # at tp > 1 by the norm of the replica's whole update
+            norm = self.layout.norm(update) if self.layout is not None else None
+            update, _ = clip_update(update, s.privacy_clip, norm)
         poison = self.star.cfg.faults.get("poison")  # rehearsal: a hostile replica's update
         if poison is not None:
             update = update * float(poison.get("scale", -100.0))
@@ -163,6 +173,8 @@ class ReplicaSync:
             out, late = self._power(step, update, policy, wait_s)
         else:
             out, late = self._coded(step, update, policy, wait_s)
+        if self.layout is not None:  # the ranks hold one copy of the parameters they share
+            out = self.layout.same_whole(out)
         self.rounds += 1
         if self.ledger is not None:
             self.ledger.rounds = self.rounds
@@ -172,8 +184,21 @@ class ReplicaSync:
         """The mean of ``count`` clipped updates from their sum, with the privacy noise."""
         s = self.settings
         if s.privacy_clip is not None and s.privacy_noise > 0:
-            total = add_noise(total, s.privacy_noise, s.privacy_clip, self.noise)
+            if self.layout is None:
+                total = add_noise(total, s.privacy_noise, s.privacy_clip, self.noise)
+            else:  # drawn for the whole replica, as at tp = 1, and cut to this rank's shard
+                zero = torch.zeros(self.layout.whole_n, dtype=total.dtype)
+                noise = add_noise(zero, s.privacy_noise, s.privacy_clip, self.noise)
+                total = total + self.layout.cut(noise).to(total.device)
         return total / count
+
+    def _present(self, parts: dict[int, torch.Tensor]) -> dict[int, torch.Tensor]:
+        """At tp > 1, the leader's parts of the replicas every rank's leader has (``skip``
+        may have left one rank without a replica's update that another has in time)."""
+        if self.layout is None:
+            return parts
+        keep = self.layout.agree_present(sorted(parts), self.star.cfg.replicas)
+        return {r: parts[r] for r in keep}
 
     def _coded(
         self, step: int, update: torch.Tensor, policy: LatePolicy, wait_s: float
@@ -184,6 +209,7 @@ class ReplicaSync:
         codec, down, n = self.codec, self.down, self.n
 
         def combine(parts: dict[int, torch.Tensor]) -> torch.Tensor:
+            parts = self._present(parts)
             try:
                 vectors = [codec.decode(parts[r], n) for r in sorted(parts)]
             except CodecError as exc:
@@ -191,7 +217,10 @@ class ReplicaSync:
             if self.aggregator == "mean":
                 agreed = self._finish(torch.stack(vectors).sum(0), len(vectors))
             else:
-                agreed = aggregate(self.aggregator, vectors, **self.agg_options)
+                distances = self.layout.sq_distances if self.layout is not None else None
+                agreed = aggregate(
+                    self.aggregator, vectors, **self.agg_options, distances=distances
+                )
                 if self.settings.privacy_clip is not None and self.settings.privacy_noise > 0:
                     agreed = self._finish(agreed * len(vectors), len(vectors))
             return down.encode(agreed)
@@ -205,6 +234,7 @@ class ReplicaSync:
         assert self.power is not None
 
         def mean(parts: dict[int, torch.Tensor]) -> torch.Tensor:
+            parts = self._present(parts)
             sizes = {t.numel() for t in parts.values()}
             if len(sizes) != 1 or any(t.dtype != torch.float32 for t in parts.values()):
                 raise BadRequest("PowerSGD factors of different sizes or types")

@@ -30,14 +30,19 @@ MECHANISM = "gaussian (site update clipping + noise, central DP)"
 ACCOUNTANT = "opacus RDP"
 
 
-def clip_update(x: torch.Tensor, max_norm: float) -> tuple[torch.Tensor, float]:
+def clip_update(
+    x: torch.Tensor, max_norm: float, norm: float | None = None
+) -> tuple[torch.Tensor, float]:
     """``x`` scaled by ``min(1, max_norm / ||x||_2)``, and ``||x||_2`` before clipping.
 
     The norm is computed in float64 so that a long fp32 vector does not lose it to rounding.
+    ``norm``, when given, is the norm to clip by instead: that of the whole update ``x`` is a
+    part of (a tensor-parallel rank's shard, :mod:`dmsc.runtime.compute.tp_sync`).
     """
     _check_positive(max_norm, "max_norm")
     _check_finite(x, "update")
-    norm = float(torch.linalg.vector_norm(x.detach().to(torch.float64)))
+    if norm is None:
+        norm = float(torch.linalg.vector_norm(x.detach().to(torch.float64)))
     factor = min(1.0, max_norm / norm) if norm > 0 else 1.0
     return (x * factor if factor < 1.0 else x.clone()), norm
 

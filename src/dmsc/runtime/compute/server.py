@@ -286,7 +286,8 @@ class StageWorker:
         if plain_sync(settings):
             self.sync = None
         elif self.sync is None or self.sync.settings != settings:
-            self.sync = ReplicaSync(settings, self.module, self.grads, self.cfg.seed)
+            layout = tp_worker.shard_layout(self.spec, self.cfg, self.module)
+            self.sync = ReplicaSync(settings, self.module, self.grads, self.cfg.seed, layout)
             if self.sync_held:
                 self.sync.restore(self.sync_held)
 
@@ -465,9 +466,7 @@ class StageWorker:
                     self.optimizer = make_optimizer(kind, self.module, self.cfg.lr)
                 args = (self.spec, self.cfg, self.module, self.optimizer)
                 self.steps_done = tp_worker.load(state, *args)  # tp > 1: this rank's shard
-                self.sync_held = {
-                    k: v for k, v in state.moments.items() if k.startswith("dmsc.sync.")
-                }
+                self.sync_held = tp_worker.round_state(state, *args[:3])  # tp > 1: cut
                 if self.sync is not None:
                     self.sync.restore(self.sync_held)
                 self.uncommitted = None

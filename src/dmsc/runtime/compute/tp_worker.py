@@ -4,11 +4,12 @@ The ranks of one stage replica meet in a torch.distributed process group (gloo o
 on CUDA) through the TCPStore the deployment hosts (its address in each
 :class:`~dmsc.runtime.compute.config.WorkerConfig`; keys under a prefix per stage, replica and
 epoch, so that groups never mix). Each process serves one stage, so the group is the process's
-default one. Checkpoints stay in the tp = 1 format: :func:`write_gathered` puts the weights and
-the optimizer's moments back together (a collective: every rank calls it, rank 0 writes) and
-:func:`load_sharded` reads a tp = 1 file and keeps this rank's shard. At ep > 1 the stage keeps
-its replica's experts (each cut to this rank's shard at tp > 1) and its checkpoint is gathered
-over the expert-parallel group, then over the tp ranks (:mod:`.ep_worker`).
+default one. Checkpoints stay in the tp = 1 format: :func:`write_gathered` puts the weights, the
+optimizer's moments and a sync mode's round state back together (a collective: every rank calls
+it, rank 0 writes) and :func:`load_sharded` (:func:`round_state` for the round) reads a tp = 1
+file and keeps this rank's shard. At ep > 1 the stage keeps its replica's experts (each cut to
+this rank's shard at tp > 1) and its checkpoint is gathered over the expert-parallel group, then
+over the tp ranks (:mod:`.ep_worker`).
 """
 
 from __future__ import annotations
@@ -28,6 +29,7 @@ from dmsc.runtime.compute.models.chain import StageModule
 from dmsc.runtime.compute.models.hf import stage_module
 from dmsc.runtime.compute.outer_sync import make_optimizer, optimizer_kind
 from dmsc.runtime.compute.tensor_parallel import parallelize_stage, shard, split_of, unshard
+from dmsc.runtime.compute.tp_sync import ShardLayout, round_state_cut, round_state_whole
 from dmsc.spec import TransformerSpec
 
 JOIN_TIMEOUT_S = 120.0  # for every rank of the group to arrive, and for a collective
@@ -84,7 +86,7 @@ def write(
             path, spec, cfg, experts, module, optimizer, steps, whole_of
         )
     if cfg.tp > 1:
-        return write_gathered(path, spec, cfg, module, optimizer, steps)
+        return write_gathered(path, spec, cfg, module, optimizer, steps, extra)
     return write_checkpoint(path, spec, module, optimizer, steps, extra)
 
 
@@ -99,6 +101,22 @@ def load(
     if cfg.tp > 1:
         return load_sharded(state, spec, cfg, module, optimizer)
     return load_state(state, spec, module, optimizer)
+
+
+def shard_layout(spec: TransformerSpec, cfg: WorkerConfig, module: nn.Module) -> ShardLayout | None:
+    """Where this rank's flat vector sits in its replica's (None at tp = 1), for a sync mode."""
+    if cfg.tp == 1:
+        return None
+    return ShardLayout(spec, module.named_parameters(), cfg.tp_rank, cfg.tp)
+
+
+def round_state(
+    state: StageState, spec: TransformerSpec, cfg: WorkerConfig, module: nn.Module
+) -> dict[str, torch.Tensor]:
+    """A loaded checkpoint's sync round state (``dmsc.sync.*``), at tp > 1 cut to this rank."""
+    held = {k: v for k, v in state.moments.items() if k.startswith("dmsc.sync.")}
+    layout = shard_layout(spec, cfg, module)
+    return held if layout is None else round_state_cut(layout, held)
 
 
 def _whole(
@@ -128,10 +146,15 @@ def write_gathered(
     module: nn.Module,
     optimizer: torch.optim.Optimizer,
     steps: int,
+    extra: dict[str, torch.Tensor] | None = None,
 ) -> list[str]:
-    """Gather the stage's weights and optimizer moments from every rank (a collective) and
-    write them at rank 0 in the tp = 1 format; the names of the weights (none at other ranks)."""
+    """Gather the stage's weights, optimizer moments and round state (``extra``, of
+    :meth:`~.outer_sync.ReplicaSync.state`) from every rank (a collective) and write them at
+    rank 0 in the tp = 1 format; the names of the weights (none at other ranks)."""
     whole, opt = _whole(spec, cfg, optimizer)
+    if extra:
+        layout = ShardLayout(spec, module.named_parameters(), cfg.tp_rank, cfg.tp)
+        extra = round_state_whole(layout, extra)
     params = dict(module.named_parameters())
     with torch.no_grad():
         for name, p in whole.named_parameters():
@@ -143,7 +166,7 @@ def write_gathered(
             opt.state[whole_params[name]] = {s: _gather(spec, name, v) for s, v in slots.items()}
     if cfg.tp_rank != 0:
         return []
-    return write_checkpoint(path, spec, whole, opt, steps)
+    return write_checkpoint(path, spec, whole, opt, steps, extra)
 
 
 def load_sharded(

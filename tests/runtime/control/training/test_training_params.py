@@ -51,16 +51,17 @@ def test_a_task_without_a_sync_of_its_own_takes_the_plans() -> None:
     assert task_params(_req(), plan).sync.mode == "every-step"  # said so: every step
 
 
-def test_a_tensor_parallel_plan_takes_plain_averaging_at_its_own_dp_only() -> None:
+def test_a_tensor_parallel_plan_takes_every_sync_mode_and_any_dp() -> None:
     plan = local_plan()
     plan = plan.model_copy(update={"job": plan.job.model_copy(update={"tp": 2, "dp": 2})})
     assert task_params(TrainRequest(steps=10, batch=8), plan).sync.mode == "every-step"
-    with pytest.raises(ValueError, match="sync: at tp = 2 the replicas average every step"):
-        task_params(_req(mode="diloco", inner_steps=5), plan)
-    with pytest.raises(ValueError, match="sync: at tp = 2"):
-        task_params(_req(compress="int8"), plan)
-    with pytest.raises(ValueError, match="resizing it to dp = 1 is not run"):
-        task_params(TrainRequest(steps=10, batch=8, dp=1), plan)
+    assert task_params(_req(mode="diloco", inner_steps=5), plan).sync.mode == "diloco"
+    assert task_params(_req(compress="int8"), plan).sync.compress == "int8"
+    assert task_params(_req(secure=True), plan).sync.secure
+    assert task_params(_req(mode="fedavg", inner_steps=2, privacy_clip=1.0), plan).sync.outer
+    staged = plan.model_copy(update={"job": plan.job.model_copy(update={"pp": 2})})
+    assert task_params(_req(task_heads=True), staged).sync.task_heads
+    assert task_params(TrainRequest(steps=10, batch=8, dp=1), plan).dp == 1  # a resize
 
 
 def test_an_expert_parallel_plan_takes_plain_averaging_waiting_at_its_own_dp_only() -> None:

@@ -92,7 +92,7 @@ class Deployment:
         self.token = secrets.token_urlsafe(24)  # the service credential: workers ask for it
         # the launcher says where workers can reach the registry (this machine's address)
         host = getattr(self.launcher, "control_host", "127.0.0.1")
-        self.tp = TensorRanks(layout.tp, host, spares, layout.replicas, layout.pp_groups())
+        self.tp = TensorRanks(layout.tp, host, layout.replicas, layout.pp_groups())
         self.server, port = serve(
             REGISTRY_SERVICE, registry_methods(self.registry), f"{host}:0", token=self.token
         )

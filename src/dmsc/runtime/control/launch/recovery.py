@@ -13,11 +13,12 @@ the group it
    frames are dropped); one that does not answer is taken as failed too;
 3. replaces the failed workers, by a warm spare (``Assume``) where one is ready, else by a new
    process, and refills the spares in the background. At tp > 1 every replica of the group is
-   replaced, the survivors too, each rank by a new process whose group meets afresh under the
-   new epoch: the ranks of a surviving replica may disagree about the aborted step (a frame of
-   the old epoch reached one rank before its ``Abort``, its peer after and was refused; the
-   rank that took it then waits in a collective its peer never enters, and the collectives of
-   the next step pair up wrongly), and a collective cannot be interrupted;
+   replaced, the survivors too, each rank by a spare (one per rank, all of the replica's ranks
+   or none) or a new process, whose group meets afresh under the new epoch: the ranks of a
+   surviving replica may disagree about the aborted step (a frame of the old epoch reached one
+   rank before its ``Abort``, its peer after and was refused; the rank that took it then waits
+   in a collective its peer never enters, and the collectives of the next step pair up
+   wrongly), and a collective cannot be interrupted;
 4. loads into the group the newest of the candidate checkpoints that verifies
    (:func:`dmsc.runtime.control.launch.fallback.restore_newest`: a checkpoint whose file is missing
    or corrupt is skipped, and the :class:`Recovery` lists it); with no candidates every worker must
@@ -37,6 +38,7 @@ from dataclasses import dataclass, field
 from dmsc.runtime.control.launch.deployment import Checkpoint, Deployment
 from dmsc.runtime.control.launch.failures import Key, WorkerFailure
 from dmsc.runtime.control.launch.fallback import Restored, restore_newest
+from dmsc.runtime.control.launch.launchers import WorkerHandle
 
 
 @dataclass
@@ -77,23 +79,31 @@ def fence(dep: Deployment, keys: Collection[Key]) -> None:
 def replace(dep: Deployment, keys: Collection[Key]) -> None:
     """Fence the instances at ``keys`` and put replacements at the current epoch in their place
     (warm spares first). The failed instances are kept to be reaped at shutdown. A
-    tensor-parallel replica is replaced whole: its ranks meet in a group of the new epoch."""
+    tensor-parallel replica is replaced whole: its ranks meet in a group of the new epoch,
+    taken over by a spare each or started as new processes (:meth:`SparePool.take_group`)."""
     fence(dep, keys)
     dep.abandoned.extend(dep.handle(key) for key in keys)
-    launch = [dep.config(*k, t) for k in keys for t in range(1, dep.layout.tp)]
     dep.abandoned.extend(h for k in keys for h in dep.tp.drop(k))
-    for cfg in (dep.config(*k) for k in keys):
-        taken = dep.spares.take(cfg, retire=dep.registry.fence)  # the spare's own SID retires
+    launch = []
+    for key in keys:
+        ranks = [dep.config(*key, t) for t in range(dep.layout.tp)]
+        # the spares' own SIDs retire once they took over
+        taken = dep.spares.take_group(ranks, dep.threads, retire=dep.registry.fence)
         if taken is None:
-            launch.append(cfg)
+            launch.extend(ranks)
         else:
-            dep.adopt(taken)
+            for h in taken:
+                _adopt(dep, h)
     for h in dep.launch(launch):
-        if h.config.tp_rank:
-            dep.tp.adopt(h, dep.token)
-        else:
-            dep.adopt(h)
+        _adopt(dep, h)
     dep.spares.refill(dep.threads)
+
+
+def _adopt(dep: Deployment, h: WorkerHandle) -> None:
+    if h.config.tp_rank:
+        dep.tp.adopt(h, dep.token)
+    else:
+        dep.adopt(h)
 
 
 def recover(

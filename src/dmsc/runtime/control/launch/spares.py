@@ -13,6 +13,14 @@ carries the stage's configuration with the leaf of the stage's SID and epoch
 serves and calls with from then on; once it took over, ``retire`` (the registry's fence) raises
 the spare SID's floor past its epoch, so that its old leaf is refused by every service.
 
+At tp > 1 a spare starts as a whole stage (tp = 1: it joins no group while it waits) and takes
+over one tensor-parallel rank. A replica is replaced whole (recovery replaces every rank: they
+meet in a group of the new epoch), so its ranks are taken over together
+(:meth:`SparePool.take_group`): one spare per rank, or none, and the ranks' ``Assume`` calls go
+at once, since each rank waits in its group's rendezvous for the others. With too few spares for
+the group, or one that does not answer, the group's ranks start as new processes (a spare that
+answered is stopped first: it would wait in the rendezvous the new processes join).
+
 Where the launcher places workers by datacenter (Ray: ``places_by_datacenter``), the spares are
 spread over the plan's datacenters (each new one goes to the datacenter with the fewest) and a
 stage is only taken over by a spare of its own datacenter: a spare elsewhere would move the stage
@@ -21,6 +29,7 @@ off the node the plan gave it.
 
 from __future__ import annotations
 
+import contextlib
 import threading
 from collections import Counter
 from collections.abc import Callable, Sequence
@@ -34,6 +43,10 @@ from dmsc.runtime.compute.worker import WorkerConfig
 from dmsc.runtime.control.launch.launchers import Launcher, WorkerHandle, with_secrets
 from dmsc.runtime.transport.messages import STAGE_SERVICE, Assume
 from dmsc.runtime.transport.rpc import Client
+
+# Assume builds the stage (at tp > 1 once every rank of its group joined): a spare that has not
+# answered by then is taken as dead
+ASSUME_TIMEOUT_S = 30.0
 
 
 class SparePool:
@@ -69,7 +82,8 @@ class SparePool:
             n = self._count
             dc = min(self.datacenters, key=lambda d: self._held[d])
             self._held[dc] += 1
-        return replace(self._config(f"spare-{n}"), datacenter=dc)
+        # whole (tp = 1) until it takes a rank over: a spare joins no tensor-parallel group
+        return replace(self._config(f"spare-{n}"), datacenter=dc, tp=1, tp_rank=0)
 
     def _gone(self, spare: WorkerConfig) -> None:
         with self._lock:
@@ -96,35 +110,84 @@ class SparePool:
         if self.wanted:
             self._refills.append(threads.submit(self._refill))
 
+    def _reserve(self, cfg: WorkerConfig) -> WorkerHandle | None:
+        """Take a spare that may serve ``cfg`` out of the pool (None: none)."""
+        with self._lock:
+            fits = [
+                h
+                for h in self.handles
+                if not self.by_datacenter or h.config.datacenter == cfg.datacenter
+            ]
+            if not fits:
+                return None
+            self.handles.remove(fits[0])
+        self._gone(fits[0].config)
+        return fits[0]
+
+    def _assume(self, spare: WorkerHandle, cfg: WorkerConfig) -> bool:
+        """Have ``spare`` take ``cfg``'s stage over; False (the spare kept in ``dead``) when it
+        did not answer."""
+        stage = with_secrets(cfg)  # the stage's leaf, when this process issues them
+        client = Client(spare.address, STAGE_SERVICE, token=self.token)
+        try:
+            client.send("Assume", Assume(config=asdict(stage)), timeout_s=ASSUME_TIMEOUT_S)
+        except grpc.RpcError:
+            self.dead.append(spare)
+            return False
+        finally:
+            client.close()
+        return True
+
     def take(
         self, cfg: WorkerConfig, retire: Callable[[str, int], None] | None = None
     ) -> WorkerHandle | None:
         """A spare that has taken over ``cfg``'s stage, or None when no spare could; ``retire``
         (SID, epoch) refuses the spare's own instances below that epoch once it did."""
-        stage = with_secrets(cfg)  # the stage's leaf, when this process issues them
         while True:
-            with self._lock:
-                fits = [
-                    h
-                    for h in self.handles
-                    if not self.by_datacenter or h.config.datacenter == cfg.datacenter
-                ]
-                if not fits:
-                    return None
-                spare = fits[0]
-                self.handles.remove(spare)
-            self._gone(spare.config)
-            client = Client(spare.address, STAGE_SERVICE, token=self.token)
-            try:
-                client.send("Assume", Assume(config=asdict(stage)), timeout_s=30)
-            except grpc.RpcError:  # a dead spare: drop it, try the next
-                self.dead.append(spare)
+            spare = self._reserve(cfg)
+            if spare is None:
+                return None
+            if not self._assume(spare, cfg):  # a dead spare: dropped, try the next
                 continue
-            finally:
-                client.close()
             if retire is not None:
                 retire(spare.config.sid, spare.config.epoch + 1)
             return WorkerHandle(cfg, spare.process, spare.address)
+
+    def take_group(
+        self,
+        cfgs: Sequence[WorkerConfig],
+        threads: ThreadPoolExecutor,
+        retire: Callable[[str, int], None] | None = None,
+    ) -> list[WorkerHandle] | None:
+        """Spares that took over every one of ``cfgs`` (a replica's tensor-parallel ranks, in
+        rank order) together, or None when they could not: too few spares (none is taken), or
+        one that did not answer (every spare of the group is stopped)."""
+        if len(cfgs) == 1:
+            one = self.take(cfgs[0], retire)
+            return None if one is None else [one]
+        picked: list[WorkerHandle] = []
+        for cfg in cfgs:
+            spare = self._reserve(cfg)
+            if spare is None:
+                for h in picked:  # back to the pool, unused
+                    with self._lock:
+                        self._held[h.config.datacenter] += 1
+                    self.add(h)
+                return None
+            picked.append(spare)
+        answered = list(threads.map(self._assume, picked, cfgs))
+        if not all(answered):
+            # the others wait in a rendezvous the new processes of their ranks will join
+            for spare, ok in zip(picked, answered, strict=True):
+                if ok:
+                    self.dead.append(spare)
+                with contextlib.suppress(Exception):
+                    self.launcher.stop(spare)
+            return None
+        if retire is not None:
+            for spare in picked:
+                retire(spare.config.sid, spare.config.epoch + 1)
+        return [WorkerHandle(c, s.process, s.address) for c, s in zip(cfgs, picked, strict=True)]
 
     def wait_refills(self, timeout_s: float = 60.0) -> None:
         """Let spares being started finish (one must not outlive the deployment)."""

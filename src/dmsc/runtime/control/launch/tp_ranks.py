@@ -23,27 +23,10 @@ import grpc
 import torch.distributed as dist
 from pydantic import BaseModel
 
-from dmsc.runtime.compute.outer_sync import plain_sync
 from dmsc.runtime.control.launch.failures import Key, key_of
 from dmsc.runtime.control.launch.launchers import Launcher, WorkerHandle
-from dmsc.runtime.transport.messages import STAGE_SERVICE, Health, SyncSettings
+from dmsc.runtime.transport.messages import STAGE_SERVICE, Health
 from dmsc.runtime.transport.rpc import Client
-
-
-def task_problem(tp: int, planned_dp: int, dp: int, sync: SyncSettings) -> str | None:
-    """Why a training task cannot run on a deployment of ``tp`` ranks per replica (None: it
-    can): the sync modes keep round state that a gathered checkpoint does not carry, and a
-    change of dp starts replicas of one rank each."""
-    if tp == 1:
-        return None
-    if dp != planned_dp:
-        return f"dp: the deployment runs tp = {tp}; resizing it to dp = {dp} is not run"
-    if not plain_sync(sync) or sync.task_heads:
-        return (
-            f"sync: at tp = {tp} the replicas average every step's gradients, nothing else "
-            "(no rounds, compression, robust aggregators, privacy or task heads)"
-        )
-    return None
 
 
 class GroupFuture:
@@ -91,17 +74,10 @@ class TensorRanks:
     replicas' data-parallel groups) meet at."""
 
     def __init__(
-        self,
-        tp: int,
-        host: str = "127.0.0.1",
-        spares: int = 0,
-        replicas: int = 1,
-        pipelines: bool = False,
+        self, tp: int, host: str = "127.0.0.1", replicas: int = 1, pipelines: bool = False
     ) -> None:
         if tp < 1:
             raise ValueError(f"tp must be at least 1, not {tp}")
-        if tp > 1 and spares:
-            raise ValueError(f"tp={tp}: warm spares do not take over a tensor-parallel rank")
         self.tp = tp
         self.store: Any = None  # a TCPStore (torch's stubs do not export the name)
         self.address = ""

@@ -15,7 +15,6 @@ from pydantic import TypeAdapter, ValidationError
 from dmsc.planner.plan import Plan
 from dmsc.runtime.compute import ep_worker
 from dmsc.runtime.compute.aggregators import parse_aggregator
-from dmsc.runtime.control.launch import tp_ranks
 from dmsc.runtime.transport.messages import (
     DEFAULT_LR,
     LatePolicy,
@@ -107,8 +106,6 @@ def task_params(req: TrainRequest, plan: Plan) -> TrainParams:
                 "sync.task_heads: the output layer is tied to the backbone's embedding, so a "
                 "head cannot be a replica's own"
             )
-    if (problem := tp_ranks.task_problem(plan.job.tp, plan.job.dp, dp, sync)) is not None:
-        raise ValueError(problem)
     job = plan.job
     if (problem := ep_worker.task_problem(job.ep, job.dp, dp, sync, req.late_policy)) is not None:
         raise ValueError(problem)
