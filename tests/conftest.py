@@ -190,6 +190,28 @@ def pytest_xdist_make_scheduler(config: pytest.Config, log: Any) -> Any:
     return ByModule(config, log)
 
 
+def three_cpu_hosts() -> ClusterSpec:
+    """One datacenter of three nodes with two CPU devices each (the elastic placement tests)."""
+    return ClusterSpec.model_validate(
+        {
+            "name": "three-hosts",
+            "device_types": {
+                "cpu": {"peak_tflops": {"fp32": 0.05}, "memory_gib": 4, "memory_bw_gbyte_s": 10}
+            },
+            "node_types": {
+                "host": {"device": "cpu", "devices": 2, "link": {"bandwidth_gbit_s": 40}}
+            },
+            "datacenters": [
+                {
+                    "name": "dc",
+                    "nodes": [{"type": "host", "count": 3}],
+                    "network": {"gbit_s_per_node": 10},
+                }
+            ],
+        }
+    )
+
+
 @pytest.fixture(scope="session")
 def selene() -> ClusterSpec:
     return load_spec(ClusterSpec, EXAMPLES / "a100-selene.yaml")

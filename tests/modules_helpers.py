@@ -10,12 +10,16 @@ slows something down, laid out on a GPipe timeline (all forwards, then all backw
 from __future__ import annotations
 
 import json
+import threading
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
+from types import SimpleNamespace
 from typing import Any
 
-from dmsc.data.db import Database
+from prometheus_client import CollectorRegistry
+
+from dmsc.data.db import Database, RunRecord
 from dmsc.data.traces import add_step_traces
 from dmsc.planner.placement.from_specs import build_problem
 from dmsc.planner.placement.problem import Reservation, boundary_us
@@ -147,3 +151,23 @@ def fill_run(
         add_step_traces(db, task.id, step, traces, {})
         t = end + 0.01
     return run.id, task.id
+
+
+def stand_in_plane(
+    db: Database, run: int, plan: Plan, cluster: ClusterSpec | None = None
+) -> SimpleNamespace:
+    """What the control loop reads of a control plane, over the real database ``db`` and its
+    run ``run``: the plan, the cluster (None: the plan's), gpt-mini, its lock, no inference in
+    flight and a metrics registry of its own."""
+    with db.sessions() as s:
+        record = s.get(RunRecord, run)
+    return SimpleNamespace(
+        db=db,
+        run=record,
+        plan=plan,
+        cluster=cluster,
+        model=resolve_model("gpt-mini"),
+        lock=threading.Lock(),
+        inference=SimpleNamespace(in_flight=lambda: 0, pool=None),
+        metrics=CollectorRegistry(),
+    )

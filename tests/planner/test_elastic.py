@@ -4,6 +4,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from conftest import three_cpu_hosts
+
 from dmsc.planner.elastic import IDLE_BAND, devices_in_use, node_load, place_grown, place_replica
 from dmsc.planner.solve import plan_job
 from dmsc.spec import ClusterSpec, JobSpec, load_spec, resolve_model
@@ -103,33 +105,11 @@ def test_a_serving_replica_stays_out_of_a_datacenter_a_residency_rule_forbids() 
     assert place_replica(plan, ruled, {0, 3, 4}, 1) is None  # b alone has room: no replica
 
 
-def _three_hosts() -> ClusterSpec:
-    """One datacenter of three nodes with two CPU devices each."""
-    return ClusterSpec.model_validate(
-        {
-            "name": "three-hosts",
-            "device_types": {
-                "cpu": {"peak_tflops": {"fp32": 0.05}, "memory_gib": 4, "memory_bw_gbyte_s": 10}
-            },
-            "node_types": {
-                "host": {"device": "cpu", "devices": 2, "link": {"bandwidth_gbit_s": 40}}
-            },
-            "datacenters": [
-                {
-                    "name": "dc",
-                    "nodes": [{"type": "host", "count": 3}],
-                    "network": {"gbit_s_per_node": 10},
-                }
-            ],
-        }
-    )
-
-
 def test_a_new_replica_goes_to_the_idlest_node_packing_among_equally_idle_ones() -> None:
     """Fake telemetry: the plan's one worker holds a device of node 0. Packing alone, or with
     node 0 nearly idle (within one band), fills node 0's free device; with its worker busy the
     replica goes to an idle node."""
-    cluster = _three_hosts()
+    cluster = three_cpu_hosts()
     plan = plan_job(cluster, MODEL, JobSpec(global_batch=8, micro_batch=2, pp=1), fixed=True).plan
     taken = devices_in_use(plan)
     assert taken == {0}  # node 0's first device
@@ -146,34 +126,12 @@ def test_a_new_replica_goes_to_the_idlest_node_packing_among_equally_idle_ones()
     assert node_of({0: 95.0, 1: 60.0}) == 2  # node 2 measured nothing: the idlest
 
 
-def _one_dc_of_three_nodes() -> ClusterSpec:
-    return ClusterSpec.model_validate(
-        {
-            "name": "one-dc",
-            "device_types": {
-                "cpu": {"peak_tflops": {"fp32": 0.05}, "memory_gib": 4, "memory_bw_gbyte_s": 10}
-            },
-            "node_types": {
-                "two": {"device": "cpu", "devices": 2, "link": {"bandwidth_gbit_s": 40}}
-            },
-            "datacenters": [
-                {
-                    "name": "dc",
-                    "nodes": [{"type": "two", "count": 3}],
-                    "network": {"gbit_s_per_node": 10},
-                }
-            ],
-            "links": [],
-        }
-    )
-
-
 def test_a_grown_dp_puts_its_new_replicas_on_the_idlest_nodes() -> None:
     """The solver hands out a datacenter's devices in order: grown from dp 1 to 3, replica 1
     shares node 0 with replica 0, whose worker is busy. Told the load, the new replicas go to
     the idle nodes 1 and 2, one each, each where place_replica puts one more serving replica
     on that load (the node given a replica one band busier), and replica 0 stays."""
-    cluster = _one_dc_of_three_nodes()
+    cluster = three_cpu_hosts()
     plan = plan_job(cluster, MODEL, JobSpec(global_batch=12, micro_batch=2, pp=1), fixed=True).plan
     assert [r.nodes for r in plan.stages[0].replicas] == [[0]]
     job3 = JobSpec(global_batch=12, micro_batch=2, pp=1, dp=3)
@@ -196,7 +154,7 @@ def test_a_grown_dp_puts_its_new_replicas_on_the_idlest_nodes() -> None:
 
 
 def test_a_grow_with_no_measured_load_is_the_solvers() -> None:
-    cluster = _one_dc_of_three_nodes()
+    cluster = three_cpu_hosts()
     plan = plan_job(cluster, MODEL, JobSpec(global_batch=12, micro_batch=2, pp=1), fixed=True).plan
     job3 = JobSpec(global_batch=12, micro_batch=2, pp=1, dp=3)
     blind = plan_job(cluster, MODEL, job3, fixed=True).plan

@@ -19,8 +19,11 @@ between replicas and applying them are the server's business.
 
 from __future__ import annotations
 
+import functools
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
+from typing import Concatenate, ParamSpec
 
 import torch
 
@@ -66,6 +69,28 @@ def hop(stage: int, stages: int, chunk: int, step: int) -> tuple[int, int]:
     return k % stages, k // stages
 
 
+P = ParamSpec("P")
+Runner = Callable[Concatenate[StageModule, Peers, P], "StepOutcome"]
+
+
+def _tells_peers_of_failure(run: Runner[P]) -> Runner[P]:
+    """``run``, telling ``peers`` when it fails (:meth:`Peers.step_failed`: a pipeline's gloo
+    group is dropped, so the recovery's next epoch forms a new one)."""
+
+    @functools.wraps(run)
+    def running(
+        module: StageModule, peers: Peers, /, *args: P.args, **kwargs: P.kwargs
+    ) -> StepOutcome:
+        try:
+            return run(module, peers, *args, **kwargs)
+        except BaseException as exc:
+            peers.step_failed(str(exc) or type(exc).__name__)
+            raise
+
+    return running
+
+
+@_tells_peers_of_failure
 def run_ops(
     module: StageModule,
     peers: Peers,
@@ -86,30 +111,6 @@ def run_ops(
     given. A training step without a deadline sends its activations and gradients over the
     pipeline's gloo group where it has one (:mod:`.pipe_group`); the other steps over gRPC."""
     peers.direct = train and peers.deadline is None
-    try:
-        return _run_ops(
-            module, peers, stage, step, ops, microbatches, train, evaluate, cache, start,
-            autocast, stages,
-        )  # fmt: skip
-    except BaseException as exc:
-        peers.step_failed(str(exc) or type(exc).__name__)
-        raise
-
-
-def _run_ops(
-    module: StageModule,
-    peers: Peers,
-    stage: int,
-    step: int,
-    ops: list[Op],
-    microbatches: int,
-    train: bool,
-    evaluate: bool = False,
-    cache: StageCache | None = None,
-    start: int = 0,
-    autocast: torch.dtype | None = None,
-    stages: int = 1,
-) -> StepOutcome:
     METER.take()  # a new step: what an abandoned one left on the meter is not its
     m, out = microbatches, StepOutcome()
     device = next(module.parameters()).device

@@ -18,12 +18,12 @@ from types import SimpleNamespace
 from typing import Any, ClassVar
 
 import pytest
-from modules_helpers import fill_run, make_plan, two_sites
+from modules_helpers import fill_run, make_plan, stand_in_plane, two_sites
 from prometheus_client import CollectorRegistry
 
 from dmsc.cli.control_flags import loop_line
 from dmsc.data.control_records import alerts, decisions
-from dmsc.data.db import Database, RunRecord
+from dmsc.data.db import Database
 from dmsc.planner.plan import Plan
 from dmsc.runtime.control.advisors import Measurements, Proposal
 from dmsc.runtime.control.loop import runner
@@ -34,7 +34,7 @@ from dmsc.runtime.control.loop.views import with_loop, with_loop_status
 from dmsc.runtime.control.loop.webhook import Webhook
 from dmsc.runtime.control.tasks.task_queue import TaskQueue
 from dmsc.runtime.transport.replies import LoopState
-from dmsc.spec import SpecError, resolve_model
+from dmsc.spec import SpecError
 
 
 @pytest.fixture(scope="module")
@@ -68,18 +68,7 @@ class Lines(logging.Handler):
 def _plane(tmp_path: Path, plan: Plan, step_s: float = 1.0) -> tuple[Any, int]:
     db = Database(f"sqlite:///{tmp_path / 'dmsc.sqlite'}")
     run, task = fill_run(db, two_sites(), plan, steps=10, step_s=lambda s: step_s)
-    with db.sessions() as s:
-        record = s.get(RunRecord, run)
-    cp = SimpleNamespace(
-        db=db,
-        run=record,
-        plan=plan,
-        cluster=None,
-        model=resolve_model("gpt-mini"),
-        lock=threading.Lock(),
-        inference=SimpleNamespace(in_flight=lambda: 0, pool=None),
-        metrics=CollectorRegistry(),
-    )
+    cp = stand_in_plane(db, run, plan)
     return cp, task
 
 

@@ -7,19 +7,16 @@ and the round trip a move back must pay."""
 from __future__ import annotations
 
 import logging
-import threading
 import time
 from dataclasses import replace
 from pathlib import Path
-from types import SimpleNamespace
 from typing import Any
 
 import pytest
-from modules_helpers import fill_run, make_plan
-from prometheus_client import CollectorRegistry
+from modules_helpers import fill_run, make_plan, stand_in_plane
 
 from dmsc.data.control_records import decisions
-from dmsc.data.db import Database, RunRecord
+from dmsc.data.db import Database
 from dmsc.planner.plan import Plan
 from dmsc.runtime.control.advisors import Measurements, MetricPoint, Proposal, TaskTimes
 from dmsc.runtime.control.advisors.orchestrator import Decision
@@ -31,7 +28,7 @@ from dmsc.runtime.control.loop.runner import ControlLoop
 from dmsc.runtime.control.loop.snapshot import last_move_s
 from dmsc.runtime.control.loop.tick import LoopConfig, LoopState, Snapshot, tick
 from dmsc.runtime.control.training.resize import record_resize
-from dmsc.spec import ClusterSpec, load_spec, resolve_model
+from dmsc.spec import ClusterSpec, load_spec
 
 ROOT = Path(__file__).resolve().parents[4]
 NOW = 1_800_000_000.0
@@ -51,13 +48,7 @@ def test_a_stage_moved_off_a_slow_link_is_not_moved_back_on_the_old_traces(
     plan = make_plan(three)
     db = Database(f"sqlite:///{tmp_path / 'dmsc.sqlite'}")
     run, task = fill_run(db, three, plan, steps=12, gap_scale={0: 10.0})
-    with db.sessions() as s:
-        record = s.get(RunRecord, run)
-    cp = SimpleNamespace(
-        db=db, run=record, plan=plan, cluster=three, model=resolve_model("gpt-mini"),
-        lock=threading.Lock(), inference=SimpleNamespace(in_flight=lambda: 0, pool=None),
-        metrics=CollectorRegistry(),
-    )  # fmt: skip
+    cp = stand_in_plane(db, run, plan, three)
     moved: list[str] = []
 
     def relayout(c: Any, traces: Any, p: Proposal) -> dict[str, Any]:

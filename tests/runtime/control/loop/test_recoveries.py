@@ -5,24 +5,20 @@ on a real database; and lost devices as the tick's own alert (tick.device_breach
 from __future__ import annotations
 
 import logging
-import threading
 import time
 from pathlib import Path
-from types import SimpleNamespace
 from typing import Any
 
-from modules_helpers import fill_run, make_plan, two_sites
-from prometheus_client import CollectorRegistry
+from modules_helpers import fill_run, make_plan, stand_in_plane, two_sites
 
 from dmsc.data.control_records import alerts, decisions
-from dmsc.data.db import Database, FaultRecord, RunRecord
+from dmsc.data.db import Database, FaultRecord
 from dmsc.runtime.control.advisors.base import FaultInfo
 from dmsc.runtime.control.loop.objectives import Policy
 from dmsc.runtime.control.loop.recoveries import describe, judge
 from dmsc.runtime.control.loop.resizing import DeviceView
 from dmsc.runtime.control.loop.runner import ControlLoop
 from dmsc.runtime.control.loop.tick import LoopConfig, device_breaches
-from dmsc.spec import resolve_model
 
 
 def _fault(i: int, detected: float, recovered: float | None, kind: str = "worker") -> FaultInfo:
@@ -64,13 +60,7 @@ def test_a_replaced_worker_raises_an_alert_a_decision_a_log_line_and_a_post(
     plan = make_plan(two_sites())
     db = Database(f"sqlite:///{tmp_path / 'dmsc.sqlite'}")
     run, task = fill_run(db, two_sites(), plan, steps=10, step_s=lambda s: 1.0)
-    with db.sessions() as s:
-        record = s.get(RunRecord, run)
-    cp = SimpleNamespace(
-        db=db, run=record, plan=plan, cluster=None, model=resolve_model("gpt-mini"),
-        lock=threading.Lock(), inference=SimpleNamespace(in_flight=lambda: 0, pool=None),
-        metrics=CollectorRegistry(),
-    )  # fmt: skip
+    cp = stand_in_plane(db, run, plan)
     log = logging.getLogger("test-recoveries")
     log.setLevel(logging.INFO)
     lines: list[str] = []

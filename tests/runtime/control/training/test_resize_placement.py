@@ -6,35 +6,19 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from conftest import three_cpu_hosts
+
 from dmsc.data.db import Database
 from dmsc.data.traces import add_step_traces, latest_worker_cpu
 from dmsc.planner.solve import plan_job
 from dmsc.runtime.control.training.resize import resized_plan
-from dmsc.spec import ClusterSpec, JobSpec, resolve_model
+from dmsc.spec import JobSpec, resolve_model
 
 MODEL = resolve_model("gpt-mini")
 
 
 def test_a_grow_told_the_load_avoids_the_busy_node(tmp_path: Path) -> None:
-    cluster = ClusterSpec.model_validate(
-        {
-            "name": "one-dc",
-            "device_types": {
-                "cpu": {"peak_tflops": {"fp32": 0.05}, "memory_gib": 4, "memory_bw_gbyte_s": 10}
-            },
-            "node_types": {
-                "two": {"device": "cpu", "devices": 2, "link": {"bandwidth_gbit_s": 40}}
-            },
-            "datacenters": [
-                {
-                    "name": "dc",
-                    "nodes": [{"type": "two", "count": 3}],
-                    "network": {"gbit_s_per_node": 10},
-                },
-            ],
-            "links": [],
-        }
-    )
+    cluster = three_cpu_hosts()
     plan = plan_job(cluster, MODEL, JobSpec(global_batch=12, micro_batch=2, pp=1), fixed=True).plan
     db = Database(f"sqlite:///{tmp_path / 'dmsc.sqlite'}")
     run = db.new_run(plan.model, plan.cluster, {})
