@@ -182,3 +182,35 @@ def test_tokens_carried_in_run_step_give_the_logits_of_tokens_pushed_first() -> 
             msg.RunStep(step=7, microbatches=1, train=True, tokens=prompt)
     finally:
         reg_server.stop(0)
+
+
+def test_an_inference_step_with_top_answers_only_the_largest_logits() -> None:
+    """``top`` (what greedy or top-k decoding asks for): the last stage answers each row's
+    ``top`` largest logits and their ids, the same numbers as the whole row holds there."""
+    from pydantic import ValidationError
+
+    from dmsc.runtime.control.launch.sampling import reply_logits
+    from dmsc.runtime.transport import messages as msg
+
+    reg_server, reg_port = serve(REGISTRY_SERVICE, registry_methods(Registry(ttl_s=60)))
+    try:
+        worker = StageWorker(first_stage(f"127.0.0.1:{reg_port}", stages=1, last="head"))
+        ids = [[5, 17, 99, 3]]
+
+        def answer(step: int, top: int | None) -> dict[str, Any]:
+            m = msg.RunStep(step=step, microbatches=1, train=False, tokens=ids, top=top)
+            return worker.run_step(m)
+
+        whole = reply_logits(answer(1, None), SPEC.vocab)[0]
+        for step, top in ((2, 1), (3, 5)):
+            reply = answer(step, top)
+            assert reply["logits_shape"] == [1, top]
+            got = reply_logits(reply, SPEC.vocab)[0]
+            kept = torch.isfinite(got)
+            assert set(kept.nonzero().flatten().tolist()) == set(whole.topk(top).indices.tolist())
+            assert torch.equal(got[kept], whole[kept])
+        assert int(reply_logits(answer(4, 1), SPEC.vocab)[0].argmax()) == int(whole.argmax())
+        with pytest.raises(ValidationError, match="top: the largest logits of an inference"):
+            msg.RunStep(step=5, microbatches=1, train=True, top=1)
+    finally:
+        reg_server.stop(0)

@@ -17,7 +17,6 @@ a newer incarnation) stops serving and exits (see :mod:`.worker`).
 
 from __future__ import annotations
 
-import base64
 import logging
 import os
 import threading
@@ -43,7 +42,7 @@ from dmsc.runtime.compute.comm_meter import METER, step_comm
 from dmsc.runtime.compute.config import WorkerConfig
 from dmsc.runtime.compute.devices import autocast_dtype, stage_device
 from dmsc.runtime.compute.ep_worker import EP_INFERENCE, ExpertRanks
-from dmsc.runtime.compute.executor import run_ops, step_ops
+from dmsc.runtime.compute.executor import logits_reply, run_ops, step_ops
 from dmsc.runtime.compute.frames import FrameSpec, carried_tokens, check_frame
 from dmsc.runtime.compute.gradient_sync import GradientSync, LinkShaper
 from dmsc.runtime.compute.inbox import Inbox
@@ -269,10 +268,7 @@ class StageWorker:
         if self.module.is_last:
             out["loss"] = sum(done.losses.values()) / m.microbatches if done.losses else None
             if not m.train and not m.eval:
-                # float32 in base64: as JSON numbers a 32k row took a tenth of a token's time
-                rows = torch.cat(done.logits).cpu().contiguous()
-                out["logits_shape"] = list(rows.shape)
-                out["logits"] = base64.b64encode(rows.numpy().tobytes()).decode()
+                out.update(logits_reply(torch.cat(done.logits), m.top))
         return out
 
     def _use_sync(self, settings: msg.SyncSettings | None) -> None:

@@ -74,10 +74,7 @@ class Message(BaseModel):
 
 def explain(exc: ValidationError, what: str) -> str:
     """One line naming every bad field and why: ``bad RunStep: microbatches: must be > 0``."""
-    parts = []
-    for err in exc.errors():
-        field = ".".join(str(p) for p in err["loc"]) or "body"
-        parts.append(f"{field}: {err['msg']}")
+    parts = [f"{'.'.join(str(p) for p in e['loc']) or 'body'}: {e['msg']}" for e in exc.errors()]
     return f"bad {what}: " + "; ".join(parts)
 
 
@@ -169,11 +166,15 @@ class RunStep(Message):
     # inference at the first stage: the step's token ids ([batch][positions]) carried in the
     # call itself, instead of a Push awaited before it (a round trip more for every token)
     tokens: Annotated[list[list[int]], Field(min_length=1, max_length=MAX_BATCH)] | None = None
+    # inference, last stage: only each row's top largest logits and their ids come back
+    top: Annotated[int, Field(gt=0, le=MAX_TOP_K)] | None = None
 
     @model_validator(mode="after")
-    def _tokens_for_inference(self) -> RunStep:
+    def _inference_only(self) -> RunStep:
         if self.tokens is not None and (self.train or self.eval or self.microbatches != 1):
             raise ValueError("tokens: carried in an inference step of one micro-batch only")
+        if self.top is not None and (self.train or self.eval):
+            raise ValueError("top: the largest logits of an inference step, not of training")
         return self
 
 

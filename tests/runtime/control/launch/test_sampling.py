@@ -11,7 +11,8 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from dmsc.runtime.control.launch.sampling import draw, token_probs
+from dmsc.runtime.compute.executor import logits_reply
+from dmsc.runtime.control.launch.sampling import draw, reply_logits, shipped_top, token_probs
 from dmsc.runtime.transport.messages import InferRequest, Sampling
 
 
@@ -90,3 +91,37 @@ def test_bad_settings_are_refused_by_name(field: str, value: float) -> None:
 
     with pytest.raises(ValidationError, match=field):
         InferRequest(prompt="x", **{field: value})
+
+
+def test_the_last_stage_ships_what_the_draw_reads() -> None:
+    """Greedy reads the most likely token, top-k the k most likely; anything else the whole
+    vocabulary."""
+    assert shipped_top(Sampling(temperature=0, top_k=50), 100) == 1
+    assert shipped_top(Sampling(temperature=0.7, top_k=40, top_p=0.9), 100) == 40
+    assert shipped_top(Sampling(temperature=0.7), 100) is None  # top_k 0: all of them
+    assert shipped_top(Sampling(temperature=0.7, top_k=100), 100) is None
+
+
+@pytest.mark.parametrize(
+    "s",
+    [
+        Sampling(temperature=0),
+        Sampling(temperature=0.8, top_k=1),
+        Sampling(temperature=0.8, top_k=7),
+        Sampling(temperature=1.5, top_k=20, top_p=0.5),
+        Sampling(temperature=0.5),
+    ],
+)
+def test_a_draw_from_the_shipped_logits_is_the_draw_from_all_of_them(s: Sampling) -> None:
+    """The tokens drawn from what :func:`logits_reply` sends (its ``top``) equal, generator for
+    generator, those drawn from the whole rows, as decoding drew them before ``top``."""
+    vocab = 300
+    for seed in range(20):
+        rows = torch.randn(1, vocab, generator=torch.Generator().manual_seed(seed)) * 4
+        reply = logits_reply(rows, shipped_top(s, vocab))
+        shipped = reply_logits(reply, vocab)
+        g_all, g_top = torch.Generator().manual_seed(seed), torch.Generator().manual_seed(seed)
+        want = [draw(rows[0], s, g_all) for _ in range(5)]
+        assert [draw(shipped[0], s, g_top) for _ in range(5)] == want
+        if shipped_top(s, vocab) is None:
+            assert torch.equal(shipped, rows)  # the whole rows, bit for bit

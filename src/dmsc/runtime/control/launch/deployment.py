@@ -19,7 +19,6 @@ from __future__ import annotations
 
 __all__ = ["Checkpoint", "Deployment", "StageLayout"]
 
-import base64
 import contextlib
 import secrets
 import tempfile
@@ -44,6 +43,7 @@ from dmsc.runtime.control.launch import decoding, failures, staging
 from dmsc.runtime.control.launch.failures import Key, StepRestartNeeded, key_of
 from dmsc.runtime.control.launch.launchers import Launcher, LocalLauncher, WorkerHandle
 from dmsc.runtime.control.launch.layout import Checkpoint, StageLayout
+from dmsc.runtime.control.launch.sampling import reply_logits, shipped_top
 from dmsc.runtime.control.launch.spares import SparePool
 from dmsc.runtime.control.launch.tp_ranks import TensorRanks
 from dmsc.runtime.transport import logs
@@ -340,27 +340,27 @@ class Deployment:
         timeout_s: float = 120.0,
         session: str | None = None,
         start: int = 0,
+        top: int | None = None,
     ) -> torch.Tensor:
         """Next-token logits of every sequence (forward only, through one replica's pipeline);
         with a ``session``, ``tokens`` are positions ``start ..`` and the stages keep the keys
-        and values. A failure raises :class:`WorkerFailure` naming the stage that failed, a
-        stage without room for a new session :class:`NoRoom`."""
+        and values; with ``top``, each row's ``top`` largest only (the rest -inf). A failure
+        raises :class:`WorkerFailure` naming the stage that failed, a stage without room for a
+        new session :class:`NoRoom`."""
         keys = self.pipeline(replica)
         rows = self.checked(keys[0], Kind.TOKENS, tokens).tolist()
 
         def run(epoch: int, first: bool = False) -> RunStep:  # tokens go in stage 0's call
             return RunStep(
                 step=step, microbatches=1, train=False, epoch=epoch, budget_s=timeout_s,
-                session=session, start=start, tokens=rows if first else None
+                session=session, start=start, tokens=rows if first else None, top=top
             )  # fmt: skip
 
         calls = self.calls("RunStep", run, keys[1:], timeout_s)
         head = run(self.epochs[keys[0]], first=True)
         calls[keys[0]] = self.tp.send(keys[0], self.clients[keys[0]], "RunStep", head, timeout_s)
         replies = self.gather(calls, timeout_s)
-        reply = replies[(self.stages - 1, replica)]
-        raw = bytearray(base64.b64decode(reply["logits"]))
-        return torch.frombuffer(raw, dtype=torch.float32).reshape(reply["logits_shape"])
+        return reply_logits(replies[(self.stages - 1, replica)], self.layout.model.vocab)
 
     def generate(
         self,
@@ -377,24 +377,24 @@ class Deployment:
         use_cache: bool = True,
     ) -> list[int]:
         """Sample ``tokens`` token ids after ``prompt`` (ids; bytes for a byte-level model) as
-        ``sampling`` says (its defaults, seed 0,
-        when None). ``cancel`` stops it between tokens (the slower copy of a redundant request,
-        a client gone); so does ``deadline`` (``time.monotonic()``), and no worker call outlives
-        it. ``turn(deadline)`` is entered around each token (a replica's fair lock: requests
-        take turns per token, not per request); each token's worker calls wait at most
-        ``token_timeout_s`` (a frozen worker fails the request within it). ``on_token`` gets
-        each token as it is drawn (streaming).
+        ``sampling`` says (its defaults, seed 0, when None). ``cancel`` stops it between tokens
+        (the slower copy of a redundant request, a client gone); so does ``deadline``
+        (``time.monotonic()``), and no worker call outlives it. ``turn(deadline)`` is entered
+        around each token (a replica's fair lock: requests take turns per token, not per
+        request); each token's worker calls wait at most ``token_timeout_s`` (a frozen worker
+        fails the request within it). ``on_token`` gets each token as it is drawn (streaming).
 
         With ``use_cache`` the stages keep the request's keys and values (an inference
         session): the prompt runs once, then each token alone; past the model's sequence
         length the context slides and every token runs it whole again."""
         sampling = sampling or Sampling(seed=0)
         session = uuid.uuid4().hex[:16] if use_cache else None
+        top = shipped_top(sampling, self.layout.model.vocab)  # the logits the draw reads
 
         def forward(
             step: int, ctx: torch.Tensor, timeout_s: float, session: str | None, start: int
         ) -> torch.Tensor:
-            return self.logits(step, ctx, replica, timeout_s, session, start)[0]
+            return self.logits(step, ctx, replica, timeout_s, session, start, top)[0]
 
         try:
             return decoding.decode(
