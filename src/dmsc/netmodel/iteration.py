@@ -21,6 +21,7 @@ from dmsc.netmodel.memory import MemoryBreakdown, precision_bytes, stage_memory
 from dmsc.netmodel.parallel import Layout, split_layers
 from dmsc.netmodel.sync import exchange, exposed_s, stage_payload, vocab_matrix
 from dmsc.netmodel.topology import Topology
+from dmsc.netmodel.tp_calls import tp_allreduce_calls
 from dmsc.spec.cluster import ClusterSpec
 from dmsc.spec.job import JobSpec
 from dmsc.spec.model import LayerListSpec, TransformerSpec
@@ -381,26 +382,25 @@ def estimate_iteration(
         flops += sc.flops * m * len(devices)
         model_flops += sc.model_flops * m * len(devices)
         peak = max(peak, sc.peak)
-        # Tensor-parallel all-reduces of one micro-batch on this stage.
+        # Tensor-parallel all-reduces of one micro-batch on this stage (few distinct sizes).
         tp_s = 0.0
         if job.tp > 1:
-            n_calls = 0
-            tp_bytes = max((lc.tp_allreduce_bytes for lc in members), default=0.0)
-            c = comm.collective("all_reduce", layout.tp_groups(s), tp_bytes, job.allreduce)
-            for lc in members:
-                n_calls += lc.tp_allreduces_fwd
-                tp_s += c.time_s * lc.tp_allreduces_fwd
-                if train:
-                    n_calls += lc.tp_allreduces_bwd
-                    bwd = c.time_s * lc.tp_allreduces_bwd
-                    if job.overlap_tp_comm:  # what the weight-gradient GEMMs do not cover
-                        bwd = max(0.0, bwd - windows.get(lc.name, 0.0))
-                    tp_s += bwd
-                    policy = job.recompute if lc.kind in ("block", "moe_block") else "none"
-                    if policy == "full":
-                        n_calls += lc.tp_allreduces_fwd
-                        tp_s += c.time_s * lc.tp_allreduces_fwd
-            account("tp", c, n_calls * m)
+            costs: dict[float, tuple[CommCost, int]] = {}  # by size: its cost, its calls
+            bwd_s: dict[str, float] = {}
+            for call in tp_allreduce_calls(members, train, job.recompute):
+                c, n = costs.get(call.nbytes) or (
+                    comm.collective("all_reduce", layout.tp_groups(s), call.nbytes, job.allreduce),
+                    0,
+                )
+                costs[call.nbytes] = (c, n + call.count)
+                if call.phase == "backward":
+                    bwd_s[call.layer] = bwd_s.get(call.layer, 0.0) + c.time_s * call.count
+                else:
+                    tp_s += c.time_s * call.count
+            for name, t in bwd_s.items():  # less what the weight-gradient GEMMs cover
+                tp_s += max(0.0, t - windows.get(name, 0.0)) if job.overlap_tp_comm else t
+            for c, n in costs.values():
+                account("tp", c, n * m)
         ep_s = 0.0
         if job.ep > 1:
             calls = sum(1 for lc in members if lc.ep_alltoall_bytes) * (4 if train else 2)

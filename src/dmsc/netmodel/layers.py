@@ -62,6 +62,13 @@ class LayerCost:
     # GEMMs the backward pass runs again whatever the recompute policy: a fused (flash)
     # attention kernel keeps no scores and recomputes Q K^T in its backward.
     backward_recompute: tuple[Gemm, ...] = ()
+    # Added to one of a mixture's backward all-reduces at tp > 1: the gradient of the router's
+    # weights (tokens x top_k numbers) is summed over the ranks in the same call as its tokens'.
+    tp_router_grad_bytes: float = 0.0
+    # The vocabulary-parallel loss's all-reduces in a training forward (on the head): the
+    # maximum, the target's logit and the sum of exponentials, one number per token each.
+    tp_loss_allreduces: int = 0
+    tp_loss_allreduce_bytes: float = 0.0
 
     @property
     def forward_flops(self) -> float:
@@ -231,6 +238,7 @@ def _transformer_layers(model: TransformerSpec, job: JobSpec) -> list[LayerCost]
                 tp_allreduces_fwd=2,
                 tp_allreduces_bwd=2,
                 ep_alltoall_bytes=a2a if job.ep > 1 else 0.0,
+                tp_router_grad_bytes=B * T * model.top_k if moe and t > 1 else 0.0,
             )
         )
     head_params = (0 if model.tied_embeddings else V * h) + norm_params
@@ -267,6 +275,11 @@ def _transformer_layers(model: TransformerSpec, job: JobSpec) -> list[LayerCost]
             tp_allreduces_fwd=0,
             tp_allreduces_bwd=1,
             ep_alltoall_bytes=0.0,
+            # Megatron-LM's vocab_parallel_cross_entropy (and the runtime's, compute/
+            # vocab_parallel.py) all-reduces three per-token numbers: fp32 in a fused loss, the
+            # logits' 16 bits under autocast.
+            tp_loss_allreduces=3 if t > 1 else 0,
+            tp_loss_allreduce_bytes=(B if autocast else 4) * T if t > 1 else 0.0,
         )
     )
     return layers

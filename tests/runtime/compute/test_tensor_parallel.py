@@ -14,6 +14,7 @@ from tp_helpers import SEED, batches, greedy, small_spec, train, two_ranks
 
 from dmsc.netmodel import build_layer_costs
 from dmsc.netmodel.constants import DTYPE_BYTES
+from dmsc.netmodel.tp_calls import tp_allreduce_calls
 from dmsc.runtime.compute.comm_meter import METER, ring_allreduce_bytes
 from dmsc.runtime.compute.models.chain import StageModule, build_stage, loss_fn
 from dmsc.runtime.compute.tensor_parallel import (
@@ -42,7 +43,9 @@ def _rank(rank: int, port: int, out: str) -> None:
             spec = small_spec(name)
             module = parallelize_stage(spec, build_stage(spec, SEED, "embedding", "head"))
             initial = gather_state_dict(spec, module)
+            METER.take()
             collectives = _all_reduces(spec, module)
+            step_comm = METER.take()["tp"]
             losses = train(spec, module)
             local = {k: v.detach().clone() for k, v in module.state_dict().items()}
             full = gather_state_dict(spec, module)
@@ -50,6 +53,7 @@ def _rank(rank: int, port: int, out: str) -> None:
             record = {"losses": losses, "initial": initial, "local": local, "full": full}
             record["greedy"] = greedy(spec, module)
             record["all_reduces"] = collectives
+            record["step_comm"] = step_comm
             record["block_comm"] = _block_comm(spec, module)
             torch.save(record | {"held_out": held_out}, f"{out}/{name}-rank{rank}.pt")
     finally:
@@ -150,7 +154,8 @@ def test_a_block_runs_the_tp_collectives_the_cost_model_prices(
 ) -> None:
     """A block's forward and backward on each rank: the calls and the ring's bytes of the
     block's layer cost (``netmodel/layers.py``), a mixture's like a dense MLP's; the mixture
-    adds only its router weights' gradients (tokens x top_k numbers) to the backward's sum."""
+    adds only its router weights' gradients (tokens x top_k numbers) to the backward's sum,
+    which the cost model prices too."""
     spec = small_spec(name)
     job = JobSpec(global_batch=2, micro_batch=2, tp=2, sequence_parallel=False)
     block = build_layer_costs(spec, job)[1]
@@ -159,6 +164,29 @@ def test_a_block_runs_the_tp_collectives_the_cost_model_prices(
     elements = int(block.tp_allreduce_bytes) // DTYPE_BYTES[spec.dtype]
     priced = calls * ring_allreduce_bytes(elements, DTYPE_BYTES[spec.dtype], 2)
     router = ring_allreduce_bytes(2 * spec.seq * spec.top_k, 4, 2) if spec.is_moe else 0
+    assert ring_allreduce_bytes(int(block.tp_router_grad_bytes), 1, 2) == router
     for got in tp2[name]:
         assert got["block_comm"]["calls"] == calls == 4
         assert got["block_comm"]["bytes"] == priced + router
+
+
+@pytest.mark.parametrize("name", FAMILIES)
+def test_a_training_step_runs_the_tp_collectives_the_cost_model_prices(
+    tp2: dict[str, list[dict[str, Any]]], name: str
+) -> None:
+    """One micro-batch's forward and backward through the whole model on each rank (the
+    vocabulary-split embedding, the blocks, the head and the loss's three sums): the metered
+    tp calls and ring bytes are those of the cost model's list (``netmodel/tp_calls.py``)."""
+    spec = small_spec(name)
+    tokens = batches(spec)[0]
+    micro, seq = tokens.shape[0], tokens.shape[1] - 1
+    job = JobSpec(global_batch=micro, micro_batch=micro, tp=2)
+    layers = build_layer_costs(spec.model_copy(update={"seq": seq}), job)
+    calls = tp_allreduce_calls(layers, train=True, recompute=job.recompute)
+    count = sum(c.count for c in calls)
+    priced = sum(c.count * ring_allreduce_bytes(int(c.nbytes), 1, 2) for c in calls)
+    loss = [c for c in calls if c.layer == "head" and c.phase == "forward"]
+    assert [(c.count, c.nbytes) for c in loss] == [(3, 4 * micro * seq)]
+    for got in tp2[name]:
+        assert got["step_comm"]["calls"] == count == got["all_reduces"] == 4 * spec.layers + 5
+        assert got["step_comm"]["bytes"] == priced

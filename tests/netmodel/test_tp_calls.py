@@ -1,0 +1,69 @@
+"""The tensor-parallel all-reduces the cost model prices (:mod:`dmsc.netmodel.tp_calls`), against
+the calls counted by hand from Megatron-LM's layout (Shoeybi et al., 2019, sec. 3) and its
+vocabulary-parallel cross-entropy: each call once in the iteration's tp traffic."""
+
+from __future__ import annotations
+
+import pytest
+
+from dmsc.netmodel import build_layer_costs, estimate_iteration
+from dmsc.netmodel.tp_calls import TpCall, tp_allreduce_calls
+from dmsc.spec import ClusterSpec, JobSpec, TransformerSpec, resolve_model
+
+MOE = TransformerSpec(
+    layers=2, hidden=64, heads=4, seq=16, vocab=256, experts=4, top_k=2, mlp="swiglu"
+)
+
+
+def test_a_mixtures_training_step_by_hand() -> None:
+    """micro-batch 2 of 16 tokens, hidden 64, fp16 (2 bytes), tp = 2: the embedding's sum, two
+    forward and two backward sums per block (one carrying the router's 32 x 2 gradients in a
+    mixture), the head's backward sum and the loss's three fp32 sums of one number a token."""
+    T, h, k = 32, 64, 2
+    job = JobSpec(global_batch=2, micro_batch=2, tp=2)
+    got = tp_allreduce_calls(build_layer_costs(MOE, job), train=True, recompute="none")
+    want = [TpCall("embedding", "forward", 2 * T * h, 1)]
+    for i in range(MOE.layers):
+        name = f"block_{i}"
+        want.append(TpCall(name, "forward", 2 * T * h, 2))
+        if MOE.is_moe_layer(i):
+            want.append(TpCall(name, "backward", 2 * T * (h + k), 1))
+            want.append(TpCall(name, "backward", 2 * T * h, 1))
+        else:
+            want.append(TpCall(name, "backward", 2 * T * h, 2))
+    want += [TpCall("head", "forward", 4 * T, 3), TpCall("head", "backward", 2 * T * h, 1)]
+    assert got == want
+    assert sum(c.count for c in got) == 4 * MOE.layers + 5  # as the runtime's test counts them
+
+
+def test_a_forward_and_full_recomputation() -> None:
+    job = JobSpec(global_batch=2, micro_batch=2, tp=2)
+    layers = build_layer_costs(MOE, job)
+    forward = tp_allreduce_calls(layers, train=False, recompute="none")
+    # no loss and no backward: the embedding's sum and the blocks' two
+    assert [(c.layer, c.count) for c in forward] == [
+        ("embedding", 1),
+        ("block_0", 2),
+        ("block_1", 2),
+    ]
+    full = tp_allreduce_calls(layers, train=True, recompute="full")
+    again = [c for c in full if c.phase == "recompute"]
+    assert [(c.layer, c.count) for c in again] == [("block_0", 2), ("block_1", 2)]
+    # nothing at tp = 1
+    one = build_layer_costs(MOE, JobSpec(global_batch=2, micro_batch=2))
+    assert tp_allreduce_calls(one, train=True, recompute="full") == []
+
+
+@pytest.mark.parametrize("name", ["gpt3-2.7b", "mixtral-8x7b"])
+def test_the_iteration_sends_every_call_once(selene: ClusterSpec, name: str) -> None:
+    """tp = 8 on one node, ring, two micro-batches of one sequence: a ring member sends
+    2 (n - 1) / n of each buffer (Patarasuk and Yuan, JPDC 2009), 14 buffers for the 8 members."""
+    model = resolve_model(name)
+    assert isinstance(model, TransformerSpec)
+    model = model.model_copy(update={"layers": 4})
+    job = JobSpec(global_batch=2, micro_batch=1, tp=8, allreduce="ring")
+    B, T, h, L = 2, model.seq, model.hidden, model.layers
+    mixtures = sum(model.is_moe_layer(i) for i in range(L))
+    per_rank = B * T * h * (1 + 4 * L + 1) + 3 * 4 * T + mixtures * B * T * model.top_k
+    est = estimate_iteration(selene, model, job)
+    assert est.traffic_bytes["tp"] == pytest.approx(2 * 14 * per_rank, rel=1e-12)
