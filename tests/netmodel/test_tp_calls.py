@@ -67,3 +67,17 @@ def test_the_iteration_sends_every_call_once(selene: ClusterSpec, name: str) -> 
     per_rank = B * T * h * (1 + 4 * L + 1) + 3 * 4 * T + mixtures * B * T * model.top_k
     est = estimate_iteration(selene, model, job)
     assert est.traffic_bytes["tp"] == pytest.approx(2 * 14 * per_rank, rel=1e-12)
+
+
+def test_a_mixture_at_ep_2_sends_its_token_counts_before_its_tokens(selene: ClusterSpec) -> None:
+    """Per mixture and micro-batch, an all-to-all of one int64 per expert, then the tokens out
+    and back and their gradients (four of top_k x tokens x hidden): each rank sends (n - 1) / n
+    of each buffer, n = 2."""
+    model = resolve_model("mixtral-8x7b")
+    assert isinstance(model, TransformerSpec)
+    model = model.model_copy(update={"layers": 4})
+    job = JobSpec(global_batch=4, micro_batch=1, dp=2, ep=2)
+    B, T, h = 2, model.seq, model.hidden
+    per_rank = 4 * (B * T * h * model.top_k) / 2 + 8 * model.experts / 2
+    est = estimate_iteration(selene, model, job)
+    assert est.traffic_bytes["ep"] == pytest.approx(4 * 2 * 2 * per_rank, rel=1e-12)

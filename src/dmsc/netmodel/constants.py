@@ -169,7 +169,7 @@ H100 = DeviceCalibration(
         Validated(
             "megatron-core-h100", "Megatron-LM README H100 weak scaling", "H100 80GB", 9, 4.1, 7.2
         ),
-        Validated("nemo-h100-fp8", "NeMo 24.07 DGX-H100 FP8", "H100 80GB", 7, 4.8, 7.6),
+        Validated("nemo-h100-fp8", "NeMo 24.07 DGX-H100 FP8", "H100 80GB", 7, 4.8, 7.7),
         Validated("llama3-405b", "Llama 3 Herd of Models Table 4", "H100 80GB", 2, 4.1, 4.9),
     ),
 )

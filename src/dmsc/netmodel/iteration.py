@@ -402,12 +402,13 @@ def estimate_iteration(
             for c, n in costs.values():
                 account("tp", c, n * m)
         ep_s = 0.0
-        if job.ep > 1:
-            calls = sum(1 for lc in members if lc.ep_alltoall_bytes) * (4 if train else 2)
-            a2a_bytes = max((lc.ep_alltoall_bytes for lc in members), default=0.0)
-            c = comm.collective("all_to_all", layout.ep_groups(s), a2a_bytes)
-            ep_s = c.time_s * calls
-            account("ep", c, calls * m)
+        if job.ep > 1:  # per mixture: its tokens out and back (and their gradients); counts
+            moe = [lc for lc in members if lc.ep_alltoall_bytes]
+            a2a = max((lc.ep_alltoall_bytes for lc in moe), default=0.0), 4 if train else 2
+            for nbytes, calls in (a2a, (max((lc.ep_counts_bytes for lc in moe), default=0.0), 1)):
+                c = comm.collective("all_to_all", layout.ep_groups(s), nbytes)
+                ep_s += c.time_s * calls * len(moe)
+                account("ep", c, calls * len(moe) * m)
         pp_s = pp_cost.time_s * (2 if train else 1) * v if p > 1 else 0.0
         if v > 1 and job.overlap_pp_comm:
             # Megatron-Core's overlapped interleaved schedule posts each chunk's send and

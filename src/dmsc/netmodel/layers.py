@@ -69,6 +69,10 @@ class LayerCost:
     # maximum, the target's logit and the sum of exponentials, one number per token each.
     tp_loss_allreduces: int = 0
     tp_loss_allreduce_bytes: float = 0.0
+    # A mixture at ep > 1 first tells each rank how many tokens it will get for each of its
+    # experts (an all-to-all of one int64 per expert) and then sends them, as the runtime
+    # (compute/expert_parallel.py) and Megatron-Core's all-to-all token dispatcher do.
+    ep_counts_bytes: float = 0.0
 
     @property
     def forward_flops(self) -> float:
@@ -106,6 +110,10 @@ def _transformer_layers(model: TransformerSpec, job: JobSpec) -> list[LayerCost]
     if model.mlp == "gelu":
         attn_params += (h + 2 * kv) + h  # biases
     mlp_params = mlp_mats * h * f + (f + h if model.mlp == "gelu" else 0)
+    # Whole on every tensor-parallel rank (Megatron-LM, and the runtime's tensor_parallel.py):
+    # the norms, and a row-parallel layer's bias (the output projection's, the MLP's second).
+    attn_whole = 2 * norm_params + (h if model.mlp == "gelu" else 0)
+    mlp_whole = h if model.mlp == "gelu" else 0
 
     # Forward GEMMs of one block on one tensor-parallel rank.
     core = "flash" if flash else "attention"
@@ -184,14 +192,15 @@ def _transformer_layers(model: TransformerSpec, job: JobSpec) -> list[LayerCost]
             )
             expert_p = E * mlp_params / (t * ep)
             params = float(attn_params + E * mlp_params + h * E)
-            per_dev = attn_params / t + expert_p + h * E
+            per_dev = (attn_params - attn_whole) / t + attn_whole + expert_p + h * E
             a2a = float(B * T * h * k)
             mlp_act = split_mlp * k
         else:
             mlp_gemms = dense_mlp
             expert_p = 0.0
             params = float(attn_params + mlp_params)
-            per_dev = (attn_params + mlp_params) / t
+            whole = attn_whole + mlp_whole
+            per_dev = (attn_params + mlp_params - whole) / t + whole
             a2a = 0.0
             mlp_act = split_mlp
         full_act = unsplit / rep + (split_attn + mlp_act) / t + attn_core / t
@@ -239,6 +248,7 @@ def _transformer_layers(model: TransformerSpec, job: JobSpec) -> list[LayerCost]
                 tp_allreduces_bwd=2,
                 ep_alltoall_bytes=a2a if job.ep > 1 else 0.0,
                 tp_router_grad_bytes=B * T * model.top_k if moe and t > 1 else 0.0,
+                ep_counts_bytes=8.0 * model.experts if moe and job.ep > 1 else 0.0,
             )
         )
     head_params = (0 if model.tied_embeddings else V * h) + norm_params
@@ -260,7 +270,7 @@ def _transformer_layers(model: TransformerSpec, job: JobSpec) -> list[LayerCost]
             name="head",
             kind="head",
             params=head_params,
-            params_per_device=head_on_device / t,
+            params_per_device=(head_on_device - norm_params) / t + norm_params,
             expert_params_per_device=0.0,
             gemms=(Gemm(T, V // t, h),),
             extra_flops=0.0,

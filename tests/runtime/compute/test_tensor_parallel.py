@@ -190,3 +190,17 @@ def test_a_training_step_runs_the_tp_collectives_the_cost_model_prices(
     for got in tp2[name]:
         assert got["step_comm"]["calls"] == count == got["all_reduces"] == 4 * spec.layers + 5
         assert got["step_comm"]["bytes"] == priced
+
+
+@pytest.mark.parametrize("name", FAMILIES)
+def test_a_rank_holds_the_parameters_the_cost_model_counts(
+    tp2: dict[str, list[dict[str, Any]]], name: str
+) -> None:
+    """The norms and a row-parallel layer's bias stay whole on every rank: a rank's parameters
+    (what its data-parallel all-reduce carries) are the layers' ``params_per_device``."""
+    spec = small_spec(name)
+    layers = build_layer_costs(spec, JobSpec(global_batch=2, micro_batch=2, tp=2))
+    priced = sum(lc.params_per_device for lc in layers)
+    names = {n for n, _ in build_stage(spec, SEED, "embedding", "head").named_parameters()}
+    for got in tp2[name]:
+        assert sum(t.numel() for k, t in got["local"].items() if k in names) == priced
