@@ -15,8 +15,15 @@ loopback, its collective a 2-process gloo all-reduce), the plan of each run's la
 gives the predicted ``tp_comm``, ``dp_comm``, ``pp_comm`` (with its bubble), and the step traces
 give the measured wait per mode (the slowest worker's, median over the steps after the first
 quarter; :func:`dmsc.data.comm_modes.compare_modes`). Besides the data-parallel runs, a tp = 2 run
-and a pp = 2 run (two micro-batches) measure the other modes. Prints a table, or with --json one
-object (``--out`` also writes it to a file).
+and a pp = 2 run (two micro-batches) measure the other modes, and moe-mini (a Mixtral-style
+mixture) runs at dp = 2 with its experts shared out over ep = 2, and at tp = 2 x ep = 2 (four
+workers). Beside each mode's seconds stand its calls and bytes per worker in a step: measured
+(the median over the steps of the mean over the workers that report, each replica's tp rank 0:
+the ranks of a replica run the same collectives) against the cost model's (the plan's traffic of
+the mode over the job's devices; calls for tp from its list of all-reduces,
+:func:`dmsc.netmodel.tp_calls.tp_allreduce_calls`, for ep per mixture and micro-batch the token
+counts, the tokens out and back and their gradients: five all-to-alls). ``--only`` runs a
+subset by name. Prints a table, or with --json one object (``--out`` also writes it to a file).
 """
 
 from __future__ import annotations
@@ -40,6 +47,9 @@ import yaml
 from dmsc.data.comm_modes import compare_modes
 from dmsc.data.corpus import Corpus, stdlib_text
 from dmsc.data.traces import StepTrace
+from dmsc.netmodel import build_layer_costs
+from dmsc.netmodel.iteration import assign_stage_layers
+from dmsc.netmodel.tp_calls import tp_allreduce_calls
 from dmsc.planner.solve import plan_job
 from dmsc.runtime.compute.calibrate import calibrate
 from dmsc.runtime.compute.models.chain import build_stage, loss_fn
@@ -60,8 +70,8 @@ class StarDeployment(Deployment):
         return replace(super().config(stage, replica, tp_rank), dp_star=True)
 
 
-def _spec() -> TransformerSpec:
-    spec = resolve_model("gpt-mini")
+def _spec(name: str = "gpt-mini") -> TransformerSpec:
+    spec = resolve_model(name)
     assert isinstance(spec, TransformerSpec)
     return spec
 
@@ -110,20 +120,63 @@ def calibrated_spec(home: Path) -> ClusterSpec:
     return load_spec(ClusterSpec, home / "calibrated.yaml")
 
 
-def predicted(cluster: ClusterSpec, tp: int, pp: int, dp: int, micro: int) -> dict[str, float]:
-    """The cost model's breakdown of the run's layout on ``cluster`` (its ring all-reduce)."""
+def predicted(
+    cluster: ClusterSpec,
+    spec: TransformerSpec,
+    tp: int,
+    pp: int,
+    dp: int,
+    micro: int,
+    ep: int = 1,
+) -> dict[str, Any]:
+    """The cost model on the run's layout on ``cluster`` (its ring all-reduce): its breakdown,
+    and each mode's calls and bytes per device in a step (module docstring)."""
     job = JobSpec(
-        global_batch=BATCH, micro_batch=BATCH // dp // micro, tp=tp, pp=pp, dp=dp, allreduce="ring"
+        global_batch=BATCH,
+        micro_batch=BATCH // dp // micro,
+        tp=tp,
+        pp=pp,
+        dp=dp,
+        ep=ep,
+        allreduce="ring",
     )
-    return dict(plan_job(cluster, _spec(), job, fixed=True).plan.prediction.breakdown_s)
+    prediction = plan_job(cluster, spec, job, fixed=True).plan.prediction
+    stages = assign_stage_layers(build_layer_costs(spec, job), job)
+    m = job.microbatches
+    calls = {
+        "tp": statistics.mean(
+            sum(c.count for c in tp_allreduce_calls(st, True, job.recompute)) * m for st in stages
+        ),
+        "ep": statistics.mean(sum(5 * m for lc in st if lc.ep_alltoall_bytes) for st in stages),
+    }
+    return {
+        "breakdown": dict(prediction.breakdown_s),
+        "bytes": {k: v / job.devices for k, v in prediction.traffic_bytes.items()},
+        "calls": calls,
+    }
+
+
+def per_worker(comm: list[dict[Any, dict[str, dict[str, float]]]]) -> dict[str, dict[str, float]]:
+    """Each mode's calls and bytes per worker in a step: the mean over the workers that
+    report, the median over the steps ``comm`` (each a step's figures by worker and mode)."""
+    out: dict[str, dict[str, float]] = {}
+    for mode in ("tp", "dp", "ep", "pp"):
+        steps = [[figs[mode] for figs in step.values() if mode in figs] for step in comm if step]
+        steps = [s for s in steps if s]
+        if steps:
+            out[mode] = {
+                key: statistics.median(statistics.mean(f[key] for f in s) for s in steps)
+                for key in ("calls", "bytes")
+            }
+    return out
 
 
 def dmsc_run(
-    layout: StageLayout, star: bool, steps: int, micro: int, breakdown: dict[str, float]
+    layout: StageLayout, star: bool, steps: int, micro: int, pred: dict[str, Any]
 ) -> dict[str, Any]:
     corpus = _corpus(layout.model)
     kind = StarDeployment if star else Deployment
-    times, links, losses, traces = [], [], [], []
+    times, links, losses, traces, comm = [], [], [], [], []
     with kind(layout) as dep:
         for s in range(steps):
             out = dep.train_step(s, *corpus.batch(s, BATCH), micro, "1f1b")
@@ -134,12 +187,29 @@ def dmsc_run(
                 traces += [
                     StepTrace(s, k[0], k[1], 0.0, [], {}, comm=c) for k, c in out["comm"].items()
                 ]
+                comm.append(out["comm"])
+    measured = per_worker(comm)
+    modes = []
+    for row in compare_modes(pred["breakdown"], traces):
+        got = measured.get(row.mode, {})
+        modes.append(
+            row.as_json()
+            | {
+                "predicted_calls_per_worker": pred["calls"].get(row.mode),
+                "measured_calls_per_worker": got.get("calls"),
+                "predicted_bytes_per_worker": pred["bytes"].get(row.mode),
+                "measured_bytes_per_worker": got.get("bytes"),
+            }
+        )
     return {
+        "tp": layout.tp,
+        "dp": layout.replicas,
+        "ep": layout.ep,
         "step_s": statistics.median(times[steps // 4 :]),
         "busiest_link_bytes": max(links),
         "busiest_link_mb": max(links) / 1e6,
         "last_loss": losses[-1],
-        "modes": [r.as_json() for r in compare_modes(breakdown, traces)],
+        "modes": modes,
     }
 
 
@@ -187,32 +257,52 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--steps", type=int, default=16)
     ap.add_argument("--dp", default="1,2,4", help="comma-separated degrees")
+    ap.add_argument("--only", help="comma-separated run names (default: all)")
     ap.add_argument("--json", action="store_true")
     ap.add_argument("--out", help="also write the JSON object to this file")
     args = ap.parse_args()
     load_before = os.getloadavg()[0]
-    spec = _spec()
+    spec, moe = _spec(), _spec("moe-mini")
     with tempfile.TemporaryDirectory() as home:
         t0 = time.perf_counter()
         cluster = calibrated_spec(Path(home))
         calibrate_s = time.perf_counter() - t0
     collective = next(iter(cluster.node_types.values())).collective
-    rows: dict[str, Any] = {}
+    # name: (model, layout, dmsc_star, micro-batches, prediction's (tp, pp, dp, micro, ep))
+    runs: dict[str, tuple[str, StageLayout, bool, int, tuple[int, ...]]] = {}
     for dp in (int(d) for d in args.dp.split(",")):
         for star in (True, False) if dp > 1 else (False,):
             name = f"dp{dp}-" + ("star" if star else "ring") if dp > 1 else "dp1"
             layout = StageLayout(spec, WHOLE, replicas=dp)
-            rows[name] = dmsc_run(layout, star, args.steps, 1, predicted(cluster, 1, 1, dp, 1))
-    rows["tp2"] = dmsc_run(
-        StageLayout(spec, WHOLE, tp=2), False, args.steps, 1, predicted(cluster, 2, 1, 1, 1)
+            runs[name] = ("gpt-mini", layout, star, 1, (1, 1, dp, 1))
+    runs["tp2"] = ("gpt-mini", StageLayout(spec, WHOLE, tp=2), False, 1, (2, 1, 1, 1))
+    runs["pp2"] = ("gpt-mini", StageLayout(spec, TWO), False, 2, (1, 2, 1, 2))
+    runs["moe-ep2"] = (
+        "moe-mini",
+        StageLayout(moe, WHOLE, replicas=2, ep=2),
+        False,
+        1,
+        (1, 1, 2, 1, 2),
     )
-    rows["pp2"] = dmsc_run(
-        StageLayout(spec, TWO), False, args.steps, 2, predicted(cluster, 1, 2, 1, 2)
+    runs["moe-tp2-ep2"] = (
+        "moe-mini",
+        StageLayout(moe, WHOLE, replicas=2, tp=2, ep=2),
+        False,
+        1,
+        (2, 1, 2, 1, 2),
     )
-    ddp = ddp_step_s(2, args.steps)
+    only = set(args.only.split(",")) if args.only else set(runs)
+    if only - set(runs):
+        ap.error(f"--only: no run named {', '.join(sorted(only - set(runs)))} ({', '.join(runs)})")
+    rows: dict[str, Any] = {}
+    for name, (model, layout, star, micro, shape) in runs.items():
+        if name in only:
+            pred = predicted(cluster, layout.model, *shape)
+            rows[name] = {"model": model} | dmsc_run(layout, star, args.steps, micro, pred)
+    ddp = ddp_step_s(2, args.steps) if "dp2-ring" in rows else None
     out: dict[str, Any] = {
         "command": "python benchmarks/parallel_modes.py --json",
-        "model": "gpt-mini",
+        "model": "gpt-mini (runs moe-*: moe-mini)",
         "global_batch": BATCH,
         "machine": {
             "cpus": os.cpu_count(),
@@ -226,7 +316,7 @@ def main() -> None:
         "runs": rows,
         "ddp_dp2_step_s": ddp,
     }
-    if "dp2-ring" in rows:
+    if ddp is not None:
         out["dmsc_dp2_over_ddp"] = rows["dp2-ring"]["step_s"] / ddp
     for dp in (2, 4):
         star, ring = rows.get(f"dp{dp}-star"), rows.get(f"dp{dp}-ring")
@@ -240,21 +330,34 @@ def main() -> None:
     if args.json:
         print(json.dumps(out))
         return
-    print(f"{'run':<10} {'step ms':>9} {'busiest link MB':>16}  comm ms predicted/measured")
+    print(f"{'run':<12} {'step ms':>9} {'busiest link MB':>16}  comm ms predicted/measured")
     for name, r in rows.items():
         modes = "  ".join(
             f"{m['mode']} {_ms(m['predicted_s'])}/{_ms(m['measured_s'])}" for m in r["modes"]
         )
         print(
-            f"{name:<10} {r['step_s'] * 1e3:>9.1f} {r['busiest_link_bytes'] / 1e6:>16.2f}  {modes}"
+            f"{name:<12} {r['step_s'] * 1e3:>9.1f} {r['busiest_link_bytes'] / 1e6:>16.2f}  {modes}"
         )
-    print(f"DDP dp2    {ddp * 1e3:>9.1f}")
+    if ddp is not None:
+        print(f"{'DDP dp2':<12} {ddp * 1e3:>9.1f}")
+    print()
+    print("per worker in a step, predicted/measured:")
+    print(f"{'run':<12} {'mode':<5} {'calls':>15} {'bytes':>25}")
+    for name, r in rows.items():
+        for m in r["modes"]:
+            calls = f"{_n(m['predicted_calls_per_worker'])}/{_n(m['measured_calls_per_worker'])}"
+            nbytes = f"{_n(m['predicted_bytes_per_worker'])}/{_n(m['measured_bytes_per_worker'])}"
+            print(f"{name:<12} {m['mode']:<5} {calls:>15} {nbytes:>25}")
     if "dmsc_dp2_over_ddp" in out:
         print(f"dmsc dp2 (ring) / DDP: {out['dmsc_dp2_over_ddp']:.2f} (goal <= 1.1)")
 
 
 def _ms(x: float | None) -> str:
     return "-" if x is None else f"{x * 1e3:.1f}"
+
+
+def _n(x: float | None) -> str:
+    return "-" if x is None else f"{x:.0f}"
 
 
 if __name__ == "__main__":
