@@ -205,8 +205,8 @@ def test_ep2_trains_to_the_losses_and_gradients_of_one_process(
         if kind_of(name) == "dense":
             assert torch.equal(ep2[1]["grads"][name], got[name]), name
     assert reference[-1] < reference[1] - 0.5  # it learns
-    # per mixture: tokens out and back in the forward, both reversed in the backward (the
-    # cost model's four), and one exchange of the token counts
+    # per mixture: tokens out and back in the forward, both reversed in the backward, and one
+    # exchange of the token counts (the cost model's five, netmodel/layers.py ep_counts_bytes)
     mixtures = sum(isinstance(m, MixtureOfExperts) for m in whole.modules())
     assert mixtures == spec.layers == 2
     for record in ep2:
