@@ -36,8 +36,8 @@ input gradient is whole on every rank already). The router's weights multiply pa
 so their gradient is partial too: it rides in the same backward all-reduce (B x T x top_k
 numbers more than the B x T x hidden of the tokens, :class:`.tp_ops.EnterPair`). Per mixture
 that is one tensor-parallel all-reduce of the layer's B x T x hidden each way, as the cost model
-prices every block's MLP (``netmodel/layers.py``: ``tp_allreduces_fwd``, ``tp_allreduces_bwd``;
-it does not count the router's top_k / hidden more bytes), and all-to-alls of
+prices every block's MLP (``netmodel/layers.py``: ``tp_allreduces_fwd``, ``tp_allreduces_bwd``,
+and the router's gradient: ``tp_router_grad_bytes``), and all-to-alls of
 B x T x top_k x hidden per tp rank in ep groups of tp rank t of each replica
 (``netmodel/parallel.py``: ``Layout.ep_groups``). The all-to-alls and the all-reduces run in
 the same order on every process, so the two kinds of group never wait on each other. At
