@@ -53,8 +53,14 @@ def test_host_staging_leaves_cpu_tensors_alone() -> None:
 class _Loopback:
     """Peers of a one-stage pipeline: tokens and targets from a dict (a unit-test stand-in)."""
 
+    deadline = None  # a step without one: a pipeline group's sends, were there one
+    direct = False
+
     def __init__(self, frames: dict[tuple[Kind, int], torch.Tensor]) -> None:
         self.frames = frames
+
+    def step_failed(self, reason: str) -> None:
+        pass
 
     def recv(self, kind: Kind, step: int, mb: int) -> torch.Tensor:
         return self.frames[(kind, mb)]

@@ -117,3 +117,17 @@ def test_a_process_ends_without_waiting_for_a_call_in_flight(client: Client) -> 
     done = subprocess.run([sys.executable, "-c", code], timeout=50, capture_output=True)
     assert done.returncode == 0, done.stderr
     assert time.monotonic() - t0 < 30
+
+
+def test_a_thread_is_idle_again_before_its_caller_hears_the_answer() -> None:
+    """The race the test above met on a loaded machine: a caller that sends its next call as
+    soon as it has its answer found no idle thread (the thread was counted idle only after it
+    answered) and started another. Read at the moment the answer is set, in the serving thread."""
+    threads = calls._Threads()
+    gate = threading.Event()
+    seen: list[int] = []
+    future = threads.submit(lambda: gate.wait(5))
+    future.add_done_callback(lambda _: seen.append(threads._idle))  # runs as it is answered
+    gate.set()
+    assert future.result(timeout=10) is True
+    assert seen == [1]

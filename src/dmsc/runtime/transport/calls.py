@@ -59,13 +59,24 @@ class _Threads:
     def _serve(self) -> None:
         while True:
             future, call = self._work.get()
-            if future.set_running_or_notify_cancel():
-                try:
-                    future.set_result(call())
-                except BaseException as exc:  # the caller's to see, as grpc's future gives it
-                    future.set_exception(exc)
-            with self._lock:
-                self._idle += 1
+            if not future.set_running_or_notify_cancel():
+                self._ready()
+                continue
+            try:
+                result = call()
+            except BaseException as exc:  # the caller's to see, as grpc's future gives it
+                self._ready()
+                future.set_exception(exc)
+            else:
+                self._ready()
+                future.set_result(result)
+
+    def _ready(self) -> None:
+        """Count this thread idle *before* its caller hears the answer: a caller that sends its
+        next call at once then finds it, instead of starting a thread (which it did on a loaded
+        machine when the count came after the answer)."""
+        with self._lock:
+            self._idle += 1
 
 
 _lock = threading.Lock()
