@@ -214,3 +214,25 @@ def test_an_inference_step_with_top_answers_only_the_largest_logits() -> None:
             msg.RunStep(step=5, microbatches=1, train=True, top=1)
     finally:
         reg_server.stop(0)
+
+
+def test_a_step_forms_its_expert_groups_in_its_own_epoch_after_an_abort() -> None:
+    """An ``Abort`` that moves the worker on while a step of the old epoch still runs: the
+    step's next mixture forms its groups under the step's epoch, not the new one's, where it
+    would take the place the recovered replicas meet at (seen in the full suite: a survivor
+    connected to the address a failed old-epoch step had left, and was refused)."""
+    reg_server, reg_port = serve(REGISTRY_SERVICE, registry_methods(Registry(ttl_s=60)))
+    try:
+        moe = resolve_model("moe-mini").model_dump()
+        cfg = first_stage(
+            f"127.0.0.1:{reg_port}", model=moe, ep=2, replicas=2, tp_store="127.0.0.1:1"
+        )
+        worker = StageWorker(cfg)
+        assert worker.experts is not None
+        before = worker.epoch
+        with worker.peers.at_epoch(before):  # the step of the old epoch, running
+            worker.inbox.advance(before + 1)  # the recovery's Abort
+            assert worker.experts.epoch() == before
+        assert worker.experts.epoch() == before + 1  # between steps: the worker's own
+    finally:
+        reg_server.stop(0)

@@ -101,8 +101,9 @@ class StageWorker:
         self.spec = TransformerSpec.model_validate(cfg.model)
         self.device = stage_device(cfg.device)
         self.autocast = autocast_dtype(self.spec, self.device)
-        # ep > 1: this replica's share of the experts, its groups formed per epoch
-        self.experts = ExpertRanks(cfg, lambda: self.inbox.epoch) if cfg.ep > 1 else None
+        # ep > 1: this replica's share of the experts, its groups formed per epoch: the running
+        # step's (an Abort mid-step must not let it form the new epoch's groups), else the inbox's
+        self.experts = ExpertRanks(cfg, lambda: self.peers.epoch) if cfg.ep > 1 else None
         # built (or read from its checkpoint) on the host, then moved: the float32 master copy
         self.module = tp_worker.stage(self.spec, cfg, self.experts).to(self.device)
         self.optimizer = make_optimizer("adamw", self.module, cfg.lr)
