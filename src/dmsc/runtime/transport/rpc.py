@@ -43,6 +43,8 @@ CHANNEL_OPTIONS = [
     ("grpc.max_send_message_length", CHUNK_BYTES),
     ("grpc.max_receive_message_length", MAX_MESSAGE_BYTES),
 ]
+# A server's handler threads are named so (a thread dump, or a test counting the client's own).
+SERVER_THREADS = "dmsc-serve"
 SERVER_OPTIONS = [
     ("grpc.max_send_message_length", MAX_MESSAGE_BYTES),
     ("grpc.max_receive_message_length", CHUNK_BYTES),
@@ -282,7 +284,7 @@ def serve(
     if fences is not None:
         methods = {name: tls.fence_checked(h, fences) for name, h in methods.items()}
     server = grpc.server(
-        futures.ThreadPoolExecutor(max_workers=workers),
+        futures.ThreadPoolExecutor(max_workers=workers, thread_name_prefix=SERVER_THREADS),
         options=SERVER_OPTIONS,
         interceptors=interceptors,
     )
