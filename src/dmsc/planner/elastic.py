@@ -24,7 +24,11 @@ solver re-plans the strategy at the larger dp without seeing the nodes' load, an
 it added is placed again on the idlest nodes, in the datacenter and on the device type the
 solver chose for each of its stages, so the plan's paths and its prediction (priced per
 datacenter) stand; each stage keeps the all-reduce the solver chose (any one is correct). A node
-given a new worker counts ``IDLE_BAND`` busier for the next replica, so that they spread.
+given a new worker counts ``IDLE_BAND`` busier for the next replica, so that they spread. The
+workers' load is counted on the nodes of the spec their plan was placed on; a grow placed on
+another spec of the cluster (all its devices back after a shrink numbered on the devices that
+were online, or the reverse) reads it through :func:`renumber_load`, so that the load lands on
+the same nodes and not on the ones that now carry their numbers.
 """
 
 from __future__ import annotations
@@ -56,6 +60,37 @@ def node_load(
             if cpu is not None and rep.devices:
                 node = topo.devices[rep.devices[0]].node
                 out[node] = out.get(node, 0.0) + cpu
+    return out
+
+
+def renumber_load(
+    load: Mapping[int, float], numbered_on: ClusterSpec, onto: ClusterSpec
+) -> dict[int, float]:
+    """``load`` (by the nodes of ``numbered_on``) by the nodes of ``onto``, another spec of the
+    same cluster: a node is the one of the same datacenter at the same position among that
+    datacenter's nodes. That is how a spec cut down to the devices online keeps its nodes (each
+    datacenter's first ones, in order: :func:`dmsc.runtime.control.training.online.online_cluster`),
+    while its global numbering shifts when an earlier datacenter lost nodes or went. A node
+    with no counterpart in ``onto`` is left out."""
+    if numbered_on is onto:
+        return dict(load)
+
+    def positions(cluster: ClusterSpec) -> list[tuple[str, int]]:
+        topo = Topology(cluster)
+        first: dict[int, int] = {}
+        out = []
+        for node in topo.nodes:
+            first.setdefault(node.dc, node.index)
+            out.append((topo.dc_names[node.dc], node.index - first[node.dc]))
+        return out
+
+    target = {where: n for n, where in enumerate(positions(onto))}
+    source = positions(numbered_on)
+    out: dict[int, float] = {}
+    for node, cpu in load.items():
+        to = target.get(source[node]) if 0 <= node < len(source) else None
+        if to is not None:
+            out[to] = out.get(to, 0.0) + cpu
     return out
 
 
