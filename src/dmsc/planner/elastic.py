@@ -194,3 +194,37 @@ def place_grown(old: Plan, new: Plan, cluster: ClusterSpec, load: Mapping[int, f
         for s, st in enumerate(new.stages)
     ]
     return new.model_copy(update={"stages": stages})
+
+
+def move_replica(plan: Plan, cluster: ClusterSpec, stage: int, replica: int, node: int) -> Plan:
+    """``plan`` with replica ``replica`` of stage ``stage`` on free devices of ``node``, a node
+    of its datacenter with its device type (a busy node's stage moved to an idle node: the
+    control loop's ``move-node``). The plan's prediction and paths stand: they are priced per
+    datacenter and device type. ValueError names why it cannot be made."""
+    topo = Topology(cluster)
+    if not 0 <= stage < len(plan.stages) or not 0 <= replica < len(plan.stages[stage].replicas):
+        raise ValueError(f"stage {stage} replica {replica}: not in the plan")
+    st = plan.stages[stage]
+    rep = st.replicas[replica]
+    if not 0 <= node < len(topo.nodes) or max(rep.devices) >= len(topo.devices):
+        raise ValueError(f"node {node}: not a node of cluster {cluster.name!r} as the plan has it")
+    was = topo.devices[rep.devices[0]]
+    target = topo.nodes[node]
+    if topo.dc_names[target.dc] != rep.datacenter:
+        raise ValueError(f"node {node} is in {topo.dc_names[target.dc]}, not {rep.datacenter}")
+    if cluster.node_types[target.type_name].device != was.type_name:
+        raise ValueError(f"node {node} has no {was.type_name} devices")
+    taken = devices_in_use(plan)
+    span = range(target.first_device, target.first_device + target.devices)
+    free = [d for d in span if d not in taken]
+    if len(free) < len(rep.devices):
+        raise ValueError(
+            f"node {node} has {len(free)} free devices, stage {stage} replica {replica} needs "
+            f"{len(rep.devices)}"
+        )
+    moved = replica_record(topo, rep.dp_rank, rep.datacenter, free[: len(rep.devices)])
+    replicas = [moved if r == replica else x for r, x in enumerate(st.replicas)]
+    stages = [
+        s.model_copy(update={"replicas": replicas}) if s.index == stage else s for s in plan.stages
+    ]
+    return plan.model_copy(update={"stages": stages})

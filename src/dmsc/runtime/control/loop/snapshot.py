@@ -209,4 +209,5 @@ def take(
         moved_s=moved_s,
         devices=devices(cp, plan, base_dp, measured),
         served=None if answered is None else tuple(answered(now_s - window_s)),
+        cluster=cp.cluster,
     )
