@@ -392,6 +392,7 @@ class ControlPlane:
                 swap=self.between,
                 shrink=self.shrink,  # replicas a lost node took, dropped (.training.shrink)
                 plan_now=lambda: self.plan,  # the plan each segment of steps ran on
+                live=partial(self._predictions.begin, task_id, params),  # the dashboard's
             )
 
     def train(self, req: TrainRequest, gone: threading.Event | None = None) -> dict[str, Any]:
@@ -484,6 +485,7 @@ class ControlPlane:
             self.inference.pool.status() if self.inference.pool is not None else None,
             tenant=tenant,
             predict=self._task_prediction,
+            live=lambda t: self._predictions.segments(t, self.plan, self.cluster, self.model),
         )
 
     def _task_prediction(self, task: TaskRecord) -> Prediction:
