@@ -21,11 +21,12 @@ from dmsc.planner.plan import Plan
 from dmsc.planner.solve import plan_job
 from dmsc.runtime.control.advisors import Measurements, MetricPoint, TaskTimes, read_measurements
 from dmsc.runtime.control.advisors.paths import PathOptimisation, device_speeds, scaled_cluster
-from dmsc.runtime.control.loop.busy import datacenter_cpu, node_moves, watch
+from dmsc.runtime.control.loop.busy import datacenter_cpu, node_moves, numbered_on, watch
 from dmsc.runtime.control.loop.hysteresis import parts
 from dmsc.runtime.control.loop.moves import apply_move
 from dmsc.runtime.control.loop.objectives import BusyNode, Policy
 from dmsc.runtime.control.loop.tick import LoopConfig, LoopState, Snapshot, tick
+from dmsc.runtime.control.training.online import ResizedPlans
 from dmsc.runtime.transport.rpc import BadRequest
 from dmsc.spec import ClusterSpec, JobSpec, load_spec, resolve_model
 
@@ -219,6 +220,56 @@ def test_with_no_idle_replica_of_the_stage_the_plans_figure_is_scaled_as_the_idl
         ("keep", "stage 1 replica 0: node 1 -> node 2 in dc"),
     ]
     assert all("no idle node measured a stage to compare with" in k.reason for k in keeps)
+
+
+def test_after_a_shrink_the_nodes_are_those_of_the_spec_cut_to_the_devices_online() -> None:
+    """Datacenter a (nodes 0-1) runs both stages; a node of it is lost and the re-plan on the
+    devices online puts them in b, on what the cut spec numbers nodes 1 and 2 (2 and 3 of the
+    whole spec, where device 1 is a's). Read on the whole spec the plan's devices are not its
+    own (nothing proposed); on the cut spec the control plane keeps for it, the busy stage 0
+    moves to b's free node 3 of that numbering, and the plan moved is kept on it too."""
+    cpu = {"peak_tflops": {"fp32": 0.05}, "memory_gib": 4, "memory_bw_gbyte_s": 10}
+    host = {"device": "cpu", "devices": 1, "link": {"bandwidth_gbit_s": 40}}
+    whole = ClusterSpec.model_validate(
+        {
+            "name": "two",
+            "device_types": {"cpu": cpu},
+            "node_types": {"host": host},
+            "datacenters": [
+                {"name": n, "nodes": [{"type": "host", "count": k}],
+                 "network": {"gbit_s_per_node": 10}}
+                for n, k in (("a", 2), ("b", 4))
+            ],
+            "links": [{"a": "a", "b": "b", "km": 2000, "bandwidth_gbit_s": 0.1}],
+        }
+    )  # fmt: skip
+    model = resolve_model("gpt-mini")
+    plan = make_plan(whole, JobSpec(global_batch=8, micro_batch=2, pp=2))
+    plans = ResizedPlans()
+    shrunk = plans.get(plan, model, whole, 1, {"a": 1, "b": 4})
+    assert [(st.datacenter, st.replicas[0].nodes) for st in shrunk.stages] == [
+        ("b", [1]), ("b", [2])]  # fmt: skip
+    moved: list[Plan] = []
+    cp = SimpleNamespace(plan=shrunk, cluster=whole, resized_plans=plans, inference=_Gates(),
+                         relayout=lambda new, action, why: moved.append(new))  # fmt: skip
+    cut = numbered_on(cp)
+    assert (
+        cut is not None and cut is not whole and [dc.name for dc in cut.datacenters] == ["a", "b"]
+    )
+    m = shrunk.job.microbatches
+    compute = {
+        (0, 0): 3 * m * shrunk.stages[0].microbatch_s,
+        (1, 0): m * shrunk.stages[1].microbatch_s,
+    }
+    traces = _measured(shrunk, compute).traces
+    use, busy = {"0/0": _use(97.0), "1/0": _use(20.0)}, {"b": 97.0}
+    assert node_moves(shrunk, whole, use, busy, BusyNode(), traces, 1.0) == []
+    (p,) = node_moves(shrunk, cut, use, busy, BusyNode(), traces, 1.0)
+    assert p.target == "stage 0 replica 0: node 1 -> node 3 in b"
+    apply_move(cp, (), p)
+    (new,) = moved
+    assert [st.replicas[0].devices for st in new.stages] == [[3], [2]]
+    assert plans.numbered_on(new) is cut
 
 
 class _Gates:

@@ -53,6 +53,7 @@ from __future__ import annotations
 import statistics
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
+from typing import Any
 
 from dmsc.data.traces import StepTrace
 from dmsc.netmodel.topology import Topology
@@ -104,6 +105,17 @@ class Placed:
     topo: Topology
     node_of: dict[tuple[int, int], int]  # (stage, replica) -> the node of its first device
     cpu: dict[int, float]  # node -> its CPU % as its workers measured it (the busiest reading)
+
+
+def numbered_on(cp: Any) -> ClusterSpec | None:
+    """The cluster spec the deployed plan of control plane ``cp`` is numbered on: the spec cut
+    to the devices online when a shrink or a resize placed it there (its ``resized_plans``,
+    :class:`~..training.online.ResizedPlans`), else the plan's cluster spec. Its nodes are the
+    ones the plan's devices are on, and none of them is a lost one."""
+    plans = getattr(cp, "resized_plans", None)
+    cut: ClusterSpec | None = plans.numbered_on(cp.plan) if plans is not None else None
+    whole: ClusterSpec | None = cp.cluster
+    return cut or whole
 
 
 def placed(

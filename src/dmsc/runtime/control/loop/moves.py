@@ -37,6 +37,7 @@ from dmsc.planner.elastic import move_replica
 from dmsc.planner.plan import Plan
 from dmsc.runtime.control.advisors.base import Proposal
 from dmsc.runtime.control.advisors.paths import replan
+from dmsc.runtime.control.loop.busy import numbered_on
 from dmsc.runtime.control.loop.resizing import NO_DEPLOYMENT
 from dmsc.runtime.control.training.residency import check_move
 from dmsc.runtime.control.training.resize import Asked, check_online
@@ -84,8 +85,9 @@ def apply_move(
     _deployed(cp)
     if cp.cluster is None:
         raise BadRequest("a move needs the plan's cluster spec (dmsc up --cluster)")
+    spec = numbered_on(cp) or cp.cluster  # the spec the plan's nodes are numbered on (.busy)
     if p.kind == "move-node":
-        new = _to_node(cp.plan, cp.cluster, p)
+        new = _to_node(cp.plan, spec, p)
     else:
         found = replan(cp.plan, cp.cluster, tuple(traces), busy=p.details.get("busy") or ())
         if isinstance(found, str):
@@ -102,6 +104,8 @@ def apply_move(
         raise BadRequest(str(exc)) from None
     t1 = time.perf_counter()
     drained = _drained(cp, new, "move", p, drain_s)
+    if p.kind == "move-node" and spec is not cp.cluster:  # still on the spec cut down
+        getattr(cp, "resized_plans").note(new, spec)  # noqa: B009 (there: .busy.numbered_on)
     return {"target": p.target, "move_s": time.perf_counter() - t1, "drain_s": drained}
 
 

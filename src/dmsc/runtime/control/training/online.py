@@ -130,6 +130,13 @@ class ResizedPlans:
         kept = self._numbered.get(id(plan))
         return kept[1] if kept is not None and kept[0] is plan else None
 
+    def note(self, plan: Plan, spec: ClusterSpec) -> None:
+        """``plan`` is numbered on ``spec``, a spec cut to the devices online (made here, or
+        moved within it: :mod:`dmsc.runtime.control.loop.moves`)."""
+        self._numbered[id(plan)] = (plan, spec)
+        for old in list(self._numbered)[:-NUMBERED]:
+            del self._numbered[old]
+
     def get(
         self,
         plan: Plan,
@@ -153,8 +160,6 @@ class ResizedPlans:
                              worker_cpu=cpu, numbered_on=self.numbered_on(plan))  # fmt: skip
             on = online_cluster(cluster, online) if cluster is not None else None
             if on is not None and on is not cluster:
-                self._numbered[id(to)] = (to, on)
-                for old in list(self._numbered)[:-NUMBERED]:
-                    del self._numbered[old]
+                self.note(to, on)
             kept = self._kept[key] = (plan, to)
         return kept[1]
