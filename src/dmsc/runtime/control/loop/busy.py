@@ -1,5 +1,6 @@
 """A busy node: a stage's worker on a node whose CPU stays over the policy's threshold, found by
-the tick and handed to path optimisation, which may move the stage away.
+the tick and handed to path optimisation, which may move the stage to another datacenter, and
+moved by the loop itself to an idle node of its own datacenter where one has room.
 
 The node's CPU % (all its cores: another job on the machine counts, not only the workers) comes
 with each training step's trace (:mod:`dmsc.runtime.compute.telemetry`), and the snapshot keeps
@@ -46,6 +47,9 @@ the plan's prediction and paths stand, priced per datacenter and device type). I
   and read back and a restart; nothing crosses a datacenter).
 
 Both kinds of move are proposed on the same tick; the decision rule applies the larger gain.
+The nodes are those of the spec the deployed plan's devices are numbered on (:func:`numbered_on`:
+after a shrink, the spec cut to the devices online, so that no lost node is proposed and no
+node number is read on a spec where it names another node).
 """
 
 from __future__ import annotations
