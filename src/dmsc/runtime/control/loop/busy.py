@@ -238,8 +238,13 @@ def node_moves(
         idle_at = f"{there:.0f}% CPU" if there is not None else "none of the run's workers"
         ref = _reference(plan, key, compute, idle)
         if key not in compute or ref is None:
-            why = f"{at}; node {to} is idle ({idle_at}), but no idle node measured a stage to "
-            out.append(Proposal(MODULE, "keep", target, why + "compare with: not moved"))
+            lacks = (
+                f"stage {key[0]} replica {key[1]}'s steps traced no compute"
+                if key not in compute
+                else "no idle node measured a stage to compare with"
+            )
+            why = f"{at}; node {to} is idle ({idle_at}), but {lacks}: not moved"
+            out.append(Proposal(MODULE, "keep", target, why))
             continue
         now, (then, basis) = compute[key], ref
         others = max((t for k, t in compute.items() if k != key), default=0.0)
