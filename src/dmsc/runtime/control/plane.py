@@ -252,7 +252,7 @@ class ControlPlane:
         heads, serving = self.inference.heads, self.inference.pool is not None
         cpu = partial(latest_worker_cpu, self.db, self.run.id)  # read when a re-plan runs
         return self.resized_plans.get(self.plan, self.model, self.cluster, dp, online, heads=heads,
-                                 serving=serving, worker_cpu=cpu)  # fmt: skip
+                                      serving=serving, worker_cpu=cpu)  # fmt: skip
 
     def relayout(self, plan: Plan, action: str, why: str, step: int | None = None) -> None:
         """Move the deployment to ``plan`` from a checkpoint at ``step`` (default: the step
