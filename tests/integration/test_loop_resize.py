@@ -66,6 +66,8 @@ def test_the_loop_grows_dp_mid_task_and_trains_as_without(tmp_path: Path) -> Non
         assert cp.deployment.layout.replicas == 2 and cp.plan.job.dp == 2
         got = _losses(cp, task)
         events = [(e.action, e.replicas_after) for e in cp.db.scale_events(cp.run.id)]
+        # the session handed its report to the dashboard's reader as it ran: the same segments
+        live = cp._predictions.segments(task, cp.plan, cp.cluster, cp.model) or []
     row = rows[0]
     assert (row.verdict, row.target) == ("apply", "dp 1->2")
     assert "median step" in row.reason and "grows dp within 1..2" in row.reason, row.reason
@@ -77,6 +79,7 @@ def test_the_loop_grows_dp_mid_task_and_trains_as_without(tmp_path: Path) -> Non
     segments = [(s["first_step"], s["dp"], s["steps"]) for s in ran["segments"]]
     assert segments == [(0, 1, made_at), (made_at, 2, STEPS - made_at)], ran["segments"]
     assert all(s["prediction"] for s in ran["segments"]), ran["segments"]
+    assert live == ran["segments"], (live, ran["segments"])
     assert ran["not_comparable"].startswith("not comparable: the task ran at dp 1 -> 2"), ran
     assert len(got) == len(want) == STEPS
     assert max(abs(a - b) for a, b in zip(got, want, strict=True)) < 1e-4, (got, want)

@@ -4,9 +4,18 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import pytest
 from conftest import three_cpu_hosts
 
-from dmsc.planner.elastic import IDLE_BAND, devices_in_use, node_load, place_grown, place_replica
+from dmsc.planner.elastic import (
+    IDLE_BAND,
+    devices_in_use,
+    move_replica,
+    node_load,
+    place_grown,
+    place_replica,
+    renumber_load,
+)
 from dmsc.planner.solve import plan_job
 from dmsc.spec import ClusterSpec, JobSpec, load_spec, resolve_model
 
@@ -160,3 +169,38 @@ def test_a_grow_with_no_measured_load_is_the_solvers() -> None:
     blind = plan_job(cluster, MODEL, job3, fixed=True).plan
     assert place_grown(plan, blind, cluster, {}) is blind
     assert place_grown(blind, plan, cluster, {0: 99.0}) is plan  # a shrink: nothing to place
+
+
+def test_a_load_is_carried_to_the_same_node_of_another_spec_of_the_cluster() -> None:
+    """Datacenters a (one node), b (one node) and c (one node); cut down, a goes and b's node
+    is node 0: its load is node 1's on the whole spec, and back again. A node the other spec
+    lacks (a's) is left out."""
+    whole = _cluster({"a": 2, "b": 2, "c": 2}, [("a", "b", 10.0), ("b", "c", 10.0)])
+    data = whole.model_dump(exclude_none=True)
+    data["datacenters"] = data["datacenters"][1:]
+    data["links"] = data["links"][1:]
+    cut = ClusterSpec.model_validate(data)
+    assert renumber_load({0: 80.0, 1: 30.0}, cut, whole) == {1: 80.0, 2: 30.0}
+    assert renumber_load({0: 5.0, 1: 80.0, 2: 30.0}, whole, cut) == {0: 80.0, 1: 30.0}
+    assert renumber_load({1: 80.0}, whole, whole) == {1: 80.0}
+
+
+def test_a_replica_moves_to_free_devices_of_a_node_of_its_datacenter_or_says_why_not() -> None:
+    cluster = three_cpu_hosts()
+    plan = plan_job(cluster, MODEL, JobSpec(global_batch=12, micro_batch=2, pp=1), fixed=True).plan
+    moved = move_replica(plan, cluster, 0, 0, 2)
+    assert moved.stages[0].replicas[0].devices == [4] and moved.stages[0].replicas[0].nodes == [2]
+    assert moved.prediction == plan.prediction and moved.paths == plan.paths
+    two = _cluster({"a": 2, "b": 2}, [("a", "b", 10.0)])
+    there = plan_job(two, MODEL, JobSpec(global_batch=12, micro_batch=2, pp=1), fixed=True).plan
+    other = 1 - two.datacenters.index(
+        next(dc for dc in two.datacenters if dc.name == there.stages[0].datacenter)
+    )
+    with pytest.raises(ValueError, match=f"node {other} is in"):
+        move_replica(there, two, 0, 0, other)
+    dp3 = plan_job(cluster, MODEL, JobSpec(global_batch=12, micro_batch=2, pp=1, dp=3), fixed=True)
+    full = dp3.plan  # replicas on devices 0, 1 and 2: node 0 has no free device
+    with pytest.raises(ValueError, match="node 0 has 0 free devices"):
+        move_replica(full, cluster, 0, 2, 0)
+    with pytest.raises(ValueError, match="stage 0 replica 5: not in the plan"):
+        move_replica(full, cluster, 0, 5, 2)

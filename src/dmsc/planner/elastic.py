@@ -24,7 +24,11 @@ solver re-plans the strategy at the larger dp without seeing the nodes' load, an
 it added is placed again on the idlest nodes, in the datacenter and on the device type the
 solver chose for each of its stages, so the plan's paths and its prediction (priced per
 datacenter) stand; each stage keeps the all-reduce the solver chose (any one is correct). A node
-given a new worker counts ``IDLE_BAND`` busier for the next replica, so that they spread.
+given a new worker counts ``IDLE_BAND`` busier for the next replica, so that they spread. The
+workers' load is counted on the nodes of the spec their plan was placed on; a grow placed on
+another spec of the cluster (all its devices back after a shrink numbered on the devices that
+were online, or the reverse) reads it through :func:`renumber_load`, so that the load lands on
+the same nodes and not on the ones that now carry their numbers.
 """
 
 from __future__ import annotations
@@ -56,6 +60,37 @@ def node_load(
             if cpu is not None and rep.devices:
                 node = topo.devices[rep.devices[0]].node
                 out[node] = out.get(node, 0.0) + cpu
+    return out
+
+
+def renumber_load(
+    load: Mapping[int, float], numbered_on: ClusterSpec, onto: ClusterSpec
+) -> dict[int, float]:
+    """``load`` (by the nodes of ``numbered_on``) by the nodes of ``onto``, another spec of the
+    same cluster: a node is the one of the same datacenter at the same position among that
+    datacenter's nodes. That is how a spec cut down to the devices online keeps its nodes (each
+    datacenter's first ones, in order: :func:`dmsc.runtime.control.training.online.online_cluster`),
+    while its global numbering shifts when an earlier datacenter lost nodes or went. A node
+    with no counterpart in ``onto`` is left out."""
+    if numbered_on is onto:
+        return dict(load)
+
+    def positions(cluster: ClusterSpec) -> list[tuple[str, int]]:
+        topo = Topology(cluster)
+        first: dict[int, int] = {}
+        out = []
+        for node in topo.nodes:
+            first.setdefault(node.dc, node.index)
+            out.append((topo.dc_names[node.dc], node.index - first[node.dc]))
+        return out
+
+    target = {where: n for n, where in enumerate(positions(onto))}
+    source = positions(numbered_on)
+    out: dict[int, float] = {}
+    for node, cpu in load.items():
+        to = target.get(source[node]) if 0 <= node < len(source) else None
+        if to is not None:
+            out[to] = out.get(to, 0.0) + cpu
     return out
 
 
@@ -159,3 +194,37 @@ def place_grown(old: Plan, new: Plan, cluster: ClusterSpec, load: Mapping[int, f
         for s, st in enumerate(new.stages)
     ]
     return new.model_copy(update={"stages": stages})
+
+
+def move_replica(plan: Plan, cluster: ClusterSpec, stage: int, replica: int, node: int) -> Plan:
+    """``plan`` with replica ``replica`` of stage ``stage`` on free devices of ``node``, a node
+    of its datacenter with its device type (a busy node's stage moved to an idle node: the
+    control loop's ``move-node``). The plan's prediction and paths stand: they are priced per
+    datacenter and device type. ValueError names why it cannot be made."""
+    topo = Topology(cluster)
+    if not 0 <= stage < len(plan.stages) or not 0 <= replica < len(plan.stages[stage].replicas):
+        raise ValueError(f"stage {stage} replica {replica}: not in the plan")
+    st = plan.stages[stage]
+    rep = st.replicas[replica]
+    if not 0 <= node < len(topo.nodes) or max(rep.devices) >= len(topo.devices):
+        raise ValueError(f"node {node}: not a node of cluster {cluster.name!r} as the plan has it")
+    was = topo.devices[rep.devices[0]]
+    target = topo.nodes[node]
+    if topo.dc_names[target.dc] != rep.datacenter:
+        raise ValueError(f"node {node} is in {topo.dc_names[target.dc]}, not {rep.datacenter}")
+    if cluster.node_types[target.type_name].device != was.type_name:
+        raise ValueError(f"node {node} has no {was.type_name} devices")
+    taken = devices_in_use(plan)
+    span = range(target.first_device, target.first_device + target.devices)
+    free = [d for d in span if d not in taken]
+    if len(free) < len(rep.devices):
+        raise ValueError(
+            f"node {node} has {len(free)} free devices, stage {stage} replica {replica} needs "
+            f"{len(rep.devices)}"
+        )
+    moved = replica_record(topo, rep.dp_rank, rep.datacenter, free[: len(rep.devices)])
+    replicas = [moved if r == replica else x for r, x in enumerate(st.replicas)]
+    stages = [
+        s.model_copy(update={"replicas": replicas}) if s.index == stage else s for s in plan.stages
+    ]
+    return plan.model_copy(update={"stages": stages})

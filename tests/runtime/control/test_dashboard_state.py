@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any
 
 from runtime_helpers import MEASURED_CPU
 
@@ -12,6 +13,7 @@ from dmsc.planner.solve import plan_job
 from dmsc.runtime.compute.calibrate import calibrated_cluster
 from dmsc.runtime.control.advisors.prediction import (
     Prediction,
+    TaskPredictions,
     predict_segments,
     prediction_for,
     task_prediction,
@@ -169,3 +171,69 @@ def test_a_task_that_changed_dp_is_drawn_beside_each_dps_prediction(tmp_path: Pa
     db.set_task_result(one, kept.as_json())
     shown = tenant_rows(db, plan, run, None, predict=lambda t: Prediction(0.1, "the plan's"))
     assert shown["training"]["segments"] == [] and shown["training"]["predicted_step_s"] == 0.1
+
+
+def test_a_running_task_that_changed_dp_is_drawn_beside_each_dps_prediction_so_far(
+    tmp_path: Path,
+) -> None:
+    """Issue 32: the segments appeared only once the task ended (its result). While it runs,
+    the dashboard reads its session's report (the control plane's TaskPredictions, which the
+    session hands it to): each segment so far beside the prediction for its dp on the plan it
+    ran on, a step timed meanwhile counted at the next read, and none task-wide."""
+    cluster = load_spec(ClusterSpec, ROOT / "examples/clusters/two-sites-cpu.yaml")
+    measured = ClusterSpec.model_validate(calibrated_cluster(cluster, MEASURED_CPU))
+    model = resolve_model("gpt-mini")
+    plan = plan_job(measured, model, JobSpec(global_batch=16, micro_batch=4, pp=2, dp=2),
+                    fixed=True).plan  # fmt: skip
+    shrunk = resized_plan(plan, model, measured, 1)
+    params = TrainParams(steps=8, batch=16, microbatches=4, checkpoint_every=0,
+                         late_policy="wait", grad_wait_s=1.0)  # fmt: skip
+    db = Database(f"sqlite:///{tmp_path / 'd.sqlite'}")
+    run = db.new_run("gpt-mini", "two-sites-cpu", {}).id
+    task = db.new_task(run, "train", params.as_json(), state="running").id
+    predictions = TaskPredictions()
+    report = TrainReport(8, first_step=10)
+    predictions.begin(task, params, report)  # what the session does as it makes its report
+    report.segment(10, 2, plan)
+    for step, dt in zip(range(10, 13), (0.30, 0.31, 0.29), strict=True):
+        report.timed(dt)
+        db.add_metric(task, step, 3.0, dt, 1000.0)
+    asked: list[object] = []
+
+    def shown() -> dict[str, Any]:
+        def live(t: int) -> list[dict[str, Any]] | None:
+            return predictions.segments(t, shrunk, measured, model)
+
+        def predict(t: object) -> Prediction:
+            asked.append(t)
+            return Prediction(0.1, "the plan's")
+
+        return tenant_rows(db, shrunk, run, None, predict=predict, live=live)["training"]
+
+    assert shown()["segments"] == [] and asked  # one dp so far: the task-wide prediction
+    report.segment(13, 1, shrunk)  # the loop's shrink before step 13
+    report.timed(0.50)
+    db.add_metric(task, 13, 3.0, 0.50, 1000.0)
+    asked.clear()
+    now = shown()
+    assert asked == [] and now["predicted_step_s"] is None
+    assert now["prediction"].startswith("not comparable: the task runs at dp 2 -> 1 so far")
+    first, second = now["segments"]
+    assert (first["first_step"], first["last_step"], first["dp"], first["steps"]) == (10, 12, 2, 3)
+    assert (second["first_step"], second["last_step"], second["dp"], second["steps"]) == (
+        13, 13, 1, 1)  # fmt: skip
+    assert first["median_step_s"] == 0.30 and second["median_step_s"] == 0.50
+    for seg, on, dp in ((first, plan, 2), (second, shrunk, 1)):
+        want = prediction_for(on, measured, model, 16, 4, dp)
+        assert want.step_s is not None and seg["predicted_step_s"] == want.step_s
+    report.timed(0.54)  # the next step
+    db.add_metric(task, 14, 3.0, 0.54, 1000.0)
+    second = shown()["segments"][1]
+    assert (second["last_step"], second["steps"], second["median_step_s"]) == (14, 2, 0.54)
+    # once the task ends its result's segments are drawn, as before
+    predict_segments(report, shrunk, measured, model, params)
+    db.set_task_result(task, report.as_json())
+    db.set_task_state(task, "done")
+    ended = shown()
+    assert ended["segments"] == [now["segments"][0], second]
+    assert ended["prediction"].startswith("not comparable: the task ran at dp 2 -> 1")

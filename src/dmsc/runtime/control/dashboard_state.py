@@ -13,11 +13,12 @@ they draw, every field from a real source:
 - ``training``: the newest training task's step times beside the prediction for the job it ran,
   loss and throughput per step (the ``metrics`` table), and each parallel mode's communication
   per step, the plan's prediction against the last steps' traces (``modes``, as ``dmsc status``
-  shows it). A finished task whose dp changed while it ran (a resize between steps, a shrink
-  after a lost node) has ``segments``: each dp it ran at, from which step to which, its steps,
-  their median and the prediction for that dp on the plan it ran on, as ``dmsc train`` and the
-  task's result say (:mod:`.training.report`); its task-wide prediction is none, with the
-  reason (its steps mix jobs);
+  shows it). A task whose dp changed while it ran (a resize between steps, a shrink after a
+  lost node) has ``segments``: each dp it ran at, from which step to which, its steps, their
+  median and the prediction for that dp on the plan it ran on, as ``dmsc train`` and the task's
+  result say (:mod:`.training.report`); while it runs, the segments so far, from its session's
+  report (``live``: :meth:`~.advisors.prediction.TaskPredictions.segments`). Its task-wide
+  prediction is then none, with the reason (its steps mix jobs);
 - ``links``: the bytes per step each worker sent to each peer, averaged over the last steps of
   that task, and the rate that makes over the measured step time (the ``step_traces`` table);
 - ``gantt``: the forward and backward ops of the last steps, every stage and replica, on the
@@ -44,7 +45,7 @@ from dmsc.data.db import Database, TaskRecord
 from dmsc.data.traces import link_bytes, step_traces
 from dmsc.planner.plan import Plan
 from dmsc.runtime.control import status
-from dmsc.runtime.control.advisors.prediction import Prediction
+from dmsc.runtime.control.advisors.prediction import Prediction, mixed
 from dmsc.runtime.control.launch.deployment import Deployment
 
 TASKS_SHOWN = 40
@@ -124,12 +125,19 @@ def _where(plan: Plan) -> dict[tuple[int, int], tuple[str, str]]:
     }
 
 
-def resized_segments(task: TaskRecord | None) -> list[dict[str, Any]]:
-    """The segments of one dp each of a finished training task (its result's, as the report
-    wrote them), when its dp changed while it ran; none otherwise (a task still running has no
-    result yet, and one that ran at one dp has its task-wide prediction)."""
-    result = json.loads(task.result_json) if task is not None and task.result_json else {}
-    segments = result.get("segments") or []
+def resized_segments(
+    task: TaskRecord | None, live: Callable[[int], list[dict[str, Any]] | None] | None = None
+) -> list[dict[str, Any]]:
+    """The segments of one dp each of a training task, when its dp changed while it ran: a
+    finished task's result's, as the report wrote them; one with no result yet, the segments so
+    far of its report, from ``live`` (by task id: None when it has none); none otherwise (a
+    task that ran at one dp has its task-wide prediction)."""
+    if task is None:
+        return []
+    if task.result_json:
+        segments = json.loads(task.result_json).get("segments") or []
+    else:
+        segments = (live(task.id) if live is not None else None) or []
     return list(segments) if len(segments) > 1 else []
 
 
@@ -210,11 +218,13 @@ def tenant_rows(
     tenant: str | None,
     faults: list[dict[str, Any]] | None = None,
     predict: Callable[[TaskRecord], Prediction] | None = None,
+    live: Callable[[int], list[dict[str, Any]] | None] | None = None,
 ) -> dict[str, Any]:
     """The parts of the document made of tasks: every tenant's (``tenant`` None), or only
     ``tenant``'s (its tasks, queues, newest training task; another tenant's task id is not
     shown on a model version or a fault). ``faults``: the run's, when already read;
-    ``predict``: the prediction for the job a training task ran (None: the plan's)."""
+    ``predict``: the prediction for the job a training task ran (None: the plan's); ``live``:
+    the segments so far of a task still running (:func:`resized_segments`)."""
     tasks = db.tasks(run_id)
     if tenant is not None:
         tasks = [t for t in tasks if t.tenant == tenant]
@@ -232,8 +242,10 @@ def tenant_rows(
     task_id = trained[-1] if trained else None
     newest = next((t for t in tasks if t.id == task_id), None)
     predicted = Prediction(plan.prediction.iteration_time_s, "the plan's")
-    segments = resized_segments(newest)
-    if segments:  # the task's own words: none task-wide, each segment has its own
+    segments = resized_segments(newest, live)
+    if segments and newest is not None and not newest.result_json:  # running: so far
+        predicted = mixed([s["dp"] for s in segments], running=True)
+    elif segments:  # the task's own words: none task-wide, each segment has its own
         result = json.loads(newest.result_json or "{}")  # type: ignore[union-attr]
         predicted = Prediction(result.get("predicted_step_s"), result.get("prediction") or "")
     elif predict is not None and newest is not None:
@@ -275,11 +287,13 @@ def dashboard_state(
     serving: list[dict[str, Any]] | None = None,
     tenant: str | None = None,
     predict: Callable[[TaskRecord], Prediction] | None = None,
+    live: Callable[[int], list[dict[str, Any]] | None] | None = None,
 ) -> dict[str, Any]:
     """The document the dashboard's pages draw (module docstring); ``serving``: the elastic
     serving replicas, when the deployment has them; ``tenant``: the reader's tenant, whose rows
     alone it shows (None: every tenant's, for an admin key); ``predict``: the prediction for
-    the job a training task ran (None: the plan's)."""
+    the job a training task ran (None: the plan's); ``live``: the segments so far of a training
+    task still running, by its id (None: none shown before its result)."""
     faults = status.faults(db, run_id)  # before the services, as dmsc status reads them
     where = _where(plan)
     services = []
@@ -299,7 +313,7 @@ def dashboard_state(
         "topology": topology(plan),
         "services": services,
         "nodes": nodes,
-        **tenant_rows(db, plan, run_id, tenant, faults, predict),
+        **tenant_rows(db, plan, run_id, tenant, faults, predict, live),
         "serving": serving or [],
         "scale_events": [
             {

@@ -133,7 +133,7 @@ class ControlPlane:
         self.task_texts = TaskTexts(
             lambda data, seed: task_corpora(data, model.seq, seed, self.texts, self.encode)
         )
-        self._resized = ResizedPlans()  # the plans at other dps (.training.online)
+        self.resized_plans = ResizedPlans()  # the plans at other dps (.training.online)
         self.between, self.shrink = Between(self), Shrink(self)  # resizes during a task
         self._predictions, self.steps_done = TaskPredictions(), 0  # by (task, plan)
         self.lock = threading.Lock()  # one task at a time touches the weights
@@ -251,8 +251,8 @@ class ControlPlane:
         planned (ValueError says why there is none; .training.online)."""
         heads, serving = self.inference.heads, self.inference.pool is not None
         cpu = partial(latest_worker_cpu, self.db, self.run.id)  # read when a re-plan runs
-        return self._resized.get(self.plan, self.model, self.cluster, dp, online, heads=heads,
-                                 serving=serving, worker_cpu=cpu)  # fmt: skip
+        return self.resized_plans.get(self.plan, self.model, self.cluster, dp, online, heads=heads,
+                                      serving=serving, worker_cpu=cpu)  # fmt: skip
 
     def relayout(self, plan: Plan, action: str, why: str, step: int | None = None) -> None:
         """Move the deployment to ``plan`` from a checkpoint at ``step`` (default: the step
@@ -392,6 +392,7 @@ class ControlPlane:
                 swap=self.between,
                 shrink=self.shrink,  # replicas a lost node took, dropped (.training.shrink)
                 plan_now=lambda: self.plan,  # the plan each segment of steps ran on
+                live=partial(self._predictions.begin, task_id, params),  # the dashboard's
             )
 
     def train(self, req: TrainRequest, gone: threading.Event | None = None) -> dict[str, Any]:
@@ -484,6 +485,7 @@ class ControlPlane:
             self.inference.pool.status() if self.inference.pool is not None else None,
             tenant=tenant,
             predict=self._task_prediction,
+            live=lambda t: self._predictions.segments(t, self.plan, self.cluster, self.model),
         )
 
     def _task_prediction(self, task: TaskRecord) -> Prediction:

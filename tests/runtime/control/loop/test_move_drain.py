@@ -1,6 +1,7 @@
 """A move applied while an inference batch runs, on real workers: the move waits for the request
 in flight, holds the next ones at the replica's gate while the workers restart, and every request
-of the batch is answered (before, the restart cut the request in flight: "Channel closed")."""
+of the batch is answered (before, the restart cut the request in flight: "Channel closed"). Then
+a move of a stage to another node of its datacenter (the loop's move-node) on the same workers."""
 
 from __future__ import annotations
 
@@ -42,6 +43,21 @@ def test_a_move_during_an_inference_batch_answers_every_request(
         batch.join(120)
         assert not batch.is_alive()
         assert [h.address for h in cp.deployment.handles] != old  # the workers restarted
+        # a move to another node of the same datacenter (.busy's move-node): dc-1 given a
+        # second node (device 2; dc-2's device is 3 now, which the plan does not use)
+        stage = next(st for st in cp.plan.stages if st.datacenter == "dc-1")
+        assert stage.replicas[0].devices == [1]
+        spec = cp.cluster.model_dump(exclude_none=True)
+        spec["datacenters"][1]["nodes"][0]["count"] = 2
+        cp.cluster = ClusterSpec.model_validate(spec)
+        node = {"stage": stage.index, "replica": 0, "datacenter": "dc-1", "from": 1, "to": 2}
+        target = f"stage {stage.index} replica 0: node 1 -> node 2 in dc-1"
+        to_node = Proposal("busy-node", "move-node", target, "test", 1.0, 2.0, 1.0, {"node": node})
+        before = [h.address for h in cp.deployment.handles]
+        moves.apply_move(cp, (), to_node)
+        assert cp.plan.stages[stage.index].replicas[0].devices == [2]
+        assert [h.address for h in cp.deployment.handles] != before
+        assert cp.batches.call(InferBatch(requests=requests[:1]))["state"] == "done"
     assert done["drain_s"] > 0  # it waited for the request in flight
     answers = out["answers"]
     assert out["state"] == "done" and len(answers) == len(requests)

@@ -11,9 +11,10 @@ import pytest
 from modules_helpers import make_plan, two_sites
 
 from dmsc.planner.plan import Plan
+from dmsc.planner.solve import plan_job
 from dmsc.runtime.control.training.online import ResizedPlans, online_cluster, plan_online
 from dmsc.runtime.control.training.resize import Asked, Between, check_online, resized_plan
-from dmsc.spec import ClusterSpec, resolve_model
+from dmsc.spec import ClusterSpec, JobSpec, resolve_model
 
 MODEL = resolve_model("gpt-mini")
 PLAN = make_plan(two_sites())  # dp 2 x pp 2: stage 0's replicas at site-a, stage 1's at site-b
@@ -112,3 +113,50 @@ def test_resized_plans_are_kept_by_dp_and_devices_online() -> None:
     # nothing cut (every device online): the spec itself, its devices numbered as before
     spec = two_sites()
     assert online_cluster(spec, {"site-a": 2, "site-b": 3}) is spec
+
+
+def _edge_and_dc() -> ClusterSpec:
+    """A small datacenter of slower devices first (its one node is node 0), then one of three
+    nodes of two CPU devices (nodes 1-3), far apart: the planner places a one-stage job in the
+    second."""
+    device = {"memory_gib": 4, "memory_bw_gbyte_s": 10}
+    return ClusterSpec.model_validate(
+        {
+            "name": "edge-and-dc",
+            "device_types": {
+                "cpu": {"peak_tflops": {"fp32": 0.05}, **device},
+                "slow": {"peak_tflops": {"fp32": 0.01}, **device},
+            },
+            "node_types": {
+                "host": {"device": "cpu", "devices": 2, "link": {"bandwidth_gbit_s": 40}},
+                "small": {"device": "slow", "devices": 2, "link": {"bandwidth_gbit_s": 40}},
+            },
+            "datacenters": [
+                {"name": n, "nodes": [{"type": t, "count": k}], "network": {"gbit_s_per_node": 10}}
+                for n, t, k in (("edge", "small", 1), ("dc", "host", 3))
+            ],
+            "links": [{"a": "edge", "b": "dc", "km": 500, "bandwidth_gbit_s": 1}],
+        }
+    )
+
+
+def test_a_grow_after_a_shrink_reads_the_load_on_the_nodes_the_workers_ran_on() -> None:
+    """The edge datacenter went: the re-plan on the devices online numbers dc's nodes 0-2, and
+    the one worker runs on its node 0, which is node 1 of the whole spec. Its load is busy; the
+    edge is back and dp grows to 3: the new replicas go to dc's idle nodes 2 and 3. Before, the
+    load was read on the whole spec's numbering and landed on the edge's node 0: node 1 looked
+    idle and took replica 1 next to the busy worker (packing)."""
+    spec = _edge_and_dc()
+    plan = plan_job(spec, MODEL, JobSpec(global_batch=12, micro_batch=2, pp=1), fixed=True).plan
+    plans = ResizedPlans()
+    shrunk = plans.get(plan, MODEL, spec, 1, {"dc": 6})  # the edge is offline
+    cut = online_cluster(spec, {"dc": 6})
+    assert plans.numbered_on(shrunk) is not None and plans.numbered_on(plan) is None
+    [rep] = shrunk.stages[0].replicas
+    assert (rep.datacenter, rep.nodes) == ("dc", [0])  # dc's first node: node 1 of the spec
+    assert cut.datacenters[0].name == "dc" and spec.datacenters[1].name == "dc"
+    grown = plans.get(shrunk, MODEL, spec, 3, None, worker_cpu=lambda: {(0, 0): 300.0})
+    assert [r.nodes for r in grown.stages[0].replicas] == [[1], [2], [3]]
+    # the other way: a plan of the whole spec grown while the edge is offline
+    busy = plans.get(plan, MODEL, spec, 3, {"dc": 6}, worker_cpu=lambda: {(0, 0): 300.0})
+    assert [r.nodes for r in busy.stages[0].replicas] == [[0], [1], [2]]

@@ -6,17 +6,20 @@ checkpoint that verifies, equal losses) is tests/integration/test_ray_shrink.py'
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from types import SimpleNamespace
 from typing import Any
 
 import pytest
 from modules_helpers import make_plan, two_sites
 
+from dmsc.planner.plan import Plan
 from dmsc.runtime.control.launch.failures import WorkerFailure
 from dmsc.runtime.control.launch.fallback import Restored
 from dmsc.runtime.control.launch.launchers import WorkerStartError
 from dmsc.runtime.control.launch.layout import Checkpoint
 from dmsc.runtime.control.training import shrink
+from dmsc.runtime.control.training.online import ResizedPlans
 from dmsc.runtime.control.training.restart import NoDeployment
 from dmsc.runtime.control.training.shrink import Shrink, decide
 from dmsc.spec import JobSpec, resolve_model
@@ -89,6 +92,7 @@ class Plane:
         self.inference = SimpleNamespace(pool=None, heads=False, rebind=self._rebind)
         self.served: list[Any] = []
         self.saved = [Checkpoint(6, {}), Checkpoint(4, {})]  # the run's, newest first
+        self.plans = ResizedPlans()  # the control plane's re-plans (.training.online)
 
     def _rebind(self, dep: Any) -> None:
         self.served.append(dep)
@@ -101,6 +105,9 @@ class Plane:
 
     def checkpoints(self, task_id: int | None = None) -> list[Checkpoint]:
         return self.saved
+
+    def resized(self, dp: int, online: Mapping[str, int] | None = None) -> Plan:
+        return self.plans.get(self.plan, MODEL, self.cluster, dp, online)
 
 
 def _launcher(monkeypatch: pytest.MonkeyPatch, fails: set[int]) -> list[Any]:
@@ -136,11 +143,11 @@ def test_a_layout_that_does_not_start_is_followed_by_the_next_smaller_dp(
     cp = Plane(_one_dc_plan(4), {"a": 3})  # replica 0's node lost: 3 devices left
     planned: list[tuple[int, Any]] = []
 
-    def plan_online(plan: Any, model: Any, cluster: Any, dp: int, online: Any, **kw: Any) -> Any:
+    def resized(dp: int, online: Any = None) -> Any:
         planned.append((dp, online))
         return _one_dc_plan(dp)
 
-    monkeypatch.setattr(shrink, "plan_online", plan_online)
+    cp.resized = resized  # type: ignore[method-assign]
     seen = _launcher(monkeypatch, fails={3})
     old, failure = cp.deployment, WorkerFailure({(0, 0): "lost with its Ray node"}, {})
     dep, rec = Shrink(cp)(old, failure, WorkerStartError("no room"), cp.saved)

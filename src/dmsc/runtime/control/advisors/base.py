@@ -28,14 +28,23 @@ from dmsc.runtime.control.advisors.prediction import Prediction
 
 # What a proposal asks for. Moves (``move-stage``: stages change datacenter; ``reroute``: same
 # datacenters, other paths or capacity; ``recut``: the layers move between stages;
-# ``resize-dp``: training's data-parallel degree grows or shrinks) have a gain
+# ``resize-dp``: training's data-parallel degree grows or shrinks; ``move-node``: a stage
+# replica goes from a busy node to an idle one of its datacenter, the control loop's) have a gain
 # and a cost; an ``exception`` is raised into the exception queue; a ``forecast`` or a ``keep``
 # (a module looked and proposes nothing, with its reason) is noted; an ``error`` is a module that
 # failed on this snapshot.
 ProposalKind = Literal[
-    "move-stage", "reroute", "recut", "resize-dp", "exception", "forecast", "keep", "error"
+    "move-stage",
+    "reroute",
+    "recut",
+    "resize-dp",
+    "move-node",
+    "exception",
+    "forecast",
+    "keep",
+    "error",
 ]
-MOVE_KINDS: tuple[ProposalKind, ...] = ("move-stage", "reroute", "recut", "resize-dp")
+MOVE_KINDS: tuple[ProposalKind, ...] = ("move-stage", "reroute", "recut", "resize-dp", "move-node")
 
 RECENT_STEPS = 200  # the step traces a snapshot keeps: the modules' window
 

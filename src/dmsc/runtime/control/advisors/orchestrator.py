@@ -3,12 +3,13 @@ log every decision with its reason, and apply what it can.
 
 The decision rule (:class:`DecisionRule`, :func:`decide`):
 
-- a move (``move-stage``, ``reroute``, ``recut``) is applied only when its predicted gain per step
-  exceeds ``threshold`` times the current step time and its one-off cost (checkpoint, transfer,
-  restart) is paid back within the horizon: ``cost / gain <= horizon_steps``, the horizon cut to
-  the steps the training task has left when that is known (a gain after the task ends pays
-  nothing back). Of several such moves only the one with the largest gain is applied: each was
-  proposed against the current placement, not against the others;
+- a move (``move-stage``, ``reroute``, ``recut``; the control loop's ``resize-dp`` and
+  ``move-node``) is applied only when its predicted gain per step exceeds ``threshold`` times
+  the current step time and its one-off cost (checkpoint, transfer, restart) is paid back
+  within the horizon: ``cost / gain <= horizon_steps``, the horizon cut to the steps the
+  training task has left when that is known (a gain after the task ends pays nothing back).
+  Of several such moves only the one with the largest gain is applied: each was proposed
+  against the current placement, not against the others;
 - an ``exception`` (an objective the run breaks) is always raised into the exception queue;
 - a ``forecast``, a ``keep`` (a module saw nothing to do) or an ``error`` (a module failed on this
   snapshot; the others still ran) is noted.

@@ -16,12 +16,15 @@ measured is compared with:
 A task whose dp changed while it ran (a resize between steps, a shrink after a lost node) has
 steps of several jobs: each segment of one dp (:mod:`dmsc.runtime.control.training.report`) is
 compared with the prediction for its own dp on the plan it ran on (:func:`predict_segments`),
-and the task's median as a whole with none (its steps mix jobs).
+and the task's median as a whole with none (its steps mix jobs). While the task runs, its
+segments so far are compared the same way (:meth:`TaskPredictions.segments`: the session's
+report as it grows, read by the dashboard before the task's result holds them).
 """
 
 from __future__ import annotations
 
 import json
+import threading
 from dataclasses import dataclass
 from typing import Any
 
@@ -29,7 +32,7 @@ from dmsc.data.db import TaskRecord
 from dmsc.netmodel import DEFAULT_CALIBRATION
 from dmsc.planner.plan import Plan
 from dmsc.runtime.control.training.params import TrainParams
-from dmsc.runtime.control.training.report import TrainReport
+from dmsc.runtime.control.training.report import Segment, TrainReport
 from dmsc.spec import ClusterSpec, JobSpec, LayerListSpec, SpecError, TransformerSpec
 
 SAME_REL = 0.01  # a re-estimate within 1% of the plan's is the plan's figure
@@ -147,10 +150,57 @@ def task_prediction(
 
 class TaskPredictions:
     """:func:`task_prediction` of each training task, kept by (task, deployed plan): a task's
-    prediction re-plans once per plan it is read under."""
+    prediction re-plans once per plan it is read under. And the segments of the tasks running
+    now, each beside the prediction for its dp on the plan it ran on: the session hands its
+    report over as it makes it (:meth:`begin`), and the dashboard reads the segments so far
+    (:meth:`segments`) before the task's result holds them."""
+
+    RUNNING = 4  # the newest tasks' reports kept (one is read while it runs, then not again)
 
     def __init__(self) -> None:
         self._kept: dict[tuple[int, int], tuple[Plan, Prediction]] = {}
+        self._lock = threading.Lock()  # the dashboard's threads read, the sessions' begin
+        self._running: dict[int, tuple[TrainReport, TrainParams]] = {}
+        # by (plan, dp, batch, micro-batches): each segment's re-estimate once
+        self._made: dict[tuple[int, ...], tuple[Plan, Prediction]] = {}
+
+    def begin(self, task_id: int, params: TrainParams, report: TrainReport) -> None:
+        """Task ``task_id`` (run with ``params``) reports into ``report`` from now."""
+        with self._lock:
+            self._running.pop(task_id, None)
+            self._running[task_id] = (report, params)
+            for old in list(self._running)[: -self.RUNNING]:
+                del self._running[old]
+
+    def segments(
+        self,
+        task_id: int,
+        plan: Plan,
+        cluster: ClusterSpec | None,
+        model: TransformerSpec | LayerListSpec,
+    ) -> list[dict[str, Any]] | None:
+        """The segments task ``task_id`` ran so far, as its result will have them (a segment
+        not told its plan ran on ``plan``, the one in force); None: no report of it here."""
+        with self._lock:
+            got = self._running.get(task_id)
+        if got is None:
+            return None
+        report, params = got
+        out = []
+        for seg in list(report.segments):  # the session's thread appends: read copies
+            on = seg.plan or plan
+            key = (id(on), seg.dp, params.batch, params.microbatches)
+            with self._lock:
+                kept = self._made.get(key)
+            if kept is None or kept[0] is not on:
+                made = prediction_for(on, cluster, model, params.batch, params.microbatches, seg.dp)
+                with self._lock:
+                    if len(self._made) > 4 * self.RUNNING:
+                        self._made.clear()
+                    kept = self._made[key] = (on, made)
+            copy = Segment(seg.first_step, seg.dp, on, list(seg.step_s), kept[1].as_json())
+            out.append(copy.as_json())
+        return out
 
     def get(
         self,
@@ -188,11 +238,13 @@ def predict_segments(
     for seg in report.segments:
         seg.prediction = predict(seg.plan or plan, seg.dp).as_json()
     dps = [seg.dp for seg in report.segments]
-    if any(dp != plan.job.dp for dp in dps):
-        ran = " -> ".join(str(dp) for dp in dps)
-        whole = Prediction(
-            None, f"not comparable: the task ran at dp {ran}; each segment has its own prediction"
-        )
-    else:  # the plan's job, as for a task that never changed dp
-        whole = predict(plan, plan.job.dp)
+    changed = any(dp != plan.job.dp for dp in dps)  # else the plan's job, as for a task that
+    whole = mixed(dps) if changed else predict(plan, plan.job.dp)  # never changed dp
     report.prediction = whole.as_json()
+
+
+def mixed(dps: list[int], running: bool = False) -> Prediction:
+    """The task-wide prediction of a task whose segments ran at ``dps``: none."""
+    ran = " -> ".join(str(dp) for dp in dps)
+    at = f"runs at dp {ran} so far" if running else f"ran at dp {ran}"
+    return Prediction(None, f"not comparable: the task {at}; each segment has its own prediction")

@@ -8,7 +8,8 @@ decision is a row and a log line, every broken objective an alert.
 - :mod:`.tick`: one tick as a pure function over a snapshot: the objectives checked, the
   modules' proposals decided, what is new to record;
 - :mod:`.busy`: a stage's node busy over the policy's threshold, tick after tick: path
-  optimisation may move the stage away;
+  optimisation may move the stage away, and the loop a stage replica to an idle node of its
+  datacenter (``move-node``);
 - :mod:`.hysteresis`: the rules that keep moves steady: confirmed over consecutive ticks,
   judged on measurements of the current placement, a cool-down for a stage just moved;
 - :mod:`.snapshot`: the snapshot read from the database and the control plane;
@@ -26,7 +27,7 @@ decision is a row and a log line, every broken objective an alert.
   show it.
 
 Imports run one way: ``views -> runner -> snapshot -> tick -> resizing -> objectives``,
-``tick -> hysteresis``, ``tick -> busy -> objectives``,
+``tick -> hysteresis``, ``tick -> busy -> objectives``, ``snapshot, moves -> busy``,
 ``runner -> moves, webhook, hysteresis, symptoms, recoveries``.
 Below it: :mod:`..advisors` (the modules and the decision rule) and :mod:`..tasks` (the
 exception queue, through :mod:`..advisors.policy`).

@@ -1,5 +1,6 @@
 """A busy node: a stage's worker on a node whose CPU stays over the policy's threshold, found by
-the tick and handed to path optimisation, which may move the stage away.
+the tick and handed to path optimisation, which may move the stage to another datacenter, and
+moved by the loop itself to an idle node of its own datacenter where one has room.
 
 The node's CPU % (all its cores: another job on the machine counts, not only the workers) comes
 with each training step's trace (:mod:`dmsc.runtime.compute.telemetry`), and the snapshot keeps
@@ -25,17 +26,50 @@ pays (its transfers to another datacenter, its one-off cost) is the cost model's
 decision rule's: the move is path optimisation's own ``move-stage``, confirmed by the hysteresis
 and applied by :func:`.moves.apply_move`, which re-plans with the same busy datacenters.
 
-Not covered: a move to an idle node of the same datacenter (the planner places stages on
-datacenters; the devices inside one are the layout's), so a datacenter of one busy node and one
-idle node is busy only when the busiest node of its stage workers is.
+A busy datacenter with an idle node of its own (:func:`node_moves`): a stage replica on a node
+over the threshold may move to a node of the same datacenter with free devices of its device
+type, measured under the threshold or running none of the run's workers (the idlest, in the
+bands of :data:`~dmsc.planner.elastic.IDLE_BAND`, then the fullest: packing, as a new replica
+is placed). The planner places stages on datacenters, so path optimisation cannot propose it;
+the loop does, as a ``move-node`` with its figures, through the same decision rule and
+hysteresis, applied by :func:`.moves.apply_move` (:func:`dmsc.planner.elastic.move_replica`:
+the plan's prediction and paths stand, priced per datacenter and device type). Its figures:
+
+- the replica's compute per micro-batch as its step traces measured it (its spans, median over
+  the steps), against what it would be on an idle node: the median of the same stage's replicas
+  on nodes under the threshold, else the plan's per-micro-batch time of the stage scaled by how
+  the stages on idle nodes measured against theirs (this machine's speed against the cost
+  model's). With neither, nothing says what an idle node would do: no move, a note says so;
+- the gain per step: the pipeline is paced by its slowest stage replica, so the micro-batches
+  of a step times how much the slowest falls (the moved replica's new time or the next
+  slowest, whichever is larger: nothing when another replica is as slow);
+- the cost: :func:`~..advisors.paths.move_cost_s` of the stage's layers (a checkpoint written
+  and read back and a restart; nothing crosses a datacenter).
+
+Both kinds of move are proposed on the same tick; the decision rule applies the larger gain.
+The nodes are those of the spec the deployed plan's devices are numbered on (:func:`numbered_on`:
+after a shrink, the spec cut to the devices online, so that no lost node is proposed and no
+node number is read on a spec where it names another node).
 """
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+import statistics
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
 
+from dmsc.data.traces import StepTrace
+from dmsc.netmodel.topology import Topology
+from dmsc.planner.elastic import IDLE_BAND, devices_in_use
 from dmsc.planner.plan import Plan
+from dmsc.runtime.control.advisors.base import FaultInfo, Proposal
+from dmsc.runtime.control.advisors.paths import move_cost_s
 from dmsc.runtime.control.loop.objectives import BusyNode
+from dmsc.spec import ClusterSpec
+
+MODULE = "busy-node"  # the decision rows' module of a move to an idle node
+Key = tuple[int, int]  # (stage, replica)
 
 
 def datacenter_cpu(
@@ -66,3 +100,168 @@ def watch(
     busy = {dc: cpu[dc] for dc, n in after.items() if n >= policy.ticks}
     became = any(n == policy.ticks for n in after.values())
     return after, busy, became
+
+
+@dataclass(frozen=True)
+class Placed:
+    """Where the plan's workers run on the cluster spec, and how busy each node measured."""
+
+    topo: Topology
+    node_of: dict[tuple[int, int], int]  # (stage, replica) -> the node of its first device
+    cpu: dict[int, float]  # node -> its CPU % as its workers measured it (the busiest reading)
+
+
+def numbered_on(cp: Any) -> ClusterSpec | None:
+    """The cluster spec the deployed plan of control plane ``cp`` is numbered on: the spec cut
+    to the devices online when a shrink or a resize placed it there (its ``resized_plans``,
+    :class:`~..training.online.ResizedPlans`), else the plan's cluster spec. Its nodes are the
+    ones the plan's devices are on, and none of them is a lost one."""
+    plans = getattr(cp, "resized_plans", None)
+    cut: ClusterSpec | None = plans.numbered_on(cp.plan) if plans is not None else None
+    whole: ClusterSpec | None = cp.cluster
+    return cut or whole
+
+
+def placed(
+    plan: Plan, cluster: ClusterSpec, telemetry: Mapping[str, Mapping[str, float | None]]
+) -> Placed | None:
+    """The plan's workers on ``cluster``'s nodes (None when the plan's devices are not the
+    spec's: another spec's numbering, :mod:`..training.online`)."""
+    topo = Topology(cluster)
+    node_of: dict[tuple[int, int], int] = {}
+    for st in plan.stages:
+        for r, rep in enumerate(st.replicas):
+            if not rep.devices or max(rep.devices) >= len(topo.devices):
+                return None
+            dev = topo.devices[rep.devices[0]]
+            if topo.dc_names[dev.dc] != rep.datacenter:
+                return None
+            node_of[(st.index, r)] = dev.node
+    cpu: dict[int, float] = {}
+    for name, use in telemetry.items():
+        stage, _, replica = name.partition("/")
+        node_cpu = use.get("node_cpu_percent")
+        if node_cpu is None or not stage.isdigit() or not replica.isdigit():
+            continue
+        node = node_of.get((int(stage), int(replica)))
+        if node is not None:
+            cpu[node] = max(cpu.get(node, 0.0), node_cpu)
+    return Placed(topo, node_of, cpu)
+
+
+def replica_compute(traces: Sequence[StepTrace], microbatches: int) -> dict[tuple[int, int], float]:
+    """Each stage replica's compute seconds per micro-batch (its forward and backward spans, or
+    its ``compute_s`` without spans), median over its traced steps."""
+    samples: dict[tuple[int, int], list[float]] = {}
+    for t in traces:
+        spent = sum(b - a for _, _, a, b in t.spans) if t.spans else t.compute_s
+        if spent > 0:
+            samples.setdefault((t.stage, t.replica), []).append(spent / max(1, microbatches))
+    return {k: statistics.median(v) for k, v in samples.items()}
+
+
+def _idle_node(where: Placed, plan: Plan, key: tuple[int, int], limit: float) -> int | None:
+    """The idlest node of the replica's datacenter with room for it (module docstring)."""
+    topo, busy_node = where.topo, where.node_of[key]
+    rep = plan.stages[key[0]].replicas[key[1]]
+    dev = topo.devices[rep.devices[0]]
+    taken = devices_in_use(plan)
+    fits = []
+    for n in topo.nodes:
+        if n.index == busy_node or n.dc != dev.dc:
+            continue
+        if topo.devices[n.first_device].type_name != dev.type_name:
+            continue
+        free = [d for d in range(n.first_device, n.first_device + n.devices) if d not in taken]
+        load = where.cpu.get(n.index)
+        if len(free) >= len(rep.devices) and (load is None or load <= limit):
+            fits.append((int((load or 0.0) // IDLE_BAND), len(free), n.index))
+    return min(fits)[2] if fits else None
+
+
+def _reference(
+    plan: Plan, key: tuple[int, int], compute: Mapping[tuple[int, int], float], idle: set[Key]
+) -> tuple[float, str] | None:
+    """What the replica's compute per micro-batch would be on an idle node, and its basis
+    (``idle``: the stage replicas on nodes measured under the threshold)."""
+    stage = key[0]
+    same = [t for k, t in compute.items() if k[0] == stage and k in idle]
+    if same:
+        return statistics.median(same), f"stage {stage}'s replicas on idle nodes"
+    planned = plan.stages[stage].microbatch_s
+    ratios = [
+        t / plan.stages[k[0]].microbatch_s
+        for k, t in compute.items()
+        if k in idle and plan.stages[k[0]].microbatch_s > 0
+    ]
+    if not ratios or planned <= 0:
+        return None
+    ratio = statistics.median(ratios)
+    basis = (
+        f"the plan's {planned * 1e3:.1f} ms for the stage times {ratio:.2f}, as the stages on "
+        "idle nodes measured against the plan"
+    )
+    return planned * ratio, basis
+
+
+def node_moves(
+    plan: Plan,
+    cluster: ClusterSpec,
+    telemetry: Mapping[str, Mapping[str, float | None]],
+    busy: Mapping[str, float],
+    policy: BusyNode,
+    traces: Sequence[StepTrace],
+    step_s: float | None,
+    faults: tuple[FaultInfo, ...] = (),
+) -> list[Proposal]:
+    """The ``move-node`` of each stage replica on a node over ``policy``'s threshold in a
+    ``busy`` datacenter to the idlest node of that datacenter with room for it, with its gain
+    per step on the measured ``traces`` and its cost (module docstring); a ``keep`` note when
+    an idle node has room but nothing measured says what the replica would do there."""
+    where = placed(plan, cluster, telemetry) if busy else None
+    if where is None:
+        return []
+    limit, m = policy.cpu_percent, plan.job.microbatches
+    compute = replica_compute(traces, m)
+    idle = {k for k, n in where.node_of.items() if n in where.cpu and where.cpu[n] <= limit}
+    out: list[Proposal] = []
+    for key, node in sorted(where.node_of.items()):
+        dc = plan.stages[key[0]].replicas[key[1]].datacenter
+        if dc not in busy or where.cpu.get(node, 0.0) <= limit:
+            continue
+        to = _idle_node(where, plan, key, limit)
+        if to is None:
+            continue
+        target = f"stage {key[0]} replica {key[1]}: node {node} -> node {to} in {dc}"
+        at = f"node {node} of {dc} is busy ({where.cpu[node]:.0f}% CPU, over {limit:g}%)"
+        there = where.cpu.get(to)
+        idle_at = f"{there:.0f}% CPU" if there is not None else "none of the run's workers"
+        ref = _reference(plan, key, compute, idle)
+        if key not in compute or ref is None:
+            lacks = (
+                f"stage {key[0]} replica {key[1]}'s steps traced no compute"
+                if key not in compute
+                else "no idle node measured a stage to compare with"
+            )
+            why = f"{at}; node {to} is idle ({idle_at}), but {lacks}: not moved"
+            out.append(Proposal(MODULE, "keep", target, why))
+            continue
+        now, (then, basis) = compute[key], ref
+        others = max((t for k, t in compute.items() if k != key), default=0.0)
+        gain = m * max(0.0, now - max(then, others))
+        cost, parts = move_cost_s(plan, plan.stages[key[0]].layers, None, faults)
+        current = step_s if step_s else m * max(compute.values())
+        reason = (
+            f"{at}: stage {key[0]} replica {key[1]} computes {now * 1e3:.1f} ms a micro-batch "
+            f"there against {then * 1e3:.1f} ms on an idle node ({basis}); node {to} of {dc} "
+            f"is idle ({idle_at}); the move costs {cost:.1f} s (checkpoint, restart)"
+        )
+        details = {
+            "node": {"stage": key[0], "replica": key[1], "datacenter": dc, "from": node,
+                     "to": to, "from_cpu_percent": where.cpu[node], "to_cpu_percent": there},
+            "compute_s": {"now": now, "idle": then, "slowest_other": others},
+            "cost_parts_s": parts,
+            "busy": dict(busy),
+        }  # fmt: skip
+        out.append(Proposal(MODULE, "move-node", target, reason, gain, current, cost, details))
+    return out

@@ -63,13 +63,18 @@ def signature(p: Proposal) -> Signature:
 def parts(p: Proposal) -> dict[str, tuple[str, str]]:
     """What ``p`` moves: ``{"stage S": (from, to)}`` for each stage that changes datacenter,
     ``{"boundary B": (from, to)}`` for each boundary whose path changes (the proposal's
-    details, as path optimisation writes them), ``{"dp": (from, to)}`` for a resize; the
-    target itself when it says nothing more."""
+    details, as path optimisation writes them), ``{"dp": (from, to)}`` for a resize,
+    ``{"stage S replica R": ("node A", "node B")}`` for a ``move-node``; the target itself when
+    it says nothing more."""
     out: dict[str, tuple[str, str]] = {}
     dcs = p.details.get("datacenters") or {}
     for s, (a, b) in enumerate(zip(dcs.get("current", []), dcs.get("proposed", []), strict=False)):
         if a != b:
             out[f"stage {s}"] = (str(a), str(b))
+    node = p.details.get("node")
+    if node:  # a stage replica to another node of its datacenter (.busy)
+        part = f"stage {node['stage']} replica {node['replica']}"
+        out[part] = (f"node {node['from']}", f"node {node['to']}")
     dp = p.details.get("dp")
     if dp:  # a resize: the data-parallel degree is the part it moves
         out["dp"] = (str(dp["current"]), str(dp["proposed"]))

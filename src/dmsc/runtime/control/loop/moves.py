@@ -11,7 +11,11 @@ serving replicas) until the move is done. Requests still running then: :class:`S
 and nothing moved (the control loop tries again at its next tick). Only a move that keeps each
 stage's layers is applied: a re-cut changes which stage holds which layers, and the per-stage
 checkpoint does not carry over (refused, with the reason), and so is one that would put a stage
-where a residency rule of the cluster spec keeps the model's weights out (naming the rule).
+where a residency rule of the cluster spec keeps the model's weights out (naming the rule). A
+``move-node`` (a stage replica from a busy node to an idle one of its datacenter, :mod:`.busy`)
+is not re-planned: the replica goes to free devices of that node
+(:func:`dmsc.planner.elastic.move_replica`), refused when it left its node since or the node
+has no room now.
 
 A resize of training's data-parallel degree (``resize-dp``, :mod:`.resizing`) goes through
 :mod:`..training.resize`: between tasks :func:`resize_now` relays the deployment out under the
@@ -29,9 +33,11 @@ from contextlib import AbstractContextManager
 from typing import Any, Protocol
 
 from dmsc.data.traces import StepTrace
+from dmsc.planner.elastic import move_replica
 from dmsc.planner.plan import Plan
 from dmsc.runtime.control.advisors.base import Proposal
 from dmsc.runtime.control.advisors.paths import replan
+from dmsc.runtime.control.loop.busy import numbered_on
 from dmsc.runtime.control.loop.resizing import NO_DEPLOYMENT
 from dmsc.runtime.control.training.residency import check_move
 from dmsc.runtime.control.training.resize import Asked, check_online
@@ -79,10 +85,14 @@ def apply_move(
     _deployed(cp)
     if cp.cluster is None:
         raise BadRequest("a move needs the plan's cluster spec (dmsc up --cluster)")
-    found = replan(cp.plan, cp.cluster, tuple(traces), busy=p.details.get("busy") or ())
-    if isinstance(found, str):
-        raise BadRequest(f"the move is no longer proposed: {found}")
-    new = found.new_plan
+    spec = numbered_on(cp) or cp.cluster  # the spec the plan's nodes are numbered on (.busy)
+    if p.kind == "move-node":
+        new = _to_node(cp.plan, spec, p)
+    else:
+        found = replan(cp.plan, cp.cluster, tuple(traces), busy=p.details.get("busy") or ())
+        if isinstance(found, str):
+            raise BadRequest(f"the move is no longer proposed: {found}")
+        new = found.new_plan
     if [st.chunks for st in new.stages] != [st.chunks for st in cp.plan.stages]:
         raise BadRequest(
             f"{p.target}: a re-cut moves layers between stages, and the per-stage "
@@ -94,7 +104,27 @@ def apply_move(
         raise BadRequest(str(exc)) from None
     t1 = time.perf_counter()
     drained = _drained(cp, new, "move", p, drain_s)
+    if p.kind == "move-node" and spec is not cp.cluster:  # still on the spec cut down
+        getattr(cp, "resized_plans").note(new, spec)  # noqa: B009 (there: .busy.numbered_on)
     return {"target": p.target, "move_s": time.perf_counter() - t1, "drain_s": drained}
+
+
+def _to_node(plan: Plan, cluster: ClusterSpec, p: Proposal) -> Plan:
+    """``plan`` with the stage replica of a ``move-node`` on its idle node (:mod:`.busy`);
+    :class:`BadRequest` when the replica left its node since, or the node has no room now."""
+    n = p.details["node"]
+    stage, replica = int(n["stage"]), int(n["replica"])
+    try:
+        rep = plan.stages[stage].replicas[replica]
+    except IndexError:
+        raise BadRequest(f"{p.target}: the plan has no stage {stage} replica {replica}") from None
+    now = sorted(set(rep.nodes))
+    if now != [int(n["from"])]:
+        raise BadRequest(f"the move is no longer proposed: {p.target}, the replica is on {now}")
+    try:
+        return move_replica(plan, cluster, stage, replica, int(n["to"]))
+    except ValueError as exc:
+        raise BadRequest(f"the move is no longer proposed: {p.target}: {exc}") from None
 
 
 def _deployed(cp: Any) -> None:

@@ -39,6 +39,7 @@ from dmsc.planner.plan import Plan
 from dmsc.runtime.control.advisors.base import Measurements, read_measurements, unix_s
 from dmsc.runtime.control.advisors.prediction import Prediction, task_prediction
 from dmsc.runtime.control.advisors.traffic import boundary_bytes
+from dmsc.runtime.control.loop.busy import numbered_on
 from dmsc.runtime.control.loop.resizing import NO_DEPLOYMENT, DeviceView, device_view
 from dmsc.runtime.control.loop.tick import Snapshot, modules_due
 from dmsc.spec import ClusterSpec, LayerListSpec, TransformerSpec
@@ -209,4 +210,5 @@ def take(
         moved_s=moved_s,
         devices=devices(cp, plan, base_dp, measured),
         served=None if answered is None else tuple(answered(now_s - window_s)),
+        cluster=numbered_on(cp),  # the spec the plan's devices are numbered on (.busy)
     )

@@ -24,7 +24,9 @@ Each tick:
   move, and not for a stage moved within the cool-down;
 - a stage's node busy over the policy's threshold for ``busy.ticks`` ticks (:mod:`.busy`) runs
   the modules at once, and path optimisation re-plans with that datacenter's slowness as its
-  node's, not its device type's: a move away is its proposal;
+  node's, not its device type's: a move away is its proposal; a move to an idle node of the
+  same datacenter is the loop's own (:func:`.busy.node_moves`, with the snapshot's cluster
+  spec);
 - a resize of training's data-parallel degree is proposed by :mod:`.resizing` when devices go
   or come back, or the policy's ``elastic`` asks for it on a broken step-time objective; one
   forced by lost devices is proposed and applied at every tick until it is done;
@@ -43,10 +45,11 @@ from typing import Any
 from dmsc.runtime.control.advisors.base import MOVE_KINDS, FunctionalModule, Measurements, Proposal
 from dmsc.runtime.control.advisors.orchestrator import Decision, DecisionRule, collect, decide
 from dmsc.runtime.control.advisors.policy import nearest_rank
-from dmsc.runtime.control.loop.busy import datacenter_cpu, watch
+from dmsc.runtime.control.loop.busy import datacenter_cpu, node_moves, watch
 from dmsc.runtime.control.loop.hysteresis import Memory, steady
 from dmsc.runtime.control.loop.objectives import Policy
 from dmsc.runtime.control.loop.resizing import DeviceView, force, propose
+from dmsc.spec import ClusterSpec
 
 MODULE = "control-loop"  # the name the loop's own proposals carry (its SLO exceptions)
 RECENT_STEPS = 20  # the steps the step-time median is over
@@ -75,6 +78,7 @@ class Snapshot:
     # the latencies of the inference requests answered within the policy's window, through any
     # door (the gateway's are no task rows); None: not known, the inference tasks' times count
     served: tuple[float, ...] | None = None
+    cluster: ClusterSpec | None = None  # the plan's cluster spec (None: not known)
 
     def key(self) -> tuple[Any, ...]:
         """What the modules last ran on: the measured task, its last step, the training tasks
@@ -311,6 +315,12 @@ def tick(
     if ran:
         measured = replace(snap.measured, busy=busy)  # path optimisation reads them (.busy)
         proposals = collect(modules, measured) if due else []
+        if due and busy and snap.cluster is not None and config.policy.busy is not None:
+            m, policy = snap.measured, config.policy.busy
+            step_s = _median_step(m)
+            proposals += node_moves(
+                m.plan, snap.cluster, snap.telemetry, busy, policy, m.traces, step_s, m.faults
+            )
         proposals += resizes if due or forced else []
         proposals += [_exception(b) for b in breaches if b.task is not None]
         decisions = decide(proposals, config.rule, snap.measured.remaining_steps)

@@ -16,7 +16,7 @@
   checkpoints are stored) and on a move of the deployment;
 - :mod:`.recalibration`: after a task, its traces refit the cluster spec its plan was made for.
 
-Imports run one way: ``shrink -> online, restart``, ``shrink, online -> resize -> session ->
+Imports run one way: ``shrink -> restart``, ``shrink, online -> resize -> session ->
 params, report, lr_schedule, retention``, ``local_data -> params`` and ``recalibration ->
 report, params``; ``corpora``, ``report``, ``params``,
 ``lr_schedule``, ``retention`` and ``residency`` import none of the others.

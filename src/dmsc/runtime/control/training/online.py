@@ -11,11 +11,16 @@ residency rules' mentions of it. The planner then places on what is left
 (:func:`plan_online`), as ``dmsc plan`` would on a spec of those devices.
 
 The control plane's re-plans at another dp (a task's ``--dp``, the loop's resizes between
-tasks and between steps, :mod:`.resize`) go through :class:`ResizedPlans`: each re-plans on the
-devices online the loop saw, once per deployed plan, dp, devices online and serving state. A
-grow's new replicas go to the idlest nodes (:func:`dmsc.planner.elastic.place_grown`) only when
-nothing is cut: a cut spec numbers its devices and nodes anew, and the workers' measured load
-is by the deployed plan's numbering.
+tasks and between steps, :mod:`.resize`; the shrink's, :mod:`.shrink`) go through
+:class:`ResizedPlans`: each re-plans on the devices online the loop saw, once per deployed plan,
+dp, devices online and serving state. A grow's new replicas go to the idlest nodes
+(:func:`dmsc.planner.elastic.place_grown`). A cut spec numbers its devices and nodes anew (a
+datacenter that lost a node shifts the numbers of every one after it), so :class:`ResizedPlans`
+keeps the spec each plan it made is numbered on: the workers' measured load, counted on the
+nodes of the deployed plan's spec, is carried over to the nodes of the spec the grow places on
+(:func:`dmsc.planner.elastic.renumber_load`: the same datacenter, the same position in it).
+Before, a grow after a shrink read the shrunk plan's devices on the whole spec, and the load of
+a busy worker landed on another node, which then took the new replicas as if it were idle.
 """
 
 from __future__ import annotations
@@ -25,6 +30,8 @@ from collections.abc import Callable, Mapping
 from dmsc.planner.plan import Plan
 from dmsc.runtime.control.training.resize import resized_plan
 from dmsc.spec import ClusterSpec, TransformerSpec
+
+NUMBERED = 16  # the plans made on a cut spec whose numbering is kept (one is deployed at a time)
 
 
 def _kept_nodes(
@@ -97,14 +104,15 @@ def plan_online(
     heads: bool = False,
     serving: bool = False,
     worker_cpu: Mapping[tuple[int, int], float] | None = None,
+    numbered_on: ClusterSpec | None = None,
 ) -> Plan:
     """``plan``'s strategy at ``dp`` replicas placed on the devices ``online`` only
     (:func:`~.resize.resized_plan` on :func:`online_cluster`); ValueError says why there is
-    none. ``worker_cpu``: ``plan``'s workers' CPU %, used only when nothing is cut (module
-    docstring)."""
+    none. ``worker_cpu``: ``plan``'s workers' CPU %, on the nodes of ``numbered_on``, the spec
+    ``plan`` is numbered on (None: ``cluster``; module docstring)."""
     on = online_cluster(cluster, online) if cluster is not None else None
-    cpu = worker_cpu if on is cluster else None
-    return resized_plan(plan, model, on, dp, heads=heads, serving=serving, worker_cpu=cpu)
+    return resized_plan(plan, model, on, dp, heads=heads, serving=serving, worker_cpu=worker_cpu,
+                        numbered_on=numbered_on or cluster)  # fmt: skip
 
 
 class ResizedPlans:
@@ -113,6 +121,21 @@ class ResizedPlans:
 
     def __init__(self) -> None:
         self._kept: dict[tuple[object, ...], tuple[Plan, Plan]] = {}
+        # the plans made on a cut spec, by id, with that spec: the newest NUMBERED of them
+        self._numbered: dict[int, tuple[Plan, ClusterSpec]] = {}
+
+    def numbered_on(self, plan: Plan) -> ClusterSpec | None:
+        """The cut spec ``plan`` is numbered on, when this made it on one (None: the whole
+        spec's numbering, or not made here)."""
+        kept = self._numbered.get(id(plan))
+        return kept[1] if kept is not None and kept[0] is plan else None
+
+    def note(self, plan: Plan, spec: ClusterSpec) -> None:
+        """``plan`` is numbered on ``spec``, a spec cut to the devices online (made here, or
+        moved within it: :mod:`dmsc.runtime.control.loop.moves`)."""
+        self._numbered[id(plan)] = (plan, spec)
+        for old in list(self._numbered)[:-NUMBERED]:
+            del self._numbered[old]
 
     def get(
         self,
@@ -134,6 +157,9 @@ class ResizedPlans:
         if kept is None or kept[0] is not plan:
             cpu = worker_cpu() if worker_cpu is not None else None
             to = plan_online(plan, model, cluster, dp, online, heads=heads, serving=serving,
-                             worker_cpu=cpu)  # fmt: skip
+                             worker_cpu=cpu, numbered_on=self.numbered_on(plan))  # fmt: skip
+            on = online_cluster(cluster, online) if cluster is not None else None
+            if on is not None and on is not cluster:
+                self.note(to, on)
             kept = self._kept[key] = (plan, to)
         return kept[1]

@@ -55,10 +55,15 @@ def resized_plan(
     heads: bool = False,
     serving: bool = False,
     worker_cpu: Mapping[tuple[int, int], float] | None = None,
+    numbered_on: ClusterSpec | None = None,
 ) -> Plan:
     """The plan of the same strategy at ``dp`` replicas; ValueError says why it cannot be.
     ``worker_cpu``: the CPU % ``plan``'s workers measured, by (stage, replica): the replicas a
-    grow adds go to the idlest nodes (:func:`dmsc.planner.elastic.place_grown`)."""
+    grow adds go to the idlest nodes (:func:`dmsc.planner.elastic.place_grown`).
+    ``numbered_on``: the spec ``plan``'s devices and nodes are numbered on, when not
+    ``cluster`` (a plan placed on the devices that were online, :mod:`.online`): the load is
+    counted on its nodes, then carried over to ``cluster``'s
+    (:func:`dmsc.planner.elastic.renumber_load`)."""
     if heads:
         raise ValueError("dp: the replicas hold task heads of their own; they cannot be copied")
     if serving:
@@ -70,7 +75,7 @@ def resized_plan(
         )
     # imported here: the solver brings OR-Tools and pandas (about 0.4 s of CPU) into every
     # control plane's start, and only a resize uses it
-    from dmsc.planner.elastic import node_load, place_grown
+    from dmsc.planner.elastic import node_load, place_grown, renumber_load
     from dmsc.planner.solve import plan_job
 
     try:
@@ -80,7 +85,9 @@ def resized_plan(
         raise ValueError(f"dp: {dp} replicas do not fit cluster {cluster.name!r}: {exc}") from None
     if not worker_cpu:
         return outcome.plan
-    return place_grown(plan, outcome.plan, cluster, node_load(plan, cluster, worker_cpu))
+    on = numbered_on or cluster
+    load = renumber_load(node_load(plan, on, worker_cpu), on, cluster)
+    return place_grown(plan, outcome.plan, cluster, load)
 
 
 def check_online(plan: Plan, online: Mapping[str, int] | None) -> None:

@@ -168,6 +168,7 @@ def train(
     swap: Callable[[int], Deployment | None] | None = None,
     shrink: ShrinkHook | None = None,
     plan_now: Callable[[], Plan] | None = None,
+    live: Callable[[TrainReport], None] | None = None,
 ) -> TrainReport:
     """Run steps ``first_step`` .. ``first_step + steps - 1``; validation loss before and after.
     ``turn()`` is held around each step and validation (the replicas' fair locks: inference
@@ -191,10 +192,13 @@ def train(
     ``shrink``, called when a recovery cannot start a replacement (no room: a lost Ray node),
     drops the failed replicas and returns the deployment to go on with (or raises).
     ``plan_now()``, asked where the steps begin and after each resize or shrink, names the plan
-    in force: each layout's steps are a segment of the report (:mod:`.report`)."""
+    in force: each layout's steps are a segment of the report (:mod:`.report`); ``live`` is
+    handed the report as it is made, to read its segments while the steps run."""
     rec = recovering or Recovering()
     end = first_step + steps
     report = TrainReport(steps, tokens_per_step=batch * dep.layout.model.seq, first_step=first_step)
+    if live is not None:
+        live(report)
 
     def segment(at: int) -> None:  # the steps from ``at`` run on ``dep``'s layout
         report.segment(at, dep.layout.replicas, plan_now() if plan_now is not None else None)
@@ -402,6 +406,7 @@ def train_task(
     swap: Callable[[int], Deployment | None] | None = None,
     shrink: ShrinkHook | None = None,
     plan_now: Callable[[], Plan] | None = None,
+    live: Callable[[TrainReport], None] | None = None,
 ) -> TrainReport:
     """:func:`train` a task from its stored parameters, from step ``first``, at the learning
     rate of its schedule (:mod:`.lr_schedule`)."""
@@ -431,4 +436,5 @@ def train_task(
         swap=swap,
         shrink=shrink,
         plan_now=plan_now,
+        live=live,
     )

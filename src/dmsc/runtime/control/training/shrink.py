@@ -13,12 +13,12 @@ node of it left with room, the launcher raises
    when the devices online (the launcher's ``capacity``: the Ray nodes alive) really fall short
    of what the replicas hold, and not while the replicas differ between steps (sync modes that
    keep them apart, task heads);
-2. it re-plans at the new dp on the devices online only (:func:`~.online.plan_online`: the
-   cluster spec cut down to the launcher's ``capacity``, so that no replica lands on a lost
-   device; checked again by :func:`~.resize.check_online`), stops the broken deployment and
-   starts the new layout from the newest of the task's checkpoints that verifies
-   (:func:`~.resize.restart_from`). A layout that does not start is followed by the next smaller
-   dp, down to the floor (:func:`~.restart.start_first`);
+2. it re-plans at the new dp on the devices online only (the control plane's ``resized``,
+   :class:`~.online.ResizedPlans`: the cluster spec cut down to the launcher's ``capacity``, so
+   that no replica lands on a lost device; checked again by :func:`~.resize.check_online`),
+   stops the broken deployment and starts the new layout from the newest of the task's
+   checkpoints that verifies (:func:`~.resize.restart_from`). A layout that does not start is
+   followed by the next smaller dp, down to the floor (:func:`~.restart.start_first`);
 3. it records a ``lost-dp`` scale event whose reason names the lost workers (and their node),
    the launcher's error, the new dp and any dp that did not start, and hands the session the
    new deployment with a :class:`~dmsc.runtime.control.launch.recovery.Recovery` (a ``worker``
@@ -50,7 +50,6 @@ from dmsc.runtime.control.launch.deployment import Checkpoint, Deployment, Stage
 from dmsc.runtime.control.launch.failures import Key, WorkerFailure
 from dmsc.runtime.control.launch.fallback import Restored
 from dmsc.runtime.control.launch.recovery import Recovery
-from dmsc.runtime.control.training.online import plan_online
 from dmsc.runtime.control.training.resize import (
     check_online,
     record_resize,
@@ -131,6 +130,8 @@ class Shrinkable(Protocol):
 
     def checkpoints(self, task_id: int | None = None) -> list[Checkpoint]: ...
 
+    def resized(self, dp: int, online: Mapping[str, int] | None = None) -> Plan: ...
+
 
 class Shrink:
     """The session's hook when recovery cannot place a replacement (module docstring)."""
@@ -143,11 +144,10 @@ class Shrink:
         self._start: Callable[[StageLayout], Deployment] | None = None
 
     def replan(self, dp: int, online: Mapping[str, int] | None) -> Plan:
-        """The plan at ``dp`` replicas placed on the devices ``online`` (ValueError: none)."""
-        cp, serving = self.cp, self.cp.inference.pool is not None
-        plan = plan_online(
-            cp.plan, cp.model, cp.cluster, dp, online, heads=cp.inference.heads, serving=serving
-        )
+        """The plan at ``dp`` replicas placed on the devices ``online`` (ValueError: none):
+        the control plane's re-plan, which keeps the spec the plan is numbered on for a later
+        grow (:class:`~.online.ResizedPlans`)."""
+        plan = self.cp.resized(dp, online)
         check_online(plan, online)  # the cut-down spec holds no more than online, by its making
         return plan
 
