@@ -16,7 +16,7 @@ from dmsc.planner.plan import Plan
 
 
 def _train(home: Path, plan: Path) -> list[float]:
-    """``dmsc up`` of ``plan``, its four ranks checked, 3 steps trained (their losses), a prompt
+    """``dmsc up`` of ``plan``, its four ranks and their telemetry checked, 3 steps trained (their losses), a prompt
     answered, ``dmsc down``."""
     res = dmsc(home, "up", "--plan", str(plan))
     assert res.returncode == 0, res.stderr
@@ -25,6 +25,10 @@ def _train(home: Path, plan: Path) -> list[float]:
         sids = sorted(s["sid"] for s in status["services"])
         assert len(sids) == 4 and all(s["health"] == "ok" for s in status["services"])
         assert [sid.rsplit("-", 2)[1:] for sid in sids] == [["r0", "t0"], ["r0", "t1"]] * 2
+        # every rank's own process use, not only each replica's first rank's (they were None)
+        pids = {s["pid"] for s in status["services"]}
+        assert len(pids) == 4 and all(s["rss_bytes"] > 50 << 20 for s in status["services"])
+        assert all(s["cpu_percent"] is not None for s in status["services"])
         res = dmsc(home, "train", "--steps", "3", "--json")
         assert res.returncode == 0, res.stderr
         *progress, last = [json.loads(line) for line in res.stdout.splitlines()]

@@ -37,17 +37,18 @@ def services(dep: Deployment) -> list[dict[str, Any]]:
 
 def survey(dep: Deployment) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
     """The services (:func:`services`) and the nodes they run on (:func:`node_totals`). A
-    replica's tensor-parallel ranks past the first answer their own health probe; what their
-    processes use is not sampled (None)."""
+    replica's tensor-parallel ranks past the first answer their own health probe, with what
+    their own processes use."""
     ranks = dep.tp.handles  # a replica's tensor-parallel ranks past the first
     handles = sorted([*dep.handles, *ranks], key=lambda h: (key_of(h), h.config.tp_rank))
     answers, silent = failures.health(dep, HEALTH_TIMEOUT_S)
-    silent_ranks = dep.tp.silent(HEALTH_TIMEOUT_S) if ranks else set()
+    rank_answers, silent_ranks = dep.tp.probe(HEALTH_TIMEOUT_S) if ranks else ({}, set())
     out: list[dict[str, Any]] = []
     machines: dict[str, dict[str, Any]] = {}
     for h in handles:
         first = not h.config.tp_rank
-        use = _obj(_obj(answers.get(key_of(h))).get("telemetry")) if first else {}
+        said = answers.get(key_of(h)) if first else rank_answers.get(h.config.sid)
+        use = _obj(_obj(said).get("telemetry"))
         node = getattr(h.process, "ip", "local")
         if _obj(use.get("node")):
             machines.setdefault(node, use["node"])

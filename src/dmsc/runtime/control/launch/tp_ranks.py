@@ -16,6 +16,7 @@ is hosted whenever there are several ranks, several replicas or such a pipeline.
 from __future__ import annotations
 
 import contextlib
+import json
 from collections.abc import Callable
 from typing import Any
 
@@ -108,18 +109,26 @@ class TensorRanks:
             c.close()
         return gone
 
-    def silent(self, timeout_s: float) -> set[str]:
-        """The SIDs of the ranks that do not answer Health within ``timeout_s`` (asked at once)."""
+    def probe(self, timeout_s: float) -> tuple[dict[str, dict[str, Any]], set[str]]:
+        """Health asked of every rank at once: what each that answered within ``timeout_s``
+        said (its telemetry among it; ``{}`` for an answer that is not JSON), and the SIDs of
+        those that did not answer."""
         futures = {
             sid: c.send_future("Health", Health(), timeout_s) for sid, c in self.by_sid.items()
         }
-        out = set()
+        answers: dict[str, dict[str, Any]] = {}
+        silent = set()
         for sid, fut in futures.items():
             try:
-                fut.result()
+                reply = fut.result()
             except grpc.RpcError:
-                out.add(sid)
-        return out
+                silent.add(sid)
+                continue
+            try:  # read, not trusted: only the telemetry's readers care what it says
+                answers[sid] = json.loads(reply)
+            except ValueError:
+                answers[sid] = {}
+        return answers, silent
 
     def fan(self, key: Key, leader: Client, call: Callable[[Client], Any]) -> Any:
         """``call`` on every rank of the replica at ``key`` (``leader``: rank 0's client); its
