@@ -233,41 +233,57 @@ def test_a_replacement_whose_bundle_stays_held_goes_to_another_node_of_its_datac
 
 
 def test_dmsc_up_with_the_ray_launcher_as_a_user_runs_it(cluster: Any, tmp_path: Path) -> None:
-    """``dmsc up --launcher ray --ray-address``: the plan's stages on the Ray nodes of their
-    datacenters, ``status`` names each one's node, training and inference as on one machine,
-    ``down`` leaves no worker behind."""
-    c = cluster
-    plan = make_plan(tmp_path, pp=2)
-    stages = json.loads(plan.read_text())["stages"]
+    """``dmsc plan --tp 2 --pp 2`` on two datacenters, ``dmsc up --launcher ray
+    --ray-address``: each stage's two ranks share one placement-group bundle (one node) of its
+    datacenter, ``status`` names each one's node, a worker killed by ``dmsc chaos`` is
+    recovered, training and inference run as on one machine, ``down`` leaves no worker behind.
+    Both ranks of a stage used to be sent to one 1-CPU bundle: the second waited 10 s for room,
+    then was placed outside the group, on any node."""
+    plan = tmp_path / "plan.json"
+    res = dmsc(tmp_path, "plan", "--cluster", str(EXAMPLES / "two-sites-cpu.yaml"),
+               "--model", "gpt-mini", "--global-batch", "8", "--micro-batch", "2",
+               "--tp", "2", "--pp", "2", "--dp", "1", "--out", str(plan))  # fmt: skip
+    assert res.returncode == 0, res.stderr
+    doc = json.loads(plan.read_text())
+    for stage in doc["stages"]:  # the Ray cluster's datacenters
+        for rep in stage["replicas"]:
+            rep["datacenter"] = f"dc-{stage['index']}"
+    plan.write_text(json.dumps(doc))
     res = dmsc(tmp_path, "up", "--plan", str(plan), "--launcher", "ray",
-               "--ray-address", c.address)  # fmt: skip
+               "--ray-address", cluster.address)  # fmt: skip
     assert res.returncode == 0, res.stderr
     try:
         status = json.loads(dmsc(tmp_path, "status", "--json").stdout)
-        assert [s["node"] for s in status["services"]] == ["127.0.0.1"] * len(stages)
+        assert len(status["services"]) == 4
+        assert all(s["health"] == "ok" for s in status["services"])
+        assert [s["node"] for s in status["services"]] == ["127.0.0.1"] * 4
         # each worker's memory, and the node's totals under the Ray node's name
         assert all(s["rss_bytes"] > 50 << 20 for s in status["services"])
-        assert [(n["node"], n["workers"]) for n in status["nodes"]] == [("127.0.0.1", len(stages))]
+        assert [(n["node"], n["workers"]) for n in status["nodes"]] == [("127.0.0.1", 4)]
         # `dmsc chaos` reaches the worker through the control plane's launcher (Ray)
         res = dmsc(tmp_path, "chaos", "--kill-worker", "stage=1", "--watch", "60", "--json")
         assert res.returncode == 0, res.stderr
-        assert json.loads(res.stdout)["recovered"]
-        assert not _running(next(s["pid"] for s in status["services"] if s["stage"] == 1))
-        status = json.loads(dmsc(tmp_path, "status", "--json").stdout)
-        assert all(s["health"] == "ok" for s in status["services"])
+        chaos = json.loads(res.stdout)
+        assert chaos["recovered"] and not _running(chaos["pid"])
+        again = json.loads(dmsc(tmp_path, "status", "--json").stdout)
+        assert len(again["services"]) == 4
+        assert all(s["health"] == "ok" for s in again["services"])
         res = dmsc(tmp_path, "train", "--steps", "2", "--json")
         assert res.returncode == 0, res.stderr
         res = dmsc(tmp_path, "infer", "--prompt", "def ", "--tokens", "4", "--json")
         assert res.returncode == 0 and len(json.loads(res.stdout)["token_ids"]) == 4
-        _logs_come_from_the_ray_nodes(tmp_path, {s["sid"] for s in status["services"]})
+        _logs_come_from_the_ray_nodes(tmp_path, {s["sid"] for s in again["services"]})
     finally:
         assert dmsc(tmp_path, "down").returncode == 0
     # the workers (processes of Ray actors on their nodes) are gone with the deployment
-    pids = [s["pid"] for s in status["services"]]
+    pids = [s["pid"] for s in status["services"] + again["services"]]
     end = time.monotonic() + 30
     while any(_running(p) for p in pids) and time.monotonic() < end:
         time.sleep(0.2)
     assert not any(_running(p) for p in pids)
+    # every rank went into its stage's bundle: none waited for room and was placed outside
+    said = "".join(p.read_text() for p in (tmp_path / "logs").glob("control.*"))
+    assert said and "placed outside" not in said
 
 
 def _logs_come_from_the_ray_nodes(home: Path, sids: set[str]) -> None:
@@ -290,43 +306,6 @@ def _logs_come_from_the_ray_nodes(home: Path, sids: set[str]) -> None:
     assert res.returncode == 0, res.stderr
     printed = res.stdout.splitlines()
     assert len(printed) == len(set(printed)) >= len(reply.entries)
-
-
-def test_a_tensor_parallel_plan_runs_on_ray_each_group_in_one_bundle(
-    cluster: Any, tmp_path: Path
-) -> None:
-    """``dmsc plan --tp 2 --pp 2`` on two datacenters, ``dmsc up --launcher ray``: each stage's
-    two ranks share one placement-group bundle (one node); they train and answer as with the
-    local launcher. Both ranks of a stage used to be sent to one 1-CPU bundle: the second
-    waited 10 s for room, then was placed outside the group, on any node."""
-    plan = tmp_path / "plan.json"
-    res = dmsc(tmp_path, "plan", "--cluster", str(EXAMPLES / "two-sites-cpu.yaml"),
-               "--model", "gpt-mini", "--global-batch", "8", "--micro-batch", "2",
-               "--tp", "2", "--pp", "2", "--dp", "1", "--out", str(plan))  # fmt: skip
-    assert res.returncode == 0, res.stderr
-    doc = json.loads(plan.read_text())
-    for stage in doc["stages"]:  # the Ray cluster's datacenters
-        for rep in stage["replicas"]:
-            rep["datacenter"] = f"dc-{stage['index']}"
-    plan.write_text(json.dumps(doc))
-    res = dmsc(tmp_path, "up", "--plan", str(plan), "--launcher", "ray",
-               "--ray-address", cluster.address)  # fmt: skip
-    assert res.returncode == 0, res.stderr
-    try:
-        status = json.loads(dmsc(tmp_path, "status", "--json").stdout)
-        assert len(status["services"]) == 4
-        assert all(s["health"] == "ok" for s in status["services"])
-        res = dmsc(tmp_path, "train", "--steps", "2", "--json")
-        assert res.returncode == 0, res.stderr
-        res = dmsc(tmp_path, "infer", "--prompt", "def ", "--tokens", "4", "--json")
-        assert res.returncode == 0 and len(json.loads(res.stdout)["token_ids"]) == 4
-        again = json.loads(dmsc(tmp_path, "status", "--json").stdout)
-        assert [s["pid"] for s in again["services"]] == [s["pid"] for s in status["services"]]
-    finally:
-        assert dmsc(tmp_path, "down").returncode == 0
-    # every rank went into its stage's bundle: none waited for room and was placed outside
-    said = "".join(p.read_text() for p in (tmp_path / "logs").glob("control.*"))
-    assert said and "placed outside" not in said
 
 
 def test_an_expert_parallel_plan_trains_on_ray_its_groups_met_at_the_control_plane(

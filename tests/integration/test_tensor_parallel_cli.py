@@ -16,8 +16,8 @@ from dmsc.planner.plan import Plan
 
 
 def _train(home: Path, plan: Path) -> list[float]:
-    """``dmsc up`` of ``plan``, its four ranks and their telemetry checked, 3 steps trained (their losses), a prompt
-    answered, ``dmsc down``."""
+    """``dmsc up`` of ``plan``, its four ranks and their telemetry checked, 3 steps trained
+    (their losses), a prompt answered, ``dmsc down``."""
     res = dmsc(home, "up", "--plan", str(plan))
     assert res.returncode == 0, res.stderr
     try:
