@@ -20,11 +20,13 @@ from dmsc.runtime.compute.outer_sync import make_optimizer
 from dmsc.runtime.control.launch import recovery
 from dmsc.runtime.control.launch.deployment import Deployment, StageLayout
 from dmsc.runtime.control.launch.failures import WorkerFailure
+from dmsc.runtime.transport.messages import Sampling
 from dmsc.spec import TransformerSpec, resolve_model
 
 pytestmark = pytest.mark.integration
 
 STEPS = 10
+GREEDY = Sampling(temperature=0)
 WHOLE = [("embedding", "head")]
 
 
@@ -34,7 +36,9 @@ def test_ep2_trains_ten_steps_as_one_process_and_saves_the_whole_stage(tmp_path:
     the last step is the ep = 1 stage, with every expert: it loads into one whole module, which
     computes the last step's loss as the four replicas did. A replica killed before the last
     step fails it; the recovery replaces it from the checkpoint, its run's group forms again
-    around it, and the last step gives the reference's loss. Inference is refused, not hung."""
+    around it, and the last step gives the reference's loss. Greedy decoding through a run of two
+replicas (a request runs on both) gives the whole stage's tokens, with and without the stages'
+keys and values; after the recovery both runs serve, with the same logits."""
     spec = resolve_model("moe-mini")
     assert isinstance(spec, TransformerSpec) and spec.experts == 4
     spec = spec.model_copy(update={"layers": 2, "seq": 64})  # two mixtures; a quicker reference
@@ -45,6 +49,11 @@ def test_ep2_trains_ten_steps_as_one_process_and_saves_the_whole_stage(tmp_path:
     with Deployment(StageLayout(spec, WHOLE, replicas=4, ep=2), home=tmp_path) as dep:
         losses = [dep.train_step(s, *batches[s], 1)["loss"] for s in range(STEPS - 1)]
         ckpt = dep.checkpoint(STEPS - 1)
+        prompt = batches[0][0][0, :12].tolist()
+        # a request runs on both replicas of its run (their all-to-alls pair them), the
+        # replica asked answers: greedy decoding, with the stages' keys and values and without
+        decoded = dep.generate(prompt, 6, sampling=GREEDY)
+        assert dep.generate(prompt, 6, sampling=GREEDY, replica=3, use_cache=False) == decoded
         dep.handle((0, 1)).process.kill()  # a replica of the first run dies: the step fails,
         with pytest.raises(WorkerFailure) as failure:  # its partner does not hang
             dep.train_step(STEPS - 1, *batches[-1], 1)
@@ -52,8 +61,9 @@ def test_ep2_trains_ten_steps_as_one_process_and_saves_the_whole_stage(tmp_path:
         rec = recovery.recover(dep, failure.value, [ckpt])  # the run's group formed anew
         assert rec.failed == ["stage0-r1"] and rec.checkpoint_step == STEPS - 1
         losses.append(dep.train_step(STEPS - 1, *batches[-1], 1)["loss"])
-        with pytest.raises(Exception, match="inference at ep=2 is not run"):
-            dep.logits(STEPS, batches[0][0][:1])
+        # the recovered run serves again, and as the other run does (the same weights)
+        x = batches[0][0][:1]
+        assert torch.allclose(dep.logits(STEPS, x, 1), dep.logits(STEPS + 1, x, 2), atol=1e-5)
     diff = max(abs(a - b) for a, b in zip(losses, reference, strict=True))
     print(f"dp=4 ep=2 against one process, {STEPS} steps: max loss difference {diff:.2e}")
     assert diff < 1e-4
@@ -67,6 +77,10 @@ def test_ep2_trains_ten_steps_as_one_process_and_saves_the_whole_stage(tmp_path:
     with torch.no_grad():  # the whole stage computes the last step's loss the replicas did
         x, y = batches[-1]
         assert abs(float(loss_fn(module(x), y)) - losses[-1]) < 1e-4
+        out = list(prompt)  # and decodes as the deployment did, one process, no cache
+        for _ in range(6):
+            out.append(int(module(torch.tensor([out]))[0, -1].argmax()))
+    assert decoded == out[len(prompt) :]
 
 
 def test_ep2_tp2_trains_ten_steps_as_one_process_and_saves_the_whole_stage(

@@ -22,6 +22,7 @@ __all__ = ["Checkpoint", "Deployment", "StageLayout"]
 import contextlib
 import secrets
 import tempfile
+import threading
 import time
 from collections.abc import Callable, Collection
 from concurrent.futures import ThreadPoolExecutor
@@ -109,6 +110,7 @@ class Deployment(ForwardRequests):
                 dict.fromkeys(layout.datacenters[k] for k in sorted(layout.datacenters))
             ),
         )
+        self.group_lock = threading.RLock()  # forwarding.ForwardRequests.in_turn (ep > 1)
         self.local_batch = 0  # a replica's batch from its own shard (control.training.local_data)
         self.threads = ThreadPoolExecutor(
             max_workers=max(4, 2 * len(layout.ranges) * layout.replicas * layout.tp)
@@ -282,9 +284,10 @@ class Deployment(ForwardRequests):
 
         keys = list(self.clients)
         try:  # the data and the calls go out at once (a round trip less a step)
-            calls = self.calls("RunStep", run, keys, self.step_deadline_s)
-            failures.settle(self, fed, PUSH_DEADLINE_S)
-            replies = self.gather(calls, self.step_deadline_s)
+            with self.in_turn():  # at ep > 1, no request's forward between the groups' calls
+                calls = self.calls("RunStep", run, keys, self.step_deadline_s)
+                failures.settle(self, fed, PUSH_DEADLINE_S)
+                replies = self.gather(calls, self.step_deadline_s)
         except StepRestartNeeded:
             # Drop the step everywhere: a new epoch fails what still runs and empties inboxes.
             self.epoch += 1
@@ -324,7 +327,8 @@ class Deployment(ForwardRequests):
                 step=step, microbatches=microbatches, train=False, eval=True, epoch=epoch
             )
 
-        replies = self.gather(self.calls("RunStep", run, list(self.clients), 300.0), 300.0)
+        with self.in_turn():
+            replies = self.gather(self.calls("RunStep", run, list(self.clients), 300.0), 300.0)
         losses = [float(r["loss"]) for r in replies.values() if r.get("loss") is not None]
         return sum(losses) / len(losses)
 
@@ -333,7 +337,8 @@ class Deployment(ForwardRequests):
         """Save every stage between two steps: replica 0 (replicas hold the same weights), or
         ``every`` replica (mid-round their weights and inner optimizers differ: sync modes)."""
         folder = folder or self.home / "checkpoints" / f"step{step}"  # Save writes below home
-        return staging.save_checkpoint(self, step, folder, every)  # whole, or nothing left
+        with self.in_turn():  # at ep > 1 a Save gathers the experts over each group
+            return staging.save_checkpoint(self, step, folder, every)  # whole, or nothing left
 
     def restore(self, ckpt: Checkpoint, keys: Collection[Key] | None = None) -> None:
         """Load ``ckpt`` into the workers (all by default); each file's hash is checked. A file

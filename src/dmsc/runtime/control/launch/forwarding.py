@@ -2,8 +2,27 @@
 request decoded token by token, and the end of its inference session.
 
 :class:`ForwardRequests` is the part of :class:`~.deployment.Deployment` that serves inference;
-it holds no state of its own and reaches the workers through the deployment's calls
-(:meth:`~.deployment.Deployment.calls`: every tp rank of a replica at once).
+it reaches the workers through the deployment's calls (:meth:`~.deployment.Deployment.calls`:
+every tp rank of a replica at once).
+
+Expert parallelism (ep > 1). The replicas of an expert-parallel group hold a share of each
+mixture's experts each, and a mixture's forward pairs them in all-to-alls
+(:mod:`dmsc.runtime.compute.expert_parallel`): no replica can run a forward alone. So a request
+routed to a replica runs on every replica of its group (:meth:`ForwardRequests.instance`): each
+gets the same tokens, runs the same forward (the tokens it routes to the others' experts come
+back computed), keeps the same keys and values in its session, and the replica asked answers.
+Every replica's dense weights are the same and each expert is held once in the group, so the
+answer is the whole model's (tests/integration/test_expert_parallel_deployment.py decodes as
+one process does). The group's cost: each expert runs the request's tokens ``ep`` times, once
+for each replica's copy; serving another request on each replica would need the groups to
+batch them, which is not done.
+
+Two calls in flight to one group at once could pair one's all-to-all with the other's: a
+worker serves its calls one at a time, in the order they reach it, and two workers may see two
+calls in opposite orders. So at ep > 1 every call that runs the mixtures (a training or
+evaluation step, a Save, a request's token) is made holding the deployment's one lock
+(:meth:`ForwardRequests.in_turn`): the group's calls are made one at a time, across the
+deployment (a training step runs every group).
 """
 
 from __future__ import annotations
@@ -36,6 +55,7 @@ class ForwardRequests:
     clients: dict[Key, Client]
     epochs: dict[Key, int]
     _ending: set[Any]
+    group_lock: threading.RLock  # the calls that run the mixtures, at ep > 1 (in_turn)
 
     if TYPE_CHECKING:
 
@@ -58,6 +78,18 @@ class ForwardRequests:
             self, futures: dict[Key, Any], deadline_s: float
         ) -> dict[Key, dict[str, Any]]: ...
 
+    def instance(self, replica: int) -> list[Key]:
+        """The workers a request routed to ``replica`` runs on: its pipeline and, at ep > 1, the
+        pipelines of the other replicas of its expert-parallel group (``ep`` consecutive
+        replicas: the cost model's layout), each first stage first."""
+        lead = replica - replica % self.layout.ep
+        return [k for r in range(lead, lead + self.layout.ep) for k in self.pipeline(r)]
+
+    def in_turn(self) -> contextlib.AbstractContextManager[Any]:
+        """Held around a call that runs the mixtures at ep > 1 (module docstring); at ep = 1
+        nothing (the replicas run their forwards apart)."""
+        return self.group_lock if self.layout.ep > 1 else contextlib.nullcontext()
+
     def logits(
         self,
         step: int,
@@ -68,13 +100,13 @@ class ForwardRequests:
         start: int = 0,
         top: int | None = None,
     ) -> torch.Tensor:
-        """Next-token logits of every sequence (forward only, through one replica's pipeline);
-        with a ``session``, ``tokens`` are positions ``start ..`` and the stages keep the keys
-        and values; with ``top``, each row's ``top`` largest only (the rest -inf). A failure
-        raises :class:`WorkerFailure` naming the stage that failed, a stage without room for a
-        new session :class:`NoRoom`."""
-        keys = self.pipeline(replica)
-        rows = self.checked(keys[0], Kind.TOKENS, tokens).tolist()
+        """Next-token logits of every sequence (forward only, through one replica's pipeline, and
+        at ep > 1 its group's: :meth:`instance`); with a ``session``, ``tokens`` are positions
+        ``start ..`` and the stages keep the keys and values; with ``top``, each row's ``top``
+        largest only (the rest -inf). A failure raises :class:`WorkerFailure` naming the stage
+        that failed, a stage without room for a new session :class:`NoRoom`."""
+        keys = self.instance(replica)
+        rows = self.checked((0, replica), Kind.TOKENS, tokens).tolist()
 
         def run(epoch: int, first: bool = False) -> RunStep:  # tokens go in stage 0's call
             return RunStep(
@@ -82,10 +114,12 @@ class ForwardRequests:
                 session=session, start=start, tokens=rows if first else None, top=top
             )  # fmt: skip
 
-        calls = self.calls("RunStep", run, keys[1:], timeout_s)
-        head = run(self.epochs[keys[0]], first=True)
-        calls[keys[0]] = self.tp.send(keys[0], self.clients[keys[0]], "RunStep", head, timeout_s)
-        replies = self.gather(calls, timeout_s)
+        with self.in_turn():
+            calls = self.calls("RunStep", run, [k for k in keys if k[0]], timeout_s)
+            for k in (k for k in keys if not k[0]):  # each first stage: the tokens
+                head = run(self.epochs[k], first=True)
+                calls[k] = self.tp.send(k, self.clients[k], "RunStep", head, timeout_s)
+            replies = self.gather(calls, timeout_s)
         return reply_logits(replies[(self.stages - 1, replica)], self.layout.model.vocab)
 
     def generate(
@@ -142,12 +176,13 @@ class ForwardRequests:
                 self.end_session(session, replica)
 
     def end_session(self, session: str, replica: int = 0) -> None:
-        """Free ``session``'s keys and values at every stage of ``replica``: sent, not waited
+        """Free ``session``'s keys and values at every stage of ``replica`` (of its group at
+        ep > 1): sent, not waited
         for (a stage that is gone or frozen must not hold up the request's end; its sessions
         go with it, or at their idle timeout). The calls are kept until they end: gRPC cancels
         a call whose future is garbage-collected."""
         calls = self.calls(
-            "EndSession", lambda _: EndSession(session=session), self.pipeline(replica), 5.0
+            "EndSession", lambda _: EndSession(session=session), self.instance(replica), 5.0
         )
         for fut in calls.values():
             self._ending.add(fut)
