@@ -34,11 +34,11 @@ def test_ep2_trains_ten_steps_as_one_process_and_saves_the_whole_stage(tmp_path:
     """Ten steps at ep = 2 (dp = 4, one sequence per replica) give the losses of one process
     on the whole batch (four micro-batches of one); the checkpoint taken before
     the last step is the ep = 1 stage, with every expert: it loads into one whole module, which
-    computes the last step's loss as the four replicas did. A replica killed before the last
-    step fails it; the recovery replaces it from the checkpoint, its run's group forms again
-    around it, and the last step gives the reference's loss. Greedy decoding through a run of two
-replicas (a request runs on both) gives the whole stage's tokens, with and without the stages'
-keys and values; after the recovery both runs serve, with the same logits."""
+    computes the last step's loss as the four replicas did, and decodes greedily the tokens a
+    run of two replicas decoded before (a request runs on both: it used to be refused), with the
+    stages' keys and values and without. A replica killed before the last step fails it; the
+    recovery replaces it from the checkpoint, its run's group forms again around it, and the
+    last step gives the reference's loss; then both runs serve, with the same logits."""
     spec = resolve_model("moe-mini")
     assert isinstance(spec, TransformerSpec) and spec.experts == 4
     spec = spec.model_copy(update={"layers": 2, "seq": 64})  # two mixtures; a quicker reference
