@@ -7,6 +7,7 @@ replica of a run and decodes as one process (and as ``transformers`` for a Mixtr
 
 from __future__ import annotations
 
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import pytest
@@ -49,11 +50,15 @@ def test_ep2_trains_ten_steps_as_one_process_and_saves_the_whole_stage(tmp_path:
     reference = reference_losses(spec, 0, 1e-3, batches, 4)
     with Deployment(StageLayout(spec, WHOLE, replicas=4, ep=2), home=tmp_path) as dep:
         losses = [dep.train_step(s, *batches[s], 1)["loss"] for s in range(STEPS - 1)]
-        ckpt = dep.checkpoint(STEPS - 1)
         prompt = batches[0][0][0, :12].tolist()
         # a request runs on both replicas of its run (their all-to-alls pair them), the
-        # replica asked answers: greedy decoding, with the stages' keys and values and without
-        decoded = dep.generate(prompt, 6, sampling=GREEDY)
+        # replica asked answers: greedy decoding, with the stages' keys and values and without;
+        # saved meanwhile, each token and the Save take turns (the Save's gathers would pair
+        # with a forward's all-to-alls)
+        with ThreadPoolExecutor(1) as pool:
+            request = pool.submit(dep.generate, prompt, 6, sampling=GREEDY)
+            ckpt = dep.checkpoint(STEPS - 1)
+            decoded = request.result()
         assert dep.generate(prompt, 6, sampling=GREEDY, replica=3, use_cache=False) == decoded
         dep.handle((0, 1)).process.kill()  # a replica of the first run dies: the step fails,
         with pytest.raises(WorkerFailure) as failure:  # its partner does not hang

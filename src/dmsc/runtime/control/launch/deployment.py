@@ -110,7 +110,8 @@ class Deployment(ForwardRequests):
                 dict.fromkeys(layout.datacenters[k] for k in sorted(layout.datacenters))
             ),
         )
-        self.group_lock = threading.RLock()  # forwarding.ForwardRequests.in_turn (ep > 1)
+        # forwarding.ForwardRequests.in_turn: one lock per expert-parallel group (ep > 1)
+        self.group_locks = [threading.RLock() for _ in range(0, layout.replicas, layout.ep)]
         self.local_batch = 0  # a replica's batch from its own shard (control.training.local_data)
         self.threads = ThreadPoolExecutor(
             max_workers=max(4, 2 * len(layout.ranges) * layout.replicas * layout.tp)
@@ -284,7 +285,7 @@ class Deployment(ForwardRequests):
 
         keys = list(self.clients)
         try:  # the data and the calls go out at once (a round trip less a step)
-            with self.in_turn():  # at ep > 1, no request's forward between the groups' calls
+            with self.in_turn():  # at ep > 1, no request's forward among the groups' calls
                 calls = self.calls("RunStep", run, keys, self.step_deadline_s)
                 failures.settle(self, fed, PUSH_DEADLINE_S)
                 replies = self.gather(calls, self.step_deadline_s)

@@ -17,12 +17,15 @@ one process does). The group's cost: each expert runs the request's tokens ``ep`
 for each replica's copy; serving another request on each replica would need the groups to
 batch them, which is not done.
 
-Two calls in flight to one group at once could pair one's all-to-all with the other's: a
+Two calls in flight to one group at once could pair one's collectives with the other's: a
 worker serves its calls one at a time, in the order they reach it, and two workers may see two
-calls in opposite orders. So at ep > 1 every call that runs the mixtures (a training or
-evaluation step, a Save, a request's token) is made holding the deployment's one lock
-(:meth:`ForwardRequests.in_turn`): the group's calls are made one at a time, across the
-deployment (a training step runs every group).
+calls in opposite orders. Two forwards paired so would still compute right (each forward runs
+the same all-to-alls, and an expert computes each token alone), but a forward paired with a
+training step's backward or a Save's gathers would not, and a request that one replica turns
+away as busy past its budget while the other runs it would leave that one waiting for its
+partner. So at ep > 1 every call that runs the mixtures is made holding its group's lock
+(:meth:`ForwardRequests.in_turn`): a request's token its group's, a training or evaluation
+step and a Save every group's, in order. The groups serve their requests side by side.
 """
 
 from __future__ import annotations
@@ -55,7 +58,7 @@ class ForwardRequests:
     clients: dict[Key, Client]
     epochs: dict[Key, int]
     _ending: set[Any]
-    group_lock: threading.RLock  # the calls that run the mixtures, at ep > 1 (in_turn)
+    group_locks: list[threading.RLock]  # each expert-parallel group's, at ep > 1 (in_turn)
 
     if TYPE_CHECKING:
 
@@ -85,10 +88,18 @@ class ForwardRequests:
         lead = replica - replica % self.layout.ep
         return [k for r in range(lead, lead + self.layout.ep) for k in self.pipeline(r)]
 
-    def in_turn(self) -> contextlib.AbstractContextManager[Any]:
-        """Held around a call that runs the mixtures at ep > 1 (module docstring); at ep = 1
-        nothing (the replicas run their forwards apart)."""
-        return self.group_lock if self.layout.ep > 1 else contextlib.nullcontext()
+    def in_turn(self, replica: int | None = None) -> contextlib.AbstractContextManager[Any]:
+        """Held around a call that runs the mixtures at ep > 1 (module docstring): the lock of
+        ``replica``'s expert-parallel group, or every group's (in order) for a call to all
+        replicas; at ep = 1 nothing (the replicas run their forwards apart)."""
+        if self.layout.ep == 1:
+            return contextlib.nullcontext()
+        if replica is not None:
+            return self.group_locks[replica // self.layout.ep]
+        every = contextlib.ExitStack()
+        for lock in self.group_locks:
+            every.enter_context(lock)
+        return every
 
     def logits(
         self,
@@ -114,7 +125,7 @@ class ForwardRequests:
                 session=session, start=start, tokens=rows if first else None, top=top
             )  # fmt: skip
 
-        with self.in_turn():
+        with self.in_turn(replica):
             calls = self.calls("RunStep", run, [k for k in keys if k[0]], timeout_s)
             for k in (k for k in keys if not k[0]):  # each first stage: the tokens
                 head = run(self.epochs[k], first=True)
