@@ -4,7 +4,8 @@ chunks apart, by the interleaved 1F1B schedule; it used to merge a stage's chunk
 over other stages' layers: gpt-mini pp=2 v=2 ran blocks 1 and 2 twice); a plan with
 tensor parallelism the runtime does not run (sequence parallel with experts, GPUs), and a plan
 whose stages, replicas or devices do not add up to its job (issue 31). A plan with expert
-parallelism starts (it used to be refused), with tp = 1 or tp = 2 (refused until the runtime
+parallelism starts (it used to be refused), for training or inference (refused until a request
+ran on every replica of an expert-parallel group), with tp = 1 or tp = 2 (refused until the runtime
 split each expert over the tp ranks), unless its ep does not divide the experts or the replicas,
 or comes with GPUs or spares (Ray runs it: tests/integration/test_ray.py). Spares with tp > 1
 (and ep = 1) are taken."""
@@ -255,6 +256,18 @@ def test_an_expert_parallel_plan_starts(
     assert (tmp_path / "started").exists()
 
 
+def test_an_expert_parallel_plan_for_inference_starts(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    # it used to be refused, naming job.ep: a request now runs on every replica of an
+    # expert-parallel group (tests/integration/test_expert_parallel_deployment.py decodes)
+    path = _two_sites_plan(tmp_path, "moe-mini", tp=1, pp=2, dp=2, ep=2, mode="infer")
+    assert Plan.model_validate_json(path.read_text()).job.mode == "infer"
+    code, err = _up(tmp_path, path, monkeypatch, capsys)
+    assert code == 0, err
+    assert (tmp_path / "started").exists()
+
+
 def test_an_expert_parallel_plan_starts_on_ray(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
 ) -> None:
@@ -299,7 +312,6 @@ def test_an_expert_parallel_plan_with_spares_is_refused(
 _ON_EXPERTS = {
     "ep not dividing the experts",
     "ep not dividing the replicas",
-    "ep for inference",
 }
 
 
@@ -316,8 +328,6 @@ def _edited(path: Path, edit: str) -> None:
         data["job"].update(dp=3, ep=3, global_batch=12)
     elif edit == "ep not dividing the replicas":
         data["job"]["ep"] = 4
-    elif edit == "ep for inference":
-        data["job"].update(ep=2, mode="infer")
     elif edit == "more ranks than devices":
         stages[1]["replicas"][1]["devices"] = stages[0]["replicas"][0]["devices"]
     elif edit == "a replica fewer than dp":
@@ -343,7 +353,6 @@ def _edited(path: Path, edit: str) -> None:
         ("ep on a model without experts", "job.ep", "ep=2: the model has no experts"),
         ("ep not dividing the experts", "job.ep", "ep=3 does not divide the model's experts (4)"),
         ("ep not dividing the replicas", "job.ep", "dp=2 is not divisible by ep=4"),
-        ("ep for inference", "job.ep", "ep=2 for inference: a mixture's forward needs every"),
         ("more ranks than devices", "stages[1].replicas[1].devices", "also holds stages[0]"),
         ("a replica fewer than dp", "stages[1].replicas", "1 replicas for job.dp 2"),
         ("a stage fewer than pp", "stages", "1 stages for job.pp 2"),

@@ -38,9 +38,10 @@ def check_plan_parallelism(plan_path: str, plan: Any) -> None:
     parallelism) and, at ep > 1, a stage's experts shared out among expert-parallel groups of
     ep replicas, each expert split over the replica's tp ranks at tp > 1
     (:mod:`dmsc.runtime.compute.ep_worker`); a plan with sequence parallelism for a mixture of
-    experts, with ep > 1 for inference, or with an ep not dividing the experts would run
-    another job than the one planned and predicted (an ep not dividing the replicas is no
-    JobSpec; GPUs at tp > 1 or ep > 1: :func:`check_plan_devices`)."""
+    experts or with an ep not dividing the experts would run another job than the one planned
+    and predicted (an ep not dividing the replicas is no JobSpec; GPUs at tp > 1 or ep > 1:
+    :func:`check_plan_devices`). Inference at ep > 1 runs each request on every replica of an
+    expert-parallel group (:mod:`dmsc.runtime.control.launch.forwarding`)."""
     from dmsc.runtime.compute.models.support import check_tp_divisible
     from dmsc.spec import TransformerSpec
 
@@ -69,13 +70,6 @@ def check_plan_parallelism(plan_path: str, plan: Any) -> None:
                 "job.ep",
                 f"ep={job.ep} does not divide the model's experts ({model.experts})",
             )
-    if job.ep > 1 and job.mode == "infer":
-        raise SpecError(
-            plan_path,
-            "job.ep",
-            f"ep={job.ep} for inference: a mixture's forward needs every replica of its "
-            "expert-parallel group and a request goes through one; plan with --ep 1",
-        )
 
 
 def check_plan_shape(plan_path: str, plan: Any) -> None:

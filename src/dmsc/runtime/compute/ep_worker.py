@@ -31,11 +31,12 @@ exchanges tokens with the others of its group by all-to-all. Here a worker
   as any other. Loading needs nothing of its own: a worker's parameters keep their global
   names, so it reads just its experts from an ep = 1 file (cut to its tp shard at tp > 1).
 
-What does not run at ep > 1 is refused, not approximated: inference (a mixture's forward needs
-every replica of its group, and a request goes through one replica's pipeline), sequence
-parallelism at tp > 1 (each tp rank would route its own slice of the sequence, and the tp peers
-would no longer send the same tokens) and, for a training task, the sync modes and late
-policies other than ``wait`` (:func:`task_problem`).
+An inference step runs as a training step's forward: the deployment sends a request to every
+replica of the group, with the same tokens (:mod:`dmsc.runtime.control.launch.forwarding`), so
+their mixtures' all-to-alls pair up (it used to be refused here). What does not run at ep > 1
+is refused, not approximated: sequence parallelism at tp > 1 (each tp rank would route its own
+slice of the sequence, and the tp peers would no longer send the same tokens) and, for a
+training task, the sync modes and late policies other than ``wait`` (:func:`task_problem`).
 """
 
 from __future__ import annotations
@@ -65,12 +66,6 @@ from dmsc.runtime.compute.models.hf import stage_module
 from dmsc.runtime.compute.outer_sync import make_optimizer, optimizer_kind, plain_sync
 from dmsc.runtime.transport.messages import LatePolicy, SyncSettings
 from dmsc.spec import TransformerSpec
-
-# why a worker refuses an inference step at ep > 1
-EP_INFERENCE = (
-    "a mixture's forward needs every replica of its expert-parallel group, and a request goes "
-    "through one replica's pipeline; serve an ep = 1 deployment of the checkpoint"
-)
 
 
 def task_problem(

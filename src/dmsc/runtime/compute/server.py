@@ -41,7 +41,7 @@ from dmsc.runtime.compute.checkpoints import (
 from dmsc.runtime.compute.comm_meter import METER, step_comm
 from dmsc.runtime.compute.config import WorkerConfig
 from dmsc.runtime.compute.devices import autocast_dtype, stage_device
-from dmsc.runtime.compute.ep_worker import EP_INFERENCE, ExpertRanks
+from dmsc.runtime.compute.ep_worker import ExpertRanks
 from dmsc.runtime.compute.executor import logits_reply, run_ops, step_ops
 from dmsc.runtime.compute.frames import FrameSpec, carried_tokens, check_frame
 from dmsc.runtime.compute.gradient_sync import GradientSync, LinkShaper
@@ -176,8 +176,6 @@ class StageWorker:
         """One step. With a ``budget_s`` it waits for the worker and for frames only until its
         caller stopped waiting: a request past its deadline frees the worker for the next."""
         self._check_epoch(m.epoch)
-        if self.experts is not None and not (m.train or m.eval):
-            raise BadRequest(f"inference at ep={self.cfg.ep} is not run: {EP_INFERENCE}")
         if m.local_batch is not None and m.microbatches > m.local_batch:
             raise BadRequest(
                 f"RunStep: {m.microbatches} micro-batches of a batch of {m.local_batch} "

@@ -66,13 +66,14 @@ def heal_once(cp: Healed) -> None:
     found = dep.suspects()
     found.update({k: v for k, v in dep.probe(dep.registry.ttl_s).items() if k not in found})
     sids = {key_of(h): h.config.sid for h in dep.handles}
-    for r in sorted({k[1] for k in found} | set(replicas.down)):
-        mine = {k: v for k, v in found.items() if k[1] == r}
+    ep = dep.layout.ep  # at ep > 1 a group of replicas serves as its first (forwarding)
+    for r in sorted({k[1] - k[1] % ep for k in found} | set(replicas.down)):
+        mine = {k: v for k, v in found.items() if k[1] - k[1] % ep == r}
         if not mine and r in cp.unrestored:  # alive, but with weights no checkpoint restored
             continue
         if not mine:  # marked down by a failed request, but every worker is alive
             try:
-                for key in dep.pipeline(r):
+                for key in dep.instance(r):
                     dep.clients[key].send("Health", Health(), timeout_s=3)
             except Exception:
                 continue

@@ -1,5 +1,6 @@
-"""The gate a replica shuts while a model version loads into it (no workers: the counting
-alone; tests/runtime/control/serving/test_version_sync.py loads versions on real workers)."""
+"""The gate a replica shuts while a model version loads into it, and at ep > 1 the replicas
+that are routed to and loaded (no workers: the counting alone;
+tests/runtime/control/serving/test_version_sync.py loads versions on real workers)."""
 
 from __future__ import annotations
 
@@ -15,8 +16,8 @@ from dmsc.runtime.control.launch.decoding import Cancelled, DeadlineExceeded
 from dmsc.runtime.control.serving.inference import Replicas
 
 
-def replicas(count: int) -> Replicas:
-    dep: Any = SimpleNamespace(layout=SimpleNamespace(replicas=count))
+def replicas(count: int, ep: int = 1) -> Replicas:
+    dep: Any = SimpleNamespace(layout=SimpleNamespace(replicas=count, ep=ep))
     return Replicas(dep, db=None, lock=threading.Lock(), log=logging.getLogger("t"), run_id=1)  # type: ignore[arg-type]
 
 
@@ -88,3 +89,37 @@ def test_the_answered_requests_latencies_are_kept_for_the_control_loop() -> None
     (latency,) = rep.answered_since(t0)
     assert 0.05 <= latency < 5
     assert rep.answered_since(time.time() + 1) == []
+
+
+def test_an_expert_parallel_group_is_routed_as_one_replica() -> None:
+    # ep = 2 over four replicas: a request runs on both replicas of a group (their mixtures
+    # exchange tokens), so each group is one instance, named by its first replica
+    rep = replicas(4, ep=2)
+    assert rep.instances == [0, 2] and rep.names() == ["replica-0", "replica-2"]
+    with rep.drained("replica-2", "loading version 2"):
+        assert rep.names() == ["replica-0"]
+    with rep.paused("a move", 1.0) as left:  # every instance's gate
+        assert left == 0 and rep.names() == ["replica-0", "replica-2"]  # none other: wait
+        with pytest.raises(DeadlineExceeded), rep.admitted(["replica-2"], time.monotonic() + 0.2):
+            pass
+
+
+def test_a_gray_release_loads_the_canary_into_the_last_expert_parallel_group_whole(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    # ep = 2 over four replicas: the canary goes to replica-2 (replicas 2 and 3, loaded
+    # together: version_sync.load takes Deployment.instance), not to replica 3 alone
+    from dmsc.runtime.control.serving import version_sync
+
+    rep = replicas(4, ep=2)
+    production, canary = (
+        SimpleNamespace(id=1, status="production"),
+        SimpleNamespace(id=2, status="canary"),
+    )
+    rep.db = SimpleNamespace(model_versions=lambda: [production, canary])  # type: ignore[assignment]
+    loaded: list[tuple[str, int]] = []
+    monkeypatch.setattr(
+        version_sync, "load", lambda _rep, name, v, _all: loaded.append((name, v.id)) or True
+    )
+    rep.sync_versions()
+    assert loaded == [("replica-0", 1), ("replica-2", 2)]

@@ -10,9 +10,10 @@
   snapshot of it (:class:`~.layout.Checkpoint`); :mod:`.staging` writes a checkpoint folder
   whole or not at all.
 - :mod:`.deployment`: the :class:`~.deployment.Deployment` (stage workers, their registry, a
-  step, a forward, a checkpoint); :mod:`.tp_ranks` keeps each replica's tensor-parallel ranks
+  step, a checkpoint), whose forward-only requests (logits, decoding, inference sessions) are
+  :mod:`.forwarding`'s; :mod:`.tp_ranks` keeps each replica's tensor-parallel ranks
   past the first (every call to a replica goes to all its ranks) and the TCPStore where their
-  process groups meet; it decodes a request token by token with :mod:`.decoding`,
+  process groups meet; a request is decoded token by token with :mod:`.decoding`,
   which draws each token with :mod:`.sampling`.
 - :mod:`.failures` finds failed workers; :mod:`.fallback` picks the newest checkpoint that
   verifies; :mod:`.recovery` brings failed workers back (for training and for serving).
@@ -21,11 +22,12 @@
   before it expires.
 
 Decoding and sampling are here, not in :mod:`..serving`, because
-:meth:`~.deployment.Deployment.generate` runs them: every other package of the control layer
+:meth:`~.forwarding.ForwardRequests.generate` runs them: every other package of the control layer
 builds on this one, and this one on none of them.
 
 Imports run one way, down this list (each module imports only modules on later lines):
-``recovery, signals, renewal -> fallback -> deployment -> decoding, staging, spares, tp_ranks
+``recovery, signals, renewal -> fallback -> deployment -> forwarding, staging, spares
+-> decoding, tp_ranks
 -> failures, sampling, layout -> launchers -> forked``, and
 ``ray_private -> ray_launcher -> ray_logs, ray_checks, launchers``.
 """

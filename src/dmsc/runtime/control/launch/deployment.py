@@ -24,8 +24,7 @@ import secrets
 import tempfile
 import threading
 import time
-import uuid
-from collections.abc import Callable, Collection, Sequence
+from collections.abc import Callable, Collection
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import replace
 from itertools import product
@@ -39,11 +38,11 @@ from pydantic import BaseModel
 from dmsc.runtime.business.registry import REGISTRY_SERVICE, Registry, registry_methods
 from dmsc.runtime.compute.frames import FrameSpec, check_frame
 from dmsc.runtime.compute.worker import WorkerConfig
-from dmsc.runtime.control.launch import decoding, failures, staging
+from dmsc.runtime.control.launch import failures, staging
 from dmsc.runtime.control.launch.failures import Key, StepRestartNeeded, key_of
+from dmsc.runtime.control.launch.forwarding import ForwardRequests
 from dmsc.runtime.control.launch.launchers import Launcher, LocalLauncher, WorkerHandle
 from dmsc.runtime.control.launch.layout import Checkpoint, StageLayout
-from dmsc.runtime.control.launch.sampling import reply_logits, shipped_top
 from dmsc.runtime.control.launch.spares import SparePool
 from dmsc.runtime.control.launch.tp_ranks import TensorRanks
 from dmsc.runtime.transport import logs
@@ -52,12 +51,10 @@ from dmsc.runtime.transport.messages import (
     STAGE_SERVICE,
     Abort,
     Commit,
-    EndSession,
     Health,
     LatePolicy,
     Load,
     RunStep,
-    Sampling,
     Schedule,
     SyncSettings,
 )
@@ -67,7 +64,7 @@ from dmsc.runtime.transport.wire import Kind, encode
 PUSH_DEADLINE_S = 30.0  # for a step's input frames to be taken (a client call's default)
 
 
-class Deployment:
+class Deployment(ForwardRequests):
     """A running pipeline of stage workers and the registry they use. Worker logs go under
     ``home``/logs (default: the working directory)."""
 
@@ -113,6 +110,8 @@ class Deployment:
                 dict.fromkeys(layout.datacenters[k] for k in sorted(layout.datacenters))
             ),
         )
+        # forwarding.ForwardRequests.in_turn: one lock per expert-parallel group (ep > 1)
+        self.group_locks = [threading.RLock() for _ in range(0, layout.replicas, layout.ep)]
         self.local_batch = 0  # a replica's batch from its own shard (control.training.local_data)
         self.threads = ThreadPoolExecutor(
             max_workers=max(4, 2 * len(layout.ranges) * layout.replicas * layout.tp)
@@ -286,9 +285,10 @@ class Deployment:
 
         keys = list(self.clients)
         try:  # the data and the calls go out at once (a round trip less a step)
-            calls = self.calls("RunStep", run, keys, self.step_deadline_s)
-            failures.settle(self, fed, PUSH_DEADLINE_S)
-            replies = self.gather(calls, self.step_deadline_s)
+            with self.in_turn():  # at ep > 1, no request's forward among the groups' calls
+                calls = self.calls("RunStep", run, keys, self.step_deadline_s)
+                failures.settle(self, fed, PUSH_DEADLINE_S)
+                replies = self.gather(calls, self.step_deadline_s)
         except StepRestartNeeded:
             # Drop the step everywhere: a new epoch fails what still runs and empties inboxes.
             self.epoch += 1
@@ -328,111 +328,18 @@ class Deployment:
                 step=step, microbatches=microbatches, train=False, eval=True, epoch=epoch
             )
 
-        replies = self.gather(self.calls("RunStep", run, list(self.clients), 300.0), 300.0)
+        with self.in_turn():
+            replies = self.gather(self.calls("RunStep", run, list(self.clients), 300.0), 300.0)
         losses = [float(r["loss"]) for r in replies.values() if r.get("loss") is not None]
         return sum(losses) / len(losses)
-
-    def logits(
-        self,
-        step: int,
-        tokens: torch.Tensor,
-        replica: int = 0,
-        timeout_s: float = 120.0,
-        session: str | None = None,
-        start: int = 0,
-        top: int | None = None,
-    ) -> torch.Tensor:
-        """Next-token logits of every sequence (forward only, through one replica's pipeline);
-        with a ``session``, ``tokens`` are positions ``start ..`` and the stages keep the keys
-        and values; with ``top``, each row's ``top`` largest only (the rest -inf). A failure
-        raises :class:`WorkerFailure` naming the stage that failed, a stage without room for a
-        new session :class:`NoRoom`."""
-        keys = self.pipeline(replica)
-        rows = self.checked(keys[0], Kind.TOKENS, tokens).tolist()
-
-        def run(epoch: int, first: bool = False) -> RunStep:  # tokens go in stage 0's call
-            return RunStep(
-                step=step, microbatches=1, train=False, epoch=epoch, budget_s=timeout_s,
-                session=session, start=start, tokens=rows if first else None, top=top
-            )  # fmt: skip
-
-        calls = self.calls("RunStep", run, keys[1:], timeout_s)
-        head = run(self.epochs[keys[0]], first=True)
-        calls[keys[0]] = self.tp.send(keys[0], self.clients[keys[0]], "RunStep", head, timeout_s)
-        replies = self.gather(calls, timeout_s)
-        return reply_logits(replies[(self.stages - 1, replica)], self.layout.model.vocab)
-
-    def generate(
-        self,
-        prompt: Sequence[int],
-        tokens: int,
-        step_base: int = 1_000_000,
-        sampling: Sampling | None = None,
-        replica: int = 0,
-        cancel: threading.Event | None = None,
-        deadline: float | None = None,
-        turn: Callable[[float | None], contextlib.AbstractContextManager[None]] | None = None,
-        token_timeout_s: float = 120.0,
-        on_token: Callable[[int], None] | None = None,
-        use_cache: bool = True,
-    ) -> list[int]:
-        """Sample ``tokens`` token ids after ``prompt`` (ids; bytes for a byte-level model) as
-        ``sampling`` says (its defaults, seed 0, when None). ``cancel`` stops it between tokens
-        (the slower copy of a redundant request, a client gone); so does ``deadline``
-        (``time.monotonic()``), and no worker call outlives it. ``turn(deadline)`` is entered
-        around each token (a replica's fair lock: requests take turns per token, not per
-        request); each token's worker calls wait at most ``token_timeout_s`` (a frozen worker
-        fails the request within it). ``on_token`` gets each token as it is drawn (streaming).
-
-        With ``use_cache`` the stages keep the request's keys and values (an inference
-        session): the prompt runs once, then each token alone; past the model's sequence
-        length the context slides and every token runs it whole again."""
-        sampling = sampling or Sampling(seed=0)
-        session = uuid.uuid4().hex[:16] if use_cache else None
-        top = shipped_top(sampling, self.layout.model.vocab)  # the logits the draw reads
-
-        def forward(
-            step: int, ctx: torch.Tensor, timeout_s: float, session: str | None, start: int
-        ) -> torch.Tensor:
-            return self.logits(step, ctx, replica, timeout_s, session, start, top)[0]
-
-        try:
-            return decoding.decode(
-                forward,
-                self.layout.model.seq,
-                prompt,
-                tokens,
-                sampling,
-                step_base=step_base,
-                cancel=cancel,
-                deadline=deadline,
-                turn=turn,
-                token_timeout_s=token_timeout_s,
-                on_token=on_token,
-                session=session,
-            )
-        finally:
-            if session is not None:
-                self.end_session(session, replica)
-
-    def end_session(self, session: str, replica: int = 0) -> None:
-        """Free ``session``'s keys and values at every stage of ``replica``: sent, not waited
-        for (a stage that is gone or frozen must not hold up the request's end; its sessions
-        go with it, or at their idle timeout). The calls are kept until they end: gRPC cancels
-        a call whose future is garbage-collected."""
-        calls = self.calls(
-            "EndSession", lambda _: EndSession(session=session), self.pipeline(replica), 5.0
-        )
-        for fut in calls.values():
-            self._ending.add(fut)
-            fut.add_done_callback(self._ending.discard)
 
     # -- checkpoints and epochs --------------------------------------------------------------
     def checkpoint(self, step: int, folder: Path | None = None, every: bool = False) -> Checkpoint:
         """Save every stage between two steps: replica 0 (replicas hold the same weights), or
         ``every`` replica (mid-round their weights and inner optimizers differ: sync modes)."""
         folder = folder or self.home / "checkpoints" / f"step{step}"  # Save writes below home
-        return staging.save_checkpoint(self, step, folder, every)  # whole, or nothing left
+        with self.in_turn():  # at ep > 1 a Save gathers the experts over each group
+            return staging.save_checkpoint(self, step, folder, every)  # whole, or nothing left
 
     def restore(self, ckpt: Checkpoint, keys: Collection[Key] | None = None) -> None:
         """Load ``ckpt`` into the workers (all by default); each file's hash is checked. A file

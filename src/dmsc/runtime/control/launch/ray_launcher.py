@@ -18,8 +18,9 @@ pipeline's bundles or none (no half-started pipeline holds devices another needs
 stages the plan puts in one datacenter onto as few of its nodes as it can, and, when a node is
 lost, places that node's bundles again on other nodes with room. A replacement goes into its
 stage's bundle, after the failed instance's actor there is killed. Warm spares are placed
-outside the groups, spread over the plan's datacenters (see
-:mod:`dmsc.runtime.control.launch.spares`). :meth:`RayLauncher.close` gives the groups back.
+outside the groups, spread over the plan's datacenters, and a tp group is taken over by spares
+of one node only (see :mod:`dmsc.runtime.control.launch.spares`: each reports its node).
+:meth:`RayLauncher.close` gives the groups back.
 
 A worker's exit is seen without polling: each host keeps one call open that returns when its
 process ends (or fails when its node is lost), and :meth:`RayLauncher.alive` only asks Ray

@@ -140,5 +140,6 @@ def heal(
     replica: int,
     candidates: Sequence[Checkpoint] | None,
 ) -> Recovery:
-    """Repair one replica's pipeline (inference): :func:`recover` over that pipeline only."""
-    return recover(dep, failure, candidates, dep.pipeline(replica))
+    """Repair one replica's pipeline (inference): :func:`recover` over that pipeline only (at
+    ep > 1 over its expert-parallel group's, which serve its requests together)."""
+    return recover(dep, failure, candidates, dep.instance(replica))

@@ -24,7 +24,11 @@ answered is stopped first: it would wait in the rendezvous the new processes joi
 Where the launcher places workers by datacenter (Ray: ``places_by_datacenter``), the spares are
 spread over the plan's datacenters (each new one goes to the datacenter with the fewest) and a
 stage is only taken over by a spare of its own datacenter: a spare elsewhere would move the stage
-off the node the plan gave it.
+off the node the plan gave it. The spares taking a tensor-parallel group over are on one node
+too (:func:`on_one_node`, by the node a Ray worker reports): a group's all-reduces run at every
+layer, as the cost model prices them, over the links inside a node, and the launcher's own
+replacements keep a group in its bundle, on one node; with no node holding enough spares, the
+ranks start as new processes.
 """
 
 from __future__ import annotations
@@ -47,6 +51,19 @@ from dmsc.runtime.transport.rpc import Client
 # Assume builds the stage (at tp > 1 once every rank of its group joined): a spare that has not
 # answered by then is taken as dead
 ASSUME_TIMEOUT_S = 30.0
+
+
+def on_one_node(
+    spares: Sequence[WorkerHandle], count: int, datacenter: str | None
+) -> list[WorkerHandle] | None:
+    """``count`` of ``spares`` (of ``datacenter``, unless None) on one node, the first node in
+    the pool's order that holds enough; None when none does. A worker's node is its process's
+    ``node`` (a Ray worker's); processes without one (the local launcher's) share this machine."""
+    by_node: dict[str | None, list[WorkerHandle]] = {}
+    for h in spares:
+        if datacenter is None or h.config.datacenter == datacenter:
+            by_node.setdefault(getattr(h.process, "node", None), []).append(h)
+    return next((hs[:count] for hs in by_node.values() if len(hs) >= count), None)
 
 
 class SparePool:
@@ -160,21 +177,21 @@ class SparePool:
         retire: Callable[[str, int], None] | None = None,
     ) -> list[WorkerHandle] | None:
         """Spares that took over every one of ``cfgs`` (a replica's tensor-parallel ranks, in
-        rank order) together, or None when they could not: too few spares (none is taken), or
-        one that did not answer (every spare of the group is stopped)."""
+        rank order) together, on one node, or None when they could not: too few spares on any
+        node (none is taken), or one that did not answer (every spare of the group is
+        stopped)."""
         if len(cfgs) == 1:
             one = self.take(cfgs[0], retire)
             return None if one is None else [one]
-        picked: list[WorkerHandle] = []
-        for cfg in cfgs:
-            spare = self._reserve(cfg)
-            if spare is None:
-                for h in picked:  # back to the pool, unused
-                    with self._lock:
-                        self._held[h.config.datacenter] += 1
-                    self.add(h)
+        where = cfgs[0].datacenter if self.by_datacenter else None  # a replica's ranks' one
+        with self._lock:
+            picked = on_one_node(self.handles, len(cfgs), where)
+            if picked is None:
                 return None
-            picked.append(spare)
+            for h in picked:
+                self.handles.remove(h)
+        for h in picked:
+            self._gone(h.config)
         answered = list(threads.map(self._assume, picked, cfgs))
         if not all(answered):
             # the others wait in a rendezvous the new processes of their ranks will join

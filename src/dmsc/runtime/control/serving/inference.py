@@ -1,6 +1,8 @@
 """Inference over a deployment's data-parallel replicas: routing, failover and model versions.
 
-Each replica is a whole pipeline and answers requests on its own. Its workers serve one step at
+Each replica is a whole pipeline and answers requests on its own; at ep > 1 each
+expert-parallel group of replicas is one (``replica-R``, R its first replica: a request runs on
+every replica of the group, and loads and heals take the group whole). Its workers serve one step at
 a time, and a request takes the replica per token (a :class:`~.turns.FairLock`): the requests on
 a replica interleave token by token, tenants in round robin, so a tenant's long requests cannot
 hold a replica against another tenant's short one. A request stops at its deadline and frees the
@@ -64,6 +66,13 @@ STEP_BASE = 10_000_000  # inference steps live far above training ones; 10_000 p
 DRAIN_TIMEOUT_S = 60.0
 
 
+def _instances(dep: Deployment) -> list[int]:
+    """The replicas that serve as instances: every one, or at ep > 1 the first of each
+    expert-parallel group, which stands for the group (a request runs on all of its replicas:
+    :mod:`dmsc.runtime.control.launch.forwarding`)."""
+    return list(range(0, dep.layout.replicas, dep.layout.ep))
+
+
 class NoReplica(RuntimeError):
     """No replica could serve a request; the message says what each one answered."""
 
@@ -86,6 +95,7 @@ class Replicas:
         self.extra = {"run": run_id}  # the context of every log line
         self.lock = lock  # the control plane's: loading weights must not overlap training
         self.count = dep.layout.replicas
+        self.instances = _instances(dep)
         self.locks = [FairLock() for _ in range(self.count)]
         self.token_timeout_s = token_timeout_s
         self.held: dict[int, Held] = {}  # replica -> what it holds (held.py), when known
@@ -165,10 +175,10 @@ class Replicas:
     def rebind(self, dep: Deployment) -> None:
         """Serve from ``dep`` (the deployment, resized): its replicas, none loaded yet (the
         weights moved with them: training goes on from them)."""
-        self.dep, self.count = dep, dep.layout.replicas
+        self.dep, self.count, self.instances = dep, dep.layout.replicas, _instances(dep)
         self.locks = [FairLock() for _ in range(self.count)]
         self.held, self.signature, self.down = {}, [], set()
-        for r in range(self.count):
+        for r in self.instances:
             moved = Held({s: "" for s in range(dep.stages)}, None, "weights moved to a new layout")
             self.held[r] = moved
             weights.record(self.db, self.extra["run"], f"replica-{r}", moved)
@@ -177,7 +187,7 @@ class Replicas:
         """The replicas in routing (a failed one leaves until it is healed), serving ones last;
         one that a version is being loaded into only when no other is (its requests wait for
         the load)."""
-        own = [f"replica-{r}" for r in range(self.count) if r not in self.down]
+        own = [f"replica-{r}" for r in self.instances if r not in self.down]
         routed = own + (self.pool.names() if self.pool is not None else [])
         with self._counting:
             ready = [name for name in routed if name not in self._loading]
@@ -277,7 +287,7 @@ class Replicas:
         restart), all at once: new requests wait at the gates (or go to the elastic serving
         replicas), and this waits, at most ``timeout_s``, for those in flight to end. Yields how
         many are still in flight (0: drained); the gates open again on leaving."""
-        names = [f"replica-{r}" for r in range(self.count)]
+        names = [f"replica-{r}" for r in self.instances]
         with self._counting:
             busy = self._loading.intersection(names)
             if busy:
@@ -397,7 +407,7 @@ class Replicas:
                 lock.acquire(TRAINING)
                 taken.append(lock)
             if not self._training:  # the weights change from this step on: no version's
-                for r in range(self.count):
+                for r in self.instances:
                     stages = {s: "" for s in range(self.dep.stages)}
                     self.hold(f"replica-{r}", Held(stages, None, weights.TRAINING))
                 self._training = self.trained = True

@@ -59,6 +59,7 @@ class Replicas(Protocol):
     signature: list[tuple[int, str]]
     production: int | None
     count: int
+    instances: list[int]  # the replicas routed to (at ep > 1 each group's first)
     down: set[int]
     heads: bool
 
@@ -85,10 +86,10 @@ def sync(rep: Replicas) -> None:
     production = next((v for v in all_versions if v.status == "production"), None)
     canary = next((v for v in all_versions if v.status == "canary"), None)
     before, rep.production = rep.production, production.id if production is not None else None
-    R = rep.count
+    last = rep.instances[-1] if len(rep.instances) > 1 else None  # the canary's
     wanted: list[tuple[str, ModelVersionRecord | None]] = [
-        (f"replica-{r}", canary if (canary is not None and R > 1 and r == R - 1) else production)
-        for r in range(R)
+        (f"replica-{r}", canary if (canary is not None and r == last) else production)
+        for r in rep.instances
         if r not in rep.down
     ]
     wanted += [(name, production) for name in (rep.pool.names() if rep.pool is not None else [])]
@@ -125,7 +126,7 @@ def load(
     they outlasted the drain timeout and ``put_off`` (nothing loaded then; else it loads all
     the same). CheckpointRefused: a stage refused it."""
     dep, r, lock = rep.route(name)
-    keys = dep.pipeline(r)
+    keys = dep.instance(r)  # at ep > 1 every replica of its group
     files = version_files(v, keys)
     with rep.lock, rep.drained(name, f"loading version {v.id}") as left:
         if left and put_off:
@@ -169,7 +170,7 @@ def _back(
     ]
     with rep.lock, rep.drained(name, "going back to a checkpoint"):
         with lock:
-            restored = fallback.restore_newest(dep, candidates, dep.pipeline(r))
+            restored = fallback.restore_newest(dep, candidates, dep.instance(r))
         if restored.checkpoint is None:
             rep.failed(name, "no version or checkpoint it held before loads")
             return "nothing: out of routing"
