@@ -367,3 +367,23 @@ def count_params(model: TransformerSpec | LayerListSpec) -> float:
     """Total parameters of the model."""
     job = JobSpec(global_batch=1)
     return sum(layer.params for layer in build_layer_costs(model, job))
+
+
+_MATRICES: dict[int, tuple[LayerCost, float]] = {}
+
+
+def matrix_elements(lc: LayerCost) -> float:
+    """Elements of a block's weight matrices (0 for other layers), by the layer's identity (the
+    layers of a strategy search are shared: build_layer_costs)."""
+    hit = _MATRICES.get(id(lc))
+    if hit is not None and hit[0] is lc:
+        return hit[1]
+    n = (
+        float(sum(g.k * g.n * g.batch for g in lc.gemms if g.kind == "linear"))
+        if lc.kind in ("block", "moe_block")
+        else 0.0
+    )
+    if len(_MATRICES) >= 4096:
+        _MATRICES.clear()
+    _MATRICES[id(lc)] = (lc, n)
+    return n

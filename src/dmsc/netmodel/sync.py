@@ -26,6 +26,9 @@ The choices, for :func:`dmsc.netmodel.iteration.estimate_iteration` and the simu
   DiLoCo, Douillard et al. 2025: the outer update lands late), so the exposed time per
   iteration is ``max(0, t - w - (H - 1) x step) / H``, with ``step`` an iteration without its
   data-parallel part; without overlap ``t / H``. For ``H = 1`` both are every-step's, exactly.
+- **Buckets**: every-step's all-reduce runs in buckets behind the backward, as the runtime runs
+  it (:mod:`dmsc.netmodel.dp_buckets`); :func:`bucketed_exposed_s` is what it leaves exposed,
+  and what it hides is the window a round's exchange is also hidden under.
 - **Not modelled**: the codecs' compute (quantisation, top-k selection, PowerSGD's products),
   the outer optimizer's state (anchor weights and momentum, kept in host memory as OpenDiLoCo
   does), and convergence (local steps may need more iterations to the same loss).
@@ -36,6 +39,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 from dmsc.netmodel.comm import CommCost, CommModel, Group
+from dmsc.netmodel.dp_buckets import stage_exposed_s
 from dmsc.netmodel.layers import LayerCost
 from dmsc.spec.sync import Compression, SyncSpec
 
@@ -128,3 +132,30 @@ def exposed_s(
     if overlap:
         round_s = max(0.0, round_s - (window_s + (h - 1) * step_s))
     return round_s / h
+
+
+def bucketed_exposed_s(
+    comm: CommModel,
+    groups: Sequence[Group],
+    codec: Compression,
+    algorithm: str,
+    stages: Sequence[Sequence[LayerCost]],
+    backwards: Sequence[Sequence[float]],
+    payloads: Sequence[tuple[float, float]],
+    grad_bytes: float,
+) -> float:
+    """The exposed seconds of the dense gradients' all-reduce: the slowest stage's, each from
+    the end of its own backward (:func:`dmsc.netmodel.dp_buckets.stage_exposed_s`), every
+    stage's ``groups`` reducing at once, a bucket's bytes compressed as the stage's payload
+    (``payloads``, dense and expert bytes per device, :func:`stage_payload`) is to its raw
+    gradients (``grad_bytes`` an element)."""
+    worst = 0.0
+    for members, backward, (dense, _) in zip(stages, backwards, payloads, strict=True):
+        raw = sum(lc.params_per_device - lc.expert_params_per_device for lc in members)
+        ratio = dense / (raw * grad_bytes) if raw > 0 else 1.0
+
+        def allreduce_s(nbytes: float, ratio: float = ratio) -> float:
+            return exchange(comm, groups, nbytes * ratio, codec, algorithm).time_s
+
+        worst = max(worst, stage_exposed_s(members, backward, grad_bytes, allreduce_s))
+    return worst
