@@ -374,17 +374,18 @@ def estimate_iteration(
         flops += sc.flops * m * len(devices)
         model_flops += sc.model_flops * m * len(devices)
         peak = max(peak, sc.peak)
-        # Tensor-parallel all-reduces of one micro-batch on this stage (few distinct sizes).
+        # Tensor-parallel collectives of one micro-batch on this stage (:mod:`.tp_calls`).
         tp_s = 0.0
         if job.tp > 1:
-            costs: dict[float, tuple[CommCost, int]] = {}  # by size: its cost, its calls
+            costs: dict[tuple[str, float], tuple[CommCost, int]] = {}  # its cost, its calls
             bwd_s: dict[str, float] = {}
             for call in tp_allreduce_calls(members, train, job.recompute):
-                c, n = costs.get(call.nbytes) or (
-                    comm.collective("all_reduce", layout.tp_groups(s), call.nbytes, job.allreduce),
+                key = (call.kind, call.nbytes)  # few distinct ones
+                c, n = costs.get(key) or (
+                    comm.collective(call.kind, layout.tp_groups(s), call.nbytes, job.allreduce),
                     0,
                 )
-                costs[call.nbytes] = (c, n + call.count)
+                costs[key] = (c, n + call.count)
                 if call.phase == "backward":
                     bwd_s[call.layer] = bwd_s.get(call.layer, 0.0) + c.time_s * call.count
                 else:

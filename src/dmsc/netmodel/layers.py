@@ -73,6 +73,9 @@ class LayerCost:
     # experts (an all-to-all of one int64 per expert) and then sends them, as the runtime
     # (compute/expert_parallel.py) and Megatron-Core's all-to-all token dispatcher do.
     ep_counts_bytes: float = 0.0
+    # An inference forward at tp > 1 gathers the head's logits over the vocabulary (the whole
+    # buffer's bytes), as the runtime's vocabulary-parallel head does (compute/vocab_parallel.py).
+    tp_logits_gather_bytes: float = 0.0
 
     @property
     def forward_flops(self) -> float:
@@ -290,6 +293,7 @@ def _transformer_layers(model: TransformerSpec, job: JobSpec) -> list[LayerCost]
             # logits' 16 bits under autocast.
             tp_loss_allreduces=3 if t > 1 else 0,
             tp_loss_allreduce_bytes=(B if autocast else 4) * T if t > 1 else 0.0,
+            tp_logits_gather_bytes=B * T * V if t > 1 else 0.0,
         )
     )
     return layers
