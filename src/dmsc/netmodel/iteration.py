@@ -463,13 +463,16 @@ def estimate_iteration(
             c = exchange(comm, egroups, grad_expert, codec, job.allreduce)
             dp_s, expert_s = dp_s + c.time_s, c.time_s
             account("dp", c, per_round)
-        if job.zero >= 3:  # the gathers run under every forward and backward
-            window = crit.compute_s * 2 / 3 + m * crit.compute_s
-        else:  # what the buckets hide under the last backward; the experts' go after it
-            args = (comm, groups, codec, job.allreduce, stage_layers, backwards, payloads, B)
-            window = dp_s - expert_s - (bucketed_exposed_s(*args) if job.dp > 1 else 0.0)
+        window = crit.compute_s * 2 / 3  # the backward of the last micro-batch
+        if job.zero >= 3:
+            window += m * crit.compute_s
         inner_step_s = sum(breakdown.values())  # an iteration without its data-parallel part
         breakdown["dp_comm"] = exposed_s(dp_s, sync, job.overlap_dp_comm, window, inner_step_s)
+        if job.dp > 1 and sync.inner_steps == 1 and job.overlap_dp_comm and job.zero < 3:
+            # every step's all-reduce in buckets behind the backward, one at a time, as the
+            # runtime runs it (dmsc.netmodel.dp_buckets); the experts' after it
+            args = (comm, groups, codec, job.allreduce, stage_layers, backwards, payloads, B)
+            breakdown["dp_comm"] = expert_s + bucketed_exposed_s(*args)
 
     total = sum(breakdown.values())
     by_link: dict[int, dict[str, float]] = {}
