@@ -14,7 +14,12 @@ machine first (a node of 4 devices: the worker processes on its cores, its link 
 loopback, its collective a 2-process gloo all-reduce), the plan of each run's layout on that spec
 gives the predicted ``tp_comm``, ``dp_comm``, ``pp_comm`` (with its bubble), and the step traces
 give the measured wait per mode (the slowest worker's, median over the steps after the first
-quarter; :func:`dmsc.data.comm_modes.compare_modes`). Besides the data-parallel runs, a tp = 2 run
+quarter; :func:`dmsc.data.comm_modes.compare_modes`). The data-parallel figure on both sides is
+the exposed time, what the step waits after its backward: predicted from the runtime's buckets
+and their one-at-a-time all-reduces behind the backward (:mod:`dmsc.netmodel.dp_buckets`),
+measured beside the slowest worker's wait as the wait of the replica that waited least, the one
+whose backward ended last (``measured_least_s``: the exposure without the wait for the others).
+Besides the data-parallel runs, a tp = 2 run
 and a pp = 2 run (two micro-batches) measure the other modes, and moe-mini (a Mixtral-style
 mixture) runs at dp = 2 with its experts shared out over ep = 2, and at tp = 2 x ep = 2 (four
 workers). Beside each mode's seconds stand its calls and bytes per worker in a step: measured
@@ -171,6 +176,20 @@ def per_worker(comm: list[dict[Any, dict[str, dict[str, float]]]]) -> dict[str, 
     return out
 
 
+def least_waited(comm: list[dict[Any, dict[str, dict[str, float]]]]) -> dict[str, float]:
+    """Each mode's seconds of the worker that waited least in a step, median over the steps.
+    For ``dp`` that is the replica whose backward ended last: the others were ready, so what it
+    waited is the all-reduce's exposed time alone, where the slowest worker's (``measured_s``)
+    also holds its wait for the other replicas' backwards."""
+    out: dict[str, float] = {}
+    for mode in ("tp", "dp", "ep", "pp"):
+        steps = [[f[mode]["s"] for f in step.values() if mode in f] for step in comm if step]
+        steps = [s for s in steps if s]
+        if steps:
+            out[mode] = statistics.median(min(s) for s in steps)
+    return out
+
+
 def dmsc_run(
     layout: StageLayout, star: bool, steps: int, micro: int, pred: dict[str, Any]
 ) -> dict[str, Any]:
@@ -189,12 +208,14 @@ def dmsc_run(
                 ]
                 comm.append(out["comm"])
     measured = per_worker(comm)
+    least = least_waited(comm)
     modes = []
     for row in compare_modes(pred["breakdown"], traces):
         got = measured.get(row.mode, {})
         modes.append(
             row.as_json()
             | {
+                "measured_least_s": least.get(row.mode),
                 "predicted_calls_per_worker": pred["calls"].get(row.mode),
                 "measured_calls_per_worker": got.get("calls"),
                 "predicted_bytes_per_worker": pred["bytes"].get(row.mode),
@@ -333,7 +354,9 @@ def main() -> None:
     print(f"{'run':<12} {'step ms':>9} {'busiest link MB':>16}  comm ms predicted/measured")
     for name, r in rows.items():
         modes = "  ".join(
-            f"{m['mode']} {_ms(m['predicted_s'])}/{_ms(m['measured_s'])}" for m in r["modes"]
+            f"{m['mode']} {_ms(m['predicted_s'])}/{_ms(m['measured_s'])}"
+            + (f" (least {_ms(m['measured_least_s'])})" if m["mode"] == "dp" else "")
+            for m in r["modes"]
         )
         print(
             f"{name:<12} {r['step_s'] * 1e3:>9.1f} {r['busiest_link_bytes'] / 1e6:>16.2f}  {modes}"

@@ -123,7 +123,10 @@ def test_inference_has_no_backward(selene: ClusterSpec) -> None:
     model = resolve_model("llama3-8b")
     train = estimate_iteration(selene, model, JobSpec(global_batch=8, tp=8))
     infer = estimate_iteration(selene, model, JobSpec(global_batch=8, tp=8, mode="infer"))
-    assert infer.iteration_time_s < train.iteration_time_s / 2.5
+    # the forward's compute alone: an inference forward also gathers the logits of every
+    # position over the vocabulary (8192 x 128256 at 2 bytes a micro-batch, as the runtime's
+    # vocabulary-parallel head does), which a training step never sends
+    assert infer.breakdown_s["compute"] < train.breakdown_s["compute"] / 2.5
     assert infer.breakdown_s["dp_comm"] == 0 and infer.breakdown_s["optimizer"] == 0
 
 

@@ -7,6 +7,7 @@ from __future__ import annotations
 import pytest
 
 from dmsc.netmodel import build_layer_costs, estimate_iteration
+from dmsc.netmodel.layers import padded_vocab
 from dmsc.netmodel.tp_calls import TpCall, tp_allreduce_calls
 from dmsc.spec import ClusterSpec, JobSpec, TransformerSpec, resolve_model
 
@@ -40,12 +41,15 @@ def test_a_forward_and_full_recomputation() -> None:
     job = JobSpec(global_batch=2, micro_batch=2, tp=2)
     layers = build_layer_costs(MOE, job)
     forward = tp_allreduce_calls(layers, train=False, recompute="none")
-    # no loss and no backward: the embedding's sum and the blocks' two
-    assert [(c.layer, c.count) for c in forward] == [
-        ("embedding", 1),
-        ("block_0", 2),
-        ("block_1", 2),
+    # no loss and no backward: the embedding's sum, the blocks' two, and the head's logits
+    # gathered over the vocabulary (fp16, 32 tokens x 256 words: the whole buffer's bytes)
+    assert [(c.layer, c.count, c.kind) for c in forward] == [
+        ("embedding", 1, "all_reduce"),
+        ("block_0", 2, "all_reduce"),
+        ("block_1", 2, "all_reduce"),
+        ("head", 1, "all_gather"),
     ]
+    assert forward[-1].nbytes == 2 * 32 * 256
     full = tp_allreduce_calls(layers, train=True, recompute="full")
     again = [c for c in full if c.phase == "recompute"]
     assert [(c.layer, c.count) for c in again] == [("block_0", 2), ("block_1", 2)]
@@ -81,3 +85,18 @@ def test_a_mixture_at_ep_2_sends_its_token_counts_before_its_tokens(selene: Clus
     per_rank = 4 * (B * T * h * model.top_k) / 2 + 8 * model.experts / 2
     est = estimate_iteration(selene, model, job)
     assert est.traffic_bytes["ep"] == pytest.approx(4 * 2 * 2 * per_rank, rel=1e-12)
+
+
+def test_an_inference_forward_gathers_the_logits(selene: ClusterSpec) -> None:
+    """tp = 8, one sequence, inference: the embedding's and the blocks' sums (2 (n - 1) / n of
+    each buffer), then the head's all-gather of the logits over the (padded) vocabulary, of which
+    a rank sends (n - 1) / n; before, an inference forward priced no gather at all."""
+    model = resolve_model("gpt3-2.7b")
+    assert isinstance(model, TransformerSpec)
+    model = model.model_copy(update={"layers": 2})
+    job = JobSpec(global_batch=1, micro_batch=1, tp=8, allreduce="ring", mode="infer")
+    B, T, h, n = 2, model.seq, model.hidden, 8
+    V = padded_vocab(model.vocab, n)
+    per_rank = 2 * (n - 1) / n * B * T * h * (1 + 2 * model.layers) + (n - 1) / n * B * T * V
+    est = estimate_iteration(selene, model, job)
+    assert est.traffic_bytes["tp"] == pytest.approx(n * per_rank, rel=1e-12)

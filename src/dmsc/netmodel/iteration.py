@@ -5,8 +5,9 @@ chunks, its tensor- and expert-parallel collectives, and the blocking send/recei
 and gradients at each chunk boundary). With ``m`` micro-batches and ``v`` chunks per device, the
 pipeline runs ``m x max(t_i) + (pp - 1) / v x mean(t_i)`` (Narayanan et al. SC'21, sec. 2.2: the
 bubble is ``(p - 1) / v`` micro-batch times for 1F1B and interleaved, as for GPipe). Then the
-data-parallel gradient reduction (minus what overlaps the last backward pass; once per round of
-the job's sync mode and compressed as it says: :mod:`dmsc.netmodel.sync`) and the optimizer.
+data-parallel gradient reduction (minus what its buckets hide under the last backward pass,
+:mod:`dmsc.netmodel.dp_buckets`; once per round of the job's sync mode and compressed as it
+says: :mod:`dmsc.netmodel.sync`) and the optimizer.
 """
 
 from __future__ import annotations
@@ -16,10 +17,16 @@ from dataclasses import dataclass, field
 from dmsc.netmodel.comm import ZERO_COST, CommCost, CommModel
 from dmsc.netmodel.compute import DtypeUnsupported, LayerTime, layer_time, peak_flops
 from dmsc.netmodel.constants import DEFAULT_CALIBRATION, DTYPE_BYTES, Calibration
-from dmsc.netmodel.layers import LayerCost, build_layer_costs
+from dmsc.netmodel.layers import LayerCost, build_layer_costs, matrix_elements
 from dmsc.netmodel.memory import MemoryBreakdown, precision_bytes, stage_memory
 from dmsc.netmodel.parallel import Layout, split_layers
-from dmsc.netmodel.sync import exchange, exposed_s, stage_payload, vocab_matrix
+from dmsc.netmodel.sync import (
+    bucketed_exposed_s,
+    exchange,
+    exposed_s,
+    stage_payload,
+    vocab_matrix,
+)
 from dmsc.netmodel.topology import Topology
 from dmsc.netmodel.tp_calls import tp_allreduce_calls
 from dmsc.spec.cluster import ClusterSpec
@@ -174,26 +181,6 @@ def _types(cluster: ClusterSpec, topo: Topology, devices: list[int]) -> set[str]
     return {topo.devices[d].type_name for d in devices}
 
 
-_matrices: dict[int, tuple[LayerCost, float]] = {}
-
-
-def _matrix_elements(lc: LayerCost) -> float:
-    """Elements of a block's weight matrices (0 for other layers), by the layer's identity (the
-    layers of a strategy search are shared: build_layer_costs)."""
-    hit = _matrices.get(id(lc))
-    if hit is not None and hit[0] is lc:
-        return hit[1]
-    n = (
-        float(sum(g.k * g.n * g.batch for g in lc.gemms if g.kind == "linear"))
-        if lc.kind in ("block", "moe_block")
-        else 0.0
-    )
-    if len(_matrices) >= 4096:
-        _matrices.clear()
-    _matrices[id(lc)] = (lc, n)
-    return n
-
-
 def _check_memory(
     cluster: ClusterSpec,
     topo: Topology,
@@ -212,7 +199,7 @@ def _check_memory(
         dense = sum(lc.params_per_device - lc.expert_params_per_device for lc in members)
         expert = sum(lc.expert_params_per_device for lc in members)
         # Weight matrices of the blocks, of which autocast and fp8 keep cast copies.
-        matrices = sum(_matrix_elements(lc) for lc in members)
+        matrices = sum(matrix_elements(lc) for lc in members)
         if train:
             acts = sum(lc.activation_bytes for lc in members)
         else:  # forward only: one layer's working set at a time
@@ -258,6 +245,7 @@ class _StageCompute:
 
     seconds: float
     windows: dict[str, float]
+    backward: list[float]  # each layer's backward (and recomputation), its slowest type's
     flops: float
     model_flops: float
     peak: float
@@ -276,16 +264,18 @@ def _stage_compute(
     types = _types(cluster, topo, devices)
     compute_s = flops = model_flops = peak = 0.0
     windows: dict[str, float] = {}
+    backward = [0.0] * len(members)
     for tname in types:
         dtype_spec = cluster.device_types[tname]
         t_total = 0.0
-        for lc in members:
+        for i, lc in enumerate(members):
             policy = job.recompute if lc.kind in ("block", "moe_block", "layer") else "none"
             try:
                 lt: LayerTime = layer_time(lc, dtype_spec, dtype, policy, calib)
             except DtypeUnsupported as exc:
                 raise DoesNotFit([f"device type {tname!r}: {exc}"]) from None
             t_total += lt.forward + (lt.backward + lt.recompute if train else 0.0)
+            backward[i] = max(backward[i], lt.backward + lt.recompute)
             windows[lc.name] = min(windows.get(lc.name, lt.wgrad_window), lt.wgrad_window)
             if tname == min(types):
                 f_fwd = lc.forward_flops
@@ -295,7 +285,7 @@ def _stage_compute(
                 model_flops += 3 * f_fwd if train else f_fwd
         compute_s = max(compute_s, t_total)
         peak = max(peak, peak_flops(dtype_spec, dtype))
-    return _StageCompute(compute_s, windows, flops, model_flops, peak)
+    return _StageCompute(compute_s, windows, backward, flops, model_flops, peak)
 
 
 def compute_bound(
@@ -372,6 +362,7 @@ def estimate_iteration(
         account("pp", pp_cost, m * (2 if train else 1) * boundaries / physical)
 
     stages: list[StageEstimate] = []
+    backwards: list[list[float]] = []  # each stage's layers' backward seconds
     flops = 0.0
     model_flops = 0.0
     peak = 0.0
@@ -379,20 +370,22 @@ def estimate_iteration(
         devices = layout.stage_devices(s)
         sc = _stage_compute(cluster, topo, job, model.dtype, members, devices, calib)
         compute_s, windows = sc.seconds, sc.windows
+        backwards.append(sc.backward)
         flops += sc.flops * m * len(devices)
         model_flops += sc.model_flops * m * len(devices)
         peak = max(peak, sc.peak)
-        # Tensor-parallel all-reduces of one micro-batch on this stage (few distinct sizes).
+        # Tensor-parallel collectives of one micro-batch on this stage (:mod:`.tp_calls`).
         tp_s = 0.0
         if job.tp > 1:
-            costs: dict[float, tuple[CommCost, int]] = {}  # by size: its cost, its calls
+            costs: dict[tuple[str, float], tuple[CommCost, int]] = {}  # its cost, its calls
             bwd_s: dict[str, float] = {}
             for call in tp_allreduce_calls(members, train, job.recompute):
-                c, n = costs.get(call.nbytes) or (
-                    comm.collective("all_reduce", layout.tp_groups(s), call.nbytes, job.allreduce),
+                key = (call.kind, call.nbytes)  # few distinct ones
+                c, n = costs.get(key) or (
+                    comm.collective(call.kind, layout.tp_groups(s), call.nbytes, job.allreduce),
                     0,
                 )
-                costs[call.nbytes] = (c, n + call.count)
+                costs[key] = (c, n + call.count)
                 if call.phase == "backward":
                     bwd_s[call.layer] = bwd_s.get(call.layer, 0.0) + c.time_s * call.count
                 else:
@@ -453,10 +446,10 @@ def estimate_iteration(
         vocab = vocab_matrix(layers)
         payloads = [stage_payload(ms, B, codec, vocab) for ms in stage_layers]
         per_round = 1 / sync.inner_steps
-        dp_s = 0.0
+        dp_s = expert_s = 0.0
         grad_dense = max(dense for dense, _ in payloads)
+        groups = [g for s in range(p) for g in layout.dp_groups(s)]
         if job.dp > 1:
-            groups = [g for s in range(p) for g in layout.dp_groups(s)]
             c = exchange(comm, groups, grad_dense, codec, job.allreduce)
             dp_s = c.time_s
             account("dp", c, per_round)
@@ -466,15 +459,20 @@ def estimate_iteration(
                 account("dp", ag, 2 * m)
         grad_expert = max(expert for _, expert in payloads)
         if grad_expert and job.dp // job.ep > 1:
-            groups = [g for s in range(p) for g in layout.expert_dp_groups(s)]
-            c = exchange(comm, groups, grad_expert, codec, job.allreduce)
-            dp_s += c.time_s
+            egroups = [g for s in range(p) for g in layout.expert_dp_groups(s)]
+            c = exchange(comm, egroups, grad_expert, codec, job.allreduce)
+            dp_s, expert_s = dp_s + c.time_s, c.time_s
             account("dp", c, per_round)
         window = crit.compute_s * 2 / 3  # the backward of the last micro-batch
         if job.zero >= 3:
             window += m * crit.compute_s
         inner_step_s = sum(breakdown.values())  # an iteration without its data-parallel part
         breakdown["dp_comm"] = exposed_s(dp_s, sync, job.overlap_dp_comm, window, inner_step_s)
+        if job.dp > 1 and sync.inner_steps == 1 and job.overlap_dp_comm and job.zero < 3:
+            # every step's all-reduce in buckets behind the backward, one at a time, as the
+            # runtime runs it (dmsc.netmodel.dp_buckets); the experts' after it
+            args = (comm, groups, codec, job.allreduce, stage_layers, backwards, payloads, B)
+            breakdown["dp_comm"] = expert_s + bucketed_exposed_s(*args)
 
     total = sum(breakdown.values())
     by_link: dict[int, dict[str, float]] = {}

@@ -73,6 +73,9 @@ class LayerCost:
     # experts (an all-to-all of one int64 per expert) and then sends them, as the runtime
     # (compute/expert_parallel.py) and Megatron-Core's all-to-all token dispatcher do.
     ep_counts_bytes: float = 0.0
+    # An inference forward at tp > 1 gathers the head's logits over the vocabulary (the whole
+    # buffer's bytes), as the runtime's vocabulary-parallel head does (compute/vocab_parallel.py).
+    tp_logits_gather_bytes: float = 0.0
 
     @property
     def forward_flops(self) -> float:
@@ -290,6 +293,7 @@ def _transformer_layers(model: TransformerSpec, job: JobSpec) -> list[LayerCost]
             # logits' 16 bits under autocast.
             tp_loss_allreduces=3 if t > 1 else 0,
             tp_loss_allreduce_bytes=(B if autocast else 4) * T if t > 1 else 0.0,
+            tp_logits_gather_bytes=B * T * V if t > 1 else 0.0,
         )
     )
     return layers
@@ -367,3 +371,23 @@ def count_params(model: TransformerSpec | LayerListSpec) -> float:
     """Total parameters of the model."""
     job = JobSpec(global_batch=1)
     return sum(layer.params for layer in build_layer_costs(model, job))
+
+
+_MATRICES: dict[int, tuple[LayerCost, float]] = {}
+
+
+def matrix_elements(lc: LayerCost) -> float:
+    """Elements of a block's weight matrices (0 for other layers), by the layer's identity (the
+    layers of a strategy search are shared: build_layer_costs)."""
+    hit = _MATRICES.get(id(lc))
+    if hit is not None and hit[0] is lc:
+        return hit[1]
+    n = (
+        float(sum(g.k * g.n * g.batch for g in lc.gemms if g.kind == "linear"))
+        if lc.kind in ("block", "moe_block")
+        else 0.0
+    )
+    if len(_MATRICES) >= 4096:
+        _MATRICES.clear()
+    _MATRICES[id(lc)] = (lc, n)
+    return n

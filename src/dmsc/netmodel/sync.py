@@ -21,11 +21,16 @@ The choices, for :func:`dmsc.netmodel.iteration.estimate_iteration` and the simu
 - **Rounds.** ``every-step`` exchanges every iteration; ``diloco:H``, ``fedavg:H`` and
   ``fedprox:H`` once per round of ``H`` iterations: the bytes per iteration are 1/H of a round's.
 - **Overlap** (the job's ``overlap_dp_comm``, meaning what it meant): every-step hides its
-  all-reduce under the last backward pass (the window ``w`` the iteration model gives); with
+  all-reduce under the last backward pass (in buckets, below); with
   local steps the exchange may also run under the ``H - 1`` inner steps that follow (streaming
   DiLoCo, Douillard et al. 2025: the outer update lands late), so the exposed time per
   iteration is ``max(0, t - w - (H - 1) x step) / H``, with ``step`` an iteration without its
   data-parallel part; without overlap ``t / H``. For ``H = 1`` both are every-step's, exactly.
+- **Buckets**: with overlap, every-step's all-reduce runs in buckets behind the backward, one
+  at a time, as the runtime runs it (:mod:`dmsc.netmodel.dp_buckets`): its exposed time is
+  :func:`bucketed_exposed_s`, each bucket paying its own latency. A round of local steps is
+  one all-reduce of the whole payload (the runtime's ``DataParallel.mean``), the window ``w``
+  above the last backward's compute.
 - **Not modelled**: the codecs' compute (quantisation, top-k selection, PowerSGD's products),
   the outer optimizer's state (anchor weights and momentum, kept in host memory as OpenDiLoCo
   does), and convergence (local steps may need more iterations to the same loss).
@@ -36,6 +41,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 from dmsc.netmodel.comm import CommCost, CommModel, Group
+from dmsc.netmodel.dp_buckets import stage_exposed_s
 from dmsc.netmodel.layers import LayerCost
 from dmsc.spec.sync import Compression, SyncSpec
 
@@ -128,3 +134,45 @@ def exposed_s(
     if overlap:
         round_s = max(0.0, round_s - (window_s + (h - 1) * step_s))
     return round_s / h
+
+
+# A bucket's all-reduce seconds by (communication model, groups, bytes, codec, algorithm): the
+# stages of a strategy, and the strategies of a search that differ only in their micro-batches,
+# schedule or recomputation, cut the same buckets. Each entry keeps its model, so that no id is
+# reused while the entry lives (as compute.py's layer times).
+_BUCKET_S: dict[tuple[object, ...], tuple[CommModel, float]] = {}
+
+
+def bucketed_exposed_s(
+    comm: CommModel,
+    groups: Sequence[Group],
+    codec: Compression,
+    algorithm: str,
+    stages: Sequence[Sequence[LayerCost]],
+    backwards: Sequence[Sequence[float]],
+    payloads: Sequence[tuple[float, float]],
+    grad_bytes: float,
+) -> float:
+    """The exposed seconds of the dense gradients' all-reduce: the slowest stage's, each from
+    the end of its own backward (:func:`dmsc.netmodel.dp_buckets.stage_exposed_s`), every
+    stage's ``groups`` reducing at once, a bucket's bytes compressed as the stage's payload
+    (``payloads``, dense and expert bytes per device, :func:`stage_payload`) is to its raw
+    gradients (``grad_bytes`` an element)."""
+    worst = 0.0
+    shape = tuple(tuple(g) for g in groups)
+    for members, backward, (dense, _) in zip(stages, backwards, payloads, strict=True):
+        raw = sum(lc.params_per_device - lc.expert_params_per_device for lc in members)
+        ratio = dense / (raw * grad_bytes) if raw > 0 else 1.0
+
+        def allreduce_s(nbytes: float, ratio: float = ratio) -> float:
+            key = (id(comm), shape, nbytes * ratio, codec, algorithm)
+            hit = _BUCKET_S.get(key)
+            if hit is None or hit[0] is not comm:
+                if len(_BUCKET_S) >= 4096:
+                    _BUCKET_S.clear()
+                t = exchange(comm, groups, nbytes * ratio, codec, algorithm).time_s
+                hit = _BUCKET_S[key] = (comm, t)
+            return hit[1]
+
+        worst = max(worst, stage_exposed_s(members, backward, grad_bytes, allreduce_s))
+    return worst

@@ -9,8 +9,10 @@ with a torch.distributed all-reduce among its replicas, as ``DistributedDataPara
   parameter (``register_post_accumulate_grad_hook``) counts the backward passes that reached it;
   once it has seen every micro-batch's the gradient is whole, and once a bucket's gradients all
   are, the bucket is flattened and its all-reduce launched (asynchronous: the backward goes on),
-  buckets always in the same order on every replica. The step waits for the handles before the
-  optimizer's (``Commit``), so only the last buckets' time is exposed, as the cost model counts;
+  buckets always in the same order on every replica, one at a time on the step's communication
+  thread. The step waits for the handles before the optimizer's (``Commit``), so only what is
+  left of that queue when the backward ends is exposed: the bucket cut and the timeline are the
+  cost model's (:mod:`dmsc.netmodel.dp_buckets`);
 - the all-reduce is the plan's algorithm (``--allreduce``, ``WorkerConfig.allreduce``; run by
   :mod:`.allreduce`) over the group, on the host: ``ring`` (and ``auto``) is gloo's own (torch
   2.13's ``ProcessGroupGloo`` runs gloo's ring, a reduce-scatter then an all-gather); ``tree``
@@ -51,6 +53,7 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
+from dmsc.netmodel.dp_buckets import pack_buckets
 from dmsc.runtime.compute.allreduce import ThreadWork, algorithm_of, domains_of, launch, link_bytes
 from dmsc.runtime.compute.config import WorkerConfig
 from dmsc.runtime.compute.inbox import Aborted, Inbox
@@ -60,9 +63,6 @@ from dmsc.runtime.transport.messages import LatePolicy
 from dmsc.runtime.transport.rpc import Abandoned
 from dmsc.runtime.transport.wire import Kind, encode
 
-FIRST_BUCKET_BYTES = 256 << 10  # DDP starts with a small bucket too (1 MiB there)
-BUCKET_BYTES = 4 << 20
-
 
 class StepRestart(Abandoned):
     """The stage's replicas dropped the step (late gradients, policy ``restart``)."""
@@ -71,22 +71,14 @@ class StepRestart(Abandoned):
 def buckets_of(
     params: Sequence[torch.nn.Parameter], last: torch.nn.Parameter | None = None
 ) -> list[list[int]]:
-    """Indices of ``params`` in buckets, the last parameter first, each bucket at most
-    :data:`BUCKET_BYTES` (the first :data:`FIRST_BUCKET_BYTES`) unless one parameter is more.
-    ``last`` (a tied weight, whose gradient is complete only after the backward) goes alone in
-    the final bucket."""
-    out: list[list[int]] = [[]]
-    size, cap = 0, FIRST_BUCKET_BYTES
-    for i in reversed(range(len(params))):
-        if params[i] is last:
-            continue
-        nbytes = params[i].numel() * params[i].element_size()
-        if out[-1] and size + nbytes > cap:
-            out.append([])
-            size, cap = 0, BUCKET_BYTES
-        out[-1].append(i)
-        size += nbytes
-    out = [b for b in out if b]
+    """Indices of ``params`` in buckets, the last parameter first, packed by the cost model's
+    rule (:func:`dmsc.netmodel.dp_buckets.pack_buckets`: the first bucket at most
+    ``FIRST_BUCKET_BYTES``, the others ``BUCKET_BYTES``, unless one parameter is more), so that
+    what the cost model prices is what runs. ``last`` (a tied weight, whose gradient is complete
+    only after the backward) goes alone in the final bucket."""
+    order = [i for i in reversed(range(len(params))) if params[i] is not last]
+    sizes = [params[i].numel() * params[i].element_size() for i in order]
+    out = [[order[j] for j in b] for b in pack_buckets(sizes)]
     if last is not None:
         out.append([next(i for i, p in enumerate(params) if p is last)])
     return out
