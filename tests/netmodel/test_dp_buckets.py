@@ -63,6 +63,30 @@ def test_pack_buckets_caps() -> None:
     assert buckets == [[0, 1, 2, 3], [4], [5, 6, 7], [8]]
 
 
+def test_pack_buckets_of_another_framework_has_no_small_first_bucket() -> None:
+    small = FIRST_BUCKET_BYTES // 4
+    sizes = [small] * 4 + [BUCKET_BYTES] + [small] * 3 + [2 * BUCKET_BYTES]
+    cap = BUCKET_BYTES + FIRST_BUCKET_BYTES  # the first bucket as large as the others
+    assert pack_buckets(sizes, cap) == [[0, 1, 2, 3, 4], [5, 6, 7], [8]]
+    assert pack_buckets(sizes, 1e12) == [list(range(len(sizes)))]
+
+
+def test_a_jobs_bucket_size_is_the_one_priced(local_cpu: ClusterSpec) -> None:
+    """A job that names its framework's bucket (``dp_bucket_bytes``) is priced with it: one
+    bucket as large as the whole gradient can only go once the backward is over, so all of
+    its all-reduce is exposed (dmsc's own small buckets hide some of it)."""
+    spec = _gpt_mini()
+    job = JobSpec(global_batch=8, micro_batch=4, dp=2, allreduce="ring")
+    one = job.model_copy(update={"dp_bucket_bytes": 1 << 40})
+    comm = CommModel(Topology(local_cpu), DEFAULT_CALIBRATION)
+    layers = assign_stage_layers(build_layer_costs(spec, job), job)[0]
+    whole = sum(lc.params_per_device for lc in layers) * 4  # gpt-mini is fp32
+    whole_s = comm.collective("all_reduce", [[0, 1]], whole, "ring").time_s
+    got = estimate_iteration(local_cpu, spec, one).breakdown_s["dp_comm"]
+    assert got == pytest.approx(whole_s, rel=1e-9)
+    assert estimate_iteration(local_cpu, spec, job).breakdown_s["dp_comm"] < got
+
+
 def _gpt_mini() -> TransformerSpec:
     spec = resolve_model("gpt-mini")
     assert isinstance(spec, TransformerSpec)

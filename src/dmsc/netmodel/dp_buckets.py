@@ -18,6 +18,11 @@ layers: each layer's gradients whole at the end of its backward in the last micr
 tensors the weight matrices of its linear GEMMs (last first) and the rest (norms, biases,
 tables) as one; a bucket's seconds are the cost model's all-reduce of its bytes.
 
+The cut belongs to what runs the job: a dmsc plan is priced with the runtime's constants (the
+job's ``dp_bucket_bytes`` unset); a job run by another framework names that framework's bucket
+(``dp_bucket_bytes``: every bucket up to it, no small first one), as the published sets of
+:mod:`dmsc.netmodel.validation` do for Megatron-Core's.
+
 Not modelled: the quorum the replicas agree on before the first bucket (one store round trip,
 under the backward), copying a bucket into its flat buffer and back, and a tied weight's own
 final bucket (the runtime launches it after the backward; the cost model counts the shared
@@ -45,16 +50,21 @@ __all__ = [
 ]
 
 
-def pack_buckets(sizes: Sequence[float]) -> list[list[int]]:
+def pack_buckets(sizes: Sequence[float], bucket_bytes: float | None = None) -> list[list[int]]:
     """Indices of tensors of ``sizes`` bytes, given in the order the backward finishes them,
-    in buckets: the first at most :data:`FIRST_BUCKET_BYTES`, the others :data:`BUCKET_BYTES`,
-    unless one tensor alone is more; a bucket closes when the next tensor would overflow it."""
+    in buckets: the first at most :data:`FIRST_BUCKET_BYTES`, the others :data:`BUCKET_BYTES`
+    (dmsc's runtime; ``bucket_bytes`` instead: every bucket at most that, as another framework
+    cuts them), unless one tensor alone is more; a bucket closes when the next tensor would
+    overflow it."""
+    first, rest = (
+        (FIRST_BUCKET_BYTES, BUCKET_BYTES) if bucket_bytes is None else (bucket_bytes, bucket_bytes)
+    )
     out: list[list[int]] = [[]]
-    size, cap = 0.0, float(FIRST_BUCKET_BYTES)
+    size, cap = 0.0, float(first)
     for i, nbytes in enumerate(sizes):
         if out[-1] and size + nbytes > cap:
             out.append([])
-            size, cap = 0.0, float(BUCKET_BYTES)
+            size, cap = 0.0, float(rest)
         out[-1].append(i)
         size += nbytes
     return [b for b in out if b]
@@ -97,10 +107,12 @@ def stage_exposed_s(
     backward_s: Sequence[float],
     grad_bytes: float,
     allreduce_s: Callable[[float], float],
+    bucket_bytes: float | None = None,
 ) -> float:
     """Seconds a stage of ``members`` (``backward_s`` each, the last micro-batch's backward)
     waits after its backward for its buckets' all-reduces, one of ``n`` bytes taking
-    ``allreduce_s(n)`` (module docstring)."""
+    ``allreduce_s(n)``, cut by :func:`pack_buckets` (``bucket_bytes`` as there; module
+    docstring)."""
     sizes: list[float] = []
     ready: list[float] = []
     t = 0.0
@@ -109,7 +121,7 @@ def stage_exposed_s(
         for nbytes in layer_tensors(lc, grad_bytes):
             sizes.append(nbytes)
             ready.append(t)
-    buckets = pack_buckets(sizes)
+    buckets = pack_buckets(sizes, bucket_bytes)
     bucket_ready = [ready[b[-1]] for b in buckets]
     costs: dict[float, float] = {}  # a model's buckets come in few sizes
     comm = []

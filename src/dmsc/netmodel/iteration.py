@@ -472,7 +472,8 @@ def estimate_iteration(
             # every step's all-reduce in buckets behind the backward, one at a time, as the
             # runtime runs it (dmsc.netmodel.dp_buckets); the experts' after it
             args = (comm, groups, codec, job.allreduce, stage_layers, backwards, payloads, B)
-            breakdown["dp_comm"] = expert_s + bucketed_exposed_s(*args)
+            exposed = bucketed_exposed_s(*args, bucket_bytes=job.dp_bucket_bytes)
+            breakdown["dp_comm"] = expert_s + exposed
 
     total = sum(breakdown.values())
     by_link: dict[int, dict[str, float]] = {}

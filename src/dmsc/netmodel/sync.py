@@ -152,12 +152,14 @@ def bucketed_exposed_s(
     backwards: Sequence[Sequence[float]],
     payloads: Sequence[tuple[float, float]],
     grad_bytes: float,
+    bucket_bytes: float | None = None,
 ) -> float:
     """The exposed seconds of the dense gradients' all-reduce: the slowest stage's, each from
-    the end of its own backward (:func:`dmsc.netmodel.dp_buckets.stage_exposed_s`), every
-    stage's ``groups`` reducing at once, a bucket's bytes compressed as the stage's payload
-    (``payloads``, dense and expert bytes per device, :func:`stage_payload`) is to its raw
-    gradients (``grad_bytes`` an element)."""
+    the end of its own backward (:func:`dmsc.netmodel.dp_buckets.stage_exposed_s`, buckets of
+    ``bucket_bytes`` raw gradient bytes, None the runtime's), every stage's ``groups`` reducing
+    at once, a bucket's bytes compressed as the stage's payload (``payloads``, dense and expert
+    bytes per device, :func:`stage_payload`) is to its raw gradients (``grad_bytes`` an
+    element)."""
     worst = 0.0
     shape = tuple(tuple(g) for g in groups)
     for members, backward, (dense, _) in zip(stages, backwards, payloads, strict=True):
@@ -174,5 +176,6 @@ def bucketed_exposed_s(
                 hit = _BUCKET_S[key] = (comm, t)
             return hit[1]
 
-        worst = max(worst, stage_exposed_s(members, backward, grad_bytes, allreduce_s))
+        exposed = stage_exposed_s(members, backward, grad_bytes, allreduce_s, bucket_bytes)
+        worst = max(worst, exposed)
     return worst

@@ -61,6 +61,18 @@ DGX_B200 = _dgx_cluster("dgx-b200", "b200", 64, 7200, 3200)
 GRAND_TETON = _dgx_cluster("grand-teton-h100", "h100-sxm", 2048, 3600, 3200)
 
 
+def megatron_core_bucket_bytes(dp: int, grad_bytes: int = 2) -> int:
+    """Bytes of Megatron-Core's default data-parallel bucket at ``dp`` replicas: max(40,000,000,
+    1,000,000 x dp) parameters (Megatron-LM core_r0.8.0, commit baf94af3c667,
+    megatron/core/distributed/distributed_data_parallel.py lines 51-54, documented at
+    distributed_data_parallel_config.py lines 25-28; the same rule in NeMo 24.07 and 25.02,
+    which wrap Megatron-Core's DDP), of ``grad_bytes`` each as the cost model reduces them (bf16
+    gradients). Not modelled: Megatron-Core puts every stage after the first, and every
+    interleaved chunk after the first, in one bucket (lines 66-74 there, and
+    megatron/training/training.py line 458), its reduction off the critical path."""
+    return max(40_000_000, 1_000_000 * dp) * grad_bytes
+
+
 @dataclass(frozen=True)
 class Candidate:
     """One configuration the published row allows."""
@@ -201,6 +213,7 @@ def _mcore_h100(row: dict[str, str]) -> Iterator[Candidate]:
                         recompute=recompute,
                         sequence_parallel=tp > 1,
                         zero=1,  # Megatron-Core's distributed optimizer
+                        dp_bucket_bytes=megatron_core_bucket_bytes(dp),
                     ),
                 )
 
@@ -235,6 +248,7 @@ def _nemo_fp8(row: dict[str, str]) -> Iterator[Candidate]:
                 sequence_parallel=tp > 1,
                 zero=1,
                 precision="fp8",
+                dp_bucket_bytes=megatron_core_bucket_bytes(gpus // (tp * pp)),
             ),
         )
 

@@ -65,6 +65,17 @@ class JobSpec(BaseModel):
     overlap_dp_comm: bool = Field(
         default=True, description="Overlap the gradient all-reduce with the last backward pass."
     )
+    dp_bucket_bytes: int | None = Field(
+        default=None,
+        gt=0,
+        le=1 << 40,
+        description=(
+            "Gradient bytes (in the model's dtype) per bucket of the overlapped data-parallel "
+            "all-reduce, for pricing a job another framework runs (Megatron-Core: "
+            "max(40e6, 1e6 x dp) parameters); unset: dmsc's runtime, which always cuts its own "
+            "(256 KiB first, then 4 MiB: dmsc.netmodel.dp_buckets)."
+        ),
+    )
     overlap_tp_comm: bool = Field(
         default=True,
         description=(
