@@ -29,6 +29,10 @@ the mode over the job's devices; calls for tp from its list of all-reduces,
 :func:`dmsc.netmodel.tp_calls.tp_allreduce_calls`, for ep per mixture and micro-batch the token
 counts, the tokens out and back and their gradients: five all-to-alls). ``--only`` runs a
 subset by name. Prints a table, or with --json one object (``--out`` also writes it to a file).
+Where ``dmsc calibrate`` could not measure the gloo all-reduce (it can fail under load), the
+predictions price collectives with the node link's figures instead: the table says so above
+the predictions and the JSON's ``calibration.used`` names what they stand on
+(:mod:`_calibration_used`).
 """
 
 from __future__ import annotations
@@ -48,6 +52,7 @@ import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
 import yaml
+from _calibration_used import calibration_used
 
 from dmsc.data.comm_modes import compare_modes
 from dmsc.data.corpus import Corpus, stdlib_text
@@ -289,6 +294,7 @@ def main() -> None:
         cluster = calibrated_spec(Path(home))
         calibrate_s = time.perf_counter() - t0
     collective = next(iter(cluster.node_types.values())).collective
+    used = calibration_used(cluster)
     # name: (model, layout, dmsc_star, micro-batches, prediction's (tp, pp, dp, micro, ep))
     runs: dict[str, tuple[str, StageLayout, bool, int, tuple[int, ...]]] = {}
     for dp in (int(d) for d in args.dp.split(",")):
@@ -333,6 +339,7 @@ def main() -> None:
         "calibration": {
             "seconds": calibrate_s,
             "collective": None if collective is None else collective.model_dump(),
+            "used": used,
         },
         "runs": rows,
         "ddp_dp2_step_s": ddp,
@@ -351,7 +358,9 @@ def main() -> None:
     if args.json:
         print(json.dumps(out))
         return
-    print(f"{'run':<12} {'step ms':>9} {'busiest link MB':>16}  comm ms predicted/measured")
+    print(f"predictions priced from {used['priced_from']}")
+    tag = "" if used["collective_measured"] else f" [{used['label']}]"
+    print(f"{'run':<12} {'step ms':>9} {'busiest link MB':>16}  comm ms predicted/measured{tag}")
     for name, r in rows.items():
         modes = "  ".join(
             f"{m['mode']} {_ms(m['predicted_s'])}/{_ms(m['measured_s'])}"
@@ -364,7 +373,7 @@ def main() -> None:
     if ddp is not None:
         print(f"{'DDP dp2':<12} {ddp * 1e3:>9.1f}")
     print()
-    print("per worker in a step, predicted/measured:")
+    print(f"per worker in a step, predicted/measured{tag}:")
     print(f"{'run':<12} {'mode':<5} {'calls':>15} {'bytes':>25}")
     for name, r in rows.items():
         for m in r["modes"]:
