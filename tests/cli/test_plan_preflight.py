@@ -16,6 +16,7 @@ import json
 import stat
 import sys
 from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
 
@@ -198,6 +199,23 @@ def test_sequence_parallelism_for_a_mixture_of_experts_is_refused(
     path = _two_sites_plan(tmp_path, "moe-mini", tp=2, pp=2, dp=1, sequence_parallel=True)
     err = _refused(tmp_path, path, monkeypatch, capsys, "job.sequence_parallel")
     assert "mixture of experts" in err and "--no-sequence-parallel" in err
+
+
+def test_a_plan_priced_with_another_frameworks_buckets_is_refused() -> None:
+    """A job that names another framework's data-parallel bucket (``dp_bucket_bytes``, as the
+    published sets price Megatron-Core's) was predicted with it; dmsc's runtime cuts its own,
+    so such a plan would run another all-reduce than the one predicted."""
+    from dmsc.cli.preflight import check_plan_parallelism
+    from dmsc.spec import SpecError
+
+    spec = JobSpec(global_batch=16, micro_batch=2, dp=2, dp_bucket_bytes=80_000_000)
+    plan = SimpleNamespace(job=spec, model_spec=resolve_model("gpt-mini"))  # what it reads
+    with pytest.raises(SpecError) as err:
+        check_plan_parallelism("plan.json", plan)
+    assert err.value.field == "job.dp_bucket_bytes"
+    assert "4 MiB" in str(err.value)
+    plan.job = spec.model_copy(update={"dp_bucket_bytes": None})
+    check_plan_parallelism("plan.json", plan)
 
 
 def test_a_tensor_parallel_plan_on_gpus_is_refused(tmp_path: Path) -> None:

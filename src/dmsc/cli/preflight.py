@@ -2,7 +2,8 @@
 stages (one contiguous range of layers each, or in an interleaved plan one per chunk, in order
 down the virtual stages, the whole model between them), its
 parallelism (a stage replica is one worker per tensor-parallel rank, on the CPU; experts shared
-out among ep replicas, on the CPU; no sequence parallelism with experts)
+out among ep replicas, on the CPU; no sequence parallelism with experts; the runtime's own
+gradient buckets, not a priced framework's ``dp_bucket_bytes``)
 and its model (and the checkpoint is the one planned from), that its stages, replicas and
 devices add up to its job, and that every device the workers will run on is on this machine.
 Each failure is a :class:`~dmsc.spec.SpecError` naming the plan's field."""
@@ -46,6 +47,15 @@ def check_plan_parallelism(plan_path: str, plan: Any) -> None:
     from dmsc.spec import TransformerSpec
 
     job, model = plan.job, plan.model_spec
+    if job.dp_bucket_bytes is not None and job.dp > 1:
+        # a bucket of another framework's: the runtime cuts its own (dmsc.netmodel.dp_buckets),
+        # so the plan's data-parallel prediction would not be of what runs
+        raise SpecError(
+            plan_path,
+            "job.dp_bucket_bytes",
+            f"{job.dp_bucket_bytes} prices another framework's gradient buckets; dmsc's runtime "
+            "cuts its own (256 KiB first, then 4 MiB): plan without it to run here",
+        )
     if not isinstance(model, TransformerSpec):
         model = None
     if model is not None:

@@ -284,6 +284,8 @@ def _llama3(row: dict[str, str]) -> Iterator[Candidate]:
                     interleave=v,
                     sequence_parallel=True,
                     zero=2,  # FSDP sharding optimizer states and gradients, not weights
+                    # dp_bucket_bytes unset: the paper does not say how its FSDP cuts the
+                    # gradient reductions, so dmsc's own buckets stand in for them
                     # "we reduce one Transformer layer each from the first and the last stages"
                     split_counts_embedding_and_loss=True,
                 ),
