@@ -192,27 +192,6 @@ def test_tasks_list_show_cancel(home: Path, capsys: pytest.CaptureFixture[str]) 
     assert code == 2 and "--state" in err and "queued, running" in err
 
 
-def test_calibrate_prints_the_figures_it_writes(
-    home: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
-) -> None:
-    import yaml
-
-    out_file = tmp_path / "calibrated.yaml"
-    code, out, err = run(capsys, "calibrate", "--out", str(out_file))
-    assert code == 0, err
-    written = yaml.safe_load(out_file.read_text())
-    dev = next(iter(written["device_types"].values()))
-    # The memory bandwidth and the peak the cost model will read are the ones printed.
-    assert f"memory {dev['memory_bw_gbyte_s']:.2f} GB/s" in out
-    peak = dev["peak_tflops"]["fp32"]
-    assert f"peak {peak * 1e3:.1f} GFLOP/s" in out or f"peak {peak:.1f} TFLOP/s" in out
-    link = next(iter(written["node_types"].values()))["link"]
-    assert f"link {link['bandwidth_gbit_s']:.2f} Gbit/s" in out
-    gloo = next(iter(written["node_types"].values()))["collective"]  # the node's all-reduce
-    assert gloo["backend"] == "gloo" and f"{gloo['bandwidth_gbit_s']:.2f} Gbit/s" in out
-    assert str(out_file) in out
-
-
 def test_status_keeps_sids_and_addresses_whole_at_80_columns(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:

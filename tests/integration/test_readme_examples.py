@@ -587,6 +587,21 @@ def test_live_examples(tmp_path: Path) -> None:
         print("\n".join(shell.log))
 
 
+def calibrate_printed_what_it_wrote(out: str, written_file: Path) -> None:
+    """``dmsc calibrate`` printed the figures it wrote: the memory bandwidth, the peak, the
+    node's link and its gloo all-reduce the cost model will read, and the file's path."""
+    written = yaml.safe_load(written_file.read_text())
+    dev = next(iter(written["device_types"].values()))
+    assert f"memory {dev['memory_bw_gbyte_s']:.2f} GB/s" in out, out
+    peak = dev["peak_tflops"]["fp32"]
+    assert f"peak {peak * 1e3:.1f} GFLOP/s" in out or f"peak {peak:.1f} TFLOP/s" in out, out
+    node = next(iter(written["node_types"].values()))
+    assert f"link {node['link']['bandwidth_gbit_s']:.2f} Gbit/s" in out, out
+    gloo = node["collective"]  # the node's all-reduce
+    assert gloo["backend"] == "gloo" and f"{gloo['bandwidth_gbit_s']:.2f} Gbit/s" in out, out
+    assert str(written_file) in out, out
+
+
 class Live:
     """The live state the placeholders are filled from, and the checks of each command."""
 
@@ -665,7 +680,9 @@ class Live:
         return self.values["submitted"]
 
     def after(self, command: str, out: str, err: str) -> None:
-        if command.startswith("dmsc tasks cancel") and self.background is not None:
+        if command == "dmsc calibrate":
+            calibrate_printed_what_it_wrote(out, self.shell.home / "local-cpu.calibrated.yaml")
+        elif command.startswith("dmsc tasks cancel") and self.background is not None:
             out, err = self.background.communicate(timeout=60)
             report = json.loads(out.splitlines()[-1])
             assert report["state"] == "cancelled", (out, err)
