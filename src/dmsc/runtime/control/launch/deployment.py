@@ -323,10 +323,8 @@ class Deployment:
         """Loss of a batch without training (every replica, forward only)."""
         failures.settle(self, self.feed(step, tokens, targets, microbatches), PUSH_DEADLINE_S)
 
-        def run(epoch: int) -> RunStep:
-            return RunStep(
-                step=step, microbatches=microbatches, train=False, eval=True, epoch=epoch
-            )
+        def run(e: int) -> RunStep:
+            return RunStep(step=step, microbatches=microbatches, train=False, eval=True, epoch=e)
 
         replies = self.gather(self.calls("RunStep", run, list(self.clients), 300.0), 300.0)
         losses = [float(r["loss"]) for r in replies.values() if r.get("loss") is not None]
@@ -342,25 +340,28 @@ class Deployment:
         start: int = 0,
         top: int | None = None,
     ) -> torch.Tensor:
-        """Next-token logits of every sequence (forward only, through one replica's pipeline);
-        with a ``session``, ``tokens`` are positions ``start ..`` and the stages keep the keys
-        and values; with ``top``, each row's ``top`` largest only (the rest -inf). A failure
-        raises :class:`WorkerFailure` naming the stage that failed, a stage without room for a
-        new session :class:`NoRoom`."""
+        """Next-token logits of every sequence (forward only, through one replica's pipeline,
+        one call to its first stage: :mod:`dmsc.runtime.compute.relay`); with a ``session``,
+        ``tokens`` are positions ``start ..`` and the stages keep the keys and values; with
+        ``top``, each row's ``top`` largest only (the rest -inf). A failure raises
+        :class:`WorkerFailure` naming the stage that failed, a full stage :class:`NoRoom`."""
         keys = self.pipeline(replica)
         rows = self.checked(keys[0], Kind.TOKENS, tokens).tolist()
+        # stage 0 calls stage 1 itself, and so on; an interleaved pipeline's stages each get one
+        relay = None if self.layout.chunks else [self.epochs[k] for k in keys[1:]]
 
         def run(epoch: int, first: bool = False) -> RunStep:  # tokens go in stage 0's call
             return RunStep(
                 step=step, microbatches=1, train=False, epoch=epoch, budget_s=timeout_s,
-                session=session, start=start, tokens=rows if first else None, top=top
+                session=session, start=start, tokens=rows if first else None, top=top,
+                relay=relay if first else None,
             )  # fmt: skip
 
-        calls = self.calls("RunStep", run, keys[1:], timeout_s)
+        calls = self.calls("RunStep", run, keys[1:] if relay is None else [], timeout_s)
         head = run(self.epochs[keys[0]], first=True)
         calls[keys[0]] = self.tp.send(keys[0], self.clients[keys[0]], "RunStep", head, timeout_s)
-        replies = self.gather(calls, timeout_s)
-        return reply_logits(replies[(self.stages - 1, replica)], self.layout.model.vocab)
+        replies = failures.gather(self, calls, timeout_s, watch=keys)  # every stage watched
+        return reply_logits(replies[keys[0] if relay else keys[-1]], self.layout.model.vocab)
 
     def generate(
         self,
@@ -383,10 +384,9 @@ class Deployment:
         around each token (a replica's fair lock: requests take turns per token, not per
         request); each token's worker calls wait at most ``token_timeout_s`` (a frozen worker
         fails the request within it). ``on_token`` gets each token as it is drawn (streaming).
-
-        With ``use_cache`` the stages keep the request's keys and values (an inference
-        session): the prompt runs once, then each token alone; past the model's sequence
-        length the context slides and every token runs it whole again."""
+        With ``use_cache`` the stages keep the request's keys and values (an inference session):
+        the prompt runs once, then each token alone (past the model's sequence length the
+        context slides and every token runs it whole again)."""
         sampling = sampling or Sampling(seed=0)
         session = uuid.uuid4().hex[:16] if use_cache else None
         top = shipped_top(sampling, self.layout.model.vocab)  # the logits the draw reads
@@ -417,9 +417,8 @@ class Deployment:
 
     def end_session(self, session: str, replica: int = 0) -> None:
         """Free ``session``'s keys and values at every stage of ``replica``: sent, not waited
-        for (a stage that is gone or frozen must not hold up the request's end; its sessions
-        go with it, or at their idle timeout). The calls are kept until they end: gRPC cancels
-        a call whose future is garbage-collected."""
+        for (a stage gone or frozen must not hold up the request's end; its sessions go with
+        it, or idle), the calls kept until they end (gRPC cancels one garbage-collected)."""
         calls = self.calls(
             "EndSession", lambda _: EndSession(session=session), self.pipeline(replica), 5.0
         )
