@@ -22,6 +22,7 @@ forth between the stages: the orchestrator calls every stage).
 from __future__ import annotations
 
 import json
+import re
 import struct
 import time
 from typing import Any
@@ -34,6 +35,7 @@ from dmsc.runtime.transport.messages import RunStep
 from dmsc.runtime.transport.rpc import CONTROL_BYTES, Abandoned, BadRequest, NoRoom, parse
 from dmsc.runtime.transport.wire import Kind, Message, WireError, decode, encode
 
+_UNCAUGHT = re.compile(r"^Exception calling application: ")  # how gRPC words a handler's raise
 _LENGTH = struct.Struct("!I")  # the onward RunStep's JSON bytes, before the frame
 # what each stage keeps of its wait for itself: its answer naming a silent next stage must reach
 # its caller before the caller's own wait ends (a tenth of the wait when that is shorter)
@@ -114,7 +116,7 @@ def hand_on(
             reply: dict[str, Any] = json.loads(peers.client(stage + 1).raw("Relay", data, wait_s))
             return reply
         except grpc.RpcError as exc:
-            code, details = exc.code(), exc.details()
+            code, details = exc.code(), _UNCAUGHT.sub("", exc.details() or "")
             moved = code == grpc.StatusCode.UNAVAILABLE and not again and _moved(peers, stage + 1)
             if moved and (left := _left(deadline, wait_s)) > 0:
                 wait_s, address = left, peers.client(stage + 1).address

@@ -1,7 +1,8 @@
 """The ``dmsc.Stage`` service: one stage replica's state and the RPC methods over it.
 
 ``Push`` takes a wire frame (checked by :mod:`.frames`) into the inbox (an inference ``RunStep``
-may carry its tokens); every other method takes the typed message of the same name from
+may carry its tokens, and ``Relay`` a chained inference step with its activations, from the stage
+before: :mod:`.relay`); every other method takes the typed message of the same name from
 :mod:`dmsc.runtime.transport.messages`, so this module only checks what needs the worker's
 state. ``RunStep`` runs this stage's part of a step (:mod:`.executor`) and, with several
 replicas, averages the gradients (:mod:`.gradient_sync`); optimizer steps are applied only on
