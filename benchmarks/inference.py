@@ -11,8 +11,11 @@ fair lock makes them), and ``transformers`` in this process with its own cache.
 Prints a table, or with --json one object: cache_speedup (recompute time / cache time, one
 session), tokens_per_s (per path), ms_per_token (per path), vs_transformers_ratio (dmsc's
 tokens/s with the cache over transformers', one session), cpu_ms_per_token (CPU of every
-process, one cached session and transformers), transformers_threads, load_average, and
-same_tokens (both dmsc paths and transformers chose the same tokens).
+process, one cached session and transformers), cpu_ms_per_token_by_process (the same session's
+CPU in the control plane and in each stage worker), transformers_threads (``--hf-threads``:
+one keeps ``generate`` off the cores the stages share on a loaded machine, where two threads
+spinning in OpenMP took 3-10 times as long), load_average, and same_tokens (both dmsc paths
+and transformers chose the same tokens).
 
 With ``--tls`` the two stages are also served with mutual TLS (as under ``dmsc up``: a
 certificate authority of the run, a leaf per worker), ``--rounds`` plain/TLS pairs of decoding
@@ -34,6 +37,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+import psutil
 import torch
 from _deployment import cpu_s
 
@@ -76,6 +80,11 @@ def _transformers(
         )
     took, cpu = time.perf_counter() - t0, time.process_time() - c0
     return took, out[0, len(prompt) :].tolist(), cpu
+
+
+def _cpu(proc: psutil.Process) -> float:
+    t = proc.cpu_times()
+    return t.user + t.system
 
 
 def _one_at_a_time() -> Callable[[float | None], threading.Lock]:
@@ -141,7 +150,10 @@ def main() -> None:
     parser.add_argument("--sessions", type=int, default=8)
     parser.add_argument("--tls", action="store_true", help="Also decode with mutual TLS.")
     parser.add_argument("--rounds", type=int, default=2, help="With --tls: plain/TLS pairs.")
+    parser.add_argument("--hf-threads", type=int, help="transformers' threads (torch's default)")
     args = parser.parse_args()
+    if args.hf_threads:
+        torch.set_num_threads(args.hf_threads)
     greedy = Sampling(temperature=0)
     with tempfile.TemporaryDirectory(prefix="dmsc-bench-") as tmp:
         ckpt = Path(tmp) / "llama"
@@ -154,9 +166,15 @@ def main() -> None:
         layout = StageLayout(spec, [("embedding", "block_3"), ("block_4", "head")])
         with Deployment(layout, home=Path(tmp) / "home") as dep:
             dep.generate(prompt_ids, 4, sampling=greedy)  # warm-up
+            procs = {"control": psutil.Process()}
+            procs.update(
+                {f"stage{h.config.stage}": psutil.Process(h.process.pid) for h in dep.handles}
+            )
+            by0 = {k: _cpu(p) for k, p in procs.items()}
             t0, c0 = time.perf_counter(), cpu_s()
             cached = dep.generate(prompt_ids, args.tokens, sampling=greedy)
             cache_s, cache_cpu = time.perf_counter() - t0, cpu_s() - c0
+            by_process = {k: (_cpu(p) - by0[k]) / args.tokens * 1e3 for k, p in procs.items()}
             t0 = time.perf_counter()
             recomputed = dep.generate(prompt_ids, args.tokens, sampling=greedy, use_cache=False)
             recompute_s = time.perf_counter() - t0
@@ -208,6 +226,7 @@ def main() -> None:
             "cache_1_session": cache_cpu / n * 1e3,
             "transformers_1_session": hf_cpu / n * 1e3,
         },
+        "cpu_ms_per_token_by_process": by_process,
         "transformers_threads": torch.get_num_threads(),
         "load_average": list(os.getloadavg()),
         "same_tokens": cached == recomputed == hf_tokens and all(r == cached for r in results),
@@ -227,6 +246,10 @@ def main() -> None:
     print(
         f"CPU per token: dmsc {cpu['cache_1_session']:.1f} ms (every process), transformers "
         f"{cpu['transformers_1_session']:.1f} ms ({out['transformers_threads']} threads)"
+    )
+    print(
+        "dmsc CPU per token by process: "
+        + ", ".join(f"{k} {v:.1f} ms" for k, v in by_process.items())
     )
     print("load average: " + " ".join(f"{x:.2f}" for x in out["load_average"]))
     print(f"same tokens on every path: {out['same_tokens']}")

@@ -236,7 +236,7 @@ def test_malformed_messages_get_an_error_and_the_worker_keeps_serving(batches) -
         client.close()
 
 
-def test_sampling_and_checkpoint(tmp_path, batches) -> None:  # type: ignore[no-untyped-def]
+def test_sampling_and_checkpoint(tmp_path, batches, monkeypatch) -> None:  # type: ignore[no-untyped-def]
     """Temperature 0 gives the single-process model's most likely bytes; a seed repeats a
     draw, top-k 1 is greedy (issue 12, item 4); then a checkpoint."""
     from dmsc.runtime.compute.models.chain import build_stage, layer_names
@@ -250,8 +250,18 @@ def test_sampling_and_checkpoint(tmp_path, batches) -> None:  # type: ignore[no-
             want.append(int(torch.argmax(model(torch.tensor([list(want)]))[0, -1])))
     with Deployment(StageLayout(SPEC, RANGES[2]), home=tmp_path) as dep:
         seen: list[int] = []
+        calls: list[tuple[int, int]] = []  # the orchestrator's RunSteps: one a token, stage 0's
+        send = dep.tp.send
+
+        def counted(key, leader, method, *rest):  # type: ignore[no-untyped-def]
+            calls.extend([key] if method == "RunStep" else [])
+            return send(key, leader, method, *rest)
+
+        monkeypatch.setattr(dep.tp, "send", counted)
         greedy = dep.generate(b"def ", 5, sampling=Sampling(temperature=0), on_token=seen.append)
         assert bytes(greedy) == bytes(want[4:]) == bytes(seen)
+        assert calls == [(0, 0)] * 5  # stage 0 calls stage 1 itself (compute.relay)
+        monkeypatch.undo()
         # the KV-cache session gives what recomputing the context gives, also where the
         # context slides past the model's sequence length
         assert dep.generate(b"def ", 5, sampling=Sampling(temperature=0), use_cache=False) == greedy

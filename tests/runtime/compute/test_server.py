@@ -236,3 +236,59 @@ def test_a_step_forms_its_expert_groups_in_its_own_epoch_after_an_abort() -> Non
         assert worker.experts.epoch() == before + 1  # between steps: the worker's own
     finally:
         reg_server.stop(0)
+
+
+def test_a_chained_step_runs_through_every_stage_in_one_call_and_keeps_their_refusals() -> None:
+    """Three stages: stage 0 hands its activations to stage 1 itself (``Relay``), stage 1 to
+    stage 2, and stage 0 answers with stage 2's logits: the most likely token of the whole
+    model; stage 2's refusals come back with their status, naming it; a stage 2 that is gone
+    fails the call naming it."""
+    from dmsc.runtime.compute.models.chain import build_stage, layer_names
+    from dmsc.runtime.compute.relay import pack
+    from dmsc.runtime.control.launch.sampling import reply_logits
+    from dmsc.runtime.transport.messages import RunStep
+    from dmsc.runtime.transport.wire import Kind, encode
+
+    reg_server, reg_port = serve(REGISTRY_SERVICE, registry_methods(Registry(ttl_s=60)))
+    registry = f"127.0.0.1:{reg_port}"
+    servers, clients = [], []
+    cuts = [("embedding", "block_0"), ("block_1", "block_2"), ("block_3", "head")]
+    try:
+        for s, (first, last) in enumerate(cuts):
+            cfg = first_stage(registry, sid=f"s{s}", stage=s, stages=3, first=first, last=last,
+                              max_sessions=1 if s == 2 else 64)  # fmt: skip
+            worker = StageWorker(cfg)
+            server, port = serve(STAGE_SERVICE, worker.methods())
+            worker.address = f"127.0.0.1:{port}"
+            worker.register()
+            servers.append(server)
+            clients.append(Client(worker.address, STAGE_SERVICE))
+        ids = [[100, 101, 102, 32]]
+        step = {"microbatches": 1, "train": False, "tokens": ids, "top": 1, "relay": [0, 0]}
+        reply = clients[0].call("RunStep", {**step, "step": 1, "session": "a", "budget_s": 30})
+        names = layer_names(SPEC)
+        with torch.no_grad():
+            want = build_stage(SPEC, 0, names[0], names[-1])(torch.tensor(ids))[0, -1]
+        assert reply["stage"] == 2
+        assert int(reply_logits(reply, SPEC.vocab).argmax()) == int(want.argmax())
+        assert [c.call("Health")["sessions"] for c in clients] == [1, 1, 1]  # each keeps its own
+        with pytest.raises(grpc.RpcError) as info:  # stage 2 holds its one session: full
+            clients[0].call("RunStep", {**step, "step": 2, "session": "b"})
+        assert info.value.code() == grpc.StatusCode.RESOURCE_EXHAUSTED
+        assert "stage 2 replica 0" in info.value.details()
+        assert "relay: 1 stages after stage 0" in _refused(
+            clients[0], "RunStep", {**step, "step": 3, "relay": [0]}
+        )
+        x = encode(Kind.ACTIVATION, 4, 0, torch.zeros(1, 2, SPEC.hidden))
+        relayed = pack(RunStep(step=4, microbatches=1, train=False, relay=[0]), x)
+        with pytest.raises(grpc.RpcError, match="stage 0 does not take activations"):
+            clients[0].raw("Relay", relayed)
+        servers[2].stop(0)  # stage 2 gone: the call fails naming it
+        with pytest.raises(grpc.RpcError, match="stage 2 replica 0"):
+            clients[0].call("RunStep", {**step, "step": 5, "budget_s": 5})
+    finally:
+        for c in clients:
+            c.close()
+        for server in servers:
+            server.stop(0)
+        reg_server.stop(0)

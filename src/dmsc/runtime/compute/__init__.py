@@ -12,5 +12,7 @@ operators (Megatron's ``f`` and ``g``) the three splits and the experts share, a
 Across replicas, :mod:`.dp_collective` averages the gradients by the all-reduce the plan chose
 (:mod:`.allreduce`: ring, tree or hierarchical), after a quorum (:mod:`.quorum`). Between
 stages, :mod:`.peers` sends frames over gRPC, or, where the deployment asks and the stages share
-a datacenter, :mod:`.pipe_group` over gloo point-to-point.
+a datacenter, :mod:`.pipe_group` over gloo point-to-point; a decoded token's step goes from
+stage to stage in calls of their own (:mod:`.relay`), each stage keeping the request's keys and
+values (:mod:`.sessions`).
 """

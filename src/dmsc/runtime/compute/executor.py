@@ -46,6 +46,7 @@ class StepOutcome:
     compute_s: float = 0.0  # forward and backward time, waiting excluded
     losses: dict[int, float] = field(default_factory=dict)  # per micro-batch (last stage)
     logits: list[torch.Tensor] = field(default_factory=list)  # last position (inference)
+    handed: torch.Tensor | None = None  # the output a chained inference step hands on (.relay)
     # (op, micro-batch, start, end): each op's compute, wall-clock seconds (time.time(), so
     # that the stages' spans line up in one Gantt chart on one machine's clock)
     spans: list[tuple[str, int, float, float]] = field(default_factory=list)
@@ -105,12 +106,15 @@ def run_ops(
     start: int = 0,
     autocast: torch.dtype | None = None,
     stages: int = 1,
+    hand_on: bool = False,
 ) -> StepOutcome:
     """Run ``ops`` of ``step`` at ``stage`` (of ``stages``) and wait for every send
     (:meth:`Peers.flush`); inference with an inference session's ``cache`` runs positions
     ``start ..`` only. The forwards run under ``autocast`` (a lower precision) when one is
     given. A training step without a deadline sends its activations and gradients over the
-    pipeline's gloo group where it has one (:mod:`.pipe_group`); the other steps over gRPC."""
+    pipeline's gloo group where it has one (:mod:`.pipe_group`); the other steps over gRPC.
+    With ``hand_on`` (a chained inference step) the activations are kept in the outcome for
+    the caller to hand to the next stage itself (:mod:`.relay`), not sent."""
     peers.direct = train and peers.deadline is None
     METER.take()  # a new step: what an abandoned one left on the meter is not its
     m, out = microbatches, StepOutcome()
@@ -118,7 +122,8 @@ def run_ops(
     gpu = device.type == "cuda"
     inputs: dict[tuple[int, int], torch.Tensor] = {}  # by (micro-batch, chunk)
     outputs: dict[tuple[int, int], torch.Tensor] = {}
-    module.train(train)
+    if module.training != train:  # recursing over every submodule cost 0.3-0.8 ms a token
+        module.train(train)
     p = stages
     for op, i, c in ops:
         tag = c * m + i  # the frame's micro-batch field for this chunk's frames
@@ -149,7 +154,9 @@ def run_ops(
                 inputs[(i, c)], outputs[(i, c)] = x, y
             if last and not train and not evaluate:
                 out.logits.append(y[:, -1, :].detach().float())
-            if not last:
+            if not last and hand_on:
+                out.handed = y.detach()
+            elif not last:
                 to, tc = hop(stage, p, c, 1)
                 peers.send(to, Kind.ACTIVATION, step, tc * m + i, y)
         else:

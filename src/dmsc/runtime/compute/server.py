@@ -1,7 +1,8 @@
 """The ``dmsc.Stage`` service: one stage replica's state and the RPC methods over it.
 
 ``Push`` takes a wire frame (checked by :mod:`.frames`) into the inbox (an inference ``RunStep``
-may carry its tokens); every other method takes the typed message of the same name from
+may carry its tokens, and ``Relay`` a chained inference step with its activations, from the stage
+before: :mod:`.relay`); every other method takes the typed message of the same name from
 :mod:`dmsc.runtime.transport.messages`, so this module only checks what needs the worker's
 state. ``RunStep`` runs this stage's part of a step (:mod:`.executor`) and, with several
 replicas, averages the gradients (:mod:`.gradient_sync`); optimizer steps are applied only on
@@ -17,12 +18,14 @@ a newer incarnation) stops serving and exits (see :mod:`.worker`).
 
 from __future__ import annotations
 
+import json
 import logging
 import os
 import threading
 import time
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 import grpc
 import torch
@@ -30,7 +33,7 @@ from prometheus_client import CollectorRegistry, Counter, Histogram
 
 from dmsc.data.corpus import Corpus
 from dmsc.data.shards import read_shard
-from dmsc.runtime.compute import tp_worker
+from dmsc.runtime.compute import relay, tp_worker
 from dmsc.runtime.compute.checkpoints import (
     CheckpointError,
     checkpoint_keys,
@@ -46,11 +49,12 @@ from dmsc.runtime.compute.executor import logits_reply, run_ops, step_ops
 from dmsc.runtime.compute.frames import FrameSpec, carried_tokens, check_frame
 from dmsc.runtime.compute.gradient_sync import GradientSync, LinkShaper
 from dmsc.runtime.compute.inbox import Inbox
-from dmsc.runtime.compute.models.attention import StageCache, StageSession
+from dmsc.runtime.compute.models.attention import StageCache
 from dmsc.runtime.compute.models.chain import tied_weight
 from dmsc.runtime.compute.outer_sync import ReplicaSync, make_optimizer, optimizer_kind, plain_sync
 from dmsc.runtime.compute.peers import Peers
 from dmsc.runtime.compute.pipe_group import pipe_group_of
+from dmsc.runtime.compute.sessions import Sessions
 from dmsc.runtime.compute.telemetry import Telemetry
 from dmsc.runtime.transport import messages as msg
 from dmsc.runtime.transport import tls
@@ -62,12 +66,13 @@ from dmsc.runtime.transport.rpc import (
     BadRequest,
     Client,
     DataLost,
-    NoRoom,
     bytes_handler,
     message_handler,
 )
-from dmsc.runtime.transport.wire import Kind, WireError, decode
+from dmsc.runtime.transport.wire import Kind, Message, WireError, decode
 from dmsc.spec import TransformerSpec
+
+T = TypeVar("T")
 
 
 class StageWorker:
@@ -124,7 +129,7 @@ class StageWorker:
             chunks=self.module.chunks,
         )
         self.steps_done = 0
-        self.sessions: dict[str, StageSession] = {}  # inference sessions' keys and values
+        self.sessions = Sessions()  # inference sessions' keys and values
         self.uncommitted: int | None = None  # the step whose gradients wait for Commit
         self.peers = Peers(
             self.registry, self.inbox, cfg.replica, cfg.recv_timeout_s, self.m_bytes, cfg.token,
@@ -162,15 +167,21 @@ class StageWorker:
 
     # -- RPC methods -----------------------------------------------------------------------
     def push(self, data: bytes) -> bytes:
+        self._take(lambda: (None, decode(data, self.cfg.max_message_bytes)))
+        return b""
+
+    def _take(self, read: Callable[[], tuple[T, Message]]) -> T:
+        """Put the frame ``read`` gives (with what came with it, returned) in the inbox; one
+        malformed or wrong for this stage is refused and counted."""
         try:
-            frame = decode(data, self.cfg.max_message_bytes)
+            got, frame = read()
             check_frame(self.frames, frame.kind, frame.tensor)
             self.inbox.put(frame.kind, frame.step, frame.microbatch, frame.tensor, frame.epoch)
         except (WireError, BadRequest) as exc:
             self.m_rejected.inc()
             self.log.warning("rejected message: %s", exc, extra={"sid": self.cfg.sid})
             raise BadRequest(str(exc)) from None
-        return b""
+        return got
 
     def run_step(self, m: msg.RunStep) -> dict[str, Any]:
         """One step. With a ``budget_s`` it waits for the worker and for frames only until its
@@ -181,22 +192,30 @@ class StageWorker:
                 f"RunStep: {m.microbatches} micro-batches of a batch of {m.local_batch} "
                 "(each micro-batch needs a sample at least)"
             )
-        if m.budget_s is None:
-            with self._lock, self.peers.at_epoch(m.epoch):
-                return self._run(m)
-        deadline = time.monotonic() + m.budget_s
-        if not self._lock.acquire(timeout=m.budget_s):
+        deadline = None if m.budget_s is None else time.monotonic() + m.budget_s
+        if not self._lock.acquire(timeout=-1 if m.budget_s is None else m.budget_s):
             raise Abandoned(f"step {m.step}: worker busy past the step's {m.budget_s:g} s budget")
         try:
             self.peers.deadline = deadline
             with self.peers.at_epoch(m.epoch):
-                return self._run(m)
+                out, handed = self._run(m)
         finally:
             self.peers.deadline = None
             self._lock.release()
+        if handed is None:
+            return out  # else a chained step: the next stage's part, this worker free meanwhile
+        return relay.hand_on(self.peers, self.cfg.stage, m, handed, deadline)
 
-    def _run(self, m: msg.RunStep) -> dict[str, Any]:
+    def relay(self, data: bytes) -> bytes:
+        """``Relay``: a chained inference step with its activations, from the stage before."""
+        m = self._take(lambda: relay.unpack(data, self.cfg.max_message_bytes))
+        return json.dumps(self.run_step(m)).encode()
+
+    def _run(self, m: msg.RunStep) -> tuple[dict[str, Any], torch.Tensor | None]:
+        """This stage's part of step ``m``: its reply, and the activations it hands on to the
+        next stage itself (a chained inference step, :mod:`.relay`; else None)."""
         cfg = self.cfg
+        chained = relay.chained(m, cfg.stage, cfg.stages, bool(cfg.chunks))
         self.peers.abandon()  # sends left by an abandoned step are not ours to finish
         if m.train:  # gradients of a step that was never committed are dropped
             self.optimizer.zero_grad(set_to_none=True)
@@ -231,6 +250,7 @@ class StageWorker:
                 m.start,
                 self.autocast,
                 cfg.stages,
+                chained,
             )
         except BaseException:
             if m.session:  # a step that failed half-way leaves the cache half-extended
@@ -268,7 +288,7 @@ class StageWorker:
             out["loss"] = sum(done.losses.values()) / m.microbatches if done.losses else None
             if not m.train and not m.eval:
                 out.update(logits_reply(torch.cat(done.logits), m.top))
-        return out
+        return out, done.handed
 
     def _use_sync(self, settings: msg.SyncSettings | None) -> None:
         """Take a training step's sync settings: plain averaging, or a new :class:`ReplicaSync`
@@ -327,28 +347,9 @@ class StageWorker:
         self.tied.grad = grad + theirs
 
     def _session(self, session: str, start: int) -> StageCache:
-        """The keys and values of ``session`` for a step from position ``start`` (0 opens it).
-        A new session past ``max_sessions`` is refused (:class:`NoRoom`); idle ones go first."""
-        now = time.monotonic()
-        for key in [k for k, s in self.sessions.items() if now - s.used > self.cfg.session_idle_s]:
-            del self.sessions[key]
-        if start == 0:
-            self.sessions.pop(session, None)
-            if len(self.sessions) >= self.cfg.max_sessions:
-                raise NoRoom(
-                    f"stage {self.cfg.stage}: {len(self.sessions)} inference sessions open, the "
-                    "most it keeps; retry when one ends"
-                )
-            self.sessions[session] = StageSession(StageCache(), now)
-        held = self.sessions.get(session)
-        if held is None:
-            raise BadRequest(f"session {session}: not open here (ended, idle too long, or lost)")
-        if held.cache.length != start:
-            raise BadRequest(
-                f"session {session} holds {held.cache.length} positions, the step starts at {start}"
-            )
-        held.used = now
-        return held.cache
+        """The keys and values of ``session`` for a step from ``start`` (:mod:`.sessions`)."""
+        cfg = self.cfg
+        return self.sessions.take(session, start, cfg.max_sessions, cfg.session_idle_s, cfg.stage)
 
     def end_session(self, m: msg.EndSession) -> dict[str, Any]:
         with self._lock:
@@ -475,6 +476,7 @@ class StageWorker:
     def methods(self) -> dict[str, grpc.RpcMethodHandler]:
         return {
             "Push": bytes_handler(self.push),
+            "Relay": bytes_handler(self.relay),
             "RunStep": message_handler(msg.RunStep, self.telemetry.traced(self.run_step)),
             "Health": message_handler(msg.Health, self.telemetry.reported(self.health)),
             "Save": message_handler(msg.Save, self.save),

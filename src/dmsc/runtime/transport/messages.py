@@ -168,11 +168,14 @@ class RunStep(Message):
     tokens: Annotated[list[list[int]], Field(min_length=1, max_length=MAX_BATCH)] | None = None
     # inference, last stage: only each row's top largest logits and their ids come back
     top: Annotated[int, Field(gt=0, le=MAX_TOP_K)] | None = None
+    # inference: the later stages' epochs; this one calls the next (Relay), answers the last's
+    relay: Annotated[list[Epoch], Field(max_length=MAX_MICROBATCHES)] | None = None
 
     @model_validator(mode="after")
     def _inference_only(self) -> RunStep:
-        if self.tokens is not None and (self.train or self.eval or self.microbatches != 1):
-            raise ValueError("tokens: carried in an inference step of one micro-batch only")
+        carried = [n for n in ("tokens", "relay") if getattr(self, n) is not None]
+        if carried and (self.train or self.eval or self.microbatches > 1):
+            raise ValueError(f"{carried[0]}: carried in an inference step of one micro-batch only")
         if self.top is not None and (self.train or self.eval):
             raise ValueError("top: the largest logits of an inference step, not of training")
         return self
@@ -442,6 +445,11 @@ class AutoscaleSettings(Message):
         return self
 
 
+RayAddress = Annotated[
+    str, Field(min_length=3, max_length=256, pattern=r"^([^\s:\[\]]+|\[[0-9A-Fa-f:.]+\]):\d{1,5}$")
+]
+
+
 class ControlSettings(Message):
     """What ``dmsc up`` tells the control-plane process (as JSON on its standard input): the
     settings are parsed once, by the CLI, and the daemon has no parser of its own."""
@@ -463,15 +471,7 @@ class ControlSettings(Message):
     # ``ray_address``, its head's HOST:PORT; None: a private cluster on 127.0.0.1 for this
     # run; never ``auto``, which joins whichever cluster /tmp/ray names, maybe another user's).
     launcher: Literal["local", "ray"] = "local"
-    ray_address: (
-        Annotated[
-            str,
-            Field(
-                min_length=3, max_length=256, pattern=r"^([^\s:\[\]]+|\[[0-9A-Fa-f:.]+\]):\d{1,5}$"
-            ),
-        ]
-        | None
-    ) = None
+    ray_address: RayAddress | None = None
     # The gateway's limits per tenant: requests/s (and the burst saved up), inference in flight
     rate_limit: Annotated[float, Field(gt=0, le=1e6)] = 20.0
     burst: Annotated[float, Field(ge=1, le=1e6)] = 40.0

@@ -201,8 +201,10 @@ class Deployment(ForwardRequests):
         """Workers (of ``keys``, default all) that do not answer Health within ``timeout_s``."""
         return failures.probe(self, timeout_s, keys)
 
-    def gather(self, futures: dict[Key, Any], deadline_s: float) -> dict[Key, dict[str, Any]]:
-        return failures.gather(self, futures, deadline_s)
+    def gather(
+        self, futures: dict[Key, Any], deadline_s: float, watch: Collection[Key] | None = None
+    ) -> dict[Key, dict[str, Any]]:
+        return failures.gather(self, futures, deadline_s, watch)
 
     def calls(
         self,

@@ -149,15 +149,23 @@ def _code(exc: BaseException) -> grpc.StatusCode | None:
     return exc.code() if isinstance(exc, grpc.RpcError) else None
 
 
-def gather(ws: Workers, futures: dict[Key, Any], deadline_s: float) -> dict[Key, dict[str, Any]]:
+def gather(
+    ws: Workers,
+    futures: dict[Key, Any],
+    deadline_s: float,
+    watch: Collection[Key] | None = None,
+) -> dict[Key, dict[str, Any]]:
     """Wait for calls to every worker in ``futures`` (grpc futures of JSON replies), watching
-    the workers meanwhile. Raises :class:`WorkerFailure` at the first sign of one,
-    :class:`StepRestartNeeded` when a stage leader dropped the step, :class:`CheckpointRefused`
-    when a worker found the checkpoint it was told to load missing or corrupt, RuntimeError when
-    a worker refused the request (a bug, not a failure: no recovery would help)."""
+    the workers meanwhile (those of ``watch`` too: the later stages a chained inference step
+    reaches through the first, :mod:`dmsc.runtime.compute.relay`). Raises
+    :class:`WorkerFailure` at the first sign of one, :class:`StepRestartNeeded` when a stage
+    leader dropped the step, :class:`CheckpointRefused` when a worker found the checkpoint it
+    was told to load missing or corrupt, RuntimeError when a worker refused the request (a bug,
+    not a failure: no recovery would help)."""
     end = time.monotonic() + deadline_s
     replies: dict[Key, dict[str, Any]] = {}
     pending = dict(futures)
+    watched = {*futures, *(watch or ())}
     wake = threading.Event()  # grpc futures are not concurrent.futures ones: a callback
     for fut in futures.values():
         fut.add_done_callback(lambda _: wake.set())
@@ -179,13 +187,13 @@ def gather(ws: Workers, futures: dict[Key, Any], deadline_s: float) -> dict[Key,
                 raise NoRoom(details)
             if _code(exc) == grpc.StatusCode.INVALID_ARGUMENT:
                 raise RuntimeError(f"stage {key[0]} replica {key[1]} refused: {details}")
-            raise failure(ws, f"stage {key[0]} replica {key[1]}: {details}", futures)
-        found = suspects(ws, futures)
+            raise failure(ws, f"stage {key[0]} replica {key[1]}: {details}", watched)
+        found = suspects(ws, watched)
         if found:
-            raise failure(ws, "", futures, found)
+            raise failure(ws, "", watched, found)
         if time.monotonic() > end:
             slow = {k: "missed the step deadline" for k in pending}
-            raise failure(ws, "step deadline", futures, slow)
+            raise failure(ws, "step deadline", watched, slow)
     return replies
 
 

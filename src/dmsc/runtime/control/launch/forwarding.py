@@ -78,7 +78,10 @@ class ForwardRequests:
         ) -> dict[Key, Any]: ...
 
         def gather(
-            self, futures: dict[Key, Any], deadline_s: float
+            self,
+            futures: dict[Key, Any],
+            deadline_s: float,
+            watch: Collection[Key] | None = None,
         ) -> dict[Key, dict[str, Any]]: ...
 
     def instance(self, replica: int) -> list[Key]:
@@ -112,26 +115,34 @@ class ForwardRequests:
         top: int | None = None,
     ) -> torch.Tensor:
         """Next-token logits of every sequence (forward only, through one replica's pipeline, and
-        at ep > 1 its group's: :meth:`instance`); with a ``session``, ``tokens`` are positions
-        ``start ..`` and the stages keep the keys and values; with ``top``, each row's ``top``
-        largest only (the rest -inf). A failure raises :class:`WorkerFailure` naming the stage
-        that failed, a stage without room for a new session :class:`NoRoom`."""
+        at ep > 1 its group's: :meth:`instance`; one call to each first stage, which calls the
+        next stage itself, and so on: :mod:`dmsc.runtime.compute.relay`); with a ``session``,
+        ``tokens`` are positions ``start ..`` and the stages keep the keys and values; with
+        ``top``, each row's ``top`` largest only (the rest -inf). A failure raises
+        :class:`WorkerFailure` naming the stage that failed, a full stage :class:`NoRoom`."""
         keys = self.instance(replica)
         rows = self.checked((0, replica), Kind.TOKENS, tokens).tolist()
+        chained = not self.layout.chunks  # an interleaved pipeline's stages each get a call
 
-        def run(epoch: int, first: bool = False) -> RunStep:  # tokens go in stage 0's call
+        def run(epoch: int, first: int | None = None) -> RunStep:  # tokens go in stage 0's call
+            relay = None  # the later stages' epochs, for the first stage of replica ``first``
+            if chained and first is not None:
+                relay = [self.epochs[(s, first)] for s in range(1, self.stages)]
             return RunStep(
                 step=step, microbatches=1, train=False, epoch=epoch, budget_s=timeout_s,
-                session=session, start=start, tokens=rows if first else None, top=top
+                session=session, start=start, tokens=None if first is None else rows, top=top,
+                relay=relay,
             )  # fmt: skip
 
         with self.in_turn(replica):
-            calls = self.calls("RunStep", run, [k for k in keys if k[0]], timeout_s)
+            later = [] if chained else [k for k in keys if k[0]]
+            calls = self.calls("RunStep", run, later, timeout_s)
             for k in (k for k in keys if not k[0]):  # each first stage: the tokens
-                head = run(self.epochs[k], first=True)
+                head = run(self.epochs[k], first=k[1])
                 calls[k] = self.tp.send(k, self.clients[k], "RunStep", head, timeout_s)
-            replies = self.gather(calls, timeout_s)
-        return reply_logits(replies[(self.stages - 1, replica)], self.layout.model.vocab)
+            replies = self.gather(calls, timeout_s, watch=keys)  # every stage watched
+        last = (0, replica) if chained else (self.stages - 1, replica)
+        return reply_logits(replies[last], self.layout.model.vocab)
 
     def generate(
         self,
