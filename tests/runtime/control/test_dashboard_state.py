@@ -9,6 +9,7 @@ from runtime_helpers import MEASURED_CPU
 
 from dmsc.data.db import Database
 from dmsc.data.traces import add_step_traces
+from dmsc.planner.plan import Plan
 from dmsc.planner.solve import plan_job
 from dmsc.runtime.compute.calibrate import calibrated_cluster
 from dmsc.runtime.control.advisors.prediction import (
@@ -122,16 +123,22 @@ def test_the_step_chart_shows_the_prediction_for_the_job_the_task_ran(tmp_path: 
     assert guessed["predicted_step_s"] is None and "never measured" in guessed["prediction"]
 
 
-def test_a_task_that_changed_dp_is_drawn_beside_each_dps_prediction(tmp_path: Path) -> None:
-    """Issue 32: a task that shrank from dp 2 to dp 1 between two steps was drawn beside the
-    prediction for the job in its parameters; the chart now has each segment's own prediction
-    over its steps (the task's result, as the session reported it), and none task-wide."""
+def _plans_before_and_after_a_shrink() -> tuple[ClusterSpec, Any, Plan, Plan]:
+    """The calibrated two-site cluster, gpt-mini, its pp 2 x dp 2 plan and that plan cut to
+    dp 1 (what a shrink re-plans)."""
     cluster = load_spec(ClusterSpec, ROOT / "examples/clusters/two-sites-cpu.yaml")
     measured = ClusterSpec.model_validate(calibrated_cluster(cluster, MEASURED_CPU))
     model = resolve_model("gpt-mini")
     plan = plan_job(measured, model, JobSpec(global_batch=16, micro_batch=4, pp=2, dp=2),
                     fixed=True).plan  # fmt: skip
-    shrunk = resized_plan(plan, model, measured, 1)
+    return measured, model, plan, resized_plan(plan, model, measured, 1)
+
+
+def test_a_task_that_changed_dp_is_drawn_beside_each_dps_prediction(tmp_path: Path) -> None:
+    """Issue 32: a task that shrank from dp 2 to dp 1 between two steps was drawn beside the
+    prediction for the job in its parameters; the chart now has each segment's own prediction
+    over its steps (the task's result, as the session reported it), and none task-wide."""
+    measured, model, plan, shrunk = _plans_before_and_after_a_shrink()
     params = TrainParams(steps=6, batch=16, microbatches=4, checkpoint_every=0,
                          late_policy="wait", grad_wait_s=1.0)  # fmt: skip
     report = TrainReport(6, first_step=10)
@@ -180,12 +187,7 @@ def test_a_running_task_that_changed_dp_is_drawn_beside_each_dps_prediction_so_f
     the dashboard reads its session's report (the control plane's TaskPredictions, which the
     session hands it to): each segment so far beside the prediction for its dp on the plan it
     ran on, a step timed meanwhile counted at the next read, and none task-wide."""
-    cluster = load_spec(ClusterSpec, ROOT / "examples/clusters/two-sites-cpu.yaml")
-    measured = ClusterSpec.model_validate(calibrated_cluster(cluster, MEASURED_CPU))
-    model = resolve_model("gpt-mini")
-    plan = plan_job(measured, model, JobSpec(global_batch=16, micro_batch=4, pp=2, dp=2),
-                    fixed=True).plan  # fmt: skip
-    shrunk = resized_plan(plan, model, measured, 1)
+    measured, model, plan, shrunk = _plans_before_and_after_a_shrink()
     params = TrainParams(steps=8, batch=16, microbatches=4, checkpoint_every=0,
                          late_policy="wait", grad_wait_s=1.0)  # fmt: skip
     db = Database(f"sqlite:///{tmp_path / 'd.sqlite'}")
