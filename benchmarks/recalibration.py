@@ -89,7 +89,22 @@ def one_run(steps: int) -> dict[str, Any]:
     )  # fmt: skip
     after = _train(dmsc, home, plan2, refit, steps)
     fit = _fit_figures(home, before["run"])
-    return {"before": before, "after": after, "fit": fit, "calibrated": planned["calibrated"]}
+    same = _placed(plan) == _placed(plan2)
+    return {
+        "before": before,
+        "after": after,
+        "fit": fit,
+        "calibrated": planned["calibrated"],
+        "same_plan": same,  # False: the planner cut or placed the stages otherwise on the fit
+    }
+
+
+def _placed(plan: Path) -> list[Any]:
+    """A plan's stages as deployed: each one's layers and its replicas' devices."""
+    stages = json.loads(plan.read_text())["stages"]
+    return [
+        (st["chunks"], [(r["datacenter"], r["devices"]) for r in st["replicas"]]) for st in stages
+    ]
 
 
 def _fit_figures(home: Path, run: int) -> dict[str, Any]:
@@ -129,6 +144,13 @@ def main() -> None:
             phase: statistics.median(abs(r[phase]["error"]) for r in runs)
             for phase in ("before", "after")
         },
+        # after, split by whether the recalibrated planner kept the plan the fit measured
+        "after_error_by_plan": {
+            kept: [
+                round(r["after"]["error"], 4) for r in runs if r["same_plan"] == (kept == "same")
+            ]
+            for kept in ("same", "other")
+        },
         "median_abs_repeat_error": statistics.median(
             abs(r[phase]["repeat_error"]) for r in runs for phase in ("before", "after")
         ),
@@ -142,7 +164,7 @@ def main() -> None:
         return
     print(f"{'run':>3} {'before: predicted':>18} {'measured':>9} {'error':>7}   "
           f"{'after: predicted':>17} {'measured':>9} {'error':>7}   "
-          "step factor   halves apart")  # fmt: skip
+          "step factor   halves apart   plan after")  # fmt: skip
     for i, r in enumerate(runs, 1):
         b, a = r["before"], r["after"]
         print(
@@ -150,6 +172,7 @@ def main() -> None:
             f" {b['error']:>+7.1%}   {a['predicted_step_s'] * 1e3:>14.1f} ms "
             f"{a['measured_step_s'] * 1e3:>6.1f} ms {a['error']:>+7.1%}   "
             f"{r['fit']['step_factor']:.3f}   {b['repeat_error']:+.1%} / {a['repeat_error']:+.1%}"
+            f"   {'the one measured' if r['same_plan'] else 'cut or placed otherwise'}"
         )
     print(
         f"within {GOAL:.0%}: before {out['within_goal']['before']} of {len(runs)} runs, after "

@@ -108,3 +108,45 @@ def test_plan_calibrated_without_a_recalibration_of_the_cluster_exits_2(
     code, out, err = run(capsys, "plan", "--cluster", str(other), *JOB, "--calibrated")
     assert code == 2 and out == ""
     assert str(other) in err and "--calibrated" in err and "no recalibration of cluster" in err
+
+
+def test_plan_calibrated_keeps_the_placement_the_fit_measured_within_the_margin(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """A run whose links measured about 8 times slower than the spec: on its fit the search
+    re-cuts the layers for a gain within the margin, and ``--calibrated`` keeps the plan the
+    run measured (its stages, predicted on the fit) and says why."""
+    from dmsc.planner.measured_choice import MARGIN
+    from dmsc.planner.placement.from_specs import build_problem
+    from dmsc.planner.placement.problem import boundary_us
+    from dmsc.planner.recalibrate import iteration_s, plan_placement, scaled
+
+    (tmp_path / "home").mkdir()
+    monkeypatch.setenv("DMSC_HOME", str(tmp_path / "home"))
+    monkeypatch.delenv("DMSC_DATABASE_URL", raising=False)
+    db = Database(f"sqlite:///{tmp_path / 'home' / 'dmsc.sqlite'}")
+    cluster, model = load_spec(ClusterSpec, LOCAL), resolve_model("gpt-mini")
+    job = JobSpec(global_batch=8, micro_batch=4, pp=3, schedule="1f1b")
+    plan = plan_job(cluster, model, job, fixed=True).plan
+    true = scaled(cluster, {"cpu": 1.0}, {"dc-0-dc-1": 0.13, "dc-1-dc-2": 0.12})
+    built = build_problem(true, model, plan.job)
+    place = plan_placement(built, plan)
+    p = built.problem
+    stage_s = {s: (p.compute_us[s][d] or 0) * 1e-6 for s, d in enumerate(place.dcs)}
+    moved = boundary_us(p, place.dcs, place.routes)
+    bounds = {b: (p.boundary_bytes[b], moved[b] * 1e-6) for b in range(len(moved))}
+    figures = RunFigures(stage_s, bounds, iteration_s(plan, true, model), steps=10)
+    run_id = db.new_run("gpt-mini", "local-cpu", plan.model_dump(mode="json")).id
+    task = db.new_task(run_id, "train", {}).id
+    record_fit(db, run_id, task, "local-cpu", fit_run(plan, cluster, figures, source="test"))
+
+    code, out, err = run(capsys, "plan", "--cluster", str(LOCAL), *JOB, *FIXED, "--calibrated",
+                         "--json")  # fmt: skip
+    assert code == 0, err
+    got = json.loads(out)
+    assert "kept the measured plan's placement" in got["calibrated"], got["calibrated"]
+    assert f"within the {MARGIN:.0%} margin" in got["calibrated"]
+    assert [st["chunks"] for st in got["stages"]] == [
+        [list(c) for c in st.chunks] for st in plan.stages
+    ]
+    assert got["iteration_time_s"] == pytest.approx(iteration_s(plan, true, model), rel=1e-3)

@@ -101,11 +101,11 @@ def plan(
     check_output(out, "--out")
     check_output(gantt, "--gantt", image=True)
     cluster_spec = load_cluster(cluster)
-    used = None
+    used = measured = None
     if calibrated:
         from dmsc.cli.recalibrate import calibrated as recalibrated
 
-        cluster_spec, used = recalibrated(cluster_spec, cluster)
+        cluster_spec, used, measured = recalibrated(cluster_spec, cluster)
         (err_console if as_json else console).print(used, highlight=False, soft_wrap=True)
     model_spec = build_model(model, {})
     model_spec = pin_checkpoint(model_spec)
@@ -190,6 +190,13 @@ def plan(
                     lambda name: progress.update(task, description=f"solver {name}"),
                 )
             ]  # fmt: skip
+    if measured is not None:  # the fit is exact for the placement it measured only
+        from dmsc.planner.measured_choice import prefer_measured
+
+        outcome, why = prefer_measured(outcome, measured, cluster_spec, model_spec)
+        if why is not None:
+            used = f"{used}; {why}"
+            (err_console if as_json else console).print(why, highlight=False, soft_wrap=True)
     the_plan = outcome.plan
     if out is not None:
         Path(out).write_text(the_plan.model_dump_json(indent=2))

@@ -14,6 +14,7 @@ from dmsc.spec import SpecError
 
 if TYPE_CHECKING:
     from dmsc.data.calibration_records import RecalibrationRecord
+    from dmsc.planner.plan import Plan
     from dmsc.spec import ClusterSpec
 
 
@@ -83,11 +84,12 @@ def write_from_run(run_id: int, out: str | None, console: Console) -> Path:
     return dst
 
 
-def calibrated(cluster: ClusterSpec, where: str) -> tuple[ClusterSpec, str]:
-    """``dmsc plan --calibrated``: the newest recalibration of ``cluster`` (by its name) and the
-    words that say which; a SpecError naming ``--calibrated`` when there is none."""
+def calibrated(cluster: ClusterSpec, where: str) -> tuple[ClusterSpec, str, Plan | None]:
+    """``dmsc plan --calibrated``: the newest recalibration of ``cluster`` (by its name), the
+    words that say which, and the plan of the run it was fitted to (None if that run's plan no
+    longer reads); a SpecError naming ``--calibrated`` when there is none."""
     from dmsc.cli.database import open_database
-    from dmsc.data.calibrations import fitted_spec, newest_fit
+    from dmsc.data.calibrations import fitted_spec, newest_fit, run_plan
     from dmsc.spec import ClusterSpec
 
     db = open_database()
@@ -100,4 +102,5 @@ def calibrated(cluster: ClusterSpec, where: str) -> tuple[ClusterSpec, str]:
             " (a training task on a plan of it makes one)",
         )
     spec = ClusterSpec.model_validate(fitted_spec(record))
-    return spec, f"planning on cluster {cluster.name!r} as recalibrated from {describe(record)}"
+    words = f"planning on cluster {cluster.name!r} as recalibrated from {describe(record)}"
+    return spec, words, run_plan(db, record.run_id)

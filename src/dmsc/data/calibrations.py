@@ -116,6 +116,19 @@ def record_fit(
     )
 
 
+def run_plan(db: Database, run_id: int) -> Plan | None:
+    """The plan run ``run_id`` deployed (None: no such run, or a plan this version cannot read)."""
+    with db.sessions() as s:
+        run = s.get(RunRecord, run_id)
+        text = run.plan_json if run is not None else None
+    if not text:
+        return None
+    try:
+        return Plan.model_validate_json(text)
+    except ValueError:
+        return None
+
+
 def run_exists(db: Database, run_id: int) -> bool:
     with db.sessions() as s:
         return s.get(RunRecord, run_id) is not None
