@@ -28,7 +28,6 @@ def _train(home: Path, plan: Path) -> list[float]:
         # every rank's own process use, not only each replica's first rank's (they were None)
         pids = {s["pid"] for s in status["services"]}
         assert len(pids) == 4 and all(s["rss_bytes"] > 50 << 20 for s in status["services"])
-        assert all(s["cpu_percent"] is not None for s in status["services"])
         res = dmsc(home, "train", "--steps", "3", "--json")
         assert res.returncode == 0, res.stderr
         *progress, last = [json.loads(line) for line in res.stdout.splitlines()]
