@@ -40,7 +40,7 @@ assert isinstance(SPEC, TransformerSpec)
 RANGES = [("embedding", "block_1"), ("block_2", "head")]
 # pp=2 x dp=2 across two datacenters: stage 0 in dc-0, stage 1 in dc-1
 DCS = {(s, r): f"dc-{s}" for s in range(2) for r in range(2)}
-STEPS, BATCH, MICRO = 7, 8, 2  # MICRO per replica: 4 micro-batches in all
+STEPS, BATCH, MICRO = 8, 8, 2  # MICRO per replica: 4 micro-batches in all; a step after the kill
 NODE_STEPS = 6  # the steps of a node-fault test
 # One process of `pytest -n 2 --dist loadgroup` runs every test of this module (conftest's
 # ONE_PROCESS): one cluster for them all rather than one per process.
