@@ -194,3 +194,21 @@ def reference_losses(
     losses = train_reference(spec, seed, lr, batches, microbatches, optimizer)
     _REFERENCES.append((key, steps, losses))
     return list(losses)
+
+
+def run_figures_on(plan: Plan, true: ClusterSpec, model: Any, step_s: float | None = None) -> Any:
+    """What a run of ``plan`` on the cluster ``true`` measures, as the cost model predicts it:
+    each stage's compute per micro-batch, each boundary's bytes and transfer, the step (the
+    recalibration tests' figures, fitted back to ``true``)."""
+    from dmsc.planner.placement.from_specs import build_problem
+    from dmsc.planner.placement.problem import boundary_us
+    from dmsc.planner.recalibrate import RunFigures, iteration_s, plan_placement
+
+    built = build_problem(true, model, plan.job)
+    place = plan_placement(built, plan)
+    p = built.problem
+    stage_s = {s: (p.compute_us[s][d] or 0) * 1e-6 for s, d in enumerate(place.dcs)}
+    transfer = boundary_us(p, place.dcs, place.routes)
+    bounds = {b: (p.boundary_bytes[b], transfer[b] * 1e-6) for b in range(len(transfer))}
+    step = step_s if step_s is not None else iteration_s(plan, true, model)
+    return RunFigures(stage_s, bounds, step, steps=10)

@@ -9,6 +9,7 @@ from pathlib import Path
 
 import pytest
 import yaml
+from runtime_helpers import run_figures_on
 
 from dmsc.cli import main
 from dmsc.data.calibrations import record_fit, run_fits
@@ -117,9 +118,7 @@ def test_plan_calibrated_keeps_the_placement_the_fit_measured_within_the_margin(
     re-cuts the layers for a gain within the margin, and ``--calibrated`` keeps the plan the
     run measured (its stages, predicted on the fit) and says why."""
     from dmsc.planner.measured_choice import MARGIN
-    from dmsc.planner.placement.from_specs import build_problem
-    from dmsc.planner.placement.problem import boundary_us
-    from dmsc.planner.recalibrate import iteration_s, plan_placement, scaled
+    from dmsc.planner.recalibrate import iteration_s, scaled
 
     (tmp_path / "home").mkdir()
     monkeypatch.setenv("DMSC_HOME", str(tmp_path / "home"))
@@ -129,13 +128,7 @@ def test_plan_calibrated_keeps_the_placement_the_fit_measured_within_the_margin(
     job = JobSpec(global_batch=8, micro_batch=4, pp=3, schedule="1f1b")
     plan = plan_job(cluster, model, job, fixed=True).plan
     true = scaled(cluster, {"cpu": 1.0}, {"dc-0-dc-1": 0.13, "dc-1-dc-2": 0.12})
-    built = build_problem(true, model, plan.job)
-    place = plan_placement(built, plan)
-    p = built.problem
-    stage_s = {s: (p.compute_us[s][d] or 0) * 1e-6 for s, d in enumerate(place.dcs)}
-    moved = boundary_us(p, place.dcs, place.routes)
-    bounds = {b: (p.boundary_bytes[b], moved[b] * 1e-6) for b in range(len(moved))}
-    figures = RunFigures(stage_s, bounds, iteration_s(plan, true, model), steps=10)
+    figures = run_figures_on(plan, true, model)
     run_id = db.new_run("gpt-mini", "local-cpu", plan.model_dump(mode="json")).id
     task = db.new_task(run_id, "train", {}).id
     record_fit(db, run_id, task, "local-cpu", fit_run(plan, cluster, figures, source="test"))

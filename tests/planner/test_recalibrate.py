@@ -6,16 +6,13 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
+from runtime_helpers import run_figures_on
 
-from dmsc.planner.placement.from_specs import build_problem
-from dmsc.planner.placement.problem import boundary_us
 from dmsc.planner.plan import Plan
 from dmsc.planner.recalibrate import (
     CannotFit,
     RunFigures,
     fit_run,
-    iteration_s,
-    plan_placement,
     scaled,
 )
 from dmsc.planner.solve import plan_job
@@ -37,14 +34,8 @@ def demo() -> tuple[Plan, ClusterSpec]:
 
 def figures_of(plan: Plan, true: ClusterSpec, step_s: float | None = None) -> RunFigures:
     """What a run on ``true`` measures, as the cost model predicts it."""
-    built = build_problem(true, MODEL, plan.job)
-    place = plan_placement(built, plan)
-    p = built.problem
-    stage_s = {s: (p.compute_us[s][d] or 0) * 1e-6 for s, d in enumerate(place.dcs)}
-    transfer = boundary_us(p, place.dcs, place.routes)
-    bounds = {b: (p.boundary_bytes[b], transfer[b] * 1e-6) for b in range(len(transfer))}
-    step = step_s if step_s is not None else iteration_s(plan, true, MODEL)
-    return RunFigures(stage_s, bounds, step, steps=10)
+    figures: RunFigures = run_figures_on(plan, true, MODEL, step_s)
+    return figures
 
 
 def test_figures_made_from_known_parameters_are_fitted_back_to_them(
