@@ -160,3 +160,31 @@ def test_the_train_output_shows_each_segment_against_its_prediction() -> None:
         "  from step 4 at dp 1: 4 steps, step 500.0 ms (not comparable: why)",
     ]
     assert segment_lines(reply.model_copy(update={"segments": seg[:1]})) == []
+
+
+def test_a_re_estimate_keeps_the_placement_that_ran(model: TransformerSpec) -> None:
+    """On a fit, `dmsc plan --calibrated` kept the measured placement (its margin) while the
+    search re-cut the layers for a predicted 7% gain; the task of the kept plan was compared
+    with the search's figure, for a placement that never ran (recalibration run 2: 221.7 ms
+    beside the kept plan's 239.4)."""
+    from dmsc.planner.measured_choice import prefer_measured
+    from dmsc.planner.recalibrate import iteration_s, scaled
+
+    spec = load_spec(ClusterSpec, LOCAL).model_dump()
+    spec["device_types"]["cpu"]["op_overhead_us"] = 30.0  # measured (else not compared)
+    local = ClusterSpec.model_validate(spec)
+    measured = plan_job(local, model, JOB, fixed=True).plan
+    fit = scaled(local, {"cpu": 1.0}, {"dc-0-dc-1": 0.13, "dc-1-dc-2": 0.12})
+    found = plan_job(fit, model, JOB, fixed=True)
+    kept, why = prefer_measured(found, measured, fit, model)
+    assert why is not None and "kept the measured plan's placement" in why
+    searched = found.plan.prediction.iteration_time_s
+    assert searched < 0.99 * kept.plan.prediction.iteration_time_s
+    p = prediction_for(measured, fit, model, 16, 4, 1)
+    assert p.step_s == pytest.approx(kept.plan.prediction.iteration_time_s)
+    assert "cluster spec now in force" in p.basis
+    # another batch on the same replicas: the placement that ran, not the search's
+    job32 = measured.job.model_copy(update={"global_batch": 32, "micro_batch": 8})
+    q = prediction_for(measured, fit, model, 32, 4, 1)
+    assert q.step_s == iteration_s(measured.model_copy(update={"job": job32}), fit, model)
+    assert q.step_s != plan_job(fit, model, job32, fixed=True).plan.prediction.iteration_time_s

@@ -7,8 +7,9 @@ measured is compared with:
 
 - the plan's prediction when the task ran the plan's job and the cluster spec is not known (or
   gives the same figure);
-- a prediction re-estimated for the job that ran, on the cluster spec in force (the planner on
-  the same strategy, as ``dmsc plan`` would predict it), when anything differs;
+- a prediction re-estimated for the job that ran, on the cluster spec in force, when anything
+  differs: the plan's placement re-costed there where the task kept its replicas
+  (:func:`placed_s`), else the planner on the same strategy, as ``dmsc plan`` would predict it;
 - nothing ("not comparable", with the reason) when the job differs and there is no cluster spec
   to re-estimate on, when the re-estimate fails, or when the cluster's devices were never
   measured (a spec of guessed figures, such as ``local-cpu`` before ``dmsc calibrate``).
@@ -113,7 +114,9 @@ def prediction_for(
         new = JobSpec.model_validate(
             {**job.model_dump(), "global_batch": batch, "micro_batch": micro_batch, "dp": dp}
         )
-        step_s = plan_job(cluster, model, new, fixed=True).plan.prediction.iteration_time_s
+        step_s = placed_s(plan, new, cluster, model)
+        if step_s is None:
+            step_s = plan_job(cluster, model, new, fixed=True).plan.prediction.iteration_time_s
     except (ValueError, SpecError) as exc:  # DoesNotFit and Infeasible are ValueErrors
         return Prediction(None, f"not comparable: {ran} cannot be re-estimated: {exc}")
     if same and abs(step_s - planned) <= SAME_REL * planned:
@@ -126,6 +129,25 @@ def prediction_for(
         )
     planned_job = job_words(job.global_batch, job.microbatches, job.dp)
     return Prediction(step_s, f"re-estimated for {ran} (the plan's job: {planned_job})")
+
+
+def placed_s(
+    plan: Plan, job: JobSpec, cluster: ClusterSpec, model: TransformerSpec | LayerListSpec
+) -> float | None:
+    """``job`` on ``plan``'s placement (its stages' layers, datacenters and paths kept) as the
+    planner predicts it on ``cluster``: what ran, when the task kept the plan's replicas. None
+    when it did not (another dp) or ``cluster`` lacks a datacenter or path of the plan; then
+    the search's plan for ``job`` stands in. A search on a re-fitted cluster may place the
+    stages otherwise than the plan that was deployed (``dmsc plan --calibrated`` keeps the
+    measured placement within its margin): its figure is for a placement that did not run."""
+    from dmsc.planner.recalibrate import CannotFit, iteration_s
+
+    if job.dp != plan.job.dp:
+        return None
+    try:
+        return iteration_s(plan.model_copy(update={"job": job}), cluster, model)
+    except CannotFit:
+        return None
 
 
 def task_prediction(
