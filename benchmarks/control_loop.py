@@ -26,16 +26,22 @@ fault is injected at the same point of the same work in both.
    (nothing adapts the deployment). The objective is one two pipelines can hold at the top
    step and one cannot (benchmarks/results/autoscale.json: p99 1.53 s with two at 6 clients,
    3.19 s with one); on two cores the second pipeline only has what the first leaves idle.
-3. **busy node** (``busy``): gpt-mini pp=2 x dp=1 on examples/clusters/local-cpu.yaml, one
-   training task of ``--busy-steps``; after a third of its steps, ``--burners-per-core``
-   CPU-burning processes per core of the machine (the node's cores), each in a session of its
-   own, until it ends. Objective ``step_time_s`` (action ``alert``): ``--step-slo``, by
+3. **busy node** (``busy``): gpt-mini in one stage (pp=1 x dp=1) on
+   examples/clusters/pinned-nodes-cpu.yaml (this machine as two nodes of one datacenter, each
+   pinned to a core of its own), so the stage runs on node 0's core and node 1 is free. Two
+   training tasks (``--busy-steps``, then ``--busy-after-steps`` after ``--gap`` seconds); a
+   third into the first, ``--burners-per-core`` CPU-burning processes pinned to node 0's core,
+   each in a session of its own, until the second ends. On: the policy's ``busy`` check (90% on
+   ``--confirm-ticks`` ticks) and ``step_time_s`` (action ``alert``), ``--step-slo``, by
    default twice the median step before the fault of the run with the loop off, given to the
    run with it on (benchmarks/results/control_loop_cost_cpu.json: a median step of 0.17 to
-   0.31 s here, and more when the shared machine is loaded: no fixed figure fits).
-   The workers' CPU share before and during the burn comes from their step traces (the
-   telemetry the loop reads).
-4. **lost device** (``lost``): the same deployment (``--failure-timeout 3``), one training task
+   0.31 s here, and more when the shared machine is loaded: no fixed figure fits). The loop
+   may move the stage to the idle node 1 (``move-node``), applied between the tasks. The
+   worker's CPU share and its node's (its core) before, during the burn and in the second task
+   come from its step traces (the telemetry the loop reads), and the cores the worker runs on
+   before and after from the process itself.
+4. **lost device** (``lost``): gpt-mini pp=2 x dp=1 on examples/clusters/local-cpu.yaml
+   (``--failure-timeout 3``), one training task
    of ``--lost-steps`` checkpointing every 5; after a third of them the stage-1 worker is
    killed (``dmsc chaos --kill-worker stage=1``, kill -9). The runtime detects and replaces it
    (its ``faults`` row), loop or not; on: ``step_time_s`` (as for the busy node) and
@@ -160,20 +166,20 @@ def _loop_flags(mode: str, interval: float, slos: list[str]) -> list[str]:
     return flags
 
 
-_PLANS: dict[tuple[str, int], str] = {}  # (cluster file's text, dp) -> the plan dmsc plan made
+_PLANS: dict[tuple[str, int, int], str] = {}  # (cluster file's text, dp, pp) -> dmsc plan's plan
 
 
-def _plan(home: Path, dmsc: Callable[..., str], cluster: Path, dp: int) -> Path:
-    """gpt-mini pp=2 x ``dp`` on ``cluster`` into ``home/plan.json`` (``dmsc plan`` once per
-    cluster and dp: a plan holds no path of its home, the second run copies it)."""
+def _plan(home: Path, dmsc: Callable[..., str], cluster: Path, dp: int, pp: int = 2) -> Path:
+    """gpt-mini ``pp`` x ``dp`` on ``cluster`` into ``home/plan.json`` (``dmsc plan`` once per
+    cluster, dp and pp: a plan holds no path of its home, the second run copies it)."""
     plan = home / "plan.json"
-    key = (cluster.read_text(), dp)
+    key = (cluster.read_text(), dp, pp)
     if key in _PLANS:
         plan.write_text(_PLANS[key])
         return plan
     dmsc(
         *("plan", "--cluster", str(cluster), "--model", "gpt-mini", "--global-batch", "8"),
-        *("--micro-batch", "2", "--tp", "1", "--pp", "2", "--dp", str(dp), "--out", str(plan)),
+        *("--micro-batch", "2", "--tp", "1", "--pp", str(pp), "--dp", str(dp), "--out", str(plan)),
     )
     _PLANS[key] = plan.read_text()
     return plan
@@ -327,15 +333,19 @@ def _up_and_train(
     return home, db, info
 
 
-def _burn(per_core: int) -> tuple[float, Callable[[], None]]:
-    """``per_core`` CPU-burning processes per core of the machine, each in a session of its own
-    (Linux's autogroup scheduler shares the CPU between sessions first: burners in one session
-    would take one share between them, as one tenant's job does); when they started, and what
-    stops them."""
-    procs = [
-        subprocess.Popen([sys.executable, "-c", "while True: pass"], start_new_session=True)
-        for _ in range(per_core * (os.cpu_count() or 1))
-    ]
+def _burn(per_core: int, cores: set[int] | None = None) -> tuple[float, Callable[[], None]]:
+    """``per_core`` CPU-burning processes per core of the machine (of ``cores`` only, pinned to
+    them: a busy node's), each in a session of its own (Linux's autogroup scheduler shares the
+    CPU between sessions first: burners in one session would take one share between them, as
+    one tenant's job does); when they started, and what stops them."""
+    on = sorted(cores) if cores else list(range(os.cpu_count() or 1))
+    procs = []
+    for core in on:
+        for _ in range(per_core):
+            p = subprocess.Popen([sys.executable, "-c", "while True: pass"], start_new_session=True)
+            if cores:
+                os.sched_setaffinity(p.pid, {core})
+            procs.append(p)
 
     def stop() -> None:
         for p in procs:
@@ -363,38 +373,92 @@ def _step_slo(a: argparse.Namespace, name: str, before: list[float] | None = Non
 
 
 def busy_node(mode: str, a: argparse.Namespace) -> dict[str, Any]:
-    def inject(home: Path, dmsc: Callable[..., str], db: Database) -> dict[str, Any]:
-        task = _train_tasks(db)[-1].id
-        at_step = len(db.metrics(task))
-        fault, stop = _burn(a.burners_per_core)
-        return {"fault_s": fault, "at_step": at_step, "stop": stop}
-
+    """Two training tasks on examples/clusters/pinned-nodes-cpu.yaml (node 0 on core 0, node 1
+    on core 1): the one stage on node 0, node 1 free. A third into the first task, burners
+    start on node 0's core, until the second task ends."""
+    home, dmsc = home_and_dmsc(f"dmsc-loop-busy-{mode}-")
+    cluster = ROOT / "examples/clusters/pinned-nodes-cpu.yaml"
+    plan = _plan(home, dmsc, cluster, 1, pp=1)
     slo = _step_slo(a, "busy")
-    slos = [f"step_time_s={slo:g}"]
-    home, db, info = _up_and_train(mode, a, "busy", a.busy_steps, slos, inject)
-    task = _train_tasks(db)[-1].id
-    steps = _steps(db, task)
-    k = info["at_step"]
-    slo = _step_slo(a, "busy", steps[1:k])
-    cpu: dict[str, list[float]] = {"before": [], "during": []}  # from their step traces
-    node: dict[str, list[float]] = {"before": [], "during": []}  # their node's, all cores
-    for t in step_traces(db, task):
-        if t.cpu_percent is not None and t.step >= 1:
-            cpu["before" if t.step < k else "during"].append(t.cpu_percent)
-        if t.node_cpu_percent is not None and t.step >= 1:
-            node["before" if t.step < k else "during"].append(t.node_cpu_percent)
-    out = loop_figures(info["fault_s"], _rows(db))
+    flags = _loop_flags(mode, a.interval, [f"step_time_s={slo:g}"])
+    if mode == "on":
+        policy = home / "policy.json"
+        policy.write_text(json.dumps({"busy": {"cpu_percent": 90, "ticks": a.confirm_ticks},
+                                      "confirm_ticks": a.confirm_ticks}))  # fmt: skip
+        flags += ["--policy", str(policy)]
+    dmsc("up", "--plan", str(plan), "--cluster", str(cluster), *flags)
+    db = _db(home)
+    stop: Callable[[], None] = lambda: None  # noqa: E731
+    try:
+        done: list[str] = []
+        first = threading.Thread(
+            target=lambda: done.append(dmsc("train", "--steps", str(a.busy_steps)))
+        )
+        first.start()
+        task = _wait_steps(db, a.busy_steps // 3)
+        at_step = len(db.metrics(task))
+        cores = {"before": _stage_cores(home, 0)}
+        fault, stop = _burn(a.burners_per_core, cores={0})
+        first.join()
+        time.sleep(a.gap)  # between the tasks: where the loop applies a move
+        dmsc("train", "--steps", str(a.busy_after_steps))
+        end = time.time()
+        cores["after"] = _stage_cores(home, 0)
+        stop()
+        time.sleep(a.interval)  # a tick after the last step
+    finally:
+        stop()
+        dmsc("down")
+    tasks = _train_tasks(db)
+    k = at_step
+    before = _steps(db, tasks[0].id)
+    slo = _step_slo(a, "busy", before[1:k])
+    after = _steps(db, tasks[-1].id)
+    cpu: dict[str, list[float]] = {"before": [], "during": [], "second task": []}
+    node: dict[str, list[float]] = {"before": [], "during": [], "second task": []}
+    traced = [(t, "before" if t.step < k else "during") for t in step_traces(db, tasks[0].id)]
+    traced += [(t, "second task") for t in step_traces(db, tasks[-1].id)]
+    for t, when in traced:
+        if t.stage != 0 or t.step < 1:
+            continue
+        if t.cpu_percent is not None:
+            cpu[when].append(t.cpu_percent)
+        if t.node_cpu_percent is not None:
+            node[when].append(t.node_cpu_percent)
+    out = loop_figures(fault, _rows(db))
     out.update(
         slo_s=slo,
-        slo_lost_s=step_seconds_over(steps[k:], slo),  # from the fault on
-        window_s=info["end_s"] - info["fault_s"],
-        median_step_s={"before": _median(steps[1:k]), "during": _median(steps[k:])},
+        slo_lost_s=step_seconds_over(before[k:] + after, slo),  # from the fault on
+        window_s=end - fault,
+        median_step_s={
+            "before": _median(before[1:k]),
+            "during": _median(before[k:]),
+            "second task": _median(after[1:]),
+        },
+        # stage 0's worker and its node (its cores), from the step traces
         worker_cpu_percent={w: _median(v) for w, v in cpu.items()},
         node_cpu_percent={w: _median(v) for w, v in node.items()},
-        burners=a.burners_per_core * (os.cpu_count() or 1),
+        stage0_cores=cores,  # its worker's CPU affinity, before the burn and after the work
+        burners=a.burners_per_core,
     )
     _done(home, a)
     return out
+
+
+def _stage_cores(home: Path, stage: int) -> list[int] | None:
+    """The cores the worker of ``stage`` (replica 0) may run on now: its process found by the
+    standard error it writes (``logs/sid-STAGE-...-r0.stderr``)."""
+    import psutil
+
+    for proc in psutil.process_iter():
+        try:
+            for f in proc.open_files():
+                name = Path(f.path).name
+                if str(home) in f.path and name.startswith(f"sid-{stage}-") and "-r0" in name:
+                    return sorted(proc.cpu_affinity())
+        except psutil.Error:
+            continue
+    return None
 
 
 def lost_device(mode: str, a: argparse.Namespace) -> dict[str, Any]:
@@ -470,7 +534,8 @@ def main() -> None:
         help="step_time_s, busy and lost (0: twice the loop-off run's median step before the "
         "fault)",
     )
-    ap.add_argument("--busy-steps", type=int, default=33)
+    ap.add_argument("--busy-steps", type=int, default=24, help="busy: the first task's steps")
+    ap.add_argument("--busy-after-steps", type=int, default=12, help="busy: the second's")
     ap.add_argument("--burners-per-core", type=int, default=3)
     ap.add_argument("--lost-steps", type=int, default=30)
     ap.add_argument("--keep-homes", action="store_true", help="keep each run's data directory")

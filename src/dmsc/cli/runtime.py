@@ -34,7 +34,7 @@ from dmsc.cli.control_flags import (
     loop_settings,
 )
 from dmsc.cli.options import JsonOpt
-from dmsc.cli.up_settings import check_plan_residency, control_settings
+from dmsc.cli.up_settings import check_cluster_cpus, check_plan_residency, control_settings
 from dmsc.runtime.transport.replies import StatusReply
 from dmsc.spec import SpecError
 
@@ -270,6 +270,7 @@ def up(
     plan = Plan.model_validate_json(Path(plan_file).read_text())
     scale, path = autoscale_settings(autoscale, cluster, plan)
     check_plan_residency(plan_file, plan, path)  # a rule of the cluster the plan breaks: exit 2
+    check_cluster_cpus(path, settings.launcher)  # a node's cores this machine lacks: exit 2
     cluster_path = str(Path(path).resolve()) if path is not None else None
     quota = size_flag("--checkpoint-quota", checkpoint_quota)
     more: dict[str, Any] = {"checkpoint_quota_bytes": quota, "new_database": new_database}

@@ -132,3 +132,30 @@ def check_plan_residency(plan_path: str, plan: Plan, cluster_path: str | None) -
         check_move(load_cluster(cluster_path), plan, "the plan")
     except ValueError as exc:
         raise SpecError(plan_path, "stages", f"{exc} (plan again with dmsc plan)") from None
+
+
+def check_cluster_cpus(cluster_path: str | None, launcher: str) -> None:
+    """SpecError (exit 2) naming the node group whose ``cpus`` cannot be kept: cores this
+    machine does not let the control plane run on, or a launcher that does not run the nodes
+    on this machine (:mod:`dmsc.runtime.compute.cpuset`); before anything starts."""
+    if cluster_path is None:
+        return
+    from dmsc.cli.options import load_cluster
+    from dmsc.runtime.compute.cpuset import check_cores
+
+    spec = load_cluster(cluster_path)
+    wanted = {
+        f"datacenters[{i}].nodes[{j}].cpus": g.cpus
+        for i, dc in enumerate(spec.datacenters)
+        for j, g in enumerate(dc.nodes)
+        if g.cpus
+    }
+    if wanted and launcher != "local":
+        field = next(iter(wanted))
+        reason = f"pins a node to cores of this machine: the local launcher's (not {launcher}'s)"
+        raise SpecError(cluster_path, field, reason)
+    try:
+        check_cores(wanted)
+    except ValueError as exc:
+        field, _, reason = str(exc).partition(": ")
+        raise SpecError(cluster_path, field, reason) from None

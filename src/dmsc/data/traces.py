@@ -40,7 +40,7 @@ class StepTrace:
     # each mode's communication: {"tp": {"s": .., "bytes": .., "calls": ..}, "pp": {.., "links":
     # {"STAGE/REPLICA": bytes}}, ..} (dmsc.runtime.compute.comm_meter); empty in older traces
     comm: dict[str, dict[str, Any]] = field(default_factory=dict)
-    node_cpu_percent: float | None = None  # its node's, all cores (100: every core busy)
+    node_cpu_percent: float | None = None  # its node's cores (a cpuset's if pinned; 100: all busy)
 
     @classmethod
     def of(cls, rec: StepTraceRecord) -> StepTrace:

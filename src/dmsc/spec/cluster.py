@@ -10,7 +10,7 @@ import math
 from itertools import pairwise
 from typing import Annotated, Any, Literal, Self
 
-from pydantic import BaseModel, ConfigDict, Field, model_validator
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
 from dmsc.spec.devices import DEVICE_PRESETS, Generation, generation_from_name
 from dmsc.spec.residency import ResidencySpec
@@ -183,6 +183,20 @@ class NodeGroupSpec(_Spec):
 
     type: Name = Field(description="A key of node_types.")
     count: int = Field(gt=0, le=1_000_000)
+    cpus: list[Annotated[int, Field(ge=0, le=4095)]] | None = Field(
+        default=None,
+        min_length=1,
+        description="Local launcher only: the cores of this machine each node of the group "
+        "runs its workers on (a cpuset), so that nodes sharing one machine stay apart and a "
+        "node's CPU % is that of its own cores.",
+    )
+
+    @field_validator("cpus")
+    @classmethod
+    def _distinct(cls, v: list[int] | None) -> list[int] | None:
+        if v is not None and len(set(v)) != len(v):
+            raise ValueError("a core is named twice")
+        return v
 
 
 class FabricSpec(_Spec):
@@ -367,6 +381,11 @@ class ClusterSpec(_Spec):
             raise ValueError("links: several datacenters but no link between them")
         self._residency_names(names)
         return self
+
+    def node_cpus(self) -> list[list[int] | None]:
+        """Each node's cores on this machine (its group's ``cpus``; None: not pinned), in the
+        order :class:`dmsc.netmodel.topology.Topology` numbers the nodes."""
+        return [g.cpus for dc in self.datacenters for g in dc.nodes for _ in range(g.count)]
 
     def _residency_names(self, names: set[str]) -> None:
         """Every datacenter a residency rule names is one of the cluster's."""

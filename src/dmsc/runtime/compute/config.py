@@ -54,6 +54,8 @@ class WorkerConfig:
     recv_timeout_s: float = 60.0
     max_message_bytes: int = 64 * 1024 * 1024
     threads: int = 1
+    # the cores it runs on (its node's cpuset, .cpuset; empty: wherever the OS puts it)
+    cpus: list[int] = field(default_factory=list)
     # cpu, or cuda:N (the plan's GPU on this node); several stages may share one GPU
     device: str = "cpu"
     # Inference sessions a stage keeps keys and values for, and how long an idle one is kept.

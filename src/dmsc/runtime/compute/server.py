@@ -33,7 +33,7 @@ from prometheus_client import CollectorRegistry, Counter, Histogram
 
 from dmsc.data.corpus import Corpus
 from dmsc.data.shards import read_shard
-from dmsc.runtime.compute import relay, tp_worker
+from dmsc.runtime.compute import cpuset, relay, tp_worker
 from dmsc.runtime.compute.checkpoints import (
     CheckpointError,
     checkpoint_keys,
@@ -79,6 +79,7 @@ class StageWorker:
     """The state and the RPC methods of one stage replica."""
 
     def __init__(self, cfg: WorkerConfig, log: logging.Logger | None = None) -> None:
+        cpuset.pin(cfg.cpus)  # before any thread of its own starts: they inherit it
         torch.set_num_threads(cfg.threads)
         self.metrics = CollectorRegistry()
         self.m_steps = Histogram(
@@ -408,6 +409,7 @@ class StageWorker:
         with self._lock:
             spare_sid = self.cfg.sid
             tls.renew_wire(cfg.tls)  # the stage's leaf (SID@epoch) from now on; the spare's retires
+            cpuset.pin(cfg.cpus)  # the stage's node's cores
             try:
                 self._build(cfg)
             except ValueError as exc:

@@ -40,6 +40,8 @@ from prometheus_client import CollectorRegistry
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
+from dmsc.runtime.compute.cpuset import node_cores, node_cpu_times
+
 WINDOW_S = 1.0  # the window of the CPU percentages and network rates a snapshot gives
 Handler = Callable[[Any], dict[str, Any]]
 
@@ -54,13 +56,6 @@ class Mark:
     node_all_s: float  # CPU seconds of every core
     net_sent: int
     net_recv: int
-
-
-def _node_cpu() -> tuple[float, float]:
-    t = psutil.cpu_times()
-    # Linux counts guest time inside user and nice as well: count it once
-    total = sum(t) - getattr(t, "guest", 0.0) - getattr(t, "guest_nice", 0.0)
-    return total - t.idle - getattr(t, "iowait", 0.0), total
 
 
 def _process_cpu_s(proc: psutil.Process) -> float:
@@ -87,7 +82,6 @@ class Telemetry:
         self.proc = psutil.Process()
         self.cuda = cuda
         self.host = socket.gethostname()
-        self.cpus = psutil.cpu_count() or 1
         self._lock = threading.Lock()
         self._last = self.mark()
         self.rates: dict[str, float | None] = dict.fromkeys(
@@ -103,7 +97,7 @@ class Telemetry:
         self._stop.set()
 
     def mark(self) -> Mark:
-        busy, total = _node_cpu()
+        busy, total = node_cpu_times()  # its node's cores: a cpuset's when pinned
         net = psutil.net_io_counters(nowrap=False)  # the kernel's sums as /proc/net/dev has them
         sent, recv = (net.bytes_sent, net.bytes_recv) if net is not None else (0, 0)
         return Mark(time.monotonic(), _process_cpu_s(self.proc), busy, total, sent, recv)
@@ -162,7 +156,7 @@ class Telemetry:
         net = psutil.net_io_counters(nowrap=False)  # the kernel's sums as /proc/net/dev has them
         return {
             "host": self.host,
-            "cpus": self.cpus,
+            "cpus": node_cores(),  # its cpuset's when pinned
             "cpu_percent": self.rates["node_cpu_percent"],
             "memory_total_bytes": int(vm.total),
             "memory_used_bytes": int(vm.total - vm.available),

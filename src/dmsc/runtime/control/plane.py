@@ -112,7 +112,7 @@ class ControlPlane:
             texts if self.encode is None else (self.encode(texts[0]), self.encode(texts[1]))
         )
         self.deployment = Deployment(
-            layout_from_plan(plan, model, device=device),
+            layout_from_plan(plan, model, device=device, spec=cluster),
             launcher=launcher,
             workdir=self.home / "workers",
             registry_ttl_s=registry_ttl_s,
@@ -258,8 +258,9 @@ class ControlPlane:
         """Move the deployment to ``plan`` from a checkpoint at ``step`` (default: the step
         the weights are at between tasks): a new dp, a move (.resize)."""
         step = self.steps_done if step is None else step
-        folder = self.run_dir / f"{action}{step}"
-        self.deployment, err = resize(self.deployment, plan, self.model, step, folder, self.device)
+        folder, spec = self.run_dir / f"{action}{step}", self.resized_plans.numbered_on(plan)
+        self.deployment, err = resize(self.deployment, plan, self.model, step, folder,
+                                      self.device, spec or self.cluster)  # fmt: skip
         self.inference.rebind(self.deployment)
         self.record_services()
         if err is not None:

@@ -18,10 +18,13 @@ from dmsc.planner.plan import Plan
 from dmsc.planner.solve import plan_job
 from dmsc.runtime.control.advisors import Measurements, read_measurements
 from dmsc.runtime.control.advisors.base import FaultInfo
-from dmsc.runtime.control.advisors.paths import (
+from dmsc.runtime.control.advisors.move_cost import (
     DISK_BYTES_S,
     STATE_BYTES_PER_PARAM,
     WORKER_START_S,
+    move_cost_s,
+)
+from dmsc.runtime.control.advisors.paths import (
     BoundaryMeasure,
     PathOptimisation,
     cluster_mismatch,
@@ -29,7 +32,6 @@ from dmsc.runtime.control.advisors.paths import (
     forecast_gbit_s,
     measure_boundaries,
     measure_stages,
-    move_cost_s,
     scaled_cluster,
 )
 from dmsc.spec import ClusterSpec, load_spec, resolve_model
@@ -170,6 +172,10 @@ def test_the_cost_of_a_move_is_checkpoint_transfer_and_restart(plan: Plan) -> No
     assert total == pytest.approx(sum(parts.values()))
     recoveries = tuple(FaultInfo("worker", "", 100.0, 100.0 + d, 0) for d in (4.0, 6.0, 30.0))
     assert move_cost_s(plan, 0, None, recoveries)[1]["restart_s"] == 6.0  # their median
+    # no recovery yet: the deployment's own start, measured (forked workers: under a second
+    # here), not the 20 s of a cold interpreter (the busy node's move was refused for it)
+    assert move_cost_s(plan, 0, None, (), start_s=0.6)[1]["restart_s"] == 0.6
+    assert move_cost_s(plan, 0, None, recoveries, start_s=0.6)[1]["restart_s"] == 6.0
 
 
 def test_a_cluster_without_the_plans_sites_is_refused(cluster: ClusterSpec, plan: Plan) -> None:

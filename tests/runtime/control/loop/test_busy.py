@@ -140,13 +140,18 @@ def one_site(nodes: int) -> ClusterSpec:
     )  # fmt: skip
 
 
-def _measured(plan: Plan, compute: dict[tuple[int, int], float]) -> Measurements:
+def _measured(
+    plan: Plan, compute: dict[tuple[int, int], float], node_cpu: float | None = None
+) -> Measurements:
     """A running task's 6 steps, each replica computing ``compute[(stage, replica)]`` seconds a
-    step (no spans), the step as long as the slowest pipeline takes."""
+    step (no spans), the step as long as the slowest pipeline takes; each step's trace with its
+    node at ``node_cpu`` % (None: not measured)."""
     m = plan.job.microbatches
     slowest = max(compute.values())
     traces = tuple(
-        StepTrace(step, s, r, c, [], {}) for step in range(6) for (s, r), c in compute.items()
+        StepTrace(step, s, r, c, [], {}, node_cpu_percent=node_cpu)
+        for step in range(6)
+        for (s, r), c in compute.items()
     )
     metrics = tuple(MetricPoint(step, 1.0, slowest * (m + 1) / m, 1.0) for step in range(6))
     task = TaskTimes(1, "train", "running", "t", "sync", 0.0, 1.0, None)
@@ -220,6 +225,39 @@ def test_with_no_idle_replica_of_the_stage_the_plans_figure_is_scaled_as_the_idl
         ("keep", "stage 1 replica 0: node 1 -> node 2 in dc"),
     ]
     assert all("no idle node measured a stage to compare with" in k.reason for k in keeps)
+
+
+def test_a_lone_replica_is_compared_with_what_it_measured_while_its_node_was_idle() -> None:
+    """One stage (pp 1, dp 1) on node 0, node 1 free: no other replica runs anywhere to compare
+    with, so before, the busy node kept it ("no idle node measured a stage"). The tick keeps
+    what the replica computed while its node was under the threshold, and once the node is busy
+    (its compute 3 times that) proposes the move with that figure as the idle node's."""
+    cluster = one_site(2)
+    plan = make_plan(cluster, JobSpec(global_batch=8, micro_batch=2, pp=1))
+    m, t = plan.job.microbatches, 0.05
+    config = LoopConfig(Policy.model_validate({"confirm_ticks": 1, "busy": {"ticks": 1}}))
+    calm = Snapshot(_measured(plan, {(0, 0): m * t}, 40.0), telemetry={"0/0": _use(40.0)},
+                    cluster=cluster)  # fmt: skip
+    state = tick(calm, config, LoopState(), []).state
+    assert list(state.idle_compute.values()) == [pytest.approx(t)]
+    hot = Snapshot(_measured(plan, {(0, 0): 3 * m * t}, 98.0), telemetry={"0/0": _use(98.0)},
+                   cluster=cluster)  # fmt: skip
+    (d,) = tick(hot, config, state, []).recorded
+    p = d.proposal
+    assert (p.kind, d.verdict, p.target) == (
+        "move-node",
+        "apply",
+        "stage 0 replica 0: node 0 -> node 1 in dc",
+    )
+    assert "150.0 ms a micro-batch there against 50.0 ms on an idle node (its own steps" in p.reason
+    assert p.predicted_gain_s_per_step == pytest.approx(m * 2 * t)
+    # a tick that never saw the node idle has nothing to compare with: kept, as before
+    (k,) = tick(hot, config, LoopState(), []).recorded
+    assert k.proposal.kind == "keep" and "no idle node measured a stage" in k.proposal.reason
+    # steps of a busy node are never an idle figure, whatever the telemetry's window said
+    lagging = Snapshot(_measured(plan, {(0, 0): 3 * m * t}, 98.0), telemetry={"0/0": _use(40.0)},
+                       cluster=cluster)  # fmt: skip
+    assert tick(lagging, config, LoopState(), []).state.idle_compute == {}
 
 
 def test_after_a_shrink_the_nodes_are_those_of_the_spec_cut_to_the_devices_online() -> None:

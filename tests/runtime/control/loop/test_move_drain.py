@@ -10,6 +10,7 @@ from pathlib import Path
 from types import SimpleNamespace
 from typing import Any
 
+import psutil
 import pytest
 from conftest import EXAMPLES
 from runtime_helpers import control_plane, local_plan, wait_for
@@ -44,11 +45,15 @@ def test_a_move_during_an_inference_batch_answers_every_request(
         assert not batch.is_alive()
         assert [h.address for h in cp.deployment.handles] != old  # the workers restarted
         # a move to another node of the same datacenter (.busy's move-node): dc-1 given a
-        # second node (device 2; dc-2's device is 3 now, which the plan does not use)
+        # second node (device 2; dc-2's device is 3 now, which the plan does not use), each of
+        # its nodes pinned to a core of its own (a cpuset: the moved worker runs on the new one)
         stage = next(st for st in cp.plan.stages if st.datacenter == "dc-1")
         assert stage.replicas[0].devices == [1]
         spec = cp.cluster.model_dump(exclude_none=True)
-        spec["datacenters"][1]["nodes"][0]["count"] = 2
+        spec["datacenters"][1]["nodes"] = [
+            {"type": "host", "count": 1, "cpus": [0]},
+            {"type": "host", "count": 1, "cpus": [1]},
+        ]
         cp.cluster = ClusterSpec.model_validate(spec)
         node = {"stage": stage.index, "replica": 0, "datacenter": "dc-1", "from": 1, "to": 2}
         target = f"stage {stage.index} replica 0: node 1 -> node 2 in dc-1"
@@ -57,6 +62,12 @@ def test_a_move_during_an_inference_batch_answers_every_request(
         moves.apply_move(cp, (), to_node)
         assert cp.plan.stages[stage.index].replicas[0].devices == [2]
         assert [h.address for h in cp.deployment.handles] != before
+        moved = next(h for h in cp.deployment.handles if h.config.stage == stage.index)
+        assert moved.config.cpus == [1]
+        assert psutil.Process(moved.process.pid).cpu_affinity() == [1]
+        others = [h for h in cp.deployment.handles if h is not moved]  # not pinned: dc-0, dc-2
+        mine = psutil.Process().cpu_affinity()
+        assert all(psutil.Process(h.process.pid).cpu_affinity() == mine for h in others)
         assert cp.batches.call(InferBatch(requests=requests[:1]))["state"] == "done"
     assert done["drain_s"] > 0  # it waited for the request in flight
     answers = out["answers"]

@@ -119,11 +119,13 @@ def _launcher(monkeypatch: pytest.MonkeyPatch, fails: set[int]) -> list[Any]:
         seen.append(("stop", dep.layout.replicas))
         return "start"
 
-    def restart_from(start: str, old: Any, plan: Any, *args: Any) -> tuple[Any, Restored]:
+    def restart_from(
+        start: str, old: Any, plan: Any, model: Any, device: str, candidates: Any, spec: Any
+    ) -> tuple[Any, Restored]:
         seen.append(("start", plan.job.dp))
         if plan.job.dp in fails:
             raise WorkerStartError(f"no node of dc-0 has room for a dp-{plan.job.dp} worker")
-        return Started(plan, {}), Restored(args[-1][0])
+        return Started(plan, {}), Restored(candidates[0])
 
     monkeypatch.setattr(shrink, "restarter", restarter)
     monkeypatch.setattr(shrink, "restart_from", restart_from)

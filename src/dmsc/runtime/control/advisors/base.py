@@ -118,6 +118,9 @@ class Measurements:
     # datacenters whose stage workers' nodes the control loop found busy (node CPU %): their
     # measured slowness is the node's load, not their device type's (.paths)
     busy: dict[str, float] = field(default_factory=dict)
+    # how long the deployment's workers took to start, measured when it started (a move's
+    # restart, .move_cost; None: not measured)
+    worker_start_s: float | None = None
 
     def prediction(self) -> Prediction:
         """The predicted step time the measured steps compare with, and what it is."""

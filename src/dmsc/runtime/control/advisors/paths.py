@@ -32,7 +32,7 @@ modes) are not re-planned here.
 Then ``plan_job(..., fixed=True)`` re-plans the plan's strategy on the measured cluster, and the
 current placement is scored on the same measured problem: a move is proposed when the planner's
 placement differs and is predicted faster; its gain per step is the difference. Its cost is a
-stated estimate (:func:`move_cost_s`).
+stated estimate (:func:`~.move_cost.move_cost_s`).
 """
 
 from __future__ import annotations
@@ -56,16 +56,9 @@ from dmsc.planner.placement.problem import (
 )
 from dmsc.planner.plan import Plan, placed_pipeline_s, stage_chunks
 from dmsc.planner.recalibrate import CannotFit, placement_in
-from dmsc.runtime.control.advisors.base import FaultInfo, Measurements, Proposal, ProposalKind
+from dmsc.runtime.control.advisors.base import Measurements, Proposal, ProposalKind
+from dmsc.runtime.control.advisors.move_cost import move_cost_s
 from dmsc.spec import ClusterSpec, LayerListSpec, TransformerSpec, resolve_model
-
-# The cost of a move, stated: a checkpoint holds the float32 weights and AdamW's two moments
-# (dmsc.runtime.compute.checkpoints), written and read back at DISK_BYTES_S; the moved stages'
-# state crosses the slowest measured inter-datacenter boundary; the workers restart in the
-# run's median measured recovery time, or WORKER_START_S when it has recovered from nothing.
-STATE_BYTES_PER_PARAM = 12
-DISK_BYTES_S = 200e6  # a conservative local disk or network file system
-WORKER_START_S = 20.0  # start a worker process, import torch, build its stage, load its state
 
 
 @dataclass(frozen=True)
@@ -251,29 +244,6 @@ def scaled_cluster(
         elif slot_rate and f"{link['a']}-{link['b']}" in slot_rate:
             link["gbit_s_per_slot"] = slot_rate[f"{link['a']}-{link['b']}"] * f
     return ClusterSpec.model_validate(data)
-
-
-def move_cost_s(
-    plan: Plan, moved_layers: int, link_bytes_s: float | None, faults: tuple[FaultInfo, ...]
-) -> tuple[float, dict[str, float]]:
-    """The one-off seconds of a move that changes where ``moved_layers`` layers run, and its
-    parts: a checkpoint of the whole state written and read back, the moved layers' state over
-    ``link_bytes_s`` (the slowest measured inter-datacenter boundary), and a restart."""
-    state = plan.params * STATE_BYTES_PER_PARAM
-    total_layers = sum(st.layers for st in plan.stages) or 1
-    moved = state * moved_layers / total_layers
-    recoveries = [
-        f.recovered_s - f.detected_s
-        for f in faults
-        if f.kind == "worker" and f.recovered_s is not None and f.recovered_s > f.detected_s
-    ]
-    parts = {
-        "checkpoint_s": state / DISK_BYTES_S,
-        "transfer_s": moved / link_bytes_s if moved and link_bytes_s else 0.0,
-        "load_s": state / DISK_BYTES_S,
-        "restart_s": statistics.median(recoveries) if recoveries else WORKER_START_S,
-    }
-    return sum(parts.values()), parts
 
 
 @dataclass(frozen=True)
@@ -481,7 +451,10 @@ class PathOptimisation:
         moved = sum(1 for name, dc in after.items() if before.get(name) != dc)
         crossing = [m.bytes_per_microbatch / m.gap_s for b, m in found.boundaries.items()
                     if any(p.after_stage == b for p in plan.paths)]  # fmt: skip
-        cost, parts = move_cost_s(plan, moved, min(crossing, default=None), measurements.faults)
+        cost, parts = move_cost_s(
+            plan, moved, min(crossing, default=None), measurements.faults,
+            measurements.worker_start_s,
+        )  # fmt: skip
         busy = ", ".join(f"{dc} ({cpu:.0f}%)" for dc, cpu in sorted(measurements.busy.items()))
         return [
             Proposal(

@@ -86,6 +86,7 @@ class Deployment(ForwardRequests):
         self.launcher: Launcher = launcher or LocalLauncher(home=self.home)
         self.registry = Registry(ttl_s=registry_ttl_s)
         self.step_deadline_s = step_deadline_s
+        self.start_s: float | None = None  # how long start() took its workers to serve
         self.token = secrets.token_urlsafe(24)  # the service credential: workers ask for it
         # the launcher says where workers can reach the registry (this machine's address)
         host = getattr(self.launcher, "control_host", "127.0.0.1")
@@ -158,6 +159,7 @@ class Deployment(ForwardRequests):
             root=str(self.home),
             device=lay.devices.get((stage, replica), "cpu"),
             datacenter=lay.datacenters.get((stage, replica), "local"),
+            cpus=lay.cpus.get((stage, replica), []),
             dp_link_mbps=lay.dp_link_mbps,
             pp_link_mbps=lay.pp_link_mbps(stage, replica, self.stages),
             faults=lay.faults.get(sid, {}) if self.epoch == 0 else {},  # the first incarnation's
@@ -184,7 +186,10 @@ class Deployment(ForwardRequests):
         cfgs = [self.config(*k) for k in ranks]
         cfgs += [self.spares.new_config() for _ in range(self.spares.wanted)]
         self.launcher.prepare(cfgs)
-        for h in self.launch(cfgs):  # a replica's ranks all at once: they meet in a group
+        t0 = time.perf_counter()
+        started = self.launch(cfgs)
+        self.start_s = time.perf_counter() - t0  # all its workers serving (a move's restart)
+        for h in started:  # a replica's ranks all at once: they meet in a group
             if h.config.spare:
                 self.spares.add(h)
             elif h.config.tp_rank:

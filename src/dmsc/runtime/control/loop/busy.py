@@ -2,7 +2,8 @@
 the tick and handed to path optimisation, which may move the stage to another datacenter, and
 moved by the loop itself to an idle node of its own datacenter where one has room.
 
-The node's CPU % (all its cores: another job on the machine counts, not only the workers) comes
+The node's CPU % (all its cores, a cpuset's when the spec pins the node to some cores of a
+shared machine: another job on them counts, not only the workers) comes
 with each training step's trace (:mod:`dmsc.runtime.compute.telemetry`), and the snapshot keeps
 each worker's mean over its last steps (:func:`.snapshot.telemetry`). Pure functions here:
 
@@ -37,13 +38,15 @@ the plan's prediction and paths stand, priced per datacenter and device type). I
 
 - the replica's compute per micro-batch as its step traces measured it (its spans, median over
   the steps), against what it would be on an idle node: the median of the same stage's replicas
-  on nodes under the threshold, else the plan's per-micro-batch time of the stage scaled by how
-  the stages on idle nodes measured against theirs (this machine's speed against the cost
-  model's). With neither, nothing says what an idle node would do: no move, a note says so;
+  on nodes under the threshold, else what the replica itself measured the last time its node
+  was under it (:func:`idle_compute`, kept by the tick), else the plan's per-micro-batch time
+  of the stage scaled by how the stages on idle nodes measured against theirs (this machine's
+  speed against the cost model's). With none, nothing says what an idle node would do: no
+  move, a note says so;
 - the gain per step: the pipeline is paced by its slowest stage replica, so the micro-batches
   of a step times how much the slowest falls (the moved replica's new time or the next
   slowest, whichever is larger: nothing when another replica is as slow);
-- the cost: :func:`~..advisors.paths.move_cost_s` of the stage's layers (a checkpoint written
+- the cost: :func:`~..advisors.move_cost.move_cost_s` of the stage's layers (a checkpoint written
   and read back and a restart; nothing crosses a datacenter).
 
 Both kinds of move are proposed on the same tick; the decision rule applies the larger gain.
@@ -54,6 +57,7 @@ node number is read on a spec where it names another node).
 
 from __future__ import annotations
 
+import json
 import statistics
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
@@ -64,12 +68,13 @@ from dmsc.netmodel.topology import Topology
 from dmsc.planner.elastic import IDLE_BAND, devices_in_use
 from dmsc.planner.plan import Plan
 from dmsc.runtime.control.advisors.base import FaultInfo, Proposal
-from dmsc.runtime.control.advisors.paths import move_cost_s
+from dmsc.runtime.control.advisors.move_cost import move_cost_s
 from dmsc.runtime.control.loop.objectives import BusyNode
 from dmsc.spec import ClusterSpec
 
 MODULE = "busy-node"  # the decision rows' module of a move to an idle node
 Key = tuple[int, int]  # (stage, replica)
+Baseline = tuple[int, int, str]  # (stage, replica, its layers as JSON)
 
 
 def datacenter_cpu(
@@ -179,15 +184,51 @@ def _idle_node(where: Placed, plan: Plan, key: tuple[int, int], limit: float) ->
     return min(fits)[2] if fits else None
 
 
+def idle_compute(
+    kept: Mapping[Baseline, float],
+    plan: Plan,
+    cluster: ClusterSpec,
+    telemetry: Mapping[str, Mapping[str, float | None]],
+    traces: Sequence[StepTrace],
+    policy: BusyNode,
+) -> dict[Baseline, float]:
+    """``kept`` with the compute per micro-batch of each stage replica over its traced steps
+    whose node CPU % was at or under ``policy``'s threshold (each step's own reading, so that
+    the steps of a node turning busy are not counted idle): what it does on an idle node, the
+    reference of a move once its node is busy, when no other replica of its stage is on an
+    idle node to compare with. Kept by the replica and its layers (a re-cut starts afresh)."""
+    out = dict(kept)
+    if placed(plan, cluster, telemetry) is None:  # another spec's numbering: not this plan's
+        return out
+    limit = policy.cpu_percent
+    calm = [t for t in traces if t.node_cpu_percent is not None and t.node_cpu_percent <= limit]
+    for key, per_mb in replica_compute(calm, plan.job.microbatches).items():
+        if key[0] < len(plan.stages) and key[1] < len(plan.stages[key[0]].replicas):
+            out[_baseline_key(plan, key)] = per_mb
+    return out
+
+
+def _baseline_key(plan: Plan, key: Key) -> Baseline:
+    return key[0], key[1], json.dumps(plan.stages[key[0]].chunks)
+
+
 def _reference(
-    plan: Plan, key: tuple[int, int], compute: Mapping[tuple[int, int], float], idle: set[Key]
+    plan: Plan,
+    key: tuple[int, int],
+    compute: Mapping[tuple[int, int], float],
+    idle: set[Key],
+    baseline: Mapping[Baseline, float],
 ) -> tuple[float, str] | None:
     """What the replica's compute per micro-batch would be on an idle node, and its basis
-    (``idle``: the stage replicas on nodes measured under the threshold)."""
+    (``idle``: the stage replicas on nodes measured under the threshold; ``baseline``: what
+    each replica measured when its node was last idle, :func:`idle_compute`)."""
     stage = key[0]
     same = [t for k, t in compute.items() if k[0] == stage and k in idle]
     if same:
         return statistics.median(same), f"stage {stage}'s replicas on idle nodes"
+    own = baseline.get(_baseline_key(plan, key))
+    if own is not None:
+        return own, "its own steps while its node was under the threshold"
     planned = plan.stages[stage].microbatch_s
     ratios = [
         t / plan.stages[k[0]].microbatch_s
@@ -213,6 +254,8 @@ def node_moves(
     traces: Sequence[StepTrace],
     step_s: float | None,
     faults: tuple[FaultInfo, ...] = (),
+    baseline: Mapping[Baseline, float] | None = None,
+    start_s: float | None = None,
 ) -> list[Proposal]:
     """The ``move-node`` of each stage replica on a node over ``policy``'s threshold in a
     ``busy`` datacenter to the idlest node of that datacenter with room for it, with its gain
@@ -236,7 +279,7 @@ def node_moves(
         at = f"node {node} of {dc} is busy ({where.cpu[node]:.0f}% CPU, over {limit:g}%)"
         there = where.cpu.get(to)
         idle_at = f"{there:.0f}% CPU" if there is not None else "none of the run's workers"
-        ref = _reference(plan, key, compute, idle)
+        ref = _reference(plan, key, compute, idle, baseline or {})
         if key not in compute or ref is None:
             lacks = (
                 f"stage {key[0]} replica {key[1]}'s steps traced no compute"
@@ -249,7 +292,7 @@ def node_moves(
         now, (then, basis) = compute[key], ref
         others = max((t for k, t in compute.items() if k != key), default=0.0)
         gain = m * max(0.0, now - max(then, others))
-        cost, parts = move_cost_s(plan, plan.stages[key[0]].layers, None, faults)
+        cost, parts = move_cost_s(plan, plan.stages[key[0]].layers, None, faults, start_s)
         current = step_s if step_s else m * max(compute.values())
         reason = (
             f"{at}: stage {key[0]} replica {key[1]} computes {now * 1e3:.1f} ms a micro-batch "

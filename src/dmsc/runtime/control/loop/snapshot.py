@@ -187,7 +187,8 @@ def take(
     plan = cp.plan  # read once: a move may replace it meanwhile
     measured = read_measurements(cp.db, cp.run.id, now_s, last_steps=RATE_STEPS)
     base_dp = measured.plan.job.dp  # the run's own plan: what devices coming back restore
-    measured = dataclasses.replace(measured, plan=plan)
+    started = getattr(getattr(cp, "deployment", None), "start_s", None)  # a move's restart
+    measured = dataclasses.replace(measured, plan=plan, worker_start_s=started)
     moved_s = None
     key = Snapshot(measured).key()
     if measured.task_id is not None and modules_due(key, last_key, now_s, last_ran_s, interval_s):

@@ -45,7 +45,7 @@ from typing import Any
 from dmsc.runtime.control.advisors.base import MOVE_KINDS, FunctionalModule, Measurements, Proposal
 from dmsc.runtime.control.advisors.orchestrator import Decision, DecisionRule, collect, decide
 from dmsc.runtime.control.advisors.policy import nearest_rank
-from dmsc.runtime.control.loop.busy import datacenter_cpu, node_moves, watch
+from dmsc.runtime.control.loop.busy import Baseline, datacenter_cpu, idle_compute, node_moves, watch
 from dmsc.runtime.control.loop.hysteresis import Memory, steady
 from dmsc.runtime.control.loop.objectives import Policy
 from dmsc.runtime.control.loop.resizing import DeviceView, force, propose
@@ -138,6 +138,7 @@ class LoopState:
     open: frozenset[str] = frozenset()  # objectives broken at the last tick
     memory: Memory = field(default_factory=Memory)  # the moves' hysteresis (.hysteresis)
     busy: Mapping[str, int] = field(default_factory=dict)  # ticks in a row a DC was busy (.busy)
+    idle_compute: Mapping[Baseline, float] = field(default_factory=dict)  # .busy.idle_compute
 
 
 @dataclass(frozen=True)
@@ -303,8 +304,14 @@ def tick(
     streaks: dict[str, int] = {}
     busy: dict[str, float] = {}
     became = False
+    baseline = state.idle_compute
     if config.policy.busy is not None:
         streaks, busy, became = watch(cpu, state.busy, config.policy.busy)
+        if snap.cluster is not None:
+            m = snap.measured
+            baseline = idle_compute(
+                baseline, m.plan, snap.cluster, snap.telemetry, m.traces, config.policy.busy
+            )
     now, every = snap.measured.taken_s, config.policy.replan_interval_s
     due = modules_due(key, state.key, now, state.ran_s, every, asked=bool(raised) or became)
     slow = next((b.reason for b in breaches if b.slo == "step_time_s"), None)
@@ -319,8 +326,9 @@ def tick(
             m, policy = snap.measured, config.policy.busy
             step_s = _median_step(m)
             proposals += node_moves(
-                m.plan, snap.cluster, snap.telemetry, busy, policy, m.traces, step_s, m.faults
-            )
+                m.plan, snap.cluster, snap.telemetry, busy, policy, m.traces, step_s, m.faults,
+                baseline, m.worker_start_s,
+            )  # fmt: skip
         proposals += resizes if due or forced else []
         proposals += [_exception(b) for b in breaches if b.task is not None]
         decisions = decide(proposals, config.rule, snap.measured.remaining_steps)
@@ -364,6 +372,7 @@ def tick(
         open=broken,
         memory=memory,
         busy=streaks,
+        idle_compute=baseline,
     )
     return TickResult(
         new_state, tuple(decisions), tuple(recorded), tuple(breaches), raised, resolved, ran

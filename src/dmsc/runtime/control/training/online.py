@@ -44,13 +44,14 @@ def _kept_nodes(
         name, count = str(g["type"]), int(str(g["count"]))
         per = cluster.node_types[name].devices
         whole = min(count, up // per)
+        pinned = {"cpus": g["cpus"]} if g.get("cpus") else {}  # the nodes keep their cores
         if whole:
-            kept.append({"type": name, "count": whole})
+            kept.append({"type": name, "count": whole, **pinned})
             up -= whole * per
         if whole < count and 0 < up < per:  # a node with fewer units than the spec's server
             part = f"{name}-{up}of{per}"
             types[part] = cluster.node_types[name].model_copy(update={"devices": up}).model_dump()
-            kept.append({"type": part, "count": 1})
+            kept.append({"type": part, "count": 1, **pinned})
             up = 0
     return kept
 

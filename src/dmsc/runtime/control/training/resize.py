@@ -131,18 +131,27 @@ def restarter(dep: Deployment) -> Callable[[StageLayout], Deployment]:
     return start
 
 
-def _layout(plan: Plan, model: TransformerSpec, device: str, old: StageLayout) -> StageLayout:
-    layout = layout_from_plan(plan, model, device=device)
+def _layout(
+    plan: Plan, model: TransformerSpec, device: str, old: StageLayout, spec: ClusterSpec | None
+) -> StageLayout:
+    layout = layout_from_plan(plan, model, device=device, spec=spec)
     layout.link_mbps = old.link_mbps  # the network's links stay as they were
     return layout
 
 
 def resize(
-    dep: Deployment, new_plan: Plan, model: TransformerSpec, step: int, folder: Path, device: str
+    dep: Deployment,
+    new_plan: Plan,
+    model: TransformerSpec,
+    step: int,
+    folder: Path,
+    device: str,
+    spec: ClusterSpec | None = None,
 ) -> tuple[Deployment, Exception | None]:
     """Checkpoint ``dep`` at ``step`` into ``folder``, stop it, and start ``new_plan``'s layout
     with that checkpoint loaded: (the new deployment, None). When the new one cannot start, the
-    old layout starts again from the same checkpoint: (that deployment, the error)."""
+    old layout starts again from the same checkpoint: (that deployment, the error). ``spec``:
+    the cluster spec ``new_plan``'s nodes are numbered on (their cpusets)."""
     ckpt = dep.checkpoint(step, folder)
     old_layout = dep.layout
     start = restarter(dep)
@@ -157,7 +166,7 @@ def resize(
         return new
 
     try:
-        return started(_layout(new_plan, model, device, old_layout)), None
+        return started(_layout(new_plan, model, device, old_layout, spec)), None
     except Exception as exc:
         return started(old_layout), exc
 
@@ -169,6 +178,7 @@ def restart_from(
     model: TransformerSpec,
     device: str,
     candidates: Sequence[Checkpoint],
+    spec: ClusterSpec | None = None,
 ) -> tuple[Deployment, Restored]:
     """Start ``new_plan``'s layout with ``start`` (:func:`restarter` of a deployment that lost
     workers that cannot be replaced: it cannot checkpoint; ``old`` its layout) and load the
@@ -176,7 +186,7 @@ def restart_from(
     (:func:`~dmsc.runtime.control.launch.fallback.restore_newest`: none that does is the
     caller's to refuse). When the new layout cannot start, the error propagates (and nothing
     of it is left running): the caller may try another (:mod:`.restart`)."""
-    new = start(_layout(new_plan, model, device, old))
+    new = start(_layout(new_plan, model, device, old, spec))
     try:
         return new, restore_newest(new, candidates)
     except BaseException:

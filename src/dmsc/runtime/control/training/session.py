@@ -49,7 +49,7 @@ from dmsc.runtime.transport.messages import (
     SyncSettings,
     TrainSettings,
 )
-from dmsc.spec import TransformerSpec
+from dmsc.spec import ClusterSpec, TransformerSpec
 
 log = logging.getLogger("dmsc.control.training")  # the control plane's log, where it has one
 # :class:`.shrink.Shrink`: (deployment, failure, error, checkpoints, replicas differ) -> go on with
@@ -68,13 +68,36 @@ def plan_devices(plan: Plan, device: str = "plan") -> dict[tuple[int, int], str]
     }
 
 
+def plan_cpus(plan: Plan, spec: ClusterSpec | None) -> dict[tuple[int, int], list[int]]:
+    """The cores each (stage, replica) of ``plan`` runs on: its nodes' ``cpus`` in ``spec``
+    (the spec the plan's nodes are numbered on; :mod:`dmsc.runtime.compute.cpuset`), for the
+    replicas whose nodes all have them."""
+    if spec is None:
+        return {}
+    node_cpus = spec.node_cpus()
+    out = {}
+    for st in plan.stages:
+        for r, rep in enumerate(st.replicas):
+            sets = [node_cpus[n] if n < len(node_cpus) else None for n in rep.nodes]
+            if sets and all(sets):
+                out[(st.index, r)] = sorted({c for cpus in sets for c in cpus or ()})
+    return out
+
+
 def layout_from_plan(
-    plan: Plan, model: TransformerSpec, seed: int = 0, lr: float = 1e-3, device: str = "plan"
+    plan: Plan,
+    model: TransformerSpec,
+    seed: int = 0,
+    lr: float = 1e-3,
+    device: str = "plan",
+    spec: ClusterSpec | None = None,
 ) -> StageLayout:
     """The stage layer ranges (each stage's chunks, interleaved), replicas, SIDs and devices a
-    plan deploys."""
+    plan deploys; with ``spec`` (the cluster spec its nodes are numbered on), the cores of the
+    nodes that have a cpuset."""
     return StageLayout(
         devices=plan_devices(plan, device),
+        cpus=plan_cpus(plan, spec),
         datacenters={
             (st.index, r): rep.datacenter for st in plan.stages for r, rep in enumerate(st.replicas)
         },

@@ -174,7 +174,9 @@ class Shrink:
         def start_at(plan: Plan) -> tuple[Deployment, Restored]:
             if not stopped:  # the broken deployment stops before the first layout starts
                 stopped.append(restarter(dep))
-            return restart_from(stopped[0], dep.layout, plan, cp.model, cp.device, candidates)
+            return restart_from(
+                stopped[0], dep.layout, plan, cp.model, cp.device, candidates, _spec(cp, plan)
+            )
 
         t0 = time.perf_counter()
         try:
@@ -247,7 +249,9 @@ class Shrink:
         online = online_of(old)
 
         def start_at(plan: Plan) -> tuple[Deployment, Restored]:
-            return restart_from(start, old.layout, plan, cp.model, cp.device, cp.checkpoints())
+            return restart_from(
+                start, old.layout, plan, cp.model, cp.device, cp.checkpoints(), _spec(cp, plan)
+            )
 
         dps = range(cp.plan.job.dp, max(1, self.dp_min) - 1, -1)
         try:
@@ -268,3 +272,11 @@ class Shrink:
         why = f"redeployed after a failed shrink at dp {got.plan.job.dp}, {at}"
         record_resize(cp.db, cp.run.id, REDEPLOY, why, got.plan)
         log.warning("training %s", why)
+
+
+def _spec(cp: Any, plan: Plan) -> ClusterSpec | None:
+    """The cluster spec ``plan``'s nodes are numbered on (their cpusets): the cut spec a shrink
+    planned it on, else the deployment's."""
+    plans = getattr(cp, "resized_plans", None)
+    cut: ClusterSpec | None = plans.numbered_on(plan) if plans is not None else None
+    return cut or getattr(cp, "cluster", None)
