@@ -260,6 +260,30 @@ def test_a_lone_replica_is_compared_with_what_it_measured_while_its_node_was_idl
     assert tick(lagging, config, LoopState(), []).state.idle_compute == {}
 
 
+def test_a_node_that_stays_busy_confirms_its_move_on_the_next_tick() -> None:
+    """The modules ran when the node became busy, then waited for the re-plan's cadence (30 s
+    in benchmarks/control_loop.py): the move held on 1 of 2 ticks waited 12 s to confirm while
+    the stage ran 3.5 times slower. While a datacenter stays busy they run every tick."""
+    cluster = one_site(2)
+    plan = make_plan(cluster, JobSpec(global_batch=8, micro_batch=2, pp=1))
+    m, t = plan.job.microbatches, 0.05
+    policy = {"confirm_ticks": 2, "replan_interval_s": 3600, "busy": {"ticks": 1}}
+    config = LoopConfig(Policy.model_validate(policy))
+    calm = Snapshot(_measured(plan, {(0, 0): m * t}, 40.0), telemetry={"0/0": _use(40.0)},
+                    cluster=cluster)  # fmt: skip
+    hot = Snapshot(_measured(plan, {(0, 0): 3 * m * t}, 98.0), telemetry={"0/0": _use(98.0)},
+                   cluster=cluster)  # fmt: skip
+    state = tick(calm, config, LoopState(), []).state
+    first = tick(hot, config, state, [])
+    (held,) = first.recorded
+    assert (held.proposal.kind, held.verdict) == ("move-node", "refuse")
+    assert "held: the same move on 1 of 2 consecutive ticks" in held.reason
+    second = tick(hot, config, first.state, [])  # the same steps, long before the cadence
+    assert second.modules_ran
+    (applied,) = second.recorded
+    assert (applied.proposal.kind, applied.verdict) == ("move-node", "apply")
+
+
 def test_after_a_shrink_the_nodes_are_those_of_the_spec_cut_to_the_devices_online() -> None:
     """Datacenter a (nodes 0-1) runs both stages; a node of it is lost and the re-plan on the
     devices online puts them in b, on what the cut spec numbers nodes 1 and 2 (2 and 3 of the

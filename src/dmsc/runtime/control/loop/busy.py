@@ -12,8 +12,9 @@ each worker's mean over its last steps (:func:`.snapshot.telemetry`). Pure funct
   :class:`.objectives.BusyNode`) on ``busy.ticks`` ticks in a row is busy; the streaks are kept
   in the tick's state.
 
-When one becomes busy the tick runs the modules (at once, then at the re-plan's own cadence:
-:func:`.tick.modules_due`) with the busy datacenters in their measurements. Path optimisation
+When one becomes busy the tick runs the modules (at once, and at every tick while a datacenter
+stays over the threshold, so that a move confirms from tick to tick: :func:`.tick.modules_due`)
+with the busy datacenters in their measurements. Path optimisation
 keeps a busy datacenter's measured speed for it, but no longer lends it to the datacenters of
 the same device type that ran no stage (:func:`~..advisors.paths.device_speeds`). Without that,
 the idle datacenters took the busy one's slowness as their device type's. A datacenter is then

@@ -229,7 +229,7 @@ class ControlLoop:
         pol, st = self.config.policy, self.state
         snap = take(
             self.cp, time.time(), self.predictions, st.key, pol.window_s, st.ran_s,
-            pol.replan_interval_s,
+            pol.replan_interval_s, asked=bool(st.busy),  # a node over the threshold: traces
         )  # fmt: skip
         res = tick(snap, self.config, self.state, self.modules)
         self.state = res.state

@@ -178,12 +178,14 @@ def take(
     window_s: float = 300.0,
     last_ran_s: float | None = None,
     interval_s: float = 0.0,
+    asked: bool = False,
 ) -> Snapshot:
     """The snapshot of ``cp``'s run at ``now_s`` (module docstring). The last ``RATE_STEPS``
     step traces are read for the objectives; ``TRACED_STEPS`` only when the modules are due
     (:func:`.tick.modules_due` of ``last_key``, the key they last ran on at ``last_ran_s``, and
     the re-plan's ``interval_s``; a tick that an event makes run them has the last
-    ``RATE_STEPS``); the inference latencies of the last ``window_s``."""
+    ``RATE_STEPS``; ``asked``: the tick will run them, a node having been over the busy
+    threshold at the last one); the inference latencies of the last ``window_s``."""
     plan = cp.plan  # read once: a move may replace it meanwhile
     measured = read_measurements(cp.db, cp.run.id, now_s, last_steps=RATE_STEPS)
     base_dp = measured.plan.job.dp  # the run's own plan: what devices coming back restore
@@ -191,7 +193,8 @@ def take(
     measured = dataclasses.replace(measured, plan=plan, worker_start_s=started)
     moved_s = None
     key = Snapshot(measured).key()
-    if measured.task_id is not None and modules_due(key, last_key, now_s, last_ran_s, interval_s):
+    due = modules_due(key, last_key, now_s, last_ran_s, interval_s, asked)
+    if measured.task_id is not None and due:
         traces = tuple(step_traces(cp.db, measured.task_id, last=TRACED_STEPS))
         measured = dataclasses.replace(measured, traces=traces)
         moved_s = last_move_s(cp.db, cp.run.id)

@@ -303,17 +303,17 @@ def tick(
     cpu = datacenter_cpu(snap.telemetry, snap.measured.plan)
     streaks: dict[str, int] = {}
     busy: dict[str, float] = {}
-    became = False
     baseline = state.idle_compute
     if config.policy.busy is not None:
-        streaks, busy, became = watch(cpu, state.busy, config.policy.busy)
+        streaks, busy, _ = watch(cpu, state.busy, config.policy.busy)
         if snap.cluster is not None:
             m = snap.measured
             baseline = idle_compute(
                 baseline, m.plan, snap.cluster, snap.telemetry, m.traces, config.policy.busy
             )
     now, every = snap.measured.taken_s, config.policy.replan_interval_s
-    due = modules_due(key, state.key, now, state.ran_s, every, asked=bool(raised) or became)
+    # a busy datacenter runs them every tick it stays busy: its moves confirm tick to tick
+    due = modules_due(key, state.key, now, state.ran_s, every, asked=bool(raised) or bool(busy))
     slow = next((b.reason for b in breaches if b.slo == "step_time_s"), None)
     resizes = propose(snap.devices, config.policy, _median_step(snap.measured), slow)
     forced = any(p.details.get("forced") for p in resizes)  # devices lost: every tick
