@@ -111,9 +111,11 @@ def loop_figures(fault_s: float, rows: Iterable[Row]) -> dict[str, Any]:
 
     - ``detect_s``: the fault to the loop's first row about it: an alert, or a decision other
       than a note (a forecast, a "keep", which the modules write whatever they measured);
-    - ``decide_s``: that first row to the decision on the fault: the first that changes the
-      deployment (a move accepted, an alert whose policy names ``scale-out``), or, where none
-      does, the first exception raised into the queue;
+    - ``decide_s``: that first row to the decision on the fault: the first that changed the
+      deployment (a move accepted and applied, an alert whose policy names ``scale-out`` and
+      the replica it added; one accepted and then withdrawn by a later tick's refusal did
+      not), else the first accepted, or, where none is, the first exception raised into the
+      queue;
     - ``apply_s``: that decision to the scale event that carried it out (the move done, the
       replica serving); None when it was not applied;
     - ``decisions``: how many rows of each kind (:func:`label`), autoscaler events included;
@@ -126,8 +128,11 @@ def loop_figures(fault_s: float, rows: Iterable[Row]) -> dict[str, Any]:
     # notes (a forecast, "keep" the placement) are written whatever was measured: not a sign
     seen = [r for r in loop if not (r["source"] == "decision" and r["verdict"] == "note")]
     detect = seen[0]["t"] if seen else None
-    # the decision that changes the deployment, or else the first that escalates (an exception)
-    act = next((r for r in loop if _remedies(r)), None) or next((r for r in loop if _acts(r)), None)
+    # the decision that changed the deployment (a move accepted, then withdrawn when a later
+    # tick refused it, did not), else the first accepted, else the first that escalates
+    remedies = [r for r in loop if _remedies(r)]
+    done = [r for r in remedies if _applied(r, [a for a in after if a["t"] >= r["t"]])]
+    act = next(iter(done + remedies), None) or next((r for r in loop if _acts(r)), None)
     applied = None
     if act is not None:
         applied = _applied(act, [r for r in after if r["t"] >= act["t"]])

@@ -71,6 +71,25 @@ def test_an_accepted_move_counts_from_its_row_to_the_move() -> None:
     assert got["fault_to_applied_s"] == 20.0 and got["outcome"] == "applied in 4.0 s"
 
 
+def test_a_move_withdrawn_then_accepted_again_counts_the_one_applied() -> None:
+    """control_loop.py's busy node: accepted at 6.0 s, withdrawn by the next tick's refusal,
+    accepted again at 10.1 s and applied at 10.4 s; the first acceptance had read as the
+    decision, and its withdrawal as nothing applied."""
+    rows = [
+        _decision(4.0, "busy-node", "move-node", "refuse"),
+        _decision(6.0, "busy-node", "move-node", "apply", "withdrawn: no longer accepted"),
+        _decision(7.0, "busy-node", "move-node", "refuse"),
+        _decision(10.1, "busy-node", "move-node", "apply", "applied in 0.3 s"),
+        _scale(10.4, "move", "stage 0 replica 0: node 0 -> node 1 in dc"),
+    ]
+    f = lf.loop_figures(T, rows)
+    assert f["detect_s"] == pytest.approx(4.0)
+    assert f["decide_s"] == pytest.approx(6.1)
+    assert f["apply_s"] == pytest.approx(0.3)
+    assert f["outcome"] == "applied in 0.3 s"
+    assert f["decisions"]["busy-node/move-node: apply"] == 2
+
+
 def test_an_exception_alone_is_decided_and_never_applied() -> None:
     rows = [_alert(3.0, "step_time_s"), _decision(3.5, "control-loop", "exception", "raise")]
     got = lf.loop_figures(T, rows)

@@ -7,6 +7,7 @@ applied to the plan."""
 from __future__ import annotations
 
 import contextlib
+import json
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -282,6 +283,27 @@ def test_a_node_that_stays_busy_confirms_its_move_on_the_next_tick() -> None:
     assert second.modules_ran
     (applied,) = second.recorded
     assert (applied.proposal.kind, applied.verdict) == ("move-node", "apply")
+
+
+def test_a_replica_s_time_on_its_busy_node_is_that_of_the_steps_it_was_busy() -> None:
+    """The node turned busy two steps ago: the window's 4 earlier steps (idle, 50 ms a
+    micro-batch) had made the median, and the move looked worth 3 ms a micro-batch, refused
+    for a payback beyond the task (control_loop.py: 38.4 against 35.1 ms, until the task
+    ended). Its busy steps' 150 ms are the figure."""
+    cluster = one_site(2)
+    plan = make_plan(cluster, JobSpec(global_batch=8, micro_batch=2, pp=1))
+    m, t = plan.job.microbatches, 0.05
+    traces = tuple(
+        StepTrace(step, 0, 0, (3 if step >= 4 else 1) * m * t, [], {},
+                  node_cpu_percent=98.0 if step >= 4 else 40.0)
+        for step in range(6)
+    )  # fmt: skip
+    baseline = {(0, 0, json.dumps(plan.stages[0].chunks)): t}
+    use = {"0/0": _use(98.0)}
+    policy = BusyNode(cpu_percent=90)
+    (p,) = node_moves(plan, cluster, use, {"dc": 98.0}, policy, traces, 0.6, (), baseline)
+    assert p.details["compute_s"]["now"] == pytest.approx(3 * t)
+    assert p.predicted_gain_s_per_step == pytest.approx(m * 2 * t)
 
 
 def test_after_a_shrink_the_nodes_are_those_of_the_spec_cut_to_the_devices_online() -> None:

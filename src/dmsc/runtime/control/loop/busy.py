@@ -38,7 +38,8 @@ hysteresis, applied by :func:`.moves.apply_move` (:func:`dmsc.planner.elastic.mo
 the plan's prediction and paths stand, priced per datacenter and device type). Its figures:
 
 - the replica's compute per micro-batch as its step traces measured it (its spans, median over
-  the steps), against what it would be on an idle node: the median of the same stage's replicas
+  the steps that measured its node over the threshold, or over all when none did), against
+  what it would be on an idle node: the median of the same stage's replicas
   on nodes under the threshold, else what the replica itself measured the last time its node
   was under it (:func:`idle_compute`, kept by the tick), else the plan's per-micro-batch time
   of the stage scaled by how the stages on idle nodes measured against theirs (this machine's
@@ -267,6 +268,10 @@ def node_moves(
         return []
     limit, m = policy.cpu_percent, plan.job.microbatches
     compute = replica_compute(traces, m)
+    # a replica's time on its busy node: its steps that measured the node over the threshold
+    # (the window's earlier steps, before the node turned busy, would hide the slowdown)
+    hot = [t for t in traces if t.node_cpu_percent is not None and t.node_cpu_percent > limit]
+    on_busy = replica_compute(hot, m)
     idle = {k for k, n in where.node_of.items() if n in where.cpu and where.cpu[n] <= limit}
     out: list[Proposal] = []
     for key, node in sorted(where.node_of.items()):
@@ -290,7 +295,7 @@ def node_moves(
             why = f"{at}; node {to} is idle ({idle_at}), but {lacks}: not moved"
             out.append(Proposal(MODULE, "keep", target, why))
             continue
-        now, (then, basis) = compute[key], ref
+        now, (then, basis) = on_busy.get(key, compute[key]), ref
         others = max((t for k, t in compute.items() if k != key), default=0.0)
         gain = m * max(0.0, now - max(then, others))
         cost, parts = move_cost_s(plan, plan.stages[key[0]].layers, None, faults, start_s)
