@@ -6,6 +6,7 @@ on (:mod:`.orchestrator`).
 - :mod:`.traffic`: traffic prediction, per stage boundary and data-parallel exchange, and the
   step time (Holt's linear smoothing, its held-out error beside the naive forecaster's);
 - :mod:`.paths`: path optimisation, the planner re-run on measured bandwidth and compute;
+  :mod:`.move_cost`: the one-off cost of a move it (and the busy node's move) proposes;
 - :mod:`.policy`: policy analysis, the service-level objectives, breaches raised into the
   exception queue.
 
@@ -17,9 +18,9 @@ name (``dmsc modules`` lists them).
 - :mod:`.orchestrator`: collect the proposals, decide on each (:class:`DecisionRule`), apply;
 - :mod:`.prediction`: the prediction a measured step is compared with (the job that ran).
 
-Imports run one way: ``orchestrator -> policy, paths, traffic -> base -> prediction`` (and
-this package's ``__init__`` gathers them). Below it: :mod:`..tasks`, the exception queue
-:mod:`.policy` raises breaches into.
+Imports run one way: ``orchestrator -> policy, paths, traffic -> move_cost -> base ->
+prediction`` (and this package's ``__init__`` gathers them). Below it: :mod:`..tasks`, the
+exception queue :mod:`.policy` raises breaches into.
 """
 
 from __future__ import annotations
