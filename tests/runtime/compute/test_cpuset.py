@@ -5,7 +5,6 @@ field named, before anything starts)."""
 
 from __future__ import annotations
 
-import os
 import subprocess
 import sys
 from pathlib import Path
@@ -52,10 +51,9 @@ def test_each_stage_replica_runs_on_its_node_s_cores() -> None:
     assert layout_from_plan(plan, model).cpus == {}  # no spec: nothing pinned
 
 
-@pytest.mark.skipif(len(os.sched_getaffinity(0)) < 2, reason="needs two cores")
 def test_a_pinned_worker_reads_its_node_s_cpu_over_its_own_cores() -> None:
     """A process pinned to core 0 counts core 0's CPU seconds only (psutil's per-core counters
-    as the reference), and its node has one core."""
+    as the reference), and its node has one core (on a one-core machine: the machine's)."""
     code = (
         "import psutil\n"
         "from dmsc.runtime.compute import cpuset\n"
@@ -69,7 +67,8 @@ def test_a_pinned_worker_reads_its_node_s_cpu_over_its_own_cores() -> None:
     cores, affinity, total, ref = out.stdout.split(maxsplit=3)
     assert cores == "1" and affinity == "[0]"
     assert float(total) == pytest.approx(float(ref), rel=0.01)
-    assert float(total) < 0.75 * sum(psutil.cpu_times()) - 1  # not the machine's
+    if (psutil.cpu_count() or 1) > 1:  # with more cores, not the machine's sum
+        assert float(total) < 0.75 * sum(psutil.cpu_times()) - 1
 
 
 def _up(tmp_path: Path, spec: ClusterSpec, *more: str) -> str:

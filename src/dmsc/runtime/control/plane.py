@@ -54,7 +54,7 @@ from dmsc.runtime.control.tasks import infer_batch, lanes, task_queue, work_loop
 from dmsc.runtime.control.tasks.door import Door
 from dmsc.runtime.control.training.corpora import TaskTexts, inside_roots
 from dmsc.runtime.control.training.local_data import load_task_shards
-from dmsc.runtime.control.training.online import ResizedPlans
+from dmsc.runtime.control.training.online import ResizedPlans, numbered_spec
 from dmsc.runtime.control.training.params import TrainParams, task_params
 from dmsc.runtime.control.training.report import TrainReport
 from dmsc.runtime.control.training.residency import check_task
@@ -258,9 +258,9 @@ class ControlPlane:
         """Move the deployment to ``plan`` from a checkpoint at ``step`` (default: the step
         the weights are at between tasks): a new dp, a move (.resize)."""
         step = self.steps_done if step is None else step
-        folder, spec = self.run_dir / f"{action}{step}", self.resized_plans.numbered_on(plan)
+        folder, spec = self.run_dir / f"{action}{step}", numbered_spec(self, plan)  # cpusets
         self.deployment, err = resize(self.deployment, plan, self.model, step, folder,
-                                      self.device, spec or self.cluster)  # fmt: skip
+                                      self.device, spec)  # fmt: skip
         self.inference.rebind(self.deployment)
         self.record_services()
         if err is not None:

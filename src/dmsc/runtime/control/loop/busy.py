@@ -72,6 +72,7 @@ from dmsc.planner.plan import Plan
 from dmsc.runtime.control.advisors.base import FaultInfo, Proposal
 from dmsc.runtime.control.advisors.move_cost import move_cost_s
 from dmsc.runtime.control.loop.objectives import BusyNode
+from dmsc.runtime.control.training.online import numbered_spec
 from dmsc.spec import ClusterSpec
 
 MODULE = "busy-node"  # the decision rows' module of a move to an idle node
@@ -123,10 +124,7 @@ def numbered_on(cp: Any) -> ClusterSpec | None:
     to the devices online when a shrink or a resize placed it there (its ``resized_plans``,
     :class:`~..training.online.ResizedPlans`), else the plan's cluster spec. Its nodes are the
     ones the plan's devices are on, and none of them is a lost one."""
-    plans = getattr(cp, "resized_plans", None)
-    cut: ClusterSpec | None = plans.numbered_on(cp.plan) if plans is not None else None
-    whole: ClusterSpec | None = cp.cluster
-    return cut or whole
+    return numbered_spec(cp, cp.plan)
 
 
 def placed(

@@ -26,6 +26,7 @@ a busy worker landed on another node, which then took the new replicas as if it 
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping
+from typing import Any
 
 from dmsc.planner.plan import Plan
 from dmsc.runtime.control.training.resize import resized_plan
@@ -164,3 +165,13 @@ class ResizedPlans:
                 self.note(to, on)
             kept = self._kept[key] = (plan, to)
         return kept[1]
+
+
+def numbered_spec(cp: Any, plan: Plan) -> ClusterSpec | None:
+    """The cluster spec ``plan``'s devices and nodes are numbered on, for control plane ``cp``:
+    the spec cut to the devices online when a shrink or a resize planned it there (``cp``'s
+    :class:`ResizedPlans`), else ``cp``'s cluster spec (None: not known)."""
+    plans = getattr(cp, "resized_plans", None)
+    cut: ClusterSpec | None = plans.numbered_on(plan) if plans is not None else None
+    whole: ClusterSpec | None = getattr(cp, "cluster", None)
+    return cut or whole

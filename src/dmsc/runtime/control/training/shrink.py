@@ -50,6 +50,7 @@ from dmsc.runtime.control.launch.deployment import Checkpoint, Deployment, Stage
 from dmsc.runtime.control.launch.failures import Key, WorkerFailure
 from dmsc.runtime.control.launch.fallback import Restored
 from dmsc.runtime.control.launch.recovery import Recovery
+from dmsc.runtime.control.training.online import numbered_spec
 from dmsc.runtime.control.training.resize import (
     check_online,
     record_resize,
@@ -175,7 +176,13 @@ class Shrink:
             if not stopped:  # the broken deployment stops before the first layout starts
                 stopped.append(restarter(dep))
             return restart_from(
-                stopped[0], dep.layout, plan, cp.model, cp.device, candidates, _spec(cp, plan)
+                stopped[0],
+                dep.layout,
+                plan,
+                cp.model,
+                cp.device,
+                candidates,
+                numbered_spec(cp, plan),
             )
 
         t0 = time.perf_counter()
@@ -250,7 +257,13 @@ class Shrink:
 
         def start_at(plan: Plan) -> tuple[Deployment, Restored]:
             return restart_from(
-                start, old.layout, plan, cp.model, cp.device, cp.checkpoints(), _spec(cp, plan)
+                start,
+                old.layout,
+                plan,
+                cp.model,
+                cp.device,
+                cp.checkpoints(),
+                numbered_spec(cp, plan),
             )
 
         dps = range(cp.plan.job.dp, max(1, self.dp_min) - 1, -1)
@@ -272,11 +285,3 @@ class Shrink:
         why = f"redeployed after a failed shrink at dp {got.plan.job.dp}, {at}"
         record_resize(cp.db, cp.run.id, REDEPLOY, why, got.plan)
         log.warning("training %s", why)
-
-
-def _spec(cp: Any, plan: Plan) -> ClusterSpec | None:
-    """The cluster spec ``plan``'s nodes are numbered on (their cpusets): the cut spec a shrink
-    planned it on, else the deployment's."""
-    plans = getattr(cp, "resized_plans", None)
-    cut: ClusterSpec | None = plans.numbered_on(plan) if plans is not None else None
-    return cut or getattr(cp, "cluster", None)
