@@ -115,8 +115,12 @@ def health(
     keys = list(ws.clients) if keys is None else list(keys)
     answers, silent, futures = {}, {}, {}
     for k in keys:
+        client = ws.clients.get(k)  # None: replaced meanwhile by a recovery on another thread
+        if client is None:
+            silent[k] = "it was taken out of the deployment while being asked"
+            continue
         try:
-            futures[k] = ws.clients[k].send_future("Health", Health(), timeout_s)
+            futures[k] = client.send_future("Health", Health(), timeout_s)
         except ValueError:  # grpc's "Channel closed!": a stopped deployment (a failed shrink's)
             silent[k] = "its channel is closed: the deployment was stopped"
     for k, fut in futures.items():

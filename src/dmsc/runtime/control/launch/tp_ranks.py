@@ -112,12 +112,16 @@ class TensorRanks:
     def probe(self, timeout_s: float) -> tuple[dict[str, dict[str, Any]], set[str]]:
         """Health asked of every rank at once: what each that answered within ``timeout_s``
         said (its telemetry among it; ``{}`` for an answer that is not JSON), and the SIDs of
-        those that did not answer."""
-        futures = {
-            sid: c.send_future("Health", Health(), timeout_s) for sid, c in self.by_sid.items()
-        }
+        those that did not answer. A recovery may drop or adopt ranks meanwhile (``dmsc status``
+        runs on the control plane's request threads): the ranks asked are those of a copy taken
+        first, and one whose channel a drop closed counts as silent."""
+        futures, silent = {}, set()
+        for sid, c in list(self.by_sid.items()):
+            try:
+                futures[sid] = c.send_future("Health", Health(), timeout_s)
+            except ValueError:  # grpc's "Channel closed!": dropped by a recovery
+                silent.add(sid)
         answers: dict[str, dict[str, Any]] = {}
-        silent = set()
         for sid, fut in futures.items():
             try:
                 reply = fut.result()

@@ -1,0 +1,53 @@
+"""The tensor-parallel ranks past the first, as the control plane's request threads read them
+while a recovery changes them (dmsc.runtime.control.launch.tp_ranks)."""
+
+from __future__ import annotations
+
+from concurrent.futures import Future
+from typing import Any
+
+from dmsc.runtime.control.launch.tp_ranks import TensorRanks
+
+
+class _Rank:
+    """A rank's client whose Health call runs ``meanwhile`` first: what a recovery on another
+    thread does between two of the calls."""
+
+    def __init__(self, meanwhile: Any = None, closed: bool = False) -> None:
+        self.meanwhile, self.closed = meanwhile, closed
+
+    def send_future(self, method: str, msg: Any, timeout_s: float) -> Future[bytes]:
+        if self.meanwhile is not None:
+            self.meanwhile()
+        if self.closed:
+            raise ValueError("Channel closed!")  # what grpc raises on a closed channel
+        done: Future[bytes] = Future()
+        done.set_result(b'{"ok": true}')
+        return done
+
+    def close(self) -> None:
+        self.closed = True
+
+
+def test_a_probe_survives_a_recovery_that_drops_and_adopts_ranks_meanwhile() -> None:
+    """``dmsc chaos`` on a tp = 2 plan: ``dmsc status`` asked every rank for Health while the
+    recovery dropped the killed replica's rank and adopted its replacement, and the request
+    failed with "dictionary changed size during iteration" (CI, stop 40)."""
+    ranks = TensorRanks(tp=1)
+    dropped = _Rank()
+
+    def recovery() -> None:
+        ranks.by_sid.pop("s1r0t1")  # what drop() does to the replaced replica's rank ...
+        dropped.close()
+        ranks.by_sid["s1r0t1-new"] = _Rank()  # ... and adopt() to its replacement
+
+    ranks.by_sid.update({"s0r0t1": _Rank(meanwhile=recovery), "s1r0t1": dropped})
+    answers, silent = ranks.probe(1.0)
+    assert answers == {"s0r0t1": {"ok": True}}
+    assert silent == {"s1r0t1"}  # its channel closed by the drop: no answer, not an error
+
+
+def test_a_probe_asks_every_rank_and_reads_what_each_said() -> None:
+    ranks = TensorRanks(tp=1)
+    ranks.by_sid.update({"a": _Rank(), "b": _Rank(closed=True)})
+    assert ranks.probe(1.0) == ({"a": {"ok": True}}, {"b"})
