@@ -6,7 +6,9 @@ weights) is saved as a Hugging Face checkpoint and served by dmsc as 2 stage pro
 machine (gRPC between them), each loading its own tensors. Greedy decoding of ``--tokens`` tokens
 after a 32-token prompt: one session with the cache, one recomputing (the path before sessions),
 ``--sessions`` concurrent sessions with the cache (taking turns per token, as the control plane's
-fair lock makes them), and ``transformers`` in this process with its own cache.
+fair lock makes them: as many tokens through the replica at once as its pipeline holds, one per
+stage and one drawn, ``tokens_in_flight``; and, alternated with it in the same run, one token at
+a time, the lock before), and ``transformers`` in this process with its own cache.
 
 Prints a table, or with --json one object: cache_speedup (recompute time / cache time, one
 session), tokens_per_s (per path), ms_per_token (per path), vs_transformers_ratio (dmsc's
@@ -42,6 +44,7 @@ import torch
 from _deployment import cpu_s
 
 from dmsc.runtime.control.launch.deployment import Deployment, StageLayout
+from dmsc.runtime.control.serving.turns import FairLock
 from dmsc.runtime.transport.messages import Sampling
 from dmsc.spec import TransformerSpec, resolve_model
 
@@ -87,10 +90,12 @@ def _cpu(proc: psutil.Process) -> float:
     return t.user + t.system
 
 
-def _one_at_a_time() -> Callable[[float | None], threading.Lock]:
-    """A turn function that lets one session a token at a time through the replica."""
-    lock = threading.Lock()
-    return lambda _until: lock
+def _turns(width: int) -> Callable[[float | None], contextlib.AbstractContextManager[None]]:
+    """A turn function as the control plane's replica lock gives turns: ``width`` tokens of
+    different sessions through the replica at once (its ``tokens_in_flight``; 1: one at a
+    time, as before issue 31's overlap)."""
+    lock = FairLock(width)
+    return lambda until: lock.turn("bench", until)
 
 
 def _tls_rounds(
@@ -117,7 +122,7 @@ def _tls_rounds(
                     t0 = time.perf_counter()
                     dep.generate(prompt, tokens, sampling=greedy)
                     rates[kind]["cache_1_session"].append(tokens / (time.perf_counter() - t0))
-                    turn = _one_at_a_time()
+                    turn = _turns(layout.tokens_in_flight)
                     threads = [
                         threading.Thread(
                             target=dep.generate,
@@ -178,23 +183,33 @@ def main() -> None:
             t0 = time.perf_counter()
             recomputed = dep.generate(prompt_ids, args.tokens, sampling=greedy, use_cache=False)
             recompute_s = time.perf_counter() - t0
-            lock = threading.Lock()
-            turn = lambda _until: lock  # noqa: E731  (a token at a time through the replica)
             results: list[list[int]] = [[] for _ in range(args.sessions)]
 
-            def one(i: int) -> None:
-                results[i] = dep.generate(
-                    prompt_ids, args.tokens, step_base=10_000_000 * (i + 1), sampling=greedy,
-                    turn=turn,
-                )  # fmt: skip
+            def sessions(width: int) -> float:
+                """Seconds for ``--sessions`` concurrent sessions taking turns ``width`` at
+                once."""
+                turn = _turns(width)
 
-            threads = [threading.Thread(target=one, args=(i,)) for i in range(args.sessions)]
-            t0 = time.perf_counter()
-            for t in threads:
-                t.start()
-            for t in threads:
-                t.join()
-            many_s = time.perf_counter() - t0
+                def one(i: int) -> None:
+                    results[i] = dep.generate(
+                        prompt_ids, args.tokens, step_base=10_000_000 * (i + 1), sampling=greedy,
+                        turn=turn,
+                    )  # fmt: skip
+
+                threads = [threading.Thread(target=one, args=(i,)) for i in range(args.sessions)]
+                t0 = time.perf_counter()
+                for t in threads:
+                    t.start()
+                for t in threads:
+                    t.join()
+                return time.perf_counter() - t0
+
+            width = layout.tokens_in_flight
+            # side by side, alternated: one token at a time through the replica, and the
+            # control plane's width
+            rounds = [(w, sessions(w)) for w in (1, width, 1, width)]
+            many_s = min(s for w, s in rounds if w == width)
+            one_s = min(s for w, s in rounds if w == 1)
         tls_cost = (
             _tls_rounds(ckpt, Path(tmp), prompt_ids, args.tokens, args.rounds, args.sessions)
             if args.tls
@@ -210,12 +225,15 @@ def main() -> None:
             "cache_1_session": n / cache_s,
             "recompute_1_session": n / recompute_s,
             f"cache_{args.sessions}_sessions": n * args.sessions / many_s,
+            f"cache_{args.sessions}_sessions_one_token_at_a_time": n * args.sessions / one_s,
             "transformers_1_session": n / hf_s,
         },
+        "tokens_in_flight": width,
         "ms_per_token": {
             "cache_1_session": cache_s / n * 1e3,
             "recompute_1_session": recompute_s / n * 1e3,
             f"cache_{args.sessions}_sessions": many_s / n * 1e3,
+            f"cache_{args.sessions}_sessions_one_token_at_a_time": one_s / n * 1e3,
             "transformers_1_session": hf_s / n * 1e3,
         },
         "cache_speedup": recompute_s / cache_s,

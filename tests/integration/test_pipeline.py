@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import contextlib
+from collections.abc import Iterator
 from dataclasses import replace
 
 import grpc
@@ -278,6 +280,38 @@ def test_sampling_and_checkpoint(tmp_path, batches, monkeypatch) -> None:  # typ
             assert time.monotonic() < ends, "sessions left open"
             time.sleep(0.05)
         assert dep.generate(b"def ", 5, sampling=Sampling(temperature=3, top_k=1)) == greedy
+        # requests in flight through the stages at once (the replica's fair lock is as wide as
+        # its pipeline holds tokens: one per stage and one drawn): each keeps its own keys and
+        # values. Each request's first turn waits at a barrier for the other's: they overlap.
+        import threading
+
+        from dmsc.runtime.control.serving.turns import FairLock
+
+        assert dep.layout.tokens_in_flight == 3
+        lock, met = FairLock(dep.layout.tokens_in_flight), threading.Barrier(2, timeout=30)
+        together: list[list[int]] = [[], []]
+
+        def request(i: int) -> None:
+            first = [True]
+
+            @contextlib.contextmanager
+            def turn(until: float | None) -> Iterator[None]:
+                with lock.turn(str(i), until):
+                    if first.pop() if first else False:
+                        met.wait()
+                    yield
+
+            prompt = b"def " if i == 0 else b"class "
+            together[i] = dep.generate(prompt, 5, sampling=Sampling(temperature=0), turn=turn,
+                                       step_base=10_000_000 * (i + 1))  # fmt: skip
+
+        threads = [threading.Thread(target=request, args=(i,)) for i in range(2)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join(60)
+        assert together[0] == greedy
+        assert together[1] == dep.generate(b"class ", 5, sampling=Sampling(temperature=0))
         hot = [
             dep.generate(b"def ", 8, sampling=Sampling(temperature=2, seed=s)) for s in (5, 5, 6)
         ]

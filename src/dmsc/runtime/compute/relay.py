@@ -95,20 +95,29 @@ def onward(m: RunStep, deadline: float | None, wait_s: float) -> tuple[RunStep, 
     return m.model_copy(update=update), left
 
 
-def hand_on(
+def packed_on(
     peers: Peers, stage: int, m: RunStep, y: torch.Tensor, deadline: float | None
-) -> dict[str, Any]:
-    """Run the rest of the chained step ``m`` (this ``stage``'s output ``y``) at the next
-    stage and answer with its reply. A peer replaced since it was looked up is looked up
-    again, once."""
+) -> tuple[bytes, float]:
+    """The ``Relay`` request that runs the rest of the chained step ``m`` (this ``stage``'s
+    output ``y``) at the next stage, and how long to wait for its answer. Made while the worker
+    still runs the step: ``y``'s host copy may be a staging buffer the next step writes, and
+    several requests' tokens may be on their way through a stage at once."""
     step, wait_s = onward(m, deadline, peers.recv_timeout_s)
     assert step.epoch is not None
     frame = encode(Kind.ACTIVATION, m.step, 0, peers.staging.to_host(y), step.epoch)
-    data = pack(step, frame)
     peers.count(Kind.ACTIVATION, len(frame))
+    return pack(step, frame), wait_s
+
+
+def hand_on(
+    peers: Peers, stage: int, data: bytes, wait_s: float, deadline: float | None
+) -> dict[str, Any]:
+    """Send the ``Relay`` request ``data`` (:func:`packed_on`) to the next stage, the worker
+    free meanwhile, and answer with its reply. A peer replaced since it was looked up is looked
+    up again, once."""
     link = peers.links.get(stage + 1)
     if link is not None:  # a thin link to the next stage: the frame waits its turn
-        link.take(len(frame))
+        link.take(len(data))
     where = f"stage {stage + 1} replica {peers.replica}"
     address = peers.client(stage + 1).address
     for again in (False, True):

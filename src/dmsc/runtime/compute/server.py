@@ -200,12 +200,14 @@ class StageWorker:
             self.peers.deadline = deadline
             with self.peers.at_epoch(m.epoch):
                 out, handed = self._run(m)
+                if handed is not None:
+                    onward = relay.packed_on(self.peers, self.cfg.stage, m, handed, deadline)
         finally:
             self.peers.deadline = None
             self._lock.release()
         if handed is None:
             return out  # else a chained step: the next stage's part, this worker free meanwhile
-        return relay.hand_on(self.peers, self.cfg.stage, m, handed, deadline)
+        return relay.hand_on(self.peers, self.cfg.stage, *onward, deadline)
 
     def relay(self, data: bytes) -> bytes:
         """``Relay``: a chained inference step with its activations, from the stage before."""

@@ -59,3 +59,21 @@ def test_a_pipeline_meets_in_a_gloo_group_only_inside_one_datacenter() -> None:
     assert split.pp_groups()
     assert not StageLayout(model, ranges).pp_groups()  # gRPC unless asked for
     assert not StageLayout(model, [("embedding", "head")], pp_gloo=True).pp_groups()  # one stage
+
+
+def test_tokens_in_flight_one_a_stage_and_one_drawn_where_order_does_not_matter() -> None:
+    """A replica's fair lock is this wide: its stages work on different requests' tokens side
+    by side. One where two calls seen in opposite orders would pair the wrong collectives (tp,
+    ep) or wait on each other (an interleaved stage's chunks)."""
+    model = resolve_model("gpt-mini")
+    assert isinstance(model, TransformerSpec)
+    three = [("embedding", "block_0"), ("block_1", "block_2"), ("block_3", "head")]
+    assert StageLayout(model, three).tokens_in_flight == 4
+    assert StageLayout(model, three, replicas=2).tokens_in_flight == 4
+    assert StageLayout(model, [("embedding", "head")]).tokens_in_flight == 2
+    assert StageLayout(model, three, tp=2).tokens_in_flight == 1
+    assert StageLayout(model, three, replicas=2, ep=2).tokens_in_flight == 1
+    chunks = [[("embedding", "block_0"), ("block_2", "block_2")],
+              [("block_1", "block_1"), ("block_3", "head")]]  # fmt: skip
+    two = [("embedding", "block_0"), ("block_1", "block_1")]
+    assert StageLayout(model, two, chunks=chunks).tokens_in_flight == 1

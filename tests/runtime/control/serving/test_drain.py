@@ -17,7 +17,7 @@ from dmsc.runtime.control.serving.inference import Replicas
 
 
 def replicas(count: int, ep: int = 1) -> Replicas:
-    dep: Any = SimpleNamespace(layout=SimpleNamespace(replicas=count, ep=ep))
+    dep: Any = SimpleNamespace(layout=SimpleNamespace(replicas=count, ep=ep, tokens_in_flight=1))
     return Replicas(dep, db=None, lock=threading.Lock(), log=logging.getLogger("t"), run_id=1)  # type: ignore[arg-type]
 
 

@@ -77,3 +77,84 @@ def test_a_waiter_past_its_deadline_leaves_the_queue() -> None:
 def test_release_of_an_unheld_lock_is_an_error() -> None:
     with pytest.raises(RuntimeError):
         FairLock().release()
+
+
+def _in_thread(fn: object) -> threading.Thread:
+    t = threading.Thread(target=fn)  # type: ignore[arg-type]
+    t.start()
+    return t
+
+
+def _until(cond: object, timeout_s: float = 5.0) -> None:
+    end = time.monotonic() + timeout_s
+    while not cond():  # type: ignore[operator]
+        assert time.monotonic() < end, "timed out"
+        time.sleep(0.001)
+
+
+def test_a_lock_of_width_two_lets_two_turns_in_at_once_and_queues_the_third() -> None:
+    """A replica of two stages holds a token of each of two requests (and one being drawn):
+    their turns overlap, up to the width."""
+    lock = FairLock(width=2)
+    assert lock.acquire("a", whole=False) and lock.acquire("b", whole=False)
+    assert lock.held() == 2
+    got: list[str] = []
+    third = _in_thread(lambda: lock.acquire("c", whole=False) and got.append("c"))
+    _until(lambda: lock.waiting() == {"c": 1})
+    assert got == []
+    lock.release()
+    third.join(5)
+    assert got == ["c"] and lock.held() == 2
+    lock.release()
+    lock.release()
+    assert lock.held() == 0
+
+
+def test_the_whole_lock_waits_for_the_turns_in_flight_and_later_turns_wait_for_it() -> None:
+    """A training step takes the replica whole: it waits for the tokens in flight, and a token
+    asked for after it waits for the step (first come, first served: neither starves)."""
+    lock = FairLock(width=3)
+    lock.acquire("a", whole=False)
+    lock.acquire("b", whole=False)
+    log: list[str] = []
+
+    def train() -> None:
+        with lock:
+            log.append("train")
+            time.sleep(0.05)
+            log.append("trained")
+
+    def token() -> None:
+        with lock.turn("c"):
+            log.append("c")
+
+    trainer = _in_thread(train)
+    _until(lambda: lock.waiting() == {"": 1})
+    later = _in_thread(token)  # room for it (width 3), but it came after the whole lock
+    _until(lambda: sum(lock.waiting().values()) == 2)
+    lock.release()
+    time.sleep(0.02)
+    assert log == []  # one turn still in flight
+    lock.release()
+    trainer.join(5)
+    later.join(5)
+    assert log == ["train", "trained", "c"]
+    assert lock.held() == 0
+
+
+def test_a_whole_waiter_past_its_deadline_lets_the_turns_behind_it_in() -> None:
+    lock = FairLock(width=2)
+    lock.acquire("a", whole=False)
+    got: list[str] = []
+    whole = _in_thread(lambda: got.append(str(lock.acquire("t", time.monotonic() + 0.1))))
+    _until(lambda: lock.waiting() == {"t": 1})
+    behind = _in_thread(lambda: lock.acquire("b", whole=False) and got.append("b"))
+    whole.join(5)
+    behind.join(5)
+    assert got == ["False", "b"]
+    assert lock.held() == 2
+
+
+def test_a_width_below_one_is_refused() -> None:
+    with pytest.raises(ValueError, match="at least 1"):
+        FairLock(width=0)

@@ -45,6 +45,18 @@ class StageLayout:
     # --gloo: the same step time and CPU a step within the load's noise)
     pp_gloo: bool = False
 
+    @property
+    def tokens_in_flight(self) -> int:
+        """Tokens of different requests a replica's pipeline works on at once: one at each
+        stage and one being drawn at the control plane, where each worker runs the calls that
+        reach it in any order (:class:`~dmsc.runtime.control.serving.turns.FairLock`'s width).
+        One where a call's order matters: tensor-parallel ranks pair their all-reduces and
+        expert-parallel replicas their all-to-alls call by call, and an interleaved stage waits
+        inside a call for its own chunk's input from a later stage."""
+        if self.tp > 1 or self.ep > 1 or self.chunks:
+            return 1
+        return len(self.ranges) + 1
+
     def stage_fields(self, stage: int, replica: int = 0) -> dict[str, Any]:
         """A worker configuration's fields of ``stage`` (of ``replica``): its layers (first and
         last, and its chunks), the all-reduce its replicas average with, and whether its

@@ -61,10 +61,13 @@ class ServingReplica:
     name: str
     dep: Deployment
     placement: list[ReplicaRecord]
-    lock: FairLock = field(default_factory=FairLock)
+    lock: FairLock = field(init=False)  # its requests' turns, as many at once as it holds
     started_at: float = field(default_factory=time.time)
     draining: bool = False
     held: Held | None = None  # the weights it loaded (held.py)
+
+    def __post_init__(self) -> None:
+        self.lock = FairLock(self.dep.layout.tokens_in_flight)
 
     def as_json(self) -> dict[str, Any]:
         return {

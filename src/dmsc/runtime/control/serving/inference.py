@@ -3,8 +3,9 @@
 Each replica is a whole pipeline and answers requests on its own; at ep > 1 each
 expert-parallel group of replicas is one (``replica-R``, R its first replica: a request runs on
 every replica of the group, and loads and heals take the group whole). Its workers serve one step at
-a time, and a request takes the replica per token (a :class:`~.turns.FairLock`): the requests on
-a replica interleave token by token, tenants in round robin, so a tenant's long requests cannot
+a time, and a request takes the replica per token (a :class:`~.turns.FairLock`, as many tokens
+at once as the replica's pipeline can hold: one at each stage): the requests on a replica
+interleave token by token, tenants in round robin, so a tenant's long requests cannot
 hold a replica against another tenant's short one. A request stops at its deadline and frees the
 replica (no call outlives it); each token's worker calls wait at most the failure timeout, so a
 frozen worker fails its request within it. A request whose replica fails goes to the next
@@ -96,7 +97,7 @@ class Replicas:
         self.lock = lock  # the control plane's: loading weights must not overlap training
         self.count = dep.layout.replicas
         self.instances = _instances(dep)
-        self.locks = [FairLock() for _ in range(self.count)]
+        self.locks = [FairLock(dep.layout.tokens_in_flight) for _ in range(self.count)]
         self.token_timeout_s = token_timeout_s
         self.held: dict[int, Held] = {}  # replica -> what it holds (held.py), when known
         self.down: set[int] = set()  # replicas out of routing until healed
@@ -176,7 +177,7 @@ class Replicas:
         """Serve from ``dep`` (the deployment, resized): its replicas, none loaded yet (the
         weights moved with them: training goes on from them)."""
         self.dep, self.count, self.instances = dep, dep.layout.replicas, _instances(dep)
-        self.locks = [FairLock() for _ in range(self.count)]
+        self.locks = [FairLock(dep.layout.tokens_in_flight) for _ in range(self.count)]
         self.held, self.signature, self.down = {}, [], set()
         for r in self.instances:
             moved = Held({s: "" for s in range(dep.stages)}, None, "weights moved to a new layout")
