@@ -173,3 +173,24 @@ def test_two_databases_name_run_1_s_folder_apart(tmp_path: Path) -> None:
     assert one.run_key(1) != two.run_key(1)
     assert one.run_key(1).startswith("run1-")
     assert Database(f"sqlite:///{tmp_path / 'a.sqlite'}").run_key(1) == one.run_key(1)
+
+
+def test_a_checkpoint_and_the_task_parameters_it_moves_are_stored_together(
+    tmp_path: Path,
+) -> None:
+    """A task lent its weights: its checkpoint where the other task left them and its moved
+    first step go in one transaction, both or neither."""
+    from dmsc.data.db import CheckpointRecord
+
+    db = Database(f"sqlite:///{tmp_path / 'x.sqlite'}")
+    run = db.new_run("gpt-mini", "local-cpu", {"stages": 2})
+    task = db.new_task(run.id, "train", {"steps": 4})
+    row = CheckpointRecord(run_id=run.id, task_id=task.id, step=4, files_json="{}")
+    db.add(row, (task.id, {"steps": 4, "first_step": 2}))
+    [t] = db.tasks(run.id)
+    assert json.loads(t.params_json)["first_step"] == 2
+    assert [c.step for c in db.checkpoints(run.id, task.id)] == [4]
+    stray = CheckpointRecord(run_id=run.id, task_id=task.id, step=9, files_json="{}")
+    with pytest.raises(KeyError):
+        db.add(stray, (999, {}))  # no such task: the checkpoint is not stored either
+    assert [c.step for c in db.checkpoints(run.id, task.id)] == [4]

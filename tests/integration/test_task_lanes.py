@@ -3,13 +3,17 @@ one on the other lane (issue 30, point 2). Real workers, the control plane in th
 
 from __future__ import annotations
 
+import json
 import threading
 from pathlib import Path
+from typing import Any
 
 import pytest
 from runtime_helpers import control_plane, local_plan, wait_for
 
+from dmsc.runtime.control.tasks import work_loop
 from dmsc.runtime.control.tasks.task_queue import TaskQueue
+from dmsc.runtime.control.training.params import TrainParams
 from dmsc.runtime.transport.messages import TrainRequest
 
 
@@ -69,3 +73,48 @@ def test_the_train_call_does_not_wait_behind_a_long_queued_task(
         steps = [m.step for m in cp.db.metrics(long.id)]
         assert ran[0] in range(len(steps) + 1) and set(ran).isdisjoint(steps)
         assert cp.steps_done == len(steps) + 2
+
+
+def test_a_crash_between_a_loan_and_the_long_tasks_checkpoint_after_it_resumes_the_task(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The long task lends the weights at its third step; the short task trains two steps
+    inside it; the control plane dies as the long task checkpoints where the short one left the
+    weights. The restart resumes the long task from what the database says. The task's moved
+    first step used to be stored before that checkpoint, so its newest checkpoint lay before
+    its first step and the resume failed ("checkpoint of step 0 is outside 2..6")."""
+    monkeypatch.setenv("DMSC_HOME", str(tmp_path))
+    with control_plane(local_plan(), tmp_path) as cp:
+        queue = TaskQueue(cp.db, cp.run.id)
+        long = queue.submit("train", {"steps": 4, "checkpoint_every": 0}, lane="async")
+        short = queue.submit("train", {"steps": 2, "checkpoint_every": 0}, lane="sync")
+
+        def params(task_id: int) -> TrainParams:
+            row = next(t for t in cp.db.tasks() if t.id == task_id)
+            return work_loop._params(cp, json.loads(row.params_json))
+
+        loans: list[int] = []
+
+        def lend() -> bool:  # what the handoff does when the short task waits
+            if cp.steps_done != 2 or loans:
+                return False
+            cp.run_task(short.id, params(short.id))
+            loans.append(cp.steps_done)
+            return True
+
+        checkpoint = cp.deployment.checkpoint
+
+        def dies_after_the_loan(step: int, *args: Any, **kwargs: Any) -> Any:
+            if loans:
+                raise RuntimeError("the control plane died here")
+            return checkpoint(step, *args, **kwargs)
+
+        monkeypatch.setattr(cp.deployment, "checkpoint", dies_after_the_loan)
+        with pytest.raises(RuntimeError, match="died here"):
+            cp.run_task(long.id, params(long.id), lend)
+        assert loans == [4]  # the short task ran steps 2 and 3
+        monkeypatch.setattr(cp.deployment, "checkpoint", checkpoint)
+        report, _ = cp.run_task(long.id, params(long.id))  # the restart's resume
+        # from its checkpoint before the loan (the loan's steps are the short task's version)
+        assert (report.first_step, report.end_step) == (0, 4)
+        assert [m.step for m in cp.db.metrics(long.id)] == [0, 1, 2, 3]

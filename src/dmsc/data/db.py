@@ -186,9 +186,19 @@ class Database:
                         text(f"ALTER TABLE {table.name} ADD COLUMN {col.name} {kind}{default}")
                     )
 
-    def add(self, record: RecordT) -> RecordT:
+    def add(
+        self, record: RecordT, task_params: tuple[int, dict[str, Any]] | None = None
+    ) -> RecordT:
+        """Store ``record``; with ``task_params`` (a task's id and parameters), store those in
+        the same transaction (a checkpoint and the first step it moved a task to: both or
+        neither, whenever the process dies)."""
         with self.sessions() as s, s.begin():
             s.add(record)
+            if task_params is not None:
+                task = s.get(TaskRecord, task_params[0])
+                if task is None:
+                    raise KeyError(f"no task {task_params[0]}")
+                task.params_json = json.dumps(task_params[1])
         return record
 
     def new_run(self, model: str, cluster: str, plan: dict[str, Any]) -> RunRecord:

@@ -361,7 +361,7 @@ class ControlPlane:
         folder: Path,
         start: Checkpoint | None,
         older: list[Checkpoint],
-        pause: Callable[[int], int] | None = None,
+        pause: lanes.Pausing | None = None,
     ) -> TrainReport:
         corpus, valid = self.corpora(params.data, params.seed)
         if params.sync.local_data:  # each datacenter's replicas read their own files

@@ -20,9 +20,8 @@ import contextlib
 import threading
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
-from typing import Protocol
+from typing import Any, Protocol
 
-from dmsc.data.db import Database
 from dmsc.runtime.control.training.params import TrainParams
 
 LANES = ("async", "sync")  # the long lane first: the lane that lends is the long one
@@ -110,13 +109,13 @@ class Steps(Protocol):
     """What a pause reads and changes of the control plane: the step the weights are at."""
 
     steps_done: int
-    db: Database
 
 
 class Pausing:
     """A session's ``pause``: before a step, the weights' step goes on record and the weights
     are lent when a task waits (``lend``); after others trained, the task's first step moves
-    with its steps (a resume after a crash counts them from there)."""
+    with its steps (a resume after a crash counts them from there), stored by the session
+    with the checkpoint it takes where the others left the weights."""
 
     def __init__(
         self, plane: Steps, lend: Callable[[], bool], task_id: int, params: TrainParams, first: int
@@ -129,11 +128,13 @@ class Pausing:
             first,
         )
 
-    def __call__(self, step: int) -> int:
+    def __call__(self, step: int) -> tuple[int, dict[str, Any] | None]:
+        """The step the weights are at after the loan, if any, and the task's parameters with
+        its first step moved, for the session to store with its checkpoint there (stored
+        before it, a crash in between left the task's newest checkpoint before its first step
+        and the resume failed)."""
         self.plane.steps_done = step  # where a task run inside this one starts
         if not self.lend():
-            return step
+            return step, None
         self.first += self.plane.steps_done - step
-        stored = {**self.params.as_json(), "first_step": self.first}
-        self.plane.db.set_task_params(self.task_id, stored)
-        return self.plane.steps_done
+        return self.plane.steps_done, {**self.params.as_json(), "first_step": self.first}

@@ -187,7 +187,7 @@ def train(
     turn: Callable[[], contextlib.AbstractContextManager[None]] | None = None,
     lr: Callable[[int], float] | None = None,
     sync: SyncSettings | None = None,
-    pause: Callable[[int], int] | None = None,
+    pause: Callable[[int], tuple[int, dict[str, Any] | None]] | None = None,
     swap: Callable[[int], Deployment | None] | None = None,
     shrink: ShrinkHook | None = None,
     plan_now: Callable[[], Plan] | None = None,
@@ -208,10 +208,13 @@ def train(
     recorded what the session produced).
     ``pause(step)``, asked before each step (each round's first with ``sync.outer``), may let
     other tasks train the same weights (:mod:`dmsc.runtime.control.tasks.lanes`): it returns
-    the step they left them at; the session's remaining steps then follow from there, after a
-    checkpoint (a rollback never undoes their steps). ``swap(step)``, asked before each step
-    after ``pause``, may resize the deployment there (:class:`~.resize.Between`): it returns
-    the deployment the weights now are on, and the session goes on there after a checkpoint.
+    the step they left them at, and the task's parameters to store with the moved first step
+    (None when none ran); the session's remaining steps then follow from there, after a
+    checkpoint recorded in one transaction with those parameters (a rollback never undoes
+    their steps, and a resume after a crash finds its first step and its checkpoints agree).
+    ``swap(step)``, asked before each step after ``pause``, may resize the deployment there
+    (:class:`~.resize.Between`): it returns the deployment the weights now are on, and the
+    session goes on there after a checkpoint.
     ``shrink``, called when a recovery cannot start a replacement (no room: a lost Ray node),
     drops the failed replicas and returns the deployment to go on with (or raises).
     ``plan_now()``, asked where the steps begin and after each resize or shrink, names the plan
@@ -241,14 +244,17 @@ def train(
     def folder(step: int) -> Path | None:
         return rec.checkpoint_dir / f"step{step}" if rec.checkpoint_dir else None
 
-    def save(step: int) -> Checkpoint:
+    def save(step: int, task_params: dict[str, Any] | None = None) -> Checkpoint:
+        """A checkpoint at ``step``, recorded (with ``task_params``, the task's parameters
+        stored in the same transaction)."""
         ckpt = dep.checkpoint(step, folder(step), every=every)
         if recorded:
             assert db is not None and run_id is not None
             row = db.add(
                 CheckpointRecord(
                     run_id=run_id, task_id=task_id, step=step, files_json=ckpt.files_json()
-                )
+                ),
+                None if task_params is None or task_id is None else (task_id, task_params),
             )
             ckpt.id = row.id
         history.append(ckpt)
@@ -339,11 +345,11 @@ def train(
                 report.cancelled = True
                 break
             if pause is not None and (not in_rounds or (step - first_step) % rounds_of == 0):
-                moved = pause(step) - step
-                if moved:  # other tasks ran meanwhile: go on from where they left the weights
+                at, stored = pause(step)
+                if moved := at - step:  # others trained meanwhile: go on from where they left
                     first_step, end, step = first_step + moved, end + moved, step + moved
                     report.first_step = first_step
-                    save(step)
+                    save(step, stored)  # the moved first step with the checkpoint, or neither
                     del history[:-1]
             if swap is not None and (resized := swap(step)) is not None:
                 dep = resized  # the same weights at this step, on another layout
@@ -425,7 +431,7 @@ def train_task(
     run_id: int,
     stop: Callable[[], bool],
     turn: Callable[[], contextlib.AbstractContextManager[None]],
-    pause: Callable[[int], int] | None,
+    pause: Callable[[int], tuple[int, dict[str, Any] | None]] | None,
     swap: Callable[[int], Deployment | None] | None = None,
     shrink: ShrinkHook | None = None,
     plan_now: Callable[[], Plan] | None = None,
