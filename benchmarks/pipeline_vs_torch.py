@@ -5,9 +5,11 @@ gpt-mini in 3 stages ((embedding, block_0), (block_1, block_2), (block_3, head))
 worker process per stage with gRPC between them. Median step time over the measured steps
 (the first fifth left out), and CPU seconds per measured step of every process of each side
 (torch: each rank's own; dmsc: the control plane and its workers), which a shared machine's
-load disturbs far less than the wall clock. Prints a table, or with --json one object:
-dmsc_step_s, torch_step_s, ratio (dmsc / torch), dmsc_cpu_s_per_step, torch_cpu_s_per_step,
-cpu_ratio and load_average (1, 5, 15 min, at the end).
+load disturbs far less than the wall clock. The two sides run alternated, ``--rounds`` pairs
+(default 3). Prints a table, or with --json one object: dmsc_step_s, torch_step_s, ratio (dmsc /
+torch), dmsc_cpu_s_per_step, torch_cpu_s_per_step, cpu_ratio (each the median over the pairs,
+the ratios each pair's), rounds (each pair's figures) and load_average (1, 5, 15 min, at the
+end).
 With ``--tls`` dmsc also runs with mutual TLS between the control plane and every worker (as
 ``dmsc up`` runs it: a CA in a temporary home, a leaf per worker), plain and TLS alternated over
 ``--rounds`` deployments each: dmsc_tls_step_s and tls_ratio (TLS over plain, the better round
@@ -171,6 +173,35 @@ def _phases(seen: list[tuple[float, float, dict[int, list[Any]]]]) -> dict[str, 
     }
 
 
+def _compare(steps: int, rounds: int, as_json: bool) -> None:
+    """torch and dmsc alternated over ``rounds`` pairs of runs, so that the machine's drift
+    (on this shared 2-core VM the same run's step moved 15-25% from one minute to the next)
+    hits both alike: each pair's ratio, and the medians."""
+    pairs = []
+    for _ in range(rounds):
+        t_torch, cpu_torch = torch_step_s(steps)
+        t_dmsc, cpu_dmsc = dmsc_step_s(steps)
+        pair = {"torch_step_s": t_torch, "dmsc_step_s": t_dmsc, "ratio": t_dmsc / t_torch}
+        pair.update({"torch_cpu_s_per_step": cpu_torch, "dmsc_cpu_s_per_step": cpu_dmsc})
+        pairs.append({**pair, "cpu_ratio": cpu_dmsc / cpu_torch})
+    out: dict[str, Any] = {k: statistics.median(p[k] for p in pairs) for k in pairs[0]}
+    out["rounds"] = pairs
+    out["load_average"] = list(os.getloadavg())
+    if as_json:
+        print(json.dumps(out))
+        return
+    print(f"{'round':>5s} {'torch ms':>9s} {'dmsc ms':>9s} {'ratio':>6s} {'CPU ratio':>9s}")
+    for i, p in enumerate(pairs):
+        print(f"{i + 1:5d} {p['torch_step_s'] * 1e3:9.1f} {p['dmsc_step_s'] * 1e3:9.1f} "
+              f"{p['ratio']:6.2f} {p['cpu_ratio']:9.2f}")  # fmt: skip
+    print(f"torch.distributed.pipelining (gloo): {out['torch_step_s'] * 1e3:.1f} ms per step")
+    print(f"dmsc (gRPC stage services):          {out['dmsc_step_s'] * 1e3:.1f} ms per step")
+    print(f"ratio dmsc / torch, median of the pairs: {out['ratio']:.2f} (goal <= 1.0)")
+    print(f"CPU per step: torch {out['torch_cpu_s_per_step'] * 1e3:.0f} ms, "
+          f"dmsc {out['dmsc_cpu_s_per_step'] * 1e3:.0f} ms")  # fmt: skip
+    print("load average: " + " ".join(f"{x:.2f}" for x in out["load_average"]))
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--json", action="store_true")
@@ -178,8 +209,11 @@ def main() -> None:
     also = parser.add_mutually_exclusive_group()
     also.add_argument("--tls", action="store_true", help="Also dmsc with mutual TLS.")
     also.add_argument("--gloo", action="store_true", help="Also dmsc's sends over gloo.")
-    parser.add_argument("--rounds", type=int, default=2, help="With --tls or --gloo: pairs.")
+    parser.add_argument("--rounds", type=int, default=3, help="Pairs of runs, alternated.")
     args = parser.parse_args()
+    if not args.gloo and not args.tls:
+        _compare(args.steps, args.rounds, args.json)
+        return
     t_torch, cpu_torch = torch_step_s(args.steps)
     if args.gloo:
         rounds: dict[bool, list[tuple[float, float]]] = {False: [], True: []}
@@ -201,13 +235,6 @@ def main() -> None:
             "gloo_rounds": rounds[True],
             "grpc_phases": phases[False],
             "gloo_phases": phases[True],
-        }
-    elif not args.tls:
-        t_dmsc, cpu_dmsc = dmsc_step_s(args.steps)
-        out = {
-            "dmsc_step_s": t_dmsc,
-            "torch_step_s": t_torch,
-            "ratio": t_dmsc / t_torch,
         }
     else:
         plain, sealed = [], []
