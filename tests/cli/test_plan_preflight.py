@@ -428,3 +428,24 @@ def test_spares_with_a_tensor_parallel_plan_are_taken(
     monkeypatch.setenv("DMSC_HOME", str(tmp_path / "home"))
     settings = control_settings(str(path), tmp_path, None, "round_robin", 3.0, 2)
     assert settings.spares == 2
+
+
+def test_checking_a_cpu_plans_devices_imports_no_torch(tmp_path: Path) -> None:
+    """``dmsc up`` checks the plan's devices before it starts the control plane; for the usual
+    CPU plan that must not cost torch's import (3.3 s of CPU on every ``dmsc up``: the check
+    imported the training session for the devices)."""
+    import subprocess
+
+    path = _two_sites_plan(tmp_path, tp=1, pp=2, dp=1)
+    probe = (
+        "import sys\n"
+        "from dmsc.cli.preflight import check_plan_devices\n"
+        "from dmsc.planner.plan import Plan\n"
+        f"plan = Plan.model_validate_json(open({str(path)!r}).read())\n"
+        f"check_plan_devices({str(path)!r}, plan, 'plan')\n"
+        "check_plan_devices('x', plan, 'cpu')\n"
+        "print('torch' in sys.modules)\n"
+    )
+    out = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, timeout=60)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.strip() == "False"

@@ -182,7 +182,7 @@ def check_plan_model(plan_path: str, plan: Any) -> None:
 def check_plan_devices(plan_path: str, plan: Any, device: str) -> None:
     """Before anything starts: every device the workers will run on is on this machine (a plan
     for GPUs on a machine without them is refused, naming the replica and the way out)."""
-    from dmsc.runtime.control.training.session import plan_devices
+    from dmsc.runtime.control.training.placement import plan_devices
 
     wanted = plan_devices(plan, device)
     if all(name == "cpu" for name in wanted.values()):

@@ -92,7 +92,7 @@ def test_autocast_training_keeps_float32_master_weights_and_loss() -> None:
 
 def test_the_plan_names_each_replicas_gpu_on_its_node(selene: ClusterSpec) -> None:
     from dmsc.planner.solve import plan_job
-    from dmsc.runtime.control.training.session import plan_devices
+    from dmsc.runtime.control.training.placement import plan_devices
 
     job = JobSpec(global_batch=64, micro_batch=1, tp=1, pp=2, dp=4)
     plan = plan_job(selene, resolve_model("gpt3-1.3b"), job, fixed=True).plan

@@ -4,6 +4,8 @@
   against the plan once, when it is submitted;
 - :mod:`.corpora`: a task's text: inside the control plane's data roots, read once;
 - :mod:`.session`: the training session (steps, validation, checkpoints, recovery, metrics);
+- :mod:`.placement`: where a plan's stage replicas run (their devices and cores), read of the
+  plan alone;
 - :mod:`.report`: what a session reports, its steps cut in segments of one dp each;
 - :mod:`.resize`: the task's data-parallel degree grown or shrunk between checkpoints;
 - :mod:`.shrink`: the replicas a lost node took, dropped when no node has room for them;
@@ -17,9 +19,9 @@
 - :mod:`.recalibration`: after a task, its traces refit the cluster spec its plan was made for.
 
 Imports run one way: ``shrink -> restart``, ``shrink, online -> resize -> session ->
-params, report, lr_schedule, retention``, ``local_data -> params`` and ``recalibration ->
+params, placement, report, lr_schedule, retention``, ``local_data -> params`` and ``recalibration ->
 report, params``; ``corpora``, ``report``, ``params``,
-``lr_schedule``, ``retention`` and ``residency`` import none of the others.
+``placement``, ``lr_schedule``, ``retention`` and ``residency`` import none of the others.
 Below this package only :mod:`..launch`; it never imports :mod:`..serving` (nor serving this
 one).
 """

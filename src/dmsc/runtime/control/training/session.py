@@ -40,6 +40,7 @@ from dmsc.runtime.control.launch.launchers import WorkerStartError
 from dmsc.runtime.control.launch.recovery import Recovery
 from dmsc.runtime.control.training.lr_schedule import lr_at
 from dmsc.runtime.control.training.params import TrainParams
+from dmsc.runtime.control.training.placement import plan_cpus, plan_devices
 from dmsc.runtime.control.training.report import TrainReport
 from dmsc.runtime.control.training.retention import Retention, check_quota, prune
 from dmsc.runtime.transport.messages import (
@@ -56,32 +57,6 @@ log = logging.getLogger("dmsc.control.training")  # the control plane's log, whe
 ShrinkHook = Callable[
     [Deployment, WorkerFailure, Exception, list[Checkpoint], bool], tuple[Deployment, Recovery]
 ]
-
-
-def plan_devices(plan: Plan, device: str = "plan") -> dict[tuple[int, int], str]:
-    """Where each (stage, replica) of ``plan`` runs: as the plan says (``plan``: its GPU on its
-    node, or the CPU), all on the CPU (``cpu``), or all on one GPU (``cuda``, ``cuda:N``)."""
-    return {
-        (st.index, r): (rep.device if device == "plan" else device)
-        for st in plan.stages
-        for r, rep in enumerate(st.replicas)
-    }
-
-
-def plan_cpus(plan: Plan, spec: ClusterSpec | None) -> dict[tuple[int, int], list[int]]:
-    """The cores each (stage, replica) of ``plan`` runs on: its nodes' ``cpus`` in ``spec``
-    (the spec the plan's nodes are numbered on; :mod:`dmsc.runtime.compute.cpuset`), for the
-    replicas whose nodes all have them."""
-    if spec is None:
-        return {}
-    node_cpus = spec.node_cpus()
-    out = {}
-    for st in plan.stages:
-        for r, rep in enumerate(st.replicas):
-            sets = [node_cpus[n] if n < len(node_cpus) else None for n in rep.nodes]
-            if sets and all(sets):
-                out[(st.index, r)] = sorted({c for cpus in sets for c in cpus or ()})
-    return out
 
 
 def layout_from_plan(
