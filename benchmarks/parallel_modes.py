@@ -18,7 +18,9 @@ quarter; :func:`dmsc.data.comm_modes.compare_modes`). The data-parallel figure o
 the exposed time, what the step waits after its backward: predicted from the runtime's buckets
 and their one-at-a-time all-reduces behind the backward (:mod:`dmsc.netmodel.dp_buckets`),
 measured beside the slowest worker's wait as the wait of the replica that waited least, the one
-whose backward ended last (``measured_least_s``: the exposure without the wait for the others).
+whose backward ended last (``measured_least_s``: the exposure without the wait for the others);
+the expert-parallel all-to-alls the same way (the worker that reached them last waited only for
+the exchange), and the JSON has it for every mode.
 Besides the data-parallel runs, a tp = 2 run
 and a pp = 2 run (two micro-batches) measure the other modes, and moe-mini (a Mixtral-style
 mixture) runs at dp = 2 with its experts shared out over ep = 2, and at tp = 2 x ep = 2 (four
@@ -364,7 +366,7 @@ def main() -> None:
     for name, r in rows.items():
         modes = "  ".join(
             f"{m['mode']} {_ms(m['predicted_s'])}/{_ms(m['measured_s'])}"
-            + (f" (least {_ms(m['measured_least_s'])})" if m["mode"] == "dp" else "")
+            + (f" (least {_ms(m['measured_least_s'])})" if m["mode"] in ("dp", "ep") else "")
             for m in r["modes"]
         )
         print(
