@@ -51,21 +51,11 @@ MARKED_BY_PATH: dict[str, tuple[str, ...]] = {
 # The tests that take longest (a minute or more of a CI run on 2 cores: the durations pytest prints)
 LONG_FIRST = (
     "tests/integration/test_readme_examples.py::test_live_examples",
-    "tests/integration/test_ray.py",
     "tests/integration/test_ray_private.py",
-    "tests/integration/test_dashboard_browser.py",
-    "tests/integration/test_readme_examples.py",
-    "tests/integration/test_ray_shrink.py",
-    "tests/integration/test_replanning.py",
+    "tests/integration/test_ray.py",
     "tests/cli/test_cli.py::test_demo_runs",
     "tests/chaos/test_control_plane_faults.py",
-    "tests/chaos/test_database_loss.py",
-    "tests/netmodel/test_gpu_check.py",
-    "tests/netmodel/test_validation.py",
 )
-# then the folders whose tests start processes (seconds each), the unit tests last: they fill
-# the gaps at the end of a run in milliseconds
-PROCESSES_FIRST = ("tests/integration/", "tests/chaos/", "tests/security/", "tests/cli/")
 
 # Modules whose tests share an expensive module fixture (a Ray cluster, a pair of rank processes):
 # under ``pytest -n 2 --dist loadgroup`` each runs whole on one pytest process, as the scheduler
@@ -173,11 +163,7 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
     # The longest first, so that under -n 2 the other process runs the rest beside them instead
     # of one of them running alone at the end (the same order in every process, as xdist needs).
     def rank(item: pytest.Item) -> int:
-        long = next((i for i, p in enumerate(LONG_FIRST) if item.nodeid.startswith(p)), None)
-        if long is not None:
-            return long
-        slow = item.nodeid.startswith(PROCESSES_FIRST) or unit_of(item.nodeid) in ONE_PROCESS
-        return 50 if slow else 99
+        return next((i for i, p in enumerate(LONG_FIRST) if item.nodeid.startswith(p)), 99)
 
     items.sort(key=rank)
 

@@ -118,3 +118,39 @@ def test_a_crash_between_a_loan_and_the_long_tasks_checkpoint_after_it_resumes_t
         # from its checkpoint before the loan (the loan's steps are the short task's version)
         assert (report.first_step, report.end_step) == (0, 4)
         assert [m.step for m in cp.db.metrics(long.id)] == [0, 1, 2, 3]
+
+
+def test_the_checkpoints_from_before_a_loan_are_pruned_as_newer_ones_come(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A long task checkpointing every step keeps its newest two (the retention rule) through a
+    loan of its weights: those from before the loan, which a rollback no longer goes back to,
+    used to leave the rule's count and stay on disk for good."""
+    from dmsc.runtime.control.training.retention import Retention
+
+    monkeypatch.setenv("DMSC_HOME", str(tmp_path))
+    with control_plane(local_plan(), tmp_path) as cp:
+        cp.retention = Retention(keep=2)
+        queue = TaskQueue(cp.db, cp.run.id)
+        long = queue.submit("train", {"steps": 5, "checkpoint_every": 1}, lane="async")
+        short = queue.submit("train", {"steps": 2, "checkpoint_every": 0}, lane="sync")
+
+        def params(task_id: int) -> TrainParams:
+            row = next(t for t in cp.db.tasks() if t.id == task_id)
+            return work_loop._params(cp, json.loads(row.params_json))
+
+        lent: list[int] = []
+
+        def lend() -> bool:  # the short task trains inside the long one at its third step
+            if cp.steps_done != 2 or lent:
+                return False
+            cp.run_task(short.id, params(short.id))
+            lent.append(cp.steps_done)
+            return True
+
+        report, _ = cp.run_task(long.id, params(long.id), lend)
+        assert (report.first_step, report.end_step) == (2, 7)  # moved by the short task's two
+        kept = [c.step for c in cp.db.checkpoints(cp.run.id, long.id)]  # not pruned, newest first
+        assert kept == [7, 6]
+        left = sorted(p.name for p in (cp.run_dir / f"task{long.id}").iterdir())
+        assert not {"step0", "step1", "step2"} & set(left), left  # from before the loan

@@ -211,6 +211,9 @@ def train(
     recorded = db is not None and run_id is not None
     # The session's checkpoints, oldest first; the last is the one a rollback goes back to.
     history: list[Checkpoint] = []
+    # those a rollback no longer goes back to (from before a loan or a resize), oldest first:
+    # still counted by the retention rule, which prunes them as newer ones come
+    behind: list[Checkpoint] = []
 
     in_rounds = sync is not None and sync.outer
     # mid-round the replicas differ (weights, inner optimizers), and task heads always do
@@ -235,7 +238,9 @@ def train(
         history.append(ckpt)
         report.checkpoint = ckpt
         if rec.retention is not None:  # the older ones go; a tenant past its quota stops here
-            prune(history, rec.retention, db if recorded else None)
+            for gone in prune([*behind, *history], rec.retention, db if recorded else None):
+                held = behind if any(c is gone for c in behind) else history
+                held[:] = [c for c in held if c is not gone]
             if recorded and task_id is not None:
                 assert db is not None
                 check_quota(db, task_id, rec.retention)
@@ -325,12 +330,14 @@ def train(
                     first_step, end, step = first_step + moved, end + moved, step + moved
                     report.first_step = first_step
                     save(step, stored)  # the moved first step with the checkpoint, or neither
+                    behind.extend(history[:-1])
                     del history[:-1]
             if swap is not None and (resized := swap(step)) is not None:
                 dep = resized  # the same weights at this step, on another layout
                 segment(step)
                 save(step)
-                del history[:-1]  # a rollback never goes back to the old layout's files
+                behind.extend(history[:-1])  # a rollback never goes back to the old layout's
+                del history[:-1]
             x, y = (None, None) if local else corpus.batch(step, batch)
             outer = in_rounds and ((step - first_step + 1) % rounds_of == 0 or step == end - 1)
             try:
