@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import threading
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -85,22 +86,7 @@ def test_a_crash_between_a_loan_and_the_long_tasks_checkpoint_after_it_resumes_t
     its first step and the resume failed ("checkpoint of step 0 is outside 2..6")."""
     monkeypatch.setenv("DMSC_HOME", str(tmp_path))
     with control_plane(local_plan(), tmp_path) as cp:
-        queue = TaskQueue(cp.db, cp.run.id)
-        long = queue.submit("train", {"steps": 4, "checkpoint_every": 0}, lane="async")
-        short = queue.submit("train", {"steps": 2, "checkpoint_every": 0}, lane="sync")
-
-        def params(task_id: int) -> TrainParams:
-            row = next(t for t in cp.db.tasks() if t.id == task_id)
-            return work_loop._params(cp, json.loads(row.params_json))
-
-        loans: list[int] = []
-
-        def lend() -> bool:  # what the handoff does when the short task waits
-            if cp.steps_done != 2 or loans:
-                return False
-            cp.run_task(short.id, params(short.id))
-            loans.append(cp.steps_done)
-            return True
+        long, params, lend, loans = _loan_at_step_2(cp, {"steps": 4, "checkpoint_every": 0})
 
         checkpoint = cp.deployment.checkpoint
 
@@ -131,26 +117,37 @@ def test_the_checkpoints_from_before_a_loan_are_pruned_as_newer_ones_come(
     monkeypatch.setenv("DMSC_HOME", str(tmp_path))
     with control_plane(local_plan(), tmp_path) as cp:
         cp.retention = Retention(keep=2)
-        queue = TaskQueue(cp.db, cp.run.id)
-        long = queue.submit("train", {"steps": 5, "checkpoint_every": 1}, lane="async")
-        short = queue.submit("train", {"steps": 2, "checkpoint_every": 0}, lane="sync")
-
-        def params(task_id: int) -> TrainParams:
-            row = next(t for t in cp.db.tasks() if t.id == task_id)
-            return work_loop._params(cp, json.loads(row.params_json))
-
-        lent: list[int] = []
-
-        def lend() -> bool:  # the short task trains inside the long one at its third step
-            if cp.steps_done != 2 or lent:
-                return False
-            cp.run_task(short.id, params(short.id))
-            lent.append(cp.steps_done)
-            return True
-
+        long, params, lend, _ = _loan_at_step_2(cp, {"steps": 5, "checkpoint_every": 1})
         report, _ = cp.run_task(long.id, params(long.id), lend)
         assert (report.first_step, report.end_step) == (2, 7)  # moved by the short task's two
         kept = [c.step for c in cp.db.checkpoints(cp.run.id, long.id)]  # not pruned, newest first
         assert kept == [7, 6]
         left = sorted(p.name for p in (cp.run_dir / f"task{long.id}").iterdir())
         assert not {"step0", "step1", "step2"} & set(left), left  # from before the loan
+
+
+def _loan_at_step_2(
+    cp: Any, long_params: dict[str, Any]
+) -> tuple[Any, Callable[[int], TrainParams], Callable[[], bool], list[int]]:
+    """A long task of ``long_params`` on the long lane and a 2-step one on the short lane; the
+    stored parameters of a task as the queue's consumer reads them; the lending the handoff
+    does, which runs the short task inside the long one when it pauses at step 2 (once); and
+    the step the weights were at after each loan."""
+    queue = TaskQueue(cp.db, cp.run.id)
+    long = queue.submit("train", long_params, lane="async")
+    short = queue.submit("train", {"steps": 2, "checkpoint_every": 0}, lane="sync")
+
+    def params(task_id: int) -> TrainParams:
+        row = next(t for t in cp.db.tasks() if t.id == task_id)
+        return work_loop._params(cp, json.loads(row.params_json))
+
+    loans: list[int] = []
+
+    def lend() -> bool:
+        if cp.steps_done != 2 or loans:
+            return False
+        cp.run_task(short.id, params(short.id))
+        loans.append(cp.steps_done)
+        return True
+
+    return long, params, lend, loans
