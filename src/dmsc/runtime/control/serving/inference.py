@@ -4,8 +4,8 @@ Each replica is a whole pipeline and answers requests on its own; at ep > 1 each
 expert-parallel group of replicas is one (``replica-R``, R its first replica: a request runs on
 every replica of the group, and loads and heals take the group whole). Its workers serve one step at
 a time, and a request takes the replica per token (a :class:`~.turns.FairLock`, as many tokens
-at once as the replica's pipeline can hold: one at each stage): the requests on a replica
-interleave token by token, tenants in round robin, so a tenant's long requests cannot
+at once as the replica's pipeline can hold, ``StageLayout.tokens_in_flight``): the requests on a
+replica interleave token by token, tenants in round robin, so a tenant's long requests cannot
 hold a replica against another tenant's short one. A request stops at its deadline and frees the
 replica (no call outlives it); each token's worker calls wait at most the failure timeout, so a
 frozen worker fails its request within it. A request whose replica fails goes to the next
