@@ -35,9 +35,12 @@ def test_a_slow_link_between_stages_costs_its_bytes_over_its_rate() -> None:
     assert out["traces"][(0, 0)][1]["1/0"] == m * frame
     # Each direction has a shaper of its own (in its sender), so the gradients going back overlap
     # the activations still going forward: under 1F1B at pp = 2 the link's critical path is the
-    # m forward sends one after the other, then the last micro-batch's gradient back. (The test
-    # took all 2m frames one after the other, and a loaded machine's 'open' step then left
-    # 0.69 of that, under its 0.7.)
+    # m forward sends one after the other, then the last micro-batch's gradient back. That is a
+    # floor no machine can beat: a send waits for its bytes at the link's rate.
     shaped_s = (m + 1) * frame * 8 / (mbps * 1e6)
-    assert steps["thin"] - steps["open"] >= 0.8 * shaped_s, (steps, shaped_s)
+    # The thin step is not 'open + shaped': the compute of the micro-batches behind a send runs
+    # while the send waits for the link. (The test subtracted the open step, and a loaded
+    # machine's open step of 0.85 s overlapped the 1.57 s of shaping: thin - open left 0.54 of it.)
+    assert steps["open"] < shaped_s, steps  # else the floor below would prove nothing
+    assert steps["thin"] >= 0.98 * shaped_s, (steps, shaped_s)
     assert steps["thin"] - steps["open"] <= 2 * m * frame * 8 / (mbps * 1e6) + 1.0, steps
