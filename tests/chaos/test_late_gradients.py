@@ -24,6 +24,10 @@ RANGES = [("embedding", "block_1"), ("block_2", "head")]
 # The bound leaves a busy machine room: at 1 s, a step whose gradients were merely slow under
 # the full suite (-n 2 on 2 cores) was restarted too, and CI counted 2 restarts for one late step.
 STEPS, BATCH, MICRO, LATE_STEP, DELAY, BOUND = 7, 8, 4, 3, 5.0, 2.5
+# Under skip and restart the late gradients come far past the bound, so that "the step did not
+# wait for them" holds on a machine loaded 5-10 times: a restarted step is two attempts and the
+# bound, and at 5 s each attempt had to take under 1.25 s.
+FAR = 15.0
 
 
 @pytest.fixture(scope="module")
@@ -32,8 +36,8 @@ def corpora() -> tuple[Corpus, Corpus]:
     return Corpus(train_text, SPEC.seq, seed=1), Corpus(valid_text, SPEC.seq, seed=2)
 
 
-def _run(policy: str, corpora: tuple[Corpus, Corpus]):  # type: ignore[no-untyped-def]
-    slow = {"slow_grads": {"steps": [LATE_STEP], "seconds": DELAY}}
+def _run(policy: str, corpora: tuple[Corpus, Corpus], delay: float = DELAY):  # type: ignore[no-untyped-def]
+    slow = {"slow_grads": {"steps": [LATE_STEP], "seconds": delay}}
     layout = StageLayout(SPEC, RANGES, replicas=2, faults={"stage0-r1": slow, "stage1-r1": slow})
     times: dict[int, float] = {}
     with Deployment(layout) as dep:
@@ -63,9 +67,9 @@ def test_wait_policy_waits_for_the_late_replica(corpora) -> None:  # type: ignor
 
 def test_skip_policy_averages_what_arrived_in_time(corpora) -> None:  # type: ignore[no-untyped-def]
     t0 = time.perf_counter()
-    report, times = _run("skip", corpora)
+    report, times = _run("skip", corpora, FAR)
     assert report.skipped == [(LATE_STEP, 0, 1), (LATE_STEP, 1, 1)]
-    assert times[LATE_STEP] < DELAY  # the leaders did not wait for replica 1
+    assert BOUND <= times[LATE_STEP] < FAR  # the leaders did not wait for replica 1
     # Reference: step 3 learns from replica 0's half of the batch only (re-weighted: the mean
     # over what arrived), every other step from the whole batch.
     batches = _batches(corpora[0])
@@ -83,9 +87,9 @@ def test_skip_policy_averages_what_arrived_in_time(corpora) -> None:  # type: ig
 
 
 def test_restart_policy_runs_the_step_again(corpora) -> None:  # type: ignore[no-untyped-def]
-    report, times = _run("restart", corpora)
+    report, times = _run("restart", corpora, FAR)
     assert report.restarts == 1 and not report.skipped
-    assert BOUND <= times[LATE_STEP] < DELAY  # the bound, then the step again at once
+    assert BOUND <= times[LATE_STEP] < FAR  # the bound, then the step again at once
     reference = reference_losses(SPEC, 0, 1e-3, _batches(corpora[0]), MICRO)
     # Nothing of the dropped attempt was applied: the curve is the failure-free one.
     assert max(abs(a - b) for a, b in zip(report.losses, reference, strict=True)) < 1e-5

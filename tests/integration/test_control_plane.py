@@ -280,7 +280,6 @@ def _webhook() -> tuple[str, list[dict[str, Any]]]:
 
 
 def test_gray_release_sends_the_canary_share_to_the_canary_replica(tmp_path: Path) -> None:
-    import time
 
     import httpx
 
@@ -296,7 +295,21 @@ def test_gray_release_sends_the_canary_share_to_the_canary_replica(tmp_path: Pat
         )
         assert dmsc(tmp_path, "models", "promote", str(v1)).returncode == 0
         assert dmsc(tmp_path, "models", "canary", str(v2), "--percent", "50").returncode == 0
-        time.sleep(2)  # the control plane loads the versions into the replicas
+        # The control plane loads the versions into the replicas (between tasks, drained one at
+        # a time): wait for both, as the database records them, rather than for a fixed time.
+        from dmsc.runtime.control.serving.held import holding
+
+        db = Database(f"sqlite:///{tmp_path / 'dmsc.sqlite'}")
+
+        def loaded() -> bool:
+            held = holding(db)
+            return (
+                "replica-0" in held
+                and "replica-1" in held
+                and {held["replica-0"].version, held["replica-1"].version} == {v1, v2}
+            )
+
+        wait_for(loaded, 60, "the replicas to load the production and canary versions")
         seen: dict[int, set[str]] = {}
         for i in range(30):
             r = httpx.post(

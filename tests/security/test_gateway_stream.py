@@ -159,9 +159,11 @@ def test_a_body_that_stops_coming_gets_408_and_the_connection_closes(gateway) ->
         "POST /v1/infer HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
         f"Authorization: Bearer {keys['mallory']}\r\nContent-Length: 100\r\n\r\n"
     ).encode()
-    out, took = _raw(base, head, b'{"prompt"')  # 9 of the 100 bytes announced
+    # 9 of the 100 bytes announced. Answered by the server, not ended by this socket's own
+    # timeout: the bound leaves a loaded machine room, as the slowloris test below does.
+    out, took = _raw(base, head, b'{"prompt"', wait_s=20)
     assert out.startswith(b"HTTP/1.1 408"), out[:200]
-    assert READ_TIMEOUT_S - 0.002 <= took < READ_TIMEOUT_S + 3  # timers: whole milliseconds
+    assert READ_TIMEOUT_S - 0.002 <= took < 20  # timers: whole milliseconds
 
 
 def test_headers_that_never_finish_lose_their_connection(gateway) -> None:  # type: ignore[no-untyped-def]
@@ -210,8 +212,10 @@ def test_one_tenant_in_flight_past_its_limit_is_refused_and_the_other_is_served(
     assert r.status_code == 429 and "2 requests in flight" in r.json()["detail"]
     assert r.headers["retry-after"] == "1"
     t0 = time.monotonic()
-    r = httpx.post(f"{base}/v1/infer", json={"prompt": "a", "tokens": 4}, headers=alice)
-    assert r.status_code == 200 and time.monotonic() - t0 < 2.0
+    # Queued behind mallory's held requests, alice would wait for their release (never, here):
+    # her answer within the client's timeout is the proof; the bound leaves a loaded machine room.
+    r = httpx.post(f"{base}/v1/infer", json={"prompt": "a", "tokens": 4}, headers=alice, timeout=20)
+    assert r.status_code == 200 and time.monotonic() - t0 < 15
     assert httpx.get(f"{base}/v1/health", timeout=2).status_code == 200
     backend.release.set()
     for t in held:
