@@ -31,7 +31,8 @@ def test_every_request_is_answered_or_fails_clearly_within_its_deadline(redundan
     # the other replica takes over: every request is answered, after the kill by replica 1
     assert fr.requests_failed == 0
     assert all(o["replica"] == 1 for o in outcomes[4:])
-    assert fr.detected_after_s is not None and fr.detected_after_s < 2.0
+    # the failed call names it, before the registry's heartbeat timeout (3 s) could have
+    assert fr.detected_after_s is not None and fr.detected_after_s < 3.0
     # healed: a replacement at a new epoch, and replica 0 serves again
     assert fr.recovered_after_s is not None and fr.extra["healed_serves"]
 
@@ -62,7 +63,7 @@ def test_a_frozen_worker_fails_its_request_within_the_failure_timeout(tmp_path: 
             t0 = time.monotonic()
             with pytest.raises(WorkerFailure, match="stage 1"):
                 replicas.infer_on("replica-0", "def ", 50)
-            assert time.monotonic() - t0 < ttl + 2.0
+            assert time.monotonic() - t0 < ttl + 10  # not the 50 tokens' 30 s of hold
             assert "replica-0" not in replicas.names()  # out of routing until healed
             assert len(replicas.infer_on("replica-1", "def ", 3)) == 3
         finally:
@@ -97,7 +98,7 @@ def test_requests_on_one_replica_take_turns_per_token_and_stop_at_their_deadline
         t0 = time.monotonic()
         with pytest.raises(DeadlineExceeded):
             replicas.infer_on("replica-0", "def ", 1000, deadline=time.monotonic() + 0.5)
-        assert time.monotonic() - t0 < 2.0  # 1,000 tokens would take 10 s and more
+        assert time.monotonic() - t0 < 6.0  # 1,000 tokens take 10 s and more (100 s loaded)
         t0 = time.monotonic()
         assert len(replicas.infer_on("replica-0", "def ", 2)) == 2  # the replica is free
-        assert time.monotonic() - t0 < 1.0
+        assert time.monotonic() - t0 < 5.0

@@ -59,7 +59,7 @@ def test_a_quorum_reuses_its_group_until_its_members_change_and_reforms_around_w
     # replica 2 is late (skip): the others go on in a group of two, formed now
     t0 = time.monotonic()
     short = _quorums(store, 3, "e0/g2", held, [0, 1], bound_s=0.5)[1]
-    assert 0.5 <= time.monotonic() - t0 < 3.0
+    assert 0.5 <= time.monotonic() - t0 < 20  # the bound, not a wait for replica 2
     assert short.members == (0, 1) and short.late == (2,) and short.new
     assert group_members(short.group) == (0, 1) and short.rank(2) is None
     # back with its old group: every member's held group must be the same, so a new one
@@ -86,7 +86,7 @@ def test_a_late_replica_under_restart_or_wait_drops_or_fails_the_step_for_everyo
     slow = _quorums(store, 2, "e0/g3", {}, [1], bound_s=0.1, delay_s=0.4)
     assert both[1].members == (0, 1)
     assert slow[1].members == (1,)  # its own announcement came late: it decided alone
-    assert time.monotonic() - t0 < 3.0
+    assert time.monotonic() - t0 < 20  # (ceilings: far below the 60 s waits they stand against)
 
 
 def test_waiting_for_a_quorum_gives_up_at_once_when_the_step_is_abandoned() -> None:
@@ -96,7 +96,7 @@ def test_waiting_for_a_quorum_gives_up_at_once_when_the_step_is_abandoned() -> N
     t0 = time.monotonic()
     with pytest.raises(Aborted):
         Quorum(store, 0, 2).join("e0/g0", "wait", 60.0, 60.0, "", gone.is_set)
-    assert time.monotonic() - t0 < 2.0
+    assert time.monotonic() - t0 < 20  # not the 60 s wait
 
 
 class _Peers:
@@ -260,7 +260,7 @@ def test_an_abandoned_step_leaves_an_all_reduce_stuck_on_a_frozen_member_at_once
     t0 = time.monotonic()
     with pytest.raises(Aborted):
         _step(*ranks[0], 0, seed=0)()
-    assert time.monotonic() - t0 < 3.0 and ranks[0][1].group.group == ""
+    assert time.monotonic() - t0 < 12 and ranks[0][1].group.group == ""  # not the 20 s timeout
     frozen.group.drop()
 
 

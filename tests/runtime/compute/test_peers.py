@@ -90,6 +90,6 @@ def test_a_step_moved_past_before_it_ran_fails_at_once() -> None:
         t0 = time.monotonic()
         runner.join(15)
         assert outcome and isinstance(outcome[0], Aborted), outcome
-        assert time.monotonic() - t0 < 2.0
+        assert time.monotonic() - t0 < 10  # not the 20 s receive timeout
     finally:
         reg_server.stop(0)

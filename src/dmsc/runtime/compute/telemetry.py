@@ -112,9 +112,17 @@ class Telemetry:
             return
         self.rates = {
             "cpu_percent": percent(new.process_cpu_s - old.process_cpu_s, dt),
-            "node_cpu_percent": 100.0
-            * (new.node_busy_s - old.node_busy_s)
-            / max(new.node_all_s - old.node_all_s, 1e-9),
+            # within 0..100: busy is all less idle and iowait, summed floats of a million seconds
+            # that round (-4e-9 over an idle window), and Linux's iowait may step back
+            "node_cpu_percent": min(
+                max(
+                    100.0
+                    * (new.node_busy_s - old.node_busy_s)
+                    / max(new.node_all_s - old.node_all_s, 1e-9),
+                    0.0,
+                ),
+                100.0,
+            ),
             # an interface that went away takes its counts with it: never a negative rate
             "net_sent_bytes_s": max(new.net_sent - old.net_sent, 0) / dt,
             "net_recv_bytes_s": max(new.net_recv - old.net_recv, 0) / dt,

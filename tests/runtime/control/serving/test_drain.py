@@ -21,8 +21,9 @@ def replicas(count: int, ep: int = 1) -> Replicas:
     return Replicas(dep, db=None, lock=threading.Lock(), log=logging.getLogger("t"), run_id=1)  # type: ignore[arg-type]
 
 
-def _under_way(rep: Replicas, name: str, for_s: float) -> None:
-    """A request admitted to replica ``name`` now, which ends ``for_s`` seconds later."""
+def _under_way(rep: Replicas, name: str, for_s: float) -> threading.Event:
+    """A request admitted to replica ``name`` now, which ends ``for_s`` seconds later: the
+    event that lets it end (set before it leaves the replica)."""
     release, admitted = threading.Event(), threading.Event()
 
     def request() -> None:
@@ -33,15 +34,17 @@ def _under_way(rep: Replicas, name: str, for_s: float) -> None:
     threading.Thread(target=request, daemon=True).start()
     assert admitted.wait(30)
     threading.Timer(for_s, release.set).start()
+    return release
 
 
 def test_new_requests_go_elsewhere_or_wait_and_the_load_waits_for_those_in_flight() -> None:
     rep = replicas(2)
     rep.drain_timeout_s = 30.0
-    _under_way(rep, "replica-0", 0.3)
-    t0 = time.monotonic()
+    released = _under_way(rep, "replica-0", 0.3)
     with rep.drained("replica-0", "loading version 2") as left:
-        assert left == 0 and time.monotonic() - t0 >= 0.25  # it waited for the request
+        # it waited for the request (which ends only once released; timed, a late wake-up of
+        # this thread after the timer started could make the wait look short)
+        assert left == 0 and released.is_set()
         assert rep.names() == ["replica-1"]  # new requests go to the other replica
         with pytest.raises(DeadlineExceeded), rep.admitted(["replica-0"], time.monotonic() + 0.2):
             pass
@@ -65,10 +68,9 @@ def test_a_drain_gives_up_after_its_timeout_and_a_lone_replica_stays_routed() ->
 
 def test_a_move_shuts_every_gate_at_once_and_waits_for_the_requests_in_flight() -> None:
     rep = replicas(2)
-    _under_way(rep, "replica-1", 0.3)
-    t0 = time.monotonic()
+    released = _under_way(rep, "replica-1", 0.3)
     with rep.paused("a move", 30.0) as left:
-        assert left == 0 and time.monotonic() - t0 >= 0.25  # it waited for the request
+        assert left == 0 and released.is_set()  # it waited for the request
         # no replica takes a new request: they wait at the gates until the move is done
         with pytest.raises(DeadlineExceeded), rep.admitted(["replica-0"], time.monotonic() + 0.2):
             pass
