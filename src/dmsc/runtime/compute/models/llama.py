@@ -38,33 +38,31 @@ def rotary_inv_freq(head_dim: int, theta: float, scaling: RopeScaling | None) ->
 
 class Rotary(nn.Module):
     """cos and sin of every position's rotation, computed on first use on the input's device (no
-    buffer: a stage built on the meta device and then loaded has nothing to re-initialise)."""
+    buffer: a stage built on the meta device and then loaded has nothing to re-initialise).
+
+    One table per device of the positions seen so far (grown by doubling), sliced per call: a
+    decoding step computed its position's row anew in every layer, 16 small ops a token
+    (torch.profiler on benchmarks/inference.py). A row is the same elementwise cos and sin of
+    the same products, so the slice equals what one position's computation gave, bit for bit."""
 
     def __init__(self, spec: TransformerSpec) -> None:
         super().__init__()
         self.head_dim, self.theta, self.scaling = spec.head_dim, spec.rope_theta, spec.rope_scaling
-        self._cache: dict[tuple[int, int, torch.device], tuple[torch.Tensor, torch.Tensor]] = {}
-        # the frequencies do not depend on the positions: once per device, not once per token
-        # (a decoding step misses the cache above, and recomputing them was 5% of a stage's
-        # time per token, py-spy on benchmarks/inference.py)
-        self._inv: dict[torch.device, torch.Tensor] = {}
+        self._tables: dict[torch.device, tuple[torch.Tensor, torch.Tensor]] = {}
 
     def forward(
         self, start: int, T: int, device: torch.device
     ) -> tuple[torch.Tensor, torch.Tensor]:
-        key = (start, T, device)
-        if key not in self._cache:
-            inv = self._inv.get(device)
-            if inv is None:
-                inv = rotary_inv_freq(self.head_dim, self.theta, self.scaling).to(device)
-                self._inv[device] = inv
-            pos = torch.arange(start, start + T, device=device, dtype=torch.float32)
-            freqs = torch.outer(pos, inv)
+        end = start + T
+        table = self._tables.get(device)
+        if table is None or table[0].shape[0] < end:
+            n = max(end, 64, 2 * (0 if table is None else table[0].shape[0]))
+            inv = rotary_inv_freq(self.head_dim, self.theta, self.scaling).to(device)
+            freqs = torch.outer(torch.arange(n, device=device, dtype=torch.float32), inv)
             emb = torch.cat((freqs, freqs), dim=-1)
-            if len(self._cache) > 8:
-                self._cache.clear()
-            self._cache[key] = (emb.cos(), emb.sin())
-        return self._cache[key]
+            table = self._tables[device] = (emb.cos(), emb.sin())
+        cos, sin = table
+        return cos[start:end], sin[start:end]
 
 
 def _rotate(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
