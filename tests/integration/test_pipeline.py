@@ -252,17 +252,26 @@ def test_sampling_and_checkpoint(tmp_path, batches, monkeypatch) -> None:  # typ
             want.append(int(torch.argmax(model(torch.tensor([list(want)]))[0, -1])))
     with Deployment(StageLayout(SPEC, RANGES[2]), home=tmp_path) as dep:
         seen: list[int] = []
-        calls: list[tuple[int, int]] = []  # the orchestrator's RunSteps: one a token, stage 0's
+        calls: list[tuple[tuple[int, int], str]] = []  # the orchestrator's, to any worker
         send = dep.tp.send
 
         def counted(key, leader, method, *rest):  # type: ignore[no-untyped-def]
-            calls.extend([key] if method == "RunStep" else [])
+            calls.extend([(key, method)] if method in ("RunStep", "Draw") else [])
             return send(key, leader, method, *rest)
 
         monkeypatch.setattr(dep.tp, "send", counted)
+        one = dep.generate(b"def ", 5, sampling=Sampling(temperature=0), runs=False)
+        assert bytes(one) == bytes(want[4:])
+        assert calls == [((0, 0), "RunStep")] * 5  # stage 0 calls stage 1 itself (compute.relay)
+        calls.clear()
+        # in runs (compute.drawing): the prompt's token from a RunStep, the 4 others drawn at
+        # stage 0 in one Draw (a run as long as a minute: however slow the machine), the same
+        from dmsc.runtime.control.launch import decoding
+
+        monkeypatch.setattr(decoding, "RUN_S", 60.0)
         greedy = dep.generate(b"def ", 5, sampling=Sampling(temperature=0), on_token=seen.append)
-        assert bytes(greedy) == bytes(want[4:]) == bytes(seen)
-        assert calls == [(0, 0)] * 5  # stage 0 calls stage 1 itself (compute.relay)
+        assert greedy == one and bytes(seen) == bytes(want[4:])
+        assert calls == [((0, 0), "RunStep"), ((0, 0), "Draw")], calls
         monkeypatch.undo()
         # the KV-cache session gives what recomputing the context gives, also where the
         # context slides past the model's sequence length

@@ -189,7 +189,7 @@ def test_an_inference_step_with_top_answers_only_the_largest_logits() -> None:
     ``top`` largest logits and their ids, the same numbers as the whole row holds there."""
     from pydantic import ValidationError
 
-    from dmsc.runtime.control.launch.sampling import reply_logits
+    from dmsc.runtime.compute.sampling import reply_logits
     from dmsc.runtime.transport import messages as msg
 
     reg_server, reg_port = serve(REGISTRY_SERVICE, registry_methods(Registry(ttl_s=60)))
@@ -245,7 +245,7 @@ def test_a_chained_step_runs_through_every_stage_in_one_call_and_keeps_their_ref
     fails the call naming it."""
     from dmsc.runtime.compute.models.chain import build_stage, layer_names
     from dmsc.runtime.compute.relay import pack
-    from dmsc.runtime.control.launch.sampling import reply_logits
+    from dmsc.runtime.compute.sampling import reply_logits
     from dmsc.runtime.transport.messages import RunStep
     from dmsc.runtime.transport.wire import Kind, encode
 

@@ -14,5 +14,6 @@ Across replicas, :mod:`.dp_collective` averages the gradients by the all-reduce 
 stages, :mod:`.peers` sends frames over gRPC, or, where the deployment asks and the stages share
 a datacenter, :mod:`.pipe_group` over gloo point-to-point; a decoded token's step goes from
 stage to stage in calls of their own (:mod:`.relay`), each stage keeping the request's keys and
-values (:mod:`.sessions`).
+values (:mod:`.sessions`); a session's tokens may be drawn in runs at its first stage
+(:mod:`.drawing`, with :mod:`.sampling`'s draw, the one the control plane uses).
 """

@@ -33,7 +33,7 @@ from prometheus_client import CollectorRegistry, Counter, Histogram
 
 from dmsc.data.corpus import Corpus
 from dmsc.data.shards import read_shard
-from dmsc.runtime.compute import cpuset, relay, tp_worker
+from dmsc.runtime.compute import cpuset, drawing, relay, tp_worker
 from dmsc.runtime.compute.checkpoints import (
     CheckpointError,
     checkpoint_keys,
@@ -58,6 +58,7 @@ from dmsc.runtime.compute.sessions import Sessions
 from dmsc.runtime.compute.telemetry import Telemetry
 from dmsc.runtime.transport import messages as msg
 from dmsc.runtime.transport import tls
+from dmsc.runtime.transport.drawing import Draw
 from dmsc.runtime.transport.messages import REGISTRY_SERVICE
 from dmsc.runtime.transport.observe import json_logger
 from dmsc.runtime.transport.replies import Registered
@@ -482,6 +483,7 @@ class StageWorker:
             "Push": bytes_handler(self.push),
             "Relay": bytes_handler(self.relay),
             "RunStep": message_handler(msg.RunStep, self.telemetry.traced(self.run_step)),
+            "Draw": message_handler(Draw, lambda m: drawing.run(self.run_step, m, self.spec.vocab)),
             "Health": message_handler(msg.Health, self.telemetry.reported(self.health)),
             "Save": message_handler(msg.Save, self.save),
             "Load": message_handler(msg.Load, self.load),

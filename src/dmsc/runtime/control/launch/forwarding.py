@@ -39,11 +39,13 @@ from typing import TYPE_CHECKING, Any
 import torch
 from pydantic import BaseModel
 
+from dmsc.runtime.compute import drawing
+from dmsc.runtime.compute.sampling import reply_logits, shipped_top
 from dmsc.runtime.control.launch import decoding
 from dmsc.runtime.control.launch.failures import Key
 from dmsc.runtime.control.launch.layout import StageLayout
-from dmsc.runtime.control.launch.sampling import reply_logits, shipped_top
 from dmsc.runtime.control.launch.tp_ranks import TensorRanks
+from dmsc.runtime.transport.drawing import Draw
 from dmsc.runtime.transport.messages import EndSession, RunStep, Sampling
 from dmsc.runtime.transport.rpc import Client
 from dmsc.runtime.transport.wire import Kind
@@ -157,6 +159,8 @@ class ForwardRequests:
         token_timeout_s: float = 120.0,
         on_token: Callable[[int], None] | None = None,
         use_cache: bool = True,
+        alone: Callable[[], bool] | None = None,
+        runs: bool = True,
     ) -> list[int]:
         """Sample ``tokens`` token ids after ``prompt`` (ids; bytes for a byte-level model) as
         ``sampling`` says (its defaults, seed 0, when None). ``cancel`` stops it between tokens
@@ -168,7 +172,12 @@ class ForwardRequests:
 
         With ``use_cache`` the stages keep the request's keys and values (an inference
         session): the prompt runs once, then each token alone; past the model's sequence
-        length the context slides and every token runs it whole again."""
+        length the context slides and every token runs it whole again. With ``runs`` too (and
+        a pipeline that chains its calls, tp and ep 1), the first stage draws the session's
+        tokens in runs of one call each (:mod:`.decoding`) whenever ``alone()`` says that no
+        other request waits for the replica; with a ``turn`` and no ``alone``, one a turn."""
+        if alone is None and turn is not None:
+            alone = _never
         sampling = sampling or Sampling(seed=0)
         session = uuid.uuid4().hex[:16] if use_cache else None
         top = shipped_top(sampling, self.layout.model.vocab)  # the logits the draw reads
@@ -177,6 +186,17 @@ class ForwardRequests:
             step: int, ctx: torch.Tensor, timeout_s: float, session: str | None, start: int
         ) -> torch.Tensor:
             return self.logits(step, ctx, replica, timeout_s, session, start, top)[0]
+
+        def draw_runs(
+            step: int,
+            ctx: torch.Tensor,
+            wait_s: float,
+            session: str,
+            start: int,
+            count: int,
+            g: torch.Generator,
+        ) -> list[int]:
+            return self.drawn(step, ctx, replica, wait_s, session, start, top, count, sampling, g)
 
         try:
             return decoding.decode(
@@ -192,10 +212,52 @@ class ForwardRequests:
                 token_timeout_s=token_timeout_s,
                 on_token=on_token,
                 session=session,
+                runs=draw_runs if runs and self.draws_at_first_stage else None,
+                alone=alone,
             )
         finally:
             if session is not None:
                 self.end_session(session, replica)
+
+    @property
+    def draws_at_first_stage(self) -> bool:
+        """Whether a session's tokens may be drawn in runs at the first stage (``Draw``): its
+        calls chain through the stages (not interleaved) and one worker answers them (tp and
+        ep 1; the others make a call a token, each to every rank or replica that runs it)."""
+        lay = self.layout
+        return not lay.chunks and lay.tp == 1 and lay.ep == 1
+
+    def drawn(
+        self,
+        step: int,
+        tokens: torch.Tensor,
+        replica: int,
+        timeout_s: float,
+        session: str,
+        start: int,
+        top: int | None,
+        count: int,
+        sampling: Sampling,
+        g: torch.Generator,
+    ) -> list[int]:
+        """``count`` tokens drawn at ``replica``'s first stage after ``tokens`` (positions
+        ``start ..`` of ``session``), with ``sampling`` and ``g``, which moves past them (fewer
+        tokens when the worker's budget, ``timeout_s``, runs short; one at least). A failure
+        raises :class:`WorkerFailure` naming the stage, as :meth:`logits` does."""
+        first = (0, replica)
+        rows = self.checked(first, Kind.TOKENS, tokens).tolist()
+        step_m = RunStep(
+            step=step, microbatches=1, train=False, epoch=self.epochs[first], budget_s=timeout_s,
+            session=session, start=start, tokens=rows, top=top,
+            relay=[self.epochs[(s, replica)] for s in range(1, self.stages)],
+        )  # fmt: skip
+        rng = None if sampling.temperature == 0 else drawing.state(g)  # greedy draws use none
+        m = Draw(step=step_m, count=count, sampling=sampling, rng=rng)
+        call = self.tp.send(first, self.clients[first], "Draw", m, timeout_s)
+        reply = self.gather({first: call}, timeout_s, watch=self.pipeline(replica))[first]
+        if rng is not None:
+            g.set_state(drawing.generator(reply["rng"], None).get_state())
+        return [int(t) for t in reply["drawn"]]
 
     def end_session(self, session: str, replica: int = 0) -> None:
         """Free ``session``'s keys and values at every stage of ``replica`` (of its group at
@@ -209,3 +271,7 @@ class ForwardRequests:
         for fut in calls.values():
             self._ending.add(fut)
             fut.add_done_callback(self._ending.discard)
+
+
+def _never() -> bool:
+    return False

@@ -366,6 +366,8 @@ class Replicas:
                 token_timeout_s=self.token_timeout_s,
                 sampling=sampling,
                 on_token=None if on_token is None else text_stream(self.tokenizer, on_token),
+                # a run of tokens a turn while no other request waits for the replica
+                alone=lambda: not lock.waiting() and lock.held() <= 1,
             )
         except WorkerFailure as exc:
             if dep is self.dep:

@@ -12,7 +12,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from dmsc.runtime.compute.executor import logits_reply
-from dmsc.runtime.control.launch.sampling import draw, reply_logits, shipped_top, token_probs
+from dmsc.runtime.compute.sampling import draw, reply_logits, shipped_top, token_probs
 from dmsc.runtime.transport.messages import InferRequest, Sampling
 
 
