@@ -10,9 +10,15 @@ fair lock makes them: as many tokens through the replica at once as its pipeline
 stage and one drawn, ``tokens_in_flight``; and, alternated with it in the same run, one token at
 a time, the lock before), and ``transformers`` in this process with its own cache.
 
+One session with the cache is measured two ways, alternated with ``transformers`` over
+``--pairs`` rounds (the median of each): as the control plane decodes, its tokens drawn in runs
+at the first stage (``Draw``, :mod:`dmsc.runtime.compute.drawing`), and with a call from the
+control plane a token (``runs=False``, the path before), which draw the same tokens.
+
 Prints a table, or with --json one object: cache_speedup (recompute time / cache time, one
 session), tokens_per_s (per path), ms_per_token (per path), vs_transformers_ratio (dmsc's
-tokens/s with the cache over transformers', one session), cpu_ms_per_token (CPU of every
+tokens/s with the cache over transformers', one session; _by_pair: each round's), runs_speedup
+(a call a token's time over the runs'), pairs (each round's seconds), cpu_ms_per_token (CPU of every
 process, one cached session and transformers), cpu_ms_per_token_by_process (the same session's
 CPU in the control plane and in each stage worker), transformers_threads (``--hf-threads``:
 one keeps ``generate`` off the cores the stages share on a loaded machine, where two threads
@@ -32,6 +38,7 @@ import argparse
 import contextlib
 import json
 import os
+import statistics
 import tempfile
 import threading
 import time
@@ -156,6 +163,9 @@ def main() -> None:
     parser.add_argument("--tls", action="store_true", help="Also decode with mutual TLS.")
     parser.add_argument("--rounds", type=int, default=2, help="With --tls: plain/TLS pairs.")
     parser.add_argument("--hf-threads", type=int, help="transformers' threads (torch's default)")
+    parser.add_argument(
+        "--pairs", type=int, default=3, help="Alternated rounds of the one-session paths."
+    )
     args = parser.parse_args()
     if args.hf_threads:
         torch.set_num_threads(args.hf_threads)
@@ -167,7 +177,6 @@ def main() -> None:
         assert isinstance(spec, TransformerSpec)
         prompt = torch.randint(0, spec.vocab, (PROMPT,), generator=torch.Generator().manual_seed(1))
         prompt_ids = prompt.tolist()
-        hf_s, hf_tokens, hf_cpu = _transformers(ckpt, prompt_ids, args.tokens)
         layout = StageLayout(spec, [("embedding", "block_3"), ("block_4", "head")])
         with Deployment(layout, home=Path(tmp) / "home") as dep:
             dep.generate(prompt_ids, 4, sampling=greedy)  # warm-up
@@ -175,11 +184,29 @@ def main() -> None:
             procs.update(
                 {f"stage{h.config.stage}": psutil.Process(h.process.pid) for h in dep.handles}
             )
-            by0 = {k: _cpu(p) for k, p in procs.items()}
-            t0, c0 = time.perf_counter(), cpu_s()
-            cached = dep.generate(prompt_ids, args.tokens, sampling=greedy)
-            cache_s, cache_cpu = time.perf_counter() - t0, cpu_s() - c0
-            by_process = {k: (_cpu(p) - by0[k]) / args.tokens * 1e3 for k, p in procs.items()}
+            # one session, side by side and alternated over --pairs rounds: transformers,
+            # dmsc drawing in runs at the first stage, dmsc a call a token (the median of each)
+            pairs: list[dict[str, float]] = []
+            for _ in range(args.pairs):
+                hf_s, hf_tokens, hf_cpu = _transformers(ckpt, prompt_ids, args.tokens)
+                by0 = {k: _cpu(p) for k, p in procs.items()}
+                t0, c0 = time.perf_counter(), cpu_s()
+                cached = dep.generate(prompt_ids, args.tokens, sampling=greedy)
+                cache_s, cache_cpu = time.perf_counter() - t0, cpu_s() - c0
+                by_process = {k: (_cpu(p) - by0[k]) / args.tokens * 1e3 for k, p in procs.items()}
+                t0 = time.perf_counter()
+                single = dep.generate(prompt_ids, args.tokens, sampling=greedy, runs=False)
+                pairs.append(
+                    {"transformers_s": hf_s, "runs_s": cache_s,
+                     "token_a_call_s": time.perf_counter() - t0,
+                     "transformers_cpu_s": hf_cpu, "runs_cpu_s": cache_cpu}
+                )  # fmt: skip
+                assert single == cached
+            hf_s = statistics.median(p["transformers_s"] for p in pairs)
+            cache_s = statistics.median(p["runs_s"] for p in pairs)
+            call_s = statistics.median(p["token_a_call_s"] for p in pairs)
+            hf_cpu = statistics.median(p["transformers_cpu_s"] for p in pairs)
+            cache_cpu = statistics.median(p["runs_cpu_s"] for p in pairs)
             t0 = time.perf_counter()
             recomputed = dep.generate(prompt_ids, args.tokens, sampling=greedy, use_cache=False)
             recompute_s = time.perf_counter() - t0
@@ -223,6 +250,7 @@ def main() -> None:
         "sessions": args.sessions,
         "tokens_per_s": {
             "cache_1_session": n / cache_s,
+            "cache_1_session_a_call_a_token": n / call_s,
             "recompute_1_session": n / recompute_s,
             f"cache_{args.sessions}_sessions": n * args.sessions / many_s,
             f"cache_{args.sessions}_sessions_one_token_at_a_time": n * args.sessions / one_s,
@@ -231,6 +259,7 @@ def main() -> None:
         "tokens_in_flight": width,
         "ms_per_token": {
             "cache_1_session": cache_s / n * 1e3,
+            "cache_1_session_a_call_a_token": call_s / n * 1e3,
             "recompute_1_session": recompute_s / n * 1e3,
             f"cache_{args.sessions}_sessions": many_s / n * 1e3,
             f"cache_{args.sessions}_sessions_one_token_at_a_time": one_s / n * 1e3,
@@ -238,6 +267,9 @@ def main() -> None:
         },
         "cache_speedup": recompute_s / cache_s,
         "vs_transformers_ratio": (n / cache_s) / (n / hf_s),
+        "vs_transformers_ratio_by_pair": [p["transformers_s"] / p["runs_s"] for p in pairs],
+        "runs_speedup": call_s / cache_s,
+        "pairs": pairs,
         # CPU of every process per token (dmsc: control plane and stages), which a shared
         # machine's load disturbs far less than the wall clock
         "cpu_ms_per_token": {
@@ -255,9 +287,9 @@ def main() -> None:
         print(json.dumps(out))
         return
     print(f"{out['model']}, {PROMPT}-token prompt, {n} tokens greedy")
-    print(f"{'path':28s} {'tokens/s':>10s} {'ms/token':>10s}")
+    print(f"{'path':38s} {'tokens/s':>10s} {'ms/token':>10s}")
     for key, rate in out["tokens_per_s"].items():
-        print(f"{key:28s} {rate:10.1f} {out['ms_per_token'][key]:10.2f}")
+        print(f"{key:38s} {rate:10.1f} {out['ms_per_token'][key]:10.2f}")
     print(f"cache speedup over recompute: {out['cache_speedup']:.1f}x (target >= 5)")
     print(f"dmsc (cache) / transformers tokens/s: {out['vs_transformers_ratio']:.2f}")
     cpu = out["cpu_ms_per_token"]
