@@ -120,6 +120,12 @@ def test_inference_sessions_have_a_limit_an_idle_timeout_and_a_position_check() 
             worker._session("a", 9)
         with pytest.raises(BadRequest, match="session c: not open here"):
             worker._session("c", 3)
+        # a session never grows past the model's window (its caches, and the rotary table
+        # sized by them, stay bounded whatever a caller asks)
+        seq = worker.spec.seq
+        cache.length = seq
+        with pytest.raises(BadRequest, match=f"position {seq} is past the model's last"):
+            worker._session("a", seq)
         assert worker.end_session(msg.EndSession(session="a")) == {"ended": True}
         worker._session("b", 0)  # room again
         worker.cfg.session_idle_s = 0.0  # every session is idle: the next one takes its room

@@ -351,8 +351,11 @@ class StageWorker:
         self.tied.grad = grad + theirs
 
     def _session(self, session: str, start: int) -> StageCache:
-        """The keys and values of ``session`` for a step from ``start`` (:mod:`.sessions`)."""
+        """The keys and values of ``session`` for a step from ``start`` (:mod:`.sessions`), a
+        position inside the model's sequence length (past it the context slides, uncached)."""
         cfg = self.cfg
+        if start >= self.spec.seq:
+            raise BadRequest(f"session {session}: position {start} is past the model's last")
         return self.sessions.take(session, start, cfg.max_sessions, cfg.session_idle_s, cfg.stage)
 
     def end_session(self, m: msg.EndSession) -> dict[str, Any]:
