@@ -127,14 +127,10 @@ class ForwardRequests:
         chained = not self.layout.chunks  # an interleaved pipeline's stages each get a call
 
         def run(epoch: int, first: int | None = None) -> RunStep:  # tokens go in stage 0's call
-            relay = None  # the later stages' epochs, for the first stage of replica ``first``
-            if chained and first is not None:
-                relay = [self.epochs[(s, first)] for s in range(1, self.stages)]
-            return RunStep(
-                step=step, microbatches=1, train=False, epoch=epoch, budget_s=timeout_s,
-                session=session, start=start, tokens=None if first is None else rows, top=top,
-                relay=relay,
-            )  # fmt: skip
+            if first is None:
+                return _inference_step(step, epoch, timeout_s, session, start, top)
+            relay = self._later_epochs(first) if chained else None
+            return _inference_step(step, epoch, timeout_s, session, start, top, rows, relay)
 
         with self.in_turn(replica):
             later = [] if chained else [k for k in keys if k[0]]
@@ -219,6 +215,11 @@ class ForwardRequests:
             if session is not None:
                 self.end_session(session, replica)
 
+    def _later_epochs(self, replica: int) -> list[int]:
+        """The epochs of ``replica``'s stages after the first: what its first stage's chained
+        call names them by (:mod:`dmsc.runtime.compute.relay`)."""
+        return [self.epochs[(s, replica)] for s in range(1, self.stages)]
+
     @property
     def draws_at_first_stage(self) -> bool:
         """Whether a session's tokens may be drawn in runs at the first stage (``Draw``): its
@@ -246,11 +247,10 @@ class ForwardRequests:
         raises :class:`WorkerFailure` naming the stage, as :meth:`logits` does."""
         first = (0, replica)
         rows = self.checked(first, Kind.TOKENS, tokens).tolist()
-        step_m = RunStep(
-            step=step, microbatches=1, train=False, epoch=self.epochs[first], budget_s=timeout_s,
-            session=session, start=start, tokens=rows, top=top,
-            relay=[self.epochs[(s, replica)] for s in range(1, self.stages)],
-        )  # fmt: skip
+        relay = self._later_epochs(replica)
+        step_m = _inference_step(
+            step, self.epochs[first], timeout_s, session, start, top, rows, relay
+        )
         rng = None if sampling.temperature == 0 else drawing.state(g)  # greedy draws use none
         m = Draw(step=step_m, count=count, sampling=sampling, rng=rng)
         call = self.tp.send(first, self.clients[first], "Draw", m, timeout_s)
@@ -275,3 +275,20 @@ class ForwardRequests:
 
 def _never() -> bool:
     return False
+
+
+def _inference_step(
+    step: int,
+    epoch: int,
+    budget_s: float,
+    session: str | None,
+    start: int,
+    top: int | None,
+    rows: list[list[int]] | None = None,
+    relay: list[int] | None = None,
+) -> RunStep:
+    """A forward-only step of one micro-batch (``rows``: the tokens, for a first stage)."""
+    return RunStep(
+        step=step, microbatches=1, train=False, epoch=epoch, budget_s=budget_s, session=session,
+        start=start, tokens=rows, top=top, relay=relay,
+    )  # fmt: skip
