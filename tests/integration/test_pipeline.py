@@ -169,6 +169,28 @@ def test_a_hugging_face_checkpoint_trains_as_in_one_process(tmp_path, family: st
     assert got[-1] < got[0]
 
 
+def test_a_step_sends_its_batch_in_the_calls_of_its_stages_and_no_push(
+    batches, monkeypatch
+) -> None:  # type: ignore[no-untyped-def]
+    """The control plane's calls of a training step: the first stage's step with the tokens,
+    the last's with the targets, the middle's alone, then the commits; no frame pushed."""
+    sent: list[str] = []
+    raw_pooled = Client.raw_pooled
+
+    def counted(self: Client, method: str, data: bytes, timeout_s: float | None = None):  # type: ignore[no-untyped-def]
+        sent.append(method)
+        return raw_pooled(self, method, data, timeout_s)
+
+    with Deployment(StageLayout(SPEC, RANGES[3])) as dep:
+        dep.train_step(0, *batches[0], MICRO)
+        monkeypatch.setattr(Client, "raw_pooled", counted)
+        dep.train_step(1, *batches[1], MICRO)
+        assert sorted(sent) == ["Commit"] * 3 + ["RunStep"] + ["RunWith"] * 2
+        sent.clear()
+        dep.eval_step(2, *batches[2], MICRO)
+        assert sorted(sent) == ["RunStep"] + ["RunWith"] * 2
+
+
 def test_malformed_messages_get_an_error_and_the_worker_keeps_serving(batches) -> None:  # type: ignore[no-untyped-def]
     with Deployment(StageLayout(SPEC, RANGES[2])) as dep:
         addr = dep.handles[0].address
@@ -215,6 +237,20 @@ def test_malformed_messages_get_an_error_and_the_worker_keeps_serving(batches) -
         for why, frame in [*wrong.items(), ("unknown kind", bytes(unknown_kind))]:
             with pytest.raises(grpc.RpcError) as info:
                 client.raw("Push", frame)
+            assert info.value.code() == grpc.StatusCode.INVALID_ARGUMENT, why
+        from dmsc.runtime.transport.batched import pack
+        from dmsc.runtime.transport.messages import RunStep
+
+        step = RunStep(step=99, microbatches=1)
+        one = encode(Kind.TOKENS, 99, 1, torch.zeros(1, 4).long())
+        for why, data in (
+            ("garbage", b"garbage"),
+            ("not a whole batch", pack(step, [one])),
+            ("not for the first stage", pack(step, [wrong["not for the first stage (targets)"]])),
+            ("a token out of range", pack(step, [wrong["token out of range"]])),
+        ):  # fmt: skip
+            with pytest.raises(grpc.RpcError) as info:
+                client.raw("RunWith", data)
             assert info.value.code() == grpc.StatusCode.INVALID_ARGUMENT, why
         for bad_req in ({"step": 1, "microbatches": 1, "late_policy": "ignore"}, {"epoch": "x"}):
             with pytest.raises(grpc.RpcError) as info:

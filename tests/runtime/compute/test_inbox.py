@@ -38,3 +38,14 @@ def test_drop_forgets_only_older_steps_of_the_kind() -> None:
         inbox.get(Kind.GRAD_PART, 1, 1, 0.05)
     assert inbox.get(Kind.GRAD_PART, 2, 1, 0.05).item() == 2
     assert inbox.get(Kind.GRAD_AVG, 1, 0, 0.05).item() == 0
+
+
+def test_a_whole_batch_is_held_as_the_micro_batches_torch_chunk_cuts() -> None:
+    inbox, x = Inbox(), torch.arange(10).reshape(5, 2)
+    inbox.put(Kind.TOKENS, 3, 0, x, epoch=0, parts=2)
+    for i, part in enumerate(x.chunk(2)):
+        assert torch.equal(inbox.get(Kind.TOKENS, 3, i, 0.05), part)
+    with pytest.raises(BadRequest, match="a batch of 3 rows cut into 4 micro-batches"):
+        inbox.put(Kind.TOKENS, 4, 0, x[:3], epoch=0, parts=4)  # chunk gives 3 parts
+    with pytest.raises(TimeoutError):  # nothing of a refused batch is held
+        inbox.get(Kind.TOKENS, 4, 0, 0.05)

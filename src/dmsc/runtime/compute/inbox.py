@@ -28,13 +28,22 @@ class Inbox:
         self._cond = threading.Condition()
         self.epoch = epoch
 
-    def put(self, kind: Kind, step: int, mb: int, tensor: torch.Tensor, epoch: int) -> None:
+    def put(
+        self, kind: Kind, step: int, mb: int, tensor: torch.Tensor, epoch: int, parts: int = 1
+    ) -> None:
+        """Hold ``tensor`` as the frame (kind, step, mb); with ``parts`` > 1 a whole batch, cut
+        along its first dimension into the micro-batches ``mb .. mb + parts - 1`` (as
+        ``torch.chunk`` cuts it)."""
+        cut = tensor.chunk(parts) if parts > 1 else (tensor,)
+        if len(cut) != parts:
+            raise BadRequest(f"a batch of {tensor.shape[0]} rows cut into {parts} micro-batches")
         with self._cond:
             if epoch != self.epoch:
                 raise BadRequest(
                     f"fenced: a frame of epoch {epoch}, this worker is at {self.epoch}"
                 )
-            self._items[(int(kind), step, mb)] = tensor
+            for i, part in enumerate(cut):
+                self._items[(int(kind), step, mb + i)] = part
             self._cond.notify_all()
 
     def get(

@@ -31,8 +31,9 @@ import grpc
 import torch
 
 from dmsc.runtime.compute.peers import Peers
+from dmsc.runtime.transport.batched import step_head
 from dmsc.runtime.transport.messages import RunStep
-from dmsc.runtime.transport.rpc import CONTROL_BYTES, Abandoned, BadRequest, NoRoom, parse
+from dmsc.runtime.transport.rpc import Abandoned, BadRequest, NoRoom
 from dmsc.runtime.transport.wire import Kind, Message, WireError, decode, encode
 
 _UNCAUGHT = re.compile(r"^Exception calling application: ")  # how gRPC words a handler's raise
@@ -55,15 +56,10 @@ def pack(m: RunStep, frame: bytes) -> bytes:
 def unpack(data: bytes, max_bytes: int) -> tuple[RunStep, Message]:
     """The step and the activations' frame of a ``Relay`` request; a malformed one is refused
     (:class:`BadRequest`, or :class:`WireError` for its frame) naming what is wrong."""
-    if len(data) < _LENGTH.size:
-        raise BadRequest(f"Relay: {len(data)} bytes, too short for its header")
-    (n,) = _LENGTH.unpack_from(data)
-    if n > min(CONTROL_BYTES, len(data) - _LENGTH.size):
-        raise BadRequest(f"Relay: a step of {n} bytes in a request of {len(data)}")
-    m = parse(RunStep, data[_LENGTH.size : _LENGTH.size + n])
+    m, at = step_head(data, "Relay")
     if m.relay is None or m.tokens is not None:
         raise BadRequest("Relay: the step must be a chained inference step's (relay, no tokens)")
-    frame = decode(data[_LENGTH.size + n :], max_bytes)
+    frame = decode(data[at:], max_bytes)
     if frame.kind != Kind.ACTIVATION or frame.step != m.step or frame.microbatch != 0:
         raise WireError(
             f"Relay: a {frame.kind.name.lower()} frame of step {frame.step} micro-batch "

@@ -1,8 +1,9 @@
 """The ``dmsc.Stage`` service: one stage replica's state and the RPC methods over it.
 
 ``Push`` takes a wire frame (checked by :mod:`.frames`) into the inbox (an inference ``RunStep``
-may carry its tokens, and ``Relay`` a chained inference step with its activations, from the stage
-before: :mod:`.relay`); every other method takes the typed message of the same name from
+may carry its tokens, ``RunWith`` a training or evaluation step with its batch:
+:mod:`..transport.batched`, and ``Relay`` a chained inference step with its activations, from the
+stage before: :mod:`.relay`); every other method takes the typed message of the same name from
 :mod:`dmsc.runtime.transport.messages`, so this module only checks what needs the worker's
 state. ``RunStep`` runs this stage's part of a step (:mod:`.executor`) and, with several
 replicas, averages the gradients (:mod:`.gradient_sync`); optimizer steps are applied only on
@@ -31,8 +32,6 @@ import grpc
 import torch
 from prometheus_client import CollectorRegistry, Counter, Histogram
 
-from dmsc.data.corpus import Corpus
-from dmsc.data.shards import read_shard
 from dmsc.runtime.compute import cpuset, drawing, relay, tp_worker
 from dmsc.runtime.compute.checkpoints import (
     CheckpointError,
@@ -49,6 +48,7 @@ from dmsc.runtime.compute.executor import logits_reply, run_ops, step_ops
 from dmsc.runtime.compute.frames import FrameSpec, carried_tokens, check_frame
 from dmsc.runtime.compute.gradient_sync import GradientSync, LinkShaper
 from dmsc.runtime.compute.inbox import Inbox
+from dmsc.runtime.compute.local_shard import LocalShard
 from dmsc.runtime.compute.models.attention import StageCache
 from dmsc.runtime.compute.models.chain import tied_weight
 from dmsc.runtime.compute.outer_sync import ReplicaSync, make_optimizer, optimizer_kind, plain_sync
@@ -56,8 +56,8 @@ from dmsc.runtime.compute.peers import Peers
 from dmsc.runtime.compute.pipe_group import pipe_group_of
 from dmsc.runtime.compute.sessions import Sessions
 from dmsc.runtime.compute.telemetry import Telemetry
+from dmsc.runtime.transport import batched, tls
 from dmsc.runtime.transport import messages as msg
-from dmsc.runtime.transport import tls
 from dmsc.runtime.transport.drawing import Draw
 from dmsc.runtime.transport.messages import REGISTRY_SERVICE
 from dmsc.runtime.transport.observe import json_logger
@@ -95,6 +95,7 @@ class StageWorker:
             "dmsc_worker_rejected_messages_total", "Malformed messages", registry=self.metrics
         )
         self.telemetry = Telemetry(self.metrics)  # CPU, memory, I/O of this process, its node
+        self.traced_step = self.telemetry.traced(self.run_step)  # training replies: telemetry
         self.inbox = Inbox(cfg.epoch)
         self.registry = Client(cfg.registry, REGISTRY_SERVICE, token=cfg.token)
         self._build(cfg)
@@ -116,7 +117,8 @@ class StageWorker:
         self.optimizer = make_optimizer("adamw", self.module, cfg.lr)
         self.sync: ReplicaSync | None = None  # a task's sync mode, other than plain averaging
         self.sync_held: dict[str, torch.Tensor] = {}  # its round state, as last loaded
-        self.shard: Corpus | None = None  # this replica's own training text (LoadShard)
+        first, last = self.module.is_first, self.module.is_last  # own training text: LoadShard
+        self.shard = LocalShard(self.spec.seq, cfg.replica, first, last)
         self.n_params = sum(p.numel() for p in self.module.parameters())
         self.tied = tied_weight(self.spec, self.module) if cfg.stages > 1 else None
         self.frames = FrameSpec(
@@ -169,16 +171,20 @@ class StageWorker:
 
     # -- RPC methods -----------------------------------------------------------------------
     def push(self, data: bytes) -> bytes:
-        self._take(lambda: (None, decode(data, self.cfg.max_message_bytes)))
+        self._take(lambda: (None, [decode(data, self.cfg.max_message_bytes)]))
         return b""
 
-    def _take(self, read: Callable[[], tuple[T, Message]]) -> T:
-        """Put the frame ``read`` gives (with what came with it, returned) in the inbox; one
-        malformed or wrong for this stage is refused and counted."""
+    def _take(self, read: Callable[[], tuple[T, list[Message]]], whole: bool = False) -> T:
+        """Put the frames ``read`` gives (with what came with it, returned) in the inbox; with
+        ``whole``, each is a whole batch cut into the step's micro-batches (``RunWith``). A
+        request with a frame malformed or wrong for this stage is refused whole and counted."""
         try:
-            got, frame = read()
-            check_frame(self.frames, frame.kind, frame.tensor)
-            self.inbox.put(frame.kind, frame.step, frame.microbatch, frame.tensor, frame.epoch)
+            got, frames = read()
+            for f in frames:
+                check_frame(self.frames, f.kind, f.tensor)
+            for f in frames:
+                cut = got.microbatches if whole else 1  # type: ignore[attr-defined]
+                self.inbox.put(f.kind, f.step, f.microbatch, f.tensor, f.epoch, cut)
         except (WireError, BadRequest) as exc:
             self.m_rejected.inc()
             self.log.warning("rejected message: %s", exc, extra={"sid": self.cfg.sid})
@@ -212,8 +218,13 @@ class StageWorker:
 
     def relay(self, data: bytes) -> bytes:
         """``Relay``: a chained inference step with its activations, from the stage before."""
-        m = self._take(lambda: relay.unpack(data, self.cfg.max_message_bytes))
+        m = self._take(lambda: _listed(relay.unpack(data, self.cfg.max_message_bytes)))
         return json.dumps(self.run_step(m)).encode()
+
+    def run_with(self, data: bytes) -> bytes:
+        """``RunWith``: a training or evaluation step with its batch (:mod:`.batched`)."""
+        m = self._take(lambda: batched.unpack(data, self.cfg.max_message_bytes), whole=True)
+        return json.dumps(self.traced_step(m)).encode()
 
     def _run(self, m: msg.RunStep) -> tuple[dict[str, Any], torch.Tensor | None]:
         """This stage's part of step ``m``: its reply, and the activations it hands on to the
@@ -229,7 +240,7 @@ class StageWorker:
             self._use_sync(m.sync)
             self.grads.prepare(m, plain=self.sync is None)  # and the step's late policy
         if m.local_batch is not None:
-            self._feed_from_shard(m.step, m.local_batch, m.microbatches)
+            self.shard.feed(self.inbox, m.step, m.local_batch, m.microbatches, self.epoch)
         if m.tokens is not None:  # an inference step's tokens, carried in the call
             ids = carried_tokens(self.frames, m.tokens)  # checked as a TOKENS frame is
             self.inbox.put(Kind.TOKENS, m.step, 0, ids, self.epoch)
@@ -310,33 +321,10 @@ class StageWorker:
             if self.sync_held:
                 self.sync.restore(self.sync_held)
 
-    def _feed_from_shard(self, step: int, batch: int, microbatches: int) -> None:
-        """This replica's batch of ``step`` from its own shard, into its own inbox (tokens at
-        the first stage, targets at the last): the text never leaves the worker."""
-        first, last = self.module.is_first, self.module.is_last
-        if not (first or last):
-            return
-        if self.shard is None:
-            raise BadRequest("local data: this worker holds no shard (LoadShard first)")
-        x, y = self.shard.batch(step, batch)
-        for kind, t, here in ((Kind.TOKENS, x, first), (Kind.TARGETS, y, last)):
-            if here:
-                for i, part in enumerate(t.chunk(microbatches)):
-                    self.inbox.put(kind, step, i, part, self.epoch)
-
     def load_shard(self, m: msg.LoadShard) -> dict[str, Any]:
         """Read this replica's part of a task's files from this machine's disk."""
         self._check_epoch(m.epoch)
-        if not (self.module.is_first or self.module.is_last):
-            return {"bytes": 0}
-        try:
-            data = read_shard([Path(f) for f in m.files])
-            shard = Corpus(data, self.spec.seq, seed=m.seed * 1_000_003 + self.cfg.replica + 1)
-        except ValueError as exc:
-            raise BadRequest(f"shard: {exc}") from None
-        with self._lock:
-            self.shard = shard
-        return {"bytes": len(data)}
+        return {"bytes": self.shard.load(m.files, m.seed)}
 
     def _add_tied_grad(self, step: int) -> None:
         """Add the other end's gradient of a tied embedding to this end's (first and last
@@ -485,7 +473,8 @@ class StageWorker:
         return {
             "Push": bytes_handler(self.push),
             "Relay": bytes_handler(self.relay),
-            "RunStep": message_handler(msg.RunStep, self.telemetry.traced(self.run_step)),
+            "RunStep": message_handler(msg.RunStep, self.traced_step),
+            "RunWith": bytes_handler(self.run_with),
             "Draw": message_handler(Draw, lambda m: drawing.run(self.run_step, m, self.spec.vocab)),
             "Health": message_handler(msg.Health, self.telemetry.reported(self.health)),
             "Save": message_handler(msg.Save, self.save),
@@ -497,3 +486,8 @@ class StageWorker:
             # a shard's list of paths: larger than a control message
             "LoadShard": message_handler(msg.LoadShard, self.load_shard, max_bytes=64 << 20),
         }
+
+
+def _listed(got: tuple[T, Message]) -> tuple[T, list[Message]]:
+    """What came with one frame, and the frame as a list of one."""
+    return got[0], [got[1]]

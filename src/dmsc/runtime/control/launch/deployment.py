@@ -45,7 +45,7 @@ from dmsc.runtime.control.launch.launchers import Launcher, LocalLauncher, Worke
 from dmsc.runtime.control.launch.layout import Checkpoint, StageLayout
 from dmsc.runtime.control.launch.spares import SparePool
 from dmsc.runtime.control.launch.tp_ranks import TensorRanks
-from dmsc.runtime.transport import logs
+from dmsc.runtime.transport import batched, logs
 from dmsc.runtime.transport.messages import (
     DEFAULT_GRAD_WAIT_S,
     STAGE_SERVICE,
@@ -60,8 +60,6 @@ from dmsc.runtime.transport.messages import (
 )
 from dmsc.runtime.transport.rpc import BadRequest, Client, serve
 from dmsc.runtime.transport.wire import Kind, encode
-
-PUSH_DEADLINE_S = 30.0  # for a step's input frames to be taken (a client call's default)
 
 
 class Deployment(ForwardRequests):
@@ -236,24 +234,37 @@ class Deployment(ForwardRequests):
             raise failures.failure(self, f"stage {s} replica {key[1]}: {exc}", [key]) from None
         return t
 
-    def push(self, key: Key, kind: Kind, step: int, mb: int, t: torch.Tensor, *t_s: float) -> Any:
-        """Send a frame to ``key`` (within ``t_s`` seconds when given); its future."""
-        frame = encode(kind, step, mb, self.checked(key, kind, t), self.epochs[key])
-        return self.tp.fan(key, self.clients[key], lambda c: c.raw_pooled("Push", frame, *t_s))
-
-    def feed(self, step: int, tokens: torch.Tensor, ys: torch.Tensor | None, m: int) -> list[Any]:
-        """Tokens to each replica's first stage and targets to its last, ``m`` micro-batches
-        each, all frames in flight at once; the calls to settle."""
-        sent = []
-        R, last = self.layout.replicas, self.stages - 1
-        parts = ys.chunk(R) if ys is not None else [None] * R
-        for r, (xr, yr) in enumerate(zip(tokens.chunk(R), parts, strict=True)):
-            for i, x in enumerate(xr.chunk(m)):
-                sent.append(((0, r), self.push((0, r), Kind.TOKENS, step, i, x)))
-            if yr is not None:
-                for i, y in enumerate(yr.chunk(m)):
-                    sent.append(((last, r), self.push((last, r), Kind.TARGETS, step, i, y)))
-        return sent
+    def started(
+        self,
+        run: Callable[[int], RunStep],
+        tokens: torch.Tensor | None,
+        targets: torch.Tensor | None,
+        timeout_s: float,
+    ) -> dict[Key, Any]:
+        """A step's calls to every worker, sent at once: ``run(epoch)`` as a ``RunStep``, or as
+        a ``RunWith`` carrying its replica's part of the batch where the stage starts from it
+        (``tokens`` to the first stage, ``targets`` to the last: :mod:`...transport.batched`,
+        one call where the frames were a ``Push`` each and the step another)."""
+        keys, last = list(self.clients), self.stages - 1
+        if tokens is None:
+            return self.calls("RunStep", run, keys, timeout_s)
+        xs = tokens.chunk(self.layout.replicas)
+        ys = targets.chunk(self.layout.replicas) if targets is not None else None
+        calls = {}
+        for key in keys:
+            m, (stage, r) = run(self.epochs[key]), key
+            carried = [(Kind.TOKENS, xs[r])] if stage == 0 else []
+            carried += [(Kind.TARGETS, ys[r])] if stage == last and ys is not None else []
+            if not carried:
+                calls[key] = self.tp.send(key, self.clients[key], "RunStep", m, timeout_s)
+                continue
+            frames = [
+                encode(kind, m.step, 0, self.checked(key, kind, t), self.epochs[key])
+                for kind, t in carried
+            ]
+            data = batched.pack(m, frames)
+            calls[key] = self.tp.fan(key, self.clients[key], _pooled("RunWith", data, timeout_s))
+        return calls
 
     # -- steps ------------------------------------------------------------------------------
     def train_step(
@@ -275,7 +286,6 @@ class Deployment(ForwardRequests):
         t0 = time.perf_counter()
         if len(set(self.epochs.values())) > 1:  # a replica was healed alone: align everyone
             self.move_to_epoch(list(self.clients), self.epoch)
-        fed = self.feed(step, tokens, targets, microbatches) if tokens is not None else []
 
         def run(epoch: int) -> RunStep:
             return RunStep(
@@ -291,10 +301,9 @@ class Deployment(ForwardRequests):
             )
 
         keys = list(self.clients)
-        try:  # the data and the calls go out at once (a round trip less a step)
+        try:  # the data goes with the calls (a round trip less a step)
             with self.in_turn():  # at ep > 1, no request's forward among the groups' calls
-                calls = self.calls("RunStep", run, keys, self.step_deadline_s)
-                failures.settle(self, fed, PUSH_DEADLINE_S)
+                calls = self.started(run, tokens, targets, self.step_deadline_s)
                 replies = self.gather(calls, self.step_deadline_s)
         except StepRestartNeeded:
             # Drop the step everywhere: a new epoch fails what still runs and empties inboxes.
@@ -328,7 +337,6 @@ class Deployment(ForwardRequests):
         self, step: int, tokens: torch.Tensor, targets: torch.Tensor, microbatches: int
     ) -> float:
         """Loss of a batch without training (every replica, forward only)."""
-        failures.settle(self, self.feed(step, tokens, targets, microbatches), PUSH_DEADLINE_S)
 
         def run(epoch: int) -> RunStep:
             return RunStep(
@@ -336,7 +344,7 @@ class Deployment(ForwardRequests):
             )
 
         with self.in_turn():
-            replies = self.gather(self.calls("RunStep", run, list(self.clients), 300.0), 300.0)
+            replies = self.gather(self.started(run, tokens, targets, 300.0), 300.0)
         losses = [float(r["loss"]) for r in replies.values() if r.get("loss") is not None]
         return sum(losses) / len(losses)
 
@@ -412,3 +420,8 @@ class Deployment(ForwardRequests):
 
     def __exit__(self, *exc: object) -> None:
         self.shutdown()
+
+
+def _pooled(method: str, data: bytes, timeout_s: float) -> Callable[[Client], Any]:
+    """The call of ``method`` with ``data`` on a client, without waiting (its future)."""
+    return lambda c: c.raw_pooled(method, data, timeout_s)

@@ -199,32 +199,3 @@ def gather(
             slow = {k: "missed the step deadline" for k in pending}
             raise failure(ws, "step deadline", watched, slow)
     return replies
-
-
-def settle(ws: Workers, sent: Sequence[tuple[Key, Any]], deadline_s: float) -> None:
-    """Wait for calls that return nothing to read (frames pushed to workers), watching the
-    workers meanwhile as :func:`gather` does: a broken call, or a worker dead or silent, raises
-    :class:`WorkerFailure` at once rather than when its call times out (a frozen worker's
-    socket takes frames into its buffer and never answers)."""
-    keys = {k for k, _ in sent}
-    end = time.monotonic() + deadline_s
-    wake = threading.Event()
-    for _, fut in sent:
-        fut.add_done_callback(lambda _: wake.set())
-    pending = list(sent)
-    while pending:
-        wake.wait(0.1)
-        wake.clear()
-        for key, fut in [p for p in pending if p[1].done()]:
-            exc = fut.exception()
-            if exc is not None:
-                details = exc.details() if isinstance(exc, grpc.RpcError) else str(exc)
-                raise failure(ws, f"stage {key[0]} replica {key[1]}: {details}", keys)
-        pending = [p for p in pending if not p[1].done()]
-        found = suspects(ws, keys)
-        if found:
-            raise failure(ws, "", keys, found)
-        if pending and time.monotonic() > end:
-            raise failure(
-                ws, "push deadline", keys, {k: "took no frame in time" for k, _ in pending}
-            )
