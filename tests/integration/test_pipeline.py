@@ -173,7 +173,8 @@ def test_a_step_sends_its_batch_in_the_calls_of_its_stages_and_no_push(
     batches, monkeypatch
 ) -> None:  # type: ignore[no-untyped-def]
     """The control plane's calls of a training step: the first stage's step with the tokens,
-    the last's with the targets, the middle's alone, then the commits; no frame pushed."""
+    the last's with the targets, the middle's alone, then the commits (the first step only:
+    the later ones are applied by each stage at the end of its part); no frame pushed."""
     sent: list[str] = []
     raw_pooled = Client.raw_pooled
 
@@ -182,10 +183,13 @@ def test_a_step_sends_its_batch_in_the_calls_of_its_stages_and_no_push(
         return raw_pooled(self, method, data, timeout_s)
 
     with Deployment(StageLayout(SPEC, RANGES[3])) as dep:
-        dep.train_step(0, *batches[0], MICRO)
         monkeypatch.setattr(Client, "raw_pooled", counted)
-        dep.train_step(1, *batches[1], MICRO)
+        dep.train_step(0, *batches[0], MICRO)
         assert sorted(sent) == ["Commit"] * 3 + ["RunStep"] + ["RunWith"] * 2
+        sent.clear()
+        out = dep.train_step(1, *batches[1], MICRO)
+        assert sorted(sent) == ["RunStep"] + ["RunWith"] * 2
+        assert all(c > 0 for c in out["compute_s"].values())
         sent.clear()
         dep.eval_step(2, *batches[2], MICRO)
         assert sorted(sent) == ["RunStep"] + ["RunWith"] * 2

@@ -37,3 +37,15 @@ def test_a_prompt_with_a_lone_surrogate_is_refused() -> None:
     with pytest.raises(BadRequest):  # and its JSON parser refuses it outright
         parse(msg.InferRequest, b'{"prompt": "\\ud800", "tokens": 1}')
     assert parse(msg.InferRequest, '{"prompt": "\u00e9t\u00e9", "tokens": 1}'.encode()).tokens == 1
+
+
+def test_a_step_carries_only_its_own_training_commit() -> None:
+    from dmsc.runtime.transport.messages import Commit, RunStep
+
+    assert RunStep(step=3, microbatches=1, commit=Commit(step=3, lr=0.1)).commit is not None
+    for bad in (
+        {"step": 3, "microbatches": 1, "commit": {"step": 4}},
+        {"step": 3, "microbatches": 1, "train": False, "eval": True, "commit": {"step": 3}},
+    ):
+        with pytest.raises(ValidationError, match="commit: this training step's own"):
+            RunStep.model_validate(bad)

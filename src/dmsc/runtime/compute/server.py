@@ -6,10 +6,10 @@ may carry its tokens, ``RunWith`` a training or evaluation step with its batch:
 stage before: :mod:`.relay`); every other method takes the typed message of the same name from
 :mod:`dmsc.runtime.transport.messages`, so this module only checks what needs the worker's
 state. ``RunStep`` runs this stage's part of a step (:mod:`.executor`) and, with several
-replicas, averages the gradients (:mod:`.gradient_sync`); optimizer steps are applied only on
-``Commit``, once every stage has finished the step, so a step that fails anywhere is applied
-nowhere. ``Save`` and ``Load`` go through :mod:`.checkpoints`, ``Assume`` makes a warm spare the
-stage it is told, its certificate included.
+replicas, averages the gradients (:mod:`.gradient_sync`); optimizer steps are applied on
+``Commit`` once every stage has finished the step, or where its ``RunStep`` carries the commit
+at the end of the stage's part (``Deployment.applies_in_step``). ``Save`` and ``Load`` go through
+:mod:`.checkpoints`, ``Assume`` makes a warm spare the stage it is told, its certificate too.
 
 Fencing: each worker serves one epoch (the deployment's generation, carried in every frame and
 ``RunStep``). ``Abort`` moves a worker to a newer epoch, which wakes and fails the step it is in
@@ -281,6 +281,7 @@ class StageWorker:
             elif self.sync is None and cfg.replicas > 1:
                 skipped = self.grads.sync(m.step, m.late_policy, m.grad_wait_s)
             self.uncommitted = m.step
+        applied = self._apply(m.commit) if m.commit is not None else None  # no Commit follows
         mode = "train" if m.train else ("eval" if m.eval else "infer")
         self.m_steps.labels(mode).observe(time.perf_counter() - t0)
         self.m_compute.inc(done.compute_s)
@@ -295,6 +296,8 @@ class StageWorker:
         }
         if skipped:
             out["skipped_replicas"] = skipped
+        if applied is not None:
+            out["commit"] = applied
         if m.train:  # what the operator's view draws: the step's Gantt and its traffic
             out["spans"] = done.spans
             out["sent"] = {f"{s}/{r}": n for (s, r), n in self.peers.sent.items()}
@@ -354,26 +357,29 @@ class StageWorker:
     def commit(self, m: msg.Commit) -> dict[str, Any]:
         """Apply the optimizer step of the gradients the last training RunStep left (at the
         learning rate the Commit gives, else the one the optimizer has)."""
-        epoch = self.epoch if m.epoch is None else m.epoch
         with self._lock:
-            self._check_epoch(epoch)
-            if self.uncommitted != m.step:
-                raise BadRequest(f"nothing to commit for step {m.step} (have {self.uncommitted})")
-            c0 = time.perf_counter()
-            if m.lr is not None:  # this step's rate of the task's schedule
-                for group in self.optimizer.param_groups:
-                    group["lr"] = m.lr
-            rounds = self.sync if self.sync is not None and self.sync.settings.outer else None
-            if rounds is not None:
-                rounds.add_proximal()
-            self.optimizer.step()
-            self.optimizer.zero_grad(set_to_none=True)
-            self.uncommitted = None
-            self.steps_done += 1
-            compute = time.perf_counter() - c0
-            if rounds is not None and m.outer:
-                policy, wait_s = self.grads.round_policy
-                rounds.outer_step(m.step, "wait" if policy == "restart" else policy, wait_s)
+            self._check_epoch(self.epoch if m.epoch is None else m.epoch)
+            return self._apply(m)
+
+    def _apply(self, m: msg.Commit) -> dict[str, Any]:
+        """:meth:`commit`'s work, the worker's lock held (a RunStep's own ``commit`` too)."""
+        if self.uncommitted != m.step:
+            raise BadRequest(f"nothing to commit for step {m.step} (have {self.uncommitted})")
+        c0 = time.perf_counter()
+        if m.lr is not None:  # this step's rate of the task's schedule
+            for group in self.optimizer.param_groups:
+                group["lr"] = m.lr
+        rounds = self.sync if self.sync is not None and self.sync.settings.outer else None
+        if rounds is not None:
+            rounds.add_proximal()
+        self.optimizer.step()
+        self.optimizer.zero_grad(set_to_none=True)
+        self.uncommitted = None
+        self.steps_done += 1
+        compute = time.perf_counter() - c0
+        if rounds is not None and m.outer:
+            policy, wait_s = self.grads.round_policy
+            rounds.outer_step(m.step, "wait" if policy == "restart" else policy, wait_s)
         self.m_compute.inc(compute)
         self.log.info("step committed", extra={"sid": self.cfg.sid, "step": m.step})
         sent = self.grads.link.bytes - self.bytes_reported  # this step's, both calls together

@@ -3,11 +3,9 @@
 Every JSON request between the services (a stage worker's ``dmsc.Stage``, the registry's
 ``dmsc.Registry``, the control plane's ``dmsc.Control``) and the HTTP gateway's bodies are
 validated by the models here, and the limits (tokens, steps, batch sizes, waits) are defined once
-in this module, so the gateway, the control plane and the workers cannot drift apart. A request
-that fails its model is refused with the field and the reason (see
-:func:`dmsc.runtime.transport.rpc.message_handler`). Replies stay plain JSON objects.
-
-Tensors never travel here: they go as :mod:`dmsc.runtime.transport.wire` frames on ``Push``.
+here, so the gateway, the control plane and the workers cannot drift apart. A request failing its
+model is refused with the field and the reason (:func:`.rpc.message_handler`). Replies stay plain
+JSON objects. Tensors travel as :mod:`.wire` frames (``Push``, ``RunWith``, ``Relay``), not here.
 """
 
 from __future__ import annotations
@@ -143,6 +141,17 @@ class SyncSettings(SyncForms, Message):
 
 
 # -- dmsc.Stage (a stage worker) -----------------------------------------------------------------
+class Commit(Message):
+    """Apply the optimizer step of the gradients the last training ``RunStep`` left, at the
+    learning rate ``lr`` when given (the task's schedule)."""
+
+    step: Step
+    epoch: Epoch | None = None
+    lr: Annotated[float, Field(ge=0, le=MAX_LR)] | None = None
+    # a round's end (sync modes but every-step; a task's last step too): models averaged after
+    outer: bool = False
+
+
 class RunStep(Message):
     """Run this worker's part of one step (training, evaluation or inference)."""
 
@@ -155,8 +164,7 @@ class RunStep(Message):
     late_policy: LatePolicy = "wait"
     grad_wait_s: GradWait = DEFAULT_GRAD_WAIT_S
     budget_s: Annotated[float, Field(gt=0, le=3600)] | None = None  # then the step is dropped
-    # Inference with a KV cache: the session whose keys and values the stage keeps, and the
-    # position of this step's first token (0 opens the session with the prompt).
+    # inference with a KV cache: the session the stage keeps, this step's first position
     session: SessionId | None = None
     start: Annotated[int, Field(ge=0, le=MAX_POSITION)] = 0
     # training: how the replicas agree (none: every step, the settings a worker has)
@@ -170,6 +178,8 @@ class RunStep(Message):
     top: Annotated[int, Field(gt=0, le=MAX_TOP_K)] | None = None
     # inference: the later stages' epochs; this one calls the next (Relay), answers the last's
     relay: Annotated[list[Epoch], Field(max_length=MAX_MICROBATCHES)] | None = None
+    # training: this stage applies the step as that Commit would once its part is done
+    commit: Commit | None = None
 
     @model_validator(mode="after")
     def _inference_only(self) -> RunStep:
@@ -178,6 +188,8 @@ class RunStep(Message):
             raise ValueError(f"{carried[0]}: carried in an inference step of one micro-batch only")
         if self.top is not None and (self.train or self.eval):
             raise ValueError("top: the largest logits of an inference step, not of training")
+        if self.commit is not None and not (self.train and self.commit.step == self.step):
+            raise ValueError("commit: this training step's own")
         return self
 
 
@@ -185,18 +197,6 @@ class EndSession(Message):
     """Free an inference session's keys and values (unknown sessions are no error)."""
 
     session: SessionId
-
-
-class Commit(Message):
-    """Apply the optimizer step of the gradients the last training ``RunStep`` left, at the
-    learning rate ``lr`` when given (the task's schedule)."""
-
-    step: Step
-    epoch: Epoch | None = None
-    lr: Annotated[float, Field(ge=0, le=MAX_LR)] | None = None
-    # the end of a round (sync modes other than every-step): after this step the replicas
-    # average their models (the orchestrator says so: a task's last step ends a round too)
-    outer: bool = False
 
 
 class LoadShard(Message):
