@@ -25,8 +25,10 @@ the group it
    still hold its initial weights, as a replacement does. With candidates but none that
    verifies, :attr:`Recovery.lost` is set and the caller must not go on as if restored.
 
-Since an optimizer step is applied only by ``Commit`` after every stage finished, no step is
-applied twice; the steps after the checkpoint are run again by the caller.
+Every worker of the group is loaded with the checkpoint, whatever it applied of the failed step (a
+stage applies a step at the end of its part where ``Deployment.applies_in_step`` says so, else on
+``Commit`` once every stage finished), so no step is applied twice; the steps after the checkpoint
+are run again by the caller.
 """
 
 from __future__ import annotations
