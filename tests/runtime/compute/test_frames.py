@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from dmsc.runtime.compute.frames import FrameSpec, check_frame, expected_frame
+from dmsc.runtime.compute.frames import FrameSpec, check_frame, expected_frame, finite
 from dmsc.runtime.transport.rpc import BadRequest
 from dmsc.runtime.transport.wire import Kind
 
@@ -77,3 +77,30 @@ def test_expected_frame_describes_what_is_taken() -> None:
     assert expected_frame(FIRST, Kind.TOKENS) == (torch.int64, "[batch, 1..8] token ids below 16")
     assert expected_frame(LAST, Kind.ACTIVATION) == (torch.float32, "[batch, 1..8, 4]")
     assert expected_frame(LAST, Kind.GRAD_PART) == (torch.float32, "[6]")
+
+
+@pytest.mark.parametrize(
+    ("values", "why"),
+    [
+        ([float("nan"), 1.0], "NaN"),
+        ([float("inf"), 1.0], "infinite"),
+        ([float("-inf"), 1.0], "infinite"),
+        ([float("inf"), float("-inf")], "NaN"),  # their sum is NaN
+    ],
+)
+def test_activations_and_gradients_with_a_value_not_finite_are_refused(
+    values: list[float], why: str
+) -> None:
+    t = torch.zeros(1, 8, 4)
+    t.view(-1)[: len(values)] = torch.tensor(values)
+    for at, kind in ((LAST, Kind.ACTIVATION), (FIRST, Kind.GRADIENT)):
+        with pytest.raises(BadRequest, match="NaN or infinite"):
+            check_frame(at, kind, t)
+    assert not finite(t), why
+
+
+def test_finite_values_whose_sum_overflows_pass() -> None:
+    t = torch.full((1, 8, 4), 3e38)  # each finite, their sum past float32's largest
+    assert not torch.isfinite(t.sum())
+    check_frame(LAST, Kind.ACTIVATION, t)
+    assert finite(t)

@@ -30,6 +30,7 @@ from collections.abc import Callable, Sequence
 
 import torch
 
+from dmsc.runtime.compute.frames import finite
 from dmsc.spec.sync_forms import (
     AGGREGATORS,
     DEFAULT_BYZANTINE,
@@ -107,7 +108,7 @@ def _check_parts(parts: Sequence[torch.Tensor]) -> None:
                 f"vector {i} is {tuple(p.shape)} {p.dtype} on {p.device}, vector 0 is "
                 f"{tuple(first.shape)} {first.dtype} on {first.device}"
             )
-        if not bool(torch.isfinite(p).all()):
+        if not finite(p):
             raise ValueError(f"vector {i} has NaN or infinite entries")
 
 

@@ -53,6 +53,7 @@ from typing import NamedTuple, Protocol
 
 import torch
 
+from dmsc.runtime.compute.frames import finite
 from dmsc.spec.sync_forms import INT8_BLOCK, parse_compress
 
 DEFAULT_POWERSGD_RANK = 4  # a PowerSGD built in code without a rank
@@ -90,7 +91,7 @@ def _check_input(x: torch.Tensor, n: int, who: str) -> torch.Tensor:
             f"{who}: expected a 1-D float32 vector of {n} elements, "
             f"got shape {tuple(x.shape)} {x.dtype}"
         )
-    if not bool(torch.isfinite(x).all()):
+    if not finite(x):
         raise ValueError(f"{who}: the vector has NaN or infinite entries")
     return x.detach()
 
@@ -111,7 +112,7 @@ def _check_length(payload: torch.Tensor, want: int, who: str, unit: str = "eleme
 
 
 def _check_finite(t: torch.Tensor, who: str, what: str) -> None:
-    if not bool(torch.isfinite(t).all()):
+    if not finite(t):
         raise CodecError(f"{who}: {what} hold NaN or infinite entries")
 
 

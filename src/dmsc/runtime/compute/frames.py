@@ -10,6 +10,7 @@ in the schedule.
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 
 import torch
@@ -66,6 +67,15 @@ def sync_payload_bytes(at: FrameSpec) -> int:
     return 8 * at.n_params + (1 << 20)
 
 
+def finite(t: torch.Tensor) -> bool:
+    """Whether every value of ``t`` is finite. Its sum is, unless one is not (a NaN or an
+    infinity makes every partial sum after it NaN or infinite), or finite values overflowed
+    the sum; then they are looked at one by one. The sum reads a 256 KiB activation in 6 us on
+    this machine, ``isfinite(t).all()`` in 138 us (a boolean copy, then its reduction), and
+    ``Push`` checks every activation and gradient frame."""
+    return math.isfinite(float(t.sum())) or bool(torch.isfinite(t).all())
+
+
 def check_frame(at: FrameSpec, kind: Kind, t: torch.Tensor) -> None:
     """Refuse (BadRequest) a tensor of the wrong dtype, shape or range for ``kind`` here."""
     dtype, shape = expected_frame(at, kind)
@@ -87,7 +97,7 @@ def check_frame(at: FrameSpec, kind: Kind, t: torch.Tensor) -> None:
     elif ok and kind in (Kind.ACTIVATION, Kind.GRADIENT):
         ok = t.dim() == 3 and t.shape[0] > 0 and 0 < t.shape[1] <= at.seq
         ok = ok and t.shape[2] == at.hidden
-        if ok and not bool(torch.isfinite(t).all()):
+        if ok and not finite(t):
             raise BadRequest(
                 f"{kind.name.lower()} of {t.dtype} {tuple(t.shape)} refused: it holds NaN or "
                 f"infinite values (stage {at.stage} takes finite numbers only)"

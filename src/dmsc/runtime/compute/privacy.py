@@ -26,6 +26,8 @@ from dataclasses import dataclass
 
 import torch
 
+from dmsc.runtime.compute.frames import finite
+
 MECHANISM = "gaussian (site update clipping + noise, central DP)"
 ACCOUNTANT = "opacus RDP"
 
@@ -137,5 +139,5 @@ def _check_non_negative(value: float, name: str) -> None:
 def _check_finite(x: torch.Tensor, what: str) -> None:
     if not x.is_floating_point():
         raise ValueError(f"{what} must be a floating tensor, got {x.dtype}")
-    if not bool(torch.isfinite(x).all()):
+    if not finite(x):
         raise ValueError(f"{what} holds NaN or inf values")
