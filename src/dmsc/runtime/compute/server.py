@@ -183,7 +183,7 @@ class StageWorker:
             for f in frames:
                 check_frame(self.frames, f.kind, f.tensor)
             for f in frames:
-                cut = got.microbatches if whole else 1  # type: ignore[attr-defined]
+                cut = got.microbatches if whole and isinstance(got, msg.RunStep) else 1
                 self.inbox.put(f.kind, f.step, f.microbatch, f.tensor, f.epoch, cut)
         except (WireError, BadRequest) as exc:
             self.m_rejected.inc()
