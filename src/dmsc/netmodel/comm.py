@@ -10,7 +10,7 @@ The closed forms of :mod:`dmsc.netmodel.collectives` then give the time.
 from __future__ import annotations
 
 from collections import Counter
-from collections.abc import Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 
 from dmsc.netmodel import collectives as cf
@@ -18,6 +18,29 @@ from dmsc.netmodel.constants import Calibration
 from dmsc.netmodel.topology import Hop, Link, Topology
 
 Group = tuple[int, ...]
+_Split = tuple[tuple[Group, ...], tuple[Group, ...]]  # groups within domains, groups across
+
+
+class PerHop(Mapping[int, float]):
+    """Bytes on each link of a hop set: ``per_hop`` bytes times the hops that cross it, read
+    when asked (a strategy search prices hundreds of calls over a thousand links each and reads
+    the links of one strategy)."""
+
+    def __init__(self, hops: Mapping[int, int], per_hop: float) -> None:
+        self.hops = hops
+        self.per_hop = per_hop
+
+    def __getitem__(self, lid: int) -> float:
+        return self.per_hop * self.hops[lid]
+
+    def __iter__(self) -> Iterator[int]:
+        return iter(self.hops)
+
+    def __len__(self) -> int:
+        return len(self.hops)
+
+    def __repr__(self) -> str:
+        return repr(dict(self.items()))
 
 
 @dataclass(frozen=True)
@@ -26,14 +49,17 @@ class CommCost:
 
     time_s: float
     bytes_sent: float = 0.0
-    link_bytes: dict[int, float] = field(default_factory=dict)
+    link_bytes: Mapping[int, float] = field(default_factory=dict)
 
     def scaled(self, times: float) -> CommCost:
         """The same call made ``times`` times in a row."""
+        links = self.link_bytes
         return CommCost(
             self.time_s * times,
             self.bytes_sent * times,
-            {k: v * times for k, v in self.link_bytes.items()},
+            PerHop(links.hops, links.per_hop * times)
+            if isinstance(links, PerHop)
+            else {k: v * times for k, v in links.items()},
         )
 
 
@@ -70,6 +96,8 @@ class CommModel:
         self.topo = topo
         self.calib = calib
         self._cache: dict[tuple[str, tuple[Group, ...]], _HopSet] = {}
+        # groups cut by node or datacenter (hierarchical all-reduce): by (groups, level)
+        self._domains: dict[tuple[tuple[Group, ...], str], _Split | None] = {}
 
     def _hopset(self, pairs: Sequence[tuple[int, int]], collective: bool) -> _HopSet:
         """The hops of ``pairs``; a ``collective``'s at a link's measured collective figures
@@ -113,7 +141,7 @@ class CommModel:
         return CommCost(
             time_s + self.calib.collective_overhead_s,
             sent,
-            {lid: per_hop_bytes * c for lid, c in hs.link_hops.items()},
+            PerHop(hs.link_hops, per_hop_bytes),
         )
 
     def p2p(self, flows: Sequence[tuple[int, int]], nbytes: float) -> CommCost:
@@ -200,6 +228,35 @@ class CommModel:
                 options.append(("ring", ring))
         return options
 
+    def _split(self, groups: tuple[Group, ...], level: str) -> _Split | None:
+        """Each group's members by node (or datacenter), and one member of each domain per
+        cross-domain group; ``None`` unless every domain of every group has the same number of
+        members, more than one, in more than one domain. Cached: a search asks for the same
+        groups many times."""
+        key = (groups, level)
+        if key in self._domains:
+            return self._domains[key]
+        devices = self.topo.devices
+        local_groups: list[Group] = []
+        cross_groups: list[Group] = []
+        out: _Split | None = None
+        for g in groups:
+            by_domain: dict[int, list[int]] = {}
+            for d in g:
+                domain = devices[d].node if level == "node" else devices[d].dc
+                by_domain.setdefault(domain, []).append(d)
+            sizes = {len(v) for v in by_domain.values()}
+            if len(sizes) != 1 or len(by_domain) < 2 or sizes == {1}:
+                break
+            members = list(by_domain.values())
+            local_groups.extend(tuple(m) for m in members)
+            per_domain = len(members[0])
+            cross_groups.extend(tuple(m[i] for m in members) for i in range(per_domain))
+        else:
+            out = (tuple(local_groups), tuple(cross_groups))
+        self._domains[key] = out
+        return out
+
     def _hierarchical(
         self, groups: tuple[Group, ...], nbytes: float, level: str
     ) -> CommCost | None:
@@ -210,23 +267,10 @@ class CommModel:
         when every group has the same number of members in each of its domains, more than one
         member per domain and more than one domain; else ``None`` (it would be the flat ring).
         """
-        devices = self.topo.devices
-        local_groups: list[Group] = []
-        cross_groups: list[Group] = []
-        for g in groups:
-            by_domain: dict[int, list[int]] = {}
-            for d in g:
-                key = devices[d].node if level == "node" else devices[d].dc
-                by_domain.setdefault(key, []).append(d)
-            sizes = {len(v) for v in by_domain.values()}
-            if len(sizes) != 1 or len(by_domain) < 2 or sizes == {1}:
-                return None
-            members = list(by_domain.values())
-            local_groups.extend(tuple(m) for m in members)
-            per_domain = len(members[0])
-            cross_groups.extend(tuple(m[i] for m in members) for i in range(per_domain))
-        local = tuple(local_groups)
-        cross = tuple(cross_groups)
+        split = self._split(groups, level)
+        if split is None:
+            return None
+        local, cross = split
         g_local = len(local[0])
         rs = self.collective("reduce_scatter", local, nbytes)
         ar = self._all_reduce(cross, len(cross[0]), nbytes / g_local, "auto")

@@ -12,14 +12,17 @@ says: :mod:`dmsc.netmodel.sync`) and the optimizer.
 
 from __future__ import annotations
 
+from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field
 
 from dmsc.netmodel.comm import ZERO_COST, CommCost, CommModel
 from dmsc.netmodel.compute import DtypeUnsupported, LayerTime, layer_time, peak_flops
 from dmsc.netmodel.constants import DEFAULT_CALIBRATION, DTYPE_BYTES, Calibration
-from dmsc.netmodel.layers import LayerCost, build_layer_costs, matrix_elements
-from dmsc.netmodel.memory import MemoryBreakdown, precision_bytes, stage_memory
-from dmsc.netmodel.parallel import Layout, split_layers
+from dmsc.netmodel.fit import DoesNotFit, check_fit, check_memory, stage_types
+from dmsc.netmodel.layers import LayerCost, build_layer_costs
+from dmsc.netmodel.memory import MemoryBreakdown, precision_bytes
+from dmsc.netmodel.parallel import Layout
+from dmsc.netmodel.stage_sums import RECOMPUTED, assign_stage_layers, columns, stage_cut
 from dmsc.netmodel.sync import (
     bucketed_exposed_s,
     exchange,
@@ -35,15 +38,7 @@ from dmsc.spec.model import LayerListSpec, TransformerSpec
 
 MODES = ("dp", "pp", "tp", "ep")
 BREAKDOWN_KEYS = ("compute", "tp_comm", "pp_comm", "dp_comm", "ep_comm", "bubble", "optimizer")
-GIB = 1024**3
-
-
-class DoesNotFit(ValueError):
-    """The job cannot run on the cluster as configured; ``reasons`` says why."""
-
-    def __init__(self, reasons: list[str]) -> None:
-        self.reasons = reasons
-        super().__init__("; ".join(reasons))
+__all__ = ["DoesNotFit", "assign_stage_layers", "check_fit"]  # where callers have them from
 
 
 @dataclass(frozen=True)
@@ -64,6 +59,48 @@ class StageEstimate:
         return self.compute_s + self.tp_comm_s + self.ep_comm_s + self.pp_comm_s
 
 
+class LinkTraffic(Mapping[int, dict[str, float]]):
+    """Bytes on each link by mode (link id -> mode -> bytes), added up from an iteration's calls
+    when first read: a strategy search costs dozens of strategies and reads the links of one."""
+
+    def __init__(self) -> None:
+        self._calls: list[tuple[str, CommCost, float]] = []
+        self._links: dict[int, dict[str, float]] | None = None
+
+    def add(self, mode: str, cost: CommCost, times: float) -> None:
+        self._calls.append((mode, cost, times))
+        self._links = None
+
+    def _table(self) -> dict[int, dict[str, float]]:
+        if self._links is None:
+            by_mode: dict[str, dict[int, float]] = {mode: {} for mode in MODES}
+            for mode, cost, times in self._calls:
+                into = by_mode[mode]
+                for lid, nbytes in cost.link_bytes.items():
+                    into[lid] = into.get(lid, 0.0) + nbytes * times
+            links: dict[int, dict[str, float]] = {}
+            for mode in MODES:
+                for lid, nbytes in by_mode[mode].items():
+                    row = links.get(lid)
+                    if row is None:
+                        row = links[lid] = dict.fromkeys(MODES, 0.0)
+                    row[mode] = nbytes
+            self._links = links
+        return self._links
+
+    def __getitem__(self, lid: int) -> dict[str, float]:
+        return self._table()[lid]
+
+    def __iter__(self) -> Iterator[int]:
+        return iter(self._table())
+
+    def __len__(self) -> int:
+        return len(self._table())
+
+    def __repr__(self) -> str:
+        return repr(self._table())
+
+
 @dataclass(frozen=True)
 class Estimate:
     """Everything the cost model predicts for one iteration of a job."""
@@ -77,7 +114,7 @@ class Estimate:
     tokens_per_iteration: float
     stages: tuple[StageEstimate, ...]
     traffic_bytes: dict[str, float]
-    traffic_by_link: dict[int, dict[str, float]] = field(repr=False)
+    traffic_by_link: Mapping[int, dict[str, float]] = field(repr=False)
     params: float = 0.0
 
     @property
@@ -101,142 +138,6 @@ class Estimate:
         return max(s.memory.total for s in self.stages)
 
 
-def check_fit(
-    cluster: ClusterSpec, model: TransformerSpec | LayerListSpec, job: JobSpec
-) -> list[str]:
-    """Reasons (possibly none) why ``job`` cannot run ``model`` on ``cluster`` before costing."""
-    reasons: list[str] = []
-    available = cluster.device_count - job.first_device
-    if job.devices > available:
-        reasons.append(
-            f"needs tp x pp x dp = {job.devices} devices, the cluster has {available}"
-            + (f" from device {job.first_device}" if job.first_device else "")
-        )
-    n_layers = model.layers if isinstance(model, TransformerSpec) else len(model.layer_list)
-    if job.stage_layers is not None and sum(job.stage_layers) != n_layers:
-        reasons.append(f"stage_layers add up to {sum(job.stage_layers)}, the model has {n_layers}")
-    slots = n_layers + (2 if job.split_counts_embedding_and_loss else 0)
-    if slots < job.pp * job.chunks:
-        reasons.append(
-            f"{n_layers} layers cannot fill pp x interleave = {job.pp * job.chunks} chunks"
-        )
-    if isinstance(model, TransformerSpec):
-        shapes = [("heads", model.heads), ("ffn", model.ffn_size)]
-        if model.kv_heads_count != model.heads:
-            shapes.insert(1, ("kv_heads", model.kv_heads_count))
-        for name, value in shapes:
-            if value % job.tp:
-                reasons.append(f"{name}={value} is not divisible by tp={job.tp}")
-        if job.ep > 1 and (not model.is_moe or model.experts % job.ep):
-            reasons.append(f"ep={job.ep} needs a mixture of experts with experts divisible by ep")
-        if job.precision in ("fp8", "autocast", "pure") and DTYPE_BYTES[model.dtype] != 2:
-            reasons.append(
-                f"precision {job.precision} needs a 16-bit model (dtype bf16 or fp16), "
-                f"the model is {model.dtype}"
-            )
-        if job.sequence_parallel and model.seq % job.tp:
-            reasons.append(f"seq={model.seq} is not divisible by tp={job.tp} (sequence parallel)")
-    else:
-        if job.tp > 1 or job.ep > 1:
-            reasons.append("tp and ep need a transformer model (a layer list has no shapes)")
-        if job.precision == "fp8":
-            reasons.append("precision fp8 needs a transformer model (a layer list has no GEMMs)")
-    return reasons
-
-
-def assign_stage_layers(layers: list[LayerCost], job: JobSpec) -> list[list[LayerCost]]:
-    """Layers of each stage, embedding with the first chunk and head with the last.
-
-    With ``split_counts_embedding_and_loss`` the embedding and the head each count as one layer
-    of the split, so the first and last chunks take one block fewer (Llama 3's balancing;
-    Megatron-Core's account-for-embedding/loss-in-pipeline-split).
-    """
-    body = [lc for lc in layers if lc.kind not in ("embedding", "head")]
-    ends = job.split_counts_embedding_and_loss and layers[0].kind == "embedding"
-    ends = ends and layers[-1].kind == "head"
-    stages: list[list[LayerCost]] = [[] for _ in range(job.pp)]
-    if job.stage_layers is not None:
-        starts = [sum(job.stage_layers[:i]) for i in range(job.pp + 1)]
-        chunks = [range(starts[i], starts[i + 1]) for i in range(job.pp)]
-    elif ends:
-        items = [layers[0], *body, layers[-1]]
-        for c, rng in enumerate(split_layers(len(items), job.pp * job.chunks)):
-            stages[c % job.pp].extend(items[i] for i in rng)
-        return stages
-    else:
-        chunks = split_layers(len(body), job.pp * job.chunks)
-    for c, rng in enumerate(chunks):
-        stages[c % job.pp].extend(body[i] for i in rng)
-    if layers[0].kind == "embedding":
-        stages[0].insert(0, layers[0])
-    if layers[-1].kind == "head":
-        stages[-1].append(layers[-1])
-    return stages
-
-
-def _types(cluster: ClusterSpec, topo: Topology, devices: list[int]) -> set[str]:
-    """The device types among ``devices`` (a cluster of one type needs no look)."""
-    if len(cluster.device_types) == 1:
-        return set(cluster.device_types)
-    return {topo.devices[d].type_name for d in devices}
-
-
-def _check_memory(
-    cluster: ClusterSpec,
-    topo: Topology,
-    model: TransformerSpec | LayerListSpec,
-    job: JobSpec,
-    stage_layers: list[list[LayerCost]],
-    calib: Calibration,
-) -> list[tuple[MemoryBreakdown, float]]:
-    """Memory and capacity per device of every stage; :class:`DoesNotFit` if one overflows."""
-    layout = Layout.of(job)
-    B = DTYPE_BYTES[model.dtype]
-    train = job.mode == "train"
-    out: list[tuple[MemoryBreakdown, float]] = []
-    for s, members in enumerate(stage_layers):
-        types = _types(cluster, topo, layout.stage_devices(s))
-        dense = sum(lc.params_per_device - lc.expert_params_per_device for lc in members)
-        expert = sum(lc.expert_params_per_device for lc in members)
-        # Weight matrices of the blocks, of which autocast and fp8 keep cast copies.
-        matrices = sum(matrix_elements(lc) for lc in members)
-        if train:
-            acts = sum(lc.activation_bytes for lc in members)
-        else:  # forward only: one layer's working set at a time
-            acts = max((lc.activation_bytes for lc in members), default=0.0)
-        if not train and isinstance(model, TransformerSpec):  # KV cache of the prompt
-            n_blocks = sum(1 for lc in members if lc.kind in ("block", "moe_block"))
-            kv = 2 * n_blocks * job.micro_batch * model.seq * model.kv_heads_count
-            acts += kv * model.head_dim * B / job.tp
-        working = max((lc.working_bytes for lc in members), default=0.0) if train else 0.0
-        worst_type = min(types, key=lambda t: cluster.device_types[t].memory_gib)
-        dc = calib.for_device(cluster.device_types[worst_type])
-        mem = stage_memory(
-            job,
-            model.dtype,
-            s,
-            dense,
-            expert,
-            acts,
-            working,
-            matrices,
-            dc.framework_bytes,
-            dc.allocator_overhead,
-        )
-        capacity = cluster.device_types[worst_type].memory_gib * GIB
-        out.append((mem, capacity))
-    worst = max(range(len(out)), key=lambda i: out[i][0].required - out[i][1])
-    mem, capacity = out[worst]
-    if mem.required > capacity:
-        raise DoesNotFit(
-            [
-                f"stage {worst} needs {mem.required / GIB:.1f} GiB per device, "
-                f"devices have {capacity / GIB:.0f} GiB"
-            ]
-        )
-    return out
-
-
 @dataclass(frozen=True)
 class _StageCompute:
     """One micro-batch's compute on a stage: its seconds (its slowest device type's), the
@@ -257,11 +158,10 @@ def _stage_compute(
     job: JobSpec,
     dtype: str,
     members: list[LayerCost],
-    devices: list[int],
+    types: set[str],
     calib: Calibration,
 ) -> _StageCompute:
     train = job.mode == "train"
-    types = _types(cluster, topo, devices)
     compute_s = flops = model_flops = peak = 0.0
     windows: dict[str, float] = {}
     backward = [0.0] * len(members)
@@ -269,7 +169,7 @@ def _stage_compute(
         dtype_spec = cluster.device_types[tname]
         t_total = 0.0
         for i, lc in enumerate(members):
-            policy = job.recompute if lc.kind in ("block", "moe_block", "layer") else "none"
+            policy = job.recompute if lc.kind in RECOMPUTED else "none"
             try:
                 lt: LayerTime = layer_time(lc, dtype_spec, dtype, policy, calib)
             except DtypeUnsupported as exc:
@@ -298,18 +198,31 @@ def compute_bound(
     """A lower bound of :func:`estimate_iteration`'s iteration time from the stages' compute
     alone (the busiest stage's micro-batches and the pipeline's fill and drain, with no
     communication); raises :class:`DoesNotFit` as it does, memory included. A strategy search
-    costs a strategy in full only when this bound can still beat what it has."""
+    costs a strategy in full only when this bound can still beat what it has.
+
+    Its stages' sums come from the layers' columns (:mod:`.stage_sums`): the same numbers as
+    :func:`_stage_compute`'s and :func:`estimate_iteration`'s, without a loop over the layers."""
     reasons = check_fit(cluster, model, job)
     if reasons:
         raise DoesNotFit(reasons)
     topo = topology if topology is not None else Topology(cluster)
     layout = Layout.of(job)
-    stage_layers = assign_stage_layers(build_layer_costs(model, job), job)
-    _check_memory(cluster, topo, model, job, stage_layers, calib)
-    per_mb = [
-        _stage_compute(cluster, topo, job, model.dtype, ms, layout.stage_devices(s), calib).seconds
-        for s, ms in enumerate(stage_layers)
-    ]
+    layers = build_layer_costs(model, job)
+    cols, cut = columns(layers), stage_cut(layers, job)
+    check_memory(cluster, topo, model, job, cols, cut, calib)
+    train = job.mode == "train"
+    per_mb: list[float] = []
+    for s, take in enumerate(cut.getters):
+        compute_s = 0.0
+        for tname in stage_types(cluster, topo, layout, s):
+            times, unsupported = cols.seconds(
+                cluster.device_types[tname], model.dtype, job.recompute, calib, train
+            )
+            for i in cut.indices[s] if unsupported else ():
+                if i in unsupported:
+                    raise DoesNotFit([f"device type {tname!r}: {unsupported[i]}"])
+            compute_s = max(compute_s, sum(take(times)))
+        per_mb.append(compute_s)
     p = job.pp
     return job.microbatches * max(per_mb) + (p - 1) / job.chunks * (sum(per_mb) / p)
 
@@ -338,21 +251,21 @@ def estimate_iteration(
     train = job.mode == "train"
     m, p, v = job.microbatches, job.pp, job.chunks
     layers = build_layer_costs(model, job)
-    stage_layers = assign_stage_layers(layers, job)
-    memories = _check_memory(cluster, topo, model, job, stage_layers, calib)
-    traffic: dict[str, dict[int, float]] = {mode: {} for mode in MODES}
+    cut = stage_cut(layers, job)
+    stage_layers = [[layers[i] for i in idx] for idx in cut.indices]
+    memories = check_memory(cluster, topo, model, job, columns(layers), cut, calib)
+    by_link = LinkTraffic()
     sent: dict[str, float] = dict.fromkeys(MODES, 0.0)
 
     def account(mode: str, cost: CommCost, times: float) -> None:
         sent[mode] += cost.bytes_sent * times
-        for lid, nbytes in cost.link_bytes.items():
-            traffic[mode][lid] = traffic[mode].get(lid, 0.0) + nbytes * times
+        by_link.add(mode, cost, times)
 
     # Pipeline boundaries: every activation that leaves a stage (all chunk boundaries at once).
     boundary_bytes = max((lc.output_bytes for lc in layers if lc.kind != "head"), default=0.0)
     pp_cost = ZERO_COST
     if p > 1:
-        flows = [f for s in range(p) for f in layout.pp_flows(s) if s < p - 1]
+        flows = [f for s in range(p - 1) for f in layout.pp_flows(s)]
         if v > 1:  # the last stage sends its chunk outputs around to the first
             flows += [(b, a) for a, b in layout.pp_flows(0)]
         pp_cost = comm.p2p(flows, boundary_bytes)
@@ -368,7 +281,8 @@ def estimate_iteration(
     peak = 0.0
     for s, members in enumerate(stage_layers):
         devices = layout.stage_devices(s)
-        sc = _stage_compute(cluster, topo, job, model.dtype, members, devices, calib)
+        types = stage_types(cluster, topo, layout, s)
+        sc = _stage_compute(cluster, topo, job, model.dtype, members, types, calib)
         compute_s, windows = sc.seconds, sc.windows
         backwards.append(sc.backward)
         flops += sc.flops * m * len(devices)
@@ -476,10 +390,6 @@ def estimate_iteration(
             breakdown["dp_comm"] = expert_s + exposed
 
     total = sum(breakdown.values())
-    by_link: dict[int, dict[str, float]] = {}
-    for mode in MODES:
-        for lid, nbytes in traffic[mode].items():
-            by_link.setdefault(lid, dict.fromkeys(MODES, 0.0))[mode] = nbytes
     tokens = job.global_batch * (
         model.seq if isinstance(model, TransformerSpec) else model.tokens_per_sample
     )

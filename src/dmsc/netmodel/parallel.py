@@ -33,38 +33,43 @@ class Layout:
     def device(self, stage: int, dp_rank: int, tp_rank: int) -> int:
         return self.first_device + (stage * self.dp + dp_rank) * self.tp + tp_rank
 
+    # The groups below are runs of :meth:`device` with a fixed step (device numbers grow with the
+    # tensor rank, then the data rank, then the stage), written as ranges: a strategy search
+    # asks for them about a hundred thousand times.
+
     def stage_devices(self, stage: int) -> list[int]:
         base = self.device(stage, 0, 0)
         return list(range(base, base + self.tp * self.dp))
 
     def tp_groups(self, stage: int) -> list[Group]:
-        return [tuple(self.device(stage, d, t) for t in range(self.tp)) for d in range(self.dp)]
+        base, tp = self.device(stage, 0, 0), self.tp
+        return [tuple(range(base + d * tp, base + (d + 1) * tp)) for d in range(self.dp)]
 
     def dp_groups(self, stage: int) -> list[Group]:
-        return [tuple(self.device(stage, d, t) for d in range(self.dp)) for t in range(self.tp)]
+        base, tp, end = self.device(stage, 0, 0), self.tp, self.dp * self.tp
+        return [tuple(range(base + t, base + end + t, tp)) for t in range(tp)]
 
     def ep_groups(self, stage: int) -> list[Group]:
+        base, tp, ep = self.device(stage, 0, 0), self.tp, self.ep
         return [
-            tuple(self.device(stage, d0 + i, t) for i in range(self.ep))
-            for t in range(self.tp)
-            for d0 in range(0, self.dp, self.ep)
+            tuple(range(base + d0 * tp + t, base + (d0 + ep) * tp + t, tp))
+            for t in range(tp)
+            for d0 in range(0, self.dp, ep)
         ]
 
     def expert_dp_groups(self, stage: int) -> list[Group]:
         """Replicas of the same experts: one rank from each expert-parallel group."""
+        base, tp, end = self.device(stage, 0, 0), self.tp, self.dp * self.tp
         return [
-            tuple(self.device(stage, d, t) for d in range(i, self.dp, self.ep))
-            for t in range(self.tp)
+            tuple(range(base + i * tp + t, base + end + t, self.ep * tp))
+            for t in range(tp)
             for i in range(self.ep)
         ]
 
     def pp_flows(self, stage: int) -> list[tuple[int, int]]:
         """Sender and receiver of every activation crossing from ``stage`` to ``stage + 1``."""
-        return [
-            (self.device(stage, d, t), self.device(stage + 1, d, t))
-            for d in range(self.dp)
-            for t in range(self.tp)
-        ]
+        base, width = self.device(stage, 0, 0), self.tp * self.dp
+        return [(a, a + width) for a in range(base, base + width)]
 
 
 def split_layers(n_layers: int, chunks: int) -> list[range]:

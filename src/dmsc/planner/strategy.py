@@ -188,7 +188,8 @@ def search_strategies(
     its iteration time); the full estimate, communication included, is made in increasing order
     of bound and stops once a bound exceeds the (top-k + 1)-th best time found: no configuration
     left can enter the result, which is what costing them all gives (ties kept in enumeration
-    order). GPT-3 175B on 1,024 A100s: 993 configurations, 175 fit, 2.8 s costing all."""
+    order). GPT-3 175B on 1,024 A100s: 993 configurations, 175 fit, 38 costed in full
+    (``benchmarks/strategy_search.py``)."""
     t0 = time.perf_counter()
     topo = Topology(cluster)
     comm = CommModel(topo, calib)
