@@ -157,7 +157,9 @@ def predicted(
     m = job.microbatches
     calls = {
         "tp": statistics.mean(
-            sum(c.count for c in tp_allreduce_calls(st, True, job.recompute)) * m for st in stages
+            sum(c.count for c in tp_allreduce_calls(st, True, job.recompute, job.sequence_parallel))
+            * m
+            for st in stages
         ),
         "ep": statistics.mean(sum(5 * m for lc in st if lc.ep_alltoall_bytes) for st in stages),
     }

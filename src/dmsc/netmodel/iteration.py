@@ -293,7 +293,7 @@ def estimate_iteration(
         if job.tp > 1:
             costs: dict[tuple[str, float], tuple[CommCost, int]] = {}  # its cost, its calls
             bwd_s: dict[str, float] = {}
-            for call in tp_allreduce_calls(members, train, job.recompute):
+            for call in tp_allreduce_calls(members, train, job.recompute, job.sequence_parallel):
                 key = (call.kind, call.nbytes)  # few distinct ones
                 c, n = costs.get(key) or (
                     comm.collective(call.kind, layout.tp_groups(s), call.nbytes, job.allreduce),

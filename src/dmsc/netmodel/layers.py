@@ -76,6 +76,12 @@ class LayerCost:
     # An inference forward at tp > 1 gathers the head's logits over the vocabulary (the whole
     # buffer's bytes), as the runtime's vocabulary-parallel head does (compute/vocab_parallel.py).
     tp_logits_gather_bytes: float = 0.0
+    # Under sequence parallelism a block's parameters that stay whole on every rank (the norms,
+    # the row-parallel biases) see only the rank's tokens: each one's gradient is summed over the
+    # ranks (an all-reduce of its own), as Megatron sums its sequence-parallel parameters' and
+    # the runtime does (compute/sequence_parallel.py).
+    tp_whole_grads: int = 0
+    tp_whole_grad_bytes: float = 0.0
 
     @property
     def forward_flops(self) -> float:
@@ -252,6 +258,8 @@ def _transformer_layers(model: TransformerSpec, job: JobSpec) -> list[LayerCost]
                 ep_alltoall_bytes=a2a if job.ep > 1 else 0.0,
                 tp_router_grad_bytes=B * T * model.top_k if moe and t > 1 else 0.0,
                 ep_counts_bytes=8.0 * model.experts if moe and job.ep > 1 else 0.0,
+                tp_whole_grads=(attn_whole + (0 if moe else mlp_whole)) // h if sp and t > 1 else 0,
+                tp_whole_grad_bytes=float(B * h) if sp and t > 1 else 0.0,
             )
         )
     head_params = (0 if model.tied_embeddings else V * h) + norm_params

@@ -8,6 +8,22 @@ mixture's router gradient carried in its backward sum, the vocabulary-parallel l
 per-token sums, and under full recomputation the blocks' forward sums again; in an inference
 forward the vocabulary-parallel head's all-gather of the logits (its only call that is not an
 all-reduce).
+
+Under sequence parallelism (Korthikanti et al., MLSys 2023, sec. 4.2.2; the runtime's
+``compute/sequence_parallel.py``) a training block's ``f`` is an all-gather of the sequence and
+its ``g`` a reduce-scatter (each the full buffer's size, half an all-reduce's bytes), in the
+backward the other way round, and every parameter a rank keeps whole (norms, row-parallel
+biases) has its gradient summed in an all-reduce of its own. A mixture is priced the same way
+without its routing sum (the runtime refuses sequence parallelism with experts).
+
+Not priced: the runtime's way into and out of each run of consecutive blocks. It slices a whole
+input (free; its backward an all-gather of the gradient) and gathers the run's output whole (an
+all-gather), because its pipeline sends whole activations between stages. Megatron sends the
+sequence-split ones (its scatter-gather of pipeline tensors; the boundary bytes priced here are
+a ``1/tp`` share), so it has neither call, and pricing them moved the published sets away (mean
+error on megatron-core-h100 4.52% without them, 5.27% with them, ``netmodel/validation.py``).
+So at sequence parallelism the runtime runs two all-gathers a run of blocks more than this list
+(``tests/runtime/compute/test_sequence_parallel.py`` holds it to exactly that).
 """
 
 from __future__ import annotations
@@ -33,10 +49,16 @@ class TpCall:
     kind: CollectiveKind = "all_reduce"
 
 
-def tp_allreduce_calls(layers: Sequence[LayerCost], train: bool, recompute: str) -> list[TpCall]:
-    """The all-reduces one tensor-parallel rank runs for one micro-batch through ``layers``
+BLOCKS = ("block", "moe_block")
+
+
+def tp_allreduce_calls(
+    layers: Sequence[LayerCost], train: bool, recompute: str, sequence_parallel: bool = False
+) -> list[TpCall]:
+    """The collectives one tensor-parallel rank runs for one micro-batch through ``layers``
     (a training step's forward and backward when ``train``, a forward otherwise), ``recompute``
-    the job's policy for the blocks."""
+    the job's policy for the blocks; split along the sequence where ``sequence_parallel`` (a
+    training step's blocks only: a forward without a graph runs as plain tensor parallelism)."""
     calls: list[TpCall] = []
 
     def add(
@@ -47,6 +69,16 @@ def tp_allreduce_calls(layers: Sequence[LayerCost], train: bool, recompute: str)
 
     for lc in layers:
         size = lc.tp_allreduce_bytes
+        if sequence_parallel and train and lc.kind in BLOCKS and size:
+            add(lc, "forward", size, 2, "all_gather")  # f, into attention and into the MLP
+            add(lc, "forward", size, 2, "reduce_scatter")  # g, out of them
+            add(lc, "backward", size, 2, "reduce_scatter")  # f's backward
+            add(lc, "backward", size, 2, "all_gather")  # g's backward
+            add(lc, "backward", lc.tp_whole_grad_bytes, lc.tp_whole_grads)
+            if recompute == "full":
+                add(lc, "recompute", size, 2, "all_gather")
+                add(lc, "recompute", size, 2, "reduce_scatter")
+            continue
         add(lc, "forward", size, lc.tp_allreduces_fwd)
         if not train:
             add(lc, "forward", lc.tp_logits_gather_bytes, 1, "all_gather")
@@ -57,6 +89,6 @@ def tp_allreduce_calls(layers: Sequence[LayerCost], train: bool, recompute: str)
             add(lc, "backward", size + lc.tp_router_grad_bytes, 1)
             bwd -= 1
         add(lc, "backward", size, bwd)
-        if lc.kind in ("block", "moe_block") and recompute == "full":
+        if lc.kind in BLOCKS and recompute == "full":
             add(lc, "recompute", size, lc.tp_allreduces_fwd)
     return calls

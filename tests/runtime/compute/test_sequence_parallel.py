@@ -3,7 +3,8 @@ and Llama split over two gloo ranks with their residual streams split along the 
 10 steps to the losses of the unsplit model (within 1e-4), with each rank's norms seeing half of
 the tokens, the all-reduces replaced by as many all-gathers and reduce-scatters, and decoding
 with the key/value cache (no graph: plain tensor parallelism) giving the unsplit model's
-tokens."""
+tokens; and the collectives a training step runs are the cost model's list for a sequence-split
+plan (``netmodel/tp_calls.py``), call for call and byte for byte."""
 
 from __future__ import annotations
 
@@ -16,9 +17,14 @@ import torch.distributed as dist
 from torch import nn
 from tp_helpers import SEED, batches, greedy, small_spec, train, two_ranks
 
+from dmsc.netmodel import build_layer_costs
+from dmsc.netmodel.collectives import bytes_sent_per_rank
+from dmsc.netmodel.tp_calls import tp_allreduce_calls
+from dmsc.runtime.compute.comm_meter import METER
 from dmsc.runtime.compute.models.chain import build_stage
 from dmsc.runtime.compute.tensor_parallel import gather_state_dict, parallelize_stage
 from dmsc.runtime.compute.vocab_parallel import stage_loss
+from dmsc.spec import JobSpec
 
 pytestmark = pytest.mark.integration  # one pair of rank processes: conftest.ONE_PROCESS
 
@@ -66,9 +72,11 @@ def _rank(rank: int, port: int, out: str) -> None:
             seen: list[int] = []  # the tokens each norm of the first block sees
             norm = next(m for m in module.modules() if isinstance(m, nn.LayerNorm | nn.RMSNorm))
             norm.register_forward_hook(partial(_tokens, seen))
+            METER.take()
             calls = _collectives(module, batches(spec)[0])
+            metered = METER.take()["tp"]
             losses = train(spec, module)
-            record = {"losses": losses, "seen": seen[0], "calls": calls}
+            record = {"losses": losses, "seen": seen[0], "calls": calls, "metered": metered}
             record |= {"full": gather_state_dict(spec, module), "greedy": greedy(spec, module)}
             torch.save(record, f"{out}/{name}-rank{rank}.pt")
     finally:
@@ -100,6 +108,31 @@ def test_sp2_trains_to_the_losses_of_one_process(
         assert calls["reduce_scatter_tensor"] == 4 * spec.layers
         assert calls["all_gather_into_tensor"] == 4 * spec.layers + 2
         assert calls["all_reduce"] == (6 if name == "gpt-mini" else 2) * spec.layers + 5
+    # the cost model's list for the same micro-batch on a sequence-split plan: the same calls
+    # of each kind and the same bytes (a ring's share: an all-gather's or a reduce-scatter's
+    # (n - 1) / n of the buffer, an all-reduce's twice that), but for the runtime's way into
+    # and out of its one run of blocks, which the list leaves out (netmodel/tp_calls.py's
+    # docstring says why): the gradient of the sliced input and the output, gathered whole
+    micro = batches(spec)[0].shape[0]
+    job = JobSpec(global_batch=micro, micro_batch=micro, tp=2, sequence_parallel=True)
+    layers = build_layer_costs(spec.model_copy(update={"seq": tokens}), job)
+    priced = tp_allreduce_calls(layers, train=True, recompute="none", sequence_parallel=True)
+    by_kind = {
+        k: sum(c.count for c in priced if c.kind == k)
+        for k in ("all_reduce", "all_gather", "reduce_scatter")
+    }
+    edges = 2  # all-gathers of the run's edges, each of the whole activations' buffer
+    whole = next(c.nbytes for c in priced if c.kind == "all_gather")
+    priced_bytes = sum(c.count * bytes_sent_per_rank(c.kind, 2, c.nbytes) for c in priced)
+    priced_bytes += edges * bytes_sent_per_rank("all_gather", 2, whole)
+    for got in sp2[name]:
+        assert by_kind == {
+            "all_reduce": got["calls"]["all_reduce"],
+            "all_gather": got["calls"]["all_gather_into_tensor"] - edges,
+            "reduce_scatter": got["calls"]["reduce_scatter_tensor"],
+        }
+        assert got["metered"]["calls"] == sum(by_kind.values()) + edges
+        assert got["metered"]["bytes"] == pytest.approx(priced_bytes, rel=1e-9)
     # the weights trained: the same on both ranks, and the unsplit model decodes as they did
     one = build_stage(spec, 0, "embedding", "head")
     one.load_state_dict(sp2[name][0]["full"])
