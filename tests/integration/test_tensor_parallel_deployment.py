@@ -82,13 +82,34 @@ def test_tp2_pp2_dp2_with_sequence_parallelism_trains_as_one_process() -> None:
     assert max(abs(a - b) for a, b in zip(losses, reference, strict=True)) < 1e-4
 
 
-def test_tp2_greedy_decoding_equals_one_process() -> None:
+def test_tp2_greedy_decoding_equals_one_process(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Decoding through two stages of two tensor-parallel ranks gives one process's tokens: a
+    call a token, recomputing the context, and in runs drawn at the first stage (``Draw`` to
+    both of its ranks, which agree before each token), greedy and sampled."""
+    from dmsc.runtime.control.launch import decoding
+
     prompt, tokens, greedy = list(b"def f(x):"), 6, Sampling(temperature=0)
+    warm = Sampling(temperature=0.8, top_k=20, seed=3)
     with Deployment(StageLayout(SPEC, WHOLE)) as dep:  # one process
-        want = dep.generate(prompt, tokens, sampling=greedy)
+        want = dep.generate(prompt, tokens, sampling=greedy, runs=False)
+        sampled = dep.generate(prompt, tokens, sampling=warm, runs=False)
     with Deployment(StageLayout(SPEC, TWO, tp=2)) as dep:  # four: two stages of two ranks
-        assert dep.generate(prompt, tokens, sampling=greedy) == want  # each rank caches its heads
+        # each rank caches its heads
+        assert dep.generate(prompt, tokens, sampling=greedy, runs=False) == want
         assert dep.generate(prompt, tokens, sampling=greedy, use_cache=False) == want
+        calls: list[str] = []
+        send = dep.tp.send
+
+        def counted(key, leader, method, *rest):  # type: ignore[no-untyped-def]
+            calls.extend([method] if method in ("RunStep", "Draw") else [])
+            return send(key, leader, method, *rest)
+
+        monkeypatch.setattr(dep.tp, "send", counted)
+        monkeypatch.setattr(decoding, "RUN_S", 60.0)  # one run for the tokens after the first
+        assert dep.draws_at_first_stage
+        assert dep.generate(prompt, tokens, sampling=greedy) == want
+        assert calls == ["RunStep", "Draw"], calls
+        assert dep.generate(prompt, tokens, sampling=warm) == sampled
 
 
 _TINY: dict[str, tuple[str, str, dict[str, Any]]] = {

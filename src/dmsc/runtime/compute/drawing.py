@@ -12,7 +12,15 @@ inside the workers).
 
 The run ends early, with the tokens drawn so far, when what is left of the step's budget would
 not hold another token as long as the last one took: the control plane then has its tokens
-before its own wait ends, and decides (its deadline passed, or the next run)."""
+before its own wait ends, and decides (its deadline passed, or the next run).
+
+At tp > 1 every rank of the first stage runs the run (the control plane sends each the same
+``Draw``, generator state included), each chaining its tokens' steps to its own rank of the next
+stage, and the ranks must take the same steps: a rank that stopped early would leave the others
+waiting in their next step's collectives. Before each token after the first they agree
+(:func:`agreement`, one all-gather of two numbers over the stage's tensor-parallel group): all
+stop when one would, and the token each drew last must be the same on all (it is: every rank
+reads the same gathered logits with the same generator), else the run fails on every rank."""
 
 from __future__ import annotations
 
@@ -22,6 +30,7 @@ from collections.abc import Callable
 from typing import Any
 
 import torch
+import torch.distributed as dist
 
 from dmsc.runtime.compute.relay import MARGIN_S
 from dmsc.runtime.compute.sampling import draw, reply_logits
@@ -29,6 +38,29 @@ from dmsc.runtime.transport.drawing import Draw
 from dmsc.runtime.transport.messages import RunStep
 
 Step = Callable[[RunStep], dict[str, Any]]
+Agree = Callable[[bool, int], bool]  # (this rank would stop, its last token) -> all stop
+
+
+def agreement(tp: int) -> Agree | None:
+    """How the ``tp`` ranks of this process's tensor-parallel group (its default process group:
+    a stage worker serves one stage) agree before each token of a run; None at tp = 1."""
+    if tp == 1:
+        return None
+    if not dist.is_initialized() or dist.get_world_size() != tp:
+        raise RuntimeError(f"Draw: no tensor-parallel group of {tp} ranks in this process")
+    cuda = dist.get_backend() == "nccl"  # NCCL gathers CUDA tensors only
+    device = torch.device("cuda", torch.cuda.current_device()) if cuda else torch.device("cpu")
+
+    def agree(stop: bool, token: int) -> bool:
+        mine = torch.tensor([int(stop), token], dtype=torch.int64, device=device)
+        every = [torch.empty_like(mine) for _ in range(dist.get_world_size())]
+        dist.all_gather(every, mine)
+        got = torch.stack(every).cpu()
+        if bool((got[:, 1] != got[0, 1]).any()):
+            raise RuntimeError(f"Draw: the tensor-parallel ranks drew {got[:, 1].tolist()}")
+        return bool(got[:, 0].any())
+
+    return agree
 
 
 def generator(rng: str | None, seed: int | None) -> torch.Generator:
@@ -45,10 +77,11 @@ def state(g: torch.Generator) -> str:
     return base64.b64encode(g.get_state().numpy().tobytes()).decode()
 
 
-def run(step: Step, m: Draw, vocab: int) -> dict[str, Any]:
+def run(step: Step, m: Draw, vocab: int, agree: Agree | None = None) -> dict[str, Any]:
     """Draw ``m.count`` tokens (fewer when the budget runs short) running each token's step
-    with ``step`` (the worker's ``RunStep``); the answer: ``drawn`` and the generator's
-    ``rng`` after them."""
+    with ``step`` (the worker's ``RunStep``), the ranks of a tensor-parallel stage agreeing
+    with ``agree`` before each token after the first; the answer: ``drawn`` and the
+    generator's ``rng`` after them."""
     try:
         g = generator(m.rng, m.sampling.seed)
     except (ValueError, RuntimeError) as exc:  # not a state torch's CPU generator takes
@@ -60,8 +93,11 @@ def run(step: Step, m: Draw, vocab: int) -> dict[str, Any]:
     took = 0.0
     for _ in range(m.count):
         t0 = time.monotonic()
-        if deadline is not None and drawn and t0 + took >= deadline:
-            break  # another token would not fit in what is left
+        stop = deadline is not None and bool(drawn) and t0 + took >= deadline
+        if agree is not None and drawn:
+            stop = agree(stop, drawn[-1])
+        if stop:
+            break  # another token would not fit in what is left (on this rank or another)
         if deadline is not None:
             s = s.model_copy(update={"budget_s": max(deadline - t0, 1e-3)})
         token = draw(reply_logits(step(s), vocab)[0], m.sampling, g)

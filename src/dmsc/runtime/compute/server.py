@@ -141,6 +141,7 @@ class StageWorker:
             cfg.tp_rank, pipe_group_of(cfg, lambda kind, t: check_frame(self.frames, kind, t)),
         )  # fmt: skip
         self.grads = GradientSync(cfg, self.module, self.peers, self.inbox, self.tied, self.experts)
+        self.drawn = (self.spec.vocab, drawing.agreement(cfg.tp))  # Draw's arguments
         self.bytes_reported = 0  # of self.grads.link.bytes, by the last Commit
 
     @property
@@ -481,7 +482,7 @@ class StageWorker:
             "Relay": bytes_handler(self.relay),
             "RunStep": message_handler(msg.RunStep, self.traced_step),
             "RunWith": bytes_handler(self.run_with),
-            "Draw": message_handler(Draw, lambda m: drawing.run(self.run_step, m, self.spec.vocab)),
+            "Draw": message_handler(Draw, lambda m: drawing.run(self.run_step, m, *self.drawn)),
             "Health": message_handler(msg.Health, self.telemetry.reported(self.health)),
             "Save": message_handler(msg.Save, self.save),
             "Load": message_handler(msg.Load, self.load),

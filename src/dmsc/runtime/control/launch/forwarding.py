@@ -169,7 +169,7 @@ class ForwardRequests:
         With ``use_cache`` the stages keep the request's keys and values (an inference
         session): the prompt runs once, then each token alone; past the model's sequence
         length the context slides and every token runs it whole again. With ``runs`` too (and
-        a pipeline that chains its calls, tp and ep 1), the first stage draws the session's
+        a pipeline that chains its calls, ep 1), the first stage draws the session's
         tokens in runs of one call each (:mod:`.decoding`) whenever ``alone()`` says that no
         other request waits for the replica; with a ``turn`` and no ``alone``, one a turn."""
         if alone is None and turn is not None:
@@ -223,10 +223,12 @@ class ForwardRequests:
     @property
     def draws_at_first_stage(self) -> bool:
         """Whether a session's tokens may be drawn in runs at the first stage (``Draw``): its
-        calls chain through the stages (not interleaved) and one worker answers them (tp and
-        ep 1; the others make a call a token, each to every rank or replica that runs it)."""
+        calls chain through the stages (not interleaved) and one replica answers them (ep 1;
+        at ep > 1 a call a token goes to every replica of the group). At tp > 1 every rank of
+        the first stage draws the run, agreeing token by token
+        (:mod:`dmsc.runtime.compute.drawing`)."""
         lay = self.layout
-        return not lay.chunks and lay.tp == 1 and lay.ep == 1
+        return not lay.chunks and lay.ep == 1
 
     def drawn(
         self,
