@@ -8,15 +8,14 @@ both sides, the server's handler and the inbox before the waiting stage wakes. A
 datacenters (shaped links, TLS) and for every other frame (tokens, targets, tied embeddings,
 data-parallel traffic, inference steps, which carry a deadline) the gRPC path stays.
 
-Why it is off (``benchmarks/results/pipeline_gloo_cpu.json``, this 2-core machine with other
-jobs running, load 6-11): a 256 KiB activation takes 0.45-0.54 ms one way between two bare gloo
-processes, but in the deployment of ``benchmarks/pipeline_vs_torch.py`` a stage waiting idle
-saw its frame 3.7-4.3 ms after it was sent over gRPC and 5.2-5.5 ms over gloo (a header then
-the payload, each handed to the waiting stage by a thread): with three busy processes on two
-cores the wait is the scheduler's, not the transport's. The step and its CPU were the same
-within the load's noise (398 against 412 ms a step, CPU 359 against 375 ms; an earlier run 347
-against 319 ms, CPU 334 both), and gloo's own loop thread cost the middle stage more CPU (21 ms
-a step) than grpc's threads (13 ms).
+Why it is off (``benchmarks/results/pipeline_gloo_cpu.json``, this 2-core machine): on a quiet
+machine (5 alternated rounds) a step took 172.0 ms over gloo against 175.8 ms over gRPC (0.98;
+by round 0.93-1.04) and torch.distributed.pipelining 159.5 ms. An idle stage saw its frame
+1.1-1.4 ms after it was sent over gloo against 2.2-2.4 ms over gRPC, but with three busy
+processes on two cores the step moved by less than the rounds' spread (earlier, with other jobs
+running, load 6-11: 398 against 412 ms a step, and gloo's own loop thread cost the middle stage
+more CPU, 21 ms a step, than grpc's threads, 13 ms). And a gloo group has no authentication:
+its frames would bypass the workers' mutual TLS inside a datacenter.
 
 - The group is formed per epoch under the deployment's store (``cfg.tp_store``, prefix
   ``pp/<replica>/<tp rank>/e<epoch>``), lazily at the first frame of a step of that epoch:

@@ -42,7 +42,8 @@ class StageLayout:
     # a replica whose stages share one datacenter sends its training steps' activations and
     # gradients over gloo point-to-point (dmsc.runtime.compute.pipe_group); off by default: it
     # measured no faster than gRPC on this 2-core machine (benchmarks/pipeline_vs_torch.py
-    # --gloo: the same step time and CPU a step within the load's noise)
+    # --gloo, quiet machine: 0.98 of gRPC's step, inside the rounds' spread), and a gloo group
+    # would bypass the workers' mutual TLS
     pp_gloo: bool = False
 
     @property
