@@ -51,7 +51,7 @@ def test_the_ranks_agree_before_each_token_after_the_first() -> None:
 def test_a_rank_alone_asks_no_one() -> None:
     tokens = iter([3, 4, 5])
     assert drawing.run(lambda _m: _reply(next(tokens)), _draw(3), VOCAB)["drawn"] == [3, 4, 5]
-    assert drawing.agreement(1) is None
+    assert drawing.agreement(1, torch.device("cpu")) is None
 
 
 def test_a_rank_out_of_budget_tells_the_others() -> None:
@@ -81,7 +81,7 @@ def _rank(rank: int, port: int, out: str) -> None:
     store = dist.TCPStore("127.0.0.1", port, 2, is_master=False)
     dist.init_process_group("gloo", store=store, rank=rank, world_size=2)
     try:
-        agree = drawing.agreement(2)
+        agree = drawing.agreement(2, torch.device("cpu"))
         assert agree is not None
         for name, votes in CASES.items():
             try:

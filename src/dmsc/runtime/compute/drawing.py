@@ -41,15 +41,16 @@ Step = Callable[[RunStep], dict[str, Any]]
 Agree = Callable[[bool, int], bool]  # (this rank would stop, its last token) -> all stop
 
 
-def agreement(tp: int) -> Agree | None:
+def agreement(tp: int, device: torch.device) -> Agree | None:
     """How the ``tp`` ranks of this process's tensor-parallel group (its default process group:
-    a stage worker serves one stage) agree before each token of a run; None at tp = 1."""
+    a stage worker serves one stage) agree before each token of a run; None at tp = 1. Its
+    numbers go on ``device``, the stage's (NCCL gathers tensors of the rank's own GPU only)."""
     if tp == 1:
         return None
     if not dist.is_initialized() or dist.get_world_size() != tp:
         raise RuntimeError(f"Draw: no tensor-parallel group of {tp} ranks in this process")
-    cuda = dist.get_backend() == "nccl"  # NCCL gathers CUDA tensors only
-    device = torch.device("cuda", torch.cuda.current_device()) if cuda else torch.device("cpu")
+    if dist.get_backend() != "nccl":
+        device = torch.device("cpu")  # gloo gathers host tensors
 
     def agree(stop: bool, token: int) -> bool:
         mine = torch.tensor([int(stop), token], dtype=torch.int64, device=device)

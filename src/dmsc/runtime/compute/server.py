@@ -141,7 +141,7 @@ class StageWorker:
             cfg.tp_rank, pipe_group_of(cfg, lambda kind, t: check_frame(self.frames, kind, t)),
         )  # fmt: skip
         self.grads = GradientSync(cfg, self.module, self.peers, self.inbox, self.tied, self.experts)
-        self.drawn = (self.spec.vocab, drawing.agreement(cfg.tp))  # Draw's arguments
+        self.drawn = (self.spec.vocab, drawing.agreement(cfg.tp, self.device))  # for Draw
         self.bytes_reported = 0  # of self.grads.link.bytes, by the last Commit
 
     @property
