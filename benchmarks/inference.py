@@ -25,6 +25,10 @@ one keeps ``generate`` off the cores the stages share on a loaded machine, where
 spinning in OpenMP took 3-10 times as long), load_average, and same_tokens (both dmsc paths
 and transformers chose the same tokens).
 
+With ``--tp N`` each stage is N tensor-parallel worker processes (the runs drawn at the first
+stage by every rank of it, agreeing before each token; ``cpu_ms_per_token_by_process`` then
+names each rank).
+
 With ``--tls`` the two stages are also served with mutual TLS (as under ``dmsc up``: a
 certificate authority of the run, a leaf per worker), ``--rounds`` plain/TLS pairs of decoding
 deployments alternated so that drift on a shared machine hits both alike; the JSON gains
@@ -164,6 +168,9 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=2, help="With --tls: plain/TLS pairs.")
     parser.add_argument("--hf-threads", type=int, help="transformers' threads (torch's default)")
     parser.add_argument(
+        "--tp", type=int, default=1, help="Tensor-parallel ranks of each stage (default 1)."
+    )
+    parser.add_argument(
         "--pairs", type=int, default=3, help="Alternated rounds of the one-session paths."
     )
     args = parser.parse_args()
@@ -177,13 +184,13 @@ def main() -> None:
         assert isinstance(spec, TransformerSpec)
         prompt = torch.randint(0, spec.vocab, (PROMPT,), generator=torch.Generator().manual_seed(1))
         prompt_ids = prompt.tolist()
-        layout = StageLayout(spec, [("embedding", "block_3"), ("block_4", "head")])
+        layout = StageLayout(spec, [("embedding", "block_3"), ("block_4", "head")], tp=args.tp)
         with Deployment(layout, home=Path(tmp) / "home") as dep:
             dep.generate(prompt_ids, 4, sampling=greedy)  # warm-up
             procs = {"control": psutil.Process()}
-            procs.update(
-                {f"stage{h.config.stage}": psutil.Process(h.process.pid) for h in dep.handles}
-            )
+            for h in [*dep.handles, *dep.tp.handles]:  # each stage's ranks (one at tp = 1)
+                rank = f"-t{h.config.tp_rank}" if args.tp > 1 else ""
+                procs[f"stage{h.config.stage}{rank}"] = psutil.Process(h.process.pid)
             # one session, side by side and alternated over --pairs rounds: transformers,
             # dmsc drawing in runs at the first stage, dmsc a call a token (the median of each)
             pairs: list[dict[str, float]] = []
@@ -244,7 +251,8 @@ def main() -> None:
         )
     n = args.tokens
     out = {
-        "model": "llama 8 x 512 (vocab 8192), 2 stages",
+        "model": "llama 8 x 512 (vocab 8192), 2 stages"
+        + (f" of {args.tp} tensor-parallel ranks" if args.tp > 1 else ""),
         "prompt_tokens": PROMPT,
         "tokens": n,
         "sessions": args.sessions,
