@@ -11,6 +11,8 @@ import torch
 from runtime_helpers import reference_losses
 
 from dmsc.data.corpus import Corpus, stdlib_text
+from dmsc.netmodel import build_layer_costs
+from dmsc.netmodel.layers import padded_vocab
 from dmsc.runtime.compute.checkpoints import read_checkpoint
 from dmsc.runtime.compute.models.chain import layer_names
 from dmsc.runtime.compute.models.hf import stage_module
@@ -19,7 +21,8 @@ from dmsc.runtime.control.launch import recovery
 from dmsc.runtime.control.launch.deployment import Deployment, StageLayout
 from dmsc.runtime.control.launch.failures import WorkerFailure
 from dmsc.runtime.transport.messages import Sampling
-from dmsc.spec import TransformerSpec, resolve_model
+from dmsc.runtime.transport.wire import Kind, encode
+from dmsc.spec import JobSpec, TransformerSpec, resolve_model
 
 SPEC = resolve_model("gpt-mini")
 STEPS = 3
@@ -61,14 +64,31 @@ def test_tp2_trains_as_one_process_and_its_checkpoint_is_tp1(tmp_path) -> None: 
 
 def test_tp2_pp2_trains_as_one_process() -> None:
     """With the embedding (first stage) and the head (last) sharing one matrix, both split over
-    the vocabulary: each tp rank swaps its rows' gradient with the same rank of the other end."""
+    the vocabulary: each tp rank swaps its rows' gradient with the same rank of the other end.
+    Each rank sends the other stage its half of every activation and gradient, gathered there
+    (``compute/pp_shards.py``): the bytes the cost model prices a device (a boundary
+    activation's ``1/tp``, ``LayerCost.output_bytes``), not the whole from every rank."""
     spec = SPEC.model_copy(update={"tied_embeddings": True})
     batches = _batches()
     reference = reference_losses(spec, 0, 1e-3, batches, MICRO)
     with Deployment(StageLayout(spec, TWO, tp=2)) as dep:
         assert len(dep.tp.handles) == 2 and len(dep.handles) == 2
-        losses = [dep.train_step(s, x, y, MICRO)["loss"] for s, (x, y) in enumerate(batches)]
+        outs = [dep.train_step(s, x, y, MICRO) for s, (x, y) in enumerate(batches)]
+    losses = [o["loss"] for o in outs]
     assert max(abs(a - b) for a, b in zip(losses, reference, strict=True)) < 1e-4
+    rows = batches[0][0].shape[0] // MICRO
+    job = JobSpec(global_batch=rows * MICRO, micro_batch=rows, tp=2, pp=2, dp=1)
+    priced = max(lc.output_bytes for lc in build_layer_costs(spec, job) if lc.kind != "head")
+    half = torch.zeros(rows, spec.seq, spec.hidden // 2)
+    frame = len(encode(Kind.ACTIVATION, 1, 0, half, 0))  # a half and the frame's header
+    assert half.numel() * 4 == priced and frame - priced < 100
+    # and once a step, its rows' share of the tied embedding's gradient
+    tied = len(
+        encode(Kind.TIED_GRAD, 1, 0, torch.zeros(padded_vocab(spec.vocab, 2) // 2, spec.hidden), 0)
+    )
+    sent = outs[-1]["traces"]  # rank 0 of each stage: its activations, its gradients
+    assert sent[(0, 0)][1] == {"1/0": MICRO * frame + tied}
+    assert sent[(1, 0)][1] == {"0/0": MICRO * frame + tied}
 
 
 def test_tp2_pp2_dp2_with_sequence_parallelism_trains_as_one_process() -> None:

@@ -18,10 +18,11 @@ without its routing sum (the runtime refuses sequence parallelism with experts).
 
 Not priced: the runtime's way into and out of each run of consecutive blocks. It slices a whole
 input (free; its backward an all-gather of the gradient) and gathers the run's output whole (an
-all-gather), because its pipeline sends whole activations between stages. Megatron sends the
-sequence-split ones (its scatter-gather of pipeline tensors; the boundary bytes priced here are
-a ``1/tp`` share), so it has neither call, and pricing them moved the published sets away (mean
-error on megatron-core-h100 4.52% without them, 5.27% with them, ``netmodel/validation.py``).
+all-gather), because its pipeline frames are slices of whole activations (each rank's share of
+the hidden dimension, ``runtime/compute/pp_shards.py``: the ``1/tp`` of the boundary bytes
+priced here). Megatron sends the sequence shards the blocks hold, so it has neither call, and
+pricing them moved the published sets away (mean error on megatron-core-h100 4.52% without
+them, 5.27% with them, ``netmodel/validation.py``).
 So at sequence parallelism the runtime runs two all-gathers a run of blocks more than this list
 (``tests/runtime/compute/test_sequence_parallel.py`` holds it to exactly that).
 """

@@ -104,3 +104,24 @@ def test_finite_values_whose_sum_overflows_pass() -> None:
     assert not torch.isfinite(t.sum())
     check_frame(LAST, Kind.ACTIVATION, t)
     assert finite(t)
+
+
+def test_at_tp_2_an_activation_or_gradient_frame_holds_one_ranks_half_of_the_hidden() -> None:
+    """Each rank sends the next stage its slice of the hidden dimension (``pp_shards``): a
+    stage of two ranks takes halves, and refuses the whole, naming the width it takes."""
+    last = FrameSpec(stage=1, first=False, last=True, seq=8, vocab=16, hidden=4, n_params=6, tp=2)
+    first = FrameSpec(stage=0, first=True, last=False, seq=8, vocab=16, hidden=4, n_params=6, tp=2)
+    check_frame(last, Kind.ACTIVATION, torch.zeros(2, 8, 2))
+    check_frame(first, Kind.GRADIENT, torch.zeros(2, 8, 2))
+    with pytest.raises(BadRequest, match=r"takes torch.float32 \[batch, 1\.\.8, 2\]"):
+        check_frame(last, Kind.ACTIVATION, torch.zeros(2, 8, 4))
+
+
+def test_the_ranks_slices_are_the_tensor() -> None:
+    from dmsc.runtime.compute.pp_shards import shard, whole
+
+    t = torch.arange(2 * 3 * 8, dtype=torch.float32).reshape(2, 3, 8)
+    halves = [shard(t, 2, r) for r in range(2)]
+    assert all(h.shape == (2, 3, 4) and h.is_contiguous() for h in halves)
+    assert torch.equal(torch.cat(halves, dim=-1), t)
+    assert shard(t, 1, 0) is t and whole(t, 1) is t

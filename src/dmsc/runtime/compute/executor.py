@@ -33,6 +33,7 @@ from dmsc.runtime.compute.comm_meter import METER
 from dmsc.runtime.compute.models.attention import StageCache
 from dmsc.runtime.compute.models.chain import StageModule
 from dmsc.runtime.compute.peers import Peers
+from dmsc.runtime.compute.pp_shards import shard, whole
 from dmsc.runtime.compute.vocab_parallel import stage_loss
 from dmsc.runtime.transport.wire import Kind
 
@@ -133,6 +134,7 @@ def run_ops(
             else:
                 with METER.timed("pp"):  # waiting for the stage before: the pipeline's
                     x = peers.recv(Kind.ACTIVATION, step, tag, hop(stage, p, c, -1)[0])
+                    x = whole(x, peers.tp)  # the ranks' slices (:mod:`.pp_shards`)
                 x.requires_grad_(train)
             c0, w0 = time.perf_counter(), time.time()
             with (
@@ -155,15 +157,16 @@ def run_ops(
             if last and not train and not evaluate:
                 out.logits.append(y[:, -1, :].detach().float())
             if not last and hand_on:
-                out.handed = y.detach()
+                out.handed = shard(y.detach(), peers.tp, peers.tp_rank)
             elif not last:
                 to, tc = hop(stage, p, c, 1)
-                peers.send(to, Kind.ACTIVATION, step, tc * m + i, y)
+                peers.send(to, Kind.ACTIVATION, step, tc * m + i, shard(y, peers.tp, peers.tp_rank))
         else:
             grad = None
             if not module.chunk_last(c):  # wait for the gradient first: waiting is not compute
                 with METER.timed("pp"):
                     grad = peers.recv(Kind.GRADIENT, step, tag, hop(stage, p, c, 1)[0])
+                    grad = whole(grad, peers.tp)
             c0, w0 = time.perf_counter(), time.time()
             outputs[(i, c)].backward(grad)
             if gpu:
@@ -173,7 +176,9 @@ def run_ops(
                 grad_in = inputs[(i, c)].grad
                 assert grad_in is not None
                 to, tc = hop(stage, p, c, -1)
-                peers.send(to, Kind.GRADIENT, step, tc * m + i, grad_in)
+                peers.send(
+                    to, Kind.GRADIENT, step, tc * m + i, shard(grad_in, peers.tp, peers.tp_rank)
+                )
             del inputs[(i, c)], outputs[(i, c)]
     f0 = time.perf_counter()
     peers.flush()

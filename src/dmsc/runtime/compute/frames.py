@@ -36,6 +36,9 @@ class FrameSpec:
     # model chunks (interleaved): the first stage's later chunks take activations, the last
     # stage's earlier chunks gradients
     chunks: int = 1
+    # tensor-parallel ranks: an activation or gradient frame holds one rank's slice of the
+    # hidden dimension (:mod:`.pp_shards`)
+    tp: int = 1
 
 
 def expected_frame(at: FrameSpec, kind: Kind) -> tuple[torch.dtype, str]:
@@ -51,7 +54,7 @@ def expected_frame(at: FrameSpec, kind: Kind) -> tuple[torch.dtype, str]:
             kind == Kind.GRADIENT and at.last and alone
         ):
             raise BadRequest(f"stage {at.stage} does not take {kind.name.lower()}s")
-        return torch.float32, f"[batch, 1..{at.seq}, {at.hidden}]"
+        return torch.float32, f"[batch, 1..{at.seq}, {at.hidden // at.tp}]"
     if kind == Kind.TIED_GRAD:
         if not at.tied_rows:
             raise BadRequest(f"stage {at.stage} shares no embedding")
@@ -96,7 +99,7 @@ def check_frame(at: FrameSpec, kind: Kind, t: torch.Tensor) -> None:
             ok = int(t.min()) >= 0 and int(t.max()) < at.vocab
     elif ok and kind in (Kind.ACTIVATION, Kind.GRADIENT):
         ok = t.dim() == 3 and t.shape[0] > 0 and 0 < t.shape[1] <= at.seq
-        ok = ok and t.shape[2] == at.hidden
+        ok = ok and t.shape[2] == at.hidden // at.tp
         if ok and not finite(t):
             raise BadRequest(
                 f"{kind.name.lower()} of {t.dtype} {tuple(t.shape)} refused: it holds NaN or "

@@ -54,6 +54,7 @@ class Peers:
         links: dict[int, Any] | None = None,
         tp_rank: int = 0,
         pipe: PipeGroup | None = None,
+        tp: int = 1,
     ) -> None:
         self.registry = registry
         # tensors on a GPU leave and arrive through pinned host buffers
@@ -61,6 +62,7 @@ class Peers:
         self.inbox = inbox
         self.replica = replica  # this worker's: the default peer of every stage
         self.tp_rank = tp_rank  # peers are the ranks of the same tensor-parallel rank
+        self.tp = tp  # ranks of this stage: each sends its share of a frame (.pp_shards)
         self.recv_timeout_s = recv_timeout_s
         self.token = token
         self._bytes_sent = bytes_sent

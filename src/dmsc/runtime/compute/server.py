@@ -122,16 +122,11 @@ class StageWorker:
         self.n_params = sum(p.numel() for p in self.module.parameters())
         self.tied = tied_weight(self.spec, self.module) if cfg.stages > 1 else None
         self.frames = FrameSpec(
-            stage=cfg.stage,
-            first=self.module.is_first,
-            last=self.module.is_last,
-            seq=self.spec.seq,
-            vocab=self.spec.vocab,
-            hidden=self.spec.hidden,
-            n_params=self.n_params,
+            stage=cfg.stage, first=first, last=last, seq=self.spec.seq, vocab=self.spec.vocab,
+            hidden=self.spec.hidden, n_params=self.n_params,
             tied_rows=0 if self.tied is None else self.tied.shape[0],
-            chunks=self.module.chunks,
-        )
+            chunks=self.module.chunks, tp=cfg.tp,
+        )  # fmt: skip
         self.steps_done = 0
         self.sessions = Sessions()  # inference sessions' keys and values
         self.uncommitted: int | None = None  # the step whose gradients wait for Commit
@@ -139,6 +134,7 @@ class StageWorker:
             self.registry, self.inbox, cfg.replica, cfg.recv_timeout_s, self.m_bytes, cfg.token,
             self.device, {int(k): LinkShaper(v) for k, v in cfg.pp_link_mbps.items()},
             cfg.tp_rank, pipe_group_of(cfg, lambda kind, t: check_frame(self.frames, kind, t)),
+            cfg.tp,
         )  # fmt: skip
         self.grads = GradientSync(cfg, self.module, self.peers, self.inbox, self.tied, self.experts)
         self.drawn = (self.spec.vocab, drawing.agreement(cfg.tp, self.device))  # for Draw
