@@ -252,7 +252,7 @@ def estimate_iteration(
     m, p, v = job.microbatches, job.pp, job.chunks
     layers = build_layer_costs(model, job)
     cut = stage_cut(layers, job)
-    stage_layers = [[layers[i] for i in idx] for idx in cut.indices]
+    stage_layers = assign_stage_layers(layers, job)
     memories = check_memory(cluster, topo, model, job, columns(layers), cut, calib)
     by_link = LinkTraffic()
     sent: dict[str, float] = dict.fromkeys(MODES, 0.0)

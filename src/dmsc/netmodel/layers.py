@@ -37,6 +37,9 @@ class Gemm:
         return 2.0 * self.m * self.n * self.k * self.batch
 
 
+BLOCKS = ("block", "moe_block")  # the kinds of a transformer block (dense, or a mixture)
+
+
 @dataclass(frozen=True)
 class LayerCost:
     """One layer on one device for one micro-batch (its tensor/expert-parallel share)."""
@@ -392,7 +395,7 @@ def matrix_elements(lc: LayerCost) -> float:
         return hit[1]
     n = (
         float(sum(g.k * g.n * g.batch for g in lc.gemms if g.kind == "linear"))
-        if lc.kind in ("block", "moe_block")
+        if lc.kind in BLOCKS
         else 0.0
     )
     if len(_MATRICES) >= 4096:

@@ -23,13 +23,12 @@ from operator import itemgetter
 
 from dmsc.netmodel.compute import DtypeUnsupported, layer_time
 from dmsc.netmodel.constants import Calibration
-from dmsc.netmodel.layers import LayerCost, matrix_elements
+from dmsc.netmodel.layers import BLOCKS, LayerCost, matrix_elements
 from dmsc.netmodel.parallel import split_layers
 from dmsc.spec.cluster import DeviceTypeSpec
 from dmsc.spec.job import JobSpec
 
 ENDS = ("embedding", "head")
-BLOCKS = ("block", "moe_block")
 RECOMPUTED = ("block", "moe_block", "layer")  # the kinds a recompute policy applies to
 _CACHE_SIZE = 1024
 

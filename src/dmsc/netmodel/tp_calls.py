@@ -33,7 +33,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 from dmsc.netmodel.collectives import CollectiveKind
-from dmsc.netmodel.layers import LayerCost
+from dmsc.netmodel.layers import BLOCKS, LayerCost
 
 __all__ = ["TpCall", "tp_allreduce_calls"]
 
@@ -48,9 +48,6 @@ class TpCall:
     nbytes: float
     count: int
     kind: CollectiveKind = "all_reduce"
-
-
-BLOCKS = ("block", "moe_block")
 
 
 def tp_allreduce_calls(
