@@ -334,3 +334,35 @@ def test_a_plan_for_gpus_is_refused_on_a_machine_without_them(
     assert code == 0, err
     settings = ControlSettings.model_validate_json((tmp_path / "settings.json").read_text())
     assert settings.device == "cpu"
+
+
+def test_down_returns_once_the_control_plane_has_exited(
+    home: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """The control plane removes its control file before it has finished exiting (stopping its
+    workers, closing its database): ``dmsc down`` waits for its process too, so that "down" is
+    true when it says so (CI once found the process still running right after)."""
+    import json
+    import subprocess
+
+    from dmsc.cli import runtime
+    from dmsc.data.db import control_file
+    from dmsc.runtime.transport.processes import alive
+
+    # a stand-in control plane: it removes its file at once and exits a moment later
+    plane = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(0.8)"])
+    home.mkdir(parents=True, exist_ok=True)
+    control_file().write_text(json.dumps({"pid": plane.pid}))
+
+    class Client:
+        def down(self) -> None:
+            control_file().unlink()
+
+    monkeypatch.setattr(runtime, "control_client", Client)
+    try:
+        runtime.down()
+        assert not alive(plane.pid)
+        assert f"control plane down (pid {plane.pid})" in capsys.readouterr().out
+    finally:
+        plane.kill()
+        plane.wait()

@@ -456,12 +456,19 @@ def print_status(console: Console, out: StatusReply) -> None:
 
 
 def down() -> None:
-    """Stop the services and the control plane."""
+    """Stop the services and the control plane. Returns once its process has exited: it
+    removes its control file before it is done (stopping its workers, closing its database),
+    and "down" said earlier was not yet true (a test found the process still running)."""
     from dmsc.data.db import control_file
+    from dmsc.runtime.transport.processes import alive
 
     info = json.loads(control_file().read_text()) if control_file().exists() else None
+    pid = int(info["pid"]) if info else 0
     control_client().down()
     deadline = time.time() + 30
-    while control_file().exists() and time.time() < deadline:
-        time.sleep(0.2)
-    console.print(f"control plane down (pid {info['pid'] if info else '?'})", highlight=False)
+    while (control_file().exists() or alive(pid)) and time.time() < deadline:
+        time.sleep(0.05)
+    if alive(pid):
+        print(f"dmsc down: the control plane (pid {pid}) still runs after 30 s", file=sys.stderr)
+        raise typer.Exit(1)
+    console.print(f"control plane down (pid {pid or '?'})", highlight=False)
