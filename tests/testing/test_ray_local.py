@@ -4,6 +4,8 @@ replaced by a recording fake; the real cluster is started in tests/integration/t
 from __future__ import annotations
 
 import os
+import subprocess
+import time
 from pathlib import Path
 from typing import Any, ClassVar
 
@@ -19,6 +21,9 @@ class _Cluster:
 
     made: ClassVar[list[_Cluster]] = []
     fail: ClassVar[bool] = False
+    late: ClassVar[list[bool]] = []  # by start (head or node): times out as Ray's wait does
+    strays: ClassVar[list[subprocess.Popen[bytes]]] = []
+    stray_pids: ClassVar[list[int]] = []  # the strays and the processes below them
 
     def __init__(self, initialize_head: bool, head_node_args: dict[str, Any]) -> None:
         self.head_args = head_node_args
@@ -30,12 +35,29 @@ class _Cluster:
         _Cluster.made.append(self)
         if _Cluster.fail:
             raise RuntimeError("Timed out waiting for file /tmp/ray/session_x/gcs_server_port_1")
+        _Cluster._maybe_late()
+
+    @staticmethod
+    def _maybe_late() -> None:
+        """A start that spawned its processes (a child here, with one of its own below) and
+        then gave up on the registration, with Ray's words."""
+        if _Cluster.late and _Cluster.late.pop(0):
+            stray = subprocess.Popen(["sh", "-c", "sleep 60 & wait"])
+            while len(tree := ray_local._descendants(stray.pid)) < 2:  # its child started
+                pass
+            _Cluster.stray_pids += tree
+            _Cluster.strays.append(stray)
+            raise Exception(  # what ray/_private/node.py raises
+                "The current node timed out during startup. This could happen because some of "
+                "the raylet failed to startup or the GCS has become overloaded."
+            )
 
     def wait_for_nodes(self, timeout: float = 30) -> None:
         self.waits.append(timeout)
 
     def add_node(self, wait: bool = True, **kwargs: Any) -> dict[str, Any]:
         assert not wait  # waited for by wait_for_nodes, with the longer timeout
+        _Cluster._maybe_late()
         return kwargs
 
     def shutdown(self) -> None:
@@ -44,7 +66,8 @@ class _Cluster:
 
 @pytest.fixture
 def fake_ray(monkeypatch: pytest.MonkeyPatch) -> type[_Cluster]:
-    _Cluster.made, _Cluster.fail = [], False
+    _Cluster.made, _Cluster.fail, _Cluster.late, _Cluster.strays = [], False, [], []
+    _Cluster.stray_pids = []
     monkeypatch.setattr(ray.cluster_utils, "Cluster", _Cluster)
     monkeypatch.setattr(ray, "init", lambda **_kw: None)
     monkeypatch.setattr(ray, "shutdown", lambda: None)
@@ -106,3 +129,55 @@ def test_a_head_that_does_not_start_says_why_with_its_log(
 
 def test_the_log_tail_names_a_missing_log(tmp_path: Path) -> None:
     assert "no GCS server log" in ray_local.gcs_log_tail(root=tmp_path)
+
+
+def _running(pid: int) -> bool:
+    """Whether ``pid`` still runs (not gone, not a zombie), within 10 s."""
+    stat = Path(f"/proc/{pid}/stat")
+    for _ in range(100):
+        try:
+            if stat.read_text().rsplit(") ", 1)[1].split()[0] == "Z":
+                return False
+        except OSError:
+            return False
+        time.sleep(0.1)
+    return True
+
+
+def _gone(p: subprocess.Popen[bytes]) -> bool:
+    try:
+        p.wait(timeout=10)
+    except subprocess.TimeoutExpired:
+        return False
+    return True
+
+
+def test_a_node_that_misses_rays_registration_wait_is_killed_and_started_again(
+    fake_ray: type[_Cluster],
+) -> None:
+    """CI: a head on a busy machine missed Ray's fixed 30 s registration wait and the test
+    failed before it began. The head and a node each time out once here: both are started
+    again, and the processes of the failed tries (and those below them) are gone."""
+    fake_ray.late = [True, False, True]  # the head's first try, then the node's
+    seen = set(ray_local._children(os.getpid()))
+    with ray_local.local_cluster({"dc:dc-0": 4}, [{"dc:dc-1": 4}]) as c:
+        assert len(fake_ray.made) == 2  # the head, tried twice
+        assert c.waits == [ray_local.START_WAIT_S, ray_local.START_WAIT_S]
+    assert len(fake_ray.strays) == 2
+    assert all(_gone(p) and p.returncode == -9 for p in fake_ray.strays)
+    assert not [p for p in fake_ray.stray_pids if _running(p)]  # those below them too
+    assert set(ray_local._children(os.getpid())) <= seen
+
+
+def test_a_head_that_keeps_missing_the_wait_fails_with_its_log(
+    fake_ray: type[_Cluster],
+) -> None:
+    fake_ray.late = [True] * ray_local.START_TRIES
+    with (
+        pytest.raises(RuntimeError, match=r"did not start.*timed out during startup"),
+        ray_local.local_cluster({"dc:dc-0": 4}, []),
+    ):
+        pass
+    assert len(fake_ray.made) == ray_local.START_TRIES
+    assert all(_gone(p) for p in fake_ray.strays[:-1])
+    fake_ray.strays[-1].kill()  # the last try's is left to the caller's shutdown, as before
