@@ -20,7 +20,7 @@ from pathlib import Path
 import grpc
 from runtime_helpers import dmsc, make_plan
 
-from dmsc.testing.ray_local import _descendants
+from dmsc.runtime.transport.processes import descendants
 
 RAY = str(Path(sys.executable).parent / "ray")
 
@@ -46,7 +46,7 @@ def _ray_start(out: Path, *args: str) -> Iterator[None]:
         assert "Ray runtime started" in out.read_text(), out.read_text()
         yield
     finally:
-        below = _descendants(proc.pid)
+        below = descendants(proc.pid)
         proc.terminate()
         with contextlib.suppress(subprocess.TimeoutExpired):
             proc.wait(timeout=20)

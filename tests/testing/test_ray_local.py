@@ -12,6 +12,8 @@ from typing import Any, ClassVar
 import pytest
 import ray.cluster_utils
 
+from dmsc.runtime.control.launch import ray_private
+from dmsc.runtime.transport import processes
 from dmsc.testing import ray_local
 
 
@@ -43,7 +45,7 @@ class _Cluster:
         then gave up on the registration, with Ray's words."""
         if _Cluster.late and _Cluster.late.pop(0):
             stray = subprocess.Popen(["sh", "-c", "sleep 60 & wait"])
-            while len(tree := ray_local._descendants(stray.pid)) < 2:  # its child started
+            while len(tree := processes.descendants(stray.pid)) < 2:  # its child started
                 pass
             _Cluster.stray_pids += tree
             _Cluster.strays.append(stray)
@@ -159,25 +161,25 @@ def test_a_node_that_misses_rays_registration_wait_is_killed_and_started_again(
     failed before it began. The head and a node each time out once here: both are started
     again, and the processes of the failed tries (and those below them) are gone."""
     fake_ray.late = [True, False, True]  # the head's first try, then the node's
-    seen = set(ray_local._children(os.getpid()))
+    seen = set(processes.children(os.getpid()))
     with ray_local.local_cluster({"dc:dc-0": 4}, [{"dc:dc-1": 4}]) as c:
         assert len(fake_ray.made) == 2  # the head, tried twice
         assert c.waits == [ray_local.START_WAIT_S, ray_local.START_WAIT_S]
     assert len(fake_ray.strays) == 2
     assert all(_gone(p) and p.returncode == -9 for p in fake_ray.strays)
     assert not [p for p in fake_ray.stray_pids if _running(p)]  # those below them too
-    assert set(ray_local._children(os.getpid())) <= seen
+    assert set(processes.children(os.getpid())) <= seen
 
 
 def test_a_head_that_keeps_missing_the_wait_fails_with_its_log(
     fake_ray: type[_Cluster],
 ) -> None:
-    fake_ray.late = [True] * ray_local.START_TRIES
+    fake_ray.late = [True] * ray_private.START_TRIES
     with (
         pytest.raises(RuntimeError, match=r"did not start.*timed out during startup"),
         ray_local.local_cluster({"dc:dc-0": 4}, []),
     ):
         pass
-    assert len(fake_ray.made) == ray_local.START_TRIES
+    assert len(fake_ray.made) == ray_private.START_TRIES
     assert all(_gone(p) for p in fake_ray.strays[:-1])
     fake_ray.strays[-1].kill()  # the last try's is left to the caller's shutdown, as before

@@ -16,25 +16,24 @@ import signal
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
-from typing import Any, Literal, TypeVar
+from typing import Any, Literal
 
 from dmsc.data.corpus import Corpus
 from dmsc.runtime.control.launch.deployment import Deployment, StageLayout
 from dmsc.runtime.control.launch.ray_launcher import RayLauncher, ray_module
-from dmsc.runtime.control.launch.ray_private import GCS_WAIT_ENV, LOOPBACK_ENV, START_WAIT_S
+from dmsc.runtime.control.launch.ray_private import (
+    GCS_WAIT_ENV,
+    LOOPBACK_ENV,
+    START_WAIT_S,
+    STARTUP_TIMEOUT,
+    tried,
+)
 from dmsc.runtime.control.training.report import TrainReport
 from dmsc.runtime.control.training.session import Recovering, train
+from dmsc.runtime.transport.processes import descendants
 from dmsc.testing.chaos import FaultReport
 
 NodeFault = Literal["lose", "partition"]
-T = TypeVar("T")
-
-# Ray gives a node a fixed 30 s to register with its GCS once its processes are up
-# (ray/_private/node.py, not settable) and then raises a plain Exception with this text. On 2
-# cores that two test processes keep busy, a head missed it once in CI; a node start is tried
-# again then, with the failed try's processes killed first.
-STARTUP_TIMEOUT = "timed out during startup"
-START_TRIES = 3
 
 # A node that stops answering is declared dead after about 1.5 s (Ray's defaults: tens of s),
 # so that a test or a benchmark of node loss does not wait on Ray's health check.
@@ -90,7 +89,7 @@ def _local_cluster(
     c: Any = None
     try:
         # the head's registration waited for below, as long as the others' (Ray's own wait: 30 s)
-        c = _tried(lambda: Cluster(initialize_head=True, head_node_args={**args, "wait": False}))
+        c = tried(lambda: Cluster(initialize_head=True, head_node_args={**args, "wait": False}))
         c.wait_for_nodes(timeout=START_WAIT_S)
     except Exception as e:
         if c is not None:
@@ -116,33 +115,10 @@ def _local_cluster(
 
 def add_node(c: Any, resources: dict[str, float], cpus: int = 4) -> Any:
     """One more node process offering ``resources``, once the cluster sees it."""
-    node = _tried(lambda: c.add_node(wait=False, num_cpus=cpus, resources=resources,
+    node = tried(lambda: c.add_node(wait=False, num_cpus=cpus, resources=resources,
                                      node_ip_address="127.0.0.1"))  # fmt: skip
     c.wait_for_nodes(timeout=START_WAIT_S)
     return node
-
-
-def _tried(start: Callable[[], T]) -> T:
-    """``start()`` (a node's start), tried up to START_TRIES times while Ray gives up on the
-    node's registration (STARTUP_TIMEOUT). Before each new try the processes the failed one
-    started are killed: the children this process gained meanwhile and everything below them,
-    so no half-started node is left and no other node (nor another test process's cluster) is
-    touched."""
-    for left in range(START_TRIES - 1, -1, -1):
-        before = set(_children(os.getpid()))
-        try:
-            return start()
-        except Exception as e:
-            if STARTUP_TIMEOUT not in str(e) or not left:
-                raise
-            new = [p for c in set(_children(os.getpid())) - before for p in _descendants(c)]
-            logging.getLogger(__name__).warning(
-                "a Ray node did not register in time (%s); killing its %d processes and "
-                "starting it again", e, len(new))  # fmt: skip
-            for pid in new:
-                with contextlib.suppress(ProcessLookupError):
-                    os.kill(pid, signal.SIGKILL)
-    raise AssertionError("unreachable")
 
 
 def gcs_log_tail(lines: int = 20, root: Path = Path("/tmp/ray/session_latest/logs")) -> str:
@@ -168,33 +144,6 @@ def node_of(c: Any, node_id: str) -> Any:
     return next(n for n in [c.head_node, *c.worker_nodes] if n.node_id == node_id)
 
 
-def _process_tree() -> dict[int, list[int]]:
-    """Each process's children, read from /proc."""
-    children: dict[int, list[int]] = {}
-    for stat in Path("/proc").glob("[0-9]*/stat"):
-        try:
-            fields = stat.read_text().rsplit(") ", 1)[1].split()
-        except (OSError, IndexError):
-            continue  # gone meanwhile
-        children.setdefault(int(fields[1]), []).append(int(stat.parent.name))
-    return children
-
-
-def _children(pid: int) -> list[int]:
-    return _process_tree().get(pid, [])
-
-
-def _descendants(pid: int) -> list[int]:
-    """``pid`` and every process below it (read from /proc)."""
-    children = _process_tree()
-    out, todo = [], [pid]
-    while todo:
-        p = todo.pop()
-        out.append(p)
-        todo.extend(children.get(p, []))
-    return out
-
-
 def node_pids(node: Any) -> list[int]:
     """Every process of a node: its raylet and daemons, the workers below them (Ray's actors,
     and dmsc's stage workers below those)."""
@@ -202,7 +151,7 @@ def node_pids(node: Any) -> list[int]:
         pid
         for infos in node.all_processes.values()
         for info in infos
-        for pid in _descendants(info.process.pid)
+        for pid in descendants(info.process.pid)
     ]
 
 

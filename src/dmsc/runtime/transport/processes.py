@@ -10,7 +10,7 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
-__all__ = ["alive"]
+__all__ = ["alive", "children", "descendants", "process_tree"]
 
 
 def alive(pid: int) -> bool:
@@ -30,3 +30,30 @@ def alive(pid: int) -> bool:
     except (OSError, IndexError):  # no /proc here: what kill said
         return True
     return state not in ("Z", "X")
+
+
+def process_tree() -> dict[int, list[int]]:
+    """Each process's children, read from /proc."""
+    children: dict[int, list[int]] = {}
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            fields = stat.read_text().rsplit(") ", 1)[1].split()
+        except (OSError, IndexError):
+            continue  # gone meanwhile
+        children.setdefault(int(fields[1]), []).append(int(stat.parent.name))
+    return children
+
+
+def children(pid: int) -> list[int]:
+    return process_tree().get(pid, [])
+
+
+def descendants(pid: int) -> list[int]:
+    """``pid`` and every process below it (read from /proc)."""
+    children = process_tree()
+    out, todo = [], [pid]
+    while todo:
+        p = todo.pop()
+        out.append(p)
+        todo.extend(children.get(p, []))
+    return out

@@ -7,17 +7,23 @@ on them, are :mod:`dmsc.testing.ray_local`.
 
 from __future__ import annotations
 
+import contextlib
 import datetime as dt
 import logging
 import os
+import signal
+from collections.abc import Callable
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, TypeVar
 
 from dmsc.runtime.control.launch.ray_launcher import ray_module
+from dmsc.runtime.transport import processes
 from dmsc.runtime.transport.authority import Authority, Leaf, write_private_bytes
 
 if TYPE_CHECKING:
     from dmsc.planner.plan import Plan
+
+T = TypeVar("T")
 
 # How long a node's processes may take to come up. Ray waits 30 s for its GCS server to publish
 # its port, and as long for a node to register; on 2 cores that other work keeps busy (another
@@ -27,6 +33,14 @@ START_WAIT_S = 120
 
 
 GCS_WAIT_ENV = "RAY_gcs_server_port_wait_time_s"
+
+# Ray gives a node a fixed 30 s to register with its GCS once its processes are up
+# (ray/_private/node.py, not settable) and then raises a plain Exception with this text. On 2
+# cores that two test processes keep busy, a head missed it once in CI; a node start (a private
+# cluster's, a test's local cluster's) is tried again then, with the failed try's processes killed
+# first.
+STARTUP_TIMEOUT = "timed out during startup"
+START_TRIES = 3
 
 
 LOOPBACK_ENV = "RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER"
@@ -97,15 +111,17 @@ def private_cluster(resources: dict[str, float], cpus: int, home: Path | None = 
     os.environ["RAY_AUTH_TOKEN"] = secrets.token_hex(32)
     auth._enable_token_auth()  # RAY_AUTH_MODE=token, and Ray's settings in this process reread
     os.environ.setdefault(GCS_WAIT_ENV, str(START_WAIT_S))
-    ray.init(
-        address="local",  # never one found by RAY_ADDRESS or "auto"
-        num_cpus=cpus,
-        resources=resources,
-        include_dashboard=False,
-        log_to_driver=False,
-        logging_level=logging.WARNING,
-        _node_ip_address="127.0.0.1",
-        _temp_dir=str(root / "ray"),  # Ray makes this one 0777; root keeps others out
+    tried(
+        lambda: ray.init(
+            address="local",  # never one found by RAY_ADDRESS or "auto"
+            num_cpus=cpus,
+            resources=resources,
+            include_dashboard=False,
+            log_to_driver=False,
+            logging_level=logging.WARNING,
+            _node_ip_address="127.0.0.1",
+            _temp_dir=str(root / "ray"),  # Ray makes this one 0777; root keeps others out
+        )
     )
 
     def stop() -> None:  # before Ray's own exit handler: its processes first, then the folder
@@ -124,3 +140,30 @@ def private_resources(plan: Plan, spares: int) -> tuple[dict[str, float], int]:
     workers = sum(len(st.replicas) for st in plan.stages) + spares
     dcs = {rep.datacenter for st in plan.stages for rep in st.replicas}
     return {f"dc:{d}": 2.0 * workers for d in sorted(dcs)}, max(os.cpu_count() or 1, 2 * workers)
+
+
+def tried(start: Callable[[], T]) -> T:
+    """``start()`` (a node's start), tried up to START_TRIES times while Ray gives up on the
+    node's registration (STARTUP_TIMEOUT). Before each new try the processes the failed one
+    started are killed: the children this process gained meanwhile and everything below them,
+    so no half-started node is left and no other node (nor another test process's cluster) is
+    touched."""
+    for left in range(START_TRIES - 1, -1, -1):
+        before = set(processes.children(os.getpid()))
+        try:
+            return start()
+        except Exception as e:
+            if STARTUP_TIMEOUT not in str(e) or not left:
+                raise
+            new = [
+                p
+                for c in set(processes.children(os.getpid())) - before
+                for p in processes.descendants(c)
+            ]
+            logging.getLogger(__name__).warning(
+                "a Ray node did not register in time (%s); killing its %d processes and "
+                "starting it again", e, len(new))  # fmt: skip
+            for pid in new:
+                with contextlib.suppress(ProcessLookupError):
+                    os.kill(pid, signal.SIGKILL)
+    raise AssertionError("unreachable")
