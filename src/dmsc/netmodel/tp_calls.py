@@ -16,15 +16,19 @@ backward the other way round, and every parameter a rank keeps whole (norms, row
 biases) has its gradient summed in an all-reduce of its own. A mixture is priced the same way
 without its routing sum (the runtime refuses sequence parallelism with experts).
 
-Not priced: the runtime's way into and out of each run of consecutive blocks. It slices a whole
-input (free; its backward an all-gather of the gradient) and gathers the run's output whole (an
-all-gather), because its pipeline frames are slices of whole activations (each rank's share of
-the hidden dimension, ``runtime/compute/pp_shards.py``: the ``1/tp`` of the boundary bytes
-priced here). Megatron sends the sequence shards the blocks hold, so it has neither call, and
-pricing them moved the published sets away (mean error on megatron-core-h100 4.52% without
-them, 5.27% with them, ``netmodel/validation.py``).
-So at sequence parallelism the runtime runs two all-gathers a run of blocks more than this list
-(``tests/runtime/compute/test_sequence_parallel.py`` holds it to exactly that).
+Not priced: the runtime's way into the blocks after the embedding and out of them before the
+head. It slices the embedding's whole output (free; its backward an all-gather of the gradient)
+and gathers the last block's output whole for the head (an all-gather); Megatron fuses both into
+the embedding's and the head's sums (a reduce-scatter where the runtime all-reduces). Between
+stages the runtime's frames are each rank's slice of the sequence, as Megatron's, so a stage
+boundary costs neither call (``runtime/compute/tensor_parallel.py``: ``split_edges``). Pricing a
+gather at every stage boundary, as the runtime once ran them, moved the published sets away
+(mean error on megatron-core-h100 4.52% without them, 5.27% with them,
+``netmodel/validation.py``).
+So at sequence parallelism the runtime runs one all-gather a micro-batch more than this list at
+the stage holding the embedding and one at the stage holding the head
+(``tests/runtime/compute/test_sequence_parallel.py`` and
+``tests/integration/test_tensor_parallel_deployment.py`` hold it to exactly that).
 """
 
 from __future__ import annotations

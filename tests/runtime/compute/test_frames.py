@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import dataclasses
+
 import pytest
 import torch
 
@@ -115,6 +117,22 @@ def test_at_tp_2_an_activation_or_gradient_frame_holds_one_ranks_half_of_the_hid
     check_frame(first, Kind.GRADIENT, torch.zeros(2, 8, 2))
     with pytest.raises(BadRequest, match=r"takes torch.float32 \[batch, 1\.\.8, 2\]"):
         check_frame(last, Kind.ACTIVATION, torch.zeros(2, 8, 4))
+
+
+def test_under_sequence_parallelism_a_frame_may_hold_one_ranks_slice_of_the_sequence() -> None:
+    """Between two stages' blocks a training step sends each rank's slice of the sequence,
+    whole in the hidden dimension (``sequence_parallel``): taken at half the length; a whole
+    sequence of whole width, or a slice at tp = 2 without sequence parallelism, is refused."""
+    at = FrameSpec(
+        stage=1, first=False, last=True, seq=8, vocab=16, hidden=4, n_params=6, tp=2, sequence=True
+    )
+    check_frame(at, Kind.ACTIVATION, torch.zeros(2, 4, 4))  # a sequence slice
+    check_frame(at, Kind.ACTIVATION, torch.zeros(2, 8, 2))  # a hidden slice (eval, decoding)
+    with pytest.raises(BadRequest, match=r"\[batch, 1\.\.8, 2\] or \[batch, 1\.\.4, 4\]"):
+        check_frame(at, Kind.ACTIVATION, torch.zeros(2, 8, 4))
+    plain = dataclasses.replace(at, sequence=False)
+    with pytest.raises(BadRequest):
+        check_frame(plain, Kind.ACTIVATION, torch.zeros(2, 4, 4))
 
 
 def test_the_ranks_slices_are_the_tensor() -> None:

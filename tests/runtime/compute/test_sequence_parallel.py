@@ -101,8 +101,8 @@ def test_sp2_trains_to_the_losses_of_one_process(
         assert got["losses"] == pytest.approx(reference, abs=1e-4)
         assert got["seen"] == tokens // 2  # the norms run on this rank's half of the sequence
         # f and g of each sub-layer, forward and backward: an all-gather and a reduce-scatter
-        # instead of two all-reduces (+ the gathers into and out of the blocks); the only
-        # all-reduces left sum the norms' and biases' gradients, plus the five of the
+        # instead of two all-reduces (+ the gathers after the embedding and before the head);
+        # the only all-reduces left sum the norms' and biases' gradients, plus the five of the
         # vocabulary-parallel ends (embedding, head, the loss's max, target and sum)
         calls = got["calls"]
         assert calls["reduce_scatter_tensor"] == 4 * spec.layers
@@ -111,8 +111,9 @@ def test_sp2_trains_to_the_losses_of_one_process(
     # the cost model's list for the same micro-batch on a sequence-split plan: the same calls
     # of each kind and the same bytes (a ring's share: an all-gather's or a reduce-scatter's
     # (n - 1) / n of the buffer, an all-reduce's twice that), but for the runtime's way into
-    # and out of its one run of blocks, which the list leaves out (netmodel/tp_calls.py's
-    # docstring says why): the gradient of the sliced input and the output, gathered whole
+    # the blocks after the embedding and out of them before the head, which the list leaves
+    # out (netmodel/tp_calls.py's docstring says why): the gradient of the sliced input and
+    # the output, gathered whole
     micro = batches(spec)[0].shape[0]
     job = JobSpec(global_batch=micro, micro_batch=micro, tp=2, sequence_parallel=True)
     layers = build_layer_costs(spec.model_copy(update={"seq": tokens}), job)
@@ -121,7 +122,7 @@ def test_sp2_trains_to_the_losses_of_one_process(
         k: sum(c.count for c in priced if c.kind == k)
         for k in ("all_reduce", "all_gather", "reduce_scatter")
     }
-    edges = 2  # all-gathers of the run's edges, each of the whole activations' buffer
+    edges = 2  # those two all-gathers, each of the whole activations' buffer
     whole = next(c.nbytes for c in priced if c.kind == "all_gather")
     priced_bytes = sum(c.count * bytes_sent_per_rank(c.kind, 2, c.nbytes) for c in priced)
     priced_bytes += edges * bytes_sent_per_rank("all_gather", 2, whole)

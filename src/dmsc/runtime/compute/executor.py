@@ -134,7 +134,8 @@ def run_ops(
             else:
                 with METER.timed("pp"):  # waiting for the stage before: the pipeline's
                     x = peers.recv(Kind.ACTIVATION, step, tag, hop(stage, p, c, -1)[0])
-                    x = whole(x, peers.tp)  # the ranks' slices (:mod:`.pp_shards`)
+                    if not (train and c in module.split_in):  # else the sequence's slice
+                        x = whole(x, peers.tp)  # the ranks' slices (:mod:`.pp_shards`)
                 x.requires_grad_(train)
             c0, w0 = time.perf_counter(), time.time()
             with (
@@ -160,13 +161,16 @@ def run_ops(
                 out.handed = shard(y.detach(), peers.tp, peers.tp_rank)
             elif not last:
                 to, tc = hop(stage, p, c, 1)
-                peers.send(to, Kind.ACTIVATION, step, tc * m + i, shard(y, peers.tp, peers.tp_rank))
+                if not (train and c in module.split_out):
+                    y = shard(y, peers.tp, peers.tp_rank)
+                peers.send(to, Kind.ACTIVATION, step, tc * m + i, y)
         else:
             grad = None
             if not module.chunk_last(c):  # wait for the gradient first: waiting is not compute
                 with METER.timed("pp"):
                     grad = peers.recv(Kind.GRADIENT, step, tag, hop(stage, p, c, 1)[0])
-                    grad = whole(grad, peers.tp)
+                    if c not in module.split_out:
+                        grad = whole(grad, peers.tp)
             c0, w0 = time.perf_counter(), time.time()
             outputs[(i, c)].backward(grad)
             if gpu:
@@ -175,10 +179,10 @@ def run_ops(
             if not module.chunk_first(c):
                 grad_in = inputs[(i, c)].grad
                 assert grad_in is not None
+                if c not in module.split_in:
+                    grad_in = shard(grad_in, peers.tp, peers.tp_rank)
                 to, tc = hop(stage, p, c, -1)
-                peers.send(
-                    to, Kind.GRADIENT, step, tc * m + i, shard(grad_in, peers.tp, peers.tp_rank)
-                )
+                peers.send(to, Kind.GRADIENT, step, tc * m + i, grad_in)
             del inputs[(i, c)], outputs[(i, c)]
     f0 = time.perf_counter()
     peers.flush()

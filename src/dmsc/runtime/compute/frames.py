@@ -39,6 +39,9 @@ class FrameSpec:
     # tensor-parallel ranks: an activation or gradient frame holds one rank's slice of the
     # hidden dimension (:mod:`.pp_shards`)
     tp: int = 1
+    # sequence parallelism: a training step's frame between two blocks holds one rank's slice
+    # of the sequence instead, whole in the hidden dimension (:mod:`.sequence_parallel`)
+    sequence: bool = False
 
 
 def expected_frame(at: FrameSpec, kind: Kind) -> tuple[torch.dtype, str]:
@@ -54,7 +57,10 @@ def expected_frame(at: FrameSpec, kind: Kind) -> tuple[torch.dtype, str]:
             kind == Kind.GRADIENT and at.last and alone
         ):
             raise BadRequest(f"stage {at.stage} does not take {kind.name.lower()}s")
-        return torch.float32, f"[batch, 1..{at.seq}, {at.hidden // at.tp}]"
+        shape = f"[batch, 1..{at.seq}, {at.hidden // at.tp}]"
+        if at.sequence and at.tp > 1:
+            shape += f" or [batch, 1..{at.seq // at.tp}, {at.hidden}]"
+        return torch.float32, shape
     if kind == Kind.TIED_GRAD:
         if not at.tied_rows:
             raise BadRequest(f"stage {at.stage} shares no embedding")
@@ -99,7 +105,8 @@ def check_frame(at: FrameSpec, kind: Kind, t: torch.Tensor) -> None:
             ok = int(t.min()) >= 0 and int(t.max()) < at.vocab
     elif ok and kind in (Kind.ACTIVATION, Kind.GRADIENT):
         ok = t.dim() == 3 and t.shape[0] > 0 and 0 < t.shape[1] <= at.seq
-        ok = ok and t.shape[2] == at.hidden // at.tp
+        split = at.sequence and at.tp > 1 and t.shape[1] <= at.seq // at.tp  # a sequence slice
+        ok = ok and (t.shape[2] == at.hidden // at.tp or (split and t.shape[2] == at.hidden))
         if ok and not finite(t):
             raise BadRequest(
                 f"{kind.name.lower()} of {t.dtype} {tuple(t.shape)} refused: it holds NaN or "

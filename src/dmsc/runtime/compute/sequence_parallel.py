@@ -8,9 +8,12 @@ split along the sequence instead: rank r holds tokens ``r T/tp .. (r+1) T/tp``. 
 sub-layer's column-parallel linears, ``f`` becomes an all-gather of the sequence (its backward a
 reduce-scatter of the input's partial gradients); leaving its row-parallel linear, ``g`` becomes
 a reduce-scatter (its backward an all-gather), the same bytes as the all-reduce it replaces. The
-stage's first block takes its slice of the whole input, and its last block's output is gathered
-whole again, so the stage's input and output, and what the head and the loss see, are those of
-plain tensor parallelism: a checkpoint, the pipeline's sends and the losses do not change.
+first block after the embedding takes its slice of the whole input, and the last block's output
+is gathered whole again before the head, so what the head and the loss see is that of plain
+tensor parallelism. Between two stages whose blocks meet, the pipeline's frames carry each
+rank's slice of the sequence (``StageModule.split_in`` / ``split_out``; the executor sends and
+takes them as they are), Megatron's way: no gather at the boundary, and the same ``1/tp`` of the
+bytes as a slice of the hidden dimension. A checkpoint and the losses do not change.
 
 The norms and the row-parallel biases between the sub-layers see only their rank's tokens, so
 their gradients are partial sums: each is summed over the ranks as it is computed (a hook on the
@@ -25,6 +28,7 @@ plan: ``dmsc.netmodel.iteration``).
 from __future__ import annotations
 
 from collections.abc import Callable
+from dataclasses import dataclass
 from typing import Any
 
 import torch
@@ -35,6 +39,7 @@ from dmsc.runtime.compute.comm_meter import METER
 from dmsc.runtime.compute.tp_ops import all_reduce
 
 __all__ = [
+    "Run",
     "active",
     "gather_sequence",
     "gather_to_whole",
@@ -137,13 +142,23 @@ def _sum_over(group: dist.ProcessGroup | None) -> Any:
     return hook
 
 
-def split_blocks(
-    runs: list[list[nn.Module]], whole: set[str], group: dist.ProcessGroup | None
-) -> None:
-    """Run each list of consecutive blocks in ``runs`` split along the sequence: the first
-    takes its slice of its input, the last gives its output whole; the parameters of each
-    block whose names are in ``whole`` (norms, row-parallel biases: whole on every rank, fed
-    only this rank's tokens) get their gradients summed over ``group``."""
+@dataclass(frozen=True)
+class Run:
+    """Consecutive blocks of a stage, run split along the sequence; ``sliced``: the first
+    takes its slice of a whole input (else its input is the slice already: a pipeline frame
+    from a block of another stage), ``gathered``: the last gives its output whole (else its
+    slice, for the next stage's block)."""
+
+    blocks: list[nn.Module]
+    sliced: bool = True
+    gathered: bool = True
+
+
+def split_blocks(runs: list[Run], whole: set[str], group: dist.ProcessGroup | None) -> None:
+    """Run each run of consecutive blocks in ``runs`` split along the sequence, into and out
+    of it as the run says; the parameters of each block whose names are in ``whole`` (norms,
+    row-parallel biases: whole on every rank, fed only this rank's tokens) get their gradients
+    summed over ``group``."""
 
     def take_slice(_m: nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
         if not torch.is_grad_enabled():
@@ -154,9 +169,11 @@ def split_blocks(
         return gather_to_whole(out, group) if torch.is_grad_enabled() else None
 
     for run in runs:
-        run[0].register_forward_pre_hook(take_slice, with_kwargs=True)
-        run[-1].register_forward_hook(give_whole, with_kwargs=True)
-        for block in run:
+        if run.sliced:
+            run.blocks[0].register_forward_pre_hook(take_slice, with_kwargs=True)
+        if run.gathered:
+            run.blocks[-1].register_forward_hook(give_whole, with_kwargs=True)
+        for block in run.blocks:
             for name, param in block.named_parameters():
                 if name in whole:
                     param.register_hook(_sum_over(group))

@@ -125,7 +125,7 @@ class StageWorker:
             stage=cfg.stage, first=first, last=last, seq=self.spec.seq, vocab=self.spec.vocab,
             hidden=self.spec.hidden, n_params=self.n_params,
             tied_rows=0 if self.tied is None else self.tied.shape[0],
-            chunks=self.module.chunks, tp=cfg.tp,
+            chunks=self.module.chunks, tp=cfg.tp, sequence=cfg.sequence_parallel,
         )  # fmt: skip
         self.steps_done = 0
         self.sessions = Sessions()  # inference sessions' keys and values

@@ -268,26 +268,45 @@ def parallelize_stage(
     if vocab:
         vocab_parallel.split_ends(module, group)
     if sequence:
+        module.split_in, module.split_out = split_edges(module, spec.layers)
         runs = _block_runs(module)
-        sequence_parallel.split_blocks(runs, {n for r in runs for n in _whole_names(r[0])}, group)
+        whole = {n for r in runs for n in _whole_names(r.blocks[0])}
+        sequence_parallel.split_blocks(runs, whole, group)
     return module
 
 
-def _block_runs(module: StageModule) -> list[list[nn.Module]]:
+def split_edges(module: StageModule, blocks: int) -> tuple[frozenset[int], frozenset[int]]:
+    """The chunks of ``module`` (of a model of ``blocks`` blocks) whose input, and those whose
+    output, cross a stage boundary between two blocks: under sequence parallelism the blocks on
+    both sides hold the sequence split, so those frames carry each rank's slice of it, as
+    Megatron's do (Korthikanti et al. 2023, sec. 4.2.2), and no rank gathers the whole. Next to
+    the embedding or the head the frames stay whole activations (each rank's share of the
+    hidden dimension: :mod:`..pp_shards`)."""
+    into, out = set(), set()
+    for c, (lo, hi) in enumerate(module.spans):
+        if module.names[lo] not in ("embedding", "head", "block_0"):
+            into.add(c)
+        if module.names[hi - 1] not in ("embedding", "head", f"block_{blocks - 1}"):
+            out.add(c)
+    return frozenset(into), frozenset(out)
+
+
+def _block_runs(module: StageModule) -> list[sequence_parallel.Run]:
     """The stage's runs of consecutive blocks, chunk by chunk (the embedding and the head stay
-    outside: they run on the whole sequence)."""
-    runs: list[list[nn.Module]] = []
-    for lo, hi in module.spans:
-        run: list[nn.Module] = []
-        for i in range(lo, hi):
-            if module.names[i] in ("embedding", "head"):
+    outside: they run on the whole sequence), each with whether it takes and gives the whole
+    sequence (not where its end is a chunk's end in ``module.split_in`` / ``split_out``)."""
+    runs: list[sequence_parallel.Run] = []
+    for c, (lo, hi) in enumerate(module.spans):
+        start, run = lo, list[nn.Module]()
+        for i in range(lo, hi + 1):
+            if i == hi or module.names[i] in ("embedding", "head"):
                 if run:
-                    runs.append(run)
-                run = []
+                    sliced = not (start == lo and c in module.split_in)
+                    gathered = not (i == hi and c in module.split_out)
+                    runs.append(sequence_parallel.Run(run, sliced, gathered))
+                start, run = i + 1, list[nn.Module]()
             else:
                 run.append(module.layers[i])
-        if run:
-            runs.append(run)
     return runs
 
 

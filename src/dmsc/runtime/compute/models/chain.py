@@ -51,6 +51,12 @@ class StageModule(nn.Module):
         self.layers = nn.ModuleList(layers)
         self.names = names
         self.spans = spans or [(0, len(layers))]
+        # the chunks whose input (``split_in``) or output (``split_out``) frames hold this
+        # rank's slice of the sequence while training under sequence parallelism (a block's
+        # shard, from or to a block of another stage; :mod:`..sequence_parallel`); set when
+        # the stage is split (``tensor_parallel.parallelize_stage``)
+        self.split_in: frozenset[int] = frozenset()
+        self.split_out: frozenset[int] = frozenset()
 
     @property
     def chunks(self) -> int:
