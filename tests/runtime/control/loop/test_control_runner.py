@@ -391,3 +391,25 @@ def test_a_resize_while_a_failed_shrink_left_no_deployment_is_skipped_and_says_s
     cp.relayout = lambda new, action, why: None
     resize_now(cp, Resizer().propose(m)[0])
     assert asked == [(1, {"site-a": 2, "site-b": 2})]
+
+
+def test_the_modules_heavy_imports_are_made_before_the_first_tick(
+    tmp_path: Path, plan: Plan, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Path optimisation's first re-plan imported the planner's solvers (OR-Tools, pandas:
+    4.1 s of a tick) while training ran, and the task's steps ran up to twice as slow
+    meanwhile: the loop's thread imports them as it starts, before it waits for a tick; an
+    import that fails is logged and the loop goes on."""
+    cp, _ = _plane(tmp_path, plan)
+    loop, lines = _loop(cp, Policy(), "act", [])
+    order: list[str] = []
+    assert "dmsc.planner.solve" in runner.WARM  # what paths.replan imports
+    monkeypatch.setattr(runner, "WARM", ("dmsc.planner.solve", "dmsc.no_such_module"))
+    real = runner.importlib.import_module
+    monkeypatch.setattr(runner.importlib, "import_module", lambda n: (order.append(n), real(n))[1])
+    stopped = threading.Event()
+    monkeypatch.setattr(loop, "once", lambda: (order.append("tick"), stopped.set()))
+    loop.interval_s = 0.01
+    loop.run(stopped)
+    assert order == ["dmsc.planner.solve", "dmsc.no_such_module", "tick"]
+    assert any("importing dmsc.no_such_module failed" in line for line in lines.lines)

@@ -32,6 +32,7 @@ logged and the loop goes on.
 
 from __future__ import annotations
 
+import importlib
 import logging
 import threading
 import time
@@ -84,6 +85,14 @@ def loop_modules(cluster: ClusterSpec | None) -> list[FunctionalModule]:
     if cluster is not None:
         modules.append(PathOptimisation(cluster))
     return modules
+
+
+# Modules the functional modules import on their first run, imported when the loop starts
+# instead: path optimisation re-plans with the planner's solvers, whose OR-Tools CP-SAT imports
+# pandas (2.2 s of CPU on the 2-core machine, ``python -X importtime``). Imported in the first
+# run that found a training task, it took 4.1 s of that tick (py-spy) while the task's steps ran
+# up to twice as slow (steps 12-20 of 60 in every run of benchmarks/recalibration.py).
+WARM = ("dmsc.planner.solve",)
 
 
 @dataclass
@@ -171,7 +180,13 @@ class ControlLoop:
 
     # -- the thread ----------------------------------------------------------------------------
     def run(self, stopped: threading.Event) -> None:
-        """Tick every ``interval_s`` until ``stopped``; a failed tick is logged, not fatal."""
+        """Tick every ``interval_s`` until ``stopped``; a failed tick is logged, not fatal.
+        The modules' heavy imports are made first (:data:`WARM`), while the workers start."""
+        for name in WARM:
+            try:
+                importlib.import_module(name)
+            except Exception:  # the tick that needs it will say why
+                self.log.exception("control loop: importing %s failed", name)
         while not stopped.wait(self.interval_s):
             try:
                 self.once()
