@@ -13,6 +13,7 @@ import torch
 
 from dmsc.data.corpus import Corpus, stdlib_text
 from dmsc.runtime.compute.models.chain import layer_names
+from dmsc.runtime.compute.outer_sync import summed
 from dmsc.runtime.compute.reference import train_diloco_reference, train_reference
 from dmsc.runtime.control.launch.deployment import Deployment, StageLayout
 from dmsc.runtime.control.training.session import train
@@ -85,6 +86,7 @@ def test_diloco_equals_its_reference_in_one_process(dep, corpus) -> None:  # typ
 )
 def test_every_mode_trains_and_keeps_the_replicas_equal(dep, corpus, sync, request) -> None:  # type: ignore[no-untyped-def]
     dep.restore(dep.start_ckpt)
+    before = _to_leader(dep)
     report = train(dep, corpus, corpus, 4, BATCH, MICRO, validate=False, sync=sync)
     assert all(math.isfinite(v) for v in report.losses)
     assert report.losses[-1] < report.losses[0]
@@ -102,11 +104,23 @@ def test_every_mode_trains_and_keeps_the_replicas_equal(dep, corpus, sync, reque
 
         saved[r] = load_file(str(path))
     assert all(torch.equal(saved[0][k], saved[1][k]) for k in saved[0])
-    # what the follower sent is in its metrics, by kind
+    # what the follower sent is in its metrics, by kind: bf16 updates and PowerSGD's factors
+    # are all-reduced among the replicas (as the cost model prices them), what cannot be
+    # summed on the way goes to the leader
+    sent = _to_leader(dep) - before
+    assert (sent > 0) is (sync.compression.kind not in ("bf16", "powersgd")), sent
+    assert summed(sync) is (sync.compression.kind in ("bf16", "powersgd")), sync
+
+
+def _to_leader(dep) -> float:  # type: ignore[no-untyped-def]
+    """The bytes the follower has sent its stage leader for sync rounds (its metrics)."""
     health = dep.clients[(0, 1)].send("Health", Health(), timeout_s=5)
     text = httpx.get(f"http://{health['metrics']}/metrics", timeout=5).text
-    sent = [ln for ln in text.splitlines() if ln.startswith("dmsc_worker_bytes_sent_total")]
-    assert any('kind="sync_part"' in ln and float(ln.split()[-1]) > 0 for ln in sent), sent
+    return sum(
+        float(ln.split()[-1])
+        for ln in text.splitlines()
+        if ln.startswith("dmsc_worker_bytes_sent_total") and 'kind="sync_part"' in ln
+    )
 
 
 def test_a_poisoned_replica_derails_the_mean_and_not_the_robust_aggregators(corpus) -> None:  # type: ignore[no-untyped-def]

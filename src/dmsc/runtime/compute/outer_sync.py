@@ -77,6 +77,22 @@ def plain_mean(s: SyncSettings) -> bool:
     )
 
 
+def summed(s: SyncSettings) -> bool:
+    """Whether the replicas' updates can be summed on the way, by all-reduce where the replicas
+    have a collective (as the cost model prices them, :mod:`dmsc.netmodel.sync`), with no
+    robust aggregator, privacy or secure aggregation: a plain mean of fp32 updates, of bf16 ones
+    (summed in bfloat16, as PyTorch's ``bf16_compress_hook``), or of PowerSGD's fp32 factors
+    (Vogels et al. 2019 all-reduce both; PyTorch's ``powerSGD_hook`` does the same). int8
+    (re-quantised at each hop, as priced) and top-k (an all-gather) still go through the
+    leader."""
+    return (
+        s.compression.kind in ("none", "bf16", "powersgd")
+        and s.aggregator == "mean"
+        and s.privacy_clip is None
+        and not s.secure
+    )
+
+
 def plain_sync(s: SyncSettings) -> bool:
     """Every-step averaging of fp32 gradients with nothing on top: the plain path of
     :class:`~dmsc.runtime.compute.gradient_sync.GradientSync`, with every late policy."""
@@ -150,8 +166,9 @@ class ReplicaSync:
         self.party: MaskingParty | None = None
         self.party_epoch = -1
         self.rounds = 0
-        # DiLoCo's and FedAvg's plain rounds: the all-reduce, where the replicas have one
-        self.collective = star.collective if plain_mean(settings) else None
+        # DiLoCo's and FedAvg's plain rounds and PowerSGD's factors: the all-reduce, where the
+        # replicas have one
+        self.collective = star.collective if summed(settings) else None
 
     # -- the agreed update ---------------------------------------------------------------------
     def agree(
@@ -205,6 +222,11 @@ class ReplicaSync:
     ) -> tuple[torch.Tensor, list[int]]:
         assert self.codec is not None and self.down is not None
         if self.collective is not None:
+            if self.settings.compression.kind == "bf16":  # summed in bfloat16 on the way
+                out, late = self.collective.mean(
+                    step, 0, 0, update.to(torch.bfloat16), policy, wait_s
+                )
+                return out.float(), late
             return self.collective.mean(step, 0, 0, update, policy, wait_s)
         codec, down, n = self.codec, self.down, self.n
 
@@ -232,6 +254,12 @@ class ReplicaSync:
         self, step: int, update: torch.Tensor, policy: LatePolicy, wait_s: float
     ) -> tuple[torch.Tensor, list[int]]:
         assert self.power is not None
+        if self.collective is not None:  # each factor summed by all-reduce, as priced
+            dp = self.collective
+            p_mean, late = dp.mean(step, P_ROUND, P_ROUND, self.power.start(update), policy, wait_s)
+            middle = self.power.middle(p_mean)
+            q_mean, late2 = dp.mean(step, Q_ROUND, Q_ROUND, middle, policy, wait_s)
+            return self.power.finish(q_mean), sorted(set(late) | set(late2))
 
         def mean(parts: dict[int, torch.Tensor]) -> torch.Tensor:
             parts = self._present(parts)

@@ -1,0 +1,135 @@
+"""Which path a sync mode's round takes (the replicas' all-reduce or the leader's star), and
+that both give the same agreed update: two replicas in threads of this process, the collective
+and the star stood in for by a meeting point that sums or combines what both brought (the real
+paths run in tests/integration/test_sync_modes.py)."""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Callable
+from types import SimpleNamespace
+from typing import Any
+
+import pytest
+import torch
+
+from dmsc.runtime.compute.outer_sync import ReplicaSync, summed
+from dmsc.runtime.transport.messages import SyncSettings
+
+
+class Meeting:
+    """Both replicas bring a tensor; each leaves with what ``combine`` makes of the two."""
+
+    def __init__(self) -> None:
+        self.barrier = threading.Barrier(2)
+        self.parts: dict[int, torch.Tensor] = {}
+        self.calls: list[tuple[str, int]] = []
+
+    def meet(self, replica: int, x: torch.Tensor) -> dict[int, torch.Tensor]:
+        self.parts[replica] = x.clone()
+        self.barrier.wait()
+        parts = dict(self.parts)
+        self.barrier.wait()
+        return parts
+
+
+class Collective:
+    def __init__(self, meeting: Meeting, replica: int) -> None:
+        self.meeting, self.replica = meeting, replica
+
+    def mean(
+        self, step: int, round_: int, mb: int, vector: torch.Tensor, policy: str, wait_s: float
+    ) -> tuple[torch.Tensor, list[int]]:
+        self.meeting.calls.append(("all-reduce", round_))
+        parts = self.meeting.meet(self.replica, vector)
+        return (parts[0] + parts[1]) / 2, []
+
+
+class Star:
+    def __init__(self, meeting: Meeting, replica: int, collective: Collective | None) -> None:
+        self.cfg = SimpleNamespace(stage=0, faults={}, replica=replica, replicas=2)
+        self.meeting, self.collective = meeting, collective
+
+    def exchange(
+        self,
+        step: int,
+        round_: int,
+        payload: torch.Tensor,
+        combine: Callable[[dict[int, torch.Tensor]], torch.Tensor],
+        policy: str,
+        wait_s: float,
+    ) -> tuple[torch.Tensor, list[int]]:
+        self.meeting.calls.append(("leader", round_))
+        return combine(self.meeting.meet(self.cfg.replica, payload)), []
+
+
+def _agree(settings: SyncSettings, collective: bool) -> tuple[list[torch.Tensor], Meeting]:
+    """One round of two replicas (their updates differ): each one's agreed update."""
+    meeting = Meeting()
+    out: list[Any] = [None, None]
+
+    def replica(r: int) -> None:
+        torch.manual_seed(0)
+        module = torch.nn.Sequential(torch.nn.Linear(16, 12), torch.nn.Linear(12, 8))
+        dp = Collective(meeting, r) if collective else None
+        sync = ReplicaSync(settings, module, Star(meeting, r, dp), seed=3)  # type: ignore[arg-type]
+        update = torch.randn(sync.n, generator=torch.Generator().manual_seed(10 + r))
+        out[r], _ = sync.agree(0, update, "wait", 5.0)
+
+    threads = [threading.Thread(target=replica, args=(r,)) for r in (0, 1)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(30)
+    assert all(isinstance(x, torch.Tensor) for x in out), out
+    return out, meeting
+
+
+@pytest.mark.parametrize(
+    ("settings", "rounds"),
+    [
+        (SyncSettings(compress="powersgd:2"), [("all-reduce", 0), ("all-reduce", 1)]),
+        (SyncSettings(mode="fedprox", inner_steps=2, compress="bf16"), [("all-reduce", 0)]),
+    ],
+    ids=["powersgd", "bf16"],
+)
+def test_what_sums_on_the_way_is_all_reduced_as_priced_and_agrees_with_the_leader(
+    settings: SyncSettings, rounds: list[tuple[str, int]]
+) -> None:
+    """PowerSGD's P and Q are means of fp32 factors, bf16 updates sum in bfloat16: with a
+    collective they are all-reduced (PowerSGD in two rounds, as the cost model prices them),
+    never sent to the leader, and the replicas agree on the update the leader's star gives
+    (two replicas: the same sums, exactly)."""
+    assert summed(settings)
+    (a, b), meeting = _agree(settings, collective=True)
+    assert sorted(set(meeting.calls)) == rounds
+    (want, _), star = _agree(settings, collective=False)
+    assert {kind for kind, _ in star.calls} == {"leader"}
+    assert torch.equal(a, b) and torch.equal(a, want)
+
+
+@pytest.mark.parametrize(
+    "settings",
+    [
+        SyncSettings(compress="int8"),
+        SyncSettings(compress="topk:0.5"),
+        SyncSettings(compress="powersgd:2", privacy_clip=1.0),
+    ],
+    ids=["int8", "topk", "powersgd-privacy"],
+)
+def test_what_cannot_be_summed_on_the_way_goes_to_the_leader(settings: SyncSettings) -> None:
+    assert not summed(settings)
+    _, meeting = _agree(settings, collective=True)
+    assert {kind for kind, _ in meeting.calls} == {"leader"}
+
+
+def test_secure_aggregation_and_robust_aggregators_are_never_summed_on_the_way() -> None:
+    """(They need more than two replicas or the workers' keys to run here.)"""
+    assert not summed(SyncSettings(secure=True))
+    assert not summed(SyncSettings(aggregator="median"))
+    assert not summed(SyncSettings(aggregator="krum"))
+
+
+def test_a_plain_mean_is_all_reduced() -> None:
+    (a, b), meeting = _agree(SyncSettings(mode="diloco", inner_steps=2), collective=True)
+    assert {kind for kind, _ in meeting.calls} == {"all-reduce"} and torch.equal(a, b)
