@@ -13,7 +13,7 @@ import torch
 
 from dmsc.data.corpus import Corpus, stdlib_text
 from dmsc.runtime.compute.models.chain import layer_names
-from dmsc.runtime.compute.outer_sync import summed
+from dmsc.runtime.compute.outer_sync import by_collective
 from dmsc.runtime.compute.reference import train_diloco_reference, train_reference
 from dmsc.runtime.control.launch.deployment import Deployment, StageLayout
 from dmsc.runtime.control.training.session import train
@@ -105,11 +105,11 @@ def test_every_mode_trains_and_keeps_the_replicas_equal(dep, corpus, sync, reque
         saved[r] = load_file(str(path))
     assert all(torch.equal(saved[0][k], saved[1][k]) for k in saved[0])
     # what the follower sent is in its metrics, by kind: bf16 updates and PowerSGD's factors
-    # are all-reduced among the replicas (as the cost model prices them), what cannot be
-    # summed on the way goes to the leader
+    # are all-reduced among the replicas, top-k payloads all-gathered (as the cost model
+    # prices them); int8 and secure aggregation go to the leader
     sent = _to_leader(dep) - before
-    assert (sent > 0) is (sync.compression.kind not in ("bf16", "powersgd")), sent
-    assert summed(sync) is (sync.compression.kind in ("bf16", "powersgd")), sync
+    assert (sent > 0) is (sync.compression.kind in ("int8", "none")), sent
+    assert by_collective(sync) is (sync.compression.kind in ("bf16", "topk", "powersgd")), sync
 
 
 def _to_leader(dep) -> float:  # type: ignore[no-untyped-def]

@@ -33,11 +33,12 @@ with a torch.distributed all-reduce among its replicas, as ``DistributedDataPara
   (``Abort``) abandons a wait at once.
 
 The same quorum and group average a round's pseudo-gradient for DiLoCo and FedAvg
-(:meth:`DataParallel.mean`). The bytes a replica puts on its links are its algorithm's, by peer
-(:func:`.allreduce.link_bytes`: a ring's 2 (n - 1) / n of each bucket to its successor, a tree's
-whole bucket to its parent and to each child), what the cost model assumes; a thin link
-(``dp_link_mbps``) books them on the replica's :class:`~.gradient_sync.LinkShaper` at launch
-and the step waits for the link too.
+(:meth:`DataParallel.mean`), and gather the top-k payloads that cannot be summed on the way
+(:meth:`DataParallel.gathered_mean`). The bytes a replica puts on its links are its
+algorithm's, by peer (:func:`.allreduce.link_bytes`: a ring's 2 (n - 1) / n of each bucket to its
+successor, a tree's whole bucket to its parent and to each child), what the cost model
+assumes; a thin link (``dp_link_mbps``) books them on the replica's
+:class:`~.gradient_sync.LinkShaper` at launch and the step waits for the link too.
 """
 
 from __future__ import annotations
@@ -436,4 +437,43 @@ class DataParallel:
             time.sleep(max(0.0, st.bytes_until - time.monotonic()))
         if d.late and d.members[0] == self.cfg.replica:
             self._send_late(Kind.SYNC_DOWN, step, mb, out, d.late)
+        return out, list(d.late)
+
+    def gathered_mean(
+        self,
+        step: int,
+        round_: int,
+        payload: torch.Tensor,
+        decode: Callable[[torch.Tensor], torch.Tensor],
+        policy: LatePolicy,
+        wait_s: float,
+    ) -> tuple[torch.Tensor, list[int]]:
+        """The mean of every replica's vector sent as a codec's ``payload`` that cannot be
+        summed on the way (top-k: the replicas keep different indices), by all-gather (gloo's
+        ring: each member sends the ``n - 1`` payloads to its successor, as the cost model's
+        ``all_gather`` prices it): each member decodes every payload and averages them in
+        replica order. The payloads must be equal in size (a codec's are, for one vector
+        length). Quorum, late replicas and the thin link as :meth:`mean`."""
+        policy = "wait" if policy == "restart" else policy
+        st = _Step(step, self.inbox.epoch, 0, policy, wait_s, [], [])
+        d = self._agree(st, f"r{step}/{round_}", policy, wait_s, False)
+        if d.verdict != "go":
+            raise TimeoutError(f"stage {self.cfg.stage}: no update from replicas {list(d.late)}")
+        rank = d.rank(self.cfg.replica)
+        if rank is None:
+            return self.peers.recv(Kind.SYNC_DOWN, step, round_).cpu(), []
+        parts = [payload]
+        if len(d.members) > 1:
+            n = len(d.members)
+            parts = [torch.empty_like(payload) for _ in range(n)]
+            nbytes = (n - 1) * payload.numel() * payload.element_size()
+            key = (self.cfg.stage, d.members[(rank + 1) % n])
+            self.peers.sent[key] = self.peers.sent.get(key, 0) + nbytes
+            st.bytes_until = self.link.reserve(nbytes)
+            work = self.group.pg.allgather([parts], [payload.contiguous()])
+            self.group.wait(work, self._abandoned(st))
+            time.sleep(max(0.0, st.bytes_until - time.monotonic()))
+        out = torch.stack([decode(p) for p in parts]).sum(0) / len(parts)
+        if d.late and d.members[0] == self.cfg.replica:
+            self._send_late(Kind.SYNC_DOWN, step, round_, out, d.late)
         return out, list(d.late)

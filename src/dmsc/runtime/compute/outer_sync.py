@@ -77,16 +77,17 @@ def plain_mean(s: SyncSettings) -> bool:
     )
 
 
-def summed(s: SyncSettings) -> bool:
-    """Whether the replicas' updates can be summed on the way, by all-reduce where the replicas
-    have a collective (as the cost model prices them, :mod:`dmsc.netmodel.sync`), with no
-    robust aggregator, privacy or secure aggregation: a plain mean of fp32 updates, of bf16 ones
-    (summed in bfloat16, as PyTorch's ``bf16_compress_hook``), or of PowerSGD's fp32 factors
-    (Vogels et al. 2019 all-reduce both; PyTorch's ``powerSGD_hook`` does the same). int8
-    (re-quantised at each hop, as priced) and top-k (an all-gather) still go through the
-    leader."""
+def by_collective(s: SyncSettings) -> bool:
+    """Whether the replicas agree on their updates by a collective among themselves, as the
+    cost model prices it (:mod:`dmsc.netmodel.sync`), where they have one: with no robust
+    aggregator, privacy or secure aggregation, a plain mean of fp32 updates and bf16 ones
+    (all-reduced, bf16 summed in bfloat16 as PyTorch's ``bf16_compress_hook``), PowerSGD's
+    fp32 factors (both rounds all-reduced, as Vogels et al. 2019 and PyTorch's
+    ``powerSGD_hook``), top-k payloads (all-gathered: the replicas keep different indices).
+    int8 (priced as a ring that re-quantises at each hop, which nothing here runs) and the rest
+    go through the stage leader."""
     return (
-        s.compression.kind in ("none", "bf16", "powersgd")
+        s.compression.kind in ("none", "bf16", "topk", "powersgd")
         and s.aggregator == "mean"
         and s.privacy_clip is None
         and not s.secure
@@ -168,7 +169,7 @@ class ReplicaSync:
         self.rounds = 0
         # DiLoCo's and FedAvg's plain rounds and PowerSGD's factors: the all-reduce, where the
         # replicas have one
-        self.collective = star.collective if summed(settings) else None
+        self.collective = star.collective if by_collective(settings) else None
 
     # -- the agreed update ---------------------------------------------------------------------
     def agree(
@@ -227,6 +228,17 @@ class ReplicaSync:
                     step, 0, 0, update.to(torch.bfloat16), policy, wait_s
                 )
                 return out.float(), late
+            if self.settings.compression.kind == "topk":  # gathered: different indices
+
+                def decoded(payload: torch.Tensor) -> torch.Tensor:
+                    try:
+                        return codec.decode(payload, n)
+                    except CodecError as exc:
+                        raise BadRequest(f"a replica's update is refused: {exc}") from None
+
+                codec, n = self.codec, self.n
+                payload = codec.encode(update)
+                return self.collective.gathered_mean(step, 0, payload, decoded, policy, wait_s)
             return self.collective.mean(step, 0, 0, update, policy, wait_s)
         codec, down, n = self.codec, self.down, self.n
 
