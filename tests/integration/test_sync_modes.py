@@ -105,11 +105,11 @@ def test_every_mode_trains_and_keeps_the_replicas_equal(dep, corpus, sync, reque
         saved[r] = load_file(str(path))
     assert all(torch.equal(saved[0][k], saved[1][k]) for k in saved[0])
     # what the follower sent is in its metrics, by kind: bf16 updates and PowerSGD's factors
-    # are all-reduced among the replicas, top-k payloads all-gathered (as the cost model
-    # prices them); int8 and secure aggregation go to the leader
+    # are all-reduced among the replicas, int8 ones on the re-quantising ring, top-k payloads
+    # all-gathered (as the cost model prices them); secure aggregation goes to the leader
     sent = _to_leader(dep) - before
-    assert (sent > 0) is (sync.compression.kind in ("int8", "none")), sent
-    assert by_collective(sync) is (sync.compression.kind in ("bf16", "topk", "powersgd")), sync
+    assert (sent > 0) is sync.secure, sent
+    assert by_collective(sync) is not sync.secure, sync
 
 
 def _to_leader(dep) -> float:  # type: ignore[no-untyped-def]

@@ -31,13 +31,13 @@ The choices, for :func:`dmsc.netmodel.iteration.estimate_iteration` and the simu
   :func:`bucketed_exposed_s`, each bucket paying its own latency. A round of local steps is
   one all-reduce of the whole payload (the runtime's ``DataParallel.mean``), the window ``w``
   above the last backward's compute.
-- **Not modelled**: the runtime's star for int8 payloads, robust aggregators, privacy and
-  secure aggregation (through the stage leader, whose link carries ``2 (n - 1)`` payloads a
-  round; plain means, bf16, top-k and PowerSGD go by collective as priced,
-  :func:`dmsc.runtime.compute.outer_sync.by_collective`), the codecs'
-  compute (quantisation, top-k selection, PowerSGD's products), the outer optimizer's state
-  (anchor weights and momentum, kept in host memory as OpenDiLoCo does), and convergence
-  (local steps may need more iterations to the same loss).
+- **Not modelled**: the runtime's star for robust aggregators, privacy and secure aggregation
+  (through the stage leader, whose link carries ``2 (n - 1)`` payloads a round; every codec
+  without them goes by collective as priced,
+  :func:`dmsc.runtime.compute.outer_sync.by_collective`), the codecs' compute (quantisation,
+  top-k selection, PowerSGD's products), the outer optimizer's state (anchor weights and
+  momentum, kept in host memory as OpenDiLoCo does), and convergence (local steps may need
+  more iterations to the same loss).
 """
 
 from __future__ import annotations

@@ -46,6 +46,14 @@ class Collective:
         parts = self.meeting.meet(self.replica, vector)
         return (parts[0] + parts[1]) / 2, []
 
+    def int8_mean(
+        self, step: int, round_: int, vector: torch.Tensor, block: int, *_: Any
+    ) -> tuple[torch.Tensor, list[int]]:
+        """(The ring's rounding is tested over gloo in test_int8_ring.py.)"""
+        self.meeting.calls.append((f"int8 ring of {block}", round_))
+        parts = self.meeting.meet(self.replica, vector)
+        return (parts[0] + parts[1]) / 2, []
+
     def gathered_mean(
         self, step: int, round_: int, payload: torch.Tensor, decode: Decode, *_: Any
     ) -> tuple[torch.Tensor, list[int]]:
@@ -121,10 +129,10 @@ def test_what_sums_on_the_way_is_all_reduced_as_priced_and_agrees_with_the_leade
 @pytest.mark.parametrize(
     "settings",
     [
-        SyncSettings(compress="int8"),
+        SyncSettings(compress="int8", privacy_clip=1.0),
         SyncSettings(compress="powersgd:2", privacy_clip=1.0),
     ],
-    ids=["int8", "powersgd-privacy"],
+    ids=["int8-privacy", "powersgd-privacy"],
 )
 def test_what_no_collective_runs_goes_to_the_leader(settings: SyncSettings) -> None:
     assert not by_collective(settings)
@@ -137,6 +145,12 @@ def test_secure_aggregation_and_robust_aggregators_go_to_the_leader() -> None:
     assert not by_collective(SyncSettings(secure=True))
     assert not by_collective(SyncSettings(aggregator="median"))
     assert not by_collective(SyncSettings(aggregator="krum"))
+
+
+def test_int8_goes_by_the_int8_ring_with_its_block() -> None:
+    assert by_collective(SyncSettings(compress="int8:64"))
+    (a, b), meeting = _agree(SyncSettings(compress="int8:64"), collective=True)
+    assert set(meeting.calls) == {("int8 ring of 64", 0)} and torch.equal(a, b)
 
 
 def test_a_plain_mean_is_all_reduced() -> None:

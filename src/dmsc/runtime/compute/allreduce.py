@@ -26,7 +26,7 @@ reaches the worker, is the ring):
 The tree and the hierarchical rings run on a thread of their own for each launch (one after
 the other, in launch order, as gloo runs its collectives), behind a :class:`ThreadWork` that
 answers as a gloo work does, so that the buckets' overlap with the backward, the waits and
-their timeouts (:meth:`.dp_collective.ReplicaGroup.wait`) are the same for every algorithm.
+their timeouts (:meth:`.replica_group.ReplicaGroup.wait`) are the same for every algorithm.
 
 :func:`link_bytes` says what each member sends to each other member for each algorithm, from the
 same chunking the algorithms use: the meter books it by link, and a unit test holds it equal to

@@ -206,6 +206,12 @@ class _Int8:
         return out
 
 
+def int8_payload_bytes(n: int, block: int) -> int:
+    """The bytes of an int8 payload of ``n`` elements in blocks of ``block`` (:class:`_Int8`):
+    its header, a float32 scale a block and a byte an element."""
+    return _HEADER + 4 * -(-n // block) + n
+
+
 def _pack_sparse(tag: int, idx: torch.Tensor, values: torch.Tensor) -> torch.Tensor:
     head = _header(tag, 0, idx.numel(), values.device)
     return torch.cat([head, _as_bytes(idx.to(torch.int32)), _as_bytes(values)])

@@ -33,8 +33,9 @@ with a torch.distributed all-reduce among its replicas, as ``DistributedDataPara
   (``Abort``) abandons a wait at once.
 
 The same quorum and group average a round's pseudo-gradient for DiLoCo and FedAvg
-(:meth:`DataParallel.mean`), and gather the top-k payloads that cannot be summed on the way
-(:meth:`DataParallel.gathered_mean`). The bytes a replica puts on its links are its
+(:meth:`DataParallel.mean`), gather the top-k payloads that cannot be summed on the way
+(:meth:`DataParallel.gathered_mean`) and sum int8 ones re-quantised at each hop
+(:meth:`DataParallel.int8_mean`). The bytes a replica puts on its links are its
 algorithm's, by peer (:func:`.allreduce.link_bytes`: a ring's 2 (n - 1) / n of each bucket to its
 successor, a tree's whole bucket to its parent and to each child), what the cost model
 assumes; a thin link (``dp_link_mbps``) books them on the replica's
@@ -48,18 +49,17 @@ import threading
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
-from datetime import timedelta
 from typing import Any
 
 import torch
-import torch.distributed as dist
 
 from dmsc.netmodel.dp_buckets import pack_buckets
-from dmsc.runtime.compute.allreduce import ThreadWork, algorithm_of, domains_of, launch, link_bytes
 from dmsc.runtime.compute.config import WorkerConfig
 from dmsc.runtime.compute.inbox import Aborted, Inbox
+from dmsc.runtime.compute.int8_ring import int8_ring_all_reduce, sent_bytes
 from dmsc.runtime.compute.peers import Peers
-from dmsc.runtime.compute.quorum import Decision, Quorum
+from dmsc.runtime.compute.quorum import Decision
+from dmsc.runtime.compute.replica_group import ReplicaGroup
 from dmsc.runtime.transport.messages import LatePolicy
 from dmsc.runtime.transport.rpc import Abandoned
 from dmsc.runtime.transport.wire import Kind, encode
@@ -83,121 +83,6 @@ def buckets_of(
     if last is not None:
         out.append([next(i for i, p in enumerate(params) if p is last)])
     return out
-
-
-class ReplicaGroup:
-    """This replica's process group with the other replicas of its stage (same tp rank), formed
-    per quorum through the deployment's store (``cfg.tp_store``)."""
-
-    def __init__(self, cfg: WorkerConfig) -> None:
-        self.cfg = cfg
-        self.timeout_s = cfg.recv_timeout_s
-        self.algorithm = algorithm_of(cfg.allreduce)
-        self._store: Any = None
-        self.pg: Any = None  # a ProcessGroupGloo (torch's stubs do not export the name)
-        self.group = ""  # its id ("" none)
-        self.rank, self.size = 0, 1  # this replica's in it
-        self.domains: list[list[int]] | None = None  # its members' ranks by datacenter
-        self._launches = 0  # the all-reduces launched in it (the same count on every member)
-        self._last: ThreadWork | None = None  # the latest point-to-point one
-
-    def store(self) -> Any:
-        if self._store is None:
-            host, _, port = self.cfg.tp_store.rpartition(":")
-            self._store = dist.TCPStore(  # type: ignore[attr-defined]
-                host, int(port), is_master=False, timeout=timedelta(seconds=self.timeout_s)
-            )
-            # where this replica is, for the hierarchical all-reduce's domains (set before its
-            # first quorum, so that a group's members find each other's)
-            place = f"{self.cfg.datacenter}\n{self.cfg.host}"
-            self._store.set(self._place_key(self.cfg.replica), place)
-        return self._store
-
-    def _place_key(self, replica: int) -> str:
-        return f"dp/{self.cfg.stage}/{self.cfg.tp_rank}/dc/{replica}"
-
-    def agree(
-        self,
-        epoch: int,
-        key: str,
-        policy: LatePolicy,
-        bound_s: float,
-        abandoned: Callable[[], bool],
-        delay_s: float = 0.0,
-    ) -> Decision:
-        """The quorum ``key`` of ``epoch``, and this replica in the group it names."""
-        prefix = f"dp/{self.cfg.stage}/{self.cfg.tp_rank}/e{epoch}/"
-        if not self.group.startswith(prefix):
-            self.drop()  # a group of an older epoch: its members may have moved on
-        quorum = Quorum(self.store(), self.cfg.replica, self.cfg.replicas)
-        timeout = bound_s + self.timeout_s
-        d = quorum.join(prefix + key, policy, bound_s, timeout, self.group, abandoned, delay_s)
-        rank = d.rank(self.cfg.replica)
-        if d.verdict == "go" and rank is not None and d.group and d.group != self.group:
-            self.drop()
-            pg_store = dist.PrefixStore(f"{d.group}/pg", self.store())  # type: ignore[attr-defined]
-            self.pg = dist.ProcessGroupGloo(
-                pg_store, rank, len(d.members), timedelta(seconds=self.timeout_s)
-            )
-            self.group = d.group
-            self.rank, self.size, self._launches, self._last = rank, len(d.members), 0, None
-            self.domains = None
-            if self.algorithm == "hierarchical":
-                # by datacenter, else (the datacenters unequal, or one) by node
-                places = [self.store().get(self._place_key(r)).decode() for r in d.members]
-                dcs = [p.partition("\n")[0] for p in places]
-                self.domains = domains_of(dcs) or domains_of(places)
-        return d
-
-    def allreduce(self, flat: torch.Tensor) -> Any:
-        """Start summing ``flat`` over the group in place with the plan's algorithm; its work."""
-        work = launch(
-            self.pg, flat, self.algorithm, self.rank, self.size, self.domains, self._launches,
-            self._last,
-        )  # fmt: skip
-        self._launches += 1
-        if isinstance(work, ThreadWork):
-            self._last = work
-        return work
-
-    def sent(self, flat: torch.Tensor) -> dict[int, int]:
-        """The bytes one all-reduce of ``flat`` has this replica send to each member's rank."""
-        pairs = link_bytes(
-            self.algorithm if self.domains is not None or self.algorithm == "tree" else "ring",
-            self.size,
-            flat.numel(),
-            flat.element_size(),
-            self.domains,
-        )
-        return {b: v for (a, b), v in pairs.items() if a == self.rank}
-
-    def drop(self) -> None:
-        """Leave the group (its next quorum forms a new one). The group is let go on a thread
-        of its own: gloo's ``abort`` does not end a collective in progress, and destroying the
-        group waits for it, up to its timeout (measured: 20 s of a 20 s timeout, with a member
-        that never came), which no step must wait for."""
-        held, self.pg, self.group, self._last = [self.pg], None, "", None
-        if held[0] is not None:
-            held[0].abort()
-            threading.Thread(target=held.clear, daemon=True, name="dp-drop").start()
-
-    def wait(self, work: Any, abandoned: Callable[[], bool]) -> None:
-        """Wait for an all-reduce: at most the receive timeout, given up once abandoned; a
-        failure drops the group."""
-        done = threading.Event()
-        work.get_future().add_done_callback(lambda _: done.set())
-        end = time.monotonic() + self.timeout_s
-        while not done.wait(0.05):
-            if abandoned() or time.monotonic() > end:
-                self.drop()
-                if abandoned():
-                    raise Aborted("all-reduce abandoned: moved to a newer epoch")
-                raise TimeoutError(f"all-reduce: no answer within {self.timeout_s:g} s")
-        try:
-            work.wait()
-        except Exception:
-            self.drop()
-            raise
 
 
 @dataclass(eq=False)
@@ -422,11 +307,7 @@ class DataParallel:
         members', re-weighted by their count, under ``skip``; a late replica gets it from the
         lowest member (``SYNC_DOWN`` of ``step``, micro-batch ``mb``). Also the replicas left
         out. ``restart`` is not a round's policy: read as ``wait``."""
-        policy = "wait" if policy == "restart" else policy
-        st = _Step(step, self.inbox.epoch, 0, policy, wait_s, [], [])
-        d = self._agree(st, f"r{step}/{round_}", policy, wait_s, False)
-        if d.verdict != "go":
-            raise TimeoutError(f"stage {self.cfg.stage}: no update from replicas {list(d.late)}")
+        st, d = self._round(step, round_, policy, wait_s)
         if d.rank(self.cfg.replica) is None:
             return self.peers.recv(Kind.SYNC_DOWN, step, mb).cpu(), []
         out = vector.clone()
@@ -454,11 +335,7 @@ class DataParallel:
         ``all_gather`` prices it): each member decodes every payload and averages them in
         replica order. The payloads must be equal in size (a codec's are, for one vector
         length). Quorum, late replicas and the thin link as :meth:`mean`."""
-        policy = "wait" if policy == "restart" else policy
-        st = _Step(step, self.inbox.epoch, 0, policy, wait_s, [], [])
-        d = self._agree(st, f"r{step}/{round_}", policy, wait_s, False)
-        if d.verdict != "go":
-            raise TimeoutError(f"stage {self.cfg.stage}: no update from replicas {list(d.late)}")
+        st, d = self._round(step, round_, policy, wait_s)
         rank = d.rank(self.cfg.replica)
         if rank is None:
             return self.peers.recv(Kind.SYNC_DOWN, step, round_).cpu(), []
@@ -466,10 +343,7 @@ class DataParallel:
         if len(d.members) > 1:
             n = len(d.members)
             parts = [torch.empty_like(payload) for _ in range(n)]
-            nbytes = (n - 1) * payload.numel() * payload.element_size()
-            key = (self.cfg.stage, d.members[(rank + 1) % n])
-            self.peers.sent[key] = self.peers.sent.get(key, 0) + nbytes
-            st.bytes_until = self.link.reserve(nbytes)
+            self._to_successor(st, d, rank, (n - 1) * payload.numel() * payload.element_size())
             work = self.group.pg.allgather([parts], [payload.contiguous()])
             self.group.wait(work, self._abandoned(st))
             time.sleep(max(0.0, st.bytes_until - time.monotonic()))
@@ -477,3 +351,52 @@ class DataParallel:
         if d.late and d.members[0] == self.cfg.replica:
             self._send_late(Kind.SYNC_DOWN, step, round_, out, d.late)
         return out, list(d.late)
+
+    def int8_mean(
+        self,
+        step: int,
+        round_: int,
+        vector: torch.Tensor,
+        block: int,
+        policy: LatePolicy,
+        wait_s: float,
+    ) -> tuple[torch.Tensor, list[int]]:
+        """The mean of every replica's float32 ``vector`` by the int8 ring, re-quantised at
+        each hop in blocks of ``block`` (:mod:`.int8_ring`: the cost model's int8 all-reduce).
+        Quorum, late replicas and the thin link as :meth:`mean`."""
+        st, d = self._round(step, round_, policy, wait_s)
+        rank = d.rank(self.cfg.replica)
+        if rank is None:
+            return self.peers.recv(Kind.SYNC_DOWN, step, round_).cpu(), []
+        out = vector.clone()
+        n = len(d.members)
+        if n > 1:
+            self._to_successor(st, d, rank, sent_bytes(out.numel(), n, block, rank))
+            ring = list(range(n))
+            work = self.group.run(
+                lambda pg, tag: int8_ring_all_reduce(pg, out, ring, rank, tag, block)
+            )
+            self.group.wait(work, self._abandoned(st))
+            out /= n
+            time.sleep(max(0.0, st.bytes_until - time.monotonic()))
+        if d.late and d.members[0] == self.cfg.replica:
+            self._send_late(Kind.SYNC_DOWN, step, round_, out, d.late)
+        return out, list(d.late)
+
+    def _round(
+        self, step: int, round_: int, policy: LatePolicy, wait_s: float
+    ) -> tuple[_Step, Decision]:
+        """The quorum of a sync round (``restart`` is not a round's policy: read as ``wait``);
+        TimeoutError when it does not go."""
+        policy = "wait" if policy == "restart" else policy
+        st = _Step(step, self.inbox.epoch, 0, policy, wait_s, [], [])
+        d = self._agree(st, f"r{step}/{round_}", policy, wait_s, False)
+        if d.verdict != "go":
+            raise TimeoutError(f"stage {self.cfg.stage}: no update from replicas {list(d.late)}")
+        return st, d
+
+    def _to_successor(self, st: _Step, d: Decision, rank: int, nbytes: int) -> None:
+        """Book a ring's ``nbytes`` to this member's successor on its link."""
+        key = (self.cfg.stage, d.members[(rank + 1) % len(d.members)])
+        self.peers.sent[key] = self.peers.sent.get(key, 0) + nbytes
+        st.bytes_until = self.link.reserve(nbytes)

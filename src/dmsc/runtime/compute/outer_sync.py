@@ -80,14 +80,14 @@ def plain_mean(s: SyncSettings) -> bool:
 def by_collective(s: SyncSettings) -> bool:
     """Whether the replicas agree on their updates by a collective among themselves, as the
     cost model prices it (:mod:`dmsc.netmodel.sync`), where they have one: with no robust
-    aggregator, privacy or secure aggregation, a plain mean of fp32 updates and bf16 ones
-    (all-reduced, bf16 summed in bfloat16 as PyTorch's ``bf16_compress_hook``), PowerSGD's
-    fp32 factors (both rounds all-reduced, as Vogels et al. 2019 and PyTorch's
-    ``powerSGD_hook``), top-k payloads (all-gathered: the replicas keep different indices).
-    int8 (priced as a ring that re-quantises at each hop, which nothing here runs) and the rest
-    go through the stage leader."""
+    aggregator, privacy or secure aggregation, whatever the codec. fp32 and bf16 updates are
+    all-reduced (bf16 summed in bfloat16, as PyTorch's ``bf16_compress_hook``), int8 ones on a
+    ring that re-quantises at each hop (:mod:`.int8_ring`), PowerSGD's fp32 factors all-reduced
+    in both rounds (Vogels et al. 2019; PyTorch's ``powerSGD_hook``), top-k payloads
+    all-gathered (the replicas keep different indices). The rest goes through the stage
+    leader, which is its point."""
     return (
-        s.compression.kind in ("none", "bf16", "topk", "powersgd")
+        s.compression.kind in ("none", "bf16", "int8", "topk", "powersgd")
         and s.aggregator == "mean"
         and s.privacy_clip is None
         and not s.secure
@@ -228,7 +228,10 @@ class ReplicaSync:
                     step, 0, 0, update.to(torch.bfloat16), policy, wait_s
                 )
                 return out.float(), late
-            if self.settings.compression.kind == "topk":  # gathered: different indices
+            form = self.settings.compression
+            if form.kind == "int8":  # re-quantised at each hop of the ring
+                return self.collective.int8_mean(step, 0, update, form.block, policy, wait_s)
+            if form.kind == "topk":  # gathered: different indices
 
                 def decoded(payload: torch.Tensor) -> torch.Tensor:
                     try:
