@@ -19,6 +19,7 @@ import torch
 import torch.distributed as dist
 
 from dmsc.runtime.compute.allreduce import link_bytes
+from dmsc.runtime.compute.compression import make_codec
 from dmsc.runtime.compute.config import WorkerConfig
 from dmsc.runtime.compute.dp_collective import DataParallel, StepRestart, buckets_of
 from dmsc.runtime.compute.gradient_sync import LinkShaper
@@ -324,3 +325,41 @@ def test_a_late_replica_leaves_unequal_datacenters_and_the_members_fall_back_to_
     with ThreadPoolExecutor(4) as pool:
         list(pool.map(lambda r: _step(*nodes[r], 0, seed=r)(), range(4)))
     assert nodes[0][1].group.domains == [[0, 1], [2, 3]]
+
+
+@pytest.mark.parametrize("codec", ["int8:256", "topk:0.1"])
+def test_a_codecs_round_by_collective_reaches_a_late_replica_as_the_members_agreed(
+    codec: str,
+) -> None:
+    """A sync round of int8 (the re-quantising ring) or top-k (all-gathered) payloads among
+    three replicas: every member ends with the same mean, near the exact one; then with
+    replica 2 late (skip) the other two go on without it and it gets their mean, the same."""
+    n = 3000
+    store = _store()
+    ranks = _replicas(3, store)
+    vectors = [torch.randn(n, generator=torch.Generator().manual_seed(r)) for r in range(3)]
+    codecs = [make_codec(codec, n) for _ in range(3)]
+
+    def round_(r: int, step: int) -> tuple[torch.Tensor, list[int]]:
+        dp, c = ranks[r][1], codecs[r]
+        if codec.startswith("int8"):
+            return dp.int8_mean(step, 0, vectors[r], 256, "skip", 1.0)
+        return dp.gathered_mean(
+            step, 0, c.encode(vectors[r]), lambda p: c.decode(p, n), "skip", 1.0
+        )
+
+    with ThreadPoolExecutor(3) as pool:
+        outs = list(pool.map(lambda r: round_(r, 1), range(3)))
+    assert all(torch.equal(o, outs[0][0]) and late == [] for o, late in outs)
+    if codec.startswith("int8"):  # near the exact mean: each hop rounds to 1/254 of a block
+        exact = torch.stack(vectors).mean(0)
+        assert float((outs[0][0] - exact).abs().max()) < float(exact.abs().max()) / 20
+    else:  # the mean of what each replica's codec kept, in replica order
+        fresh = [make_codec(codec, n) for _ in range(3)]
+        kept = [c.decode(c.encode(v), n) for c, v in zip(fresh, vectors, strict=True)]
+        assert torch.equal(outs[0][0], torch.stack(kept).sum(0) / 3)
+    with ThreadPoolExecutor(2) as pool:  # replica 2 does not come in time
+        outs = list(pool.map(lambda r: round_(r, 2), range(2)))
+    assert outs[0][1] == outs[1][1] == [2] and torch.equal(outs[0][0], outs[1][0])
+    got, left_out = round_(2, 2)  # it arrives: the quorum has gone without it
+    assert left_out == [] and torch.equal(got, outs[0][0])
