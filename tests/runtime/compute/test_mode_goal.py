@@ -1,0 +1,49 @@
+"""benchmarks/parallel_modes.py's summary of the per-mode goal (measured within 15% of the
+prediction): which measure each mode is read by, the star runs left out (the cost model prices
+the plan's all-reduce, not the star), and the runs with more workers than cores counted apart."""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+from typing import Any
+
+BENCH = Path(__file__).resolve().parents[3] / "benchmarks"
+sys.path.insert(0, str(BENCH))
+try:
+    from parallel_modes import goal_15pct
+finally:
+    sys.path.remove(str(BENCH))
+
+
+def _run(tp: int, stages: int, dp: int, *modes: tuple[str, float, float, float]) -> dict[str, Any]:
+    return {
+        "tp": tp,
+        "stages": stages,
+        "dp": dp,
+        "modes": [
+            {"mode": m, "predicted_s": p, "measured_s": slow, "measured_least_s": least}
+            for m, p, slow, least in modes
+        ],
+    }
+
+
+def test_the_goal_reads_each_mode_by_its_measure_and_counts_oversubscribed_runs_apart() -> None:
+    rows = {
+        "dp2-star": _run(1, 1, 2, ("dp", 1.0, 6.0, 5.0)),
+        "dp2-ring": _run(1, 1, 2, ("dp", 1.0, 1.5, 1.1)),  # least waited: 1.1
+        "tp2": _run(2, 1, 1, ("tp", 1.0, 1.2, 0.5)),  # the slowest worker's: 1.2
+        "pp2": _run(1, 2, 1, ("pp", 1.0, 0.9, 0.1)),
+        "tp2-ep2": _run(2, 1, 2, ("ep", 1.0, 3.0, 2.0)),  # 4 workers on 2 cores
+    }
+    goal = goal_15pct(rows, cores=2)
+    assert set(goal["modes"]) == {"dp2-ring/dp", "tp2/tp", "pp2/pp", "tp2-ep2/ep"}
+    assert {k: round(g["ratio"], 3) for k, g in goal["modes"].items()} == {
+        "dp2-ring/dp": 1.1,
+        "tp2/tp": 1.2,
+        "pp2/pp": 0.9,
+        "tp2-ep2/ep": 2.0,
+    }
+    assert [k for k, g in goal["modes"].items() if not g["fits_cores"]] == ["tp2-ep2/ep"]
+    assert (goal["within"], goal["counted"]) == (2, 4)
+    assert (goal["within_on_cores"], goal["counted_on_cores"]) == (2, 3)
