@@ -167,8 +167,8 @@ class ReplicaSync:
         self.party: MaskingParty | None = None
         self.party_epoch = -1
         self.rounds = 0
-        # DiLoCo's and FedAvg's plain rounds and PowerSGD's factors: the all-reduce, where the
-        # replicas have one
+        # the replicas' own collective, where they have one and the settings allow
+        # (by_collective): plain rounds, every codec
         self.collective = star.collective if by_collective(settings) else None
 
     # -- the agreed update ---------------------------------------------------------------------
@@ -223,12 +223,12 @@ class ReplicaSync:
     ) -> tuple[torch.Tensor, list[int]]:
         assert self.codec is not None and self.down is not None
         if self.collective is not None:
-            if self.settings.compression.kind == "bf16":  # summed in bfloat16 on the way
+            form = self.settings.compression
+            if form.kind == "bf16":  # summed in bfloat16 on the way
                 out, late = self.collective.mean(
                     step, 0, 0, update.to(torch.bfloat16), policy, wait_s
                 )
                 return out.float(), late
-            form = self.settings.compression
             if form.kind == "int8":  # re-quantised at each hop of the ring
                 return self.collective.int8_mean(step, 0, update, form.block, policy, wait_s)
             if form.kind == "topk":  # gathered: different indices
