@@ -16,6 +16,21 @@ MODE_NAMES = {
 }
 
 
+def caption(basis: str | None) -> str:
+    """What the columns are; ``basis``: what the task's step is compared with where that is not
+    the plan's prediction (None: it is)."""
+    measured = "measured: the slowest worker's wait, median over the last steps"
+    if basis is None:
+        return (
+            "predicted: the plan's cost model (pipeline: with its bubble, which a stage waits "
+            f"through too); {measured}"
+        )
+    return (
+        "predicted: none, the plan's figures per mode are of another job than the task's "
+        f"(its step: {basis}); {measured}"
+    )
+
+
 def print_modes(console: Console, out: StatusReply) -> None:
     """The table, when the run has a traced training task."""
     if not out.modes:
@@ -32,8 +47,7 @@ def print_modes(console: Console, out: StatusReply) -> None:
         "bytes sent",
         "steps",
         title=f"communication per step by mode (task {out.modes_task})",
-        caption="predicted: the plan's cost model (pipeline: with its bubble, which a stage "
-        "waits through too); measured: the slowest worker's wait, median over the last steps",
+        caption=caption(out.modes_prediction),
     )
     for m in out.modes:
         t.add_row(

@@ -11,6 +11,7 @@ from rich.console import Console
 from dmsc.cli.mode_table import print_modes
 from dmsc.data.db import Database
 from dmsc.data.traces import add_step_traces
+from dmsc.planner.plan import Plan
 from dmsc.planner.solve import plan_job
 from dmsc.runtime.control import status
 from dmsc.runtime.control.dashboard_state import tenant_rows
@@ -25,13 +26,18 @@ class _Report:
         return {"steps": 2}
 
 
-def test_the_plan_against_the_traces_per_mode(tmp_path: Path) -> None:
+def _run_of_one_task(tmp_path: Path) -> tuple[Plan, Database, int, int]:
+    """A pp = 2 x dp = 2 plan of gpt-mini on two sites, and a run with one training task."""
     cluster = load_spec(ClusterSpec, ROOT / "examples/clusters/two-sites-cpu.yaml")
     job = JobSpec(global_batch=16, micro_batch=4, pp=2, dp=2)
     plan = plan_job(cluster, resolve_model("gpt-mini"), job, fixed=True).plan
     db = Database(f"sqlite:///{tmp_path / 'd.sqlite'}")
     run = db.new_run("gpt-mini", "two-sites-cpu", {}).id
-    task = db.new_task(run, "train", {}, state="done").id
+    return plan, db, run, db.new_task(run, "train", {}, state="done").id
+
+
+def test_the_plan_against_the_traces_per_mode(tmp_path: Path) -> None:
+    plan, db, run, task = _run_of_one_task(tmp_path)
     assert status.modes(db, plan, None) == []
     for step in range(2):
         traces = {(0, 0): ([], {"1/0": 1000, "0/1": 40}), (0, 1): ([], {"0/0": 40})}
@@ -57,3 +63,35 @@ def test_the_plan_against_the_traces_per_mode(tmp_path: Path) -> None:
     text = buf.getvalue()
     assert f"(task {task})" in text and "data parallel (exposed all-reduce)" in text
     assert "500.0 ms" in text and "1.00 KB" in text  # dp's wait; pp's 1000 bytes a step
+
+
+class _OtherJob:
+    def as_json(self) -> dict[str, object]:
+        return {"steps": 2, "predicted_step_s": 0.2, "prediction": "re-estimated for batch 32"}
+
+
+def test_a_task_of_another_job_shows_no_plan_figure_per_mode(tmp_path: Path) -> None:
+    """A task that ran another batch, dp or sync than the plan's (or whose replicas agreed
+    through the leader) had its measured communication per mode set beside the plan's figures,
+    which are another job's."""
+    plan, db, run, task = _run_of_one_task(tmp_path)
+    comm = {(0, 0): {"dp": {"s": 0.5, "bytes": 40}}}
+    add_step_traces(db, task, 0, {(0, 0): ([], {})}, {}, comm=comm)
+    other = "not comparable: the replicas agreed through the stage leader (secure aggregation)"
+    rows = status.modes(db, plan, task, other)
+    assert [(r["mode"], r["predicted_s"], r["measured_s"]) for r in rows] == [("dp", None, 0.5)]
+    # the task's result says it from its own prediction
+    result = status.result_of(_OtherJob(), db, plan, task)
+    assert result["modes"][0]["predicted_s"] is None and result["modes"][0]["ratio"] is None
+    # the plan's own job keeps the plan's figures
+    assert status.modes(db, plan, task)[0]["predicted_s"] == plan.prediction.breakdown_s["dp_comm"]
+    # and the printed table says why its predicted column is empty
+    reply = StatusReply(
+        run=run, model="gpt-mini", steps=1, epoch=0, services=[], tasks=[], faults=[],
+        replicas_down=[], spares=[], modes_task=task, modes=rows, modes_prediction=other,
+    )  # fmt: skip
+    buf = io.StringIO()
+    print_modes(Console(file=buf, width=200, force_terminal=False), reply)
+    text = " ".join(buf.getvalue().split())
+    assert "predicted: none, the plan's figures per mode are of another job" in text
+    assert "(secure aggregation)" in text

@@ -45,7 +45,7 @@ from dmsc.data.db import Database, TaskRecord
 from dmsc.data.traces import link_bytes, step_traces
 from dmsc.planner.plan import Plan
 from dmsc.runtime.control import status
-from dmsc.runtime.control.advisors.prediction import Prediction, mixed
+from dmsc.runtime.control.advisors.prediction import PLANS, Prediction, mixed
 from dmsc.runtime.control.launch.deployment import Deployment
 
 TASKS_SHOWN = 40
@@ -241,7 +241,7 @@ def tenant_rows(
     trained = [t.id for t in tasks if t.kind == "train" and t.state != "queued"]
     task_id = trained[-1] if trained else None
     newest = next((t for t in tasks if t.id == task_id), None)
-    predicted = Prediction(plan.prediction.iteration_time_s, "the plan's")
+    predicted = Prediction(plan.prediction.iteration_time_s, PLANS)
     segments = resized_segments(newest, live)
     if segments and newest is not None and not newest.result_json:  # running: so far
         predicted = mixed([s["dp"] for s in segments], running=True)
@@ -270,7 +270,7 @@ def tenant_rows(
         "faults": json.loads(json.dumps(faults[-FAULTS_SHOWN:][::-1], default=str)),
         "training": {
             **training(db, task_id, predicted, segments),
-            "modes": status.modes(db, plan, task_id),
+            "modes": status.modes(db, plan, task_id, predicted.basis),
         },
         "links": links,
         "gantt": gantt,

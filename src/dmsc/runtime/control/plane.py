@@ -222,8 +222,8 @@ class ControlPlane:
 
     # -- dmsc.Control -------------------------------------------------------------------------
     def status(self, req: StatusRequest) -> dict[str, Any]:
-        dep, down = self.deployment, self.inference.down
-        out = status.report(dep, self.db, self.run.id, self.plan, self.steps_done, down)
+        dep, down, predict = self.deployment, self.inference.down, self._task_prediction
+        out = status.report(dep, self.db, self.run.id, self.plan, self.steps_done, down, predict)
         out["queue"] = self.queue_policy
         lost = {"weights_lost": self.weights_lost, "undeployed": self.undeployed}
         out.update({k: v for k, v in lost.items() if v})  # each only when so

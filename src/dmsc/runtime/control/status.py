@@ -14,13 +14,14 @@ fault, so a fault shown as recovered is never shown beside the worker it replace
 
 from __future__ import annotations
 
-from collections.abc import Collection
+from collections.abc import Callable, Collection
 from typing import Any, Protocol
 
 from dmsc.data.comm_modes import compare_modes
-from dmsc.data.db import Database
+from dmsc.data.db import Database, TaskRecord
 from dmsc.data.traces import step_traces, traced_tasks
 from dmsc.planner.plan import Plan
+from dmsc.runtime.control.advisors.prediction import PLANS, Prediction
 from dmsc.runtime.control.launch import failures
 from dmsc.runtime.control.launch.deployment import Deployment
 from dmsc.runtime.control.launch.failures import key_of
@@ -160,18 +161,23 @@ def report(
     plan: Plan,
     steps: int,
     replicas_down: Collection[int],
+    predict: Callable[[TaskRecord], Prediction] | None = None,
 ) -> dict[str, Any]:
-    """The reply of ``Status``."""
+    """The reply of ``Status``; ``predict`` gives the prediction a training task's step is
+    compared with (None: the plan's, :func:`modes`)."""
     faults_now = faults(db, run_id)  # before the services (see the module docstring)
     down = sorted(replicas_down)
     serving, nodes = survey(dep)
     traced = traced_tasks(db, run_id)
     task = traced[-1] if traced else None
+    record = next((t for t in db.tasks(run_id) if t.id == task), None)
+    basis = predict(record).basis if record is not None and predict is not None else PLANS
     return {
         "run": run_id,
         "model": plan.model,
         "modes_task": task,
-        "modes": modes(db, plan, task),
+        "modes": modes(db, plan, task, basis),
+        "modes_prediction": None if task is None or basis == PLANS else basis,
         "steps": steps,
         "epoch": dep.epoch,
         "services": serving,
@@ -186,13 +192,20 @@ def report(
     }
 
 
-def modes(db: Database, plan: Plan, task_id: int | None) -> list[dict[str, Any]]:
+def modes(
+    db: Database, plan: Plan, task_id: int | None, basis: str = PLANS
+) -> list[dict[str, Any]]:
     """Each parallel mode's communication per step over the task's last steps, the plan's
-    prediction against the traces' measurement (:func:`dmsc.data.comm_modes.compare_modes`)."""
+    prediction against the traces' measurement (:func:`dmsc.data.comm_modes.compare_modes`).
+    ``basis`` is what the task's step time is compared with
+    (:class:`~dmsc.runtime.control.advisors.prediction.Prediction`): where that is not the
+    plan's (the task ran another batch, dp or sync, or its replicas agreed through the leader)
+    the plan's figures per mode are of another job, and none is shown beside the measurement."""
     if task_id is None:
         return []
     traces = step_traces(db, task_id, last=MODE_STEPS)
-    return [r.as_json() for r in compare_modes(plan.prediction.breakdown_s, traces)]
+    predicted = plan.prediction.breakdown_s if basis == PLANS else None
+    return [r.as_json() for r in compare_modes(predicted, traces)]
 
 
 class _Report(Protocol):
@@ -200,6 +213,7 @@ class _Report(Protocol):
 
 
 def result_of(report: _Report, db: Database, plan: Plan, task_id: int) -> dict[str, Any]:
-    """A training task's result (its report's: the sync mode, the privacy spent), with its
-    predicted and measured communication per mode."""
-    return {**report.as_json(), "modes": modes(db, plan, task_id)}
+    """A training task's result (its report's: the sync mode, the privacy spent, the prediction
+    its step compares with), with its predicted and measured communication per mode."""
+    out = report.as_json()
+    return {**out, "modes": modes(db, plan, task_id, out.get("prediction") or PLANS)}

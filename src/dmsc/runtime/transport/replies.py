@@ -172,6 +172,9 @@ class StatusReply(Reply):
     queue: Literal["fcfs", "priority", "fair"] | None = None  # the task queue's policy
     modes_task: int | None = None  # the training task whose communication ``modes`` compares
     modes: list[ModeState] = []
+    # what the task's step is compared with where not the plan's prediction (then ``modes`` has
+    # no predicted figures: the plan's are of another job); None: the plan's
+    modes_prediction: str | None = None
     control: LoopState | None = None
 
 

@@ -188,3 +188,66 @@ def test_a_re_estimate_keeps_the_placement_that_ran(model: TransformerSpec) -> N
     q = prediction_for(measured, fit, model, 32, 4, 1)
     assert q.step_s == iteration_s(measured.model_copy(update={"job": job32}), fit, model)
     assert q.step_s != plan_job(fit, model, job32, fixed=True).plan.prediction.iteration_time_s
+
+
+def test_a_task_with_another_sync_than_the_plans_is_re_estimated_with_its_own(
+    model: TransformerSpec,
+) -> None:
+    """A task that trained with `--sync diloco:10 --compress int8` on a plan made for every-step
+    averaging was compared with the every-step prediction, labelled "the plan's"."""
+    from dmsc.planner.recalibrate import iteration_s
+    from dmsc.runtime.control.advisors.prediction import task_prediction
+    from dmsc.runtime.transport.messages import SyncSettings
+
+    cluster = _cluster(CLUSTERS / "three-sites-cpu.yaml")
+    job = JOB.model_copy(update={"dp": 2})
+    plan = plan_job(cluster, model, job, fixed=True).plan
+    assert plan.job.sync.mode == "every-step" and plan.job.microbatches == 2
+    planned = plan.prediction.iteration_time_s
+    # the plan's own sync, named or not: the plan's figure
+    for same in (None, SyncSettings()):
+        assert prediction_for(plan, cluster, model, 16, 2, 2, same).basis == "the plan's"
+    local = SyncSettings(mode="diloco", inner_steps=10, compress="int8")
+    p = prediction_for(plan, cluster, model, 16, 2, 2, local)
+    sync = {"mode": "diloco", "inner_steps": 10, "compress": "int8"}
+    ran = JobSpec.model_validate({**plan.job.model_dump(), "sync": sync})
+    assert p.step_s == iteration_s(plan.model_copy(update={"job": ran}), cluster, model)
+    assert p.step_s is not None and p.step_s < planned  # a tenth of the exchanges, int8
+    assert p.basis == (
+        "re-estimated for batch 16 in 2 micro-batches at dp 2, sync diloco of 10 steps, compress "
+        "int8 (the plan's job: batch 16 in 2 micro-batches at dp 2, sync every-step, compress none)"
+    )
+    # as the task's stored parameters hold it
+    params = TrainParams(steps=4, batch=16, microbatches=2, checkpoint_every=0,
+                         late_policy="wait", grad_wait_s=1.0, sync=local)  # fmt: skip
+    assert task_prediction(plan, cluster, model, params.as_json()) == p
+    # without the cluster spec: not comparable, naming both syncs
+    q = prediction_for(plan, None, model, 16, 2, 2, local)
+    assert q.step_s is None and "sync diloco of 10 steps, compress int8, and without" in q.basis
+
+
+@pytest.mark.parametrize(
+    ("settings", "words"),
+    [
+        ({"aggregator": "median"}, "the median aggregator"),
+        ({"secure": True}, "secure aggregation"),
+        ({"privacy_clip": 1.0, "privacy_noise": 0.5}, "central differential privacy"),
+    ],
+)
+def test_replicas_agreeing_through_the_leader_are_not_compared_with_the_collective(
+    model: TransformerSpec, settings: dict[str, object], words: str
+) -> None:
+    """With a robust aggregator, central DP or secure aggregation the replicas agree through the
+    stage leader (a star the cost model does not price), and the task was compared with the
+    all-reduce's prediction as "the plan's"."""
+    from dmsc.runtime.transport.messages import SyncSettings
+
+    cluster = _cluster(CLUSTERS / "three-sites-cpu.yaml")
+    plan = plan_job(cluster, model, JOB.model_copy(update={"dp": 2}), fixed=True).plan
+    star = SyncSettings.model_validate(settings)
+    p = prediction_for(plan, cluster, model, 16, 2, 2, star)
+    assert p.step_s is None and p.basis.startswith("not comparable:")
+    assert f"through the stage leader ({words})" in p.basis
+    # one replica has no exchange: the plan's job
+    one = plan_job(cluster, model, JOB, fixed=True).plan
+    assert prediction_for(one, cluster, model, 16, 4, 1, star).basis == "the plan's"

@@ -14,6 +14,14 @@ measured is compared with:
   to re-estimate on, when the re-estimate fails, or when the cluster's devices were never
   measured (a spec of guessed figures, such as ``local-cpu`` before ``dmsc calibrate``).
 
+The job includes the task's data-parallel synchronisation: a task may train with another sync
+mode, round or codec than the plan's (``dmsc train --sync diloco:50 --compress int8``), and is
+then re-estimated with its own (:class:`~dmsc.spec.SyncSpec`). Where its replicas agree through
+the stage leader (a robust aggregator, central differential privacy or secure aggregation:
+:func:`dmsc.runtime.compute.outer_sync.by_collective` false), the cost model, which prices the
+collective among the replicas only (:mod:`dmsc.netmodel.sync`), has no figure for what ran: not
+comparable, saying so, rather than the collective's figure beside the star's time.
+
 A task whose dp changed while it ran (a resize between steps, a shrink after a lost node) has
 steps of several jobs: each segment of one dp (:mod:`dmsc.runtime.control.training.report`) is
 compared with the prediction for its own dp on the plan it ran on (:func:`predict_segments`),
@@ -32,11 +40,14 @@ from typing import Any
 from dmsc.data.db import TaskRecord
 from dmsc.netmodel import DEFAULT_CALIBRATION
 from dmsc.planner.plan import Plan
+from dmsc.runtime.compute.outer_sync import by_collective
 from dmsc.runtime.control.training.params import TrainParams
 from dmsc.runtime.control.training.report import Segment, TrainReport
-from dmsc.spec import ClusterSpec, JobSpec, LayerListSpec, SpecError, TransformerSpec
+from dmsc.runtime.transport.messages import SyncSettings
+from dmsc.spec import ClusterSpec, JobSpec, LayerListSpec, SpecError, SyncSpec, TransformerSpec
 
 SAME_REL = 0.01  # a re-estimate within 1% of the plan's is the plan's figure
+PLANS = "the plan's"  # the basis of a prediction that is the plan's own figure
 
 
 @dataclass(frozen=True)
@@ -70,8 +81,33 @@ def guessed_devices(cluster: ClusterSpec) -> list[str]:
     return out
 
 
-def job_words(batch: int, microbatches: int, dp: int) -> str:
-    return f"batch {batch} in {microbatches} micro-batches at dp {dp}"
+def job_words(batch: int, microbatches: int, dp: int, sync: SyncSpec | None = None) -> str:
+    words = f"batch {batch} in {microbatches} micro-batches at dp {dp}"
+    return words if sync is None else f"{words}, {sync_words(sync)}"
+
+
+def sync_words(sync: SyncSpec) -> str:
+    rounds = "" if sync.mode == "every-step" else f" of {sync.inner_steps} steps"
+    return f"sync {sync.mode}{rounds}, compress {sync.compress}"
+
+
+def ran_sync(plan: Plan, sync: SyncSettings | None) -> SyncSpec:
+    """The synchronisation a task ran, as the cost model names it (None: the plan's)."""
+    if sync is None:
+        return plan.job.sync
+    return SyncSpec(mode=sync.mode, inner_steps=sync.inner_steps, compress=sync.compress)
+
+
+def leader_star(sync: SyncSettings | None, dp: int) -> str | None:
+    """What makes ``dp`` replicas agree through the stage leader under ``sync``, which the cost
+    model does not price; None where they agree by collective (or there is one replica)."""
+    if sync is None or dp < 2 or by_collective(sync):
+        return None
+    if sync.secure:
+        return "secure aggregation"
+    if sync.privacy_clip is not None:
+        return "central differential privacy"
+    return f"the {sync.aggregator} aggregator"
 
 
 def prediction_for(
@@ -81,13 +117,23 @@ def prediction_for(
     batch: int,
     microbatches: int,
     dp: int,
+    sync: SyncSettings | None = None,
 ) -> Prediction:
     """The prediction for ``batch`` in ``microbatches`` micro-batches per replica at ``dp``
-    replicas on ``plan``'s strategy (module docstring)."""
+    replicas, synchronised by ``sync`` (None: the plan's), on ``plan``'s strategy (module
+    docstring)."""
     job = plan.job
     planned = plan.prediction.iteration_time_s
-    ran = job_words(batch, microbatches, dp)
-    same = (batch, microbatches, dp) == (job.global_batch, job.microbatches, job.dp)
+    if (star := leader_star(sync, dp)) is not None:
+        return Prediction(
+            None,
+            f"not comparable: the replicas agreed through the stage leader ({star}), which the "
+            "cost model does not price (it prices the collective among the replicas)",
+        )
+    synced = ran_sync(plan, sync)
+    same_sync = synced == job.sync
+    ran = job_words(batch, microbatches, dp, None if same_sync else synced)
+    same = same_sync and (batch, microbatches, dp) == (job.global_batch, job.microbatches, job.dp)
     if cluster is not None and (guessed := guessed_devices(cluster)):
         return Prediction(
             None,
@@ -97,11 +143,13 @@ def prediction_for(
         )
     if cluster is None:
         if same:
-            return Prediction(planned, "the plan's")
+            return Prediction(planned, PLANS)
+        planned_job = job_words(
+            job.global_batch, job.microbatches, job.dp, None if same_sync else job.sync
+        )
         return Prediction(
             None,
-            f"not comparable: the plan predicts "
-            f"{job_words(job.global_batch, job.microbatches, job.dp)}, the task ran {ran}, and "
+            f"not comparable: the plan predicts {planned_job}, the task ran {ran}, and "
             f"without the cluster spec of {plan.cluster!r} (dmsc up --cluster) it cannot be "
             "re-estimated",
         )
@@ -112,7 +160,13 @@ def prediction_for(
         if rest:
             raise ValueError(f"batch {batch} is not a multiple of {microbatches} x dp {dp}")
         new = JobSpec.model_validate(
-            {**job.model_dump(), "global_batch": batch, "micro_batch": micro_batch, "dp": dp}
+            {
+                **job.model_dump(),
+                "global_batch": batch,
+                "micro_batch": micro_batch,
+                "dp": dp,
+                "sync": synced.model_dump(),
+            }
         )
         step_s = placed_s(plan, new, cluster, model)
         if step_s is None:
@@ -120,14 +174,16 @@ def prediction_for(
     except (ValueError, SpecError) as exc:  # DoesNotFit and Infeasible are ValueErrors
         return Prediction(None, f"not comparable: {ran} cannot be re-estimated: {exc}")
     if same and abs(step_s - planned) <= SAME_REL * planned:
-        return Prediction(planned, "the plan's")
+        return Prediction(planned, PLANS)
     if same:
         return Prediction(
             step_s,
             f"re-estimated on the cluster spec now in force (the plan said {planned * 1e3:.1f} "
             "ms on other figures)",
         )
-    planned_job = job_words(job.global_batch, job.microbatches, job.dp)
+    planned_job = job_words(
+        job.global_batch, job.microbatches, job.dp, None if same_sync else job.sync
+    )
     return Prediction(step_s, f"re-estimated for {ran} (the plan's job: {planned_job})")
 
 
@@ -160,6 +216,7 @@ def task_prediction(
     (``batch``, ``microbatches``, ``dp``: each the plan's when the task did not set it; no task:
     the plan's job)."""
     p, job = params or {}, plan.job
+    sync = SyncSettings.model_validate(p["sync"]) if p.get("sync") else None
     return prediction_for(
         plan,
         cluster,
@@ -167,6 +224,7 @@ def task_prediction(
         int(p.get("batch") or job.global_batch),
         int(p.get("microbatches") or job.microbatches),
         int(p.get("dp") or job.dp),
+        sync,
     )
 
 
@@ -184,7 +242,7 @@ class TaskPredictions:
         self._lock = threading.Lock()  # the dashboard's threads read, the sessions' begin
         self._running: dict[int, tuple[TrainReport, TrainParams]] = {}
         # by (plan, dp, batch, micro-batches): each segment's re-estimate once
-        self._made: dict[tuple[int, ...], tuple[Plan, Prediction]] = {}
+        self._made: dict[tuple[object, ...], tuple[Plan, Prediction]] = {}
 
     def begin(self, task_id: int, params: TrainParams, report: TrainReport) -> None:
         """Task ``task_id`` (run with ``params``) reports into ``report`` from now."""
@@ -211,11 +269,13 @@ class TaskPredictions:
         out = []
         for seg in list(report.segments):  # the session's thread appends: read copies
             on = seg.plan or plan
-            key = (id(on), seg.dp, params.batch, params.microbatches)
+            key = (id(on), seg.dp, params.batch, params.microbatches, params.sync)
             with self._lock:
                 kept = self._made.get(key)
             if kept is None or kept[0] is not on:
-                made = prediction_for(on, cluster, model, params.batch, params.microbatches, seg.dp)
+                made = prediction_for(
+                    on, cluster, model, params.batch, params.microbatches, seg.dp, params.sync
+                )
                 with self._lock:
                     if len(self._made) > 4 * self.RUNNING:
                         self._made.clear()
@@ -254,7 +314,9 @@ def predict_segments(
     def predict(on: Plan, dp: int) -> Prediction:
         key = (id(on), dp)
         if key not in made:
-            made[key] = prediction_for(on, cluster, model, params.batch, params.microbatches, dp)
+            made[key] = prediction_for(
+                on, cluster, model, params.batch, params.microbatches, dp, params.sync
+            )
         return made[key]
 
     for seg in report.segments:
