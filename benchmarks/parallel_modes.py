@@ -13,14 +13,15 @@ Each mode's communication, measured against the cost model: ``dmsc calibrate`` m
 machine first (a node of 4 devices: the worker processes on its cores, its link the data plane's
 loopback, its collective a 2-process gloo all-reduce), the plan of each run's layout on that spec
 gives the predicted ``tp_comm``, ``dp_comm``, ``pp_comm`` (with its bubble), and the step traces
-give the measured wait per mode (the slowest worker's, median over the steps after the first
-quarter; :func:`dmsc.data.comm_modes.compare_modes`). The data-parallel figure on both sides is
-the exposed time, what the step waits after its backward: predicted from the runtime's buckets
-and their one-at-a-time all-reduces behind the backward (:mod:`dmsc.netmodel.dp_buckets`),
-measured beside the slowest worker's wait as the wait of the replica that waited least, the one
-whose backward ended last (``measured_least_s``: the exposure without the wait for the others);
-the expert-parallel all-to-alls the same way (the worker that reached them last waited only for
-the exchange), and the JSON has it for every mode.
+give the measured wait per mode as ``dmsc status`` shows it (median over the steps after the
+first quarter; :func:`dmsc.data.comm_modes.compare_modes`). The data-parallel figure on both
+sides is the exposed time, what the step waits after its backward: predicted from the runtime's
+buckets and their one-at-a-time all-reduces behind the backward
+(:mod:`dmsc.netmodel.dp_buckets`), measured as the wait of the replica that waited least in the
+slowest stage, the one whose backward ended last (``measured_s`` and ``measured_least_s``: the
+exposure without the wait for the others), beside the slowest worker's (``slowest_s``); the
+expert-parallel all-to-alls the same way (the worker that reached them last waited only for the
+exchange).
 Besides the data-parallel runs, a tp = 2 run
 and a pp = 2 run (two micro-batches) measure the other modes, and moe-mini (a Mixtral-style
 mixture) runs at dp = 2 with its experts shared out over ep = 2, and at tp = 2 x ep = 2 (four
@@ -185,20 +186,6 @@ def per_worker(comm: list[dict[Any, dict[str, dict[str, float]]]]) -> dict[str, 
     return out
 
 
-def least_waited(comm: list[dict[Any, dict[str, dict[str, float]]]]) -> dict[str, float]:
-    """Each mode's seconds of the worker that waited least in a step, median over the steps.
-    For ``dp`` that is the replica whose backward ended last: the others were ready, so what it
-    waited is the all-reduce's exposed time alone, where the slowest worker's (``measured_s``)
-    also holds its wait for the other replicas' backwards."""
-    out: dict[str, float] = {}
-    for mode in ("tp", "dp", "ep", "pp"):
-        steps = [[f[mode]["s"] for f in step.values() if mode in f] for step in comm if step]
-        steps = [s for s in steps if s]
-        if steps:
-            out[mode] = statistics.median(min(s) for s in steps)
-    return out
-
-
 def dmsc_run(
     layout: StageLayout, star: bool, steps: int, micro: int, pred: dict[str, Any]
 ) -> dict[str, Any]:
@@ -217,14 +204,13 @@ def dmsc_run(
                 ]
                 comm.append(out["comm"])
     measured = per_worker(comm)
-    least = least_waited(comm)
     modes = []
     for row in compare_modes(pred["breakdown"], traces):
         got = measured.get(row.mode, {})
         modes.append(
             row.as_json()
             | {
-                "measured_least_s": least.get(row.mode),
+                "measured_least_s": row.measured_s if row.mode in ("dp", "ep") else None,
                 "predicted_calls_per_worker": pred["calls"].get(row.mode),
                 "measured_calls_per_worker": got.get("calls"),
                 "predicted_bytes_per_worker": pred["bytes"].get(row.mode),
@@ -370,7 +356,7 @@ def main() -> None:
     for name, r in rows.items():
         modes = "  ".join(
             f"{m['mode']} {_ms(m['predicted_s'])}/{_ms(m['measured_s'])}"
-            + (f" (least {_ms(m['measured_least_s'])})" if m["mode"] in ("dp", "ep") else "")
+            + (f" (slowest {_ms(m['slowest_s'])})" if m["mode"] in ("dp", "ep") else "")
             for m in r["modes"]
         )
         print(

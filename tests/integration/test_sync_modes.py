@@ -71,6 +71,22 @@ def test_diloco_equals_its_reference_in_one_process(dep, corpus) -> None:  # typ
     assert max(abs(a - b) for a, b in zip(got, want, strict=True)) < 1e-4
 
 
+def test_a_rounds_exchange_is_in_the_trace_of_the_step_it_ends(dep, corpus) -> None:  # type: ignore[no-untyped-def]
+    """A round's exchange runs as its last step is applied (the Commit call), after the step's
+    trace was taken: DiLoCo's traces had no data-parallel time, and `dmsc status` no row."""
+    dep.restore(dep.start_ckpt)
+    s = SyncSettings(mode="diloco", inner_steps=2, compress="int8")
+    for step in range(4):
+        x, y = corpus.batch(step, BATCH)
+        out = dep.train_step(step, x, y, MICRO, "1f1b", sync=s, outer=step % 2 == 1)
+        for key, comm in out["comm"].items():
+            if step % 2 == 0:  # an inner step: no exchange
+                assert "dp" not in comm, (step, key, comm)
+            else:
+                assert comm["dp"]["calls"] >= 1 and comm["dp"]["s"] > 0, (step, key, comm)
+                assert comm["dp"]["bytes"] > 0
+
+
 @pytest.mark.parametrize(
     "sync",
     [

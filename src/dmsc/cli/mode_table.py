@@ -19,7 +19,11 @@ MODE_NAMES = {
 def caption(basis: str | None) -> str:
     """What the columns are; ``basis``: what the task's step is compared with where that is not
     the plan's prediction (None: it is)."""
-    measured = "measured: the slowest worker's wait, median over the last steps"
+    measured = (
+        "measured: the slowest worker's wait (data and expert parallel: the least-waiting "
+        "replica's, the exchange without the wait for the others' compute; the slowest "
+        "worker's in the next column), median over the last steps"
+    )
     if basis is None:
         return (
             "predicted: the plan's cost model (pipeline: with its bubble, which a stage waits "
@@ -44,6 +48,7 @@ def print_modes(console: Console, out: StatusReply) -> None:
         "predicted",
         "measured",
         "measured / predicted",
+        "slowest worker",
         "bytes sent",
         "steps",
         title=f"communication per step by mode (task {out.modes_task})",
@@ -55,6 +60,7 @@ def print_modes(console: Console, out: StatusReply) -> None:
             secs(m.predicted_s),
             secs(m.measured_s),
             "-" if m.ratio is None else f"{m.ratio:.2f}",
+            secs(m.slowest_s),
             "-" if m.measured_bytes is None else human_bytes(m.measured_bytes),
             str(m.steps),
         )

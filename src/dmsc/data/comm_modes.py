@@ -3,10 +3,18 @@
 The cost model prices an iteration's communication by mode (its breakdown's ``tp_comm``,
 ``dp_comm``, ``ep_comm`` and ``pp_comm``, :mod:`dmsc.netmodel.iteration`); each worker's step trace
 keeps the seconds it waited in each mode's exchanges and the bytes it sent
-(:attr:`~dmsc.data.traces.StepTrace.comm`). A step's measured time of a mode is its slowest
-worker's (the prediction is the critical path's); over a task's steps the median, so that the
-first step's warm-up and a stray slow step do not lead. Bytes are what every worker of the step
-sent in that mode, summed, median over steps.
+(:attr:`~dmsc.data.traces.StepTrace.comm`). A step's measured time of tensor parallelism and of
+the pipeline is its slowest worker's (the prediction is the critical path's). Data and expert
+parallelism exchange among a stage's replicas, and a replica that ended its backward (or its
+experts' forward) first waits in the exchange for the others' compute as well, which the cost
+model prices as compute, not as the exchange: their measured time is, in each stage, the wait of
+the replica that waited least (the one the others waited for: its wait is the exchange's exposed
+time alone), and the step's the slowest stage's. The slowest worker's wait is kept beside it
+(``slowest_s``). Over a task's steps the median, so that the first step's warm-up and a stray
+slow step do not lead; but a mode exchanged in some steps only (DiLoCo's and FedAvg's rounds,
+once every ``H`` steps) the sum over the steps' count, as the cost model spreads a round over its
+``H`` iterations. Bytes are what every worker of the step sent in that mode, summed, per step
+the same way.
 
 The pipeline's measured time is each stage's waiting for its neighbours' activations and
 gradients, and at a pipeline's start and end a stage waits for the others' compute as much as for
@@ -16,13 +24,16 @@ a transfer: it is compared with the prediction's ``pp_comm`` plus its ``bubble``
 from __future__ import annotations
 
 import statistics
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
+from functools import partial
 from typing import Any
 
 from dmsc.data.traces import StepTrace
 
 MODES = ("tp", "dp", "ep", "pp")
+# the modes whose groups are a stage's replicas: measured by the replica that waited least
+AMONG_REPLICAS = ("dp", "ep")
 # a mode neither measured nor predicted to take this long is left out (a pipeline of one stage
 # has a bubble of a few float roundings)
 UNUSED_S = 1e-6
@@ -44,6 +55,7 @@ class ModeRow:
     measured_s: float | None  # None: no step measured it
     measured_bytes: float | None
     steps: int  # the steps that measured it
+    slowest_s: float | None = None  # the slowest worker's wait (dp, ep: with the others' compute)
 
     @property
     def ratio(self) -> float | None:
@@ -60,17 +72,31 @@ class ModeRow:
             "measured_bytes": self.measured_bytes,
             "ratio": self.ratio,
             "steps": self.steps,
+            "slowest_s": self.slowest_s,
         }
 
 
-def measured_by_step(traces: Sequence[StepTrace]) -> dict[str, dict[int, tuple[float, int]]]:
-    """Each mode's (seconds of the slowest worker, bytes of all workers) in each step."""
-    out: dict[str, dict[int, tuple[float, int]]] = {}
+def measured_by_step(
+    traces: Sequence[StepTrace],
+) -> dict[str, dict[int, tuple[float, int, float]]]:
+    """Each mode's (measured seconds, bytes of all workers, seconds of the slowest worker) in
+    each step; the measured seconds the slowest worker's, but for :data:`AMONG_REPLICAS` the
+    slowest stage's least-waiting replica's (module docstring)."""
+    waits: dict[str, dict[int, dict[int, list[float]]]] = {}  # mode, step, stage: each worker's
+    sent: dict[str, dict[int, int]] = {}
     for t in traces:
         for mode, fig in t.comm.items():
-            s, n = float(fig.get("s", 0.0)), int(fig.get("bytes", 0))
-            top, total = out.setdefault(mode, {}).get(t.step, (0.0, 0))
-            out[mode][t.step] = (max(top, s), total + n)
+            by_stage = waits.setdefault(mode, {}).setdefault(t.step, {})
+            by_stage.setdefault(t.stage, []).append(float(fig.get("s", 0.0)))
+            steps = sent.setdefault(mode, {})
+            steps[t.step] = steps.get(t.step, 0) + int(fig.get("bytes", 0))
+    out: dict[str, dict[int, tuple[float, int, float]]] = {}
+    for mode, by_step in waits.items():
+        for step, by_stage in by_step.items():
+            slowest = max(max(w) for w in by_stage.values())
+            exposed = max(min(w) for w in by_stage.values())
+            measured = exposed if mode in AMONG_REPLICAS else slowest
+            out.setdefault(mode, {})[step] = (measured, sent[mode][step], slowest)
     return out
 
 
@@ -80,6 +106,7 @@ def compare_modes(
     """The table of each mode the prediction prices or the traces measured (in the order tp,
     dp, ep, pp): per step, predicted seconds against the measured median (module docstring)."""
     measured = measured_by_step(traces)
+    window = {t.step for t in traces}  # every step traced, whichever modes it measured
     pred = predicted_breakdown or {}
     rows = []
     for mode in MODES:
@@ -88,15 +115,27 @@ def compare_modes(
         steps = measured.get(mode, {})
         if not steps and (predicted or 0.0) < UNUSED_S:
             continue  # a mode the job does not use
-        seconds = [s for s, _ in steps.values()]
-        nbytes = [float(n) for _, n in steps.values()]
+        seconds = [s for s, _, _ in steps.values()]
+        nbytes = [float(n) for _, n, _ in steps.values()]
+        slowest = [w for _, _, w in steps.values()]
+        per_step: Callable[[Sequence[float]], float] = statistics.median
+        if steps and len(steps) < len(window):  # exchanged once a round of several steps
+            per_step = partial(spread, steps=len(window))
         rows.append(
             ModeRow(
                 mode,
                 predicted,
-                statistics.median(seconds) if seconds else None,
-                statistics.median(nbytes) if nbytes else None,
+                per_step(seconds) if seconds else None,
+                per_step(nbytes) if nbytes else None,
                 len(steps),
+                per_step(slowest) if slowest else None,
             )
         )
     return rows
+
+
+def spread(figures: Sequence[float], steps: int) -> float:
+    """A mode exchanged in some of ``steps`` only, per step: what its exchanges took in all,
+    over the steps (0 in those without one), as the cost model spreads a round of local steps
+    over its iterations (:mod:`dmsc.netmodel.sync`)."""
+    return sum(figures) / steps

@@ -156,3 +156,32 @@ def test_int8_goes_by_the_int8_ring_with_its_block() -> None:
 def test_a_plain_mean_is_all_reduced() -> None:
     (a, b), meeting = _agree(SyncSettings(mode="diloco", inner_steps=2), collective=True)
     assert {kind for kind, _ in meeting.calls} == {"all-reduce"} and torch.equal(a, b)
+
+
+def test_the_rounds_exchange_is_metered_as_data_parallel() -> None:
+    """A DiLoCo round's exchange ran unmetered: the step traces of a `--sync diloco:4` task had
+    no data-parallel time at all, and `dmsc status` no data-parallel row."""
+    from dmsc.runtime.compute.comm_meter import METER
+
+    meeting = Meeting()
+    METER.take()
+    done: list[bool] = []
+
+    def replica(r: int) -> None:
+        torch.manual_seed(0)
+        module = torch.nn.Linear(8, 4)
+        star = Star(meeting, r, Collective(meeting, r))
+        sync = ReplicaSync(SyncSettings(mode="diloco", inner_steps=4), module, star)  # type: ignore[arg-type]
+        with torch.no_grad():
+            module.weight.add_(0.1 * (r + 1))  # the inner steps moved each replica apart
+        sync.outer_step(3, "wait", 5.0)
+        done.append(True)
+
+    threads = [threading.Thread(target=replica, args=(r,)) for r in (0, 1)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(30)
+    assert len(done) == 2
+    got = METER.take()
+    assert got["dp"]["calls"] == 2 and got["dp"]["s"] > 0  # each replica's round

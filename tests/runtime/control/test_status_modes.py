@@ -48,7 +48,8 @@ def test_the_plan_against_the_traces_per_mode(tmp_path: Path) -> None:
         add_step_traces(db, task, step, traces, {}, comm=comm)
     rows = {r["mode"]: r for r in status.modes(db, plan, task)}
     b = plan.prediction.breakdown_s
-    assert rows["dp"]["predicted_s"] == b["dp_comm"] and rows["dp"]["measured_s"] == 0.5
+    assert rows["dp"]["predicted_s"] == b["dp_comm"] and rows["dp"]["measured_s"] == 0.125
+    assert rows["dp"]["slowest_s"] == 0.5  # replica 0 also waited for replica 1's backward
     assert rows["dp"]["measured_bytes"] == 80 and rows["dp"]["steps"] == 2
     assert rows["pp"]["predicted_s"] == b["pp_comm"] + b["bubble"]
     assert rows["pp"]["ratio"] == 0.25 / (b["pp_comm"] + b["bubble"])
@@ -59,10 +60,11 @@ def test_the_plan_against_the_traces_per_mode(tmp_path: Path) -> None:
         replicas_down=[], spares=[], modes_task=task, modes=list(rows.values()),
     )  # fmt: skip
     buf = io.StringIO()
-    print_modes(Console(file=buf, width=120, force_terminal=False), reply)
+    print_modes(Console(file=buf, width=200, force_terminal=False), reply)
     text = buf.getvalue()
     assert f"(task {task})" in text and "data parallel (exposed all-reduce)" in text
-    assert "500.0 ms" in text and "1.00 KB" in text  # dp's wait; pp's 1000 bytes a step
+    assert "125.0 ms" in text and "500.0 ms" in text  # dp's exposure, its slowest worker's
+    assert "1.00 KB" in text  # pp's 1000 bytes a step
 
 
 class _OtherJob:

@@ -104,4 +104,17 @@ def step_comm(
     return out
 
 
+def with_commit(
+    step: Mapping[str, Mapping[str, Any]], commit: Mapping[str, Mapping[str, Any]]
+) -> dict[str, dict[str, Any]]:
+    """A step's figures by mode (:func:`step_comm`) with those its ``Commit`` call metered after
+    it (a DiLoCo or FedAvg round's exchange, run as the round's last step is applied) added."""
+    out = {m: dict(v) for m, v in step.items()}
+    for mode, fig in commit.items():
+        entry = out.setdefault(mode, {"s": 0.0, "bytes": 0, "calls": 0})
+        for key in ("s", "bytes", "calls"):
+            entry[key] = entry.get(key, 0) + fig.get(key, 0)
+    return out
+
+
 METER = CommMeter()  # this worker process's (module docstring)

@@ -351,7 +351,8 @@ class ReplicaSync:
         anchor by the outer optimizer and set the parameters to it."""
         assert self.anchor is not None and self.momentum is not None
         s = self.settings
-        delta, late = self.agree(step, self.anchor - flat_params(self.params), policy, wait_s)
+        with METER.timed("dp"):  # the round's exchange, in the step that ends it (.comm_meter)
+            delta, late = self.agree(step, self.anchor - flat_params(self.params), policy, wait_s)
         if s.mode == "diloco" and s.outer_momentum > 0:  # SGD with Nesterov momentum
             self.momentum.mul_(s.outer_momentum).add_(delta)
             delta = delta + s.outer_momentum * self.momentum

@@ -356,7 +356,11 @@ class StageWorker:
         learning rate the Commit gives, else the one the optimizer has)."""
         with self._lock:
             self._check_epoch(self.epoch if m.epoch is None else m.epoch)
-            return self._apply(m)
+            out = self._apply(m)
+            if m.outer:  # the round's exchange, metered in the step it ends (.comm_meter)
+                out["comm"] = METER.take()
+                out["comm"].get("dp", {})["bytes"] = out["dp_bytes"]
+            return out
 
     def _apply(self, m: msg.Commit) -> dict[str, Any]:
         """:meth:`commit`'s work, the worker's lock held (a RunStep's own ``commit`` too)."""

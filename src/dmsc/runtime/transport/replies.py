@@ -137,10 +137,11 @@ class ModeState(Reply):
 
     mode: Literal["tp", "dp", "ep", "pp"]
     predicted_s: float | None
-    measured_s: float | None
+    measured_s: float | None  # dp, ep: the least-waiting replica's (dmsc.data.comm_modes)
     measured_bytes: float | None
     ratio: float | None
     steps: int
+    slowest_s: float | None = None  # the slowest worker's wait
 
 
 class LoopState(Reply):

@@ -240,6 +240,7 @@ function drawCharts(s) {
   put("modes", table([
     ["mode", (m) => m.mode], ["predicted ms", (m) => ms(m.predicted_s), "num"],
     ["measured ms", (m) => ms(m.measured_s), "num"], ["ratio", (m) => fmt(m.ratio, 2), "num"],
+    ["slowest worker ms", (m) => ms(m.slowest_s), "num"],
     ["bytes sent", (m) => bytes(m.measured_bytes), "num"],
     ["steps", (m) => m.steps, "num"],
   ], tr.modes || [], "no communication measured yet: a training task reports it"));

@@ -36,6 +36,7 @@ import torch
 from pydantic import BaseModel
 
 from dmsc.runtime.business.registry import REGISTRY_SERVICE, Registry, registry_methods
+from dmsc.runtime.compute.comm_meter import with_commit
 from dmsc.runtime.compute.frames import FrameSpec, check_frame
 from dmsc.runtime.compute.worker import WorkerConfig
 from dmsc.runtime.control.launch import failures, staging
@@ -338,7 +339,11 @@ class Deployment(ForwardRequests):
             "dp_bytes": sum(r.get("dp_bytes", 0) for r in commits.values()),
             "traces": {k: (r.get("spans", []), r.get("sent", {})) for k, r in replies.items()},
             "telemetry": {k: r["telemetry"] for k, r in replies.items() if "telemetry" in r},
-            "comm": {k: r["comm"] for k, r in replies.items() if "comm" in r},  # by mode
+            "comm": {  # by mode, with a round's exchange its Commit ran
+                k: with_commit(r["comm"], commits[k].get("comm", {}))
+                for k, r in replies.items()
+                if "comm" in r
+            },
         }
 
     def applies_in_step(
