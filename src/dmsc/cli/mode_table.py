@@ -29,10 +29,9 @@ def caption(basis: str | None) -> str:
             "predicted: the plan's cost model (pipeline: with its bubble, which a stage waits "
             f"through too); {measured}"
         )
-    return (
-        "predicted: none, the plan's figures per mode are of another job than the task's "
-        f"(its step: {basis}); {measured}"
-    )
+    if basis.startswith("not comparable"):
+        return f"predicted: none, the task's step is {basis}; {measured}"
+    return f"predicted: the cost model's, {basis}; {measured}"
 
 
 def print_modes(console: Console, out: StatusReply) -> None:

@@ -42,7 +42,7 @@ from dmsc.planner.placement.problem import (
     boundary_us,
     evaluate,
 )
-from dmsc.planner.plan import Plan, placed_pipeline_s
+from dmsc.planner.plan import Plan, placed_pipeline, placed_pipeline_s
 from dmsc.spec import ClusterSpec, LayerListSpec, TransformerSpec
 
 SPEED_RANGE = (1e-3, 1e3)  # the common step factor is searched in here
@@ -203,16 +203,40 @@ def iteration_s(
     plus data-parallel exchange and optimizer), as the planner predicts a placed plan."""
     from dmsc.netmodel import estimate_iteration
 
+    built, result = _placed(plan, cluster, model, placement)
+    pipeline = placed_pipeline_s(built.problem, result, plan.job)
+    rest = estimate_iteration(cluster, model, plan.job).breakdown_s
+    return pipeline + rest["dp_comm"] + rest["optimizer"]
+
+
+def placed_breakdown_s(
+    plan: Plan, cluster: ClusterSpec, model: TransformerSpec | LayerListSpec
+) -> dict[str, float]:
+    """:func:`iteration_s` by part, as a plan's prediction breaks its iteration down: the placed
+    pipeline's compute, tensor- and expert-parallel, pipeline and bubble seconds, and the
+    data-parallel exchange and optimizer."""
+    from dmsc.netmodel import estimate_iteration
+
+    built, result = _placed(plan, cluster, model, None)
+    rest = estimate_iteration(cluster, model, plan.job).breakdown_s
+    pipe = placed_pipeline(built, result, plan.job).breakdown_s
+    return {**pipe, "dp_comm": rest["dp_comm"], "optimizer": rest["optimizer"]}
+
+
+def _placed(
+    plan: Plan,
+    cluster: ClusterSpec,
+    model: TransformerSpec | LayerListSpec,
+    placement: Placement | None,
+) -> tuple[BuiltProblem, PlacementResult]:
+    """The problem of ``plan``'s job on ``cluster`` and the plan's placement in it (or
+    ``placement``); :class:`CannotFit` where it breaks a constraint there."""
     built = build_problem(cluster, model, plan.job)
     place = placement or plan_placement(built, plan)
     objective = evaluate(built.problem, place)
     if objective is None:
         raise CannotFit("the plan's placement breaks a constraint of the cluster")
-    pipeline = placed_pipeline_s(
-        built.problem, PlacementResult(place, objective, "plan", 0.0), plan.job
-    )
-    rest = estimate_iteration(cluster, model, plan.job).breakdown_s
-    return pipeline + rest["dp_comm"] + rest["optimizer"]
+    return built, PlacementResult(place, objective, "plan", 0.0)
 
 
 def _fit_links(

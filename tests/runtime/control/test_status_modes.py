@@ -14,6 +14,7 @@ from dmsc.data.traces import add_step_traces
 from dmsc.planner.plan import Plan
 from dmsc.planner.solve import plan_job
 from dmsc.runtime.control import status
+from dmsc.runtime.control.advisors.prediction import Prediction
 from dmsc.runtime.control.dashboard_state import tenant_rows
 from dmsc.runtime.transport.replies import StatusReply
 from dmsc.spec import ClusterSpec, JobSpec, load_spec, resolve_model
@@ -67,33 +68,36 @@ def test_the_plan_against_the_traces_per_mode(tmp_path: Path) -> None:
     assert "1.00 KB" in text  # pp's 1000 bytes a step
 
 
-class _OtherJob:
-    def as_json(self) -> dict[str, object]:
-        return {"steps": 2, "predicted_step_s": 0.2, "prediction": "re-estimated for batch 32"}
-
-
-def test_a_task_of_another_job_shows_no_plan_figure_per_mode(tmp_path: Path) -> None:
+def test_a_task_of_another_job_is_compared_per_mode_with_its_own_prediction(
+    tmp_path: Path,
+) -> None:
     """A task that ran another batch, dp or sync than the plan's (or whose replicas agreed
     through the leader) had its measured communication per mode set beside the plan's figures,
     which are another job's."""
     plan, db, run, task = _run_of_one_task(tmp_path)
     comm = {(0, 0): {"dp": {"s": 0.5, "bytes": 40}}}
     add_step_traces(db, task, 0, {(0, 0): ([], {})}, {}, comm=comm)
+    # not comparable (its replicas agreed through the leader): no figure per mode
     other = "not comparable: the replicas agreed through the stage leader (secure aggregation)"
-    rows = status.modes(db, plan, task, other)
+    rows = status.modes(db, plan, task, Prediction(None, other))
     assert [(r["mode"], r["predicted_s"], r["measured_s"]) for r in rows] == [("dp", None, 0.5)]
-    # the task's result says it from its own prediction
-    result = status.result_of(_OtherJob(), db, plan, task)
+    result = status.result_of(_Report(), db, plan, task, Prediction(None, other))
     assert result["modes"][0]["predicted_s"] is None and result["modes"][0]["ratio"] is None
+    # re-estimated for the job it ran: that job's figures
+    again = Prediction(0.3, "re-estimated for batch 32", {"dp_comm": 0.25, "pp_comm": 0.0})
+    assert status.modes(db, plan, task, again)[0]["predicted_s"] == 0.25
+    assert status.result_of(_Report(), db, plan, task, again)["modes"][0]["ratio"] == 2.0
     # the plan's own job keeps the plan's figures
     assert status.modes(db, plan, task)[0]["predicted_s"] == plan.prediction.breakdown_s["dp_comm"]
-    # and the printed table says why its predicted column is empty
-    reply = StatusReply(
-        run=run, model="gpt-mini", steps=1, epoch=0, services=[], tasks=[], faults=[],
-        replicas_down=[], spares=[], modes_task=task, modes=rows, modes_prediction=other,
-    )  # fmt: skip
-    buf = io.StringIO()
-    print_modes(Console(file=buf, width=200, force_terminal=False), reply)
-    text = " ".join(buf.getvalue().split())
-    assert "predicted: none, the plan's figures per mode are of another job" in text
-    assert "(secure aggregation)" in text
+    # and the printed table says what its predicted column is
+    for basis, words in [
+        (other, "predicted: none, the task's step is not comparable: the replicas agreed"),
+        (again.basis, "predicted: the cost model's, re-estimated for batch 32;"),
+    ]:
+        reply = StatusReply(
+            run=run, model="gpt-mini", steps=1, epoch=0, services=[], tasks=[], faults=[],
+            replicas_down=[], spares=[], modes_task=task, modes=rows, modes_prediction=basis,
+        )  # fmt: skip
+        buf = io.StringIO()
+        print_modes(Console(file=buf, width=200, force_terminal=False), reply)
+        assert words in " ".join(buf.getvalue().split())

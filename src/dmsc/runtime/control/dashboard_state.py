@@ -241,7 +241,7 @@ def tenant_rows(
     trained = [t.id for t in tasks if t.kind == "train" and t.state != "queued"]
     task_id = trained[-1] if trained else None
     newest = next((t for t in tasks if t.id == task_id), None)
-    predicted = Prediction(plan.prediction.iteration_time_s, PLANS)
+    predicted = Prediction(plan.prediction.iteration_time_s, PLANS, plan.prediction.breakdown_s)
     segments = resized_segments(newest, live)
     if segments and newest is not None and not newest.result_json:  # running: so far
         predicted = mixed([s["dp"] for s in segments], running=True)
@@ -270,7 +270,7 @@ def tenant_rows(
         "faults": json.loads(json.dumps(faults[-FAULTS_SHOWN:][::-1], default=str)),
         "training": {
             **training(db, task_id, predicted, segments),
-            "modes": status.modes(db, plan, task_id, predicted.basis),
+            "modes": status.modes(db, plan, task_id, predicted),
         },
         "links": links,
         "gantt": gantt,

@@ -17,8 +17,7 @@ the newest checkpoint that verifies (:mod:`.launch.fallback`): a missing or corr
 ``checkpoint`` fault, and with none that verifies the control plane does not start (or, once
 running, refuses training: :attr:`ControlPlane.weights_lost`) rather than serve fresh weights. Tasks
 that an earlier, stopped run left queued move into this run when it starts
-(:meth:`.tasks.task_queue.TaskQueue.adopt_orphans`). Every training task that ends, resumed or
-cancelled, records the model version it produced.
+(:meth:`.tasks.task_queue.TaskQueue.adopt_orphans`). A training task that ends records its version.
 """
 
 from __future__ import annotations
@@ -331,8 +330,9 @@ class ControlPlane:
             self._restore_after_loss()
             raise
         self.steps_done = report.end_step
-        predict_segments(report, self.plan, self.cluster, self.model, params)
-        self.db.set_task_result(task_id, status.result_of(report, self.db, self.plan, task_id))
+        whole = predict_segments(report, self.plan, self.cluster, self.model, params)
+        result = status.result_of(report, self.db, self.plan, task_id, whole)
+        self.db.set_task_result(task_id, result)
         for r in report.recoveries:
             self.log.warning("recovered from a failure: %s", r.reason, extra={"task_id": task_id})
         return report, self._save_version(task_id)

@@ -171,13 +171,13 @@ def report(
     traced = traced_tasks(db, run_id)
     task = traced[-1] if traced else None
     record = next((t for t in db.tasks(run_id) if t.id == task), None)
-    basis = predict(record).basis if record is not None and predict is not None else PLANS
+    prediction = predict(record) if record is not None and predict is not None else None
     return {
         "run": run_id,
         "model": plan.model,
         "modes_task": task,
-        "modes": modes(db, plan, task, basis),
-        "modes_prediction": None if task is None or basis == PLANS else basis,
+        "modes": modes(db, plan, task, prediction),
+        "modes_prediction": None if prediction is None else shown_basis(prediction),
         "steps": steps,
         "epoch": dep.epoch,
         "services": serving,
@@ -193,18 +193,19 @@ def report(
 
 
 def modes(
-    db: Database, plan: Plan, task_id: int | None, basis: str = PLANS
+    db: Database, plan: Plan, task_id: int | None, prediction: Prediction | None = None
 ) -> list[dict[str, Any]]:
-    """Each parallel mode's communication per step over the task's last steps, the plan's
-    prediction against the traces' measurement (:func:`dmsc.data.comm_modes.compare_modes`).
-    ``basis`` is what the task's step time is compared with
-    (:class:`~dmsc.runtime.control.advisors.prediction.Prediction`): where that is not the
-    plan's (the task ran another batch, dp or sync, or its replicas agreed through the leader)
-    the plan's figures per mode are of another job, and none is shown beside the measurement."""
+    """Each parallel mode's communication per step over the task's last steps, predicted
+    against the traces' measurement (:func:`dmsc.data.comm_modes.compare_modes`). Predicted by
+    ``prediction``, the one the task's step is compared with
+    (:class:`~dmsc.runtime.control.advisors.prediction.Prediction`; None: the plan's): the
+    plan's figures where the task ran the plan's job, re-estimated for the batch, dp or sync it
+    ran, none where it is not comparable (its replicas agreed through the leader, its dp
+    changed) or its parts were not kept."""
     if task_id is None:
         return []
     traces = step_traces(db, task_id, last=MODE_STEPS)
-    predicted = plan.prediction.breakdown_s if basis == PLANS else None
+    predicted = plan.prediction.breakdown_s if prediction is None else prediction.breakdown_s
     return [r.as_json() for r in compare_modes(predicted, traces)]
 
 
@@ -212,8 +213,15 @@ class _Report(Protocol):
     def as_json(self) -> dict[str, Any]: ...
 
 
-def result_of(report: _Report, db: Database, plan: Plan, task_id: int) -> dict[str, Any]:
+def result_of(
+    report: _Report, db: Database, plan: Plan, task_id: int, prediction: Prediction | None = None
+) -> dict[str, Any]:
     """A training task's result (its report's: the sync mode, the privacy spent, the prediction
-    its step compares with), with its predicted and measured communication per mode."""
-    out = report.as_json()
-    return {**out, "modes": modes(db, plan, task_id, out.get("prediction") or PLANS)}
+    its step compares with), with its communication per mode against ``prediction`` (the one
+    its step compares with; None: the plan's)."""
+    return {**report.as_json(), "modes": modes(db, plan, task_id, prediction)}
+
+
+def shown_basis(prediction: Prediction) -> str | None:
+    """What the per-mode table says of its predicted column: nothing where it is the plan's."""
+    return None if prediction.basis == PLANS else prediction.basis

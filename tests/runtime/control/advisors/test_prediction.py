@@ -213,6 +213,12 @@ def test_a_task_with_another_sync_than_the_plans_is_re_estimated_with_its_own(
     ran = JobSpec.model_validate({**plan.job.model_dump(), "sync": sync})
     assert p.step_s == iteration_s(plan.model_copy(update={"job": ran}), cluster, model)
     assert p.step_s is not None and p.step_s < planned  # a tenth of the exchanges, int8
+    # by part, for the per-mode table: that job's figures, adding up to its step
+    assert p.breakdown_s is not None and sum(p.breakdown_s.values()) == pytest.approx(p.step_s)
+    plan_dp = plan.prediction.breakdown_s["dp_comm"]
+    assert 0 < p.breakdown_s["dp_comm"] < plan_dp / 10  # a round of 10 steps, in int8
+    own = prediction_for(plan, cluster, model, 16, 2, 2)
+    assert own.breakdown_s == plan.prediction.breakdown_s
     assert p.basis == (
         "re-estimated for batch 16 in 2 micro-batches at dp 2, sync diloco of 10 steps, compress "
         "int8 (the plan's job: batch 16 in 2 micro-batches at dp 2, sync every-step, compress none)"

@@ -9,7 +9,7 @@ measured is compared with:
   gives the same figure);
 - a prediction re-estimated for the job that ran, on the cluster spec in force, when anything
   differs: the plan's placement re-costed there where the task kept its replicas
-  (:func:`placed_s`), else the planner on the same strategy, as ``dmsc plan`` would predict it;
+  (:func:`placed`), else the planner on the same strategy, as ``dmsc plan`` would predict it;
 - nothing ("not comparable", with the reason) when the job differs and there is no cluster spec
   to re-estimate on, when the re-estimate fails, or when the cluster's devices were never
   measured (a spec of guessed figures, such as ``local-cpu`` before ``dmsc calibrate``).
@@ -34,7 +34,8 @@ from __future__ import annotations
 
 import json
 import threading
-from dataclasses import dataclass
+from collections.abc import Mapping
+from dataclasses import dataclass, field
 from typing import Any
 
 from dmsc.data.db import TaskRecord
@@ -56,6 +57,9 @@ class Prediction:
 
     step_s: float | None
     basis: str  # "the plan's", "re-estimated for ...", or why it is not comparable
+    # the step by part, as a plan's prediction breaks it down (the per-mode table's figures);
+    # None where there is no figure, or where it was not kept (a prediction read back from JSON)
+    breakdown_s: Mapping[str, float] | None = field(default=None, compare=False)
 
     @property
     def comparable(self) -> bool:
@@ -143,7 +147,7 @@ def prediction_for(
         )
     if cluster is None:
         if same:
-            return Prediction(planned, PLANS)
+            return Prediction(planned, PLANS, plan.prediction.breakdown_s)
         planned_job = job_words(
             job.global_batch, job.microbatches, job.dp, None if same_sync else job.sync
         )
@@ -168,40 +172,45 @@ def prediction_for(
                 "sync": synced.model_dump(),
             }
         )
-        step_s = placed_s(plan, new, cluster, model)
-        if step_s is None:
-            step_s = plan_job(cluster, model, new, fixed=True).plan.prediction.iteration_time_s
+        kept = placed(plan, new, cluster, model)
+        if kept is None:
+            found = plan_job(cluster, model, new, fixed=True).plan.prediction
+            kept = found.iteration_time_s, found.breakdown_s
+        step_s, parts = kept
     except (ValueError, SpecError) as exc:  # DoesNotFit and Infeasible are ValueErrors
         return Prediction(None, f"not comparable: {ran} cannot be re-estimated: {exc}")
     if same and abs(step_s - planned) <= SAME_REL * planned:
-        return Prediction(planned, PLANS)
+        return Prediction(planned, PLANS, plan.prediction.breakdown_s)
     if same:
         return Prediction(
             step_s,
             f"re-estimated on the cluster spec now in force (the plan said {planned * 1e3:.1f} "
             "ms on other figures)",
+            parts,
         )
     planned_job = job_words(
         job.global_batch, job.microbatches, job.dp, None if same_sync else job.sync
     )
-    return Prediction(step_s, f"re-estimated for {ran} (the plan's job: {planned_job})")
+    return Prediction(step_s, f"re-estimated for {ran} (the plan's job: {planned_job})", parts)
 
 
-def placed_s(
+def placed(
     plan: Plan, job: JobSpec, cluster: ClusterSpec, model: TransformerSpec | LayerListSpec
-) -> float | None:
+) -> tuple[float, dict[str, float]] | None:
     """``job`` on ``plan``'s placement (its stages' layers, datacenters and paths kept) as the
-    planner predicts it on ``cluster``: what ran, when the task kept the plan's replicas. None
+    planner predicts it on ``cluster``, and by part: what ran, when the task kept the plan's
+    replicas. None
     when it did not (another dp) or ``cluster`` lacks a datacenter or path of the plan; then
     the search's plan for ``job`` stands in. A search on a re-fitted cluster may place the
     stages otherwise than the plan that was deployed (``dmsc plan --calibrated`` keeps the
     measured placement within its margin): its figure is for a placement that did not run."""
-    from dmsc.planner.recalibrate import CannotFit, iteration_s
+    from dmsc.planner.recalibrate import CannotFit, iteration_s, placed_breakdown_s
 
     if job.dp != plan.job.dp:
         return None
+    ran = plan.model_copy(update={"job": job})
     try:
-        return iteration_s(plan.model_copy(update={"job": job}), cluster, model)
+        return iteration_s(ran, cluster, model), placed_breakdown_s(ran, cluster, model)
     except CannotFit:
         return None
 
@@ -304,11 +313,12 @@ def predict_segments(
     cluster: ClusterSpec | None,
     model: TransformerSpec | LayerListSpec,
     params: TrainParams,
-) -> None:
+) -> Prediction:
     """Set the prediction of each of ``report``'s segments (the task's batch in its
     micro-batches, ``params``, at the segment's dp, on the plan it ran on: ``plan``, the one in
-    force now, when the session was not told) and of the task as a whole: ``plan``'s job when
-    every segment ran at its dp, none when the dp changed (module docstring)."""
+    force now, when the session was not told) and of the task as a whole, and give the latter:
+    ``plan``'s job when every segment ran at its dp, none when the dp changed (module
+    docstring)."""
     made: dict[tuple[int, int], Prediction] = {}  # by (plan, dp): each re-estimate once
 
     def predict(on: Plan, dp: int) -> Prediction:
@@ -325,6 +335,7 @@ def predict_segments(
     changed = any(dp != plan.job.dp for dp in dps)  # else the plan's job, as for a task that
     whole = mixed(dps) if changed else predict(plan, plan.job.dp)  # never changed dp
     report.prediction = whole.as_json()
+    return whole
 
 
 def mixed(dps: list[int], running: bool = False) -> Prediction:
