@@ -34,7 +34,9 @@ def test_estimate_shows_the_saving(dmsc: DmscRunner) -> None:
     dp = every["traffic_bytes"]["dp"]
     assert diloco["traffic_bytes"]["dp"] == pytest.approx(dp / 50, rel=1e-9)
     assert packed["traffic_bytes"]["dp"] == pytest.approx(dp / 50 * (1 + 4 / 256) / 2, rel=1e-9)
-    assert every["breakdown_s"]["dp_comm"] > 0.1 and diloco["breakdown_s"]["dp_comm"] == 0
+    assert every["breakdown_s"]["dp_comm"] > 0.1
+    # a round's exchange is exposed whole, a fiftieth of it an iteration (netmodel/sync.py)
+    assert 0 < diloco["breakdown_s"]["dp_comm"] < every["breakdown_s"]["dp_comm"] / 10
     assert diloco["iteration_time_s"] < every["iteration_time_s"]
     kinds = "traffic_by_link_kind_bytes"
     assert packed[kinds]["interdc"] < every[kinds]["interdc"] / 50

@@ -185,7 +185,7 @@ def _brute_force(cluster: ClusterSpec, job: JobSpec) -> float:
             crit = max(pipes, key=lambda p: p.seconds)
             round_s = exchange_cost(comm, job, replicas, payloads).time_s
             window = crit.critical_compute_s * 2 / 3
-            dp = exposed_s(round_s, job.sync, job.overlap_dp_comm, window, crit.seconds + optimizer)
+            dp = exposed_s(round_s, job.sync, job.overlap_dp_comm, window)
             best = min(best, crit.seconds + dp + optimizer)
     return best
 

@@ -380,8 +380,7 @@ def estimate_iteration(
         window = crit.compute_s * 2 / 3  # the backward of the last micro-batch
         if job.zero >= 3:
             window += m * crit.compute_s
-        inner_step_s = sum(breakdown.values())  # an iteration without its data-parallel part
-        breakdown["dp_comm"] = exposed_s(dp_s, sync, job.overlap_dp_comm, window, inner_step_s)
+        breakdown["dp_comm"] = exposed_s(dp_s, sync, job.overlap_dp_comm, window)
         if job.dp > 1 and sync.inner_steps == 1 and job.overlap_dp_comm and job.zero < 3:
             # every step's all-reduce in buckets behind the backward, one at a time, as the
             # runtime runs it (dmsc.netmodel.dp_buckets); the experts' after it

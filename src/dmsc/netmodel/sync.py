@@ -20,17 +20,19 @@ The choices, for :func:`dmsc.netmodel.iteration.estimate_iteration` and the simu
   payload, the same bytes as the all-reduce for two replicas, more beyond.
 - **Rounds.** ``every-step`` exchanges every iteration; ``diloco:H``, ``fedavg:H`` and
   ``fedprox:H`` once per round of ``H`` iterations: the bytes per iteration are 1/H of a round's.
-- **Overlap** (the job's ``overlap_dp_comm``, meaning what it meant): every-step hides its
-  all-reduce under the last backward pass (in buckets, below); with
-  local steps the exchange may also run under the ``H - 1`` inner steps that follow (streaming
-  DiLoCo, Douillard et al. 2025: the outer update lands late), so the exposed time per
-  iteration is ``max(0, t - w - (H - 1) x step) / H``, with ``step`` an iteration without its
-  data-parallel part; without overlap ``t / H``. For ``H = 1`` both are every-step's, exactly.
+- **Overlap** (the job's ``overlap_dp_comm``): every-step hides its all-reduce under the last
+  backward pass (in buckets, below). A round of local steps is exposed whole, ``t / H`` per
+  iteration with overlap or without: dmsc's runtime runs a round's exchange (one all-reduce of
+  the whole payload, ``DataParallel.mean``) when the round's last step is applied, after its
+  backward and optimizer step, and the next round's steps start once it is done. Streaming
+  DiLoCo (Douillard et al. 2025), which runs the exchange under the next inner steps and lets
+  the outer update land late, would hide up to ``w + (H - 1) x step`` of it; it is not priced,
+  because the runtime does not run it (it once was priced: a `diloco:4` task on the CPU demo
+  was predicted 0.0 ms of exposed exchange a step and measured 12.0 ms). For ``H = 1`` the
+  exposed time is every-step's.
 - **Buckets**: with overlap, every-step's all-reduce runs in buckets behind the backward, one
   at a time, as the runtime runs it (:mod:`dmsc.netmodel.dp_buckets`): its exposed time is
-  :func:`bucketed_exposed_s`, each bucket paying its own latency. A round of local steps is
-  one all-reduce of the whole payload (the runtime's ``DataParallel.mean``), the window ``w``
-  above the last backward's compute.
+  :func:`bucketed_exposed_s`, each bucket paying its own latency.
 - **Not modelled**: the runtime's star for robust aggregators, privacy and secure aggregation
   (through the stage leader, whose link carries ``2 (n - 1)`` payloads a round; every codec
   without them goes by collective as priced,
@@ -128,16 +130,15 @@ def exchange(
     return comm.collective("all_reduce", groups, payload, algorithm)
 
 
-def exposed_s(
-    round_s: float, sync: SyncSpec, overlap: bool, window_s: float, step_s: float
-) -> float:
-    """Data-parallel seconds an iteration waits for: a round's exchange of ``round_s``, less
-    what the last backward (``window_s``) and the round's other inner steps (``step_s`` each)
-    hide when ``overlap``, spread over the round's ``inner_steps`` iterations."""
+def exposed_s(round_s: float, sync: SyncSpec, overlap: bool, window_s: float) -> float:
+    """Data-parallel seconds an iteration waits for: every step's exchange of ``round_s`` less
+    what the last backward (``window_s``) hides when ``overlap``; a round of local steps' whole,
+    spread over its ``inner_steps`` iterations (module docstring: the runtime runs it after the
+    round's last step, under nothing)."""
     h = sync.inner_steps
-    if overlap:
-        round_s = max(0.0, round_s - (window_s + (h - 1) * step_s))
-    return round_s / h
+    if h > 1:
+        return round_s / h
+    return max(0.0, round_s - window_s) if overlap else round_s
 
 
 # A bucket's all-reduce seconds by (communication model, groups, bytes, codec, algorithm): the

@@ -153,8 +153,7 @@ def _breakdown(
     crit = max(islands, key=lambda i: i.pipeline.seconds)
     cost = exchange_cost(comm, job, [r for i in islands for r in i.replicas], payloads)
     window = crit.pipeline.critical_compute_s * 2 / 3  # the backward of the last micro-batch
-    step = crit.pipeline.seconds + optimizer_s
-    dp_s = exposed_s(cost.time_s, job.sync, job.overlap_dp_comm, window, step)
+    dp_s = exposed_s(cost.time_s, job.sync, job.overlap_dp_comm, window)
     return {**crit.pipeline.breakdown_s, "dp_comm": dp_s, "optimizer": optimizer_s}
 
 
