@@ -91,11 +91,14 @@ def test_up_status_train_infer_down(tmp_path: Path) -> None:
         assert res.returncode == 2 and "tokens" in res.stderr and "Traceback" not in res.stderr
         status = json.loads(dmsc(tmp_path, "status", "--json").stdout)
         assert [t["state"] for t in status["tasks"]] == ["done"] * 5 + ["cancelled"]
-        # pp = 2: the pipeline's waits and sends, measured in each of the 3 steps, beside the
-        # plan's prediction, in the status and in the train task's result
+        # pp = 2: the pipeline's waits and sends, measured in each of the 3 steps, in the status
+        # and in the train task's result; beside no prediction, as the step's: local-cpu's CPU
+        # figures were never measured, so the plan's are guesses (`dmsc calibrate` first)
         (pp,) = status["modes"]
         assert pp["mode"] == "pp" and pp["steps"] == 3 and pp["measured_bytes"] > 0
-        assert pp["measured_s"] > 0 and pp["predicted_s"] > 0
+        assert pp["measured_s"] > 0 and pp["predicted_s"] is None
+        assert "device type cpu" in status["modes_prediction"]
+        assert "never measured" in status["modes_prediction"]
         assert json.loads(db.tasks()[0].result_json)["modes"] == status["modes"]
         # The train task ran once: the Train call queued it and the queue ran it (it used to run
         # in the call, and the queue once claimed it again after the call released the lock).
