@@ -12,6 +12,7 @@ import torch
 from runtime_helpers import first_stage
 
 from dmsc.runtime.business.registry import REGISTRY_SERVICE, Registry, registry_methods
+from dmsc.runtime.compute.models.attention import StageCache
 from dmsc.runtime.compute.worker import STAGE_SERVICE, StageWorker
 from dmsc.runtime.transport.rpc import Client, serve
 from dmsc.spec import resolve_model
@@ -111,25 +112,32 @@ def test_inference_sessions_have_a_limit_an_idle_timeout_and_a_position_check() 
     reg_server, reg_port = serve(REGISTRY_SERVICE, registry_methods(Registry(ttl_s=60)))
     try:
         worker = StageWorker(first_stage(f"127.0.0.1:{reg_port}", max_sessions=1))
-        cache = worker._session("a", 0)
+        cfg = worker.cfg
+
+        def session(name: str, start: int) -> StageCache:  # as an inference RunStep takes it
+            return worker.sessions.take(
+                name, start, cfg.max_sessions, cfg.session_idle_s, cfg.stage, worker.spec.seq
+            )
+
+        cache = session("a", 0)
         with pytest.raises(NoRoom, match="1 inference sessions open"):
-            worker._session("b", 0)
+            session("b", 0)
         cache.length = 7  # as a prefill of seven tokens leaves it
-        assert worker._session("a", 7) is cache
+        assert session("a", 7) is cache
         with pytest.raises(BadRequest, match="holds 7 positions, the step starts at 9"):
-            worker._session("a", 9)
+            session("a", 9)
         with pytest.raises(BadRequest, match="session c: not open here"):
-            worker._session("c", 3)
+            session("c", 3)
         # a session never grows past the model's window (its caches, and the rotary table
         # sized by them, stay bounded whatever a caller asks)
         seq = worker.spec.seq
         cache.length = seq
         with pytest.raises(BadRequest, match=f"position {seq} is past the model's last"):
-            worker._session("a", seq)
+            session("a", seq)
         assert worker.end_session(msg.EndSession(session="a")) == {"ended": True}
-        worker._session("b", 0)  # room again
+        session("b", 0)  # room again
         worker.cfg.session_idle_s = 0.0  # every session is idle: the next one takes its room
-        worker._session("c", 0)
+        session("c", 0)
         assert list(worker.sessions) == ["c"]
     finally:
         reg_server.stop(0)
@@ -297,4 +305,53 @@ def test_a_chained_step_runs_through_every_stage_in_one_call_and_keeps_their_ref
             c.close()
         for server in servers:
             server.stop(0)
+        reg_server.stop(0)
+
+
+def test_a_decoding_step_lays_the_weights_out_for_decoding_and_a_training_step_puts_them_back() -> (
+    None
+):
+    """:mod:`dmsc.runtime.compute.decode_layout` as a worker uses it: a step with a session
+    switches to the decoding layout (the same logits as before, to float32 rounding), a step
+    without one leaves the layout as it is, a training step restores the weights as built."""
+    from dmsc.runtime.compute.decode_layout import is_column_major
+    from dmsc.runtime.compute.sampling import reply_logits
+    from dmsc.runtime.transport import messages as msg
+    from dmsc.runtime.transport.wire import Kind, encode
+
+    reg_server, reg_port = serve(REGISTRY_SERVICE, registry_methods(Registry(ttl_s=60)))
+    try:
+        worker = StageWorker(first_stage(f"127.0.0.1:{reg_port}", stages=1, last="head"))
+        # a deterministic timer: column-major faster for the weights wider than they are deep
+        worker.layout.timer = lambda ws: (
+            1.0 if is_column_major(ws[0]) == (ws[0].shape[0] > ws[0].shape[1]) else 2.0
+        )
+        weights = {n: p.detach().clone() for n, p in worker.module.named_parameters()}
+        ids = [[5, 17, 99, 3]]
+
+        def logits(step: int, session: str | None) -> torch.Tensor:
+            m = msg.RunStep(
+                step=step, microbatches=1, train=False, session=session, start=0, tokens=ids
+            )
+            return reply_logits(worker.run_step(m), SPEC.vocab)
+
+        def wide() -> list[torch.Tensor]:
+            linear = [m.weight for m in worker.module.modules() if isinstance(m, torch.nn.Linear)]
+            return [w for w in linear if w.shape[0] > w.shape[1]]
+
+        row = logits(1, None)
+        assert not worker.layout.on and all(p.is_contiguous() for p in wide())
+        col = logits(2, "a")  # a session: decoding
+        assert worker.layout.on and all(is_column_major(p) for p in wide())
+        torch.testing.assert_close(col, row, rtol=1e-5, atol=1e-5)
+        torch.testing.assert_close(logits(3, None), row, rtol=1e-5, atol=1e-5)
+        assert worker.layout.on  # a step without a session leaves it
+        for kind, t in ((Kind.TOKENS, torch.tensor(ids)), (Kind.TARGETS, torch.tensor(ids))):
+            worker.push(encode(kind, 4, 0, t, worker.epoch))
+        worker.run_step(msg.RunStep(step=4, microbatches=1, train=True))
+        assert not worker.layout.on
+        assert all(p.is_contiguous() for p in worker.module.parameters())
+        for n, p in worker.module.named_parameters():  # as built, bit for bit (not committed)
+            assert torch.equal(p.detach(), weights[n]), n
+    finally:
         reg_server.stop(0)

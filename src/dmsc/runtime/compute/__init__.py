@@ -15,5 +15,7 @@ stages, :mod:`.peers` sends frames over gRPC, or, where the deployment asks and 
 a datacenter, :mod:`.pipe_group` over gloo point-to-point; a decoded token's step goes from
 stage to stage in calls of their own (:mod:`.relay`), each stage keeping the request's keys and
 values (:mod:`.sessions`); a session's tokens may be drawn in runs at its first stage
-(:mod:`.drawing`, with :mod:`.sampling`'s draw, the one the control plane uses).
+(:mod:`.drawing`, with :mod:`.sampling`'s draw, the one the control plane uses). While a CPU
+stage decodes, :mod:`.decode_layout` keeps its linear weights in the memory layout measured the
+faster for one row.
 """

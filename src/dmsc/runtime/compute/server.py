@@ -42,6 +42,7 @@ from dmsc.runtime.compute.checkpoints import (
 )
 from dmsc.runtime.compute.comm_meter import METER, step_comm
 from dmsc.runtime.compute.config import WorkerConfig
+from dmsc.runtime.compute.decode_layout import DecodeLayout
 from dmsc.runtime.compute.devices import autocast_dtype, stage_device
 from dmsc.runtime.compute.ep_worker import ExpertRanks
 from dmsc.runtime.compute.executor import logits_reply, run_ops, step_ops
@@ -49,7 +50,6 @@ from dmsc.runtime.compute.frames import FrameSpec, carried_tokens, check_frame
 from dmsc.runtime.compute.gradient_sync import GradientSync, LinkShaper
 from dmsc.runtime.compute.inbox import Inbox
 from dmsc.runtime.compute.local_shard import LocalShard
-from dmsc.runtime.compute.models.attention import StageCache
 from dmsc.runtime.compute.models.chain import tied_weight
 from dmsc.runtime.compute.outer_sync import ReplicaSync, make_optimizer, optimizer_kind, plain_sync
 from dmsc.runtime.compute.peers import Peers
@@ -115,6 +115,7 @@ class StageWorker:
         # built (or read from its checkpoint) on the host, then moved: the float32 master copy
         self.module = tp_worker.stage(self.spec, cfg, self.experts).to(self.device)
         self.optimizer = make_optimizer("adamw", self.module, cfg.lr)
+        self.layout = DecodeLayout(self.module)  # its weights' strides while it decodes
         self.sync: ReplicaSync | None = None  # a task's sync mode, other than plain averaging
         self.sync_held: dict[str, torch.Tensor] = {}  # its round state, as last loaded
         first, last = self.module.is_first, self.module.is_last  # own training text: LoadShard
@@ -247,7 +248,12 @@ class StageWorker:
             )
         except ValueError as exc:
             raise BadRequest(f"RunStep: {exc}") from None
-        cache = self._session(m.session, m.start) if m.session and not m.train else None
+        cache = None
+        if m.session and not m.train:  # :mod:`.sessions`
+            c = cfg.max_sessions, cfg.session_idle_s, cfg.stage, self.spec.seq
+            cache = self.sessions.take(m.session, m.start, *c)
+        if (cache is not None or m.train) and self.layout.use(decode=cache is not None):
+            self.log.info(f"weights laid out: {self.layout.describe()}")
         try:
             done = run_ops(
                 self.module,
@@ -337,14 +343,6 @@ class StageWorker:
         theirs = self.peers.recv(Kind.TIED_GRAD, step, 0)
         self.peers.flush()
         self.tied.grad = grad + theirs
-
-    def _session(self, session: str, start: int) -> StageCache:
-        """The keys and values of ``session`` for a step from ``start`` (:mod:`.sessions`), a
-        position inside the model's sequence length (past it the context slides, uncached)."""
-        cfg = self.cfg
-        if start >= self.spec.seq:
-            raise BadRequest(f"session {session}: position {start} is past the model's last")
-        return self.sessions.take(session, start, cfg.max_sessions, cfg.session_idle_s, cfg.stage)
 
     def end_session(self, m: msg.EndSession) -> dict[str, Any]:
         with self._lock:

@@ -12,10 +12,15 @@ from dmsc.runtime.transport.rpc import BadRequest, NoRoom
 class Sessions(dict[str, StageSession]):
     """A stage's open inference sessions, by session id."""
 
-    def take(self, session: str, start: int, most: int, idle_s: float, stage: int) -> StageCache:
-        """The keys and values of ``session`` for a step from position ``start`` (0 opens it).
-        Sessions idle past ``idle_s`` go first; a new one past ``most`` open is refused
-        (:class:`NoRoom`), as is a step that does not start where the session ends."""
+    def take(
+        self, session: str, start: int, most: int, idle_s: float, stage: int, seq: int
+    ) -> StageCache:
+        """The keys and values of ``session`` for a step from position ``start`` (0 opens it), a
+        position inside the model's sequence length ``seq`` (past it the context slides,
+        uncached). Sessions idle past ``idle_s`` go first; a new one past ``most`` open is
+        refused (:class:`NoRoom`), as is a step that does not start where the session ends."""
+        if start >= seq:
+            raise BadRequest(f"session {session}: position {start} is past the model's last")
         now = time.monotonic()
         for key in [k for k, s in self.items() if now - s.used > idle_s]:
             del self[key]
