@@ -74,3 +74,19 @@ def test_a_module_without_cpu_linear_weights_is_left_alone() -> None:
     assert not layout.applicable and not layout.use(decode=True) and layout.columns is None
     on_meta = DecodeLayout(nn.Linear(4, 8, device="meta"), timer=wide_is_faster)
     assert not on_meta.applicable and not on_meta.use(decode=True)
+
+
+def test_a_stage_that_trained_recently_decodes_as_built() -> None:
+    """Inference between a task's training steps: no copies both ways a request."""
+    from dmsc.runtime.compute import decode_layout
+
+    now = [100.0]
+    stage = build_stage(resolve_model("llama-mini"), 0, "embedding", "head")
+    layout = DecodeLayout(stage, timer=wide_is_faster, clock=lambda: now[0])
+    assert layout.use(decode=True)  # never trained: laid out at once
+    assert layout.use(decode=False)  # a training step: back as built
+    now[0] += decode_layout.QUIET_S - 1
+    assert not layout.use(decode=True) and not layout.on
+    assert all(p.is_contiguous() for p in stage.parameters())
+    now[0] += 2
+    assert layout.use(decode=True) and layout.on  # quiet long enough

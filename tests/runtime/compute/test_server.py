@@ -353,5 +353,7 @@ def test_a_decoding_step_lays_the_weights_out_for_decoding_and_a_training_step_p
         assert all(p.is_contiguous() for p in worker.module.parameters())
         for n, p in worker.module.named_parameters():  # as built, bit for bit (not committed)
             assert torch.equal(p.detach(), weights[n]), n
+        logits(5, "b")  # inference between training steps: decoded as built, no copies
+        assert not worker.layout.on
     finally:
         reg_server.stop(0)

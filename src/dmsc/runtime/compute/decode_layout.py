@@ -23,10 +23,11 @@ backward) is best left as built (the head's 8192 x 512 took 12% longer column-ma
 Hence :class:`DecodeLayout`: at a stage's first decoding step it times one row by each of its
 ``nn.Linear`` weights of a shape, in both layouts (the weights themselves, interleaved, the best
 of a few passes), lays out column by column the shapes where that is faster by :data:`MARGIN` or
-more, and puts them back as built before the next training step. The values
-never change, only their strides: outputs agree to float32 rounding, every holder of a
-parameter (the optimizer, a tied head) keeps the same ``Parameter``, and checkpoints and exports
-write ``contiguous()`` copies, row-major as always.
+more, and puts them back as built before the next training step (a stage that trained in the
+last :data:`QUIET_S` seconds decodes as built: no copies back and forth while a task trains).
+The values never change, only their strides: outputs agree to float32 rounding, every holder of
+a parameter (the optimizer, a tied head) keeps the same ``Parameter``, and checkpoints and
+exports write ``contiguous()`` copies, row-major as always.
 
 CPU only (a GPU's BLAS chooses its own kernels), and not for DTensor (tensor-parallel) weights.
 """
@@ -43,6 +44,10 @@ from torch import nn
 
 MARGIN = 0.10  # column-major is taken where a one-row product is at least this much faster
 ROUNDS = 5  # interleaved timings of each layout per shape; the best of each is compared
+# A stage that trained this recently decodes as built: inference served between a task's training
+# steps would otherwise copy the chosen weights twice a request (both ways), which on a large
+# model costs more than the layout saves.
+QUIET_S = 30.0
 
 Shape = tuple[int, int]
 
@@ -88,6 +93,8 @@ class DecodeLayout:
     columns: dict[Shape, bool] | None = None  # per shape, once measured
     timings: dict[Shape, tuple[float, float]] = field(default_factory=dict)
     on: bool = False
+    clock: Callable[[], float] = time.monotonic
+    trained: float | None = None  # when the last training step asked for the weights as built
 
     def _weights(self) -> Iterable[torch.Tensor]:  # nn.Linear weights: Parameters
         for m in self.module.modules():
@@ -119,8 +126,12 @@ class DecodeLayout:
         return self.columns
 
     def use(self, decode: bool) -> bool:
-        """Lay the weights out for decoding (``decode``) or back as built; True when it changed
-        anything."""
+        """Lay the weights out for decoding (``decode``: not within :data:`QUIET_S` of a training
+        step) or back as built (for a training step); True when it changed anything."""
+        if not decode:
+            self.trained = self.clock()
+        elif self.trained is not None and self.clock() - self.trained < QUIET_S:
+            return False
         if decode == self.on or not self.applicable:
             return False
         columns = self.columns if self.columns is not None else self.measure()
