@@ -46,7 +46,7 @@ MARGIN = 0.10  # column-major is taken where a one-row product is at least this 
 ROUNDS = 3  # timed passes of each layout per measurement; the best of each is compared
 # The weights of a shape timed: the first ones, up to this many bytes (past the CPU's caches, so
 # that they are read from memory as a decoding token reads them; the rest are not timed, so the
-# measurement costs the same whatever the model's size: about 0.3 s at the first decoding step
+# measurement costs the same whatever the model's size: about 0.2 s at the first decoding step
 # of a stage of benchmarks/inference.py's model).
 SAMPLE_BYTES = 64 * 2**20
 # A stage that trained this recently decodes as built: inference served between a task's training
