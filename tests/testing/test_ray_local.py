@@ -183,3 +183,35 @@ def test_a_head_that_keeps_missing_the_wait_fails_with_its_log(
     assert len(fake_ray.made) == ray_private.START_TRIES
     assert all(_gone(p) for p in fake_ray.strays[:-1])
     fake_ray.strays[-1].kill()  # the last try's is left to the caller's shutdown, as before
+
+
+class _Info:
+    def __init__(self, process: subprocess.Popen[bytes]) -> None:
+        self.process = process
+
+
+class _Node:
+    def __init__(self, node_id: str, raylet: subprocess.Popen[bytes]) -> None:
+        self.node_id = node_id
+        self.all_processes = {"raylet": [_Info(raylet)]}
+
+
+def test_a_node_lost_by_itself_is_named_with_how_its_raylet_ended() -> None:
+    """CI once saw a dc-0 raylet ended by a SIGKILL from outside the test before the test did
+    anything; the test could not tell that from its own fault. A node whose raylet has exited
+    while still one of the cluster's is named, with the signal; a running one is not, and a
+    node removed on purpose is no longer the cluster's."""
+    alive = subprocess.Popen(["sleep", "30"])
+    killed = subprocess.Popen(["sleep", "30"])
+    try:
+        killed.kill()
+        killed.wait(timeout=10)
+        c = type("C", (), {"head_node": _Node("head", alive), "worker_nodes": []})()
+        assert ray_local.lost_by_itself(c) == []
+        c.worker_nodes = [_Node("n1", killed)]
+        assert ray_local.lost_by_itself(c) == [f"node n1: raylet pid {killed.pid} exited with -9"]
+        c.worker_nodes = []  # what Cluster.remove_node does with it
+        assert ray_local.lost_by_itself(c) == []
+    finally:
+        alive.kill()
+        alive.wait(timeout=10)

@@ -132,6 +132,23 @@ def gcs_log_tail(lines: int = 20, root: Path = Path("/tmp/ray/session_latest/log
     return "\n".join(out) or f"(no GCS server log under {root})"
 
 
+def lost_by_itself(c: Any) -> list[str]:
+    """The nodes of ``c`` whose raylet has exited though nobody removed the node (a node removed
+    with ``Cluster.remove_node`` is no longer one of ``c``'s), each as ``node ID: raylet pid P
+    exited with CODE`` (a negative code is the signal that ended it: -9 a SIGKILL from outside
+    Ray, which logs its own exits). A test that loses a node on purpose can tell by this that
+    one was lost before it did anything."""
+    out = []
+    for node in [c.head_node, *c.worker_nodes]:
+        if node is None:
+            continue
+        for info in node.all_processes.get("raylet", []):
+            code = info.process.poll()
+            if code is not None:
+                out.append(f"node {node.node_id}: raylet pid {info.process.pid} exited with {code}")
+    return out
+
+
 def live_nodes(c: Any, resource: str) -> list[Any]:
     """The non-head nodes of ``c`` offering ``resource`` that Ray counts alive."""
     nodes = ray_module().nodes()
