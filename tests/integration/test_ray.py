@@ -5,6 +5,7 @@ this module."""
 from __future__ import annotations
 
 import json
+import logging
 import os
 import re
 import time
@@ -32,6 +33,7 @@ from dmsc.testing.ray_local import (
     add_node,
     live_nodes,
     local_cluster,
+    lost_by_itself,
     train_through_node_fault,
 )
 
@@ -54,6 +56,19 @@ def cluster() -> Iterator[Any]:
     head = {"dc:dc-0": 4, "dc:dc-2": 4}
     with local_cluster(head, [{"dc:dc-1": 4}]) as c:
         yield c
+
+
+@pytest.fixture(autouse=True)
+def _said_when_a_node_is_lost_by_itself(request: pytest.FixtureRequest) -> Iterator[None]:
+    """After each test on the module's cluster: a warning (in the failure report's captured
+    log) naming any node whose raylet ended though no test removed it, with its exit code, so
+    that a failure it causes here or in a later test says so (CI once saw a raylet of another
+    test's cluster SIGKILLed from outside)."""
+    yield
+    if "cluster" in request.fixturenames:
+        gone = lost_by_itself(request.getfixturevalue("cluster"))
+        if gone:
+            logging.getLogger(__name__).warning("a node was lost by itself: %s", gone)
 
 
 @pytest.fixture(scope="module")
