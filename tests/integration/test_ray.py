@@ -240,6 +240,7 @@ def test_a_replacement_whose_bundle_stays_held_goes_to_another_node_of_its_datac
         try:
             dc1 = {n.node_id for n in live_nodes(cluster, "dc:dc-1")}
             assert h.process.node in dc1  # type: ignore[attr-defined]
+            assert h.process.in_bundle is False  # type: ignore[attr-defined]
         finally:
             launcher.stop(h)
             ray.kill(holder)
@@ -296,9 +297,11 @@ def test_dmsc_up_with_the_ray_launcher_as_a_user_runs_it(cluster: Any, tmp_path:
     while any(_running(p) for p in pids) and time.monotonic() < end:
         time.sleep(0.2)
     assert not any(_running(p) for p in pids)
-    # every rank went into its stage's bundle: none waited for room and was placed outside
+    # every rank started in its stage's bundle, none outside it (on a loaded machine a bundle's
+    # actor may take more than bundle_wait_s to come up, and another is then placed outside the
+    # group too: the first up is kept, and the log says so when it is the outside one)
     said = "".join(p.read_text() for p in (tmp_path / "logs").glob("control.*"))
-    assert said and "placed outside" not in said
+    assert said and "started outside its bundle" not in said
 
 
 def _logs_come_from_the_ray_nodes(home: Path, sids: set[str]) -> None:
@@ -449,7 +452,6 @@ def test_a_lost_ray_node_re_forms_the_tensor_parallel_group_it_held_on_another_n
     corpora: Any,
     node_fault_losses: list[float],
     tmp_path: Path,
-    caplog: pytest.LogCaptureFixture,
 ) -> None:
     """tp = 2: stage 1's two ranks share one bundle on a dc-1 node, and that node goes away
     mid-training. The whole group is replaced (both ranks, not only the one the loss was seen
@@ -489,7 +491,7 @@ def test_a_lost_ray_node_re_forms_the_tensor_parallel_group_it_held_on_another_n
         seen["gone"] = sorted((h.config.sid, h.config.epoch) for h in gone)
         seen["registered"] = sorted(s.address for s in dep.registry.lookup(stage=1))
         seen["addresses"] = sorted(h.address for h in ranks)
-        seen["placed_outside"] = "placed outside" in caplog.text  # before the last node goes
+        seen["in_bundle"] = {h.process.in_bundle for h in ranks}  # type: ignore[attr-defined]
         seen["dc1"] = {
             n["NodeID"] for n in ray.nodes() if n["Alive"] and n["Resources"].get("dc:dc-1")
         }
@@ -519,7 +521,7 @@ def test_a_lost_ray_node_re_forms_the_tensor_parallel_group_it_held_on_another_n
     assert seen["gone"] == [("stage1-r0-t0", 0), ("stage1-r0-t1", 0)]
     assert seen["nodes"] == {fr.extra["node_after"]} != {fr.extra["node_before"]}
     assert seen["bundle_node"] == fr.extra["node_after"]
-    assert not seen["placed_outside"]  # no rank waited for room in the bundle
+    assert seen["in_bundle"] == {True}  # each rank in the bundle, none placed outside it
     assert fr.extra["node_after"] in seen["dc1"]
     assert seen["registered"] == seen["addresses"]
     assert "lost with its Ray node" in seen["exit"]

@@ -162,8 +162,13 @@ class RayProcess:
     """The worker process behind a :class:`WorkerHost`, seen as a local process is: ``pid``,
     ``poll``, ``wait``, ``kill``, ``terminate``, ``send_signal``."""
 
-    def __init__(self, actor: Any, pid: int, node: str, ip: str) -> None:
+    def __init__(
+        self, actor: Any, pid: int, node: str, ip: str, in_bundle: bool | None = None
+    ) -> None:
         self.actor, self.pid, self.node, self.ip = actor, pid, node, ip
+        # in its stage's placement-group bundle (True), outside it after the bundle's actor
+        # was slow to come up (False), or placed with no bundle (None: a spare)
+        self.in_bundle = in_bundle
         self.exit = actor.wait_exit.remote()
         self.returncode: int | None = None
 
@@ -316,7 +321,7 @@ class RayLauncher:
         ray = ray_module()
         home = self.home if self.home is not None else workdir
         gpu = cfg.device.startswith("cuda")
-        actor = self._place(cfg, gpu)
+        actor, in_bundle = self._place(cfg, gpu)
         if not cfg.spare:
             self._occupant[(cfg.stage, cfg.replica, cfg.tp_rank)] = actor
         # the config (its leaf's key with it) travels inline in the actor call, never ray.put
@@ -341,13 +346,14 @@ class RayLauncher:
                 f"worker {cfg.sid} failed to start{said}; its last log lines:\n"
                 + (out["words"] or "(none)")
             )
-        proc = RayProcess(actor, out["pid"], out["node"], out["ip"])
+        proc = RayProcess(actor, out["pid"], out["node"], out["ip"], in_bundle)
         return WorkerHandle(cfg, proc, out["address"])
 
-    def _place(self, cfg: WorkerConfig, gpu: bool) -> Any:
-        """A :class:`WorkerHost` actor on a node of ``cfg``'s datacenter, up and running. An
-        actor that dies before it runs (Ray placed it on a node that was being lost) is placed
-        again; no node with room within ``place_timeout_s`` is a :class:`WorkerStartError`."""
+    def _place(self, cfg: WorkerConfig, gpu: bool) -> tuple[Any, bool | None]:
+        """A :class:`WorkerHost` actor on a node of ``cfg``'s datacenter, up and running, and
+        whether it is in its stage's bundle (None: it has none). An actor that dies before it
+        runs (Ray placed it on a node that was being lost) is placed again; no node with room
+        within ``place_timeout_s`` is a :class:`WorkerStartError`."""
         ray = ray_module()
         key = (cfg.stage, cfg.replica)
         options: dict[str, Any] = {
@@ -385,7 +391,10 @@ class RayLauncher:
                     # of the datacenter with room: the first up is kept.
                     fallback_at = None
                     log.warning(
-                        "%s: its bundle's actor is not up yet; also placed outside", cfg.sid
+                        "%s: its bundle's actor is not up after %g s; another is placed outside "
+                        "the group, the first up is kept",
+                        cfg.sid,
+                        self.bundle_wait_s,
                     )
                     launch({k: v for k, v in options.items() if k != "scheduling_strategy"})
                     continue
@@ -401,7 +410,11 @@ class RayLauncher:
                         time.sleep(0.2)
                         launch(opts)
                         continue
-                    return actor
+                    if not bound:
+                        return actor, None
+                    if "scheduling_strategy" not in opts:
+                        log.warning("%s: started outside its bundle", cfg.sid)
+                    return actor, "scheduling_strategy" in opts
         finally:
             for actor, _ in waiting.values():  # the others, placed or not
                 with contextlib.suppress(Exception):
