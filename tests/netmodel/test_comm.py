@@ -176,3 +176,30 @@ def test_the_algorithm_an_all_reduce_comes_to() -> None:
     assert comm.all_reduce_choice(group, 1e9) == "hierarchical"
     assert comm.all_reduce_choice([(0, 1, 2)], 1e9, "hierarchical") == "ring"  # one node
     assert comm.all_reduce_choice([(0,)], 1e9) == "ring"  # nothing to reduce
+
+
+def test_a_star_puts_every_payload_on_the_leaders_link() -> None:
+    """The leader's star (robust aggregators, privacy, secure aggregation): every member's
+    payload into the first member at once, then the result back out to each, point to point.
+    By hand: 3 followers share the leader's device link, each way ``a + 3 m / bw``."""
+    from dmsc.netmodel.collectives import p2p_time
+
+    comm = CommModel(Topology(_cluster()), C)
+    m = 100e6
+    cost = comm.star([(0, 1, 2, 3)], m, m)
+    bw = 2400e9 / 8 * C.intra_node_link_efficiency
+    one_way = p2p_time(3 * m, bw, 2e-6) + C.collective_overhead_s
+    assert cost.time_s == pytest.approx(2 * one_way)
+    assert cost.bytes_sent == pytest.approx(6 * m)  # 3 payloads in, 3 out
+    assert max(cost.link_bytes.values()) == pytest.approx(6 * m)  # the leader's link
+    # the ring all-reduce puts 2 (n - 1) / n of a payload on each link, and is faster
+    ring = comm.collective("all_reduce", [(0, 1, 2, 3)], m, "ring")
+    assert max(ring.link_bytes.values()) < max(cost.link_bytes.values())
+    assert ring.time_s < cost.time_s
+    # two groups at once: the same time (their links are their own); the result may be larger
+    assert comm.star([(0, 1), (2, 3)], m, m).time_s == pytest.approx(
+        2 * (p2p_time(m, bw, 2e-6) + C.collective_overhead_s)
+    )
+    back = comm.star([(0, 1, 2, 3)], m, 2 * m)
+    out = p2p_time(6 * m, bw, 2e-6) + C.collective_overhead_s  # 2 m to each of 3 at once
+    assert back.time_s == pytest.approx(one_way + out)

@@ -159,3 +159,55 @@ def test_powersgd_shrinks_the_dp_all_reduce(nsfnet: ClusterSpec) -> None:
     low = estimate_iteration(nsfnet, model, _job({"compress": "powersgd:4"}, allreduce="ring"))
     assert low.traffic_bytes["dp"] < every.traffic_bytes["dp"] / 20
     assert low.breakdown_s["dp_comm"] <= every.breakdown_s["dp_comm"]
+
+
+def test_through_the_leader_a_job_pays_the_star_exposed_whole(nsfnet: ClusterSpec) -> None:
+    """``via: leader`` (how dmsc's runtime runs robust aggregators, privacy and secure
+    aggregation): the exchange is the leader's star, not the all-reduce: the same bytes in all,
+    but ``n - 1`` payloads each way on the leader's link, and none of it hidden under the
+    backward (a replica sends its update once its backward is done). It used to be unpriced:
+    such a task was "not comparable"."""
+    model = resolve_model("gpt3-6.7b")
+    job = {"global_batch": 64, "tp": 8, "pp": 1, "dp": 4}
+    ring = estimate_iteration(nsfnet, model, _job(**job))
+    star = estimate_iteration(nsfnet, model, _job({"via": "leader"}, **job))
+    assert star.breakdown_s["dp_comm"] > ring.breakdown_s["dp_comm"]
+    for part in ("compute", "tp_comm", "pp_comm", "optimizer"):
+        assert star.breakdown_s[part] == ring.breakdown_s[part]
+    assert star.traffic_bytes["dp"] == pytest.approx(ring.traffic_bytes["dp"], rel=1e-9)
+    busiest = max(modes.get("dp", 0.0) for modes in star.traffic_by_link.values())
+    assert busiest > max(modes.get("dp", 0.0) for modes in ring.traffic_by_link.values())
+    # exposed whole: overlap hides nothing of it
+    bare = estimate_iteration(nsfnet, model, _job({"via": "leader"}, overlap_dp_comm=False, **job))
+    assert star.breakdown_s["dp_comm"] == bare.breakdown_s["dp_comm"]
+    assert _job({"via": "leader"}).sync.label == "every-step, through the leader"
+
+
+def test_the_leaders_star_and_its_sparse_answer() -> None:
+    """The exchange through the leader is :meth:`CommModel.star` of the payload; top-k comes
+    back as the leader's sparse sum, up to every replica's entries."""
+    from dmsc.netmodel import CommModel, Topology
+    from dmsc.netmodel.constants import DEFAULT_CALIBRATION
+    from dmsc.netmodel.sync import exchange
+
+    cluster = ClusterSpec.model_validate(
+        {
+            "device_types": {
+                "g": {"peak_tflops": {"bf16": 100}, "memory_gib": 80, "memory_bw_gbyte_s": 2000}
+            },
+            "node_types": {"n": {"device": "g", "devices": 4, "link": {"bandwidth_gbit_s": 800}}},
+            "datacenters": [
+                {
+                    "name": "a",
+                    "nodes": [{"type": "n", "count": 1}],
+                    "network": {"gbit_s_per_node": 400, "latency_us": 2},
+                }
+            ],
+        }
+    )
+    comm = CommModel(Topology(cluster), DEFAULT_CALIBRATION)
+    groups, m = [(0, 1, 2, 3)], 1e8
+    none, topk = parse_compress("none"), parse_compress("topk:0.01")
+    assert exchange(comm, groups, m, none, "ring", "leader") == comm.star(groups, m, m)
+    assert exchange(comm, groups, m, topk, "ring", "leader") == comm.star(groups, m, 4 * m)
+    assert exchange(comm, groups, m, none, "ring") == comm.collective("all_reduce", groups, m)

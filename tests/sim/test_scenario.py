@@ -36,3 +36,15 @@ def test_pick_by_model_or_label_with_or_without_weight() -> None:
 def test_bad_picks_name_the_reason(picks: list[tuple[str, float | None]], needle: str) -> None:
     with pytest.raises(ValueError, match=needle):
         mix_jobs(JOBS, picks)
+
+
+def test_a_job_through_the_leader_is_refused_by_the_simulator() -> None:
+    """The simulator's replicas exchange by collective: a job type whose sync says ``via:
+    leader`` (which dmsc estimate and dmsc plan price) is refused, naming why, rather than
+    simulated as a collective under a label that says otherwise."""
+    from pydantic import ValidationError
+
+    with pytest.raises(ValidationError, match="via: leader is not simulated"):
+        JobTypeSpec(
+            model="gpt3-6.7b", pp=4, global_batch=512, iterations=10, sync={"via": "leader"}
+        )

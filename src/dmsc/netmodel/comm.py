@@ -153,6 +153,20 @@ class CommModel:
         t = cf.p2p_time(nbytes, 1.0 / hs.inv_bw, hs.alpha)
         return self._cost(hs, t, nbytes, nbytes * len(flows))
 
+    def star(self, groups: Sequence[Group], up_bytes: float, down_bytes: float) -> CommCost:
+        """Every member of each group but the first sends ``up_bytes`` to the first (its
+        leader), all at once, then the leader sends ``down_bytes`` back to each: the leader's
+        link carries ``n - 1`` payloads each way, at the data plane's figures (a leader's
+        sends are point-to-point, not a collective library's)."""
+        up = [(m, g[0]) for g in groups for m in g[1:] if m != g[0]]
+        down = [(b, a) for a, b in up]
+        gather, back = self.p2p(up, up_bytes), self.p2p(down, down_bytes)
+        links = dict(gather.link_bytes.items())
+        for k, v in back.link_bytes.items():
+            links[k] = links.get(k, 0.0) + v
+        sent = gather.bytes_sent + back.bytes_sent
+        return CommCost(gather.time_s + back.time_s, sent, links)
+
     def collective(
         self,
         kind: cf.CollectiveKind,

@@ -364,7 +364,7 @@ def estimate_iteration(
         grad_dense = max(dense for dense, _ in payloads)
         groups = [g for s in range(p) for g in layout.dp_groups(s)]
         if job.dp > 1:
-            c = exchange(comm, groups, grad_dense, codec, job.allreduce)
+            c = exchange(comm, groups, grad_dense, codec, job.allreduce, sync.via)
             dp_s = c.time_s
             account("dp", c, per_round)
             if job.zero >= 3:  # weights gathered for every forward and backward
@@ -374,14 +374,15 @@ def estimate_iteration(
         grad_expert = max(expert for _, expert in payloads)
         if grad_expert and job.dp // job.ep > 1:
             egroups = [g for s in range(p) for g in layout.expert_dp_groups(s)]
-            c = exchange(comm, egroups, grad_expert, codec, job.allreduce)
+            c = exchange(comm, egroups, grad_expert, codec, job.allreduce, sync.via)
             dp_s, expert_s = dp_s + c.time_s, c.time_s
             account("dp", c, per_round)
         window = crit.compute_s * 2 / 3  # the backward of the last micro-batch
         if job.zero >= 3:
             window += m * crit.compute_s
         breakdown["dp_comm"] = exposed_s(dp_s, sync, job.overlap_dp_comm, window)
-        if job.dp > 1 and sync.inner_steps == 1 and job.overlap_dp_comm and job.zero < 3:
+        bucketed = sync.inner_steps == 1 and job.overlap_dp_comm and sync.via == "collective"
+        if job.dp > 1 and bucketed and job.zero < 3:
             # every step's all-reduce in buckets behind the backward, one at a time, as the
             # runtime runs it (dmsc.netmodel.dp_buckets); the experts' after it
             args = (comm, groups, codec, job.allreduce, stage_layers, backwards, payloads, B)

@@ -33,10 +33,16 @@ The choices, for :func:`dmsc.netmodel.iteration.estimate_iteration` and the simu
 - **Buckets**: with overlap, every-step's all-reduce runs in buckets behind the backward, one
   at a time, as the runtime runs it (:mod:`dmsc.netmodel.dp_buckets`): its exposed time is
   :func:`bucketed_exposed_s`, each bucket paying its own latency.
-- **Not modelled**: the runtime's star for robust aggregators, privacy and secure aggregation
-  (through the stage leader, whose link carries ``2 (n - 1)`` payloads a round; every codec
-  without them goes by collective as priced,
-  :func:`dmsc.runtime.compute.outer_sync.by_collective`), the codecs' compute (quantisation,
+- **Through the leader** (``via: leader``: robust aggregators, central privacy and secure
+  aggregation, which the runtime runs as a star,
+  :func:`dmsc.runtime.compute.outer_sync.by_collective`): every replica sends its payload to
+  the stage's first replica and gets the result back, all at once
+  (:meth:`~dmsc.netmodel.comm.CommModel.star`): the leader's link carries ``n - 1`` payloads
+  each way, at the data plane's figures, exposed whole (a replica sends once its backward is
+  done). Top-k comes back as the leader's sparse sum, counted as ``n`` payloads; PowerSGD's two
+  factor rounds as one payload, as for the collective.
+- **Not modelled**: the leader's own work on what it gathers (a median, Krum's distances, the
+  noise, the masks' removal), the codecs' compute (quantisation,
   top-k selection, PowerSGD's products), the outer optimizer's state (anchor weights and
   momentum, kept in host memory as OpenDiLoCo does), and convergence (local steps may need
   more iterations to the same loss).
@@ -120,10 +126,19 @@ def model_payload(
 
 
 def exchange(
-    comm: CommModel, groups: Sequence[Group], payload: float, c: Compression, algorithm: str
+    comm: CommModel,
+    groups: Sequence[Group],
+    payload: float,
+    c: Compression,
+    algorithm: str,
+    via: str = "collective",
 ) -> CommCost:
     """One exchange of ``payload`` bytes per rank in every group at once (see the module
-    docstring: an all-reduce, or an all-gather for top-k)."""
+    docstring: an all-reduce, or an all-gather for top-k; through the leader, a star)."""
+    if via == "leader":
+        n = max((len(g) for g in groups), default=1)
+        # top-k comes back as the leader's sparse aggregate: up to every replica's entries
+        return comm.star(groups, payload, payload * n if c.kind == "topk" else payload)
     if c.kind == "topk":
         n = max((len(g) for g in groups), default=1)
         return comm.collective("all_gather", groups, payload * n)
@@ -134,11 +149,12 @@ def exposed_s(round_s: float, sync: SyncSpec, overlap: bool, window_s: float) ->
     """Data-parallel seconds an iteration waits for: every step's exchange of ``round_s`` less
     what the last backward (``window_s``) hides when ``overlap``; a round of local steps' whole,
     spread over its ``inner_steps`` iterations (module docstring: the runtime runs it after the
-    round's last step, under nothing)."""
+    round's last step, under nothing). The leader's star hides under nothing either: a replica
+    sends its update once its backward is done."""
     h = sync.inner_steps
     if h > 1:
         return round_s / h
-    return max(0.0, round_s - window_s) if overlap else round_s
+    return max(0.0, round_s - window_s) if overlap and sync.via == "collective" else round_s
 
 
 # A bucket's all-reduce seconds by (communication model, groups, bytes, codec, algorithm): the

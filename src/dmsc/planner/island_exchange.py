@@ -91,7 +91,7 @@ def exchange_cost(
     codec = job.sync.compression
     time_s, sent, links = 0.0, 0.0, dict[int, float]()
     for groups, payload in _groups(replicas, job, payloads):
-        cost = exchange(comm, groups, payload, codec, job.allreduce)
+        cost = exchange(comm, groups, payload, codec, job.allreduce, job.sync.via)
         time_s, sent = time_s + cost.time_s, sent + cost.bytes_sent
         for lid, nbytes in cost.link_bytes.items():
             links[lid] = links.get(lid, 0.0) + nbytes
@@ -111,7 +111,7 @@ def exchange_rates(
     topo, codec = comm.topo, job.sync.compression
     sent: dict[tuple[int, int], float] = {}
     for groups, payload in _groups(replicas, job, payloads):
-        cost = exchange(comm, groups, payload, codec, job.allreduce)
+        cost = exchange(comm, groups, payload, codec, job.allreduce, job.sync.via)
         per_hop = cost.bytes_sent / sum(len(g) for g in groups)
         for group in groups:
             for u, v in ring(group):

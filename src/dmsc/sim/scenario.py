@@ -7,7 +7,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Annotated, Any, Literal, Self
 
-from pydantic import BaseModel, ConfigDict, Field, model_validator
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
 from dmsc.spec import ClusterSpec, SpecError, SyncSpec, load_spec, read_document, validate_document
 
@@ -39,6 +39,16 @@ class JobTypeSpec(BaseModel):
             "With local steps the job runs as islands of whole pipelines (dmsc.sim.profile)."
         ),
     )
+
+    @field_validator("sync")
+    @classmethod
+    def _by_collective(cls, sync: SyncSpec) -> SyncSpec:
+        if sync.via != "collective":
+            raise ValueError(
+                "via: leader is not simulated: the simulator's replicas exchange by collective "
+                "(the leader's star is priced by dmsc estimate and dmsc plan)"
+            )
+        return sync
 
     @property
     def stage_gpus(self) -> int:

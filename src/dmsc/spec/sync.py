@@ -9,6 +9,10 @@ what they send.
   (McMahan et al. 2017; Li et al. 2020 add a proximal term to the local steps): the same
   traffic as ``diloco:H``.
 
+How they combine it (``via``): ``collective``, among themselves (an all-reduce; an all-gather for
+top-k), or ``leader``, a star through the stage's first replica, which sees every update: what a
+robust aggregator, central differential privacy and secure aggregation need.
+
 Compression of what travels (the forms the runtime's codecs take):
 ``none``, ``bf16``, ``int8[:BLOCK]`` (one int8 per element and an fp32 scale per block of
 ``BLOCK``, 256 by default), ``topk:F`` (the fraction ``F`` of the elements, each an int32 index
@@ -19,7 +23,7 @@ by :mod:`dmsc.spec.sync_forms`, the one parser of them.
 
 from __future__ import annotations
 
-from typing import Any, Self
+from typing import Any, Literal, Self
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
@@ -86,6 +90,17 @@ class SyncSpec(SyncForms, BaseModel):
         description="What the replicas send: none, bf16, int8[:BLOCK], topk:F or powersgd:R.",
     )
 
+    via: Literal["collective", "leader"] = Field(
+        default="collective",
+        description=(
+            "How the replicas combine what they send: collective (an all-reduce among them, "
+            "or an all-gather for topk) or leader (each sends it to the stage's first replica, "
+            "which combines them and sends the result back: what a robust aggregator, central "
+            "differential privacy and secure aggregation need, and what dmsc's runtime runs "
+            "for them)."
+        ),
+    )
+
     @model_validator(mode="before")
     @classmethod
     def _short_form(cls, data: Any) -> Any:
@@ -101,6 +116,8 @@ class SyncSpec(SyncForms, BaseModel):
 
     @property
     def label(self) -> str:
-        """The short form: ``every-step``, ``diloco:50``; with ``, int8`` when compressed."""
+        """The short form: ``every-step``, ``diloco:50``; with ``, int8`` when compressed and
+        ``, through the leader`` when the replicas agree through it."""
         mode = self.mode if self.mode == "every-step" else f"{self.mode}:{self.inner_steps}"
-        return mode if self.compress == "none" else f"{mode}, {self.compress}"
+        mode = mode if self.compress == "none" else f"{mode}, {self.compress}"
+        return mode if self.via == "collective" else f"{mode}, through the leader"

@@ -71,14 +71,13 @@ def test_the_plan_against_the_traces_per_mode(tmp_path: Path) -> None:
 def test_a_task_of_another_job_is_compared_per_mode_with_its_own_prediction(
     tmp_path: Path,
 ) -> None:
-    """A task that ran another batch, dp or sync than the plan's (or whose replicas agreed
-    through the leader) had its measured communication per mode set beside the plan's figures,
-    which are another job's."""
+    """A task that ran another batch, dp or sync than the plan's had its measured communication
+    per mode set beside the plan's figures, which are another job's."""
     plan, db, run, task = _run_of_one_task(tmp_path)
     comm = {(0, 0): {"dp": {"s": 0.5, "bytes": 40}}}
     add_step_traces(db, task, 0, {(0, 0): ([], {})}, {}, comm=comm)
-    # not comparable (its replicas agreed through the leader): no figure per mode
-    other = "not comparable: the replicas agreed through the stage leader (secure aggregation)"
+    # not comparable (its dp changed while it ran): no figure per mode
+    other = "not comparable: the task ran at dp 2 -> 1; each segment has its own prediction"
     rows = status.modes(db, plan, task, Prediction(None, other))
     assert [(r["mode"], r["predicted_s"], r["measured_s"]) for r in rows] == [("dp", None, 0.5)]
     result = status.result_of(_Report(), db, plan, task, Prediction(None, other))
@@ -91,7 +90,7 @@ def test_a_task_of_another_job_is_compared_per_mode_with_its_own_prediction(
     assert status.modes(db, plan, task)[0]["predicted_s"] == plan.prediction.breakdown_s["dp_comm"]
     # and the printed table says what its predicted column is
     for basis, words in [
-        (other, "predicted: none, the task's step is not comparable: the replicas agreed"),
+        (other, "predicted: none, the task's step is not comparable: the task ran at dp 2"),
         (again.basis, "predicted: the cost model's, re-estimated for batch 32;"),
     ]:
         reply = StatusReply(

@@ -200,8 +200,7 @@ def modes(
     ``prediction``, the one the task's step is compared with
     (:class:`~dmsc.runtime.control.advisors.prediction.Prediction`; None: the plan's): the
     plan's figures where the task ran the plan's job, re-estimated for the batch, dp or sync it
-    ran, none where it is not comparable (its replicas agreed through the leader, its dp
-    changed) or its parts were not kept."""
+    ran, none where it is not comparable (its dp changed) or its parts were not kept."""
     if task_id is None:
         return []
     traces = step_traces(db, task_id, last=MODE_STEPS)

@@ -240,20 +240,28 @@ def test_a_task_with_another_sync_than_the_plans_is_re_estimated_with_its_own(
         ({"privacy_clip": 1.0, "privacy_noise": 0.5}, "central differential privacy"),
     ],
 )
-def test_replicas_agreeing_through_the_leader_are_not_compared_with_the_collective(
+def test_replicas_agreeing_through_the_leader_are_compared_with_the_leaders_star(
     model: TransformerSpec, settings: dict[str, object], words: str
 ) -> None:
     """With a robust aggregator, central DP or secure aggregation the replicas agree through the
-    stage leader (a star the cost model does not price), and the task was compared with the
-    all-reduce's prediction as "the plan's"."""
+    stage leader: the task is compared with the job re-estimated with the leader's star
+    (``via: leader``), not with the all-reduce's prediction as "the plan's" (as it was at
+    first), nor with nothing ("not comparable", as it was while the star was unpriced)."""
     from dmsc.runtime.transport.messages import SyncSettings
 
     cluster = _cluster(CLUSTERS / "three-sites-cpu.yaml")
-    plan = plan_job(cluster, model, JOB.model_copy(update={"dp": 2}), fixed=True).plan
+    job = JOB.model_copy(update={"dp": 2})
+    plan = plan_job(cluster, model, job, fixed=True).plan
     star = SyncSettings.model_validate(settings)
     p = prediction_for(plan, cluster, model, 16, 2, 2, star)
-    assert p.step_s is None and p.basis.startswith("not comparable:")
+    assert p.step_s is not None and p.basis.startswith("re-estimated for ")
     assert f"through the stage leader ({words})" in p.basis
+    # the same job by the collective: the same compute and pipeline, a faster exchange
+    ring = prediction_for(plan, cluster, model, 16, 2, 2, SyncSettings())
+    assert p.breakdown_s is not None and ring.breakdown_s is not None
+    assert p.breakdown_s["dp_comm"] > ring.breakdown_s["dp_comm"] > 0
+    for part in ("compute", "pp_comm", "optimizer"):
+        assert p.breakdown_s[part] == pytest.approx(ring.breakdown_s[part])
     # one replica has no exchange: the plan's job
     one = plan_job(cluster, model, JOB, fixed=True).plan
     assert prediction_for(one, cluster, model, 16, 4, 1, star).basis == "the plan's"

@@ -18,9 +18,10 @@ The job includes the task's data-parallel synchronisation: a task may train with
 mode, round or codec than the plan's (``dmsc train --sync diloco:50 --compress int8``), and is
 then re-estimated with its own (:class:`~dmsc.spec.SyncSpec`). Where its replicas agree through
 the stage leader (a robust aggregator, central differential privacy or secure aggregation:
-:func:`dmsc.runtime.compute.outer_sync.by_collective` false), the cost model, which prices the
-collective among the replicas only (:mod:`dmsc.netmodel.sync`), has no figure for what ran: not
-comparable, saying so, rather than the collective's figure beside the star's time.
+:func:`dmsc.runtime.compute.outer_sync.by_collective` false), it is re-estimated with the
+leader's star (``via: leader``, :mod:`dmsc.netmodel.sync`); it used to be "not comparable", as
+the cost model priced the collective only. The leader's own work on the updates (a median,
+Krum's distances, the noise, the masks) is not priced.
 
 A task whose dp changed while it ran (a resize between steps, a shrink after a lost node) has
 steps of several jobs: each segment of one dp (:mod:`dmsc.runtime.control.training.report`) is
@@ -85,26 +86,33 @@ def guessed_devices(cluster: ClusterSpec) -> list[str]:
     return out
 
 
-def job_words(batch: int, microbatches: int, dp: int, sync: SyncSpec | None = None) -> str:
+def job_words(
+    batch: int, microbatches: int, dp: int, sync: SyncSpec | None = None, star: str | None = None
+) -> str:
     words = f"batch {batch} in {microbatches} micro-batches at dp {dp}"
-    return words if sync is None else f"{words}, {sync_words(sync)}"
+    return words if sync is None else f"{words}, {sync_words(sync, star)}"
 
 
-def sync_words(sync: SyncSpec) -> str:
+def sync_words(sync: SyncSpec, star: str | None = None) -> str:
     rounds = "" if sync.mode == "every-step" else f" of {sync.inner_steps} steps"
-    return f"sync {sync.mode}{rounds}, compress {sync.compress}"
+    words = f"sync {sync.mode}{rounds}, compress {sync.compress}"
+    if sync.via == "leader":
+        words += f", through the stage leader ({star})" if star else ", through the stage leader"
+    return words
 
 
-def ran_sync(plan: Plan, sync: SyncSettings | None) -> SyncSpec:
-    """The synchronisation a task ran, as the cost model names it (None: the plan's)."""
+def ran_sync(plan: Plan, sync: SyncSettings | None, dp: int = 1) -> SyncSpec:
+    """The synchronisation a task ran at ``dp`` replicas, as the cost model names it (None: the
+    plan's): through the stage leader where :func:`leader_star` says so."""
     if sync is None:
         return plan.job.sync
-    return SyncSpec(mode=sync.mode, inner_steps=sync.inner_steps, compress=sync.compress)
+    via = "leader" if leader_star(sync, dp) is not None else "collective"
+    return SyncSpec(mode=sync.mode, inner_steps=sync.inner_steps, compress=sync.compress, via=via)
 
 
 def leader_star(sync: SyncSettings | None, dp: int) -> str | None:
-    """What makes ``dp`` replicas agree through the stage leader under ``sync``, which the cost
-    model does not price; None where they agree by collective (or there is one replica)."""
+    """What makes ``dp`` replicas agree through the stage leader under ``sync`` (the cost
+    model's ``via: leader``); None where they agree by collective (or there is one replica)."""
     if sync is None or dp < 2 or by_collective(sync):
         return None
     if sync.secure:
@@ -128,15 +136,10 @@ def prediction_for(
     docstring)."""
     job = plan.job
     planned = plan.prediction.iteration_time_s
-    if (star := leader_star(sync, dp)) is not None:
-        return Prediction(
-            None,
-            f"not comparable: the replicas agreed through the stage leader ({star}), which the "
-            "cost model does not price (it prices the collective among the replicas)",
-        )
-    synced = ran_sync(plan, sync)
+    star = leader_star(sync, dp)
+    synced = ran_sync(plan, sync, dp)
     same_sync = synced == job.sync
-    ran = job_words(batch, microbatches, dp, None if same_sync else synced)
+    ran = job_words(batch, microbatches, dp, None if same_sync else synced, star)
     same = same_sync and (batch, microbatches, dp) == (job.global_batch, job.microbatches, job.dp)
     if cluster is not None and (guessed := guessed_devices(cluster)):
         return Prediction(
