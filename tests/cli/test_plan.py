@@ -74,7 +74,12 @@ def test_a_diloco_plan_puts_its_replicas_in_two_datacenters(
     res = dmsc(*args, "--out", str(out), "--json")
     assert res.returncode == 0, res.stderr
     summary = json.loads(res.stdout)
-    assert summary["sync"] == {"mode": "diloco", "inner_steps": 10, "compress": "none"}
+    assert summary["sync"] == {
+        "mode": "diloco",
+        "inner_steps": 10,
+        "compress": "none",
+        "via": "collective",
+    }
     assert summary["traffic_bytes"]["dp"] > 0
     document = json.loads(out.read_text())
     jsonschema.validate(document, json.loads(dmsc("schema", "plan").stdout))

@@ -40,8 +40,18 @@ def test_estimate_shows_the_saving(dmsc: DmscRunner) -> None:
     assert diloco["iteration_time_s"] < every["iteration_time_s"]
     kinds = "traffic_by_link_kind_bytes"
     assert packed[kinds]["interdc"] < every[kinds]["interdc"] / 50
-    assert packed["job"]["sync"] == {"mode": "diloco", "inner_steps": 50, "compress": "int8"}
-    assert every["job"]["sync"] == {"mode": "every-step", "inner_steps": 1, "compress": "none"}
+    assert packed["job"]["sync"] == {
+        "mode": "diloco",
+        "inner_steps": 50,
+        "compress": "int8",
+        "via": "collective",
+    }
+    assert every["job"]["sync"] == {
+        "mode": "every-step",
+        "inner_steps": 1,
+        "compress": "none",
+        "via": "collective",
+    }
     table = dmsc(*ESTIMATE[:-1], "--sync", "fedavg:8", "--compress", "powersgd:4")
     assert table.returncode == 0 and "sync fedavg:8, powersgd:4" in " ".join(table.stdout.split())
 
@@ -51,9 +61,19 @@ def test_compress_goes_over_the_job_file_s_sync(tmp_path: Path, dmsc: DmscRunner
     job.write_text("global_batch: 512\ntp: 8\ndp: 128\nsync: diloco:10\n")
     base = ["estimate", "--cluster", NSFNET, "--model", "llama3-8b", "--job", str(job), "--json"]
     out = _json(dmsc(*base, "--compress", "int8"))
-    assert out["job"]["sync"] == {"mode": "diloco", "inner_steps": 10, "compress": "int8"}
+    assert out["job"]["sync"] == {
+        "mode": "diloco",
+        "inner_steps": 10,
+        "compress": "int8",
+        "via": "collective",
+    }
     out = _json(dmsc(*base, "--sync", "fedprox:4"))
-    assert out["job"]["sync"] == {"mode": "fedprox", "inner_steps": 4, "compress": "none"}
+    assert out["job"]["sync"] == {
+        "mode": "fedprox",
+        "inner_steps": 4,
+        "compress": "none",
+        "via": "collective",
+    }
 
 
 def test_plan_shows_the_saving(dmsc: DmscRunner) -> None:
@@ -64,7 +84,12 @@ def test_plan_shows_the_saving(dmsc: DmscRunner) -> None:
     # once per 50 iterations, in int8 (about half of bf16): the islands may cut the layers
     # otherwise (the largest stage's gradient is what travels), so not exactly 1/100
     assert diloco["traffic_bytes"]["dp"] < every["traffic_bytes"]["dp"] / 50
-    assert diloco["sync"] == {"mode": "diloco", "inner_steps": 50, "compress": "int8"}
+    assert diloco["sync"] == {
+        "mode": "diloco",
+        "inner_steps": 50,
+        "compress": "int8",
+        "via": "collective",
+    }
     assert diloco["iteration_time_s"] <= every["iteration_time_s"]
 
 
