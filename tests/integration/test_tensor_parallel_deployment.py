@@ -13,7 +13,7 @@ from runtime_helpers import reference_losses
 from dmsc.data.corpus import Corpus, stdlib_text
 from dmsc.netmodel import build_layer_costs
 from dmsc.netmodel.layers import padded_vocab
-from dmsc.netmodel.tp_calls import tp_allreduce_calls
+from dmsc.netmodel.tp_calls import sequence_edges, tp_allreduce_calls
 from dmsc.runtime.compute.checkpoints import read_checkpoint
 from dmsc.runtime.compute.models.chain import layer_names
 from dmsc.runtime.compute.models.hf import stage_module
@@ -104,19 +104,20 @@ def test_tp2_pp2_dp2_with_sequence_parallelism_trains_as_one_process() -> None:
     assert max(abs(a - b) for a, b in zip(losses, reference, strict=True)) < 1e-4
     # the stages' frames between block_1 and block_2 are each rank's slice of the sequence, as
     # Megatron's: no rank gathers the whole there. So each stage's ranks run the cost model's
-    # list for their layers, plus one gather at the model's end (after the embedding, the
-    # input's gradient; before the head, the output), where two a stage were before
+    # list for their layers exactly, its one gather at the model's end included (the first
+    # block's input gradient; the last block's output), where two a stage were before
     rows = batches[0][0].shape[0] // 2
     job = JobSpec(global_batch=2 * rows, micro_batch=rows, tp=2, pp=2, dp=2,
                   sequence_parallel=True)  # fmt: skip
     costs = build_layer_costs(SPEC.model_copy(update={"seq": batches[0][0].shape[1]}), job)
     names = layer_names(SPEC)
+    ends = sequence_edges(costs, True, job.sequence_parallel_edges)
     for stage, (first, last) in enumerate(TWO):
-        mine = names[names.index(first) : names.index(last) + 1]
-        priced = tp_allreduce_calls([lc for lc in costs if lc.name in mine], True, "none", True)
+        mine = [lc for lc in costs if lc.name in names[names.index(first) : names.index(last) + 1]]
+        priced = tp_allreduce_calls(mine, True, "none", True, ends)
         for replica in (0, 1):
             tp = outs[-1]["comm"][(stage, replica)]["tp"]
-            assert tp["calls"] == sum(c.count for c in priced) + 1, (stage, replica)
+            assert tp["calls"] == sum(c.count for c in priced), (stage, replica)
 
 
 def test_an_interleaved_tp2_pp2_sequence_parallel_pipeline_trains_as_one_process() -> None:

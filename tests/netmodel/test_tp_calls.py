@@ -100,3 +100,59 @@ def test_an_inference_forward_gathers_the_logits(selene: ClusterSpec) -> None:
     per_rank = 2 * (n - 1) / n * B * T * h * (1 + 2 * model.layers) + (n - 1) / n * B * T * V
     est = estimate_iteration(selene, model, job)
     assert est.traffic_bytes["tp"] == pytest.approx(n * per_rank, rel=1e-12)
+
+
+GPT = TransformerSpec(layers=3, hidden=64, heads=4, seq=16, vocab=256)
+
+
+def test_sequence_parallel_ends_as_the_runtime_runs_them() -> None:
+    """Sequence parallelism, ``sequence_parallel_edges: gathered`` (dmsc's runtime, the
+    default): one all-gather a micro-batch more at each end of the split region, the first
+    block's backward (its sliced input's gradient) and the last block's forward (its output,
+    whole for the head), each of the whole activations' buffer; ``fused`` (Megatron-LM's, as the
+    published sets are priced) has neither. Both used to be left out, and the runtime's tests
+    added them by hand; the iteration's tp traffic counts them too."""
+    from dmsc.netmodel.collectives import bytes_sent_per_rank
+    from dmsc.netmodel.tp_calls import sequence_edges
+
+    job = JobSpec(global_batch=2, micro_batch=2, tp=2, sequence_parallel=True)
+    layers = build_layer_costs(GPT, job)
+    assert sequence_edges(layers, True, "gathered") == ("block_0", "block_2")
+    assert sequence_edges(layers, True, "fused") is None
+    assert sequence_edges(layers, False, "gathered") is None
+    fused = tp_allreduce_calls(layers, True, "none", True)
+    gathered = tp_allreduce_calls(layers, True, "none", True, ("block_0", "block_2"))
+    extra = [c for c in gathered if c not in fused]
+    whole = 2 * 32 * 64  # fp16, 32 tokens x hidden 64
+    assert extra == [
+        TpCall("block_0", "backward", whole, 1, "all_gather"),
+        TpCall("block_2", "forward", whole, 1, "all_gather"),
+    ]
+    # a stage of the middle block alone runs neither
+    middle = [lc for lc in layers if lc.name == "block_1"]
+    assert tp_allreduce_calls(middle, True, "none", True, ("block_0", "block_2")) == (
+        tp_allreduce_calls(middle, True, "none", True)
+    )
+    # the estimate's tp bytes: the two gathers' more with the default, as Megatron without
+    cluster = ClusterSpec.model_validate(
+        {
+            "device_types": {
+                "g": {"peak_tflops": {"bf16": 100}, "memory_gib": 80, "memory_bw_gbyte_s": 2000}
+            },
+            "node_types": {"n": {"device": "g", "devices": 2, "link": {"bandwidth_gbit_s": 800}}},
+            "datacenters": [
+                {
+                    "name": "a",
+                    "nodes": [{"type": "n", "count": 1}],
+                    "network": {"gbit_s_per_node": 400, "latency_us": 2},
+                }
+            ],
+        }
+    )
+    ours = estimate_iteration(cluster, GPT, job)
+    megatron = estimate_iteration(
+        cluster, GPT, job.model_copy(update={"sequence_parallel_edges": "fused"})
+    )
+    more = 2 * bytes_sent_per_rank("all_gather", 2, whole) * 2  # two calls, two ranks
+    assert ours.traffic_bytes["tp"] - megatron.traffic_bytes["tp"] == pytest.approx(more)
+    assert ours.breakdown_s["tp_comm"] > megatron.breakdown_s["tp_comm"]

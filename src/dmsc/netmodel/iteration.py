@@ -31,7 +31,7 @@ from dmsc.netmodel.sync import (
     vocab_matrix,
 )
 from dmsc.netmodel.topology import Topology
-from dmsc.netmodel.tp_calls import tp_allreduce_calls
+from dmsc.netmodel.tp_calls import sequence_edges, tp_allreduce_calls
 from dmsc.spec.cluster import ClusterSpec
 from dmsc.spec.job import JobSpec
 from dmsc.spec.model import LayerListSpec, TransformerSpec
@@ -279,6 +279,7 @@ def estimate_iteration(
     flops = 0.0
     model_flops = 0.0
     peak = 0.0
+    ends = sequence_edges(layers, job.sequence_parallel and train, job.sequence_parallel_edges)
     for s, members in enumerate(stage_layers):
         devices = layout.stage_devices(s)
         types = stage_types(cluster, topo, layout, s)
@@ -293,7 +294,8 @@ def estimate_iteration(
         if job.tp > 1:
             costs: dict[tuple[str, float], tuple[CommCost, int]] = {}  # its cost, its calls
             bwd_s: dict[str, float] = {}
-            for call in tp_allreduce_calls(members, train, job.recompute, job.sequence_parallel):
+            sp = job.sequence_parallel
+            for call in tp_allreduce_calls(members, train, job.recompute, sp, ends):
                 key = (call.kind, call.nbytes)  # few distinct ones
                 c, n = costs.get(key) or (
                     comm.collective(call.kind, layout.tp_groups(s), call.nbytes, job.allreduce),

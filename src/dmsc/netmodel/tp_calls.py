@@ -16,19 +16,18 @@ backward the other way round, and every parameter a rank keeps whole (norms, row
 biases) has its gradient summed in an all-reduce of its own. A mixture is priced the same way
 without its routing sum (the runtime refuses sequence parallelism with experts).
 
-Not priced: the runtime's way into the blocks after the embedding and out of them before the
-head. It slices the embedding's whole output (free; its backward an all-gather of the gradient)
-and gathers the last block's output whole for the head (an all-gather); Megatron fuses both into
-the embedding's and the head's sums (a reduce-scatter where the runtime all-reduces). Between
-stages the runtime's frames are each rank's slice of the sequence, as Megatron's, so a stage
-boundary costs neither call (``runtime/compute/tensor_parallel.py``: ``split_edges``). Pricing a
-gather at every stage boundary, as the runtime once ran them, moved the published sets away
-(mean error on megatron-core-h100 4.52% without them, 5.27% with them,
-``netmodel/validation.py``).
-So at sequence parallelism the runtime runs one all-gather a micro-batch more than this list at
-the stage holding the embedding and one at the stage holding the head
+The runtime's way into the blocks after the embedding and out of them before the head
+(``JobSpec.sequence_parallel_edges``, ``gathered`` by default, ``ends`` here): the first block
+slices the embedding's whole output (free; its backward an all-gather of the gradient) and the
+last block's output is gathered whole for the head (an all-gather), one call a micro-batch each,
+at the stages holding those blocks. Megatron fuses both into the embedding's and the head's sums
+(``fused``: no call of their own), and the published sets are priced so: pricing a gather at
+every stage boundary, as the runtime once ran them, moved them away (mean error on
+megatron-core-h100 4.52% without, 5.27% with, ``netmodel/validation.py``). Between stages the
+runtime's frames are each rank's slice of the sequence, as Megatron's, so a stage boundary costs
+neither call (``runtime/compute/tensor_parallel.py``: ``split_edges``).
 (``tests/runtime/compute/test_sequence_parallel.py`` and
-``tests/integration/test_tensor_parallel_deployment.py`` hold it to exactly that).
+``tests/integration/test_tensor_parallel_deployment.py`` hold the runtime to this list exactly.)
 """
 
 from __future__ import annotations
@@ -55,12 +54,20 @@ class TpCall:
 
 
 def tp_allreduce_calls(
-    layers: Sequence[LayerCost], train: bool, recompute: str, sequence_parallel: bool = False
+    layers: Sequence[LayerCost],
+    train: bool,
+    recompute: str,
+    sequence_parallel: bool = False,
+    ends: tuple[str, str] | None = None,
 ) -> list[TpCall]:
     """The collectives one tensor-parallel rank runs for one micro-batch through ``layers``
     (a training step's forward and backward when ``train``, a forward otherwise), ``recompute``
     the job's policy for the blocks; split along the sequence where ``sequence_parallel`` (a
-    training step's blocks only: a forward without a graph runs as plain tensor parallelism)."""
+    training step's blocks only: a forward without a graph runs as plain tensor parallelism).
+    ``ends``, the names of the model's first and last block, adds the runtime's way into and out
+    of the split region (``sequence_parallel_edges: gathered``): the first block's backward
+    all-gathers its input's gradient, the last block's forward all-gathers its output whole
+    (:func:`sequence_edges` gives them for a job)."""
     calls: list[TpCall] = []
 
     def add(
@@ -77,6 +84,10 @@ def tp_allreduce_calls(
             add(lc, "backward", size, 2, "reduce_scatter")  # f's backward
             add(lc, "backward", size, 2, "all_gather")  # g's backward
             add(lc, "backward", lc.tp_whole_grad_bytes, lc.tp_whole_grads)
+            if ends is not None and lc.name == ends[0]:
+                add(lc, "backward", size, 1, "all_gather")  # the sliced input's gradient
+            if ends is not None and lc.name == ends[-1]:
+                add(lc, "forward", size, 1, "all_gather")  # the output, whole for the head
             if recompute == "full":
                 add(lc, "recompute", size, 2, "all_gather")
                 add(lc, "recompute", size, 2, "reduce_scatter")
@@ -94,3 +105,14 @@ def tp_allreduce_calls(
         if lc.kind in BLOCKS and recompute == "full":
             add(lc, "recompute", size, lc.tp_allreduces_fwd)
     return calls
+
+
+def sequence_edges(
+    layers: Sequence[LayerCost], sequence_parallel: bool, edges: str
+) -> tuple[str, str] | None:
+    """The first and last block's names of the model ``layers`` where a sequence-parallel job
+    gathers at its ends (``sequence_parallel_edges: gathered``); None where it does not."""
+    blocks = [lc.name for lc in layers if lc.kind in BLOCKS]
+    if not sequence_parallel or edges != "gathered" or not blocks:
+        return None
+    return blocks[0], blocks[-1]

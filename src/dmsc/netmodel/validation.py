@@ -185,6 +185,7 @@ def _mlsys23(row: dict[str, str]) -> Iterator[Candidate]:
             interleave=v,
             recompute="selective" if selective else "full",
             sequence_parallel=selective,
+            sequence_parallel_edges="fused",  # Megatron-LM's (dmsc.netmodel.tp_calls)
             attention="standard",
             overlap_pp_comm=False,  # Megatron-LM of 2022 waited for each chunk's activations
         ),
@@ -212,6 +213,7 @@ def _mcore_h100(row: dict[str, str]) -> Iterator[Candidate]:
                         interleave=v,
                         recompute=recompute,
                         sequence_parallel=tp > 1,
+                        sequence_parallel_edges="fused",  # Megatron-LM's (dmsc.netmodel.tp_calls)
                         zero=1,  # Megatron-Core's distributed optimizer
                         dp_bucket_bytes=megatron_core_bucket_bytes(dp),
                     ),
@@ -246,6 +248,7 @@ def _nemo_fp8(row: dict[str, str]) -> Iterator[Candidate]:
                 interleave=v,
                 recompute=recompute,
                 sequence_parallel=tp > 1,
+                sequence_parallel_edges="fused",  # Megatron-LM's (dmsc.netmodel.tp_calls)
                 zero=1,
                 precision="fp8",
                 dp_bucket_bytes=megatron_core_bucket_bytes(gpus // (tp * pp)),
@@ -283,6 +286,7 @@ def _llama3(row: dict[str, str]) -> Iterator[Candidate]:
                     schedule="interleaved" if v > 1 else "1f1b",
                     interleave=v,
                     sequence_parallel=True,
+                    sequence_parallel_edges="fused",  # Megatron-LM's (dmsc.netmodel.tp_calls)
                     zero=2,  # FSDP sharding optimizer states and gradients, not weights
                     # dp_bucket_bytes unset: the paper does not say how its FSDP cuts the
                     # gradient reductions, so dmsc's own buckets stand in for them

@@ -174,6 +174,9 @@ def build_profiles(cluster: ClusterSpec, jobs: Sequence[JobTypeSpec]) -> list[Jo
             attention=jt.attention,
             precision=jt.precision,
             sequence_parallel=jt.tp > 1,
+            # the simulated jobs are Megatron-LM's, as the published sets the cost model is
+            # checked against (dmsc.netmodel.tp_calls)
+            sequence_parallel_edges="fused",
         )
         parts = stage_times_on(cluster, model, job, node_type, DEFAULT_CALIBRATION)
         if parts is None:

@@ -52,6 +52,17 @@ class JobSpec(BaseModel):
         ),
     )
     sequence_parallel: bool = False
+    sequence_parallel_edges: Literal["gathered", "fused"] = Field(
+        default="gathered",
+        description=(
+            "Under sequence parallelism, the way into the blocks after the embedding and out of "
+            "them before the head: gathered (dmsc's runtime: the first block slices the whole "
+            "input and its backward all-gathers the gradient; the last block's output is "
+            "all-gathered whole for the head: one all-gather a micro-batch each) or fused "
+            "(Megatron-LM folds both into the embedding's and the head's own sums: no call of "
+            "their own; the published sets are priced so)."
+        ),
+    )
     zero: int = Field(
         default=0, ge=0, le=3, description="ZeRO stage (optimizer/grad/param sharding)."
     )

@@ -19,7 +19,7 @@ from tp_helpers import SEED, batches, greedy, small_spec, train, two_ranks
 
 from dmsc.netmodel import build_layer_costs
 from dmsc.netmodel.collectives import bytes_sent_per_rank
-from dmsc.netmodel.tp_calls import tp_allreduce_calls
+from dmsc.netmodel.tp_calls import sequence_edges, tp_allreduce_calls
 from dmsc.runtime.compute.comm_meter import METER
 from dmsc.runtime.compute.models.chain import build_stage
 from dmsc.runtime.compute.tensor_parallel import gather_state_dict, parallelize_stage
@@ -108,31 +108,28 @@ def test_sp2_trains_to_the_losses_of_one_process(
         assert calls["reduce_scatter_tensor"] == 4 * spec.layers
         assert calls["all_gather_into_tensor"] == 4 * spec.layers + 2
         assert calls["all_reduce"] == (6 if name == "gpt-mini" else 2) * spec.layers + 5
-    # the cost model's list for the same micro-batch on a sequence-split plan: the same calls
-    # of each kind and the same bytes (a ring's share: an all-gather's or a reduce-scatter's
-    # (n - 1) / n of the buffer, an all-reduce's twice that), but for the runtime's way into
-    # the blocks after the embedding and out of them before the head, which the list leaves
-    # out (netmodel/tp_calls.py's docstring says why): the gradient of the sliced input and
-    # the output, gathered whole
+    # the cost model's list for the same micro-batch on a sequence-split plan, its ends as the
+    # runtime runs them (sequence_parallel_edges: gathered, the default: the gradient of the
+    # sliced input and the output gathered whole): the same calls of each kind and the same
+    # bytes (a ring's share: an all-gather's or a reduce-scatter's (n - 1) / n of the buffer, an
+    # all-reduce's twice that). Those two gathers used to be left out of the list and added here
     micro = batches(spec)[0].shape[0]
     job = JobSpec(global_batch=micro, micro_batch=micro, tp=2, sequence_parallel=True)
     layers = build_layer_costs(spec.model_copy(update={"seq": tokens}), job)
-    priced = tp_allreduce_calls(layers, train=True, recompute="none", sequence_parallel=True)
+    ends = sequence_edges(layers, True, job.sequence_parallel_edges)
+    priced = tp_allreduce_calls(layers, True, "none", True, ends)
     by_kind = {
         k: sum(c.count for c in priced if c.kind == k)
         for k in ("all_reduce", "all_gather", "reduce_scatter")
     }
-    edges = 2  # those two all-gathers, each of the whole activations' buffer
-    whole = next(c.nbytes for c in priced if c.kind == "all_gather")
     priced_bytes = sum(c.count * bytes_sent_per_rank(c.kind, 2, c.nbytes) for c in priced)
-    priced_bytes += edges * bytes_sent_per_rank("all_gather", 2, whole)
     for got in sp2[name]:
         assert by_kind == {
             "all_reduce": got["calls"]["all_reduce"],
-            "all_gather": got["calls"]["all_gather_into_tensor"] - edges,
+            "all_gather": got["calls"]["all_gather_into_tensor"],
             "reduce_scatter": got["calls"]["reduce_scatter_tensor"],
         }
-        assert got["metered"]["calls"] == sum(by_kind.values()) + edges
+        assert got["metered"]["calls"] == sum(by_kind.values())
         assert got["metered"]["bytes"] == pytest.approx(priced_bytes, rel=1e-9)
     # the weights trained: the same on both ranks, and the unsplit model decodes as they did
     one = build_stage(spec, 0, "embedding", "head")
