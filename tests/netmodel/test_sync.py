@@ -6,6 +6,8 @@ element each codec is defined by, and PowerSGD's factor sizes counted from the m
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import pytest
 
 from dmsc.netmodel import build_layer_costs, estimate_iteration
@@ -183,28 +185,14 @@ def test_through_the_leader_a_job_pays_the_star_exposed_whole(nsfnet: ClusterSpe
     assert _job({"via": "leader"}).sync.label == "every-step, through the leader"
 
 
-def test_the_leaders_star_and_its_sparse_answer() -> None:
+def test_the_leaders_star_and_its_sparse_answer(one_node: Callable[[int], ClusterSpec]) -> None:
     """The exchange through the leader is :meth:`CommModel.star` of the payload; top-k comes
     back as the leader's sparse sum, up to every replica's entries."""
     from dmsc.netmodel import CommModel, Topology
     from dmsc.netmodel.constants import DEFAULT_CALIBRATION
     from dmsc.netmodel.sync import exchange
 
-    cluster = ClusterSpec.model_validate(
-        {
-            "device_types": {
-                "g": {"peak_tflops": {"bf16": 100}, "memory_gib": 80, "memory_bw_gbyte_s": 2000}
-            },
-            "node_types": {"n": {"device": "g", "devices": 4, "link": {"bandwidth_gbit_s": 800}}},
-            "datacenters": [
-                {
-                    "name": "a",
-                    "nodes": [{"type": "n", "count": 1}],
-                    "network": {"gbit_s_per_node": 400, "latency_us": 2},
-                }
-            ],
-        }
-    )
+    cluster = one_node(4)
     comm = CommModel(Topology(cluster), DEFAULT_CALIBRATION)
     groups, m = [(0, 1, 2, 3)], 1e8
     none, topk = parse_compress("none"), parse_compress("topk:0.01")

@@ -4,6 +4,8 @@ vocabulary-parallel cross-entropy: each call once in the iteration's tp traffic.
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import pytest
 
 from dmsc.netmodel import build_layer_costs, estimate_iteration
@@ -105,7 +107,9 @@ def test_an_inference_forward_gathers_the_logits(selene: ClusterSpec) -> None:
 GPT = TransformerSpec(layers=3, hidden=64, heads=4, seq=16, vocab=256)
 
 
-def test_sequence_parallel_ends_as_the_runtime_runs_them() -> None:
+def test_sequence_parallel_ends_as_the_runtime_runs_them(
+    one_node: Callable[[int], ClusterSpec],
+) -> None:
     """Sequence parallelism, ``sequence_parallel_edges: gathered`` (dmsc's runtime, the
     default): one all-gather a micro-batch more at each end of the split region, the first
     block's backward (its sliced input's gradient) and the last block's forward (its output,
@@ -134,21 +138,7 @@ def test_sequence_parallel_ends_as_the_runtime_runs_them() -> None:
         tp_allreduce_calls(middle, True, "none", True)
     )
     # the estimate's tp bytes: the two gathers' more with the default, as Megatron without
-    cluster = ClusterSpec.model_validate(
-        {
-            "device_types": {
-                "g": {"peak_tflops": {"bf16": 100}, "memory_gib": 80, "memory_bw_gbyte_s": 2000}
-            },
-            "node_types": {"n": {"device": "g", "devices": 2, "link": {"bandwidth_gbit_s": 800}}},
-            "datacenters": [
-                {
-                    "name": "a",
-                    "nodes": [{"type": "n", "count": 1}],
-                    "network": {"gbit_s_per_node": 400, "latency_us": 2},
-                }
-            ],
-        }
-    )
+    cluster = one_node(2)
     ours = estimate_iteration(cluster, GPT, job)
     megatron = estimate_iteration(
         cluster, GPT, job.model_copy(update={"sequence_parallel_edges": "fused"})
