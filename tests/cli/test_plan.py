@@ -79,6 +79,7 @@ def test_a_diloco_plan_puts_its_replicas_in_two_datacenters(
         "inner_steps": 10,
         "compress": "none",
         "via": "collective",
+        "aggregator": "mean",
     }
     assert summary["traffic_bytes"]["dp"] > 0
     document = json.loads(out.read_text())

@@ -45,12 +45,14 @@ def test_estimate_shows_the_saving(dmsc: DmscRunner) -> None:
         "inner_steps": 50,
         "compress": "int8",
         "via": "collective",
+        "aggregator": "mean",
     }
     assert every["job"]["sync"] == {
         "mode": "every-step",
         "inner_steps": 1,
         "compress": "none",
         "via": "collective",
+        "aggregator": "mean",
     }
     table = dmsc(*ESTIMATE[:-1], "--sync", "fedavg:8", "--compress", "powersgd:4")
     assert table.returncode == 0 and "sync fedavg:8, powersgd:4" in " ".join(table.stdout.split())
@@ -66,6 +68,7 @@ def test_compress_goes_over_the_job_file_s_sync(tmp_path: Path, dmsc: DmscRunner
         "inner_steps": 10,
         "compress": "int8",
         "via": "collective",
+        "aggregator": "mean",
     }
     out = _json(dmsc(*base, "--sync", "fedprox:4"))
     assert out["job"]["sync"] == {
@@ -73,6 +76,7 @@ def test_compress_goes_over_the_job_file_s_sync(tmp_path: Path, dmsc: DmscRunner
         "inner_steps": 4,
         "compress": "none",
         "via": "collective",
+        "aggregator": "mean",
     }
 
 
@@ -89,6 +93,7 @@ def test_plan_shows_the_saving(dmsc: DmscRunner) -> None:
         "inner_steps": 50,
         "compress": "int8",
         "via": "collective",
+        "aggregator": "mean",
     }
     assert diloco["iteration_time_s"] <= every["iteration_time_s"]
 

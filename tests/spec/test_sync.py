@@ -86,3 +86,18 @@ def test_job_defaults_to_every_step_uncompressed() -> None:
 def test_jobs_the_sync_mode_refuses(kwargs: dict[str, object], message: str) -> None:
     with pytest.raises(ValidationError, match=message):
         JobSpec.model_validate({"global_batch": 8, "dp": 2, **kwargs})
+
+
+def test_the_leaders_rule_is_named_and_needs_the_leader() -> None:
+    """``aggregator`` names the rule the stage leader combines with (the runtime's forms), is
+    priced by the cost model, and means nothing by collective: a rule but the mean without
+    ``via: leader`` is refused with the reason, as is a bad form."""
+    sync = SyncSpec(via="leader", aggregator="krum:1")
+    assert sync.label == "every-step, through the leader (krum:1)"
+    assert SyncSpec(via="leader").label == "every-step, through the leader"
+    with pytest.raises(ValidationError, match="combines the updates at the stage leader"):
+        SyncSpec(aggregator="median")
+    with pytest.raises(ValidationError, match="expected mean, median"):
+        SyncSpec(via="leader", aggregator="mode")
+    with pytest.raises(ValidationError, match="PowerSGD averages low-rank factors"):
+        SyncSpec(via="leader", aggregator="median", compress="powersgd:4")

@@ -20,6 +20,7 @@ from dmsc.netmodel.compute import DtypeUnsupported, LayerTime, layer_time, peak_
 from dmsc.netmodel.constants import DEFAULT_CALIBRATION, DTYPE_BYTES, Calibration
 from dmsc.netmodel.fit import DoesNotFit, check_fit, check_memory, stage_types
 from dmsc.netmodel.layers import LayerCost, build_layer_costs
+from dmsc.netmodel.leader_work import leader_work_s
 from dmsc.netmodel.memory import MemoryBreakdown, precision_bytes
 from dmsc.netmodel.parallel import Layout
 from dmsc.netmodel.stage_sums import RECOMPUTED, assign_stage_layers, columns, stage_cut
@@ -350,11 +351,8 @@ def estimate_iteration(
         )
         dev = cluster.device_types[topo.devices[layout.first_device].type_name]
         step = precision_bytes(job.precision, dtype).step_traffic
-        breakdown["optimizer"] = (
-            params_dev
-            * step
-            / (dev.memory_bw_gbyte_s * 1e9 * calib.for_device(dev).memory_efficiency)
-        )
+        memory_bytes_s = dev.memory_bw_gbyte_s * 1e9 * calib.for_device(dev).memory_efficiency
+        breakdown["optimizer"] = params_dev * step / memory_bytes_s
         # Gradient reduction over the data-parallel replicas (all stages at once), once per
         # round of the sync mode, its payload compressed (dmsc.netmodel.sync).
         sync = job.sync
@@ -368,6 +366,12 @@ def estimate_iteration(
         if job.dp > 1:
             c = exchange(comm, groups, grad_dense, codec, job.allreduce, sync.via)
             dp_s = c.time_s
+            if sync.via == "leader":  # the leader's passes over the updates before it answers
+                dense = max(
+                    sum(lc.params_per_device - lc.expert_params_per_device for lc in ms)
+                    for ms in stage_layers
+                )
+                dp_s += leader_work_s(sync.aggregator, job.dp, dense, memory_bytes_s)
             account("dp", c, per_round)
             if job.zero >= 3:  # weights gathered for every forward and backward
                 ag = comm.collective("all_gather", groups, grad_dense)
@@ -377,7 +381,12 @@ def estimate_iteration(
         if grad_expert and job.dp // job.ep > 1:
             egroups = [g for s in range(p) for g in layout.expert_dp_groups(s)]
             c = exchange(comm, egroups, grad_expert, codec, job.allreduce, sync.via)
-            dp_s, expert_s = dp_s + c.time_s, c.time_s
+            expert_s = c.time_s
+            if sync.via == "leader":
+                experts = max(sum(lc.expert_params_per_device for lc in ms) for ms in stage_layers)
+                n = job.dp // job.ep
+                expert_s += leader_work_s(sync.aggregator, n, experts, memory_bytes_s)
+            dp_s += expert_s
             account("dp", c, per_round)
         window = crit.compute_s * 2 / 3  # the backward of the last micro-batch
         if job.zero >= 3:

@@ -41,8 +41,10 @@ The choices, for :func:`dmsc.netmodel.iteration.estimate_iteration` and the simu
   each way, at the data plane's figures, exposed whole (a replica sends once its backward is
   done). Top-k comes back as the leader's sparse sum, counted as ``n`` payloads; PowerSGD's two
   factor rounds as one payload, as for the collective.
-- **Not modelled**: the leader's own work on what it gathers (a median, Krum's distances, the
-  noise, the masks' removal), the codecs' compute (quantisation,
+- **The leader's own work** on what it gathers (its rule's passes over the updates: a mean, a
+  median, Krum's distances) is priced beside the star (:mod:`dmsc.netmodel.leader_work`).
+- **Not modelled**: central privacy's noise and secure aggregation's masks, the codecs' compute
+  (quantisation,
   top-k selection, PowerSGD's products), the outer optimizer's state (anchor weights and
   momentum, kept in host memory as OpenDiLoCo does), and convergence (local steps may need
   more iterations to the same loss).

@@ -11,7 +11,10 @@ what they send.
 
 How they combine it (``via``): ``collective``, among themselves (an all-reduce; an all-gather for
 top-k), or ``leader``, a star through the stage's first replica, which sees every update: what a
-robust aggregator, central differential privacy and secure aggregation need.
+robust aggregator, central differential privacy and secure aggregation need. Through the
+leader, ``aggregator`` names its rule (``mean``, ``median``, ``trimmed-mean[:TRIM]``,
+``krum[:F]``, ``multi-krum[:F]``, the runtime's forms), whose passes over the updates the cost
+model prices.
 
 Compression of what travels (the forms the runtime's codecs take):
 ``none``, ``bf16``, ``int8[:BLOCK]`` (one int8 per element and an fp32 scale per block of
@@ -32,11 +35,13 @@ from dmsc.spec.sync_forms import (
     MAX_INNER_STEPS,
     SYNC_FORMS,
     SYNC_MODES,
+    AggregatorForm,
     CompressForm,
     Compression,
     SyncForms,
     SyncMode,
     check_round,
+    parse_aggregator,
     parse_compress,
     parse_sync_form,
 )
@@ -101,6 +106,15 @@ class SyncSpec(SyncForms, BaseModel):
         ),
     )
 
+    aggregator: AggregatorForm = Field(
+        default="mean",
+        description=(
+            "How the leader combines the updates (via: leader): mean, median, "
+            "trimmed-mean[:TRIM], krum[:F] or multi-krum[:F], as dmsc's runtime does; the cost "
+            "model prices the leader's passes over them. Any rule but mean needs via: leader."
+        ),
+    )
+
     @model_validator(mode="before")
     @classmethod
     def _short_form(cls, data: Any) -> Any:
@@ -112,6 +126,14 @@ class SyncSpec(SyncForms, BaseModel):
     @model_validator(mode="after")
     def _steps(self) -> Self:
         check_round(self.mode, self.inner_steps)
+        rule = parse_aggregator(self.aggregator).name
+        if rule != "mean" and self.via != "leader":
+            raise ValueError(
+                f"aggregator {self.aggregator!r} combines the updates at the stage leader: "
+                "set via: leader"
+            )
+        if rule != "mean" and self.compression.kind == "powersgd":
+            raise ValueError("aggregator: PowerSGD averages low-rank factors: only mean")
         return self
 
     @property
@@ -120,4 +142,7 @@ class SyncSpec(SyncForms, BaseModel):
         ``, through the leader`` when the replicas agree through it."""
         mode = self.mode if self.mode == "every-step" else f"{self.mode}:{self.inner_steps}"
         mode = mode if self.compress == "none" else f"{mode}, {self.compress}"
-        return mode if self.via == "collective" else f"{mode}, through the leader"
+        if self.via == "collective":
+            return mode
+        rule = "" if self.aggregator == "mean" else f" ({self.aggregator})"
+        return f"{mode}, through the leader{rule}"

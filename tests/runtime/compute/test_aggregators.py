@@ -138,3 +138,41 @@ def test_parse_aggregator_reads_the_command_line_forms() -> None:
     assert all(describe(name) for name in AGGREGATORS)
     with pytest.raises(ValueError, match="expected mean, median"):
         describe("avg")
+
+
+@pytest.mark.parametrize("count", [1, 2, 3, 5, 8, 13, 16])
+def test_the_sorting_network_ranks_as_torch_sort_and_leaves_the_inputs(count: int) -> None:
+    """The median and the trimmed mean rank each coordinate's values by a sorting network
+    (faster than ``torch.sort`` along the replicas, as the cost model prices it): the same rows
+    as ``torch.sort``, ties included, and the caller's vectors unchanged."""
+    from dmsc.runtime.compute.aggregators import _ranked
+
+    g = torch.Generator().manual_seed(count)
+    parts = [torch.randint(-3, 4, (200,), generator=g).float() for _ in range(count)]
+    before = [p.clone() for p in parts]
+    ranked = torch.stack(_ranked(parts))
+    assert torch.equal(ranked, torch.stack(parts).sort(dim=0).values)
+    assert all(torch.equal(a, b) for a, b in zip(parts, before, strict=True))
+    doubles = [p.double() for p in parts]
+    trimmed = aggregate("trimmed-mean", doubles, trim=0.0)
+    assert all(torch.equal(a, b.double()) for a, b in zip(doubles, before, strict=True))
+    np.testing.assert_allclose(trimmed.numpy(), _np(parts).mean(0), atol=1e-12)
+
+
+@pytest.mark.parametrize("count", [1, 2, 3, 7, 16])
+def test_summed_adds_in_turn_as_float64_would_within_rounding(count: int) -> None:
+    """The leader's sum, one vector added at a time (as the cost model prices it): within fp32
+    rounding of the float64 sum (``torch.stack(parts).sum(0)``, which it replaced, pairs rows
+    for short vectors, so the two may differ in the last bits), exactly it for two vectors, and
+    no input changed."""
+    from dmsc.runtime.compute.aggregators import summed
+
+    parts = _parts(count, n=10_000, seed=count)
+    before = [p.clone() for p in parts]
+    got = summed(parts)
+    exact = _np(parts).sum(0)
+    bound = (count - 1) * np.finfo(np.float32).eps * np.abs(_np(parts)).sum(0)
+    assert np.all(np.abs(got.numpy() - exact) <= bound + 1e-12)
+    if count <= 2:
+        assert torch.equal(got, torch.stack(parts).sum(0))
+    assert all(torch.equal(a, b) for a, b in zip(parts, before, strict=True))

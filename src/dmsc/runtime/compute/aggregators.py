@@ -30,6 +30,7 @@ from collections.abc import Callable, Sequence
 
 import torch
 
+from dmsc.netmodel.leader_work import sorting_network
 from dmsc.runtime.compute.frames import finite
 from dmsc.spec.sync_forms import (
     AGGREGATORS,
@@ -49,6 +50,7 @@ __all__ = [
     "aggregate",
     "describe",
     "parse_aggregator",
+    "summed",
 ]
 
 _DESCRIPTIONS = {
@@ -123,30 +125,60 @@ def _check_weights(weights: Sequence[float] | None, count: int) -> list[float] |
     return w
 
 
+def summed(parts: Sequence[torch.Tensor]) -> torch.Tensor:
+    """The elementwise sum of ``parts``, each added in turn to a copy of the first, without
+    the ``n x E`` stack ``torch.stack(parts).sum(0)`` needs: 3 to 10 times faster for 2 to 16
+    vectors of 1M elements on this project's CPU, and the same sum but for the order of its
+    additions (``sum(0)`` pairs rows for short vectors; for 1M elements it added them in turn
+    too). The leader's mean is this over ``n`` (:mod:`dmsc.netmodel.leader_work` prices it)."""
+    total = parts[0].clone()
+    for part in parts[1:]:
+        total.add_(part)
+    return total
+
+
 def _weighted_mean(parts: Sequence[torch.Tensor], weights: list[float] | None) -> torch.Tensor:
     # Accumulated in float64 one vector at a time: no n x count stack, and no order-dependent
-    # rounding worth speaking of.
+    # rounding worth speaking of. Each vector is added as it is (the add widens it as it reads:
+    # the same sums as converting it first, without the float64 copy).
     w = weights if weights is not None else [1.0] * len(parts)
     total = sum(w)
     acc = torch.zeros(parts[0].shape, dtype=torch.float64, device=parts[0].device)
     for wi, p in zip(w, parts, strict=True):
         if wi:
-            acc.add_(p.to(torch.float64), alpha=wi / total)
+            acc.add_(p, alpha=wi / total)
     return acc.to(parts[0].dtype)
 
 
+def _ranked(parts: Sequence[torch.Tensor]) -> list[torch.Tensor]:
+    """The replicas' values sorted per coordinate, smallest first: row ``i`` holds every
+    coordinate's ``i``-th smallest. By a sorting network of ``torch.minimum`` and
+    ``torch.maximum`` over whole rows (:func:`dmsc.netmodel.leader_work.sorting_network`, as the
+    cost model prices it): measured 6 to 10 times faster than ``torch.sort`` along the replicas
+    (1M elements of 3 to 16 replicas on this project's CPU), the same values."""
+    rows = list(torch.stack(list(parts)).unbind(0))  # a copy: the caller's rows stay as sent
+    spare = torch.empty_like(rows[0])
+    for i, j in sorting_network(len(rows)):
+        torch.minimum(rows[i], rows[j], out=spare)
+        torch.maximum(rows[i], rows[j], out=rows[j])
+        rows[i], spare = spare, rows[i]
+    return rows
+
+
 def _median(parts: Sequence[torch.Tensor]) -> torch.Tensor:
-    ranked = torch.stack(list(parts)).sort(dim=0).values
+    ranked = _ranked(parts)
     mid = len(parts) // 2
     if len(parts) % 2:
         return ranked[mid].clone()
-    return ((ranked[mid - 1].double() + ranked[mid].double()) / 2).to(ranked.dtype)
+    return ((ranked[mid - 1].double() + ranked[mid].double()) / 2).to(ranked[mid].dtype)
 
 
 def _trimmed_mean(parts: Sequence[torch.Tensor], cut: int) -> torch.Tensor:
-    ranked = torch.stack(list(parts)).sort(dim=0).values
-    kept = ranked[cut : len(parts) - cut]
-    return kept.double().mean(dim=0).to(ranked.dtype)
+    kept = _ranked(parts)[cut : len(parts) - cut]
+    total = kept[0].to(torch.float64, copy=True)  # never the caller's own tensor
+    for row in kept[1:]:
+        total.add_(row)
+    return total.div_(len(kept)).to(kept[0].dtype)
 
 
 def _sq_distances(parts: Sequence[torch.Tensor]) -> torch.Tensor:

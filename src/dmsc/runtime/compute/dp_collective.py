@@ -54,6 +54,7 @@ from typing import Any
 import torch
 
 from dmsc.netmodel.dp_buckets import pack_buckets
+from dmsc.runtime.compute.aggregators import summed
 from dmsc.runtime.compute.config import WorkerConfig
 from dmsc.runtime.compute.inbox import Aborted, Inbox
 from dmsc.runtime.compute.int8_ring import int8_ring_all_reduce, sent_bytes
@@ -347,7 +348,7 @@ class DataParallel:
             work = self.group.pg.allgather([parts], [payload.contiguous()])
             self.group.wait(work, self._abandoned(st))
             time.sleep(max(0.0, st.bytes_until - time.monotonic()))
-        out = torch.stack([decode(p) for p in parts]).sum(0) / len(parts)
+        out = summed([decode(p) for p in parts]) / len(parts)
         if d.late and d.members[0] == self.cfg.replica:
             self._send_late(Kind.SYNC_DOWN, step, round_, out, d.late)
         return out, list(d.late)

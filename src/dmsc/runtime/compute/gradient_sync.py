@@ -39,6 +39,7 @@ from typing import Protocol
 
 import torch
 
+from dmsc.runtime.compute.aggregators import summed
 from dmsc.runtime.compute.comm_meter import METER
 from dmsc.runtime.compute.config import WorkerConfig
 from dmsc.runtime.compute.dp_collective import DataParallel, StepRestart
@@ -184,7 +185,7 @@ class GradientSync:
                 late.append(r)
         if late and policy == "wait":
             raise TimeoutError(f"stage {cfg.stage}: no gradient from replicas {late}")
-        avg = torch.empty(0) if late and policy == "restart" else torch.stack(parts).mean(0)
+        avg = torch.empty(0) if late and policy == "restart" else summed(parts) / len(parts)
         for r in range(1, cfg.replicas):
             frame = encode(Kind.GRAD_AVG, step, 0, avg, self.peers.epoch)
             self.link.take(len(frame))

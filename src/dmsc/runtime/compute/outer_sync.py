@@ -41,7 +41,7 @@ from collections.abc import Sequence
 
 import torch
 
-from dmsc.runtime.compute.aggregators import aggregate, parse_aggregator
+from dmsc.runtime.compute.aggregators import aggregate, parse_aggregator, summed
 from dmsc.runtime.compute.comm_meter import METER
 from dmsc.runtime.compute.compression import (
     Codec,
@@ -252,7 +252,7 @@ class ReplicaSync:
             except CodecError as exc:
                 raise BadRequest(f"a replica's update is refused: {exc}") from None
             if self.aggregator == "mean":
-                agreed = self._finish(torch.stack(vectors).sum(0), len(vectors))
+                agreed = self._finish(summed(vectors), len(vectors))
             else:
                 distances = self.layout.sq_distances if self.layout is not None else None
                 agreed = aggregate(
@@ -281,7 +281,7 @@ class ReplicaSync:
             sizes = {t.numel() for t in parts.values()}
             if len(sizes) != 1 or any(t.dtype != torch.float32 for t in parts.values()):
                 raise BadRequest("PowerSGD factors of different sizes or types")
-            return self._finish(torch.stack(list(parts.values())).sum(0), len(parts))
+            return self._finish(summed(list(parts.values())), len(parts))
 
         p_mean, late = self.star.exchange(
             step, P_ROUND, self.power.start(update), mean, policy, wait_s

@@ -265,3 +265,21 @@ def test_replicas_agreeing_through_the_leader_are_compared_with_the_leaders_star
     # one replica has no exchange: the plan's job
     one = plan_job(cluster, model, JOB, fixed=True).plan
     assert prediction_for(one, cluster, model, 16, 4, 1, star).basis == "the plan's"
+
+
+def test_the_leaders_rule_is_priced_in_the_re_estimate(model: TransformerSpec) -> None:
+    """A task's aggregator reaches the re-estimate (``SyncSpec.aggregator``): the median's
+    passes over the updates cost the leader more than the mean secure aggregation sums with,
+    over the same star."""
+    from dmsc.runtime.control.advisors.prediction import ran_sync
+    from dmsc.runtime.transport.messages import SyncSettings
+
+    cluster = _cluster(CLUSTERS / "three-sites-cpu.yaml")
+    plan = plan_job(cluster, model, JOB.model_copy(update={"dp": 2}), fixed=True).plan
+    median = SyncSettings(aggregator="median")
+    assert ran_sync(plan, median, 2).aggregator == "median"
+    assert ran_sync(plan, SyncSettings(secure=True), 2).aggregator == "mean"
+    by_median = prediction_for(plan, cluster, model, 16, 2, 2, median)
+    by_sum = prediction_for(plan, cluster, model, 16, 2, 2, SyncSettings(secure=True))
+    assert by_median.breakdown_s is not None and by_sum.breakdown_s is not None
+    assert by_median.breakdown_s["dp_comm"] > by_sum.breakdown_s["dp_comm"]

@@ -19,9 +19,10 @@ mode, round or codec than the plan's (``dmsc train --sync diloco:50 --compress i
 then re-estimated with its own (:class:`~dmsc.spec.SyncSpec`). Where its replicas agree through
 the stage leader (a robust aggregator, central differential privacy or secure aggregation:
 :func:`dmsc.runtime.compute.outer_sync.by_collective` false), it is re-estimated with the
-leader's star (``via: leader``, :mod:`dmsc.netmodel.sync`); it used to be "not comparable", as
-the cost model priced the collective only. The leader's own work on the updates (a median,
-Krum's distances, the noise, the masks) is not priced.
+leader's star (``via: leader``, :mod:`dmsc.netmodel.sync`) and its rule's passes over the
+updates (``aggregator``, :mod:`dmsc.netmodel.leader_work`); it used to be "not comparable", as
+the cost model priced the collective only. The noise of central privacy and the masks of secure
+aggregation are not priced.
 
 A task whose dp changed while it ran (a resize between steps, a shrink after a lost node) has
 steps of several jobs: each segment of one dp (:mod:`dmsc.runtime.control.training.report`) is
@@ -106,8 +107,15 @@ def ran_sync(plan: Plan, sync: SyncSettings | None, dp: int = 1) -> SyncSpec:
     plan's): through the stage leader where :func:`leader_star` says so."""
     if sync is None:
         return plan.job.sync
-    via = "leader" if leader_star(sync, dp) is not None else "collective"
-    return SyncSpec(mode=sync.mode, inner_steps=sync.inner_steps, compress=sync.compress, via=via)
+    if leader_star(sync, dp) is None:
+        return SyncSpec(mode=sync.mode, inner_steps=sync.inner_steps, compress=sync.compress)
+    return SyncSpec(
+        mode=sync.mode,
+        inner_steps=sync.inner_steps,
+        compress=sync.compress,
+        via="leader",
+        aggregator=sync.aggregator,
+    )
 
 
 def leader_star(sync: SyncSettings | None, dp: int) -> str | None:

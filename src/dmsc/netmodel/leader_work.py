@@ -1,0 +1,115 @@
+"""What the stage leader's own work costs when the replicas agree through it (``via: leader``).
+
+Through the leader (:mod:`dmsc.netmodel.sync`: a star) each of the ``n`` replicas sends its fp32
+update of ``E`` elements to the stage's first replica, which combines them by its rule before it
+answers: the followers wait for that too. The rules are dmsc's runtime's
+(:mod:`dmsc.runtime.compute.aggregators`, the plain mean as
+:mod:`dmsc.runtime.compute.outer_sync` takes it), each a few passes of torch operations over the
+updates. Such passes are bound by memory bandwidth on a CPU as on a GPU, so the leader's time is
+the bytes its operations read and write over its device's memory bandwidth at the calibration's
+memory efficiency, as the optimizer step is priced (:mod:`dmsc.netmodel.iteration`).
+
+The median and the trimmed mean sort each element's ``n`` values with a sorting network
+(:func:`sorting_network`: Batcher's odd-even merge sort, ``n log2(n)^2 / 4`` compare-exchanges
+or fewer, each a ``torch.minimum`` and a ``torch.maximum`` of two rows) rather than
+``torch.sort`` along the replicas: on this project's CPU the network sorted 1M elements of 8
+replicas in 26 ms where ``torch.sort`` took 208 ms, the same values; its passes are memory-bound
+and so priced like the others.
+
+Bytes an element, each operation reading its inputs and writing its output once (fp32 4 bytes,
+float64 8):
+
+- ``mean``: the first update copied (``8``), each other added to it (``12``), the sum divided
+  by ``n`` (``8``): ``12n + 4`` (:func:`dmsc.runtime.compute.aggregators.summed`);
+- every rule but the mean first checks each update finite (a sum: ``4n``);
+- ``median``: the updates stacked into one buffer (``8n``), the network's ``c(n)``
+  compare-exchanges on its rows in place (``24`` each: two rows read twice, two written), then
+  the middle row copied (``8``: odd ``n``) or the float64 mean of the two middle ones (``76``:
+  even ``n``);
+- ``trimmed-mean``: stacked and sorted as the median, then the ``k = n - 2 floor(trim n)``
+  kept rows summed in float64 (``12`` for the first, ``20`` for each other), divided (``16``)
+  and back to fp32 (``12``): ``12n + 24 c(n) + 20k + 20``;
+- ``krum``: for each of the ``n (n - 1) / 2`` pairs the difference (``8`` read, ``4`` written)
+  and its float64 norm (``4``): ``16`` a pair, then the chosen update copied (``8``);
+- ``multi-krum``: Krum's pairs, then the mean of the ``n - f`` best in float64 one update at a
+  time (``8`` to start, ``20`` an update, ``12`` back to fp32).
+
+Not priced: central differential privacy's noise (a Gaussian draw an element, compute- not
+memory-bound) and secure aggregation's masks (each replica expands ``n - 1`` pairwise seeds);
+a codec's decoding at the leader is the codecs' compute, not priced either
+(:mod:`dmsc.netmodel.sync`). ``benchmarks/leader_work.py`` measures every rule on the machine
+against these figures.
+"""
+
+from __future__ import annotations
+
+import math
+
+from dmsc.spec.sync_forms import DEFAULT_BYZANTINE, DEFAULT_TRIM, parse_aggregator
+
+FP32, FP64 = 4.0, 8.0
+EXCHANGE = 4 * FP32 + 2 * FP32  # a compare-exchange: min and max, each reading two rows
+
+
+def sorting_network(n: int) -> list[tuple[int, int]]:
+    """Batcher's odd-even merge sort on ``n`` positions: compare-exchanges ``(i, j)``, ``i <
+    j``, in order, after which position ``i`` holds the ``i``-th smallest value. Built for the
+    next power of two and cut to the pairs inside ``n`` (the positions past ``n`` hold +inf:
+    they never move)."""
+    size = 1
+    while size < n:
+        size *= 2
+    pairs: list[tuple[int, int]] = []
+    p = 1
+    while p < size:
+        k = p
+        while k >= 1:
+            for j in range(k % p, size - k, 2 * k):
+                for i in range(min(k, size - j - k)):
+                    if (i + j) // (2 * p) == (i + j + k) // (2 * p) and i + j + k < n:
+                        pairs.append((i + j, i + j + k))
+            k //= 2
+        p *= 2
+    return pairs
+
+
+def _float64_mean(k: int) -> float:
+    """The mean of ``k`` fp32 rows summed in float64 one at a time, and back to fp32."""
+    return (FP32 + FP64) + (FP32 + 2 * FP64) * (k - 1) + 2 * FP64 + FP64 + FP32
+
+
+def _pairs(n: int) -> float:
+    return n * (n - 1) / 2 * (2 * FP32 + FP32 + FP32)
+
+
+def bytes_per_element(aggregator: str, n: int) -> float:
+    """Bytes the leader's rule ``aggregator`` (a form: ``krum:1``) reads and writes per element
+    of ``n`` updates (module docstring); 0 for fewer than two."""
+    if n < 2:
+        return 0.0
+    name, options = parse_aggregator(aggregator)
+    if name == "mean":
+        return 2 * FP32 + 3 * FP32 * (n - 1) + 2 * FP32
+    # every rule but the mean goes through the runtime's aggregate(), which first checks each
+    # update finite (a sum: 4n read)
+    network = FP32 * n + FP32 * 2 * n + EXCHANGE * len(sorting_network(n))
+    if name == "median":
+        middle = 2 * FP32 if n % 2 else 2 * (FP32 + FP64) + 3 * FP64 + 2 * FP64 + FP64 + FP32
+        return network + middle
+    if name == "trimmed-mean":
+        cut = math.floor(options.get("trim", DEFAULT_TRIM) * n)
+        return network + _float64_mean(n - 2 * cut)
+    byzantine = options.get("byzantine", DEFAULT_BYZANTINE)
+    pairs = FP32 * n + _pairs(n)
+    if name == "krum":
+        return pairs + 2 * FP32
+    kept = max(1, n - byzantine)
+    return pairs + FP64 + (FP32 + 2 * FP64) * kept + FP64 + FP32
+
+
+def leader_work_s(aggregator: str, n: int, elements: float, memory_bytes_s: float) -> float:
+    """Seconds the leader's rule takes on ``n`` updates of ``elements`` fp32 elements at a
+    memory bandwidth of ``memory_bytes_s`` (already times the calibration's efficiency)."""
+    if memory_bytes_s <= 0:
+        raise ValueError(f"memory bandwidth must be > 0 bytes/s, got {memory_bytes_s}")
+    return elements * bytes_per_element(aggregator, n) / memory_bytes_s

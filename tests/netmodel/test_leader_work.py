@@ -1,0 +1,80 @@
+"""The stage leader's own work through the star: its rules' bytes an element, the sorting
+network the median and the trimmed mean sort with, and the estimate that adds it.
+
+References: the 0-1 principle (a comparator network sorts every input if and only if it sorts
+every sequence of zeros and ones, Knuth TAOCP 5.3.4), Batcher's comparator counts for powers of
+two (n/4 log2(n) (log2(n) - 1) + n - 1: 19 at 8, 63 at 16), and the bytes counted by hand from
+the runtime's operations."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import pytest
+
+from dmsc.netmodel import estimate_iteration
+from dmsc.netmodel.leader_work import bytes_per_element, leader_work_s, sorting_network
+from dmsc.spec import ClusterSpec, JobSpec, resolve_model
+
+
+@pytest.mark.parametrize("n", range(1, 13))
+def test_the_network_sorts_every_zero_one_input(n: int) -> None:
+    network = sorting_network(n)
+    assert all(0 <= i < j < n for i, j in network)
+    for bits in range(1 << n):
+        values = [(bits >> k) & 1 for k in range(n)]
+        for i, j in network:
+            if values[i] > values[j]:
+                values[i], values[j] = values[j], values[i]
+        assert values == sorted(values), (n, bits)
+
+
+def test_batchers_counts_for_powers_of_two() -> None:
+    assert [len(sorting_network(n)) for n in (2, 4, 8, 16, 32)] == [1, 5, 19, 63, 191]
+
+
+def test_bytes_an_element_counted_from_the_runtimes_operations() -> None:
+    # mean: the first copied (8), each other added (12), the sum divided (8)
+    assert bytes_per_element("mean", 4) == 8 + 3 * 12 + 8
+    # median of 3: the checks (4n), the stack (8n), 3 compare-exchanges of 24, the middle (8)
+    assert bytes_per_element("median", 3) == 12 * 3 + 3 * 24 + 8
+    # trimmed-mean:0.2 of 5 cuts 1 a side: 3 rows kept, 20k + 20 for their float64 mean
+    assert bytes_per_element("trimmed-mean", 5) == 12 * 5 + 9 * 24 + 20 * 3 + 20
+    # krum of 5: the checks, 10 pairs of 16, the copy; multi-krum:1 the mean of the best 4
+    assert bytes_per_element("krum:1", 5) == 4 * 5 + 10 * 16 + 8
+    assert bytes_per_element("multi-krum:1", 5) == 4 * 5 + 10 * 16 + 20 * 4 + 20
+    assert bytes_per_element("median", 1) == 0.0
+    assert leader_work_s("mean", 4, 1e6, 6e9) == pytest.approx(1e6 * 52 / 6e9)
+    with pytest.raises(ValueError, match="memory bandwidth must be > 0"):
+        leader_work_s("mean", 4, 1e6, 0.0)
+
+
+def test_the_estimate_adds_the_leaders_work_to_the_star(
+    one_node: Callable[[int], ClusterSpec],
+) -> None:
+    """Through the leader, dp_comm is the star plus the rule's passes over the stage's updates
+    (every parameter a device holds, fp32, at the device's memory bandwidth times the
+    calibration's efficiency); by collective nothing is added."""
+    from dmsc.netmodel.constants import DEFAULT_CALIBRATION
+    from dmsc.netmodel.layers import build_layer_costs
+
+    cluster = one_node(8)
+    model = resolve_model("gpt3-350m").model_copy(update={"dtype": "bf16"})
+
+    def job(overlap: bool = True, **sync: object) -> JobSpec:
+        data = {"global_batch": 8, "dp": 8, "sync": sync, "overlap_dp_comm": overlap}
+        return JobSpec.model_validate(data)
+
+    mean = estimate_iteration(cluster, model, job(via="leader"))
+    median = estimate_iteration(cluster, model, job(via="leader", aggregator="median"))
+    params = sum(lc.params_per_device for lc in build_layer_costs(model, job()))
+    device = cluster.device_types["g"]
+    bandwidth = device.memory_bw_gbyte_s * 1e9
+    bandwidth *= DEFAULT_CALIBRATION.for_device(device).memory_efficiency
+    extra = (bytes_per_element("median", 8) - bytes_per_element("mean", 8)) * params / bandwidth
+    got = median.breakdown_s["dp_comm"] - mean.breakdown_s["dp_comm"]
+    assert got == pytest.approx(extra, rel=1e-9)
+    assert median.traffic_bytes == mean.traffic_bytes  # the same star, more work at its leader
+    ring = estimate_iteration(cluster, model, job(False))
+    plain = estimate_iteration(cluster, model, job(False, via="leader"))
+    assert plain.breakdown_s["dp_comm"] > ring.breakdown_s["dp_comm"]
