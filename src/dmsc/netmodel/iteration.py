@@ -25,6 +25,7 @@ from dmsc.netmodel.memory import MemoryBreakdown, precision_bytes
 from dmsc.netmodel.parallel import Layout
 from dmsc.netmodel.stage_sums import RECOMPUTED, assign_stage_layers, columns, stage_cut
 from dmsc.netmodel.sync import (
+    bucketed,
     bucketed_exposed_s,
     exchange,
     exposed_s,
@@ -392,8 +393,7 @@ def estimate_iteration(
         if job.zero >= 3:
             window += m * crit.compute_s
         breakdown["dp_comm"] = exposed_s(dp_s, sync, job.overlap_dp_comm, window)
-        bucketed = sync.inner_steps == 1 and job.overlap_dp_comm and sync.via == "collective"
-        if job.dp > 1 and bucketed and job.zero < 3:
+        if job.dp > 1 and bucketed(sync, job.overlap_dp_comm) and job.zero < 3:
             # every step's all-reduce in buckets behind the backward, one at a time, as the
             # runtime runs it (dmsc.netmodel.dp_buckets); the experts' after it
             args = (comm, groups, codec, job.allreduce, stage_layers, backwards, payloads, B)

@@ -21,10 +21,14 @@ The choices, for :func:`dmsc.netmodel.iteration.estimate_iteration` and the simu
 - **Rounds.** ``every-step`` exchanges every iteration; ``diloco:H``, ``fedavg:H`` and
   ``fedprox:H`` once per round of ``H`` iterations: the bytes per iteration are 1/H of a round's.
 - **Overlap** (the job's ``overlap_dp_comm``): every-step hides its all-reduce under the last
-  backward pass (in buckets, below). A round of local steps is exposed whole, ``t / H`` per
-  iteration with overlap or without: dmsc's runtime runs a round's exchange (one all-reduce of
-  the whole payload, ``DataParallel.mean``) when the round's last step is applied, after its
-  backward and optimizer step, and the next round's steps start once it is done. Streaming
+  backward pass (in buckets, below) when the gradients travel as they are. Compressed (any
+  codec), every step's exchange is exposed whole, as dmsc's runtime runs it: one call on the
+  whole flattened gradient once the backward is done (``outer_sync``), as for a round; it was
+  priced as hidden in buckets until 2026-12-03 (:func:`bucketed`). A round of local steps is
+  exposed whole, ``t / H`` per iteration with overlap or without: dmsc's runtime runs a
+  round's exchange (one all-reduce of the whole payload, ``DataParallel.mean``) when the
+  round's last step is applied, after its backward and optimizer step, and the next round's
+  steps start once it is done. Streaming
   DiLoCo (Douillard et al. 2025), which runs the exchange under the next inner steps and lets
   the outer update land late, would hide up to ``w + (H - 1) x step`` of it; it is not priced,
   because the runtime does not run it (it once was priced: a `diloco:4` task on the CPU demo
@@ -151,12 +155,25 @@ def exposed_s(round_s: float, sync: SyncSpec, overlap: bool, window_s: float) ->
     """Data-parallel seconds an iteration waits for: every step's exchange of ``round_s`` less
     what the last backward (``window_s``) hides when ``overlap``; a round of local steps' whole,
     spread over its ``inner_steps`` iterations (module docstring: the runtime runs it after the
-    round's last step, under nothing). The leader's star hides under nothing either: a replica
-    sends its update once its backward is done."""
+    round's last step, under nothing). The leader's star and a codec's exchange hide under
+    nothing either (:func:`bucketed`)."""
     h = sync.inner_steps
     if h > 1:
         return round_s / h
-    return max(0.0, round_s - window_s) if overlap and sync.via == "collective" else round_s
+    return max(0.0, round_s - window_s) if bucketed(sync, overlap) else round_s
+
+
+def bucketed(sync: SyncSpec, overlap: bool) -> bool:
+    """Whether every step's exchange runs in buckets behind the backward (the runtime's
+    ``DistributedDataParallel``-style hooks): gradients sent as they are, by collective, with
+    ``overlap``. A codec's or the leader's exchange is one call on the whole flattened gradient
+    once the backward is done (:mod:`dmsc.runtime.compute.outer_sync`), exposed whole."""
+    return (
+        overlap
+        and sync.inner_steps == 1
+        and sync.via == "collective"
+        and sync.compression.kind == "none"
+    )
 
 
 # A bucket's all-reduce seconds by (communication model, groups, bytes, codec, algorithm): the
