@@ -15,6 +15,7 @@ from __future__ import annotations
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field
 
+from dmsc.netmodel.codec_work import codec_work_s
 from dmsc.netmodel.comm import ZERO_COST, CommCost, CommModel
 from dmsc.netmodel.compute import DtypeUnsupported, LayerTime, layer_time, peak_flops
 from dmsc.netmodel.constants import DEFAULT_CALIBRATION, DTYPE_BYTES, Calibration
@@ -364,15 +365,23 @@ def estimate_iteration(
         dp_s = expert_s = 0.0
         grad_dense = max(dense for dense, _ in payloads)
         groups = [g for s in range(p) for g in layout.dp_groups(s)]
+
+        def work_s(n: int, elements: float) -> float:
+            """Compute on an exchange's path besides the wire: the codec's passes over the
+            fp32 update (dmsc.netmodel.codec_work) and, through the leader, its rule's
+            (dmsc.netmodel.leader_work), at the memory bandwidth the optimizer is priced at."""
+            work = codec_work_s(codec, sync.via, n, elements, memory_bytes_s)
+            if sync.via == "leader":
+                work += leader_work_s(sync.aggregator, n, elements, memory_bytes_s)
+            return work
+
         if job.dp > 1:
             c = exchange(comm, groups, grad_dense, codec, job.allreduce, sync.via)
-            dp_s = c.time_s
-            if sync.via == "leader":  # the leader's passes over the updates before it answers
-                dense = max(
-                    sum(lc.params_per_device - lc.expert_params_per_device for lc in ms)
-                    for ms in stage_layers
-                )
-                dp_s += leader_work_s(sync.aggregator, job.dp, dense, memory_bytes_s)
+            dense = max(
+                sum(lc.params_per_device - lc.expert_params_per_device for lc in ms)
+                for ms in stage_layers
+            )
+            dp_s = c.time_s + work_s(job.dp, dense)
             account("dp", c, per_round)
             if job.zero >= 3:  # weights gathered for every forward and backward
                 ag = comm.collective("all_gather", groups, grad_dense)
@@ -382,11 +391,8 @@ def estimate_iteration(
         if grad_expert and job.dp // job.ep > 1:
             egroups = [g for s in range(p) for g in layout.expert_dp_groups(s)]
             c = exchange(comm, egroups, grad_expert, codec, job.allreduce, sync.via)
-            expert_s = c.time_s
-            if sync.via == "leader":
-                experts = max(sum(lc.expert_params_per_device for lc in ms) for ms in stage_layers)
-                n = job.dp // job.ep
-                expert_s += leader_work_s(sync.aggregator, n, experts, memory_bytes_s)
+            experts = max(sum(lc.expert_params_per_device for lc in ms) for ms in stage_layers)
+            expert_s = c.time_s + work_s(job.dp // job.ep, experts)
             dp_s += expert_s
             account("dp", c, per_round)
         window = crit.compute_s * 2 / 3  # the backward of the last micro-batch

@@ -47,10 +47,11 @@ The choices, for :func:`dmsc.netmodel.iteration.estimate_iteration` and the simu
   factor rounds as one payload, as for the collective.
 - **The leader's own work** on what it gathers (its rule's passes over the updates: a mean, a
   median, Krum's distances) is priced beside the star (:mod:`dmsc.netmodel.leader_work`).
-- **Not modelled**: central privacy's noise and secure aggregation's masks, the codecs' compute
-  (quantisation,
-  top-k selection, PowerSGD's products), the outer optimizer's state (anchor weights and
-  momentum, kept in host memory as OpenDiLoCo does), and convergence (local steps may need
+- **The codecs' passes** (int8's quantisation, bf16's casts) are priced beside the exchange
+  (:mod:`dmsc.netmodel.codec_work`).
+- **Not modelled**: central privacy's noise and secure aggregation's masks, the other codecs'
+  compute (top-k selection, PowerSGD's products), the outer optimizer's state (anchor weights
+  and momentum, kept in host memory as OpenDiLoCo does), and convergence (local steps may need
   more iterations to the same loss).
 """
 

@@ -215,8 +215,11 @@ def test_a_task_with_another_sync_than_the_plans_is_re_estimated_with_its_own(
     assert p.step_s is not None and p.step_s < planned  # a tenth of the exchanges, int8
     # by part, for the per-mode table: that job's figures, adding up to its step
     assert p.breakdown_s is not None and sum(p.breakdown_s.values()) == pytest.approx(p.step_s)
-    plan_dp = plan.prediction.breakdown_s["dp_comm"]
-    assert 0 < p.breakdown_s["dp_comm"] < plan_dp / 10  # a round of 10 steps, in int8
+    # a round of 10 steps: a tenth of every step's int8 exchange (each exposed whole, its
+    # codec's passes included: on this CPU cluster they cost more than the bytes they save)
+    every = prediction_for(plan, cluster, model, 16, 2, 2, SyncSettings(compress="int8"))
+    assert every.breakdown_s is not None
+    assert p.breakdown_s["dp_comm"] == pytest.approx(every.breakdown_s["dp_comm"] / 10)
     own = prediction_for(plan, cluster, model, 16, 2, 2)
     assert own.breakdown_s == plan.prediction.breakdown_s
     assert p.basis == (

@@ -1,0 +1,66 @@
+"""A codec's own passes over the update in one exchange, priced beside the bytes it saves.
+
+References: the bytes counted by hand from the runtime's codecs and its int8 ring, and the
+estimate's data-parallel time rebuilt from the exchange and those passes."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import pytest
+
+from dmsc.netmodel import CommModel, Topology, estimate_iteration
+from dmsc.netmodel.codec_work import bytes_per_element, codec_work_s
+from dmsc.netmodel.constants import DEFAULT_CALIBRATION
+from dmsc.netmodel.layers import build_layer_costs
+from dmsc.netmodel.sync import exchange, stage_payload
+from dmsc.spec import ClusterSpec, JobSpec, parse_compress, resolve_model
+
+
+def test_bytes_an_element_counted_from_the_runtimes_codecs() -> None:
+    none, bf16, int8 = (parse_compress(f) for f in ("none", "bf16", "int8"))
+    # by collective: nothing for the update as it is, the two casts around gloo for bf16
+    assert bytes_per_element(none, "collective", 4) == 0.0
+    assert bytes_per_element(bf16, "collective", 4) == 12.0
+    # the int8 ring of 4 on chunks of E/4: 3 hops of encode, decode and add, its own sum
+    # encoded and decoded, 3 chunks decoded into place
+    assert bytes_per_element(int8, "collective", 4) == (3 * (59 + 39 + 12) + 59 + 39 + 3 * 47) / 4
+    # through the leader: a replica's encode, the leader's 4 decodes and its encode, a decode
+    assert bytes_per_element(int8, "leader", 4) == 59 + 4 * 39 + 59 + 39
+    assert bytes_per_element(none, "leader", 2) == 12 + 2 * 12 + 12 + 12
+    assert bytes_per_element(parse_compress("topk:0.01"), "leader", 4) == 0.0  # not priced
+    assert bytes_per_element(int8, "collective", 1) == 0.0
+    per_element = 59 + 2 * 39 + 59 + 39
+    assert codec_work_s(int8, "leader", 2, 1e6, 1e10) == pytest.approx(1e6 * per_element / 1e10)
+    with pytest.raises(ValueError, match="memory bandwidth must be > 0"):
+        codec_work_s(int8, "leader", 2, 1e6, 0.0)
+
+
+@pytest.mark.parametrize("via", ["collective", "leader"])
+def test_the_estimate_adds_the_codecs_passes_to_the_exchange(
+    one_node: Callable[[int], ClusterSpec], via: str
+) -> None:
+    """Every step's int8 exchange (exposed whole) is the exchange of the int8 payload plus the
+    codec's passes over the stage's fp32 update at the device's memory bandwidth."""
+    cluster = one_node(4)
+    model = resolve_model("gpt3-350m").model_copy(update={"dtype": "bf16"})
+    job = JobSpec.model_validate(
+        {"global_batch": 8, "dp": 4, "sync": {"compress": "int8", "via": via}}
+    )
+    est = estimate_iteration(cluster, model, job)
+    layers = build_layer_costs(model, job)
+    int8 = parse_compress("int8")
+    payload, _ = stage_payload(layers, 2, int8)
+    comm = CommModel(Topology(cluster), DEFAULT_CALIBRATION)
+    wire = exchange(comm, [(0, 1, 2, 3)], payload, int8, job.allreduce, via).time_s
+    device = cluster.device_types["g"]
+    bandwidth = device.memory_bw_gbyte_s * 1e9
+    bandwidth *= DEFAULT_CALIBRATION.for_device(device).memory_efficiency
+    elements = sum(lc.params_per_device for lc in layers)
+    work = codec_work_s(int8, via, 4, elements, bandwidth)
+    if via == "leader":  # and the leader's mean
+        from dmsc.netmodel.leader_work import leader_work_s
+
+        work += leader_work_s("mean", 4, elements, bandwidth)
+    assert est.breakdown_s["dp_comm"] == pytest.approx(wire + work, rel=1e-9)
+    assert work > 0
