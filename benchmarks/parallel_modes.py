@@ -22,6 +22,9 @@ slowest stage, the one whose backward ended last (``measured_s`` and ``measured_
 exposure without the wait for the others), beside the slowest worker's (``slowest_s``); the
 expert-parallel all-to-alls the same way (the worker that reached them last waited only for the
 exchange).
+A dp = 2 run with every step's gradient through the int8 ring (``dp2-int8``, ``dmsc train
+--compress int8``) sets the codec's exchange against its price: exposed whole, its
+quantisation's passes included (:mod:`dmsc.netmodel.codec_work`).
 Besides the data-parallel runs, a tp = 2 run
 and a pp = 2 run (two micro-batches) measure the other modes, and moe-mini (a Mixtral-style
 mixture) runs at dp = 2 with its experts shared out over ep = 2, and at tp = 2 x ep = 2 (four
@@ -68,6 +71,7 @@ from dmsc.runtime.compute.calibrate import calibrate
 from dmsc.runtime.compute.models.chain import build_stage, loss_fn
 from dmsc.runtime.compute.worker import WorkerConfig
 from dmsc.runtime.control.launch.deployment import Deployment, StageLayout
+from dmsc.runtime.transport.messages import SyncSettings
 from dmsc.spec import ClusterSpec, JobSpec, SyncSpec, TransformerSpec, load_spec, resolve_model
 
 WHOLE = [("embedding", "head")]
@@ -142,6 +146,7 @@ def predicted(
     micro: int,
     ep: int = 1,
     star: bool = False,
+    compress: str = "none",
 ) -> dict[str, Any]:
     """The cost model on the run's layout on ``cluster`` (its ring all-reduce, or with ``star``
     the leader's: ``sync.via`` leader): its breakdown, and each mode's calls and bytes per
@@ -154,7 +159,7 @@ def predicted(
         dp=dp,
         ep=ep,
         allreduce="ring",
-        sync=SyncSpec(via="leader" if star else "collective"),
+        sync=SyncSpec(via="leader" if star else "collective", compress=compress),
     )
     prediction = plan_job(cluster, spec, job, fixed=True).plan.prediction
     stages = assign_stage_layers(build_layer_costs(spec, job), job)
@@ -190,14 +195,21 @@ def per_worker(comm: list[dict[Any, dict[str, dict[str, float]]]]) -> dict[str, 
 
 
 def dmsc_run(
-    layout: StageLayout, star: bool, steps: int, micro: int, pred: dict[str, Any]
+    layout: StageLayout,
+    star: bool,
+    steps: int,
+    micro: int,
+    pred: dict[str, Any],
+    compress: str = "none",
 ) -> dict[str, Any]:
     corpus = _corpus(layout.model)
     kind = StarDeployment if star else Deployment
     times, links, losses, traces, comm = [], [], [], [], []
     with kind(layout) as dep:
         for s in range(steps):
-            out = dep.train_step(s, *corpus.batch(s, BATCH), micro, "1f1b")
+            # a codec's every step: the whole gradient encoded and exchanged after the backward
+            sync = SyncSettings(compress=compress) if compress != "none" else None
+            out = dep.train_step(s, *corpus.batch(s, BATCH), micro, "1f1b", sync=sync)
             times.append(out["step_s"])
             links.append(busiest_link({k: v[1] for k, v in out["traces"].items()}))
             losses.append(out["loss"])
@@ -296,6 +308,9 @@ def main() -> None:
             name = f"dp{dp}-" + ("star" if star else "ring") if dp > 1 else "dp1"
             layout = StageLayout(spec, WHOLE, replicas=dp)
             runs[name] = ("gpt-mini", layout, star, 1, (1, 1, dp, 1))
+    # every step's int8 exchange (the int8 ring, exposed whole, its codec's passes priced)
+    codecs = {"dp2-int8": "int8"}
+    runs["dp2-int8"] = ("gpt-mini", StageLayout(spec, WHOLE, replicas=2), False, 1, (1, 1, 2, 1))
     runs["tp2"] = ("gpt-mini", StageLayout(spec, WHOLE, tp=2), False, 1, (2, 1, 1, 1))
     runs["pp2"] = ("gpt-mini", StageLayout(spec, TWO), False, 2, (1, 2, 1, 2))
     runs["moe-ep2"] = (
@@ -318,8 +333,11 @@ def main() -> None:
     rows: dict[str, Any] = {}
     for name, (model, layout, star, micro, shape) in runs.items():
         if name in only:
-            pred = predicted(cluster, layout.model, *shape, star=star)
-            rows[name] = {"model": model} | dmsc_run(layout, star, args.steps, micro, pred)
+            codec = codecs.get(name, "none")
+            pred = predicted(cluster, layout.model, *shape, star=star, compress=codec)
+            rows[name] = {"model": model, "compress": codec} | dmsc_run(
+                layout, star, args.steps, micro, pred, codec
+            )
     ddp = ddp_step_s(2, args.steps) if "dp2-ring" in rows else None
     out: dict[str, Any] = {
         "command": "python benchmarks/parallel_modes.py --json",
