@@ -11,7 +11,13 @@ from typing import Any
 
 import pytest
 
-from dmsc.netmodel import DEFAULT_CALIBRATION, CommModel, estimate_iteration
+from dmsc.netmodel import (
+    DEFAULT_CALIBRATION,
+    CommModel,
+    Topology,
+    build_layer_costs,
+    estimate_iteration,
+)
 from dmsc.netmodel.sync import exposed_s
 from dmsc.planner.island_exchange import exchange_cost, exchange_payloads
 from dmsc.planner.islands import island_job, place_islands
@@ -221,3 +227,29 @@ def test_the_choice_of_datacenters_equals_brute_force(local_cpu: ClusterSpec, se
     placed = place_islands(cluster, GPT, job, lambda p: run_solver("milp", p), "milp", optimizer)
     assert placed.result.optimal
     assert placed.iteration_s == pytest.approx(reference, rel=1e-9)
+
+
+def test_the_islands_exchange_prices_the_codecs_passes_as_the_estimate_does(
+    local_cpu: ClusterSpec,
+) -> None:
+    """A round's exchange between islands carries the codec's passes over each replica's fp32
+    update (and, through the leader, its rule's), as ``estimate_iteration`` prices them: the
+    island plan's int8 exchange is the wire's time plus ``sync.work_s`` of the stage's
+    parameters (before, the islands priced the wire alone)."""
+    from dmsc.netmodel.sync import exchange, work_s
+
+    job = _job(sync={"mode": "diloco", "inner_steps": 10, "compress": "int8"})
+    payloads = exchange_payloads(GPT, job)
+    params = sum(lc.params_per_device for lc in build_layer_costs(GPT, job))
+    assert payloads.dense_elements == params
+    topo = Topology(local_cpu)
+    comm = CommModel(topo, DEFAULT_CALIBRATION)
+    replicas = [((0,),), ((1,),)]  # one device of each of two datacenters
+    cost = exchange_cost(comm, job, replicas, payloads)
+    int8 = job.sync.compression
+    wire = exchange(comm, [(0, 1)], payloads.dense, int8, job.allreduce, "collective").time_s
+    device = topo.device_type(0)
+    memory = device.memory_bw_gbyte_s * 1e9
+    memory *= DEFAULT_CALIBRATION.for_device(device).memory_efficiency
+    work = work_s(job.sync, 2, payloads.dense_elements, memory)
+    assert work > 0 and cost.time_s == pytest.approx(wire + work, rel=1e-12)

@@ -15,13 +15,11 @@ from __future__ import annotations
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field
 
-from dmsc.netmodel.codec_work import codec_work_s
 from dmsc.netmodel.comm import ZERO_COST, CommCost, CommModel
 from dmsc.netmodel.compute import DtypeUnsupported, LayerTime, layer_time, peak_flops
 from dmsc.netmodel.constants import DEFAULT_CALIBRATION, DTYPE_BYTES, Calibration
 from dmsc.netmodel.fit import DoesNotFit, check_fit, check_memory, stage_types
 from dmsc.netmodel.layers import LayerCost, build_layer_costs
-from dmsc.netmodel.leader_work import leader_work_s
 from dmsc.netmodel.memory import MemoryBreakdown, precision_bytes
 from dmsc.netmodel.parallel import Layout
 from dmsc.netmodel.stage_sums import RECOMPUTED, assign_stage_layers, columns, stage_cut
@@ -32,6 +30,7 @@ from dmsc.netmodel.sync import (
     exposed_s,
     stage_payload,
     vocab_matrix,
+    work_s,
 )
 from dmsc.netmodel.topology import Topology
 from dmsc.netmodel.tp_calls import sequence_edges, tp_allreduce_calls
@@ -366,22 +365,14 @@ def estimate_iteration(
         grad_dense = max(dense for dense, _ in payloads)
         groups = [g for s in range(p) for g in layout.dp_groups(s)]
 
-        def work_s(n: int, elements: float) -> float:
-            """Compute on an exchange's path besides the wire: the codec's passes over the
-            fp32 update (dmsc.netmodel.codec_work) and, through the leader, its rule's
-            (dmsc.netmodel.leader_work), at the memory bandwidth the optimizer is priced at."""
-            work = codec_work_s(codec, sync.via, n, elements, memory_bytes_s)
-            if sync.via == "leader":
-                work += leader_work_s(sync.aggregator, n, elements, memory_bytes_s)
-            return work
-
         if job.dp > 1:
             c = exchange(comm, groups, grad_dense, codec, job.allreduce, sync.via)
             dense = max(
                 sum(lc.params_per_device - lc.expert_params_per_device for lc in ms)
                 for ms in stage_layers
             )
-            dp_s = c.time_s + work_s(job.dp, dense)
+            # and the compute on its path: the codec's passes, the leader's rule (sync.work_s)
+            dp_s = c.time_s + work_s(sync, job.dp, dense, memory_bytes_s)
             account("dp", c, per_round)
             if job.zero >= 3:  # weights gathered for every forward and backward
                 ag = comm.collective("all_gather", groups, grad_dense)
@@ -392,7 +383,7 @@ def estimate_iteration(
             egroups = [g for s in range(p) for g in layout.expert_dp_groups(s)]
             c = exchange(comm, egroups, grad_expert, codec, job.allreduce, sync.via)
             experts = max(sum(lc.expert_params_per_device for lc in ms) for ms in stage_layers)
-            expert_s = c.time_s + work_s(job.dp // job.ep, experts)
+            expert_s = c.time_s + work_s(sync, job.dp // job.ep, experts, memory_bytes_s)
             dp_s += expert_s
             account("dp", c, per_round)
         window = crit.compute_s * 2 / 3  # the backward of the last micro-batch

@@ -59,9 +59,11 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
+from dmsc.netmodel.codec_work import codec_work_s
 from dmsc.netmodel.comm import CommCost, CommModel, Group
 from dmsc.netmodel.dp_buckets import stage_exposed_s
 from dmsc.netmodel.layers import LayerCost
+from dmsc.netmodel.leader_work import leader_work_s
 from dmsc.spec.sync import Compression, SyncSpec
 
 FP32 = 4.0  # bytes of an fp32 scale, index or PowerSGD factor element
@@ -150,6 +152,17 @@ def exchange(
         n = max((len(g) for g in groups), default=1)
         return comm.collective("all_gather", groups, payload * n)
     return comm.collective("all_reduce", groups, payload, algorithm)
+
+
+def work_s(sync: SyncSpec, n: int, elements: float, memory_bytes_s: float) -> float:
+    """Compute on an exchange's path besides the wire, among ``n`` replicas of ``elements``
+    fp32 elements an update at ``memory_bytes_s`` (the device's memory bandwidth times the
+    calibration's efficiency): the codec's passes (:mod:`dmsc.netmodel.codec_work`) and,
+    through the leader, its rule's (:mod:`dmsc.netmodel.leader_work`)."""
+    work = codec_work_s(sync.compression, sync.via, n, elements, memory_bytes_s)
+    if sync.via == "leader":
+        work += leader_work_s(sync.aggregator, n, elements, memory_bytes_s)
+    return work
 
 
 def exposed_s(round_s: float, sync: SyncSpec, overlap: bool, window_s: float) -> float:

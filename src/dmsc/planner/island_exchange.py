@@ -3,7 +3,8 @@ reserves.
 
 - **Its time is the cost model's** (:mod:`dmsc.netmodel.sync`): the collective over the
   replicas' own devices (a ring in data-parallel rank order, islands by datacenter), every stage
-  at once, its payload compressed as the job says, once per round, less what the inner steps hide
+  at once, its payload compressed as the job says, with the compute on its path (the codec's
+  passes, the leader's rule: ``work_s``), once per round, less what the inner steps hide
   (``exposed_s``): what ``estimate_iteration`` costs on its own rank layout, on the placed one.
 - **Its reservation is amortised per round.** Between each pair of datacenters its rings
   join, the fewest units (a level of the problem) whose rate carries what the ring's hops
@@ -25,7 +26,7 @@ from dataclasses import dataclass
 from dmsc.netmodel import DTYPE_BYTES, CommCost, CommModel, build_layer_costs
 from dmsc.netmodel.comm import Group
 from dmsc.netmodel.iteration import assign_stage_layers
-from dmsc.netmodel.sync import exchange, stage_payload, vocab_matrix
+from dmsc.netmodel.sync import exchange, stage_payload, vocab_matrix, work_s
 from dmsc.planner.placement.problem import (
     Infeasible,
     PathOption,
@@ -55,44 +56,65 @@ def ring(items: Sequence[int]) -> list[tuple[int, int]]:
     return [(items[i], items[(i + 1) % n]) for i in range(n)] if n > 1 else []
 
 
-def exchange_payloads(model: TransformerSpec | LayerListSpec, job: JobSpec) -> tuple[float, float]:
-    """Bytes (dense, expert) one device puts into a round's exchange: its stage's, the largest."""
+@dataclass(frozen=True)
+class Payloads:
+    """What one device puts into a round's exchange, its stage's, the largest: bytes on the
+    wire and fp32 elements of its update (what the codec and the leader work on), each for the
+    dense parameters and the experts'."""
+
+    dense: float
+    expert: float
+    dense_elements: float = 0.0
+    expert_elements: float = 0.0
+
+
+def exchange_payloads(model: TransformerSpec | LayerListSpec, job: JobSpec) -> Payloads:
+    """What one device puts into a round's exchange (:class:`Payloads`)."""
     layers = build_layer_costs(model, job)
     vocab = vocab_matrix(layers)
+    stages = assign_stage_layers(layers, job)
     per = [
-        stage_payload(ms, DTYPE_BYTES[model.dtype], job.sync.compression, vocab)
-        for ms in assign_stage_layers(layers, job)
+        stage_payload(ms, DTYPE_BYTES[model.dtype], job.sync.compression, vocab) for ms in stages
     ]
-    return max(d for d, _ in per), max(e for _, e in per)
+    experts = [sum(lc.expert_params_per_device for lc in ms) for ms in stages]
+    dense = [sum(lc.params_per_device for lc in ms) for ms in stages]
+    dense = [whole - expert for whole, expert in zip(dense, experts, strict=True)]
+    return Payloads(max(d for d, _ in per), max(e for _, e in per), max(dense), max(experts))
 
 
 def _groups(
-    replicas: Sequence[Replica], job: JobSpec, payloads: tuple[float, float]
-) -> list[tuple[list[Group], float]]:
-    """The exchange's groups and what each rank puts in: every stage's tensor-parallel ranks
-    over all replicas (dense), and the replicas of the same experts (one per island)."""
+    replicas: Sequence[Replica], job: JobSpec, payloads: Payloads
+) -> list[tuple[list[Group], float, float]]:
+    """The exchange's groups and what each rank puts in (bytes, elements): every stage's
+    tensor-parallel ranks over all replicas (dense), and the replicas of the same experts (one
+    per island)."""
     dense = [tuple(rep[s][t] for rep in replicas) for s in range(job.pp) for t in range(job.tp)]
-    out = [(dense, payloads[0])]
-    if payloads[1] and job.dp // job.ep > 1:
+    out = [(dense, payloads.dense, payloads.dense_elements)]
+    if payloads.expert and job.dp // job.ep > 1:
         expert = [
             tuple(rep[s][t] for rep in replicas[i :: job.ep])
             for s in range(job.pp)
             for t in range(job.tp)
             for i in range(job.ep)
         ]
-        out.append((expert, payloads[1]))
+        out.append((expert, payloads.expert, payloads.expert_elements))
     return out
 
 
 def exchange_cost(
-    comm: CommModel, job: JobSpec, replicas: Sequence[Replica], payloads: tuple[float, float]
+    comm: CommModel, job: JobSpec, replicas: Sequence[Replica], payloads: Payloads
 ) -> CommCost:
-    """One round's exchange between ``replicas`` (in data-parallel rank order)."""
+    """One round's exchange between ``replicas`` (in data-parallel rank order): its time with
+    the compute on its path (the codec's passes, the leader's rule: :func:`work_s`, at the
+    first device's memory bandwidth), as ``estimate_iteration`` prices it."""
     codec = job.sync.compression
     time_s, sent, links = 0.0, 0.0, dict[int, float]()
-    for groups, payload in _groups(replicas, job, payloads):
+    for groups, payload, elements in _groups(replicas, job, payloads):
         cost = exchange(comm, groups, payload, codec, job.allreduce, job.sync.via)
-        time_s, sent = time_s + cost.time_s, sent + cost.bytes_sent
+        device = comm.topo.device_type(groups[0][0])
+        memory = device.memory_bw_gbyte_s * 1e9 * comm.calib.for_device(device).memory_efficiency
+        work = work_s(job.sync, max(len(g) for g in groups), elements, memory)
+        time_s, sent = time_s + cost.time_s + work, sent + cost.bytes_sent
         for lid, nbytes in cost.link_bytes.items():
             links[lid] = links.get(lid, 0.0) + nbytes
     return CommCost(time_s, sent, links)
@@ -102,7 +124,7 @@ def exchange_rates(
     comm: CommModel,
     job: JobSpec,
     replicas: Sequence[Replica],
-    payloads: tuple[float, float],
+    payloads: Payloads,
     round_s: float,
 ) -> dict[tuple[int, int], float]:
     """Bytes per second that the exchange needs between each pair of datacenters its rings
@@ -110,7 +132,7 @@ def exchange_rates(
     A hop sends what its rank sends (the cost model's bytes over the ranks)."""
     topo, codec = comm.topo, job.sync.compression
     sent: dict[tuple[int, int], float] = {}
-    for groups, payload in _groups(replicas, job, payloads):
+    for groups, payload, _ in _groups(replicas, job, payloads):
         cost = exchange(comm, groups, payload, codec, job.allreduce, job.sync.via)
         per_hop = cost.bytes_sent / sum(len(g) for g in groups)
         for group in groups:

@@ -46,6 +46,7 @@ from dmsc.netmodel.sync import exposed_s
 from dmsc.netmodel.topology import Topology
 from dmsc.planner.island_exchange import (
     ExchangeRoute,
+    Payloads,
     Replica,
     exchange_cost,
     exchange_payloads,
@@ -145,7 +146,7 @@ def _breakdown(
     islands: Sequence[Island],
     comm: CommModel,
     job: JobSpec,
-    payloads: tuple[float, float],
+    payloads: Payloads,
     optimizer_s: float,
 ) -> dict[str, float]:
     """The iteration of ``islands``: the slowest one's pipeline, the exchange's exposed share
