@@ -12,9 +12,9 @@ memory efficiency, as the optimizer step is priced (:mod:`dmsc.netmodel.iteratio
 The median and the trimmed mean sort each element's ``n`` values with a sorting network
 (:func:`sorting_network`: Batcher's odd-even merge sort, ``n log2(n)^2 / 4`` compare-exchanges
 or fewer, each a ``torch.minimum`` and a ``torch.maximum`` of two rows) rather than
-``torch.sort`` along the replicas: on this project's CPU the network sorted 1M elements of 8
-replicas in 26 ms where ``torch.sort`` took 208 ms, the same values; its passes are memory-bound
-and so priced like the others.
+``torch.sort`` along the replicas: on this project's CPU the whole median of 8 replicas' 1M
+elements took 35 ms where ``torch.sort`` alone took 172 ms (``benchmarks/leader_work.py``), the
+same values; its passes are memory-bound and so priced like the others.
 
 Bytes an element, each operation reading its inputs and writing its output once (fp32 4 bytes,
 float64 8):

@@ -127,10 +127,11 @@ def _check_weights(weights: Sequence[float] | None, count: int) -> list[float] |
 
 def summed(parts: Sequence[torch.Tensor]) -> torch.Tensor:
     """The elementwise sum of ``parts``, each added in turn to a copy of the first, without
-    the ``n x E`` stack ``torch.stack(parts).sum(0)`` needs: 3 to 10 times faster for 2 to 16
-    vectors of 1M elements on this project's CPU, and the same sum but for the order of its
-    additions (``sum(0)`` pairs rows for short vectors; for 1M elements it added them in turn
-    too). The leader's mean is this over ``n`` (:mod:`dmsc.netmodel.leader_work` prices it)."""
+    the ``n x E`` stack ``torch.stack(parts).sum(0)`` needs: 2.4 to 14 times faster for 2 to 16
+    vectors of 1M elements in one measurement on this project's CPU, and the same sum but for
+    the order of its additions (``sum(0)`` pairs rows for short vectors; for 1M elements it
+    added them in turn too). The leader's mean is this over ``n``
+    (:mod:`dmsc.netmodel.leader_work` prices it)."""
     total = parts[0].clone()
     for part in parts[1:]:
         total.add_(part)
@@ -154,8 +155,9 @@ def _ranked(parts: Sequence[torch.Tensor]) -> list[torch.Tensor]:
     """The replicas' values sorted per coordinate, smallest first: row ``i`` holds every
     coordinate's ``i``-th smallest. By a sorting network of ``torch.minimum`` and
     ``torch.maximum`` over whole rows (:func:`dmsc.netmodel.leader_work.sorting_network`, as the
-    cost model prices it): measured 6 to 10 times faster than ``torch.sort`` along the replicas
-    (1M elements of 3 to 16 replicas on this project's CPU), the same values."""
+    cost model prices it): the median and the trimmed mean of 3 to 16 replicas' 1M elements
+    took 3.6 to 7.2 times less than ``torch.sort`` along the replicas alone on this project's
+    CPU (``benchmarks/results/leader_work_cpu.json``), the same values."""
     rows = list(torch.stack(list(parts)).unbind(0))  # a copy: the caller's rows stay as sent
     spare = torch.empty_like(rows[0])
     for i, j in sorting_network(len(rows)):
