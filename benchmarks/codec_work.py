@@ -16,12 +16,10 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
-import statistics
 from typing import Any
 
 import torch
-from leader_work import copy_bandwidth, timed
+from leader_work import copy_bandwidth, summary, timed
 
 from dmsc.netmodel.codec_work import DECODE, ENCODE
 from dmsc.runtime.compute.compression import make_codec
@@ -52,14 +50,7 @@ def measure(sizes: list[int], repeats: int) -> dict[str, Any]:
                 }
             )
     ratios = [r[k] for r in rows for k in ("encode_ratio", "decode_ratio")]
-    return {
-        "repeats": repeats,
-        "memory_gbyte_s": bandwidth / 1e9,
-        "rows": rows,
-        "ratio_range": [min(ratios), max(ratios)],
-        "ratio_median": statistics.median(ratios),
-        "load_average": list(os.getloadavg()),
-    }
+    return {"repeats": repeats, "memory_gbyte_s": bandwidth / 1e9} | summary(rows, ratios)
 
 
 def main() -> None:

@@ -78,11 +78,13 @@ def measure(elements: int, counts: list[int], repeats: int) -> dict[str, Any]:
                 sort = timed(lambda p=parts: torch.stack(p).sort(dim=0), repeats)
                 row |= {"torch_sort_ms": sort * 1e3, "network_speedup": sort / measured}
             rows.append(row)
-    ratios = [r["ratio"] for r in rows]
+    head = {"elements": elements, "repeats": repeats, "memory_gbyte_s": bandwidth / 1e9}
+    return head | summary(rows, [r["ratio"] for r in rows])
+
+
+def summary(rows: list[dict[str, Any]], ratios: list[float]) -> dict[str, Any]:
+    """The rows, the range and median of their measured-over-predicted ratios, the load."""
     return {
-        "elements": elements,
-        "repeats": repeats,
-        "memory_gbyte_s": bandwidth / 1e9,
         "rows": rows,
         "ratio_range": [min(ratios), max(ratios)],
         "ratio_median": statistics.median(ratios),

@@ -364,7 +364,6 @@ def estimate_iteration(
         dp_s = expert_s = 0.0
         grad_dense = max(dense for dense, _ in payloads)
         groups = [g for s in range(p) for g in layout.dp_groups(s)]
-
         if job.dp > 1:
             c = exchange(comm, groups, grad_dense, codec, job.allreduce, sync.via)
             dense = max(
