@@ -29,6 +29,7 @@ import torch
 
 from dmsc.netmodel.leader_work import leader_work_s
 from dmsc.runtime.compute.aggregators import aggregate, parse_aggregator, summed
+from dmsc.runtime.compute.host_memory import keep_freed_memory
 
 RULES = ("mean", "median", "trimmed-mean", "krum:1", "multi-krum:1")
 
@@ -59,6 +60,7 @@ def combine(rule: str, parts: list[torch.Tensor]) -> Callable[[], torch.Tensor]:
 
 def measure(elements: int, counts: list[int], repeats: int) -> dict[str, Any]:
     torch.set_num_threads(1)
+    keep_freed_memory()  # as a worker computes (dmsc.runtime.compute.host_memory)
     bandwidth = copy_bandwidth(repeats)
     rows: list[dict[str, Any]] = []
     for n in counts:

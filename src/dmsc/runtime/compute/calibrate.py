@@ -39,6 +39,7 @@ import yaml
 
 from dmsc.netmodel import DEFAULT_CALIBRATION
 from dmsc.runtime.compute.collective_calibration import measure_allreduce
+from dmsc.runtime.compute.host_memory import keep_freed_memory
 from dmsc.runtime.transport.rpc import Client, bytes_handler, serve
 from dmsc.spec import ClusterSpec, SpecError, load_spec
 
@@ -374,6 +375,7 @@ def calibrate(
     template = load_spec(ClusterSpec, template_path)
     if not Path(out_path).parent.is_dir():
         raise SpecError(str(out_path), "", f"directory {Path(out_path).parent} does not exist")
+    keep_freed_memory()  # the allocator a worker computes with (.host_memory)
     # A first pass warms up what a fresh process pays once (allocator, kernels, thread pools,
     # the CPU's clock); the figures come from the rounds after it.
     measure_matmul_flops()

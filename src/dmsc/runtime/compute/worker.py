@@ -33,7 +33,7 @@ from typing import Any
 
 import grpc
 
-from dmsc.runtime.compute import sealing
+from dmsc.runtime.compute import host_memory, sealing
 from dmsc.runtime.compute.config import WorkerConfig
 from dmsc.runtime.compute.server import StageWorker
 from dmsc.runtime.transport import processes, tls
@@ -73,6 +73,7 @@ def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description="dmsc stage worker")
     parser.add_argument("--config", required=True)
     args = parser.parse_args(argv)
+    host_memory.keep_freed_memory()  # before the server's threads: one heap, kept (its module)
     # Read by torch's CUDA caching allocator when it first allocates (no CUDA use before this):
     # segments that grow in place rather than leave gaps, which the cost model's memory check
     # assumes (dmsc.netmodel.memory.MemoryBreakdown.required).
