@@ -1,42 +1,78 @@
 """A codec's own passes over the update, measured against the cost model's figure.
 
 For each codec the cost model prices the compute of (``none`` as the leader's frames carry it,
-``bf16``, ``int8``) and each size, one fp32 update of ``--elements`` is encoded and the payload
-decoded as dmsc's runtime does (:mod:`dmsc.runtime.compute.compression`), in one thread, and
-timed (the median of ``--repeats``). The predictions are
+``bf16``, ``int8``, ``topk:0.01``) and each size, one fp32 update of ``--elements`` is encoded
+and the payload decoded as dmsc's runtime does (:mod:`dmsc.runtime.compute.compression`), in one
+thread, and timed (the median of ``--repeats``). The predictions are
 :data:`dmsc.netmodel.codec_work.ENCODE` and :data:`~dmsc.netmodel.codec_work.DECODE` bytes an
 element at this machine's memory bandwidth as ``dmsc calibrate`` measures it (a 64 MiB copy).
+Top-k's selection is also timed as it was before :mod:`dmsc.runtime.compute.top_select`
+(``torch.topk`` over every magnitude: ``topk_torch_ms``, and ``topk_speedup``, side by side).
+PowerSGD (``powersgd:4``, the update as ``1024``-column matrices) is one replica's three calls of
+an exchange (``start``, ``middle``, ``finish``, each handed its own factors back) against
+:data:`~dmsc.netmodel.codec_work.POWERSGD` bytes an element, in ``encode_ms``.
 
-Prints a table, or with --json one object: ``memory_gbyte_s``, and per codec and size
+Measured as a worker computes, its freed memory kept (:mod:`dmsc.runtime.compute.host_memory`);
+the same rows are also measured in a fresh process left with glibc's default allocator, side by
+side (``default_allocator``: its ratios, and each time with the defaults over the kept one's).
+
+Prints a table, or with --json one object: ``memory_gbyte_s``, per codec and size
 ``encode_ms`` / ``decode_ms`` measured and predicted and their ratios (measured over
-predicted).
+predicted), ``topk_speedup_range``, and ``default_allocator``.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import statistics
+import subprocess
+import sys
 from typing import Any
 
 import torch
 from leader_work import copy_bandwidth, summary, timed
 
-from dmsc.netmodel.codec_work import DECODE, ENCODE
-from dmsc.runtime.compute.compression import make_codec
+from dmsc.netmodel.codec_work import DECODE, ENCODE, POWERSGD
+from dmsc.runtime.compute.compression import PowerSGD, make_codec
+from dmsc.runtime.compute.host_memory import keep_freed_memory
+from dmsc.runtime.compute.top_select import top_indices
+
+FORMS = {"none": "none", "bf16": "bf16", "int8": "int8", "topk": "topk:0.01"}
 
 
-def measure(sizes: list[int], repeats: int) -> dict[str, Any]:
+def _powersgd(update: torch.Tensor, repeats: int, bandwidth: float) -> dict[str, Any]:
+    update = update[: update.numel() // 1024 * 1024]  # whole rows of 1024
+    elements = update.numel()
+    codec = PowerSGD([torch.Size([elements // 1024, 1024])], rank=4)
+
+    def exchange() -> None:  # one replica's part, the averages being its own factors
+        codec.finish(codec.middle(codec.start(update)))
+
+    took, predicted = timed(exchange, repeats), elements * POWERSGD / bandwidth
+    return {
+        "codec": "powersgd:4",
+        "elements": elements,
+        "encode_ms": took * 1e3,
+        "encode_predicted_ms": predicted * 1e3,
+        "encode_ratio": took / predicted,
+    }
+
+
+def measure(sizes: list[int], repeats: int, keep: bool = True) -> dict[str, Any]:
     torch.set_num_threads(1)
+    if keep:  # as a worker computes (dmsc.runtime.compute.host_memory)
+        keep_freed_memory()
     bandwidth = copy_bandwidth(repeats)
     rows: list[dict[str, Any]] = []
     for elements in sizes:
         update = torch.randn(elements, generator=torch.Generator().manual_seed(elements))
-        for form in ENCODE:
+        for kind, form in FORMS.items():
             codec = make_codec(form, elements)
             payload = codec.encode(update)
             enc = timed(lambda c=codec, x=update: c.encode(x), repeats)
             dec = timed(lambda c=codec, p=payload, n=elements: c.decode(p, n), repeats)
-            enc_p, dec_p = (elements * b / bandwidth for b in (ENCODE[form], DECODE[form]))
+            enc_p, dec_p = (elements * b / bandwidth for b in (ENCODE[kind], DECODE[kind]))
             rows.append(
                 {
                     "codec": form,
@@ -49,8 +85,46 @@ def measure(sizes: list[int], repeats: int) -> dict[str, Any]:
                     "decode_ratio": dec / dec_p,
                 }
             )
-    ratios = [r[k] for r in rows for k in ("encode_ratio", "decode_ratio")]
-    return {"repeats": repeats, "memory_gbyte_s": bandwidth / 1e9} | summary(rows, ratios)
+            if kind == "topk":  # the selection as it was: torch.topk over every magnitude
+                k = codec.k  # type: ignore[attr-defined]
+                old = timed(lambda x=update, k=k: torch.topk(x.abs(), k, sorted=False), repeats)
+                new = timed(lambda x=update, k=k: top_indices(x.abs(), k), repeats)
+                rows[-1] |= {"topk_torch_ms": old * 1e3, "topk_speedup": old / new}
+        rows.append(_powersgd(update, repeats, bandwidth))
+    ratios = [r[k] for r in rows for k in ("encode_ratio", "decode_ratio") if k in r]
+    gains = [r["topk_speedup"] for r in rows if "topk_speedup" in r]
+    return {
+        "repeats": repeats,
+        "memory_gbyte_s": bandwidth / 1e9,
+        "topk_speedup_range": [min(gains), max(gains)],
+    } | summary(rows, ratios)
+
+
+def with_default_allocator(sizes: list[int], repeats: int) -> dict[str, Any]:
+    """The same measurement in a fresh process left with glibc's defaults (the allocator's
+    parameters cannot be put back in this one): medians of its ratios, and each row's time
+    with the defaults over its time with freed memory kept."""
+    argv = [sys.executable, __file__, "--json", "--default-allocator"]
+    argv += ["--sizes", ",".join(map(str, sizes)), "--repeats", str(repeats)]
+    done = subprocess.run(argv, capture_output=True, text=True, check=True)
+    res: dict[str, Any] = json.loads(done.stdout)
+    return res
+
+
+def _compare(kept: dict[str, Any], default: dict[str, Any]) -> dict[str, Any]:
+    slower = [
+        d[f"{side}_ms"] / k[f"{side}_ms"]
+        for k, d in zip(kept["rows"], default["rows"], strict=True)
+        for side in ("encode", "decode")
+        if f"{side}_ms" in k
+    ]
+    return {
+        "ratio_median": default["ratio_median"],
+        "ratio_range": default["ratio_range"],
+        "rows": default["rows"],
+        "slower_range": [min(slower), max(slower)],
+        "slower_median": statistics.median(slower),
+    }
 
 
 def main() -> None:
@@ -58,22 +132,40 @@ def main() -> None:
     parser.add_argument("--json", action="store_true")
     parser.add_argument("--sizes", default="1000000,4000000", help="Elements, comma-separated.")
     parser.add_argument("--repeats", type=int, default=7)
+    parser.add_argument("--default-allocator", action="store_true", help=argparse.SUPPRESS)
     args = parser.parse_args()
-    res = measure([int(s) for s in args.sizes.split(",")], args.repeats)
+    sizes = [int(s) for s in args.sizes.split(",")]
+    res = measure(sizes, args.repeats, keep=not args.default_allocator)
+    if not args.default_allocator:
+        res["default_allocator"] = _compare(res, with_default_allocator(sizes, args.repeats))
     if args.json:
         print(json.dumps(res))
         return
     print(f"1 thread; memory {res['memory_gbyte_s']:.1f} GB/s (a 64 MiB copy)")
-    print(f"{'codec':>5} {'elements':>9} | {'encode':>8} {'pred':>8} {'ratio':>5} | "
+    print(f"{'codec':>10} {'elements':>9} | {'encode':>8} {'pred':>8} {'ratio':>5} | "
           f"{'decode':>8} {'pred':>8} {'ratio':>5}")  # fmt: skip
     for r in res["rows"]:
-        print(
-            f"{r['codec']:>5} {r['elements']:>9} | {r['encode_ms']:5.2f} ms "
-            f"{r['encode_predicted_ms']:5.2f} ms {r['encode_ratio']:5.2f} | "
+        decode = (
             f"{r['decode_ms']:5.2f} ms {r['decode_predicted_ms']:5.2f} ms {r['decode_ratio']:5.2f}"
+            if "decode_ms" in r
+            else "(the exchange's three calls, in encode)"
         )
+        print(
+            f"{r['codec']:>10} {r['elements']:>9} | {r['encode_ms']:5.2f} ms "
+            f"{r['encode_predicted_ms']:5.2f} ms {r['encode_ratio']:5.2f} | {decode}"
+        )
+        if "topk_torch_ms" in r:
+            old, gain = r["topk_torch_ms"], r["topk_speedup"]
+            print(f"{'':>20} | the selection by torch.topk over all: {old:.2f} ms, {gain:.1f}x")
     lo, hi = res["ratio_range"]
     print(f"measured over predicted: {lo:.2f}-{hi:.2f} (median {res['ratio_median']:.2f})")
+    d = res.get("default_allocator")
+    if d:
+        (lo, hi), (s_lo, s_hi) = d["ratio_range"], d["slower_range"]
+        print(f"with glibc's default allocator (a fresh process): measured over predicted "
+              f"{lo:.2f}-{hi:.2f} (median {d['ratio_median']:.2f}); each time "
+              f"{s_lo:.2f}-{s_hi:.2f}x the kept memory's "
+              f"(median {d['slower_median']:.2f})")  # fmt: skip
 
 
 if __name__ == "__main__":

@@ -13,7 +13,7 @@ from dmsc.netmodel import CommModel, Topology, estimate_iteration
 from dmsc.netmodel.codec_work import bytes_per_element, codec_work_s
 from dmsc.netmodel.constants import DEFAULT_CALIBRATION
 from dmsc.netmodel.layers import build_layer_costs
-from dmsc.netmodel.sync import exchange, stage_payload
+from dmsc.netmodel.sync import exchange, stage_payload, vocab_matrix
 from dmsc.spec import ClusterSpec, JobSpec, parse_compress, resolve_model
 
 
@@ -28,7 +28,14 @@ def test_bytes_an_element_counted_from_the_runtimes_codecs() -> None:
     # through the leader: a replica's encode, the leader's 4 decodes and its encode, a decode
     assert bytes_per_element(int8, "leader", 4) == 59 + 4 * 39 + 59 + 39
     assert bytes_per_element(none, "leader", 2) == 12 + 2 * 12 + 12 + 12
-    assert bytes_per_element(parse_compress("topk:0.01"), "leader", 4) == 0.0  # not priced
+    # top-k: the selection's passes, the leader's 4 payloads into zeroed vectors, its answer
+    # sparse; by collective (all-gathered) every member decodes the 4 and takes their mean
+    topk = parse_compress("topk:0.01")
+    assert bytes_per_element(topk, "leader", 4) == 31 + 4 * 4 + 12 + 4
+    assert bytes_per_element(topk, "collective", 4) == 31 + 4 * 4 + (12 * 4 + 4)
+    # PowerSGD: a replica's passes, whichever way the factors are averaged
+    for via in ("leader", "collective"):
+        assert bytes_per_element(parse_compress("powersgd:4"), via, 4) == 64.0
     assert bytes_per_element(int8, "collective", 1) == 0.0
     per_element = 59 + 2 * 39 + 59 + 39
     assert codec_work_s(int8, "leader", 2, 1e6, 1e10) == pytest.approx(1e6 * per_element / 1e10)
@@ -36,29 +43,31 @@ def test_bytes_an_element_counted_from_the_runtimes_codecs() -> None:
         codec_work_s(int8, "leader", 2, 1e6, 0.0)
 
 
+@pytest.mark.parametrize("form", ["int8", "topk:0.01", "powersgd:4"])
 @pytest.mark.parametrize("via", ["collective", "leader"])
 def test_the_estimate_adds_the_codecs_passes_to_the_exchange(
-    one_node: Callable[[int], ClusterSpec], via: str
+    one_node: Callable[[int], ClusterSpec], via: str, form: str
 ) -> None:
-    """Every step's int8 exchange (exposed whole) is the exchange of the int8 payload plus the
-    codec's passes over the stage's fp32 update at the device's memory bandwidth."""
+    """Every step's compressed exchange (exposed whole) is the exchange of the payload plus the
+    codec's passes over the stage's fp32 update at the device's memory bandwidth (and through
+    the leader its mean, but for PowerSGD's, whose leader averages the small factors)."""
     cluster = one_node(4)
     model = resolve_model("gpt3-350m").model_copy(update={"dtype": "bf16"})
     job = JobSpec.model_validate(
-        {"global_batch": 8, "dp": 4, "sync": {"compress": "int8", "via": via}}
+        {"global_batch": 8, "dp": 4, "sync": {"compress": form, "via": via}}
     )
     est = estimate_iteration(cluster, model, job)
     layers = build_layer_costs(model, job)
-    int8 = parse_compress("int8")
-    payload, _ = stage_payload(layers, 2, int8)
+    codec = parse_compress(form)
+    payload, _ = stage_payload(layers, 2, codec, vocab_matrix(layers))
     comm = CommModel(Topology(cluster), DEFAULT_CALIBRATION)
-    wire = exchange(comm, [(0, 1, 2, 3)], payload, int8, job.allreduce, via).time_s
+    wire = exchange(comm, [(0, 1, 2, 3)], payload, codec, job.allreduce, via).time_s
     device = cluster.device_types["g"]
     bandwidth = device.memory_bw_gbyte_s * 1e9
     bandwidth *= DEFAULT_CALIBRATION.for_device(device).memory_efficiency
     elements = sum(lc.params_per_device for lc in layers)
-    work = codec_work_s(int8, via, 4, elements, bandwidth)
-    if via == "leader":  # and the leader's mean
+    work = codec_work_s(codec, via, 4, elements, bandwidth)
+    if via == "leader" and codec.kind != "powersgd":  # and the leader's mean
         from dmsc.netmodel.leader_work import leader_work_s
 
         work += leader_work_s("mean", 4, elements, bandwidth)

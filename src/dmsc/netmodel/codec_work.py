@@ -24,16 +24,38 @@ re-quantises at every hop (:mod:`dmsc.runtime.compute.int8_ring`): each member, 
 encodes and decodes its own sum once, and decodes each of the ``n - 1`` chunks it is handed
 into place (``8`` more each).
 
-Not priced: ``topk`` (its selection and scatter) and PowerSGD (its products and
-orthogonalisation), whose work is compute, not memory, bound.
+``topk:F`` encodes in ``31`` (the check; the residual added, ``12``; the magnitudes, ``8``;
+their comparison with the sampled threshold, ``5``; the candidates' positions, ``2``:
+:mod:`dmsc.runtime.compute.top_select`, whose narrowed selection is passes over memory where
+``torch.topk`` over everything was 12-23 ns an element on this project's CPU); a payload decodes
+into a zeroed vector (``4``). The leader's answer goes back ``sparse``: encoded in ``12`` (the
+check, the nonzero entries found), decoded in ``4``. By collective (an all-gather) each member
+decodes every member's payload and averages them itself (the mean's ``12n + 4``,
+:mod:`.leader_work`). The work on the kept entries and the candidates (a ``torch.topk`` among
+``1.5 k``, the indices' sort, the gathers) is left out: ``k`` is at most a tenth of the update.
+
+PowerSGD (rank ``r``) costs every replica ``64`` an element, through the leader or not: the
+error added (``12``, after the check's ``4``), ``M`` read by each of the four products (``M Q``,
+``M^T P``, and in ``finish`` the approximation and the error's: ``16``, their outputs ``8``), the
+answer copied into place (``8``), the error's zeroed buffer, subtraction and copy (``24``). Its
+products do ``2 r`` FLOPs for each 4 bytes of ``M`` they read: below a rank of twice the device's
+FLOP-per-byte balance (about 3 on this CPU, 18 on an H100) they wait on memory, and ranks of 1
+to 8 are what PowerSGD is used with. Left out: each matrix's QR (of ``rows x r``) and the
+kernels' launch overheads (about a dozen a matrix).
+
+Not priced: central differential privacy's noise and secure aggregation's masks
+(:mod:`.leader_work`).
 """
 
 from __future__ import annotations
 
+from dmsc.netmodel.leader_work import bytes_per_element as rule_bytes
 from dmsc.spec.sync_forms import Compression
 
-ENCODE = {"none": 12.0, "bf16": 10.0, "int8": 59.0}
-DECODE = {"none": 12.0, "bf16": 10.0, "int8": 39.0}
+ENCODE = {"none": 12.0, "bf16": 10.0, "int8": 59.0, "topk": 31.0}
+DECODE = {"none": 12.0, "bf16": 10.0, "int8": 39.0, "topk": 4.0}
+SPARSE_ENCODE, SPARSE_DECODE = 12.0, 4.0  # the leader's answer to top-k payloads
+POWERSGD = 64.0  # a replica's passes in one exchange, through the leader or by collective
 ADD, PLACE = 12.0, 8.0  # a chunk added to a partial sum; a decoded chunk copied into place
 CAST_AROUND_BF16 = 12.0  # fp32 -> bf16 before gloo's all-reduce, bf16 -> fp32 after
 
@@ -41,17 +63,23 @@ CAST_AROUND_BF16 = 12.0  # fp32 -> bf16 before gloo's all-reduce, bf16 -> fp32 a
 def bytes_per_element(c: Compression, via: str, n: int) -> float:
     """Bytes the codec ``c`` reads and writes per element of the update on the path a replica
     waits on, in one exchange among ``n`` replicas ``via`` the collective or the leader
-    (module docstring); 0 for one replica and for the codecs not priced."""
-    if n < 2 or c.kind not in ENCODE:
+    (module docstring); 0 for one replica."""
+    if n < 2:
         return 0.0
+    if c.kind == "powersgd":
+        return POWERSGD
     enc, dec = ENCODE[c.kind], DECODE[c.kind]
     if via == "leader":
+        if c.kind == "topk":
+            return enc + n * dec + SPARSE_ENCODE + SPARSE_DECODE
         return enc + n * dec + enc + dec
     if c.kind == "bf16":
         return CAST_AROUND_BF16
     if c.kind == "int8":
         hops = n - 1
         return (hops * (enc + dec + ADD) + enc + dec + hops * (dec + PLACE)) / n
+    if c.kind == "topk":  # gathered, then decoded and averaged by every member
+        return enc + n * dec + rule_bytes("mean", n)
     return 0.0
 
 

@@ -35,10 +35,9 @@ float64 8):
   time (``8`` to start, ``20`` an update, ``12`` back to fp32).
 
 Not priced: central differential privacy's noise (a Gaussian draw an element, compute- not
-memory-bound) and secure aggregation's masks (each replica expands ``n - 1`` pairwise seeds);
-a codec's decoding at the leader is the codecs' compute, not priced either
-(:mod:`dmsc.netmodel.sync`). ``benchmarks/leader_work.py`` measures every rule on the machine
-against these figures.
+memory-bound) and secure aggregation's masks (each replica expands ``n - 1`` pairwise seeds).
+A codec's decoding at the leader is :mod:`dmsc.netmodel.codec_work`'s.
+``benchmarks/leader_work.py`` measures every rule on the machine against these figures.
 """
 
 from __future__ import annotations

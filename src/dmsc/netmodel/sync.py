@@ -160,7 +160,8 @@ def work_s(sync: SyncSpec, n: int, elements: float, memory_bytes_s: float) -> fl
     calibration's efficiency): the codec's passes (:mod:`dmsc.netmodel.codec_work`) and,
     through the leader, its rule's (:mod:`dmsc.netmodel.leader_work`)."""
     work = codec_work_s(sync.compression, sync.via, n, elements, memory_bytes_s)
-    if sync.via == "leader":
+    # PowerSGD's leader averages the low-rank factors only, a few hundredths of the update
+    if sync.via == "leader" and sync.compression.kind != "powersgd":
         work += leader_work_s(sync.aggregator, n, elements, memory_bytes_s)
     return work
 
