@@ -135,7 +135,9 @@ def do_calibrate(template: str | None, out: str | None, console: Console) -> dic
 
     from dmsc.cli.calibration_report import calibration_report
     from dmsc.runtime.compute.calibrate import calibrate
+    from dmsc.runtime.compute.host_memory import keep_freed_memory
 
+    keep_freed_memory()  # measured with the allocator a worker computes with
     src = Path(template) if template else LOCAL_CPU
     dst = Path(out) if out else calibrated_path()
     measured = calibrate(src, dst)

@@ -39,7 +39,6 @@ import yaml
 
 from dmsc.netmodel import DEFAULT_CALIBRATION
 from dmsc.runtime.compute.collective_calibration import measure_allreduce
-from dmsc.runtime.compute.host_memory import keep_freed_memory
 from dmsc.runtime.transport.rpc import Client, bytes_handler, serve
 from dmsc.spec import ClusterSpec, SpecError, load_spec
 
@@ -371,11 +370,13 @@ def calibrate(
     repeated figure with its ``_spread`` and ``_rounds``, and ``noisy`` (1.0 when a spread is
     above :data:`NOISY_SPREAD`).
 
-    ``out_path``'s directory must exist (checked before measuring; none is created)."""
+    ``out_path``'s directory must exist (checked before measuring; none is created). The
+    figures are a worker's where the calling process keeps freed memory as a worker does
+    (:func:`dmsc.runtime.compute.host_memory.keep_freed_memory`, which ``dmsc calibrate``
+    calls; a library call leaves the caller's allocator alone)."""
     template = load_spec(ClusterSpec, template_path)
     if not Path(out_path).parent.is_dir():
         raise SpecError(str(out_path), "", f"directory {Path(out_path).parent} does not exist")
-    keep_freed_memory()  # the allocator a worker computes with (.host_memory)
     # A first pass warms up what a fresh process pays once (allocator, kernels, thread pools,
     # the CPU's clock); the figures come from the rounds after it.
     measure_matmul_flops()
