@@ -54,6 +54,7 @@ def _faults(mode: str) -> dict[str, object]:
 @pytest.mark.skipif(platform.libc_ver()[0] != "glibc", reason="glibc's allocator only")
 def test_a_threads_temporaries_reuse_their_pages_once_memory_is_kept() -> None:
     default, kept = _faults("default"), _faults("keep")
+    assert default["kept"] is None
     assert kept["kept"] is True
     pages = (64 << 20) // 4096
     # glibc's defaults: every 64 MB tensor is mapped afresh and each of its pages faults in
@@ -62,6 +63,11 @@ def test_a_threads_temporaries_reuse_their_pages_once_memory_is_kept() -> None:
     assert all(f < 4 for f in kept["faults"][3:]), kept  # type: ignore[index]
 
 
-def test_elsewhere_than_glibc_nothing_is_set(monkeypatch: pytest.MonkeyPatch) -> None:
+def test_elsewhere_than_glibc_or_when_asked_nothing_is_set(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setenv("DMSC_ALLOCATOR", "default")
+    assert host_memory.keep_freed_memory() is False  # (this process's allocator left alone)
+    monkeypatch.delenv("DMSC_ALLOCATOR")
     monkeypatch.setattr(platform, "libc_ver", lambda: ("musl", "1.2"))
     assert host_memory.keep_freed_memory() is False

@@ -16,12 +16,17 @@ So every process that computes (a stage worker, ``dmsc calibrate``'s measurement
 memory at its top kept (``M_TRIM_THRESHOLD``). The price is memory: a process keeps its peak
 (less what it freed past :data:`KEEP_BYTES`) instead of shrinking between steps. PyTorch's CPU
 guides reach for jemalloc or tcmalloc for the same reason; glibc's own parameters need no
-library beyond the C one. Elsewhere than glibc nothing changes.
+library beyond the C one. Elsewhere than glibc nothing changes, nor where the environment says
+``DMSC_ALLOCATOR=default`` (the local launcher's workers have ``dmsc up``'s environment): memory
+handed back between steps, at the faults' price. Side by side
+(``benchmarks/parallel_modes.py --only dp2-ring --dp 2``, alternated 3 times) dmsc's dp = 2 step
+took 76.6-88.6 ms kept, 84.6-102.2 ms with the defaults, faster kept in each pair.
 """
 
 from __future__ import annotations
 
 import ctypes
+import os
 import platform
 
 M_TRIM_THRESHOLD, M_MMAP_THRESHOLD, M_ARENA_MAX = -1, -3, -8  # glibc's malloc.h
@@ -30,9 +35,9 @@ KEEP_BYTES = 1 << 30
 
 def keep_freed_memory() -> bool:
     """Set glibc's allocator to keep freed memory (module docstring); False where the C
-    library is not glibc or refused a parameter. Call it before the process starts threads:
-    a thread that already has its own heap keeps it."""
-    if platform.libc_ver()[0] != "glibc":
+    library is not glibc, ``DMSC_ALLOCATOR=default`` is set, or glibc refused a parameter.
+    Call it before the process starts threads: a thread that already has a heap keeps it."""
+    if platform.libc_ver()[0] != "glibc" or os.environ.get("DMSC_ALLOCATOR") == "default":
         return False
     try:
         mallopt = ctypes.CDLL(None).mallopt
