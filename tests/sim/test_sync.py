@@ -8,9 +8,9 @@ from pathlib import Path
 
 import pytest
 
-from dmsc.netmodel import build_layer_costs
+from dmsc.netmodel import DEFAULT_CALIBRATION, build_layer_costs
 from dmsc.netmodel.iteration import assign_stage_layers
-from dmsc.netmodel.sync import model_payload
+from dmsc.netmodel.sync import model_payload, work_s
 from dmsc.sim import SCHEDULERS, OpticalNetwork, build_profiles, load_scenario, run
 from dmsc.sim.profile import IslandProfile, JobProfile
 from dmsc.sim.scenario import JobTypeSpec, ScenarioSpec, with_sync
@@ -49,6 +49,31 @@ def test_islands_of_a_diloco_job(setup) -> None:  # type: ignore[no-untyped-def]
     payload = model_payload(stages, 2, parse_compress("int8"), jt.tp)
     assert islands.boundary_bytes == payload
     assert payload == pytest.approx(70.6e9 * (1 + 4 / 256), rel=0.01)  # the whole model, int8
+
+
+def test_an_island_exchange_carries_its_codecs_passes(setup) -> None:  # type: ignore[no-untyped-def]
+    """The round's exchange between islands adds the codec's passes over one device's update
+    (the largest stage's), as the estimate and the planner's island plans price them: int8's
+    ring among the 4 islands of llama3-70b's diloco:50; nothing for updates sent as they are."""
+    scenario, cluster = setup
+    jt = scenario.jobs[3]
+    sync = SyncSpec.model_validate({"mode": "diloco", "inner_steps": 50, "compress": "int8"})
+    p = _profile(setup, 3, sync.model_dump())
+    assert isinstance(p, IslandProfile)
+    model = resolve_model(jt.model)
+    job = JobSpec(global_batch=jt.global_batch, tp=jt.tp, pp=jt.pp, dp=jt.dp)
+    stages = assign_stage_layers(build_layer_costs(model, job), job)
+    elements = max(sum(lc.params_per_device for lc in ms) for ms in stages)
+    device = next(iter(cluster.device_types.values()))
+    memory = device.memory_bw_gbyte_s * 1e9
+    memory *= DEFAULT_CALIBRATION.for_device(device).memory_efficiency
+    assert p.work_s == pytest.approx(work_s(sync, 4, elements, memory)) and p.work_s > 0
+    slow = p.bottleneck_s + 1.0
+    assert p.iteration_s([slow], [0.002]) == pytest.approx(
+        p.step_s + (slow + 2 * 0.002 + p.work_s - p.bottleneck_s) / 50
+    )
+    plain = _profile(setup, 3, "diloco:50")
+    assert isinstance(plain, IslandProfile) and plain.work_s == 0.0
 
 
 def test_island_iteration_by_hand(setup) -> None:  # type: ignore[no-untyped-def]

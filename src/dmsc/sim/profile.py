@@ -27,7 +27,7 @@ from dataclasses import dataclass, fields
 from dmsc.netmodel import DEFAULT_CALIBRATION, DTYPE_BYTES, build_layer_costs
 from dmsc.netmodel.fabrics import dc_uplink
 from dmsc.netmodel.iteration import assign_stage_layers
-from dmsc.netmodel.sync import model_payload
+from dmsc.netmodel.sync import model_payload, work_s
 from dmsc.planner.placement.from_specs import stage_times_on
 from dmsc.sim.scenario import JobTypeSpec
 from dmsc.spec import ClusterSpec, JobSpec, resolve_model
@@ -113,7 +113,10 @@ class IslandProfile(JobProfile):
     - the exchange of a round runs while the next round computes (streaming DiLoCo): an
       iteration takes the island's pipeline time (``step_s``, every boundary inside its
       datacenter) plus the part of the slowest crossing (and the chain's propagation there and
-      back) that ``inner_steps`` iterations do not hide, spread over them;
+      back, and ``work_s``: the codec's passes over one device's update among the islands,
+      :func:`dmsc.netmodel.sync.work_s`, as ``dmsc estimate`` and the planner's island plans
+      price them) that ``inner_steps`` iterations do not hide, spread over them; slots are
+      reserved for the wire alone (``needed_gbit_s``);
     - so a crossing is communication-bound when it is slower than ``inner_steps x step_s`` and
       needs only the rate that moves a payload in that time: a DiLoCo job crossing datacenters
       needs far fewer slots than a pipeline does;
@@ -124,6 +127,7 @@ class IslandProfile(JobProfile):
     islands: int = 1
     inner_steps: int = 1
     step_s: float = 0.0
+    work_s: float = 0.0  # compute on the exchange's path: the codec's passes (module docstring)
 
     @property
     def bottleneck_s(self) -> float:
@@ -132,7 +136,7 @@ class IslandProfile(JobProfile):
     def iteration_s(self, transfer_s: Sequence[float], propagation_s: Sequence[float]) -> float:
         if not transfer_s:
             return self.step_s
-        exchange = max(transfer_s) + 2 * sum(propagation_s)
+        exchange = max(transfer_s) + 2 * sum(propagation_s) + self.work_s
         return self.step_s + max(0.0, exchange - self.bottleneck_s) / self.inner_steps
 
     @property
@@ -201,6 +205,10 @@ def build_profiles(cluster: ClusterSpec, jobs: Sequence[JobTypeSpec]) -> list[Jo
         codec = jt.sync.compression
         islands = math.gcd(jt.dp, jt.pp)
         payload = model_payload(stages, DTYPE_BYTES[model.dtype], codec, jt.tp)
+        device = cluster.device_types[cluster.node_types[node_type].device]
+        memory = device.memory_bw_gbyte_s * 1e9
+        memory *= DEFAULT_CALIBRATION.for_device(device).memory_efficiency
+        elements = max(sum(lc.params_per_device for lc in ms) for ms in stages)
         if codec.kind == "topk":
             payload *= max(1, islands - 1)
         base = {f.name: getattr(pipeline, f.name) for f in fields(JobProfile)}
@@ -211,6 +219,7 @@ def build_profiles(cluster: ClusterSpec, jobs: Sequence[JobTypeSpec]) -> list[Jo
                 islands=islands,
                 inner_steps=jt.sync.inner_steps,
                 step_s=pipeline.nominal_s,
+                work_s=work_s(jt.sync, islands, elements, memory),
             )
         )
     return out
