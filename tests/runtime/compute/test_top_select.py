@@ -75,5 +75,8 @@ def test_short_vectors_and_large_fractions_go_to_torch_topk() -> None:
     _check(torch.rand(1000), 10)
     _check(torch.rand(1 << 18), (1 << 18) // 2)
     assert top_indices(torch.rand(10), 0).numel() == 0
+    # off the CPU, torch.topk as it is (here the meta device: shapes only, no values to read)
+    assert top_indices(torch.empty(1 << 20, device="meta"), 1000).shape == (1000,)
+    assert not narrowed(1 << 20, 1000, "meta")
     with pytest.raises(ValueError, match="outside"):
         top_indices(torch.rand(10), 11)

@@ -19,8 +19,8 @@ threshold, but without giving up exactness:
 4. if fewer than ``k`` passed (the sample misjudged the tail), the threshold is placed again at
    twice the margin, and after :data:`TRIES` misses ``torch.topk`` runs over everything.
 
-Short vectors and large fractions go to ``torch.topk`` at once (:func:`narrowed`), where the
-narrowing cannot pay for its passes.
+Short vectors, large fractions and vectors off the CPU go to ``torch.topk`` at once
+(:func:`narrowed`), where the narrowing cannot pay for its passes.
 """
 
 from __future__ import annotations
@@ -36,9 +36,11 @@ MIN_ELEMENTS = 1 << 18  # below this torch.topk over the whole is about as fast
 MAX_FRACTION = 0.1  # above this share the candidates are too many to gain
 
 
-def narrowed(n: int, k: int) -> bool:
-    """Whether the selection of ``k`` of ``n`` goes through a sampled threshold."""
-    return n >= MIN_ELEMENTS and 0 < k <= MAX_FRACTION * n
+def narrowed(n: int, k: int, device: torch.device | str = "cpu") -> bool:
+    """Whether the selection of ``k`` of ``n`` on ``device`` goes through a sampled threshold:
+    on the CPU only, where it was measured (a GPU's ``torch.topk`` is a radix select, passes
+    over memory already, and the narrowing's ``nonzero`` waits for the device)."""
+    return torch.device(device).type == "cpu" and n >= MIN_ELEMENTS and 0 < k <= MAX_FRACTION * n
 
 
 def top_indices(magnitudes: torch.Tensor, k: int) -> torch.Tensor:
@@ -47,7 +49,7 @@ def top_indices(magnitudes: torch.Tensor, k: int) -> torch.Tensor:
     n = magnitudes.numel()
     if not 0 <= k <= n:
         raise ValueError(f"top_indices: k = {k} outside [0, {n}]")
-    if not narrowed(n, k):
+    if not narrowed(n, k, magnitudes.device):
         return torch.topk(magnitudes, k, sorted=False).indices
     sample = magnitudes[:: max(1, n // SAMPLE)]
     m, margin = sample.numel(), MARGIN
