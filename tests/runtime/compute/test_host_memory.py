@@ -51,10 +51,12 @@ def _faults(mode: str) -> dict[str, object]:
     return result
 
 
-@pytest.mark.skipif(platform.libc_ver()[0] != "glibc", reason="glibc's allocator only")
 def test_a_threads_temporaries_reuse_their_pages_once_memory_is_kept() -> None:
     default, kept = _faults("default"), _faults("keep")
     assert default["kept"] is None
+    if platform.libc_ver()[0] != "glibc":  # nothing to set: it says so, and that is all
+        assert kept["kept"] is False
+        return
     assert kept["kept"] is True
     pages = (64 << 20) // 4096
     # glibc's defaults: every 64 MB tensor is mapped afresh and each of its pages faults in
