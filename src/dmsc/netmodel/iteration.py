@@ -32,6 +32,7 @@ from dmsc.netmodel.sync import (
     vocab_matrix,
     work_s,
 )
+from dmsc.netmodel.sync import memory_bytes_s as device_memory_bytes_s
 from dmsc.netmodel.topology import Topology
 from dmsc.netmodel.tp_calls import sequence_edges, tp_allreduce_calls
 from dmsc.spec.cluster import ClusterSpec
@@ -352,7 +353,7 @@ def estimate_iteration(
         )
         dev = cluster.device_types[topo.devices[layout.first_device].type_name]
         step = precision_bytes(job.precision, dtype).step_traffic
-        memory_bytes_s = dev.memory_bw_gbyte_s * 1e9 * calib.for_device(dev).memory_efficiency
+        memory_bytes_s = device_memory_bytes_s(dev, calib)
         breakdown["optimizer"] = params_dev * step / memory_bytes_s
         # Gradient reduction over the data-parallel replicas (all stages at once), once per
         # round of the sync mode, its payload compressed (dmsc.netmodel.sync).

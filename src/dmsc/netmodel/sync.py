@@ -61,9 +61,11 @@ from collections.abc import Sequence
 
 from dmsc.netmodel.codec_work import codec_work_s
 from dmsc.netmodel.comm import CommCost, CommModel, Group
+from dmsc.netmodel.constants import Calibration
 from dmsc.netmodel.dp_buckets import stage_exposed_s
 from dmsc.netmodel.layers import LayerCost
 from dmsc.netmodel.leader_work import leader_work_s
+from dmsc.spec.cluster import DeviceTypeSpec
 from dmsc.spec.sync import Compression, SyncSpec
 
 FP32 = 4.0  # bytes of an fp32 scale, index or PowerSGD factor element
@@ -152,6 +154,12 @@ def exchange(
         n = max((len(g) for g in groups), default=1)
         return comm.collective("all_gather", groups, payload * n)
     return comm.collective("all_reduce", groups, payload, algorithm)
+
+
+def memory_bytes_s(device: DeviceTypeSpec, calib: Calibration) -> float:
+    """The memory bandwidth :func:`work_s` prices passes at: the device's peak times the
+    calibration's memory efficiency for it."""
+    return device.memory_bw_gbyte_s * 1e9 * calib.for_device(device).memory_efficiency
 
 
 def work_s(sync: SyncSpec, n: int, elements: float, memory_bytes_s: float) -> float:

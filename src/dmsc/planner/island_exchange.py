@@ -26,7 +26,7 @@ from dataclasses import dataclass
 from dmsc.netmodel import DTYPE_BYTES, CommCost, CommModel, build_layer_costs
 from dmsc.netmodel.comm import Group
 from dmsc.netmodel.iteration import assign_stage_layers
-from dmsc.netmodel.sync import exchange, stage_payload, vocab_matrix, work_s
+from dmsc.netmodel.sync import exchange, memory_bytes_s, stage_payload, vocab_matrix, work_s
 from dmsc.planner.placement.problem import (
     Infeasible,
     PathOption,
@@ -112,7 +112,7 @@ def exchange_cost(
     for groups, payload, elements in _groups(replicas, job, payloads):
         cost = exchange(comm, groups, payload, codec, job.allreduce, job.sync.via)
         device = comm.topo.device_type(groups[0][0])
-        memory = device.memory_bw_gbyte_s * 1e9 * comm.calib.for_device(device).memory_efficiency
+        memory = memory_bytes_s(device, comm.calib)
         work = work_s(job.sync, max(len(g) for g in groups), elements, memory)
         time_s, sent = time_s + cost.time_s + work, sent + cost.bytes_sent
         for lid, nbytes in cost.link_bytes.items():
