@@ -14,6 +14,7 @@ from dmsc.netmodel import build_layer_costs, estimate_iteration
 from dmsc.netmodel.layers import padded_vocab
 from dmsc.netmodel.sync import stage_payload, vocab_matrix
 from dmsc.spec import ClusterSpec, JobSpec, TransformerSpec, parse_compress, resolve_model
+from dmsc.spec.sync import SyncSpec
 
 # dp groups of 64 x tp 8 span two datacenters of NSFNET: the all-reduce crosses a thin link
 CROSSING = {"global_batch": 512, "tp": 8, "pp": 2, "dp": 64}
@@ -221,3 +222,73 @@ def test_a_compressed_every_step_exchange_is_exposed_whole(nsfnet: ClusterSpec) 
     plain_bare = estimate_iteration(nsfnet, model, _job(overlap_dp_comm=False, **job))
     assert plain.breakdown_s["dp_comm"] < plain_bare.breakdown_s["dp_comm"]
     assert bucketed(_job().sync, True) and not bucketed(_job().sync, False)
+
+
+def test_a_gpu_s_exchange_work_runs_on_its_host(one_node: Callable[[int], ClusterSpec]) -> None:
+    """The runtime's codecs and the leader's rules run on host tensors (the gradient copied
+    down from the GPU, the answer back): their passes go at the host's memory bandwidth, not
+    the device's, and the two copies at the host link's rate. Before, the estimate priced them
+    at the GPU's HBM bandwidth (2 TB/s here, about 100 times one host thread's) and left the
+    copies out; a spec's measured host figures changed nothing."""
+    from dmsc.netmodel.codec_work import bytes_per_element as codec_bytes
+    from dmsc.netmodel.constants import DEFAULT_CALIBRATION
+    from dmsc.netmodel.sync import HostSide, host_side, memory_bytes_s, work_s
+
+    gpu = one_node(4).device_types["g"]
+    assert gpu.runtime_device == "cpu"  # generic: the runtime computes on the CPU
+    cpu_side = host_side(gpu, DEFAULT_CALIBRATION)
+    assert cpu_side == HostSide(memory_bytes_s(gpu, DEFAULT_CALIBRATION), None)
+    cuda = gpu.model_copy(update={"accelerator": "cuda"})
+    assert host_side(cuda, DEFAULT_CALIBRATION) == HostSide(20e9, 27e9)  # the defaults
+    a100 = gpu.model_copy(update={"accelerator": "cuda", "generation": "a100"})
+    assert host_side(a100, DEFAULT_CALIBRATION) == HostSide(20e9, 27e9)
+    h100 = gpu.model_copy(update={"accelerator": "cuda", "generation": "h100"})
+    assert host_side(h100, DEFAULT_CALIBRATION) == HostSide(20e9, 54e9)
+    measured = cuda.model_copy(update={"host_memory_bw_gbyte_s": 12.5, "host_copy_gbyte_s": 9.0})
+    side = host_side(measured, DEFAULT_CALIBRATION)
+    assert side == HostSide(12.5e9, 9.0e9)
+
+    elements = 3e8
+    int8 = SyncSpec.model_validate({"compress": "int8"})
+    passes = elements * codec_bytes(int8.compression, "collective", 4)
+    assert work_s(int8, 4, elements, side) == pytest.approx(
+        passes / 12.5e9 + 2 * 4 * elements / 9.0e9, rel=1e-12
+    )
+    assert work_s(int8, 4, elements, cpu_side) == pytest.approx(
+        passes / cpu_side.memory_bytes_s, rel=1e-12
+    )
+    plain = SyncSpec()  # sent as it is, by collective: no work, no copy
+    assert work_s(plain, 4, elements, side) == 0.0
+    assert work_s(int8, 1, elements, side) == 0.0  # one replica exchanges nothing
+
+
+def test_the_estimate_prices_a_gpu_s_codec_on_its_measured_host(nsfnet: ClusterSpec) -> None:
+    """The spec's measured host figures reach the estimate: halving the host's memory
+    bandwidth adds the codec's passes once more, exactly; the plain all-reduce is unchanged."""
+    from dmsc.netmodel.codec_work import bytes_per_element as codec_bytes
+    from dmsc.netmodel.constants import DEFAULT_CALIBRATION
+    from dmsc.netmodel.sync import host_side
+
+    model = resolve_model("gpt3-6.7b")
+    job = {"global_batch": 64, "tp": 8, "pp": 1, "dp": 4}
+    name = next(iter(nsfnet.device_types))
+    device = nsfnet.device_types[name]
+    assert device.runtime_device == "cuda"
+
+    def with_host(gbyte_s: float) -> ClusterSpec:
+        data = nsfnet.model_dump(mode="json", exclude_none=True)
+        data["device_types"][name]["host_memory_bw_gbyte_s"] = gbyte_s
+        return ClusterSpec.model_validate(data)
+
+    fast, slow = with_host(20.0), with_host(10.0)
+    assert host_side(fast.device_types[name], DEFAULT_CALIBRATION).memory_bytes_s == 20e9
+    int8 = _job({"compress": "int8"}, **job)
+    a = estimate_iteration(fast, model, int8).breakdown_s["dp_comm"]
+    b = estimate_iteration(slow, model, int8).breakdown_s["dp_comm"]
+    elements = sum(lc.params_per_device for lc in build_layer_costs(model, int8))
+    passes = elements * codec_bytes(int8.sync.compression, "collective", 4)
+    assert b - a == pytest.approx(passes / 10e9 - passes / 20e9, rel=1e-9)
+    plain = _job(**job)
+    assert estimate_iteration(fast, model, plain).breakdown_s == (
+        estimate_iteration(slow, model, plain).breakdown_s
+    )

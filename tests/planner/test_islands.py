@@ -236,7 +236,7 @@ def test_the_islands_exchange_prices_the_codecs_passes_as_the_estimate_does(
     update (and, through the leader, its rule's), as ``estimate_iteration`` prices them: the
     island plan's int8 exchange is the wire's time plus ``sync.work_s`` of the stage's
     parameters (before, the islands priced the wire alone)."""
-    from dmsc.netmodel.sync import exchange, work_s
+    from dmsc.netmodel.sync import HostSide, exchange, work_s
 
     job = _job(sync={"mode": "diloco", "inner_steps": 10, "compress": "int8"})
     payloads = exchange_payloads(GPT, job)
@@ -251,5 +251,5 @@ def test_the_islands_exchange_prices_the_codecs_passes_as_the_estimate_does(
     device = topo.device_type(0)
     memory = device.memory_bw_gbyte_s * 1e9
     memory *= DEFAULT_CALIBRATION.for_device(device).memory_efficiency
-    work = work_s(job.sync, 2, payloads.dense_elements, memory)
+    work = work_s(job.sync, 2, payloads.dense_elements, HostSide(memory))  # a CPU: no copy
     assert work > 0 and cost.time_s == pytest.approx(wire + work, rel=1e-12)

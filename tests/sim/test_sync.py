@@ -10,7 +10,7 @@ import pytest
 
 from dmsc.netmodel import DEFAULT_CALIBRATION, build_layer_costs
 from dmsc.netmodel.iteration import assign_stage_layers
-from dmsc.netmodel.sync import model_payload, work_s
+from dmsc.netmodel.sync import HostSide, model_payload, work_s
 from dmsc.sim import SCHEDULERS, OpticalNetwork, build_profiles, load_scenario, run
 from dmsc.sim.profile import IslandProfile, JobProfile
 from dmsc.sim.scenario import JobTypeSpec, ScenarioSpec, with_sync
@@ -65,9 +65,10 @@ def test_an_island_exchange_carries_its_codecs_passes(setup) -> None:  # type: i
     stages = assign_stage_layers(build_layer_costs(model, job), job)
     elements = max(sum(lc.params_per_device for lc in ms) for ms in stages)
     device = next(iter(cluster.device_types.values()))
-    memory = device.memory_bw_gbyte_s * 1e9
-    memory *= DEFAULT_CALIBRATION.for_device(device).memory_efficiency
-    assert p.work_s == pytest.approx(work_s(sync, 4, elements, memory)) and p.work_s > 0
+    assert device.runtime_device == "cuda"  # the codec runs on the host: its memory, its link
+    dc = DEFAULT_CALIBRATION.for_device(device)
+    host = HostSide(dc.host_memory_bytes_s, dc.host_copy_bytes_s)
+    assert p.work_s == pytest.approx(work_s(sync, 4, elements, host)) and p.work_s > 0
     slow = p.bottleneck_s + 1.0
     assert p.iteration_s([slow], [0.002]) == pytest.approx(
         p.step_s + (slow + 2 * 0.002 + p.work_s - p.bottleneck_s) / 50

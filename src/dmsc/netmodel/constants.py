@@ -72,6 +72,18 @@ class DeviceCalibration:
     # Host time to issue one kernel (eager PyTorch's dispatch and launch), a floor under a
     # layer's time: 0 where not known (a device spec's measured ``host_op_us`` replaces it).
     host_op_s: float = 0.0
+    # The host side of a device the runtime computes on off the CPU (cuda): the runtime's
+    # data-parallel codecs and the leader's rules run on the host (the gradient copied down,
+    # the answer copied back), so their passes go at the host's memory bandwidth and the
+    # copies at the host link's rate. ``host_memory_bytes_s``: one worker thread's tensor copy
+    # (read + write; the workers run one thread, WorkerConfig.threads): 19-22 GB/s measured on
+    # this project's x86 server core (dmsc.runtime.compute.calibrate.measure_memory_bandwidth at
+    # one thread, 2026-12-03). ``host_copy_bytes_s``: a device-host copy one way; an H100's PCIe
+    # Gen5 x16 moved 53.6 GB/s down and 54.6 up (pinned; gpu_check_h100.json), and a PCIe Gen4
+    # x16 part half of it. A device spec's measured ``host_memory_bw_gbyte_s`` and
+    # ``host_copy_gbyte_s`` (dmsc calibrate --device cuda) replace both.
+    host_memory_bytes_s: float = 20e9
+    host_copy_bytes_s: float = 27e9
     # Output tile of a tensor-core GEMM for the wave quantization (NVIDIA GEMM guide: 256 x 128
     # is cuBLAS's most efficient tile on A100); None where the library's persistent kernels
     # balance tiles over the SMs (Hopper, Blackwell: cuBLAS times on an H200 follow no
@@ -161,6 +173,7 @@ H100 = DeviceCalibration(
     # gpu_h200.json).
     memory_efficiency=0.88,
     kernel_overhead_s=4e-6,
+    host_copy_bytes_s=54e9,  # PCIe Gen5 x16 (gpu_check_h100.json)
     framework_bytes=_GPU_FRAMEWORK,
     allocator_overhead=_GPU_FRAGMENTATION,
     sources="Megatron-Core, NeMo 24.07 and Llama 3 H100 fit; MAMF; FlashAttention-3 paper; "
@@ -201,6 +214,7 @@ B200 = DeviceCalibration(
     attention_efficiency=0.45,
     memory_efficiency=0.88,
     kernel_overhead_s=4e-6,
+    host_copy_bytes_s=54e9,  # PCIe Gen5 x16, as the H100's
     framework_bytes=_GPU_FRAMEWORK,
     allocator_overhead=_GPU_FRAGMENTATION,
     sources="MAMF (Bekman); NeMo 25.02 DGX-B200 FP8 fit; NVIDIA HGX B200 datasheet",
@@ -246,6 +260,16 @@ class Calibration:
     def for_device(self, device: DeviceTypeSpec) -> DeviceCalibration:
         """The constants of ``device``: its generation's, with what its spec measured on top."""
         base = self.generation(device.generation or "generic")
+        host = {
+            key: getattr(device, field) * 1e9
+            for key, field in (
+                ("host_memory_bytes_s", "host_memory_bw_gbyte_s"),
+                ("host_copy_bytes_s", "host_copy_gbyte_s"),
+            )
+            if getattr(device, field) is not None
+        }
+        if host:
+            base = replace(base, **host)
         m = device.measured
         if m is None:
             return base

@@ -28,6 +28,7 @@ from dmsc.netmodel.sync import (
     bucketed_exposed_s,
     exchange,
     exposed_s,
+    host_side,
     stage_payload,
     vocab_matrix,
     work_s,
@@ -355,6 +356,7 @@ def estimate_iteration(
         step = precision_bytes(job.precision, dtype).step_traffic
         memory_bytes_s = device_memory_bytes_s(dev, calib)
         breakdown["optimizer"] = params_dev * step / memory_bytes_s
+        host = host_side(dev, calib)  # where the exchange's codec and leader work runs
         # Gradient reduction over the data-parallel replicas (all stages at once), once per
         # round of the sync mode, its payload compressed (dmsc.netmodel.sync).
         sync = job.sync
@@ -372,7 +374,7 @@ def estimate_iteration(
                 for ms in stage_layers
             )
             # and the compute on its path: the codec's passes, the leader's rule (sync.work_s)
-            dp_s = c.time_s + work_s(sync, job.dp, dense, memory_bytes_s)
+            dp_s = c.time_s + work_s(sync, job.dp, dense, host)
             account("dp", c, per_round)
             if job.zero >= 3:  # weights gathered for every forward and backward
                 ag = comm.collective("all_gather", groups, grad_dense)
@@ -383,7 +385,7 @@ def estimate_iteration(
             egroups = [g for s in range(p) for g in layout.expert_dp_groups(s)]
             c = exchange(comm, egroups, grad_expert, codec, job.allreduce, sync.via)
             experts = max(sum(lc.expert_params_per_device for lc in ms) for ms in stage_layers)
-            expert_s = c.time_s + work_s(sync, job.dp // job.ep, experts, memory_bytes_s)
+            expert_s = c.time_s + work_s(sync, job.dp // job.ep, experts, host)
             dp_s += expert_s
             account("dp", c, per_round)
         window = crit.compute_s * 2 / 3  # the backward of the last micro-batch

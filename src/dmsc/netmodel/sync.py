@@ -47,17 +47,24 @@ The choices, for :func:`dmsc.netmodel.iteration.estimate_iteration` and the simu
   factor rounds as one payload, as for the collective.
 - **The leader's own work** on what it gathers (its rule's passes over the updates: a mean, a
   median, Krum's distances) is priced beside the star (:mod:`dmsc.netmodel.leader_work`).
-- **The codecs' passes** (int8's quantisation, bf16's casts) are priced beside the exchange
-  (:mod:`dmsc.netmodel.codec_work`).
-- **Not modelled**: central privacy's noise and secure aggregation's masks, the other codecs'
-  compute (top-k selection, PowerSGD's products), the outer optimizer's state (anchor weights
-  and momentum, kept in host memory as OpenDiLoCo does), and convergence (local steps may need
-  more iterations to the same loss).
+- **The codecs' passes** (int8's quantisation, bf16's casts, top-k's selection, PowerSGD's
+  products) are priced beside the exchange (:mod:`dmsc.netmodel.codec_work`).
+- **On the host**: the runtime runs the codecs and the leader's rules on host tensors (a
+  gradient on a GPU is copied down and the answer back up), so on a device it computes on off
+  the CPU (``cuda``) those passes go at the host's memory bandwidth, not the device's, and the
+  two copies of the update are priced at the host link's rate (:func:`host_side`). The plain
+  all-reduce (no codec, no leader) is priced as NCCL runs it on the devices, as the published
+  systems this model is checked against run it; dmsc's runtime all-reduces over gloo on host
+  copies (``dmsc.runtime.compute.dp_collective``), which this model does not price.
+- **Not modelled**: central privacy's noise and secure aggregation's masks, the outer
+  optimizer's state (anchor weights and momentum, kept in host memory as OpenDiLoCo does), and
+  convergence (local steps may need more iterations to the same loss).
 """
 
 from __future__ import annotations
 
 from collections.abc import Sequence
+from dataclasses import dataclass
 
 from dmsc.netmodel.codec_work import codec_work_s
 from dmsc.netmodel.comm import CommCost, CommModel, Group
@@ -157,20 +164,43 @@ def exchange(
 
 
 def memory_bytes_s(device: DeviceTypeSpec, calib: Calibration) -> float:
-    """The memory bandwidth :func:`work_s` prices passes at: the device's peak times the
-    calibration's memory efficiency for it."""
+    """The device's memory bandwidth as the cost model prices memory-bound work on it (the
+    optimizer's step): its peak times the calibration's memory efficiency for it."""
     return device.memory_bw_gbyte_s * 1e9 * calib.for_device(device).memory_efficiency
 
 
-def work_s(sync: SyncSpec, n: int, elements: float, memory_bytes_s: float) -> float:
+@dataclass(frozen=True)
+class HostSide:
+    """Where an exchange's own work runs (:func:`work_s`): the memory bandwidth of its passes
+    and, for a device the runtime computes on off the CPU, the rate of the copies between it
+    and the host (one way); ``None`` where the device is the host's CPU (no copy)."""
+
+    memory_bytes_s: float
+    copy_bytes_s: float | None = None
+
+
+def host_side(device: DeviceTypeSpec, calib: Calibration) -> HostSide:
+    """The host side of ``device`` (module docstring): a CPU device's own memory; a GPU's host
+    memory and host link, measured (the spec's ``host_memory_bw_gbyte_s`` and
+    ``host_copy_gbyte_s``) or the generation's defaults."""
+    if device.runtime_device == "cpu":
+        return HostSide(memory_bytes_s(device, calib))
+    dc = calib.for_device(device)
+    return HostSide(dc.host_memory_bytes_s, dc.host_copy_bytes_s)
+
+
+def work_s(sync: SyncSpec, n: int, elements: float, host: HostSide) -> float:
     """Compute on an exchange's path besides the wire, among ``n`` replicas of ``elements``
-    fp32 elements an update at ``memory_bytes_s`` (the device's memory bandwidth times the
-    calibration's efficiency): the codec's passes (:mod:`dmsc.netmodel.codec_work`) and,
-    through the leader, its rule's (:mod:`dmsc.netmodel.leader_work`)."""
-    work = codec_work_s(sync.compression, sync.via, n, elements, memory_bytes_s)
+    fp32 elements an update, on ``host`` (:func:`host_side`): the codec's passes
+    (:mod:`dmsc.netmodel.codec_work`) and, through the leader, its rule's
+    (:mod:`dmsc.netmodel.leader_work`), at the host's memory bandwidth; off a CPU, the update
+    copied to the host and the answer back."""
+    work = codec_work_s(sync.compression, sync.via, n, elements, host.memory_bytes_s)
     # PowerSGD's leader averages the low-rank factors only, a few hundredths of the update
     if sync.via == "leader" and sync.compression.kind != "powersgd":
-        work += leader_work_s(sync.aggregator, n, elements, memory_bytes_s)
+        work += leader_work_s(sync.aggregator, n, elements, host.memory_bytes_s)
+    if work > 0 and host.copy_bytes_s is not None:
+        work += 2 * FP32 * elements / host.copy_bytes_s
     return work
 
 

@@ -26,7 +26,7 @@ from dataclasses import dataclass
 from dmsc.netmodel import DTYPE_BYTES, CommCost, CommModel, build_layer_costs
 from dmsc.netmodel.comm import Group
 from dmsc.netmodel.iteration import assign_stage_layers
-from dmsc.netmodel.sync import exchange, memory_bytes_s, stage_payload, vocab_matrix, work_s
+from dmsc.netmodel.sync import exchange, host_side, stage_payload, vocab_matrix, work_s
 from dmsc.planner.placement.problem import (
     Infeasible,
     PathOption,
@@ -106,14 +106,14 @@ def exchange_cost(
 ) -> CommCost:
     """One round's exchange between ``replicas`` (in data-parallel rank order): its time with
     the compute on its path (the codec's passes, the leader's rule: :func:`work_s`, at the
-    first device's memory bandwidth), as ``estimate_iteration`` prices it."""
+    first device's host side: :func:`host_side`), as ``estimate_iteration`` prices it."""
     codec = job.sync.compression
     time_s, sent, links = 0.0, 0.0, dict[int, float]()
     for groups, payload, elements in _groups(replicas, job, payloads):
         cost = exchange(comm, groups, payload, codec, job.allreduce, job.sync.via)
         device = comm.topo.device_type(groups[0][0])
-        memory = memory_bytes_s(device, comm.calib)
-        work = work_s(job.sync, max(len(g) for g in groups), elements, memory)
+        host = host_side(device, comm.calib)
+        work = work_s(job.sync, max(len(g) for g in groups), elements, host)
         time_s, sent = time_s + cost.time_s + work, sent + cost.bytes_sent
         for lid, nbytes in cost.link_bytes.items():
             links[lid] = links.get(lid, 0.0) + nbytes

@@ -27,7 +27,7 @@ from dataclasses import dataclass, fields
 from dmsc.netmodel import DEFAULT_CALIBRATION, DTYPE_BYTES, build_layer_costs
 from dmsc.netmodel.fabrics import dc_uplink
 from dmsc.netmodel.iteration import assign_stage_layers
-from dmsc.netmodel.sync import memory_bytes_s, model_payload, work_s
+from dmsc.netmodel.sync import host_side, model_payload, work_s
 from dmsc.planner.placement.from_specs import stage_times_on
 from dmsc.sim.scenario import JobTypeSpec
 from dmsc.spec import ClusterSpec, JobSpec, resolve_model
@@ -206,7 +206,7 @@ def build_profiles(cluster: ClusterSpec, jobs: Sequence[JobTypeSpec]) -> list[Jo
         islands = math.gcd(jt.dp, jt.pp)
         payload = model_payload(stages, DTYPE_BYTES[model.dtype], codec, jt.tp)
         device = cluster.device_types[cluster.node_types[node_type].device]
-        memory = memory_bytes_s(device, DEFAULT_CALIBRATION)
+        host = host_side(device, DEFAULT_CALIBRATION)
         elements = max(sum(lc.params_per_device for lc in ms) for ms in stages)
         if codec.kind == "topk":
             payload *= max(1, islands - 1)
@@ -218,7 +218,7 @@ def build_profiles(cluster: ClusterSpec, jobs: Sequence[JobTypeSpec]) -> list[Jo
                 islands=islands,
                 inner_steps=jt.sync.inner_steps,
                 step_s=pipeline.nominal_s,
-                work_s=work_s(jt.sync, islands, elements, memory),
+                work_s=work_s(jt.sync, islands, elements, host),
             )
         )
     return out

@@ -107,6 +107,24 @@ class DeviceTypeSpec(_Spec):
             "measured by calibrate --device cuda."
         ),
     )
+    host_memory_bw_gbyte_s: PositiveFloat | None = Field(
+        default=None,
+        description=(
+            "For a device the runtime computes on off the CPU (cuda): the memory bandwidth one "
+            "worker thread reaches on its host, GB/s of a tensor copy (read + write), at which "
+            "the data-parallel codecs' and the leader's passes run (on the host); measured by "
+            "calibrate --device cuda. Unset: the cost model's default (20 GB/s)."
+        ),
+    )
+    host_copy_gbyte_s: PositiveFloat | None = Field(
+        default=None,
+        description=(
+            "For a device the runtime computes on off the CPU (cuda): GB/s of a copy between it "
+            "and its host's pageable memory, one way (the mean of the two), as the runtime "
+            "copies a gradient down for the codecs or the leader and the answer back; measured "
+            "by calibrate --device cuda. Unset: the generation's PCIe default."
+        ),
+    )
     measured: MeasuredEfficiency | None = Field(
         default=None, description="Efficiencies measured on this device (dmsc calibrate)."
     )

@@ -115,3 +115,39 @@ def test_shapes_of_equal_flops_make_one_point_of_a_valid_curve() -> None:
     ClusterSpec.model_validate(
         one_device_cluster("gpu", {**spec, "measured": {"source": "test", "gemm": {"bf16": curve}}})
     )
+
+
+def test_the_host_side_of_an_exchange_is_measured_into_the_spec() -> None:
+    """calibrate --device cuda measures what the runtime's host-side exchange work runs at: a
+    gradient's copy to the host and back, and one thread's host memory bandwidth; the spec
+    carries both and the cost model prices a GPU's codec passes with them
+    (tests/netmodel/test_sync.py). Here the same measurement on the CPU (a copy in memory
+    stands for the device's), checked against a copy timed here at one thread: the same
+    figure within this machine's noise."""
+    import time
+
+    import torch
+
+    from dmsc.runtime.compute.device_calibration import measure_host_side
+
+    side = measure_host_side(torch.device("cpu"), repeats=5, nbytes=16 * 1024 * 1024)
+    assert set(side) == {"copy_gbyte_s", "memory_gbyte_s"}
+    assert all(v > 0.1 for v in side.values())
+    src, dst = (
+        torch.empty(16 * 1024 * 1024, dtype=torch.uint8),
+        torch.empty(16 * 1024 * 1024, dtype=torch.uint8),
+    )
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        times = []
+        for _ in range(7):
+            t0 = time.perf_counter()
+            dst.copy_(src)
+            times.append(time.perf_counter() - t0)
+    finally:
+        torch.set_num_threads(threads)
+    reference = 2 * src.numel() / sorted(times)[3] / 1e9
+    assert 0.2 < side["memory_gbyte_s"] / reference < 5  # a shared 2-core machine: loose
+    got = measure_device("cpu", quick=True)  # a CPU is its own host: no such figures
+    assert "host_memory_bw_gbyte_s" not in got["spec"]

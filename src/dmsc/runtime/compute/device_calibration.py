@@ -7,7 +7,10 @@
 - PyTorch's fused causal attention (scaled_dot_product_attention) over sequence lengths,
 - a device-memory copy and, on a GPU, host-to-device copies from pinned memory,
 - on a GPU, the host's time to issue one kernel (:func:`measure_host_op`): a small model's step
-  is bound by it, not by the device.
+  is bound by it, not by the device,
+- on a GPU, the host side of a data-parallel exchange (:func:`measure_host_side`): a gradient's
+  copy to pageable host memory and back, and one thread's host memory bandwidth, at which the
+  runtime's codecs and the leader's rules run.
 
 A curve point is ``[gflop, share of the peak]``: the peak is the device preset's (NVIDIA's data
 sheet) when the device's name matches one, else the fastest rate measured, so that the cost model
@@ -157,6 +160,32 @@ def measure_host_op(
     return slope if slope > 0 else t_long / (long * kernels)
 
 
+def measure_host_side(
+    device: torch.device, repeats: int = 10, nbytes: int = 64 * 1024 * 1024
+) -> dict[str, float]:
+    """The host side of ``device`` as the runtime uses it for a data-parallel exchange's codecs
+    and the leader's rules (:func:`dmsc.netmodel.sync.host_side`): ``copy_gbyte_s``, a
+    gradient's copy to the host as ``.cpu()`` makes it (into fresh pageable memory) and the
+    answer's back into place, GB/s one way (the mean of the two); ``memory_gbyte_s``, a tensor
+    copy in host memory (read + write) on one thread, as a worker runs."""
+    on_device = torch.empty(nbytes, dtype=torch.uint8, device=device)
+    pageable = torch.empty(nbytes, dtype=torch.uint8)
+    timed = _timer(device)
+    down = timed(lambda: on_device.cpu() if device.type != "cpu" else on_device.clone(), repeats)
+    up = timed(lambda: on_device.copy_(pageable), repeats)
+    src, dst = torch.empty_like(pageable), torch.empty_like(pageable)
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)  # a worker's (WorkerConfig.threads)
+    try:
+        copy_s = _timer(torch.device("cpu"))(lambda: dst.copy_(src), repeats)
+    finally:
+        torch.set_num_threads(threads)
+    return {
+        "copy_gbyte_s": 2 * nbytes / (down + up) / 1e9,
+        "memory_gbyte_s": 2 * nbytes / copy_s / 1e9,
+    }
+
+
 def measure_device(device: str = "cuda", quick: bool = False) -> dict[str, Any]:
     """The device type spec of ``device`` (``cuda``, ``cuda:N`` or ``cpu``) with its measured
     curves, and what was measured (``report``: rates, copies, the device's name)."""
@@ -205,6 +234,8 @@ def measure_device(device: str = "cuda", quick: bool = False) -> dict[str, Any]:
         h2d = nbytes / timed(lambda: src.copy_(host, non_blocking=True), repeats)
         d2h = nbytes / timed(lambda: host.copy_(src, non_blocking=True), repeats)
         report |= {"host_to_device_gbyte_s": h2d / 1e9, "device_to_host_gbyte_s": d2h / 1e9}
+        side = measure_host_side(dev, repeats)
+        report |= {f"host_{k}": v for k, v in side.items()}
     preset = preset_of(name) if gpu else None
     if preset is not None:
         base: dict[str, Any] = {"preset": preset}
@@ -236,6 +267,8 @@ def measure_device(device: str = "cuda", quick: bool = False) -> dict[str, Any]:
         issue_s = {m: measure_host_op(device, m) for m in HOST_OP_MODELS}
         report["host_op_us"] = {m: s * 1e6 for m, s in issue_s.items()}
         base["host_op_us"] = round(issue_s[HOST_OP_MODELS[0]] * 1e6, 3)
+        base["host_memory_bw_gbyte_s"] = round(side["memory_gbyte_s"], 3)
+        base["host_copy_gbyte_s"] = round(side["copy_gbyte_s"], 3)
     report["gemm_tflops"] = {d: [[g, r / 1e12] for g, r in pts] for d, pts in gemm.items()}
     report["attention_tflops"] = [[g, r / 1e12] for g, r in attention]
     return {"spec": {**base, "measured": measured}, "report": report}
