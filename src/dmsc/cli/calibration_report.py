@@ -12,8 +12,9 @@ from dmsc.runtime.compute.calibrate import collective_words, spread_lines
 
 def calibration_report(measured: dict[str, float], written: dict[str, Any], dst: Path) -> list[str]:
     """What ``dmsc calibrate`` measured, then the figures it wrote (those the cost model reads):
-    a device's peak is the measurement over the model's efficiency, shared by the devices that
-    run on this machine's cores, so the written figures differ from the measured ones."""
+    a device's peak is the measurement over the model's efficiency, so the written figures
+    differ from the measured ones; a job on more devices than the machine's cores shares them
+    (the cluster's ``shared_cores``)."""
     seen = (
         f"measured: matmul {human_flops(measured['matmul_flops'])} on one core, memory copy "
         f"{measured['memory_bytes_s'] / 1e9:.2f} GB/s, loopback "
@@ -28,7 +29,12 @@ def calibration_report(measured: dict[str, float], written: dict[str, Any], dst:
         for g in dc["nodes"]
     )
     n = measured["cores"]
-    cores = f"{n:.0f} cores shared by {devices} devices" if n < devices else "a core per device"
+    cores = (
+        f"on a core of its own; {n:.0f} cores for {devices} devices: a job on k > {n:.0f} of "
+        f"them gets {n:.0f}/k of this each"
+        if n < devices
+        else "a core per device"
+    )
     for name, dev in written["device_types"].items():
         lines.append(
             f"wrote {dst}: device {name}: peak {human_flops(dev['peak_tflops']['fp32'] * 1e12)} "

@@ -18,6 +18,7 @@ from dataclasses import dataclass, field
 from dmsc.netmodel.comm import ZERO_COST, CommCost, CommModel
 from dmsc.netmodel.compute import DtypeUnsupported, LayerTime, layer_time, peak_flops
 from dmsc.netmodel.constants import DEFAULT_CALIBRATION, DTYPE_BYTES, Calibration
+from dmsc.netmodel.core_share import on_cores
 from dmsc.netmodel.fit import DoesNotFit, check_fit, check_memory, stage_types
 from dmsc.netmodel.layers import LayerCost, build_layer_costs
 from dmsc.netmodel.memory import MemoryBreakdown, precision_bytes
@@ -209,6 +210,7 @@ def compute_bound(
     reasons = check_fit(cluster, model, job)
     if reasons:
         raise DoesNotFit(reasons)
+    cluster = on_cores(cluster, job.devices)
     topo = topology if topology is not None else Topology(cluster)
     layout = Layout.of(job)
     layers = build_layer_costs(model, job)
@@ -247,6 +249,7 @@ def estimate_iteration(
     reasons = check_fit(cluster, model, job)
     if reasons:
         raise DoesNotFit(reasons)
+    cluster = on_cores(cluster, job.devices)  # devices that share a machine's cores
     topo = topology if topology is not None else Topology(cluster)
     comm = comm_model if comm_model is not None else CommModel(topo, calib)
     layout = Layout.of(job)

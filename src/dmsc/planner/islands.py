@@ -42,6 +42,7 @@ from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 
 from dmsc.netmodel import DEFAULT_CALIBRATION, Calibration, CommModel
+from dmsc.netmodel.core_share import on_cores
 from dmsc.netmodel.sync import exposed_s
 from dmsc.netmodel.topology import Topology
 from dmsc.planner.island_exchange import (
@@ -321,6 +322,9 @@ def place_islands(
     Raises :class:`Infeasible` with the binding constraint.
     """
     t0 = time.perf_counter()
+    # every island runs at once: devices that share a machine's cores get the whole job's
+    # share of them, not one island's
+    cluster = on_cores(cluster, job.devices)
     ij, n = island_job(job), job.dp // job.ep
     built = build_problem(cluster, model, ij, k_paths=k_paths, calib=calib)
     problem = built.problem

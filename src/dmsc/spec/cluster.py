@@ -331,6 +331,16 @@ class ClusterSpec(_Spec):
         default=None,
         description="Which datacenters datasets may be read in and model weights stored in.",
     )
+    shared_cores: int | None = Field(
+        default=None,
+        gt=0,
+        description=(
+            "The devices are worker processes sharing one machine of this many cores (a "
+            "calibrated CPU cluster; dmsc calibrate writes it): a job on k of them gives each "
+            "min(1, shared_cores / k) of its device type's peak_tflops and memory_bw_gbyte_s, "
+            "as the processes that run share the cores. Unset: each device is its own."
+        ),
+    )
 
     @model_validator(mode="before")
     @classmethod

@@ -97,3 +97,39 @@ def test_the_measured_collective_goes_into_each_node_over_the_efficiency() -> No
     assert {n.collective.backend for n in spec.node_types.values() if n.collective} == {"nccl"}
     bare = ClusterSpec.model_validate(cal.calibrated_cluster(template, FIGURES))
     assert all(n.collective is None for n in bare.node_types.values())
+
+
+def test_a_job_on_fewer_devices_than_the_cores_gets_a_core_each() -> None:
+    """A calibrated node of 4 devices on 2 cores: a pp = 2 job runs 2 processes, a core each,
+    and is predicted as on a node of 2 devices on those cores; a pp = 4 job shares them, at
+    half a core a stage (its stages' compute twice theirs). Before, the spec's rates were
+    shared among all 4 devices once and for all: the pp = 2 job was predicted at half a core
+    a stage too (benchmarks/parallel_modes.py: its pipeline waits predicted 57 ms, measured
+    38)."""
+    from dmsc.netmodel import estimate_iteration
+
+    def node(devices: int) -> ClusterSpec:
+        template = ClusterSpec.model_validate(
+            {
+                "device_types": {"cpu": {"peak_tflops": {"fp32": 0.05}, "memory_gib": 4,
+                                         "memory_bw_gbyte_s": 10}},
+                "node_types": {"host": {"device": "cpu", "devices": devices,
+                                        "link": {"bandwidth_gbit_s": 40}}},
+                "datacenters": [{"name": "dc", "nodes": [{"type": "host", "count": 1}],
+                                 "network": {"gbit_s_per_node": 10}}],
+            }
+        )  # fmt: skip
+        figures = {**FIGURES, "block_s": 0.03, "cores": 2.0}
+        return ClusterSpec.model_validate(cal.calibrated_cluster(template, figures))
+
+    four, two = node(4), node(2)
+    assert four.shared_cores == two.shared_cores == 2
+    model = resolve_model("gpt-mini")
+    pp2 = JobSpec(global_batch=8, micro_batch=4, pp=2)
+    on_four = estimate_iteration(four, model, pp2).breakdown_s
+    on_two = estimate_iteration(two, model, pp2).breakdown_s
+    assert on_four["compute"] == pytest.approx(on_two["compute"], rel=1e-12)
+    pp4 = JobSpec(global_batch=8, micro_batch=4, pp=4)
+    shared = estimate_iteration(four, model, pp4).breakdown_s["compute"]
+    alone = estimate_iteration(four.model_copy(update={"shared_cores": None}), model, pp4)
+    assert shared == pytest.approx(2 * alone.breakdown_s["compute"], rel=0.02)

@@ -25,6 +25,7 @@ from dmsc.netmodel import (
     choose_modulation,
     estimate_iteration,
 )
+from dmsc.netmodel.core_share import on_cores
 from dmsc.netmodel.fabrics import dc_uplink
 from dmsc.netmodel.iteration import assign_stage_layers
 from dmsc.planner.placement.problem import LinkState, PathOption, PlacementProblem
@@ -92,8 +93,10 @@ def build_problem(
 ) -> BuiltProblem:
     """The placement problem of ``job``'s pipeline stages over ``cluster``'s datacenters.
 
-    ``busy`` maps a topology link id to the capacity units other jobs hold on it.
+    ``busy`` maps a topology link id to the capacity units other jobs hold on it. Devices that
+    share a machine's cores compute at the job's share of them (:func:`on_cores`).
     """
+    cluster = on_cores(cluster, job.devices)
     topo = Topology(cluster)
     n_dc = len(cluster.datacenters)
     stage_devices = job.tp * job.dp

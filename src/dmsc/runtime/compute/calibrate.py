@@ -126,11 +126,19 @@ def measure_matmul_flops(
         torch.set_num_threads(old)
 
 
-def measure_memory_bandwidth(nbytes: int = 64 * 1024 * 1024) -> float:
-    """Bytes/s of a tensor copy (read + write)."""
+def measure_memory_bandwidth(nbytes: int = 64 * 1024 * 1024, threads: int = 1) -> float:
+    """Bytes/s of a tensor copy (read + write) on ``threads`` threads: one, as a stage worker
+    copies (it measured at the process's default, all the cores, until 2026-12-03, when the
+    written bandwidth stopped being shared among all the cluster's devices:
+    :mod:`dmsc.netmodel.core_share`)."""
     src = torch.empty(nbytes, dtype=torch.uint8)
     dst = torch.empty_like(src)
-    return _best_rate(lambda: dst.copy_(src), 2.0 * nbytes, repeats=10)
+    old = torch.get_num_threads()
+    torch.set_num_threads(threads)
+    try:
+        return _best_rate(lambda: dst.copy_(src), 2.0 * nbytes, repeats=10)
+    finally:
+        torch.set_num_threads(old)
 
 
 def _block_step(model: str, tokens: tuple[int, int]) -> Callable[[], None]:
@@ -244,14 +252,14 @@ def calibrated_cluster(template: ClusterSpec, measured: dict[str, float]) -> dic
     data = template.model_dump(mode="json", exclude_none=True)
     # The constants the cost model will apply to these devices (their generation's).
     dcs = {k: c.for_device(d) for k, d in template.device_types.items()}
-    # The cluster's devices are processes on this machine's cores: when there are more devices
-    # than cores, running all at once (a pipeline's steady state) shares the cores among them.
-    share = min(1.0, measured.get("cores", 1.0) / template.device_count)
+    # The cluster's devices are processes on this machine's cores: a job on more of them than
+    # there are cores shares the cores among its processes. The devices carry one process's
+    # rates on a core of its own, the cluster its cores; the cost model gives a job on k
+    # devices min(1, cores / k) of them (dmsc.netmodel.core_share).
+    data["shared_cores"] = max(1, int(measured.get("cores", 1.0)))
     rate = block_rate(measured) if "block_s" in measured else measured["matmul_flops"]
     for key, dev in data["device_types"].items():
         dev.update(_device(measured, rate, dcs[key]))
-        dev["peak_tflops"]["fp32"] *= share
-        dev["memory_bw_gbyte_s"] *= share
         if "source" in measured:
             dev["measured"] = {"source": measured_source(measured)}
     link_gbit = measured["loopback_bytes_s"] * 8 / 1e9

@@ -1,0 +1,70 @@
+"""Devices that share one machine's cores: each job's share of them (``dmsc.netmodel.core_share``).
+
+Reference: the same cluster written by hand with each device's rates already scaled by the
+share (and no ``shared_cores``), which the cost model prices as it is."""
+
+from __future__ import annotations
+
+import pytest
+
+from dmsc.netmodel import estimate_iteration
+from dmsc.netmodel.core_share import core_share, on_cores
+from dmsc.planner.placement.from_specs import build_problem
+from dmsc.spec import ClusterSpec, JobSpec, resolve_model
+
+
+def _cluster(devices: int = 4, cores: int | None = 2, scale: float = 1.0) -> ClusterSpec:
+    return ClusterSpec.model_validate(
+        {
+            "device_types": {
+                "cpu": {
+                    "peak_tflops": {"fp32": 0.08 * scale},
+                    "memory_gib": 4,
+                    "memory_bw_gbyte_s": 12.0 * scale,
+                    "op_overhead_us": 20.0,
+                }
+            },
+            "node_types": {
+                "host": {"device": "cpu", "devices": devices, "link": {"bandwidth_gbit_s": 40}}
+            },
+            "datacenters": [
+                {"name": "dc", "nodes": [{"type": "host", "count": 1}],
+                 "network": {"gbit_s_per_node": 10}}
+            ],
+            "shared_cores": cores,
+        }
+    )  # fmt: skip
+
+
+def test_the_share_is_the_cores_over_the_busy_devices() -> None:
+    assert core_share(_cluster(cores=None), 4) == 1.0
+    assert core_share(_cluster(), 1) == core_share(_cluster(), 2) == 1.0
+    assert core_share(_cluster(), 3) == pytest.approx(2 / 3)
+    assert core_share(_cluster(), 4) == 0.5
+
+
+def test_on_cores_scales_the_rates_once() -> None:
+    c = _cluster()
+    assert on_cores(c, 2) is c  # a core each: the cluster itself
+    half = on_cores(c, 4)
+    assert half.device_types["cpu"].peak_tflops["fp32"] == pytest.approx(0.04)
+    assert half.device_types["cpu"].memory_bw_gbyte_s == pytest.approx(6.0)
+    assert half.device_types["cpu"].op_overhead_us == 20.0  # a fixed cost per kernel: as it is
+    assert half.shared_cores is None and on_cores(half, 4) is half  # never shared twice
+    assert on_cores(c, 4) is half  # kept for the next ask
+    assert c.device_types["cpu"].peak_tflops["fp32"] == 0.08  # the spec itself unchanged
+
+
+@pytest.mark.parametrize("pp,dp", [(4, 1), (2, 2), (3, 1), (2, 1), (1, 1)])
+def test_the_estimate_and_the_placement_price_the_job_s_share(pp: int, dp: int) -> None:
+    """The estimate's every part and the placement problem's stage compute equal those on a
+    hand-scaled cluster that shares nothing."""
+    model = resolve_model("gpt-mini")
+    job = JobSpec(global_batch=16, micro_batch=4, pp=pp, dp=dp)
+    share = min(1.0, 2 / job.devices)
+    got = estimate_iteration(_cluster(), model, job)
+    ref = estimate_iteration(_cluster(cores=None, scale=share), model, job)
+    for part, seconds in ref.breakdown_s.items():
+        assert got.breakdown_s[part] == pytest.approx(seconds, rel=1e-9), part
+    built = build_problem(_cluster(), model, job).problem.compute_us
+    assert built == build_problem(_cluster(cores=None, scale=share), model, job).problem.compute_us
