@@ -15,6 +15,10 @@ long costs only itself. The checks:
    against ``transformers``, ``dmsc calibrate --device cuda`` and its prediction of the step.
 5. **gemms**: ``gpu_measure.py``'s GEMMs, copy and block beside the cost model
    (``gpu_compare.py``).
+6. **hostside** (run third): a codec's exchange work as the runtime runs it off the GPU (the
+   gradient copied down, int8 encoded and decoded on one host thread, copied back) against the
+   cost model's price of it on the host figures ``dmsc calibrate --device cuda`` measures and
+   on its defaults (:mod:`dmsc.netmodel.sync`'s host side; never run on a GPU yet).
 
 Prints a table, or with ``--json`` one object with the same figures. ``--tiny`` runs the same
 checks small on whatever device there is (the CPU included, where the NCCL check reports it has
@@ -109,7 +113,67 @@ def _nccl() -> dict[str, Any]:
     return out
 
 
-PARTS_INLINE = {"env": _env, "nccl": _nccl}
+def _hostside() -> dict[str, Any]:
+    """A codec's exchange work as the runtime runs it off a GPU: the gradient copied to the
+    host, int8-encoded and decoded there (one worker thread), the answer copied back; timed
+    against the cost model's price of it (:func:`dmsc.netmodel.sync.work_s` of a leader's star
+    among 2 replicas) on the host figures ``dmsc calibrate --device cuda`` measures and on the
+    defaults it falls back to."""
+    import torch
+
+    from dmsc.netmodel import DEFAULT_CALIBRATION
+    from dmsc.netmodel.codec_work import DECODE, ENCODE
+    from dmsc.netmodel.sync import HostSide
+    from dmsc.runtime.compute.compression import make_codec
+    from dmsc.runtime.compute.device_calibration import measure_host_side
+    from dmsc.runtime.compute.host_memory import keep_freed_memory
+
+    keep_freed_memory()  # as a worker
+    torch.set_num_threads(1)
+    gpu = torch.cuda.is_available()
+    device = torch.device("cuda:0" if gpu else "cpu")
+    elements = (16 if gpu else 1) * 2**20
+    grad = torch.randn(elements, device=device)
+    codec = make_codec("int8", elements)
+
+    def exchange() -> None:
+        host = grad.cpu() if gpu else grad.clone()
+        back = codec.decode(codec.encode(host), elements)  # a replica's part of the star
+        grad.copy_(back)
+        if gpu:
+            torch.cuda.synchronize(device)
+
+    for _ in range(2):
+        exchange()
+    times = []
+    for _ in range(7):
+        t0 = time.perf_counter()
+        exchange()
+        times.append(time.perf_counter() - t0)
+    measured = statistics.median(times)
+    side = measure_host_side(device)
+    passes = elements * (ENCODE["int8"] + DECODE["int8"])  # one encode, one decode
+    gen = DEFAULT_CALIBRATION.generation("h100" if gpu else "generic")
+
+    def price(h: HostSide) -> float:
+        copies = 2 * 4 * elements / h.copy_bytes_s if gpu and h.copy_bytes_s else 0.0
+        return passes / h.memory_bytes_s + copies
+
+    on_measured = price(HostSide(side["memory_gbyte_s"] * 1e9, side["copy_gbyte_s"] * 1e9))
+    on_defaults = price(HostSide(gen.host_memory_bytes_s, gen.host_copy_bytes_s))
+    return {
+        "device": str(device),
+        "elements": elements,
+        "measured_ms": measured * 1e3,
+        "host_side": side,
+        "predicted_on_measured_ms": on_measured * 1e3,
+        "predicted_on_defaults_ms": on_defaults * 1e3,
+        "ratio_on_measured": measured / on_measured,
+        "ratio_on_defaults": measured / on_defaults,
+    }
+
+
+PARTS_INLINE = {"env": _env, "nccl": _nccl, "hostside": _hostside}
 
 
 def _run(cmd: list[str], timeout: float) -> tuple[int, str, str]:
@@ -170,7 +234,14 @@ def _has_cuda() -> bool:
 
 
 # (check, its time limit in seconds); all took 231 s on an H100 (results/gpu_check_h100.json)
-PARTS = [("env", 30), ("nccl", 40), ("train", 160), ("runtime", 160), ("gemms", 40)]
+PARTS = [
+    ("env", 30),
+    ("nccl", 40),
+    ("hostside", 30),
+    ("train", 160),
+    ("runtime", 160),
+    ("gemms", 40),
+]
 
 
 def main() -> None:

@@ -59,12 +59,21 @@ def test_gpu_check_runs_its_checks_and_reports_a_missing_gpu(tmp_path: Path) -> 
     """benchmarks/gpu_check.py (every GPU check in one run) works before a GPU machine gets it:
     each check in its own process, the JSON written after each, no CUDA said plainly."""
     out = tmp_path / "check.json"
-    cmd = [sys.executable, str(BENCH / "gpu_check.py"), "--tiny", "--only", "env,nccl,gemms"]
+    cmd = [
+        sys.executable,
+        str(BENCH / "gpu_check.py"),
+        "--tiny",
+        "--only",
+        "env,nccl,gemms,hostside",
+    ]
     res = subprocess.run([*cmd, "--json", "--out", str(out)], capture_output=True, text=True)
     assert res.returncode == 0, res.stderr
     result = json.loads(res.stdout)
     assert result == json.loads(out.read_text())
-    assert set(result) == {"env", "nccl", "gemms"}
+    assert set(result) == {"env", "nccl", "gemms", "hostside"}
     assert result["env"]["cuda_available"] is False and result["env"]["torch"]
     assert result["nccl"]["skipped"] == "no CUDA device"
     assert result["gemms"]["skipped"] == "no CUDA device"
+    host = result["hostside"]  # on the CPU: the codec's passes, no copy to price
+    assert host["device"] == "cpu" and host["measured_ms"] > 0
+    assert host["predicted_on_measured_ms"] > 0 and host["ratio_on_defaults"] > 0
