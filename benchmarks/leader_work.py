@@ -12,7 +12,8 @@ runtime ranked with before its sorting network) is timed on the same updates.
 
 Prints a table, or with --json one object: ``memory_gbyte_s``, and per rule and count
 ``measured_ms``, ``predicted_ms``, ``ratio`` (measured over predicted), and for the sorting
-rules ``torch_sort_ms`` and ``network_speedup``.
+rules ``torch_sort_ms`` and ``network_speedup``; ``privacy``: central differential
+privacy's clip and noise (:func:`privacy_row`) against their price.
 """
 
 from __future__ import annotations
@@ -27,9 +28,11 @@ from typing import Any
 
 import torch
 
-from dmsc.netmodel.leader_work import leader_work_s
+from dmsc.netmodel.leader_work import leader_work_s, privacy_work_s
 from dmsc.runtime.compute.aggregators import aggregate, parse_aggregator, summed
+from dmsc.runtime.compute.calibrate import measure_gaussian_seconds
 from dmsc.runtime.compute.host_memory import keep_freed_memory
+from dmsc.runtime.compute.privacy import add_noise, clip_update
 
 RULES = ("mean", "median", "trimmed-mean", "krum:1", "multi-krum:1")
 
@@ -81,7 +84,32 @@ def measure(elements: int, counts: list[int], repeats: int) -> dict[str, Any]:
                 row |= {"torch_sort_ms": sort * 1e3, "network_speedup": sort / measured}
             rows.append(row)
     head = {"elements": elements, "repeats": repeats, "memory_gbyte_s": bandwidth / 1e9}
+    head["privacy"] = privacy_row(elements, repeats, bandwidth)
     return head | summary(rows, [r["ratio"] for r in rows])
+
+
+def privacy_row(elements: int, repeats: int, bandwidth: float) -> dict[str, Any]:
+    """Central privacy's work on the path a replica waits on, as the runtime does it: one
+    replica's update clipped, and the leader's noise drawn and added to the sum
+    (:mod:`dmsc.runtime.compute.privacy`), against
+    :func:`dmsc.netmodel.leader_work.privacy_work_s` at the copy's bandwidth and at this
+    machine's Gaussian draw as ``dmsc calibrate`` measures it."""
+    gen = torch.Generator().manual_seed(0)
+    update = torch.randn(elements, generator=gen)
+    clip = float(torch.linalg.vector_norm(update)) / 2  # the clip scales it down
+    clipped = timed(lambda: clip_update(update, clip), repeats)
+    noised = timed(lambda: add_noise(update, 1.0, clip, gen), repeats)
+    gaussian_s = measure_gaussian_seconds(elements)
+    predicted = privacy_work_s("noise", elements, bandwidth, gaussian_s)
+    measured = clipped + noised
+    return {
+        "gaussian_ns": gaussian_s * 1e9,
+        "clip_ms": clipped * 1e3,
+        "noise_ms": noised * 1e3,
+        "measured_ms": measured * 1e3,
+        "predicted_ms": predicted * 1e3,
+        "ratio": measured / predicted,
+    }
 
 
 def summary(rows: list[dict[str, Any]], ratios: list[float]) -> dict[str, Any]:
@@ -119,6 +147,12 @@ def main() -> None:
         )
     lo, hi = res["ratio_range"]
     print(f"measured over predicted: {lo:.2f}-{hi:.2f} (median {res['ratio_median']:.2f})")
+    pv = res["privacy"]
+    print(
+        f"central privacy (clip {pv['clip_ms']:.1f} ms + noise {pv['noise_ms']:.1f} ms, a draw "
+        f"{pv['gaussian_ns']:.1f} ns): {pv['measured_ms']:.1f} ms against "
+        f"{pv['predicted_ms']:.1f} ms predicted ({pv['ratio']:.2f})"
+    )
 
 
 if __name__ == "__main__":

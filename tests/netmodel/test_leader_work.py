@@ -78,3 +78,48 @@ def test_the_estimate_adds_the_leaders_work_to_the_star(
     ring = estimate_iteration(cluster, model, job(False))
     plain = estimate_iteration(cluster, model, job(False, via="leader"))
     assert plain.breakdown_s["dp_comm"] > ring.breakdown_s["dp_comm"]
+
+
+def test_central_privacy_s_clip_and_noise_are_priced(
+    one_node: Callable[[int], ClusterSpec],
+) -> None:
+    """Central differential privacy was unpriced: a task clipping its replicas' updates and
+    noising their sum at the leader was predicted as the plain star. Now each replica's clip is
+    32 bytes an element (counted from dmsc.runtime.compute.privacy's operations), and the
+    noise a Gaussian draw an element at the device's measured ``gaussian_ns`` (the default 6 ns
+    where none was measured) plus 24 bytes; at tp ranks each draws the whole replica's."""
+    from dmsc.netmodel.constants import DEFAULT_CALIBRATION
+    from dmsc.netmodel.layers import build_layer_costs
+    from dmsc.netmodel.leader_work import privacy_work_s
+
+    assert privacy_work_s("none", 1e6, 1e10, 6e-9) == 0.0
+    assert privacy_work_s("clip", 1e6, 1e10, 6e-9) == pytest.approx(1e6 * 32 / 1e10)
+    assert privacy_work_s("noise", 1e6, 1e10, 6e-9, tp=2) == pytest.approx(
+        1e6 * 32 / 1e10 + 1e6 * (2 * 6e-9 + 24 / 1e10)
+    )
+    cluster = one_node(8)
+    data = cluster.model_dump(mode="json", exclude_none=True)
+    data["device_types"]["g"]["gaussian_ns"] = 9.0  # measured: replaces the default
+    measured = ClusterSpec.model_validate(data)
+    model = resolve_model("gpt3-350m").model_copy(update={"dtype": "bf16"})
+
+    def job(**sync: object) -> JobSpec:
+        return JobSpec.model_validate({"global_batch": 8, "dp": 8, "sync": sync})
+
+    params = sum(lc.params_per_device for lc in build_layer_costs(model, job()))
+    device = cluster.device_types["g"]
+    bandwidth = device.memory_bw_gbyte_s * 1e9
+    bandwidth *= DEFAULT_CALIBRATION.for_device(device).memory_efficiency
+    plain = estimate_iteration(measured, model, job(via="leader")).breakdown_s["dp_comm"]
+    for privacy, per_element in (("clip", 32 / bandwidth), ("noise", 9e-9 + 56 / bandwidth)):
+        got = estimate_iteration(measured, model, job(via="leader", privacy=privacy))
+        assert got.breakdown_s["dp_comm"] - plain == pytest.approx(params * per_element, rel=1e-9)
+    default = estimate_iteration(cluster, model, job(via="leader", privacy="noise"))
+    noise = default.breakdown_s["dp_comm"] - plain
+    assert noise == pytest.approx(params * (6e-9 + 56 / bandwidth), rel=1e-9)
+    with pytest.raises(ValueError, match=r"privacy 'noise'.*set via: leader"):
+        job(privacy="noise")
+    assert (
+        job(via="leader", privacy="noise").sync.label
+        == "every-step, through the leader, with DP noise"
+    )

@@ -84,6 +84,10 @@ class DeviceCalibration:
     # ``host_copy_gbyte_s`` (dmsc calibrate --device cuda) replace both.
     host_memory_bytes_s: float = 20e9
     host_copy_bytes_s: float = 27e9
+    # One host thread's time to draw an fp32 Gaussian (torch.randn with a generator: central
+    # DP's noise at the leader), compute-bound: 5.2-7.6 ns on this project's x86 core
+    # (2026-12-03); a device spec's measured ``gaussian_ns`` replaces it.
+    gaussian_s: float = 6e-9
     # Output tile of a tensor-core GEMM for the wave quantization (NVIDIA GEMM guide: 256 x 128
     # is cuBLAS's most efficient tile on A100); None where the library's persistent kernels
     # balance tiles over the SMs (Hopper, Blackwell: cuBLAS times on an H200 follow no
@@ -268,6 +272,8 @@ class Calibration:
             )
             if getattr(device, field) is not None
         }
+        if device.gaussian_ns is not None:
+            host["gaussian_s"] = device.gaussian_ns * 1e-9
         if host:
             base = replace(base, **host)
         m = device.measured

@@ -5,7 +5,8 @@ worker process, all on the same cores. Its device types carry one process's rate
 its own, and the cluster its ``shared_cores``. A job on ``k`` of the devices runs ``k``
 processes at once (a pipeline's steady state, a data-parallel step), so each gets
 ``min(1, shared_cores / k)`` of a core: :func:`on_cores` is the cluster as the cost model sees
-it for that job, each device type's peak FLOP/s and memory bandwidth times that share. The
+it for that job, each device type's peak FLOP/s and memory bandwidth times that share (and its
+time to draw a Gaussian over it). The
 share was fixed when the spec was written (the cores over all the cluster's devices) until
 2026-12-03: a pp = 2 plan on a calibrated node of 4 devices over 2 cores was predicted at half
 a core per stage, and ran on a core each (its pipeline's waits predicted 57 ms, measured 38).
@@ -13,6 +14,7 @@ a core per stage, and ran on a core each (its pipeline's waits predicted 57 ms, 
 
 from __future__ import annotations
 
+from dmsc.netmodel.constants import DEFAULT_CALIBRATION
 from dmsc.spec.cluster import ClusterSpec
 
 _MEMO: dict[tuple[int, int], tuple[ClusterSpec, ClusterSpec]] = {}
@@ -45,6 +47,11 @@ def on_cores(cluster: ClusterSpec, devices: int) -> ClusterSpec:
             update={
                 "peak_tflops": {k: v * share for k, v in dev.peak_tflops.items()},
                 "memory_bw_gbyte_s": dev.memory_bw_gbyte_s * share,
+                # a draw is compute: it shares the core too (the default where none measured)
+                "gaussian_ns": (
+                    dev.gaussian_ns or DEFAULT_CALIBRATION.for_device(dev).gaussian_s * 1e9
+                )
+                / share,
             }
         )
         for name, dev in cluster.device_types.items()

@@ -377,7 +377,7 @@ def estimate_iteration(
                 for ms in stage_layers
             )
             # and the compute on its path: the codec's passes, the leader's rule (sync.work_s)
-            dp_s = c.time_s + work_s(sync, job.dp, dense, host)
+            dp_s = c.time_s + work_s(sync, job.dp, dense, host, job.tp)
             account("dp", c, per_round)
             if job.zero >= 3:  # weights gathered for every forward and backward
                 ag = comm.collective("all_gather", groups, grad_dense)
@@ -388,7 +388,7 @@ def estimate_iteration(
             egroups = [g for s in range(p) for g in layout.expert_dp_groups(s)]
             c = exchange(comm, egroups, grad_expert, codec, job.allreduce, sync.via)
             experts = max(sum(lc.expert_params_per_device for lc in ms) for ms in stage_layers)
-            expert_s = c.time_s + work_s(sync, job.dp // job.ep, experts, host)
+            expert_s = c.time_s + work_s(sync, job.dp // job.ep, experts, host, job.tp)
             dp_s += expert_s
             account("dp", c, per_round)
         window = crit.compute_s * 2 / 3  # the backward of the last micro-batch

@@ -56,7 +56,9 @@ The choices, for :func:`dmsc.netmodel.iteration.estimate_iteration` and the simu
   all-reduce (no codec, no leader) is priced as NCCL runs it on the devices, as the published
   systems this model is checked against run it; dmsc's runtime all-reduces over gloo on host
   copies (``dmsc.runtime.compute.dp_collective``), which this model does not price.
-- **Not modelled**: central privacy's noise and secure aggregation's masks, the outer
+- **Central privacy**: the clip's passes at each replica and the leader's Gaussian draws
+  (:func:`dmsc.netmodel.leader_work.privacy_work_s`), priced since 2026-12-03.
+- **Not modelled**: secure aggregation's masks, the outer
   optimizer's state (anchor weights and momentum, kept in host memory as OpenDiLoCo does), and
   convergence (local steps may need more iterations to the same loss).
 """
@@ -71,7 +73,7 @@ from dmsc.netmodel.comm import CommCost, CommModel, Group
 from dmsc.netmodel.constants import Calibration
 from dmsc.netmodel.dp_buckets import stage_exposed_s
 from dmsc.netmodel.layers import LayerCost
-from dmsc.netmodel.leader_work import leader_work_s
+from dmsc.netmodel.leader_work import leader_work_s, privacy_work_s
 from dmsc.spec.cluster import DeviceTypeSpec
 from dmsc.spec.sync import Compression, SyncSpec
 
@@ -177,28 +179,33 @@ class HostSide:
 
     memory_bytes_s: float
     copy_bytes_s: float | None = None
+    gaussian_s: float = 6e-9  # one Gaussian draw (central DP's noise at the leader)
 
 
 def host_side(device: DeviceTypeSpec, calib: Calibration) -> HostSide:
     """The host side of ``device`` (module docstring): a CPU device's own memory; a GPU's host
     memory and host link, measured (the spec's ``host_memory_bw_gbyte_s`` and
     ``host_copy_gbyte_s``) or the generation's defaults."""
-    if device.runtime_device == "cpu":
-        return HostSide(memory_bytes_s(device, calib))
     dc = calib.for_device(device)
-    return HostSide(dc.host_memory_bytes_s, dc.host_copy_bytes_s)
+    if device.runtime_device == "cpu":
+        return HostSide(memory_bytes_s(device, calib), None, dc.gaussian_s)
+    return HostSide(dc.host_memory_bytes_s, dc.host_copy_bytes_s, dc.gaussian_s)
 
 
-def work_s(sync: SyncSpec, n: int, elements: float, host: HostSide) -> float:
+def work_s(sync: SyncSpec, n: int, elements: float, host: HostSide, tp: int = 1) -> float:
     """Compute on an exchange's path besides the wire, among ``n`` replicas of ``elements``
     fp32 elements an update, on ``host`` (:func:`host_side`): the codec's passes
-    (:mod:`dmsc.netmodel.codec_work`) and, through the leader, its rule's
-    (:mod:`dmsc.netmodel.leader_work`), at the host's memory bandwidth; off a CPU, the update
-    copied to the host and the answer back."""
+    (:mod:`dmsc.netmodel.codec_work`) and, through the leader, its rule's and central
+    privacy's (:mod:`dmsc.netmodel.leader_work`; ``tp`` ranks each draw the whole replica's
+    noise), at the host's memory bandwidth; off a CPU, the update copied to the host and the
+    answer back."""
+    if n < 2:
+        return 0.0
     work = codec_work_s(sync.compression, sync.via, n, elements, host.memory_bytes_s)
     # PowerSGD's leader averages the low-rank factors only, a few hundredths of the update
     if sync.via == "leader" and sync.compression.kind != "powersgd":
         work += leader_work_s(sync.aggregator, n, elements, host.memory_bytes_s)
+    work += privacy_work_s(sync.privacy, elements, host.memory_bytes_s, host.gaussian_s, tp)
     if work > 0 and host.copy_bytes_s is not None:
         work += 2 * FP32 * elements / host.copy_bytes_s
     return work

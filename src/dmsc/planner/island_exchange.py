@@ -113,7 +113,7 @@ def exchange_cost(
         cost = exchange(comm, groups, payload, codec, job.allreduce, job.sync.via)
         device = comm.topo.device_type(groups[0][0])
         host = host_side(device, comm.calib)
-        work = work_s(job.sync, max(len(g) for g in groups), elements, host)
+        work = work_s(job.sync, max(len(g) for g in groups), elements, host, job.tp)
         time_s, sent = time_s + cost.time_s + work, sent + cost.bytes_sent
         for lid, nbytes in cost.link_bytes.items():
             links[lid] = links.get(lid, 0.0) + nbytes

@@ -125,6 +125,14 @@ class DeviceTypeSpec(_Spec):
             "by calibrate --device cuda. Unset: the generation's PCIe default."
         ),
     )
+    gaussian_ns: PositiveFloat | None = Field(
+        default=None,
+        description=(
+            "Nanoseconds one thread of the host takes to draw one fp32 Gaussian (torch.randn), "
+            "at which the stage leader draws central differential privacy's noise; measured by "
+            "calibrate. Unset: the cost model's default (6 ns)."
+        ),
+    )
     measured: MeasuredEfficiency | None = Field(
         default=None, description="Efficiencies measured on this device (dmsc calibrate)."
     )

@@ -115,6 +115,16 @@ class SyncSpec(SyncForms, BaseModel):
         ),
     )
 
+    privacy: Literal["none", "clip", "noise"] = Field(
+        default="none",
+        description=(
+            "Central differential privacy as dmsc's runtime runs it (via: leader): clip (each "
+            "replica clips its update to a norm before sending it) or noise (clipped, and the "
+            "leader adds Gaussian noise to the sum); the cost model prices the clip's passes "
+            "and the noise's draws."
+        ),
+    )
+
     @model_validator(mode="before")
     @classmethod
     def _short_form(cls, data: Any) -> Any:
@@ -132,6 +142,11 @@ class SyncSpec(SyncForms, BaseModel):
                 f"aggregator {self.aggregator!r} combines the updates at the stage leader: "
                 "set via: leader"
             )
+        if self.privacy != "none" and self.via != "leader":
+            raise ValueError(
+                f"privacy {self.privacy!r}: the noise is added to the sum at the stage leader: "
+                "set via: leader"
+            )
         if rule != "mean" and self.compression.kind == "powersgd":
             raise ValueError("aggregator: PowerSGD averages low-rank factors: only mean")
         return self
@@ -145,4 +160,5 @@ class SyncSpec(SyncForms, BaseModel):
         if self.via == "collective":
             return mode
         rule = "" if self.aggregator == "mean" else f" ({self.aggregator})"
-        return f"{mode}, through the leader{rule}"
+        private = {"none": "", "clip": ", clipped", "noise": ", with DP noise"}[self.privacy]
+        return f"{mode}, through the leader{rule}{private}"

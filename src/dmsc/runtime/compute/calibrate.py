@@ -141,6 +141,19 @@ def measure_memory_bandwidth(nbytes: int = 64 * 1024 * 1024, threads: int = 1) -
         torch.set_num_threads(old)
 
 
+def measure_gaussian_seconds(elements: int = 1 << 20, threads: int = 1) -> float:
+    """Seconds to draw one fp32 Gaussian with a generator on ``threads`` threads (central
+    differential privacy's noise, as the stage leader draws it: ``torch.randn``)."""
+    gen = torch.Generator().manual_seed(0)
+    old = torch.get_num_threads()
+    torch.set_num_threads(threads)
+    try:
+        rate = _best_rate(lambda: torch.randn(elements, generator=gen), float(elements), repeats=10)
+    finally:
+        torch.set_num_threads(old)
+    return 1.0 / rate
+
+
 def _block_step(model: str, tokens: tuple[int, int]) -> Callable[[], None]:
     from dmsc.runtime.compute.models.chain import build_layer
     from dmsc.spec import TransformerSpec, resolve_model
@@ -205,11 +218,14 @@ def measure_loopback(nbytes: int = 4 * 1024 * 1024, rounds: int = 20) -> tuple[f
 
 
 def _device(measured: dict[str, float], rate: float, dc: Any) -> dict[str, Any]:
-    return {
+    out = {
         "peak_tflops": {"fp32": rate / dc.gemm_efficiency / 1e12},
         "memory_bw_gbyte_s": measured["memory_bytes_s"] / dc.memory_efficiency / 1e9,
         "op_overhead_us": measured["op_overhead_s"] * 1e6,
     }
+    if "gaussian_s" in measured:
+        out["gaussian_ns"] = measured["gaussian_s"] * 1e9
+    return out
 
 
 def block_rate(
@@ -400,6 +416,7 @@ def calibrate(
     }
     measured: dict[str, float] = {
         "memory_bytes_s": measure_memory_bandwidth(),
+        "gaussian_s": measure_gaussian_seconds(),
         "loopback_bytes_s": rate,
         "loopback_rtt_s": rtt,
         "cores": float(

@@ -282,6 +282,16 @@ def test_the_leaders_rule_is_priced_in_the_re_estimate(model: TransformerSpec) -
     median = SyncSettings(aggregator="median")
     assert ran_sync(plan, median, 2).aggregator == "median"
     assert ran_sync(plan, SyncSettings(secure=True), 2).aggregator == "mean"
+    # central privacy reaches it too: clipped, and noised where the multiplier is above 0
+    clip = SyncSettings(privacy_clip=1.0)
+    noise = SyncSettings(privacy_clip=1.0, privacy_noise=0.8)
+    assert ran_sync(plan, clip, 2).privacy == "clip"
+    assert ran_sync(plan, noise, 2).privacy == "noise"
+    assert ran_sync(plan, median, 2).privacy == "none"
+    noised = prediction_for(plan, cluster, model, 16, 2, 2, noise).breakdown_s
+    clipped = prediction_for(plan, cluster, model, 16, 2, 2, clip).breakdown_s
+    assert noised is not None and clipped is not None
+    assert noised["dp_comm"] > clipped["dp_comm"]
     by_median = prediction_for(plan, cluster, model, 16, 2, 2, median)
     by_sum = prediction_for(plan, cluster, model, 16, 2, 2, SyncSettings(secure=True))
     assert by_median.breakdown_s is not None and by_sum.breakdown_s is not None

@@ -38,7 +38,7 @@ import json
 import threading
 from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Literal
 
 from dmsc.data.db import TaskRecord
 from dmsc.netmodel import DEFAULT_CALIBRATION
@@ -109,12 +109,16 @@ def ran_sync(plan: Plan, sync: SyncSettings | None, dp: int = 1) -> SyncSpec:
         return plan.job.sync
     if leader_star(sync, dp) is None:
         return SyncSpec(mode=sync.mode, inner_steps=sync.inner_steps, compress=sync.compress)
+    privacy: Literal["none", "clip", "noise"] = "none"
+    if sync.privacy_clip is not None:
+        privacy = "noise" if sync.privacy_noise > 0 else "clip"
     return SyncSpec(
         mode=sync.mode,
         inner_steps=sync.inner_steps,
         compress=sync.compress,
         via="leader",
         aggregator=sync.aggregator,
+        privacy=privacy,
     )
 
 
