@@ -80,6 +80,7 @@ def test_a_diloco_plan_puts_its_replicas_in_two_datacenters(
         "compress": "none",
         "via": "collective",
         "aggregator": "mean",
+        "privacy": "none",
     }
     assert summary["traffic_bytes"]["dp"] > 0
     document = json.loads(out.read_text())

@@ -46,6 +46,7 @@ def test_estimate_shows_the_saving(dmsc: DmscRunner) -> None:
         "compress": "int8",
         "via": "collective",
         "aggregator": "mean",
+        "privacy": "none",
     }
     assert every["job"]["sync"] == {
         "mode": "every-step",
@@ -53,6 +54,7 @@ def test_estimate_shows_the_saving(dmsc: DmscRunner) -> None:
         "compress": "none",
         "via": "collective",
         "aggregator": "mean",
+        "privacy": "none",
     }
     table = dmsc(*ESTIMATE[:-1], "--sync", "fedavg:8", "--compress", "powersgd:4")
     assert table.returncode == 0 and "sync fedavg:8, powersgd:4" in " ".join(table.stdout.split())
@@ -69,6 +71,7 @@ def test_compress_goes_over_the_job_file_s_sync(tmp_path: Path, dmsc: DmscRunner
         "compress": "int8",
         "via": "collective",
         "aggregator": "mean",
+        "privacy": "none",
     }
     out = _json(dmsc(*base, "--sync", "fedprox:4"))
     assert out["job"]["sync"] == {
@@ -77,6 +80,7 @@ def test_compress_goes_over_the_job_file_s_sync(tmp_path: Path, dmsc: DmscRunner
         "compress": "none",
         "via": "collective",
         "aggregator": "mean",
+        "privacy": "none",
     }
 
 
@@ -94,6 +98,7 @@ def test_plan_shows_the_saving(dmsc: DmscRunner) -> None:
         "compress": "int8",
         "via": "collective",
         "aggregator": "mean",
+        "privacy": "none",
     }
     assert diloco["iteration_time_s"] <= every["iteration_time_s"]
 
