@@ -137,6 +137,24 @@ def test_the_replicas_wait_for_a_quorum_on_the_store_not_by_polling_it() -> None
     assert first.checks <= 1 + 2 and last.checks <= 2
 
 
+def test_a_wait_whose_connection_was_lost_tries_a_new_one() -> None:
+    """The waits' connections are pooled by the store's address. A store started again on the
+    same address (a control plane restarted) leaves them connected to the old one: a wait on
+    such a connection fails at once, and is tried again on a new connection rather than read
+    as the deadline passing (which would have left a present replica out, or failed the
+    step)."""
+    first = _store()
+    host, port = first.host, first.port
+    Quorum(first, 0, 1).join("e0/g0", "wait", 5.0, 10.0, "", lambda: False)
+    waiter = Quorum(first, 0, 2).waiter
+    assert waiter.until(["e0/g0/decision"], time.monotonic() + 5.0, lambda: False)
+    assert waiter._idle  # a connection pooled, to this server
+    del first
+    again = dist.TCPStore(host, port, is_master=True, wait_for_workers=False)  # type: ignore[attr-defined]
+    threading.Timer(0.3, lambda: again.set("late", "1")).start()
+    assert waiter.until(["late"], time.monotonic() + 10.0, lambda: False)
+
+
 class _Peers:
     """The part of :class:`~dmsc.runtime.compute.peers.Peers` the collective uses, between
     threads: a push lands in the other thread's inbox."""

@@ -66,7 +66,7 @@ class Waiter:
     """Blocking waits for keys of one TCPStore, each on a client connection of its own and a
     thread of its own, so that the caller stays free to give up (module docstring). A client
     serves one wait at a time and goes back to the pool when its wait ends, even one its caller
-    gave up on (it may block until its deadline)."""
+    gave up on (it may block until its deadline); one whose wait failed early is dropped."""
 
     def __init__(self, host: str, port: int) -> None:
         self.host, self.port = host, port
@@ -93,27 +93,41 @@ class Waiter:
 
     def until(self, keys: list[str], deadline: float, abandoned: Callable[[], bool]) -> bool:
         """Whether every one of ``keys`` was set by ``deadline`` (``time.monotonic()``);
-        :class:`Aborted` as soon as ``abandoned()``."""
-        client = self._client()
-        done = threading.Event()
-        got: list[bool] = []
+        :class:`Aborted` as soon as ``abandoned()``. A wait that fails before its deadline
+        (its connection lost: the store restarted on the same address) is tried again on a new
+        connection, and the failed one is dropped, not pooled."""
+        while True:
+            done = threading.Event()
+            got: list[bool | None] = []
+            args = (keys, deadline, done, got)
+            threading.Thread(target=self._block, args=args, daemon=True, name="quorum-wait").start()
+            while not done.wait(ABANDON_CHECK_S):
+                if abandoned():
+                    raise Aborted("quorum abandoned: moved to a newer epoch")
+            if got[0] is not None:
+                return got[0]
+            time.sleep(ABANDON_CHECK_S)  # a lost connection: a new one, while time is left
 
-        def block() -> None:
-            try:
-                client.wait(keys, timedelta(seconds=max(0.001, deadline - time.monotonic())))
-                got.append(True)
-            except Exception:  # the deadline passed (DistStoreError), or the store went away
-                got.append(False)
-            finally:
+    def _block(
+        self, keys: list[str], deadline: float, done: threading.Event, got: list[bool | None]
+    ) -> None:
+        """One blocking wait (its thread's): ``got`` True, False at the deadline, None when it
+        failed before it."""
+        client = None
+        try:
+            client = self._client()
+            client.wait(keys, timedelta(seconds=max(0.001, deadline - time.monotonic())))
+            got.append(True)
+        except Exception:  # the deadline passed (DistStoreError), or the connection failed
+            early = time.monotonic() < deadline - ABANDON_CHECK_S
+            got.append(None if early else False)
+            if early:
+                client = None  # broken: not back to the pool
+        finally:
+            if client is not None:
                 with self._pool_lock:
                     self._idle.append(client)
-                done.set()
-
-        threading.Thread(target=block, daemon=True, name="quorum-wait").start()
-        while not done.wait(ABANDON_CHECK_S):
-            if abandoned():
-                raise Aborted("quorum abandoned: moved to a newer epoch")
-        return got[0]
+            done.set()
 
 
 @dataclass(frozen=True)

@@ -28,6 +28,8 @@ from dmsc.runtime.compute.inbox import Aborted
 from dmsc.runtime.compute.quorum import Decision, Quorum
 from dmsc.runtime.transport.messages import LatePolicy
 
+STORE_CONNECT_S = 30.0  # the least time a replica gives its connection to the store
+
 
 class ReplicaGroup:
     """This replica's process group with the other replicas of its stage (same tp rank), formed
@@ -48,8 +50,12 @@ class ReplicaGroup:
     def store(self) -> Any:
         if self._store is None:
             host, _, port = self.cfg.tp_store.rpartition(":")
+            # connecting is given at least STORE_CONNECT_S: with a receive timeout of 2 s a
+            # connection on a loaded machine timed out before the store could answer it (CI,
+            # 2026-12-03); a missing member is still found out by the receive timeout
+            connect = max(self.timeout_s, STORE_CONNECT_S)
             self._store = dist.TCPStore(  # type: ignore[attr-defined]
-                host, int(port), is_master=False, timeout=timedelta(seconds=self.timeout_s)
+                host, int(port), is_master=False, timeout=timedelta(seconds=connect)
             )
             # where this replica is, for the hierarchical all-reduce's domains (set before its
             # first quorum, so that a group's members find each other's)
