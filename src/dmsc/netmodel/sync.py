@@ -70,7 +70,7 @@ from dataclasses import dataclass
 
 from dmsc.netmodel.codec_work import codec_work_s
 from dmsc.netmodel.comm import CommCost, CommModel, Group
-from dmsc.netmodel.constants import Calibration
+from dmsc.netmodel.constants import Calibration, DeviceCalibration
 from dmsc.netmodel.dp_buckets import stage_exposed_s
 from dmsc.netmodel.layers import LayerCost
 from dmsc.netmodel.leader_work import leader_work_s, privacy_work_s
@@ -179,7 +179,7 @@ class HostSide:
 
     memory_bytes_s: float
     copy_bytes_s: float | None = None
-    gaussian_s: float = 6e-9  # one Gaussian draw (central DP's noise at the leader)
+    gaussian_s: float = DeviceCalibration.gaussian_s  # a Gaussian draw (central DP's noise)
 
 
 def host_side(device: DeviceTypeSpec, calib: Calibration) -> HostSide:

@@ -83,12 +83,14 @@ class Waiter:
                 waiter = _WAITERS[key] = cls(*key)
             return waiter
 
-    def _client(self) -> Any:
+    def _client(self, deadline: float) -> Any:
         with self._pool_lock:
             if self._idle:
                 return self._idle.pop()
+        # a new connection gets no longer than the wait has (at least a second to connect)
+        connect = timedelta(seconds=max(1.0, deadline - time.monotonic()))
         return dist.TCPStore(  # type: ignore[attr-defined]
-            self.host, self.port, is_master=False, timeout=timedelta(seconds=60)
+            self.host, self.port, is_master=False, timeout=connect
         )
 
     def until(self, keys: list[str], deadline: float, abandoned: Callable[[], bool]) -> bool:
@@ -115,7 +117,7 @@ class Waiter:
         failed before it."""
         client = None
         try:
-            client = self._client()
+            client = self._client(deadline)
             client.wait(keys, timedelta(seconds=max(0.001, deadline - time.monotonic())))
             got.append(True)
         except Exception:  # the deadline passed (DistStoreError), or the connection failed
