@@ -13,7 +13,8 @@ runtime ranked with before its sorting network) is timed on the same updates.
 Prints a table, or with --json one object: ``memory_gbyte_s``, and per rule and count
 ``measured_ms``, ``predicted_ms``, ``ratio`` (measured over predicted), and for the sorting
 rules ``torch_sort_ms`` and ``network_speedup``; ``privacy``: central differential
-privacy's clip and noise (:func:`privacy_row`) against their price.
+privacy's clip and noise (:func:`privacy_row`) against their price; ``secure``: secure
+aggregation's masking and unmasking at each count (:func:`secure_rows`) against theirs.
 """
 
 from __future__ import annotations
@@ -28,11 +29,17 @@ from typing import Any
 
 import torch
 
-from dmsc.netmodel.leader_work import leader_work_s, privacy_work_s
+from dmsc.netmodel.leader_work import leader_work_s, privacy_work_s, secure_work_s
 from dmsc.runtime.compute.aggregators import aggregate, parse_aggregator, summed
-from dmsc.runtime.compute.calibrate import measure_gaussian_seconds
+from dmsc.runtime.compute.calibrate import measure_gaussian_seconds, measure_mask_seconds
 from dmsc.runtime.compute.host_memory import keep_freed_memory
 from dmsc.runtime.compute.privacy import add_noise, clip_update
+from dmsc.runtime.compute.secure_agg import (
+    MaskingParty,
+    ring_from_payload,
+    ring_to_payload,
+    unmask_sum,
+)
 
 RULES = ("mean", "median", "trimmed-mean", "krum:1", "multi-krum:1")
 
@@ -85,6 +92,7 @@ def measure(elements: int, counts: list[int], repeats: int) -> dict[str, Any]:
             rows.append(row)
     head = {"elements": elements, "repeats": repeats, "memory_gbyte_s": bandwidth / 1e9}
     head["privacy"] = privacy_row(elements, repeats, bandwidth)
+    head["secure"] = secure_rows(elements, counts, repeats, bandwidth)
     return head | summary(rows, [r["ratio"] for r in rows])
 
 
@@ -110,6 +118,46 @@ def privacy_row(elements: int, repeats: int, bandwidth: float) -> dict[str, Any]
         "predicted_ms": predicted * 1e3,
         "ratio": measured / predicted,
     }
+
+
+def secure_rows(elements: int, counts: list[int], repeats: int, bandwidth: float) -> dict[str, Any]:
+    """Secure aggregation's work on the path a replica waits on, as the runtime does it
+    (:meth:`dmsc.runtime.compute.outer_sync.ReplicaSync._secure`): one replica's update masked
+    for a fresh round and packed for the wire, and the leader's sum of the ``n`` payloads
+    unmasked and divided, against :func:`dmsc.netmodel.leader_work.secure_work_s` at the copy's
+    bandwidth and this machine's mask rate as ``dmsc calibrate`` measures it."""
+    mask_s = measure_mask_seconds(elements)
+    rows = []
+    for n in counts:
+        gen = torch.Generator().manual_seed(n)
+        parties = [MaskingParty(i, n) for i in range(n)]
+        keys = [p.public_bytes() for p in parties]
+        for p in parties:
+            p.agree(keys, "benchmark")
+        update = torch.randn(elements, generator=gen) * 0.01
+        labels = iter(range(1 << 30))  # a party masks under each round label once
+        masked = timed(
+            lambda p=parties[n // 2], x=update, it=labels: ring_to_payload(p.mask(x, next(it))),
+            repeats,
+        )
+        payloads = [ring_to_payload(p.mask(update, "sum")) for p in parties]
+        summed_s = timed(
+            lambda q=payloads, k=n: unmask_sum([ring_from_payload(x) for x in q]) / k, repeats
+        )
+        predicted = secure_work_s(n, elements, bandwidth, mask_s)
+        measured = masked + summed_s
+        rows.append(
+            {
+                "n": n,
+                "mask_ms": masked * 1e3,
+                "unmask_ms": summed_s * 1e3,
+                "measured_ms": measured * 1e3,
+                "predicted_ms": predicted * 1e3,
+                "ratio": measured / predicted,
+            }
+        )
+    ratios = [r["ratio"] for r in rows]
+    return {"mask_ns": mask_s * 1e9, "rows": rows, "ratio_range": [min(ratios), max(ratios)]}
 
 
 def summary(rows: list[dict[str, Any]], ratios: list[float]) -> dict[str, Any]:
@@ -153,6 +201,13 @@ def main() -> None:
         f"{pv['gaussian_ns']:.1f} ns): {pv['measured_ms']:.1f} ms against "
         f"{pv['predicted_ms']:.1f} ms predicted ({pv['ratio']:.2f})"
     )
+    sa = res["secure"]
+    print(f"secure aggregation (a pair's mask {sa['mask_ns']:.2f} ns an element):")
+    for r in sa["rows"]:
+        print(
+            f"{'':>13} {r['n']:>3} | {r['measured_ms']:6.1f} ms {r['predicted_ms']:6.1f} ms "
+            f"{r['ratio']:5.2f} | mask {r['mask_ms']:.1f} ms, unmask {r['unmask_ms']:.1f} ms"
+        )
 
 
 if __name__ == "__main__":

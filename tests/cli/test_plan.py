@@ -81,6 +81,7 @@ def test_a_diloco_plan_puts_its_replicas_in_two_datacenters(
         "via": "collective",
         "aggregator": "mean",
         "privacy": "none",
+        "secure": False,
     }
     assert summary["traffic_bytes"]["dp"] > 0
     document = json.loads(out.read_text())

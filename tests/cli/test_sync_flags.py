@@ -47,6 +47,7 @@ def test_estimate_shows_the_saving(dmsc: DmscRunner) -> None:
         "via": "collective",
         "aggregator": "mean",
         "privacy": "none",
+        "secure": False,
     }
     assert every["job"]["sync"] == {
         "mode": "every-step",
@@ -55,6 +56,7 @@ def test_estimate_shows_the_saving(dmsc: DmscRunner) -> None:
         "via": "collective",
         "aggregator": "mean",
         "privacy": "none",
+        "secure": False,
     }
     table = dmsc(*ESTIMATE[:-1], "--sync", "fedavg:8", "--compress", "powersgd:4")
     assert table.returncode == 0 and "sync fedavg:8, powersgd:4" in " ".join(table.stdout.split())
@@ -72,6 +74,7 @@ def test_compress_goes_over_the_job_file_s_sync(tmp_path: Path, dmsc: DmscRunner
         "via": "collective",
         "aggregator": "mean",
         "privacy": "none",
+        "secure": False,
     }
     out = _json(dmsc(*base, "--sync", "fedprox:4"))
     assert out["job"]["sync"] == {
@@ -81,6 +84,7 @@ def test_compress_goes_over_the_job_file_s_sync(tmp_path: Path, dmsc: DmscRunner
         "via": "collective",
         "aggregator": "mean",
         "privacy": "none",
+        "secure": False,
     }
 
 
@@ -99,6 +103,7 @@ def test_plan_shows_the_saving(dmsc: DmscRunner) -> None:
         "via": "collective",
         "aggregator": "mean",
         "privacy": "none",
+        "secure": False,
     }
     assert diloco["iteration_time_s"] <= every["iteration_time_s"]
 

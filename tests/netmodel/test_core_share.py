@@ -51,6 +51,7 @@ def test_on_cores_scales_the_rates_once() -> None:
     assert half.device_types["cpu"].memory_bw_gbyte_s == pytest.approx(6.0)
     assert half.device_types["cpu"].op_overhead_us == 20.0  # a fixed cost per kernel: as it is
     assert half.device_types["cpu"].gaussian_ns == pytest.approx(12.0)  # the 6 ns default, shared
+    assert half.device_types["cpu"].mask_ns == pytest.approx(2.8)  # the 1.4 ns default, shared
     assert half.shared_cores is None and on_cores(half, 4) is half  # never shared twice
     assert on_cores(c, 4) is half  # kept for the next ask
     assert c.device_types["cpu"].peak_tflops["fp32"] == 0.08  # the spec itself unchanged

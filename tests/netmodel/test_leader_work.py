@@ -80,6 +80,32 @@ def test_the_estimate_adds_the_leaders_work_to_the_star(
     assert plain.breakdown_s["dp_comm"] > ring.breakdown_s["dp_comm"]
 
 
+MODEL = resolve_model("gpt3-350m").model_copy(update={"dtype": "bf16"})
+
+
+def job(**sync: object) -> JobSpec:
+    """gpt3-350m at dp 8 on one node with ``sync``."""
+    return JobSpec.model_validate({"global_batch": 8, "dp": 8, "sync": sync})
+
+
+def _star(
+    one_node: Callable[[int], ClusterSpec], field: str, value: float
+) -> tuple[ClusterSpec, ClusterSpec, float, float]:
+    """One node of 8 devices, and a copy whose device type measured ``field``; the parameters a
+    device holds of gpt3-350m at dp 8 and the bandwidth its passes are priced at."""
+    from dmsc.netmodel.constants import DEFAULT_CALIBRATION
+    from dmsc.netmodel.layers import build_layer_costs
+
+    cluster = one_node(8)
+    data = cluster.model_dump(mode="json", exclude_none=True)
+    data["device_types"]["g"][field] = value  # measured: replaces the default
+    params = sum(lc.params_per_device for lc in build_layer_costs(MODEL, job()))
+    device = cluster.device_types["g"]
+    bandwidth = device.memory_bw_gbyte_s * 1e9
+    bandwidth *= DEFAULT_CALIBRATION.for_device(device).memory_efficiency
+    return cluster, ClusterSpec.model_validate(data), params, bandwidth
+
+
 def test_central_privacy_s_clip_and_noise_are_priced(
     one_node: Callable[[int], ClusterSpec],
 ) -> None:
@@ -88,8 +114,6 @@ def test_central_privacy_s_clip_and_noise_are_priced(
     32 bytes an element (counted from dmsc.runtime.compute.privacy's operations), and the
     noise a Gaussian draw an element at the device's measured ``gaussian_ns`` (the default 6 ns
     where none was measured) plus 24 bytes; at tp ranks each draws the whole replica's."""
-    from dmsc.netmodel.constants import DEFAULT_CALIBRATION
-    from dmsc.netmodel.layers import build_layer_costs
     from dmsc.netmodel.leader_work import privacy_work_s
 
     assert privacy_work_s("none", 1e6, 1e10, 6e-9) == 0.0
@@ -97,24 +121,12 @@ def test_central_privacy_s_clip_and_noise_are_priced(
     assert privacy_work_s("noise", 1e6, 1e10, 6e-9, tp=2) == pytest.approx(
         1e6 * 32 / 1e10 + 1e6 * (2 * 6e-9 + 24 / 1e10)
     )
-    cluster = one_node(8)
-    data = cluster.model_dump(mode="json", exclude_none=True)
-    data["device_types"]["g"]["gaussian_ns"] = 9.0  # measured: replaces the default
-    measured = ClusterSpec.model_validate(data)
-    model = resolve_model("gpt3-350m").model_copy(update={"dtype": "bf16"})
-
-    def job(**sync: object) -> JobSpec:
-        return JobSpec.model_validate({"global_batch": 8, "dp": 8, "sync": sync})
-
-    params = sum(lc.params_per_device for lc in build_layer_costs(model, job()))
-    device = cluster.device_types["g"]
-    bandwidth = device.memory_bw_gbyte_s * 1e9
-    bandwidth *= DEFAULT_CALIBRATION.for_device(device).memory_efficiency
-    plain = estimate_iteration(measured, model, job(via="leader")).breakdown_s["dp_comm"]
+    cluster, measured, params, bandwidth = _star(one_node, "gaussian_ns", 9.0)
+    plain = estimate_iteration(measured, MODEL, job(via="leader")).breakdown_s["dp_comm"]
     for privacy, per_element in (("clip", 32 / bandwidth), ("noise", 9e-9 + 56 / bandwidth)):
-        got = estimate_iteration(measured, model, job(via="leader", privacy=privacy))
+        got = estimate_iteration(measured, MODEL, job(via="leader", privacy=privacy))
         assert got.breakdown_s["dp_comm"] - plain == pytest.approx(params * per_element, rel=1e-9)
-    default = estimate_iteration(cluster, model, job(via="leader", privacy="noise"))
+    default = estimate_iteration(cluster, MODEL, job(via="leader", privacy="noise"))
     noise = default.breakdown_s["dp_comm"] - plain
     assert noise == pytest.approx(params * (6e-9 + 56 / bandwidth), rel=1e-9)
     with pytest.raises(ValueError, match=r"privacy 'noise'.*set via: leader"):
@@ -123,3 +135,34 @@ def test_central_privacy_s_clip_and_noise_are_priced(
         job(via="leader", privacy="noise").sync.label
         == "every-step, through the leader, with DP noise"
     )
+
+
+def test_secure_aggregations_masks_are_priced(one_node: Callable[[int], ClusterSpec]) -> None:
+    """Secure aggregation was unpriced: a task masking its replicas' updates was predicted as
+    the plain mean through the leader. Now one replica's masking (its fixed-point encoding,
+    ``n - 1`` pair masks at the device's measured ``mask_ns``, 1.4 ns where none was measured)
+    and the leader's unmasking replace the mean's passes; the wire is the star's as before."""
+    from dmsc.netmodel.leader_work import secure_bytes_per_element, secure_work_s
+
+    assert secure_work_s(1, 1e6, 1e10, 1e-9) == 0.0
+    # one replica: 88 + 24 (n - 1) + 36; the leader: 60 n + 72
+    assert secure_bytes_per_element(4) == 88 + 24 * 3 + 36 + 60 * 4 + 72
+    assert secure_work_s(4, 1e6, 1e10, 2e-9) == pytest.approx(1e6 * (508 / 1e10 + 3 * 2e-9))
+    cluster, measured, params, bandwidth = _star(one_node, "mask_ns", 3.0)
+    star = estimate_iteration(measured, MODEL, job(via="leader"))
+    for spec, mask_s in ((measured, 3e-9), (cluster, 1.4e-9)):
+        secure = estimate_iteration(spec, MODEL, job(via="leader", secure=True))
+        extra = secure.breakdown_s["dp_comm"] - star.breakdown_s["dp_comm"]
+        masks = (secure_bytes_per_element(8) - bytes_per_element("mean", 8)) / bandwidth
+        assert extra == pytest.approx(params * (masks + 7 * mask_s), rel=1e-9)
+        assert secure.traffic_bytes == star.traffic_bytes  # int32 as large as fp32
+    assert job(via="leader", secure=True, privacy="noise").sync.label == (
+        "every-step, through the leader, securely aggregated, with DP noise"
+    )
+    for bad, reason in (
+        ({"secure": True}, "set via: leader"),
+        ({"secure": True, "via": "leader", "aggregator": "median"}, "only aggregator mean"),
+        ({"secure": True, "via": "leader", "compress": "int8"}, "only compress none"),
+    ):
+        with pytest.raises(ValueError, match=reason):
+            job(**bad)

@@ -43,8 +43,8 @@ FLOP-per-byte balance (about 3 on this CPU, 18 on an H100) they wait on memory, 
 to 8 are what PowerSGD is used with. Left out: each matrix's QR (of ``rows x r``) and the
 kernels' launch overheads (about a dozen a matrix).
 
-Not priced: central differential privacy's noise and secure aggregation's masks
-(:mod:`.leader_work`).
+Central differential privacy's clip and noise and secure aggregation's masks are priced in
+:mod:`.leader_work`.
 """
 
 from __future__ import annotations

@@ -88,6 +88,10 @@ class DeviceCalibration:
     # DP's noise at the leader), compute-bound: 5.2-7.6 ns on this project's x86 core
     # (2026-12-03); a device spec's measured ``gaussian_ns`` replaces it.
     gaussian_s: float = 6e-9
+    # One host thread's time to expand one element of a pair's secure-aggregation mask (a
+    # ChaCha20 keystream through `cryptography`'s OpenSSL, 4 bytes, widened to int64):
+    # 1.4 ns on this project's x86 core (2026-12-04); a device spec's ``mask_ns`` replaces it.
+    mask_s: float = 1.4e-9
     # Output tile of a tensor-core GEMM for the wave quantization (NVIDIA GEMM guide: 256 x 128
     # is cuBLAS's most efficient tile on A100); None where the library's persistent kernels
     # balance tiles over the SMs (Hopper, Blackwell: cuBLAS times on an H200 follow no
@@ -274,6 +278,8 @@ class Calibration:
         }
         if device.gaussian_ns is not None:
             host["gaussian_s"] = device.gaussian_ns * 1e-9
+        if device.mask_ns is not None:
+            host["mask_s"] = device.mask_ns * 1e-9
         if host:
             base = replace(base, **host)
         m = device.measured

@@ -42,7 +42,19 @@ rate (compute-bound: about 6 ns, where a memory pass of ``12`` bytes takes under
 to the sum (the check ``4``, the scaling ``8``, the addition ``12``: ``24``). At tensor-parallel
 ``tp`` each rank draws the whole replica's noise and cuts its share: ``tp`` draws an element.
 
-Not priced: secure aggregation's masks (each replica expands ``n - 1`` pairwise seeds).
+Secure aggregation (:func:`secure_work_s`, the runtime's
+:mod:`dmsc.runtime.compute.secure_agg`; always the plain mean, uncompressed): each replica puts
+its update in fixed point on the ring Z_2^32, held in int64 (checked finite by its sum ``4``,
+widened to float64 ``12``, scaled ``16`` and rounded ``16`` in place, its range ``8``, to int64
+``16`` and reduced ``16``: ``88``), adds or subtracts the mask of each of its ``n - 1`` pairs (a
+ChaCha20 keystream widened to int64, at the host's measured rate: about 1.4 ns an element; the
+addition ``24``), reduces the result (``16``) and narrows it to int32 for the wire (its range
+``8``, the narrowing ``12``); the leader widens, reduces, checks and adds each of the ``n``
+payloads (``60`` each) into a zeroed sum (``8``), reduces it (``16``), decodes it to fp32 (its
+range ``8``, narrowed to int32 ``12``, checked ``4``, to fp32 ``8``, scaled ``8``) and divides
+by ``n`` (``8``). These are the bytes the runtime's torch operations read and write, counted
+by ``tests/runtime/compute/test_secure_agg.py``. The key agreement, once a session, is not
+priced (``n`` public keys of 32 bytes and an X25519 exchange per pair).
 A codec's decoding at the leader is :mod:`dmsc.netmodel.codec_work`'s.
 ``benchmarks/leader_work.py`` measures every rule on the machine against these figures.
 """
@@ -140,3 +152,31 @@ def privacy_work_s(
     if privacy == "noise":
         work += elements * (tp * gaussian_s + NOISE_PASSES / memory_bytes_s)
     return work
+
+
+MASK_ENCODE = 88.0  # a replica's update in fixed point on the ring (module docstring)
+MASK_PAIR = 24.0  # a pair's mask added or subtracted, in place
+MASK_PAYLOAD = 36.0  # the masked ring reduced and narrowed to int32 for the wire
+UNMASK_PARTY = 60.0  # a payload widened, reduced, checked and added to the leader's sum
+UNMASK_SUM = 72.0  # the sum zeroed, reduced, decoded to fp32 and divided by n
+
+
+def secure_bytes_per_element(n: int) -> float:
+    """Bytes an element that secure aggregation's passes read and write on the path a replica
+    waits on among ``n`` replicas: one replica's masking and the leader's unmasking (module
+    docstring), without the masks' keystreams; 0 for fewer than two."""
+    if n < 2:
+        return 0.0
+    replica = MASK_ENCODE + MASK_PAIR * (n - 1) + MASK_PAYLOAD
+    return replica + UNMASK_PARTY * n + UNMASK_SUM
+
+
+def secure_work_s(n: int, elements: float, memory_bytes_s: float, mask_s: float) -> float:
+    """Seconds of secure aggregation's work on the path a replica waits on, among ``n``
+    replicas of ``elements`` fp32 elements an update: its passes at ``memory_bytes_s`` and one
+    replica's ``n - 1`` pair masks at ``mask_s`` an element each (module docstring)."""
+    if n < 2:
+        return 0.0
+    if memory_bytes_s <= 0:
+        raise ValueError(f"memory bandwidth must be > 0 bytes/s, got {memory_bytes_s}")
+    return elements * (secure_bytes_per_element(n) / memory_bytes_s + (n - 1) * mask_s)

@@ -58,7 +58,11 @@ The choices, for :func:`dmsc.netmodel.iteration.estimate_iteration` and the simu
   copies (``dmsc.runtime.compute.dp_collective``), which this model does not price.
 - **Central privacy**: the clip's passes at each replica and the leader's Gaussian draws
   (:func:`dmsc.netmodel.leader_work.privacy_work_s`), priced since 2026-12-03.
-- **Not modelled**: secure aggregation's masks, the outer
+- **Secure aggregation** (``secure``): each replica's fixed-point encoding and its ``n - 1``
+  pair masks (ChaCha20 keystreams at the host's measured rate), and the leader's unmasking in
+  place of the mean (:func:`dmsc.netmodel.leader_work.secure_work_s`), priced since
+  2026-12-04. Its int32 payload is as large as fp32's: the wire is the star's as it was.
+- **Not modelled**: the outer
   optimizer's state (anchor weights and momentum, kept in host memory as OpenDiLoCo does), and
   convergence (local steps may need more iterations to the same loss).
 """
@@ -73,7 +77,7 @@ from dmsc.netmodel.comm import CommCost, CommModel, Group
 from dmsc.netmodel.constants import Calibration, DeviceCalibration
 from dmsc.netmodel.dp_buckets import stage_exposed_s
 from dmsc.netmodel.layers import LayerCost
-from dmsc.netmodel.leader_work import leader_work_s, privacy_work_s
+from dmsc.netmodel.leader_work import leader_work_s, privacy_work_s, secure_work_s
 from dmsc.spec.cluster import DeviceTypeSpec
 from dmsc.spec.sync import Compression, SyncSpec
 
@@ -180,6 +184,7 @@ class HostSide:
     memory_bytes_s: float
     copy_bytes_s: float | None = None
     gaussian_s: float = DeviceCalibration.gaussian_s  # a Gaussian draw (central DP's noise)
+    mask_s: float = DeviceCalibration.mask_s  # an element of a pair's secure-aggregation mask
 
 
 def host_side(device: DeviceTypeSpec, calib: Calibration) -> HostSide:
@@ -188,8 +193,8 @@ def host_side(device: DeviceTypeSpec, calib: Calibration) -> HostSide:
     ``host_copy_gbyte_s``) or the generation's defaults."""
     dc = calib.for_device(device)
     if device.runtime_device == "cpu":
-        return HostSide(memory_bytes_s(device, calib), None, dc.gaussian_s)
-    return HostSide(dc.host_memory_bytes_s, dc.host_copy_bytes_s, dc.gaussian_s)
+        return HostSide(memory_bytes_s(device, calib), None, dc.gaussian_s, dc.mask_s)
+    return HostSide(dc.host_memory_bytes_s, dc.host_copy_bytes_s, dc.gaussian_s, dc.mask_s)
 
 
 def work_s(sync: SyncSpec, n: int, elements: float, host: HostSide, tp: int = 1) -> float:
@@ -197,13 +202,15 @@ def work_s(sync: SyncSpec, n: int, elements: float, host: HostSide, tp: int = 1)
     fp32 elements an update, on ``host`` (:func:`host_side`): the codec's passes
     (:mod:`dmsc.netmodel.codec_work`) and, through the leader, its rule's and central
     privacy's (:mod:`dmsc.netmodel.leader_work`; ``tp`` ranks each draw the whole replica's
-    noise), at the host's memory bandwidth; off a CPU, the update copied to the host and the
-    answer back."""
+    noise), or secure aggregation's masking and unmasking in place of the leader's mean, at the
+    host's memory bandwidth; off a CPU, the update copied to the host and the answer back."""
     if n < 2:
         return 0.0
     work = codec_work_s(sync.compression, sync.via, n, elements, host.memory_bytes_s)
+    if sync.secure:  # the leader sums the masked ring payloads: its own passes, not the mean's
+        work += secure_work_s(n, elements, host.memory_bytes_s, host.mask_s)
     # PowerSGD's leader averages the low-rank factors only, a few hundredths of the update
-    if sync.via == "leader" and sync.compression.kind != "powersgd":
+    elif sync.via == "leader" and sync.compression.kind != "powersgd":
         work += leader_work_s(sync.aggregator, n, elements, host.memory_bytes_s)
     work += privacy_work_s(sync.privacy, elements, host.memory_bytes_s, host.gaussian_s, tp)
     if work > 0 and host.copy_bytes_s is not None:

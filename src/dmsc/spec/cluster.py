@@ -133,6 +133,15 @@ class DeviceTypeSpec(_Spec):
             "calibrate. Unset: the cost model's default (6 ns)."
         ),
     )
+    mask_ns: PositiveFloat | None = Field(
+        default=None,
+        description=(
+            "Nanoseconds one thread of the host takes to expand one element of a pair's "
+            "secure-aggregation mask (a ChaCha20 keystream, widened to int64), at which each "
+            "replica masks its update; measured by calibrate. Unset: the cost model's default "
+            "(1.4 ns)."
+        ),
+    )
     measured: MeasuredEfficiency | None = Field(
         default=None, description="Efficiencies measured on this device (dmsc calibrate)."
     )

@@ -125,6 +125,16 @@ class SyncSpec(SyncForms, BaseModel):
         ),
     )
 
+    secure: bool = Field(
+        default=False,
+        description=(
+            "Secure aggregation as dmsc's runtime runs it (via: leader, the mean, no "
+            "compression): each replica masks its update in fixed point with a keystream per "
+            "pair of replicas, so that the leader learns only the sum; the cost model prices "
+            "the masking and the leader's unmasking."
+        ),
+    )
+
     @model_validator(mode="before")
     @classmethod
     def _short_form(cls, data: Any) -> Any:
@@ -147,6 +157,21 @@ class SyncSpec(SyncForms, BaseModel):
                 f"privacy {self.privacy!r}: the noise is added to the sum at the stage leader: "
                 "set via: leader"
             )
+        if self.secure:
+            if self.via != "leader":
+                raise ValueError(
+                    "secure: the masked updates are summed at the stage leader: set via: leader"
+                )
+            if rule != "mean":
+                raise ValueError(
+                    "secure: secure aggregation reveals only the sum, not what "
+                    f"{self.aggregator!r} needs: only aggregator mean"
+                )
+            if self.compress != "none":
+                raise ValueError(
+                    f"secure: secure aggregation masks fixed-point values, not {self.compress!r}: "
+                    "only compress none"
+                )
         if rule != "mean" and self.compression.kind == "powersgd":
             raise ValueError("aggregator: PowerSGD averages low-rank factors: only mean")
         return self
@@ -161,4 +186,5 @@ class SyncSpec(SyncForms, BaseModel):
             return mode
         rule = "" if self.aggregator == "mean" else f" ({self.aggregator})"
         private = {"none": "", "clip": ", clipped", "noise": ", with DP noise"}[self.privacy]
-        return f"{mode}, through the leader{rule}{private}"
+        masked = ", securely aggregated" if self.secure else ""
+        return f"{mode}, through the leader{rule}{masked}{private}"

@@ -191,3 +191,76 @@ def test_ring_payloads_and_key_payloads_round_trip_and_reject_bad_shapes() -> No
         unmask_sum([torch.tensor([RING], dtype=torch.int64)])
     with pytest.raises(ValueError, match="values, payload 0"):
         unmask_sum([ring, ring[:2]])
+
+
+def test_the_wire_form_and_the_decoding_are_the_signed_ring_values() -> None:
+    """The narrowing to int32 is the two's complement of a ring value, and the decoding its
+    float32, checked against Python's integers: 2^32 taken from the upper half, the quotient by
+    2^16 in float64 rounded once to float32 (what both did before 2026-12-04, in 62 and 134
+    bytes an element, where they now move 20 and 40)."""
+    rng = np.random.default_rng(7)
+    edges = [0, 1, (1 << 31) - 1, 1 << 31, (1 << 31) + 1, RING - 1]
+    values = np.concatenate([edges, rng.integers(0, RING, 4096)]).astype(np.int64)
+    signed = np.where(values >= 1 << 31, values - RING, values)
+    ring = torch.from_numpy(values)
+    assert ring_to_payload(ring).numpy().tolist() == signed.tolist()
+    # values a sum of 3 bounded encodings can reach: |x| <= 3 * ((2^31 - 1) // 3)
+    small = signed[np.abs(signed) <= 3 * ((2**31 - 1) // 3)]
+    decoded = decode_fixed(torch.from_numpy(small % RING), 3)
+    assert decoded.numpy().tolist() == (small / 65536.0).astype(np.float32).tolist()
+
+
+def test_an_update_in_float64_is_not_changed_by_its_encoding() -> None:
+    """The encoding scales and rounds a copy in place: a float64 update is its own dtype
+    already, and ``to`` without a copy would have handed it back to be overwritten."""
+    x = torch.linspace(-0.5, 0.5, 101, dtype=torch.float64)
+    before = x.clone()
+    encode_fixed(x, 3)
+    assert torch.equal(x, before)
+
+
+@pytest.mark.parametrize("count", [3, 5, 8])
+def test_the_bytes_the_runtime_moves_are_the_ones_the_cost_model_prices(count: int) -> None:
+    """``dmsc.netmodel.leader_work`` prices secure aggregation by the bytes its torch operations
+    read and write: here every operation the runtime's masking and unmasking dispatch is
+    counted (its tensor inputs and output, an in-place one's output too; views move nothing),
+    against the cost model's figures. The keystreams (numpy, OpenSSL) are priced apart."""
+    from torch.utils._python_dispatch import TorchDispatchMode
+    from torch.utils._pytree import tree_flatten
+
+    from dmsc.netmodel import leader_work as lw
+
+    class Moved(TorchDispatchMode):
+        def __init__(self) -> None:
+            super().__init__()
+            self.bytes = 0
+
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):  # type: ignore[no-untyped-def]
+            out = func(*args, **(kwargs or {}))
+            if not func.is_view:
+                ins = [t for t in tree_flatten((args, kwargs))[0] if isinstance(t, torch.Tensor)]
+                outs = [t for t in tree_flatten(out)[0] if isinstance(t, torch.Tensor)]
+                in_place = func._schema.name.endswith("_")
+                self.bytes += sum(t.nbytes for t in ins) + sum(
+                    t.nbytes for t in outs if in_place or all(t is not i for i in ins)
+                )
+            return out
+
+    elements = 1 << 14
+    parties = _parties(count)
+    x = torch.randn(elements, generator=torch.Generator().manual_seed(count)) * 0.01
+    with Moved() as replica:
+        ring_to_payload(parties[1].mask(x, "counted"))
+    payloads = [ring_to_payload(p.mask(x, "summed")) for p in parties]
+    with Moved() as leader:
+        unmask_sum([ring_from_payload(q) for q in payloads]) / count
+    # scalars read back (the checks' extremes and sum) are a few bytes, not an element's
+    assert replica.bytes / elements == pytest.approx(
+        lw.MASK_ENCODE + lw.MASK_PAIR * (count - 1) + lw.MASK_PAYLOAD, abs=0.05
+    )
+    assert leader.bytes / elements == pytest.approx(
+        lw.UNMASK_PARTY * count + lw.UNMASK_SUM, abs=0.05
+    )
+    assert lw.secure_bytes_per_element(count) * elements == pytest.approx(
+        replica.bytes + leader.bytes, rel=1e-4
+    )

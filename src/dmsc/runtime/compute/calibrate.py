@@ -154,6 +154,22 @@ def measure_gaussian_seconds(elements: int = 1 << 20, threads: int = 1) -> float
     return 1.0 / rate
 
 
+def measure_mask_seconds(elements: int = 1 << 20, threads: int = 1) -> float:
+    """Seconds to expand one element of a pair's secure-aggregation mask on ``threads``
+    threads, as each replica does for every other (``secure_agg.keystream``: ChaCha20 through
+    OpenSSL, widened to int64); the key is fixed, as the rate does not depend on it."""
+    from dmsc.runtime.compute.secure_agg import keystream
+
+    key = bytes(range(32))
+    old = torch.get_num_threads()
+    torch.set_num_threads(threads)
+    try:
+        rate = _best_rate(lambda: keystream(key, elements), float(elements), repeats=10)
+    finally:
+        torch.set_num_threads(old)
+    return 1.0 / rate
+
+
 def _block_step(model: str, tokens: tuple[int, int]) -> Callable[[], None]:
     from dmsc.runtime.compute.models.chain import build_layer
     from dmsc.spec import TransformerSpec, resolve_model
@@ -225,6 +241,8 @@ def _device(measured: dict[str, float], rate: float, dc: Any) -> dict[str, Any]:
     }
     if "gaussian_s" in measured:
         out["gaussian_ns"] = measured["gaussian_s"] * 1e9
+    if "mask_s" in measured:
+        out["mask_ns"] = measured["mask_s"] * 1e9
     return out
 
 
@@ -417,6 +435,7 @@ def calibrate(
     measured: dict[str, float] = {
         "memory_bytes_s": measure_memory_bandwidth(),
         "gaussian_s": measure_gaussian_seconds(),
+        "mask_s": measure_mask_seconds(),
         "loopback_bytes_s": rate,
         "loopback_rtt_s": rtt,
         "cores": float(

@@ -63,6 +63,8 @@ from cryptography.hazmat.primitives.asymmetric.x25519 import X25519PrivateKey, X
 from cryptography.hazmat.primitives.ciphers import Cipher, algorithms
 from cryptography.hazmat.primitives.kdf.hkdf import HKDF, HKDFExpand
 
+from dmsc.runtime.compute.frames import finite
+
 KEY_BYTES = 32
 """Length of an X25519 public key."""
 RING_BITS = 32
@@ -91,27 +93,28 @@ def encode_fixed(
     """
     _check_float_vector(x, "update")
     limit = _limit(parties, scale_bits)
-    x64 = x.detach().to("cpu", torch.float64)
-    bad = ~torch.isfinite(x64)
-    if bad.any():
+    if not finite(x):
+        x64 = x.detach().to("cpu", torch.float64)
+        bad = ~torch.isfinite(x64)
         first = int(bad.nonzero()[0, 0])
         raise ValueError(
             f"update holds {int(bad.sum())} NaN/inf values (first at index {first}, "
             f"{float(x64[first])}); they would corrupt every party's sum"
         )
-    scaled = torch.round(x64 * (1 << scale_bits))
+    # a copy of its own (x may be float64 already), scaled and rounded in place
+    scaled = x.detach().to("cpu", torch.float64, copy=True).mul_(1 << scale_bits).round_()
     if clip:
-        scaled = scaled.clamp(-limit, limit)
-    else:
-        peak = scaled.abs().max() if scaled.numel() else torch.tensor(0.0)
-        if float(peak) > limit:
+        scaled.clamp_(-limit, limit)
+    elif scaled.numel():
+        low, high = torch.aminmax(scaled)
+        if max(-float(low), float(high)) > limit:
             index = int(scaled.abs().argmax())
             raise ValueError(
-                f"update value {float(x64[index])} at index {index} is beyond the bound "
+                f"update value {float(x[index])} at index {index} is beyond the bound "
                 f"±{max_abs_value(parties, scale_bits)} for {parties} parties at {scale_bits} "
                 "fraction bits (the sum would wrap around the ring); clip it or lower scale_bits"
             )
-    return scaled.to(torch.int64) & _RING_MASK
+    return scaled.to(torch.int64).bitwise_and_(_RING_MASK)
 
 
 def decode_fixed(
@@ -120,25 +123,36 @@ def decode_fixed(
     """The signed float32 value of a ring sum of ``parties`` encodings (:func:`encode_fixed`)."""
     _check_ring(sum_ring, "ring sum")
     limit = _limit(parties, scale_bits)
-    signed = torch.where(sum_ring >= _HALF_RING, sum_ring - RING, sum_ring)
+    signed = _signed(sum_ring)
     # Only values within R of ±2^31 can exceed the bound: a cheap check, not a detector of masks
     # that failed to cancel (those decode as uniform noise).
-    if signed.numel() and int(signed.abs().max()) > parties * limit:
-        raise ValueError(f"ring sum is beyond what {parties} bounded encodings can add up to")
-    return (signed.to(torch.float64) / (1 << scale_bits)).to(torch.float32)
+    if signed.numel():
+        low, high = torch.aminmax(signed)
+        if max(-int(low), int(high)) > parties * limit:
+            raise ValueError(f"ring sum is beyond what {parties} bounded encodings can add up to")
+    # int32 to float32 rounds once to 24 bits, as float64 to float32 did after an exact float64
+    # division; scaling by a power of two changes no bit of the mantissa
+    return signed.to(torch.float32).mul_(1.0 / (1 << scale_bits))
 
 
 def ring_to_payload(ring: torch.Tensor) -> torch.Tensor:
     """A ring vector as int32 (two's complement) for the wire."""
     _check_ring(ring, "ring vector")
-    return torch.where(ring >= _HALF_RING, ring - RING, ring).to(torch.int32)
+    return _signed(ring)
 
 
 def ring_from_payload(payload: torch.Tensor) -> torch.Tensor:
     """The ring vector (int64, 0 .. 2^32-1) of an int32 payload from :func:`ring_to_payload`."""
     if payload.dtype != torch.int32 or payload.dim() != 1:
         raise ValueError(f"payload must be a 1-D int32 tensor, got {payload.dtype} {payload.shape}")
-    return payload.to("cpu", torch.int64) & _RING_MASK
+    return payload.to("cpu", torch.int64).bitwise_and_(_RING_MASK)
+
+
+def _signed(ring: torch.Tensor) -> torch.Tensor:
+    """Ring values (int64, 0 .. 2^32-1) as their two's complement int32: the narrowing keeps
+    the low 32 bits (modular conversion; ``tests/runtime/compute/test_secure_agg.py`` checks it
+    against the subtraction of 2^32 from the upper half)."""
+    return ring.to(torch.int32)
 
 
 def unmask_sum(
@@ -158,7 +172,7 @@ def unmask_sum(
         if payload.numel() != length:
             raise ValueError(f"masked payload {n} has {payload.numel()} values, payload 0 {length}")
         total += payload.cpu()
-    return decode_fixed(total & _RING_MASK, len(masked), scale_bits=scale_bits)
+    return decode_fixed(total.bitwise_and_(_RING_MASK), len(masked), scale_bits=scale_bits)
 
 
 class MaskingParty:
@@ -264,14 +278,14 @@ class MaskingParty:
         payload = encode_fixed(x, self._parties, scale_bits=scale_bits, clip=clip)
         self._used_labels.add(label)
         for j, seed in self._seeds.items():
-            stream = _keystream(
+            stream = keystream(
                 HKDFExpand(hashes.SHA256(), 32, _ROUND_INFO + label).derive(seed), payload.numel()
             )
             if j > self._index:
                 payload += stream
             else:
                 payload -= stream
-        return payload & _RING_MASK
+        return payload.bitwise_and_(_RING_MASK)
 
 
 def keys_to_tensor(keys: Sequence[bytes]) -> torch.Tensor:
@@ -375,7 +389,7 @@ class SecureRound:
         return SecureRound(decision.members, decision.public_keys, self.min_parties)
 
 
-def _keystream(key: bytes, count: int) -> torch.Tensor:
+def keystream(key: bytes, count: int) -> torch.Tensor:
     """``count`` uniform values of Z_2^32 (int64) from the ChaCha20 keystream under ``key``.
 
     A zero nonce is safe: every key is used for one stream only (fresh per pair and round label).
@@ -411,5 +425,7 @@ def _check_float_vector(x: torch.Tensor, what: str) -> None:
 def _check_ring(ring: torch.Tensor, what: str) -> None:
     if not isinstance(ring, torch.Tensor) or ring.dtype != torch.int64 or ring.dim() != 1:
         raise ValueError(f"{what} must be a 1-D int64 tensor of ring values")
-    if ring.numel() and (int(ring.min()) < 0 or int(ring.max()) >= RING):
-        raise ValueError(f"{what} holds values outside 0 .. 2^32-1")
+    if ring.numel():
+        low, high = torch.aminmax(ring)
+        if int(low) < 0 or int(high) >= RING:
+            raise ValueError(f"{what} holds values outside 0 .. 2^32-1")

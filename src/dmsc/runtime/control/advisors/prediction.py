@@ -21,8 +21,8 @@ the stage leader (a robust aggregator, central differential privacy or secure ag
 :func:`dmsc.runtime.compute.outer_sync.by_collective` false), it is re-estimated with the
 leader's star (``via: leader``, :mod:`dmsc.netmodel.sync`) and its rule's passes over the
 updates (``aggregator``, :mod:`dmsc.netmodel.leader_work`); it used to be "not comparable", as
-the cost model priced the collective only. The noise of central privacy and the masks of secure
-aggregation are not priced.
+the cost model priced the collective only. Central privacy's clip and noise and secure
+aggregation's masks are priced too (``sync.privacy``, ``sync.secure``).
 
 A task whose dp changed while it ran (a resize between steps, a shrink after a lost node) has
 steps of several jobs: each segment of one dp (:mod:`dmsc.runtime.control.training.report`) is
@@ -119,6 +119,7 @@ def ran_sync(plan: Plan, sync: SyncSettings | None, dp: int = 1) -> SyncSpec:
         via="leader",
         aggregator=sync.aggregator,
         privacy=privacy,
+        secure=sync.secure,
     )
 
 
