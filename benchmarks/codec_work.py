@@ -4,8 +4,9 @@ For each codec the cost model prices the compute of (``none`` as the leader's fr
 ``bf16``, ``int8``, ``topk:0.01``) and each size, one fp32 update of ``--elements`` is encoded
 and the payload decoded as dmsc's runtime does (:mod:`dmsc.runtime.compute.compression`), in one
 thread, and timed (the median of ``--repeats``). The predictions are
-:data:`dmsc.netmodel.codec_work.ENCODE` and :data:`~dmsc.netmodel.codec_work.DECODE` bytes an
-element at this machine's memory bandwidth as ``dmsc calibrate`` measures it (a 64 MiB copy).
+:func:`dmsc.netmodel.codec_work.encode_bytes` and :func:`~dmsc.netmodel.codec_work.decode_bytes`
+bytes an element at this machine's memory bandwidth as ``dmsc calibrate`` measures it (a
+64 MiB copy).
 Top-k's selection is also timed as it was before :mod:`dmsc.runtime.compute.top_select`
 (``torch.topk`` over every magnitude: ``topk_torch_ms``, and ``topk_speedup``, side by side).
 PowerSGD (``powersgd:4``, the update as ``1024``-column matrices) is one replica's three calls of
@@ -33,10 +34,11 @@ from typing import Any
 import torch
 from leader_work import copy_bandwidth, summary, timed
 
-from dmsc.netmodel.codec_work import DECODE, ENCODE, POWERSGD
+from dmsc.netmodel.codec_work import POWERSGD, decode_bytes, encode_bytes
 from dmsc.runtime.compute.compression import PowerSGD, make_codec
 from dmsc.runtime.compute.host_memory import keep_freed_memory
 from dmsc.runtime.compute.top_select import top_indices
+from dmsc.spec.sync_forms import parse_compress
 
 FORMS = {"none": "none", "bf16": "bf16", "int8": "int8", "topk": "topk:0.01"}
 
@@ -72,7 +74,8 @@ def measure(sizes: list[int], repeats: int, keep: bool = True) -> dict[str, Any]
             payload = codec.encode(update)
             enc = timed(lambda c=codec, x=update: c.encode(x), repeats)
             dec = timed(lambda c=codec, p=payload, n=elements: c.decode(p, n), repeats)
-            enc_p, dec_p = (elements * b / bandwidth for b in (ENCODE[kind], DECODE[kind]))
+            form_ = parse_compress(form)
+            enc_p, dec_p = (elements * f(form_) / bandwidth for f in (encode_bytes, decode_bytes))
             rows.append(
                 {
                     "codec": form,

@@ -122,11 +122,12 @@ def _hostside() -> dict[str, Any]:
     import torch
 
     from dmsc.netmodel import DEFAULT_CALIBRATION
-    from dmsc.netmodel.codec_work import DECODE, ENCODE
+    from dmsc.netmodel.codec_work import decode_bytes, encode_bytes
     from dmsc.netmodel.sync import HostSide
     from dmsc.runtime.compute.compression import make_codec
     from dmsc.runtime.compute.device_calibration import measure_host_side
     from dmsc.runtime.compute.host_memory import keep_freed_memory
+    from dmsc.spec.sync_forms import parse_compress
 
     keep_freed_memory()  # as a worker
     torch.set_num_threads(1)
@@ -152,7 +153,8 @@ def _hostside() -> dict[str, Any]:
         times.append(time.perf_counter() - t0)
     measured = statistics.median(times)
     side = measure_host_side(device)
-    passes = elements * (ENCODE["int8"] + DECODE["int8"])  # one encode, one decode
+    int8 = parse_compress("int8")
+    passes = elements * (encode_bytes(int8) + decode_bytes(int8))  # one encode, one decode
     gen = DEFAULT_CALIBRATION.generation("h100" if gpu else "generic")
 
     def price(h: HostSide) -> float:

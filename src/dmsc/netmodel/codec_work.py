@@ -14,7 +14,9 @@ runtime's code (each operation reading its inputs and writing its output once):
 - ``int8``: encode ``59`` (the check; the padded copy, the absolute values, their block maxima,
   the division, the rounding and clamping, the cast to int8, the payload's concatenation),
   decode ``39`` (the values' copy and widening, the padded copy, the scaling, the cut, the
-  check).
+  check); and on each block's float32 scale, ``46`` more to encode (its maximum, its
+  division, the zero test and the safe divisor, its read by the division, its concatenation)
+  and ``22`` to decode (its copy, check and read): a ``BLOCK``-th of that an element.
 
 Through the leader (a star) the path a replica waits on is its encode, the leader's decode of
 all ``n`` updates, the leader's encode of the answer and the replica's decode of it (the rule's
@@ -25,23 +27,24 @@ encodes and decodes its own sum once, and decodes each of the ``n - 1`` chunks i
 into place (``8`` more each).
 
 ``topk:F`` encodes in ``31`` (the check; the residual added, ``12``; the magnitudes, ``8``;
-their comparison with the sampled threshold, ``5``; the candidates' positions, ``2``:
-:mod:`dmsc.runtime.compute.top_select`, whose narrowed selection is passes over memory where
-``torch.topk`` over everything was 12-23 ns an element on this project's CPU); a payload decodes
-into a zeroed vector (``4``). The leader's answer goes back ``sparse``: encoded in ``12`` (the
-check, the nonzero entries found), decoded in ``4``. By collective (an all-gather) each member
-decodes every member's payload and averages them itself (the mean's ``12n + 4``,
-:mod:`.leader_work`). The work on the kept entries and the candidates (a ``torch.topk`` among
-``1.5 k``, the indices' sort, the gathers) is left out: ``k`` is at most a tenth of the update.
+their comparison with the sampled threshold, ``5``; the candidates' positions, read twice,
+``2``: :mod:`dmsc.runtime.compute.top_select`, whose narrowed selection is passes over memory
+where ``torch.topk`` over everything was 12-23 ns an element on this project's CPU); a payload
+decodes into a zeroed vector (``4``). The leader's answer goes back ``sparse``: encoded in
+``12`` (the check, the nonzero entries found: read twice), decoded in ``4``. By collective (an
+all-gather) each member decodes every member's payload and averages them itself (the mean's
+``12n + 4``, :mod:`.leader_work`). The work on the kept entries and the candidates (the
+partial sort among about ``1.5 k`` candidates, the gathers, the payload's packing and
+checks) is left out: ``k`` is at most a tenth of the update.
 
-PowerSGD (rank ``r``) costs every replica ``64`` an element, through the leader or not: the
-error added (``12``, after the check's ``4``), ``M`` read by each of the four products (``M Q``,
-``M^T P``, and in ``finish`` the approximation and the error's: ``16``, their outputs ``8``), the
-answer copied into place (``8``), the error's zeroed buffer, subtraction and copy (``24``). Its
-products do ``2 r`` FLOPs for each 4 bytes of ``M`` they read: below a rank of twice the device's
-FLOP-per-byte balance (about 3 on this CPU, 18 on an H100) they wait on memory, and ranks of 1
-to 8 are what PowerSGD is used with. Left out: each matrix's QR (of ``rows x r``) and the
-kernels' launch overheads (about a dozen a matrix).
+PowerSGD (rank ``r``) costs every replica ``36`` an element, through the leader or not: the
+error added (``12``, after the check's ``4``), ``M`` read by the two products of its factors
+(``P = M Q`` and ``Q_i = M^T P_hat``: ``8``), the answer written in place by its product
+(``4``) and the error ``M - P_hat Q_i^T`` by one more (``M`` read, the error written: ``8``).
+Each product does ``2 r`` FLOPs an element: on this project's CPU at rank 4 they run at about
+twice a memory pass, not at its speed, which the price leaves out (``benchmarks/codec_work.py``:
+the exchange 1.7-2.3 times its price). Also left out: each matrix's QR (of ``rows x r``) and
+the kernels' launch overheads (about a dozen a matrix).
 
 Central differential privacy's clip and noise and secure aggregation's masks are priced in
 :mod:`.leader_work`.
@@ -54,10 +57,23 @@ from dmsc.spec.sync_forms import Compression
 
 ENCODE = {"none": 12.0, "bf16": 10.0, "int8": 59.0, "topk": 31.0}
 DECODE = {"none": 12.0, "bf16": 10.0, "int8": 39.0, "topk": 4.0}
+INT8_SCALE_ENCODE, INT8_SCALE_DECODE = 46.0, 22.0  # bytes a block's scale costs each way
 SPARSE_ENCODE, SPARSE_DECODE = 12.0, 4.0  # the leader's answer to top-k payloads
-POWERSGD = 64.0  # a replica's passes in one exchange, through the leader or by collective
+POWERSGD = 36.0  # a replica's passes in one exchange, through the leader or by collective
 ADD, PLACE = 12.0, 8.0  # a chunk added to a partial sum; a decoded chunk copied into place
 CAST_AROUND_BF16 = 12.0  # fp32 -> bf16 before gloo's all-reduce, bf16 -> fp32 after
+
+
+def encode_bytes(c: Compression) -> float:
+    """Bytes an element one encoding by the codec ``c`` (not PowerSGD) reads and writes."""
+    scales = INT8_SCALE_ENCODE / c.block if c.kind == "int8" else 0.0
+    return ENCODE[c.kind] + scales
+
+
+def decode_bytes(c: Compression) -> float:
+    """Bytes an element one decoding of a payload of the codec ``c`` reads and writes."""
+    scales = INT8_SCALE_DECODE / c.block if c.kind == "int8" else 0.0
+    return DECODE[c.kind] + scales
 
 
 def bytes_per_element(c: Compression, via: str, n: int) -> float:
@@ -68,7 +84,7 @@ def bytes_per_element(c: Compression, via: str, n: int) -> float:
         return 0.0
     if c.kind == "powersgd":
         return POWERSGD
-    enc, dec = ENCODE[c.kind], DECODE[c.kind]
+    enc, dec = encode_bytes(c), decode_bytes(c)
     if via == "leader":
         if c.kind == "topk":
             return enc + n * dec + SPARSE_ENCODE + SPARSE_DECODE

@@ -8,13 +8,16 @@ import itertools
 import numpy as np
 import pytest
 import torch
+from bytes_moved import BytesMoved
 from scipy import stats
 
+from dmsc.netmodel import leader_work
 from dmsc.runtime.compute.aggregators import (
     AGGREGATORS,
     aggregate,
     describe,
     parse_aggregator,
+    summed,
 )
 
 
@@ -176,3 +179,27 @@ def test_summed_adds_in_turn_as_float64_would_within_rounding(count: int) -> Non
     if count <= 2:
         assert torch.equal(got, torch.stack(parts).sum(0))
     assert all(torch.equal(a, b) for a, b in zip(parts, before, strict=True))
+
+
+@pytest.mark.parametrize("count", [3, 4, 5, 8])
+def test_the_bytes_each_rule_moves_are_the_ones_the_cost_model_prices(count: int) -> None:
+    """``dmsc.netmodel.leader_work`` prices the leader's rules by the bytes their torch
+    operations read and write: counted here operation by operation (``tests/bytes_moved.py``)
+    as the rules run, against its figure for every rule the count allows (the mean as the
+    leader takes it: the replicas' sum over their count)."""
+    elements = 1 << 16
+    parts = _parts(count, n=elements, seed=count)
+    forms = ["mean", "median", "krum:0", "multi-krum:0"]
+    forms += [f"trimmed-mean:{0.25 if count < 8 else 0.2}"] if count >= 4 else []
+    forms += ["krum:1", "multi-krum:1"] if count >= 5 else []
+    for form in forms:
+        name, options = parse_aggregator(form)
+        with BytesMoved() as moved:
+            if name == "mean":
+                summed(parts) / count
+            else:
+                aggregate(name, parts, **options)
+        # Krum's n x n distances, their sort and the scores are a few bytes, not an element's
+        assert moved.per_element(elements) == pytest.approx(
+            leader_work.bytes_per_element(form, count), abs=0.1
+        ), (form, dict(moved.by_op))

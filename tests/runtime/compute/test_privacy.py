@@ -8,8 +8,10 @@ from collections.abc import Callable
 import numpy as np
 import pytest
 import torch
+from bytes_moved import BytesMoved
 from scipy import optimize, stats
 
+from dmsc.netmodel import leader_work
 from dmsc.runtime.compute.privacy import PrivacyLedger, add_noise, clip_update
 
 # Opacus' RDP orders (RDPAccountant.DEFAULT_ALPHAS), written out so the reference stays independent.
@@ -46,6 +48,25 @@ def test_noise_has_the_promised_standard_deviation_and_is_reproducible() -> None
     again = add_noise(total, 1.3, 0.5, torch.Generator().manual_seed(11))
     assert torch.equal(noised, again) and noised.dtype == total.dtype
     assert torch.equal(add_noise(total, 0.0, 0.5, torch.Generator()), total)
+
+
+def test_the_bytes_clip_and_noise_move_are_the_ones_the_cost_model_prices() -> None:
+    """``dmsc.netmodel.leader_work.privacy_work_s`` prices the clip and the noise by the bytes
+    their torch operations read and write, counted here operation by operation
+    (``tests/bytes_moved.py``), besides the draws, priced at the host's Gaussian rate (what
+    ``dmsc calibrate`` times is ``torch.randn``, its 4 bytes an element written included)."""
+    elements = 1 << 16
+    x = torch.randn(elements, generator=torch.Generator().manual_seed(3))
+    for max_norm in (1.0, 1e9):  # clipped, and short enough to be copied as it is
+        with BytesMoved() as clip:
+            clip_update(x, max_norm)
+        # the norm and the sum read back are a few bytes, not an element's
+        assert clip.per_element(elements) == pytest.approx(leader_work.CLIP, abs=0.01)
+    with BytesMoved() as noise:
+        add_noise(x, 1.1, 1.0, torch.Generator().manual_seed(4))
+    draws = noise.by_op.pop("aten.randn.generator")
+    assert draws == 4 * elements
+    assert (noise.bytes - draws) / elements == pytest.approx(leader_work.NOISE_PASSES, abs=0.01)
 
 
 def test_epsilon_falls_with_more_noise_and_grows_with_rounds() -> None:

@@ -5,6 +5,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 import torch
+from bytes_moved import BytesMoved
 from cryptography.hazmat.primitives.asymmetric.x25519 import X25519PrivateKey
 from scipy import stats
 
@@ -223,36 +224,17 @@ def test_an_update_in_float64_is_not_changed_by_its_encoding() -> None:
 def test_the_bytes_the_runtime_moves_are_the_ones_the_cost_model_prices(count: int) -> None:
     """``dmsc.netmodel.leader_work`` prices secure aggregation by the bytes its torch operations
     read and write: here every operation the runtime's masking and unmasking dispatch is
-    counted (its tensor inputs and output, an in-place one's output too; views move nothing),
-    against the cost model's figures. The keystreams (numpy, OpenSSL) are priced apart."""
-    from torch.utils._python_dispatch import TorchDispatchMode
-    from torch.utils._pytree import tree_flatten
-
+    counted (``tests/bytes_moved.py``) against the cost model's figures. The keystreams (numpy,
+    OpenSSL) are priced apart."""
     from dmsc.netmodel import leader_work as lw
-
-    class Moved(TorchDispatchMode):
-        def __init__(self) -> None:
-            super().__init__()
-            self.bytes = 0
-
-        def __torch_dispatch__(self, func, types, args=(), kwargs=None):  # type: ignore[no-untyped-def]
-            out = func(*args, **(kwargs or {}))
-            if not func.is_view:
-                ins = [t for t in tree_flatten((args, kwargs))[0] if isinstance(t, torch.Tensor)]
-                outs = [t for t in tree_flatten(out)[0] if isinstance(t, torch.Tensor)]
-                in_place = func._schema.name.endswith("_")
-                self.bytes += sum(t.nbytes for t in ins) + sum(
-                    t.nbytes for t in outs if in_place or all(t is not i for i in ins)
-                )
-            return out
 
     elements = 1 << 14
     parties = _parties(count)
     x = torch.randn(elements, generator=torch.Generator().manual_seed(count)) * 0.01
-    with Moved() as replica:
+    with BytesMoved() as replica:
         ring_to_payload(parties[1].mask(x, "counted"))
     payloads = [ring_to_payload(p.mask(x, "summed")) for p in parties]
-    with Moved() as leader:
+    with BytesMoved() as leader:
         unmask_sum([ring_from_payload(q) for q in payloads]) / count
     # scalars read back (the checks' extremes and sum) are a few bytes, not an element's
     assert replica.bytes / elements == pytest.approx(

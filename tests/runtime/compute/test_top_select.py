@@ -21,7 +21,8 @@ def _reference_values(a: torch.Tensor, k: int) -> np.ndarray:
 
 def _check(a: torch.Tensor, k: int) -> torch.Tensor:
     idx = top_indices(a, k)
-    assert idx.numel() == k and idx.unique().numel() == k  # k distinct entries
+    assert idx.dtype == torch.int64 and idx.numel() == k
+    assert bool((idx[1:] > idx[:-1]).all())  # k distinct entries, ascending (the codec's order)
     got = np.sort(a[idx].numpy())[::-1]
     np.testing.assert_array_equal(got, _reference_values(a, k))
     return idx
@@ -48,6 +49,7 @@ def test_ties_zeros_and_a_constant_vector() -> None:
     for k in (100, 20_000, 26_214):
         idx = _check(a, k)
         assert (a[idx] == 1.0).all()
+        assert torch.equal(idx, torch.arange(0, 7 * k, 7))  # of the tied, the first ones
     _check(torch.zeros(n), 1000)  # every entry tied at zero
     _check(torch.full((n,), 3.0), 5000)
 

@@ -272,7 +272,7 @@ class _TopK:
         acc = self._residual.to(x.device).add_(x)
         if self._magnitudes.shape != acc.shape or self._magnitudes.device != acc.device:
             self._magnitudes = torch.empty_like(acc)
-        idx = top_indices(torch.abs(acc, out=self._magnitudes), self.k).sort().values
+        idx = top_indices(torch.abs(acc, out=self._magnitudes), self.k)  # ascending
         values = acc[idx]
         acc[idx] = 0.0  # residual = (x + residual) - sent, exactly
         self._residual = acc
@@ -341,7 +341,7 @@ class PowerSGD:
         self.rank = rank
         generator = torch.Generator().manual_seed(seed)
         self._slots: list[_Slot] = []
-        self._q: list[torch.Tensor] = []  # one per compressed slot, cols x r
+        self._qt: list[torch.Tensor] = []  # Q^T, one per compressed slot, r x cols
         offset = 0
         for shape in shapes:
             size = torch.Size(shape)
@@ -350,7 +350,7 @@ class PowerSGD:
             r = min(rank, rows, cols) if len(size) >= 2 else 0
             self._slots.append(_Slot(offset, numel, rows, cols, r))
             if r:
-                self._q.append(torch.randn(cols, r, generator=generator))
+                self._qt.append(torch.randn(cols, r, generator=generator).T.contiguous())
             offset += numel
         self.n = offset
         self._error = torch.zeros(self.n, dtype=torch.float32)
@@ -379,9 +379,11 @@ class PowerSGD:
         """Round 1's payload: every matrix's ``P = (x + error) Q``, concatenated."""
         m = _check_input(x, self.n, self.name).to(self._error.device) + self._error
         self._m, self._p_hat = m, None
+        # P as (Q^T M^T)^T: the same product, where M Q took 3x as long at rank 4 (1.24 against
+        # 0.40 ms for 1M elements, 5.2 against 2.1 for 4M, one thread on this project's CPU)
         ps = [
-            m[s.offset : s.offset + s.numel].view(s.rows, s.cols) @ q
-            for s, q in zip([s for s in self._slots if s.rank], self._q, strict=True)
+            torch.mm(qt, m[s.offset : s.offset + s.numel].view(s.rows, s.cols).T).T
+            for s, qt in zip([s for s in self._slots if s.rank], self._qt, strict=True)
         ]
         return torch.cat([p.reshape(-1) for p in ps]) if ps else torch.zeros(0)
 
@@ -401,10 +403,12 @@ class PowerSGD:
             at += s.rows * s.rank
             # Householder QR: orthonormal columns even when P is rank-deficient (a zero gradient).
             p_hat = torch.linalg.qr(p).Q
-            q_own = block.view(s.rows, s.cols).T @ p_hat
+            # Q_i^T as P_hat^T M: the same product, where M^T P_hat took 10x as long at rank 4
+            # (3.4 against 0.34 ms for 1M elements, 21.6 against 1.9 for 4M)
+            q_own_t = torch.mm(p_hat.T, block.view(s.rows, s.cols))
             self._p_hat.append(p_hat)
-            self._q_own.append(q_own)
-            pieces.append(q_own.reshape(-1))
+            self._q_own.append(q_own_t)
+            pieces.append(q_own_t.T.reshape(-1))
         return torch.cat(pieces) if pieces else torch.zeros(0)
 
     def finish(self, q_mean: torch.Tensor) -> torch.Tensor:
@@ -414,20 +418,24 @@ class PowerSGD:
         m = self._m
         q_all = self._received(q_mean, self.bytes_per_round()[1], "the averaged Q")
         out = torch.empty(self.n, dtype=torch.float32, device=m.device)
-        error = torch.zeros_like(out)
+        error = torch.empty_like(out)
         at, j = 0, 0
         for s in self._slots:
             span = slice(s.offset, s.offset + s.numel)
             if not s.rank:
                 out[span] = q_all[at : at + s.numel]
+                error[span] = 0.0
                 at += s.numel
                 continue
             q = q_all[at : at + s.cols * s.rank].view(s.cols, s.rank)
             at += s.cols * s.rank
             p_hat = self._p_hat[j]
-            out[span] = (p_hat @ q.T).reshape(-1)
-            error[span] = m[span] - (p_hat @ self._q_own[j].T).reshape(-1)
-            self._q[j] = q.clone()
+            # each product written where it belongs: the answer, and the error M - P_hat Q_i^T
+            # in one pass over M
+            torch.mm(p_hat, q.T, out=out[span].view(s.rows, s.cols))
+            matrix, into = m[span].view(s.rows, s.cols), error[span].view(s.rows, s.cols)
+            torch.addmm(matrix, p_hat, self._q_own[j], alpha=-1, out=into)
+            self._qt[j] = q.T.contiguous()
             j += 1
         self._error, self._m, self._p_hat, self._q_own = error, None, None, []
         return out
