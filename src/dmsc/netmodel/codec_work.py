@@ -11,12 +11,14 @@ runtime's code (each operation reading its inputs and writing its output once):
   by collective nothing (the update goes as it is);
 - ``bf16``: encode ``10`` (the check, the cast), decode ``10`` (the cast, the check); by
   collective the cast down and back up around gloo's bfloat16 all-reduce, ``12``;
-- ``int8``: encode ``59`` (the check; the padded copy, the absolute values, their block maxima,
-  the division, the rounding and clamping, the cast to int8, the payload's concatenation),
-  decode ``39`` (the values' copy and widening, the padded copy, the scaling, the cut, the
-  check); and on each block's float32 scale, ``46`` more to encode (its maximum, its
-  division, the zero test and the safe divisor, its read by the division, its concatenation)
-  and ``22`` to decode (its copy, check and read): a ``BLOCK``-th of that an element.
+- ``int8``: encode ``33`` (the check ``4``; each block's maximum and minimum, ``8``; the
+  division ``8``; the rounding in place ``8``; the cast to int8 into the payload ``5``),
+  decode ``17`` (the values widened ``5``, scaled in place ``8``, checked ``4``); and on each
+  block's float32 scale, ``92`` more to encode (its extremes, the absolute maximum, the
+  division by 127, the zero and subnormal tests and the safe divisor, its read by the
+  division, its copy into the payload) and ``22`` to decode (its copy, check and read): a
+  ``BLOCK``-th of that an element. Until 2026-12-04 the codec moved ``59`` and ``39``
+  (a padded copy, the absolute values written, a clamp, a concatenation, a copy and a cut).
 
 Through the leader (a star) the path a replica waits on is its encode, the leader's decode of
 all ``n`` updates, the leader's encode of the answer and the replica's decode of it (the rule's
@@ -55,9 +57,9 @@ from __future__ import annotations
 from dmsc.netmodel.leader_work import bytes_per_element as rule_bytes
 from dmsc.spec.sync_forms import Compression
 
-ENCODE = {"none": 12.0, "bf16": 10.0, "int8": 59.0, "topk": 31.0}
-DECODE = {"none": 12.0, "bf16": 10.0, "int8": 39.0, "topk": 4.0}
-INT8_SCALE_ENCODE, INT8_SCALE_DECODE = 46.0, 22.0  # bytes a block's scale costs each way
+ENCODE = {"none": 12.0, "bf16": 10.0, "int8": 33.0, "topk": 31.0}
+DECODE = {"none": 12.0, "bf16": 10.0, "int8": 17.0, "topk": 4.0}
+INT8_SCALE_ENCODE, INT8_SCALE_DECODE = 92.0, 22.0  # bytes a block's scale costs each way
 SPARSE_ENCODE, SPARSE_DECODE = 12.0, 4.0  # the leader's answer to top-k payloads
 POWERSGD = 36.0  # a replica's passes in one exchange, through the leader or by collective
 ADD, PLACE = 12.0, 8.0  # a chunk added to a partial sum; a decoded chunk copied into place

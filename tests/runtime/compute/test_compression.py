@@ -78,6 +78,24 @@ def test_int8_matches_a_reference_quantizer_and_errs_at_most_half_a_step(
     assert np.all(y[block : 2 * block] == 0)
 
 
+def test_int8_blocks_of_subnormal_values_are_clamped_as_the_reference_never_wrapped() -> None:
+    """A subnormal scale is rounded far more coarsely than 2^-24: a quotient can pass 127
+    (2.5e-43 over its scale is 178), and int8 would wrap it to a negative value. Such blocks
+    are clamped (the encoding leaves the clamp out where every scale is normal)."""
+    n = 3 * 256 + 40  # a short last block too
+    x = torch.zeros(n)
+    x[:256] = torch.linspace(-2.5e-43, 2.5e-43, 256)
+    x[256:512] = _vector(256, seed=5)  # a normal block beside them
+    x[512:] = _vector(n - 512, seed=6) * 1e-41
+    codec = _codec("int8", n)
+    payload = codec.encode(x)
+    scales, q = _reference_int8(x.numpy(), 256)
+    got_q = payload[16 + 4 * len(scales) :].numpy().view(np.int8)
+    np.testing.assert_array_equal(got_q, q)
+    assert got_q[:256].min() == -127 and got_q[:256].max() == 127
+    np.testing.assert_array_equal(codec.decode(payload, n).numpy(), np.repeat(scales, 256)[:n] * q)
+
+
 def test_topk_sends_exactly_the_largest_magnitudes() -> None:
     n = 1000
     codec = _codec("topk:0.07", n)  # 0.07 * 1000 = 70; in floats ceil(0.07 * 100) would be 8

@@ -63,6 +63,7 @@ _TAG_INT8, _TAG_TOPK, _TAG_SPARSE = 1, 2, 3
 _TAG_NAMES = {_TAG_INT8: "int8", _TAG_TOPK: "topk", _TAG_SPARSE: "sparse"}
 _HEADER = 16
 _MAX_INT32 = 2**31 - 1
+_TINY = torch.finfo(torch.float32).tiny  # the least normal float32: below it a scale is subnormal
 
 
 class CodecError(ValueError):
@@ -167,7 +168,17 @@ class _Plain:
 
 
 class _Int8:
-    """Symmetric int8 with one float32 absmax scale per block: 4n bytes become n + 4n/BLOCK."""
+    """Symmetric int8 with one float32 absmax scale per block: 4n bytes become n + 4n/BLOCK.
+
+    The whole blocks are worked on in place of a padded copy (only a short last block is
+    padded), each block's absolute maximum is its maximum and its negated minimum (two
+    reductions that read it, where ``abs().amax()`` also wrote its absolute values), and the
+    quotients are rounded in place and written as int8 straight into the payload: 33 bytes an
+    element read and written instead of 59, and the decoding widens the payload's int8 values
+    in one pass and scales them in place, 17 instead of 39 (2026-12-04; the same bytes on the
+    wire, bit for bit). A quotient of a value by its block's scale is at most ``127 (1 +
+    2^-24)`` when the scale is a normal float, so it rounds to at most 127 and needs no clamp;
+    a subnormal scale loses that bound, and its block is clamped."""
 
     def __init__(self, n: int, block: int) -> None:
         self.name = "int8" if block == INT8_BLOCK else f"int8:{block}"
@@ -176,16 +187,33 @@ class _Int8:
 
     def encode(self, x: torch.Tensor) -> torch.Tensor:
         x = _check_input(x, self.n, self.name)
-        blocks = -(-self.n // self.block)
-        padded = torch.zeros(blocks * self.block, dtype=torch.float32, device=x.device)
-        padded[: self.n] = x
-        grid = padded.view(blocks, self.block)
-        scales = grid.abs().amax(dim=1) / 127.0
+        block, n = self.block, self.n
+        whole = n // block
+        cut = whole * block
+        grid = x[:cut].view(whole, block)
+        maxima = [torch.maximum(grid.amax(dim=1), grid.amin(dim=1).neg_())] if whole else []
+        if cut < n:  # the short last block, padded
+            last = torch.zeros(block, dtype=torch.float32, device=x.device)
+            last[: n - cut] = x[cut:]
+            maxima.append(last.abs().amax().view(1))
+        scales = torch.cat(maxima) / 127.0 if maxima else torch.zeros(0, device=x.device)
         # An all-zero block keeps scale 0 and quantizes to zeros instead of dividing by zero.
         divisor = torch.where(scales > 0, scales, torch.ones_like(scales))
-        q = torch.round(grid / divisor[:, None]).clamp_(-127, 127).to(torch.int8)
-        head = _header(_TAG_INT8, self.block, self.n, x.device)
-        return torch.cat([head, _as_bytes(scales), _as_bytes(q.view(-1)[: self.n])])
+        subnormal = bool(((scales > 0) & (scales < _TINY)).any())
+        blocks = scales.numel()
+        payload = torch.empty(int8_payload_bytes(n, block), dtype=torch.uint8, device=x.device)
+        payload[:_HEADER] = _header(_TAG_INT8, block, n, x.device)
+        payload[_HEADER : _HEADER + 4 * blocks] = _as_bytes(scales)
+        values = payload[_HEADER + 4 * blocks :].view(torch.int8)
+        if whole:
+            q = torch.div(grid, divisor[:whole, None]).round_()
+            if subnormal:
+                q.clamp_(-127, 127)
+            values[:cut].view(whole, block).copy_(q)
+        if cut < n:
+            tail = torch.round(x[cut:] / divisor[-1]).clamp_(-127, 127)
+            values[cut:].copy_(tail)
+        return payload
 
     def decode(self, payload: torch.Tensor, n: int) -> torch.Tensor:
         p = _check_payload(payload, torch.uint8, self.name)
@@ -200,9 +228,13 @@ class _Int8:
         _check_finite(scales, self.name, "the scales")
         if bool((scales < 0).any()):
             raise CodecError(f"{self.name}: the scales hold negative entries")
-        q = torch.zeros(blocks * block, dtype=torch.float32, device=p.device)
-        q[:n] = _field(p, _HEADER + 4 * blocks, n, torch.int8).to(torch.float32)
-        out = (q.view(blocks, block) * scales[:, None]).view(-1)[:n].clone()
+        out = p[_HEADER + 4 * blocks :].view(torch.int8).to(torch.float32)
+        whole = n // block
+        cut = whole * block
+        if whole:
+            out[:cut].view(whole, block).mul_(scales[:whole, None])
+        if cut < n:
+            out[cut:].mul_(scales[-1])
         _check_finite(out, self.name, "the dequantized values")  # a huge scale overflows
         return out
 
