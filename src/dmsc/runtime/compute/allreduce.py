@@ -42,6 +42,8 @@ from typing import Any, Literal
 
 import torch
 
+from dmsc.runtime.compute.waiting import finish
+
 Algorithm = Literal["ring", "tree", "hierarchical"]
 ALGORITHMS: tuple[str, ...] = ("ring", "tree", "hierarchical")
 SEGMENT_BYTES = 256 << 10  # the tree's pipelining unit
@@ -140,7 +142,7 @@ def link_bytes(
 # -- the algorithms, on a group's point-to-point sends ------------------------------------------
 def _wait(works: list[Any]) -> None:
     for w in works:
-        w.wait()
+        finish(w)  # host tensors: awake while it runs (.waiting)
     works.clear()
 
 
@@ -199,7 +201,7 @@ def tree_all_reduce(pg: Any, flat: torch.Tensor, rank: int, n: int, tag: int) ->
     sends: list[Any] = []
     for i, seg in enumerate(segs):
         for c in children:
-            ups[c][i].wait()
+            finish(ups[c][i])
             seg += bufs[c][i]
         if parent is not None:
             sends.append(pg.send([seg], parent, tag + i))
@@ -212,7 +214,7 @@ def tree_all_reduce(pg: Any, flat: torch.Tensor, rank: int, n: int, tag: int) ->
     )
     for i, seg in enumerate(segs):
         if got:
-            got[i].wait()
+            finish(got[i])
         sends += [pg.send([seg], c, down + i) for c in children]
     _wait(sends)
 

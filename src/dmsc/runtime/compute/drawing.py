@@ -34,6 +34,7 @@ import torch.distributed as dist
 
 from dmsc.runtime.compute.relay import MARGIN_S
 from dmsc.runtime.compute.sampling import draw, reply_logits
+from dmsc.runtime.compute.waiting import finish
 from dmsc.runtime.transport.drawing import Draw
 from dmsc.runtime.transport.messages import RunStep
 
@@ -55,7 +56,7 @@ def agreement(tp: int, device: torch.device) -> Agree | None:
     def agree(stop: bool, token: int) -> bool:
         mine = torch.tensor([int(stop), token], dtype=torch.int64, device=device)
         every = [torch.empty_like(mine) for _ in range(dist.get_world_size())]
-        dist.all_gather(every, mine)
+        finish(dist.all_gather(every, mine, async_op=True), cpu=device.type == "cpu")
         got = torch.stack(every).cpu()
         if bool((got[:, 1] != got[0, 1]).any()):
             raise RuntimeError(f"Draw: the tensor-parallel ranks drew {got[:, 1].tolist()}")

@@ -72,6 +72,7 @@ from dmsc.netmodel.parallel import Group, Layout
 from dmsc.runtime.compute.comm_meter import METER
 from dmsc.runtime.compute.models.llama import MixtureOfExperts, SwiGLU
 from dmsc.runtime.compute.tp_ops import EnterPair, Reduce
+from dmsc.runtime.compute.waiting import finish
 
 _EXPERT = re.compile(r"(^|\.)experts\.(\d+)\.")
 
@@ -103,7 +104,8 @@ def _group(group: Any) -> Any:
 def _all_to_all(x: torch.Tensor, group: Any, out_splits: list[int], in_splits: list[int]) -> Any:
     """Rows of ``x`` in ``in_splits`` runs to the group's ranks; what arrives, by source rank."""
     out = x.new_empty((sum(out_splits), *x.shape[1:]))
-    _group(group).alltoall_base(out, x.contiguous(), out_splits, in_splits).wait()
+    work = _group(group).alltoall_base(out, x.contiguous(), out_splits, in_splits)
+    finish(work, cpu=x.device.type == "cpu")  # awake while it runs (.waiting)
     return out
 
 
@@ -263,7 +265,7 @@ def shard_state_dict(
 def all_gather(t: torch.Tensor, group: Any = None) -> list[torch.Tensor]:
     """``t`` of every rank of ``group`` (see :class:`ExpertParallelMoE`), in rank order."""
     parts = [torch.empty_like(t) for _ in range(_group(group).size())]
-    _group(group).allgather([parts], [t.detach().contiguous()]).wait()
+    finish(_group(group).allgather([parts], [t.detach().contiguous()]), cpu=t.device.type == "cpu")
     return parts
 
 

@@ -37,6 +37,7 @@ from torch import nn
 
 from dmsc.runtime.compute.comm_meter import METER
 from dmsc.runtime.compute.tp_ops import all_reduce
+from dmsc.runtime.compute.waiting import finish
 
 __all__ = [
     "Run",
@@ -60,7 +61,8 @@ def _gather(x: torch.Tensor, group: dist.ProcessGroup | None) -> torch.Tensor:
     part = x.movedim(1, 0).contiguous()
     out = part.new_empty((part.shape[0] * tp, *part.shape[1:]))
     with METER.timed("tp", (tp - 1) * part.numel() * part.element_size()):  # a ring's share
-        dist.all_gather_into_tensor(out, part, group=group)
+        work = dist.all_gather_into_tensor(out, part, group=group, async_op=True)
+        finish(work, cpu=part.device.type == "cpu")  # awake while it runs (.waiting)
     return out.movedim(0, 1)
 
 
@@ -70,7 +72,8 @@ def _reduce_scatter(x: torch.Tensor, group: dist.ProcessGroup | None) -> torch.T
     whole = x.movedim(1, 0).contiguous()
     out = whole.new_empty((whole.shape[0] // tp, *whole.shape[1:]))
     with METER.timed("tp", (tp - 1) * out.numel() * out.element_size()):
-        dist.reduce_scatter_tensor(out, whole, group=group)
+        work = dist.reduce_scatter_tensor(out, whole, group=group, async_op=True)
+        finish(work, cpu=whole.device.type == "cpu")
     return out.movedim(0, 1)
 
 

@@ -19,6 +19,7 @@ import torch
 import torch.distributed as dist
 
 from dmsc.runtime.compute.comm_meter import METER, ring_allreduce_bytes
+from dmsc.runtime.compute.waiting import finish
 
 __all__ = ["Enter", "EnterPair", "Reduce", "all_reduce"]
 
@@ -30,7 +31,8 @@ def all_reduce(
     ring bytes on the step's meter."""
     n = dist.get_world_size(group)
     with METER.timed("tp", ring_allreduce_bytes(x.numel(), x.element_size(), n)):
-        dist.all_reduce(x, op=op, group=group)
+        work = dist.all_reduce(x, op=op, group=group, async_op=True)
+        finish(work, cpu=x.device.type == "cpu")  # awake while it runs (.waiting)
 
 
 class Enter(torch.autograd.Function):
