@@ -18,7 +18,12 @@ runtime's code (each operation reading its inputs and writing its output once):
   division by 127, the zero and subnormal tests and the safe divisor, its read by the
   division, its copy into the payload) and ``22`` to decode (its copy, check and read): a
   ``BLOCK``-th of that an element. Until 2026-12-04 the codec moved ``59`` and ``39``
-  (a padded copy, the absolute values written, a clamp, a concatenation, a copy and a cut).
+  (a padded copy, the absolute values written, a clamp, a concatenation, a copy and a cut);
+  leaving them out made it 1.8-3.7x faster to encode and 3.1-7.9x to decode on this
+  project's CPU (``benchmarks/results/codec_work_cpu.json``), the same payload bit for bit. A
+  block's maximum is its maximum and negated minimum (two reductions reading it; ``abs().amax()``
+  also wrote the absolute values). A subnormal scale (below the least normal float) loses the
+  bound that makes the clamp needless, and such a block is clamped.
 
 Through the leader (a star) the path a replica waits on is its encode, the leader's decode of
 all ``n`` updates, the leader's encode of the answer and the replica's decode of it (the rule's

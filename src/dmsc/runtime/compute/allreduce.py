@@ -42,8 +42,6 @@ from typing import Any, Literal
 
 import torch
 
-from dmsc.runtime.compute.waiting import finish
-
 Algorithm = Literal["ring", "tree", "hierarchical"]
 ALGORITHMS: tuple[str, ...] = ("ring", "tree", "hierarchical")
 SEGMENT_BYTES = 256 << 10  # the tree's pipelining unit
@@ -142,7 +140,7 @@ def link_bytes(
 # -- the algorithms, on a group's point-to-point sends ------------------------------------------
 def _wait(works: list[Any]) -> None:
     for w in works:
-        finish(w)  # host tensors: awake while it runs (.waiting)
+        w.wait()
     works.clear()
 
 
@@ -201,7 +199,7 @@ def tree_all_reduce(pg: Any, flat: torch.Tensor, rank: int, n: int, tag: int) ->
     sends: list[Any] = []
     for i, seg in enumerate(segs):
         for c in children:
-            finish(ups[c][i])
+            ups[c][i].wait()
             seg += bufs[c][i]
         if parent is not None:
             sends.append(pg.send([seg], parent, tag + i))
@@ -214,7 +212,7 @@ def tree_all_reduce(pg: Any, flat: torch.Tensor, rank: int, n: int, tag: int) ->
     )
     for i, seg in enumerate(segs):
         if got:
-            finish(got[i])
+            got[i].wait()
         sends += [pg.send([seg], c, down + i) for c in children]
     _wait(sends)
 

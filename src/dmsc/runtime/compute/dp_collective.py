@@ -61,7 +61,6 @@ from dmsc.runtime.compute.int8_ring import int8_ring_all_reduce, sent_bytes
 from dmsc.runtime.compute.peers import Peers
 from dmsc.runtime.compute.quorum import Decision
 from dmsc.runtime.compute.replica_group import ReplicaGroup
-from dmsc.runtime.compute.waiting import awake_until
 from dmsc.runtime.transport.messages import LatePolicy
 from dmsc.runtime.transport.rpc import Abandoned
 from dmsc.runtime.transport.wire import Kind, encode
@@ -249,7 +248,6 @@ class DataParallel:
         st.jobs.put(None)
         abandoned = self._abandoned(st)
         try:
-            awake_until(st.launched.is_set)  # the last launches: awake for a while (.waiting)
             while not st.launched.wait(0.05):
                 if abandoned():
                     raise Aborted(f"step {st.step} abandoned: moved to a newer epoch")

@@ -64,7 +64,6 @@ from dmsc.runtime.compute.expert_parallel import (
 from dmsc.runtime.compute.models.chain import StageModule
 from dmsc.runtime.compute.models.hf import stage_module
 from dmsc.runtime.compute.outer_sync import make_optimizer, optimizer_kind, plain_sync
-from dmsc.runtime.compute.waiting import finish
 from dmsc.runtime.transport.messages import LatePolicy, SyncSettings
 from dmsc.spec import TransformerSpec
 
@@ -183,7 +182,7 @@ class ExpertRanks:
         flat = torch.cat([g.reshape(-1) for g in grads]).cpu()
         holders = self._holders()
         if holders is not None:
-            finish(holders.allreduce([flat]))  # host tensors: awake while it runs (.waiting)
+            holders.allreduce([flat]).wait()
         flat /= self.averaging.divisor
         offset = 0
         for p in params:

@@ -21,7 +21,6 @@ from typing import Any
 import torch
 
 from dmsc.runtime.compute.compression import Codec, PowerSGD, int8_payload_bytes, make_codec
-from dmsc.runtime.compute.waiting import finish
 
 
 def chunks_of(numel: int, parts: int, block: int) -> list[tuple[int, int]]:
@@ -58,7 +57,7 @@ def _int8(block: int, n: int) -> Codec:
 def _swap(pg: Any, out: torch.Tensor, into: torch.Tensor, nxt: int, prv: int, tag: int) -> None:
     works = [pg.send([out], nxt, tag), pg.recv([into], prv, tag)]
     for w in works:
-        finish(w)  # host tensors: awake while it runs (.waiting)
+        w.wait()
 
 
 def int8_ring_all_reduce(

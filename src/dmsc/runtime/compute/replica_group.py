@@ -26,7 +26,6 @@ from dmsc.runtime.compute.allreduce import (
 from dmsc.runtime.compute.config import WorkerConfig
 from dmsc.runtime.compute.inbox import Aborted
 from dmsc.runtime.compute.quorum import Decision, Quorum
-from dmsc.runtime.compute.waiting import awake_until
 from dmsc.runtime.transport.messages import LatePolicy
 
 STORE_CONNECT_S = 30.0  # the least time a replica gives its connection to the store
@@ -147,7 +146,6 @@ class ReplicaGroup:
         done = threading.Event()
         work.get_future().add_done_callback(lambda _: done.set())
         end = time.monotonic() + self.timeout_s
-        awake_until(done.is_set)  # host tensors: awake for a while first (.waiting)
         while not done.wait(0.05):
             if abandoned() or time.monotonic() > end:
                 self.drop()

@@ -6,7 +6,19 @@ virtual CPU is woken by its host's scheduler, not at once: on this project's 2-c
 (Firecracker, HZ 250) a 4 KB all-reduce of two processes, one a core, took 3.7-4.0 ms when
 each waited blocked and 0.2-0.6 ms when each waited yielding its core in a loop (a median over
 15 rounds, each right after a barrier or a 16 ms sleep; unpinned, 0.8-3.5 against 0.6-0.7
-ms). A tensor-parallel step runs one such all-reduce after each block's attention and MLP.
+ms; ``benchmarks/collective_wait.py``). A tensor-parallel step runs one such all-reduce after
+each block's attention and MLP.
+
+Used where a rank waits on a small, latency-bound collective with nothing of its own to compute
+meanwhile: the tensor-parallel all-reduces (:mod:`.tp_ops`), sequence parallelism's gathers and
+reduce-scatters, the expert-parallel all-to-alls and the tensor-parallel ranks' agreement on a
+drawn token. With it ``benchmarks/parallel_modes.py``'s tp = 2 step took 83 ms against 107,
+ep = 2 94 against 113 and tp = 2 x ep = 2 152 against 192 (one run each, 2026-12-04). Not used
+for the data-parallel exchanges: their payloads are large, their rings run codec work between
+hops, and a spinning thread on a machine with fewer cores than runnable threads takes the core
+from that work (Linux's EEVDF scheduler may pick a yielding thread again at once): the int8
+ring's exposed exchange took 22-24 ms spun against 12-13 blocked, the plain ring the same. Nor
+by ``dmsc calibrate``, whose all-reduce stands for both kinds.
 
 So :func:`finish` looks whether the work is done and yields the core (``os.sched_yield``: any
 other runnable thread of the core runs first) until it is, for at most :data:`SPIN_S`, then
