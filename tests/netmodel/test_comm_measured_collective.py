@@ -51,3 +51,34 @@ def test_an_all_reduce_is_priced_at_the_measured_collective() -> None:
         assert got == pytest.approx(want, rel=1e-9)
     # a point-to-point send (the pipeline's) keeps the link's figures
     assert measured.p2p([(0, 1)], nbytes).time_s == plain.p2p([(0, 1)], nbytes).time_s
+
+
+def test_collectives_waited_for_awake_are_priced_at_the_awake_latency() -> None:
+    """The tp and ep calls' view (``awake_view``) takes the measured awake latency; the plain
+    model (the data-parallel exchanges) the blocked one; without an awake figure the view is
+    the model itself. Checked through the estimate too: a tp = 2 job's tp time falls, a dp = 2
+    job's dp time does not."""
+    from dmsc.netmodel import estimate_iteration
+    from dmsc.spec import JobSpec, resolve_model
+
+    blocked = {"backend": "gloo", "bandwidth_gbit_s": 2, "latency_us": 3000, "source": "a test"}
+    awake = {**blocked, "latency_awake_us": 300, "bandwidth_awake_gbit_s": 4}
+    model = CommModel(Topology(_cluster(awake)), C)
+    view = model.awake_view()
+    assert view is not model and view.awake_view() is view
+    nbytes = 4e3
+    for m, lat_us, gbit in ((model, 3000, 2), (view, 300, 4)):
+        bw = gbit * 1e9 / 8 * C.intra_node_link_efficiency
+        want = 2 * (2 * lat_us * 1e-6 + nbytes / 2 / bw) + C.collective_overhead_s
+        got = m.collective("all_reduce", [(0, 1)], nbytes, "ring").time_s
+        assert got == pytest.approx(want, rel=1e-9)
+    plain = CommModel(Topology(_cluster(blocked)), C)
+    assert plain.awake_view() is plain
+
+    gpt = resolve_model("gpt-mini")
+    tp_job = JobSpec.model_validate({"global_batch": 8, "micro_batch": 4, "tp": 2})
+    dp_job = JobSpec.model_validate({"global_batch": 8, "micro_batch": 4, "dp": 2})
+    for job, mode, falls in ((tp_job, "tp_comm", True), (dp_job, "dp_comm", False)):
+        slow = estimate_iteration(_cluster(blocked), gpt, job).breakdown_s[mode]
+        fast = estimate_iteration(_cluster(awake), gpt, job).breakdown_s[mode]
+        assert slow > 0 and (fast < slow if falls else fast == slow), (mode, slow, fast)

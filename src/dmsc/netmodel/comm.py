@@ -83,7 +83,9 @@ def _efficiency(kind: str, calib: Calibration) -> float:
     return calib.inter_dc_link_efficiency
 
 
-def _latency(link: Link, collective: bool) -> float:
+def _latency(link: Link, collective: bool, awake: bool = False) -> float:
+    if collective and awake and link.collective_latency_awake_s is not None:
+        return link.collective_latency_awake_s
     if collective and link.collective_latency_s is not None:
         return link.collective_latency_s
     return link.latency_s
@@ -92,9 +94,11 @@ def _latency(link: Link, collective: bool) -> float:
 class CommModel:
     """Costs collectives over one topology; caches hop sets, which do not depend on sizes."""
 
-    def __init__(self, topo: Topology, calib: Calibration) -> None:
+    def __init__(self, topo: Topology, calib: Calibration, awake: bool = False) -> None:
         self.topo = topo
         self.calib = calib
+        self.awake = awake  # collectives waited for awake (awake_view)
+        self._awake_view: CommModel | None = None
         self._cache: dict[tuple[str, tuple[Group, ...]], _HopSet] = {}
         # groups cut by node or datacenter (hierarchical all-reduce): by (groups, level)
         self._domains: dict[tuple[tuple[Group, ...], str], _Split | None] = {}
@@ -114,11 +118,27 @@ class CommModel:
             link = links[lid]
             eff = _efficiency(link.kind, self.calib)
             bw = link.collective_Bps if collective and link.collective_Bps else link.bandwidth_Bps
+            if collective and self.awake and link.collective_awake_Bps:
+                bw = link.collective_awake_Bps
             inv_bw = max(inv_bw, count / (bw * eff))
             link_hops[lid] += count
         for path in paths:
-            alpha = max(alpha, sum(_latency(links[lid], collective) for lid, _ in path))
+            alpha = max(alpha, sum(_latency(links[lid], collective, self.awake) for lid, _ in path))
         return _HopSet(inv_bw, alpha, dict(link_hops))
+
+    def awake_view(self) -> CommModel:
+        """This model for collectives the ranks wait for awake (dmsc's tensor- and
+        expert-parallel calls, :mod:`dmsc.runtime.compute.waiting`): a collective's latency is
+        the measured awake one where the spec has it (``collective.latency_awake_us``, and
+        ``bandwidth_awake_gbit_s``); itself where no link has them."""
+        if self.awake or not any(
+            link.collective_latency_awake_s is not None or link.collective_awake_Bps
+            for link in self.topo.links
+        ):
+            return self
+        if self._awake_view is None:
+            self._awake_view = CommModel(self.topo, self.calib, awake=True)
+        return self._awake_view
 
     def _pattern(self, name: str, groups: tuple[Group, ...]) -> _HopSet:
         key = (name, groups)

@@ -252,6 +252,7 @@ def estimate_iteration(
     cluster = on_cores(cluster, job.devices)  # devices that share a machine's cores
     topo = topology if topology is not None else Topology(cluster)
     comm = comm_model if comm_model is not None else CommModel(topo, calib)
+    awake = comm.awake_view()  # the tp and ep collectives, waited for awake (.comm)
     layout = Layout.of(job)
     dtype = model.dtype
     B = DTYPE_BYTES[dtype]
@@ -305,7 +306,7 @@ def estimate_iteration(
             for call in tp_allreduce_calls(members, train, job.recompute, sp, ends):
                 key = (call.kind, call.nbytes)  # few distinct ones
                 c, n = costs.get(key) or (
-                    comm.collective(call.kind, layout.tp_groups(s), call.nbytes, job.allreduce),
+                    awake.collective(call.kind, layout.tp_groups(s), call.nbytes, job.allreduce),
                     0,
                 )
                 costs[key] = (c, n + call.count)
@@ -322,7 +323,7 @@ def estimate_iteration(
             moe = [lc for lc in members if lc.ep_alltoall_bytes]
             a2a = max((lc.ep_alltoall_bytes for lc in moe), default=0.0), 4 if train else 2
             for nbytes, calls in (a2a, (max((lc.ep_counts_bytes for lc in moe), default=0.0), 1)):
-                c = comm.collective("all_to_all", layout.ep_groups(s), nbytes)
+                c = awake.collective("all_to_all", layout.ep_groups(s), nbytes)
                 ep_s += c.time_s * calls * len(moe)
                 account("ep", c, calls * len(moe) * m)
         pp_s = pp_cost.time_s * (2 if train else 1) * v if p > 1 else 0.0

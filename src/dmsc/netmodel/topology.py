@@ -38,6 +38,9 @@ class Link:
     # cluster spec's node_types.*.collective); None: the link's
     collective_Bps: float | None = None
     collective_latency_s: float | None = None
+    # the figures when the rank waits for the call awake (dmsc's tp and ep collectives)
+    collective_awake_Bps: float | None = None
+    collective_latency_awake_s: float | None = None
 
 
 @dataclass(frozen=True)
@@ -132,7 +135,14 @@ class Topology:
         link = Link(len(self.links), u, v, kind, gbit_s * 1e9 / 8, latency_us * 1e-6, km)
         if collective is not None:
             bw, lat = collective.bandwidth_gbit_s * 1e9 / 8, collective.latency_us * 1e-6
-            link = replace(link, collective_Bps=bw, collective_latency_s=lat)
+            awake_bw, awake_lat = collective.bandwidth_awake_gbit_s, collective.latency_awake_us
+            link = replace(
+                link,
+                collective_Bps=bw,
+                collective_latency_s=lat,
+                collective_awake_Bps=None if awake_bw is None else awake_bw * 1e9 / 8,
+                collective_latency_awake_s=None if awake_lat is None else awake_lat * 1e-6,
+            )
         self.links.append(link)
         return link.id
 

@@ -195,6 +195,15 @@ class CollectiveSpec(_Spec):
     backend: Literal["gloo", "nccl"]
     bandwidth_gbit_s: PositiveFloat
     latency_us: NonNegativeFloat
+    bandwidth_awake_gbit_s: PositiveFloat | None = Field(
+        default=None,
+        description="The bandwidth when the rank waits for the call awake, as dmsc's tensor- "
+        "and expert-parallel collectives do (dmsc.runtime.compute.waiting); bandwidth_gbit_s "
+        "where not measured.",
+    )
+    latency_awake_us: NonNegativeFloat | None = Field(
+        default=None, description="One such call's latency; latency_us where not measured."
+    )
     source: str = Field(min_length=1, description="Where, when and how it was measured.")
 
 

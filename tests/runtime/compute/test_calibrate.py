@@ -97,6 +97,21 @@ def test_the_measured_collective_goes_into_each_node_over_the_efficiency() -> No
     assert {n.collective.backend for n in spec.node_types.values() if n.collective} == {"nccl"}
     bare = ClusterSpec.model_validate(cal.calibrated_cluster(template, FIGURES))
     assert all(n.collective is None for n in bare.node_types.values())
+    # the latency waited for awake, where measured, beside the blocked one
+    awake = {
+        **gloo,
+        "gloo_allreduce_latency_awake_s": 150e-6,
+        "gloo_allreduce_bytes_awake_s": 1e9,
+    }
+    data = cal.calibrated_cluster(template, {**FIGURES, **awake})
+    spec = ClusterSpec.model_validate(data)
+    got = [n.collective.latency_awake_us for n in spec.node_types.values() if n.collective]
+    assert got and got == pytest.approx([150] * len(got))
+    awake_bw = [
+        n.collective.bandwidth_awake_gbit_s for n in spec.node_types.values() if n.collective
+    ]
+    assert [b * eff for b in awake_bw] == pytest.approx([8.0] * len(got))  # type: ignore[operator]
+    assert " us waited for awake)" in cal.collective_words(data["node_types"]["host"])
 
 
 def test_a_job_on_fewer_devices_than_the_cores_gets_a_core_each() -> None:

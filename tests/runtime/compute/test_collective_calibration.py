@@ -5,7 +5,11 @@ from __future__ import annotations
 
 import pytest
 
-from dmsc.runtime.compute.collective_calibration import fit_alpha_beta, measure_allreduce
+from dmsc.runtime.compute.collective_calibration import (
+    fit_alpha_beta,
+    measure_allreduce,
+    time_allreduce,
+)
 
 
 def test_the_fit_recovers_latency_and_bandwidth_from_the_ends() -> None:
@@ -31,3 +35,13 @@ def test_nccl_needs_two_gpus(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(torch.cuda, "device_count", lambda: 1)
     with pytest.raises(ValueError, match="nccl: 2 CUDA devices needed, 1 here"):
         measure_allreduce("nccl")
+
+
+def test_a_real_gloo_all_reduce_is_timed_blocked_and_awake() -> None:
+    """Two spawned processes, a few rounds: each size's median waited for blocked and waited
+    for awake (dmsc.runtime.compute.waiting), all positive. (Their fit is
+    the one above; on this machine a blocked small one can take longer than a larger, which
+    the fit refuses, and ``dmsc calibrate`` then leaves the collective out.)"""
+    times, awake = time_allreduce("gloo", (1024, 256 * 1024), rounds=5)
+    assert set(times) == set(awake) == {1024, 256 * 1024}
+    assert min(times.values()) > 0 and min(awake.values()) > 0

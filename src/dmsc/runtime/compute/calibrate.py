@@ -330,6 +330,17 @@ def _collective(measured: dict[str, float], efficiency: float) -> dict[str, Any]
                 "backend": backend,
                 "bandwidth_gbit_s": measured[f"{backend}_allreduce_bytes_s"] * 8 / 1e9 / efficiency,
                 "latency_us": measured[f"{backend}_allreduce_latency_s"] * 1e6,
+                **(
+                    {
+                        "bandwidth_awake_gbit_s": measured[f"{backend}_allreduce_bytes_awake_s"]
+                        * 8
+                        / 1e9
+                        / efficiency,
+                        "latency_awake_us": measured[f"{backend}_allreduce_latency_awake_s"] * 1e6,
+                    }
+                    if f"{backend}_allreduce_bytes_awake_s" in measured
+                    else {}
+                ),
                 "source": f"dmsc calibrate: a 2-process {backend} all-reduce on this machine, "
                 f"{when:%Y-%m-%d %H:%M} UTC (median of rounds of the smallest and largest size)",
             }
@@ -344,6 +355,12 @@ def collective_words(node: dict[str, Any]) -> str:
     return (
         f"; collectives ({c['backend']} all-reduce, measured): {c['bandwidth_gbit_s']:.2f} "
         f"Gbit/s, {c['latency_us']:.0f} us"
+        + (
+            f" ({c['bandwidth_awake_gbit_s']:.2f} Gbit/s, {c['latency_awake_us']:.0f} us "
+            "waited for awake)"
+            if c.get("latency_awake_us") is not None
+            else ""
+        )
     )
 
 
@@ -361,6 +378,9 @@ def measure_collectives() -> dict[str, float]:
             continue
         out[f"{backend}_allreduce_bytes_s"] = got["bytes_s"]
         out[f"{backend}_allreduce_latency_s"] = got["latency_s"]
+        if "bytes_awake_s" in got:
+            out[f"{backend}_allreduce_latency_awake_s"] = got["latency_awake_s"]
+            out[f"{backend}_allreduce_bytes_awake_s"] = got["bytes_awake_s"]
     return out
 
 

@@ -12,6 +12,7 @@ one GPU per rank: it is measured only where CUDA has two devices.
 
 from __future__ import annotations
 
+import contextlib
 import datetime as dt
 import os
 import socket
@@ -23,6 +24,8 @@ from typing import Any
 import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
+
+from dmsc.runtime.compute.waiting import finish
 
 SIZES = (1024, 256 * 1024, 4 * 1024 * 1024)  # bytes of the all-reduced tensor
 ROUNDS = 30
@@ -67,23 +70,26 @@ def _member(
     device = torch.device("cuda", rank) if backend == "nccl" else torch.device("cpu")
     try:
         times: dict[int, float] = {}
+        awake: dict[int, float] = {}  # waited for as the tp and ep collectives are (.waiting)
         for size in sizes:
             x = torch.ones(size // 4, device=device)
             for _ in range(3):  # warm-up: connections, buffers
                 dist.all_reduce(x)
-            took = []
-            for _ in range(rounds):
-                dist.barrier()
-                if device.type == "cuda":
-                    torch.cuda.synchronize(device)
-                t0 = time.perf_counter()
-                dist.all_reduce(x)
-                if device.type == "cuda":
-                    torch.cuda.synchronize(device)
-                took.append(time.perf_counter() - t0)
-            times[size] = statistics.median(took)
+            for into, way in ((times, "blocked"), (awake, "awake")):
+                took = []
+                for _ in range(rounds):
+                    dist.barrier()
+                    if device.type == "cuda":
+                        torch.cuda.synchronize(device)
+                    t0 = time.perf_counter()
+                    work = dist.all_reduce(x, async_op=True)
+                    finish(work, cpu=device.type == "cpu" and way == "awake")
+                    if device.type == "cuda":
+                        torch.cuda.synchronize(device)
+                    took.append(time.perf_counter() - t0)
+                into[size] = statistics.median(took)
         if rank == 0:
-            out.put(times)
+            out.put((times, awake))
     finally:
         dist.destroy_process_group()
 
@@ -92,8 +98,26 @@ def measure_allreduce(
     backend: str = "gloo", sizes: Sequence[int] = SIZES, rounds: int = ROUNDS
 ) -> dict[str, Any]:
     """Time all-reduces of ``sizes`` bytes in a two-process ``backend`` group; returns the fit
-    (``latency_s``, ``bytes_s``: bandwidth as the bytes one member sends per second), the
-    median seconds per size, and the backend."""
+    (``latency_s``, ``bytes_s``: bandwidth as the bytes one member sends per second), the same
+    fit of the calls waited for awake (``latency_awake_s``, ``bytes_awake_s``; left out where
+    it does not fit), the median seconds per size each way, and the backend."""
+    times, awake = time_allreduce(backend, sizes, rounds)
+    sent = 2 * (WORLD - 1) / WORLD
+    latency, rate = fit_alpha_beta([(s * sent, t) for s, t in times.items()])
+    got: dict[str, Any] = {"backend": backend, "latency_s": latency, "bytes_s": rate}
+    with contextlib.suppress(ValueError):  # left out: the blocked figures price every call
+        got["latency_awake_s"], got["bytes_awake_s"] = fit_alpha_beta(
+            [(s * sent, t) for s, t in awake.items()]
+        )
+    return {**got, "seconds": times, "seconds_awake": awake}
+
+
+def time_allreduce(
+    backend: str, sizes: Sequence[int], rounds: int
+) -> tuple[dict[int, float], dict[int, float]]:
+    """The median seconds of all-reduces of each of ``sizes`` bytes in a two-process
+    ``backend`` group, waited for blocked and waited for awake (a CUDA work is waited for
+    at once either way)."""
     if backend == "nccl" and torch.cuda.device_count() < WORLD:
         raise ValueError(f"nccl: {WORLD} CUDA devices needed, {torch.cuda.device_count()} here")
     ctx = mp.get_context("spawn")
@@ -122,7 +146,5 @@ def measure_allreduce(
     if alive or any(p.exitcode for p in procs) or out.empty():
         codes = [p.exitcode for p in procs]
         raise RuntimeError(f"{backend} all-reduce calibration failed (exit codes {codes})")
-    times: dict[int, float] = out.get()
-    sent = 2 * (WORLD - 1) / WORLD
-    latency, rate = fit_alpha_beta([(s * sent, t) for s, t in times.items()])
-    return {"backend": backend, "latency_s": latency, "bytes_s": rate, "seconds": times}
+    times, awake = out.get()
+    return times, awake
