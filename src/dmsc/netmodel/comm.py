@@ -131,13 +131,14 @@ class CommModel:
         expert-parallel calls, :mod:`dmsc.runtime.compute.waiting`): a collective's latency is
         the measured awake one where the spec has it (``collective.latency_awake_us``, and
         ``bandwidth_awake_gbit_s``); itself where no link has them."""
-        if self.awake or not any(
-            link.collective_latency_awake_s is not None or link.collective_awake_Bps
-            for link in self.topo.links
-        ):
+        if self.awake:
             return self
         if self._awake_view is None:
-            self._awake_view = CommModel(self.topo, self.calib, awake=True)
+            measured = any(
+                link.collective_latency_awake_s is not None or link.collective_awake_Bps
+                for link in self.topo.links
+            )
+            self._awake_view = CommModel(self.topo, self.calib, awake=True) if measured else self
         return self._awake_view
 
     def _pattern(self, name: str, groups: tuple[Group, ...]) -> _HopSet:
