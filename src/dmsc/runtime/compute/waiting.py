@@ -12,16 +12,18 @@ each block's attention and MLP.
 Used where a rank waits on a small, latency-bound collective with nothing of its own to compute
 meanwhile: the tensor-parallel all-reduces (:mod:`.tp_ops`), sequence parallelism's gathers and
 reduce-scatters, the expert-parallel all-to-alls and the tensor-parallel ranks' agreement on a
-drawn token. With it ``benchmarks/parallel_modes.py``'s tp = 2 step took 83 ms against 107,
-ep = 2 94 against 113 and tp = 2 x ep = 2 152 against 192 (one run each, 2026-12-04). Not used
+drawn token. With it ``benchmarks/parallel_modes.py``'s tp = 2 step took 89.8 ms against
+107.3, ep = 2 100.5 against 113.2 and tp = 2 x ep = 2 159.6 against 192.0 (one run each,
+minutes apart, 2026-12-04). Not used
 for the data-parallel exchanges: their payloads are large, their rings run codec work between
 hops, and a spinning thread on a machine with fewer cores than runnable threads takes the core
 from that work (Linux's EEVDF scheduler may pick a yielding thread again at once): the int8
-ring's exposed exchange took 22-24 ms spun against 12-13 blocked, the plain ring the same. Nor
-by ``dmsc calibrate``, whose all-reduce stands for both kinds.
+ring's exposed exchange took 22-24 ms spun against 12-13 blocked. ``dmsc calibrate`` times its
+all-reduce both ways, and the cost model prices each kind of call with its own figures
+(:meth:`dmsc.netmodel.comm.CommModel.awake_view`).
 
-So :func:`finish` looks whether the work is done and yields the core (``os.sched_yield``: any
-other runnable thread of the core runs first) until it is, for at most :data:`SPIN_S`, then
+So :func:`finish` looks whether the work is done and yields the core (``os.sched_yield``,
+offering it to another runnable thread) until it is, for at most :data:`SPIN_S`, then
 waits blocked as before: a wait longer than that (a late peer, a pipeline's bubble) costs at
 most that much CPU more. A work of NCCL is not spun on: its ``wait`` only makes the current
 CUDA stream wait, and spinning on it would hold the host until the device is done.
