@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import json
 import os
-import resource
 import subprocess
 import sys
 import textwrap
@@ -20,18 +19,20 @@ import pytest
 CAP = 4 << 30
 
 
-def _cap() -> None:
-    resource.setrlimit(resource.RLIMIT_AS, (CAP, CAP))
+# The child caps itself as its first statement. A ``preexec_fn`` would do it between fork and
+# exec, which makes subprocess fork rather than vfork and so runs gRPC's fork handlers in the
+# child of a pytest worker that has used gRPC: once in a clean-clone CI they aborted it (SIGABRT,
+# "epoll_wait error: Bad file descriptor") before the probe ran.
+_CAP_FIRST = f"import resource; resource.setrlimit(resource.RLIMIT_AS, ({CAP}, {CAP}))\n"
 
 
 def _probe(code: str) -> str:
     """Run ``code`` in a capped child; its stdout (it must exit 0)."""
     res = subprocess.run(
-        [sys.executable, "-c", textwrap.dedent(code)],
+        [sys.executable, "-c", _CAP_FIRST + textwrap.dedent(code)],
         capture_output=True,
         text=True,
         timeout=60,
-        preexec_fn=_cap,
     )
     assert res.returncode == 0, res.stderr[-2000:]
     return res.stdout
@@ -157,3 +158,8 @@ def test_a_checkpoint_side_file_that_is_a_device_is_refused(tmp_path: Path, name
         """
     )
     assert out.startswith("REFUSED") and name in out and "leads to /dev/zero, outside" in out, out
+
+
+def test_the_probes_child_is_capped() -> None:
+    out = _probe("import resource\nprint(resource.getrlimit(resource.RLIMIT_AS)[0])")
+    assert int(out) == CAP

@@ -94,3 +94,46 @@ def test_up_takes_a_zombie_control_planes_file_for_stale(
     with pytest.raises(SpecError, match="already running"):
         control_settings(str(plan), tmp_path, None, "round_robin", 3.0, 0)
     assert stale.exists()
+
+
+def test_a_child_that_asked_to_die_with_its_parent_dies_with_it(tmp_path: Path) -> None:
+    """``die_with``: the Ray launcher's worker, started from an actor, is killed when that actor
+    dies. A middle process starts the child and is killed; the child must go too, and a child
+    whose named parent is not its parent says so at once."""
+    import signal
+    import subprocess
+    import sys
+
+    child = (
+        "import os, sys, time\n"
+        "from dmsc.runtime.transport.processes import die_with\n"
+        "ok = die_with(int(sys.argv[1]))\n"
+        "print(os.getpid(), ok, flush=True)\n"
+        "time.sleep(60)\n"
+    )
+    middle = (
+        "import os, subprocess, sys, time\n"
+        f"p = subprocess.Popen([sys.executable, '-c', {child!r}, str(os.getpid())])\n"
+        "time.sleep(60)\n"
+    )
+    mid = subprocess.Popen([sys.executable, "-c", middle], stdout=subprocess.PIPE, text=True)
+    try:
+        assert mid.stdout is not None
+        pid, ok = mid.stdout.readline().split()
+        assert ok == "True" and alive(int(pid))
+        mid.send_signal(signal.SIGKILL)
+        mid.wait(10)
+        deadline = time.monotonic() + 10
+        while alive(int(pid)):
+            assert time.monotonic() < deadline, "the child outlived its parent"
+            time.sleep(0.02)
+    finally:
+        mid.kill()
+        mid.wait(10)
+    wrong = subprocess.run(
+        [sys.executable, "-c", child.replace("time.sleep(60)", ""), "1"],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert wrong.stdout.split()[1] == "False", wrong

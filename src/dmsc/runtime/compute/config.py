@@ -70,6 +70,9 @@ class WorkerConfig:
     # The process that launched it (0: its parent): once that one is gone and the registry no
     # longer answers, the worker leaves.
     owner_pid: int = 0
+    # A parent whose end must kill the worker at once (0: none): the Ray actor that started it,
+    # so a worker whose actor went with its node does not serve on as an orphan.
+    die_with_parent: int = 0
     log_file: str = ""
     # The deployment's directory: Save writes only below it (empty: anywhere, for tests that
     # build a worker by hand).

@@ -73,12 +73,14 @@ def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description="dmsc stage worker")
     parser.add_argument("--config", required=True)
     args = parser.parse_args(argv)
+    cfg = WorkerConfig(**json.loads(Path(args.config).read_text()))
+    if cfg.die_with_parent and not processes.die_with(cfg.die_with_parent):
+        sys.exit(4)  # the process that started us is gone already
     host_memory.keep_freed_memory()  # before the server's threads: one heap, kept (its module)
     # Read by torch's CUDA caching allocator when it first allocates (no CUDA use before this):
     # segments that grow in place rather than leave gaps, which the cost model's memory check
     # assumes (dmsc.netmodel.memory.MemoryBreakdown.required).
     os.environ.setdefault("PYTORCH_CUDA_ALLOC_CONF", "expandable_segments:True")
-    cfg = WorkerConfig(**json.loads(Path(args.config).read_text()))
     if cfg.tls is not None:  # its leaf (SID@epoch): every server and channel is mutual TLS
         tls.install(tls.Leaf.from_wire(cfg.tls))
     if cfg.checkpoint_key is not None:  # checkpoints sealed with the control plane's key

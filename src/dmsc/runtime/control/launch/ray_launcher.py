@@ -52,16 +52,6 @@ log = logging.getLogger(__name__)
 LOST = -1000  # the exit code a worker gets when its Ray node is gone
 
 
-def _die_with_parent() -> None:
-    """In the worker process, before it runs: be killed when the actor that started it dies
-    (Linux ``PR_SET_PDEATHSIG``). A worker whose actor went with its node must not serve on as
-    an orphan; on one machine running several Ray nodes it otherwise would."""
-    if sys.platform.startswith("linux"):
-        import ctypes
-
-        ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
-
-
 class WorkerHost:
     """A Ray actor that runs one stage worker process on its node (its class is made remote
     in :func:`_remote_host`, so that importing this module does not import Ray)."""
@@ -77,7 +67,10 @@ class WorkerHost:
         ray = ray_module()
         host = host or ray.util.get_node_ip_address()
         config = WorkerConfig(**cfg)
-        config = replace(config, host=host, log_file=str(logs.log_file(Path(home), config.sid)))
+        log_file = str(logs.log_file(Path(home), config.sid))
+        # The worker asks to be killed when this actor dies: one whose actor went with its node
+        # must not serve on as an orphan (on one machine running several Ray nodes it would).
+        config = replace(config, host=host, log_file=log_file, die_with_parent=os.getpid())
         if config.device.startswith("cuda"):
             config = replace(config, device="cuda:0")  # the GPU Ray gave this actor
         fd, path = tempfile.mkstemp(prefix=f"{config.sid}-", suffix=".json")
@@ -90,7 +83,6 @@ class WorkerHost:
                 stdout=subprocess.PIPE,
                 stderr=stderr,
                 text=True,
-                preexec_fn=_die_with_parent,
             )
         finally:
             os.close(stderr)
