@@ -9,6 +9,7 @@ from dmsc.runtime.compute.collective_calibration import (
     fit_alpha_beta,
     measure_allreduce,
     time_allreduce,
+    timed_rounds,
 )
 
 
@@ -27,6 +28,28 @@ def test_the_fit_refuses_what_it_cannot_fit() -> None:
         fit_alpha_beta([(1.0, 2.0), (100.0, 1.0)])
     with pytest.raises(ValueError, match="the sizes must differ"):
         fit_alpha_beta([(5.0, 1.0), (5.0, 2.0)])
+
+
+def test_a_spell_as_long_as_one_sizes_rounds_moves_no_median() -> None:
+    """The defect: timed size by size and way by way, a slow spell of the machine as long as one
+    size's rounds made that size's whole median (an awake latency of 682 us against 335-368 us in
+    the calibrations around it). Interleaved, the spell lands in a few rounds of every size and
+    way, and no median moves."""
+    sizes, rounds = (1024, 256 * 1024, 4 * 1024 * 1024), 30
+    base = {1024: 400e-6, 256 * 1024: 1e-3, 4 * 1024 * 1024: 8e-3}
+    calls = 0
+
+    def call(size: int, way: str) -> float:
+        nonlocal calls
+        calls += 1
+        slow = 30 < calls <= 60  # 30 calls in a row: one size's rounds, timed one after another
+        return base[size] * (0.5 if way == "awake" else 1.0) + (5e-3 if slow else 0.0)
+
+    got = timed_rounds(call, sizes, rounds)
+    assert calls == rounds * len(sizes) * 2
+    for size, t in base.items():
+        assert got["blocked"][size] == pytest.approx(t)
+        assert got["awake"][size] == pytest.approx(t / 2)
 
 
 def test_nccl_needs_two_gpus(monkeypatch: pytest.MonkeyPatch) -> None:

@@ -3,11 +3,18 @@ tensor- and data-parallel exchanges run it (gloo on the CPU; NCCL between GPUs w
 
 Two processes (spawned: a forked copy of a process that already ran torch's thread pools or a
 gRPC server may hang) join a group over a TCPStore on 127.0.0.1 and all-reduce float32 tensors of
-a few sizes, each size in rounds (the median of each); the smallest and the largest give
+a few sizes in rounds (the median of each size, waited for each way); the smallest and the
+largest give
 ``t = a + s / b`` (the alpha-beta model the cost model prices collectives with,
 :mod:`dmsc.netmodel.collectives`) where ``s`` is what one member of a ring all-reduce sends,
 ``2 (n - 1) / n`` of the tensor: ``a`` is the call's latency, ``b`` its bandwidth. NCCL needs
 one GPU per rank: it is measured only where CUDA has two devices.
+
+The rounds interleave: each round times every size both ways, so each median is drawn from the
+whole measurement rather than from a few milliseconds of it. Timed size by size and way by way,
+a spell of the shared machine as long as one size's rounds (30 calls of 1 KB took about 12 ms)
+moved that size's whole median: a calibration gave an awake latency of 682 us where the runs
+before and after it gave 335-368 us (:func:`timed_rounds`).
 """
 
 from __future__ import annotations
@@ -18,7 +25,7 @@ import os
 import socket
 import statistics
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import torch
@@ -49,6 +56,23 @@ def fit_alpha_beta(points: Sequence[tuple[float, float]]) -> tuple[float, float]
     return max(0.0, t0 - x0 / rate), rate
 
 
+WAYS = ("blocked", "awake")
+
+
+def timed_rounds(
+    call: Callable[[int, str], float], sizes: Sequence[int], rounds: int
+) -> dict[str, dict[int, float]]:
+    """The median of ``rounds`` timings of ``call(size, way)`` for each size and each of
+    :data:`WAYS`, timed interleaved: round after round, every size both ways within each round.
+    Returns ``{way: {size: median seconds}}``."""
+    took: dict[tuple[str, int], list[float]] = {(w, s): [] for w in WAYS for s in sizes}
+    for _ in range(rounds):
+        for size in sizes:
+            for way in WAYS:
+                took[(way, size)].append(call(size, way))
+    return {w: {s: statistics.median(took[(w, s)]) for s in sizes} for w in WAYS}
+
+
 def _free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
@@ -69,27 +93,26 @@ def _member(
     )
     device = torch.device("cuda", rank) if backend == "nccl" else torch.device("cpu")
     try:
-        times: dict[int, float] = {}
-        awake: dict[int, float] = {}  # waited for as the tp and ep collectives are (.waiting)
-        for size in sizes:
-            x = torch.ones(size // 4, device=device)
+        tensors = {size: torch.ones(size // 4, device=device) for size in sizes}
+        for x in tensors.values():
             for _ in range(3):  # warm-up: connections, buffers
                 dist.all_reduce(x)
-            for into, way in ((times, "blocked"), (awake, "awake")):
-                took = []
-                for _ in range(rounds):
-                    dist.barrier()
-                    if device.type == "cuda":
-                        torch.cuda.synchronize(device)
-                    t0 = time.perf_counter()
-                    work = dist.all_reduce(x, async_op=True)
-                    finish(work, cpu=device.type == "cpu" and way == "awake")
-                    if device.type == "cuda":
-                        torch.cuda.synchronize(device)
-                    took.append(time.perf_counter() - t0)
-                into[size] = statistics.median(took)
+
+        def call(size: int, way: str) -> float:
+            dist.barrier()
+            if device.type == "cuda":
+                torch.cuda.synchronize(device)
+            t0 = time.perf_counter()
+            work = dist.all_reduce(tensors[size], async_op=True)
+            # awake: as the tp and ep collectives are waited for (.waiting)
+            finish(work, cpu=device.type == "cpu" and way == "awake")
+            if device.type == "cuda":
+                torch.cuda.synchronize(device)
+            return time.perf_counter() - t0
+
+        medians = timed_rounds(call, sizes, rounds)
         if rank == 0:
-            out.put((times, awake))
+            out.put((medians["blocked"], medians["awake"]))
     finally:
         dist.destroy_process_group()
 
