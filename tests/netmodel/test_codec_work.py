@@ -10,7 +10,7 @@ from collections.abc import Callable
 import pytest
 
 from dmsc.netmodel import CommModel, Topology, estimate_iteration
-from dmsc.netmodel.codec_work import bytes_per_element, codec_work_s
+from dmsc.netmodel.codec_work import around_bytes, bytes_per_element, codec_work_s
 from dmsc.netmodel.constants import DEFAULT_CALIBRATION
 from dmsc.netmodel.layers import build_layer_costs
 from dmsc.netmodel.sync import exchange, stage_payload, vocab_matrix
@@ -51,6 +51,24 @@ def test_bytes_an_element_counted_from_the_runtimes_codecs() -> None:
         codec_work_s(int8, "leader", 2, 1e6, 0.0)
 
 
+def test_the_passes_around_an_exchange_by_path() -> None:
+    """Every step's update flattened and assigned back (16), a round's pseudo-gradient formed
+    (20); by collective the int8 ring's copy and division (16, bf16's 8); nothing for one
+    replica or for gradients sent as they are by collective (priced as NCCL runs them)."""
+    none, int8, bf16 = (parse_compress(f) for f in ("none", "int8", "bf16"))
+    topk, psgd = parse_compress("topk:0.01"), parse_compress("powersgd:4")
+    assert around_bytes(none, "collective", 4, rounds=False) == 0.0
+    assert around_bytes(none, "collective", 4, rounds=True) == 0.0
+    assert around_bytes(int8, "leader", 1, rounds=False) == 0.0
+    assert around_bytes(none, "leader", 4, rounds=False) == 16.0
+    assert around_bytes(none, "leader", 4, rounds=True) == 20.0
+    assert around_bytes(int8, "collective", 2, rounds=False) == 32.0
+    assert around_bytes(int8, "collective", 2, rounds=True) == 36.0
+    assert around_bytes(bf16, "collective", 2, rounds=False) == 24.0
+    assert around_bytes(topk, "collective", 2, rounds=False) == 16.0
+    assert around_bytes(psgd, "collective", 2, rounds=False) == 16.0
+
+
 @pytest.mark.parametrize("form", ["int8", "topk:0.01", "powersgd:4"])
 @pytest.mark.parametrize("via", ["collective", "leader"])
 def test_the_estimate_adds_the_codecs_passes_to_the_exchange(
@@ -75,6 +93,7 @@ def test_the_estimate_adds_the_codecs_passes_to_the_exchange(
     bandwidth *= DEFAULT_CALIBRATION.for_device(device).memory_efficiency
     elements = sum(lc.params_per_device for lc in layers)
     work = codec_work_s(codec, via, 4, elements, bandwidth)
+    work += elements * around_bytes(codec, via, 4, rounds=False) / bandwidth
     if via == "leader" and codec.kind != "powersgd":  # and the leader's mean
         from dmsc.netmodel.leader_work import leader_work_s
 

@@ -230,6 +230,7 @@ def test_a_gpu_s_exchange_work_runs_on_its_host(one_node: Callable[[int], Cluste
     the device's, and the two copies at the host link's rate. Before, the estimate priced them
     at the GPU's HBM bandwidth (2 TB/s here, about 100 times one host thread's) and left the
     copies out; a spec's measured host figures changed nothing."""
+    from dmsc.netmodel.codec_work import around_bytes
     from dmsc.netmodel.codec_work import bytes_per_element as codec_bytes
     from dmsc.netmodel.constants import DEFAULT_CALIBRATION
     from dmsc.netmodel.sync import HostSide, host_side, memory_bytes_s, work_s
@@ -251,6 +252,7 @@ def test_a_gpu_s_exchange_work_runs_on_its_host(one_node: Callable[[int], Cluste
     elements = 3e8
     int8 = SyncSpec.model_validate({"compress": "int8"})
     passes = elements * codec_bytes(int8.compression, "collective", 4)
+    passes += elements * around_bytes(int8.compression, "collective", 4, rounds=False)
     assert work_s(int8, 4, elements, side) == pytest.approx(
         passes / 12.5e9 + 2 * 4 * elements / 9.0e9, rel=1e-12
     )
@@ -265,6 +267,7 @@ def test_a_gpu_s_exchange_work_runs_on_its_host(one_node: Callable[[int], Cluste
 def test_the_estimate_prices_a_gpu_s_codec_on_its_measured_host(nsfnet: ClusterSpec) -> None:
     """The spec's measured host figures reach the estimate: halving the host's memory
     bandwidth adds the codec's passes once more, exactly; the plain all-reduce is unchanged."""
+    from dmsc.netmodel.codec_work import around_bytes
     from dmsc.netmodel.codec_work import bytes_per_element as codec_bytes
     from dmsc.netmodel.constants import DEFAULT_CALIBRATION
     from dmsc.netmodel.sync import host_side
@@ -287,6 +290,7 @@ def test_the_estimate_prices_a_gpu_s_codec_on_its_measured_host(nsfnet: ClusterS
     b = estimate_iteration(slow, model, int8).breakdown_s["dp_comm"]
     elements = sum(lc.params_per_device for lc in build_layer_costs(model, int8))
     passes = elements * codec_bytes(int8.sync.compression, "collective", 4)
+    passes += elements * around_bytes(int8.sync.compression, "collective", 4, rounds=False)
     assert b - a == pytest.approx(passes / 10e9 - passes / 20e9, rel=1e-9)
     plain = _job(**job)
     assert estimate_iteration(fast, model, plain).breakdown_s == (

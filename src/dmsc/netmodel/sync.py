@@ -48,7 +48,8 @@ The choices, for :func:`dmsc.netmodel.iteration.estimate_iteration` and the simu
 - **The leader's own work** on what it gathers (its rule's passes over the updates: a mean, a
   median, Krum's distances) is priced beside the star (:mod:`dmsc.netmodel.leader_work`).
 - **The codecs' passes** (int8's quantisation, bf16's casts, top-k's selection, PowerSGD's
-  products) are priced beside the exchange (:mod:`dmsc.netmodel.codec_work`).
+  products) are priced beside the exchange, with the runtime's passes around it (the update
+  flattened and assigned back; :mod:`dmsc.netmodel.codec_work`).
 - **On the host**: the runtime runs the codecs and the leader's rules on host tensors (a
   gradient on a GPU is copied down and the answer back up), so on a device it computes on off
   the CPU (``cuda``) those passes go at the host's memory bandwidth, not the device's, and the
@@ -72,7 +73,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from dmsc.netmodel.codec_work import codec_work_s
+from dmsc.netmodel.codec_work import around_bytes, codec_work_s
 from dmsc.netmodel.comm import CommCost, CommModel, Group
 from dmsc.netmodel.constants import Calibration, DeviceCalibration
 from dmsc.netmodel.dp_buckets import stage_exposed_s
@@ -207,6 +208,8 @@ def work_s(sync: SyncSpec, n: int, elements: float, host: HostSide, tp: int = 1)
     if n < 2:
         return 0.0
     work = codec_work_s(sync.compression, sync.via, n, elements, host.memory_bytes_s)
+    rounds = sync.inner_steps > 1  # the runtime's passes around the exchange (codec_work)
+    work += elements * around_bytes(sync.compression, sync.via, n, rounds) / host.memory_bytes_s
     if sync.secure:  # the leader sums the masked ring payloads: its own passes, not the mean's
         work += secure_work_s(n, elements, host.memory_bytes_s, host.mask_s)
     # PowerSGD's leader averages the low-rank factors only, a few hundredths of the update

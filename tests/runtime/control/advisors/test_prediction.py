@@ -219,7 +219,10 @@ def test_a_task_with_another_sync_than_the_plans_is_re_estimated_with_its_own(
     # codec's passes included: on this CPU cluster they cost more than the bytes they save)
     every = prediction_for(plan, cluster, model, 16, 2, 2, SyncSettings(compress="int8"))
     assert every.breakdown_s is not None
-    assert p.breakdown_s["dp_comm"] == pytest.approx(every.breakdown_s["dp_comm"] / 10)
+    # and a round forms its pseudo-gradient (20 bytes an element) where every step flattens
+    # its gradients and assigns the answer back (16: dmsc.netmodel.codec_work.around_bytes)
+    tenth = every.breakdown_s["dp_comm"] / 10
+    assert tenth < p.breakdown_s["dp_comm"] < tenth * 1.1
     own = prediction_for(plan, cluster, model, 16, 2, 2)
     assert own.breakdown_s == plan.prediction.breakdown_s
     assert p.basis == (
