@@ -1,7 +1,8 @@
 """How steady ``dmsc calibrate``'s all-reduce fit is from one calibration to the next.
 
 Runs the collective part of ``dmsc calibrate`` (:func:`dmsc.runtime.compute.collective_calibration.
-measure_allreduce`: two spawned processes, a gloo group, sizes timed in interleaved rounds)
+measure_allreduce`: two spawned processes, a gloo group, sizes timed in interleaved rounds, the
+median over ``--pairs`` such pairs started one after another, as ``dmsc calibrate`` does)
 ``--passes`` times in a row and reports each pass's fit (latency and bandwidth, waited for
 blocked and awake) and, for each figure, the least, the median and the largest over the passes
 and their spread (largest over least). The cost model prices every tp, ep and dp collective with
@@ -11,6 +12,7 @@ machine.
 Prints a table, or with --json one object: ``passes`` (each pass's ``latency_us``,
 ``bandwidth_gbit_s``, ``latency_awake_us``, ``bandwidth_awake_gbit_s``; a figure whose fit
 failed is left out), ``summary`` (figure -> least, median, largest, spread), ``rounds``,
+``pairs``,
 ``load_average`` (1, 5, 15 min, at the end).
 """
 
@@ -22,7 +24,7 @@ import os
 import statistics
 from typing import Any
 
-from dmsc.runtime.compute.collective_calibration import ROUNDS, measure_allreduce
+from dmsc.runtime.compute.collective_calibration import PASSES, ROUNDS, measure_allreduce
 
 FIGURES = {
     "latency_us": ("latency_s", 1e6),
@@ -32,8 +34,8 @@ FIGURES = {
 }
 
 
-def one_pass(rounds: int) -> dict[str, float]:
-    got = measure_allreduce("gloo", rounds=rounds)
+def one_pass(rounds: int, pairs: int) -> dict[str, float]:
+    got = measure_allreduce("gloo", rounds=rounds, passes=pairs)
     return {name: round(got[k] * f, 2) for name, (k, f) in FIGURES.items() if k in got}
 
 
@@ -57,10 +59,12 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--passes", type=int, default=6)
     ap.add_argument("--rounds", type=int, default=ROUNDS)
+    ap.add_argument("--pairs", type=int, default=PASSES, help="pairs a calibration medians")
     ap.add_argument("--json", action="store_true")
     args = ap.parse_args()
-    passes = [one_pass(args.rounds) for _ in range(args.passes)]
+    passes = [one_pass(args.rounds, args.pairs) for _ in range(args.passes)]
     out: dict[str, Any] = {"passes": passes, "summary": summary(passes), "rounds": args.rounds}
+    out["pairs"] = args.pairs
     out["load_average"] = list(os.getloadavg())
     if args.json:
         print(json.dumps(out))

@@ -52,6 +52,28 @@ def test_a_spell_as_long_as_one_sizes_rounds_moves_no_median() -> None:
         assert got["awake"][size] == pytest.approx(t / 2)
 
 
+def test_each_sizes_figure_is_the_median_over_the_passes(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Three pairs started one after another, the first in a slow spell (every size twice as
+    long): the fit is the one of the other two, not moved by the slow pass."""
+    from dmsc.runtime.compute import collective_calibration as cc
+
+    a, b = 400e-6, 1.5e9
+    sizes = (1024, 4 * 1024 * 1024)
+    passes = iter([2.0, 1.0, 1.0])
+
+    def one_pass(backend: str, sizes: tuple[int, ...], rounds: int) -> tuple[dict, dict]:  # type: ignore[type-arg]
+        k = next(passes)
+        t = {s: k * (a + s / b) for s in sizes}  # (sent 2 (n - 1) / n of s: all of it at 2)
+        return t, {s: v / 2 for s, v in t.items()}
+
+    monkeypatch.setattr(cc, "time_allreduce", one_pass)
+    got = cc.measure_allreduce("gloo", sizes)
+    assert got["latency_s"] == pytest.approx(a) and got["bytes_s"] == pytest.approx(b)
+    assert got["latency_awake_s"] == pytest.approx(a / 2)
+    with pytest.raises(ValueError, match="passes must be >= 1"):
+        cc.measure_allreduce("gloo", sizes, passes=0)
+
+
 def test_nccl_needs_two_gpus(monkeypatch: pytest.MonkeyPatch) -> None:
     import torch
 

@@ -14,7 +14,11 @@ The rounds interleave: each round times every size both ways, so each median is 
 whole measurement rather than from a few milliseconds of it. Timed size by size and way by way,
 a spell of the shared machine as long as one size's rounds (30 calls of 1 KB took about 12 ms)
 moved that size's whole median: a calibration gave an awake latency of 682 us where the runs
-before and after it gave 335-368 us (:func:`timed_rounds`).
+before and after it gave 335-368 us (:func:`timed_rounds`). And the pair is started
+:data:`PASSES` times, each size's figure the median over the passes: from one pair to the
+next, seconds apart, this machine's figures moved more than within one (15 passes in a row:
+latency 371-618 us and bandwidth 7.9-16.0 Gbit/s, the medians of three 419-524 us and
+10.5-12.7 Gbit/s; ``benchmarks/calibration_steadiness.py``).
 """
 
 from __future__ import annotations
@@ -36,6 +40,7 @@ from dmsc.runtime.compute.waiting import finish
 
 SIZES = (1024, 256 * 1024, 4 * 1024 * 1024)  # bytes of the all-reduced tensor
 ROUNDS = 30
+PASSES = 3  # pairs started one after another; each size's figure the median over them
 WORLD = 2
 JOIN_TIMEOUT_S = 60.0
 
@@ -118,13 +123,20 @@ def _member(
 
 
 def measure_allreduce(
-    backend: str = "gloo", sizes: Sequence[int] = SIZES, rounds: int = ROUNDS
+    backend: str = "gloo",
+    sizes: Sequence[int] = SIZES,
+    rounds: int = ROUNDS,
+    passes: int = PASSES,
 ) -> dict[str, Any]:
-    """Time all-reduces of ``sizes`` bytes in a two-process ``backend`` group; returns the fit
-    (``latency_s``, ``bytes_s``: bandwidth as the bytes one member sends per second), the same
-    fit of the calls waited for awake (``latency_awake_s``, ``bytes_awake_s``; left out where
-    it does not fit), the median seconds per size each way, and the backend."""
-    times, awake = time_allreduce(backend, sizes, rounds)
+    """Time all-reduces of ``sizes`` bytes in a two-process ``backend`` group, ``passes``
+    groups one after another; returns the fit (``latency_s``, ``bytes_s``: bandwidth as the
+    bytes one member sends per second) of each size's median over the passes, the same fit of
+    the calls waited for awake (``latency_awake_s``, ``bytes_awake_s``; left out where it does
+    not fit), those seconds per size each way, and the backend."""
+    if passes < 1:
+        raise ValueError(f"passes must be >= 1, got {passes}")
+    runs = [time_allreduce(backend, sizes, rounds) for _ in range(passes)]
+    times, awake = ({s: statistics.median(r[k][s] for r in runs) for s in sizes} for k in (0, 1))
     sent = 2 * (WORLD - 1) / WORLD
     latency, rate = fit_alpha_beta([(s * sent, t) for s, t in times.items()])
     got: dict[str, Any] = {"backend": backend, "latency_s": latency, "bytes_s": rate}
