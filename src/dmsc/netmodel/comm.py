@@ -141,6 +141,19 @@ class CommModel:
             self._awake_view = CommModel(self.topo, self.calib, awake=True) if measured else self
         return self._awake_view
 
+    def quorum_s(self, groups: Sequence[Group]) -> float:
+        """The replicas' quorum before one exchange of ``groups`` that dmsc's runtime runs whole
+        (:mod:`dmsc.runtime.compute.quorum`: the store round trips every replica waits for):
+        the slowest group's, each the measured figure of the links its members reach each other
+        by (``collective.quorum_us``); 0 where none is measured or a group is one replica."""
+        out = 0.0
+        links = self.topo.links
+        for g in groups:
+            for a in g[1:]:
+                for lid, _ in self.topo.path(g[0], a):
+                    out = max(out, links[lid].collective_quorum_s or 0.0)
+        return out
+
     def _pattern(self, name: str, groups: tuple[Group, ...]) -> _HopSet:
         key = (name, groups)
         if key not in self._cache:

@@ -371,6 +371,7 @@ def estimate_iteration(
         dp_s = expert_s = 0.0
         grad_dense = max(dense for dense, _ in payloads)
         groups = [g for s in range(p) for g in layout.dp_groups(s)]
+        whole = not bucketed(sync, job.overlap_dp_comm)  # one call on the whole update
         if job.dp > 1:
             c = exchange(comm, groups, grad_dense, codec, job.allreduce, sync.via)
             dense = max(
@@ -379,6 +380,8 @@ def estimate_iteration(
             )
             # and the compute on its path: the codec's passes, the leader's rule (sync.work_s)
             dp_s = c.time_s + work_s(sync, job.dp, dense, host, job.tp)
+            if whole:  # the replicas agree on a quorum first (CommModel.quorum_s)
+                dp_s += comm.quorum_s(groups)
             account("dp", c, per_round)
             if job.zero >= 3:  # weights gathered for every forward and backward
                 ag = comm.collective("all_gather", groups, grad_dense)
@@ -390,6 +393,8 @@ def estimate_iteration(
             c = exchange(comm, egroups, grad_expert, codec, job.allreduce, sync.via)
             experts = max(sum(lc.expert_params_per_device for lc in ms) for ms in stage_layers)
             expert_s = c.time_s + work_s(sync, job.dp // job.ep, experts, host, job.tp)
+            if whole:
+                expert_s += comm.quorum_s(egroups)
             dp_s += expert_s
             account("dp", c, per_round)
         window = crit.compute_s * 2 / 3  # the backward of the last micro-batch

@@ -41,6 +41,8 @@ class Link:
     # the figures when the rank waits for the call awake (dmsc's tp and ep collectives)
     collective_awake_Bps: float | None = None
     collective_latency_awake_s: float | None = None
+    # the replicas' quorum before a whole exchange (dmsc.runtime.compute.quorum), measured
+    collective_quorum_s: float | None = None
 
 
 @dataclass(frozen=True)
@@ -136,12 +138,14 @@ class Topology:
         if collective is not None:
             bw, lat = collective.bandwidth_gbit_s * 1e9 / 8, collective.latency_us * 1e-6
             awake_bw, awake_lat = collective.bandwidth_awake_gbit_s, collective.latency_awake_us
+            quorum = collective.quorum_us
             link = replace(
                 link,
                 collective_Bps=bw,
                 collective_latency_s=lat,
                 collective_awake_Bps=None if awake_bw is None else awake_bw * 1e9 / 8,
                 collective_latency_awake_s=None if awake_lat is None else awake_lat * 1e-6,
+                collective_quorum_s=None if quorum is None else quorum * 1e-6,
             )
         self.links.append(link)
         return link.id

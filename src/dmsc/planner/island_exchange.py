@@ -26,7 +26,14 @@ from dataclasses import dataclass
 from dmsc.netmodel import DTYPE_BYTES, CommCost, CommModel, build_layer_costs
 from dmsc.netmodel.comm import Group
 from dmsc.netmodel.iteration import assign_stage_layers
-from dmsc.netmodel.sync import exchange, host_side, stage_payload, vocab_matrix, work_s
+from dmsc.netmodel.sync import (
+    bucketed,
+    exchange,
+    host_side,
+    stage_payload,
+    vocab_matrix,
+    work_s,
+)
 from dmsc.planner.placement.problem import (
     Infeasible,
     PathOption,
@@ -114,6 +121,8 @@ def exchange_cost(
         device = comm.topo.device_type(groups[0][0])
         host = host_side(device, comm.calib)
         work = work_s(job.sync, max(len(g) for g in groups), elements, host, job.tp)
+        if not bucketed(job.sync, job.overlap_dp_comm):  # the quorum before a whole exchange
+            work += comm.quorum_s(groups)
         time_s, sent = time_s + cost.time_s + work, sent + cost.bytes_sent
         for lid, nbytes in cost.link_bytes.items():
             links[lid] = links.get(lid, 0.0) + nbytes

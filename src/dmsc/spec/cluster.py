@@ -204,6 +204,12 @@ class CollectiveSpec(_Spec):
     latency_awake_us: NonNegativeFloat | None = Field(
         default=None, description="One such call's latency; latency_us where not measured."
     )
+    quorum_us: NonNegativeFloat | None = Field(
+        default=None,
+        description="The replicas' quorum before an exchange dmsc's runtime runs whole (a "
+        "codec's, the leader's, a round's): its store round trips, measured; not priced where "
+        "absent.",
+    )
     source: str = Field(min_length=1, description="Where, when and how it was measured.")
 
 

@@ -112,6 +112,13 @@ def test_the_measured_collective_goes_into_each_node_over_the_efficiency() -> No
     ]
     assert [b * eff for b in awake_bw] == pytest.approx([8.0] * len(got))  # type: ignore[operator]
     assert " us waited for awake)" in cal.collective_words(data["node_types"]["host"])
+    assert all(n.collective.quorum_us is None for n in spec.node_types.values() if n.collective)
+    # the replicas' quorum, where measured
+    data = cal.calibrated_cluster(template, {**FIGURES, **gloo, "gloo_quorum_s": 900e-6})
+    spec = ClusterSpec.model_validate(data)
+    got = [n.collective.quorum_us for n in spec.node_types.values() if n.collective]
+    assert got and got == pytest.approx([900] * len(got))
+    assert "; quorum 900 us" in cal.collective_words(data["node_types"]["host"])
 
 
 def test_a_job_on_fewer_devices_than_the_cores_gets_a_core_each() -> None:

@@ -61,15 +61,16 @@ def test_each_sizes_figure_is_the_median_over_the_passes(monkeypatch: pytest.Mon
     sizes = (1024, 4 * 1024 * 1024)
     passes = iter([2.0, 1.0, 1.0])
 
-    def one_pass(backend: str, sizes: tuple[int, ...], rounds: int) -> tuple[dict, dict]:  # type: ignore[type-arg]
+    def one_pass(backend: str, sizes: tuple[int, ...], rounds: int) -> tuple[dict, dict, float]:  # type: ignore[type-arg]
         k = next(passes)
         t = {s: k * (a + s / b) for s in sizes}  # (sent 2 (n - 1) / n of s: all of it at 2)
-        return t, {s: v / 2 for s, v in t.items()}
+        return t, {s: v / 2 for s, v in t.items()}, k * 1e-3
 
     monkeypatch.setattr(cc, "time_allreduce", one_pass)
     got = cc.measure_allreduce("gloo", sizes)
     assert got["latency_s"] == pytest.approx(a) and got["bytes_s"] == pytest.approx(b)
     assert got["latency_awake_s"] == pytest.approx(a / 2)
+    assert got["quorum_s"] == pytest.approx(1e-3)  # the slow pair's 2 ms left out too
     with pytest.raises(ValueError, match="passes must be >= 1"):
         cc.measure_allreduce("gloo", sizes, passes=0)
 
@@ -84,9 +85,10 @@ def test_nccl_needs_two_gpus(monkeypatch: pytest.MonkeyPatch) -> None:
 
 def test_a_real_gloo_all_reduce_is_timed_blocked_and_awake() -> None:
     """Two spawned processes, a few rounds: each size's median waited for blocked and waited
-    for awake (dmsc.runtime.compute.waiting), all positive. (Their fit is
+    for awake (dmsc.runtime.compute.waiting), all positive, and their quorum's. (Their fit is
     the one above; on this machine a blocked small one can take longer than a larger, which
     the fit refuses, and ``dmsc calibrate`` then leaves the collective out.)"""
-    times, awake = time_allreduce("gloo", (1024, 256 * 1024), rounds=5)
+    times, awake, quorum = time_allreduce("gloo", (1024, 256 * 1024), rounds=5)
     assert set(times) == set(awake) == {1024, 256 * 1024}
     assert min(times.values()) > 0 and min(awake.values()) > 0
+    assert 0 < quorum < 5.0  # the replicas' quorum on the pair's store, as the runtime's

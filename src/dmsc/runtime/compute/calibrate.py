@@ -341,8 +341,14 @@ def _collective(measured: dict[str, float], efficiency: float) -> dict[str, Any]
                     if f"{backend}_allreduce_bytes_awake_s" in measured
                     else {}
                 ),
+                **(
+                    {"quorum_us": measured[f"{backend}_quorum_s"] * 1e6}
+                    if f"{backend}_quorum_s" in measured
+                    else {}
+                ),
                 "source": f"dmsc calibrate: a 2-process {backend} all-reduce on this machine, "
-                f"{when:%Y-%m-%d %H:%M} UTC (median of rounds of the smallest and largest size)",
+                f"{when:%Y-%m-%d %H:%M} UTC (each size's median over 3 pairs of interleaved "
+                "rounds; the smallest and largest size fitted)",
             }
     return None
 
@@ -361,6 +367,7 @@ def collective_words(node: dict[str, Any]) -> str:
             if c.get("latency_awake_us") is not None
             else ""
         )
+        + (f"; quorum {c['quorum_us']:.0f} us" if c.get("quorum_us") is not None else "")
     )
 
 
@@ -378,6 +385,7 @@ def measure_collectives() -> dict[str, float]:
             continue
         out[f"{backend}_allreduce_bytes_s"] = got["bytes_s"]
         out[f"{backend}_allreduce_latency_s"] = got["latency_s"]
+        out[f"{backend}_quorum_s"] = got["quorum_s"]
         if "bytes_awake_s" in got:
             out[f"{backend}_allreduce_latency_awake_s"] = got["latency_awake_s"]
             out[f"{backend}_allreduce_bytes_awake_s"] = got["bytes_awake_s"]

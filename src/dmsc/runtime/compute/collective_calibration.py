@@ -19,6 +19,10 @@ before and after it gave 335-368 us (:func:`timed_rounds`). And the pair is star
 next, seconds apart, this machine's figures moved more than within one (15 passes in a row:
 latency 371-618 us and bandwidth 7.9-16.0 Gbit/s, the medians of three 419-524 us and
 10.5-12.7 Gbit/s; ``benchmarks/calibration_steadiness.py``).
+
+The pair also times the replicas' quorum (:func:`time_quorum`): the store round trips the
+runtime's replicas make before an exchange it runs whole (a codec's, the leader's, a round's),
+which the cost model prices beside such an exchange (``collective.quorum_us``).
 """
 
 from __future__ import annotations
@@ -78,6 +82,28 @@ def timed_rounds(
     return {w: {s: statistics.median(took[(w, s)]) for s in sizes} for w in WAYS}
 
 
+def time_quorum(store: Any, rank: int, rounds: int) -> float:
+    """The median seconds of ``rounds`` quorums of the group's ``WORLD`` members on ``store``,
+    as the runtime's replicas agree before an exchange it runs whole
+    (:class:`dmsc.runtime.compute.quorum.Quorum`), each begun together after a barrier."""
+    from dmsc.runtime.compute.quorum import Quorum
+
+    took = []
+    for i in range(rounds):
+        dist.barrier()
+        t0 = time.perf_counter()
+        Quorum(store, rank, WORLD).join(
+            f"calibrate/q{i}",
+            held="calibrate|" + ".".join(str(r) for r in range(WORLD)),
+            abandoned=lambda: False,
+            policy="wait",
+            bound_s=JOIN_TIMEOUT_S,
+            timeout_s=JOIN_TIMEOUT_S,
+        )
+        took.append(time.perf_counter() - t0)
+    return statistics.median(took)
+
+
 def _free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
@@ -116,8 +142,9 @@ def _member(
             return time.perf_counter() - t0
 
         medians = timed_rounds(call, sizes, rounds)
+        quorum = time_quorum(store, rank, rounds)
         if rank == 0:
-            out.put((medians["blocked"], medians["awake"]))
+            out.put((medians["blocked"], medians["awake"], quorum))
     finally:
         dist.destroy_process_group()
 
@@ -132,14 +159,19 @@ def measure_allreduce(
     groups one after another; returns the fit (``latency_s``, ``bytes_s``: bandwidth as the
     bytes one member sends per second) of each size's median over the passes, the same fit of
     the calls waited for awake (``latency_awake_s``, ``bytes_awake_s``; left out where it does
-    not fit), those seconds per size each way, and the backend."""
+    not fit), those seconds per size each way, the quorum's median over the passes
+    (``quorum_s``: the replicas' agreement before an exchange the runtime runs whole), and the
+    backend."""
     if passes < 1:
         raise ValueError(f"passes must be >= 1, got {passes}")
     runs = [time_allreduce(backend, sizes, rounds) for _ in range(passes)]
-    times, awake = ({s: statistics.median(r[k][s] for r in runs) for s in sizes} for k in (0, 1))
+    times = {s: statistics.median(r[0][s] for r in runs) for s in sizes}
+    awake = {s: statistics.median(r[1][s] for r in runs) for s in sizes}
+    quorum = statistics.median(r[2] for r in runs)
     sent = 2 * (WORLD - 1) / WORLD
     latency, rate = fit_alpha_beta([(s * sent, t) for s, t in times.items()])
     got: dict[str, Any] = {"backend": backend, "latency_s": latency, "bytes_s": rate}
+    got["quorum_s"] = quorum
     with contextlib.suppress(ValueError):  # left out: the blocked figures price every call
         got["latency_awake_s"], got["bytes_awake_s"] = fit_alpha_beta(
             [(s * sent, t) for s, t in awake.items()]
@@ -149,10 +181,10 @@ def measure_allreduce(
 
 def time_allreduce(
     backend: str, sizes: Sequence[int], rounds: int
-) -> tuple[dict[int, float], dict[int, float]]:
+) -> tuple[dict[int, float], dict[int, float], float]:
     """The median seconds of all-reduces of each of ``sizes`` bytes in a two-process
     ``backend`` group, waited for blocked and waited for awake (a CUDA work is waited for
-    at once either way)."""
+    at once either way), and of the group's quorum (:func:`time_quorum`)."""
     if backend == "nccl" and torch.cuda.device_count() < WORLD:
         raise ValueError(f"nccl: {WORLD} CUDA devices needed, {torch.cuda.device_count()} here")
     ctx = mp.get_context("spawn")
@@ -181,5 +213,5 @@ def time_allreduce(
     if alive or any(p.exitcode for p in procs) or out.empty():
         codes = [p.exitcode for p in procs]
         raise RuntimeError(f"{backend} all-reduce calibration failed (exit codes {codes})")
-    times, awake = out.get()
-    return times, awake
+    times, awake, quorum = out.get()
+    return times, awake, quorum
