@@ -42,20 +42,13 @@ def test_an_all_reduce_is_priced_at_the_measured_collective() -> None:
     measured = CommModel(Topology(_cluster(gloo)), C)
     nbytes = 4e6
     # two devices, each on its own link into the node: a hop crosses two device links, so the
-    # latency is two links' and the bandwidth one link's (the ring's hops share none); ring
-    # all-reduce of 2: one step of reduce-scatter and one of all-gather, n/2 bytes each
-    bw = 8 * 1e9 / 8 * C.intra_node_link_efficiency
-    want = 2 * (2 * 100e-6 + nbytes / 2 / bw) + C.collective_overhead_s
-    got = plain.collective("all_reduce", [(0, 1)], nbytes, "ring").time_s
-    assert got == pytest.approx(want, rel=1e-9)
-    # measured: ``dmsc calibrate``'s figures are one whole call of two devices of the node
-    # (t = a + s / b), so a call of that shape is priced at just that (each link carries a
-    # quarter of the call's latency); it was priced at 4 a until 2026-12-04
-    bw = 2 * 1e9 / 8 * C.intra_node_link_efficiency
-    for size in (1.0, 4e3, nbytes):
-        want = 500e-6 + size / bw + C.collective_overhead_s
-        got = measured.collective("all_reduce", [(0, 1)], size, "ring").time_s
-        assert got == pytest.approx(want, rel=1e-9), size
+    # latency is two links' and the bandwidth one link's (the ring's hops share none)
+    for model, gbit, lat_us in ((plain, 8, 100), (measured, 2, 500)):
+        bw = gbit * 1e9 / 8 * C.intra_node_link_efficiency
+        # ring all-reduce of 2: one step of reduce-scatter and one of all-gather, n/2 bytes each
+        want = 2 * (2 * lat_us * 1e-6 + nbytes / 2 / bw) + C.collective_overhead_s
+        got = model.collective("all_reduce", [(0, 1)], nbytes, "ring").time_s
+        assert got == pytest.approx(want, rel=1e-9)
     # a point-to-point send (the pipeline's) keeps the link's figures
     assert measured.p2p([(0, 1)], nbytes).time_s == plain.p2p([(0, 1)], nbytes).time_s
 
@@ -76,7 +69,7 @@ def test_collectives_waited_for_awake_are_priced_at_the_awake_latency() -> None:
     nbytes = 4e3
     for m, lat_us, gbit in ((model, 3000, 2), (view, 300, 4)):
         bw = gbit * 1e9 / 8 * C.intra_node_link_efficiency
-        want = lat_us * 1e-6 + nbytes / bw + C.collective_overhead_s  # one call, as measured
+        want = 2 * (2 * lat_us * 1e-6 + nbytes / 2 / bw) + C.collective_overhead_s
         got = m.collective("all_reduce", [(0, 1)], nbytes, "ring").time_s
         assert got == pytest.approx(want, rel=1e-9)
     plain = CommModel(Topology(_cluster(blocked)), C)

@@ -23,15 +23,6 @@ LinkKind = Literal["device", "node", "interdc"]
 Hop = tuple[int, int]  # (link id, direction): +1 from link.u to link.v, -1 the other way
 
 
-# A node's measured collective (``dmsc calibrate``: ``collective.latency_us``) is one whole
-# all-reduce call of two of its devices: a ring of two steps (reduce-scatter, all-gather), each
-# step a hop over both devices' links into the node. The cost model sums a latency per link
-# crossed and per step, so each device link carries a quarter of the call's. Until 2026-12-04 it
-# carried the whole, and a call of the calibration's own shape was priced at four times the
-# latency it was measured at (1,610 us for a 400 us call).
-CALL_LINK_LATENCIES = 4
-
-
 @dataclass(frozen=True)
 class Link:
     """One full-duplex link of the topology."""
@@ -145,9 +136,7 @@ class Topology:
     ) -> int:
         link = Link(len(self.links), u, v, kind, gbit_s * 1e9 / 8, latency_us * 1e-6, km)
         if collective is not None:
-            # the measured latency is one whole call's; a link carries its share of it
-            share = 1e-6 / CALL_LINK_LATENCIES
-            bw, lat = collective.bandwidth_gbit_s * 1e9 / 8, collective.latency_us * share
+            bw, lat = collective.bandwidth_gbit_s * 1e9 / 8, collective.latency_us * 1e-6
             awake_bw, awake_lat = collective.bandwidth_awake_gbit_s, collective.latency_awake_us
             quorum = collective.quorum_us
             link = replace(
@@ -155,7 +144,7 @@ class Topology:
                 collective_Bps=bw,
                 collective_latency_s=lat,
                 collective_awake_Bps=None if awake_bw is None else awake_bw * 1e9 / 8,
-                collective_latency_awake_s=None if awake_lat is None else awake_lat * share,
+                collective_latency_awake_s=None if awake_lat is None else awake_lat * 1e-6,
                 collective_quorum_s=None if quorum is None else quorum * 1e-6,
             )
         self.links.append(link)
