@@ -119,6 +119,10 @@ def test_the_measured_collective_goes_into_each_node_over_the_efficiency() -> No
     got = [n.collective.quorum_us for n in spec.node_types.values() if n.collective]
     assert got and got == pytest.approx([900] * len(got))
     assert "; quorum 900 us" in cal.collective_words(data["node_types"]["host"])
+    # the source says how it was measured: as many pairs as measure_allreduce medians
+    from dmsc.runtime.compute.collective_calibration import PASSES
+
+    assert f"median over {PASSES} pairs" in spec.node_types["host"].collective.source  # type: ignore[union-attr]
 
 
 def test_a_job_on_fewer_devices_than_the_cores_gets_a_core_each() -> None:

@@ -38,7 +38,7 @@ import torch
 import yaml
 
 from dmsc.netmodel import DEFAULT_CALIBRATION
-from dmsc.runtime.compute.collective_calibration import measure_allreduce
+from dmsc.runtime.compute.collective_calibration import PASSES, measure_allreduce
 from dmsc.runtime.transport.rpc import Client, bytes_handler, serve
 from dmsc.spec import ClusterSpec, SpecError, load_spec
 
@@ -347,7 +347,7 @@ def _collective(measured: dict[str, float], efficiency: float) -> dict[str, Any]
                     else {}
                 ),
                 "source": f"dmsc calibrate: a 2-process {backend} all-reduce on this machine, "
-                f"{when:%Y-%m-%d %H:%M} UTC (each size's median over 3 pairs of interleaved "
+                f"{when:%Y-%m-%d %H:%M} UTC (each size's median over {PASSES} pairs of interleaved "
                 "rounds; the smallest and largest size fitted)",
             }
     return None
