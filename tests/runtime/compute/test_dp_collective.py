@@ -252,6 +252,11 @@ def test_buckets_launched_from_the_backward_average_every_gradient() -> None:
             assert (got - ref).abs().max() < 1e-7  # (assert_close would import DTensor: 2 s)
         # a ring of two: each replica put its whole gradient on its link to the other
         assert sum(dp.peers.sent.values()) == sum(p.numel() * 4 for p in params)
+        # the averages stay where they were reduced, as DDP's gradient_as_bucket_view: each
+        # bucket's gradients are views of one buffer, not copies of it (a pass saved)
+        ps = list(model.parameters())
+        for bucket in dp.buckets:
+            assert len({ps[i].grad.untyped_storage().data_ptr() for i in bucket}) == 1
 
 
 @pytest.mark.parametrize("allreduce", ["auto", "tree"])

@@ -266,22 +266,26 @@ class DataParallel:
         if d.verdict == "fail":
             raise TimeoutError(f"stage {cfg.stage}: no gradient from replicas {list(d.late)}")
         if d.rank(cfg.replica) is None:  # late: the members' average comes over Push
-            self._assign(range(len(self.params)), self.peers.recv(Kind.GRAD_AVG, st.step, 0))
+            avg = self.peers.recv(Kind.GRAD_AVG, st.step, 0)
+            self._assign(range(len(self.params)), avg, copy=True)  # a frame's buffer: copied
             return []
         for b, flat, work in st.works:
             self.group.wait(work, self._abandoned(st))
-            self._assign(self.buckets[b], flat / len(d.members))
+            self._assign(self.buckets[b], flat.div_(len(d.members)))
         time.sleep(max(0.0, st.bytes_until - time.monotonic()))  # a thin link's turn
         if d.late and d.members[0] == cfg.replica:
             flat = torch.cat([self._grad(i).reshape(-1) for i in range(len(self.params))])
             self._send_late(Kind.GRAD_AVG, st.step, 0, flat.cpu(), d.late)
         return list(d.late)
 
-    def _assign(self, indices: Sequence[int], flat: torch.Tensor) -> None:
+    def _assign(self, indices: Sequence[int], flat: torch.Tensor, copy: bool = False) -> None:
+        """Set the gradients of ``indices`` to their slices of ``flat``, in order: views of it
+        where it is on their device and ``copy`` is not asked (a bucket of this step's own, as
+        DDP's ``gradient_as_bucket_view``: no pass over the gradients), else copies."""
         offset = 0
         for i in indices:
             p = self.params[i]
-            p.grad = flat[offset : offset + p.numel()].view_as(p).to(p.device, copy=True)
+            p.grad = flat[offset : offset + p.numel()].view_as(p).to(p.device, copy=copy)
             offset += p.numel()
 
     def _send_late(
