@@ -53,6 +53,25 @@ def test_an_all_reduce_is_priced_at_the_measured_collective() -> None:
     assert measured.p2p([(0, 1)], nbytes).time_s == plain.p2p([(0, 1)], nbytes).time_s
 
 
+def test_a_call_of_two_devices_is_priced_at_its_measured_call_times_what_a_step_meets() -> None:
+    """``collective.latency_us`` is one idle call of two of the node's devices. A call of that
+    shape is priced at it times the backend's in-step factor (``IN_STEP_CALL``): gloo's 4 (a
+    step's calls measured 2.1-4.5x an idle one on the CPU), NCCL's 1, exactly as measured. Until
+    2026-12-04 every backend was priced at four times its call, NCCL's too, by the link count
+    alone (each link carried the whole call's latency)."""
+    from dmsc.netmodel.topology import IN_STEP_CALL
+
+    assert IN_STEP_CALL == {"gloo": 4.0, "nccl": 1.0}
+    for backend, factor in IN_STEP_CALL.items():
+        spec = {"backend": backend, "bandwidth_gbit_s": 2, "latency_us": 500, "source": "a test"}
+        model = CommModel(Topology(_cluster(spec)), C)
+        bw = 2 * 1e9 / 8 * C.intra_node_link_efficiency
+        for size in (1.0, 4e3, 4e6):  # t = factor x a + s / b, as the calibration fitted it
+            want = factor * 500e-6 + size / bw + C.collective_overhead_s
+            got = model.collective("all_reduce", [(0, 1)], size, "ring").time_s
+            assert got == pytest.approx(want, rel=1e-9), (backend, size)
+
+
 def test_collectives_waited_for_awake_are_priced_at_the_awake_latency() -> None:
     """The tp and ep calls' view (``awake_view``) takes the measured awake latency; the plain
     model (the data-parallel exchanges) the blocked one; without an awake figure the view is

@@ -23,6 +23,31 @@ LinkKind = Literal["device", "node", "interdc"]
 Hop = tuple[int, int]  # (link id, direction): +1 from link.u to link.v, -1 the other way
 
 
+# A node's measured collective (``dmsc calibrate``: ``collective.latency_us``) is one whole
+# all-reduce call of two of its devices, idle. The cost model sums a latency per link crossed and
+# per step: a ring of two devices takes two steps (reduce-scatter, all-gather), each a hop over
+# both devices' links into the node, so a link carries a quarter of an idle call's latency...
+CALL_LINK_LATENCIES = 4
+# ... times what a call in a training step meets beyond an idle one, by backend. gloo: on this
+# project's 2-core machine a step's tensor-parallel all-reduce of a few KB took about 1.3 ms
+# against 0.33 ms idle (the ranks' skew and the other processes of a deployment: the rank waits
+# for its peer, not for the wire), and with the idle call priced as measured the per-mode
+# comparison measured 3.6-4.5x its prediction for tp = 2, 2.1-2.8x for the data-parallel ring
+# and 3.3-3.4x for the expert-parallel all-to-alls (benchmarks/results/parallel_modes_cpu.json,
+# experiment_2026_12_04_whole_call_latency): 4. nccl: priced as measured, 1 (the CUDA devices
+# of a node do not share cores; no step of two GPUs has been measured here).
+IN_STEP_CALL = {"gloo": 4.0, "nccl": 1.0}
+
+
+def link_call_latency_s(collective: CollectiveSpec, awake: bool = False) -> float | None:
+    """The latency a device link of the node carries per step of a collective, from its
+    measured one (``awake``: of calls waited for awake; None where that was not measured)."""
+    us = collective.latency_awake_us if awake else collective.latency_us
+    if us is None:
+        return None
+    return us * 1e-6 * IN_STEP_CALL[collective.backend] / CALL_LINK_LATENCIES
+
+
 @dataclass(frozen=True)
 class Link:
     """One full-duplex link of the topology."""
@@ -136,15 +161,13 @@ class Topology:
     ) -> int:
         link = Link(len(self.links), u, v, kind, gbit_s * 1e9 / 8, latency_us * 1e-6, km)
         if collective is not None:
-            bw, lat = collective.bandwidth_gbit_s * 1e9 / 8, collective.latency_us * 1e-6
-            awake_bw, awake_lat = collective.bandwidth_awake_gbit_s, collective.latency_awake_us
-            quorum = collective.quorum_us
+            awake_bw, quorum = collective.bandwidth_awake_gbit_s, collective.quorum_us
             link = replace(
                 link,
-                collective_Bps=bw,
-                collective_latency_s=lat,
+                collective_Bps=collective.bandwidth_gbit_s * 1e9 / 8,
+                collective_latency_s=link_call_latency_s(collective),
                 collective_awake_Bps=None if awake_bw is None else awake_bw * 1e9 / 8,
-                collective_latency_awake_s=None if awake_lat is None else awake_lat * 1e-6,
+                collective_latency_awake_s=link_call_latency_s(collective, awake=True),
                 collective_quorum_s=None if quorum is None else quorum * 1e-6,
             )
         self.links.append(link)
