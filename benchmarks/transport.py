@@ -5,6 +5,11 @@ With ``--tls`` the same gRPC frames also go over mutual TLS (certificates of a t
 authority, as ``dmsc up`` gives every service), measured in the same loop: ``tls_mb_s`` and
 ``tls_ratio`` (TLS throughput over plain), and the small-message round trip over TLS.
 
+Beside each size, the time to encode its frame (``encode_us``,
+:func:`dmsc.runtime.transport.wire.encode`) against the frame built as it was until 2026-12-04
+(``two_copies_us``: the payload's bytes, then the header and those bytes joined, two copies of
+the payload).
+
 Prints a table, or with --json one object.
 """
 
@@ -14,11 +19,13 @@ import argparse
 import json
 import socket
 import statistics
+import struct
 import threading
 import time
 
 import torch
 
+from dmsc.runtime.transport import wire
 from dmsc.runtime.transport.rpc import Client, bytes_handler, serve
 from dmsc.runtime.transport.wire import Kind, decode, encode
 
@@ -52,6 +59,14 @@ def tcp_server() -> tuple[socket.socket, int]:
 
     threading.Thread(target=run, daemon=True).start()
     return srv, srv.getsockname()[1]
+
+
+def two_copies(tensor: torch.Tensor) -> bytes:
+    """A frame of ``tensor`` (float32) as it was built until 2026-12-04, the reference of
+    ``encode_us``: the payload's bytes first, then the header and the bytes concatenated."""
+    raw = tensor.numpy().tobytes()
+    head = wire._HEAD.pack(wire.MAGIC, wire.VERSION, 1, 1, tensor.dim(), 0, 0, 0, len(raw))
+    return head + struct.pack(f"!{tensor.dim()}I", *tensor.shape) + raw
 
 
 def measure(fn, repeats: int) -> float:  # type: ignore[no-untyped-def]
@@ -94,8 +109,12 @@ def main() -> None:
         frame = encode(Kind.ACTIVATION, 0, 0, tensor)
         t_grpc = measure(lambda f=frame: grpc_client.raw("Push", f), 20)
         t_tcp = measure(lambda f=frame: tcp_send(f), 20)
+        t_encode = measure(lambda t=tensor: encode(Kind.ACTIVATION, 0, 0, t), 20)
+        t_two = measure(lambda t=tensor: two_copies(t), 20)
         row = {
             "mb": mb,
+            "encode_us": t_encode * 1e6,
+            "two_copies_us": t_two * 1e6,
             "dmsc_mb_s": len(frame) / t_grpc / 1e6,
             "tcp_mb_s": len(frame) / t_tcp / 1e6,
             "ratio": t_tcp / t_grpc,
@@ -120,9 +139,15 @@ def main() -> None:
     if args.json:
         print(json.dumps(out))
         return
-    print(f"{'size':>8s} {'dmsc (gRPC) MB/s':>18s} {'raw TCP MB/s':>14s} {'dmsc/tcp':>9s}")
+    print(
+        f"{'size':>8s} {'dmsc (gRPC) MB/s':>18s} {'raw TCP MB/s':>14s} {'dmsc/tcp':>9s} "
+        f"{'encode us':>10s} {'2 copies us':>12s}"
+    )
     for r in rows:
-        print(f"{r['mb']:7.3f}M {r['dmsc_mb_s']:18.0f} {r['tcp_mb_s']:14.0f} {r['ratio']:9.2f}")
+        print(
+            f"{r['mb']:7.3f}M {r['dmsc_mb_s']:18.0f} {r['tcp_mb_s']:14.0f} {r['ratio']:9.2f} "
+            f"{r['encode_us']:10.0f} {r['two_copies_us']:12.0f}"
+        )
     print(f"small-message round trip: dmsc {rtt_grpc * 1e6:.0f} us, raw TCP {rtt_tcp * 1e6:.0f} us")
     for r in rows:
         if "tls_ratio" in r:

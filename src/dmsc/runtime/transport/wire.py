@@ -74,14 +74,16 @@ def encode(kind: Kind, step: int, microbatch: int, tensor: torch.Tensor, epoch: 
         raise WireError(f"dtype {t.dtype} cannot travel")
     if t.dim() > MAX_DIMS:
         raise WireError(f"{t.dim()} dimensions, at most {MAX_DIMS}")
-    raw = (
-        t.view(torch.int16).numpy().tobytes() if t.dtype == torch.bfloat16 else t.numpy().tobytes()
-    )
+    # numpy has no bfloat16: its bits travel as int16
+    arr = (t.view(torch.int16) if t.dtype == torch.bfloat16 else t).numpy().reshape(-1)
     head = _HEAD.pack(
-        MAGIC, VERSION, int(kind), _CODES[t.dtype], t.dim(), step, microbatch, epoch, len(raw)
+        MAGIC, VERSION, int(kind), _CODES[t.dtype], t.dim(), step, microbatch, epoch, arr.nbytes
     )
     dims = struct.pack(f"!{t.dim()}I", *t.shape)
-    return head + dims + raw
+    # one copy of the payload, straight from the tensor's memory into the frame: ``tobytes()``
+    # and then ``head + dims + raw`` copied it twice, which for an 8 MB frame took 0.76-1.2 ms
+    # against 0.30 (17 against 32-37 us for 512 KB; a worker's allocator, this 2-core machine)
+    return b"".join((head, dims, memoryview(arr).cast("B")))
 
 
 def decode(data: bytes, max_bytes: int = DEFAULT_MAX_BYTES) -> Message:
