@@ -11,7 +11,10 @@ Top-k's selection is also timed as it was before :mod:`dmsc.runtime.compute.top_
 (``torch.topk`` over every magnitude: ``topk_torch_ms``, and ``topk_speedup``, side by side).
 PowerSGD (``powersgd:4``, the update as ``1024``-column matrices) is one replica's three calls of
 an exchange (``start``, ``middle``, ``finish``, each handed its own factors back) against
-:data:`~dmsc.netmodel.codec_work.POWERSGD` bytes an element, in ``encode_ms``.
+:data:`~dmsc.netmodel.codec_work.POWERSGD` bytes an element and its products at this machine's
+rate as ``dmsc calibrate`` measures it (``lowrank_ns``,
+:func:`dmsc.runtime.compute.host_rates.measure_lowrank_seconds`), in ``encode_ms``; the price of
+its products as memory passes alone, until 2026-12-04, beside it (``encode_ratio_passes_only``).
 
 Measured as a worker computes, its freed memory kept (:mod:`dmsc.runtime.compute.host_memory`);
 the same rows are also measured in a fresh process left with glibc's default allocator, side by
@@ -34,16 +37,25 @@ from typing import Any
 import torch
 from leader_work import copy_bandwidth, summary, timed
 
-from dmsc.netmodel.codec_work import POWERSGD, decode_bytes, encode_bytes
+from dmsc.netmodel.codec_work import (
+    POWERSGD,
+    POWERSGD_PRODUCT_BYTES,
+    decode_bytes,
+    encode_bytes,
+    lowrank_s,
+)
 from dmsc.runtime.compute.compression import PowerSGD, make_codec
 from dmsc.runtime.compute.host_memory import keep_freed_memory
+from dmsc.runtime.compute.host_rates import measure_lowrank_seconds
 from dmsc.runtime.compute.top_select import top_indices
 from dmsc.spec.sync_forms import parse_compress
 
 FORMS = {"none": "none", "bf16": "bf16", "int8": "int8", "topk": "topk:0.01"}
 
 
-def _powersgd(update: torch.Tensor, repeats: int, bandwidth: float) -> dict[str, Any]:
+def _powersgd(
+    update: torch.Tensor, repeats: int, bandwidth: float, per_element_s: float
+) -> dict[str, Any]:
     update = update[: update.numel() // 1024 * 1024]  # whole rows of 1024
     elements = update.numel()
     codec = PowerSGD([torch.Size([elements // 1024, 1024])], rank=4)
@@ -51,13 +63,18 @@ def _powersgd(update: torch.Tensor, repeats: int, bandwidth: float) -> dict[str,
     def exchange() -> None:  # one replica's part, the averages being its own factors
         codec.finish(codec.middle(codec.start(update)))
 
-    took, predicted = timed(exchange, repeats), elements * POWERSGD / bandwidth
+    took = timed(exchange, repeats)
+    products = lowrank_s(parse_compress("powersgd:4"), per_element_s)
+    predicted = elements * (POWERSGD / bandwidth + products)
+    passes_only = elements * (POWERSGD + POWERSGD_PRODUCT_BYTES) / bandwidth
     return {
         "codec": "powersgd:4",
         "elements": elements,
         "encode_ms": took * 1e3,
         "encode_predicted_ms": predicted * 1e3,
         "encode_ratio": took / predicted,
+        "encode_ratio_passes_only": took / passes_only,
+        "lowrank_ns": per_element_s * 1e9,
     }
 
 
@@ -66,6 +83,7 @@ def measure(sizes: list[int], repeats: int, keep: bool = True) -> dict[str, Any]
     if keep:  # as a worker computes (dmsc.runtime.compute.host_memory)
         keep_freed_memory()
     bandwidth = copy_bandwidth(repeats)
+    per_element_s = measure_lowrank_seconds()  # as dmsc calibrate measures it
     rows: list[dict[str, Any]] = []
     for elements in sizes:
         update = torch.randn(elements, generator=torch.Generator().manual_seed(elements))
@@ -93,7 +111,7 @@ def measure(sizes: list[int], repeats: int, keep: bool = True) -> dict[str, Any]
                 old = timed(lambda x=update, k=k: torch.topk(x.abs(), k, sorted=False), repeats)
                 new = timed(lambda x=update, k=k: top_indices(x.abs(), k), repeats)
                 rows[-1] |= {"topk_torch_ms": old * 1e3, "topk_speedup": old / new}
-        rows.append(_powersgd(update, repeats, bandwidth))
+        rows.append(_powersgd(update, repeats, bandwidth, per_element_s))
     ratios = [r[k] for r in rows for k in ("encode_ratio", "decode_ratio") if k in r]
     gains = [r["topk_speedup"] for r in rows if "topk_speedup" in r]
     return {
@@ -160,6 +178,11 @@ def main() -> None:
         if "topk_torch_ms" in r:
             old, gain = r["topk_torch_ms"], r["topk_speedup"]
             print(f"{'':>20} | the selection by torch.topk over all: {old:.2f} ms, {gain:.1f}x")
+        if "encode_ratio_passes_only" in r:
+            print(
+                f"{'':>20} | products at {r['lowrank_ns']:.2f} ns an element; priced as "
+                f"memory passes (until 2026-12-04): ratio {r['encode_ratio_passes_only']:.2f}"
+            )
     lo, hi = res["ratio_range"]
     print(f"measured over predicted: {lo:.2f}-{hi:.2f} (median {res['ratio_median']:.2f})")
     d = res.get("default_allocator")

@@ -31,8 +31,8 @@ import torch
 
 from dmsc.netmodel.leader_work import leader_work_s, privacy_work_s, secure_work_s
 from dmsc.runtime.compute.aggregators import aggregate, parse_aggregator, summed
-from dmsc.runtime.compute.calibrate import measure_gaussian_seconds, measure_mask_seconds
 from dmsc.runtime.compute.host_memory import keep_freed_memory
+from dmsc.runtime.compute.host_rates import measure_gaussian_seconds, measure_mask_seconds
 from dmsc.runtime.compute.privacy import add_noise, clip_update
 from dmsc.runtime.compute.secure_agg import (
     MaskingParty,

@@ -18,13 +18,12 @@ from __future__ import annotations
 import argparse
 import json
 import socket
-import statistics
 import struct
 import threading
-import time
 
 import torch
 
+from dmsc.runtime.compute.host_rates import median_seconds
 from dmsc.runtime.transport import wire
 from dmsc.runtime.transport.rpc import Client, bytes_handler, serve
 from dmsc.runtime.transport.wire import Kind, decode, encode
@@ -69,17 +68,6 @@ def two_copies(tensor: torch.Tensor) -> bytes:
     return head + struct.pack(f"!{tensor.dim()}I", *tensor.shape) + raw
 
 
-def measure(fn, repeats: int) -> float:  # type: ignore[no-untyped-def]
-    for _ in range(3):
-        fn()
-    times = []
-    for _ in range(repeats):
-        t0 = time.perf_counter()
-        fn()
-        times.append(time.perf_counter() - t0)
-    return statistics.median(times)
-
-
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--json", action="store_true")
@@ -107,10 +95,10 @@ def main() -> None:
     for mb in (0.064, 1.0, 4.0, 16.0):
         tensor = torch.zeros(int(mb * 1e6 / 4), dtype=torch.float32)
         frame = encode(Kind.ACTIVATION, 0, 0, tensor)
-        t_grpc = measure(lambda f=frame: grpc_client.raw("Push", f), 20)
-        t_tcp = measure(lambda f=frame: tcp_send(f), 20)
-        t_encode = measure(lambda t=tensor: encode(Kind.ACTIVATION, 0, 0, t), 20)
-        t_two = measure(lambda t=tensor: two_copies(t), 20)
+        t_grpc = median_seconds(lambda f=frame: grpc_client.raw("Push", f), 20)
+        t_tcp = median_seconds(lambda f=frame: tcp_send(f), 20)
+        t_encode = median_seconds(lambda t=tensor: encode(Kind.ACTIVATION, 0, 0, t), 20)
+        t_two = median_seconds(lambda t=tensor: two_copies(t), 20)
         row = {
             "mb": mb,
             "encode_us": t_encode * 1e6,
@@ -120,15 +108,15 @@ def main() -> None:
             "ratio": t_tcp / t_grpc,
         }
         if tls_client is not None:
-            t_tls = measure(lambda f=frame: tls_client.raw("Push", f), 20)  # type: ignore[misc]
+            t_tls = median_seconds(lambda f=frame: tls_client.raw("Push", f), 20)  # type: ignore[misc]
             row |= {"tls_mb_s": len(frame) / t_tls / 1e6, "tls_ratio": t_grpc / t_tls}
         rows.append(row)
     small = encode(Kind.ACTIVATION, 0, 0, torch.zeros(1))
-    rtt_grpc = measure(lambda: grpc_client.raw("Push", small), 300)
-    rtt_tcp = measure(lambda: tcp_send(small), 300)
+    rtt_grpc = median_seconds(lambda: grpc_client.raw("Push", small), 300)
+    rtt_tcp = median_seconds(lambda: tcp_send(small), 300)
     out = {"throughput": rows, "small_rtt_us": {"dmsc": rtt_grpc * 1e6, "tcp": rtt_tcp * 1e6}}
     if tls_client is not None:
-        rtt_tls = measure(lambda: tls_client.raw("Push", small), 300)  # type: ignore[union-attr]
+        rtt_tls = median_seconds(lambda: tls_client.raw("Push", small), 300)  # type: ignore[union-attr]
         out["small_rtt_us"]["dmsc_tls"] = rtt_tls * 1e6
         tls_client.close()
         tls_server.stop(grace=0)

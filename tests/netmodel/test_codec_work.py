@@ -41,14 +41,37 @@ def test_bytes_an_element_counted_from_the_runtimes_codecs() -> None:
     topk = parse_compress("topk:0.01")
     assert bytes_per_element(topk, "leader", 4) == 31 + 4 * 4 + 12 + 4
     assert bytes_per_element(topk, "collective", 4) == 31 + 4 * 4 + (12 * 4 + 4)
-    # PowerSGD: a replica's passes, whichever way the factors are averaged
+    # PowerSGD: a replica's passes besides its products, whichever way the factors go
     for via in ("leader", "collective"):
-        assert bytes_per_element(parse_compress("powersgd:4"), via, 4) == 36.0
+        assert bytes_per_element(parse_compress("powersgd:4"), via, 4) == 16.0
     assert bytes_per_element(int8, "collective", 1) == 0.0
     per_element = enc + 2 * dec + enc + dec
     assert codec_work_s(int8, "leader", 2, 1e6, 1e10) == pytest.approx(1e6 * per_element / 1e10)
     with pytest.raises(ValueError, match="memory bandwidth must be > 0"):
         codec_work_s(int8, "leader", 2, 1e6, 0.0)
+
+
+def test_powersgds_products_are_priced_at_the_hosts_measured_rate() -> None:
+    """PowerSGD's four products with the update's matrices at the host's measured seconds an
+    element (``lowrank_ns``, at rank 4): beside its 16 bytes of passes, the same whichever way
+    the factors go, growing with the rank above 4 (their FLOPs) and not below it (the passes
+    over the matrix bound them). Until 2026-12-04 they were priced as 20 bytes of memory passes,
+    and the exchange measured 1.8-2.0 times its price."""
+    from dmsc.netmodel.codec_work import lowrank_s
+    from dmsc.netmodel.constants import LOWRANK_RANK, DeviceCalibration
+
+    assert LOWRANK_RANK == 4
+    elements, bw, per = 1e6, 1e10, 2e-9
+    for rank, products in ((4, 2e-9), (8, 4e-9), (2, 2e-9), (1, 2e-9)):
+        c = parse_compress(f"powersgd:{rank}")
+        assert lowrank_s(c, per) == pytest.approx(products)
+        for via in ("leader", "collective"):
+            want = elements * 16 / bw + elements * products
+            assert codec_work_s(c, via, 4, elements, bw, per) == pytest.approx(want)
+        assert codec_work_s(c, "collective", 1, elements, bw, per) == 0.0  # no exchange
+    assert lowrank_s(parse_compress("int8"), per) == 0.0
+    default = codec_work_s(parse_compress("powersgd:4"), "leader", 2, elements, bw)
+    assert default == pytest.approx(elements * (16 / bw + DeviceCalibration.lowrank_s))
 
 
 def test_the_passes_around_an_exchange_by_path() -> None:

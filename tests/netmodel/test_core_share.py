@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import pytest
 
-from dmsc.netmodel import estimate_iteration
+from dmsc.netmodel import DEFAULT_CALIBRATION, estimate_iteration
 from dmsc.netmodel.core_share import core_share, on_cores
 from dmsc.planner.placement.from_specs import build_problem
 from dmsc.spec import ClusterSpec, JobSpec, resolve_model
@@ -52,6 +52,8 @@ def test_on_cores_scales_the_rates_once() -> None:
     assert half.device_types["cpu"].op_overhead_us == 20.0  # a fixed cost per kernel: as it is
     assert half.device_types["cpu"].gaussian_ns == pytest.approx(12.0)  # the 6 ns default, shared
     assert half.device_types["cpu"].mask_ns == pytest.approx(2.8)  # the 1.4 ns default, shared
+    lowrank = DEFAULT_CALIBRATION.generation("generic").lowrank_s * 1e9  # the default, shared
+    assert half.device_types["cpu"].lowrank_ns == pytest.approx(2 * lowrank)
     assert half.shared_cores is None and on_cores(half, 4) is half  # never shared twice
     assert on_cores(c, 4) is half  # kept for the next ask
     assert c.device_types["cpu"].peak_tflops["fp32"] == 0.08  # the spec itself unchanged

@@ -44,14 +44,16 @@ all-gather) each member decodes every member's payload and averages them itself 
 partial sort among about ``1.5 k`` candidates, the gathers, the payload's packing and
 checks) is left out: ``k`` is at most a tenth of the update.
 
-PowerSGD (rank ``r``) costs every replica ``36`` an element, through the leader or not: the
-error added (``12``, after the check's ``4``), ``M`` read by the two products of its factors
-(``P = M Q`` and ``Q_i = M^T P_hat``: ``8``), the answer written in place by its product
-(``4``) and the error ``M - P_hat Q_i^T`` by one more (``M`` read, the error written: ``8``).
-Each product does ``2 r`` FLOPs an element: on this project's CPU at rank 4 they run at about
-twice a memory pass, not at its speed, which the price leaves out (``benchmarks/codec_work.py``:
-the exchange 1.7-2.3 times its price). Also left out: each matrix's QR (of ``rows x r``) and
-the kernels' launch overheads (about a dozen a matrix).
+PowerSGD (rank ``r``) costs every replica, through the leader or not, ``16`` an element of
+memory passes (the error added, ``12``, after the check's ``4``) and its four products with the
+update's matrices (``P = M Q``, ``Q_i = M^T P_hat``, the answer ``P_hat Q^T`` written in place,
+the error ``M - P_hat Q_i^T``), ``2 r`` FLOPs an element each, at the host's measured rate
+(``lowrank_s`` an element at rank :data:`~dmsc.netmodel.constants.LOWRANK_RANK`, ``r / 4``
+times it above: :func:`lowrank_s`; ``dmsc calibrate`` measures it, with each matrix's QR). Until
+2026-12-04 the products were priced as memory passes alone (``20`` bytes an element: ``M`` read
+twice, the answer written, the error read and written); at rank 4 they run at about twice a
+memory pass, and the exchange measured 1.8-2.0 times its price (``benchmarks/codec_work.py``).
+Left out: the kernels' launch overheads (about a dozen a matrix).
 
 Central differential privacy's clip and noise and secure aggregation's masks are priced in
 :mod:`.leader_work`.
@@ -69,6 +71,7 @@ them on the devices (:mod:`dmsc.netmodel.sync`).
 
 from __future__ import annotations
 
+from dmsc.netmodel.constants import LOWRANK_RANK, DeviceCalibration
 from dmsc.netmodel.leader_work import bytes_per_element as rule_bytes
 from dmsc.spec.sync_forms import Compression
 
@@ -76,7 +79,10 @@ ENCODE = {"none": 12.0, "bf16": 10.0, "int8": 33.0, "topk": 31.0}
 DECODE = {"none": 12.0, "bf16": 10.0, "int8": 17.0, "topk": 4.0}
 INT8_SCALE_ENCODE, INT8_SCALE_DECODE = 92.0, 22.0  # bytes a block's scale costs each way
 SPARSE_ENCODE, SPARSE_DECODE = 12.0, 4.0  # the leader's answer to top-k payloads
-POWERSGD = 36.0  # a replica's passes in one exchange, through the leader or by collective
+POWERSGD = 16.0  # a replica's passes in one exchange besides its products (:func:`lowrank_s`)
+# the bytes PowerSGD's products read and write an element (M twice, the answer, the error's M
+# and its write): priced by the host's measured product rate, which moves them, not by these
+POWERSGD_PRODUCT_BYTES = 20.0
 ADD, PLACE = 12.0, 8.0  # a chunk added to a partial sum; a decoded chunk copied into place
 CAST_AROUND_BF16 = 12.0  # fp32 -> bf16 before gloo's all-reduce, bf16 -> fp32 after
 FLATTEN_ASSIGN = 16.0  # every step's gradients into one vector and the answer back into them
@@ -134,9 +140,29 @@ def around_bytes(c: Compression, via: str, n: int, rounds: bool) -> float:
     return out
 
 
-def codec_work_s(c: Compression, via: str, n: int, elements: float, memory_bytes_s: float) -> float:
+def lowrank_s(c: Compression, per_element_s: float = DeviceCalibration.lowrank_s) -> float:
+    """Seconds an element of PowerSGD's products at ``c``'s rank, from the host's
+    ``per_element_s`` at :data:`~dmsc.netmodel.constants.LOWRANK_RANK` (their FLOPs grow with
+    the rank; below it, the same passes over the matrix bound them); 0 for other codecs."""
+    if c.kind != "powersgd":
+        return 0.0
+    return per_element_s * max(1.0, c.rank / LOWRANK_RANK)
+
+
+def codec_work_s(
+    c: Compression,
+    via: str,
+    n: int,
+    elements: float,
+    memory_bytes_s: float,
+    lowrank_per_element_s: float = DeviceCalibration.lowrank_s,
+) -> float:
     """Seconds of the codec's passes on ``elements`` fp32 elements an update at a memory
-    bandwidth of ``memory_bytes_s`` (already times the calibration's efficiency)."""
+    bandwidth of ``memory_bytes_s`` (already times the calibration's efficiency), and of
+    PowerSGD's products at the host's ``lowrank_per_element_s`` (:func:`lowrank_s`)."""
     if memory_bytes_s <= 0:
         raise ValueError(f"memory bandwidth must be > 0 bytes/s, got {memory_bytes_s}")
-    return elements * bytes_per_element(c, via, n) / memory_bytes_s
+    if n < 2:
+        return 0.0
+    products = elements * lowrank_s(c, lowrank_per_element_s)
+    return elements * bytes_per_element(c, via, n) / memory_bytes_s + products

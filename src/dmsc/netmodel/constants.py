@@ -50,6 +50,9 @@ def interpolate(curve: Curve, gflop: float) -> float:
     return curve[-1][1]
 
 
+LOWRANK_RANK = 4  # the rank a device spec's ``lowrank_ns`` (PowerSGD's products) is measured at
+
+
 @dataclass(frozen=True)
 class DeviceCalibration:
     """Achievable fractions of peak and fixed costs of real kernels on one device generation."""
@@ -92,6 +95,11 @@ class DeviceCalibration:
     # ChaCha20 keystream through `cryptography`'s OpenSSL, 4 bytes, widened to int64):
     # 1.4 ns on this project's x86 core (2026-12-04); a device spec's ``mask_ns`` replaces it.
     mask_s: float = 1.4e-9
+    # One host thread's time, per element of a gradient matrix, for PowerSGD's four rank-4
+    # products with it (and the QR between) as the runtime's codec runs them
+    # (dmsc.runtime.compute.host_rates): 2.97-3.37 ns on this project's x86 core, a 4M-element
+    # matrix (2026-12-04); a device spec's measured ``lowrank_ns`` replaces it.
+    lowrank_s: float = 3e-9
     # Output tile of a tensor-core GEMM for the wave quantization (NVIDIA GEMM guide: 256 x 128
     # is cuBLAS's most efficient tile on A100); None where the library's persistent kernels
     # balance tiles over the SMs (Hopper, Blackwell: cuBLAS times on an H200 follow no
@@ -280,6 +288,8 @@ class Calibration:
             host["gaussian_s"] = device.gaussian_ns * 1e-9
         if device.mask_ns is not None:
             host["mask_s"] = device.mask_ns * 1e-9
+        if device.lowrank_ns is not None:
+            host["lowrank_s"] = device.lowrank_ns * 1e-9
         if host:
             base = replace(base, **host)
         m = device.measured

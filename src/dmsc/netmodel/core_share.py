@@ -6,7 +6,7 @@ its own, and the cluster its ``shared_cores``. A job on ``k`` of the devices run
 processes at once (a pipeline's steady state, a data-parallel step), so each gets
 ``min(1, shared_cores / k)`` of a core: :func:`on_cores` is the cluster as the cost model sees
 it for that job, each device type's peak FLOP/s and memory bandwidth times that share (and its
-times to draw a Gaussian and to expand a secure-aggregation mask over it).
+times to draw a Gaussian, to expand a secure-aggregation mask and PowerSGD's products over it).
 
 The share was fixed when the spec was written (the cores over all the cluster's devices) until
 2026-12-03: a pp = 2 plan on a calibrated node of 4 devices over 2 cores was predicted at half
@@ -54,6 +54,10 @@ def on_cores(cluster: ClusterSpec, devices: int) -> ClusterSpec:
                 )
                 / share,
                 "mask_ns": (dev.mask_ns or DEFAULT_CALIBRATION.for_device(dev).mask_s * 1e9)
+                / share,
+                "lowrank_ns": (
+                    dev.lowrank_ns or DEFAULT_CALIBRATION.for_device(dev).lowrank_s * 1e9
+                )
                 / share,
             }
         )

@@ -186,6 +186,7 @@ class HostSide:
     copy_bytes_s: float | None = None
     gaussian_s: float = DeviceCalibration.gaussian_s  # a Gaussian draw (central DP's noise)
     mask_s: float = DeviceCalibration.mask_s  # an element of a pair's secure-aggregation mask
+    lowrank_s: float = DeviceCalibration.lowrank_s  # PowerSGD's products, an element at rank 4
 
 
 def host_side(device: DeviceTypeSpec, calib: Calibration) -> HostSide:
@@ -194,8 +195,10 @@ def host_side(device: DeviceTypeSpec, calib: Calibration) -> HostSide:
     ``host_copy_gbyte_s``) or the generation's defaults."""
     dc = calib.for_device(device)
     if device.runtime_device == "cpu":
-        return HostSide(memory_bytes_s(device, calib), None, dc.gaussian_s, dc.mask_s)
-    return HostSide(dc.host_memory_bytes_s, dc.host_copy_bytes_s, dc.gaussian_s, dc.mask_s)
+        return HostSide(memory_bytes_s(device, calib), None, dc.gaussian_s, dc.mask_s, dc.lowrank_s)
+    return HostSide(
+        dc.host_memory_bytes_s, dc.host_copy_bytes_s, dc.gaussian_s, dc.mask_s, dc.lowrank_s
+    )
 
 
 def work_s(sync: SyncSpec, n: int, elements: float, host: HostSide, tp: int = 1) -> float:
@@ -207,7 +210,9 @@ def work_s(sync: SyncSpec, n: int, elements: float, host: HostSide, tp: int = 1)
     host's memory bandwidth; off a CPU, the update copied to the host and the answer back."""
     if n < 2:
         return 0.0
-    work = codec_work_s(sync.compression, sync.via, n, elements, host.memory_bytes_s)
+    work = codec_work_s(
+        sync.compression, sync.via, n, elements, host.memory_bytes_s, host.lowrank_s
+    )
     rounds = sync.inner_steps > 1  # the runtime's passes around the exchange (codec_work)
     work += elements * around_bytes(sync.compression, sync.via, n, rounds) / host.memory_bytes_s
     if sync.secure:  # the leader sums the masked ring payloads: its own passes, not the mean's

@@ -142,6 +142,15 @@ class DeviceTypeSpec(_Spec):
             "(1.4 ns)."
         ),
     )
+    lowrank_ns: PositiveFloat | None = Field(
+        default=None,
+        description=(
+            "Nanoseconds one thread of the host takes, per element of a gradient matrix, for "
+            "PowerSGD's four rank-4 products with it (P = M Q, Q = M^T P, the answer P Q^T and "
+            "the error M - P Q^T) as the runtime's codec runs them; measured by calibrate. "
+            "Unset: the cost model's default."
+        ),
+    )
     measured: MeasuredEfficiency | None = Field(
         default=None, description="Efficiencies measured on this device (dmsc calibrate)."
     )

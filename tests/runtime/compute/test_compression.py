@@ -405,8 +405,10 @@ def test_the_bytes_topk_moves_are_priced_but_for_its_kept_entries() -> None:
 
 def test_the_bytes_powersgd_moves_are_the_ones_the_cost_model_prices() -> None:
     """One replica's three calls of a PowerSGD exchange, counted operation by operation
-    (``tests/bytes_moved.py``), against ``dmsc.netmodel.codec_work.POWERSGD``: the passes over
-    the update; the factors (``r (rows + cols)`` a matrix) are a few hundredths of it."""
+    (``tests/bytes_moved.py``), against ``dmsc.netmodel.codec_work.POWERSGD`` (the passes
+    priced by the memory bandwidth) and ``POWERSGD_PRODUCT_BYTES`` (what its products move,
+    priced by the host's measured product rate since 2026-12-04); the factors
+    (``r (rows + cols)`` a matrix) are a few hundredths of it."""
     shapes = [torch.Size([1024, 1024]), torch.Size([1024])]
     elements = 1024 * 1024 + 1024
     codec = make_codec("powersgd:4", elements, shapes=shapes)
@@ -414,4 +416,5 @@ def test_the_bytes_powersgd_moves_are_the_ones_the_cost_model_prices() -> None:
     x = _vector(elements)
     with BytesMoved() as moved:
         codec.finish(codec.middle(codec.start(x)))
-    assert moved.per_element(elements) == pytest.approx(codec_work.POWERSGD, abs=0.5)
+    total = codec_work.POWERSGD + codec_work.POWERSGD_PRODUCT_BYTES
+    assert moved.per_element(elements) == pytest.approx(total, abs=0.5)

@@ -131,7 +131,7 @@ def test_the_host_side_of_an_exchange_is_measured_into_the_spec() -> None:
     from dmsc.runtime.compute.device_calibration import measure_host_side
 
     side = measure_host_side(torch.device("cpu"), repeats=5, nbytes=16 * 1024 * 1024)
-    assert set(side) == {"copy_gbyte_s", "memory_gbyte_s", "gaussian_ns", "mask_ns"}
+    assert set(side) == {"copy_gbyte_s", "memory_gbyte_s", "gaussian_ns", "mask_ns", "lowrank_ns"}
     assert all(v > 0.1 for v in side.values())
     src, dst = (
         torch.empty(16 * 1024 * 1024, dtype=torch.uint8),

@@ -25,6 +25,7 @@ the machine was too busy to calibrate.
 from __future__ import annotations
 
 import datetime as dt
+import functools
 import logging
 import os
 import statistics
@@ -39,6 +40,13 @@ import yaml
 
 from dmsc.netmodel import DEFAULT_CALIBRATION
 from dmsc.runtime.compute.collective_calibration import PASSES, measure_allreduce
+from dmsc.runtime.compute.host_rates import best_rate as _best_rate
+from dmsc.runtime.compute.host_rates import (
+    measure_gaussian_seconds,
+    measure_lowrank_seconds,
+    measure_mask_seconds,
+)
+from dmsc.runtime.compute.host_rates import median_seconds as _median_seconds
 from dmsc.runtime.transport.rpc import Client, bytes_handler, serve
 from dmsc.spec import ClusterSpec, SpecError, load_spec
 
@@ -82,21 +90,6 @@ def repeated(
     return Repeated(statistics.median(values), relative_spread(values), tuple(values))
 
 
-def _median_seconds(fn: Any, repeats: int = 30) -> float:
-    for _ in range(3):
-        fn()
-    times = []
-    for _ in range(repeats):
-        t0 = time.perf_counter()
-        fn()
-        times.append(time.perf_counter() - t0)
-    return statistics.median(times)
-
-
-def _best_rate(fn: Any, work: float, repeats: int = 30) -> float:
-    return work / _median_seconds(fn, repeats)
-
-
 def _model_gemm_shapes(model: str, micro_batch: int) -> tuple[tuple[int, int, int], ...]:
     """(m, k, n) of the block's weight products at ``micro_batch`` (forward shapes)."""
     from dmsc.netmodel import build_layer_costs
@@ -119,7 +112,7 @@ def measure_matmul_flops(
         flops = seconds = 0.0
         for m, k, n in shapes:
             a, b = torch.randn(m, k), torch.randn(k, n)
-            seconds += _median_seconds(lambda a=a, b=b: a @ b, 10)
+            seconds += _median_seconds(functools.partial(torch.mm, a, b), 10)
             flops += 2.0 * m * k * n
         return flops / seconds
     finally:
@@ -139,35 +132,6 @@ def measure_memory_bandwidth(nbytes: int = 64 * 1024 * 1024, threads: int = 1) -
         return _best_rate(lambda: dst.copy_(src), 2.0 * nbytes, repeats=10)
     finally:
         torch.set_num_threads(old)
-
-
-def measure_gaussian_seconds(elements: int = 1 << 20, threads: int = 1) -> float:
-    """Seconds to draw one fp32 Gaussian with a generator on ``threads`` threads (central
-    differential privacy's noise, as the stage leader draws it: ``torch.randn``)."""
-    gen = torch.Generator().manual_seed(0)
-    old = torch.get_num_threads()
-    torch.set_num_threads(threads)
-    try:
-        rate = _best_rate(lambda: torch.randn(elements, generator=gen), float(elements), repeats=10)
-    finally:
-        torch.set_num_threads(old)
-    return 1.0 / rate
-
-
-def measure_mask_seconds(elements: int = 1 << 20, threads: int = 1) -> float:
-    """Seconds to expand one element of a pair's secure-aggregation mask on ``threads``
-    threads, as each replica does for every other (``secure_agg.keystream``: ChaCha20 through
-    OpenSSL, widened to int64); the key is fixed, as the rate does not depend on it."""
-    from dmsc.runtime.compute.secure_agg import keystream
-
-    key = bytes(range(32))
-    old = torch.get_num_threads()
-    torch.set_num_threads(threads)
-    try:
-        rate = _best_rate(lambda: keystream(key, elements), float(elements), repeats=10)
-    finally:
-        torch.set_num_threads(old)
-    return 1.0 / rate
 
 
 def _block_step(model: str, tokens: tuple[int, int]) -> Callable[[], None]:
@@ -243,6 +207,8 @@ def _device(measured: dict[str, float], rate: float, dc: Any) -> dict[str, Any]:
         out["gaussian_ns"] = measured["gaussian_s"] * 1e9
     if "mask_s" in measured:
         out["mask_ns"] = measured["mask_s"] * 1e9
+    if "lowrank_s" in measured:
+        out["lowrank_ns"] = measured["lowrank_s"] * 1e9
     return out
 
 
@@ -464,6 +430,7 @@ def calibrate(
         "memory_bytes_s": measure_memory_bandwidth(),
         "gaussian_s": measure_gaussian_seconds(),
         "mask_s": measure_mask_seconds(),
+        "lowrank_s": measure_lowrank_seconds(),
         "loopback_bytes_s": rate,
         "loopback_rtt_s": rtt,
         "cores": float(

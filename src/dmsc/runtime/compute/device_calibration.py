@@ -169,8 +169,10 @@ def measure_host_side(
     answer's back into place, GB/s one way (the mean of the two); ``memory_gbyte_s``, a tensor
     copy in host memory (read + write) on one thread, as a worker runs; ``gaussian_ns``, one
     thread's draw of an fp32 Gaussian (central privacy's noise at the leader); ``mask_ns``, one
-    thread's expansion of an element of a pair's secure-aggregation mask."""
-    from dmsc.runtime.compute.calibrate import measure_mask_seconds
+    thread's expansion of an element of a pair's secure-aggregation mask; ``lowrank_ns``, one
+    thread's PowerSGD products, an element of a gradient matrix
+    (:func:`.host_rates.measure_lowrank_seconds`)."""
+    from dmsc.runtime.compute.host_rates import measure_lowrank_seconds, measure_mask_seconds
 
     on_device = torch.empty(nbytes, dtype=torch.uint8, device=device)
     pageable = torch.empty(nbytes, dtype=torch.uint8)
@@ -184,7 +186,8 @@ def measure_host_side(
     try:
         copy_s = _timer(torch.device("cpu"))(lambda: dst.copy_(src), repeats)
         draw_s = _timer(torch.device("cpu"))(lambda: torch.randn(1 << 20, generator=gen), repeats)
-        mask_s = measure_mask_seconds(threads=1)
+        mask_s = measure_mask_seconds(n_threads=1)
+        lowrank_s = measure_lowrank_seconds(n_threads=1)
     finally:
         torch.set_num_threads(threads)
     return {
@@ -192,6 +195,7 @@ def measure_host_side(
         "memory_gbyte_s": 2 * nbytes / copy_s / 1e9,
         "gaussian_ns": draw_s / (1 << 20) * 1e9,
         "mask_ns": mask_s * 1e9,
+        "lowrank_ns": lowrank_s * 1e9,
     }
 
 
@@ -280,6 +284,7 @@ def measure_device(device: str = "cuda", quick: bool = False) -> dict[str, Any]:
         base["host_copy_gbyte_s"] = round(side["copy_gbyte_s"], 3)
         base["gaussian_ns"] = round(side["gaussian_ns"], 3)
         base["mask_ns"] = round(side["mask_ns"], 3)
+        base["lowrank_ns"] = round(side["lowrank_ns"], 3)
     report["gemm_tflops"] = {d: [[g, r / 1e12] for g, r in pts] for d, pts in gemm.items()}
     report["attention_tflops"] = [[g, r / 1e12] for g, r in attention]
     return {"spec": {**base, "measured": measured}, "report": report}
