@@ -17,5 +17,6 @@ stage to stage in calls of their own (:mod:`.relay`), each stage keeping the req
 values (:mod:`.sessions`); a session's tokens may be drawn in runs at its first stage
 (:mod:`.drawing`, with :mod:`.sampling`'s draw, the one the control plane uses). While a CPU
 stage decodes, :mod:`.decode_layout` keeps its linear weights in the memory layout measured the
-faster for one row.
+faster for one row; while a GPU stage decodes, :mod:`.decode_weights` gives its linear layers
+their autocast casts made once a weight update, not once a token.
 """

@@ -19,6 +19,7 @@ a newer incarnation) stops serving and exits (see :mod:`.worker`).
 
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
 import os
@@ -43,6 +44,7 @@ from dmsc.runtime.compute.checkpoints import (
 from dmsc.runtime.compute.comm_meter import METER, step_comm
 from dmsc.runtime.compute.config import WorkerConfig
 from dmsc.runtime.compute.decode_layout import DecodeLayout
+from dmsc.runtime.compute.decode_weights import DecodeCasts
 from dmsc.runtime.compute.devices import autocast_dtype, stage_device
 from dmsc.runtime.compute.ep_worker import ExpertRanks
 from dmsc.runtime.compute.executor import logits_reply, run_ops, step_ops
@@ -116,6 +118,9 @@ class StageWorker:
         self.module = tp_worker.stage(self.spec, cfg, self.experts).to(self.device)
         self.optimizer = make_optimizer("adamw", self.module, cfg.lr)
         self.layout = DecodeLayout(self.module)  # its weights' strides while it decodes
+        # on a GPU, its linear weights cast once for decoding, not once a token
+        casts = DecodeCasts(self.module, self.autocast) if self.autocast is not None else None
+        self.decode_casts = casts
         self.sync: ReplicaSync | None = None  # a task's sync mode, other than plain averaging
         self.sync_held: dict[str, torch.Tensor] = {}  # its round state, as last loaded
         first, last = self.module.is_first, self.module.is_last  # own training text: LoadShard
@@ -233,6 +238,8 @@ class StageWorker:
         if m.train:  # gradients of a step that was never committed are dropped
             self.optimizer.zero_grad(set_to_none=True)
             self.uncommitted = None
+            if self.decode_casts is not None:  # their memory is the training step's
+                self.decode_casts.clear()
         t0 = time.perf_counter()
         if m.train:
             self._use_sync(m.sync)
@@ -254,22 +261,13 @@ class StageWorker:
             cache = self.sessions.take(m.session, m.start, *c)
         if (cache is not None or m.train) and self.layout.use(decode=cache is not None):
             self.log.info(f"weights laid out: {self.layout.describe()}")
+        casts = self.decode_casts if cache is not None else None
         try:
-            done = run_ops(
-                self.module,
-                self.peers,
-                cfg.stage,
-                m.step,
-                ops,
-                m.microbatches,
-                m.train,
-                m.eval,
-                cache,
-                m.start,
-                self.autocast,
-                cfg.stages,
-                chained,
-            )
+            with casts.applied() if casts is not None else contextlib.nullcontext():
+                done = run_ops(
+                    self.module, self.peers, cfg.stage, m.step, ops, m.microbatches, m.train,
+                    m.eval, cache, m.start, self.autocast, cfg.stages, chained,
+                )  # fmt: skip
         except BaseException:
             if m.session:  # a step that failed half-way leaves the cache half-extended
                 self.sessions.pop(m.session, None)
