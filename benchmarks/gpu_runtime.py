@@ -15,7 +15,9 @@ checkpoint whose config says bfloat16, then:
    pipeline with its KV cache against ``transformers`` ``generate`` in bf16 on the same GPU.
 3. **calibration**: ``dmsc calibrate --device cuda --quick`` writes the GPU's device spec, and
    ``dmsc estimate`` on it predicts the single-process step measured in 1; also the prediction on
-   the uncalibrated preset of the GPU's name, where there is one.
+   the uncalibrated preset of the GPU's name, where there is one; beside the host's time a
+   kernel the calibration measured (on llama-mini's block), the same measured on this model's
+   own block (``host_op_us_this_model``).
 
 Prints a table, or with --json one object with the same figures (``--out`` also writes it).
 ``--tiny`` runs a small model on ``--device cpu`` (or any device) in under a minute, to check the
@@ -239,6 +241,12 @@ def main() -> None:
         result["infer"] = decode(spec, args.device, ckpt, args.tokens, home / "infer")
         gen = "h100" if "H100" in gpu else ""
         result["calibrate"] = predict(ckpt, args.device, home, gen)
+        # the host's time a kernel as the calibration measures it (on llama-mini's block),
+        # beside the same measured on this model's own block: a host-bound step's prediction
+        # was 59% over on an H200 with the first (gpu_check_h200.json)
+        from dmsc.runtime.compute.device_calibration import measure_host_op
+
+        result["calibrate"]["host_op_us_this_model"] = measure_host_op(args.device, spec) * 1e6
         measured = result["train"]["torch_step_s"]
         for key in ("calibrated", "preset"):
             got = result["calibrate"].get(f"{key}_predicted_step_s")
@@ -258,6 +266,11 @@ def main() -> None:
     print(f"{'decoding, dmsc 2 stages':34s} {i['dmsc_tokens_per_s']:9.1f} tok/s")
     print(f"{'decoding, transformers':34s} {i['transformers_tokens_per_s']:9.1f} tok/s")
     print(f"{'ratio dmsc / transformers':34s} {i['vs_transformers_ratio']:9.2f}")
+    calibrated = "-" if c["host_op_us"] is None else f"{c['host_op_us']:.1f}"
+    print(
+        f"{'host time a kernel, calibrated':34s} {calibrated:>9s} us "
+        f"(this model's block: {c['host_op_us_this_model']:.1f} us)"
+    )
     for key in ("calibrated", "preset"):
         if f"{key}_predicted_step_s" in c:
             print(

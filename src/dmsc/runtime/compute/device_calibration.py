@@ -33,6 +33,7 @@ import torch
 import torch.nn.functional as F
 
 from dmsc.netmodel import DEFAULT_CALIBRATION
+from dmsc.spec import TransformerSpec
 from dmsc.spec.devices import DEVICE_PRESETS
 
 _TORCH_DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}
@@ -121,7 +122,10 @@ HOST_OP_MODELS = ("llama-mini", "gpt-mini")  # the first one's figure goes into 
 
 
 def measure_host_op(
-    device: str, model: str, repeats: int = 20, blocks: tuple[int, int] = (2, 16)
+    device: str,
+    model: str | TransformerSpec,
+    repeats: int = 20,
+    blocks: tuple[int, int] = (2, 16),
 ) -> float:
     """Host seconds to issue one kernel as the cost model counts them, on ``device`` as a stage
     worker runs a ``model`` block (bf16 autocast over float32 weights on CUDA), on 8 tokens so
@@ -133,10 +137,10 @@ def measure_host_op(
     from dmsc.netmodel import build_layer_costs
     from dmsc.netmodel.compute import issued_kernels
     from dmsc.runtime.compute.models.chain import build_layer
-    from dmsc.spec import JobSpec, TransformerSpec, resolve_model
+    from dmsc.spec import JobSpec, resolve_model
 
     dev = torch.device(device)
-    spec = resolve_model(model)
+    spec = resolve_model(model) if isinstance(model, str) else model
     assert isinstance(spec, TransformerSpec)
     timed = _timer(dev)
 
