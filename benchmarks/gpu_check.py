@@ -19,6 +19,9 @@ long costs only itself. The checks:
    gradient copied down, int8 encoded and decoded on one host thread, copied back) against the
    cost model's price of it on the host figures ``dmsc calibrate --device cuda`` measures and
    on its defaults (:mod:`dmsc.netmodel.sync`'s host side; never run on a GPU yet).
+7. **decode** (run last): ``gpu_decode.py``: a decoding token's time split into the model's
+   forward in one process and what the 2-stage service adds, each beside ``transformers``, and
+   the ops with the most host time in each.
 
 Prints a table, or with ``--json`` one object with the same figures. ``--tiny`` runs the same
 checks small on whatever device there is (the CPU included, where the NCCL check reports it has
@@ -213,6 +216,15 @@ def part(name: str, tiny: bool, timeout: float, tmp: Path) -> dict[str, Any]:
                 "--tokens", "16"] if tiny else ["--steps", "8", "--tokens", "64"]  # fmt: skip
         rc, out, err = _run(cmd, timeout)
         result = json.loads(out.strip().splitlines()[-1]) if rc == 0 else {"error": _tail(err)}
+    elif name == "decode":
+        cmd = [py, str(HERE / "gpu_decode.py"), "--json"]
+        cmd += (
+            ["--tiny", "--device", "cpu" if not _has_cuda() else "cuda:0", "--tokens", "8"]
+            if tiny
+            else []
+        )
+        rc, out, err = _run(cmd, timeout)
+        result = json.loads(out.strip().splitlines()[-1]) if rc == 0 else {"error": _tail(err)}
     elif name == "gemms":
         if not _has_cuda():
             return {"skipped": "no CUDA device"}
@@ -243,6 +255,7 @@ PARTS = [
     ("train", 160),
     ("runtime", 160),
     ("gemms", 40),
+    ("decode", 90),
 ]
 
 

@@ -125,9 +125,7 @@ def dmsc_steps(
     spec: TransformerSpec, device: str, batches: list[Any], home: Path
 ) -> tuple[list[float], list[float]]:
     """dmsc, pp=2 on one device: step times and losses."""
-    half = spec.layers // 2
-    ranges = [("embedding", f"block_{half - 1}"), (f"block_{half}", "head")]
-    layout = StageLayout(spec, ranges, lr=1e-4, devices={(0, 0): device, (1, 0): device})
+    layout = two_stages(spec, device, lr=1e-4)
     times, losses = [], []
     with Deployment(layout, home=home) as dep:
         for s, (x, y) in enumerate(batches):
@@ -145,10 +143,7 @@ def decode(
     prompt = torch.randint(0, spec.vocab, (PROMPT,), generator=torch.Generator().manual_seed(1))
     ids = prompt.tolist()
     greedy = Sampling(temperature=0)
-    half = spec.layers // 2
-    ranges = [("embedding", f"block_{half - 1}"), (f"block_{half}", "head")]
-    layout = StageLayout(spec, ranges, devices={(0, 0): device, (1, 0): device})
-    with Deployment(layout, home=home) as dep:
+    with Deployment(two_stages(spec, device), home=home) as dep:
         dep.generate(ids, 4, sampling=greedy)  # warm-up
         t0 = time.perf_counter()
         ours = dep.generate(ids, tokens, sampling=greedy)
@@ -210,12 +205,25 @@ def predict(ckpt: Path, device: str, home: Path, quick_gpu_name: str) -> dict[st
     return out
 
 
-def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__)
+def gpu_parser(doc: str | None) -> argparse.ArgumentParser:
+    """The options every GPU script here shares: --json, --out, --device, --tiny."""
+    parser = argparse.ArgumentParser(description=doc)
     parser.add_argument("--json", action="store_true")
     parser.add_argument("--out", help="Also write the JSON object here.")
     parser.add_argument("--device", default="cuda:0")
     parser.add_argument("--tiny", action="store_true")
+    return parser
+
+
+def two_stages(spec: TransformerSpec, device: str, **kw: Any) -> StageLayout:
+    """The model in two halves, both stages on ``device``."""
+    half = spec.layers // 2
+    ranges = [("embedding", f"block_{half - 1}"), (f"block_{half}", "head")]
+    return StageLayout(spec, ranges, devices={(0, 0): device, (1, 0): device}, **kw)
+
+
+def main() -> None:
+    parser = gpu_parser(__doc__)
     parser.add_argument("--steps", type=int, default=12, help="Measured steps (after 3 warm-up).")
     parser.add_argument("--tokens", type=int, default=100)
     args = parser.parse_args()

@@ -9,6 +9,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 from dmsc.spec import TransformerSpec, resolve_model
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -77,3 +79,22 @@ def test_gpu_check_runs_its_checks_and_reports_a_missing_gpu(tmp_path: Path) -> 
     host = result["hostside"]  # on the CPU: the codec's passes, no copy to price
     assert host["device"] == "cpu" and host["measured_ms"] > 0
     assert host["predicted_on_measured_ms"] > 0 and host["ratio_on_defaults"] > 0
+
+
+@pytest.mark.integration
+def test_the_decode_check_splits_a_token_on_the_cpu() -> None:
+    """gpu_check's decode check (benchmarks/gpu_decode.py) on the CPU: every time it reports,
+    its ratios of them, and the ops with the most host time on each side."""
+    cmd = [sys.executable, str(BENCH / "gpu_check.py"), "--tiny", "--only", "decode", "--json"]
+    res = subprocess.run(cmd, capture_output=True, text=True)
+    assert res.returncode == 0, res.stderr
+    d = json.loads(res.stdout)["decode"]
+    assert "error" not in d, d
+    times = [k for k in d if k.endswith("_ms")]
+    assert len(times) == 8 and all(d[k] > 0 for k in times)
+    assert d["service_over_forward"] == d["dmsc_service_ms"] / d["dmsc_forward_ms"]
+    assert d["service_over_hf_generate"] == d["dmsc_service_ms"] / d["hf_generate_ms"]
+    for who in ("dmsc", "hf"):
+        ops = d[f"profile_{who}"]
+        assert ops and all(row["calls_a_token"] > 0 for row in ops)
+        assert any(row["op"] == "aten::mm" for row in ops)

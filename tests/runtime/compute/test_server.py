@@ -357,3 +357,44 @@ def test_a_decoding_step_lays_the_weights_out_for_decoding_and_a_training_step_p
         assert not worker.layout.on
     finally:
         reg_server.stop(0)
+
+
+def test_an_inference_step_runs_without_cudnn_attention_on_a_gpu_and_a_training_step_with_it(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The worker enters :func:`inference_attention` for its inference steps (with a session
+    or without: each token is a new key length either way) and not for training steps (the
+    same shape every step: cuDNN's graph is built once). The CPU worker is taken for a GPU's
+    here: what the backend flags are while its ops run."""
+    from dmsc.runtime.compute import server
+    from dmsc.runtime.compute.models.attention import inference_attention
+    from dmsc.runtime.transport import messages as msg
+    from dmsc.runtime.transport.wire import Kind, encode
+
+    monkeypatch.setattr(
+        server, "inference_attention", lambda d: inference_attention(d.__class__("cuda"))
+    )
+    seen: list[tuple[bool, bool]] = []
+    real = server.run_ops
+
+    def recording(*args: Any, **kwargs: Any) -> Any:
+        seen.append((args[6], torch.backends.cuda.cudnn_sdp_enabled()))  # (train, cuDNN on)
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(server, "run_ops", recording)
+    reg_server, reg_port = serve(REGISTRY_SERVICE, registry_methods(Registry(ttl_s=60)))
+    try:
+        worker = StageWorker(first_stage(f"127.0.0.1:{reg_port}", stages=1, last="head"))
+        ids = [[5, 17, 99, 3]]
+        for step, session in ((1, "a"), (2, None)):
+            m = msg.RunStep(
+                step=step, microbatches=1, train=False, session=session, start=0, tokens=ids
+            )
+            worker.run_step(m)
+        for kind in (Kind.TOKENS, Kind.TARGETS):
+            worker.push(encode(kind, 3, 0, torch.tensor(ids), worker.epoch))
+        worker.run_step(msg.RunStep(step=3, microbatches=1, train=True))
+        assert seen == [(False, False), (False, False), (True, True)]
+        assert torch.backends.cuda.cudnn_sdp_enabled()
+    finally:
+        reg_server.stop(0)

@@ -52,6 +52,7 @@ from dmsc.runtime.compute.frames import FrameSpec, carried_tokens, check_frame
 from dmsc.runtime.compute.gradient_sync import GradientSync, LinkShaper
 from dmsc.runtime.compute.inbox import Inbox
 from dmsc.runtime.compute.local_shard import LocalShard
+from dmsc.runtime.compute.models.attention import inference_attention
 from dmsc.runtime.compute.models.chain import tied_weight
 from dmsc.runtime.compute.outer_sync import ReplicaSync, make_optimizer, optimizer_kind, plain_sync
 from dmsc.runtime.compute.peers import Peers
@@ -263,7 +264,10 @@ class StageWorker:
             self.log.info(f"weights laid out: {self.layout.describe()}")
         casts = self.decode_casts if cache is not None else None
         try:
-            with casts.applied() if casts is not None else contextlib.nullcontext():
+            with (
+                casts.applied() if casts is not None else contextlib.nullcontext(),
+                contextlib.nullcontext() if m.train else inference_attention(self.device),
+            ):
                 done = run_ops(
                     self.module, self.peers, cfg.stage, m.step, ops, m.microbatches, m.train,
                     m.eval, cache, m.start, self.autocast, cfg.stages, chained,

@@ -7,10 +7,13 @@ inference sessions do)."""
 
 from __future__ import annotations
 
+import contextlib
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 
 import torch
 import torch.nn.functional as F
+from torch.nn.attention import SDPBackend, sdpa_kernel
 
 
 @dataclass
@@ -88,3 +91,25 @@ def causal_attention(
     rows = torch.arange(S - T, S, device=q.device)[:, None]
     mask = torch.arange(S, device=q.device)[None, :] <= rows
     return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, enable_gqa=gqa)
+
+
+# every SDPA backend but cuDNN's, in torch's own order of preference among them
+_NOT_CUDNN = [SDPBackend.FLASH_ATTENTION, SDPBackend.EFFICIENT_ATTENTION, SDPBackend.MATH]
+
+
+@contextlib.contextmanager
+def inference_attention(device: torch.device) -> Iterator[None]:
+    """Attention for an inference step on ``device``: on CUDA, any SDPA backend but cuDNN's.
+
+    torch picks cuDNN's attention first on Hopper, and cuDNN builds (on the host) an execution
+    graph for each new shape it sees. A training step's shape is the same every step, so it
+    pays once; an inference step's keys are one position longer every token, so each token paid
+    a new graph in every layer: 1.75 ms of host time a layer, 42 of a 345M model's 58 ms a
+    token on an H200 (``benchmarks/gpu_decode.py``, torch.profiler), where flash attention
+    issues its kernel in microseconds. Entered once a step (the switch itself costs about
+    12 us on the host), not once a layer."""
+    if device.type != "cuda":
+        yield
+        return
+    with sdpa_kernel(_NOT_CUDNN):
+        yield
