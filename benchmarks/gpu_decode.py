@@ -16,7 +16,9 @@ sampling), each beside ``transformers``:
 - ``dmsc_forward_bf16_ms``: that module held in bf16, no autocast (as ``transformers`` holds it);
 - ``dmsc_forward_inference_mode_ms``: the first under ``torch.inference_mode`` instead of
   ``no_grad``;
-- ``dmsc_service_ms``: a token of ``Deployment.generate`` over 2 stage workers on the device.
+- ``dmsc_service_ms``: a token of ``Deployment.generate`` over 2 stage workers on the device;
+  ``service_stages``: each worker's inference steps a token, the milliseconds a token they
+  took and the milliseconds of them computing (the workers' Prometheus metrics).
 
 Each is the median of ``--tokens`` tokens, synchronised per token. ``profile`` lists the ops
 with the most host time in a dmsc and a ``transformers`` token (``torch.profiler``, CPU side).
@@ -62,6 +64,29 @@ def _per_token(device: torch.device, step: Callable[[], None], tokens: int) -> f
         if i >= 3:
             times.append(time.perf_counter() - t0)
     return statistics.median(times) * 1e3
+
+
+def _worker_metrics(dep: Deployment) -> list[tuple[float, float, float]]:
+    """Each stage worker's (inference steps, their seconds, compute seconds) so far, from its
+    Prometheus endpoint: what a token's time is inside the workers' steps."""
+    from urllib.request import urlopen
+
+    from prometheus_client.parser import text_string_to_metric_families
+
+    out = []
+    for h in sorted(dep.health(), key=lambda h: h["stage"]):
+        got = {"count": 0.0, "sum": 0.0, "compute": 0.0}
+        text = urlopen(f"http://{h['metrics']}/metrics", timeout=5).read().decode()
+        for family in text_string_to_metric_families(text):
+            for sample in family.samples:
+                if sample.name == "dmsc_worker_compute_seconds_total":
+                    got["compute"] = sample.value
+                elif sample.labels.get("mode") == "infer" and sample.name.startswith(
+                    "dmsc_worker_step_seconds_"
+                ):
+                    got[sample.name.rsplit("_", 1)[1]] = sample.value
+        out.append((got["count"], got["sum"], got["compute"]))
+    return out
 
 
 def _top_ops(step: Callable[[], None], n: int = 12) -> list[dict[str, Any]]:
@@ -202,9 +227,20 @@ def main() -> None:
         ids = prompts[7].tolist()
         with Deployment(layout, home=home / "dep") as dep:
             dep.generate(ids, 4, sampling=greedy)
+            before = _worker_metrics(dep)
             t0 = time.perf_counter()
             dep.generate(ids, args.tokens, sampling=greedy)
             out["dmsc_service_ms"] = (time.perf_counter() - t0) / args.tokens * 1e3
+            after = _worker_metrics(dep)
+        out["service_stages"] = [
+            {
+                "stage": stage,
+                "steps_a_token": (a[0] - b[0]) / args.tokens,
+                "step_ms_a_token": (a[1] - b[1]) / args.tokens * 1e3,
+                "compute_ms_a_token": (a[2] - b[2]) / args.tokens * 1e3,
+            }
+            for stage, (b, a) in enumerate(zip(before, after, strict=True))
+        ]
     out["service_over_forward"] = out["dmsc_service_ms"] / out["dmsc_forward_ms"]
     out["service_over_hf_generate"] = out["dmsc_service_ms"] / out["hf_generate_ms"]
     text = json.dumps(out)
@@ -218,6 +254,11 @@ def main() -> None:
                 "dmsc_forward_cudnn_ms", "dmsc_forward_bf16_ms", "dmsc_forward_inference_mode_ms",
                 "dmsc_service_ms"):  # fmt: skip
         print(f"  {key:34s} {out[key]:9.2f}")
+    for row in out["service_stages"]:
+        print(
+            f"  stage {row['stage']}: {row['steps_a_token']:.2f} steps a token, "
+            f"{row['step_ms_a_token']:.2f} ms in them, {row['compute_ms_a_token']:.2f} computing"
+        )
     for who in ("dmsc", "hf"):
         print(f"host time by op, {who} (us a token, calls a token):")
         for row in out[f"profile_{who}"]:
