@@ -4,6 +4,7 @@ back the measured times (on this machine's CPU; the same code times a GPU)."""
 from __future__ import annotations
 
 import itertools
+import statistics
 from pathlib import Path
 
 import pytest
@@ -151,3 +152,25 @@ def test_the_host_side_of_an_exchange_is_measured_into_the_spec() -> None:
     assert 0.2 < side["memory_gbyte_s"] / reference < 5  # a shared 2-core machine: loose
     got = measure_device("cpu", quick=True)  # a CPU is its own host: no such figures
     assert "host_memory_bw_gbyte_s" not in got["spec"]
+
+
+def test_the_host_op_slope_pairs_its_runs_so_a_drifting_host_cancels_out() -> None:
+    """A host that slows down steadily while it is timed (here by a clock: each run takes its
+    own length plus 1 ms more than the run before) moved the sequential figure (every short
+    run, then every long one) by all the drift between the two halves; adjacent pairs keep
+    only one run's worth."""
+    from dmsc.runtime.compute.device_calibration import paired_difference
+
+    calls = [0]
+
+    def timed(length: float) -> float:
+        calls[0] += 1
+        return length + 1e-3 * calls[0]
+
+    diff, t_long = paired_difference(lambda: timed(0.010), lambda: timed(0.030), repeats=20)
+    assert diff == pytest.approx(0.020 + 1e-3)  # the true difference, and one run of drift
+    assert 0.030 < t_long < 0.030 + 1e-3 * calls[0]
+    calls[0] = 0  # the same clock timed the old way: the drift of 22 runs in the difference
+    shorts = [timed(0.010) for _ in range(22)][2:]
+    longs = [timed(0.030) for _ in range(22)][2:]
+    assert statistics.median(longs) - statistics.median(shorts) == pytest.approx(0.020 + 0.022)

@@ -142,26 +142,51 @@ def measure_host_op(
     dev = torch.device(device)
     spec = resolve_model(model) if isinstance(model, str) else model
     assert isinstance(spec, TransformerSpec)
-    timed = _timer(dev)
 
-    def chain_seconds(n: int) -> float:
+    def chain_step(n: int) -> Callable[[], float]:
         chain = torch.nn.Sequential(*(build_layer(spec, 1) for _ in range(n))).to(dev)
         x = torch.randn(1, 8, spec.hidden, device=dev, requires_grad=True)
         grad = torch.randn(1, 8, spec.hidden, device=dev)
 
-        def step() -> None:
+        def step() -> float:
+            t0 = time.perf_counter()
             with torch.autocast(dev.type, torch.bfloat16, enabled=dev.type == "cuda"):
                 y = chain(x)
             y.backward(grad)
+            if dev.type == "cuda":
+                torch.cuda.synchronize(dev)
+            return time.perf_counter() - t0
 
-        return timed(step, repeats)
+        return step
 
     kernels = 3 * issued_kernels(build_layer_costs(spec, JobSpec(global_batch=1))[1])
     short, long = blocks
-    t_short, t_long = chain_seconds(short), chain_seconds(long)
-    slope = (t_long - t_short) / ((long - short) * kernels)
-    # a noisy pair can give no slope: then the long chain's mean, fixed costs and all
-    return slope if slope > 0 else t_long / (long * kernels)
+    diff, t_long = paired_difference(chain_step(short), chain_step(long), repeats)
+    # a noisy set of pairs can give no slope: then the long chain's mean, fixed costs and all
+    return diff / ((long - short) * kernels) if diff > 0 else t_long / (long * kernels)
+
+
+def paired_difference(
+    short: Callable[[], float], long: Callable[[], float], repeats: int
+) -> tuple[float, float]:
+    """The median over ``repeats`` adjacent pairs of ``long() - short()`` (each returns the
+    seconds its run took), after two unmeasured pairs; and the median of ``long()``.
+
+    Timed one after the other (every short run, then every long one), a host that slowed down
+    or sped up between the two halves moved the difference by all of its drift; pairs side by
+    side see the same host. On an H200 the sequential figure was unsteady: the same
+    ``calibrate --device cuda`` measured 54, 73 and 113 us a kernel on three lent machines
+    whose measurement of the trained model's own block gave 62, 89 and 63, and its prediction
+    of the step came out -1%, +16% and +103% (benchmarks/results/gpu_check_h200.json)."""
+    for _ in range(2):
+        short(), long()
+    diffs, longs = [], []
+    for _ in range(repeats):
+        a = short()
+        b = long()
+        diffs.append(b - a)
+        longs.append(b)
+    return statistics.median(diffs), statistics.median(longs)
 
 
 def measure_host_side(
