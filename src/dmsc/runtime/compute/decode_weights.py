@@ -8,7 +8,11 @@ row, paid one cast kernel more per linear layer (7 a Llama block beside its prod
 each weight three times (the float32 read and the bf16 write of the cast, the product's read)
 where a model held in bf16, as ``transformers`` serves one, reads it once.
 ``benchmarks/gpu_check.py`` measured dmsc's decoding at 0.49 of ``transformers``' on an H200
-(``benchmarks/results/gpu_check_h200.json``), both host-bound there.
+(``benchmarks/results/gpu_check_h200.json``, ``earlier_run``), both host-bound there. Measured
+with these casts the ratio stayed at 0.46: most of a token's time was cuDNN's attention
+building a graph for each new key length (:func:`.models.attention.inference_attention`), and
+without that the casts leave a token's forward on par with the model held in bf16
+(``benchmarks/gpu_decode.py``: 15.9 against 16.4 ms, and 15.2 against 26.5 on another host).
 
 :class:`DecodeCasts` keeps the casts: inside :meth:`DecodeCasts.applied` (one decoding step, run
 under the worker's step lock, which training steps, Save and Load also hold) each such weight's
