@@ -12,7 +12,8 @@ checkpoint whose config says bfloat16, then:
    process in plain PyTorch on the same GPU (same autocast, micro-batches and optimizer). Median
    step times and their ratio (dmsc / torch).
 2. **inference**: greedy decoding of ``--tokens`` tokens after a 32-token prompt, dmsc's 2-stage
-   pipeline with its KV cache against ``transformers`` ``generate`` in bf16 on the same GPU.
+   pipeline with its KV cache against ``transformers`` ``generate`` in bf16 on the same GPU, as
+   it runs by default and on the attention backends dmsc's workers decode on (no cuDNN).
 3. **calibration**: ``dmsc calibrate --device cuda --quick`` writes the GPU's device spec, and
    ``dmsc estimate`` on it predicts the single-process step measured in 1; also the prediction on
    the uncalibrated preset of the GPU's name, where there is one; beside the host's time a
@@ -27,6 +28,7 @@ script itself on a machine without a GPU.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import statistics
 import subprocess
@@ -38,6 +40,7 @@ from typing import Any
 
 import torch
 
+from dmsc.runtime.compute.models.attention import inference_attention
 from dmsc.runtime.compute.models.chain import layer_names, loss_fn
 from dmsc.runtime.compute.models.hf import export, stage_module
 from dmsc.runtime.control.launch.deployment import Deployment, StageLayout
@@ -152,21 +155,31 @@ def decode(
     model = transformers.AutoModelForCausalLM.from_pretrained(ckpt, dtype=dtype)
     model = model.to(torch.device(device)).eval()
     x = prompt[None].to(device)
-    with torch.no_grad():
-        model.generate(x, max_new_tokens=4, do_sample=False, pad_token_id=0)  # warm-up
-        _sync(torch.device(device))
-        t0 = time.perf_counter()
-        out = model.generate(
-            x, max_new_tokens=tokens, min_new_tokens=tokens, do_sample=False, pad_token_id=0
-        )
-        _sync(torch.device(device))
-        hf_s = time.perf_counter() - t0
+
+    def generate(backends: contextlib.AbstractContextManager[None]) -> tuple[float, Any]:
+        with torch.no_grad(), backends:
+            model.generate(x, max_new_tokens=4, do_sample=False, pad_token_id=0)  # warm-up
+            _sync(torch.device(device))
+            t0 = time.perf_counter()
+            out = model.generate(
+                x, max_new_tokens=tokens, min_new_tokens=tokens, do_sample=False, pad_token_id=0
+            )
+            _sync(torch.device(device))
+        return time.perf_counter() - t0, out
+
+    # first on the attention backends dmsc's workers decode on (no cuDNN graph built), then
+    # with torch's defaults as a user runs it (cuDNN's attention first on Hopper, a graph for
+    # each new key length: benchmarks/gpu_decode.py)
+    same_s, _ = generate(inference_attention(torch.device(device)))
+    hf_s, out = generate(contextlib.nullcontext())
     theirs = out[0, PROMPT:].tolist()
     same = next((i for i, (a, b) in enumerate(zip(ours, theirs, strict=True)) if a != b), tokens)
     return {
         "dmsc_tokens_per_s": tokens / dmsc_s,
         "transformers_tokens_per_s": tokens / hf_s,
         "vs_transformers_ratio": (tokens / dmsc_s) / (tokens / hf_s),
+        "transformers_same_backends_tokens_per_s": tokens / same_s,
+        "vs_transformers_same_backends_ratio": same_s / dmsc_s,
         "same_first_tokens": same,  # bf16 rounding may part the two greedy paths
     }
 
@@ -274,6 +287,9 @@ def main() -> None:
     print(f"{'decoding, dmsc 2 stages':34s} {i['dmsc_tokens_per_s']:9.1f} tok/s")
     print(f"{'decoding, transformers':34s} {i['transformers_tokens_per_s']:9.1f} tok/s")
     print(f"{'ratio dmsc / transformers':34s} {i['vs_transformers_ratio']:9.2f}")
+    same = i["transformers_same_backends_tokens_per_s"]
+    print(f"{'decoding, transformers, same attn':34s} {same:9.1f} tok/s")
+    print(f"{'ratio dmsc / that':34s} {i['vs_transformers_same_backends_ratio']:9.2f}")
     calibrated = "-" if c["host_op_us"] is None else f"{c['host_op_us']:.1f}"
     print(
         f"{'host time a kernel, calibrated':34s} {calibrated:>9s} us "

@@ -98,3 +98,22 @@ def test_the_decode_check_splits_a_token_on_the_cpu() -> None:
         ops = d[f"profile_{who}"]
         assert ops and all(row["calls_a_token"] > 0 for row in ops)
         assert any(row["op"] == "aten::mm" for row in ops)
+
+
+@pytest.mark.integration
+def test_the_runtime_check_reports_what_it_measured_on_the_cpu() -> None:
+    """gpu_check's runtime check (benchmarks/gpu_runtime.py) at its tiny size on the CPU: the
+    pipeline's step beside plain torch's, decoding beside transformers' generate both as it runs
+    by default and on the workers' attention backends, each ratio the ratio of its figures."""
+    cmd = [sys.executable, str(BENCH / "gpu_check.py"), "--tiny", "--only", "runtime", "--json"]
+    res = subprocess.run(cmd, capture_output=True, text=True)
+    assert res.returncode == 0, res.stderr
+    r = json.loads(res.stdout)["runtime"]
+    assert "error" not in r, r
+    t, i = r["train"], r["infer"]
+    assert t["ratio"] == t["dmsc_pp2_step_s"] / t["torch_step_s"]
+    dmsc = i["dmsc_tokens_per_s"]
+    assert i["vs_transformers_ratio"] == pytest.approx(dmsc / i["transformers_tokens_per_s"])
+    same = i["transformers_same_backends_tokens_per_s"]
+    assert i["vs_transformers_same_backends_ratio"] == pytest.approx(dmsc / same)
+    assert i["same_first_tokens"] == 16  # float32 on the CPU: the same greedy tokens
