@@ -247,7 +247,8 @@ def _has_cuda() -> bool:
     return torch.cuda.is_available()
 
 
-# (check, its time limit in seconds); all took 231 s on an H100 (results/gpu_check_h100.json)
+# (check, its time limit in seconds); all took 231 s on an H100 (results/gpu_check_h100.json),
+# about 220 s on an H200 (gpu_check_h200.json: 172 s before decode, then decode 44-60 s)
 PARTS = [
     ("env", 30),
     ("nccl", 40),

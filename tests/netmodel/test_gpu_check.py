@@ -82,34 +82,18 @@ def test_gpu_check_runs_its_checks_and_reports_a_missing_gpu(tmp_path: Path) -> 
 
 
 @pytest.mark.integration
-def test_the_decode_check_splits_a_token_on_the_cpu() -> None:
-    """gpu_check's decode check (benchmarks/gpu_decode.py) on the CPU: every time it reports,
-    its ratios of them, and the ops with the most host time on each side."""
-    cmd = [sys.executable, str(BENCH / "gpu_check.py"), "--tiny", "--only", "decode", "--json"]
-    res = subprocess.run(cmd, capture_output=True, text=True)
+def test_the_runtime_and_decode_checks_report_what_they_measured_on_the_cpu() -> None:
+    """gpu_check's runtime check (benchmarks/gpu_runtime.py) and decode check
+    (benchmarks/gpu_decode.py) at their tiny size on the CPU, in one run: the pipeline's step
+    beside plain torch's; decoding beside transformers' generate both as it runs by default and
+    on the workers' attention backends; a token's time split, each ratio the ratio of its
+    figures, and the ops with the most host time on each side."""
+    cmd = [sys.executable, str(BENCH / "gpu_check.py"), "--tiny", "--only", "runtime,decode"]
+    res = subprocess.run([*cmd, "--json"], capture_output=True, text=True)
     assert res.returncode == 0, res.stderr
-    d = json.loads(res.stdout)["decode"]
-    assert "error" not in d, d
-    times = [k for k in d if k.endswith("_ms")]
-    assert len(times) == 8 and all(d[k] > 0 for k in times)
-    assert d["service_over_forward"] == d["dmsc_service_ms"] / d["dmsc_forward_ms"]
-    assert d["service_over_hf_generate"] == d["dmsc_service_ms"] / d["hf_generate_ms"]
-    for who in ("dmsc", "hf"):
-        ops = d[f"profile_{who}"]
-        assert ops and all(row["calls_a_token"] > 0 for row in ops)
-        assert any(row["op"] == "aten::mm" for row in ops)
-
-
-@pytest.mark.integration
-def test_the_runtime_check_reports_what_it_measured_on_the_cpu() -> None:
-    """gpu_check's runtime check (benchmarks/gpu_runtime.py) at its tiny size on the CPU: the
-    pipeline's step beside plain torch's, decoding beside transformers' generate both as it runs
-    by default and on the workers' attention backends, each ratio the ratio of its figures."""
-    cmd = [sys.executable, str(BENCH / "gpu_check.py"), "--tiny", "--only", "runtime", "--json"]
-    res = subprocess.run(cmd, capture_output=True, text=True)
-    assert res.returncode == 0, res.stderr
-    r = json.loads(res.stdout)["runtime"]
-    assert "error" not in r, r
+    got = json.loads(res.stdout)
+    r, d = got["runtime"], got["decode"]
+    assert "error" not in r and "error" not in d, got
     t, i = r["train"], r["infer"]
     assert t["ratio"] == t["dmsc_pp2_step_s"] / t["torch_step_s"]
     dmsc = i["dmsc_tokens_per_s"]
@@ -117,3 +101,14 @@ def test_the_runtime_check_reports_what_it_measured_on_the_cpu() -> None:
     same = i["transformers_same_backends_tokens_per_s"]
     assert i["vs_transformers_same_backends_ratio"] == pytest.approx(dmsc / same)
     assert i["same_first_tokens"] == 16  # float32 on the CPU: the same greedy tokens
+    times = [k for k in d if k.endswith("_ms")]
+    assert len(times) == 8 and all(d[k] > 0 for k in times)
+    assert d["service_over_forward"] == d["dmsc_service_ms"] / d["dmsc_forward_ms"]
+    assert d["service_over_hf_generate"] == d["dmsc_service_ms"] / d["hf_generate_ms"]
+    assert [s["stage"] for s in d["service_stages"]] == [0, 1]
+    for s in d["service_stages"]:  # one inference step a token at each stage
+        assert s["steps_a_token"] == 1 and 0 < s["compute_ms_a_token"] <= s["step_ms_a_token"]
+    for who in ("dmsc", "hf"):
+        ops = d[f"profile_{who}"]
+        assert ops and all(row["calls_a_token"] > 0 for row in ops)
+        assert any(row["op"] == "aten::mm" for row in ops)
