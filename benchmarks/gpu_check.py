@@ -6,9 +6,10 @@ long costs only itself. The checks:
 
 1. **env**: the device, torch, CUDA and NCCL versions, dmsc's version.
 2. **nccl**: an NCCL process group on the one GPU (world size 1: one GPU cannot hold two NCCL
-   ranks), an all-reduce and a broadcast checked for their values and timed; and whether the
-   runtime has an NCCL path of its own yet (tensor and data parallelism on torch.distributed are
-   issue 31's; until then the runtime's GPU path is the pipeline's gRPC sends through host memory).
+   ranks), an all-reduce and a broadcast checked for their values and timed; and the runtime's
+   modules that form a process group or name NCCL (a tensor-parallel group is NCCL's on CUDA,
+   but ``dmsc up`` refuses tp > 1 on GPUs: a plan names one GPU a replica, not one a rank; the
+   data-parallel collective is gloo's on the host; the pipeline's sends go through host memory).
 3. **train**: ``gpu_train_measure.py`` (GPT-3 350M to 2.7B trained in plain PyTorch on the GPU)
    beside ``dmsc estimate`` of the same model and micro-batch (``gpu_train_compare.py``).
 4. **runtime**: ``gpu_runtime.py``: dmsc pp=2 on the GPU against plain PyTorch, KV-cache decoding
