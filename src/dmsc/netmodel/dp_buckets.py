@@ -24,9 +24,10 @@ job's ``dp_bucket_bytes`` unset); a job run by another framework names that fram
 :mod:`dmsc.netmodel.validation` do for Megatron-Core's.
 
 Not modelled: the quorum the replicas agree on before the first bucket (one store round trip,
-under the backward), copying a bucket into its flat buffer and back, and a tied weight's own
-final bucket (the runtime launches it after the backward; the cost model counts the shared
-table once, with the embedding's).
+under the backward), copying a bucket into its flat buffer and back (on a GPU, also to the
+host and back: the runtime's all-reduce is gloo's, on host memory; never yet run on two GPUs),
+and a tied weight's own final bucket (the runtime launches it after the backward; the cost
+model counts the shared table once, with the embedding's).
 """
 
 from __future__ import annotations

@@ -93,7 +93,10 @@ def test_the_measured_collective_goes_into_each_node_over_the_efficiency() -> No
         cal.calibrated_cluster(template, {**FIGURES, **gloo})["node_types"]["host"]
     )
     nccl = {"nccl_allreduce_bytes_s": 100e9, "nccl_allreduce_latency_s": 20e-6}
+    # both measured (two GPUs): gloo's, which the runtime's data-parallel average runs on the host
     spec = ClusterSpec.model_validate(cal.calibrated_cluster(template, {**FIGURES, **gloo, **nccl}))
+    assert {n.collective.backend for n in spec.node_types.values() if n.collective} == {"gloo"}
+    spec = ClusterSpec.model_validate(cal.calibrated_cluster(template, {**FIGURES, **nccl}))
     assert {n.collective.backend for n in spec.node_types.values() if n.collective} == {"nccl"}
     bare = ClusterSpec.model_validate(cal.calibrated_cluster(template, FIGURES))
     assert all(n.collective is None for n in bare.node_types.values())

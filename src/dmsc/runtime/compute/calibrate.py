@@ -11,9 +11,10 @@ load comes and goes: one round can be twice as slow as the next):
 - matrix-multiply FLOP/s at the model's sizes (reported beside the block's rate), memory copy
   bandwidth, the per-kernel overhead, and the data plane's own loopback throughput and round
   trip (the pipeline's sends: the node's link);
-- the all-reduce of a two-process gloo group, as the tensor- and data-parallel exchanges run it,
-  and of NCCL where CUDA has two devices (:mod:`.collective_calibration`): the node's
-  ``collective``, which the cost model prices collectives with.
+- the all-reduce of a two-process gloo group, as the tensor- and data-parallel exchanges run it
+  (the node's ``collective``, which the cost model prices collectives with), and of NCCL where
+  CUDA has two devices (:mod:`.collective_calibration`; reported, and the node's collective only
+  where gloo's was not measured).
 
 The cost model multiplies peaks by its calibrated efficiencies, so the spec gets
 ``measured / efficiency``. Rounds go on until the median holds (the interquartile spread of the
@@ -287,9 +288,13 @@ def calibrated_cluster(template: ClusterSpec, measured: dict[str, float]) -> dic
 
 
 def _collective(measured: dict[str, float], efficiency: float) -> dict[str, Any] | None:
-    """The node's measured collective for the spec: NCCL's where it was measured, else gloo's
-    (None when neither was); its bandwidth over the efficiency the cost model will apply."""
-    for backend in ("nccl", "gloo"):
+    """The node's measured collective for the spec: gloo's, the one the runtime's collectives
+    run (the data-parallel average is a gloo all-reduce on the host, from GPUs too, and
+    ``dmsc up`` refuses tensor parallelism on GPUs), else NCCL's where only that was measured
+    (None when neither was); its bandwidth over the efficiency the cost model will apply.
+    NCCL's came first, and a two-GPU node's data-parallel exchange was priced at NCCL's speed
+    while the runtime ran it through the host."""
+    for backend in ("gloo", "nccl"):
         if f"{backend}_allreduce_bytes_s" in measured:
             when = dt.datetime.fromtimestamp(measured.get("source", time.time()), dt.UTC)
             return {
