@@ -79,6 +79,17 @@ def test_the_command_index_names_every_command() -> None:
     assert named - expected == set(), f"docs/commands.md names no such command: {named - expected}"
 
 
+def test_the_benchmark_table_names_every_benchmark() -> None:
+    """docs/results.md's table of programs names every program of benchmarks/ (the modules
+    whose names start with an underscore are their shared parts) and no program that is not
+    there: gpu_runtime.py and six others had gone unlisted."""
+    table = (DOCS / "results.md").read_text()
+    listed = set(re.findall(r"^\| `benchmarks/([^`]+\.py)`", table, re.MULTILINE))
+    programs = {p.name for p in (ROOT / "benchmarks").glob("*.py") if not p.name.startswith("_")}
+    assert programs - listed == set(), f"docs/results.md does not list: {programs - listed}"
+    assert listed - programs == set(), f"docs/results.md lists no such program: {listed - programs}"
+
+
 def figures_hook() -> ModuleType:
     """``docs/_hooks/results.py``, the MkDocs hook that reads the pages' benchmark figures."""
     spec = importlib.util.spec_from_file_location("docs_results_hook", HOOK)
