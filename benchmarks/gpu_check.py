@@ -213,14 +213,14 @@ def part(name: str, tiny: bool, timeout: float, tmp: Path) -> dict[str, Any]:
         result["compare"] = json.loads(out) if rc == 0 else {"error": _tail(err)}
     elif name == "runtime":
         cmd = [py, str(HERE / "gpu_runtime.py"), "--json"]
-        cmd += ["--tiny", "--device", "cpu" if not _has_cuda() else "cuda:0", "--steps", "3",
-                "--tokens", "16"] if tiny else ["--steps", "8", "--tokens", "64"]  # fmt: skip
+        cmd += ["--tiny", "--device", "cpu" if not _has_cuda() else "cuda:0", "--steps", "2",
+                "--tokens", "8"] if tiny else ["--steps", "8", "--tokens", "64"]  # fmt: skip
         rc, out, err = _run(cmd, timeout)
         result = json.loads(out.strip().splitlines()[-1]) if rc == 0 else {"error": _tail(err)}
     elif name == "decode":
         cmd = [py, str(HERE / "gpu_decode.py"), "--json"]
         cmd += (
-            ["--tiny", "--device", "cpu" if not _has_cuda() else "cuda:0", "--tokens", "8"]
+            ["--tiny", "--device", "cpu" if not _has_cuda() else "cuda:0", "--tokens", "4"]
             if tiny
             else []
         )
