@@ -3,6 +3,8 @@ group runs in every ``dmsc calibrate``: tests/cli/test_runtime.py checks what it
 
 from __future__ import annotations
 
+from typing import Any
+
 import pytest
 
 from dmsc.runtime.compute.collective_calibration import (
@@ -92,3 +94,32 @@ def test_a_real_gloo_all_reduce_is_timed_blocked_and_awake() -> None:
     assert set(times) == set(awake) == {1024, 256 * 1024}
     assert min(times.values()) > 0 and min(awake.values()) > 0
     assert 0 < quorum < 5.0  # the replicas' quorum on the pair's store, as the runtime's
+
+
+def test_awake_figures_slower_than_twice_the_blocked_ones_are_left_out(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A call waited for awake is no slower than a blocked one on a machine at rest; an awake
+    latency 4.2 times the blocked one (parallel_modes_cpu.json, rerun_2026_12_04_eve) priced
+    the tensor-parallel calls of the next run 4-5 times over. Past twice the blocked latency
+    the awake fit is left out, with the reason; at twice or under it is kept."""
+    from dmsc.runtime.compute import collective_calibration as cc
+
+    a, b = 480e-6, 1.5e9
+    sizes = (1024, 4 * 1024 * 1024)
+
+    def passes(awake_latency: float) -> Any:
+        def one_pass(backend: str, sizes: tuple[int, ...], rounds: int) -> Any:
+            t = {s: a + s / b for s in sizes}
+            return t, {s: awake_latency + s / b for s in sizes}, 1e-3
+
+        return one_pass
+
+    monkeypatch.setattr(cc, "time_allreduce", passes(2014e-6))
+    got = cc.measure_allreduce("gloo", sizes)
+    assert "latency_awake_s" not in got and "bytes_awake_s" not in got
+    assert got["awake_left_out"] == "awake latency 2014 us against 480 us blocked (over 2x)"
+    assert got["latency_s"] == pytest.approx(a)  # the blocked figures stay
+    monkeypatch.setattr(cc, "time_allreduce", passes(2 * a))
+    got = cc.measure_allreduce("gloo", sizes)
+    assert got["latency_awake_s"] == pytest.approx(2 * a) and "awake_left_out" not in got

@@ -360,6 +360,9 @@ def measure_collectives() -> dict[str, float]:
         if "bytes_awake_s" in got:
             out[f"{backend}_allreduce_latency_awake_s"] = got["latency_awake_s"]
             out[f"{backend}_allreduce_bytes_awake_s"] = got["bytes_awake_s"]
+        elif "awake_left_out" in got:
+            why = got["awake_left_out"]
+            log.warning("%s all-reduce waited for awake left out: %s", backend, why)
     return out
 
 
