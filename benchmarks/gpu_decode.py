@@ -29,7 +29,6 @@ Prints a table, or with ``--json`` one object with the same figures (``--out`` a
 from __future__ import annotations
 
 import contextlib
-import json
 import statistics
 import tempfile
 import time
@@ -38,7 +37,7 @@ from pathlib import Path
 from typing import Any
 
 import torch
-from gpu_runtime import PROMPT, SHAPES, _checkpoint, gpu_parser, two_stages
+from gpu_runtime import PROMPT, SHAPES, _checkpoint, emit, gpu_parser, two_stages
 
 from dmsc.runtime.compute.decode_weights import DecodeCasts
 from dmsc.runtime.compute.models.attention import StageCache, inference_attention
@@ -243,11 +242,7 @@ def main() -> None:
         ]
     out["service_over_forward"] = out["dmsc_service_ms"] / out["dmsc_forward_ms"]
     out["service_over_hf_generate"] = out["dmsc_service_ms"] / out["hf_generate_ms"]
-    text = json.dumps(out)
-    if args.out:
-        Path(args.out).write_text(text + "\n")
-    if args.json:
-        print(text)
+    if emit(out, args):
         return
     print(f"{name} on {out['device']}: ms a token (median of {args.tokens}, prompts from {PROMPT})")
     for key in ("hf_forward_cudnn_ms", "hf_forward_ms", "hf_generate_ms", "dmsc_forward_ms",

@@ -228,6 +228,17 @@ def gpu_parser(doc: str | None) -> argparse.ArgumentParser:
     return parser
 
 
+def emit(result: dict[str, Any], args: argparse.Namespace) -> bool:
+    """Write ``result`` to ``--out`` when given; print it as JSON with ``--json`` (True: the
+    caller prints no table)."""
+    text = json.dumps(result)
+    if args.out:
+        Path(args.out).write_text(text + "\n")
+    if args.json:
+        print(text)
+    return bool(args.json)
+
+
 def two_stages(spec: TransformerSpec, device: str, **kw: Any) -> StageLayout:
     """The model in two halves, both stages on ``device``."""
     half = spec.layers // 2
@@ -273,11 +284,7 @@ def main() -> None:
             got = result["calibrate"].get(f"{key}_predicted_step_s")
             if got:
                 result["calibrate"][f"{key}_error_pct"] = 100 * (got - measured) / measured
-    text = json.dumps(result)
-    if args.out:
-        Path(args.out).write_text(text + "\n")
-    if args.json:
-        print(text)
+    if emit(result, args):
         return
     t, i, c = result["train"], result["infer"], result["calibrate"]
     print(f"{name} on {gpu}: global batch {BATCH} in {MICRO} micro-batches")
