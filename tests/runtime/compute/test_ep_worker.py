@@ -5,7 +5,12 @@ against one process is tests/integration/test_expert_parallel_deployment.py."""
 
 from __future__ import annotations
 
+from datetime import timedelta
+
 import pytest
+import torch
+import torch.distributed as dist
+from torch import nn
 
 from dmsc.runtime.compute.config import WorkerConfig
 from dmsc.runtime.compute.ep_worker import ExpertRanks, task_problem
@@ -68,3 +73,46 @@ def test_a_replica_finds_its_groups_where_the_cost_model_puts_them(
 def test_a_worker_refuses_expert_shares_it_cannot_hold(fields: dict[str, int], reason: str) -> None:
     with pytest.raises(ValueError, match=reason):
         ExpertRanks(_cfg(ep=2, **fields), lambda: 0)
+
+
+class _Experts(nn.Module):
+    """A stage's parameters as a worker names them: two experts' matrices and a dense one."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.experts = nn.ModuleList([nn.Linear(4, 3, bias=False) for _ in range(2)])
+        self.router = nn.Linear(4, 2, bias=False)
+
+
+def _with_grads(module: nn.Module) -> dict[str, torch.Tensor]:
+    for i, p in enumerate(module.parameters()):
+        p.grad = torch.full_like(p, float(i + 1))
+    module.experts[1].weight.grad = None  # an expert no token reached
+    return {n: p.grad.clone() for n, p in module.named_parameters() if p.grad is not None}
+
+
+def test_at_dp_equal_to_ep_the_experts_gradients_are_divided_where_the_backward_left_them() -> None:
+    module = _Experts()
+    before = _with_grads(module)
+    first = module.experts[0].weight.grad
+    ranks = ExpertRanks(_cfg(replicas=2, ep=2, replica=1), lambda: 0)
+    ranks.average_expert_grads(module)
+    assert module.experts[0].weight.grad is first  # no copy: the same tensor, divided
+    assert torch.equal(first, before["experts.0.weight"] / 2)
+    assert torch.equal(module.experts[1].weight.grad, torch.zeros(3, 4))
+    assert torch.equal(module.router.weight.grad, before["router.weight"])  # the collective's
+
+
+def test_over_the_holders_the_experts_gradients_are_views_of_one_summed_buffer(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    module = _Experts()
+    before = _with_grads(module)
+    ranks = ExpertRanks(_cfg(replicas=4, ep=2, replica=1), lambda: 0)
+    alone = dist.ProcessGroupGloo(dist.HashStore(), 0, 1, timedelta(seconds=10))  # type: ignore[attr-defined]
+    monkeypatch.setattr(ranks, "_holders", lambda: alone)
+    ranks.average_expert_grads(module)
+    grads = [module.experts[i].weight.grad for i in range(2)]
+    assert torch.equal(grads[0], before["experts.0.weight"] / 4)
+    assert torch.equal(grads[1], torch.zeros(3, 4))
+    assert grads[0].untyped_storage().data_ptr() == grads[1].untyped_storage().data_ptr()
