@@ -177,7 +177,7 @@ class ExpertRanks:
         experts, divided by ``dp`` (the dense ones are the collective's). At dp = ep each
         share is held once and its gradient is divided where the backward left it; else the
         gradients are summed in one flat buffer and, on the host, left as views of it (as the
-        dense buckets are). Until 2026-12-05 both went through a flat copy and a copy back:
+        dense buckets are). Until 2026-12-04 both went through a flat copy and a copy back:
         about 1 ms of moe-mini's 2 ms data-parallel wait at dp = ep = 2 on this machine, in a
         window the cost model prices as the dense exchange alone."""
         params = [p for n, p in module.named_parameters() if kind_of(n) == "expert"]
