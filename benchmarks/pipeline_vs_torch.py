@@ -101,30 +101,31 @@ def torch_step_s(steps: int) -> tuple[float, float]:
 
 
 def dmsc_step_s(
-    steps: int, mtls: bool = False, gloo: bool = False, phases: list[Any] | None = None
+    steps: int, mtls: bool = False, via: str = "grpc", phases: list[Any] | None = None
 ) -> tuple[float, float]:
-    """Median step time and CPU seconds per measured step (control plane and workers); with
-    ``gloo`` the pipeline's frames go over gloo point-to-point. Where the step's wall time went
-    (:func:`_phases`) is appended to ``phases`` when given."""
+    """Median step time and CPU seconds per measured step (control plane and workers); the
+    pipeline's frames ``via`` gRPC, gloo point-to-point or TCP streams. Where the step's wall
+    time went (:func:`_phases`) is appended to ``phases`` when given."""
     from dmsc.runtime.transport import tls
 
     if mtls:  # what the control plane does at dmsc up: every channel and server mutual TLS
         tls.install_authority(Path(tempfile.mkdtemp(prefix="dmsc-bench-ca-")))
     try:
-        return _dmsc_steps(steps, gloo, phases)
+        return _dmsc_steps(steps, via, phases)
     finally:
         tls.install(None)
 
 
 def _dmsc_steps(
-    steps: int, gloo: bool = False, phases: list[Any] | None = None
+    steps: int, via: str = "grpc", phases: list[Any] | None = None
 ) -> tuple[float, float]:
     spec = resolve_model("gpt-mini")
     assert isinstance(spec, TransformerSpec)
     train, _ = stdlib_text(max_bytes=400_000)
     corpus = Corpus(train, spec.seq, seed=0)
     times, warm, seen = [], steps // 5, []
-    with Deployment(StageLayout(spec, RANGES, pp_gloo=gloo)) as dep:
+    layout = StageLayout(spec, RANGES, pp_gloo=via == "gloo", pp_stream=via == "stream")
+    with Deployment(layout) as dep:
         for s in range(steps):
             if s == warm:
                 cpu0 = cpu_s()
@@ -209,32 +210,36 @@ def main() -> None:
     also = parser.add_mutually_exclusive_group()
     also.add_argument("--tls", action="store_true", help="Also dmsc with mutual TLS.")
     also.add_argument("--gloo", action="store_true", help="Also dmsc's sends over gloo.")
+    also.add_argument("--stream", action="store_true", help="Also dmsc's sends over TCP streams.")
     parser.add_argument("--rounds", type=int, default=3, help="Pairs of runs, alternated.")
     args = parser.parse_args()
-    if not args.gloo and not args.tls:
+    if not args.gloo and not args.stream and not args.tls:
         _compare(args.steps, args.rounds, args.json)
         return
     t_torch, cpu_torch = torch_step_s(args.steps)
-    if args.gloo:
-        rounds: dict[bool, list[tuple[float, float]]] = {False: [], True: []}
-        phases: dict[bool, list[Any]] = {False: [], True: []}
+    via = "gloo" if args.gloo else "stream"
+    if args.gloo or args.stream:
+        rounds: dict[str, list[tuple[float, float]]] = {"grpc": [], via: []}
+        phases: dict[str, list[Any]] = {"grpc": [], via: []}
         for _ in range(args.rounds):  # alternated, so drift hits both alike
-            for gloo in (False, True):
-                rounds[gloo].append(dmsc_step_s(args.steps, gloo=gloo, phases=phases[gloo]))
-        t_dmsc, cpu_dmsc = (statistics.median(x) for x in zip(*rounds[False], strict=True))
-        t_gloo, cpu_gloo = (statistics.median(x) for x in zip(*rounds[True], strict=True))
+            for v in ("grpc", via):
+                rounds[v].append(dmsc_step_s(args.steps, via=v, phases=phases[v]))
+        t_dmsc, cpu_dmsc = (statistics.median(x) for x in zip(*rounds["grpc"], strict=True))
+        t_via, cpu_via = (statistics.median(x) for x in zip(*rounds[via], strict=True))
+        by_round = [b[0] / a[0] for a, b in zip(rounds["grpc"], rounds[via], strict=True)]
         out: dict[str, Any] = {
             "dmsc_step_s": t_dmsc,
             "torch_step_s": t_torch,
             "ratio": t_dmsc / t_torch,
-            "dmsc_gloo_step_s": t_gloo,
-            "dmsc_gloo_cpu_s_per_step": cpu_gloo,
-            "gloo_ratio": t_gloo / t_dmsc,
-            "gloo_torch_ratio": t_gloo / t_torch,
-            "grpc_rounds": rounds[False],
-            "gloo_rounds": rounds[True],
-            "grpc_phases": phases[False],
-            "gloo_phases": phases[True],
+            f"dmsc_{via}_step_s": t_via,
+            f"dmsc_{via}_cpu_s_per_step": cpu_via,
+            f"{via}_ratio": t_via / t_dmsc,
+            f"{via}_ratio_by_round": by_round,
+            f"{via}_torch_ratio": t_via / t_torch,
+            "grpc_rounds": rounds["grpc"],
+            f"{via}_rounds": rounds[via],
+            "grpc_phases": phases["grpc"],
+            f"{via}_phases": phases[via],
         }
     else:
         plain, sealed = [], []
@@ -263,9 +268,15 @@ def main() -> None:
     print(f"ratio dmsc / torch: {out['ratio']:.2f} (goal <= 1.0)")
     if not args.tls:
         print(f"CPU per step: torch {cpu_torch * 1e3:.0f} ms, dmsc {cpu_dmsc * 1e3:.0f} ms")
-    if args.gloo:
-        print(f"dmsc with its sends over gloo:       {t_gloo * 1e3:.1f} ms per step")
-        print(f"ratio gloo / gRPC: {out['gloo_ratio']:.3f}; CPU per step {cpu_gloo * 1e3:.0f} ms")
+    if args.gloo or args.stream:
+        print(f"dmsc with its sends over {via + ':':<11s}{t_via * 1e3:.1f} ms per step")
+        rounds_text = ", ".join(f"{r:.3f}" for r in by_round)
+        print(
+            f"ratio {via} / gRPC: {out[f'{via}_ratio']:.3f} (by round {rounds_text}); CPU per "
+            f"step {cpu_via * 1e3:.0f} ms; {via} / torch {out[f'{via}_torch_ratio']:.3f}"
+        )
+        print(f"idle frame's way, gRPC {phases['grpc'][-1]['idle_frame_way_ms']} ms, "
+              f"{via} {phases[via][-1]['idle_frame_way_ms']} ms (last round)")  # fmt: skip
     print("load average: " + " ".join(f"{x:.2f}" for x in out["load_average"]))
     if args.tls:
         print(f"dmsc with mutual TLS:                {t_tls * 1e3:.1f} ms per step")

@@ -93,6 +93,8 @@ class WorkerConfig:
     # activations and gradients go over a gloo group of the pipeline met at tp_store
     # (dmsc.runtime.compute.pipe_group), not over gRPC.
     pp_group: bool = False
+    # The same, over a TCP stream to each neighbouring stage (dmsc.runtime.compute.pipe_stream)
+    pp_stream: bool = False
     extra: dict[str, Any] = field(default_factory=dict)
 
     def ranges(self) -> list[tuple[str, str]]:

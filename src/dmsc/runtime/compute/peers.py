@@ -13,7 +13,9 @@ it sends the one awaited here), or at the latest when the step flushes.
 
 With a :class:`~.pipe_group.PipeGroup` (the stages of its replica in one datacenter, no shaped
 link between them) and :attr:`Peers.direct` set (a training step), activations and gradients
-go over that group's gloo point-to-point instead; the bytes are booked per peer the same way.
+go over that group's gloo point-to-point instead, or with a :class:`~.pipe_stream.PipeStream`
+over a TCP stream to each neighbour, whose frames land in the inbox as ``Push``'s do; the bytes
+are booked per peer the same way.
 """
 
 from __future__ import annotations
@@ -30,6 +32,7 @@ from prometheus_client import Counter
 from dmsc.runtime.compute.devices import HostStaging
 from dmsc.runtime.compute.inbox import Aborted, Inbox
 from dmsc.runtime.compute.pipe_group import CARRIED, PipeGroup
+from dmsc.runtime.compute.pipe_stream import PipeStream
 from dmsc.runtime.transport.messages import STAGE_SERVICE
 from dmsc.runtime.transport.rpc import Client
 from dmsc.runtime.transport.wire import Kind, encode
@@ -53,7 +56,7 @@ class Peers:
         device: torch.device | None = None,
         links: dict[int, Any] | None = None,
         tp_rank: int = 0,
-        pipe: PipeGroup | None = None,
+        pipe: PipeGroup | PipeStream | None = None,
         tp: int = 1,
     ) -> None:
         self.registry = registry
@@ -74,7 +77,7 @@ class Peers:
         self.sent: dict[PeerKey, int] = {}  # bytes pushed to each peer since the step began
         # thin links to neighbouring stages (a LinkShaper each, by stage): a send waits its turn
         self.links = links or {}
-        self.pipe = pipe  # the pipeline's gloo group, where its stages share a datacenter
+        self.pipe = pipe  # gloo group or streams, where the pipeline's stages share a datacenter
         self.direct = False  # this step's activations and gradients go through ``pipe``
 
     @property
@@ -159,7 +162,7 @@ class Peers:
     def step_failed(self, why: str) -> None:
         """A step that used the pipeline group ended half-way: its frames in flight would
         pair up with the next step's, so the group of this epoch is dropped."""
-        if self.direct and self.pipe is not None and self.pipe.pg is not None:
+        if self.direct and self.pipe is not None and self.pipe.active:
             self.pipe.drop(f"a step failed: {why}")
 
     def count(self, kind: Kind, nbytes: int) -> None:
@@ -188,7 +191,7 @@ class Peers:
         """Wait for every send; a peer that moved is looked up again (once). Gives up with
         :class:`Aborted` as soon as the worker moves to a newer epoch (a stalled peer must not
         hold the survivors of a failure)."""
-        if self.pipe is not None and self.pipe.pg is not None:
+        if self.pipe is not None and self.pipe.active:
             self.pipe.flush(self._abandoned(), self._end())
         pending, self._pending = self._pending, []
         epoch = self.epoch
@@ -214,9 +217,10 @@ class Peers:
         end = self._end()  # nobody waits for the step past its deadline
         if src is not None and self._direct(kind, None):
             assert self.pipe is not None
-            self.pipe.ready(epoch, self._abandoned(), end)
-            got = self.pipe.recv(src, kind, step, mb, self._abandoned(), end)
-            return self.staging.to_device(got)
+            self.pipe.ready(epoch, self._abandoned(), end)  # a stream's: its address published
+            if isinstance(self.pipe, PipeGroup):  # else the frame comes through the inbox
+                got = self.pipe.recv(src, kind, step, mb, self._abandoned(), end)
+                return self.staging.to_device(got)
         while True:
             left = end - time.monotonic()
             try:

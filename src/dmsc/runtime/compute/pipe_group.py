@@ -171,6 +171,11 @@ class PipeGroup:
         self._send_waiter: _Waiter | None = None
         self._sends: list[tuple[threading.Event, list[Any], tuple[torch.Tensor, ...]]] = []
 
+    @property
+    def active(self) -> bool:
+        """Whether this epoch's group is formed (its sends are for :meth:`flush`)."""
+        return self.pg is not None
+
     def _store_of(self) -> Any:
         if self._store is None:
             host, _, port = self.store_address.rpartition(":")

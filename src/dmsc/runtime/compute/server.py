@@ -56,7 +56,7 @@ from dmsc.runtime.compute.models.attention import inference_attention
 from dmsc.runtime.compute.models.chain import tied_weight
 from dmsc.runtime.compute.outer_sync import ReplicaSync, make_optimizer, optimizer_kind, plain_sync
 from dmsc.runtime.compute.peers import Peers
-from dmsc.runtime.compute.pipe_group import pipe_group_of
+from dmsc.runtime.compute.pipe_stream import pipe_of
 from dmsc.runtime.compute.sessions import Sessions
 from dmsc.runtime.compute.telemetry import Telemetry
 from dmsc.runtime.transport import batched, tls
@@ -101,10 +101,10 @@ class StageWorker:
         self.traced_step = self.telemetry.traced(self.run_step)  # training replies: telemetry
         self.inbox = Inbox(cfg.epoch)
         self.registry = Client(cfg.registry, REGISTRY_SERVICE, token=cfg.token)
+        self.log = log or json_logger(f"dmsc.worker.{cfg.sid}")
         self._build(cfg)
         self._lock = threading.Lock()
         self.address = self.metrics_address = ""
-        self.log = log or json_logger(f"dmsc.worker.{cfg.sid}")
 
     def _build(self, cfg: WorkerConfig) -> None:
         """The stage this process serves: its layers, optimizer, peers and step state."""
@@ -140,8 +140,7 @@ class StageWorker:
         self.peers = Peers(
             self.registry, self.inbox, cfg.replica, cfg.recv_timeout_s, self.m_bytes, cfg.token,
             self.device, {int(k): LinkShaper(v) for k, v in cfg.pp_link_mbps.items()},
-            cfg.tp_rank, pipe_group_of(cfg, lambda kind, t: check_frame(self.frames, kind, t)),
-            cfg.tp,
+            cfg.tp_rank, pipe_of(cfg, self.frames, self.push, self.log), cfg.tp,
         )  # fmt: skip
         self.grads = GradientSync(cfg, self.module, self.peers, self.inbox, self.tied, self.experts)
         self.drawn = (self.spec.vocab, drawing.agreement(cfg.tp, self.device))  # for Draw

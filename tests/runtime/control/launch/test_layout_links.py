@@ -43,9 +43,11 @@ def test_an_interleaved_last_stage_hands_on_to_the_first_over_their_link() -> No
     assert layout.pp_link_mbps(1, 0, 2) == {"0": 10.0}
     fields = layout.stage_fields(1)
     layers = {"first": "block_1", "last": "block_1", "chunks": [list(c) for c in chunks[1]]}
-    assert fields == {**layers, "allreduce": "auto", "pp_group": False}  # two datacenters
+    direct = {"pp_group": False, "pp_stream": False}  # two datacenters
+    assert fields == {**layers, "allreduce": "auto", **direct}
     assert plain.stage_fields(1) == {
-        "first": "block_2", "last": "head", "chunks": [], "allreduce": "auto", "pp_group": True
+        "first": "block_2", "last": "head", "chunks": [], "allreduce": "auto", "pp_group": True,
+        "pp_stream": False,
     }  # fmt: skip
 
 
@@ -59,6 +61,20 @@ def test_a_pipeline_meets_in_a_gloo_group_only_inside_one_datacenter() -> None:
     assert split.pp_groups()
     assert not StageLayout(model, ranges).pp_groups()  # gRPC unless asked for
     assert not StageLayout(model, [("embedding", "head")], pp_gloo=True).pp_groups()  # one stage
+
+
+def test_a_pipeline_sends_over_streams_only_inside_one_datacenter_and_gloo_comes_first() -> None:
+    model = resolve_model("gpt-mini")
+    assert isinstance(model, TransformerSpec)
+    ranges = [("embedding", "block_1"), ("block_2", "head")]
+    dcs = {(0, 0): "a", (1, 0): "a", (0, 1): "a", (1, 1): "b"}
+    split = StageLayout(model, ranges, replicas=2, datacenters=dcs, pp_stream=True)
+    assert [split.pp_stream_of(r) for r in range(2)] == [True, False]
+    assert split.pp_groups()  # the store is hosted for their addresses
+    assert split.stage_fields(0, 0)["pp_stream"] and not split.stage_fields(0, 1)["pp_stream"]
+    both = StageLayout(model, ranges, pp_stream=True, pp_gloo=True)
+    assert both.pp_group(0) and not both.pp_stream_of(0)
+    assert not StageLayout(model, [("embedding", "head")], pp_stream=True).pp_groups()
 
 
 def test_tokens_in_flight_one_a_stage_and_one_drawn_where_order_does_not_matter() -> None:

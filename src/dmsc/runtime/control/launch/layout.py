@@ -45,6 +45,10 @@ class StageLayout:
     # --gloo, quiet machine: 0.98 of gRPC's step, inside the rounds' spread), and a gloo group
     # would bypass the workers' mutual TLS
     pp_gloo: bool = False
+    # the same over a TCP stream to each neighbouring stage (dmsc.runtime.compute.pipe_stream;
+    # not where its workers hold certificates: their frames stay on gRPC's mutual TLS); off by
+    # default until measured ahead of gRPC (benchmarks/pipeline_vs_torch.py --stream)
+    pp_stream: bool = False
 
     @property
     def tokens_in_flight(self) -> int:
@@ -66,17 +70,27 @@ class StageLayout:
         first, last = chunks[0] if chunks else self.ranges[stage]
         allreduce = self.allreduce.get(stage, "auto")
         return {"first": first, "last": last, "chunks": [list(c) for c in chunks],
-                "allreduce": allreduce, "pp_group": self.pp_group(replica)}  # fmt: skip
+                "allreduce": allreduce, "pp_group": self.pp_group(replica),
+                "pp_stream": self.pp_stream_of(replica)}  # fmt: skip
+
+    def _one_site(self, replica: int) -> bool:
+        """Whether the pipeline of ``replica`` has stages and all of them in one datacenter
+        (so that no link between them is shaped)."""
+        places = {self.datacenters.get((s, replica), "local") for s in range(len(self.ranges))}
+        return len(self.ranges) > 1 and len(places) == 1
 
     def pp_group(self, replica: int) -> bool:
-        """Whether the pipeline of ``replica`` meets in a gloo group (its stages in one
-        datacenter, so that no link between them is shaped)."""
-        places = {self.datacenters.get((s, replica), "local") for s in range(len(self.ranges))}
-        return self.pp_gloo and len(self.ranges) > 1 and len(places) == 1
+        """Whether the pipeline of ``replica`` meets in a gloo group."""
+        return self.pp_gloo and self._one_site(replica)
+
+    def pp_stream_of(self, replica: int) -> bool:
+        """Whether the pipeline of ``replica`` sends over TCP streams (gloo's group first)."""
+        return self.pp_stream and not self.pp_gloo and self._one_site(replica)
 
     def pp_groups(self) -> bool:
-        """Whether any replica's pipeline meets in a gloo group (the store must be hosted)."""
-        return any(self.pp_group(r) for r in range(self.replicas))
+        """Whether any replica's pipeline meets in a gloo group or over streams (the store
+        must be hosted)."""
+        return any(self.pp_group(r) or self.pp_stream_of(r) for r in range(self.replicas))
 
     def pp_link_mbps(self, stage: int, replica: int, stages: int) -> dict[str, float]:
         """The rate of the link from worker (stage, replica) to each neighbouring stage's

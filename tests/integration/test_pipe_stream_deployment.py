@@ -1,0 +1,78 @@
+"""A pipeline whose stages send over TCP streams (``StageLayout.pp_stream``), as worker processes
+on 127.0.0.1: the same losses as over gRPC and as one process, the bytes booked per link, and a
+killed stage found, replaced and reached again over the new epoch's streams."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from runtime_helpers import reference_losses
+
+from dmsc.data.corpus import Corpus, stdlib_text
+from dmsc.runtime.control.launch import recovery
+from dmsc.runtime.control.launch.deployment import Deployment, StageLayout
+from dmsc.runtime.control.launch.failures import WorkerFailure
+from dmsc.runtime.transport.wire import Kind, encode
+from dmsc.spec import resolve_model
+
+pytestmark = pytest.mark.integration
+
+SPEC = resolve_model("gpt-mini")
+THREE = [("embedding", "block_0"), ("block_1", "block_2"), ("block_3", "head")]
+STEPS = 4
+MICRO = 4
+
+
+def _batches() -> list[tuple[torch.Tensor, torch.Tensor]]:
+    train, _ = stdlib_text(max_bytes=200_000)
+    corpus = Corpus(train, SPEC.seq, seed=1)
+    return [corpus.batch(s, 8) for s in range(STEPS)]
+
+
+def test_streamed_sends_train_as_grpc_and_one_process_and_survive_a_killed_stage(tmp_path) -> None:  # type: ignore[no-untyped-def]
+    batches = _batches()
+    reference = reference_losses(SPEC, 0, 1e-3, batches, MICRO)
+    with Deployment(StageLayout(SPEC, THREE)) as dep:  # the gRPC path
+        over_grpc = [dep.train_step(s, x, y, MICRO)["loss"] for s, (x, y) in enumerate(batches)]
+    with Deployment(StageLayout(SPEC, THREE, pp_stream=True), home=tmp_path) as dep:
+        cfgs = [dep.config(s, 0) for s in range(3)]
+        assert all(c.pp_stream and not c.pp_group for c in cfgs) and dep.tp.address
+        outs = [dep.train_step(s, x, y, MICRO) for s, (x, y) in enumerate(batches[:2])]
+        # each activation and gradient (2 sequences x 128 x 128 float32 a micro-batch) as its
+        # wire frame and 8 bytes of length, booked on its link and in the step's comm
+        frame = 8 + len(encode(Kind.ACTIVATION, 0, 0, torch.zeros(2, SPEC.seq, SPEC.hidden)))
+        sent = outs[-1]["traces"]
+        assert sent[(0, 0)][1] == {"1/0": MICRO * frame}
+        assert sent[(1, 0)][1] == {"2/0": MICRO * frame, "0/0": MICRO * frame}
+        assert outs[-1]["comm"][(1, 0)]["pp"]["links"] == sent[(1, 0)][1]
+        ckpt = dep.checkpoint(2)
+        dep.handle((1, 0)).process.kill()  # the middle stage: both neighbours wait on it
+        with pytest.raises(WorkerFailure) as failure:
+            dep.train_step(2, *batches[2], MICRO)
+        assert (1, 0) in failure.value.failed
+        rec = recovery.recover(dep, failure.value, [ckpt])
+        assert rec.checkpoint_step == 2 and rec.epoch == 1
+        losses = [o["loss"] for o in outs]
+        losses += [dep.train_step(s, *batches[s], MICRO)["loss"] for s in (2, 3)]
+    assert losses == over_grpc  # bitwise: the same tensors, another transport
+    assert max(abs(a - b) for a, b in zip(losses, reference, strict=True)) < 1e-5
+
+
+def test_a_deployment_with_certificates_keeps_its_frames_on_grpc(tmp_path) -> None:  # type: ignore[no-untyped-def]
+    from dmsc.runtime.compute.config import WorkerConfig
+    from dmsc.runtime.compute.frames import FrameSpec
+    from dmsc.runtime.compute.pipe_stream import pipe_of
+
+    cfg = WorkerConfig(
+        sid="s", stage=0, stages=2, model={}, first="a", last="b", registry="",
+        tp_store="127.0.0.1:1", pp_stream=True, tls={"cert": "x"},
+    )  # fmt: skip
+    frames = FrameSpec(stage=0, first=True, last=False, seq=8, vocab=8, hidden=8, n_params=1)
+    said: list[str] = []
+
+    class Log:
+        def warning(self, msg: str, *args: object) -> None:
+            said.append(msg % args)
+
+    assert pipe_of(cfg, frames, lambda b: None, Log()) is None
+    assert said and "stay on gRPC" in said[0]
