@@ -2,22 +2,26 @@
 
 gpt-mini in 3 stages ((embedding, block_0), (block_1, block_2), (block_3, head)), global batch
 16 in 4 micro-batches, 1F1B, AdamW; torch runs one gloo process per stage (CPU), dmsc one
-worker process per stage with gRPC between them. Median step time over the measured steps
-(the first fifth left out), and CPU seconds per measured step of every process of each side
-(torch: each rank's own; dmsc: the control plane and its workers), which a shared machine's
-load disturbs far less than the wall clock. The two sides run alternated, ``--rounds`` pairs
-(default 3). Prints a table, or with --json one object: dmsc_step_s, torch_step_s, ratio (dmsc /
-torch), dmsc_cpu_s_per_step, torch_cpu_s_per_step, cpu_ratio (each the median over the pairs,
-the ratios each pair's), rounds (each pair's figures) and load_average (1, 5, 15 min, at the
-end).
+worker process per stage (its activations and gradients over a TCP stream to each neighbour,
+as a deployment sends them by default; the calls around a step over gRPC). Median step time
+over the measured steps (the first fifth left out), and CPU seconds per measured step of every
+process of each side (torch: each rank's own; dmsc: the control plane and its workers), which a
+shared machine's load disturbs far less than the wall clock. The two sides run alternated,
+``--rounds`` pairs (default 3). Prints a table, or with --json one object: dmsc_step_s,
+torch_step_s, ratio (dmsc / torch), dmsc_cpu_s_per_step, torch_cpu_s_per_step, cpu_ratio (each
+the median over the pairs, the ratios each pair's), rounds (each pair's figures) and
+load_average (1, 5, 15 min, at the end).
 With ``--tls`` dmsc also runs with mutual TLS between the control plane and every worker (as
 ``dmsc up`` runs it: a CA in a temporary home, a leaf per worker), plain and TLS alternated over
 ``--rounds`` deployments each: dmsc_tls_step_s and tls_ratio (TLS over plain, the better round
 of each). With ``--gloo`` dmsc also runs with its activations and gradients over gloo
 point-to-point (``StageLayout.pp_gloo``: the stages share a datacenter,
-:mod:`dmsc.runtime.compute.pipe_group`), gRPC and gloo alternated over ``--rounds`` deployments
-each: dmsc_gloo_step_s, dmsc_gloo_cpu_s_per_step, gloo_ratio (gloo over gRPC) and
+:mod:`dmsc.runtime.compute.pipe_group`) against its frames as gRPC ``Push`` calls (as they all
+went until 2026-12-04), alternated over ``--rounds`` deployments each: dmsc_gloo_step_s,
+dmsc_gloo_cpu_s_per_step, gloo_ratio (gloo over gRPC, beside it each round's) and
 gloo_torch_ratio, the median round of each, dmsc_step_s and its CPU the gRPC rounds' median.
+``--stream`` does the same with the streams (``StageLayout.pp_stream``,
+:mod:`dmsc.runtime.compute.pipe_stream`): dmsc_stream_step_s, stream_ratio and the rest.
 """
 
 from __future__ import annotations
@@ -101,11 +105,12 @@ def torch_step_s(steps: int) -> tuple[float, float]:
 
 
 def dmsc_step_s(
-    steps: int, mtls: bool = False, via: str = "grpc", phases: list[Any] | None = None
+    steps: int, mtls: bool = False, via: str | None = None, phases: list[Any] | None = None
 ) -> tuple[float, float]:
     """Median step time and CPU seconds per measured step (control plane and workers); the
-    pipeline's frames ``via`` gRPC, gloo point-to-point or TCP streams. Where the step's wall
-    time went (:func:`_phases`) is appended to ``phases`` when given."""
+    pipeline's frames ``via`` gRPC, gloo point-to-point or TCP streams (None: as a deployment
+    sends them by default, over streams). Where the step's wall time went (:func:`_phases`) is
+    appended to ``phases`` when given."""
     from dmsc.runtime.transport import tls
 
     if mtls:  # what the control plane does at dmsc up: every channel and server mutual TLS
@@ -117,14 +122,16 @@ def dmsc_step_s(
 
 
 def _dmsc_steps(
-    steps: int, via: str = "grpc", phases: list[Any] | None = None
+    steps: int, via: str | None = None, phases: list[Any] | None = None
 ) -> tuple[float, float]:
     spec = resolve_model("gpt-mini")
     assert isinstance(spec, TransformerSpec)
     train, _ = stdlib_text(max_bytes=400_000)
     corpus = Corpus(train, spec.seq, seed=0)
     times, warm, seen = [], steps // 5, []
-    layout = StageLayout(spec, RANGES, pp_gloo=via == "gloo", pp_stream=via == "stream")
+    layout = StageLayout(spec, RANGES)  # as deployed: the frames over streams
+    if via is not None:
+        layout = StageLayout(spec, RANGES, pp_gloo=via == "gloo", pp_stream=via == "stream")
     with Deployment(layout) as dep:
         for s in range(steps):
             if s == warm:
@@ -196,7 +203,7 @@ def _compare(steps: int, rounds: int, as_json: bool) -> None:
         print(f"{i + 1:5d} {p['torch_step_s'] * 1e3:9.1f} {p['dmsc_step_s'] * 1e3:9.1f} "
               f"{p['ratio']:6.2f} {p['cpu_ratio']:9.2f}")  # fmt: skip
     print(f"torch.distributed.pipelining (gloo): {out['torch_step_s'] * 1e3:.1f} ms per step")
-    print(f"dmsc (gRPC stage services):          {out['dmsc_step_s'] * 1e3:.1f} ms per step")
+    print(f"dmsc (stage services):               {out['dmsc_step_s'] * 1e3:.1f} ms per step")
     print(f"ratio dmsc / torch, median of the pairs: {out['ratio']:.2f} (goal <= 1.0)")
     print(f"CPU per step: torch {out['torch_cpu_s_per_step'] * 1e3:.0f} ms, "
           f"dmsc {out['dmsc_cpu_s_per_step'] * 1e3:.0f} ms")  # fmt: skip
@@ -264,7 +271,8 @@ def main() -> None:
         print(json.dumps(out))
         return
     print(f"torch.distributed.pipelining (gloo): {t_torch * 1e3:.1f} ms per step")
-    print(f"dmsc (gRPC stage services):          {t_dmsc * 1e3:.1f} ms per step")
+    name = "dmsc, frames over gRPC:" if args.gloo or args.stream else "dmsc (stage services):"
+    print(f"{name:<37s}{t_dmsc * 1e3:.1f} ms per step")
     print(f"ratio dmsc / torch: {out['ratio']:.2f} (goal <= 1.0)")
     if not args.tls:
         print(f"CPU per step: torch {cpu_torch * 1e3:.0f} ms, dmsc {cpu_dmsc * 1e3:.0f} ms")

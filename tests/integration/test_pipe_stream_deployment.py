@@ -12,6 +12,7 @@ from dmsc.data.corpus import Corpus, stdlib_text
 from dmsc.runtime.control.launch import recovery
 from dmsc.runtime.control.launch.deployment import Deployment, StageLayout
 from dmsc.runtime.control.launch.failures import WorkerFailure
+from dmsc.runtime.transport import tls
 from dmsc.runtime.transport.wire import Kind, encode
 from dmsc.spec import resolve_model
 
@@ -39,8 +40,8 @@ def test_streamed_sends_train_as_grpc_and_one_process_and_survive_a_killed_stage
         assert all(c.pp_stream and not c.pp_group for c in cfgs) and dep.tp.address
         outs = [dep.train_step(s, x, y, MICRO) for s, (x, y) in enumerate(batches[:2])]
         # each activation and gradient (2 sequences x 128 x 128 float32 a micro-batch) as its
-        # wire frame and 8 bytes of length, booked on its link and in the step's comm
-        frame = 8 + len(encode(Kind.ACTIVATION, 0, 0, torch.zeros(2, SPEC.seq, SPEC.hidden)))
+        # wire frame (as a Push of it is booked), on its link and in the step's comm
+        frame = len(encode(Kind.ACTIVATION, 0, 0, torch.zeros(2, SPEC.seq, SPEC.hidden)))
         sent = outs[-1]["traces"]
         assert sent[(0, 0)][1] == {"1/0": MICRO * frame}
         assert sent[(1, 0)][1] == {"2/0": MICRO * frame, "0/0": MICRO * frame}
@@ -58,21 +59,17 @@ def test_streamed_sends_train_as_grpc_and_one_process_and_survive_a_killed_stage
     assert max(abs(a - b) for a, b in zip(losses, reference, strict=True)) < 1e-5
 
 
-def test_a_deployment_with_certificates_keeps_its_frames_on_grpc(tmp_path) -> None:  # type: ignore[no-untyped-def]
-    from dmsc.runtime.compute.config import WorkerConfig
-    from dmsc.runtime.compute.frames import FrameSpec
-    from dmsc.runtime.compute.pipe_stream import pipe_of
-
-    cfg = WorkerConfig(
-        sid="s", stage=0, stages=2, model={}, first="a", last="b", registry="",
-        tp_store="127.0.0.1:1", pp_stream=True, tls={"cert": "x"},
-    )  # fmt: skip
-    frames = FrameSpec(stage=0, first=True, last=False, seq=8, vocab=8, hidden=8, n_params=1)
-    said: list[str] = []
-
-    class Log:
-        def warning(self, msg: str, *args: object) -> None:
-            said.append(msg % args)
-
-    assert pipe_of(cfg, frames, lambda b: None, Log()) is None
-    assert said and "stay on gRPC" in said[0]
+def test_under_mutual_tls_the_streams_are_tls_and_train_as_grpc(tmp_path) -> None:  # type: ignore[no-untyped-def]
+    batches = _batches()[:2]
+    tls.install_authority(tmp_path / "ca")  # as dmsc up: every worker holds a leaf
+    try:
+        with Deployment(StageLayout(SPEC, THREE)) as dep:
+            over_grpc = [dep.train_step(s, x, y, MICRO)["loss"] for s, (x, y) in enumerate(batches)]
+        with Deployment(StageLayout(SPEC, THREE, pp_stream=True), home=tmp_path) as dep:
+            assert tls.issuer() is not None  # each worker starts with a leaf of its own
+            outs = [dep.train_step(s, x, y, MICRO) for s, (x, y) in enumerate(batches)]
+            # each stage published its stream's address (the frames went that way)
+            assert dep.tp.store.check([f"ppstream/0/0/e0/{s}" for s in range(3)])
+    finally:
+        tls.install(None)
+    assert [o["loss"] for o in outs] == over_grpc

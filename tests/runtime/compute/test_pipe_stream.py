@@ -2,7 +2,8 @@
 the receiver's inbox through ``deliver`` (as ``Push`` takes them), in order per neighbour; a
 connection without the token, a frame over the limit and a frame ``deliver`` refuses are closed;
 a new epoch opens new streams; a send to a stage that is gone fails the step's flush, and an
-abandoned flush ends at once.
+abandoned flush ends at once; where the process holds a certificate the streams are mutual TLS
+and a plain connection is refused.
 
 Stages are objects of this process meeting in a TCPStore hosted here (port 0), as the workers of
 a deployment meet in the control plane's.
@@ -11,7 +12,9 @@ a deployment meet in the control plane's.
 from __future__ import annotations
 
 import socket
+import ssl
 import time
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -20,6 +23,7 @@ import torch.distributed as dist
 
 from dmsc.runtime.compute.inbox import Aborted, Inbox
 from dmsc.runtime.compute.pipe_stream import HEADER_SLACK, MAGIC, PipeStream, hello
+from dmsc.runtime.transport import tls
 from dmsc.runtime.transport.rpc import BadRequest
 from dmsc.runtime.transport.wire import Kind, decode
 
@@ -55,7 +59,7 @@ def test_frames_arrive_whole_in_the_neighbours_inbox_and_each_epoch_has_its_stre
         acts = [torch.randn(2, 8, 16) for _ in range(3)]
         for mb, a in enumerate(acts):
             n = s0.send(1, Kind.ACTIVATION, 5, mb, a)
-            assert n > a.numel() * 4  # the payload, its wire header and the length
+            assert n > a.numel() * 4  # the payload and its wire header
         grad = torch.randn(2, 8, 16)
         s1.send(0, Kind.GRADIENT, 5, 0, grad)
         s0.flush(NEVER, _end())
@@ -148,3 +152,26 @@ def test_a_send_to_a_stage_that_is_gone_fails_the_flush_and_an_abandoned_flush_e
         assert time.monotonic() - t0 < 2.0
     finally:
         s0.close()
+
+
+def test_with_a_certificate_the_streams_are_mutual_tls_and_a_plain_connection_is_refused(
+    tmp_path: Path,
+) -> None:
+    tls.install_authority(tmp_path)  # this process's leaf: both stages present it
+    store = _store()
+    boxes = [Inbox(), Inbox()]
+    s0, s1 = (_stage(store, s, boxes[s]) for s in (0, 1))
+    try:
+        for s in (s0, s1):
+            s.ready(0, NEVER, _end())
+        x = torch.randn(2, 8, 16)
+        s0.send(1, Kind.ACTIVATION, 3, 0, x)
+        s0.flush(NEVER, _end())
+        assert torch.equal(boxes[1].get(Kind.ACTIVATION, 3, 0, 5.0), x)
+        assert isinstance(s0._senders[1].sock, ssl.SSLSocket)
+        assert _closed(_raw(s1, hello(TOKEN)))  # no handshake: refused
+        assert s1.refused == 1
+    finally:
+        s0.close()
+        s1.close()
+        tls.install(None)

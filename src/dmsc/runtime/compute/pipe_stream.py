@@ -1,14 +1,17 @@
 """Pipeline frames inside one datacenter over one TCP stream to each neighbouring stage.
 
-Where a deployment asks for it (``StageLayout.pp_stream``, off by default) and a replica's
-stages share one datacenter (no shaped link between them), a training step's activations and
+Where a replica's stages share one datacenter (no shaped link between them; ``StageLayout``'s
+``pp_stream``, on by default, and not its ``pp_gloo``), a training step's activations and
 gradients go to the neighbouring stage as wire frames (:mod:`dmsc.runtime.transport.wire`) on
 a TCP connection of their own rather than as gRPC ``Push`` calls. Written by hand, not a
 library's, because of what was measured (``benchmarks/frame_hop.py``, this 2-core machine): a
 256 KiB frame reached a stage waiting idle in 2.04 ms over ``Push`` (1.29 of it inside gRPC:
 the call thread, HTTP/2, the server's poller and handler threads) against 0.91 ms over a plain
 socket between threads, and cost both ends 1.0-1.15 ms of CPU against 0.33-0.40; gloo's
-point-to-point (:mod:`.pipe_group`) took 1.1-1.4 ms to an idle stage and more CPU than gRPC.
+point-to-point (:mod:`.pipe_group`) took 1.1-1.4 ms to an idle stage and more CPU than gRPC. A
+3-stage gpt-mini step (``benchmarks/pipeline_vs_torch.py --stream``, 4 alternated rounds) took
+134.6 ms over the streams against 155.5 over gRPC (0.865; by round 0.78-0.93), its CPU 223
+against 260 ms.
 
 - Each worker listens on its host (a port the system picks) and, in every epoch it trains
   in, writes its address under the deployment's store (``cfg.tp_store``) at
@@ -25,8 +28,9 @@ point-to-point (:mod:`.pipe_group`) took 1.1-1.4 ms to an idle stage and more CP
   there (fenced), as over gRPC.
 - A failed send fails the step and leaves the epoch's streams dropped; the recovery's new epoch
   opens new ones (a replacement publishes its own address there).
-- No TLS: a deployment whose workers hold certificates keeps its frames on gRPC (mutual TLS;
-  :func:`pipe_stream_of` logs that), as the gloo group would bypass it too.
+- Where the worker holds a certificate (``dmsc up`` gives every worker one) the streams are
+  mutual TLS as its gRPC is: each end presents its leaf and trusts the deployment's authority
+  only (:func:`tls_contexts`); the token hello goes inside.
 """
 
 from __future__ import annotations
@@ -38,11 +42,14 @@ import hmac
 import logging
 import queue
 import socket
+import ssl
 import struct
+import tempfile
 import threading
 import time
 from collections.abc import Callable
 from datetime import timedelta
+from pathlib import Path
 from typing import Any
 
 import torch
@@ -52,6 +59,8 @@ from dmsc.runtime.compute.config import WorkerConfig
 from dmsc.runtime.compute.frames import FrameSpec, check_frame
 from dmsc.runtime.compute.inbox import Aborted
 from dmsc.runtime.compute.pipe_group import PipeGroup, pipe_group_of
+from dmsc.runtime.transport import tls
+from dmsc.runtime.transport.authority import SERVICE_NAME
 from dmsc.runtime.transport.wire import Kind, encode
 
 MAGIC = b"DMSCPIPE"
@@ -67,6 +76,33 @@ def hello(token: str | None) -> bytes:
     """What a connection says first: the magic and a digest of the deployment's token."""
     digest = hashlib.sha256(token.encode()).digest() if token else bytes(32)
     return MAGIC + digest
+
+
+_CONTEXTS: dict[bytes, tuple[ssl.SSLContext, ssl.SSLContext]] = {}  # by leaf certificate
+
+
+def tls_contexts() -> tuple[ssl.SSLContext, ssl.SSLContext] | None:
+    """Server and client contexts of this process's leaf as it is now (None: no TLS): each
+    presents the leaf and requires a peer's of the same authority. Made again after a renewal
+    (a connection's handshake takes the leaf of its time)."""
+    leaf = tls.current()
+    if leaf is None:
+        return None
+    made = _CONTEXTS.get(leaf.cert)
+    if made is None:
+        server = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
+        client = ssl.SSLContext(ssl.PROTOCOL_TLS_CLIENT)  # checks the name every leaf carries
+        with tempfile.TemporaryDirectory() as home:  # ssl loads a chain from files only
+            cert, key = Path(home, "cert.pem"), Path(home, "key.pem")
+            cert.write_bytes(leaf.cert)
+            key.touch(0o600)
+            key.write_bytes(leaf.key)
+            for ctx in (server, client):
+                ctx.load_cert_chain(cert, key)
+                ctx.load_verify_locations(cadata=leaf.ca.decode())
+                ctx.verify_mode = ssl.CERT_REQUIRED
+        made = _CONTEXTS[leaf.cert] = (server, client)
+    return made
 
 
 def _read_exact(conn: socket.socket, buf: memoryview) -> bool:
@@ -97,12 +133,9 @@ def pipe_stream_of(
     or the gloo group); ``deliver`` takes a received frame as ``Push`` takes one."""
     if not cfg.pp_stream or cfg.stages < 2 or not cfg.tp_store:
         return None
-    if cfg.tls:
-        logger.warning("pp_stream asked with TLS on: pipeline frames stay on gRPC (mutual TLS)")
-        return None
     return PipeStream(
         cfg.tp_store, cfg.stage, cfg.replica, cfg.tp_rank, cfg.recv_timeout_s, deliver,
-        cfg.max_message_bytes, cfg.host, cfg.token,
+        cfg.max_message_bytes, cfg.host, cfg.token, logger,
     )  # fmt: skip
 
 
@@ -171,6 +204,7 @@ class PipeStream:
         max_bytes: int,
         host: str = "127.0.0.1",
         token: str | None = None,
+        logger: Any = log,
     ) -> None:
         self.store_address = store_address
         self.stage = stage
@@ -184,6 +218,7 @@ class PipeStream:
         self.broken: str | None = None  # why this epoch's streams were dropped
         self._senders: dict[int, _Sender] = {}
         self.refused = 0  # connections closed for what they sent
+        self.log = logger
         self._listener = socket.create_server((host, 0))
         self.address = f"{host}:{self._listener.getsockname()[1]}"
         threading.Thread(target=self._accept, daemon=True, name="pp-accept").start()
@@ -208,6 +243,13 @@ class PipeStream:
             try:
                 conn.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
                 conn.settimeout(HELLO_TIMEOUT_S)
+                contexts = tls_contexts()
+                if contexts is not None:
+                    try:
+                        conn = contexts[0].wrap_socket(conn, server_side=True)
+                    except ssl.SSLError as exc:
+                        self._refuse(f"a TLS handshake failed: {exc}")
+                        return
                 said = bytearray(len(self._hello))
                 if not _read_exact(conn, memoryview(said)):
                     return
@@ -234,7 +276,7 @@ class PipeStream:
 
     def _refuse(self, why: str) -> None:
         self.refused += 1
-        log.warning("pipeline stream closed: %s", why)
+        self.log.warning("pipeline stream closed: %s", why)
 
     # -- sending ----------------------------------------------------------------------------
 
@@ -263,13 +305,17 @@ class PipeStream:
         store = self._store_client()
         host, _, port = store.get(f"{self.prefix}/e{epoch}/{to}").decode().rpartition(":")
         sock = socket.create_connection((host, int(port)), timeout=self.timeout_s)
-        sock.settimeout(None)
         sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+        contexts = tls_contexts()
+        if contexts is not None:
+            sock = contexts[1].wrap_socket(sock, server_hostname=SERVICE_NAME)
+        sock.settimeout(None)
         sock.sendall(self._hello)
         return sock
 
     def send(self, to: int, kind: Kind, step: int, mb: int, t: torch.Tensor) -> int:
-        """Start sending ``t`` (on the host) to stage ``to``; the bytes it puts on the link."""
+        """Start sending ``t`` (on the host) to stage ``to``; the frame's bytes (booked as a
+        ``Push`` of it is; the stream's 8 bytes of length are not counted)."""
         epoch = self.epoch
         assert epoch is not None and self.broken is None
         frame = encode(kind, step, mb, t.detach(), epoch)
@@ -277,7 +323,7 @@ class PipeStream:
         if sender is None:
             sender = self._senders[to] = _Sender(lambda: self._connect(to, epoch))
         sender.put(frame)
-        return _LEN.size + len(frame)
+        return len(frame)
 
     def flush(self, abandoned: Callable[[], bool], end: float) -> None:
         """Wait until every frame started is written."""

@@ -47,7 +47,7 @@ def test_an_interleaved_last_stage_hands_on_to_the_first_over_their_link() -> No
     assert fields == {**layers, "allreduce": "auto", **direct}
     assert plain.stage_fields(1) == {
         "first": "block_2", "last": "head", "chunks": [], "allreduce": "auto", "pp_group": True,
-        "pp_stream": False,
+        "pp_stream": False,  # gloo's group asked for: it comes first
     }  # fmt: skip
 
 
@@ -59,7 +59,7 @@ def test_a_pipeline_meets_in_a_gloo_group_only_inside_one_datacenter() -> None:
     split = StageLayout(model, ranges, replicas=2, datacenters=dcs, pp_gloo=True)
     assert [split.pp_group(r) for r in range(2)] == [True, False]
     assert split.pp_groups()
-    assert not StageLayout(model, ranges).pp_groups()  # gRPC unless asked for
+    assert not StageLayout(model, ranges, pp_stream=False).pp_groups()  # gRPC where asked for
     assert not StageLayout(model, [("embedding", "head")], pp_gloo=True).pp_groups()  # one stage
 
 
@@ -68,7 +68,7 @@ def test_a_pipeline_sends_over_streams_only_inside_one_datacenter_and_gloo_comes
     assert isinstance(model, TransformerSpec)
     ranges = [("embedding", "block_1"), ("block_2", "head")]
     dcs = {(0, 0): "a", (1, 0): "a", (0, 1): "a", (1, 1): "b"}
-    split = StageLayout(model, ranges, replicas=2, datacenters=dcs, pp_stream=True)
+    split = StageLayout(model, ranges, replicas=2, datacenters=dcs)  # streams: the default
     assert [split.pp_stream_of(r) for r in range(2)] == [True, False]
     assert split.pp_groups()  # the store is hosted for their addresses
     assert split.stage_fields(0, 0)["pp_stream"] and not split.stage_fields(0, 1)["pp_stream"]
