@@ -13,10 +13,12 @@ until the frame lands in its inbox. This measures that one-way hop three ways, i
   by a receiver thread that wakes the waiting one (the same three thread hand-offs, no gRPC):
   what the machine's wake-ups cost alone;
 - ``deployment``: a gpt-mini pp = 2 deployment (two micro-batches, 1F1B) as the benchmarks run
-  it: from the end of stage 0's first forward to the start of stage 1's (the activation's hop,
-  stage 1 idle), and from the end of stage 1's last backward to the start of stage 0's (the
-  gradient's, stage 0 idle), from the steps' spans on this machine's clock; beside them the
-  cost model's price of one such frame on this machine as ``dmsc calibrate`` measures it.
+  it, its frames over gRPC ``Push`` (as until 2026-12-04) and over the TCP streams
+  (:mod:`dmsc.runtime.compute.pipe_stream`, the default since): from the end of stage 0's
+  first forward to the start of stage 1's (the activation's hop, stage 1 idle), and from the
+  end of stage 1's last backward to the start of stage 0's (the gradient's, stage 0 idle), from
+  the steps' spans on this machine's clock; beside them the cost model's price of one such
+  frame on this machine as ``dmsc calibrate`` measures it.
 
 Each size is timed back to back (``hot``) and after ``--idle`` ms of sleep before each frame,
 as a stage waits through its neighbour's compute. Prints a table, or with --json one object.
@@ -166,16 +168,17 @@ def timed(hop: Callable[[int, torch.Tensor], dict[str, float]], idle_s: float) -
     return out
 
 
-def deployment_hops(steps: int) -> dict[str, Any]:
+def deployment_hops(steps: int, stream: bool) -> dict[str, Any]:
     """The activation's and the gradient's hop in a gpt-mini pp = 2 deployment (module
-    docstring), the median over the steps past the first four; and the frame's price."""
+    docstring), its frames over the TCP streams (``stream``, the default) or gRPC, the median
+    over the steps past the first four."""
     sys.path.insert(0, str(Path(__file__).resolve().parent))
     import parallel_modes as pm
 
     spec = pm._spec()
     corpus = pm._corpus(spec)
     forward, backward, nbytes = [], [], 0
-    with pm.Deployment(pm.StageLayout(spec, pm.TWO)) as dep:
+    with pm.Deployment(pm.StageLayout(spec, pm.TWO, pp_stream=stream)) as dep:
         for s in range(steps):
             out = dep.train_step(s, *corpus.batch(s, pm.BATCH), 2, "1f1b")
             if s < 4:
@@ -231,7 +234,10 @@ def main() -> None:
     finally:
         grpc_hop.close()
         tcp_hop.close()
-    result["deployment"] = deployment_hops(args.steps) | priced_hop_ms(262_144)
+    result["deployment"] = {  # gRPC, then the streams a deployment uses by default
+        "grpc": deployment_hops(args.steps, stream=False),
+        "stream": deployment_hops(args.steps, stream=True),
+    } | priced_hop_ms(262_144)
     result["load_average_1min"] = [load, os.getloadavg()[0]]
     if args.json:
         print(json.dumps(result))
@@ -250,10 +256,12 @@ def main() -> None:
         + ", ".join(f"{k} {v:.3f}" for k, v in parts.items() if k != "total")
     )
     d = result["deployment"]
-    print(
-        f"pp = 2 deployment: activation hop {d['activation_hop_ms']:.2f} ms, gradient hop "
-        f"{d['gradient_hop_ms']:.2f} ms; the cost model prices one at {d['priced_ms']:.2f} ms"
-    )
+    for via in ("grpc", "stream"):
+        print(
+            f"pp = 2 deployment over {via}: activation hop {d[via]['activation_hop_ms']:.2f} ms, "
+            f"gradient hop {d[via]['gradient_hop_ms']:.2f} ms"
+        )
+    print(f"the cost model prices one such frame at {d['priced_ms']:.2f} ms")
 
 
 if __name__ == "__main__":

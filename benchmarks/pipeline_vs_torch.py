@@ -19,7 +19,9 @@ point-to-point (``StageLayout.pp_gloo``: the stages share a datacenter,
 :mod:`dmsc.runtime.compute.pipe_group`) against its frames as gRPC ``Push`` calls (as they all
 went until 2026-12-04), alternated over ``--rounds`` deployments each: dmsc_gloo_step_s,
 dmsc_gloo_cpu_s_per_step, gloo_ratio (gloo over gRPC, beside it each round's) and
-gloo_torch_ratio, the median round of each, dmsc_step_s and its CPU the gRPC rounds' median.
+gloo_torch_ratio, the median round of each, dmsc_step_s and its CPU the gRPC rounds' median,
+and a frame's way to an idle stage over each (grpc_idle_frame_way_ms, the median over the
+rounds).
 ``--stream`` does the same with the streams (``StageLayout.pp_stream``,
 :mod:`dmsc.runtime.compute.pipe_stream`): dmsc_stream_step_s, stream_ratio and the rest.
 """
@@ -247,7 +249,12 @@ def main() -> None:
             f"{via}_rounds": rounds[via],
             "grpc_phases": phases["grpc"],
             f"{via}_phases": phases[via],
+            "rounds_each": args.rounds,
         }
+        for v in ("grpc", via):  # a frame's way to an idle stage, the median over the rounds
+            out[f"{v}_idle_frame_way_ms"] = statistics.median(
+                p["idle_frame_way_ms"] for p in phases[v]
+            )
     else:
         plain, sealed = [], []
         for _ in range(args.rounds):  # alternated, so drift hits both alike
@@ -283,8 +290,8 @@ def main() -> None:
             f"ratio {via} / gRPC: {out[f'{via}_ratio']:.3f} (by round {rounds_text}); CPU per "
             f"step {cpu_via * 1e3:.0f} ms; {via} / torch {out[f'{via}_torch_ratio']:.3f}"
         )
-        print(f"idle frame's way, gRPC {phases['grpc'][-1]['idle_frame_way_ms']} ms, "
-              f"{via} {phases[via][-1]['idle_frame_way_ms']} ms (last round)")  # fmt: skip
+        print(f"a frame's way to an idle stage: gRPC {out['grpc_idle_frame_way_ms']:.2f} ms, "
+              f"{via} {out[f'{via}_idle_frame_way_ms']:.2f} ms")  # fmt: skip
     print("load average: " + " ".join(f"{x:.2f}" for x in out["load_average"]))
     if args.tls:
         print(f"dmsc with mutual TLS:                {t_tls * 1e3:.1f} ms per step")
