@@ -175,3 +175,25 @@ def test_with_a_certificate_the_streams_are_mutual_tls_and_a_plain_connection_is
         s0.close()
         s1.close()
         tls.install(None)
+
+
+def test_connections_past_the_bound_are_closed_at_once_and_a_silent_one_times_out(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setattr("dmsc.runtime.compute.pipe_stream.HELLO_TIMEOUT_S", 0.5)
+    store = _store()
+    s1 = _stage(store, 1, Inbox())
+    s1.max_connections = 2
+    try:
+        silent = [_raw(s1, b"") for _ in range(2)]  # they hold both places, saying nothing
+        time.sleep(0.1)
+        t0 = time.monotonic()
+        assert _closed(_raw(s1, b""))  # the third: closed at once
+        assert time.monotonic() - t0 < 0.4
+        assert all(_closed(s) for s in silent)  # the silent ones at the hello's timeout
+        deadline = time.monotonic() + 5
+        while s1._open and time.monotonic() < deadline:
+            time.sleep(0.01)
+        assert s1._open == 0 and s1.refused == 1
+    finally:
+        s1.close()

@@ -65,7 +65,10 @@ from dmsc.runtime.transport.wire import Kind, encode
 
 MAGIC = b"DMSCPIPE"
 _LEN = struct.Struct("!Q")
-HELLO_TIMEOUT_S = 10.0  # a connection that says nothing this long is closed
+HELLO_TIMEOUT_S = 5.0  # a connection that says nothing this long is closed
+# connections read at once (a stage has one from each neighbour an epoch): past it a new one is
+# closed at once, so that a client opening many cannot start a thread for each
+MAX_CONNECTIONS = 64
 HEADER_SLACK = 1 << 10  # a frame's wire header and shape, above its payload's limit
 POLL_S = 0.05  # how often a wait looks whether its step was abandoned
 
@@ -217,7 +220,10 @@ class PipeStream:
         self.epoch: int | None = None
         self.broken: str | None = None  # why this epoch's streams were dropped
         self._senders: dict[int, _Sender] = {}
-        self.refused = 0  # connections closed for what they sent
+        self.refused = 0  # connections closed for what they sent (or for too many)
+        self.max_connections = MAX_CONNECTIONS
+        self._open = 0  # connections being read
+        self._open_lock = threading.Lock()
         self.log = logger
         self._listener = socket.create_server((host, 0))
         self.address = f"{host}:{self._listener.getsockname()[1]}"
@@ -236,9 +242,23 @@ class PipeStream:
                 conn, _ = self._listener.accept()
             except OSError:  # closed
                 return
+            with self._open_lock:
+                full = self._open >= self.max_connections
+                self._open += 0 if full else 1
+            if full:
+                conn.close()
+                self._refuse(f"a connection past the {self.max_connections} open")
+                continue
             threading.Thread(target=self._read, args=(conn,), daemon=True, name="pp-recv").start()
 
     def _read(self, conn: socket.socket) -> None:
+        try:
+            self._read_frames(conn)
+        finally:
+            with self._open_lock:
+                self._open -= 1
+
+    def _read_frames(self, conn: socket.socket) -> None:
         with conn:
             try:
                 conn.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
