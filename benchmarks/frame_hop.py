@@ -21,7 +21,8 @@ until the frame lands in its inbox. This measures that one-way hop three ways, i
   frame on this machine as ``dmsc calibrate`` measures it.
 
 Each size is timed back to back (``hot``) and after ``--idle`` ms of sleep before each frame,
-as a stage waits through its neighbour's compute. Prints a table, or with --json one object.
+as a stage waits through its neighbour's compute; beside each, the CPU a frame cost both ends
+(one process holds both). Prints a table, or with --json one object.
 """
 
 from __future__ import annotations
@@ -151,20 +152,24 @@ class TcpHop:
 
 
 def timed(hop: Callable[[int, torch.Tensor], dict[str, float]], idle_s: float) -> dict[str, Any]:
-    """Each size's median parts (ms) over :data:`ROUNDS` frames, after a warm-up."""
+    """Each size's median parts (ms) over :data:`ROUNDS` frames, after a warm-up, and the
+    CPU a frame cost this process, both ends (``cpu_ms``, the mean; asleep costs none)."""
     out: dict[str, Any] = {}
     step = 0
     for size in SIZES:
         x = torch.randn(max(1, size // 4))
-        rows = []
+        rows, cpu = [], 0.0
         for i in range(ROUNDS + 10):
             step += 1
             if idle_s:
                 time.sleep(idle_s)
+            c0 = time.process_time()
             r = hop(step, x)
             if i >= 10:
                 rows.append(r)
+                cpu += time.process_time() - c0
         out[str(size)] = {k: _median_ms([r[k] for r in rows]) for k in rows[0]}
+        out[str(size)]["cpu_ms"] = cpu / ROUNDS * 1e3
     return out
 
 
@@ -243,12 +248,16 @@ def main() -> None:
         print(json.dumps(result))
         return
     print(f"one-way frame hop, ms (median of {ROUNDS}); idle: {args.idle:g} ms asleep before each")
-    print(f"{'payload':>9s} {'gRPC hot':>9s} {'gRPC idle':>10s} {'TCP hot':>8s} {'TCP idle':>9s}")
+    print(
+        f"{'payload':>9s} {'gRPC hot':>9s} {'gRPC idle':>10s} {'TCP hot':>8s} {'TCP idle':>9s}"
+        f" {'CPU gRPC':>9s} {'CPU TCP':>8s}"
+    )
     for size in SIZES:
         g, t = result["grpc"], result["tcp"]
         print(
             f"{size:9d} {g['hot'][str(size)]['total']:9.3f} {g['idle'][str(size)]['total']:10.3f}"
             f" {t['hot'][str(size)]['total']:8.3f} {t['idle'][str(size)]['total']:9.3f}"
+            f" {g['idle'][str(size)]['cpu_ms']:9.3f} {t['idle'][str(size)]['cpu_ms']:8.3f}"
         )
     parts = result["grpc"]["idle"][str(SIZES[1])]
     print(

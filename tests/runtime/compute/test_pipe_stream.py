@@ -1,9 +1,9 @@
 """The pipeline's TCP streams (:mod:`dmsc.runtime.compute.pipe_stream`): frames arrive whole in
 the receiver's inbox through ``deliver`` (as ``Push`` takes them), in order per neighbour; a
 connection without the token, a frame over the limit and a frame ``deliver`` refuses are closed;
-a new epoch opens new streams; a send to a stage that is gone fails the step's flush, and an
-abandoned flush ends at once; where the process holds a certificate the streams are mutual TLS
-and a plain connection is refused.
+a new epoch opens new streams; a send to a stage that is gone fails the step's flush (the next
+send connects again), and an abandoned flush ends at once; where the process holds a
+certificate the streams are mutual TLS and a plain connection is refused.
 
 Stages are objects of this process meeting in a TCPStore hosted here (port 0), as the workers of
 a deployment meet in the control plane's.
@@ -89,6 +89,15 @@ def _raw(stream: PipeStream, said: bytes) -> socket.socket:
     return sock
 
 
+def _counted(stream: PipeStream, refused: int) -> bool:
+    """Whether ``stream`` counts ``refused`` refusals within 5 s (its reader threads count a
+    refusal as they close the connection, the client may see the close first)."""
+    deadline = time.monotonic() + 5
+    while stream.refused < refused and time.monotonic() < deadline:
+        time.sleep(0.01)
+    return stream.refused == refused
+
+
 def _closed(sock: socket.socket) -> bool:
     sock.settimeout(5.0)
     try:
@@ -106,7 +115,7 @@ def test_a_connection_without_the_token_or_with_a_frame_over_the_limit_is_closed
         assert _closed(_raw(s1, hello("another")))
         over = (4096 + HEADER_SLACK + 1).to_bytes(8, "big")
         assert _closed(_raw(s1, hello(TOKEN) + over))  # refused before it is read
-        assert s1.refused == 3
+        assert _counted(s1, 3)
     finally:
         s1.close()
 
@@ -120,10 +129,7 @@ def test_a_frame_the_receiver_refuses_closes_the_stream_and_fails_nothing_else()
             s.ready(0, NEVER, _end())
         s0.send(1, Kind.ACTIVATION, 1, 0, torch.full((2, 3), float("nan")))
         s0.flush(NEVER, _end())  # written: the refusal is the receiver's
-        deadline = time.monotonic() + 5
-        while not s1.refused and time.monotonic() < deadline:
-            time.sleep(0.01)
-        assert s1.refused == 1
+        assert _counted(s1, 1)
         with pytest.raises(TimeoutError):
             boxes[1].get(Kind.ACTIVATION, 1, 0, 0.2)
     finally:
@@ -142,9 +148,11 @@ def test_a_send_to_a_stage_that_is_gone_fails_the_flush_and_an_abandoned_flush_e
         s0.send(1, Kind.ACTIVATION, 1, 0, torch.zeros(2, 3))
         with pytest.raises(RuntimeError, match="stream to stage 1 failed"):
             s0.flush(NEVER, _end())
-        with pytest.raises(RuntimeError, match="dropped"):  # this epoch's streams are broken
-            s0.ready(0, NEVER, _end())
-        s0.ready(1, NEVER, _end())  # the next epoch's are not
+        assert not s0._senders and "stream to stage 1 failed" in (s0.dropped or "")
+        s0.send(1, Kind.ACTIVATION, 1, 0, torch.zeros(2, 3))  # connects again: still gone
+        with pytest.raises(RuntimeError, match="stream to stage 1 failed"):
+            s0.flush(NEVER, _end())
+        s0.ready(1, NEVER, _end())
         s0.send(1, Kind.ACTIVATION, 2, 0, torch.zeros(2, 3))  # stage 1 never publishes epoch 1
         t0 = time.monotonic()
         with pytest.raises(Aborted):
@@ -170,7 +178,9 @@ def test_with_a_certificate_the_streams_are_mutual_tls_and_a_plain_connection_is
         assert torch.equal(boxes[1].get(Kind.ACTIVATION, 3, 0, 5.0), x)
         assert isinstance(s0._senders[1].sock, ssl.SSLSocket)
         assert _closed(_raw(s1, hello(TOKEN)))  # no handshake: refused
-        assert s1.refused == 1
+        # a failed handshake closes the socket inside wrap_socket, before the refusal is
+        # counted: the count may come a moment after the client saw the close
+        assert _counted(s1, 1)
     finally:
         s0.close()
         s1.close()
@@ -180,7 +190,7 @@ def test_with_a_certificate_the_streams_are_mutual_tls_and_a_plain_connection_is
 def test_connections_past_the_bound_are_closed_at_once_and_a_silent_one_times_out(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    monkeypatch.setattr("dmsc.runtime.compute.pipe_stream.HELLO_TIMEOUT_S", 0.5)
+    monkeypatch.setattr("dmsc.runtime.compute.pipe_stream.HELLO_TIMEOUT_S", 3.0)
     store = _store()
     s1 = _stage(store, 1, Inbox())
     s1.max_connections = 2
@@ -188,12 +198,12 @@ def test_connections_past_the_bound_are_closed_at_once_and_a_silent_one_times_ou
         silent = [_raw(s1, b"") for _ in range(2)]  # they hold both places, saying nothing
         time.sleep(0.1)
         t0 = time.monotonic()
-        assert _closed(_raw(s1, b""))  # the third: closed at once
-        assert time.monotonic() - t0 < 0.4
+        assert _closed(_raw(s1, b""))  # the third: closed at once, not at the hello's timeout
+        assert time.monotonic() - t0 < 2.0
         assert all(_closed(s) for s in silent)  # the silent ones at the hello's timeout
         deadline = time.monotonic() + 5
         while s1._open and time.monotonic() < deadline:
             time.sleep(0.01)
-        assert s1._open == 0 and s1.refused == 1
+        assert s1._open == 0 and _counted(s1, 1)
     finally:
         s1.close()

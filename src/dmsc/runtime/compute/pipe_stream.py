@@ -26,8 +26,8 @@ against 260 ms.
   and inbox) close the connection. Frames land in the inbox, where the stage waits for them as
   for gRPC's, so the receiving side needs nothing else; a frame of an older epoch is refused
   there (fenced), as over gRPC.
-- A failed send fails the step and leaves the epoch's streams dropped; the recovery's new epoch
-  opens new ones (a replacement publishes its own address there).
+- A failed send fails the step and closes the streams; the next send connects again (in the
+  recovery's new epoch, to the address a replacement published there).
 - Where the worker holds a certificate (``dmsc up`` gives every worker one) the streams are
   mutual TLS as its gRPC is: each end presents its leaf and trusts the deployment's authority
   only (:func:`tls_contexts`); the token hello goes inside.
@@ -218,7 +218,7 @@ class PipeStream:
         self._hello = hello(token)
         self._store: Any = None
         self.epoch: int | None = None
-        self.broken: str | None = None  # why this epoch's streams were dropped
+        self.dropped: str | None = None  # why the streams were last closed mid-epoch
         self._senders: dict[int, _Sender] = {}
         self.refused = 0  # connections closed for what they sent (or for too many)
         self.max_connections = MAX_CONNECTIONS
@@ -231,8 +231,8 @@ class PipeStream:
 
     @property
     def active(self) -> bool:
-        """Whether this epoch's streams are up (their sends are for :meth:`flush`)."""
-        return self.epoch is not None and self.broken is None
+        """Whether an epoch's streams are in use (their sends are for :meth:`flush`)."""
+        return self.epoch is not None
 
     # -- receiving --------------------------------------------------------------------------
 
@@ -246,52 +246,53 @@ class PipeStream:
                 full = self._open >= self.max_connections
                 self._open += 0 if full else 1
             if full:
-                conn.close()
                 self._refuse(f"a connection past the {self.max_connections} open")
+                conn.close()
                 continue
             threading.Thread(target=self._read, args=(conn,), daemon=True, name="pp-recv").start()
 
     def _read(self, conn: socket.socket) -> None:
+        held = [conn]  # the socket, then its TLS wrapping (which owns the connection after)
         try:
-            self._read_frames(conn)
+            self._read_frames(conn, held)
+        except OSError:  # the sender went away or timed out saying hello
+            pass
         finally:
+            held[-1].close()
             with self._open_lock:
                 self._open -= 1
 
-    def _read_frames(self, conn: socket.socket) -> None:
-        with conn:
+    def _read_frames(self, conn: socket.socket, held: list[socket.socket]) -> None:
+        conn.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+        conn.settimeout(HELLO_TIMEOUT_S)
+        contexts = tls_contexts()
+        if contexts is not None:
             try:
-                conn.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-                conn.settimeout(HELLO_TIMEOUT_S)
-                contexts = tls_contexts()
-                if contexts is not None:
-                    try:
-                        conn = contexts[0].wrap_socket(conn, server_side=True)
-                    except ssl.SSLError as exc:
-                        self._refuse(f"a TLS handshake failed: {exc}")
-                        return
-                said = bytearray(len(self._hello))
-                if not _read_exact(conn, memoryview(said)):
-                    return
-                if not hmac.compare_digest(bytes(said), self._hello):
-                    self._refuse("a connection without the deployment's token")
-                    return
-                conn.settimeout(None)
-                head = bytearray(_LEN.size)
-                while _read_exact(conn, memoryview(head)):
-                    (n,) = _LEN.unpack(head)
-                    if n > self.max_bytes + HEADER_SLACK:
-                        self._refuse(f"a frame of {n} bytes, over the limit of {self.max_bytes}")
-                        return
-                    frame = bytearray(n)
-                    if not _read_exact(conn, memoryview(frame)):
-                        return
-                    try:
-                        self.deliver(frame)  # type: ignore[arg-type]  # decode reads it as bytes
-                    except Exception as exc:  # refused as Push refuses it
-                        self._refuse(f"a frame refused: {exc}")
-                        return
-            except OSError:  # the sender went away or timed out saying hello
+                conn = contexts[0].wrap_socket(conn, server_side=True)
+            except ssl.SSLError as exc:
+                self._refuse(f"a TLS handshake failed: {exc}")
+                return
+            held.append(conn)
+        said = bytearray(len(self._hello))
+        if not _read_exact(conn, memoryview(said)):
+            return
+        if not hmac.compare_digest(bytes(said), self._hello):
+            self._refuse("a connection without the deployment's token")
+            return
+        conn.settimeout(None)
+        head = bytearray(_LEN.size)
+        while _read_exact(conn, memoryview(head)):
+            (n,) = _LEN.unpack(head)
+            if n > self.max_bytes + HEADER_SLACK:
+                self._refuse(f"a frame of {n} bytes, over the limit of {self.max_bytes}")
+                return
+            frame = bytearray(n)
+            if not _read_exact(conn, memoryview(frame)):
+                return
+            try:
+                self.deliver(frame)  # type: ignore[arg-type]  # decode reads it as bytes
+            except Exception as exc:  # refused as Push refuses it
+                self._refuse(f"a frame refused: {exc}")
                 return
 
     def _refuse(self, why: str) -> None:
@@ -308,14 +309,12 @@ class PipeStream:
 
     def ready(self, epoch: int, abandoned: Callable[[], bool], end: float) -> None:
         """This worker's address published for ``epoch`` (once; an older epoch's streams
-        closed). Raises where this epoch's streams were dropped."""
+        closed)."""
         del abandoned, end  # publishing is one store round trip
         if self.epoch == epoch:
-            if self.broken:
-                raise RuntimeError(f"pipeline streams of epoch {epoch} dropped: {self.broken}")
             return
         self.drop(None)
-        self.epoch, self.broken = epoch, None
+        self.epoch, self.dropped = epoch, None
         if self._store is None:
             self._store = self._store_client()
         self._store.set(f"{self.prefix}/e{epoch}/{self.stage}", self.address)
@@ -337,7 +336,7 @@ class PipeStream:
         """Start sending ``t`` (on the host) to stage ``to``; the frame's bytes (booked as a
         ``Push`` of it is; the stream's 8 bytes of length are not counted)."""
         epoch = self.epoch
-        assert epoch is not None and self.broken is None
+        assert epoch is not None
         frame = encode(kind, step, mb, t.detach(), epoch)
         sender = self._senders.get(to)
         if sender is None:
@@ -361,11 +360,14 @@ class PipeStream:
                 raise RuntimeError(f"pipeline stream: {why}")
 
     def drop(self, why: str | None) -> None:
-        """Close this epoch's streams (``why`` None: for a newer epoch's; else this epoch's
-        are broken)."""
+        """Close the streams (``why`` None: for a newer epoch's). A frame's way is its own
+        connection's: unlike a gloo group's tags, nothing left in flight can pair with a later
+        step's frame (the inbox keys each by kind, step and micro-batch, as ``Push``'s), so the
+        next send of the same epoch connects again, as a ``Push`` after a failed one would."""
         senders, self._senders = self._senders, {}
         if why is not None:
-            self.broken = why
+            self.dropped = why
+            self.log.warning("pipeline streams closed: %s", why)
         for sender in senders.values():
             sender.close()
 
