@@ -4,10 +4,11 @@ Where a replica's stages share one datacenter (no shaped link between them; ``St
 ``pp_stream``, on by default, and not its ``pp_gloo``), a training step's activations and
 gradients go to the neighbouring stage as wire frames (:mod:`dmsc.runtime.transport.wire`) on
 a TCP connection of their own rather than as gRPC ``Push`` calls. Written by hand, not a
-library's, because of what was measured (``benchmarks/frame_hop.py``, this 2-core machine): a
-256 KiB frame reached a stage waiting idle in 2.04 ms over ``Push`` (1.29 of it inside gRPC:
-the call thread, HTTP/2, the server's poller and handler threads) against 0.91 ms over a plain
-socket between threads, and cost both ends 1.0-1.15 ms of CPU against 0.33-0.40; gloo's
+library's, because of what was measured (``benchmarks/frame_hop.py``, this 2-core machine, three
+runs): a 256 KiB frame reached a stage waiting idle in 1.62-2.04 ms over ``Push`` (0.99-1.29 of
+it inside gRPC: HTTP/2, the server's poller and handler threads) against 0.80-0.91 ms over a
+plain socket between threads, and cost both ends 2.0 ms of CPU against 0.93 (0.82 against 0.28
+back to back); gloo's
 point-to-point (:mod:`.pipe_group`) took 1.1-1.4 ms to an idle stage and more CPU than gRPC. A
 3-stage gpt-mini step (``benchmarks/pipeline_vs_torch.py --stream``, 4 alternated rounds) took
 134.6 ms over the streams against 155.5 over gRPC (0.865; by round 0.78-0.93), its CPU 223
