@@ -91,7 +91,7 @@ class WorkerConfig:
     pp_link_mbps: dict[str, float] = field(default_factory=dict)
     # Its replica's stages share one datacenter and no shaped link: a training step's
     # activations and gradients go over a gloo group of the pipeline met at tp_store
-    # (dmsc.runtime.compute.pipe_group), not over gRPC.
+    # (dmsc.runtime.compute.pipe_group), not over gRPC (StageLayout.pp_gloo asked for it).
     pp_group: bool = False
     # The same, over a TCP stream to each neighbouring stage (dmsc.runtime.compute.pipe_stream)
     pp_stream: bool = False

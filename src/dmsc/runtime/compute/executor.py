@@ -113,7 +113,8 @@ def run_ops(
     (:meth:`Peers.flush`); inference with an inference session's ``cache`` runs positions
     ``start ..`` only. The forwards run under ``autocast`` (a lower precision) when one is
     given. A training step without a deadline sends its activations and gradients over the
-    pipeline's gloo group where it has one (:mod:`.pipe_group`); the other steps over gRPC.
+    pipeline's streams or gloo group where it has them (:mod:`.pipe_stream`,
+    :mod:`.pipe_group`); the other steps over gRPC.
     With ``hand_on`` (a chained inference step) the activations are kept in the outcome for
     the caller to hand to the next stage itself (:mod:`.relay`), not sent."""
     peers.direct = train and peers.deadline is None
