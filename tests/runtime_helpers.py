@@ -17,6 +17,7 @@ from typing import Any, TypeVar
 import torch
 from conftest import EXAMPLES, ROOT, run_dmsc
 
+from dmsc.data.corpus import Corpus, stdlib_text
 from dmsc.data.db import Database
 from dmsc.planner.plan import Plan
 from dmsc.runtime.business.gateway import wait_ready
@@ -194,6 +195,15 @@ def reference_losses(
     losses = train_reference(spec, seed, lr, batches, microbatches, optimizer)
     _REFERENCES.append((key, steps, losses))
     return list(losses)
+
+
+def text_batches(
+    spec: TransformerSpec, steps: int, batch: int = 8, seed: int = 1
+) -> list[tuple[torch.Tensor, torch.Tensor]]:
+    """``steps`` training batches of ``batch`` sequences of the standard library's text."""
+    train, _ = stdlib_text(max_bytes=200_000)
+    corpus = Corpus(train, spec.seq, seed=seed)
+    return [corpus.batch(s, batch) for s in range(steps)]
 
 
 def run_figures_on(plan: Plan, true: ClusterSpec, model: Any, step_s: float | None = None) -> Any:

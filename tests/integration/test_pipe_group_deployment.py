@@ -5,10 +5,8 @@ link, and a killed stage found, replaced and met again in the group of the new e
 from __future__ import annotations
 
 import pytest
-import torch
-from runtime_helpers import reference_losses
+from runtime_helpers import reference_losses, text_batches
 
-from dmsc.data.corpus import Corpus, stdlib_text
 from dmsc.runtime.control.launch import recovery
 from dmsc.runtime.control.launch.deployment import Deployment, StageLayout
 from dmsc.runtime.control.launch.failures import WorkerFailure
@@ -22,14 +20,8 @@ STEPS = 4
 MICRO = 4
 
 
-def _batches() -> list[tuple[torch.Tensor, torch.Tensor]]:
-    train, _ = stdlib_text(max_bytes=200_000)
-    corpus = Corpus(train, SPEC.seq, seed=1)
-    return [corpus.batch(s, 8) for s in range(STEPS)]
-
-
 def test_gloo_sends_train_as_grpc_and_one_process_and_survive_a_killed_stage(tmp_path) -> None:  # type: ignore[no-untyped-def]
-    batches = _batches()
+    batches = text_batches(SPEC, STEPS)
     reference = reference_losses(SPEC, 0, 1e-3, batches, MICRO)
     with Deployment(StageLayout(SPEC, THREE)) as dep:  # the gRPC path
         over_grpc = [dep.train_step(s, x, y, MICRO)["loss"] for s, (x, y) in enumerate(batches)]

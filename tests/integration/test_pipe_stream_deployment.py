@@ -6,9 +6,8 @@ from __future__ import annotations
 
 import pytest
 import torch
-from runtime_helpers import reference_losses
+from runtime_helpers import reference_losses, text_batches
 
-from dmsc.data.corpus import Corpus, stdlib_text
 from dmsc.runtime.control.launch import recovery
 from dmsc.runtime.control.launch.deployment import Deployment, StageLayout
 from dmsc.runtime.control.launch.failures import WorkerFailure
@@ -24,14 +23,8 @@ STEPS = 4
 MICRO = 4
 
 
-def _batches() -> list[tuple[torch.Tensor, torch.Tensor]]:
-    train, _ = stdlib_text(max_bytes=200_000)
-    corpus = Corpus(train, SPEC.seq, seed=1)
-    return [corpus.batch(s, 8) for s in range(STEPS)]
-
-
 def test_streamed_sends_train_as_grpc_and_one_process_and_survive_a_killed_stage(tmp_path) -> None:  # type: ignore[no-untyped-def]
-    batches = _batches()
+    batches = text_batches(SPEC, STEPS)
     reference = reference_losses(SPEC, 0, 1e-3, batches, MICRO)
     with Deployment(StageLayout(SPEC, THREE)) as dep:  # the gRPC path
         over_grpc = [dep.train_step(s, x, y, MICRO)["loss"] for s, (x, y) in enumerate(batches)]
@@ -60,7 +53,7 @@ def test_streamed_sends_train_as_grpc_and_one_process_and_survive_a_killed_stage
 
 
 def test_under_mutual_tls_the_streams_are_tls_and_train_as_grpc(tmp_path) -> None:  # type: ignore[no-untyped-def]
-    batches = _batches()[:2]
+    batches = text_batches(SPEC, STEPS)[:2]
     tls.install_authority(tmp_path / "ca")  # as dmsc up: every worker holds a leaf
     try:
         with Deployment(StageLayout(SPEC, THREE)) as dep:

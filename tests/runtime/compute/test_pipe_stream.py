@@ -11,9 +11,11 @@ a deployment meet in the control plane's.
 
 from __future__ import annotations
 
+import contextlib
 import socket
 import ssl
 import time
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -49,13 +51,23 @@ def _end() -> float:
     return time.monotonic() + 30
 
 
-def test_frames_arrive_whole_in_the_neighbours_inbox_and_each_epoch_has_its_streams() -> None:
+@contextlib.contextmanager
+def _pair() -> Iterator[tuple[list[Inbox], PipeStream, PipeStream]]:
+    """Stages 0 and 1, each with its inbox, ready in epoch 0; closed after."""
     store = _store()
     boxes = [Inbox(), Inbox()]
     s0, s1 = (_stage(store, s, boxes[s]) for s in (0, 1))
     try:
         for s in (s0, s1):
             s.ready(0, NEVER, _end())
+        yield boxes, s0, s1
+    finally:
+        s0.close()
+        s1.close()
+
+
+def test_frames_arrive_whole_in_the_neighbours_inbox_and_each_epoch_has_its_streams() -> None:
+    with _pair() as (boxes, s0, s1):
         acts = [torch.randn(2, 8, 16) for _ in range(3)]
         for mb, a in enumerate(acts):
             n = s0.send(1, Kind.ACTIVATION, 5, mb, a)
@@ -77,9 +89,6 @@ def test_frames_arrive_whole_in_the_neighbours_inbox_and_each_epoch_has_its_stre
         s0.flush(NEVER, _end())
         assert torch.equal(boxes[1].get(Kind.ACTIVATION, 6, 0, 5.0), acts[0])
         assert s0._senders[1] is not first
-    finally:
-        s0.close()
-        s1.close()
 
 
 def _raw(stream: PipeStream, said: bytes) -> socket.socket:
@@ -121,30 +130,17 @@ def test_a_connection_without_the_token_or_with_a_frame_over_the_limit_is_closed
 
 
 def test_a_frame_the_receiver_refuses_closes_the_stream_and_fails_nothing_else() -> None:
-    store = _store()
-    boxes = [Inbox(), Inbox()]
-    s0, s1 = (_stage(store, s, boxes[s]) for s in (0, 1))
-    try:
-        for s in (s0, s1):
-            s.ready(0, NEVER, _end())
+    with _pair() as (boxes, s0, s1):
         s0.send(1, Kind.ACTIVATION, 1, 0, torch.full((2, 3), float("nan")))
         s0.flush(NEVER, _end())  # written: the refusal is the receiver's
         assert _counted(s1, 1)
         with pytest.raises(TimeoutError):
             boxes[1].get(Kind.ACTIVATION, 1, 0, 0.2)
-    finally:
-        s0.close()
-        s1.close()
 
 
 def test_a_send_to_a_stage_that_is_gone_fails_the_flush_and_an_abandoned_flush_ends() -> None:
-    store = _store()
-    boxes = [Inbox(), Inbox()]
-    s0, s1 = (_stage(store, s, boxes[s]) for s in (0, 1))
-    try:
-        for s in (s0, s1):
-            s.ready(0, NEVER, _end())
-        s1.close()  # its listener gone: the connection is refused
+    with _pair() as (_, s0, s1):
+        s1.close()  # its listener gone: refused (closed again at the end, harmless)
         s0.send(1, Kind.ACTIVATION, 1, 0, torch.zeros(2, 3))
         with pytest.raises(RuntimeError, match="stream to stage 1 failed"):
             s0.flush(NEVER, _end())
@@ -158,32 +154,24 @@ def test_a_send_to_a_stage_that_is_gone_fails_the_flush_and_an_abandoned_flush_e
         with pytest.raises(Aborted):
             s0.flush(lambda: time.monotonic() - t0 > 0.2, _end())
         assert time.monotonic() - t0 < 2.0
-    finally:
-        s0.close()
 
 
 def test_with_a_certificate_the_streams_are_mutual_tls_and_a_plain_connection_is_refused(
     tmp_path: Path,
 ) -> None:
     tls.install_authority(tmp_path)  # this process's leaf: both stages present it
-    store = _store()
-    boxes = [Inbox(), Inbox()]
-    s0, s1 = (_stage(store, s, boxes[s]) for s in (0, 1))
     try:
-        for s in (s0, s1):
-            s.ready(0, NEVER, _end())
-        x = torch.randn(2, 8, 16)
-        s0.send(1, Kind.ACTIVATION, 3, 0, x)
-        s0.flush(NEVER, _end())
-        assert torch.equal(boxes[1].get(Kind.ACTIVATION, 3, 0, 5.0), x)
-        assert isinstance(s0._senders[1].sock, ssl.SSLSocket)
-        assert _closed(_raw(s1, hello(TOKEN)))  # no handshake: refused
-        # a failed handshake closes the socket inside wrap_socket, before the refusal is
-        # counted: the count may come a moment after the client saw the close
-        assert _counted(s1, 1)
+        with _pair() as (boxes, s0, s1):
+            x = torch.randn(2, 8, 16)
+            s0.send(1, Kind.ACTIVATION, 3, 0, x)
+            s0.flush(NEVER, _end())
+            assert torch.equal(boxes[1].get(Kind.ACTIVATION, 3, 0, 5.0), x)
+            assert isinstance(s0._senders[1].sock, ssl.SSLSocket)
+            assert _closed(_raw(s1, hello(TOKEN)))  # no handshake: refused
+            # a failed handshake closes the socket inside wrap_socket, before the refusal is
+            # counted: the count may come a moment after the client saw the close
+            assert _counted(s1, 1)
     finally:
-        s0.close()
-        s1.close()
         tls.install(None)
 
 
