@@ -3,12 +3,14 @@ against single-process ``transformers`` ``generate`` on the same model.
 
 A Llama-style model (8 layers, hidden 512, 8 heads, 4 key/value heads, vocabulary 8192, random
 weights) is saved as a Hugging Face checkpoint and served by dmsc as 2 stage processes on this
-machine (gRPC between them), each loading its own tensors. Greedy decoding of ``--tokens`` tokens
-after a 32-token prompt: one session with the cache, one recomputing (the path before sessions),
-``--sessions`` concurrent sessions with the cache (taking turns per token, as the control plane's
-fair lock makes them: as many tokens through the replica at once as its pipeline holds, one per
-stage and one drawn, ``tokens_in_flight``; and, alternated with it in the same run, one token at
-a time, the lock before), and ``transformers`` in this process with its own cache.
+machine (a token's ``Relay`` from one to the next a call on a kept TCP connection:
+:mod:`dmsc.runtime.compute.relay_stream`), each loading its own tensors. Greedy decoding of
+``--tokens`` tokens after a 32-token prompt: one session with the cache, one recomputing (the
+path before sessions), ``--sessions`` concurrent sessions with the cache (taking turns per
+token, as the control plane's fair lock makes them: as many tokens through the replica at once
+as its pipeline holds, one per stage and one drawn, ``tokens_in_flight``; and, alternated with
+it in the same run, one token at a time, the lock before), and ``transformers`` in this process
+with its own cache.
 
 One session with the cache is measured two ways, alternated with ``transformers`` over
 ``--pairs`` rounds (the median of each): as the control plane decodes, its tokens drawn in runs
@@ -34,12 +36,19 @@ certificate authority of the run, a leaf per worker), ``--rounds`` plain/TLS pai
 deployments alternated so that drift on a shared machine hits both alike; the JSON gains
 ``tls``: tokens/s per round and path, and ``tls_ratio`` (TLS tokens/s over plain, the better
 round of each).
+
+With ``--grpc-relay`` a second deployment of the same stages relays each token over gRPC
+(``StageLayout(pp_stream=False)``, the path before streams), its one session timed in every
+round beside the others (the same tokens); the JSON gains ``stream_over_grpc_relay_by_pair``
+(each round's stream time over gRPC's), and ``cache_1_session_grpc_relay`` in ``ms_per_token``
+and ``cpu_ms_per_token``.
 """
 
 from __future__ import annotations
 
 import argparse
 import contextlib
+import dataclasses
 import json
 import os
 import statistics
@@ -173,6 +182,12 @@ def main() -> None:
     parser.add_argument(
         "--pairs", type=int, default=3, help="Alternated rounds of the one-session paths."
     )
+    parser.add_argument(
+        "--grpc-relay",
+        action="store_true",
+        help="Also a deployment whose stages relay over gRPC (pp_stream=False), its one "
+        "session alternated with the others in each round.",
+    )
     args = parser.parse_args()
     if args.hf_threads:
         torch.set_num_threads(args.hf_threads)
@@ -185,8 +200,14 @@ def main() -> None:
         prompt = torch.randint(0, spec.vocab, (PROMPT,), generator=torch.Generator().manual_seed(1))
         prompt_ids = prompt.tolist()
         layout = StageLayout(spec, [("embedding", "block_3"), ("block_4", "head")], tp=args.tp)
-        with Deployment(layout, home=Path(tmp) / "home") as dep:
+        with contextlib.ExitStack() as held:
+            dep = held.enter_context(Deployment(layout, home=Path(tmp) / "home"))
             dep.generate(prompt_ids, 4, sampling=greedy)  # warm-up
+            over_grpc = None
+            if args.grpc_relay:  # the same stages, each token's Relay a gRPC call
+                grpc_layout = dataclasses.replace(layout, pp_stream=False)
+                over_grpc = held.enter_context(Deployment(grpc_layout, home=Path(tmp) / "grpc"))
+                over_grpc.generate(prompt_ids, 4, sampling=greedy)
             procs = {"control": psutil.Process()}
             for h in [*dep.handles, *dep.tp.handles]:  # each stage's ranks (one at tp = 1)
                 rank = f"-t{h.config.tp_rank}" if args.tp > 1 else ""
@@ -209,6 +230,11 @@ def main() -> None:
                      "transformers_cpu_s": hf_cpu, "runs_cpu_s": cache_cpu}
                 )  # fmt: skip
                 assert single == cached
+                if over_grpc is not None:
+                    t0, c0 = time.perf_counter(), cpu_s()
+                    assert over_grpc.generate(prompt_ids, args.tokens, sampling=greedy) == cached
+                    pairs[-1]["grpc_relay_runs_s"] = time.perf_counter() - t0
+                    pairs[-1]["grpc_relay_runs_cpu_s"] = cpu_s() - c0
             hf_s = statistics.median(p["transformers_s"] for p in pairs)
             cache_s = statistics.median(p["runs_s"] for p in pairs)
             call_s = statistics.median(p["token_a_call_s"] for p in pairs)
@@ -291,6 +317,14 @@ def main() -> None:
     }
     if tls_cost is not None:
         out["tls"] = tls_cost
+    if args.grpc_relay:  # each round's stream over gRPC (below 1: the stream is faster)
+        by_pair = [p["runs_s"] / p["grpc_relay_runs_s"] for p in pairs]
+        out["stream_over_grpc_relay_by_pair"] = by_pair
+        grpc_s = statistics.median(p["grpc_relay_runs_s"] for p in pairs)
+        out["ms_per_token"]["cache_1_session_grpc_relay"] = grpc_s / n * 1e3
+        out["cpu_ms_per_token"]["cache_1_session_grpc_relay"] = (
+            statistics.median(p["grpc_relay_runs_cpu_s"] for p in pairs) / n * 1e3
+        )
     if args.json:
         print(json.dumps(out))
         return
@@ -311,6 +345,9 @@ def main() -> None:
     )
     print("load average: " + " ".join(f"{x:.2f}" for x in out["load_average"]))
     print(f"same tokens on every path: {out['same_tokens']}")
+    if args.grpc_relay:
+        by = " ".join(f"{r:.3f}" for r in out["stream_over_grpc_relay_by_pair"])
+        print(f"one session, relays on a stream / over gRPC, by round: {by}")
     if tls_cost is not None:
         for path, ratio in tls_cost["tls_ratio"].items():
             print(f"tokens/s with mutual TLS / plain, {path}: {ratio:.3f}")

@@ -252,26 +252,44 @@ def test_a_step_forms_its_expert_groups_in_its_own_epoch_after_an_abort() -> Non
         reg_server.stop(0)
 
 
-def test_a_chained_step_runs_through_every_stage_in_one_call_and_keeps_their_refusals() -> None:
+@pytest.mark.parametrize("streams", [False, True])
+def test_a_chained_step_runs_through_every_stage_in_one_call_and_keeps_their_refusals(
+    streams: bool, monkeypatch: pytest.MonkeyPatch
+) -> None:
     """Three stages: stage 0 hands its activations to stage 1 itself (``Relay``), stage 1 to
     stage 2, and stage 0 answers with stage 2's logits: the most likely token of the whole
     model; stage 2's refusals come back with their status, naming it; a stage 2 that is gone
-    fails the call naming it."""
+    fails the call naming it. With pipeline streams (``streams``: the stages met in a store)
+    the stages' ``Relay`` calls go over them, never over gRPC."""
+    import torch.distributed as dist
+
     from dmsc.runtime.compute.models.chain import build_stage, layer_names
     from dmsc.runtime.compute.relay import pack
     from dmsc.runtime.compute.sampling import reply_logits
     from dmsc.runtime.transport.messages import RunStep
     from dmsc.runtime.transport.wire import Kind, encode
 
+    grpc_relays: list[str] = []
+    raw = Client.raw
+
+    def counted(self: Client, method: str, *rest: Any) -> bytes:
+        grpc_relays.extend([self.address] if method == "Relay" else [])
+        return raw(self, method, *rest)
+
+    monkeypatch.setattr(Client, "raw", counted)
     reg_server, reg_port = serve(REGISTRY_SERVICE, registry_methods(Registry(ttl_s=60)))
     registry = f"127.0.0.1:{reg_port}"
-    servers, clients = [], []
+    store = dist.TCPStore("127.0.0.1", 0, is_master=True, wait_for_workers=False)  # type: ignore[attr-defined]
+    met = {"tp_store": f"127.0.0.1:{store.port}", "pp_stream": True} if streams else {}
+    servers, clients, workers = [], [], []
     cuts = [("embedding", "block_0"), ("block_1", "block_2"), ("block_3", "head")]
     try:
         for s, (first, last) in enumerate(cuts):
             cfg = first_stage(registry, sid=f"s{s}", stage=s, stages=3, first=first, last=last,
-                              max_sessions=1 if s == 2 else 64)  # fmt: skip
+                              max_sessions=1 if s == 2 else 64, **met)  # fmt: skip
             worker = StageWorker(cfg)
+            workers.append(worker)
+            assert (worker.peers.calls is not None) == streams
             server, port = serve(STAGE_SERVICE, worker.methods())
             worker.address = f"127.0.0.1:{port}"
             worker.register()
@@ -286,6 +304,7 @@ def test_a_chained_step_runs_through_every_stage_in_one_call_and_keeps_their_ref
         assert reply["stage"] == 2
         assert int(reply_logits(reply, SPEC.vocab).argmax()) == int(want.argmax())
         assert [c.call("Health")["sessions"] for c in clients] == [1, 1, 1]  # each keeps its own
+        assert len(grpc_relays) == (0 if streams else 2), grpc_relays
         with pytest.raises(grpc.RpcError) as info:  # stage 2 holds its one session: full
             clients[0].call("RunStep", {**step, "step": 2, "session": "b"})
         assert info.value.code() == grpc.StatusCode.RESOURCE_EXHAUSTED
@@ -297,9 +316,13 @@ def test_a_chained_step_runs_through_every_stage_in_one_call_and_keeps_their_ref
         relayed = pack(RunStep(step=4, microbatches=1, train=False, relay=[0]), x)
         with pytest.raises(grpc.RpcError, match="stage 0 does not take activations"):
             clients[0].raw("Relay", relayed)
-        servers[2].stop(0)  # stage 2 gone: the call fails naming it
+        grpc_relays.clear()
+        servers[2].stop(0)  # stage 2 gone (its listener too): the call fails naming it
+        if streams:
+            workers[2].peers.calls.pipe.close()
         with pytest.raises(grpc.RpcError, match="stage 2 replica 0"):
             clients[0].call("RunStep", {**step, "step": 5, "budget_s": 5})
+        assert len(grpc_relays) == (0 if streams else 2), grpc_relays
     finally:
         for c in clients:
             c.close()

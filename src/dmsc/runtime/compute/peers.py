@@ -15,7 +15,9 @@ With a :class:`~.pipe_group.PipeGroup` (the stages of its replica in one datacen
 link between them) and :attr:`Peers.direct` set (a training step), activations and gradients
 go over that group's gloo point-to-point instead, or with a :class:`~.pipe_stream.PipeStream`
 over a TCP stream to each neighbour, whose frames land in the inbox as ``Push``'s do; the bytes
-are booked per peer the same way.
+are booked per peer the same way. With streams, a chained inference step's ``Relay`` to the next
+stage is a call on that stage's listener too (:mod:`.relay_stream`, :attr:`Peers.calls`), and this
+worker answers such calls with ``answer``.
 """
 
 from __future__ import annotations
@@ -33,6 +35,7 @@ from dmsc.runtime.compute.devices import HostStaging
 from dmsc.runtime.compute.inbox import Aborted, Inbox
 from dmsc.runtime.compute.pipe_group import CARRIED, PipeGroup
 from dmsc.runtime.compute.pipe_stream import PipeStream
+from dmsc.runtime.compute.relay_stream import StreamCalls, answering
 from dmsc.runtime.transport.messages import STAGE_SERVICE
 from dmsc.runtime.transport.rpc import Client
 from dmsc.runtime.transport.wire import Kind, encode
@@ -58,6 +61,7 @@ class Peers:
         tp_rank: int = 0,
         pipe: PipeGroup | PipeStream | None = None,
         tp: int = 1,
+        answer: Callable[[bytes], bytes] | None = None,
     ) -> None:
         self.registry = registry
         # tensors on a GPU leave and arrive through pinned host buffers
@@ -79,6 +83,18 @@ class Peers:
         self.links = links or {}
         self.pipe = pipe  # gloo group or streams, where the pipeline's stages share a datacenter
         self.direct = False  # this step's activations and gradients go through ``pipe``
+        # calls to the next stages' streams (a Relay), where this worker has streams of its own
+        self.calls: StreamCalls | None = None
+        if isinstance(pipe, PipeStream):
+            self.calls = StreamCalls(pipe)
+            if answer is not None:
+                answering(pipe, answer)
+
+    def publish(self, service: str) -> None:
+        """Say where the worker whose gRPC address is ``service`` (this one) takes calls on a
+        stream, if it does: before it registers."""
+        if service and self.calls is not None and self.calls.pipe.calls is not None:
+            self.calls.pipe.publish_calls(service)
 
     @property
     def epoch(self) -> int:

@@ -32,6 +32,10 @@ against 260 ms.
 - Where the worker holds a certificate (``dmsc up`` gives every worker one) the streams are
   mutual TLS as its gRPC is: each end presents its leaf and trusts the deployment's authority
   only (:func:`tls_contexts`); the token hello goes inside.
+- The same listener takes connections of calls (a hello of their own, :data:`CALL_MAGIC`):
+  a chained inference step's ``Relay`` to this stage (:mod:`.relay_stream`), where the worker
+  answers them (:attr:`PipeStream.calls`) and published its listener by its gRPC address
+  (:meth:`PipeStream.publish_calls`).
 """
 
 from __future__ import annotations
@@ -64,7 +68,8 @@ from dmsc.runtime.transport import tls
 from dmsc.runtime.transport.authority import SERVICE_NAME
 from dmsc.runtime.transport.wire import Kind, encode
 
-MAGIC = b"DMSCPIPE"
+MAGIC = b"DMSCPIPE"  # a connection of pipeline frames
+CALL_MAGIC = b"DMSCCALL"  # a connection of calls, each answered (:mod:`.relay_stream`)
 _LEN = struct.Struct("!Q")
 HELLO_TIMEOUT_S = 5.0  # a connection that says nothing this long is closed
 # connections read at once (a stage has one from each neighbour an epoch): past it a new one is
@@ -72,14 +77,15 @@ HELLO_TIMEOUT_S = 5.0  # a connection that says nothing this long is closed
 MAX_CONNECTIONS = 64
 HEADER_SLACK = 1 << 10  # a frame's wire header and shape, above its payload's limit
 POLL_S = 0.05  # how often a wait looks whether its step was abandoned
+CALLS_KEY = "ppstream/calls"  # under the store: each worker's listener, by its gRPC address
 
 log = logging.getLogger(__name__)
 
 
-def hello(token: str | None) -> bytes:
-    """What a connection says first: the magic and a digest of the deployment's token."""
+def hello(token: str | None, magic: bytes = MAGIC) -> bytes:
+    """What a connection says first: its kind's magic and a digest of the deployment's token."""
     digest = hashlib.sha256(token.encode()).digest() if token else bytes(32)
-    return MAGIC + digest
+    return magic + digest
 
 
 _CONTEXTS: dict[bytes, tuple[ssl.SSLContext, ssl.SSLContext]] = {}  # by leaf certificate
@@ -109,7 +115,7 @@ def tls_contexts() -> tuple[ssl.SSLContext, ssl.SSLContext] | None:
     return made
 
 
-def _read_exact(conn: socket.socket, buf: memoryview) -> bool:
+def read_exact(conn: socket.socket, buf: memoryview) -> bool:
     """Fill ``buf`` from ``conn``; False at the end of the stream before it was full."""
     done = 0
     while done < len(buf):
@@ -217,6 +223,10 @@ class PipeStream:
         self.deliver = deliver
         self.max_bytes = max_bytes
         self._hello = hello(token)
+        self._call_hello = hello(token, CALL_MAGIC)
+        # what serves a connection of calls once it said its hello (:mod:`.relay_stream`; None:
+        # this worker takes none)
+        self.calls: Callable[[socket.socket], None] | None = None
         self._store: Any = None
         self.epoch: int | None = None
         self.dropped: str | None = None  # why the streams were last closed mid-epoch
@@ -224,6 +234,8 @@ class PipeStream:
         self.refused = 0  # connections closed for what they sent (or for too many)
         self.max_connections = MAX_CONNECTIONS
         self._open = 0  # connections being read
+        # each connection being read: its socket, then its TLS wrapping (closed with the listener)
+        self._reading: dict[int, list[socket.socket]] = {}
         self._open_lock = threading.Lock()
         self.log = logger
         self._listener = socket.create_server((host, 0))
@@ -247,13 +259,15 @@ class PipeStream:
                 full = self._open >= self.max_connections
                 self._open += 0 if full else 1
             if full:
-                self._refuse(f"a connection past the {self.max_connections} open")
+                self.refuse(f"a connection past the {self.max_connections} open")
                 conn.close()
                 continue
             threading.Thread(target=self._read, args=(conn,), daemon=True, name="pp-recv").start()
 
     def _read(self, conn: socket.socket) -> None:
         held = [conn]  # the socket, then its TLS wrapping (which owns the connection after)
+        with self._open_lock:
+            self._reading[id(held)] = held
         try:
             self._read_frames(conn, held)
         except OSError:  # the sender went away or timed out saying hello
@@ -262,6 +276,7 @@ class PipeStream:
             held[-1].close()
             with self._open_lock:
                 self._open -= 1
+                del self._reading[id(held)]
 
     def _read_frames(self, conn: socket.socket, held: list[socket.socket]) -> None:
         conn.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
@@ -271,32 +286,37 @@ class PipeStream:
             try:
                 conn = contexts[0].wrap_socket(conn, server_side=True)
             except ssl.SSLError as exc:
-                self._refuse(f"a TLS handshake failed: {exc}")
+                self.refuse(f"a TLS handshake failed: {exc}")
                 return
             held.append(conn)
         said = bytearray(len(self._hello))
-        if not _read_exact(conn, memoryview(said)):
+        if not read_exact(conn, memoryview(said)):
+            return
+        calls = self.calls
+        if calls is not None and hmac.compare_digest(bytes(said), self._call_hello):
+            conn.settimeout(None)
+            calls(conn)
             return
         if not hmac.compare_digest(bytes(said), self._hello):
-            self._refuse("a connection without the deployment's token")
+            self.refuse("a connection without the deployment's token")
             return
         conn.settimeout(None)
         head = bytearray(_LEN.size)
-        while _read_exact(conn, memoryview(head)):
+        while read_exact(conn, memoryview(head)):
             (n,) = _LEN.unpack(head)
             if n > self.max_bytes + HEADER_SLACK:
-                self._refuse(f"a frame of {n} bytes, over the limit of {self.max_bytes}")
+                self.refuse(f"a frame of {n} bytes, over the limit of {self.max_bytes}")
                 return
             frame = bytearray(n)
-            if not _read_exact(conn, memoryview(frame)):
+            if not read_exact(conn, memoryview(frame)):
                 return
             try:
                 self.deliver(frame)  # type: ignore[arg-type]  # decode reads it as bytes
             except Exception as exc:  # refused as Push refuses it
-                self._refuse(f"a frame refused: {exc}")
+                self.refuse(f"a frame refused: {exc}")
                 return
 
-    def _refuse(self, why: str) -> None:
+    def refuse(self, why: str) -> None:
         self.refused += 1
         self.log.warning("pipeline stream closed: %s", why)
 
@@ -323,15 +343,35 @@ class PipeStream:
     def _connect(self, to: int, epoch: int) -> socket.socket:
         # a client of its own: a wait for a neighbour's key must not hold the one `ready` uses
         store = self._store_client()
-        host, _, port = store.get(f"{self.prefix}/e{epoch}/{to}").decode().rpartition(":")
+        return self.dial(store.get(f"{self.prefix}/e{epoch}/{to}").decode(), self._hello)
+
+    def dial(self, address: str, said: bytes) -> socket.socket:
+        """A connection to another worker's listener at ``address`` (TLS where this process
+        holds a leaf) that said ``said`` (a :func:`hello`)."""
+        host, _, port = address.rpartition(":")
         sock = socket.create_connection((host, int(port)), timeout=self.timeout_s)
         sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
         contexts = tls_contexts()
         if contexts is not None:
             sock = contexts[1].wrap_socket(sock, server_hostname=SERVICE_NAME)
         sock.settimeout(None)
-        sock.sendall(self._hello)
+        sock.sendall(said)
         return sock
+
+    # -- calls (:mod:`.relay_stream`) -------------------------------------------------------
+
+    def publish_calls(self, service: str) -> None:
+        """Say under the store that the worker whose gRPC address is ``service`` takes calls at
+        this listener (before it registers, so that whoever finds it there finds this too)."""
+        self._store_client().set(f"{CALLS_KEY}/{service}", self.address)
+
+    def calls_address(self, service: str) -> str | None:
+        """Where the worker at the gRPC address ``service`` takes calls (None: it does not)."""
+        store, key = self._store_client(), f"{CALLS_KEY}/{service}"
+        return store.get(key).decode() if store.check([key]) else None
+
+    def call_hello(self) -> bytes:
+        return self._call_hello
 
     def send(self, to: int, kind: Kind, step: int, mb: int, t: torch.Tensor) -> int:
         """Start sending ``t`` (on the host) to stage ``to``; the frame's bytes (booked as a
@@ -373,8 +413,13 @@ class PipeStream:
             sender.close()
 
     def close(self) -> None:
-        """Close the streams and stop listening."""
+        """Close the streams, stop listening and close the connections being read."""
         self.drop(None)
         with contextlib.suppress(OSError):  # a thread in accept() holds it open otherwise
             self._listener.shutdown(socket.SHUT_RDWR)
         self._listener.close()
+        with self._open_lock:
+            reading = [held[-1] for held in self._reading.values()]
+        for conn in reading:
+            with contextlib.suppress(OSError):  # its reader's recv ends
+                conn.shutdown(socket.SHUT_RDWR)

@@ -140,7 +140,7 @@ class StageWorker:
         self.peers = Peers(
             self.registry, self.inbox, cfg.replica, cfg.recv_timeout_s, self.m_bytes, cfg.token,
             self.device, {int(k): LinkShaper(v) for k, v in cfg.pp_link_mbps.items()},
-            cfg.tp_rank, pipe_of(cfg, self.frames, self.push, self.log), cfg.tp,
+            cfg.tp_rank, pipe_of(cfg, self.frames, self.push, self.log), cfg.tp, self.relay,
         )  # fmt: skip
         self.grads = GradientSync(cfg, self.module, self.peers, self.inbox, self.tied, self.experts)
         self.drawn = (self.spec.vocab, drawing.agreement(cfg.tp, self.device))  # for Draw
@@ -165,6 +165,7 @@ class StageWorker:
 
     def register(self) -> Registered:
         """Announce this worker (``fenced``: a newer incarnation holds its SID)."""
+        self.peers.publish(self.address)  # where it takes calls on a stream, found with it
         return self.registry.ask("Register", self.record(), Registered)
 
     def _check_epoch(self, epoch: int | None) -> None:

@@ -99,25 +99,33 @@ def _receive(pieces: Iterator[bytes], context: grpc.ServicerContext, max_bytes: 
     return parts[0] if len(parts) == 1 else b"".join(parts)
 
 
+def status_of(exc: BaseException) -> grpc.StatusCode | None:
+    """The status a handler's exception is answered with (None: not one of ours, UNKNOWN)."""
+    for kind, code in _STATUSES:
+        if isinstance(exc, kind):
+            return code
+    return None
+
+
+_STATUSES: tuple[tuple[Any, grpc.StatusCode], ...] = (
+    (DataLost, grpc.StatusCode.DATA_LOSS),
+    (NoRoom, grpc.StatusCode.RESOURCE_EXHAUSTED),
+    ((BadRequest, ValueError), grpc.StatusCode.INVALID_ARGUMENT),
+    (Abandoned, grpc.StatusCode.ABORTED),
+    (TimeoutError, grpc.StatusCode.DEADLINE_EXCEEDED),  # a peer's frame it waited for never came
+)
+
+
 def _answered(work: Callable[[], bytes], context: grpc.ServicerContext) -> bytes:
     """``work()``'s answer, or the status its exception stands for (with its message)."""
     try:
         return work()
-    except DataLost as exc:
-        context.abort(grpc.StatusCode.DATA_LOSS, str(exc))
-        raise
-    except NoRoom as exc:
-        context.abort(grpc.StatusCode.RESOURCE_EXHAUSTED, str(exc))
-        raise
-    except (BadRequest, ValueError) as exc:
-        context.abort(grpc.StatusCode.INVALID_ARGUMENT, str(exc))
+    except Exception as exc:
+        code = status_of(exc)
+        if code is None:
+            raise
+        context.abort(code, str(exc))
         raise  # unreachable: abort raises
-    except Abandoned as exc:
-        context.abort(grpc.StatusCode.ABORTED, str(exc))
-        raise
-    except TimeoutError as exc:  # what it waited for (a peer's frame) never came
-        context.abort(grpc.StatusCode.DEADLINE_EXCEEDED, str(exc))
-        raise
 
 
 def bytes_handler(
