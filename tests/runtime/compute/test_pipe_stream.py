@@ -24,9 +24,10 @@ import torch
 import torch.distributed as dist
 
 from dmsc.runtime.compute.inbox import Aborted, Inbox
-from dmsc.runtime.compute.pipe_stream import HEADER_SLACK, MAGIC, PipeStream, hello
+from dmsc.runtime.compute.pipe_stream import HEADER_SLACK, MAGIC, PipeStream
 from dmsc.runtime.transport import tls
 from dmsc.runtime.transport.rpc import BadRequest
+from dmsc.runtime.transport.streams import hello
 from dmsc.runtime.transport.wire import Kind, decode
 
 NEVER = lambda: False  # noqa: E731  (a wait nobody abandons)
@@ -121,9 +122,9 @@ def test_a_connection_without_the_token_or_with_a_frame_over_the_limit_is_closed
     s1 = _stage(store, 1, box, max_bytes=4096)
     try:
         assert _closed(_raw(s1, MAGIC + bytes(32)))  # no token
-        assert _closed(_raw(s1, hello("another")))
+        assert _closed(_raw(s1, hello("another", MAGIC)))
         over = (4096 + HEADER_SLACK + 1).to_bytes(8, "big")
-        assert _closed(_raw(s1, hello(TOKEN) + over))  # refused before it is read
+        assert _closed(_raw(s1, hello(TOKEN, MAGIC) + over))  # refused before it is read
         assert _counted(s1, 3)
     finally:
         s1.close()
@@ -167,7 +168,7 @@ def test_with_a_certificate_the_streams_are_mutual_tls_and_a_plain_connection_is
             s0.flush(NEVER, _end())
             assert torch.equal(boxes[1].get(Kind.ACTIVATION, 3, 0, 5.0), x)
             assert isinstance(s0._senders[1].sock, ssl.SSLSocket)
-            assert _closed(_raw(s1, hello(TOKEN)))  # no handshake: refused
+            assert _closed(_raw(s1, hello(TOKEN, MAGIC)))  # no handshake: refused
             # a failed handshake closes the socket inside wrap_socket, before the refusal is
             # counted: the count may come a moment after the client saw the close
             assert _counted(s1, 1)

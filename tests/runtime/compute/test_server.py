@@ -269,14 +269,14 @@ def test_a_chained_step_runs_through_every_stage_in_one_call_and_keeps_their_ref
     from dmsc.runtime.transport.messages import RunStep
     from dmsc.runtime.transport.wire import Kind, encode
 
-    grpc_relays: list[str] = []
-    raw = Client.raw
+    grpc_relays: list[str] = []  # the Relay calls made over gRPC, by address
+    stub = Client._stub
 
-    def counted(self: Client, method: str, *rest: Any) -> bytes:
+    def counted(self: Client, method: str, *rest: Any) -> Any:
         grpc_relays.extend([self.address] if method == "Relay" else [])
-        return raw(self, method, *rest)
+        return stub(self, method, *rest)
 
-    monkeypatch.setattr(Client, "raw", counted)
+    monkeypatch.setattr(Client, "_stub", counted)
     reg_server, reg_port = serve(REGISTRY_SERVICE, registry_methods(Registry(ttl_s=60)))
     registry = f"127.0.0.1:{reg_port}"
     store = dist.TCPStore("127.0.0.1", 0, is_master=True, wait_for_workers=False)  # type: ignore[attr-defined]
@@ -319,7 +319,7 @@ def test_a_chained_step_runs_through_every_stage_in_one_call_and_keeps_their_ref
         grpc_relays.clear()
         servers[2].stop(0)  # stage 2 gone (its listener too): the call fails naming it
         if streams:
-            workers[2].peers.calls.pipe.close()
+            workers[2].peers.pipe.close()
         with pytest.raises(grpc.RpcError, match="stage 2 replica 0"):
             clients[0].call("RunStep", {**step, "step": 5, "budget_s": 5})
         assert len(grpc_relays) == (0 if streams else 2), grpc_relays

@@ -16,8 +16,8 @@ link between them) and :attr:`Peers.direct` set (a training step), activations a
 go over that group's gloo point-to-point instead, or with a :class:`~.pipe_stream.PipeStream`
 over a TCP stream to each neighbour, whose frames land in the inbox as ``Push``'s do; the bytes
 are booked per peer the same way. With streams, a chained inference step's ``Relay`` to the next
-stage is a call on that stage's listener too (:mod:`.relay_stream`, :attr:`Peers.calls`), and this
-worker answers such calls with ``answer``.
+stage is a call on that stage's listener too (:mod:`dmsc.runtime.transport.stream_calls`: the
+clients of the peers are given the route, :attr:`Peers.calls`).
 """
 
 from __future__ import annotations
@@ -35,9 +35,9 @@ from dmsc.runtime.compute.devices import HostStaging
 from dmsc.runtime.compute.inbox import Aborted, Inbox
 from dmsc.runtime.compute.pipe_group import CARRIED, PipeGroup
 from dmsc.runtime.compute.pipe_stream import PipeStream
-from dmsc.runtime.compute.relay_stream import StreamCalls, answering
 from dmsc.runtime.transport.messages import STAGE_SERVICE
 from dmsc.runtime.transport.rpc import Client
+from dmsc.runtime.transport.stream_calls import StreamCalls
 from dmsc.runtime.transport.wire import Kind, encode
 
 RESEND_AFTER_S = 0.5  # a receive this long without its frame checks for failed sends
@@ -61,7 +61,6 @@ class Peers:
         tp_rank: int = 0,
         pipe: PipeGroup | PipeStream | None = None,
         tp: int = 1,
-        answer: Callable[[bytes], bytes] | None = None,
     ) -> None:
         self.registry = registry
         # tensors on a GPU leave and arrive through pinned host buffers
@@ -83,18 +82,10 @@ class Peers:
         self.links = links or {}
         self.pipe = pipe  # gloo group or streams, where the pipeline's stages share a datacenter
         self.direct = False  # this step's activations and gradients go through ``pipe``
-        # calls to the next stages' streams (a Relay), where this worker has streams of its own
+        # calls to the other stages' streams (a Relay), where this worker has streams of its own
         self.calls: StreamCalls | None = None
         if isinstance(pipe, PipeStream):
-            self.calls = StreamCalls(pipe)
-            if answer is not None:
-                answering(pipe, answer)
-
-    def publish(self, service: str) -> None:
-        """Say where the worker whose gRPC address is ``service`` (this one) takes calls on a
-        stream, if it does: before it registers."""
-        if service and self.calls is not None and self.calls.pipe.calls is not None:
-            self.calls.pipe.publish_calls(service)
+            self.calls = StreamCalls(pipe.store_address, token, recv_timeout_s)
 
     @property
     def epoch(self) -> int:
@@ -131,7 +122,9 @@ class Peers:
             ]
             if not mine:
                 raise RuntimeError(f"no live replica {key[1]} of stage {stage}")
-            self._clients[key] = Client(mine[0]["address"], STAGE_SERVICE, token=self.token)
+            at = mine[0]["address"]
+            via = self.calls.route(at) if self.calls is not None else None
+            self._clients[key] = Client(at, STAGE_SERVICE, token=self.token, via=via)
         return self._clients[key]
 
     def forget(self) -> None:

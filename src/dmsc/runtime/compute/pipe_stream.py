@@ -32,29 +32,25 @@ against 260 ms.
 - Where the worker holds a certificate (``dmsc up`` gives every worker one) the streams are
   mutual TLS as its gRPC is: each end presents its leaf and trusts the deployment's authority
   only (:func:`tls_contexts`); the token hello goes inside.
-- The same listener takes connections of calls (a hello of their own, :data:`CALL_MAGIC`):
-  a chained inference step's ``Relay`` to this stage (:mod:`.relay_stream`), where the worker
-  answers them (:attr:`PipeStream.calls`) and published its listener by its gRPC address
-  (:meth:`PipeStream.publish_calls`).
+- The same listener answers connections of calls (their own hello): the control plane's
+  ``RunStep`` and ``RunWith`` and the previous stage's ``Relay``, where the worker said so
+  (:meth:`PipeStream.answer_calls`, :mod:`dmsc.runtime.transport.stream_calls`).
 """
 
 from __future__ import annotations
 
 import contextlib
 import functools
-import hashlib
 import hmac
 import logging
 import queue
 import socket
 import ssl
 import struct
-import tempfile
 import threading
 import time
 from collections.abc import Callable
 from datetime import timedelta
-from pathlib import Path
 from typing import Any
 
 import torch
@@ -64,12 +60,11 @@ from dmsc.runtime.compute.config import WorkerConfig
 from dmsc.runtime.compute.frames import FrameSpec, check_frame
 from dmsc.runtime.compute.inbox import Aborted
 from dmsc.runtime.compute.pipe_group import PipeGroup, pipe_group_of
-from dmsc.runtime.transport import tls
-from dmsc.runtime.transport.authority import SERVICE_NAME
+from dmsc.runtime.transport.stream_calls import CALL_MAGIC, Handler, publish, serve
+from dmsc.runtime.transport.streams import dial, hello, read_exact, tls_contexts
 from dmsc.runtime.transport.wire import Kind, encode
 
 MAGIC = b"DMSCPIPE"  # a connection of pipeline frames
-CALL_MAGIC = b"DMSCCALL"  # a connection of calls, each answered (:mod:`.relay_stream`)
 _LEN = struct.Struct("!Q")
 HELLO_TIMEOUT_S = 5.0  # a connection that says nothing this long is closed
 # connections read at once (a stage has one from each neighbour an epoch): past it a new one is
@@ -77,53 +72,8 @@ HELLO_TIMEOUT_S = 5.0  # a connection that says nothing this long is closed
 MAX_CONNECTIONS = 64
 HEADER_SLACK = 1 << 10  # a frame's wire header and shape, above its payload's limit
 POLL_S = 0.05  # how often a wait looks whether its step was abandoned
-CALLS_KEY = "ppstream/calls"  # under the store: each worker's listener, by its gRPC address
 
 log = logging.getLogger(__name__)
-
-
-def hello(token: str | None, magic: bytes = MAGIC) -> bytes:
-    """What a connection says first: its kind's magic and a digest of the deployment's token."""
-    digest = hashlib.sha256(token.encode()).digest() if token else bytes(32)
-    return magic + digest
-
-
-_CONTEXTS: dict[bytes, tuple[ssl.SSLContext, ssl.SSLContext]] = {}  # by leaf certificate
-
-
-def tls_contexts() -> tuple[ssl.SSLContext, ssl.SSLContext] | None:
-    """Server and client contexts of this process's leaf as it is now (None: no TLS): each
-    presents the leaf and requires a peer's of the same authority. Made again after a renewal
-    (a connection's handshake takes the leaf of its time)."""
-    leaf = tls.current()
-    if leaf is None:
-        return None
-    made = _CONTEXTS.get(leaf.cert)
-    if made is None:
-        server = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
-        client = ssl.SSLContext(ssl.PROTOCOL_TLS_CLIENT)  # checks the name every leaf carries
-        with tempfile.TemporaryDirectory() as home:  # ssl loads a chain from files only
-            cert, key = Path(home, "cert.pem"), Path(home, "key.pem")
-            cert.write_bytes(leaf.cert)
-            key.touch(0o600)
-            key.write_bytes(leaf.key)
-            for ctx in (server, client):
-                ctx.load_cert_chain(cert, key)
-                ctx.load_verify_locations(cadata=leaf.ca.decode())
-                ctx.verify_mode = ssl.CERT_REQUIRED
-        made = _CONTEXTS[leaf.cert] = (server, client)
-    return made
-
-
-def read_exact(conn: socket.socket, buf: memoryview) -> bool:
-    """Fill ``buf`` from ``conn``; False at the end of the stream before it was full."""
-    done = 0
-    while done < len(buf):
-        n = conn.recv_into(buf[done:])
-        if n == 0:
-            return False
-        done += n
-    return True
 
 
 def pipe_of(
@@ -222,11 +172,11 @@ class PipeStream:
         self.timeout_s = timeout_s
         self.deliver = deliver
         self.max_bytes = max_bytes
-        self._hello = hello(token)
+        self._hello = hello(token, MAGIC)
         self._call_hello = hello(token, CALL_MAGIC)
-        # what serves a connection of calls once it said its hello (:mod:`.relay_stream`; None:
-        # this worker takes none)
-        self.calls: Callable[[socket.socket], None] | None = None
+        # what answers a connection of calls once it said its hello (:meth:`answer_calls`;
+        # none: this worker takes none)
+        self.calls: dict[str, Handler] | None = None
         self._store: Any = None
         self.epoch: int | None = None
         self.dropped: str | None = None  # why the streams were last closed mid-epoch
@@ -295,7 +245,7 @@ class PipeStream:
         calls = self.calls
         if calls is not None and hmac.compare_digest(bytes(said), self._call_hello):
             conn.settimeout(None)
-            calls(conn)
+            serve(conn, calls, self.refuse, self.log)
             return
         if not hmac.compare_digest(bytes(said), self._hello):
             self.refuse("a connection without the deployment's token")
@@ -343,35 +293,17 @@ class PipeStream:
     def _connect(self, to: int, epoch: int) -> socket.socket:
         # a client of its own: a wait for a neighbour's key must not hold the one `ready` uses
         store = self._store_client()
-        return self.dial(store.get(f"{self.prefix}/e{epoch}/{to}").decode(), self._hello)
+        at = store.get(f"{self.prefix}/e{epoch}/{to}").decode()
+        return dial(at, self._hello, self.timeout_s)
 
-    def dial(self, address: str, said: bytes) -> socket.socket:
-        """A connection to another worker's listener at ``address`` (TLS where this process
-        holds a leaf) that said ``said`` (a :func:`hello`)."""
-        host, _, port = address.rpartition(":")
-        sock = socket.create_connection((host, int(port)), timeout=self.timeout_s)
-        sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-        contexts = tls_contexts()
-        if contexts is not None:
-            sock = contexts[1].wrap_socket(sock, server_hostname=SERVICE_NAME)
-        sock.settimeout(None)
-        sock.sendall(said)
-        return sock
+    # -- calls (:mod:`dmsc.runtime.transport.stream_calls`) ---------------------------------
 
-    # -- calls (:mod:`.relay_stream`) -------------------------------------------------------
-
-    def publish_calls(self, service: str) -> None:
-        """Say under the store that the worker whose gRPC address is ``service`` takes calls at
-        this listener (before it registers, so that whoever finds it there finds this too)."""
-        self._store_client().set(f"{CALLS_KEY}/{service}", self.address)
-
-    def calls_address(self, service: str) -> str | None:
-        """Where the worker at the gRPC address ``service`` takes calls (None: it does not)."""
-        store, key = self._store_client(), f"{CALLS_KEY}/{service}"
-        return store.get(key).decode() if store.check([key]) else None
-
-    def call_hello(self) -> bytes:
-        return self._call_hello
+    def answer_calls(self, methods: dict[str, Handler], service: str) -> None:
+        """Answer connections of calls with ``methods`` (their gRPC methods' handlers), and
+        say so under the store for the worker whose gRPC address is ``service``: before it
+        registers, so that whoever finds it there finds its listener too."""
+        self.calls = methods
+        publish(self.store_address, service, self.address, self.timeout_s)
 
     def send(self, to: int, kind: Kind, step: int, mb: int, t: torch.Tensor) -> int:
         """Start sending ``t`` (on the host) to stage ``to``; the frame's bytes (booked as a

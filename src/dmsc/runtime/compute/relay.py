@@ -19,8 +19,8 @@ name of the stage that gave them. An interleaved pipeline is not chained (its ch
 forth between the stages: the orchestrator calls every stage).
 
 Where the two stages have pipeline streams (one datacenter, :mod:`.pipe_stream`) the ``Relay``
-is a call on the next stage's listener (:mod:`.relay_stream`), answered by the same handler with
-the same statuses; else a gRPC call.
+is a call on the next stage's listener (:mod:`dmsc.runtime.transport.stream_calls`, the route
+of the peer's client), answered by the same handler with the same statuses; else a gRPC call.
 """
 
 from __future__ import annotations
@@ -35,7 +35,6 @@ import grpc
 import torch
 
 from dmsc.runtime.compute.peers import Peers
-from dmsc.runtime.compute.relay_stream import CallFailed
 from dmsc.runtime.transport.batched import step_head
 from dmsc.runtime.transport.messages import RunStep
 from dmsc.runtime.transport.rpc import Abandoned, BadRequest, NoRoom
@@ -123,9 +122,9 @@ def hand_on(
     address = peers.client(stage + 1).address
     for again in (False, True):
         try:
-            reply: dict[str, Any] = json.loads(_call(peers, stage + 1, data, wait_s, link))
+            reply: dict[str, Any] = json.loads(peers.client(stage + 1).raw("Relay", data, wait_s))
             return reply
-        except (grpc.RpcError, CallFailed) as exc:
+        except grpc.RpcError as exc:  # also a call's on a stream (its client's route)
             code, details = exc.code(), _UNCAUGHT.sub("", exc.details() or "")
             moved = code == grpc.StatusCode.UNAVAILABLE and not again and _moved(peers, stage + 1)
             if moved and (left := _left(deadline, wait_s)) > 0:
@@ -133,17 +132,6 @@ def hand_on(
                 continue
             raise _status(code, f"{where} ({address}): {details}") from None
     raise AssertionError("unreachable")
-
-
-def _call(peers: Peers, stage: int, data: bytes, wait_s: float, link: object) -> bytes:
-    """``Relay`` ``data`` at ``stage``: on a stream where both ends have them (no thin link
-    between them, :mod:`.relay_stream`), else over gRPC."""
-    client = peers.client(stage)
-    if peers.calls is not None and link is None:
-        got = peers.calls.call(client.address, data, wait_s)
-        if got is not None:
-            return got
-    return client.raw("Relay", data, wait_s)
 
 
 def _moved(peers: Peers, stage: int) -> bool:

@@ -1,14 +1,14 @@
 """The ``dmsc.Stage`` service: one stage replica's state and the RPC methods over it.
 
 ``Push`` takes a wire frame (checked by :mod:`.frames`) into the inbox (an inference ``RunStep``
-may carry its tokens, ``RunWith`` a training or evaluation step with its batch:
-:mod:`..transport.batched`, and ``Relay`` a chained inference step with its activations, from the
-stage before: :mod:`.relay`); every other method takes the typed message of the same name from
-:mod:`dmsc.runtime.transport.messages`, so this module only checks what needs the worker's
-state. ``RunStep`` runs this stage's part of a step (:mod:`.executor`) and, with several
-replicas, averages the gradients (:mod:`.gradient_sync`); optimizer steps are applied on
-``Commit`` once every stage has finished the step, or where its ``RunStep`` carries the commit
-at the end of the stage's part (``Deployment.applies_in_step``). ``Save`` and ``Load`` go through
+may carry its tokens, ``RunWith`` a training step with its batch: :mod:`..transport.batched`,
+``Relay`` a chained inference step with its activations: :mod:`.relay`; these three also on a
+stream, :meth:`StageWorker.streamed`); every other method takes the typed message of its name
+(:mod:`dmsc.runtime.transport.messages`), so this module only checks what needs its state.
+``RunStep`` runs this stage's part of a step (:mod:`.executor`) and, with several replicas,
+averages the gradients (:mod:`.gradient_sync`); optimizer steps are applied on ``Commit`` once
+every stage has finished the step, or where its ``RunStep`` carries the commit at the end of the
+stage's part (``Deployment.applies_in_step``). ``Save`` and ``Load`` go through
 :mod:`.checkpoints`, ``Assume`` makes a warm spare the stage it is told, its certificate too.
 
 Fencing: each worker serves one epoch (the deployment's generation, carried in every frame and
@@ -33,14 +33,8 @@ import grpc
 import torch
 from prometheus_client import CollectorRegistry, Counter, Histogram
 
+from dmsc.runtime.compute import checkpoints as ckpt
 from dmsc.runtime.compute import cpuset, drawing, relay, tp_worker
-from dmsc.runtime.compute.checkpoints import (
-    CheckpointError,
-    checkpoint_keys,
-    checkpoint_sha256,
-    read_states,
-    verify_checkpoint,
-)
 from dmsc.runtime.compute.comm_meter import METER, step_comm
 from dmsc.runtime.compute.config import WorkerConfig
 from dmsc.runtime.compute.decode_layout import DecodeLayout
@@ -56,13 +50,12 @@ from dmsc.runtime.compute.models.attention import inference_attention
 from dmsc.runtime.compute.models.chain import tied_weight
 from dmsc.runtime.compute.outer_sync import ReplicaSync, make_optimizer, optimizer_kind, plain_sync
 from dmsc.runtime.compute.peers import Peers
-from dmsc.runtime.compute.pipe_stream import pipe_of
+from dmsc.runtime.compute.pipe_stream import PipeStream, pipe_of
 from dmsc.runtime.compute.sessions import Sessions
 from dmsc.runtime.compute.telemetry import Telemetry
 from dmsc.runtime.transport import batched, tls
 from dmsc.runtime.transport import messages as msg
 from dmsc.runtime.transport.drawing import Draw
-from dmsc.runtime.transport.messages import REGISTRY_SERVICE
 from dmsc.runtime.transport.observe import json_logger
 from dmsc.runtime.transport.replies import Registered
 from dmsc.runtime.transport.rpc import (
@@ -71,8 +64,10 @@ from dmsc.runtime.transport.rpc import (
     Client,
     DataLost,
     bytes_handler,
+    message_fn,
     message_handler,
 )
+from dmsc.runtime.transport.stream_calls import STREAMED, Handler
 from dmsc.runtime.transport.wire import Kind, Message, WireError, decode
 from dmsc.spec import TransformerSpec
 
@@ -100,7 +95,7 @@ class StageWorker:
         self.telemetry = Telemetry(self.metrics)  # CPU, memory, I/O of this process, its node
         self.traced_step = self.telemetry.traced(self.run_step)  # training replies: telemetry
         self.inbox = Inbox(cfg.epoch)
-        self.registry = Client(cfg.registry, REGISTRY_SERVICE, token=cfg.token)
+        self.registry = Client(cfg.registry, msg.REGISTRY_SERVICE, token=cfg.token)
         self.log = log or json_logger(f"dmsc.worker.{cfg.sid}")
         self._build(cfg)
         self._lock = threading.Lock()
@@ -140,7 +135,7 @@ class StageWorker:
         self.peers = Peers(
             self.registry, self.inbox, cfg.replica, cfg.recv_timeout_s, self.m_bytes, cfg.token,
             self.device, {int(k): LinkShaper(v) for k, v in cfg.pp_link_mbps.items()},
-            cfg.tp_rank, pipe_of(cfg, self.frames, self.push, self.log), cfg.tp, self.relay,
+            cfg.tp_rank, pipe_of(cfg, self.frames, self.push, self.log), cfg.tp,
         )  # fmt: skip
         self.grads = GradientSync(cfg, self.module, self.peers, self.inbox, self.tied, self.experts)
         self.drawn = (self.spec.vocab, drawing.agreement(cfg.tp, self.device))  # for Draw
@@ -164,9 +159,16 @@ class StageWorker:
         )
 
     def register(self) -> Registered:
-        """Announce this worker (``fenced``: a newer incarnation holds its SID)."""
-        self.peers.publish(self.address)  # where it takes calls on a stream, found with it
+        """Announce this worker (``fenced``: a newer incarnation holds its SID); where it has a
+        stream listener, its calls there first (whoever finds it finds them)."""
+        if isinstance(self.peers.pipe, PipeStream) and self.address:
+            self.peers.pipe.answer_calls(self.streamed(), self.address)
         return self.registry.ask("Register", self.record(), Registered)
+
+    def streamed(self) -> dict[str, Handler]:
+        """The methods answered on a stream too (:mod:`..transport.stream_calls`): gRPC's."""
+        step = message_fn(msg.RunStep, self.traced_step)
+        return {"Relay": self.relay, "RunStep": step, "RunWith": self.run_with}
 
     def _check_epoch(self, epoch: int | None) -> None:
         """Refuse a call of another epoch than this worker's (none given: this worker's)."""
@@ -449,7 +451,7 @@ class StageWorker:
             extra = self.sync.state() if self.sync is not None else {}
             args = (self.spec, self.cfg, self.module, self.optimizer, self.steps_done, extra)
             names = tp_worker.write(path, *args, self.experts)  # tp, ep > 1: gathered
-        sha = checkpoint_sha256(path) if names else ""
+        sha = ckpt.checkpoint_sha256(path) if names else ""
         return {"path": str(path), "sha256": sha, "tensors": names}
 
     def load(self, m: msg.Load) -> dict[str, Any]:
@@ -457,8 +459,8 @@ class StageWorker:
         with DATA_LOSS (the caller may try an older one) before anything is loaded."""
         path = Path(m.path)
         try:
-            verify_checkpoint(path, m.sha256)
-            state = read_states(path, m.others, checkpoint_keys(self.spec, self.module))
+            ckpt.verify_checkpoint(path, m.sha256)
+            state = ckpt.read_states(path, m.others, ckpt.checkpoint_keys(self.spec, self.module))
             kind = "adamw" if not state.param_groups or "betas" in state.param_groups[0] else "sgd"
             with self._lock:
                 if kind != optimizer_kind(self.optimizer):
@@ -470,18 +472,16 @@ class StageWorker:
                     self.sync.restore(self.sync_held)
                 self.uncommitted = None
                 self.sessions.clear()  # keys and values of the weights replaced
-        except CheckpointError as exc:
+        except ckpt.CheckpointError as exc:
             self.log.warning("refused %s: %s", path, exc, extra={"sid": self.cfg.sid})
             raise DataLost(f"{exc}: {path}") from None
         # what this stage now holds, by the digest its file was checked against
-        return {"steps": self.steps_done, "sha256": m.sha256 or checkpoint_sha256(path)}
+        return {"steps": self.steps_done, "sha256": m.sha256 or ckpt.checkpoint_sha256(path)}
 
     def methods(self) -> dict[str, grpc.RpcMethodHandler]:
         return {
             "Push": bytes_handler(self.push),
-            "Relay": bytes_handler(self.relay),
-            "RunStep": message_handler(msg.RunStep, self.traced_step),
-            "RunWith": bytes_handler(self.run_with),
+            **{name: bytes_handler(fn, STREAMED[name]) for name, fn in self.streamed().items()},
             "Draw": message_handler(Draw, lambda m: drawing.run(self.run_step, m, *self.drawn)),
             "Health": message_handler(msg.Health, self.telemetry.reported(self.health)),
             "Save": message_handler(msg.Save, self.save),

@@ -189,11 +189,18 @@ def message_handler(
     """A JSON method whose request (at most ``max_bytes``) is checked against ``model`` (one of
     :mod:`dmsc.runtime.transport.messages`) before ``fn`` sees it, and whose answer goes out
     through its reply model (:mod:`dmsc.runtime.transport.replies`)."""
+    return bytes_handler(message_fn(model, fn, reply), max_bytes)
+
+
+def message_fn(
+    model: type[M], fn: Callable[[M], Reply | dict[str, Any]], reply: type[Reply] | None = None
+) -> Callable[[bytes], bytes]:
+    """:func:`message_handler`'s work on the request's bytes: its answer's bytes."""
 
     def wrapped(request: bytes) -> bytes:
         return json.dumps(reply_json(fn(parse(model, request)), reply)).encode()
 
-    return bytes_handler(wrapped, max_bytes)
+    return wrapped
 
 
 def waiting_handler(
@@ -316,10 +323,14 @@ class Client:
         timeout_s: float = 30.0,
         token: str | None = None,
         leaf: tls.Leaf | None = None,
+        via: Callable[[str, bytes, float], bytes | None] | None = None,
     ) -> None:
         """With a ``leaf`` (default: the process's, :func:`.tls.current`) the channel is mutual
         TLS, the server checked against the leaf's authority. On the process's leaf, the
-        channel is opened anew with its renewal (:func:`.tls.renew`) at the next call."""
+        channel is opened anew with its renewal (:func:`.tls.renew`) at the next call. With
+        ``via`` (method, request, wait) a call is made that way where it answers (None: not
+        this method), as a worker's step calls are on its stream (:mod:`.stream_calls`)."""
+        self.via = via
         self.address = address
         self.service = service
         self.timeout_s = timeout_s
@@ -370,6 +381,10 @@ class Client:
         return self._stubs[key]
 
     def raw(self, method: str, data: bytes, timeout_s: float | None = None) -> bytes:
+        if self.via is not None:
+            got = self.via(method, data, timeout_s or self.timeout_s)
+            if got is not None:
+                return got
         request = data if len(data) <= CHUNK_BYTES else _pieces(data)
         result: bytes = self._stub(method, data)(
             request, timeout=timeout_s or self.timeout_s, metadata=self.metadata

@@ -49,7 +49,6 @@ from dmsc.runtime.control.launch.tp_ranks import TensorRanks
 from dmsc.runtime.transport import batched, logs
 from dmsc.runtime.transport.messages import (
     DEFAULT_GRAD_WAIT_S,
-    STAGE_SERVICE,
     Abort,
     Commit,
     Health,
@@ -89,7 +88,7 @@ class Deployment(ForwardRequests):
         self.token = secrets.token_urlsafe(24)  # the service credential: workers ask for it
         # the launcher says where workers can reach the registry (this machine's address)
         host = getattr(self.launcher, "control_host", "127.0.0.1")
-        self.tp = TensorRanks(layout.tp, host, layout.replicas, layout.pp_groups())
+        self.tp = TensorRanks(layout.tp, host, layout.replicas, layout.pp_groups(), self.token)
         self.server, port = serve(
             REGISTRY_SERVICE, registry_methods(self.registry), f"{host}:0", token=self.token
         )
@@ -178,7 +177,7 @@ class Deployment(ForwardRequests):
         old = self.clients.get(key)
         if old is not None:
             old.close()
-        self.clients[key] = Client(h.address, STAGE_SERVICE, token=self.token)
+        self.clients[key] = self.tp.client(h.address, self.token)
         self.epochs[key] = h.config.epoch
 
     def start(self) -> None:

@@ -10,7 +10,10 @@ TCPStore hosted here (port 0: the system picks a free one; its address goes into
 :class:`~dmsc.runtime.compute.config.WorkerConfig`), and so do the replicas of a stage for their
 data-parallel all-reduces (:mod:`dmsc.runtime.compute.dp_collective`) and the stages of a
 pipeline in one datacenter for their sends (:mod:`dmsc.runtime.compute.pipe_group`): the store
-is hosted whenever there are several ranks, several replicas or such a pipeline.
+is hosted whenever there are several ranks, several replicas or such a pipeline. Where a worker
+published a stream listener there (a pipeline's stages in one datacenter), the clients made
+here call its step methods on it (:meth:`TensorRanks.client`,
+:mod:`dmsc.runtime.transport.stream_calls`).
 """
 
 from __future__ import annotations
@@ -28,6 +31,7 @@ from dmsc.runtime.control.launch.failures import Key, key_of
 from dmsc.runtime.control.launch.launchers import Launcher, WorkerHandle
 from dmsc.runtime.transport.messages import STAGE_SERVICE, Health
 from dmsc.runtime.transport.rpc import Client
+from dmsc.runtime.transport.stream_calls import StreamCalls
 
 
 class GroupFuture:
@@ -75,7 +79,12 @@ class TensorRanks:
     replicas' data-parallel groups) meet at."""
 
     def __init__(
-        self, tp: int, host: str = "127.0.0.1", replicas: int = 1, pipelines: bool = False
+        self,
+        tp: int,
+        host: str = "127.0.0.1",
+        replicas: int = 1,
+        pipelines: bool = False,
+        token: str | None = None,
     ) -> None:
         if tp < 1:
             raise ValueError(f"tp must be at least 1, not {tp}")
@@ -87,6 +96,9 @@ class TensorRanks:
                 host, 0, is_master=True, wait_for_workers=False
             )
             self.address = f"{host}:{self.store.port}"
+        self.token = token
+        # the step calls on the workers' stream listeners, where they published them here
+        self.calls = StreamCalls(self.address, token) if self.address else None
         self.handles: list[WorkerHandle] = []
         self.clients: dict[Key, list[Client]] = {}
         self.by_sid: dict[str, Client] = {}
@@ -95,9 +107,15 @@ class TensorRanks:
         """Serve through ``h``, a rank past the first of its replica."""
         self.handles.append(h)
         self.handles.sort(key=lambda x: (key_of(x), x.config.tp_rank))
-        client = Client(h.address, STAGE_SERVICE, token=token)
+        client = self.client(h.address, token)
         self.clients.setdefault(key_of(h), []).append(client)
         self.by_sid[h.config.sid] = client
+
+    def client(self, address: str, token: str | None) -> Client:
+        """A client of the stage worker at ``address``: its step calls on its stream, where it
+        has one (:mod:`dmsc.runtime.transport.stream_calls`), the others over gRPC."""
+        via = self.calls.route(address) if self.calls is not None else None
+        return Client(address, STAGE_SERVICE, token=token, via=via)
 
     def drop(self, key: Key) -> list[WorkerHandle]:
         """Forget the ranks of the replica at ``key`` (being replaced); their handles."""
@@ -152,4 +170,6 @@ class TensorRanks:
         for clients in self.clients.values():
             for c in clients:
                 c.close()
+        if self.calls is not None:
+            self.calls.close()
         self.store = None
