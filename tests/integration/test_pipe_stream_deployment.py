@@ -2,8 +2,8 @@
 worker processes on 127.0.0.1: the same losses as over gRPC (``pp_stream=False``) and as one
 process, the bytes booked per link, and a killed stage found, replaced and reached again over
 the new epoch's streams; a decoded token's ``Relay`` calls on the streams' listeners
-(:mod:`dmsc.runtime.compute.relay_stream`) draw the tokens gRPC's draw, also under mutual TLS
-and after the replacement."""
+(:mod:`dmsc.runtime.transport.stream_calls`) draw the tokens gRPC's draw, also under mutual TLS
+and after the replacement, and the control plane's step calls go there too."""
 
 from __future__ import annotations
 
@@ -16,6 +16,7 @@ from dmsc.runtime.control.launch.deployment import Deployment, StageLayout
 from dmsc.runtime.control.launch.failures import WorkerFailure
 from dmsc.runtime.transport import tls
 from dmsc.runtime.transport.messages import Sampling
+from dmsc.runtime.transport.rpc import Client
 from dmsc.runtime.transport.wire import Kind, encode
 from dmsc.spec import resolve_model
 
@@ -34,13 +35,25 @@ def _calls_published(dep: Deployment) -> bool:
     return dep.tp.store is not None and bool(dep.tp.store.check(keys))
 
 
-def test_streamed_sends_train_as_grpc_and_one_process_and_survive_a_killed_stage(tmp_path) -> None:  # type: ignore[no-untyped-def]
+def test_streamed_sends_train_as_grpc_and_one_process_and_survive_a_killed_stage(  # type: ignore[no-untyped-def]
+    tmp_path, monkeypatch
+) -> None:
     batches = text_batches(SPEC, STEPS)
     reference = reference_losses(SPEC, 0, 1e-3, batches, MICRO)
+    over: list[str] = []  # the step calls this process (the control plane) made over gRPC
+    stub = Client._stub
+
+    def counted(self, method, *rest):  # type: ignore[no-untyped-def]
+        over.extend([method] if method in ("RunStep", "RunWith") else [])
+        return stub(self, method, *rest)
+
+    monkeypatch.setattr(Client, "_stub", counted)
     with Deployment(StageLayout(SPEC, THREE, pp_stream=False)) as dep:  # the gRPC path
         over_grpc = [dep.train_step(s, x, y, MICRO)["loss"] for s, (x, y) in enumerate(batches)]
         assert not _calls_published(dep)
         drawn_over_grpc = dep.generate(b"def ", 6, sampling=GREEDY)
+    assert over.count("RunWith") == 2 * STEPS  # to the first stage and the last, each step
+    over.clear()
     with Deployment(StageLayout(SPEC, THREE), home=tmp_path) as dep:
         cfgs = [dep.config(s, 0) for s in range(3)]
         assert all(c.pp_stream and not c.pp_group for c in cfgs) and dep.tp.address
@@ -63,6 +76,7 @@ def test_streamed_sends_train_as_grpc_and_one_process_and_survive_a_killed_stage
         losses += [dep.train_step(s, *batches[s], MICRO)["loss"] for s in (2, 3)]
         assert _calls_published(dep)  # the replacement's too, by its new address
         drawn = dep.generate(b"def ", 6, sampling=GREEDY)
+        assert not over  # every step call on the workers' streams, the replacement's too
     assert drawn == drawn_over_grpc
     assert losses == over_grpc  # bitwise: the same tensors, another transport
     assert max(abs(a - b) for a, b in zip(losses, reference, strict=True)) < 1e-5

@@ -93,7 +93,9 @@ class WorkerConfig:
     # activations and gradients go over a gloo group of the pipeline met at tp_store
     # (dmsc.runtime.compute.pipe_group), not over gRPC (StageLayout.pp_gloo asked for it).
     pp_group: bool = False
-    # The same, over a TCP stream to each neighbouring stage (dmsc.runtime.compute.pipe_stream)
+    # The same, over a TCP stream to each neighbouring stage (dmsc.runtime.compute.pipe_stream),
+    # whose listener also answers step calls (dmsc.runtime.transport.stream_calls), a single
+    # stage's too
     pp_stream: bool = False
     extra: dict[str, Any] = field(default_factory=dict)
 

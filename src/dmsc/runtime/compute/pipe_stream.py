@@ -91,7 +91,7 @@ def pipe_stream_of(
 ) -> PipeStream | None:
     """The pipeline streams of the worker ``cfg`` configures (None: its frames go over gRPC
     or the gloo group); ``deliver`` takes a received frame as ``Push`` takes one."""
-    if not cfg.pp_stream or cfg.stages < 2 or not cfg.tp_store:
+    if not cfg.pp_stream or not cfg.tp_store:  # a single stage listens for calls
         return None
     return PipeStream(
         cfg.tp_store, cfg.stage, cfg.replica, cfg.tp_rank, cfg.recv_timeout_s, deliver,

@@ -64,6 +64,7 @@ def test_a_pipeline_meets_in_a_gloo_group_only_inside_one_datacenter() -> None:
 
 
 def test_a_pipeline_sends_over_streams_only_inside_one_datacenter_and_gloo_comes_first() -> None:
+    """And the workers listen for step calls there (a single stage's too)."""
     model = resolve_model("gpt-mini")
     assert isinstance(model, TransformerSpec)
     ranges = [("embedding", "block_1"), ("block_2", "head")]
@@ -74,7 +75,8 @@ def test_a_pipeline_sends_over_streams_only_inside_one_datacenter_and_gloo_comes
     assert split.stage_fields(0, 0)["pp_stream"] and not split.stage_fields(0, 1)["pp_stream"]
     both = StageLayout(model, ranges, pp_stream=True, pp_gloo=True)
     assert both.pp_group(0) and not both.pp_stream_of(0)
-    assert not StageLayout(model, [("embedding", "head")], pp_stream=True).pp_groups()
+    one = StageLayout(model, [("embedding", "head")])  # a single stage listens for step calls
+    assert one.pp_stream_of(0) and one.pp_groups() and one.stage_fields(0)["pp_stream"]
 
 
 def test_tokens_in_flight_one_a_stage_and_one_drawn_where_order_does_not_matter() -> None:

@@ -74,17 +74,18 @@ class StageLayout:
                 "pp_stream": self.pp_stream_of(replica)}  # fmt: skip
 
     def _one_site(self, replica: int) -> bool:
-        """Whether the pipeline of ``replica`` has stages and all of them in one datacenter
-        (so that no link between them is shaped)."""
+        """Whether the stages of ``replica`` are all in one datacenter (so that no link
+        between them is shaped)."""
         places = {self.datacenters.get((s, replica), "local") for s in range(len(self.ranges))}
-        return len(self.ranges) > 1 and len(places) == 1
+        return len(places) == 1
 
     def pp_group(self, replica: int) -> bool:
-        """Whether the pipeline of ``replica`` meets in a gloo group."""
-        return self.pp_gloo and self._one_site(replica)
+        """Whether the pipeline of ``replica`` (of several stages) meets in a gloo group."""
+        return self.pp_gloo and len(self.ranges) > 1 and self._one_site(replica)
 
     def pp_stream_of(self, replica: int) -> bool:
-        """Whether the pipeline of ``replica`` sends over TCP streams (gloo's group first)."""
+        """Whether the workers of ``replica`` listen for streams (gloo's group first): their
+        pipeline's frames, and the step calls made to them (also with a single stage)."""
         return self.pp_stream and not self.pp_gloo and self._one_site(replica)
 
     def pp_groups(self) -> bool:
