@@ -4,7 +4,7 @@ against single-process ``transformers`` ``generate`` on the same model.
 A Llama-style model (8 layers, hidden 512, 8 heads, 4 key/value heads, vocabulary 8192, random
 weights) is saved as a Hugging Face checkpoint and served by dmsc as 2 stage processes on this
 machine (a token's ``Relay`` from one to the next a call on a kept TCP connection:
-:mod:`dmsc.runtime.compute.relay_stream`), each loading its own tensors. Greedy decoding of
+:mod:`dmsc.runtime.transport.stream_calls`), each loading its own tensors. Greedy decoding of
 ``--tokens`` tokens after a 32-token prompt: one session with the cache, one recomputing (the
 path before sessions), ``--sessions`` concurrent sessions with the cache (taking turns per
 token, as the control plane's fair lock makes them: as many tokens through the replica at once
