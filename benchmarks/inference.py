@@ -38,8 +38,8 @@ deployments alternated so that drift on a shared machine hits both alike; the JS
 round of each).
 
 With ``--grpc-relay`` a second deployment of the same stages relays each token over gRPC
-(``StageLayout(pp_stream=False)``, the path before streams), its one session timed in every
-round beside the others (the same tokens); the JSON gains ``stream_over_grpc_relay_by_pair``
+(``StageLayout(pp_stream=False)``, the path before streams: the control plane's calls over gRPC
+too), its one session timed in every round beside the others (the same tokens); the JSON gains ``stream_over_grpc_relay_by_pair``
 (each round's stream time over gRPC's), and ``cache_1_session_grpc_relay`` in ``ms_per_token``
 and ``cpu_ms_per_token``.
 """
@@ -185,8 +185,8 @@ def main() -> None:
     parser.add_argument(
         "--grpc-relay",
         action="store_true",
-        help="Also a deployment whose stages relay over gRPC (pp_stream=False), its one "
-        "session alternated with the others in each round.",
+        help="Also a deployment whose stages relay over gRPC (pp_stream=False: its calls too), "
+        "its one session alternated with the others in each round.",
     )
     args = parser.parse_args()
     if args.hf_threads:
