@@ -14,6 +14,7 @@ Workers are objects of this process meeting in a TCPStore hosted here (port 0).
 from __future__ import annotations
 
 import contextlib
+import socket
 import ssl
 import struct
 import threading
@@ -217,3 +218,25 @@ def test_with_certificates_calls_are_mutual_tls_and_a_fenced_callers_are_refused
             )
     finally:
         tls.install(None)
+
+
+def test_a_call_is_connected_within_its_own_wait(tmp_path: Path) -> None:
+    """A listener that never completes the TLS handshake (accepts nothing): the call ends at its
+    own wait, not at the connection timeout of the calls (30 s)."""
+    tls.install_authority(tmp_path)
+    silent = socket.create_server(("127.0.0.1", 0))  # listens, never accepts
+    store = dist.TCPStore("127.0.0.1", 0, is_master=True, wait_for_workers=False)  # type: ignore[attr-defined]
+    addr = f"127.0.0.1:{store.port}"
+    stream_calls.publish(addr, SERVICE, f"127.0.0.1:{silent.getsockname()[1]}")
+    calls = StreamCalls(addr, TOKEN, timeout_s=30.0)
+    try:
+        t0 = time.monotonic()
+        late = _failed(calls, b"x", wait_s=0.3)
+        assert (
+            late.code() == grpc.StatusCode.DEADLINE_EXCEEDED and "not connected" in late.details()
+        )
+        assert time.monotonic() - t0 < 5.0
+    finally:
+        tls.install(None)
+        calls.close()
+        silent.close()

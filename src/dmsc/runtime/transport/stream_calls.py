@@ -170,13 +170,16 @@ class StreamCalls:
         :attr:`dmsc.runtime.transport.rpc.Client.via`)."""
         return lambda method, data, wait_s: self.call(service, method, data, wait_s)
 
-    def _take(self, at: str) -> socket.socket:
+    def _take(self, at: str, wait_s: float) -> socket.socket:
         with self._lock:
             idle = self._idle.get(at)
             if idle:
                 return idle.pop()
-        try:
-            return dial(at, self._hello, self.timeout_s)
+        try:  # connected (and its TLS handshake done) within the call's own wait too
+            return dial(at, self._hello, min(self.timeout_s, wait_s))
+        except TimeoutError:
+            why = f"not connected to {at} within {min(self.timeout_s, wait_s):.3g} s"
+            raise CallFailed(grpc.StatusCode.DEADLINE_EXCEEDED, why) from None
         except OSError as exc:
             why = f"cannot connect to {at}: {exc}"
             raise CallFailed(grpc.StatusCode.UNAVAILABLE, why) from None
@@ -195,7 +198,7 @@ class StreamCalls:
             why = f"{method} takes requests of {limit:,} bytes at most, not {len(data):,}"
             raise CallFailed(grpc.StatusCode.RESOURCE_EXHAUSTED, why)
         name = method.encode()
-        sock = self._take(at)
+        sock = self._take(at, wait_s)
         kept = False
         try:
             sock.settimeout(wait_s)
