@@ -39,9 +39,9 @@ round of each).
 
 With ``--grpc-relay`` a second deployment of the same stages relays each token over gRPC
 (``StageLayout(pp_stream=False)``, the path before streams: the control plane's calls over gRPC
-too), its one session timed in every round beside the others (the same tokens); the JSON gains ``stream_over_grpc_relay_by_pair``
-(each round's stream time over gRPC's), and ``cache_1_session_grpc_relay`` in ``ms_per_token``
-and ``cpu_ms_per_token``.
+too), its one session timed in every round beside the others (the same tokens); the JSON gains
+``stream_over_grpc_relay_by_pair`` (each round's stream time over gRPC's), and
+``cache_1_session_grpc_relay`` in ``ms_per_token`` and ``cpu_ms_per_token``.
 """
 
 from __future__ import annotations
