@@ -22,8 +22,11 @@ handler threads. Written by hand for that measurement; the statuses and the limi
   it registers (:func:`publish`); a worker that published none is called over gRPC, and so is
   every method not in :data:`STREAMED`.
 - :class:`StreamCalls` keeps idle connections per listener (one call at a time on each; calls
-  in flight at once each have their own). A caller that stops waiting closes that connection,
-  so the late answer is never read as another call's. A connection that fails raises
+  in flight at once each have their own). A new connection carries calls once the worker said
+  it took it (:data:`ACCEPTED`); one it refused or closed before that (none published there any
+  more, its bound of connections reached) sends its call over gRPC instead: nothing of the call
+  was sent, and the gRPC server has no such bound. A caller that stops waiting closes that
+  connection, so the late answer is never read as another call's. A connection that fails raises
   :class:`CallFailed`, a ``grpc.RpcError`` whose ``code()`` is what gRPC would have said (a
   peer gone: UNAVAILABLE; out of time: DEADLINE_EXCEEDED), so callers handle both alike. A
   call is never sent twice on its own: the worker may have run it.
@@ -48,6 +51,7 @@ from dmsc.runtime.transport.rpc import CONTROL_BYTES, MAX_MESSAGE_BYTES, status_
 from dmsc.runtime.transport.streams import dial, hello, peer_name, read_exact
 
 CALL_MAGIC = b"DMSCCALL"  # a connection of calls
+ACCEPTED = b"\x01"  # what a worker says to a connection of calls it serves, before any call
 CALLS_KEY = "ppstream/calls"  # under the store: each worker's listener, by its gRPC address
 # the methods called on a stream, each with the most bytes its request may have (its gRPC
 # method's limit on a stage worker)
@@ -100,9 +104,11 @@ def serve(
     logger: Any = log,
 ) -> None:
     """Answer the calls of one connection (its hello said) with ``methods`` (of
-    :data:`STREAMED`), one at a time, until it closes. A call to another method, or over its
-    method's limit, is answered (UNIMPLEMENTED, RESOURCE_EXHAUSTED) before its request is read,
-    and the connection closed (``refuse`` says why)."""
+    :data:`STREAMED`), one at a time, until it closes; it is told :data:`ACCEPTED` first. A
+    call to another method, or over its method's limit, is answered (UNIMPLEMENTED,
+    RESOURCE_EXHAUSTED) before its request is read, and the connection closed (``refuse`` says
+    why)."""
+    conn.sendall(ACCEPTED)
     head = bytearray(_LEN.size + 1)
     name = bytearray(255)
     while read_exact(conn, memoryview(head)):
@@ -170,19 +176,30 @@ class StreamCalls:
         :attr:`dmsc.runtime.transport.rpc.Client.via`)."""
         return lambda method, data, wait_s: self.call(service, method, data, wait_s)
 
-    def _take(self, at: str, wait_s: float) -> socket.socket:
+    def _take(self, at: str, wait_s: float) -> socket.socket | None:
+        """An idle connection to ``at``, or a new one the worker took (its :data:`ACCEPTED`
+        read); None where it took none (refused, closed, full): that call goes over gRPC."""
         with self._lock:
             idle = self._idle.get(at)
             if idle:
                 return idle.pop()
-        try:  # connected (and its TLS handshake done) within the call's own wait too
-            return dial(at, self._hello, min(self.timeout_s, wait_s))
+        within = min(self.timeout_s, wait_s)
+        sock = None
+        try:  # connected, its TLS handshake done and taken, within the call's own wait too
+            sock = dial(at, self._hello, within)
+            sock.settimeout(within)
+            if sock.recv(1) == ACCEPTED:
+                return sock
         except TimeoutError:
-            why = f"not connected to {at} within {min(self.timeout_s, wait_s):.3g} s"
+            if sock is not None:
+                sock.close()
+            why = f"not connected to {at} within {within:.3g} s"
             raise CallFailed(grpc.StatusCode.DEADLINE_EXCEEDED, why) from None
         except OSError as exc:
-            why = f"cannot connect to {at}: {exc}"
-            raise CallFailed(grpc.StatusCode.UNAVAILABLE, why) from None
+            log.info("no stream to %s (%s): over gRPC", at, exc)
+        if sock is not None:
+            sock.close()
+        return None
 
     def call(self, service: str, method: str, data: bytes, wait_s: float) -> bytes | None:
         """The answer of the worker at the gRPC address ``service`` to ``method`` with
@@ -199,6 +216,8 @@ class StreamCalls:
             raise CallFailed(grpc.StatusCode.RESOURCE_EXHAUSTED, why)
         name = method.encode()
         sock = self._take(at, wait_s)
+        if sock is None:
+            return None
         kept = False
         try:
             sock.settimeout(wait_s)
