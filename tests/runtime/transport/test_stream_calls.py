@@ -100,16 +100,24 @@ def test_answers_come_back_on_one_kept_connection_and_concurrent_calls_get_their
         assert _call(calls, b"a") == b"echo a"
         assert _call(calls, b"") == b"echo "
         assert sum(len(s) for s in calls._idle.values()) == 1  # one connection, kept
+    # three calls answered only once all three are in (however late a thread starts on a
+    # loaded machine): none can finish and hand its connection to another
+    met = threading.Barrier(3, timeout=30)
+
+    def together(data: bytes) -> bytes:
+        met.wait()
+        return b"echo " + data
+
+    with _pair(together) as (calls, _):
         got: list[bytes | None] = []
         threads = [
-            threading.Thread(target=lambda i=i: got.append(_call(calls, b"sleep 0.2")))
-            for i in range(3)
+            threading.Thread(target=lambda: got.append(_call(calls, b"x"))) for _ in range(3)
         ]
         for t in threads:
             t.start()
         for t in threads:
             t.join()
-        assert got == [b"echo sleep 0.2"] * 3
+        assert got == [b"echo x"] * 3
         assert sum(len(s) for s in calls._idle.values()) == 3  # each call had a connection
 
 
