@@ -50,18 +50,16 @@ import struct
 import threading
 import time
 from collections.abc import Callable
-from datetime import timedelta
 from typing import Any
 
 import torch
-import torch.distributed as dist
 
 from dmsc.runtime.compute.config import WorkerConfig
 from dmsc.runtime.compute.frames import FrameSpec, check_frame
 from dmsc.runtime.compute.inbox import Aborted
 from dmsc.runtime.compute.pipe_group import PipeGroup, pipe_group_of
 from dmsc.runtime.transport.stream_calls import CALL_MAGIC, Handler, publish, serve
-from dmsc.runtime.transport.streams import dial, hello, read_exact, tls_contexts
+from dmsc.runtime.transport.streams import dial, hello, read_exact, store_client, tls_contexts
 from dmsc.runtime.transport.wire import Kind, encode
 
 MAGIC = b"DMSCPIPE"  # a connection of pipeline frames
@@ -273,10 +271,7 @@ class PipeStream:
     # -- sending ----------------------------------------------------------------------------
 
     def _store_client(self) -> Any:
-        host, _, port = self.store_address.rpartition(":")
-        return dist.TCPStore(  # type: ignore[attr-defined]
-            host, int(port), is_master=False, timeout=timedelta(seconds=self.timeout_s)
-        )
+        return store_client(self.store_address, self.timeout_s)
 
     def ready(self, epoch: int, abandoned: Callable[[], bool], end: float) -> None:
         """This worker's address published for ``epoch`` (once; an older epoch's streams

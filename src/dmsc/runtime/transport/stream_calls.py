@@ -40,15 +40,13 @@ import socket
 import struct
 import threading
 from collections.abc import Callable
-from datetime import timedelta
 from typing import Any
 
 import grpc
-import torch.distributed as dist
 
 from dmsc.runtime.transport import tls
 from dmsc.runtime.transport.rpc import CONTROL_BYTES, MAX_MESSAGE_BYTES, status_of
-from dmsc.runtime.transport.streams import dial, hello, peer_name, read_exact
+from dmsc.runtime.transport.streams import dial, hello, peer_name, read_exact, store_client
 
 CALL_MAGIC = b"DMSCCALL"  # a connection of calls
 ACCEPTED = b"\x01"  # what a worker says to a connection of calls it serves, before any call
@@ -84,17 +82,10 @@ def _answer(code: grpc.StatusCode, body: bytes) -> bytes:
     return _LEN.pack(len(body) + 1) + bytes([code.value[0]]) + body
 
 
-def _store(address: str, timeout_s: float) -> Any:
-    host, _, port = address.rpartition(":")
-    return dist.TCPStore(  # type: ignore[attr-defined]
-        host, int(port), is_master=False, timeout=timedelta(seconds=timeout_s)
-    )
-
-
 def publish(store_address: str, service: str, listener: str, timeout_s: float = 30.0) -> None:
     """Say under the store at ``store_address`` that the worker whose gRPC address is
     ``service`` answers calls at ``listener``."""
-    _store(store_address, timeout_s).set(f"{CALLS_KEY}/{service}", listener)
+    store_client(store_address, timeout_s).set(f"{CALLS_KEY}/{service}", listener)
 
 
 def serve(
@@ -164,7 +155,7 @@ class StreamCalls:
         if service not in self._at:
             key = f"{CALLS_KEY}/{service}"
             try:
-                store = _store(self.store_address, self.timeout_s)
+                store = store_client(self.store_address, self.timeout_s)
                 self._at[service] = store.get(key).decode() if store.check([key]) else None
             except RuntimeError as exc:  # the store unreachable: gRPC this time, look again next
                 log.warning("no stream listener looked up for %s: %s", service, exc)

@@ -10,8 +10,11 @@ import hashlib
 import socket
 import ssl
 import tempfile
+from datetime import timedelta
 from pathlib import Path
 from typing import Any
+
+import torch.distributed as dist
 
 from dmsc.runtime.transport import tls
 from dmsc.runtime.transport.authority import SERVICE_NAME
@@ -67,6 +70,15 @@ def read_exact(conn: socket.socket, buf: memoryview) -> bool:
             return False
         done += n
     return True
+
+
+def store_client(address: str, timeout_s: float) -> Any:
+    """A client of the deployment's TCPStore at ``address`` (``host:port``), its waits bounded
+    by ``timeout_s`` (torch's stubs do not export the class's name)."""
+    host, _, port = address.rpartition(":")
+    return dist.TCPStore(  # type: ignore[attr-defined]
+        host, int(port), is_master=False, timeout=timedelta(seconds=timeout_s)
+    )
 
 
 def dial(address: str, said: bytes, timeout_s: float) -> socket.socket:
