@@ -12,6 +12,14 @@ recalibrate, all through the ``dmsc`` command:
    traces when its task ended), ``dmsc plan --calibrated`` (the same job on that fit), ``dmsc
    up`` with the new plan, ``dmsc train --steps N``, ``dmsc down``.
 
+With ``--chain`` the runs share one data directory instead, as a user's ``$DMSC_HOME`` keeps
+them: a first run planned on ``dmsc calibrate``'s spec, then ``--runs`` runs each planned
+``--calibrated`` on the newest fit, which pools the earlier runs of the same placement (up to
+five tasks, :mod:`dmsc.data.calibrations`): the planner learning from every run. Each run's
+error is reported against its own plan's prediction and against the first plan's.
+
+A task trains the demo's 200 steps unless ``--steps`` says otherwise.
+
 The error is measured over predicted minus one (positive: slower than predicted). How far a step
 repeats within one run on this machine is reported beside it (``repeat_error``: the median step
 of the second half of the task's steps against the first's): no prediction can come closer to a
@@ -99,6 +107,48 @@ def one_run(steps: int) -> dict[str, Any]:
     }
 
 
+def chained(runs: int, steps: int) -> dict[str, Any]:
+    """``runs`` + 1 runs in one data directory, as a user's ``$DMSC_HOME`` keeps them: the first
+    planned on ``dmsc calibrate``'s spec, each later one ``dmsc plan --calibrated`` on the newest
+    fit, which pools the earlier runs of the same placement (up to five tasks). Each run's error
+    against its own plan's prediction, and against the first plan's (before recalibration)."""
+    home, dmsc = home_and_dmsc("dmsc-recal-chain-")
+    calibrated = home / "local-cpu.calibrated.yaml"
+    dmsc("calibrate", "--out", str(calibrated))
+    first = home / "plan-0.json"
+    dmsc("plan", "--cluster", str(calibrated), *JOB, *STRATEGY, "--out", str(first))
+    out = [_train(dmsc, home, first, calibrated, steps)]
+    before_s = out[0]["predicted_step_s"]
+    for i in range(1, runs + 1):
+        refit = home / f"recalibrated-{i}.yaml"
+        dmsc("calibrate", "--from-run", str(out[-1]["run"]), "--out", str(refit))
+        plan = home / f"plan-{i}.json"
+        planned = json.loads(
+            dmsc("plan", "--cluster", str(calibrated), *JOB, *STRATEGY, "--calibrated",
+                 "--json", "--out", str(plan))
+        )  # fmt: skip
+        run = _train(dmsc, home, plan, refit, steps)
+        run["calibrated"] = planned["calibrated"]
+        run["pooled_tasks"] = _fit_figures(home, out[-1]["run"])["pooled"]
+        run["same_plan"] = _placed(plan) == _placed(first)
+        out.append(run)
+    for run in out:
+        run["error_before"] = run["measured_step_s"] / before_s - 1
+    after = [r["error"] for r in out[1:]]
+    return {
+        "runs": out,
+        "within_goal": {
+            "before": sum(abs(r["error_before"]) <= GOAL for r in out[1:]),
+            "after": sum(abs(e) <= GOAL for e in after),
+        },
+        "median_abs_error": {
+            "before": statistics.median(abs(r["error_before"]) for r in out[1:]),
+            "after": statistics.median(abs(e) for e in after),
+        },
+        "median_abs_repeat_error": statistics.median(abs(r["repeat_error"]) for r in out),
+    }
+
+
 def _placed(plan: Path) -> list[Any]:
     """A plan's stages as deployed: each one's layers and its replicas' devices."""
     stages = json.loads(plan.read_text())["stages"]
@@ -117,19 +167,67 @@ def _fit_figures(home: Path, run: int) -> dict[str, Any]:
     )
     fit = json.loads(rec.fit_json)
     return {
-        k: fit[k]
-        for k in ("span_speed", "step_factor", "device_speed", "link_scale", "steps", "notes")
+        k: fit.get(k)
+        for k in (
+            "span_speed",
+            "step_factor",
+            "device_speed",
+            "link_scale",
+            "steps",
+            "notes",
+            "pooled",
+        )
     }
+
+
+def _print_chain(args: argparse.Namespace, started: float) -> None:
+    got = chained(args.runs, args.steps)
+    out = {
+        "machine": f"{platform.node()} ({platform.machine()}, {platform.python_version()})",
+        "mode": "chain",
+        "steps": args.steps,
+        "goal": GOAL,
+        **got,
+        "seconds": time.time() - started,
+    }
+    text = json.dumps(out, indent=1)
+    if args.out:
+        Path(args.out).write_text(text + "\n")
+    if args.json:
+        print(text)
+        return
+    print(f"{'run':>3} {'predicted':>10} {'measured':>9} {'error':>7} {'vs first plan':>14}   "
+          "pooled   halves apart")  # fmt: skip
+    for i, r in enumerate(got["runs"]):
+        print(
+            f"{i:>3} {r['predicted_step_s'] * 1e3:>7.1f} ms {r['measured_step_s'] * 1e3:>6.1f} ms"
+            f" {r['error']:>+7.1%} {r['error_before']:>+14.1%}   "
+            f"{len(r.get('pooled_tasks') or []) + (1 if i else 0):>6}   {r['repeat_error']:+.1%}"
+        )
+    w, n = got["within_goal"], args.runs
+    print(
+        f"within {GOAL:.0%} after recalibration: {w['after']} of {n} runs (on the first plan's "
+        f"prediction: {w['before']} of {n}); a run's halves {got['median_abs_repeat_error']:.1%} "
+        "apart (median)"
+    )
 
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--runs", type=int, default=5)
-    ap.add_argument("--steps", type=int, default=20)
+    ap.add_argument("--steps", type=int, default=200, help="a task's steps (the demo's 200)")
+    ap.add_argument(
+        "--chain",
+        action="store_true",
+        help="one data directory: a first run, then --runs runs each planned on the newest fit",
+    )
     ap.add_argument("--json", action="store_true")
     ap.add_argument("--out", help="also write the JSON here")
     args = ap.parse_args()
     started = time.time()
+    if args.chain:
+        _print_chain(args, started)
+        return
     runs = [one_run(args.steps) for _ in range(args.runs)]
     within = {
         phase: [abs(r[phase]["error"]) <= GOAL for r in runs] for phase in ("before", "after")

@@ -4,10 +4,12 @@ kept with its run and found again by cluster."""
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 import pytest
 
+from dmsc.cli.recalibrate import describe
 from dmsc.data.calibrations import (
     fit_task,
     fitted_spec,
@@ -101,3 +103,58 @@ def test_traces_laid_out_from_known_figures_are_fitted_back_to_them(tmp_path: Pa
     assert [r.reason for r in run_fits(db, run.id)] == ["the task timed no step", None]
     assert newest_fit(db, plan.cluster).id == kept.id  # type: ignore[union-attr]
     assert newest_fit(db, "another") is None
+
+
+def _traced_task(
+    db: Database, plan: Plan, true: ClusterSpec, slow: float, fit: bool = True
+) -> tuple[int, int, float]:
+    """A run of ``plan`` with one task of 5 steps laid out on ``true`` at ``slow`` (the first a
+    warm-up), its steps timed in the metrics; kept fitted when ``fit``: (run, task, step)."""
+    run = db.new_run(plan.model, plan.cluster, plan.model_dump(mode="json"))
+    task = db.new_task(run.id, "train", {}).id
+    step_s = iteration_s(plan, true, MODEL) * slow
+    for step in range(5):
+        add_step_traces(db, task, step, lay_out(plan, true, step, slow=slow), {})
+        db.add_metric(task, step, 1.0, step_s * (10 if step == 0 else 1), 1.0)
+    if fit:
+        record_fit(
+            db, run.id, task, plan.cluster, fit_task(db, run.id, task, plan, plan_cluster(), step_s)
+        )
+    return run.id, task, step_s
+
+
+def plan_cluster() -> ClusterSpec:
+    return load_spec(ClusterSpec, ROOT / "examples/clusters/local-cpu.yaml")
+
+
+def test_a_fit_pools_the_earlier_runs_of_the_same_placement_and_only_those(
+    tmp_path: Path,
+) -> None:
+    plan, cluster = demo()
+    true = scaled(cluster, {"cpu": 0.5}, {"dc-0-dc-1": 0.2, "dc-1-dc-2": 0.4})
+    db = Database(f"sqlite:///{tmp_path / 'dmsc.sqlite'}")
+    # another job on the same cluster (another batch): measured, fitted, never pooled
+    other_job = plan.job.model_copy(update={"global_batch": 32, "micro_batch": 8})
+    other = plan.model_copy(update={"job": other_job})
+    _traced_task(db, other, true, slow=3.0)
+    _, first, first_s = _traced_task(db, plan, true, slow=1.2)
+    run, task, step_s = _traced_task(db, plan, true, slow=1.0, fit=False)
+
+    alone = fit_task(db, run, task, plan, cluster, step_s, pool=1)
+    assert alone.pooled == [] and alone.steps == 4
+    assert alone.device_speed["cpu"] == pytest.approx(0.5, rel=2e-3)
+
+    fit = fit_task(db, run, task, plan, cluster, step_s)
+    assert fit.pooled == [first]  # the other job's task is not of this placement
+    assert fit.steps == 8
+    # the reference: the pooled step is the median of the two tasks' warm steps (4 each), and
+    # a stage's compute the median of its 8 step values, half at each speed
+    assert fit.measured_step_s == pytest.approx((step_s + first_s) / 2)
+    for st in fit.stages:
+        own = next(a for a in alone.stages if a.stage == st.stage)
+        assert st.measured_s == pytest.approx(own.measured_s * (1 + 1.2) / 2, rel=1e-6)
+    assert fit.predicted_after_s == pytest.approx(fit.measured_step_s, rel=1e-3)
+    record = record_fit(db, run, task, plan.cluster, fit)
+    assert json.loads(record.fit_json)["pooled"] == [first]
+    # what `dmsc calibrate --from-run` and `dmsc plan --calibrated` say of it
+    assert f"run {run}, task {task} pooled with task {first} (8 steps)" in describe(record)

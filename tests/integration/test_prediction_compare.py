@@ -5,6 +5,8 @@ task of the plan's job refits the cluster spec, which `dmsc calibrate --from-run
 
 from __future__ import annotations
 
+import json
+import statistics
 from pathlib import Path
 
 import pytest
@@ -42,6 +44,7 @@ def test_a_task_of_another_batch_is_compared_with_its_own_prediction(
         assert other["not_comparable"].startswith("not comparable: the plan predicts batch 4")
         cp.cluster = cluster
         other = cp.train(TrainRequest(steps=1, batch=8))
+        again = cp.train(TrainRequest(steps=2))  # the plan's job again: pooled with the first
     job8 = JobSpec.model_validate({**job.model_dump(), "global_batch": 8, "micro_batch": 4})
     want = plan_job(cluster, model, job8, fixed=True).plan.prediction.iteration_time_s
     assert other["predicted_step_s"] == want > plan.prediction.iteration_time_s
@@ -49,13 +52,19 @@ def test_a_task_of_another_batch_is_compared_with_its_own_prediction(
     # the task of the plan's job was fitted; those without the spec or of another job were not
     fits = run_fits(cp.db, cp.run.id)
     assert [(f.task_id, f.spec_json is not None) for f in fits] == [
-        (other["task"], False), (other["task"] - 1, False), (own["task"], True)
+        (again["task"], True), (other["task"], False), (other["task"] - 1, False),
+        (own["task"], True),
     ]  # fmt: skip
-    assert fits[0].reason is not None and fits[0].reason.startswith("the task ran batch 8")
-    assert fits[1].reason is not None and "has no spec of cluster" in fits[1].reason
-    assert fits[2].measured_step_s == own["median_step_s"]
-    assert fits[2].predicted_before_s == pytest.approx(plan.prediction.iteration_time_s, rel=1e-3)
-    assert fits[2].predicted_after_s == pytest.approx(own["median_step_s"], rel=1e-3)
+    assert fits[1].reason is not None and fits[1].reason.startswith("the task ran batch 8")
+    assert fits[2].reason is not None and "has no spec of cluster" in fits[2].reason
+    assert fits[3].measured_step_s == own["median_step_s"]
+    assert fits[3].predicted_before_s == pytest.approx(plan.prediction.iteration_time_s, rel=1e-3)
+    assert fits[3].predicted_after_s == pytest.approx(own["median_step_s"], rel=1e-3)
+    # the second task of the plan's job learnt from the first as well: its 2 steps and the
+    # first's (no warm-up left out of 2), not the other job's
+    assert json.loads(fits[0].fit_json)["pooled"] == [own["task"]]
+    steps = [m.step_s for t in (own["task"], again["task"]) for m in cp.db.metrics(t)]
+    assert fits[0].measured_step_s == pytest.approx(statistics.median(steps))
     # written by `dmsc calibrate --from-run`, planned on by `dmsc plan --calibrated`
     monkeypatch.setenv("DMSC_HOME", str(tmp_path))
     monkeypatch.delenv("DMSC_DATABASE_URL", raising=False)
@@ -71,7 +80,10 @@ def test_a_task_of_another_batch_is_compared_with_its_own_prediction(
             main(args)
         assert not done.value.code, capsys.readouterr().err
     said = " ".join(capsys.readouterr().out.split())
-    assert f"recalibrated from run {cp.run.id}, task {own['task']}" in said
+    assert (
+        f"recalibrated from run {cp.run.id}, task {again['task']} pooled with task {own['task']}"
+        in said
+    )
     assert ClusterSpec.model_validate(yaml.safe_load(refit.read_text())).name == cluster.name
     replanned = Plan.model_validate_json((tmp_path / "plan2.json").read_text())
-    assert replanned.prediction.iteration_time_s == pytest.approx(own["median_step_s"], rel=1e-2)
+    assert replanned.prediction.iteration_time_s == pytest.approx(fits[0].measured_step_s, rel=1e-2)

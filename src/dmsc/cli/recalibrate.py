@@ -57,8 +57,11 @@ def describe(record: RecalibrationRecord) -> str:
     )
     speeds = ", ".join(f"{k} x{v:.3f}" for k, v in fit.get("device_speed", {}).items())
     links = ", ".join(f"{k} x{v:.3f}" for k, v in fit.get("link_scale", {}).items())
+    from dmsc.data.calibrations import task_words
+
+    tasks = task_words(record.task_id, fit.get("pooled") or [])
     return (
-        f"run {record.run_id}, task {record.task_id} ({fit.get('steps', 0)} steps): step "
+        f"run {record.run_id}, {tasks} ({fit.get('steps', 0)} steps): step "
         f"{measured * 1e3:.1f} ms measured, predicted {before * 1e3:.1f} ms before and "
         f"{after * 1e3:.1f} ms after; devices {speeds or 'unchanged'}, links "
         f"{links or 'unchanged'} (step factor {fit.get('step_factor', 1.0):.3f} over the "

@@ -15,6 +15,12 @@ task's median step leaves them out (the first fifth):
   its bytes: what stage ``s`` sent to ``s+1`` in a step (all replicas, as the planner counts
   them) over the micro-batches. Spans are wall-clock times: across machines a gap holds their
   clock skew.
+
+A fit learns from every run of the same placement, not from the last alone: a task's figures are
+pooled with those of the up to four newest earlier fitted tasks whose run's plan places the same
+job the same way on the same cluster (:func:`earlier_tasks`), their warm steps and spans taken
+together. On this project's 2-core machine a 200-step task's median step moves by a few percent
+from one spell to the next; one task's fit carries its spell into the next prediction whole.
 """
 
 from __future__ import annotations
@@ -23,6 +29,7 @@ import datetime as dt
 import json
 import statistics
 from collections.abc import Sequence
+from dataclasses import replace
 from typing import Any
 
 from sqlalchemy import select
@@ -42,9 +49,12 @@ def warm(traces: Sequence[StepTrace]) -> list[StepTrace]:
     return [t for t in traces if t.step in kept]
 
 
-def run_figures(traces: Sequence[StepTrace], microbatches: int, step_s: float) -> RunFigures:
-    """What the traces measured (module docstring), with the task's median ``step_s``."""
-    traces = warm(traces)
+def run_figures(
+    traces: Sequence[StepTrace], microbatches: int, step_s: float, warmed: bool = False
+) -> RunFigures:
+    """What the traces measured (module docstring), with the task's median ``step_s``;
+    ``warmed``: their warm-up steps are already left out."""
+    traces = list(traces) if warmed else warm(traces)
     compute: dict[int, list[float]] = {}
     for t in traces:
         busy = sum(b - a for _, _, a, b in t.spans) if t.spans else t.compute_s
@@ -78,20 +88,105 @@ def run_figures(traces: Sequence[StepTrace], microbatches: int, step_s: float) -
     return RunFigures(stage_s, boundaries, step_s, len({t.step for t in traces}))
 
 
+POOL = 5  # tasks one fit pools: the task and up to this many less one earlier runs of its plan
+
+
+def placement_key(plan: Plan) -> str:
+    """What makes two runs' measurements comparable: the cluster, model and job, each stage's
+    layers, datacenter and replicas' devices, and the reserved paths (their units set a shaped
+    link's rate). Predictions and search figures are left out: a plan made on a refitted spec
+    that places the job the same way runs the same thing."""
+    return json.dumps(
+        [
+            plan.cluster,
+            plan.model,
+            plan.model_spec.model_dump(mode="json") if plan.model_spec else None,
+            plan.job.model_dump(mode="json"),
+            [
+                [
+                    st.chunks,
+                    st.datacenter,
+                    [[r.datacenter, r.nodes, r.devices] for r in st.replicas],
+                ]
+                for st in plan.stages
+            ],
+            [[p.after_stage, p.links, p.units, p.first_unit] for p in plan.paths],
+        ],
+        sort_keys=True,
+    )
+
+
+def earlier_tasks(db: Database, plan: Plan, task_id: int, limit: int) -> list[int]:
+    """Up to ``limit`` tasks fitted before ``task_id``, newest first, of runs whose plan places
+    the same job the same way on the same cluster (:func:`placement_key`): the runs a fit of
+    ``plan`` can pool."""
+    if limit <= 0:
+        return []
+    r = RecalibrationRecord
+    with db.sessions() as s:
+        q = select(r.task_id, r.run_id).where(
+            r.cluster == plan.cluster, r.spec_json.is_not(None), r.task_id < task_id
+        )
+        rows = list(s.execute(q.order_by(r.task_id.desc())))
+    key, keys, out = placement_key(plan), {}, []
+    for task, run in rows:
+        if run not in keys:
+            earlier = run_plan(db, run)
+            keys[run] = placement_key(earlier) if earlier is not None else None
+        if keys[run] == key and task not in out:
+            out.append(task)
+            if len(out) == limit:
+                break
+    return out
+
+
+def warm_steps(db: Database, task_id: int) -> list[float]:
+    """The task's step times, warm-up left out as its median step leaves it out."""
+    steps = [m.step_s for m in db.metrics(task_id)]
+    return steps[len(steps) // 5 :] or steps
+
+
+def task_words(task_id: int, pooled: Sequence[int]) -> str:
+    """Which tasks a fit came from, in words."""
+    if not pooled:
+        return f"task {task_id}"
+    return f"task {task_id} pooled with task{'s' * (len(pooled) > 1)} {', '.join(map(str, pooled))}"
+
+
 def fit_task(
-    db: Database, run_id: int, task_id: int, plan: Plan, cluster: ClusterSpec, step_s: float
+    db: Database,
+    run_id: int,
+    task_id: int,
+    plan: Plan,
+    cluster: ClusterSpec,
+    step_s: float,
+    pool: int = POOL,
 ) -> Fit:
-    """The task's traces fitted to ``cluster`` (CannotFit says why not)."""
+    """The task's traces fitted to ``cluster`` (CannotFit says why not), pooled with those of
+    up to ``pool - 1`` earlier tasks of the same placement (:func:`earlier_tasks`): their
+    warm steps and spans taken together, so one slow or fast spell of this machine moves the
+    fit by its share only. ``step_s`` is the task's median step; pooled, the step is the
+    median of all the pooled tasks' warm steps."""
     traces = step_traces(db, task_id)
     if not traces:
         raise CannotFit(f"task {task_id} recorded no step traces")
-    figures = run_figures(traces, plan.job.microbatches, step_s)
+    others = earlier_tasks(db, plan, task_id, pool - 1)
+    pooled = warm(traces)
+    steps = (warm_steps(db, task_id) or [step_s]) if others else []
+    for n, task in enumerate(others, 1):
+        # each task's steps moved apart from the others' (a step is keyed by its number)
+        offset = n * 1_000_000
+        pooled += [replace(t, step=t.step + offset) for t in warm(step_traces(db, task))]
+        steps += warm_steps(db, task)
+    pooled_step = statistics.median(steps) if steps else step_s
+    figures = run_figures(pooled, plan.job.microbatches, pooled_step, warmed=True)
     when = dt.datetime.now(dt.UTC).strftime("%Y-%m-%d %H:%M UTC")
     source = (
-        f"dmsc recalibration from run {run_id}, task {task_id} ({figures.steps} steps "
-        f"measured, {when})"
+        f"dmsc recalibration from run {run_id}, {task_words(task_id, others)} ({figures.steps} "
+        f"steps measured, {when})"
     )
-    return fit_run(plan, cluster, figures, source=source)
+    fit = fit_run(plan, cluster, figures, source=source)
+    return replace(fit, pooled=others)
 
 
 def record_fit(

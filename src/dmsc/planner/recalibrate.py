@@ -107,6 +107,7 @@ class Fit:
     predicted_after_s: float  # ... and on the fitted spec
     steps: int = 0
     notes: list[str] = field(default_factory=list)
+    pooled: list[int] = field(default_factory=list)  # earlier tasks whose figures were pooled
 
     def as_json(self) -> dict[str, Any]:
         out = asdict(self)
