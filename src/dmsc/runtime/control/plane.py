@@ -43,7 +43,7 @@ from dmsc.runtime.control.advisors.prediction import Prediction, TaskPredictions
 from dmsc.runtime.control.launch import fallback, signals
 from dmsc.runtime.control.launch.deployment import Checkpoint, Deployment
 from dmsc.runtime.control.launch.fallback import NoGoodCheckpoint, Restored
-from dmsc.runtime.control.launch.launchers import Launcher
+from dmsc.runtime.control.launch.launchers import Launcher, runs_here
 from dmsc.runtime.control.service import control_methods
 from dmsc.runtime.control.serving.head_inference import Heads
 from dmsc.runtime.control.serving.infer_calls import InferCalls
@@ -111,7 +111,7 @@ class ControlPlane:
             texts if self.encode is None else (self.encode(texts[0]), self.encode(texts[1]))
         )
         self.deployment = Deployment(
-            layout_from_plan(plan, model, device=device, spec=cluster),
+            layout_from_plan(plan, model, device=device, spec=cluster, pack=runs_here(launcher)),
             launcher=launcher,
             workdir=self.home / "workers",
             registry_ttl_s=registry_ttl_s,

@@ -87,6 +87,11 @@ def with_secrets(cfg: WorkerConfig) -> WorkerConfig:
     return replace(cfg, tls=leaf, checkpoint_key=key.hex() if key is not None else None)
 
 
+def runs_here(launcher: Launcher | None) -> bool:
+    """Whether ``launcher`` starts its workers on this machine (None: the local one's default)."""
+    return launcher is None or isinstance(launcher, LocalLauncher)
+
+
 class LocalLauncher:
     """Worker processes on this machine (``python -m dmsc.runtime.compute.worker``); their logs
     go under ``home`` (default: the ``workdir`` each start is given)."""

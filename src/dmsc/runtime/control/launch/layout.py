@@ -34,6 +34,8 @@ class StageLayout:
     datacenters: dict[tuple[int, int], str] = field(default_factory=dict)  # "local" if none
     # (stage, replica): the cores its workers run on, its nodes' cpusets (none: not pinned)
     cpus: dict[tuple[int, int], list[int]] = field(default_factory=dict)
+    # the workers run on this machine: where the spec's devices share its cores, packed onto them
+    pack_cores: bool = False
     # a bandwidth limit on what data-parallel replicas send each other (0: none); a thin
     # link between datacenters, shaped in the data plane (benchmarks/thin_links.py)
     dp_link_mbps: float = 0.0

@@ -134,7 +134,7 @@ def restarter(dep: Deployment) -> Callable[[StageLayout], Deployment]:
 def _layout(
     plan: Plan, model: TransformerSpec, device: str, old: StageLayout, spec: ClusterSpec | None
 ) -> StageLayout:
-    layout = layout_from_plan(plan, model, device=device, spec=spec)
+    layout = layout_from_plan(plan, model, device=device, spec=spec, pack=old.pack_cores)
     layout.link_mbps = old.link_mbps  # the network's links stay as they were
     return layout
 

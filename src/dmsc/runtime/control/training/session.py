@@ -66,13 +66,17 @@ def layout_from_plan(
     lr: float = 1e-3,
     device: str = "plan",
     spec: ClusterSpec | None = None,
+    pack: bool = False,
 ) -> StageLayout:
     """The stage layer ranges (each stage's chunks, interleaved), replicas, SIDs and devices a
     plan deploys; with ``spec`` (the cluster spec its nodes are numbered on), the cores of the
-    nodes that have a cpuset."""
+    nodes that have a cpuset, or with ``pack`` (its workers run on this machine) the cores the
+    workers are packed onto where the spec's devices share them
+    (:func:`~.placement.plan_cpus`)."""
     return StageLayout(
         devices=plan_devices(plan, device),
-        cpus=plan_cpus(plan, spec),
+        cpus=plan_cpus(plan, spec, pack),
+        pack_cores=pack,
         datacenters={
             (st.index, r): rep.datacenter for st in plan.stages for r, rep in enumerate(st.replicas)
         },

@@ -1,0 +1,52 @@
+"""A deployment on a cluster spec whose devices share this machine's cores (``shared_cores``,
+as ``dmsc calibrate`` writes it) with more workers than cores: each worker process runs on the
+core the packing gave its stage (read back from the kernel), the busiest stage alone, and the
+deployment trains."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import psutil
+import pytest
+from runtime_helpers import MEASURED_CPU
+
+from dmsc.data.db import Database
+from dmsc.planner.solve import plan_job
+from dmsc.runtime.compute import cpuset
+from dmsc.runtime.compute.calibrate import calibrated_cluster
+from dmsc.runtime.control.plane import ControlPlane
+from dmsc.runtime.transport.messages import TrainRequest
+from dmsc.spec import ClusterSpec, JobSpec, load_spec, resolve_model
+
+pytestmark = pytest.mark.integration
+LOCAL = Path(__file__).resolve().parents[2] / "examples" / "clusters" / "local-cpu.yaml"
+
+
+def test_workers_run_on_the_cores_they_were_packed_onto(tmp_path: Path) -> None:
+    mine = sorted(cpuset.available() or [])
+    if len(mine) < 2:
+        pytest.fail("this test needs a machine of two cores or more (the project's has two)")
+    figures = {**MEASURED_CPU, "cores": 2.0}
+    cluster = ClusterSpec.model_validate(calibrated_cluster(load_spec(ClusterSpec, LOCAL), figures))
+    assert cluster.shared_cores == 2
+    job = JobSpec(global_batch=4, micro_batch=2, pp=3, schedule="1f1b", overlap_dp_comm=False)
+    plan = plan_job(cluster, resolve_model("gpt-mini"), job, fixed=True).plan
+    cp = ControlPlane(plan, Database(f"sqlite:///{tmp_path / 'dmsc.sqlite'}"), home=tmp_path,
+                      cluster=cluster)  # fmt: skip
+    try:
+        cp.start()
+        packed = cp.deployment.layout.cpus
+        busiest = max(plan.stages, key=lambda st: st.microbatch_s).index
+        assert sorted(packed) == [(0, 0), (1, 0), (2, 0)]
+        assert [k for k, v in packed.items() if v == packed[(busiest, 0)]] == [(busiest, 0)]
+        assert {c for v in packed.values() for c in v} == set(mine[:2])
+        for h in cp.deployment.handles:
+            assert (
+                psutil.Process(h.process.pid).cpu_affinity()
+                == packed[(h.config.stage, h.config.replica)]
+            )
+        assert cp.train(TrainRequest(steps=2))["median_step_s"] > 0
+    finally:
+        cp.stopped.set()
+        cp.deployment.shutdown()
