@@ -237,6 +237,9 @@ def main(stdin: TextIO | None = None) -> None:
         cp.deployment.shutdown()
         _fail(f"the deployment failed to start: {exc}")
         return
+    if cp.deployment.layout.cpus:  # a spec's cpusets, or the workers packed onto shared cores
+        cores = sorted(cp.deployment.layout.cpus.items())
+        log.info("workers' cores: %s", ", ".join(f"stage {s}/{r} on {c}" for (s, r), c in cores))
     queue = cp.queue  # the queue both doors submit to (.tasks.door)
     threading.Thread(target=cp.work_queue, args=(queue,), daemon=True).start()
     threading.Thread(target=partial(watch_workers, cp), daemon=True).start()
