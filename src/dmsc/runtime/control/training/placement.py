@@ -30,13 +30,15 @@ def plan_cpus(
     (the spec the plan's nodes are numbered on; :mod:`dmsc.runtime.compute.cpuset`), for the
     replicas whose nodes all have them. With ``pack`` (the local launcher: the workers run on
     this machine), a spec whose devices share one machine's cores (``shared_cores``) and pins
-    no node has its workers packed onto that many of this machine's cores (:func:`packed_cpus`)."""
+    no node has its workers packed onto the cores this process may run on, this machine's
+    (:func:`packed_cpus`; not the spec's count: a spec calibrated on a smaller machine does not
+    confine a larger one)."""
     if spec is None:
         return {}
     node_cpus = spec.node_cpus()
     if pack and spec.shared_cores and not any(node_cpus):
         mine = cpuset.available()
-        return packed_cpus(plan, sorted(mine)[: spec.shared_cores] if mine else [])
+        return packed_cpus(plan, sorted(mine) if mine else [])
     out = {}
     for st in plan.stages:
         for r, rep in enumerate(st.replicas):
