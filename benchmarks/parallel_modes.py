@@ -38,7 +38,9 @@ the ranks of a replica run the same collectives) against the cost model's (the p
 the mode over the job's devices; calls for tp from its list of all-reduces,
 :func:`dmsc.netmodel.tp_calls.tp_allreduce_calls`, for ep per mixture and micro-batch the token
 counts, the tokens out and back and their gradients: five all-to-alls). ``--only`` runs a
-subset by name. Prints a table, or with --json one object (``--out`` also writes it to a file).
+subset by name. Every run goes ``--rounds`` times (3), in turn, so a slow spell of the machine falls
+on all of them; each mode's seconds are the median over the rounds (each round's in
+``by_round``). Prints a table, or with --json one object (``--out`` also writes it to a file).
 Where ``dmsc calibrate`` could not measure the gloo all-reduce (it can fail under load), the
 predictions price collectives with the node link's figures instead: the table says so above
 the predictions and the JSON's ``calibration.used`` names what they stand on
@@ -315,9 +317,35 @@ def ddp_pairs(spec: TransformerSpec, steps: int, pairs: int) -> list[dict[str, A
     return out
 
 
+def over_rounds(rounds: list[dict[str, Any]]) -> dict[str, Any]:
+    """One run's rounds as one row: its step and each mode's measured seconds the median over
+    the rounds (each round's in ``by_round``), the rest the first round's."""
+    row = dict(rounds[0])
+    row["step_s"] = statistics.median(r["step_s"] for r in rounds)
+    row["rounds"] = len(rounds)
+    modes = []
+    for i, first in enumerate(row["modes"]):
+        same = [r["modes"][i] for r in rounds if r["modes"][i]["mode"] == first["mode"]]
+        m = dict(first)
+        for key in ("measured_s", "measured_least_s", "slowest_s"):
+            values = [x[key] for x in same if x.get(key) is not None]
+            m[key] = statistics.median(values) if values else None
+        m["ratio"] = m["measured_s"] / m["predicted_s"] if m["predicted_s"] else None
+        m["by_round"] = [x["measured_s"] for x in same]
+        modes.append(m)
+    row["modes"] = modes
+    return row
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--steps", type=int, default=16)
+    ap.add_argument(
+        "--rounds",
+        type=int,
+        default=3,
+        help="every run this many times, in turn; each mode's time the median over them",
+    )
     ap.add_argument("--dp", default="1,2,4", help="comma-separated degrees")
     ap.add_argument("--only", help="comma-separated run names (default: all)")
     ap.add_argument(
@@ -363,14 +391,21 @@ def main() -> None:
     only = set(args.only.split(",")) if args.only else set(runs)
     if only - set(runs):
         ap.error(f"--only: no run named {', '.join(sorted(only - set(runs)))} ({', '.join(runs)})")
-    rows: dict[str, Any] = {}
-    for name, (model, layout, star, micro, shape) in runs.items():
-        if name in only:
-            codec = codecs.get(name, "none")
-            pred = predicted(cluster, layout.model, *shape, star=star, compress=codec)
-            rows[name] = {"model": model, "compress": codec} | dmsc_run(
-                layout, star, args.steps, micro, pred, codec
-            )
+    preds = {
+        name: predicted(cluster, layout.model, *shape, star=star, compress=codecs.get(name, "none"))
+        for name, (_, layout, star, _, shape) in runs.items()
+        if name in only
+    }
+    measured: dict[str, list[dict[str, Any]]] = {name: [] for name in preds}
+    for _ in range(args.rounds):  # each round every run once: a slow spell falls on all of them
+        for name, (_, layout, star, micro, _) in runs.items():
+            if name in preds:
+                codec = codecs.get(name, "none")
+                measured[name].append(dmsc_run(layout, star, args.steps, micro, preds[name], codec))
+    rows = {
+        name: {"model": runs[name][0], "compress": codecs.get(name, "none")} | over_rounds(got)
+        for name, got in measured.items()
+    }
     ddp = ddp_step_s(2, args.steps) if "dp2-ring" in rows else None
     pairs = ddp_pairs(spec, args.steps, args.pairs) if ddp is not None else []
     out: dict[str, Any] = {
