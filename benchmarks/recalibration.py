@@ -180,6 +180,16 @@ def _fit_figures(home: Path, run: int) -> dict[str, Any]:
     }
 
 
+def _written(out: dict[str, Any], args: argparse.Namespace) -> bool:
+    """Write ``out`` to ``--out`` when given; print it as JSON and say so with ``--json``."""
+    text = json.dumps(out, indent=1)
+    if args.out:
+        Path(args.out).write_text(text + "\n")
+    if args.json:
+        print(text)
+    return bool(args.json)
+
+
 def _print_chain(args: argparse.Namespace, started: float) -> None:
     got = chained(args.runs, args.steps)
     out = {
@@ -190,11 +200,7 @@ def _print_chain(args: argparse.Namespace, started: float) -> None:
         **got,
         "seconds": time.time() - started,
     }
-    text = json.dumps(out, indent=1)
-    if args.out:
-        Path(args.out).write_text(text + "\n")
-    if args.json:
-        print(text)
+    if _written(out, args):
         return
     print(f"{'run':>3} {'predicted':>10} {'measured':>9} {'error':>7} {'vs first plan':>14}   "
           "pooled   halves apart")  # fmt: skip
@@ -254,11 +260,7 @@ def main() -> None:
         ),
         "seconds": time.time() - started,
     }
-    text = json.dumps(out, indent=1)
-    if args.out:
-        Path(args.out).write_text(text + "\n")
-    if args.json:
-        print(text)
+    if _written(out, args):
         return
     print(f"{'run':>3} {'before: predicted':>18} {'measured':>9} {'error':>7}   "
           f"{'after: predicted':>17} {'measured':>9} {'error':>7}   "
