@@ -5,12 +5,15 @@ deployment trains."""
 
 from __future__ import annotations
 
+import json
 import os
+import re
 from pathlib import Path
 
 import psutil
 import pytest
-from runtime_helpers import MEASURED_CPU
+import yaml
+from runtime_helpers import MEASURED_CPU, dmsc
 
 from dmsc.data.db import Database
 from dmsc.planner.solve import plan_job
@@ -55,3 +58,42 @@ def test_workers_run_on_the_cores_they_were_packed_onto(tmp_path: Path) -> None:
         cp.stopped.set()
         cp.deployment.shutdown()
         os.sched_setaffinity(0, mine)
+
+
+def test_dmsc_up_says_in_its_log_the_cores_its_workers_run_on(tmp_path: Path) -> None:
+    """The control log's ``workers' cores`` line, through ``dmsc up --cluster`` as a user runs
+    it, names the core each worker process runs on (read back from the kernel)."""
+    mine = sorted(cpuset.available() or [])
+    if len(mine) < 2:
+        pytest.fail("this test needs a machine of two cores or more (the project's has two)")
+    figures = {**MEASURED_CPU, "cores": 2.0}
+    cluster = calibrated_cluster(load_spec(ClusterSpec, LOCAL), figures)
+    (tmp_path / "c.yaml").write_text(yaml.safe_dump(cluster, sort_keys=False))
+    spec = ClusterSpec.model_validate(cluster)
+    job = JobSpec(global_batch=4, micro_batch=2, pp=3, schedule="1f1b", overlap_dp_comm=False)
+    plan = plan_job(spec, resolve_model("gpt-mini"), job, fixed=True).plan
+    (tmp_path / "plan.json").write_text(plan.model_dump_json())
+    os.sched_setaffinity(0, mine[:2])  # the control plane `dmsc up` starts inherits two cores
+    try:
+        res = dmsc(tmp_path, "up", "--plan", str(tmp_path / "plan.json"), "--cluster",
+                   str(tmp_path / "c.yaml"))  # fmt: skip
+    finally:
+        os.sched_setaffinity(0, mine)
+    assert res.returncode == 0, res.stderr
+    try:
+        line = next(
+            json.loads(x)["msg"]
+            for x in (tmp_path / "logs" / "control.log").read_text().splitlines()
+            if "workers' cores" in x
+        )
+        said = {
+            (int(m[1]), int(m[2])): [int(m[3])]
+            for m in re.finditer(r"stage (\d+)/(\d+) on \[(\d+)\]", line)
+        }
+        assert sorted(said) == [(0, 0), (1, 0), (2, 0)]
+        status = json.loads(dmsc(tmp_path, "status", "--json").stdout)
+        for s in status["services"]:
+            pid = s["pid"]
+            assert psutil.Process(pid).cpu_affinity() == said[(s["stage"], s["replica"])]
+    finally:
+        assert dmsc(tmp_path, "down").returncode == 0
