@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 
-from dmsc.data.comm_modes import compare_modes, measured_by_step
+from dmsc.data.comm_modes import compare_modes, exposed_wait, measured_by_step
 from dmsc.data.db import Database
 from dmsc.data.traces import StepTrace, record_step, step_traces
 
@@ -57,6 +57,60 @@ def test_data_and_expert_parallel_waits_are_the_least_waiting_replicas_of_the_sl
     rows = {r.mode: r for r in compare_modes({"dp_comm": 0.04}, traces)}
     assert rows["dp"].measured_s == 0.04 and rows["dp"].ratio == 1.0
     assert rows["dp"].slowest_s == 0.30 and rows["dp"].as_json()["slowest_s"] == 0.30
+
+
+def test_the_stars_exposure_runs_to_its_last_replica_served_not_its_first() -> None:
+    """Through the leader, the replicas leave the exchange one by one. Figures shaped as a dp = 4
+    star measured on this machine (2026-12-05): the last backward ends at 10.000 s, the leader
+    sends the average to replicas 1, 2, 3 in turn; replica 1 waited least (16 ms) while the step
+    waited 27 ms for the exchange. The least-waiting replica stood for it before: 0.016."""
+    stage = [  # (replica, entry, exit): the leader and replica 3 entered first
+        (0, 9.990, 10.027),
+        (1, 10.000, 10.016),
+        (2, 9.995, 10.021),
+        (3, 9.985, 10.027),
+    ]
+    traces = [
+        _trace(0, 0, r, {"dp": {"s": t1 - t0, "bytes": 10, "calls": 1, "t0": t0, "t1": t1}})
+        for r, t0, t1 in stage
+    ]
+    exposed, _, slowest = measured_by_step(traces)["dp"][0]
+    assert exposed == pytest.approx(0.027) and slowest == pytest.approx(0.042)
+    assert exposed_wait("dp", [t.comm["dp"] for t in traces]) == pytest.approx(0.027)
+
+
+def test_a_ring_whose_replicas_leave_together_measures_as_its_least_waiting_replica() -> None:
+    ring = [
+        {"s": 0.030, "calls": 1, "t0": 5.0, "t1": 5.030},
+        {"s": 0.010, "calls": 1, "t0": 5.020, "t1": 5.030},
+    ]
+    assert exposed_wait("dp", ring) == pytest.approx(0.010)
+
+
+def test_the_wall_clock_span_is_kept_within_the_waits_and_used_only_where_it_applies() -> None:
+    """Clocks of two machines apart by 50 ms cannot carry the figure outside the waits; an
+    exchange made twice in a step, one without its wall clock (an older worker), and the
+    expert-parallel all-to-alls (many a step) measure as the least-waiting replica."""
+    skewed = [
+        {"s": 0.02, "calls": 1, "t0": 1.0, "t1": 1.02},
+        {"s": 0.01, "calls": 1, "t0": 1.05, "t1": 1.06},
+    ]
+    assert exposed_wait("dp", skewed) == pytest.approx(0.01)  # the span 10 ms, at least the least
+    late = [
+        {"s": 0.02, "calls": 1, "t0": 1.05, "t1": 1.07},
+        {"s": 0.01, "calls": 1, "t0": 1.0, "t1": 1.01},
+    ]
+    assert exposed_wait("dp", late) == pytest.approx(0.02)  # the span 20 ms: at most the most
+    star = [
+        {"s": 0.04, "calls": 1, "t0": 0.0, "t1": 0.04},
+        {"s": 0.01, "calls": 1, "t0": 0.02, "t1": 0.03},
+    ]
+    assert exposed_wait("dp", star) == pytest.approx(0.02)
+    twice = [dict(star[0], calls=2), star[1]]
+    untimed = [{"s": 0.04, "calls": 1}, star[1]]
+    assert exposed_wait("dp", twice) == exposed_wait("dp", untimed) == pytest.approx(0.01)
+    assert exposed_wait("ep", star) == pytest.approx(0.01)
+    assert exposed_wait("dp", star[:1]) == pytest.approx(0.04)  # one replica: its own wait
 
 
 def test_predicted_against_measured_per_mode() -> None:

@@ -16,6 +16,17 @@ once every ``H`` steps) the sum over the steps' count, as the cost model spreads
 ``H`` iterations. Bytes are what every worker of the step sent in that mode, summed, per step
 the same way.
 
+The least-waiting replica stands for the exchange only where every replica leaves it together,
+as from an all-reduce. Through a leader (the star), the replicas leave one by one as the leader
+sends each its average, and the first served waited least while the others and the step still
+waited: at dp = 4 the least wait was 16 ms where the last replica's was 27
+(``benchmarks/parallel_modes.py``, 2026-12-05). So a data-parallel exchange that each replica
+of a stage made once in the step, timed with its wall-clock entry and exit (the meter's ``t0``
+and ``t1``, :mod:`dmsc.runtime.compute.comm_meter`), is measured from the last replica's entry
+to the last one's exit: what the step waited for it after the last backward, whatever the
+exchange's shape. It is kept between the least and the most any replica waited, so that clocks
+of different machines apart by a little cannot carry it outside what was measured.
+
 The pipeline's measured time is each stage's waiting for its neighbours' activations and
 gradients, and at a pipeline's start and end a stage waits for the others' compute as much as for
 a transfer: it is compared with the prediction's ``pp_comm`` plus its ``bubble``.
@@ -81,23 +92,42 @@ def measured_by_step(
 ) -> dict[str, dict[int, tuple[float, int, float]]]:
     """Each mode's (measured seconds, bytes of all workers, seconds of the slowest worker) in
     each step; the measured seconds the slowest worker's, but for :data:`AMONG_REPLICAS` the
-    slowest stage's least-waiting replica's (module docstring)."""
-    waits: dict[str, dict[int, dict[int, list[float]]]] = {}  # mode, step, stage: each worker's
+    slowest stage's exposed wait (:func:`exposed_wait`: its least-waiting replica's, or for a
+    data-parallel exchange timed on the wall clock, from the last entry to the last exit)."""
+    figs: dict[str, dict[int, dict[int, list[Mapping[str, Any]]]]] = {}  # mode, step, stage
     sent: dict[str, dict[int, int]] = {}
     for t in traces:
         for mode, fig in t.comm.items():
-            by_stage = waits.setdefault(mode, {}).setdefault(t.step, {})
-            by_stage.setdefault(t.stage, []).append(float(fig.get("s", 0.0)))
+            by_stage = figs.setdefault(mode, {}).setdefault(t.step, {})
+            by_stage.setdefault(t.stage, []).append(fig)
             steps = sent.setdefault(mode, {})
             steps[t.step] = steps.get(t.step, 0) + int(fig.get("bytes", 0))
     out: dict[str, dict[int, tuple[float, int, float]]] = {}
-    for mode, by_step in waits.items():
+    for mode, by_step in figs.items():
         for step, by_stage in by_step.items():
-            slowest = max(max(w) for w in by_stage.values())
-            exposed = max(min(w) for w in by_stage.values())
+            slowest = max(_wait(f) for ws in by_stage.values() for f in ws)
+            exposed = max(exposed_wait(mode, ws) for ws in by_stage.values())
             measured = exposed if mode in AMONG_REPLICAS else slowest
             out.setdefault(mode, {})[step] = (measured, sent[mode][step], slowest)
     return out
+
+
+def _wait(fig: Mapping[str, Any]) -> float:
+    return float(fig.get("s", 0.0))
+
+
+def exposed_wait(mode: str, replicas: Sequence[Mapping[str, Any]]) -> float:
+    """The exposed time of one stage's exchange of ``mode`` in a step, from its replicas'
+    figures: for a data-parallel exchange each made once with its wall-clock entry and exit,
+    from the last entry to the last exit, kept between the least and the most wait; else the
+    least-waiting replica's wait (module docstring)."""
+    waits = [_wait(f) for f in replicas]
+    least, most = min(waits), max(waits)
+    timed = all(f.get("calls") == 1 and "t0" in f and "t1" in f for f in replicas)
+    if mode != "dp" or len(replicas) < 2 or not timed:
+        return least
+    span = max(float(f["t1"]) for f in replicas) - max(float(f["t0"]) for f in replicas)
+    return min(max(span, least), most)
 
 
 def compare_modes(

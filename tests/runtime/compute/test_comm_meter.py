@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import threading
+import time
 
 import pytest
 
@@ -11,6 +12,7 @@ from dmsc.runtime.compute.comm_meter import (
     ring_allreduce_bytes,
     split_sent,
     step_comm,
+    with_commit,
 )
 
 
@@ -32,6 +34,31 @@ def test_timed_counts_a_block_that_raises() -> None:
         raise RuntimeError("a failed all-reduce")
     got = meter.take()["dp"]
     assert got["calls"] == 1 and got["bytes"] == 4 and got["s"] >= 0.0
+
+
+def test_timed_keeps_the_wall_clock_of_the_first_entry_and_the_last_exit() -> None:
+    """The replicas of a stage are compared on these (dmsc.data.comm_modes.exposed_wait)."""
+    meter = CommMeter()
+    before = time.time()
+    with meter.timed("dp"):
+        time.sleep(0.01)
+    with meter.timed("dp"):
+        time.sleep(0.01)
+    after = time.time()
+    meter.add("tp", 0.5)  # counted without a wall clock: none kept
+    got = meter.take()
+    dp = got["dp"]
+    assert before <= dp["t0"] < dp["t0"] + 0.02 <= dp["t1"] <= after
+    assert dp["t1"] - dp["t0"] >= dp["s"] - 1e-6 and "t0" not in got["tp"]
+    assert "t0" not in meter.take().get("dp", {})
+
+
+def test_a_commits_exchange_widens_the_steps_wall_clock_span() -> None:
+    step = {"dp": {"s": 0.1, "bytes": 1, "calls": 1, "t0": 10.0, "t1": 10.1}}
+    commit = {"dp": {"s": 0.2, "bytes": 2, "calls": 1, "t0": 10.5, "t1": 10.7}}
+    got = with_commit(step, commit)["dp"]
+    assert got == {"s": pytest.approx(0.3), "bytes": 3, "calls": 2, "t0": 10.0, "t1": 10.7}
+    assert with_commit({}, commit)["dp"]["t0"] == 10.5
 
 
 def test_unknown_mode_is_refused() -> None:

@@ -12,6 +12,11 @@ Each mode's exchange is timed where it happens, as the worker waits for it:
 - ``pp``: the waits for a neighbouring stage's activation or gradient and for this stage's own
   sends at the end of the step (:mod:`.executor`).
 
+Beside each mode's seconds, the wall-clock times (``time.time()``) its first timed exchange of the
+step began and its last ended (``t0``, ``t1``): the replicas of a stage are compared on them
+(:mod:`dmsc.data.comm_modes`: an exchange's exposed time is from the last replica's entry to the
+last one's exit).
+
 The collectives run deep inside the model's modules (an autograd function, an expert layer),
 where nothing of the worker's is at hand, and in the data-parallel communication thread; a
 worker process serves one stage and runs one step at a time, so one meter per process
@@ -38,34 +43,45 @@ class CommMeter:
         self._seconds: dict[str, float] = {}
         self._bytes: dict[str, int] = {}
         self._calls: dict[str, int] = {}
+        self._wall: dict[str, tuple[float, float]] = {}  # first timed entry, last exit
 
-    def add(self, mode: str, seconds: float, nbytes: int = 0) -> None:
-        """Count one exchange of ``mode``: ``seconds`` waited, ``nbytes`` this worker sent."""
+    def add(
+        self, mode: str, seconds: float, nbytes: int = 0, wall: tuple[float, float] | None = None
+    ) -> None:
+        """Count one exchange of ``mode``: ``seconds`` waited, ``nbytes`` this worker sent, and
+        where timed, the wall-clock ``(entry, exit)`` of the wait."""
         if mode not in MODES:
             raise ValueError(f"mode {mode!r} is not one of {', '.join(MODES)}")
         with self._lock:
             self._seconds[mode] = self._seconds.get(mode, 0.0) + seconds
             self._bytes[mode] = self._bytes.get(mode, 0) + nbytes
             self._calls[mode] = self._calls.get(mode, 0) + 1
+            if wall is not None:
+                was = self._wall.get(mode, wall)
+                self._wall[mode] = (min(was[0], wall[0]), max(was[1], wall[1]))
 
     @contextmanager
     def timed(self, mode: str, nbytes: int = 0) -> Iterator[None]:
         """Count the block as one exchange of ``mode`` (also when it raises)."""
-        t0 = time.perf_counter()
+        t0, w0 = time.perf_counter(), time.time()
         try:
             yield
         finally:
-            self.add(mode, time.perf_counter() - t0, nbytes)
+            took = time.perf_counter() - t0
+            self.add(mode, took, nbytes, (w0, w0 + took))
 
     def take(self) -> dict[str, dict[str, float]]:
-        """The figures so far by mode (``s``, ``bytes``, ``calls``), and a fresh start."""
+        """The figures so far by mode (``s``, ``bytes``, ``calls``; ``t0``, ``t1`` where a
+        call was timed), and a fresh start."""
         with self._lock:
-            out = {
+            out: dict[str, dict[str, float]] = {
                 m: {"s": self._seconds[m], "bytes": self._bytes[m], "calls": self._calls[m]}
                 for m in MODES
                 if m in self._seconds
             }
-            self._seconds, self._bytes, self._calls = {}, {}, {}
+            for m, (t0, t1) in self._wall.items():
+                out[m] |= {"t0": t0, "t1": t1}
+            self._seconds, self._bytes, self._calls, self._wall = {}, {}, {}, {}
         return out
 
 
@@ -114,6 +130,9 @@ def with_commit(
         entry = out.setdefault(mode, {"s": 0.0, "bytes": 0, "calls": 0})
         for key in ("s", "bytes", "calls"):
             entry[key] = entry.get(key, 0) + fig.get(key, 0)
+        if "t0" in fig:  # the wall-clock span of both
+            entry["t0"] = min(entry.get("t0", fig["t0"]), fig["t0"])
+            entry["t1"] = max(entry.get("t1", fig["t1"]), fig["t1"])
     return out
 
 
