@@ -118,6 +118,8 @@ def test_tp2_pp2_dp2_with_sequence_parallelism_trains_as_one_process() -> None:
         for replica in (0, 1):
             tp = outs[-1]["comm"][(stage, replica)]["tp"]
             assert tp["calls"] == sum(c.count for c in priced), (stage, replica)
+            # the group's exposed time, from both ranks' calls; their walls not kept
+            assert tp["s"] > 0.0 and "wait_s" in tp and "walls" not in tp, (stage, replica)
 
 
 def test_an_interleaved_tp2_pp2_sequence_parallel_pipeline_trains_as_one_process() -> None:

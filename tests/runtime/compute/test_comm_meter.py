@@ -8,11 +8,14 @@ import time
 import pytest
 
 from dmsc.runtime.compute.comm_meter import (
+    MAX_WALLS,
     CommMeter,
+    group_exposed,
     ring_allreduce_bytes,
     split_sent,
     step_comm,
     with_commit,
+    without_walls,
 )
 
 
@@ -51,6 +54,45 @@ def test_timed_keeps_the_wall_clock_of_the_first_entry_and_the_last_exit() -> No
     assert before <= dp["t0"] < dp["t0"] + 0.02 <= dp["t1"] <= after
     assert dp["t1"] - dp["t0"] >= dp["s"] - 1e-6 and "t0" not in got["tp"]
     assert "t0" not in meter.take().get("dp", {})
+
+
+def test_each_tensor_parallel_call_keeps_its_walls_up_to_a_bound() -> None:
+    meter = CommMeter()
+    for _ in range(3):
+        with meter.timed("tp"):
+            pass
+    with meter.timed("dp"):
+        pass
+    got = meter.take()
+    assert len(got["tp"]["walls"]) == 3 and "walls" not in got["dp"]
+    assert all(a <= b for a, b in got["tp"]["walls"])
+    for _ in range(MAX_WALLS + 1):  # a serving worker's meter, taken rarely: none kept past it
+        meter.add("tp", 0.0, 0, (1.0, 1.0))
+    assert "walls" not in meter.take()["tp"]
+    meter.add("tp", 0.1, 0, (1.0, 1.1))
+    meter.add("tp", 0.1)  # one call without its wall clock: the calls no longer pair up
+    assert "walls" not in meter.take()["tp"]
+
+
+def test_a_groups_exposed_time_runs_call_by_call_from_the_last_entry_to_the_last_exit() -> None:
+    """Rank 0 reached the first call 5 ms early (its partner's compute) and the second 1 ms
+    late: the group's exposure is 2 + 3 ms where rank 0 waited 7 + 3."""
+    rank0 = {"s": 0.010, "bytes": 8, "calls": 2, "walls": [[0.0, 0.007], [0.021, 0.024]]}
+    rank1 = {"s": 0.008, "bytes": 8, "calls": 2, "walls": [[0.005, 0.007], [0.020, 0.024]]}
+    got = group_exposed([rank0, rank1])
+    assert got["s"] == pytest.approx(0.005) and got["wait_s"] == 0.010
+    assert got["bytes"] == 8 and "walls" not in got
+    # clocks apart: each call kept between the least and the most wait
+    skewed = dict(rank1, walls=[[0.009, 0.011], [0.030, 0.031]])
+    assert group_exposed([rank0, skewed])["s"] == pytest.approx(0.002 + 0.001)
+    # calls that do not pair up: rank 0's own wait
+    assert group_exposed([rank0, dict(rank1, walls=[[0.0, 0.1]])])["s"] == 0.010
+    assert group_exposed([rank0, {"s": 0.008}])["s"] == 0.010
+    assert group_exposed([rank0]) == {k: v for k, v in rank0.items() if k != "walls"}
+    assert without_walls({"tp": rank0, "pp": {"s": 1.0}}) == {
+        "tp": {"s": 0.010, "bytes": 8, "calls": 2},
+        "pp": {"s": 1.0},
+    }
 
 
 def test_a_commits_exchange_widens_the_steps_wall_clock_span() -> None:

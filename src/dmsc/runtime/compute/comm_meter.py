@@ -17,6 +17,15 @@ step began and its last ended (``t0``, ``t1``): the replicas of a stage are comp
 (:mod:`dmsc.data.comm_modes`: an exchange's exposed time is from the last replica's entry to the
 last one's exit).
 
+A tensor-parallel rank's wait in a call is also its partner's lateness: a rank that reaches the
+all-reduce first waits there for the other's compute, which the cost model prices as compute.
+On this project's 2-core machine one rank's tp wait at tp = 2 went from 12 to 98 ms a step from
+step to step, around a step of 80-120 ms (2026-12-05). So the meter keeps each tensor-parallel
+call's wall-clock entry and exit too (``walls``, at most :data:`MAX_WALLS` a step) and
+:func:`group_exposed` puts a replica's ranks together: each call's exposed time is from the last
+rank's entry to the last one's exit, the step's ``s`` their sum (the rank's own wait kept as
+``wait_s``).
+
 The collectives run deep inside the model's modules (an autograd function, an expert layer),
 where nothing of the worker's is at hand, and in the data-parallel communication thread; a
 worker process serves one stage and runs one step at a time, so one meter per process
@@ -28,11 +37,13 @@ from __future__ import annotations
 
 import threading
 import time
-from collections.abc import Iterator, Mapping
+from collections.abc import Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from typing import Any
 
 MODES = ("tp", "dp", "ep", "pp")
+CALL_WALLS = ("tp",)  # the modes whose calls' wall clocks are kept one by one (docstring)
+MAX_WALLS = 4096  # a step's calls kept at most (a serving worker's meter is taken rarely)
 
 
 class CommMeter:
@@ -44,6 +55,7 @@ class CommMeter:
         self._bytes: dict[str, int] = {}
         self._calls: dict[str, int] = {}
         self._wall: dict[str, tuple[float, float]] = {}  # first timed entry, last exit
+        self._walls: dict[str, list[tuple[float, float]] | None] = {}  # None: past MAX_WALLS
 
     def add(
         self, mode: str, seconds: float, nbytes: int = 0, wall: tuple[float, float] | None = None
@@ -59,6 +71,14 @@ class CommMeter:
             if wall is not None:
                 was = self._wall.get(mode, wall)
                 self._wall[mode] = (min(was[0], wall[0]), max(was[1], wall[1]))
+                if mode in CALL_WALLS:
+                    calls = self._walls.setdefault(mode, [])
+                    if calls is not None and len(calls) < MAX_WALLS:
+                        calls.append(wall)
+                    else:
+                        self._walls[mode] = None
+            elif mode in CALL_WALLS:  # a call without its wall clock: the calls do not pair up
+                self._walls[mode] = None
 
     @contextmanager
     def timed(self, mode: str, nbytes: int = 0) -> Iterator[None]:
@@ -81,7 +101,11 @@ class CommMeter:
             }
             for m, (t0, t1) in self._wall.items():
                 out[m] |= {"t0": t0, "t1": t1}
-            self._seconds, self._bytes, self._calls, self._wall = {}, {}, {}, {}
+            for m, walls in self._walls.items():
+                if walls is not None and m in out:
+                    out[m]["walls"] = [list(w) for w in walls]  # type: ignore[assignment]
+            self._seconds, self._bytes, self._calls = {}, {}, {}
+            self._wall, self._walls = {}, {}
         return out
 
 
@@ -118,6 +142,31 @@ def step_comm(
         entry = out.setdefault(mode, {"s": 0.0, "calls": 0})
         entry["bytes"], entry["links"] = share["bytes"], share["links"]
     return out
+
+
+def group_exposed(ranks: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
+    """Rank 0's figure of a mode (``ranks[0]``) with its seconds (``s``) the group's exposed
+    time in its calls (module docstring): call by call, from the last rank's entry to the last
+    one's exit, kept between the least and the most any rank waited in it (so that clocks a
+    little apart cannot carry it out), summed; rank 0's own wait as ``wait_s``. Where the ranks'
+    calls do not pair up (a rank without its walls, or with another count of them) the figure
+    stays rank 0's wait. The walls are left out of what it returns."""
+    out = {k: v for k, v in ranks[0].items() if k != "walls"}
+    walls: list[list[list[float]]] = [r.get("walls") or [] for r in ranks]
+    paired = all("walls" in r for r in ranks) and len({len(w) for w in walls}) == 1
+    if len(ranks) < 2 or not paired:
+        return out
+    exposed = 0.0
+    for calls in zip(*walls, strict=True):
+        waits = [b - a for a, b in calls]
+        span = max(b for _, b in calls) - max(a for a, _ in calls)
+        exposed += min(max(span, min(waits)), max(waits))
+    return out | {"s": exposed, "wait_s": ranks[0].get("s", 0.0)}
+
+
+def without_walls(comm: Mapping[str, Mapping[str, Any]]) -> dict[str, dict[str, Any]]:
+    """A step's figures by mode without the calls' walls (what a step's trace keeps)."""
+    return {m: {k: v for k, v in f.items() if k != "walls"} for m, f in comm.items()}
 
 
 def with_commit(

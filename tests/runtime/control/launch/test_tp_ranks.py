@@ -3,10 +3,13 @@ while a recovery changes them (dmsc.runtime.control.launch.tp_ranks)."""
 
 from __future__ import annotations
 
+import json
 from concurrent.futures import Future
 from typing import Any
 
-from dmsc.runtime.control.launch.tp_ranks import TensorRanks
+import pytest
+
+from dmsc.runtime.control.launch.tp_ranks import GroupFuture, TensorRanks
 
 
 class _Rank:
@@ -51,3 +54,24 @@ def test_a_probe_asks_every_rank_and_reads_what_each_said() -> None:
     ranks = TensorRanks(tp=1)
     ranks.by_sid.update({"a": _Rank(), "b": _Rank(closed=True)})
     assert ranks.probe(1.0) == ({"a": {"ok": True}}, {"b"})
+
+
+def _done(reply: bytes) -> Future[bytes]:
+    f: Future[bytes] = Future()
+    f.set_result(reply)
+    return f
+
+
+def test_a_replicas_step_reply_carries_its_ranks_exposed_tensor_parallel_time() -> None:
+    """Rank 0's reply stands for the replica's; its tp figure is the group's, from both ranks'
+    calls (comm_meter.group_exposed), and no walls reach the trace."""
+    rank0 = {"loss": 1.0, "comm": {"tp": {"s": 0.01, "calls": 1, "walls": [[0.0, 0.01]]},
+                                   "pp": {"s": 0.5}}}  # fmt: skip
+    rank1 = {"comm": {"tp": {"s": 0.004, "calls": 1, "walls": [[0.006, 0.01]]}}}
+    group = GroupFuture([_done(json.dumps(r).encode()) for r in (rank0, rank1)])
+    got = group.reply()
+    assert got["loss"] == 1.0 and got["comm"]["pp"] == {"s": 0.5}
+    assert got["comm"]["tp"]["s"] == pytest.approx(0.004) and got["comm"]["tp"]["wait_s"] == 0.01
+    assert "walls" not in got["comm"]["tp"]
+    health = GroupFuture([_done(b'{"ok": true}'), _done(b'{"ok": false}')])
+    assert health.reply() == {"ok": True} and health.result() == b'{"ok": true}'

@@ -36,7 +36,7 @@ import torch
 from pydantic import BaseModel
 
 from dmsc.runtime.business.registry import REGISTRY_SERVICE, Registry, registry_methods
-from dmsc.runtime.compute.comm_meter import with_commit
+from dmsc.runtime.compute.comm_meter import with_commit, without_walls
 from dmsc.runtime.compute.frames import FrameSpec, check_frame
 from dmsc.runtime.compute.worker import WorkerConfig
 from dmsc.runtime.control.launch import failures, staging
@@ -339,7 +339,7 @@ class Deployment(ForwardRequests):
             "traces": {k: (r.get("spans", []), r.get("sent", {})) for k, r in replies.items()},
             "telemetry": {k: r["telemetry"] for k, r in replies.items() if "telemetry" in r},
             "comm": {  # by mode, with a round's exchange its Commit ran
-                k: with_commit(r["comm"], commits[k].get("comm", {}))
+                k: without_walls(with_commit(r["comm"], commits[k].get("comm", {})))
                 for k, r in replies.items()
                 if "comm" in r
             },

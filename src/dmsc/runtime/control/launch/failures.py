@@ -180,7 +180,9 @@ def gather(
             fut = pending.pop(key)
             exc = fut.exception()
             if exc is None:
-                replies[key] = json.loads(fut.result())
+                # a replica's ranks' replies as one (tp_ranks.GroupFuture.reply)
+                reply = getattr(fut, "reply", None)
+                replies[key] = reply() if reply is not None else json.loads(fut.result())
                 continue
             details = exc.details() if isinstance(exc, grpc.RpcError) else str(exc)
             if _code(exc) == grpc.StatusCode.ABORTED and details.startswith("restart:"):

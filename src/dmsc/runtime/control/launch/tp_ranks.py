@@ -27,6 +27,7 @@ import grpc
 import torch.distributed as dist
 from pydantic import BaseModel
 
+from dmsc.runtime.compute.comm_meter import CALL_WALLS, group_exposed, without_walls
 from dmsc.runtime.control.launch.failures import Key, key_of
 from dmsc.runtime.control.launch.launchers import Launcher, WorkerHandle
 from dmsc.runtime.transport.messages import STAGE_SERVICE, Health
@@ -66,12 +67,33 @@ class GroupFuture:
             raise exc
         return self.futures[0].result()
 
+    def reply(self) -> Any:
+        """Rank 0's JSON reply, read; a training step's with its tensor-parallel time the
+        group's exposed one, from every rank's calls (:func:`ranks_comm`)."""
+        first = json.loads(self.result())
+        if isinstance(first, dict) and isinstance(first.get("comm"), dict):
+            replies = [first, *(json.loads(f.result()) for f in self.futures[1:])]
+            return first | {"comm": ranks_comm(replies)}
+        return first
+
     def add_done_callback(self, fn: Callable[[Any], None]) -> None:
         for f in self.futures:
             f.add_done_callback(lambda _: fn(self))
 
     def cancel(self) -> bool:
         return all([f.cancel() for f in self.futures])
+
+
+def ranks_comm(replies: list[dict[str, Any]]) -> dict[str, dict[str, Any]]:
+    """The step figures by mode of a replica's ranks as one: rank 0's, with each mode whose
+    calls' walls the meter keeps (:data:`~dmsc.runtime.compute.comm_meter.CALL_WALLS`) at the
+    group's exposed time (:func:`~dmsc.runtime.compute.comm_meter.group_exposed`)."""
+    comm = replies[0]["comm"]
+    out = without_walls(comm)
+    for mode in CALL_WALLS:
+        if mode in comm:
+            out[mode] = group_exposed([r.get("comm", {}).get(mode, {}) for r in replies])
+    return out
 
 
 class TensorRanks:
