@@ -162,3 +162,11 @@ def test_a_round_exchanged_once_in_several_steps_is_spread_over_them() -> None:
     assert rows["dp"].measured_s == pytest.approx(0.1) and rows["dp"].steps == 2
     assert rows["dp"].measured_bytes == pytest.approx(25.0) and rows["dp"].ratio == 1.0
     assert rows["pp"].measured_s == pytest.approx(0.045)  # every step: the median, as before
+
+
+def test_expert_parallel_figures_put_together_per_group_measure_as_the_slowest_group() -> None:
+    """Merged by the deployment (comm_meter.replicas_exposed: each replica's ``s`` its group's
+    exposed time, its own wait as ``wait_s``): the step waited for the slowest group."""
+    merged = [{"s": 0.02, "wait_s": 0.05}, {"s": 0.02, "wait_s": 0.03}, {"s": 0.04, "wait_s": 0.04}]
+    assert exposed_wait("ep", merged) == pytest.approx(0.04)
+    assert exposed_wait("ep", [{"s": 0.02, "wait_s": 0.05}, {"s": 0.03}]) == pytest.approx(0.02)

@@ -110,7 +110,13 @@ def test_ep2_tp2_trains_ten_steps_as_one_process_and_saves_the_whole_stage(
     with Deployment(StageLayout(spec, WHOLE, replicas=2, tp=2, ep=2), home=tmp_path) as dep:
         sids = sorted(s.sid for s in dep.registry.lookup(stage=0))
         assert sids == ["stage0-r0-t0", "stage0-r0-t1", "stage0-r1-t0", "stage0-r1-t1"]
-        losses = [dep.train_step(s, *batches[s], 1)["loss"] for s in range(STEPS - 1)]
+        outs = [dep.train_step(s, *batches[s], 1) for s in range(STEPS - 1)]
+        losses = [o["loss"] for o in outs]
+        # the all-to-alls measured as the group's, call by call over both replicas (their
+        # own waits kept beside), the tp all-reduces over each replica's ranks; no walls kept
+        ep = [outs[-1]["comm"][(0, r)]["ep"] for r in (0, 1)]
+        assert ep[0]["s"] == ep[1]["s"] > 0 and all("wait_s" in f for f in ep)
+        assert all("walls" not in f for c in outs[-1]["comm"].values() for f in c.values())
         ckpt = dep.checkpoint(STEPS - 1)
         prompt = batches[0][0][0, :12].tolist()  # a request on all four processes
         decoded = dep.generate(prompt, 6, sampling=GREEDY, replica=1)

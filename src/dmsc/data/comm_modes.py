@@ -24,8 +24,11 @@ waited: at dp = 4 the least wait was 16 ms where the last replica's was 27
 of a stage made once in the step, timed with its wall-clock entry and exit (the meter's ``t0``
 and ``t1``, :mod:`dmsc.runtime.compute.comm_meter`), is measured from the last replica's entry
 to the last one's exit: what the step waited for it after the last backward, whatever the
-exchange's shape. It is kept between the least and the most any replica waited, so that clocks
-of different machines apart by a little cannot carry it outside what was measured.
+exchange's shape. It is kept between the least and the most any replica waited, so that
+clocks of different machines apart by a little cannot carry it outside what was measured. The
+expert-parallel all-to-alls come put together call by call over each group by the deployment
+(each call from the last replica's entry to the last one's exit), and their measured time is the
+slowest group's.
 
 The pipeline's measured time is each stage's waiting for its neighbours' activations and
 gradients, and at a pipeline's start and end a stage waits for the others' compute as much as for
@@ -119,10 +122,15 @@ def _wait(fig: Mapping[str, Any]) -> float:
 def exposed_wait(mode: str, replicas: Sequence[Mapping[str, Any]]) -> float:
     """The exposed time of one stage's exchange of ``mode`` in a step, from its replicas'
     figures: for a data-parallel exchange each made once with its wall-clock entry and exit,
-    from the last entry to the last exit, kept between the least and the most wait; else the
-    least-waiting replica's wait (module docstring)."""
+    from the last entry to the last exit, kept between the least and the most wait; for the
+    expert-parallel all-to-alls put together call by call over each group
+    (:func:`dmsc.runtime.compute.comm_meter.replicas_exposed`, which keeps each replica's own
+    wait as ``wait_s``), the slowest group's; else the least-waiting replica's wait (module
+    docstring)."""
     waits = [_wait(f) for f in replicas]
     least, most = min(waits), max(waits)
+    if mode == "ep" and all("wait_s" in f for f in replicas):
+        return most  # each replica's its group's exposed time already: the slowest group's
     timed = all(f.get("calls") == 1 and "t0" in f and "t1" in f for f in replicas)
     if mode != "dp" or len(replicas) < 2 or not timed:
         return least

@@ -11,6 +11,7 @@ from dmsc.runtime.compute.comm_meter import (
     MAX_WALLS,
     CommMeter,
     group_exposed,
+    replicas_exposed,
     ring_allreduce_bytes,
     split_sent,
     step_comm,
@@ -151,3 +152,22 @@ def test_step_comm_takes_pp_and_dp_bytes_from_the_peers() -> None:
     assert got["tp"] == {"s": 0.1, "bytes": 64, "calls": 4}
     # dp bytes without a timed wait (a replica whose exchange was all hidden): zero seconds
     assert got["dp"] == {"s": 0.0, "calls": 0, "bytes": 40, "links": {"0/1": 40}}
+
+
+def test_expert_parallel_calls_are_put_together_over_each_group_of_replicas() -> None:
+    """Two groups of two replicas (ep = 2 at dp = 4) in one stage: in group (0, 1) replica 0
+    came 3 ms late to the one call, in group (2, 3) replica 3 came 1 ms late; a group whose
+    member has no walls keeps its own waits (without walls)."""
+    ep = {
+        (0, 0): {"ep": {"s": 0.002, "calls": 1, "walls": [[0.003, 0.005]]}},
+        (0, 1): {"ep": {"s": 0.005, "calls": 1, "walls": [[0.0, 0.005]]}},
+        (0, 2): {"ep": {"s": 0.003, "calls": 1, "walls": [[0.0, 0.003]]}},
+        (0, 3): {"ep": {"s": 0.002, "calls": 1, "walls": [[0.001, 0.003]]}, "pp": {"s": 1.0}},
+    }
+    got = replicas_exposed(ep, "ep", [(0, 1), (2, 3)])
+    assert [got[(0, r)]["ep"]["s"] for r in range(4)] == pytest.approx([0.002, 0.002, 0.002, 0.002])
+    assert [got[(0, r)]["ep"]["wait_s"] for r in range(4)] == [0.002, 0.005, 0.003, 0.002]
+    assert got[(0, 3)]["pp"] == {"s": 1.0} and "walls" not in got[(0, 0)]["ep"]
+    ep[(0, 3)] = {"ep": {"s": 0.002, "calls": 1}}
+    got = replicas_exposed(ep, "ep", [(0, 1), (2, 3)])
+    assert got[(0, 2)]["ep"] == {"s": 0.003, "calls": 1} and "wait_s" not in got[(0, 3)]["ep"]

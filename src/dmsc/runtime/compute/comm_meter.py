@@ -24,7 +24,9 @@ step to step, around a step of 80-120 ms (2026-12-05). So the meter keeps each t
 call's wall-clock entry and exit too (``walls``, at most :data:`MAX_WALLS` a step) and
 :func:`group_exposed` puts a replica's ranks together: each call's exposed time is from the last
 rank's entry to the last one's exit, the step's ``s`` their sum (the rank's own wait kept as
-``wait_s``).
+``wait_s``). The expert-parallel all-to-alls likewise, over the replicas of each expert-parallel
+group (:func:`replicas_exposed`): the replica that waited least in them had still waited, call
+by call, for whichever of the others came late.
 
 The collectives run deep inside the model's modules (an autograd function, an expert layer),
 where nothing of the worker's is at hand, and in the data-parallel communication thread; a
@@ -42,7 +44,8 @@ from contextlib import contextmanager
 from typing import Any
 
 MODES = ("tp", "dp", "ep", "pp")
-CALL_WALLS = ("tp",)  # the modes whose calls' wall clocks are kept one by one (docstring)
+Key = tuple[int, int]  # a worker's (stage, replica)
+CALL_WALLS = ("tp", "ep")  # the modes whose calls' walls are kept one by one (docstring)
 MAX_WALLS = 4096  # a step's calls kept at most (a serving worker's meter is taken rarely)
 
 
@@ -162,6 +165,25 @@ def group_exposed(ranks: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
         span = max(b for _, b in calls) - max(a for a, _ in calls)
         exposed += min(max(span, min(waits)), max(waits))
     return out | {"s": exposed, "wait_s": ranks[0].get("s", 0.0)}
+
+
+def replicas_exposed(
+    comm: Mapping[Key, Mapping[str, Mapping[str, Any]]], mode: str, groups: Sequence[Sequence[int]]
+) -> dict[Key, dict[str, dict[str, Any]]]:
+    """A step's figures by worker (``(stage, replica)``) with each member's ``mode`` at its
+    group's exposed time (:func:`group_exposed`), for ``groups`` of each stage's replicas (the
+    expert-parallel groups); a group whose calls do not pair up keeps each member's own wait
+    (its walls left out), one missing a member's figure is left as it was."""
+    out = {k: {m: dict(f) for m, f in v.items()} for k, v in comm.items()}
+    for stage in {s for s, _ in comm}:
+        for group in groups:
+            keys = [(stage, r) for r in group]
+            if len(keys) < 2 or not all(mode in comm.get(k, {}) for k in keys):
+                continue
+            figs = [comm[k][mode] for k in keys]
+            for i, k in enumerate(keys):
+                out[k][mode] = group_exposed([figs[i], *figs[:i], *figs[i + 1 :]])
+    return out
 
 
 def without_walls(comm: Mapping[str, Mapping[str, Any]]) -> dict[str, dict[str, Any]]:

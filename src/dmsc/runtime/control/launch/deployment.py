@@ -36,7 +36,8 @@ import torch
 from pydantic import BaseModel
 
 from dmsc.runtime.business.registry import REGISTRY_SERVICE, Registry, registry_methods
-from dmsc.runtime.compute.comm_meter import with_commit, without_walls
+from dmsc.runtime.compute.comm_meter import replicas_exposed, with_commit, without_walls
+from dmsc.runtime.compute.expert_parallel import expert_parallel_groups
 from dmsc.runtime.compute.frames import FrameSpec, check_frame
 from dmsc.runtime.compute.worker import WorkerConfig
 from dmsc.runtime.control.launch import failures, staging
@@ -338,12 +339,23 @@ class Deployment(ForwardRequests):
             "dp_bytes": sum(r.get("dp_bytes", 0) for r in commits.values()),
             "traces": {k: (r.get("spans", []), r.get("sent", {})) for k, r in replies.items()},
             "telemetry": {k: r["telemetry"] for k, r in replies.items() if "telemetry" in r},
-            "comm": {  # by mode, with a round's exchange its Commit ran
-                k: without_walls(with_commit(r["comm"], commits[k].get("comm", {})))
-                for k, r in replies.items()
-                if "comm" in r
-            },
+            "comm": self.step_comm(replies, commits),
         }
+
+    def step_comm(
+        self, replies: dict[Key, dict[str, Any]], commits: dict[Key, dict[str, Any]]
+    ) -> dict[Key, dict[str, dict[str, Any]]]:
+        """Each worker's figures by mode, with a round's exchange its Commit ran, and the
+        expert-parallel all-to-alls at each group's exposed time (:mod:`...comm_meter`)."""
+        comm = {
+            k: with_commit(r["comm"], commits[k].get("comm", {}))
+            for k, r in replies.items()
+            if "comm" in r
+        }
+        if self.layout.ep > 1:
+            groups = expert_parallel_groups(self.layout.replicas, self.layout.ep)
+            comm = replicas_exposed(comm, "ep", groups)
+        return {k: without_walls(c) for k, c in comm.items()}
 
     def applies_in_step(
         self, late_policy: LatePolicy, sync: SyncSettings | None, outer: bool

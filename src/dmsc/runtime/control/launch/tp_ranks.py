@@ -27,7 +27,7 @@ import grpc
 import torch.distributed as dist
 from pydantic import BaseModel
 
-from dmsc.runtime.compute.comm_meter import CALL_WALLS, group_exposed, without_walls
+from dmsc.runtime.compute.comm_meter import group_exposed
 from dmsc.runtime.control.launch.failures import Key, key_of
 from dmsc.runtime.control.launch.launchers import Launcher, WorkerHandle
 from dmsc.runtime.transport.messages import STAGE_SERVICE, Health
@@ -85,14 +85,14 @@ class GroupFuture:
 
 
 def ranks_comm(replies: list[dict[str, Any]]) -> dict[str, dict[str, Any]]:
-    """The step figures by mode of a replica's ranks as one: rank 0's, with each mode whose
-    calls' walls the meter keeps (:data:`~dmsc.runtime.compute.comm_meter.CALL_WALLS`) at the
-    group's exposed time (:func:`~dmsc.runtime.compute.comm_meter.group_exposed`)."""
+    """The step figures by mode of a replica's ranks as one: rank 0's, with its tensor-parallel
+    time the group's exposed one (:func:`~dmsc.runtime.compute.comm_meter.group_exposed`). Its
+    other modes keep their calls' walls: the expert-parallel all-to-alls are put together over
+    the replicas (:meth:`~dmsc.runtime.control.launch.deployment.Deployment.train_step`)."""
     comm = replies[0]["comm"]
-    out = without_walls(comm)
-    for mode in CALL_WALLS:
-        if mode in comm:
-            out[mode] = group_exposed([r.get("comm", {}).get(mode, {}) for r in replies])
+    out = {m: dict(f) for m, f in comm.items()}
+    if "tp" in comm:
+        out["tp"] = group_exposed([r.get("comm", {}).get("tp", {}) for r in replies])
     return out
 
 
