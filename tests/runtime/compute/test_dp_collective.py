@@ -477,3 +477,51 @@ def test_the_passes_around_an_exchange_are_the_ones_the_cost_model_prices() -> N
         with ThreadPoolExecutor(2) as pool:
             got = list(pool.map(own, range(2), [step] * 2, [form] * 2))
         assert got == [OWN_SUM if form == "int8" else OWN_SUM / 2] * 2, (form, got)
+
+
+class _Work:
+    """A gloo work seen from the waiting thread: complete after ``polls`` looks, its future's
+    callback never called (a wake-up that has not come yet)."""
+
+    def __init__(self, polls: int) -> None:
+        self.polls, self.waited = polls, 0
+
+    def is_completed(self) -> bool:
+        self.polls -= 1
+        return self.polls <= 0
+
+    def get_future(self) -> Any:
+        return torch.futures.Future()  # never set
+
+    def wait(self) -> bool:
+        self.waited += 1
+        return True
+
+
+def test_a_steps_all_reduce_is_waited_for_awake_within_its_bound_then_blocked() -> None:
+    """Awake (at most ``spin_s``), the wait sees the work done as soon as it is, without the
+    wake-up of a blocked thread (waiting.DP_SPIN_S); past the bound, or with no bound, it waits
+    blocked as before: here on a callback that never comes, so until the receive timeout. A
+    point-to-point algorithm's work (Python threads) is never spun on."""
+    from dmsc.runtime.compute.allreduce import ThreadWork
+    from dmsc.runtime.compute.replica_group import ReplicaGroup
+    from dmsc.runtime.compute.waiting import DP_SPIN_S
+
+    cfg = WorkerConfig(
+        sid="s-r0", stage=0, stages=1, model={}, first="", last="", registry="",
+        replica=0, replicas=2, tp_store="127.0.0.1:1", recv_timeout_s=0.3,
+    )  # fmt: skip
+    group = ReplicaGroup(cfg)
+    work = _Work(polls=50)
+    t0 = time.perf_counter()
+    group.wait(work, lambda: False, spin_s=DP_SPIN_S)
+    assert work.waited == 1 and time.perf_counter() - t0 < 0.25  # not the 0.3 s timeout
+    with pytest.raises(TimeoutError, match=r"no answer within 0\.3 s"):
+        group.wait(_Work(polls=50), lambda: False)  # blocked: the callback it waits for
+    with pytest.raises(TimeoutError):
+        group.wait(_Work(polls=10**9), lambda: False, spin_s=0.01)  # never done: blocked after
+    threaded = ThreadWork(lambda: time.sleep(0.05), None)
+    polls = []
+    threaded.is_completed = lambda: polls.append(1) or False  # type: ignore[method-assign]
+    group.wait(threaded, lambda: False, spin_s=DP_SPIN_S)
+    assert not polls

@@ -10,8 +10,9 @@ with a torch.distributed all-reduce among its replicas, as ``DistributedDataPara
   once it has seen every micro-batch's the gradient is whole, and once a bucket's gradients all
   are, the bucket is flattened and its all-reduce launched (asynchronous: the backward goes on),
   buckets always in the same order on every replica, one at a time on the step's communication
-  thread. The step waits for the handles before the optimizer's (``Commit``), so only what is
-  left of that queue when the backward ends is exposed: the bucket cut and the timeline are the
+  thread. The step waits for the handles before the optimizer's (``Commit``), awake at first
+  (:data:`.waiting.DP_SPIN_S`), so only what is left of that queue when the backward ends is
+  exposed: the bucket cut and the timeline are the
   cost model's (:mod:`dmsc.netmodel.dp_buckets`);
 - the all-reduce is the plan's algorithm (``--allreduce``, ``WorkerConfig.allreduce``; run by
   :mod:`.allreduce`) over the group, on the host: ``ring`` (and ``auto``) is gloo's own (torch
@@ -61,6 +62,7 @@ from dmsc.runtime.compute.int8_ring import int8_ring_all_reduce, sent_bytes
 from dmsc.runtime.compute.peers import Peers
 from dmsc.runtime.compute.quorum import Decision
 from dmsc.runtime.compute.replica_group import ReplicaGroup
+from dmsc.runtime.compute.waiting import DP_SPIN_S, awake_until
 from dmsc.runtime.transport.messages import LatePolicy
 from dmsc.runtime.transport.rpc import Abandoned
 from dmsc.runtime.transport.wire import Kind, encode
@@ -247,15 +249,19 @@ class DataParallel:
         self._queue_ready(st)
         st.jobs.put(None)
         abandoned = self._abandoned(st)
+        awake = time.perf_counter() + DP_SPIN_S  # the step's wait from here on: awake at first
         try:
+            awake_until(st.launched.is_set, DP_SPIN_S)
             while not st.launched.wait(0.05):
                 if abandoned():
                     raise Aborted(f"step {st.step} abandoned: moved to a newer epoch")
-            return self._average(st)
+            return self._average(st, awake)
         finally:
             st.over = True
 
-    def _average(self, st: _Step) -> list[int]:
+    def _average(self, st: _Step, awake: float = 0.0) -> list[int]:
+        """Wait for the step's buckets and set the gradients to their average; awake until the
+        ``perf_counter`` time ``awake``."""
         if st.error is not None:
             raise st.error
         d, cfg = st.decision, self.cfg
@@ -270,7 +276,7 @@ class DataParallel:
             self._assign(range(len(self.params)), avg, copy=True)  # a frame's buffer: copied
             return []
         for b, flat, work in st.works:
-            self.group.wait(work, self._abandoned(st))
+            self.group.wait(work, self._abandoned(st), awake - time.perf_counter())
             self._assign(self.buckets[b], flat.div_(len(d.members)))
         time.sleep(max(0.0, st.bytes_until - time.monotonic()))  # a thin link's turn
         if d.late and d.members[0] == cfg.replica:

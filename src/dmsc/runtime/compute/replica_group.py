@@ -26,6 +26,7 @@ from dmsc.runtime.compute.allreduce import (
 from dmsc.runtime.compute.config import WorkerConfig
 from dmsc.runtime.compute.inbox import Aborted
 from dmsc.runtime.compute.quorum import Decision, Quorum
+from dmsc.runtime.compute.waiting import awake_until
 from dmsc.runtime.transport.messages import LatePolicy
 
 STORE_CONNECT_S = 30.0  # the least time a replica gives its connection to the store
@@ -140,9 +141,17 @@ class ReplicaGroup:
             held[0].abort()
             threading.Thread(target=held.clear, daemon=True, name="dp-drop").start()
 
-    def wait(self, work: Any, abandoned: Callable[[], bool]) -> None:
+    def wait(self, work: Any, abandoned: Callable[[], bool], spin_s: float = 0.0) -> None:
         """Wait for an all-reduce: at most the receive timeout, given up once abandoned; a
-        failure drops the group."""
+        failure drops the group. Gloo's own all-reduce is waited for awake first, at most
+        ``spin_s`` (:func:`.waiting.awake_until`; a point-to-point algorithm's, run on Python
+        threads, is not: a spinning thread would take their turns at the interpreter)."""
+        if (
+            spin_s > 0
+            and not isinstance(work, ThreadWork)
+            and awake_until(work.is_completed, spin_s)
+        ):
+            return self._finished(work)
         done = threading.Event()
         work.get_future().add_done_callback(lambda _: done.set())
         end = time.monotonic() + self.timeout_s
@@ -152,6 +161,10 @@ class ReplicaGroup:
                 if abandoned():
                     raise Aborted("all-reduce abandoned: moved to a newer epoch")
                 raise TimeoutError(f"all-reduce: no answer within {self.timeout_s:g} s")
+        self._finished(work)
+
+    def _finished(self, work: Any) -> None:
+        """What a completed ``work`` raised, if anything (the group dropped then)."""
         try:
             work.wait()
         except Exception:

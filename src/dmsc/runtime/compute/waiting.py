@@ -14,13 +14,26 @@ meanwhile: the tensor-parallel all-reduces (:mod:`.tp_ops`), sequence parallelis
 reduce-scatters, the expert-parallel all-to-alls and the tensor-parallel ranks' agreement on a
 drawn token. With it ``benchmarks/parallel_modes.py``'s tp = 2 step took 89.8 ms against
 107.3, ep = 2 100.5 against 113.2 and tp = 2 x ep = 2 159.6 against 192.0 (one run each,
-minutes apart, 2026-12-04). Not used
-for the data-parallel exchanges: their payloads are large, their rings run codec work between
-hops, and a spinning thread on a machine with fewer cores than runnable threads takes the core
-from that work (Linux's EEVDF scheduler may pick a yielding thread again at once): the int8
-ring's exposed exchange took 22-24 ms spun against 12-13 blocked. ``dmsc calibrate`` times its
-all-reduce both ways, and the cost model prices each kind of call with its own figures
+minutes apart, 2026-12-04). ``dmsc calibrate`` times its all-reduce both ways, and the cost
+model prices each kind of call with its own figures
 (:meth:`dmsc.netmodel.comm.CommModel.awake_view`).
+
+The step's wait for its data-parallel all-reduces after the backward
+(:mod:`.dp_collective`) is awake too, for at most :data:`DP_SPIN_S`: it also waits for the
+other replicas' backward, which can take tens of milliseconds, and blocked that long the
+waiting replica's core goes idle, so the last bucket's data woke it late. On this machine a
+replica that had waited longest left the all-reduce up to 5 ms after the one that came last
+(2026-12-05). Measured side by side with the tree before (``benchmarks/parallel_modes.py
+--only dp2-ring,dp4-ring --rounds 1``, three runs of each, alternated), the exposed exchange at
+dp = 2 took 2.5-5.3 ms against 4.1-5.7 blocked, at dp = 4 (four workers on two cores)
+7.9-14.7 against 14.0-18.4, and dp = 2 against ``DistributedDataParallel`` 1.009-1.140 of its
+step (median of the nine pairs 1.016) against 1.021-1.243 (1.108); the steps themselves moved
+less than the machine's noise. Only gloo's own all-reduce is waited so: the point-to-point algorithms
+(tree, hierarchical, the int8 ring) run on Python threads, and a spinning thread on a machine
+with fewer cores than runnable threads takes their turns (Linux's EEVDF scheduler may pick a
+yielding thread again at once): the int8 ring's exposed exchange took 22-24 ms spun against
+12-13 blocked. The cost model still prices the data-parallel all-reduce with the blocked
+figures.
 
 So :func:`finish` looks whether the work is done and yields the core (``os.sched_yield``,
 offering it to another runnable thread) until it is, for at most :data:`SPIN_S`, then
@@ -37,6 +50,8 @@ from collections.abc import Callable
 from typing import Any
 
 SPIN_S = 0.004  # about the wake-up it saves (a tick at HZ 250), so it costs at most twice that
+# the step's data-parallel wait (module docstring): the other replicas' lateness, at most this
+DP_SPIN_S = 0.05
 
 
 def awake_until(done: Callable[[], bool], spin_s: float = SPIN_S) -> bool:
