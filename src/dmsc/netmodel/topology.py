@@ -35,7 +35,12 @@ CALL_LINK_LATENCIES = 4
 # comparison measured 3.6-4.5x its prediction for tp = 2, 2.1-2.8x for the data-parallel ring
 # and 3.3-3.4x for the expert-parallel all-to-alls (benchmarks/results/parallel_modes_cpu.json,
 # experiment_2026_12_04_whole_call_latency): 4. nccl: priced as measured, 1 (the CUDA devices
-# of a node do not share cores; no step of two GPUs has been measured here).
+# of a node do not share cores; no step of two GPUs has been measured here). Since 2026-12-05
+# the modes are measured by their exposed time, without the peer's skew (dmsc.data.comm_modes):
+# call by call a tp = 2 all-reduce of 512 KB took 0.5-0.7 ms, and a few a step 2-10 ms with both
+# ranks inside; at 4 the tp = 2 step's calls came to 0.70-0.83 of their price and the
+# expert all-to-alls of ep = 2 to 0.82-1.23 (parallel_modes_cpu.json, rerun_2026_12_05_exposed
+# and rerun_2026_12_05_awake_dp): one factor does not fit both, and 4 is kept.
 IN_STEP_CALL = {"gloo": 4.0, "nccl": 1.0}
 
 
