@@ -6,6 +6,7 @@ from __future__ import annotations
 import pytest
 
 from dmsc.netmodel import DEFAULT_CALIBRATION, CommModel, Topology
+from dmsc.netmodel.topology import CALL_LINK_LATENCIES, IN_STEP_CALL
 from dmsc.spec import ClusterSpec
 
 C = DEFAULT_CALIBRATION
@@ -43,7 +44,9 @@ def test_an_all_reduce_is_priced_at_the_measured_collective() -> None:
     nbytes = 4e6
     # two devices, each on its own link into the node: a hop crosses two device links, so the
     # latency is two links' and the bandwidth one link's (the ring's hops share none)
-    for model, gbit, lat_us in ((plain, 8, 100), (measured, 2, 500)):
+    # a link's share of a measured call: the whole call's latency in a step over the links
+    per_link = IN_STEP_CALL["gloo"] / CALL_LINK_LATENCIES
+    for model, gbit, lat_us in ((plain, 8, 100), (measured, 2, 500 * per_link)):
         bw = gbit * 1e9 / 8 * C.intra_node_link_efficiency
         # ring all-reduce of 2: one step of reduce-scatter and one of all-gather, n/2 bytes each
         want = 2 * (2 * lat_us * 1e-6 + nbytes / 2 / bw) + C.collective_overhead_s
@@ -55,13 +58,11 @@ def test_an_all_reduce_is_priced_at_the_measured_collective() -> None:
 
 def test_a_call_of_two_devices_is_priced_at_its_measured_call_times_what_a_step_meets() -> None:
     """``collective.latency_us`` is one idle call of two of the node's devices. A call of that
-    shape is priced at it times the backend's in-step factor (``IN_STEP_CALL``): gloo's 4 (a
-    step's calls measured 2.1-4.5x an idle one on the CPU), NCCL's 1, exactly as measured. Until
-    2026-12-04 every backend was priced at four times its call, NCCL's too, by the link count
-    alone (each link carried the whole call's latency)."""
-    from dmsc.netmodel.topology import IN_STEP_CALL
-
-    assert IN_STEP_CALL == {"gloo": 4.0, "nccl": 1.0}
+    shape is priced at it times the backend's in-step factor (``IN_STEP_CALL``): gloo's 3 (a
+    step's calls, by their exposed time, measured 2.5-3.8x an idle one on the CPU), NCCL's 1,
+    exactly as measured. Until 2026-12-04 every backend was priced at four times its call,
+    NCCL's too, by the link count alone (each link carried the whole call's latency)."""
+    assert IN_STEP_CALL == {"gloo": 3.0, "nccl": 1.0}
     for backend, factor in IN_STEP_CALL.items():
         spec = {"backend": backend, "bandwidth_gbit_s": 2, "latency_us": 500, "source": "a test"}
         model = CommModel(Topology(_cluster(spec)), C)
@@ -86,7 +87,8 @@ def test_collectives_waited_for_awake_are_priced_at_the_awake_latency() -> None:
     view = model.awake_view()
     assert view is not model and view.awake_view() is view
     nbytes = 4e3
-    for m, lat_us, gbit in ((model, 3000, 2), (view, 300, 4)):
+    per_link = IN_STEP_CALL["gloo"] / CALL_LINK_LATENCIES
+    for m, lat_us, gbit in ((model, 3000 * per_link, 2), (view, 300 * per_link, 4)):
         bw = gbit * 1e9 / 8 * C.intra_node_link_efficiency
         want = 2 * (2 * lat_us * 1e-6 + nbytes / 2 / bw) + C.collective_overhead_s
         got = m.collective("all_reduce", [(0, 1)], nbytes, "ring").time_s

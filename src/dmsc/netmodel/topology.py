@@ -28,20 +28,18 @@ Hop = tuple[int, int]  # (link id, direction): +1 from link.u to link.v, -1 the 
 # per step: a ring of two devices takes two steps (reduce-scatter, all-gather), each a hop over
 # both devices' links into the node, so a link carries a quarter of an idle call's latency...
 CALL_LINK_LATENCIES = 4
-# ... times what a call in a training step meets beyond an idle one, by backend. gloo: on this
-# project's 2-core machine a step's tensor-parallel all-reduce of a few KB took about 1.3 ms
-# against 0.33 ms idle (the ranks' skew and the other processes of a deployment: the rank waits
-# for its peer, not for the wire), and with the idle call priced as measured the per-mode
-# comparison measured 3.6-4.5x its prediction for tp = 2, 2.1-2.8x for the data-parallel ring
-# and 3.3-3.4x for the expert-parallel all-to-alls (benchmarks/results/parallel_modes_cpu.json,
-# experiment_2026_12_04_whole_call_latency): 4. nccl: priced as measured, 1 (the CUDA devices
-# of a node do not share cores; no step of two GPUs has been measured here). Since 2026-12-05
-# the modes are measured by their exposed time, without the peer's skew (dmsc.data.comm_modes):
-# call by call a tp = 2 all-reduce of 512 KB took 0.5-0.7 ms, and a few a step 2-10 ms with both
-# ranks inside; at 4 the tp = 2 step's calls came to 0.70-0.83 of their price and the
-# expert all-to-alls of ep = 2 to 0.82-1.23 (parallel_modes_cpu.json, rerun_2026_12_05_exposed
-# and rerun_2026_12_05_awake_dp): one factor does not fit both, and 4 is kept.
-IN_STEP_CALL = {"gloo": 4.0, "nccl": 1.0}
+# ... times what a call in a training step meets beyond an idle one, by backend. gloo: 3. On this
+# project's 2-core machine the modes are measured by their exposed time (dmsc.data.comm_modes:
+# call by call from the last member's entry to the last one's exit, without a peer's skew). A
+# tp = 2 all-reduce of 512 KB in a step took 0.5-0.7 ms most times, against about 0.5 idle, and
+# 2-10 ms a few times a step with both ranks inside the call (2026-12-05). Fitted to the steps'
+# exposed times, the factor came to 2.5-3.3 for the tp = 2 all-reduces, 2.8-3.6 for the
+# expert-parallel all-to-alls of ep = 2 and about 3.8 for the dp = 2 ring
+# (parallel_modes_cpu.json, rerun_2026_12_05_exposed and rerun_2026_12_05_awake_dp): 3. It was
+# 4 while a rank's wait, its peer's skew included, stood for the call
+# (experiment_2026_12_04_whole_call_latency: 3.6-4.5 for tp = 2). nccl: priced as measured, 1
+# (the CUDA devices of a node do not share cores; no step of two GPUs has been measured here).
+IN_STEP_CALL = {"gloo": 3.0, "nccl": 1.0}
 
 
 def link_call_latency_s(collective: CollectiveSpec, awake: bool = False) -> float | None:
