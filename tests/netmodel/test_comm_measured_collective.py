@@ -59,7 +59,7 @@ def test_an_all_reduce_is_priced_at_the_measured_collective() -> None:
 def test_a_call_of_two_devices_is_priced_at_its_measured_call_times_what_a_step_meets() -> None:
     """``collective.latency_us`` is one idle call of two of the node's devices. A call of that
     shape is priced at it times the backend's in-step factor (``IN_STEP_CALL``): gloo's 3 (a
-    step's calls, by their exposed time, measured 2.5-3.8x an idle one on the CPU), NCCL's 1,
+    step's calls, by their exposed time, measured about 3x an idle one on the CPU), NCCL's 1,
     exactly as measured. Until 2026-12-04 every backend was priced at four times its call,
     NCCL's too, by the link count alone (each link carried the whole call's latency)."""
     assert IN_STEP_CALL == {"gloo": 3.0, "nccl": 1.0}

@@ -32,10 +32,11 @@ CALL_LINK_LATENCIES = 4
 # project's 2-core machine the modes are measured by their exposed time (dmsc.data.comm_modes:
 # call by call from the last member's entry to the last one's exit, without a peer's skew). A
 # tp = 2 all-reduce of 512 KB in a step took 0.5-0.7 ms most times, against about 0.5 idle, and
-# 2-10 ms a few times a step with both ranks inside the call (2026-12-05). Fitted to the steps'
-# exposed times, the factor came to 2.5-3.3 for the tp = 2 all-reduces, 2.8-3.6 for the
-# expert-parallel all-to-alls of ep = 2 and about 3.8 for the dp = 2 ring
-# (parallel_modes_cpu.json, rerun_2026_12_05_exposed and rerun_2026_12_05_awake_dp): 3. It was
+# 2-10 ms a few times a step with both ranks inside the call (2026-12-05). Priced at 3, five
+# runs' median of measured over predicted was 0.97 for the tp = 2 all-reduces, 1.20 for the
+# expert-parallel all-to-alls of ep = 2 and 0.96 for the dp = 2 ring, each moving by 30-50% from
+# run to run (parallel_modes_cpu.json: rerun_2026_12_05_exposed and rerun_2026_12_05_awake_dp
+# at 4, scaled; reruns_2026_12_05_in_step_3). It was
 # 4 while a rank's wait, its peer's skew included, stood for the call
 # (experiment_2026_12_04_whole_call_latency: 3.6-4.5 for tp = 2). nccl: priced as measured, 1
 # (the CUDA devices of a node do not share cores; no step of two GPUs has been measured here).
