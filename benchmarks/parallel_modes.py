@@ -24,10 +24,12 @@ buckets and their one-at-a-time all-reduces behind the backward
 (:mod:`dmsc.netmodel.dp_buckets`), measured (``measured_s``) in the slowest stage from the last
 replica's entry into the exchange (the one whose backward ended last) to the last one's exit,
 on the wall clock (:func:`dmsc.data.comm_modes.exposed_wait`: the exposure without the wait for
-the others), beside the wait of the replica that waited least (``measured_least_s``: the same
-for a ring, whose replicas leave together, shorter for the star, whose first replica served
-leaves first) and the slowest worker's (``slowest_s``); the expert-parallel all-to-alls by the
-least-waiting replica (the worker that reached them last waited only for the exchange).
+the others), beside the wait of the replica that waited least (``measured_least_s``: a little
+shorter for a ring, whose replicas leave it within a few milliseconds of each other, much shorter
+for the star, whose first replica served leaves first) and the slowest worker's
+(``slowest_s``); the tensor-parallel all-reduces and the expert-parallel all-to-alls call by
+call, from the last member's entry to the last one's exit, over each replica's ranks and each
+expert-parallel group (:mod:`dmsc.runtime.compute.comm_meter`).
 A dp = 2 run with every step's gradient through the int8 ring (``dp2-int8``, ``dmsc train
 --compress int8``) sets the codec's exchange against its price: exposed whole, its
 quantisation's passes included (:mod:`dmsc.netmodel.codec_work`).
