@@ -28,11 +28,11 @@ replica that had waited longest left the all-reduce up to 5 ms after the one tha
 dp = 2 took 2.5-5.3 ms against 4.1-5.7 blocked, at dp = 4 (four workers on two cores)
 7.9-14.7 against 14.0-18.4, and dp = 2 against ``DistributedDataParallel`` 1.009-1.140 of its
 step (median of the nine pairs 1.016) against 1.021-1.243 (1.108); the steps themselves moved
-less than the machine's noise. Only gloo's own all-reduce is waited so: the point-to-point algorithms
-(tree, hierarchical, the int8 ring) run on Python threads, and a spinning thread on a machine
-with fewer cores than runnable threads takes their turns (Linux's EEVDF scheduler may pick a
-yielding thread again at once): the int8 ring's exposed exchange took 22-24 ms spun against
-12-13 blocked. The cost model still prices the data-parallel all-reduce with the blocked
+less than the machine's noise. Only gloo's own all-reduce is waited so: the point-to-point
+algorithms (tree, hierarchical, the int8 ring) run on Python threads, and a spinning thread on
+a machine with fewer cores than runnable threads takes their turns (Linux's EEVDF scheduler may
+pick a yielding thread again at once): the int8 ring's exposed exchange took 22-24 ms spun
+against 12-13 blocked. The cost model still prices the data-parallel all-reduce with the blocked
 figures.
 
 So :func:`finish` looks whether the work is done and yields the core (``os.sched_yield``,
