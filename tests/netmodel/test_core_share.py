@@ -72,3 +72,30 @@ def test_the_estimate_and_the_placement_price_the_job_s_share(pp: int, dp: int) 
         assert got.breakdown_s[part] == pytest.approx(seconds, rel=1e-9), part
     built = build_problem(_cluster(), model, job).problem.compute_us
     assert built == build_problem(_cluster(cores=None, scale=share), model, job).problem.compute_us
+
+
+def test_a_nodes_measured_collective_runs_at_the_share_too() -> None:
+    """Four workers on two cores: the node's gloo all-reduce at half its bandwidth and twice its
+    latency, both ways of waiting; its quorum and the link (the point-to-point sends) as they
+    were. Priced without the share, moe-mini's collectives at tp = 2 x ep = 2 measured 1.8-2.6
+    times their prediction (parallel_modes_cpu.json, reruns_2026_12_05_in_step_3). A tp = 2 x
+    dp = 2 job's tensor-parallel time rises with it; the same job on a core each does not."""
+    data = _cluster().model_dump(mode="json", exclude_none=True)
+    data["node_types"]["host"]["collective"] = {
+        "backend": "gloo", "bandwidth_gbit_s": 16.0, "latency_us": 400.0,
+        "bandwidth_awake_gbit_s": 14.0, "latency_awake_us": 350.0, "quorum_us": 600.0,
+        "source": "a test",
+    }  # fmt: skip
+    c = ClusterSpec.model_validate(data)
+    half = on_cores(c, 4).node_types["host"].collective
+    assert half is not None
+    assert (half.bandwidth_gbit_s, half.latency_us) == pytest.approx((8.0, 800.0))
+    assert (half.bandwidth_awake_gbit_s, half.latency_awake_us) == pytest.approx((7.0, 700.0))
+    assert half.quorum_us == 600.0 and half.backend == "gloo"
+    assert on_cores(c, 4).node_types["host"].link == c.node_types["host"].link
+    assert on_cores(c, 2) is c
+    gpt = resolve_model("gpt-mini")
+    job = JobSpec.model_validate({"global_batch": 8, "micro_batch": 4, "tp": 2, "dp": 2})
+    shared = estimate_iteration(c, gpt, job).breakdown_s["tp_comm"]
+    own = estimate_iteration(c.model_copy(update={"shared_cores": None}), gpt, job)
+    assert shared > 1.5 * own.breakdown_s["tp_comm"]

@@ -8,6 +8,16 @@ processes at once (a pipeline's steady state, a data-parallel step), so each get
 it for that job, each device type's peak FLOP/s and memory bandwidth times that share (and its
 times to draw a Gaussian, to expand a secure-aggregation mask and PowerSGD's products over it).
 
+A node's measured collective (``collective``, a gloo all-reduce of two processes with a core
+each) runs at the same share: its bandwidth times it, its latency over it (:func:`on_cores`).
+Call by call on this machine, with four workers on two cores, moe-mini's tensor-parallel
+all-reduces took 1.44 ms at the median against 0.5-0.7 ms with a core each, and its expert
+all-to-alls 0.84 against 0.32 (2026-12-05): the whole spread moved, not a few calls. Priced
+without the share, the collectives of the runs with four workers measured 1.8-2.6 times their
+prediction (``parallel_modes_cpu.json``, ``reruns_2026_12_05_in_step_3``). The point-to-point
+sends (the pipeline's, the star's) keep the link's figures: the star at dp = 4, four workers,
+measured 0.79-0.98 of its price without the share.
+
 The share was fixed when the spec was written (the cores over all the cluster's devices) until
 2026-12-03: a pp = 2 plan on a calibrated node of 4 devices over 2 cores was predicted at half
 a core per stage, and ran on a core each (its pipeline's waits predicted 57 ms, measured 38).
@@ -16,7 +26,7 @@ a core per stage, and ran on a core each (its pipeline's waits predicted 57 ms, 
 from __future__ import annotations
 
 from dmsc.netmodel.constants import DEFAULT_CALIBRATION
-from dmsc.spec.cluster import ClusterSpec
+from dmsc.spec.cluster import ClusterSpec, CollectiveSpec
 
 _MEMO: dict[tuple[int, int], tuple[ClusterSpec, ClusterSpec]] = {}
 _MEMO_MAX = 256
@@ -30,10 +40,26 @@ def core_share(cluster: ClusterSpec, devices: int) -> float:
     return min(1.0, cluster.shared_cores / max(1, devices))
 
 
+def shared_collective(c: CollectiveSpec, share: float) -> CollectiveSpec:
+    """The measured collective ``c`` of processes that each get ``share`` of a core: its
+    bandwidths times the share, its latencies over it (module docstring)."""
+    return c.model_copy(
+        update={
+            "bandwidth_gbit_s": c.bandwidth_gbit_s * share,
+            "latency_us": c.latency_us / share,
+            "bandwidth_awake_gbit_s": None
+            if c.bandwidth_awake_gbit_s is None
+            else c.bandwidth_awake_gbit_s * share,
+            "latency_awake_us": None if c.latency_awake_us is None else c.latency_awake_us / share,
+        }
+    )
+
+
 def on_cores(cluster: ClusterSpec, devices: int) -> ClusterSpec:
     """``cluster`` as a job on ``devices`` of its devices runs on it: ``cluster`` itself where
-    they do not share cores or each gets a whole one, else a copy whose device types' rates are
-    scaled by :func:`core_share` and which has no ``shared_cores`` (its rates are the job's
+    they do not share cores or each gets a whole one, else a copy whose device types' rates and
+    nodes' measured collectives (:func:`shared_collective`) are scaled by :func:`core_share`
+    and which has no ``shared_cores`` (its rates are the job's
     already). The copy is kept for the next call with the same cluster object and count: a
     strategy search asks many times."""
     share = core_share(cluster, devices)
@@ -63,8 +89,16 @@ def on_cores(cluster: ClusterSpec, devices: int) -> ClusterSpec:
         )
         for name, dev in cluster.device_types.items()
     }
+    nodes = {
+        name: node.model_copy(update={"collective": shared_collective(node.collective, share)})
+        if node.collective is not None
+        else node
+        for name, node in cluster.node_types.items()
+    }
     # the rates now the share's: a copy that shares no further (on_cores of it is itself)
-    shared = cluster.model_copy(update={"device_types": types, "shared_cores": None})
+    shared = cluster.model_copy(
+        update={"device_types": types, "node_types": nodes, "shared_cores": None}
+    )
     if len(_MEMO) >= _MEMO_MAX:
         _MEMO.clear()
     _MEMO[key] = (cluster, shared)

@@ -379,8 +379,10 @@ class ClusterSpec(_Spec):
             "The devices are worker processes sharing one machine of this many cores (a "
             "calibrated CPU cluster; dmsc calibrate writes it): a job on k of them gives each "
             "min(1, shared_cores / k) of its device type's peak_tflops and memory_bw_gbyte_s, "
-            "as the processes that run share the cores. The local launcher packs a deployment's "
-            "workers onto the machine's cores when they outnumber them, busiest stage first. "
+            "and of its node's measured collective (bandwidth times the share, latency over "
+            "it), as the processes that run share the cores. The local launcher packs a "
+            "deployment's workers onto the machine's cores when they outnumber them, busiest "
+            "stage first. "
             "Unset: each device is its own."
         ),
     )
