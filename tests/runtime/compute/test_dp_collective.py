@@ -525,3 +525,27 @@ def test_a_steps_all_reduce_is_waited_for_awake_within_its_bound_then_blocked() 
     threaded.is_completed = lambda: polls.append(1) or False  # type: ignore[method-assign]
     group.wait(threaded, lambda: False, spin_s=DP_SPIN_S)
     assert not polls
+
+
+@pytest.mark.parametrize("allreduce,spins", [("auto", True), ("tree", False)])
+def test_only_gloos_own_ring_is_waited_for_awake_after_the_backward(
+    allreduce: str, spins: bool, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The tree's (and the hierarchical all-reduce's) buckets run on Python threads: the step
+    waits for them blocked, its launches too, not only the works (waiting.DP_SPIN_S)."""
+    import dmsc.runtime.compute.dp_collective as dpc
+    import dmsc.runtime.compute.replica_group as rg
+
+    spun: list[float] = []
+
+    def recorded(done: Callable[[], bool], spin_s: float = 0.0) -> bool:
+        spun.append(spin_s)
+        return False  # then blocked, as past the bound
+
+    monkeypatch.setattr(dpc, "awake_until", recorded)
+    monkeypatch.setattr(rg, "awake_until", recorded)
+    store = _store()  # held: the replicas' rendezvous
+    ranks = _replicas(2, store, allreduce=allreduce)
+    with ThreadPoolExecutor(2) as pool:
+        assert list(pool.map(lambda r: _step(*ranks[r], 0, seed=r)(), range(2))) == [[], []]
+    assert bool(spun) is spins

@@ -249,9 +249,13 @@ class DataParallel:
         self._queue_ready(st)
         st.jobs.put(None)
         abandoned = self._abandoned(st)
-        awake = time.perf_counter() + DP_SPIN_S  # the step's wait from here on: awake at first
+        # the step's wait from here on: awake at first, where the buckets are gloo's own ring
+        # (the other algorithms run on Python threads, whose turns a spinning thread would take)
+        spin = DP_SPIN_S if self.group.algorithm == "ring" else 0.0
+        awake = time.perf_counter() + spin
         try:
-            awake_until(st.launched.is_set, DP_SPIN_S)
+            if spin:
+                awake_until(st.launched.is_set, spin)
             while not st.launched.wait(0.05):
                 if abandoned():
                     raise Aborted(f"step {st.step} abandoned: moved to a newer epoch")
