@@ -15,6 +15,7 @@ import torch.distributed as dist
 from dmsc.netmodel import DEFAULT_CALIBRATION, CommModel, Topology
 from dmsc.runtime.compute.allreduce import (
     Algorithm,
+    LaunchThread,
     ThreadWork,
     algorithm_of,
     domains_of,
@@ -179,3 +180,43 @@ def test_a_finished_launch_holds_neither_its_bucket_nor_the_launches_before() ->
     del buckets, bucket
     gc.collect()
     assert order == [0, 1, 2] and all(ref() is None for ref in gone)
+
+
+def test_a_groups_launches_run_in_order_on_one_kept_thread_until_it_is_closed() -> None:
+    """A group's point-to-point launches share one thread (a thread a launch cost the int8
+    ring about a millisecond a step in a worker); each still waits for the one before, a
+    failed one fails those after it, and a closed thread ends once its launches are over."""
+    import threading
+
+    thread = LaunchThread()
+    seen: list[tuple[int, int]] = []
+    gate = threading.Event()
+
+    def first() -> None:
+        gate.wait(5)
+        seen.append((0, threading.get_ident()))
+
+    works = [ThreadWork(first, None, thread)]
+    for i in (1, 2):
+        works.append(
+            ThreadWork(lambda i=i: seen.append((i, threading.get_ident())), works[-1], thread)
+        )
+    assert not works[-1].done.wait(0.05)  # the second waits behind the first
+    gate.set()
+    works[-1].wait()
+    assert [i for i, _ in seen] == [0, 1, 2] and len({t for _, t in seen}) == 1
+    assert seen[0][1] != threading.get_ident()
+
+    def boom() -> None:
+        raise RuntimeError("a member left")
+
+    failed = ThreadWork(boom, None, thread)
+    after = ThreadWork(lambda: None, failed, thread)
+    with pytest.raises(RuntimeError, match="a member left"):
+        failed.wait()
+    with pytest.raises(RuntimeError, match="an earlier bucket's all-reduce failed"):
+        after.wait()
+    workers = [t for t in threading.enumerate() if t.ident == seen[0][1]]
+    thread.close()
+    workers[0].join(5)
+    assert not workers[0].is_alive()

@@ -549,3 +549,27 @@ def test_only_gloos_own_ring_is_waited_for_awake_after_the_backward(
     with ThreadPoolExecutor(2) as pool:
         assert list(pool.map(lambda r: _step(*ranks[r], 0, seed=r)(), range(2))) == [[], []]
     assert bool(spun) is spins
+
+
+def test_a_groups_point_to_point_runs_share_its_thread_and_a_new_group_gets_its_own() -> None:
+    """The int8 ring and the tree run on the group's kept thread (allreduce.LaunchThread);
+    leaving the group ends it (a stuck launch must not hold the next group's)."""
+    import threading
+
+    from dmsc.runtime.compute.replica_group import ReplicaGroup
+
+    cfg = WorkerConfig(
+        sid="s-r0", stage=0, stages=1, model={}, first="", last="", registry="",
+        replica=0, replicas=2, tp_store="127.0.0.1:1", recv_timeout_s=0.3,
+    )  # fmt: skip
+    group = ReplicaGroup(cfg)
+    ran: list[int] = []
+
+    def record(pg: object, tag: int) -> None:
+        ran.append(threading.get_ident())
+
+    for _ in range(2):
+        group.run(record).wait()
+    group.drop()
+    group.run(record).wait()
+    assert ran[0] == ran[1] != ran[2] and threading.get_ident() not in ran

@@ -23,10 +23,15 @@ reaches the worker, is the ring):
   on), as the cost model's node level; where neither splits so, it is the ring, as the cost
   model prices it then.
 
-The tree and the hierarchical rings run on a thread of their own for each launch (one after
-the other, in launch order, as gloo runs its collectives), behind a :class:`ThreadWork` that
-answers as a gloo work does, so that the buckets' overlap with the backward, the waits and
-their timeouts (:meth:`.replica_group.ReplicaGroup.wait`) are the same for every algorithm.
+The tree and the hierarchical rings run off the caller's thread (one launch after the other,
+in launch order, as gloo runs its collectives), behind a :class:`ThreadWork` that answers as a
+gloo work does, so that the buckets' overlap with the backward, the waits and their timeouts
+(:meth:`.replica_group.ReplicaGroup.wait`) are the same for every algorithm. A group's launches
+share one :class:`LaunchThread` for as long as the group lives: until 2026-12-05 each launch
+started a thread of its own, and a step's exchange by the int8 ring (:mod:`.int8_ring`, which
+runs the same way) was exposed a median 10.7 ms that way against 8.1 ms on the kept thread,
+smaller in each of four pairs alternated, the step 66.4 against 63.3 ms (``dp2-int8``;
+``benchmarks/results/parallel_modes_cpu.json#/side_by_side_2026_12_05_launch_thread``).
 
 :func:`link_bytes` says what each member sends to each other member for each algorithm, from the
 same chunking the algorithms use: the meter books it by link, and a unit test holds it equal to
@@ -36,6 +41,7 @@ the bytes the cost model assumes on each link.
 from __future__ import annotations
 
 import math
+import queue
 import threading
 from collections.abc import Callable, Sequence
 from typing import Any, Literal
@@ -240,17 +246,50 @@ def _nothing() -> None:
     pass
 
 
-class ThreadWork:
-    """One launch of a point-to-point algorithm, run on a thread of its own after the launch
-    before it (``after``) is over, answering as a gloo work does (``get_future``, ``wait``)."""
+class LaunchThread:
+    """One daemon thread that runs the launches handed to it (:meth:`submit`) one after the
+    other, in order, until :meth:`close`: a group's point-to-point launches (module docstring).
+    A launch stuck on a member that never comes holds the thread up to the group's timeout; the
+    group is dropped then, and its successor has a thread of its own."""
 
-    def __init__(self, run: Callable[[], None], after: ThreadWork | None) -> None:
+    def __init__(self) -> None:
+        self._queue: queue.SimpleQueue[Callable[[], None] | None] = queue.SimpleQueue()
+        threading.Thread(target=self._main, daemon=True, name="dp-allreduce").start()
+
+    def _main(self) -> None:
+        while (job := self._queue.get()) is not None:
+            job()
+            del job  # let go of the launch (and its buffer) before waiting for the next
+
+    def submit(self, job: Callable[[], None]) -> None:
+        """Run ``job`` after those submitted before it."""
+        self._queue.put(job)
+
+    def close(self) -> None:
+        """End the thread once the launches submitted so far are over."""
+        self._queue.put(None)
+
+
+class ThreadWork:
+    """One launch of a point-to-point algorithm, run after the launch before it (``after``) is
+    over, on ``thread`` (else a thread of its own), answering as a gloo work does
+    (``get_future``, ``wait``)."""
+
+    def __init__(
+        self,
+        run: Callable[[], None],
+        after: ThreadWork | None,
+        thread: LaunchThread | None = None,
+    ) -> None:
         self._future: torch.futures.Future[None] = torch.futures.Future()
         self.done = threading.Event()
         self.error: BaseException | None = None
         self._after = after
         self._run = run
-        threading.Thread(target=self._main, daemon=True, name="dp-allreduce").start()
+        if thread is not None:
+            thread.submit(self._main)
+        else:
+            threading.Thread(target=self._main, daemon=True, name="dp-allreduce").start()
 
     def _main(self) -> None:
         # let go of the launch before and of the buffer once they are used: each launch would
@@ -288,17 +327,18 @@ def launch(
     domains: list[list[int]] | None,
     seq: int,
     after: ThreadWork | None,
+    thread: LaunchThread | None = None,
 ) -> Any:
     """Start summing ``flat`` over the group ``pg`` (rank ``rank`` of ``n``) in place with
-    ``algorithm``: gloo's work for the ring, a :class:`ThreadWork` for the others. ``seq`` is
-    the launch's number in the group (the same on every member), which keeps its tags apart
-    from the launch before's."""
+    ``algorithm``: gloo's work for the ring, a :class:`ThreadWork` for the others (on
+    ``thread``, the group's). ``seq`` is the launch's number in the group (the same on every
+    member), which keeps its tags apart from the launch before's."""
     if algorithm == "hierarchical" and domains is None:
         algorithm = "ring"
     if algorithm == "ring":
         return pg.allreduce([flat])
     tag = (seq % 1000) * 4 * MAX_SEGMENTS
     if algorithm == "tree":
-        return ThreadWork(lambda: tree_all_reduce(pg, flat, rank, n, tag), after)
+        return ThreadWork(lambda: tree_all_reduce(pg, flat, rank, n, tag), after, thread)
     assert domains is not None
-    return ThreadWork(lambda: hierarchical_all_reduce(pg, flat, rank, domains, tag), after)
+    return ThreadWork(lambda: hierarchical_all_reduce(pg, flat, rank, domains, tag), after, thread)

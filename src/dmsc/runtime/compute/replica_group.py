@@ -17,6 +17,7 @@ import torch.distributed as dist
 
 from dmsc.runtime.compute.allreduce import (
     MAX_SEGMENTS,
+    LaunchThread,
     ThreadWork,
     algorithm_of,
     domains_of,
@@ -47,6 +48,7 @@ class ReplicaGroup:
         self.domains: list[list[int]] | None = None  # its members' ranks by datacenter
         self._launches = 0  # the all-reduces launched in it (the same count on every member)
         self._last: ThreadWork | None = None  # the latest point-to-point one
+        self._thread: LaunchThread | None = None  # where the group's point-to-point ones run
 
     def store(self) -> Any:
         if self._store is None:
@@ -100,11 +102,17 @@ class ReplicaGroup:
                 self.domains = domains_of(dcs) or domains_of(places)
         return d
 
+    def _launch_thread(self) -> LaunchThread:
+        if self._thread is None:
+            self._thread = LaunchThread()
+        return self._thread
+
     def allreduce(self, flat: torch.Tensor) -> Any:
         """Start summing ``flat`` over the group in place with the plan's algorithm; its work."""
+        thread = None if self.algorithm == "ring" else self._launch_thread()
         work = launch(
             self.pg, flat, self.algorithm, self.rank, self.size, self.domains, self._launches,
-            self._last,
+            self._last, thread,
         )  # fmt: skip
         self._launches += 1
         if isinstance(work, ThreadWork):
@@ -112,10 +120,10 @@ class ReplicaGroup:
         return work
 
     def run(self, algorithm: Callable[[Any, int], None]) -> ThreadWork:
-        """Start a point-to-point ``algorithm(group, first tag)`` on a thread of its own, after
+        """Start a point-to-point ``algorithm(group, first tag)`` on the group's thread, after
         the launch before; its work."""
         pg, tag = self.pg, (self._launches % 1000) * 4 * MAX_SEGMENTS
-        work = ThreadWork(lambda: algorithm(pg, tag), self._last)
+        work = ThreadWork(lambda: algorithm(pg, tag), self._last, self._launch_thread())
         self._launches += 1
         self._last = work
         return work
@@ -137,6 +145,9 @@ class ReplicaGroup:
         group waits for it, up to its timeout (measured: 20 s of a 20 s timeout, with a member
         that never came), which no step must wait for."""
         held, self.pg, self.group, self._last = [self.pg], None, "", None
+        if self._thread is not None:  # a launch in progress may hold it up to the timeout
+            self._thread.close()
+            self._thread = None
         if held[0] is not None:
             held[0].abort()
             threading.Thread(target=held.clear, daemon=True, name="dp-drop").start()
