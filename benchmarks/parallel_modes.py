@@ -43,8 +43,13 @@ the mode over the job's devices; calls for tp from its list of all-reduces,
 :func:`dmsc.netmodel.tp_calls.tp_allreduce_calls`, for ep per mixture and micro-batch the token
 counts, the tokens out and back and their gradients: five all-to-alls). ``--only`` runs a
 subset by name. Every run goes ``--rounds`` times (3), in turn, so a slow spell of the machine falls
-on all of them; each mode's seconds are the median over the rounds (each round's in
-``by_round``). Prints a table, or with --json one object (``--out`` also writes it to a file).
+on all of them, and each round is predicted from a calibration of its own, made just before it
+(``--calibrate once``: the first round's for all): each mode's measured and predicted seconds
+are the medians over the rounds (each round's in ``by_round`` and ``predicted_by_round``), its
+ratio the median of each round's ratio (``ratio_by_round``). One calibration's collective moved
+1.3-1.4x from one to the next on this machine (``dmsc calibrate``'s gloo bandwidth 12-24 Gbit/s
+in the runs of 2026-12-05), and every prediction of a run moved with it. Prints a table, or
+with --json one object (``--out`` also writes it to a file).
 Where ``dmsc calibrate`` could not measure the gloo all-reduce (it can fail under load), the
 predictions price collectives with the node link's figures instead: the table says so above
 the predictions and the JSON's ``calibration.used`` names what they stand on
@@ -338,8 +343,11 @@ def ddp_pairs(spec: TransformerSpec, steps: int, pairs: int) -> list[dict[str, A
 
 
 def over_rounds(rounds: list[dict[str, Any]]) -> dict[str, Any]:
-    """One run's rounds as one row: its step and each mode's measured seconds the median over
-    the rounds (each round's in ``by_round``), the rest the first round's."""
+    """One run's rounds as one row: its step and each mode's measured and predicted seconds
+    the median over the rounds (each round's in ``by_round`` and ``predicted_by_round``), its
+    ratio the median of each round's measured over that round's prediction (``ratio_by_round``:
+    a round is predicted from the calibration made just before it), the rest the first
+    round's."""
     row = dict(rounds[0])
     row["step_s"] = statistics.median(r["step_s"] for r in rounds)
     row["rounds"] = len(rounds)
@@ -347,14 +355,21 @@ def over_rounds(rounds: list[dict[str, Any]]) -> dict[str, Any]:
     for i, first in enumerate(row["modes"]):
         same = [r["modes"][i] for r in rounds if r["modes"][i]["mode"] == first["mode"]]
         m = dict(first)
-        for key in ("measured_s", "measured_least_s", "slowest_s"):
+        for key in ("measured_s", "measured_least_s", "slowest_s", "predicted_s"):
             values = [x[key] for x in same if x.get(key) is not None]
             m[key] = statistics.median(values) if values else None
-        m["ratio"] = m["measured_s"] / m["predicted_s"] if m["predicted_s"] else None
+        ratios = [x["measured_s"] / x["predicted_s"] for x in same if _both(x)]
+        m["ratio"] = statistics.median(ratios) if ratios else None
         m["by_round"] = [x["measured_s"] for x in same]
+        m["predicted_by_round"] = [x["predicted_s"] for x in same]
+        m["ratio_by_round"] = ratios
         modes.append(m)
     row["modes"] = modes
     return row
+
+
+def _both(mode: dict[str, Any]) -> bool:
+    return mode.get("measured_s") is not None and bool(mode.get("predicted_s"))
 
 
 def main() -> None:
@@ -371,17 +386,17 @@ def main() -> None:
     ap.add_argument(
         "--pairs", type=int, default=3, help="adjacent dmsc dp2 / DDP pairs (with dp2-ring)"
     )
+    ap.add_argument(
+        "--calibrate",
+        choices=("each-round", "once"),
+        default="each-round",
+        help="calibrate before every round, each round predicted from its own (default), or once",
+    )
     ap.add_argument("--json", action="store_true")
     ap.add_argument("--out", help="also write the JSON object to this file")
     args = ap.parse_args()
     load_before = os.getloadavg()[0]
     spec, moe = _spec(), _spec("moe-mini")
-    with tempfile.TemporaryDirectory() as home:
-        t0 = time.perf_counter()
-        cluster = calibrated_spec(Path(home))
-        calibrate_s = time.perf_counter() - t0
-    collective = next(iter(cluster.node_types.values())).collective
-    used = calibration_used(cluster)
     # name: (model, layout, dmsc_star, micro-batches, prediction's (tp, pp, dp, micro, ep))
     runs: dict[str, tuple[str, StageLayout, bool, int, tuple[int, ...]]] = {}
     for dp in (int(d) for d in args.dp.split(",")):
@@ -411,17 +426,35 @@ def main() -> None:
     only = set(args.only.split(",")) if args.only else set(runs)
     if only - set(runs):
         ap.error(f"--only: no run named {', '.join(sorted(only - set(runs)))} ({', '.join(runs)})")
-    preds = {
-        name: predicted(cluster, layout.model, *shape, star=star, compress=codecs.get(name, "none"))
-        for name, (_, layout, star, _, shape) in runs.items()
-        if name in only
-    }
-    measured: dict[str, list[dict[str, Any]]] = {name: [] for name in preds}
-    for _ in range(args.rounds):  # each round every run once: a slow spell falls on all of them
+    calibrate_s = 0.0
+    calibrations: list[ClusterSpec] = []
+    preds: dict[str, dict[str, Any]] = {}
+    measured: dict[str, list[dict[str, Any]]] = {name: [] for name in runs if name in only}
+    for r in range(args.rounds):  # each round every run once: a slow spell falls on all of them
+        if r == 0 or args.calibrate == "each-round":
+            with tempfile.TemporaryDirectory() as home:
+                t0 = time.perf_counter()
+                calibrations.append(calibrated_spec(Path(home)))
+                calibrate_s += time.perf_counter() - t0
+            preds = {
+                name: predicted(
+                    calibrations[-1],
+                    layout.model,
+                    *shape,
+                    star=star,
+                    compress=codecs.get(name, "none"),
+                )
+                for name, (_, layout, star, _, shape) in runs.items()
+                if name in only
+            }
         for name, (_, layout, star, micro, _) in runs.items():
             if name in preds:
                 codec = codecs.get(name, "none")
                 measured[name].append(dmsc_run(layout, star, args.steps, micro, preds[name], codec))
+    cluster = calibrations[0]
+    collective = next(iter(cluster.node_types.values())).collective
+    # a round without a measured collective makes every round's label the uncalibrated one
+    used = min((calibration_used(c) for c in calibrations), key=lambda u: u["collective_measured"])
     rows = {
         name: {"model": runs[name][0], "compress": codecs.get(name, "none")} | over_rounds(got)
         for name, got in measured.items()
@@ -441,6 +474,8 @@ def main() -> None:
             "seconds": calibrate_s,
             "collective": None if collective is None else collective.model_dump(),
             "used": used,
+            "rounds": args.calibrate,
+            "collective_by_round": [_collective(c) for c in calibrations],
         },
         "runs": rows,
         "ddp_dp2_step_s": ddp,
@@ -511,9 +546,10 @@ def goal_15pct(rows: dict[str, Any], cores: int) -> dict[str, Any]:
     slowest worker's for tp and pp, the exposed one for dp and ep (without the wait for the
     other replicas' compute: :func:`dmsc.data.comm_modes.exposed_wait`). The star runs are
     counted against the leader's star (``sync.via`` leader), which the cost model prices since
-    2026-12-03. A run with
-    more worker processes than the machine has cores is counted apart: its ranks share cores,
-    which no cluster spec of devices describes."""
+    2026-12-03. A mode's ratio is its row's (:func:`over_rounds`: the median of its rounds'
+    ratios, each round against its own calibration), else its measured over its predicted
+    seconds. A run with more worker processes than the machine has cores is counted apart: its
+    ranks share cores, which no cluster spec of devices describes."""
     modes: dict[str, Any] = {}
     for name, r in rows.items():
         workers = r["tp"] * r.get("stages", 1) * r["dp"]
@@ -521,7 +557,7 @@ def goal_15pct(rows: dict[str, Any], cores: int) -> dict[str, Any]:
             measured = m["measured_s"]
             if not m["predicted_s"] or measured is None:
                 continue
-            ratio = measured / m["predicted_s"]
+            ratio = m.get("ratio") or measured / m["predicted_s"]
             modes[f"{name}/{m['mode']}"] = {
                 "ratio": ratio,
                 "within": abs(ratio - 1) <= 0.15,
@@ -537,6 +573,11 @@ def goal_15pct(rows: dict[str, Any], cores: int) -> dict[str, Any]:
         "counted_on_cores": len(on_cores),
         "within_on_cores": sum(g["within"] for g in on_cores),
     }
+
+
+def _collective(cluster: ClusterSpec) -> dict[str, Any] | None:
+    got = next(iter(cluster.node_types.values())).collective
+    return None if got is None else got.model_dump()
 
 
 def _ms(x: float | None) -> str:

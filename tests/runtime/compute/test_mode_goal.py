@@ -12,7 +12,7 @@ from typing import Any
 BENCH = Path(__file__).resolve().parents[3] / "benchmarks"
 sys.path.insert(0, str(BENCH))
 try:
-    from parallel_modes import goal_15pct
+    from parallel_modes import goal_15pct, over_rounds
 finally:
     sys.path.remove(str(BENCH))
 
@@ -52,3 +52,18 @@ def test_the_goal_reads_each_mode_by_its_measure_and_counts_oversubscribed_runs_
     assert [k for k, g in goal["modes"].items() if not g["fits_cores"]] == ["tp2-ep2/ep"]
     assert (goal["within"], goal["counted"]) == (2, 5)
     assert (goal["within_on_cores"], goal["counted_on_cores"]) == (2, 4)
+
+
+def test_a_modes_ratio_is_the_median_of_its_rounds_each_against_its_own_calibration() -> None:
+    """Each round is predicted from the calibration made just before it: the mode's ratio is
+    the median of the rounds' ratios, not its median measured over its median predicted."""
+
+    def round_(predicted: float, measured: float) -> dict[str, Any]:
+        return _run(1, 1, 2, ("dp", predicted, measured, measured)) | {"step_s": 1.0}
+
+    row = over_rounds([round_(1.0, 1.1), round_(2.0, 1.8), round_(4.0, 1.2)])
+    mode = row["modes"][0]
+    assert (mode["measured_s"], mode["predicted_s"]) == (1.2, 2.0)  # 0.6 by the medians
+    assert mode["ratio_by_round"] == [1.1, 0.9, 0.3] and mode["ratio"] == 0.9
+    goal = goal_15pct({"dp2-ring": row}, cores=2)
+    assert goal["modes"]["dp2-ring/dp"]["ratio"] == 0.9 and goal["within"] == 1
