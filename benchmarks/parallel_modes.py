@@ -231,8 +231,10 @@ def dmsc_run(
             links.append(busiest_link({k: v[1] for k, v in out["traces"].items()}))
             losses.append(out["loss"])
             if s >= steps // 4:  # past the warm-up, as the step time
+                spans = {k: v[0] for k, v in out["traces"].items()}  # the pipeline's (comm_modes)
                 traces += [
-                    StepTrace(s, k[0], k[1], 0.0, [], {}, comm=c) for k, c in out["comm"].items()
+                    StepTrace(s, k[0], k[1], 0.0, spans.get(k, []), {}, comm=c)
+                    for k, c in out["comm"].items()
                 ]
                 comm.append(out["comm"])
     measured = per_worker(comm)

@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 
-from dmsc.data.comm_modes import compare_modes, exposed_wait, measured_by_step
+from dmsc.data.comm_modes import compare_modes, exposed_wait, measured_by_step, pipeline_wait
 from dmsc.data.db import Database
 from dmsc.data.traces import StepTrace, record_step, step_traces
 
@@ -170,3 +170,41 @@ def test_expert_parallel_figures_put_together_per_group_measure_as_the_slowest_g
     merged = [{"s": 0.02, "wait_s": 0.05}, {"s": 0.02, "wait_s": 0.03}, {"s": 0.04, "wait_s": 0.04}]
     assert exposed_wait("ep", merged) == pytest.approx(0.04)
     assert exposed_wait("ep", [{"s": 0.02, "wait_s": 0.05}, {"s": 0.03}]) == pytest.approx(0.02)
+
+
+def _staged(step: int, stage: int, replica: int, wait: float, busy: list[float]) -> StepTrace:
+    """A worker's trace with a pipeline wait and its operations' spans of ``busy`` seconds."""
+    spans, at = [], 100.0
+    for i, b in enumerate(busy):
+        spans.append(("F" if i % 2 == 0 else "B", i // 2, at, at + b))
+        at += b + 1.0
+    return StepTrace(step, stage, replica, 0.0, spans, {}, comm={"pp": {"s": wait}})
+
+
+def test_the_pipeline_is_measured_without_a_faster_stages_wait_for_the_slower_ones_compute() -> (
+    None
+):
+    """gpt-mini at pp = 2, two micro-batches, as measured (2026-12-05): the first stage computes
+    20.7 ms a micro-batch, the second 22.3, and the first waited 25.2 ms a step, of which 3.2
+    were the second's extra compute (priced as compute). The pipeline's is 22.0 (prediction
+    22.8); counted whole it measured 1.08-1.19 of its prediction run after run."""
+    first = _staged(0, 0, 0, 0.0252, [0.0070, 0.0137, 0.0070, 0.0137])
+    second = _staged(0, 1, 0, 0.0078, [0.0082, 0.0141, 0.0082, 0.0141])
+    assert pipeline_wait([first, second])[0] == pytest.approx(0.0252 - 2 * (0.0223 - 0.0207))
+    assert measured_by_step([first, second])["pp"][0][0] == pytest.approx(0.0220)
+    assert measured_by_step([first, second])["pp"][0][2] == pytest.approx(0.0252)  # slowest
+    rows = compare_modes({"pp_comm": 0.0011, "bubble": 0.0217}, [first, second])
+    assert rows[0].ratio == pytest.approx(0.0220 / 0.0228)
+    # each replica's pipeline apart: a slow replica's stages do not count against another's
+    fast = _staged(0, 0, 1, 0.0252, [0.0070, 0.0137, 0.0070, 0.0137])
+    slow = _staged(0, 1, 1, 0.0078, [0.0300, 0.0300])
+    assert pipeline_wait([first, second, fast, slow])[0] == pytest.approx(0.0220)
+    # a worker without spans (a trace from before them) leaves the step counted whole
+    bare = StepTrace(0, 1, 0, 0.0, [], {}, comm={"pp": {"s": 0.0078}})
+    assert pipeline_wait([first, bare]) == {}
+    assert measured_by_step([first, bare])["pp"][0][0] == pytest.approx(0.0252)
+    # never below nothing, never above the most any worker waited
+    idle = _staged(0, 0, 0, 0.001, [0.001])
+    busy = _staged(0, 1, 0, 0.001, [0.050])
+    assert pipeline_wait([idle, busy])[0] == pytest.approx(0.001)  # busy's own wait
+    assert pipeline_wait([_staged(0, 0, 0, 0.002, [0.010])])[0] == pytest.approx(0.002)
