@@ -3,7 +3,8 @@
 gpt-mini as one stage, global batch 8 (each replica its share, one micro-batch), AdamW, worker
 processes on 127.0.0.1 with one thread each. For dp 1, 2 and 4, in one run, the same steps with
 the replicas averaging through the stage leader over gRPC (``dp_star``) and by the bucketed
-gloo all-reduce (the default): the median step time, and the bytes on the busiest link, the most
+gloo all-reduce (the default): the median step time (beside it the cost model's iteration on the
+calibrated cluster, ``predicted_step_s``), and the bytes on the busiest link, the most
 one worker sent and received in a step (its traffic as the step's trace counts it: the star's
 leader carries 2 (n - 1) gradients, a ring member 4 (n - 1) / n of one). Then PyTorch's own
 ``DistributedDataParallel`` (gloo, 2 spawned processes, the same model, batch and optimizer) and
@@ -257,6 +258,7 @@ def dmsc_run(
         "dp": layout.replicas,
         "ep": layout.ep,
         "step_s": statistics.median(times[steps // 4 :]),
+        "predicted_step_s": sum(pred["breakdown"].values()),  # the plan's iteration
         "busiest_link_bytes": max(links),
         "busiest_link_mb": max(links) / 1e6,
         "last_loss": losses[-1],
@@ -352,6 +354,7 @@ def over_rounds(rounds: list[dict[str, Any]]) -> dict[str, Any]:
     round's."""
     row = dict(rounds[0])
     row["step_s"] = statistics.median(r["step_s"] for r in rounds)
+    row["predicted_step_s"] = statistics.median(r["predicted_step_s"] for r in rounds)
     row["rounds"] = len(rounds)
     modes = []
     for i, first in enumerate(row["modes"]):
@@ -503,7 +506,10 @@ def main() -> None:
         return
     print(f"predictions priced from {used['priced_from']}")
     tag = "" if used["collective_measured"] else f" [{used['label']}]"
-    print(f"{'run':<12} {'step ms':>9} {'busiest link MB':>16}  comm ms predicted/measured{tag}")
+    print(
+        f"{'run':<12} {'step ms':>9} {'predicted':>9} {'busiest link MB':>16}  "
+        f"comm ms predicted/measured{tag}"
+    )
     for name, r in rows.items():
         modes = "  ".join(
             f"{m['mode']} {_ms(m['predicted_s'])}/{_ms(m['measured_s'])}"
@@ -511,7 +517,8 @@ def main() -> None:
             for m in r["modes"]
         )
         print(
-            f"{name:<12} {r['step_s'] * 1e3:>9.1f} {r['busiest_link_bytes'] / 1e6:>16.2f}  {modes}"
+            f"{name:<12} {r['step_s'] * 1e3:>9.1f} {r['predicted_step_s'] * 1e3:>9.1f} "
+            f"{r['busiest_link_bytes'] / 1e6:>16.2f}  {modes}"
         )
     if ddp is not None:
         print(f"{'DDP dp2':<12} {ddp * 1e3:>9.1f}")

@@ -54,6 +54,13 @@ def test_on_cores_scales_the_rates_once() -> None:
     assert half.device_types["cpu"].mask_ns == pytest.approx(2.8)  # the 1.4 ns default, shared
     lowrank = DEFAULT_CALIBRATION.generation("generic").lowrank_s * 1e9  # the default, shared
     assert half.device_types["cpu"].lowrank_ns == pytest.approx(2 * lowrank)
+    assert half.device_types["cpu"].dispatch_ns is None  # unmeasured: memory passes, shared
+    routed = c.model_copy(
+        update={
+            "device_types": {"cpu": c.device_types["cpu"].model_copy(update={"dispatch_ns": 6.0})}
+        }
+    )
+    assert on_cores(routed, 4).device_types["cpu"].dispatch_ns == pytest.approx(12.0)
     assert half.shared_cores is None and on_cores(half, 4) is half  # never shared twice
     assert on_cores(c, 4) is half  # kept for the next ask
     assert c.device_types["cpu"].peak_tflops["fp32"] == 0.08  # the spec itself unchanged

@@ -10,6 +10,14 @@ runs at the generation's attention efficiency. Element-wise kernels stream their
 gradient and one for the weight gradient, each as large as the forward one), plus what a flash
 kernel computes again. A layer takes at least the time its host needs to issue its kernels (the
 device's measured ``host_op_us``), which bounds small layers on a fast accelerator.
+
+A mixture of experts also routes: the runtime's routing, dispatch and combine index every
+routed element (a token's hidden vector, once per expert it chose) each way
+(:mod:`dmsc.runtime.compute.mixture_rate`), at the device's measured ``dispatch_ns``, else as
+:data:`DISPATCH_PASSES` passes over memory (:func:`dispatch_s`). Unpriced until 2026-12-05,
+moe-mini's block measured 12.4 ms a micro-batch of four sequences on this project's CPU against
+a predicted 10.1 (the index operations cost 5-7 ns per routed element each way there, where
+their passes over memory come to about 1).
 """
 
 from __future__ import annotations
@@ -50,6 +58,26 @@ def host_op_seconds(device: DeviceTypeSpec, dc: DeviceCalibration) -> float:
     if device.host_op_us is not None:
         return device.host_op_us * 1e-6
     return dc.host_op_s
+
+
+# Element passes over memory per routed element, each way, of the runtime's mixture
+# (compute/expert_parallel.py): the tokens gathered in expert order (read, write), each
+# expert's rows gathered (read, write), the answers' buffer zeroed and written in place, the
+# answers weighted (read, write) and added up per token in place (read, read and write).
+DISPATCH_PASSES = 10.0
+
+
+def dispatch_s(device: DeviceTypeSpec, dtype: str, dc: DeviceCalibration) -> float:
+    """Seconds per routed element, each way, of a mixture's routing, dispatch and combine on
+    ``device``: its measured figure, else :data:`DISPATCH_PASSES` passes over memory of
+    ``dtype`` elements (module docstring)."""
+    if dc.dispatch_s is not None:
+        return dc.dispatch_s
+    return (
+        DISPATCH_PASSES
+        * DTYPE_BYTES[dtype]
+        / (device.memory_bw_gbyte_s * 1e9 * dc.memory_efficiency)
+    )
 
 
 def issued_kernels(layer: LayerCost) -> int:
@@ -166,6 +194,8 @@ def _layer_time(
     eltwise_s = layer.elementwise_bytes / mem_rate + layer.elementwise_kernels * _overhead(
         device, dc
     )
+    if layer.routed_elements:  # a mixture's routing, each way (module docstring)
+        eltwise_s += layer.routed_elements * dispatch_s(device, dtype, dc)
     other_s = layer.extra_flops / flop_rate
     forward = gemm_s + eltwise_s + other_s
     # A flash kernel's backward computes Q K^T again (2.5x its forward FLOPs in all).

@@ -100,6 +100,11 @@ class DeviceCalibration:
     # (dmsc.runtime.compute.host_rates): 2.97-3.37 ns on this project's x86 core, a 4M-element
     # matrix (2026-12-04); a device spec's measured ``lowrank_ns`` replaces it.
     lowrank_s: float = 3e-9
+    # The device's time per routed element (a token's hidden vector to one of its experts) of
+    # the runtime's mixture routing, dispatch and combine, each way (dmsc.netmodel.compute:
+    # ``dispatch_s``); None: priced as passes over memory. A device spec's measured
+    # ``dispatch_ns`` sets it.
+    dispatch_s: float | None = None
     # Output tile of a tensor-core GEMM for the wave quantization (NVIDIA GEMM guide: 256 x 128
     # is cuBLAS's most efficient tile on A100); None where the library's persistent kernels
     # balance tiles over the SMs (Hopper, Blackwell: cuBLAS times on an H200 follow no
@@ -290,6 +295,8 @@ class Calibration:
             host["mask_s"] = device.mask_ns * 1e-9
         if device.lowrank_ns is not None:
             host["lowrank_s"] = device.lowrank_ns * 1e-9
+        if device.dispatch_ns is not None:
+            host["dispatch_s"] = device.dispatch_ns * 1e-9
         if host:
             base = replace(base, **host)
         m = device.measured

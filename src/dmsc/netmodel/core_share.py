@@ -6,7 +6,8 @@ its own, and the cluster its ``shared_cores``. A job on ``k`` of the devices run
 processes at once (a pipeline's steady state, a data-parallel step), so each gets
 ``min(1, shared_cores / k)`` of a core: :func:`on_cores` is the cluster as the cost model sees
 it for that job, each device type's peak FLOP/s and memory bandwidth times that share (and its
-times to draw a Gaussian, to expand a secure-aggregation mask and PowerSGD's products over it).
+times to draw a Gaussian, to expand a secure-aggregation mask, PowerSGD's products and a
+mixture's routing over it).
 
 A node's measured collective (``collective``, a gloo all-reduce of two processes with a core
 each) runs at the same share: its bandwidth times it, its latency over it (:func:`on_cores`).
@@ -85,6 +86,8 @@ def on_cores(cluster: ClusterSpec, devices: int) -> ClusterSpec:
                     dev.lowrank_ns or DEFAULT_CALIBRATION.for_device(dev).lowrank_s * 1e9
                 )
                 / share,
+                # a mixture's routing is compute too (unmeasured: memory passes, scaled above)
+                "dispatch_ns": None if dev.dispatch_ns is None else dev.dispatch_ns / share,
             }
         )
         for name, dev in cluster.device_types.items()

@@ -85,6 +85,10 @@ class LayerCost:
     # the runtime does (compute/sequence_parallel.py).
     tp_whole_grads: int = 0
     tp_whole_grad_bytes: float = 0.0
+    # A mixture's routed elements in a micro-batch on the device: its tokens times their top-k
+    # choices times the hidden size, what the runtime's routing gathers, sends to its experts
+    # and combines back (dmsc.netmodel.compute: ``dispatch_s``); 0 for other layers.
+    routed_elements: float = 0.0
 
     @property
     def forward_flops(self) -> float:
@@ -263,6 +267,7 @@ def _transformer_layers(model: TransformerSpec, job: JobSpec) -> list[LayerCost]
                 ep_counts_bytes=8.0 * model.experts if moe and job.ep > 1 else 0.0,
                 tp_whole_grads=(attn_whole + (0 if moe else mlp_whole)) // h if sp and t > 1 else 0,
                 tp_whole_grad_bytes=float(B * h) if sp and t > 1 else 0.0,
+                routed_elements=float(T * model.top_k * h) if moe else 0.0,
             )
         )
     head_params = (0 if model.tied_embeddings else V * h) + norm_params

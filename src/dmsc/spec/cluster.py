@@ -151,6 +151,15 @@ class DeviceTypeSpec(_Spec):
             "Unset: the cost model's default."
         ),
     )
+    dispatch_ns: PositiveFloat | None = Field(
+        default=None,
+        description=(
+            "Nanoseconds the device takes per routed element (a token's hidden vector sent to "
+            "one of its chosen experts) for the runtime's mixture-of-experts routing, dispatch "
+            "and combine, forward or backward (the experts' and the router's products apart); "
+            "measured by calibrate. Unset: priced as passes over memory."
+        ),
+    )
     measured: MeasuredEfficiency | None = Field(
         default=None, description="Efficiencies measured on this device (dmsc calibrate)."
     )

@@ -150,6 +150,7 @@ def test_a_job_on_fewer_devices_than_the_cores_gets_a_core_each() -> None:
         )  # fmt: skip
         figures = {**FIGURES, "block_s": 0.03, "cores": 2.0, "gaussian_s": 5.5e-9, "mask_s": 2e-9}
         figures["lowrank_s"] = 3e-9
+        figures["dispatch_s"] = 6e-9
         return ClusterSpec.model_validate(cal.calibrated_cluster(template, figures))
 
     four, two = node(4), node(2)
@@ -157,6 +158,7 @@ def test_a_job_on_fewer_devices_than_the_cores_gets_a_core_each() -> None:
     assert four.device_types["cpu"].gaussian_ns == pytest.approx(5.5)  # the measured draw
     assert four.device_types["cpu"].mask_ns == pytest.approx(2.0)  # and mask
     assert four.device_types["cpu"].lowrank_ns == pytest.approx(3.0)  # and PowerSGD's products
+    assert four.device_types["cpu"].dispatch_ns == pytest.approx(6.0)  # and a mixture's routing
     model = resolve_model("gpt-mini")
     pp2 = JobSpec(global_batch=8, micro_batch=4, pp=2)
     on_four = estimate_iteration(four, model, pp2).breakdown_s

@@ -11,6 +11,8 @@ load comes and goes: one round can be twice as slow as the next):
 - matrix-multiply FLOP/s at the model's sizes (reported beside the block's rate), memory copy
   bandwidth, the per-kernel overhead, and the data plane's own loopback throughput and round
   trip (the pipeline's sends: the node's link);
+- a mixture of experts' routing, dispatch and combine per routed element
+  (:mod:`.mixture_rate`: the device's ``dispatch_ns``);
 - the all-reduce of a two-process gloo group, as the tensor- and data-parallel exchanges run it
   (the node's ``collective``, which the cost model prices collectives with), and of NCCL where
   CUDA has two devices (:mod:`.collective_calibration`; reported, and the node's collective only
@@ -48,6 +50,7 @@ from dmsc.runtime.compute.host_rates import (
     measure_mask_seconds,
 )
 from dmsc.runtime.compute.host_rates import median_seconds as _median_seconds
+from dmsc.runtime.compute.mixture_rate import measure_dispatch_seconds
 from dmsc.runtime.transport.rpc import Client, bytes_handler, serve
 from dmsc.spec import ClusterSpec, SpecError, load_spec
 
@@ -210,6 +213,8 @@ def _device(measured: dict[str, float], rate: float, dc: Any) -> dict[str, Any]:
         out["mask_ns"] = measured["mask_s"] * 1e9
     if "lowrank_s" in measured:
         out["lowrank_ns"] = measured["lowrank_s"] * 1e9
+    if measured.get("dispatch_s"):
+        out["dispatch_ns"] = measured["dispatch_s"] * 1e9
     return out
 
 
@@ -439,6 +444,7 @@ def calibrate(
         "gaussian_s": measure_gaussian_seconds(),
         "mask_s": measure_mask_seconds(),
         "lowrank_s": measure_lowrank_seconds(),
+        "dispatch_s": measure_dispatch_seconds(CALIBRATION_MICRO_BATCH),
         "loopback_bytes_s": rate,
         "loopback_rtt_s": rtt,
         "cores": float(

@@ -226,9 +226,9 @@ class ExpertParallelMoE(nn.Module):
         for j, module in enumerate(self.experts.values()):
             (at,) = (of_expert == j).nonzero(as_tuple=True)
             if at.numel():
-                done = done.index_copy(0, at, _partial(module, tokens[at]))
+                done.index_copy_(0, at, _partial(module, tokens[at]))
         back = done if self.ep == 1 else _AllToAll.apply(done, self.group, send_splits, recv_splits)
-        out = torch.zeros_like(flat).index_add(0, rows, back * picked)
+        out = torch.zeros_like(flat).index_add_(0, rows, back * picked)
         if self.tp > 1:  # g: the tp ranks' partial sums, once for the whole mixture
             out = Reduce.apply(out, self.tp_group)
         return out.view_as(x_BTH)

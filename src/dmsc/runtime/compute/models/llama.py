@@ -135,7 +135,7 @@ class MixtureOfExperts(nn.Module):
         for e, expert in enumerate(self.experts):
             rows, slot = (chosen == e).nonzero(as_tuple=True)
             if rows.numel():
-                out = out.index_add(0, rows, expert(flat[rows]) * weight[rows, slot, None])
+                out.index_add_(0, rows, expert(flat[rows]) * weight[rows, slot, None])
         return out.view_as(x_BTH)
 
 
