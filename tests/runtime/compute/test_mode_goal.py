@@ -59,11 +59,15 @@ def test_a_modes_ratio_is_the_median_of_its_rounds_each_against_its_own_calibrat
     the median of the rounds' ratios, not its median measured over its median predicted."""
 
     def round_(predicted: float, measured: float) -> dict[str, Any]:
-        return _run(1, 1, 2, ("dp", predicted, measured, measured)) | {"step_s": 1.0}
+        return _run(1, 1, 2, ("dp", predicted, measured, measured)) | {
+            "step_s": measured,
+            "predicted_step_s": predicted,
+        }
 
     row = over_rounds([round_(1.0, 1.1), round_(2.0, 1.8), round_(4.0, 1.2)])
     mode = row["modes"][0]
     assert (mode["measured_s"], mode["predicted_s"]) == (1.2, 2.0)  # 0.6 by the medians
+    assert (row["step_s"], row["predicted_step_s"]) == (1.2, 2.0)  # the steps' medians too
     assert mode["ratio_by_round"] == [1.1, 0.9, 0.3] and mode["ratio"] == 0.9
     goal = goal_15pct({"dp2-ring": row}, cores=2)
     assert goal["modes"]["dp2-ring/dp"]["ratio"] == 0.9 and goal["within"] == 1
