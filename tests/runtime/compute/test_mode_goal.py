@@ -9,6 +9,8 @@ import sys
 from pathlib import Path
 from typing import Any
 
+import pytest
+
 BENCH = Path(__file__).resolve().parents[3] / "benchmarks"
 sys.path.insert(0, str(BENCH))
 try:
@@ -71,3 +73,31 @@ def test_a_modes_ratio_is_the_median_of_its_rounds_each_against_its_own_calibrat
     assert mode["ratio_by_round"] == [1.1, 0.9, 0.3] and mode["ratio"] == 0.9
     goal = goal_15pct({"dp2-ring": row}, cores=2)
     assert goal["modes"]["dp2-ring/dp"]["ratio"] == 0.9 and goal["within"] == 1
+
+
+def test_a_runs_predicted_step_is_its_plans_iteration() -> None:
+    """``predicted_step_s`` beside each measured step is the plan's own iteration time, the
+    sum of the breakdown the modes are read from."""
+    from parallel_modes import _spec, predicted
+
+    from dmsc.planner.solve import plan_job
+    from dmsc.spec import ClusterSpec, JobSpec, SyncSpec
+
+    cluster = ClusterSpec.model_validate(
+        {
+            "device_types": {"cpu": {"peak_tflops": {"fp32": 0.05}, "memory_gib": 4,
+                                     "memory_bw_gbyte_s": 10}},
+            "node_types": {"host": {"device": "cpu", "devices": 4,
+                                    "link": {"bandwidth_gbit_s": 40}}},
+            "datacenters": [{"name": "dc", "nodes": [{"type": "host", "count": 1}],
+                             "network": {"gbit_s_per_node": 10}}],
+        }
+    )  # fmt: skip
+    spec = _spec()
+    got = predicted(cluster, spec, 1, 2, 1, 2)
+    job = JobSpec(
+        global_batch=8, micro_batch=4, pp=2, allreduce="ring", sync=SyncSpec(via="collective")
+    )
+    plan = plan_job(cluster, spec, job, fixed=True).plan
+    assert got["iteration_s"] == plan.prediction.iteration_time_s
+    assert sum(got["breakdown"].values()) == pytest.approx(got["iteration_s"])
