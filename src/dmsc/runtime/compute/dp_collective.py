@@ -378,12 +378,14 @@ class DataParallel:
     ) -> tuple[torch.Tensor, list[int]]:
         """The mean of every replica's float32 ``vector`` by the int8 ring, re-quantised at
         each hop in blocks of ``block`` (:mod:`.int8_ring`: the cost model's int8 all-reduce).
-        Quorum, late replicas and the thin link as :meth:`mean`."""
+        ``vector`` is the caller's to give: the ring sums into it and divides it in place, and
+        it is returned (no copy of the update: every caller hands a vector it made for the
+        exchange). Quorum, late replicas and the thin link as :meth:`mean`."""
         st, d = self._round(step, round_, policy, wait_s)
         rank = d.rank(self.cfg.replica)
         if rank is None:
             return self.peers.recv(Kind.SYNC_DOWN, step, round_).cpu(), []
-        out = vector.clone()
+        out = vector
         n = len(d.members)
         if n > 1:
             self._to_successor(st, d, rank, sent_bytes(out.numel(), n, block, rank))

@@ -68,11 +68,15 @@ def flatten_grads(params: Sequence[torch.nn.Parameter]) -> torch.Tensor:
     )
 
 
-def assign_grads(params: Sequence[torch.nn.Parameter], flat: torch.Tensor) -> None:
-    """Set each parameter's gradient from its slice of ``flat`` (the order of flatten_grads)."""
+def assign_grads(
+    params: Sequence[torch.nn.Parameter], flat: torch.Tensor, copy: bool = True
+) -> None:
+    """Set each parameter's gradient from its slice of ``flat`` (the order of flatten_grads):
+    copies, or views of ``flat`` where it is on their device and ``copy`` is False (``flat``
+    the caller's own, used by nothing else, as DDP's ``gradient_as_bucket_view``)."""
     offset = 0
     for p in params:
-        p.grad = flat[offset : offset + p.numel()].view_as(p).to(p.device, copy=True)
+        p.grad = flat[offset : offset + p.numel()].view_as(p).to(p.device, copy=copy)
         offset += p.numel()
 
 

@@ -331,7 +331,9 @@ class ReplicaSync:
         """Replace every parameter's gradient with the agreed one (every-step mode)."""
         with METER.timed("dp"):  # the step's exposed data-parallel time (.comm_meter)
             agreed, late = self.agree(step, flatten_grads(self.params).cpu(), policy, wait_s)
-            assign_grads(self.params, agreed)
+            # by collective the answer is a vector of this replica's own (the update summed
+            # in place, or a new one): the gradients become views of it, no pass over them
+            assign_grads(self.params, agreed, copy=self.collective is None)
         return late
 
     # -- rounds: the outer step ---------------------------------------------------------------

@@ -220,9 +220,9 @@ def test_a_task_with_another_sync_than_the_plans_is_re_estimated_with_its_own(
     every = prediction_for(plan, cluster, model, 16, 2, 2, SyncSettings(compress="int8"))
     assert every.breakdown_s is not None
     # and a round forms its pseudo-gradient (20 bytes an element) where every step flattens
-    # its gradients and assigns the answer back (16: dmsc.netmodel.codec_work.around_bytes)
+    # its gradients, which become views of the answer (8: codec_work.around_bytes)
     tenth = every.breakdown_s["dp_comm"] / 10
-    assert tenth < p.breakdown_s["dp_comm"] < tenth * 1.1
+    assert tenth < p.breakdown_s["dp_comm"] < tenth * 1.2
     own = prediction_for(plan, cluster, model, 16, 2, 2)
     assert own.breakdown_s == plan.prediction.breakdown_s
     assert p.basis == (
