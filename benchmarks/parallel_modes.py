@@ -127,9 +127,10 @@ def busiest_link(sent: dict[tuple[int, int], dict[str, int]]) -> int:
     return max(load.values(), default=0)
 
 
-def calibrated_spec(home: Path) -> ClusterSpec:
-    """This machine as one node of :data:`DEVICES` devices, measured by ``dmsc calibrate``."""
-    template = {
+def template() -> dict[str, Any]:
+    """The spec ``dmsc calibrate`` measures this machine into: one node of :data:`DEVICES`
+    devices."""
+    return {
         "name": "bench-cpu",
         "device_types": {
             "cpu": {"peak_tflops": {"fp32": 0.05}, "memory_gib": 4, "memory_bw_gbyte_s": 10}
@@ -149,7 +150,11 @@ def calibrated_spec(home: Path) -> ClusterSpec:
             }
         ],
     }
-    (home / "template.yaml").write_text(yaml.safe_dump(template))
+
+
+def calibrated_spec(home: Path) -> ClusterSpec:
+    """This machine as one node of :data:`DEVICES` devices, measured by ``dmsc calibrate``."""
+    (home / "template.yaml").write_text(yaml.safe_dump(template()))
     keep_freed_memory()  # measured as `dmsc calibrate` measures: a worker's allocator
     calibrate(home / "template.yaml", home / "calibrated.yaml", rounds=(5, 10))
     return load_spec(ClusterSpec, home / "calibrated.yaml")
@@ -482,6 +487,9 @@ def main() -> None:
             "used": used,
             "rounds": args.calibrate,
             "collective_by_round": [_collective(c) for c in calibrations],
+            # each round's whole calibrated spec: benchmarks/repredict_modes.py prices the
+            # round again from it
+            "spec_by_round": [c.model_dump(mode="json", exclude_none=True) for c in calibrations],
         },
         "runs": rows,
         "ddp_dp2_step_s": ddp,

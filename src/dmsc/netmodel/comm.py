@@ -12,6 +12,7 @@ from __future__ import annotations
 from collections import Counter
 from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
+from typing import Literal
 
 from dmsc.netmodel import collectives as cf
 from dmsc.netmodel.constants import Calibration
@@ -83,8 +84,13 @@ def _efficiency(kind: str, calib: Calibration) -> float:
     return calib.inter_dc_link_efficiency
 
 
-def _latency(link: Link, collective: bool, awake: bool = False) -> float:
-    if collective and awake and link.collective_latency_awake_s is not None:
+Wait = Literal["blocked", "awake", "spun"]  # how the ranks wait for a collective's calls
+
+
+def _latency(link: Link, collective: bool, wait: Wait = "blocked") -> float:
+    if collective and wait == "spun" and link.collective_latency_spun_s is not None:
+        return link.collective_latency_spun_s
+    if collective and wait != "blocked" and link.collective_latency_awake_s is not None:
         return link.collective_latency_awake_s
     if collective and link.collective_latency_s is not None:
         return link.collective_latency_s
@@ -94,11 +100,11 @@ def _latency(link: Link, collective: bool, awake: bool = False) -> float:
 class CommModel:
     """Costs collectives over one topology; caches hop sets, which do not depend on sizes."""
 
-    def __init__(self, topo: Topology, calib: Calibration, awake: bool = False) -> None:
+    def __init__(self, topo: Topology, calib: Calibration, wait: Wait = "blocked") -> None:
         self.topo = topo
         self.calib = calib
-        self.awake = awake  # collectives waited for awake (awake_view)
-        self._awake_view: CommModel | None = None
+        self.wait = wait  # how the ranks wait for the collectives (awake_view, spun_view)
+        self._views: dict[Wait, CommModel] = {}
         self._cache: dict[tuple[str, tuple[Group, ...]], _HopSet] = {}
         # groups cut by node or datacenter (hierarchical all-reduce): by (groups, level)
         self._domains: dict[tuple[tuple[Group, ...], str], _Split | None] = {}
@@ -118,12 +124,12 @@ class CommModel:
             link = links[lid]
             eff = _efficiency(link.kind, self.calib)
             bw = link.collective_Bps if collective and link.collective_Bps else link.bandwidth_Bps
-            if collective and self.awake and link.collective_awake_Bps:
+            if collective and self.wait != "blocked" and link.collective_awake_Bps:
                 bw = link.collective_awake_Bps
             inv_bw = max(inv_bw, count / (bw * eff))
             link_hops[lid] += count
         for path in paths:
-            alpha = max(alpha, sum(_latency(links[lid], collective, self.awake) for lid, _ in path))
+            alpha = max(alpha, sum(_latency(links[lid], collective, self.wait) for lid, _ in path))
         return _HopSet(inv_bw, alpha, dict(link_hops))
 
     def awake_view(self) -> CommModel:
@@ -131,15 +137,24 @@ class CommModel:
         expert-parallel calls, :mod:`dmsc.runtime.compute.waiting`): a collective's latency is
         the measured awake one where the spec has it (``collective.latency_awake_us``, and
         ``bandwidth_awake_gbit_s``); itself where no link has them."""
-        if self.awake:
+        return self._view("awake")
+
+    def spun_view(self) -> CommModel:
+        """This model for the data-parallel buckets the step spins for on a core of its own
+        (:data:`dmsc.netmodel.topology.SPUN_CALL`): the measured awake figures, the latency at
+        the spun factor; itself where no link has them."""
+        return self._view("spun")
+
+    def _view(self, wait: Wait) -> CommModel:
+        if self.wait == wait:
             return self
-        if self._awake_view is None:
+        if wait not in self._views:
             measured = any(
                 link.collective_latency_awake_s is not None or link.collective_awake_Bps
                 for link in self.topo.links
             )
-            self._awake_view = CommModel(self.topo, self.calib, awake=True) if measured else self
-        return self._awake_view
+            self._views[wait] = CommModel(self.topo, self.calib, wait) if measured else self
+        return self._views[wait]
 
     def quorum_s(self, groups: Sequence[Group]) -> float:
         """The replicas' quorum before one exchange of ``groups`` that dmsc's runtime runs whole

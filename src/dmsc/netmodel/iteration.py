@@ -18,7 +18,7 @@ from dataclasses import dataclass, field
 from dmsc.netmodel.comm import ZERO_COST, CommCost, CommModel
 from dmsc.netmodel.compute import DtypeUnsupported, LayerTime, layer_time, peak_flops
 from dmsc.netmodel.constants import DEFAULT_CALIBRATION, DTYPE_BYTES, Calibration
-from dmsc.netmodel.core_share import on_cores
+from dmsc.netmodel.core_share import core_share, on_cores
 from dmsc.netmodel.fit import DoesNotFit, check_fit, check_memory, stage_types
 from dmsc.netmodel.layers import LayerCost, build_layer_costs
 from dmsc.netmodel.memory import MemoryBreakdown, precision_bytes
@@ -249,6 +249,7 @@ def estimate_iteration(
     reasons = check_fit(cluster, model, job)
     if reasons:
         raise DoesNotFit(reasons)
+    own_cores = core_share(cluster, job.devices) >= 1.0  # each device a core of its own
     cluster = on_cores(cluster, job.devices)  # devices that share a machine's cores
     topo = topology if topology is not None else Topology(cluster)
     comm = comm_model if comm_model is not None else CommModel(topo, calib)
@@ -403,8 +404,14 @@ def estimate_iteration(
         breakdown["dp_comm"] = exposed_s(dp_s, sync, job.overlap_dp_comm, window)
         if job.dp > 1 and bucketed(sync, job.overlap_dp_comm) and job.zero < 3:
             # every step's all-reduce in buckets behind the backward, one at a time, as the
-            # runtime runs it (dmsc.netmodel.dp_buckets); the experts' after it
-            args = (comm, groups, codec, job.allreduce, stage_layers, backwards, payloads, B)
+            # runtime runs it (dmsc.netmodel.dp_buckets); the experts' after it. The step
+            # spins for gloo's own ring: on cores of their own, priced so (topology.SPUN_CALL)
+            spun = comm.spun_view() if own_cores else comm
+            if spun is not comm and comm.all_reduce_choice(groups, grad_dense, job.allreduce) != (
+                "ring"
+            ):
+                spun = comm
+            args = (spun, groups, codec, job.allreduce, stage_layers, backwards, payloads, B)
             exposed = bucketed_exposed_s(*args, bucket_bytes=job.dp_bucket_bytes)
             breakdown["dp_comm"] = expert_s + exposed
 

@@ -41,15 +41,32 @@ CALL_LINK_LATENCIES = 4
 # (experiment_2026_12_04_whole_call_latency: 3.6-4.5 for tp = 2). nccl: priced as measured, 1
 # (the CUDA devices of a node do not share cores; no step of two GPUs has been measured here).
 IN_STEP_CALL = {"gloo": 3.0, "nccl": 1.0}
+# ... but the step's wait for its data-parallel buckets after the backward (gloo's own ring) is
+# spun for up to 50 ms (dmsc.runtime.compute.waiting.DP_SPIN_S), not 4 ms and then blocked as
+# the tensor- and expert-parallel calls are. Where each worker has a core of its own, its
+# exposed last bucket met less than the tp calls' 3: a dp = 2 ring of gpt-mini exposed 2.6-2.7
+# ms for a 3.4 MB bucket, which its idle awake call would take in about 2.4, and priced at 3
+# it measured 0.71-1.20 of its price over eight rounds (median 0.82; parallel_modes_cpu.json:
+# reruns_2026_12_05_final, _in_step_3, _shared_collective), moe-mini's dp = 2 all-reduce
+# 0.52-0.91 (0.72). Re-predicted from each round's own calibration at the measured awake call
+# times 1.5, 1.75, 2 and 2.25, those rounds came to 0.84-1.67 / 0.78-1.41 at 1.5 and
+# 0.81-1.58 (median 0.95) / 0.72-1.23 (1.05) at 2, the most of them within 15% (10 of 16,
+# 5 before); 2 is kept. Where the workers share cores the spinning wait takes a core from a
+# peer that computes, and the call is priced as the others are (IN_STEP_CALL).
+SPUN_CALL = {"gloo": 2.0, "nccl": 1.0}
 
 
-def link_call_latency_s(collective: CollectiveSpec, awake: bool = False) -> float | None:
+def link_call_latency_s(
+    collective: CollectiveSpec, awake: bool = False, spun: bool = False
+) -> float | None:
     """The latency a device link of the node carries per step of a collective, from its
-    measured one (``awake``: of calls waited for awake; None where that was not measured)."""
-    us = collective.latency_awake_us if awake else collective.latency_us
+    measured one (``awake``: of calls waited for awake; ``spun``: of the data-parallel buckets
+    the step spins for, at the awake figure; None where that was not measured)."""
+    us = collective.latency_awake_us if awake or spun else collective.latency_us
     if us is None:
         return None
-    return us * 1e-6 * IN_STEP_CALL[collective.backend] / CALL_LINK_LATENCIES
+    factor = (SPUN_CALL if spun else IN_STEP_CALL)[collective.backend]
+    return us * 1e-6 * factor / CALL_LINK_LATENCIES
 
 
 @dataclass(frozen=True)
@@ -67,9 +84,11 @@ class Link:
     # cluster spec's node_types.*.collective); None: the link's
     collective_Bps: float | None = None
     collective_latency_s: float | None = None
-    # the figures when the rank waits for the call awake (dmsc's tp and ep collectives)
+    # the figures when the rank waits for the call awake (dmsc's tp and ep collectives), and
+    # spinning on a core of its own (the data-parallel buckets: SPUN_CALL)
     collective_awake_Bps: float | None = None
     collective_latency_awake_s: float | None = None
+    collective_latency_spun_s: float | None = None
     # the replicas' quorum before a whole exchange (dmsc.runtime.compute.quorum), measured
     collective_quorum_s: float | None = None
 
@@ -172,6 +191,7 @@ class Topology:
                 collective_latency_s=link_call_latency_s(collective),
                 collective_awake_Bps=None if awake_bw is None else awake_bw * 1e9 / 8,
                 collective_latency_awake_s=link_call_latency_s(collective, awake=True),
+                collective_latency_spun_s=link_call_latency_s(collective, spun=True),
                 collective_quorum_s=None if quorum is None else quorum * 1e-6,
             )
         self.links.append(link)

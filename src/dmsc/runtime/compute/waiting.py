@@ -32,8 +32,9 @@ less than the machine's noise. Only gloo's own all-reduce is waited so: the poin
 algorithms (tree, hierarchical, the int8 ring) run on Python threads, and a spinning thread on
 a machine with fewer cores than runnable threads takes their turns (Linux's EEVDF scheduler may
 pick a yielding thread again at once): the int8 ring's exposed exchange took 22-24 ms spun
-against 12-13 blocked. The cost model still prices the data-parallel all-reduce with the blocked
-figures.
+against 12-13 blocked. The cost model prices the buckets so waited for, where each worker has a
+core of its own, at the measured awake call (:data:`dmsc.netmodel.topology.SPUN_CALL`); where
+the workers share cores, with the blocked figures.
 
 So :func:`finish` looks whether the work is done and yields the core (``os.sched_yield``,
 offering it to another runnable thread) until it is, for at most :data:`SPIN_S`, then
