@@ -125,3 +125,26 @@ def test_the_estimate_adds_the_codecs_passes_to_the_exchange(
         work += leader_work_s("mean", 4, elements, bandwidth)
     assert est.breakdown_s["dp_comm"] == pytest.approx(wire + work, rel=1e-9)
     assert work > 0
+
+
+def test_the_leaders_own_bytes_are_its_decodes_and_its_answers_encoding() -> None:
+    """Of the path through the leader, what the leader does alone (the followers waiting):
+    the ``n`` decodes and the answer's encoding (top-k's sparse answer); nothing by collective,
+    for one replica or for PowerSGD (its leader averages factors only)."""
+    from dmsc.netmodel.codec_work import (
+        SPARSE_ENCODE,
+        decode_bytes,
+        encode_bytes,
+        leader_bytes_per_element,
+    )
+
+    for form in ("none", "bf16", "int8:64"):
+        c = parse_compress(form)
+        want = 4 * decode_bytes(c) + encode_bytes(c)
+        assert leader_bytes_per_element(c, "leader", 4) == want
+        assert leader_bytes_per_element(c, "leader", 4) < bytes_per_element(c, "leader", 4)
+        assert leader_bytes_per_element(c, "collective", 4) == 0.0
+    topk = parse_compress("topk:0.01")
+    assert leader_bytes_per_element(topk, "leader", 3) == 3 * decode_bytes(topk) + SPARSE_ENCODE
+    assert leader_bytes_per_element(parse_compress("powersgd:4"), "leader", 4) == 0.0
+    assert leader_bytes_per_element(parse_compress("none"), "leader", 1) == 0.0

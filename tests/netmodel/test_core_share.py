@@ -106,3 +106,33 @@ def test_a_nodes_measured_collective_runs_at_the_share_too() -> None:
     shared = estimate_iteration(c, gpt, job).breakdown_s["tp_comm"]
     own = estimate_iteration(c.model_copy(update={"shared_cores": None}), gpt, job)
     assert shared > 1.5 * own.breakdown_s["tp_comm"]
+
+
+def test_the_leaders_own_passes_run_at_the_leaders_share_not_the_jobs() -> None:
+    """Through the leader (a star) the followers wait while the leader decodes their updates,
+    applies its rule and encodes its answer: four replicas on two cores, those passes are
+    priced at a whole core (one leader busy), the rest of the exchange at half. Priced at half,
+    gpt-mini's dp = 4 star measured 0.70-0.85 of its prediction in eight runs
+    (parallel_modes_cpu.json, benchmarks/repredict_modes.py); at a whole core, 0.83-1.01."""
+    from dmsc.netmodel import build_layer_costs
+    from dmsc.netmodel.codec_work import leader_bytes_per_element
+    from dmsc.netmodel.leader_work import bytes_per_element as rule_bytes
+    from dmsc.netmodel.sync import memory_bytes_s
+    from dmsc.spec.sync_forms import parse_compress
+
+    model = resolve_model("gpt-mini")
+    job = JobSpec.model_validate(
+        {"global_batch": 16, "micro_batch": 4, "dp": 4, "sync": {"via": "leader"}}
+    )
+    got = estimate_iteration(_cluster(), model, job).breakdown_s["dp_comm"]
+    half = estimate_iteration(_cluster(cores=None, scale=0.5), model, job).breakdown_s["dp_comm"]
+    elements = sum(lc.params_per_device for lc in build_layer_costs(model, job))
+    alone = elements * (leader_bytes_per_element(parse_compress("none"), "leader", 4))
+    alone += elements * rule_bytes("mean", 4)
+    bw = memory_bytes_s(_cluster().device_types["cpu"], DEFAULT_CALIBRATION)
+    assert half - got == pytest.approx(alone / (bw / 2) - alone / bw, rel=1e-6)
+    # by collective nothing runs alone: priced at the job's share, as before
+    ring = JobSpec.model_validate({"global_batch": 16, "micro_batch": 4, "dp": 4})
+    assert estimate_iteration(_cluster(), model, ring).breakdown_s["dp_comm"] == pytest.approx(
+        estimate_iteration(_cluster(cores=None, scale=0.5), model, ring).breakdown_s["dp_comm"]
+    )

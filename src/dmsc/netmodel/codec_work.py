@@ -132,6 +132,16 @@ def bytes_per_element(c: Compression, via: str, n: int) -> float:
     return 0.0
 
 
+def leader_bytes_per_element(c: Compression, via: str, n: int) -> float:
+    """Of :func:`bytes_per_element`, the bytes the leader reads and writes alone, the followers
+    waiting for its answer: its decoding of the ``n`` updates and its encoding of the answer
+    (through the leader, not PowerSGD's; 0 otherwise)."""
+    if n < 2 or via != "leader" or c.kind == "powersgd":
+        return 0.0
+    answer = SPARSE_ENCODE if c.kind == "topk" else encode_bytes(c)
+    return n * decode_bytes(c) + answer
+
+
 def around_bytes(c: Compression, via: str, n: int, rounds: bool) -> float:
     """Bytes an element of the runtime's passes around one exchange with the codec ``c``
     ``via`` the collective or the leader among ``n`` replicas (module docstring): every step's

@@ -19,6 +19,13 @@ prediction (``parallel_modes_cpu.json``, ``reruns_2026_12_05_in_step_3``). The p
 sends (the pipeline's, the star's) keep the link's figures: the star at dp = 4, four workers,
 measured 0.79-0.98 of its price without the share.
 
+Through the leader (a star), the followers wait while the stages' leaders decode their updates,
+apply their rule and encode the answer: those passes run at the share of the busy leaders (one
+a stage and tensor-parallel rank), a whole core each on this machine for one stage, where the
+rest of the exchange runs at the job's (:func:`dmsc.netmodel.sync.work_s`). At the job's share,
+gpt-mini's dp = 4 star (four workers on two cores) measured 0.70-0.85 of its prediction over
+eight runs; at the leader's, 0.83-1.01 (``benchmarks/repredict_modes.py``, 2026-12-05).
+
 The share was fixed when the spec was written (the cores over all the cluster's devices) until
 2026-12-03: a pp = 2 plan on a calibrated node of 4 devices over 2 cores was predicted at half
 a core per stage, and ran on a core each (its pipeline's waits predicted 57 ms, measured 38).

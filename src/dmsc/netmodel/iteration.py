@@ -250,6 +250,8 @@ def estimate_iteration(
     if reasons:
         raise DoesNotFit(reasons)
     own_cores = core_share(cluster, job.devices) >= 1.0  # each device a core of its own
+    # while the followers wait for their answer, the stages' leaders work alone
+    leaders = on_cores(cluster, job.pp * job.tp)
     cluster = on_cores(cluster, job.devices)  # devices that share a machine's cores
     topo = topology if topology is not None else Topology(cluster)
     comm = comm_model if comm_model is not None else CommModel(topo, calib)
@@ -357,11 +359,13 @@ def estimate_iteration(
             sum(lc.params_per_device for lc in ms) / (job.dp if job.zero >= 1 else 1)
             for ms in stage_layers
         )
-        dev = cluster.device_types[topo.devices[layout.first_device].type_name]
+        dev_name = topo.devices[layout.first_device].type_name
+        dev = cluster.device_types[dev_name]
         step = precision_bytes(job.precision, dtype).step_traffic
         memory_bytes_s = device_memory_bytes_s(dev, calib)
         breakdown["optimizer"] = params_dev * step / memory_bytes_s
         host = host_side(dev, calib)  # where the exchange's codec and leader work runs
+        alone = host_side(leaders.device_types[dev_name], calib)  # the leader's own passes
         # Gradient reduction over the data-parallel replicas (all stages at once), once per
         # round of the sync mode, its payload compressed (dmsc.netmodel.sync).
         sync = job.sync
@@ -380,7 +384,7 @@ def estimate_iteration(
                 for ms in stage_layers
             )
             # and the compute on its path: the codec's passes, the leader's rule (sync.work_s)
-            dp_s = c.time_s + work_s(sync, job.dp, dense, host, job.tp)
+            dp_s = c.time_s + work_s(sync, job.dp, dense, host, job.tp, alone)
             if whole:  # the replicas agree on a quorum first (CommModel.quorum_s)
                 dp_s += comm.quorum_s(groups)
             account("dp", c, per_round)
@@ -393,7 +397,7 @@ def estimate_iteration(
             egroups = [g for s in range(p) for g in layout.expert_dp_groups(s)]
             c = exchange(comm, egroups, grad_expert, codec, job.allreduce, sync.via)
             experts = max(sum(lc.expert_params_per_device for lc in ms) for ms in stage_layers)
-            expert_s = c.time_s + work_s(sync, job.dp // job.ep, experts, host, job.tp)
+            expert_s = c.time_s + work_s(sync, job.dp // job.ep, experts, host, job.tp, alone)
             if whole:
                 expert_s += comm.quorum_s(egroups)
             dp_s += expert_s

@@ -73,7 +73,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from dmsc.netmodel.codec_work import around_bytes, codec_work_s
+from dmsc.netmodel.codec_work import around_bytes, codec_work_s, leader_bytes_per_element
 from dmsc.netmodel.comm import CommCost, CommModel, Group
 from dmsc.netmodel.constants import Calibration, DeviceCalibration
 from dmsc.netmodel.dp_buckets import stage_exposed_s
@@ -201,25 +201,38 @@ def host_side(device: DeviceTypeSpec, calib: Calibration) -> HostSide:
     )
 
 
-def work_s(sync: SyncSpec, n: int, elements: float, host: HostSide, tp: int = 1) -> float:
+def work_s(
+    sync: SyncSpec,
+    n: int,
+    elements: float,
+    host: HostSide,
+    tp: int = 1,
+    leader: HostSide | None = None,
+) -> float:
     """Compute on an exchange's path besides the wire, among ``n`` replicas of ``elements``
     fp32 elements an update, on ``host`` (:func:`host_side`): the codec's passes
     (:mod:`dmsc.netmodel.codec_work`) and, through the leader, its rule's and central
     privacy's (:mod:`dmsc.netmodel.leader_work`; ``tp`` ranks each draw the whole replica's
     noise), or secure aggregation's masking and unmasking in place of the leader's mean, at the
-    host's memory bandwidth; off a CPU, the update copied to the host and the answer back."""
+    host's memory bandwidth; off a CPU, the update copied to the host and the answer back.
+    The leader's own decoding and encoding and its rule run while the followers wait for its
+    answer: at ``leader``'s bandwidth where given (the host side of a device with a core to
+    itself, where the devices are processes sharing a machine's cores:
+    :mod:`dmsc.netmodel.core_share`)."""
     if n < 2:
         return 0.0
-    work = codec_work_s(
-        sync.compression, sync.via, n, elements, host.memory_bytes_s, host.lowrank_s
-    )
+    alone = leader or host
+    c = sync.compression
+    work = codec_work_s(c, sync.via, n, elements, host.memory_bytes_s, host.lowrank_s)
+    leader_bytes = elements * leader_bytes_per_element(c, sync.via, n)
+    work += leader_bytes / alone.memory_bytes_s - leader_bytes / host.memory_bytes_s
     rounds = sync.inner_steps > 1  # the runtime's passes around the exchange (codec_work)
-    work += elements * around_bytes(sync.compression, sync.via, n, rounds) / host.memory_bytes_s
+    work += elements * around_bytes(c, sync.via, n, rounds) / host.memory_bytes_s
     if sync.secure:  # the leader sums the masked ring payloads: its own passes, not the mean's
         work += secure_work_s(n, elements, host.memory_bytes_s, host.mask_s)
     # PowerSGD's leader averages the low-rank factors only, a few hundredths of the update
-    elif sync.via == "leader" and sync.compression.kind != "powersgd":
-        work += leader_work_s(sync.aggregator, n, elements, host.memory_bytes_s)
+    elif sync.via == "leader" and c.kind != "powersgd":
+        work += leader_work_s(sync.aggregator, n, elements, alone.memory_bytes_s)
     work += privacy_work_s(sync.privacy, elements, host.memory_bytes_s, host.gaussian_s, tp)
     if work > 0 and host.copy_bytes_s is not None:
         work += 2 * FP32 * elements / host.copy_bytes_s
