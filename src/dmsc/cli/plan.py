@@ -44,6 +44,13 @@ def plan(
     ep: Annotated[
         int | None, typer.Option(help="Expert parallelism, dividing dp (fixed strategy).")
     ] = None,
+    expert_imbalance: Annotated[
+        float | None,
+        typer.Option(
+            help="The busiest expert-parallel rank's routed tokens over an even share, 1 to ep "
+            "(fixed strategy; a run's trace measures it)."
+        ),
+    ] = None,
     micro_batch: Annotated[int | None, typer.Option(help="Micro-batch (fixed strategy).")] = None,
     schedule: Annotated[str | None, typer.Option(help="Schedule (fixed strategy).")] = None,
     interleave: Annotated[int | None, typer.Option(help="Chunks (fixed strategy).")] = None,
@@ -110,7 +117,7 @@ def plan(
     model_spec = build_model(model, {})
     model_spec = pin_checkpoint(model_spec)
     fixed = tp is not None and pp is not None and dp is not None
-    flags = {
+    flags: dict[str, Any] = {
         "mode": mode,
         "global_batch": global_batch,
         "zero": zero,
@@ -125,6 +132,7 @@ def plan(
             pp=pp,
             dp=dp,
             ep=ep,
+            expert_imbalance=expert_imbalance,
             micro_batch=micro_batch,
             schedule=schedule,
             interleave=interleave,
@@ -137,6 +145,10 @@ def plan(
         )
     elif ep is not None:
         raise SpecError("command line", "--ep", "only with a fixed strategy (--tp --pp --dp)")
+    elif expert_imbalance is not None:
+        raise SpecError(
+            "command line", "--expert-imbalance", "only with a fixed strategy (--tp --pp --dp)"
+        )
     elif any(v is not None for v in (tp, pp, dp)):
         raise SpecError("command line", "--tp/--pp/--dp", "give all three to fix the strategy")
     job_spec = build_job(None, flags)

@@ -325,10 +325,13 @@ def estimate_iteration(
         if job.ep > 1:  # per mixture: its tokens out and back (and their gradients); counts
             moe = [lc for lc in members if lc.ep_alltoall_bytes]
             a2a = max((lc.ep_alltoall_bytes for lc in moe), default=0.0), 4 if train else 2
-            for nbytes, calls in (a2a, (max((lc.ep_counts_bytes for lc in moe), default=0.0), 1)):
+            counts = max((lc.ep_counts_bytes for lc in moe), default=0.0), 1
+            for (nbytes, calls), even in ((a2a, job.expert_imbalance), (counts, 1.0)):
                 c = awake.collective("all_to_all", layout.ep_groups(s), nbytes)
                 ep_s += c.time_s * calls * len(moe)
-                account("ep", c, calls * len(moe) * m)
+                # the tokens' bytes through the busiest rank set the time; every token crosses
+                # once all the same (JobSpec.expert_imbalance)
+                account("ep", c, calls * len(moe) * m / even)
         pp_s = pp_cost.time_s * (2 if train else 1) * v if p > 1 else 0.0
         if v > 1 and job.overlap_pp_comm:
             # Megatron-Core's overlapped interleaved schedule posts each chunk's send and

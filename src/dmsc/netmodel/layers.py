@@ -89,10 +89,16 @@ class LayerCost:
     # choices times the hidden size, what the runtime's routing gathers, sends to its experts
     # and combines back (dmsc.netmodel.compute: ``dispatch_s``); 0 for other layers.
     routed_elements: float = 0.0
+    # A mixture's expert GEMMs are the busiest expert-parallel rank's (JobSpec.expert_imbalance:
+    # its share of the routed tokens); these are their forward FLOPs beyond an even share, in
+    # the layer's time on the critical path but not in the job's FLOPs (every token is computed
+    # once, on whichever rank).
+    busiest_extra_flops: float = 0.0
 
     @property
     def forward_flops(self) -> float:
-        return sum(g.flops for g in self.gemms) + self.extra_flops
+        """The device's even share of the job's forward FLOPs."""
+        return sum(g.flops for g in self.gemms) + self.extra_flops - self.busiest_extra_flops
 
 
 def padded_vocab(vocab: int, tp: int) -> int:
@@ -200,19 +206,28 @@ def _transformer_layers(model: TransformerSpec, job: JobSpec) -> list[LayerCost]
         moe = model.is_moe_layer(i)
         if moe:
             E, k, ep = model.experts, model.top_k, job.ep
-            tokens_per_expert = max(1, T * k * ep // E)
-            mlp_gemms: tuple[Gemm, ...] = (
-                Gemm(T, E, h),  # router
-                Gemm(tokens_per_expert, (mlp_mats - 1) * f // t, h, E // ep, dtype=lin),
-                Gemm(tokens_per_expert, h, f // t, E // ep, dtype=lin),
+
+            # the busiest rank's experts: its share of the routed tokens (JobSpec)
+            even, busiest = (
+                (
+                    Gemm(tokens, (mlp_mats - 1) * f // t, h, E // ep, dtype=lin),
+                    Gemm(tokens, h, f // t, E // ep, dtype=lin),
+                )
+                for tokens in (
+                    max(1, T * k * ep // E),
+                    max(1, round(T * k * ep * job.expert_imbalance / E)),
+                )
             )
+            busiest_extra = sum(g.flops for g in busiest) - sum(g.flops for g in even)
+            mlp_gemms: tuple[Gemm, ...] = (Gemm(T, E, h), *busiest)  # the router first
             expert_p = E * mlp_params / (t * ep)
             params = float(attn_params + E * mlp_params + h * E)
             per_dev = (attn_params - attn_whole) / t + attn_whole + expert_p + h * E
-            a2a = float(B * T * h * k)
+            a2a = float(B * T * h * k) * job.expert_imbalance  # through the busiest rank
             mlp_act = split_mlp * k
         else:
             mlp_gemms = dense_mlp
+            busiest_extra = 0.0
             expert_p = 0.0
             params = float(attn_params + mlp_params)
             whole = attn_whole + mlp_whole
@@ -268,6 +283,7 @@ def _transformer_layers(model: TransformerSpec, job: JobSpec) -> list[LayerCost]
                 tp_whole_grads=(attn_whole + (0 if moe else mlp_whole)) // h if sp and t > 1 else 0,
                 tp_whole_grad_bytes=float(B * h) if sp and t > 1 else 0.0,
                 routed_elements=float(T * model.top_k * h) if moe else 0.0,
+                busiest_extra_flops=busiest_extra,
             )
         )
     head_params = (0 if model.tied_embeddings else V * h) + norm_params
@@ -360,6 +376,7 @@ def layer_key(job: JobSpec) -> tuple[object, ...]:
     return (
         job.tp,
         job.ep,
+        job.expert_imbalance,
         job.micro_batch,
         job.sequence_parallel,
         job.recompute,

@@ -32,6 +32,17 @@ class JobSpec(BaseModel):
     pp: int = Field(default=1, gt=0, le=100_000, description="Pipeline-parallel degree.")
     dp: int = Field(default=1, gt=0, le=1_000_000, description="Data-parallel degree.")
     ep: int = Field(default=1, gt=0, le=100_000, description="Expert-parallel degree (within dp).")
+    expert_imbalance: float = Field(
+        default=1.0,
+        ge=1.0,
+        le=100_000,
+        description=(
+            "The routed tokens the busiest expert-parallel rank receives over an even share "
+            "(1: every rank's experts receive as many; at most ep: one rank's receive all). "
+            "Its experts' compute and the all-to-alls through it scale with it; a run measures "
+            "it (the step trace's expert tokens)."
+        ),
+    )
     schedule: Schedule = "1f1b"
     interleave: int = Field(default=1, gt=0, le=1024, description="Model chunks per device.")
     recompute: Recompute = "none"
@@ -125,6 +136,11 @@ class JobSpec(BaseModel):
             raise ValueError("schedule: 'interleaved' needs pp > 1")
         if self.dp % self.ep:
             raise ValueError(f"ep: dp={self.dp} is not divisible by ep={self.ep}")
+        if self.expert_imbalance > self.ep:
+            raise ValueError(
+                f"expert_imbalance: {self.expert_imbalance} is more than ep={self.ep} (the "
+                "busiest rank receives at most every rank's tokens)"
+            )
         if self.global_batch % (self.micro_batch * self.dp):
             raise ValueError(
                 f"global_batch: {self.global_batch} is not divisible by "
