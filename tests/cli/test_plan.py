@@ -276,7 +276,7 @@ def test_infeasible_requests_exit_1_with_the_binding_constraint(
         (["--paths", "0"], "--paths"),
         (["--gpus", "0"], "--gpus"),
         (["--expert-imbalance", "1.2"], "--expert-imbalance"),  # not with a searched strategy
-        (["--tp", "1", "--pp", "1", "--dp", "1", "--expert-imbalance", "2"], "expert_imbalance"),
+        (["--tp", "1", "--pp", "1", "--dp", "1", "--expert-imbalance", "2"], "more than ep=1"),
     ],
 )
 def test_bad_plan_flags_exit_2(args: list[str], needle: str, dmsc: DmscRunner) -> None:
