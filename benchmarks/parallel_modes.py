@@ -42,7 +42,11 @@ workers). Beside each mode's seconds stand its calls and bytes per worker in a s
 the ranks of a replica run the same collectives) against the cost model's (the plan's traffic of
 the mode over the job's devices; calls for tp from its list of all-reduces,
 :func:`dmsc.netmodel.tp_calls.tp_allreduce_calls`, for ep per mixture and micro-batch the token
-counts, the tokens out and back and their gradients: five all-to-alls). ``--only`` runs a
+counts, the tokens out and back and their gradients: five all-to-alls). The moe-mini runs
+also measure their routing's imbalance (:func:`dmsc.data.comm_modes.expert_imbalance`: the
+busiest rank's received tokens over an even share) and price each round again at it
+(``JobSpec.expert_imbalance``): ``expert_imbalance`` and ``at_imbalance`` (the step and the
+expert-parallel time against that prediction). ``--only`` runs a
 subset by name. Every run goes ``--rounds`` times (3), in turn, so a slow spell of the machine falls
 on all of them, and each round is predicted from a calibration of its own, made just before it
 (``--calibrate once``: the first round's for all): each mode's measured and predicted seconds
@@ -76,7 +80,7 @@ import torch.multiprocessing as mp
 import yaml
 from _calibration_used import calibration_used
 
-from dmsc.data.comm_modes import compare_modes
+from dmsc.data.comm_modes import compare_modes, expert_imbalance
 from dmsc.data.corpus import Corpus, stdlib_text
 from dmsc.data.traces import StepTrace
 from dmsc.netmodel import build_layer_costs
@@ -170,10 +174,11 @@ def predicted(
     ep: int = 1,
     star: bool = False,
     compress: str = "none",
+    imbalance: float = 1.0,
 ) -> dict[str, Any]:
     """The cost model on the run's layout on ``cluster`` (its ring all-reduce, or with ``star``
-    the leader's: ``sync.via`` leader): its breakdown, and each mode's calls and bytes per
-    device in a step (module docstring)."""
+    the leader's: ``sync.via`` leader; the routing's ``imbalance``, ``JobSpec.expert_imbalance``):
+    its breakdown, and each mode's calls and bytes per device in a step (module docstring)."""
     job = JobSpec(
         global_batch=BATCH,
         micro_batch=BATCH // dp // micro,
@@ -181,6 +186,7 @@ def predicted(
         pp=pp,
         dp=dp,
         ep=ep,
+        expert_imbalance=imbalance,
         allreduce="ring",
         sync=SyncSpec(via="leader" if star else "collective", compress=compress),
     )
@@ -245,6 +251,7 @@ def dmsc_run(
                 ]
                 comm.append(out["comm"])
     measured = per_worker(comm)
+    imbalance = expert_imbalance(traces)
     modes = []
     for row in compare_modes(pred["breakdown"], traces):
         got = measured.get(row.mode, {})
@@ -269,7 +276,7 @@ def dmsc_run(
         "busiest_link_mb": max(links) / 1e6,
         "last_loss": losses[-1],
         "modes": modes,
-    }
+    } | ({"expert_imbalance": imbalance} if imbalance is not None else {})
 
 
 def least_wait(traces: list[StepTrace], mode: str) -> float | None:
@@ -362,6 +369,20 @@ def over_rounds(rounds: list[dict[str, Any]]) -> dict[str, Any]:
     row["step_s"] = statistics.median(r["step_s"] for r in rounds)
     row["predicted_step_s"] = statistics.median(r["predicted_step_s"] for r in rounds)
     row["rounds"] = len(rounds)
+    if all("at_imbalance" in r for r in rounds):  # moe: each round's routing, measured
+        row["expert_imbalance"] = statistics.median(r["expert_imbalance"] for r in rounds)
+        row["at_imbalance"] = {
+            "step_over_predicted": statistics.median(
+                r["step_s"] / r["at_imbalance"]["step_s"] for r in rounds
+            ),
+            "ep_ratio": statistics.median(
+                m["measured_s"] / r["at_imbalance"]["ep_s"]
+                for r in rounds
+                for m in r["modes"]
+                if m["mode"] == "ep" and m.get("measured_s") and r["at_imbalance"]["ep_s"]
+            ),
+            "by_round": [r["at_imbalance"] for r in rounds],
+        }
     modes = []
     for i, first in enumerate(row["modes"]):
         same = [r["modes"][i] for r in rounds if r["modes"][i]["mode"] == first["mode"]]
@@ -458,10 +479,24 @@ def main() -> None:
                 for name, (_, layout, star, _, shape) in runs.items()
                 if name in only
             }
-        for name, (_, layout, star, micro, _) in runs.items():
+        for name, (_, layout, star, micro, shape) in runs.items():
             if name in preds:
                 codec = codecs.get(name, "none")
-                measured[name].append(dmsc_run(layout, star, args.steps, micro, preds[name], codec))
+                got = dmsc_run(layout, star, args.steps, micro, preds[name], codec)
+                if got.get("expert_imbalance"):  # the plan again at the routing measured
+                    at = predicted(
+                        calibrations[-1],
+                        layout.model,
+                        *shape,
+                        star=star,
+                        compress=codec,
+                        imbalance=min(got["expert_imbalance"], layout.ep),
+                    )
+                    got["at_imbalance"] = {
+                        "step_s": at["iteration_s"],
+                        "ep_s": at["breakdown"].get("ep_comm", 0.0),
+                    }
+                measured[name].append(got)
     cluster = calibrations[0]
     collective = next(iter(cluster.node_types.values())).collective
     # a round without a measured collective makes every round's label the uncalibrated one
@@ -531,6 +566,14 @@ def main() -> None:
         )
     if ddp is not None:
         print(f"{'DDP dp2':<12} {ddp * 1e3:>9.1f}")
+    for name, r in rows.items():
+        if "at_imbalance" in r:
+            at = r["at_imbalance"]
+            print(
+                f"{name}: routing measured at {r['expert_imbalance']:.2f} of an even share on "
+                f"the busiest rank; predicted at it, the step measured "
+                f"{at['step_over_predicted']:.2f} of the prediction and ep {at['ep_ratio']:.2f}"
+            )
     print()
     print(f"per worker in a step, predicted/measured{tag}:")
     print(f"{'run':<12} {'mode':<5} {'calls':>15} {'bytes':>25}")

@@ -208,3 +208,34 @@ def test_the_pipeline_is_measured_without_a_faster_stages_wait_for_the_slower_on
     busy = _staged(0, 1, 0, 0.001, [0.050])
     assert pipeline_wait([idle, busy])[0] == pytest.approx(0.001)  # busy's own wait
     assert pipeline_wait([_staged(0, 0, 0, 0.002, [0.010])])[0] == pytest.approx(0.002)
+
+
+def test_the_routings_imbalance_is_its_busiest_replicas_received_over_the_mean_routed() -> None:
+    """Per step and stage: the most tokens a replica's experts received over the replicas'
+    mean routed; the step's busiest stage; the median over the steps (by hand below)."""
+    from dmsc.data.comm_modes import expert_imbalance
+
+    def ep(routed: int, received: int) -> dict:
+        return {"ep": {"s": 0.01, "routed": routed, "received": received}}
+
+    traces = [
+        _trace(0, 0, 0, ep(100, 140)),
+        _trace(0, 0, 1, ep(100, 60)),  # step 0: 140 / 100
+        _trace(0, 1, 0, ep(100, 110)),
+        _trace(0, 1, 1, ep(100, 90)),
+        _trace(1, 0, 0, ep(100, 120)),
+        _trace(1, 0, 1, ep(100, 80)),  # step 1: 120 / 100
+        _trace(2, 0, 0, ep(100, 100)),
+        _trace(2, 0, 1, ep(100, 100)),  # step 2: even
+        _trace(2, 0, 2, {"tp": {"s": 0.1}}),  # a worker without mixtures' counts
+    ]
+    assert expert_imbalance(traces) == pytest.approx(1.2)
+    assert expert_imbalance([_trace(0, 0, 0, {"ep": {"s": 0.01}})]) is None
+    # call by call: each mixture waits for its busiest rank, whichever it is; the totals of
+    # these two replicas are even, the calls are not: (140 + 150) / (100 + 100)
+    a = {"ep": {"s": 0.01, "routed": 200, "received": 200, "tokens": [[100, 140], [100, 60]]}}
+    b = {"ep": {"s": 0.01, "routed": 200, "received": 200, "tokens": [[100, 60], [100, 150]]}}
+    b["ep"]["received"] = 210
+    assert expert_imbalance([_trace(0, 0, 0, a), _trace(0, 0, 1, b)]) == pytest.approx(1.45)
+    del b["ep"]["tokens"]  # a replica without its calls: the totals, max(200, 210) / 200
+    assert expert_imbalance([_trace(0, 0, 0, a), _trace(0, 0, 1, b)]) == pytest.approx(1.05)

@@ -49,7 +49,18 @@ def test_ep2_trains_ten_steps_as_one_process_and_saves_the_whole_stage(tmp_path:
     batches = [corpus.batch(s, 4) for s in range(STEPS)]
     reference = reference_losses(spec, 0, 1e-3, batches, 4)
     with Deployment(StageLayout(spec, WHOLE, replicas=4, ep=2), home=tmp_path) as dep:
-        losses = [dep.train_step(s, *batches[s], 1)["loss"] for s in range(STEPS - 1)]
+        outs = [dep.train_step(s, *batches[s], 1) for s in range(STEPS - 1)]
+        losses = [o["loss"] for o in outs]
+        # each replica's mixtures route its sequence's tokens, top_k choices each, once a
+        # forward; every pair is received by one rank of its expert-parallel group
+        for out in outs:
+            ep = {r: out["comm"][(0, r)]["ep"] for r in range(4)}
+            assert all(f["routed"] == spec.seq * spec.top_k * spec.layers for f in ep.values())
+            for group in ((0, 1), (2, 3)):
+                got = sum(ep[r]["received"] for r in group)
+                assert got == sum(ep[r]["routed"] for r in group)
+                for call in zip(*(ep[r]["tokens"] for r in group), strict=True):  # mixture by
+                    assert sum(c[1] for c in call) == sum(c[0] for c in call)  # mixture too
         prompt = batches[0][0][0, :12].tolist()
         # a request runs on both replicas of its run (their all-to-alls pair them), the
         # replica asked answers: greedy decoding, with the stages' keys and values and without;

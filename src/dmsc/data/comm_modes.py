@@ -217,3 +217,30 @@ def spread(figures: Sequence[float], steps: int) -> float:
     over the steps (0 in those without one), as the cost model spreads a round of local steps
     over its iterations (:mod:`dmsc.netmodel.sync`)."""
     return sum(figures) / steps
+
+
+def expert_imbalance(traces: Sequence[StepTrace]) -> float | None:
+    """The routing's measured imbalance (``JobSpec.expert_imbalance``): in each step and stage,
+    mixture forward by mixture forward (each waits in its all-to-alls for the rank that received
+    most), the most tokens a replica's experts received over the replicas' mean routed, weighted
+    by the tokens: the sum over the calls of the most received over the sum of the mean routed
+    (each replica's mixtures route as many: their batches are equal). Where a replica's calls
+    were not kept one by one, or the replicas kept different counts of them, its totals stand
+    for them. The step's busiest stage; the median over the steps. None where no trace counted
+    a mixture's tokens (no expert parallelism: :mod:`dmsc.runtime.compute.comm_meter`)."""
+    by_step: dict[int, dict[int, list[Mapping[str, Any]]]] = {}
+    for t in traces:
+        fig = t.comm.get("ep", {})
+        if fig.get("routed"):
+            by_step.setdefault(t.step, {}).setdefault(t.stage, []).append(fig)
+    steps = [max(_stage_imbalance(figs) for figs in st.values()) for st in by_step.values()]
+    return statistics.median(steps) if steps else None
+
+
+def _stage_imbalance(figs: Sequence[Mapping[str, Any]]) -> float:
+    calls = [f.get("tokens") or [] for f in figs]
+    if not all(calls) or len({len(c) for c in calls}) != 1:
+        calls = [[[f["routed"], f["received"]]] for f in figs]  # the totals stand for them
+    most = sum(max(float(c[1]) for c in call) for call in zip(*calls, strict=True))
+    even = sum(statistics.mean(float(c[0]) for c in call) for call in zip(*calls, strict=True))
+    return most / even

@@ -171,3 +171,16 @@ def test_expert_parallel_calls_are_put_together_over_each_group_of_replicas() ->
     ep[(0, 3)] = {"ep": {"s": 0.002, "calls": 1}}
     got = replicas_exposed(ep, "ep", [(0, 1), (2, 3)])
     assert got[(0, 2)]["ep"] == {"s": 0.003, "calls": 1} and "wait_s" not in got[(0, 3)]["ep"]
+
+
+def test_a_mixtures_routed_and_received_tokens_ride_with_the_expert_parallel_figure() -> None:
+    meter = CommMeter()
+    meter.count_tokens(256, 300)
+    meter.count_tokens(256, 212)
+    assert meter.take() == {}  # no expert-parallel exchange timed: nothing to carry them
+    meter.count_tokens(256, 300)
+    meter.add("ep", 0.01, 64)
+    got = meter.take()["ep"]
+    assert (got["routed"], got["received"], got["tokens"]) == (256, 300, [[256, 300]])
+    meter.add("ep", 0.01, 64)
+    assert "routed" not in meter.take()["ep"]  # taken: a fresh start

@@ -12,6 +12,14 @@ Each mode's exchange is timed where it happens, as the worker waits for it:
 - ``pp``: the waits for a neighbouring stage's activation or gradient and for this stage's own
   sends at the end of the step (:mod:`.executor`).
 
+Beside the expert-parallel exchange's time, the tokens the worker's mixtures routed (each
+token's top-k choices) and the tokens its experts received from every rank of its group, in
+all (``routed``, ``received``) and mixture forward by mixture forward (``tokens``: a list of
+``[routed, received]``, at most :data:`MAX_WALLS`): each mixture's all-to-alls wait for the rank
+that received most, so the routing's imbalance, which the cost model prices
+(``JobSpec.expert_imbalance``), is put together call by call over a stage's replicas
+(:func:`dmsc.data.comm_modes.expert_imbalance`).
+
 Beside each mode's seconds, the wall-clock times (``time.time()``) its first timed exchange of the
 step began and its last ended (``t0``, ``t1``): the replicas of a stage are compared on them
 (:mod:`dmsc.data.comm_modes`: an exchange's exposed time is from the last replica's entry to the
@@ -59,6 +67,7 @@ class CommMeter:
         self._calls: dict[str, int] = {}
         self._wall: dict[str, tuple[float, float]] = {}  # first timed entry, last exit
         self._walls: dict[str, list[tuple[float, float]] | None] = {}  # None: past MAX_WALLS
+        self._tokens: list[tuple[int, int]] = []  # each mixture's routed, received (docstring)
 
     def add(
         self, mode: str, seconds: float, nbytes: int = 0, wall: tuple[float, float] | None = None
@@ -82,6 +91,13 @@ class CommMeter:
                         self._walls[mode] = None
             elif mode in CALL_WALLS:  # a call without its wall clock: the calls do not pair up
                 self._walls[mode] = None
+
+    def count_tokens(self, routed: int, received: int) -> None:
+        """Count one expert-parallel mixture's forward: the (token, choice) pairs it routed
+        and those its experts received."""
+        with self._lock:
+            if len(self._tokens) < MAX_WALLS:
+                self._tokens.append((routed, received))
 
     @contextmanager
     def timed(self, mode: str, nbytes: int = 0) -> Iterator[None]:
@@ -107,8 +123,14 @@ class CommMeter:
             for m, walls in self._walls.items():
                 if walls is not None and m in out:
                     out[m]["walls"] = [list(w) for w in walls]  # type: ignore[assignment]
+            if self._tokens and "ep" in out:
+                out["ep"] |= {
+                    "routed": sum(r for r, _ in self._tokens),
+                    "received": sum(r for _, r in self._tokens),
+                    "tokens": [list(t) for t in self._tokens],  # type: ignore[dict-item]
+                }
             self._seconds, self._bytes, self._calls = {}, {}, {}
-            self._wall, self._walls = {}, {}
+            self._wall, self._walls, self._tokens = {}, {}, []
         return out
 
 

@@ -219,6 +219,7 @@ class ExpertParallelMoE(nn.Module):
                 _group(self.group).alltoall_base(received, counts, [], []).wait()
             send_splits = counts.view(self.ep, self.local).sum(dim=1).tolist()
             recv_splits = received.view(self.ep, self.local).sum(dim=1).tolist()
+            METER.count_tokens(sum(send_splits), sum(recv_splits))  # the routing's balance
             tokens = _AllToAll.apply(src[rows], self.group, recv_splits, send_splits)
         local_ids = torch.arange(self.local).repeat(self.ep)
         of_expert = torch.repeat_interleave(local_ids, received)
