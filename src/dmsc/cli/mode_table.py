@@ -64,3 +64,10 @@ def print_modes(console: Console, out: StatusReply) -> None:
             str(m.steps),
         )
     console.print(t)
+    if out.expert_imbalance is not None:
+        console.print(
+            f"expert routing: the busiest expert-parallel rank received "
+            f"{out.expert_imbalance:.2f} of an even share of the tokens (the plan priced "
+            f"{out.planned_expert_imbalance:.2f}; dmsc plan --expert-imbalance prices another)",
+            highlight=False,
+        )

@@ -100,3 +100,31 @@ def test_a_task_of_another_job_is_compared_per_mode_with_its_own_prediction(
         buf = io.StringIO()
         print_modes(Console(file=buf, width=200, force_terminal=False), reply)
         assert words in " ".join(buf.getvalue().split())
+
+
+def test_the_routings_measured_imbalance_is_shown_beside_the_one_the_plan_priced(
+    tmp_path: Path,
+) -> None:
+    """An expert-parallel task's traces count each mixture's routed and received tokens: the
+    task's result and ``dmsc status`` show the busiest rank's share (here 1.4 of an even one)
+    beside the plan's ``expert_imbalance``; a task without mixtures shows none."""
+    plan, db, run, task = _run_of_one_task(tmp_path)
+    assert status.routing(db, task) is None
+    for step in range(2):
+        comm = {
+            (0, 0): {"ep": {"s": 0.01, "routed": 100, "received": 140}},
+            (0, 1): {"ep": {"s": 0.01, "routed": 100, "received": 60}},
+        }
+        add_step_traces(db, task, step, {(0, 0): ([], {}), (0, 1): ([], {})}, {}, comm=comm)
+    assert status.routing(db, task) == 1.4
+    got = status.result_of(_Report(), db, plan, task)["expert_imbalance"]
+    assert got == {"measured": 1.4, "planned": 1.0}
+    reply = StatusReply(
+        run=run, model="gpt-mini", steps=2, epoch=0, services=[], tasks=[], faults=[],
+        replicas_down=[], spares=[], modes_task=task, modes=status.modes(db, plan, task),
+        expert_imbalance=1.4,
+    )  # fmt: skip
+    buf = io.StringIO()
+    print_modes(Console(file=buf, width=200, force_terminal=False), reply)
+    assert "received 1.40 of an even share" in buf.getvalue()
+    assert "priced 1.00" in buf.getvalue()

@@ -17,7 +17,7 @@ from __future__ import annotations
 from collections.abc import Callable, Collection
 from typing import Any, Protocol
 
-from dmsc.data.comm_modes import compare_modes
+from dmsc.data.comm_modes import compare_modes, expert_imbalance
 from dmsc.data.db import Database, TaskRecord
 from dmsc.data.traces import step_traces, traced_tasks
 from dmsc.planner.plan import Plan
@@ -178,6 +178,8 @@ def report(
         "modes_task": task,
         "modes": modes(db, plan, task, prediction),
         "modes_prediction": None if prediction is None else shown_basis(prediction),
+        "expert_imbalance": routing(db, task),
+        "planned_expert_imbalance": plan.job.expert_imbalance,
         "steps": steps,
         "epoch": dep.epoch,
         "services": serving,
@@ -208,6 +210,15 @@ def modes(
     return [r.as_json() for r in compare_modes(predicted, traces)]
 
 
+def routing(db: Database, task_id: int | None) -> float | None:
+    """The routing's imbalance over the task's last steps (the busiest expert-parallel rank's
+    tokens over an even share, :func:`dmsc.data.comm_modes.expert_imbalance`; the plan
+    priced ``JobSpec.expert_imbalance``); None without expert parallelism."""
+    if task_id is None:
+        return None
+    return expert_imbalance(step_traces(db, task_id, last=MODE_STEPS))
+
+
 class _Report(Protocol):
     def as_json(self) -> dict[str, Any]: ...
 
@@ -218,7 +229,11 @@ def result_of(
     """A training task's result (its report's: the sync mode, the privacy spent, the prediction
     its step compares with), with its communication per mode against ``prediction`` (the one
     its step compares with; None: the plan's)."""
-    return {**report.as_json(), "modes": modes(db, plan, task_id, prediction)}
+    out = {**report.as_json(), "modes": modes(db, plan, task_id, prediction)}
+    measured = routing(db, task_id)
+    if measured is not None:  # the next plan may price it (dmsc plan --expert-imbalance)
+        out["expert_imbalance"] = {"measured": measured, "planned": plan.job.expert_imbalance}
+    return out
 
 
 def shown_basis(prediction: Prediction) -> str | None:

@@ -176,6 +176,10 @@ class StatusReply(Reply):
     # what the task's step is compared with where not the plan's prediction (then ``modes`` has
     # no predicted figures: the plan's are of another job); None: the plan's
     modes_prediction: str | None = None
+    # the routing's measured imbalance over that task's last steps (expert parallelism only)
+    # and the one the plan priced (JobSpec.expert_imbalance)
+    expert_imbalance: float | None = None
+    planned_expert_imbalance: float = 1.0
     control: LoopState | None = None
 
 
