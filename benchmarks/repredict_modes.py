@@ -12,7 +12,8 @@ only each round's measured collective: its devices and links are then those of `
 parallel time depends on the devices' rates too), and only the modes the collective prices are
 re-predicted (the tensor-parallel all-reduces, the expert-parallel all-to-alls, the data-
 parallel ring without a codec; the star's sends and the codecs' passes stand on the link and
-the host's memory bandwidth of the round, which it did not keep). A set stored before each
+the host's memory bandwidth of the round, which it did not keep; ``--every-mode`` prices them
+too, on ``--devices``' link and host, a stand-in). A set stored before each
 round kept its calibration prices all its rounds with its one. Prints a table, or with
 ``--json`` one object.
 """
@@ -66,14 +67,19 @@ def priced_by_collective(name: str, mode: str) -> bool:
     return mode in ("tp", "ep") or (mode == "dp" and plain_ring)
 
 
-def repredict(run: dict[str, Any], devices: dict[str, Any]) -> dict[str, dict[str, list[float]]]:
-    """One stored run's modes: each round's stored ratio and today's, by ``run/mode``."""
+def repredict(
+    run: dict[str, Any], devices: dict[str, Any], every_mode: bool = False
+) -> dict[str, dict[str, list[float]]]:
+    """One stored run's modes: each round's stored ratio and today's, by ``run/mode``
+    (``every_mode``: also those a run without its specs kept too little for, on the stand-in
+    spec's link and host)."""
     cal = run["calibration"]
     specs = cal.get("spec_by_round")
     out: dict[str, dict[str, list[float]]] = {}
     for name, row in run["runs"].items():
         for m in row["modes"]:
-            if m["mode"] not in KEYS or not (specs or priced_by_collective(name, m["mode"])):
+            kept = specs or every_mode or priced_by_collective(name, m["mode"])
+            if m["mode"] not in KEYS or not kept:
                 continue
             measured = m.get("by_round") or [m["measured_s"]]
             # a set stored before each round had its own prediction: the one prediction's
@@ -107,6 +113,11 @@ def main() -> None:
         default=".dmsc/local-cpu.calibrated.yaml",
         help="a calibrated spec whose devices and link stand in for a run that kept none",
     )
+    ap.add_argument(
+        "--every-mode",
+        action="store_true",
+        help="a run that kept no spec: its star and codec runs too, on --devices' link and host",
+    )
     ap.add_argument("--json", action="store_true")
     args = ap.parse_args()
     stored = json.loads(RESULTS.read_text())
@@ -122,7 +133,7 @@ def main() -> None:
     modes: dict[str, dict[str, list[float]]] = {}
     for key in args.sets:
         for run in stored[key]["runs"]:
-            for mode, got in repredict(run, devices).items():
+            for mode, got in repredict(run, devices, args.every_mode).items():
                 into = modes.setdefault(mode, {"stored": [], "now": []})
                 into["stored"] += got["stored"]
                 into["now"] += got["now"]

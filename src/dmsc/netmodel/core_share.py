@@ -23,8 +23,9 @@ Through the leader (a star), the followers wait while the stages' leaders decode
 apply their rule and encode the answer: those passes run at the share of the busy leaders (one
 a stage and tensor-parallel rank), a whole core each on this machine for one stage, where the
 rest of the exchange runs at the job's (:func:`dmsc.netmodel.sync.work_s`). At the job's share,
-gpt-mini's dp = 4 star (four workers on two cores) measured 0.70-0.85 of its prediction over
-eight runs; at the leader's, 0.83-1.01 (``benchmarks/repredict_modes.py``, 2026-12-05).
+gpt-mini's dp = 4 star (four workers on two cores) measured 0.64-1.07 of its prediction in 24
+stored rounds, 11 within 15%; priced again at the leader's (``benchmarks/repredict_modes.py
+--every-mode``, on a stand-in link: the rounds kept none), 0.78-1.06, 17 within 15%.
 
 The share was fixed when the spec was written (the cores over all the cluster's devices) until
 2026-12-03: a pp = 2 plan on a calibrated node of 4 devices over 2 cores was predicted at half
