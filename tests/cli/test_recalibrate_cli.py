@@ -143,3 +143,44 @@ def test_plan_calibrated_keeps_the_placement_the_fit_measured_within_the_margin(
         [list(c) for c in st.chunks] for st in plan.stages
     ]
     assert got["iteration_time_s"] == pytest.approx(iteration_s(plan, true, model), rel=1e-3)
+
+
+def test_plan_calibrated_prices_the_routing_a_run_of_the_same_mixture_measured(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """A recalibrated moe-mini run at ep = 2 whose busiest rank received 1.3 of an even share:
+    `dmsc plan --calibrated` on the same model and ep prices that routing and says so; another
+    ep, a searched strategy or an explicit --expert-imbalance does not take it."""
+    from dataclasses import replace
+
+    (tmp_path / "home").mkdir()
+    monkeypatch.setenv("DMSC_HOME", str(tmp_path / "home"))
+    monkeypatch.delenv("DMSC_DATABASE_URL", raising=False)
+    db = Database(f"sqlite:///{tmp_path / 'home' / 'dmsc.sqlite'}")
+    two = ROOT / "examples/clusters/two-sites-cpu.yaml"
+    cluster = load_spec(ClusterSpec, two)
+    job = JobSpec(global_batch=8, micro_batch=4, dp=2, ep=2, overlap_dp_comm=False)
+    plan = plan_job(cluster, resolve_model("moe-mini"), job, fixed=True).plan
+    run_id = db.new_run("moe-mini", cluster.name, plan.model_dump(mode="json")).id
+    task = db.new_task(run_id, "train", {}).id
+    figures = RunFigures({0: plan.stages[0].microbatch_s}, {}, plan.prediction.iteration_time_s)
+    fit = replace(fit_run(plan, cluster, figures, source="test figures"), expert_imbalance=1.3)
+    record_fit(db, run_id, task, cluster.name, fit)
+
+    moe = ("--model", "moe-mini", "--global-batch", "8", "--micro-batch", "4")
+    fixed = ("--tp", "1", "--pp", "1", "--dp", "2", "--ep", "2")
+    base = ("plan", "--cluster", str(two), *moe, "--calibrated", "--json")
+
+    def routing(*extra: str) -> tuple[float, str]:
+        code, out, err = run(capsys, *base, *extra)
+        assert code == 0, err
+        return json.loads(out)["expert_imbalance"], err
+
+    learned, err = routing(*fixed)
+    assert learned == pytest.approx(1.3) and "1.30 of an even share" in err
+    given, err = routing(*fixed, "--expert-imbalance", "1.1")
+    assert given == pytest.approx(1.1) and "even share" not in err
+    code, out, err = run(capsys, *base, "--tp", "1", "--pp", "1", "--dp", "2", "--ep", "1")
+    assert code == 0 and "expert_imbalance" not in json.loads(out)  # another ep: not taken
+    code, out, err = run(capsys, *base)  # searched: another ep would route otherwise
+    assert code == 0 and json.loads(out).get("expert_imbalance", 1.0) == 1.0

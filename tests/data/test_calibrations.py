@@ -158,3 +158,40 @@ def test_a_fit_pools_the_earlier_runs_of_the_same_placement_and_only_those(
     assert json.loads(record.fit_json)["pooled"] == [first]
     # what `dmsc calibrate --from-run` and `dmsc plan --calibrated` say of it
     assert f"run {run}, task {task} pooled with task {first} (8 steps)" in describe(record)
+
+
+def test_a_mixtures_measured_routing_is_priced_by_the_fit_not_taken_up_by_the_devices(
+    tmp_path: Path,
+) -> None:
+    """moe-mini at dp = 2 x ep = 2 on devices half as fast, its busiest rank receiving 1.5 of
+    an even share (the traces' expert tokens): the fit prices that routing and finds the
+    devices' speed, 0.5 (within 1%: the mixture's routing, priced as passes over memory, does not
+    scale quite as the rest); fitted at an even share, the devices took up the routing's wait
+    (0.40 here, before 2026-12-05). The fit keeps the routing for ``dmsc plan --calibrated``."""
+    moe = resolve_model("moe-mini")
+    cluster = load_spec(ClusterSpec, ROOT / "examples/clusters/two-sites-cpu.yaml")
+    job = JobSpec(global_batch=8, micro_batch=4, dp=2, ep=2, overlap_dp_comm=False)
+    plan = plan_job(cluster, moe, job, fixed=True).plan
+    true = scaled(cluster, {"cpu": 0.5}, {})
+    routed = plan.job.model_copy(update={"expert_imbalance": 1.5})
+    built = build_problem(true, moe, routed)
+    op_s = (built.problem.compute_us[0][0] or 0) * 1e-6  # a micro-batch, the busiest rank's
+    db = Database(f"sqlite:///{tmp_path / 'dmsc.sqlite'}")
+    run = db.new_run(plan.model, plan.cluster, plan.model_dump(mode="json"))
+    task = db.new_task(run.id, "train", {}).id
+    step_s = iteration_s(plan.model_copy(update={"job": routed}), true, moe)
+    for step in range(5):
+        t0 = 100.0 * step
+        spans = [("F", 0, t0, t0 + op_s / 3), ("B", 0, t0 + op_s / 3, t0 + op_s)]
+        tokens = {0: [[128, 192], [128, 192]], 1: [[128, 64], [128, 64]]}
+        comm = {
+            (0, r): {"ep": {"s": 0.01, "routed": 256, "received": sum(c[1] for c in tokens[r]),
+                            "tokens": tokens[r]}}
+            for r in (0, 1)
+        }  # fmt: skip
+        add_step_traces(db, task, step, {(0, r): (spans, {}) for r in (0, 1)}, {}, comm=comm)
+    fit = fit_task(db, run.id, task, plan, cluster, step_s)
+    assert fit.expert_imbalance == pytest.approx(1.5)
+    assert fit.span_speed["cpu"] == pytest.approx(0.5, rel=1e-2)  # 0.40 fitted at even
+    record = record_fit(db, run.id, task, plan.cluster, fit)
+    assert json.loads(record.fit_json)["expert_imbalance"] == pytest.approx(1.5)

@@ -20,6 +20,7 @@ from dmsc.cli.sync_flags import CompressOpt, SyncOpt, sync_fields
 from dmsc.spec import SpecError
 
 if TYPE_CHECKING:
+    from dmsc.planner.plan import Plan
     from dmsc.planner.solve import PlanOutcome
 
 
@@ -108,15 +109,24 @@ def plan(
     check_output(out, "--out")
     check_output(gantt, "--gantt", image=True)
     cluster_spec = load_cluster(cluster)
-    used = measured = None
+    used = measured = routing = None
     if calibrated:
         from dmsc.cli.recalibrate import calibrated as recalibrated
 
-        cluster_spec, used, measured = recalibrated(cluster_spec, cluster)
+        cluster_spec, used, measured, routing = recalibrated(cluster_spec, cluster)
         (err_console if as_json else console).print(used, highlight=False, soft_wrap=True)
     model_spec = build_model(model, {})
     model_spec = pin_checkpoint(model_spec)
     fixed = tp is not None and pp is not None and dp is not None
+    learned = learned_routing(routing, measured, model_spec.name, ep if fixed else None)
+    if expert_imbalance is None and learned is not None:
+        expert_imbalance = learned
+        (err_console if as_json else console).print(
+            f"the routing's imbalance that run measured, {learned:.2f} of an even share on the "
+            "busiest expert-parallel rank, is priced (--expert-imbalance gives another)",
+            highlight=False,
+            soft_wrap=True,
+        )
     flags: dict[str, Any] = {
         "mode": mode,
         "global_batch": global_batch,
@@ -272,3 +282,16 @@ def _print_compare(rows: list[dict[str, Any]]) -> None:
             f"{row['seconds']:.2f}",
         )
     console.print(t)
+
+
+def learned_routing(
+    routing: float | None, measured: Plan | None, model: str, ep: int | None
+) -> float | None:
+    """The routing's imbalance a recalibrated run measured, where it stands for the plan asked:
+    the same model at the same expert-parallel degree, a fixed strategy (``ep``; None: the
+    strategy is searched, and another ep would route otherwise); None elsewhere."""
+    if routing is None or measured is None or ep is None or ep < 2:
+        return None
+    if measured.model != model or measured.job.ep != ep:
+        return None
+    return float(routing)

@@ -17,21 +17,25 @@ if TYPE_CHECKING:
 
 def plan_json(plan: Plan) -> dict[str, Any]:
     full = plan.model_dump(mode="json")
-    return {
-        "iteration_time_s": plan.prediction.iteration_time_s,
-        "strategy": strategy_of(plan.job),
-        "stages": full["stages"],
-        "paths": full["paths"],
-        "solver": plan.search.solver,
-        "search_seconds": plan.search.search_seconds,
-        "optimal": plan.search.optimal,
-        "gap_pct": plan.search.gap_pct,
-        "breakdown_s": plan.prediction.breakdown_s,
-        "memory_gib_per_device": plan.prediction.memory_gib_per_device,
-        "traffic_bytes": plan.prediction.traffic_bytes,
-        "tflops_per_gpu": plan.prediction.tflops_per_gpu,
-        "alternatives": full["search"]["alternatives"],
-    } | ({"sync": full["job"]["sync"]} if plan.job.sync.local_steps else {})
+    return (
+        {
+            "iteration_time_s": plan.prediction.iteration_time_s,
+            "strategy": strategy_of(plan.job),
+            "stages": full["stages"],
+            "paths": full["paths"],
+            "solver": plan.search.solver,
+            "search_seconds": plan.search.search_seconds,
+            "optimal": plan.search.optimal,
+            "gap_pct": plan.search.gap_pct,
+            "breakdown_s": plan.prediction.breakdown_s,
+            "memory_gib_per_device": plan.prediction.memory_gib_per_device,
+            "traffic_bytes": plan.prediction.traffic_bytes,
+            "tflops_per_gpu": plan.prediction.tflops_per_gpu,
+            "alternatives": full["search"]["alternatives"],
+        }
+        | ({"sync": full["job"]["sync"]} if plan.job.sync.local_steps else {})
+        | ({"expert_imbalance": plan.job.expert_imbalance} if plan.job.ep > 1 else {})
+    )
 
 
 def print_plan(console: Console, plan: Plan) -> None:
@@ -41,7 +45,8 @@ def print_plan(console: Console, plan: Plan) -> None:
         f"micro-batch {j.micro_batch}, {j.schedule}"
         f"{f' v={j.interleave}' if j.chunks > 1 else ''}, recompute {j.recompute}, "
         f"{j.attention} attention{', sequence parallel' if j.sequence_parallel else ''}"
-        + (f", sync {j.sync.label}" if j.sync != type(j.sync)() else ""),
+        + (f", sync {j.sync.label}" if j.sync != type(j.sync)() else "")
+        + (f", routing {j.expert_imbalance:.2f} of even" if j.expert_imbalance != 1 else ""),
         style="bold",
         highlight=False,
     )

@@ -87,10 +87,14 @@ def write_from_run(run_id: int, out: str | None, console: Console) -> Path:
     return dst
 
 
-def calibrated(cluster: ClusterSpec, where: str) -> tuple[ClusterSpec, str, Plan | None]:
+def calibrated(
+    cluster: ClusterSpec, where: str
+) -> tuple[ClusterSpec, str, Plan | None, float | None]:
     """``dmsc plan --calibrated``: the newest recalibration of ``cluster`` (by its name), the
-    words that say which, and the plan of the run it was fitted to (None if that run's plan no
-    longer reads); a SpecError naming ``--calibrated`` when there is none."""
+    words that say which, the plan of the run it was fitted to (None if that run's plan no
+    longer reads) and the routing's imbalance that run measured (None: no expert parallelism;
+    the fit priced it, :func:`dmsc.data.calibrations.fit_task`); a SpecError naming
+    ``--calibrated`` when there is none."""
     from dmsc.cli.database import open_database
     from dmsc.data.calibrations import fitted_spec, newest_fit, run_plan
     from dmsc.spec import ClusterSpec
@@ -106,4 +110,5 @@ def calibrated(cluster: ClusterSpec, where: str) -> tuple[ClusterSpec, str, Plan
         )
     spec = ClusterSpec.model_validate(fitted_spec(record))
     words = f"planning on cluster {cluster.name!r} as recalibrated from {describe(record)}"
-    return spec, words, run_plan(db, record.run_id)
+    routing = json.loads(record.fit_json or "{}").get("expert_imbalance")
+    return spec, words, run_plan(db, record.run_id), routing

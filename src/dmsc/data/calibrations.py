@@ -35,6 +35,7 @@ from typing import Any
 from sqlalchemy import select
 
 from dmsc.data.calibration_records import RecalibrationRecord
+from dmsc.data.comm_modes import expert_imbalance
 from dmsc.data.db import Database, RunRecord
 from dmsc.data.traces import StepTrace, step_traces
 from dmsc.planner.plan import Plan
@@ -180,13 +181,18 @@ def fit_task(
         steps += warm_steps(db, task)
     pooled_step = statistics.median(steps) if steps else step_s
     figures = run_figures(pooled, plan.job.microbatches, pooled_step, warmed=True)
+    routing = expert_imbalance(pooled) if plan.job.ep > 1 else None
+    if routing is not None:  # priced at the routing measured, not taken up by the devices
+        routing = min(max(routing, 1.0), plan.job.ep)
+        job = plan.job.model_copy(update={"expert_imbalance": routing})
+        plan = plan.model_copy(update={"job": job})
     when = dt.datetime.now(dt.UTC).strftime("%Y-%m-%d %H:%M UTC")
     source = (
         f"dmsc recalibration from run {run_id}, {task_words(task_id, others)} ({figures.steps} "
         f"steps measured, {when})"
     )
     fit = fit_run(plan, cluster, figures, source=source)
-    return replace(fit, pooled=others)
+    return replace(fit, pooled=others, expert_imbalance=routing)
 
 
 def record_fit(

@@ -108,6 +108,9 @@ class Fit:
     steps: int = 0
     notes: list[str] = field(default_factory=list)
     pooled: list[int] = field(default_factory=list)  # earlier tasks whose figures were pooled
+    # the routing's measured imbalance, which the fit priced (JobSpec.expert_imbalance), so that
+    # the devices' speed does not take up the wait for the busiest expert-parallel rank
+    expert_imbalance: float | None = None
 
     def as_json(self) -> dict[str, Any]:
         out = asdict(self)
