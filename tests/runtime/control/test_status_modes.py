@@ -56,6 +56,7 @@ def test_the_plan_against_the_traces_per_mode(tmp_path: Path) -> None:
     assert rows["pp"]["ratio"] == 0.25 / (b["pp_comm"] + b["bubble"])
     assert status.result_of(_Report(), db, plan, task) == {"steps": 2, "modes": list(rows.values())}
     assert tenant_rows(db, plan, run, None)["training"]["modes"] == list(rows.values())
+    assert "routing" not in tenant_rows(db, plan, run, None)["training"]  # no mixture
     reply = StatusReply(
         run=run, model="gpt-mini", steps=2, epoch=0, services=[], tasks=[], faults=[],
         replicas_down=[], spares=[], modes_task=task, modes=list(rows.values()),
@@ -119,6 +120,8 @@ def test_the_routings_measured_imbalance_is_shown_beside_the_one_the_plan_priced
     assert status.routing(db, task) == 1.4
     got = status.result_of(_Report(), db, plan, task)["expert_imbalance"]
     assert got == {"measured": 1.4, "planned": 1.0}
+    # the dashboard's document too (the charts page prints it under the modes)
+    assert tenant_rows(db, plan, run, None)["training"]["routing"] == got
     reply = StatusReply(
         run=run, model="gpt-mini", steps=2, epoch=0, services=[], tasks=[], faults=[],
         replicas_down=[], spares=[], modes_task=task, modes=status.modes(db, plan, task),

@@ -271,10 +271,20 @@ def tenant_rows(
         "training": {
             **training(db, task_id, predicted, segments),
             "modes": status.modes(db, plan, task_id, predicted),
+            **routing_state(db, plan, task_id),
         },
         "links": links,
         "gantt": gantt,
     }
+
+
+def routing_state(db: Database, plan: Plan, task_id: int | None) -> dict[str, Any]:
+    """``routing``: the task's measured routing beside the plan's priced one, where the task's
+    traces counted a mixture's tokens (:func:`dmsc.runtime.control.status.routing`)."""
+    measured = status.routing(db, task_id)
+    if measured is None:
+        return {}
+    return {"routing": {"measured": measured, "planned": plan.job.expert_imbalance}}
 
 
 def dashboard_state(

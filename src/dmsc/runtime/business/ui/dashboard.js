@@ -244,6 +244,12 @@ function drawCharts(s) {
     ["bytes sent", (m) => bytes(m.measured_bytes), "num"],
     ["steps", (m) => m.steps, "num"],
   ], tr.modes || [], "no communication measured yet: a training task reports it"));
+  const routing = document.getElementById("routing");
+  if (routing) {  // expert parallelism: the routing measured beside the one the plan priced
+    const r = tr.routing;
+    routing.textContent = r ? `expert routing: the busiest expert-parallel rank received ` +
+      `${fmt(r.measured, 2)} of an even share of the tokens (the plan priced ${fmt(r.planned, 2)})` : "";
+  }
 }
 
 // the control loop's open alerts, on every page (the document has no "control" part when
