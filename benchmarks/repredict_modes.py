@@ -7,9 +7,10 @@ collective, and sets the stored measurements against the new predictions: what a
 pricing of collectives does to the per-mode goal (within 15%), on runs already made, before new
 ones are. A run stored since 2026-12-05 (afternoon) keeps each round's whole calibrated spec
 (``calibration.spec_by_round``) and every mode is priced again from it. One stored before kept
-only each round's measured collective: its devices and links are then those of ``--devices``
-(a calibrated spec of this machine, ``.dmsc/local-cpu.calibrated.yaml`` by default: the tensor-
-parallel time depends on the devices' rates too), and only the modes the collective prices are
+only each round's measured collective: its devices and links are then those of a stand-in (by
+default the first round's spec of the newest stored set that kept one, so that the figures
+repeat on any machine; ``--devices`` names a calibrated spec file instead: the tensor-parallel
+time depends on the devices' rates too), and only the modes the collective prices are
 re-predicted (the tensor-parallel all-reduces, the expert-parallel all-to-alls, the data-
 parallel ring without a codec; the star's sends and the codecs' passes stand on the link and
 the host's memory bandwidth of the round, which it did not keep; ``--every-mode`` prices them
@@ -101,39 +102,25 @@ def repredict(
     return out
 
 
-def within(ratios: list[float]) -> int:
-    return sum(abs(r - 1) <= 0.15 for r in ratios)
+def stand_in(stored: dict[str, Any]) -> dict[str, Any]:
+    """The first round's calibrated spec of the newest stored set that kept its specs."""
+    for key in reversed(list(stored)):
+        for run in stored[key].get("runs", []) if isinstance(stored[key], dict) else []:
+            specs = run.get("calibration", {}).get("spec_by_round")
+            if specs:
+                return dict(specs[0])
+    raise ValueError("no stored set of runs kept its calibrated specs")
 
 
-def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("sets", nargs="*", default=list(DEFAULT_SETS), help="stored sets' keys")
-    ap.add_argument(
-        "--devices",
-        default=".dmsc/local-cpu.calibrated.yaml",
-        help="a calibrated spec whose devices and link stand in for a run that kept none",
-    )
-    ap.add_argument(
-        "--every-mode",
-        action="store_true",
-        help="a run that kept no spec: its star and codec runs too, on --devices' link and host",
-    )
-    ap.add_argument("--json", action="store_true")
-    args = ap.parse_args()
-    stored = json.loads(RESULTS.read_text())
-    missing = [s for s in args.sets if s not in stored or "runs" not in stored[s]]
-    if missing:
-        ap.error(f"no stored set of runs named {', '.join(missing)} in {RESULTS.name}")
-    devices = {}
-    if any("spec_by_round" not in r["calibration"] for s in args.sets for r in stored[s]["runs"]):
-        path = Path(args.devices)
-        if not path.is_file():
-            ap.error(f"--devices: no calibrated spec at {path} (run `dmsc calibrate` first)")
-        devices = yaml.safe_load(path.read_text())
+def summarise(
+    stored: dict[str, Any], sets: list[str], devices: dict[str, Any], every_mode: bool = False
+) -> dict[str, Any]:
+    """The stored ``sets`` priced again (:func:`repredict`): each mode's ratios round by round,
+    as stored and now, and how many within 15%."""
     modes: dict[str, dict[str, list[float]]] = {}
-    for key in args.sets:
+    for key in sets:
         for run in stored[key]["runs"]:
-            for mode, got in repredict(run, devices, args.every_mode).items():
+            for mode, got in repredict(run, devices, every_mode).items():
                 into = modes.setdefault(mode, {"stored": [], "now": []})
                 into["stored"] += got["stored"]
                 into["now"] += got["now"]
@@ -146,7 +133,40 @@ def main() -> None:
         }
         for k, v in every.items()
     }
-    out = {"sets": args.sets, "modes": modes, "summary": summary}
+    return {"sets": sets, "modes": modes, "summary": summary}
+
+
+def within(ratios: list[float]) -> int:
+    return sum(abs(r - 1) <= 0.15 for r in ratios)
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("sets", nargs="*", default=list(DEFAULT_SETS), help="stored sets' keys")
+    ap.add_argument(
+        "--devices",
+        help="a calibrated spec file whose devices and link stand in for a run that kept none "
+        "(default: the newest stored round's)",
+    )
+    ap.add_argument(
+        "--every-mode",
+        action="store_true",
+        help="a run that kept no spec: its star and codec runs too, on --devices' link and host",
+    )
+    ap.add_argument("--json", action="store_true")
+    args = ap.parse_args()
+    stored = json.loads(RESULTS.read_text())
+    missing = [s for s in args.sets if s not in stored or "runs" not in stored[s]]
+    if missing:
+        ap.error(f"no stored set of runs named {', '.join(missing)} in {RESULTS.name}")
+    devices = stand_in(stored)
+    if args.devices:
+        path = Path(args.devices)
+        if not path.is_file():
+            ap.error(f"--devices: no calibrated spec at {path} (`dmsc calibrate` writes one)")
+        devices = yaml.safe_load(path.read_text())
+    out = summarise(stored, args.sets, devices, args.every_mode)
+    modes, summary = out["modes"], out["summary"]
     if args.json:
         print(json.dumps(out))
         return

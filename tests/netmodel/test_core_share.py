@@ -111,9 +111,9 @@ def test_a_nodes_measured_collective_runs_at_the_share_too() -> None:
 def test_the_leaders_own_passes_run_at_the_leaders_share_not_the_jobs() -> None:
     """Through the leader (a star) the followers wait while the leader decodes their updates,
     applies its rule and encodes its answer: four replicas on two cores, those passes are
-    priced at a whole core (one leader busy), the rest of the exchange at half. Priced at half,
-    gpt-mini's dp = 4 star measured 0.64-1.07 of its prediction in 24 stored rounds, 11 within
-    15%; priced again at a whole core, 0.78-1.06, 17 within (benchmarks/repredict_modes.py)."""
+    priced at a whole core (one leader busy), the rest of the exchange at half. Priced again at
+    half, gpt-mini's dp = 4 star measured 0.76-1.03 of its prediction in 24 stored rounds, 16
+    within 15%; at a whole core, 0.89-1.21, 21 within (benchmarks/repredict_modes.py)."""
     from dmsc.netmodel import build_layer_costs
     from dmsc.netmodel.codec_work import leader_bytes_per_element
     from dmsc.netmodel.leader_work import bytes_per_element as rule_bytes

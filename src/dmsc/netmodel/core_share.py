@@ -23,9 +23,10 @@ Through the leader (a star), the followers wait while the stages' leaders decode
 apply their rule and encode the answer: those passes run at the share of the busy leaders (one
 a stage and tensor-parallel rank), a whole core each on this machine for one stage, where the
 rest of the exchange runs at the job's (:func:`dmsc.netmodel.sync.work_s`). At the job's share,
-gpt-mini's dp = 4 star (four workers on two cores) measured 0.64-1.07 of its prediction in 24
-stored rounds, 11 within 15%; priced again at the leader's (``benchmarks/repredict_modes.py
---every-mode``, on a stand-in link: the rounds kept none), 0.78-1.06, 17 within 15%.
+gpt-mini's dp = 4 star (four workers on two cores) measured 0.76-1.03 of its prediction in 24
+stored rounds priced again at the job's share, 16 within 15%, and 0.89-1.21 at the leader's, 21
+within (``benchmarks/repredict_modes.py --every-mode``, on its stand-in link: those rounds kept
+none).
 
 The share was fixed when the spec was written (the cores over all the cluster's devices) until
 2026-12-03: a pp = 2 plan on a calibrated node of 4 devices over 2 cores was predicted at half
