@@ -183,12 +183,11 @@ def test_a_mixtures_measured_routing_is_priced_by_the_fit_not_taken_up_by_the_de
     for step in range(5):
         t0 = 100.0 * step
         spans = [("F", 0, t0, t0 + op_s / 3), ("B", 0, t0 + op_s / 3, t0 + op_s)]
-        tokens = {0: [[128, 192], [128, 192]], 1: [[128, 64], [128, 64]]}
+        received = {0: 384, 1: 128}  # the busiest 1.5 of its 256 routed, in both mixtures
         comm = {
-            (0, r): {"ep": {"s": 0.01, "routed": 256, "received": sum(c[1] for c in tokens[r]),
-                            "tokens": tokens[r]}}
+            (0, r): {"ep": {"s": 0.01, "routed": 256, "received": received[r], "busiest": 384}}
             for r in (0, 1)
-        }  # fmt: skip
+        }
         add_step_traces(db, task, step, {(0, r): (spans, {}) for r in (0, 1)}, {}, comm=comm)
     fit = fit_task(db, run.id, task, plan, cluster, step_s)
     assert fit.expert_imbalance == pytest.approx(1.5)

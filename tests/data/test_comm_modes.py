@@ -231,11 +231,8 @@ def test_the_routings_imbalance_is_its_busiest_replicas_received_over_the_mean_r
     ]
     assert expert_imbalance(traces) == pytest.approx(1.2)
     assert expert_imbalance([_trace(0, 0, 0, {"ep": {"s": 0.01}})]) is None
-    # call by call: each mixture waits for its busiest rank, whichever it is; the totals of
-    # these two replicas are even, the calls are not: (140 + 150) / (100 + 100)
-    a = {"ep": {"s": 0.01, "routed": 200, "received": 200, "tokens": [[100, 140], [100, 60]]}}
-    b = {"ep": {"s": 0.01, "routed": 200, "received": 200, "tokens": [[100, 60], [100, 150]]}}
-    b["ep"]["received"] = 210
+    # call by call (the deployment's busiest, comm_meter.group_routing): each mixture waits
+    # for its busiest rank; these replicas' totals are even, their calls are not
+    a = {"ep": {"s": 0.01, "routed": 200, "received": 200, "busiest": 290}}
+    b = {"ep": {"s": 0.01, "routed": 200, "received": 210, "busiest": 290}}
     assert expert_imbalance([_trace(0, 0, 0, a), _trace(0, 0, 1, b)]) == pytest.approx(1.45)
-    del b["ep"]["tokens"]  # a replica without its calls: the totals, max(200, 210) / 200
-    assert expert_imbalance([_trace(0, 0, 0, a), _trace(0, 0, 1, b)]) == pytest.approx(1.05)

@@ -59,8 +59,11 @@ def test_ep2_trains_ten_steps_as_one_process_and_saves_the_whole_stage(tmp_path:
             for group in ((0, 1), (2, 3)):
                 got = sum(ep[r]["received"] for r in group)
                 assert got == sum(ep[r]["routed"] for r in group)
-                for call in zip(*(ep[r]["tokens"] for r in group), strict=True):  # mixture by
-                    assert sum(c[1] for c in call) == sum(c[0] for c in call)  # mixture too
+                # mixture by mixture the busiest member: at least any member's total, at most
+                # every token of the group; the same on both, the calls themselves not kept
+                busiest = {ep[r]["busiest"] for r in group}
+                assert len(busiest) == 1 and "tokens" not in ep[group[0]]
+                assert max(ep[r]["received"] for r in group) <= busiest.pop() <= got
         prompt = batches[0][0][0, :12].tolist()
         # a request runs on both replicas of its run (their all-to-alls pair them), the
         # replica asked answers: greedy decoding, with the stages' keys and values and without;

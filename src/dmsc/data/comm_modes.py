@@ -221,26 +221,23 @@ def spread(figures: Sequence[float], steps: int) -> float:
 
 def expert_imbalance(traces: Sequence[StepTrace]) -> float | None:
     """The routing's measured imbalance (``JobSpec.expert_imbalance``): in each step and stage,
-    mixture forward by mixture forward (each waits in its all-to-alls for the rank that received
-    most), the most tokens a replica's experts received over the replicas' mean routed, weighted
-    by the tokens: the sum over the calls of the most received over the sum of the mean routed
-    (each replica's mixtures route as many: their batches are equal). Where a replica's calls
-    were not kept one by one, or the replicas kept different counts of them, its totals stand
-    for them. The step's busiest stage; the median over the steps. None where no trace counted
-    a mixture's tokens (no expert parallelism: :mod:`dmsc.runtime.compute.comm_meter`)."""
+    the tokens the busiest ranks received, mixture forward by mixture forward (each waits in its
+    all-to-alls for the rank that received most: the deployment's ``busiest``,
+    :func:`dmsc.runtime.compute.comm_meter.group_routing`), over the replicas' mean routed (each
+    replica's mixtures route as many: their batches are equal); where a trace has no
+    ``busiest``, the most a replica received in all. The step's busiest stage; the median over
+    the steps. None where no trace counted a mixture's tokens (no expert parallelism)."""
     by_step: dict[int, dict[int, list[Mapping[str, Any]]]] = {}
     for t in traces:
         fig = t.comm.get("ep", {})
         if fig.get("routed"):
             by_step.setdefault(t.step, {}).setdefault(t.stage, []).append(fig)
-    steps = [max(_stage_imbalance(figs) for figs in st.values()) for st in by_step.values()]
+    steps = [
+        max(
+            max(float(f.get("busiest", f["received"])) for f in figs)
+            / statistics.mean(float(f["routed"]) for f in figs)
+            for figs in st.values()
+        )
+        for st in by_step.values()
+    ]
     return statistics.median(steps) if steps else None
-
-
-def _stage_imbalance(figs: Sequence[Mapping[str, Any]]) -> float:
-    calls = [f.get("tokens") or [] for f in figs]
-    if not all(calls) or len({len(c) for c in calls}) != 1:
-        calls = [[[f["routed"], f["received"]]] for f in figs]  # the totals stand for them
-    most = sum(max(float(c[1]) for c in call) for call in zip(*calls, strict=True))
-    even = sum(statistics.mean(float(c[0]) for c in call) for call in zip(*calls, strict=True))
-    return most / even

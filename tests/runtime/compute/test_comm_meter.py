@@ -184,3 +184,27 @@ def test_a_mixtures_routed_and_received_tokens_ride_with_the_expert_parallel_fig
     assert (got["routed"], got["received"], got["tokens"]) == (256, 300, [[256, 300]])
     meter.add("ep", 0.01, 64)
     assert "routed" not in meter.take()["ep"]  # taken: a fresh start
+
+
+def test_a_groups_busiest_rank_is_put_together_mixture_by_mixture_and_the_calls_not_kept() -> None:
+    """Each mixture waits for the member that received most: ``busiest`` is the sum over the
+    calls of that most (by hand: 140 + 150), the same on every member; a group whose members
+    did not keep their calls gets the most any received in all; the trace drops the calls."""
+    from dmsc.runtime.compute.comm_meter import group_routing, without_walls
+
+    def ep(tokens: list[list[int]] | None) -> dict:
+        fig = {"s": 0.01, "calls": 2, "routed": 200, "received": sum(t[1] for t in tokens or [])}
+        return {"ep": fig | ({"tokens": tokens} if tokens else {})}
+
+    comm = {
+        (0, 0): ep([[100, 140], [100, 50]]),
+        (0, 1): ep([[100, 60], [100, 150]]),
+        (0, 2): ep([[100, 100], [100, 90]]),
+        (0, 3): {"ep": {"s": 0.01, "calls": 2, "routed": 200, "received": 210}},  # no calls
+    }
+    got = group_routing(comm, [[0, 1], [2, 3]])
+    assert got[(0, 0)]["ep"]["busiest"] == got[(0, 1)]["ep"]["busiest"] == 290
+    assert got[(0, 2)]["ep"]["busiest"] == got[(0, 3)]["ep"]["busiest"] == 210
+    assert "busiest" not in comm[(0, 0)]["ep"]  # the figures given are left as they were
+    kept = without_walls(got[(0, 0)])
+    assert "tokens" not in kept["ep"] and kept["ep"]["busiest"] == 290

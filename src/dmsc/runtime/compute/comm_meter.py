@@ -16,8 +16,10 @@ Beside the expert-parallel exchange's time, the tokens the worker's mixtures rou
 token's top-k choices) and the tokens its experts received from every rank of its group, in
 all (``routed``, ``received``) and mixture forward by mixture forward (``tokens``: a list of
 ``[routed, received]``, at most :data:`MAX_WALLS`): each mixture's all-to-alls wait for the rank
-that received most, so the routing's imbalance, which the cost model prices
-(``JobSpec.expert_imbalance``), is put together call by call over a stage's replicas
+that received most, so the deployment puts the calls together over each expert-parallel group
+(:func:`group_routing`: ``busiest``, the sum over the calls of the most any member received)
+and the step's trace keeps that sum, not the calls. The routing's imbalance, which the cost
+model prices (``JobSpec.expert_imbalance``), is ``busiest`` over the tokens a replica routed
 (:func:`dmsc.data.comm_modes.expert_imbalance`).
 
 Beside each mode's seconds, the wall-clock times (``time.time()``) its first timed exchange of the
@@ -208,9 +210,36 @@ def replicas_exposed(
     return out
 
 
+def group_routing(
+    comm: Mapping[Key, Mapping[str, Mapping[str, Any]]], groups: Sequence[Sequence[int]]
+) -> dict[Key, dict[str, dict[str, Any]]]:
+    """A step's figures by worker with each expert-parallel group's ``busiest`` on its members'
+    ``ep`` figure: mixture forward by mixture forward, the most tokens any member received,
+    summed (module docstring). A group whose members did not all keep their calls, or kept
+    different counts of them, gets the most any member received in all."""
+    out = {k: {m: dict(f) for m, f in v.items()} for k, v in comm.items()}
+    for stage in {s for s, _ in comm}:
+        for group in groups:
+            keys = [(stage, r) for r in group]
+            figs = [comm.get(k, {}).get("ep", {}) for k in keys]
+            if not all(f.get("routed") for f in figs):
+                continue
+            calls = [f.get("tokens") or [] for f in figs]
+            if all(calls) and len({len(c) for c in calls}) == 1:
+                busiest = sum(max(c[1] for c in call) for call in zip(*calls, strict=True))
+            else:
+                busiest = max(f["received"] for f in figs)
+            for k in keys:
+                out[k]["ep"]["busiest"] = busiest
+    return out
+
+
 def without_walls(comm: Mapping[str, Mapping[str, Any]]) -> dict[str, dict[str, Any]]:
-    """A step's figures by mode without the calls' walls (what a step's trace keeps)."""
-    return {m: {k: v for k, v in f.items() if k != "walls"} for m, f in comm.items()}
+    """A step's figures by mode without the calls' walls and tokens (what a step's trace keeps:
+    :func:`group_exposed` and :func:`group_routing` put them together first)."""
+    return {
+        m: {k: v for k, v in f.items() if k not in ("walls", "tokens")} for m, f in comm.items()
+    }
 
 
 def with_commit(

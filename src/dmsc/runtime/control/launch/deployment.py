@@ -36,7 +36,12 @@ import torch
 from pydantic import BaseModel
 
 from dmsc.runtime.business.registry import REGISTRY_SERVICE, Registry, registry_methods
-from dmsc.runtime.compute.comm_meter import replicas_exposed, with_commit, without_walls
+from dmsc.runtime.compute.comm_meter import (
+    group_routing,
+    replicas_exposed,
+    with_commit,
+    without_walls,
+)
 from dmsc.runtime.compute.expert_parallel import expert_parallel_groups
 from dmsc.runtime.compute.frames import FrameSpec, check_frame
 from dmsc.runtime.compute.worker import WorkerConfig
@@ -354,7 +359,7 @@ class Deployment(ForwardRequests):
         }
         if self.layout.ep > 1:
             groups = expert_parallel_groups(self.layout.replicas, self.layout.ep)
-            comm = replicas_exposed(comm, "ep", groups)
+            comm = group_routing(replicas_exposed(comm, "ep", groups), groups)
         return {k: without_walls(c) for k, c in comm.items()}
 
     def applies_in_step(
