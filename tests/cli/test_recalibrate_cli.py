@@ -178,6 +178,8 @@ def test_plan_calibrated_prices_the_routing_a_run_of_the_same_mixture_measured(
 
     learned, err = routing(*fixed)
     assert learned == pytest.approx(1.3) and "1.30 of an even share" in err
+    code, out, _ = run(capsys, *base[:-1], *fixed)  # the plan's header names it too
+    assert code == 0 and "routing 1.30 of even" in out
     given, err = routing(*fixed, "--expert-imbalance", "1.1")
     assert given == pytest.approx(1.1) and "even share" not in err
     code, out, err = run(capsys, *base, "--tp", "1", "--pp", "1", "--dp", "2", "--ep", "1")

@@ -101,6 +101,17 @@ class LayerCost:
         return sum(g.flops for g in self.gemms) + self.extra_flops - self.busiest_extra_flops
 
 
+def _expert_gemms(
+    tokens: int, up: int, h: int, down: int, experts: int, dtype: str | None
+) -> tuple[Gemm, Gemm]:
+    """A device's ``experts`` experts on ``tokens`` tokens each: the gate and up projections
+    (``up`` wide), then the down one (from ``down``)."""
+    return (
+        Gemm(tokens, up, h, experts, dtype=dtype),
+        Gemm(tokens, h, down, experts, dtype=dtype),
+    )
+
+
 def padded_vocab(vocab: int, tp: int) -> int:
     """Vocabulary rounded up to a multiple of 128 x tp, as Megatron-LM pads it for its kernels."""
     unit = 128 * tp
@@ -206,18 +217,10 @@ def _transformer_layers(model: TransformerSpec, job: JobSpec) -> list[LayerCost]
         moe = model.is_moe_layer(i)
         if moe:
             E, k, ep = model.experts, model.top_k, job.ep
-
+            shape = ((mlp_mats - 1) * f // t, h, f // t, E // ep, lin)
+            even = _expert_gemms(max(1, T * k * ep // E), *shape)
             # the busiest rank's experts: its share of the routed tokens (JobSpec)
-            even, busiest = (
-                (
-                    Gemm(tokens, (mlp_mats - 1) * f // t, h, E // ep, dtype=lin),
-                    Gemm(tokens, h, f // t, E // ep, dtype=lin),
-                )
-                for tokens in (
-                    max(1, T * k * ep // E),
-                    max(1, round(T * k * ep * job.expert_imbalance / E)),
-                )
-            )
+            busiest = _expert_gemms(max(1, round(T * k * ep * job.expert_imbalance / E)), *shape)
             busiest_extra = sum(g.flops for g in busiest) - sum(g.flops for g in even)
             mlp_gemms: tuple[Gemm, ...] = (Gemm(T, E, h), *busiest)  # the router first
             expert_p = E * mlp_params / (t * ep)
