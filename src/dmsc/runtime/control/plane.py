@@ -330,7 +330,8 @@ class ControlPlane:
             self._restore_after_loss()
             raise
         self.steps_done = report.end_step
-        whole = predict_segments(report, self.plan, self.cluster, self.model, params)
+        routing = status.routing(self.db, task_id)  # a mixture's, as the step ran it
+        whole = predict_segments(report, self.plan, self.cluster, self.model, params, routing)
         result = status.result_of(report, self.db, self.plan, task_id, whole)
         self.db.set_task_result(task_id, result)
         for r in report.recoveries:
@@ -486,8 +487,14 @@ class ControlPlane:
             self.inference.pool.status() if self.inference.pool is not None else None,
             tenant=tenant,
             predict=self._task_prediction,
-            live=lambda t: self._predictions.segments(t, self.plan, self.cluster, self.model),
+            live=self._live_segments,
         )
+
+    def _live_segments(self, task_id: int) -> list[dict[str, Any]] | None:
+        """A running task's segments so far, each beside its prediction at the routing the
+        task measured so far (a mixture's)."""
+        routing = status.routing(self.db, task_id) if self.plan.job.ep > 1 else None
+        return self._predictions.segments(task_id, self.plan, self.cluster, self.model, routing)
 
     def _task_prediction(self, task: TaskRecord) -> Prediction:
         """The prediction for the job training task ``task`` ran (kept: it re-plans once)."""

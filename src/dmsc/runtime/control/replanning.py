@@ -28,6 +28,7 @@ import time
 from collections.abc import Callable
 from typing import Any, Protocol
 
+from dmsc.data.comm_modes import expert_imbalance
 from dmsc.data.db import Database, RunRecord
 from dmsc.planner.plan import Plan
 from dmsc.runtime.control.advisors import default_modules, orchestrate, read_measurements
@@ -71,7 +72,9 @@ def decide_on(
     the job the measured task ran, and the orchestrator's decisions on them."""
     measured = dataclasses.replace(read_measurements(db, run_id, now_s), plan=plan)
     params = next((t.params for t in measured.tasks if t.id == measured.task_id), None)
-    ran = task_prediction(plan, cluster, model, params)
+    # a mixture's routing as the task's traces measured it (advisors.prediction.routed)
+    routing = expert_imbalance(list(measured.traces)) if plan.job.ep > 1 else None
+    ran = task_prediction(plan, cluster, model, params, routing)
     measured = dataclasses.replace(measured, predicted=ran)
     decisions = orchestrate(default_modules(cluster), measured, rule)
     return measured, not_again(db, run_id, decisions, now_s)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 import pytest
@@ -9,7 +10,12 @@ from runtime_helpers import MEASURED_CPU
 
 from dmsc.planner.solve import plan_job
 from dmsc.runtime.compute.calibrate import calibrated_cluster
-from dmsc.runtime.control.advisors.prediction import predict_segments, prediction_for
+from dmsc.runtime.control.advisors.prediction import (
+    predict_segments,
+    prediction_for,
+    routed,
+    stored_routing,
+)
 from dmsc.runtime.control.training.params import TrainParams
 from dmsc.runtime.control.training.report import TrainReport
 from dmsc.runtime.control.training.resize import resized_plan
@@ -302,3 +308,59 @@ def test_the_leaders_rule_is_priced_in_the_re_estimate(model: TransformerSpec) -
     by_sum = prediction_for(plan, cluster, model, 16, 2, 2, SyncSettings(secure=True))
     assert by_median.breakdown_s is not None and by_sum.breakdown_s is not None
     assert by_sum.breakdown_s["dp_comm"] > by_median.breakdown_s["dp_comm"]
+
+
+MOE_JOB = JobSpec(global_batch=8, micro_batch=4, dp=2, ep=2, schedule="1f1b")
+
+
+def test_a_mixtures_task_is_compared_at_the_routing_it_measured() -> None:
+    """moe-mini's routing measured 1.28 of an even share at ep = 2, and its task was compared
+    with the plan's prediction at an even share: the routing's cost read as the devices'."""
+    moe = resolve_model("moe-mini")
+    assert isinstance(moe, TransformerSpec)
+    cluster = _cluster(CLUSTERS / "two-sites-cpu.yaml")
+    plan = plan_job(cluster, moe, MOE_JOB, fixed=True).plan
+    assert plan.job.expert_imbalance == 1.0
+    p = prediction_for(plan, cluster, moe, 8, 1, 2, None, 1.283)
+    at = MOE_JOB.model_copy(update={"expert_imbalance": 1.28})
+    # the plan's placement kept, priced at the routing measured (as fit_task prices it)
+    from dmsc.planner.recalibrate import iteration_s
+
+    ran = plan.model_copy(update={"job": at})
+    assert p.step_s == iteration_s(ran, cluster, moe)
+    assert p.step_s > plan.prediction.iteration_time_s
+    assert p.breakdown_s is not None
+    assert p.breakdown_s["ep_comm"] > plan.prediction.breakdown_s["ep_comm"]
+    assert "routing 1.28 of an even share" in p.basis
+    assert "(the plan's job: batch 8 in 1 micro-batches at dp 2, routing 1.00" in p.basis
+    # within 2% of the plan's routing, or none measured: the plan's own figure
+    for routing in (None, 1.015, 0.9):
+        q = prediction_for(plan, cluster, moe, 8, 1, 2, None, routing)
+        assert q.step_s == plan.prediction.iteration_time_s and q.basis == "the plan's"
+    # without the cluster spec it cannot be priced again: said so
+    r = prediction_for(plan, None, moe, 8, 1, 2, None, 1.283)
+    assert r.step_s is None and "routing 1.28 of an even share" in r.basis
+
+
+def test_the_routing_is_taken_between_even_and_one_ranks_all() -> None:
+    moe = resolve_model("moe-mini")
+    assert isinstance(moe, TransformerSpec)
+    plan = plan_job(_cluster(CLUSTERS / "two-sites-cpu.yaml"), moe, MOE_JOB, fixed=True).plan
+    assert routed(plan, 2.7) == 2.0  # at ep = 2 no rank gets more than all
+    assert routed(plan, 1.2834) == 1.28
+    assert routed(plan, 1.01) is None and routed(plan, None) is None
+    dense = plan.model_copy(update={"job": JOB})
+    assert routed(dense, 1.5) is None  # no expert parallelism: nothing routed
+
+
+def test_a_finished_tasks_routing_is_read_from_its_result() -> None:
+    from dmsc.data.db import TaskRecord
+
+    def task(result: object) -> TaskRecord:
+        return TaskRecord(kind="train", result_json=json.dumps(result))
+
+    assert stored_routing(task({"expert_imbalance": {"measured": 1.4, "planned": 1.0}})) == 1.4
+    assert stored_routing(task({"steps": 3})) is None
+    assert stored_routing(task({"expert_imbalance": "garbled"})) is None
+    assert stored_routing(TaskRecord(kind="train", result_json=None)) is None
+    assert stored_routing(TaskRecord(kind="train", result_json="{not json")) is None

@@ -30,6 +30,17 @@ compared with the prediction for its own dp on the plan it ran on (:func:`predic
 and the task's median as a whole with none (its steps mix jobs). While the task runs, its
 segments so far are compared the same way (:meth:`TaskPredictions.segments`: the session's
 report as it grows, read by the dashboard before the task's result holds them).
+
+The job includes a mixture's routing too. A plan at ep > 1 prices the busiest expert-parallel
+rank's share of the tokens (``JobSpec.expert_imbalance``, an even share unless the plan was told
+or learned one); the runtime counts the tokens each rank got (:mod:`dmsc.data.comm_modes`). A
+task whose routing measured otherwise (by more than :data:`SAME_ROUTING`) is compared with the
+prediction re-estimated at the routing measured (:func:`routed`), as the recalibration's fit
+prices it (:func:`dmsc.data.calibrations.fit_task`). Until 2026-12-05 it was compared at the
+plan's: moe-mini's routing measured 1.28 of an even share at ep = 2, and its step 1.41-1.49 of
+the plan's prediction against 1.30-1.40 of the prediction at the routing measured
+(``benchmarks/results/parallel_modes_cpu.json``, ``reruns_2026_12_05_pm``), so the step-time
+objective and the next replan read the routing's cost as the devices' slowness.
 """
 
 from __future__ import annotations
@@ -50,6 +61,7 @@ from dmsc.runtime.transport.messages import SyncSettings
 from dmsc.spec import ClusterSpec, JobSpec, LayerListSpec, SpecError, SyncSpec, TransformerSpec
 
 SAME_REL = 0.01  # a re-estimate within 1% of the plan's is the plan's figure
+SAME_ROUTING = 0.02  # a routing measured within 2% of the plan's is the plan's
 PLANS = "the plan's"  # the basis of a prediction that is the plan's own figure
 
 
@@ -88,10 +100,32 @@ def guessed_devices(cluster: ClusterSpec) -> list[str]:
 
 
 def job_words(
-    batch: int, microbatches: int, dp: int, sync: SyncSpec | None = None, star: str | None = None
+    batch: int,
+    microbatches: int,
+    dp: int,
+    sync: SyncSpec | None = None,
+    star: str | None = None,
+    routing: float | None = None,
 ) -> str:
     words = f"batch {batch} in {microbatches} micro-batches at dp {dp}"
-    return words if sync is None else f"{words}, {sync_words(sync, star)}"
+    if sync is not None:
+        words = f"{words}, {sync_words(sync, star)}"
+    if routing is not None:
+        words = f"{words}, routing {routing:.2f} of an even share"
+    return words
+
+
+def routed(plan: Plan, routing: float | None) -> float | None:
+    """The routing a task measured (``routing``: the busiest expert-parallel rank's tokens
+    over an even share) as the cost model takes it for ``plan``'s job, where it differs from
+    the plan's by more than :data:`SAME_ROUTING`; None where it does not, or the job has no
+    expert parallelism or no routing was measured."""
+    ep = plan.job.ep
+    if routing is None or ep < 2:
+        return None
+    got = round(min(max(routing, 1.0), float(ep)), 2)  # between even and one rank's all
+    planned = plan.job.expert_imbalance
+    return None if abs(got - planned) <= SAME_ROUTING * planned else got
 
 
 def sync_words(sync: SyncSpec, star: str | None = None) -> str:
@@ -143,17 +177,21 @@ def prediction_for(
     microbatches: int,
     dp: int,
     sync: SyncSettings | None = None,
+    routing: float | None = None,
 ) -> Prediction:
     """The prediction for ``batch`` in ``microbatches`` micro-batches per replica at ``dp``
-    replicas, synchronised by ``sync`` (None: the plan's), on ``plan``'s strategy (module
-    docstring)."""
+    replicas, synchronised by ``sync`` (None: the plan's), its mixtures' tokens routed as
+    measured (``routing``, the busiest expert-parallel rank's over an even share; None: the
+    plan's), on ``plan``'s strategy (module docstring)."""
     job = plan.job
     planned = plan.prediction.iteration_time_s
     star = leader_star(sync, dp)
     synced = ran_sync(plan, sync, dp)
     same_sync = synced == job.sync
-    ran = job_words(batch, microbatches, dp, None if same_sync else synced, star)
+    imbalance = routed(plan, routing)
+    ran = job_words(batch, microbatches, dp, None if same_sync else synced, star, imbalance)
     same = same_sync and (batch, microbatches, dp) == (job.global_batch, job.microbatches, job.dp)
+    same = same and imbalance is None
     if cluster is not None and (guessed := guessed_devices(cluster)):
         return Prediction(
             None,
@@ -164,9 +202,7 @@ def prediction_for(
     if cluster is None:
         if same:
             return Prediction(planned, PLANS, plan.prediction.breakdown_s)
-        planned_job = job_words(
-            job.global_batch, job.microbatches, job.dp, None if same_sync else job.sync
-        )
+        planned_job = planned_words(job, same_sync, imbalance)
         return Prediction(
             None,
             f"not comparable: the plan predicts {planned_job}, the task ran {ran}, and "
@@ -186,6 +222,7 @@ def prediction_for(
                 "micro_batch": micro_batch,
                 "dp": dp,
                 "sync": synced.model_dump(),
+                "expert_imbalance": job.expert_imbalance if imbalance is None else imbalance,
             }
         )
         kept = placed(plan, new, cluster, model)
@@ -204,10 +241,16 @@ def prediction_for(
             "ms on other figures)",
             parts,
         )
-    planned_job = job_words(
-        job.global_batch, job.microbatches, job.dp, None if same_sync else job.sync
-    )
+    planned_job = planned_words(job, same_sync, imbalance)
     return Prediction(step_s, f"re-estimated for {ran} (the plan's job: {planned_job})", parts)
+
+
+def planned_words(job: JobSpec, same_sync: bool, imbalance: float | None) -> str:
+    """The plan's job in the words of :func:`job_words`: its sync where the task's differs,
+    its routing where the task's measured otherwise."""
+    routing = None if imbalance is None else job.expert_imbalance
+    sync = None if same_sync else job.sync
+    return job_words(job.global_batch, job.microbatches, job.dp, sync, None, routing)
 
 
 def placed(
@@ -236,10 +279,11 @@ def task_prediction(
     cluster: ClusterSpec | None,
     model: TransformerSpec | LayerListSpec,
     params: dict[str, Any] | None,
+    routing: float | None = None,
 ) -> Prediction:
     """The prediction for a training task of ``plan``'s deployment from its stored ``params``
     (``batch``, ``microbatches``, ``dp``: each the plan's when the task did not set it; no task:
-    the plan's job)."""
+    the plan's job), at the ``routing`` it measured (None: the plan's)."""
     p, job = params or {}, plan.job
     sync = SyncSettings.model_validate(p["sync"]) if p.get("sync") else None
     return prediction_for(
@@ -250,7 +294,19 @@ def task_prediction(
         int(p.get("microbatches") or job.microbatches),
         int(p.get("dp") or job.dp),
         sync,
+        routing,
     )
+
+
+def stored_routing(task: TaskRecord) -> float | None:
+    """The routing a finished task measured, from its result (``expert_imbalance``); None
+    where it has none (no expert parallelism, or the task has not ended)."""
+    try:
+        got = json.loads(task.result_json or "{}").get("expert_imbalance") or {}
+    except (ValueError, AttributeError):
+        return None
+    measured = got.get("measured") if isinstance(got, dict) else None
+    return float(measured) if isinstance(measured, int | float) else None
 
 
 class TaskPredictions:
@@ -263,7 +319,7 @@ class TaskPredictions:
     RUNNING = 4  # the newest tasks' reports kept (one is read while it runs, then not again)
 
     def __init__(self) -> None:
-        self._kept: dict[tuple[int, int], tuple[Plan, Prediction]] = {}
+        self._kept: dict[tuple[int, int, float | None], tuple[Plan, Prediction]] = {}
         self._lock = threading.Lock()  # the dashboard's threads read, the sessions' begin
         self._running: dict[int, tuple[TrainReport, TrainParams]] = {}
         # by (plan, dp, batch, micro-batches): each segment's re-estimate once
@@ -283,9 +339,11 @@ class TaskPredictions:
         plan: Plan,
         cluster: ClusterSpec | None,
         model: TransformerSpec | LayerListSpec,
+        routing: float | None = None,
     ) -> list[dict[str, Any]] | None:
         """The segments task ``task_id`` ran so far, as its result will have them (a segment
-        not told its plan ran on ``plan``, the one in force); None: no report of it here."""
+        not told its plan ran on ``plan``, the one in force), at the ``routing`` it measured so
+        far (None: the plan's); None: no report of it here."""
         with self._lock:
             got = self._running.get(task_id)
         if got is None:
@@ -294,12 +352,20 @@ class TaskPredictions:
         out = []
         for seg in list(report.segments):  # the session's thread appends: read copies
             on = seg.plan or plan
-            key = (id(on), seg.dp, params.batch, params.microbatches, params.sync)
+            imbalance = routed(on, routing)
+            key = (id(on), seg.dp, params.batch, params.microbatches, params.sync, imbalance)
             with self._lock:
                 kept = self._made.get(key)
             if kept is None or kept[0] is not on:
                 made = prediction_for(
-                    on, cluster, model, params.batch, params.microbatches, seg.dp, params.sync
+                    on,
+                    cluster,
+                    model,
+                    params.batch,
+                    params.microbatches,
+                    seg.dp,
+                    params.sync,
+                    imbalance,
                 )
                 with self._lock:
                     if len(self._made) > 4 * self.RUNNING:
@@ -316,10 +382,11 @@ class TaskPredictions:
         cluster: ClusterSpec | None,
         model: TransformerSpec | LayerListSpec,
     ) -> Prediction:
-        key = (task.id, id(plan))
+        routing = routed(plan, stored_routing(task))  # a finished task's, from its result
+        key = (task.id, id(plan), routing)
         if key not in self._kept or self._kept[key][0] is not plan:
             params = json.loads(task.params_json or "{}")
-            self._kept[key] = (plan, task_prediction(plan, cluster, model, params))
+            self._kept[key] = (plan, task_prediction(plan, cluster, model, params, routing))
         return self._kept[key][1]
 
 
@@ -329,19 +396,20 @@ def predict_segments(
     cluster: ClusterSpec | None,
     model: TransformerSpec | LayerListSpec,
     params: TrainParams,
+    routing: float | None = None,
 ) -> Prediction:
     """Set the prediction of each of ``report``'s segments (the task's batch in its
     micro-batches, ``params``, at the segment's dp, on the plan it ran on: ``plan``, the one in
-    force now, when the session was not told) and of the task as a whole, and give the latter:
-    ``plan``'s job when every segment ran at its dp, none when the dp changed (module
-    docstring)."""
+    force now, when the session was not told; at the ``routing`` the task measured, None the
+    plan's) and of the task as a whole, and give the latter: ``plan``'s job when every segment
+    ran at its dp, none when the dp changed (module docstring)."""
     made: dict[tuple[int, int], Prediction] = {}  # by (plan, dp): each re-estimate once
 
     def predict(on: Plan, dp: int) -> Prediction:
         key = (id(on), dp)
         if key not in made:
             made[key] = prediction_for(
-                on, cluster, model, params.batch, params.microbatches, dp, params.sync
+                on, cluster, model, params.batch, params.microbatches, dp, params.sync, routing
             )
         return made[key]
 

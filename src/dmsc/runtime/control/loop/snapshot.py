@@ -33,11 +33,12 @@ from typing import Any, Protocol
 
 from sqlalchemy import select
 
+from dmsc.data.comm_modes import expert_imbalance
 from dmsc.data.db import Database, RunRecord, ScaleEventRecord
 from dmsc.data.traces import step_traces
 from dmsc.planner.plan import Plan
 from dmsc.runtime.control.advisors.base import Measurements, read_measurements, unix_s
-from dmsc.runtime.control.advisors.prediction import Prediction, task_prediction
+from dmsc.runtime.control.advisors.prediction import Prediction, routed, task_prediction
 from dmsc.runtime.control.advisors.traffic import boundary_bytes
 from dmsc.runtime.control.loop.busy import numbered_on
 from dmsc.runtime.control.loop.resizing import NO_DEPLOYMENT, DeviceView, device_view
@@ -63,7 +64,7 @@ class Predictions:
     """The prediction for the job a training task ran, kept per (task, plan): it re-plans once."""
 
     def __init__(self) -> None:
-        self._kept: dict[tuple[int, int], Prediction] = {}
+        self._kept: dict[tuple[int, int, float | None], Prediction] = {}
 
     def get(
         self,
@@ -72,10 +73,13 @@ class Predictions:
         model: TransformerSpec | LayerListSpec,
         m: Measurements,
     ) -> Prediction:
-        key = (m.task_id or 0, id(plan))
+        # a mixture's routing as the task's traces measured it (advisors.prediction.routed)
+        routing = routed(plan, expert_imbalance(list(m.traces)) if plan.job.ep > 1 else None)
+        key = (m.task_id or 0, id(plan), routing)
         if key not in self._kept:
             params = next((t.params for t in m.tasks if t.id == m.task_id), None)
-            self._kept = {key: task_prediction(plan, cluster, model, params)}  # the newest only
+            # the newest only
+            self._kept = {key: task_prediction(plan, cluster, model, params, routing)}
         return self._kept[key]
 
 
