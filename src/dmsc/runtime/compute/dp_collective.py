@@ -62,7 +62,7 @@ from dmsc.runtime.compute.int8_ring import int8_ring_all_reduce, sent_bytes
 from dmsc.runtime.compute.peers import Peers
 from dmsc.runtime.compute.quorum import Decision
 from dmsc.runtime.compute.replica_group import ReplicaGroup
-from dmsc.runtime.compute.waiting import DP_SPIN_S, awake_until
+from dmsc.runtime.compute.waiting import DP_SPIN_S, awake_until, sleep_until
 from dmsc.runtime.transport.messages import LatePolicy
 from dmsc.runtime.transport.rpc import Abandoned
 from dmsc.runtime.transport.wire import Kind, encode
@@ -282,7 +282,7 @@ class DataParallel:
         for b, flat, work in st.works:
             self.group.wait(work, self._abandoned(st), awake - time.perf_counter())
             self._assign(self.buckets[b], flat.div_(len(d.members)))
-        time.sleep(max(0.0, st.bytes_until - time.monotonic()))  # a thin link's turn
+        sleep_until(st.bytes_until)  # a thin link's turn
         if d.late and d.members[0] == cfg.replica:
             flat = torch.cat([self._grad(i).reshape(-1) for i in range(len(self.params))])
             self._send_late(Kind.GRAD_AVG, st.step, 0, flat.cpu(), d.late)
@@ -330,7 +330,7 @@ class DataParallel:
             self._book(st, out, d)
             self.group.wait(self.group.allreduce(out), self._abandoned(st))
             out /= len(d.members)
-            time.sleep(max(0.0, st.bytes_until - time.monotonic()))
+            sleep_until(st.bytes_until)
         if d.late and d.members[0] == self.cfg.replica:
             self._send_late(Kind.SYNC_DOWN, step, mb, out, d.late)
         return out, list(d.late)
@@ -361,7 +361,7 @@ class DataParallel:
             self._to_successor(st, d, rank, (n - 1) * payload.numel() * payload.element_size())
             work = self.group.pg.allgather([parts], [payload.contiguous()])
             self.group.wait(work, self._abandoned(st))
-            time.sleep(max(0.0, st.bytes_until - time.monotonic()))
+            sleep_until(st.bytes_until)
         out = summed([decode(p) for p in parts]) / len(parts)
         if d.late and d.members[0] == self.cfg.replica:
             self._send_late(Kind.SYNC_DOWN, step, round_, out, d.late)
@@ -395,7 +395,7 @@ class DataParallel:
             )
             self.group.wait(work, self._abandoned(st))
             out /= n
-            time.sleep(max(0.0, st.bytes_until - time.monotonic()))
+            sleep_until(st.bytes_until)
         if d.late and d.members[0] == self.cfg.replica:
             self._send_late(Kind.SYNC_DOWN, step, round_, out, d.late)
         return out, list(d.late)

@@ -46,6 +46,7 @@ from dmsc.runtime.compute.dp_collective import DataParallel, StepRestart
 from dmsc.runtime.compute.expert_parallel import kind_of
 from dmsc.runtime.compute.inbox import Inbox
 from dmsc.runtime.compute.peers import Peers
+from dmsc.runtime.compute.waiting import sleep_until
 from dmsc.runtime.transport.messages import DEFAULT_GRAD_WAIT_S, LatePolicy, RunStep
 from dmsc.runtime.transport.wire import ROUND_SLOTS, Kind, encode
 
@@ -103,8 +104,7 @@ class LinkShaper:
             return self._free_at
 
     def take(self, nbytes: int) -> None:
-        until = self.reserve(nbytes)
-        time.sleep(max(0.0, until - time.monotonic()))
+        sleep_until(self.reserve(nbytes))
 
 
 class GradientSync:

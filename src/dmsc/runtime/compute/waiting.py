@@ -73,3 +73,14 @@ def finish(work: Any, spin_s: float = SPIN_S, cpu: bool = True) -> None:
     if cpu and spin_s > 0:
         awake_until(work.is_completed, spin_s)
     work.wait()
+
+
+def sleep_until(deadline: float) -> None:
+    """Sleep until ``deadline`` (``time.monotonic()``), not at all once it has passed (a thin
+    link's turn that has come). ``time.sleep(0)`` is no free call: it gives the interpreter up,
+    and took 77 us at the median alone on this project's 2-core VM and 5.2 ms beside a busy
+    Python thread (the interpreter's switch interval; 2026-12-05). Every data-parallel exchange
+    slept so on an unshaped link, on the step's path."""
+    left = deadline - time.monotonic()
+    if left > 0:
+        time.sleep(left)
