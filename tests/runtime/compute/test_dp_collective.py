@@ -615,18 +615,10 @@ def test_an_unshaped_links_exchange_never_gives_the_interpreter_up_for_nothing(
         list(pool.map(lambda r: r(), [_step(m, dp, 1, seed=s) for s, (m, dp) in enumerate(ranks)]))
         vectors = [torch.randn(3000, generator=torch.Generator().manual_seed(r)) for r in range(2)]
         for step in (2, 3):
-            list(
-                pool.map(
-                    lambda r: ranks[r][1].int8_mean(step, 0, vectors[r].clone(), 256, "wait", 30.0),  # type: ignore[arg-type]
-                    range(2),
-                )
-            )
-            list(
-                pool.map(
-                    lambda r: ranks[r][1].mean(step, 1, 0, vectors[r].clone(), "wait", 30.0),  # type: ignore[arg-type]
-                    range(2),
-                )
-            )
+            int8 = [(ranks[r][1].int8_mean, r) for r in range(2)]
+            list(pool.map(lambda c: c[0](step, 0, vectors[c[1]].clone(), 256, "wait", 30.0), int8))  # type: ignore[arg-type]  # noqa: B023
+            means = [(ranks[r][1].mean, r) for r in range(2)]
+            list(pool.map(lambda c: c[0](step, 1, 0, vectors[c[1]].clone(), "wait", 30.0), means))  # type: ignore[arg-type]  # noqa: B023
     assert slept == []
     # a turn still to come is slept for
     t0 = time.monotonic()
