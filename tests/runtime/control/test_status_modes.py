@@ -131,3 +131,51 @@ def test_the_routings_measured_imbalance_is_shown_beside_the_one_the_plan_priced
     print_modes(Console(file=buf, width=200, force_terminal=False), reply)
     assert "received 1.40 of an even share" in buf.getvalue()
     assert "priced 1.00" in buf.getvalue()
+
+
+def test_an_ended_mixtures_task_is_compared_at_the_routing_its_traces_measured(
+    tmp_path: Path,
+) -> None:
+    """status.finished, what the control plane stores as a task's result: the step compared
+    with the prediction at the routing the task measured (1.4 here), not the plan's even one."""
+    from dataclasses import dataclass
+
+    from runtime_helpers import MEASURED_CPU
+
+    from dmsc.runtime.compute.calibrate import calibrated_cluster
+    from dmsc.runtime.control.training.params import TrainParams
+    from dmsc.runtime.control.training.report import TrainReport
+    from dmsc.spec import TransformerSpec
+
+    template = load_spec(ClusterSpec, ROOT / "examples/clusters/two-sites-cpu.yaml")
+    cluster = ClusterSpec.model_validate(calibrated_cluster(template, MEASURED_CPU))
+    moe = resolve_model("moe-mini")
+    assert isinstance(moe, TransformerSpec)
+    job = JobSpec(global_batch=8, micro_batch=4, dp=2, ep=2)
+    db = Database(f"sqlite:///{tmp_path / 'd.sqlite'}")
+
+    @dataclass
+    class Plane:
+        db: Database
+        plan: Plan
+        cluster: ClusterSpec | None
+        model: TransformerSpec
+
+    plane = Plane(db, plan_job(cluster, moe, job, fixed=True).plan, cluster, moe)
+    run = db.new_run("moe-mini", "two-sites-cpu", {}).id
+    task = db.new_task(run, "train", {}, state="done").id
+    for step in range(2):
+        comm = {
+            (0, 0): {"ep": {"s": 0.01, "routed": 100, "received": 140}},
+            (0, 1): {"ep": {"s": 0.01, "routed": 100, "received": 60}},
+        }
+        add_step_traces(db, task, step, {(0, 0): ([], {}), (0, 1): ([], {})}, {}, comm=comm)
+    params = TrainParams(steps=2, batch=8, microbatches=1, checkpoint_every=0,
+                         late_policy="wait", grad_wait_s=1.0)  # fmt: skip
+    report = TrainReport(2, first_step=0)
+    report.segment(0, 2, plane.plan)
+    report.timed(0.1)
+    got = status.finished(plane, report, params, task)
+    assert "routing 1.40 of an even share" in got["prediction"]
+    assert got["predicted_step_s"] > plane.plan.prediction.iteration_time_s
+    assert got["expert_imbalance"] == {"measured": 1.4, "planned": 1.0}

@@ -39,7 +39,7 @@ from dmsc.data.tokenizer import tokenizer_for
 from dmsc.data.traces import latest_worker_cpu
 from dmsc.planner.plan import Plan
 from dmsc.runtime.control import dashboard_state, status
-from dmsc.runtime.control.advisors.prediction import Prediction, TaskPredictions, predict_segments
+from dmsc.runtime.control.advisors.prediction import Prediction, TaskPredictions
 from dmsc.runtime.control.launch import fallback, signals
 from dmsc.runtime.control.launch.deployment import Checkpoint, Deployment
 from dmsc.runtime.control.launch.fallback import NoGoodCheckpoint, Restored
@@ -134,7 +134,7 @@ class ControlPlane:
         )
         self.resized_plans = ResizedPlans()  # the plans at other dps (.training.online)
         self.between, self.shrink = Between(self), Shrink(self)  # resizes during a task
-        self._predictions, self.steps_done = TaskPredictions(), 0  # by (task, plan)
+        self._predictions, self.steps_done = TaskPredictions(partial(status.routing, db)), 0
         self.lock = threading.Lock()  # one task at a time touches the weights
         self.handoff = lanes.Handoff(self.lock)  # taken by tasks, lent between lanes (.tasks)
         self.log = log or json_logger("dmsc.control")
@@ -330,9 +330,7 @@ class ControlPlane:
             self._restore_after_loss()
             raise
         self.steps_done = report.end_step
-        routing = status.routing(self.db, task_id)  # a mixture's, as the step ran it
-        whole = predict_segments(report, self.plan, self.cluster, self.model, params, routing)
-        result = status.result_of(report, self.db, self.plan, task_id, whole)
+        result = status.finished(self, report, params, task_id)
         self.db.set_task_result(task_id, result)
         for r in report.recoveries:
             self.log.warning("recovered from a failure: %s", r.reason, extra={"task_id": task_id})
@@ -487,14 +485,8 @@ class ControlPlane:
             self.inference.pool.status() if self.inference.pool is not None else None,
             tenant=tenant,
             predict=self._task_prediction,
-            live=self._live_segments,
+            live=lambda t: self._predictions.segments(t, self.plan, self.cluster, self.model),
         )
-
-    def _live_segments(self, task_id: int) -> list[dict[str, Any]] | None:
-        """A running task's segments so far, each beside its prediction at the routing the
-        task measured so far (a mixture's)."""
-        routing = status.routing(self.db, task_id) if self.plan.job.ep > 1 else None
-        return self._predictions.segments(task_id, self.plan, self.cluster, self.model, routing)
 
     def _task_prediction(self, task: TaskRecord) -> Prediction:
         """The prediction for the job training task ``task`` ran (kept: it re-plans once)."""

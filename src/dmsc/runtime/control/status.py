@@ -21,10 +21,13 @@ from dmsc.data.comm_modes import compare_modes, expert_imbalance
 from dmsc.data.db import Database, TaskRecord
 from dmsc.data.traces import step_traces, traced_tasks
 from dmsc.planner.plan import Plan
-from dmsc.runtime.control.advisors.prediction import PLANS, Prediction
+from dmsc.runtime.control.advisors.prediction import PLANS, Prediction, predict_segments
 from dmsc.runtime.control.launch import failures
 from dmsc.runtime.control.launch.deployment import Deployment
 from dmsc.runtime.control.launch.failures import key_of
+from dmsc.runtime.control.training.params import TrainParams
+from dmsc.runtime.control.training.report import TrainReport
+from dmsc.spec import ClusterSpec, TransformerSpec
 
 HEALTH_TIMEOUT_S = 3.0
 MODE_STEPS = 20  # the last steps of a task whose communication is compared per mode
@@ -210,11 +213,12 @@ def modes(
     return [r.as_json() for r in compare_modes(predicted, traces)]
 
 
-def routing(db: Database, task_id: int | None) -> float | None:
+def routing(db: Database, task_id: int | None, plan: Plan | None = None) -> float | None:
     """The routing's imbalance over the task's last steps (the busiest expert-parallel rank's
     tokens over an even share, :func:`dmsc.data.comm_modes.expert_imbalance`; the plan
-    priced ``JobSpec.expert_imbalance``); None without expert parallelism."""
-    if task_id is None:
+    priced ``JobSpec.expert_imbalance``); None without expert parallelism (and without
+    reading the traces where ``plan`` has none)."""
+    if task_id is None or (plan is not None and plan.job.ep < 2):
         return None
     return expert_imbalance(step_traces(db, task_id, last=MODE_STEPS))
 
@@ -234,6 +238,26 @@ def result_of(
     if measured is not None:  # the next plan may price it (dmsc plan --expert-imbalance)
         out["expert_imbalance"] = {"measured": measured, "planned": plan.job.expert_imbalance}
     return out
+
+
+class _Plane(Protocol):  # what a control plane holds of its run (.plane.ControlPlane)
+    db: Database
+    plan: Plan
+    cluster: ClusterSpec | None
+    model: TransformerSpec
+
+
+def finished(
+    plane: _Plane, report: TrainReport, params: TrainParams, task_id: int
+) -> dict[str, Any]:
+    """Training task ``task_id``'s result as it ended (:func:`result_of`): its segments and
+    its whole step compared with the predictions for the job it ran on ``plane``'s plan, its
+    mixtures' routing as measured
+    (:func:`dmsc.runtime.control.advisors.prediction.predict_segments`)."""
+    db, plan = plane.db, plane.plan
+    measured = routing(db, task_id, plan)
+    whole = predict_segments(report, plan, plane.cluster, plane.model, params, measured)
+    return result_of(report, db, plan, task_id, whole)
 
 
 def shown_basis(prediction: Prediction) -> str | None:

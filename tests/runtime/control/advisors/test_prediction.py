@@ -364,3 +364,36 @@ def test_a_finished_tasks_routing_is_read_from_its_result() -> None:
     assert stored_routing(task({"expert_imbalance": "garbled"})) is None
     assert stored_routing(TaskRecord(kind="train", result_json=None)) is None
     assert stored_routing(TaskRecord(kind="train", result_json="{not json")) is None
+
+
+def test_a_running_mixtures_segments_are_compared_at_the_routing_measured_so_far() -> None:
+    """The dashboard's running segments (TaskPredictions.segments) read the routing the task's
+    traces measured so far, as the task's result will (status.finished); a dense plan's
+    never asks."""
+    from dmsc.runtime.control.advisors.prediction import TaskPredictions
+
+    moe = resolve_model("moe-mini")
+    assert isinstance(moe, TransformerSpec)
+    cluster = _cluster(CLUSTERS / "two-sites-cpu.yaml")
+    plan = plan_job(cluster, moe, MOE_JOB, fixed=True).plan
+    asked: list[int] = []
+
+    def routing(task: int) -> float | None:
+        asked.append(task)
+        return 1.4
+
+    params = TrainParams(
+        steps=4, batch=8, microbatches=1, checkpoint_every=0, late_policy="wait", grad_wait_s=1.0
+    )
+    predictions = TaskPredictions(routing)
+    report = TrainReport(4, first_step=0)
+    predictions.begin(7, params, report)
+    report.segment(0, 2, plan)
+    report.timed(0.1)
+    (seg,) = predictions.segments(7, plan, cluster, moe) or []
+    want = prediction_for(plan, cluster, moe, 8, 1, 2, None, 1.4)
+    assert seg["predicted_step_s"] == want.step_s and "routing 1.40" in seg["prediction"]
+    assert asked == [7]
+    dense = plan_job(cluster, resolve_model("gpt-mini"), MOE_JOB.model_copy(update={"ep": 1}))
+    predictions.segments(7, dense.plan, cluster, resolve_model("gpt-mini"))  # type: ignore[arg-type]
+    assert asked == [7]  # no mixture: its traces are not read

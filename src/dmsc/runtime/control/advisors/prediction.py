@@ -47,7 +47,7 @@ from __future__ import annotations
 
 import json
 import threading
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
@@ -318,7 +318,9 @@ class TaskPredictions:
 
     RUNNING = 4  # the newest tasks' reports kept (one is read while it runs, then not again)
 
-    def __init__(self) -> None:
+    def __init__(self, routing: Callable[[int], float | None] | None = None) -> None:
+        # a running task's routing measured so far, by task id (a mixture's; None: the plan's)
+        self._routing = routing
         self._kept: dict[tuple[int, int, float | None], tuple[Plan, Prediction]] = {}
         self._lock = threading.Lock()  # the dashboard's threads read, the sessions' begin
         self._running: dict[int, tuple[TrainReport, TrainParams]] = {}
@@ -339,16 +341,16 @@ class TaskPredictions:
         plan: Plan,
         cluster: ClusterSpec | None,
         model: TransformerSpec | LayerListSpec,
-        routing: float | None = None,
     ) -> list[dict[str, Any]] | None:
         """The segments task ``task_id`` ran so far, as its result will have them (a segment
-        not told its plan ran on ``plan``, the one in force), at the ``routing`` it measured so
-        far (None: the plan's); None: no report of it here."""
+        not told its plan ran on ``plan``, the one in force), at the routing it measured so far
+        (a mixture's); None: no report of it here."""
         with self._lock:
             got = self._running.get(task_id)
         if got is None:
             return None
         report, params = got
+        routing = self._routing(task_id) if self._routing and plan.job.ep > 1 else None
         out = []
         for seg in list(report.segments):  # the session's thread appends: read copies
             on = seg.plan or plan
