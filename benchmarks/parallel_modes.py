@@ -301,7 +301,8 @@ def _ddp_rank(rank: int, world: int, port: int, steps: int, queue: Any) -> None:
     dist.init_process_group("gloo", rank=rank, world_size=world)
     spec = _spec()
     model = torch.nn.parallel.DistributedDataParallel(build_stage(spec, 0, *WHOLE[0]))
-    opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
+    # fused, as dmsc's stages (dmsc.runtime.compute.outer_sync.make_optimizer)
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-3, fused=True)
     corpus = _corpus(spec)
     times = []
     for step in range(steps):

@@ -62,7 +62,8 @@ def _torch_rank(rank: int, world: int, port: int, steps: int, queue: mp.Queue) -
     module = build_stage(spec, 0, *RANGES[rank])
     stage = PipelineStage(module, rank, world, torch.device("cpu"))
     schedule = Schedule1F1B(stage, MICRO, loss_fn=loss_fn)
-    opt = torch.optim.AdamW(module.parameters(), lr=1e-3)
+    # fused, as dmsc's stages (dmsc.runtime.compute.outer_sync.make_optimizer)
+    opt = torch.optim.AdamW(module.parameters(), lr=1e-3, fused=True)
     train, _ = stdlib_text(max_bytes=400_000)
     corpus = Corpus(train, spec.seq, seed=0)
     times = []
