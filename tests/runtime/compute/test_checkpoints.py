@@ -124,3 +124,36 @@ def test_a_torch_save_checkpoint_of_earlier_dmsc_still_loads(tmp_path: Path) -> 
     assert all(
         torch.equal(a, b) for a, b in zip(module.parameters(), other.parameters(), strict=True)
     )
+
+
+def test_a_stages_fused_adamw_resumes_from_its_checkpoint_as_if_never_stopped(
+    tmp_path: Path,
+) -> None:
+    """A checkpoint keeps a transposed weight's moments transposed (the Hugging Face layout),
+    and they came back as transposed views; PyTorch's fused AdamW (the stages' optimizer,
+    make_optimizer) steps such a moment wrongly without a word: a dp resize's first step after
+    its reload went 0.09 off the run that never stopped. They are loaded contiguous."""
+    from dmsc.runtime.compute.outer_sync import make_optimizer
+
+    def trained(module: StageModule, optimizer: torch.optim.Optimizer, steps: range) -> list[float]:
+        out = []
+        for step in steps:
+            g = torch.Generator().manual_seed(step)
+            loss = module(torch.randn(2, 8, SPEC.hidden, generator=g)).pow(2).mean()
+            loss.backward()
+            optimizer.step()
+            optimizer.zero_grad(set_to_none=True)
+            out.append(loss.item())
+        return out
+
+    module = build_stage(SPEC, 0, "block_3", "head")
+    optimizer = make_optimizer("adamw", module, 1e-2)
+    trained(module, optimizer, range(2))
+    path = tmp_path / "stage1.safetensors"
+    write_checkpoint(path, SPEC, module, optimizer, steps=2)
+    again = build_stage(SPEC, 1, "block_3", "head")
+    resumed = make_optimizer("adamw", again, 1e-2)
+    read_checkpoint(path, SPEC, again, resumed)
+    assert resumed.defaults["fused"]
+    assert all(t.is_contiguous() for slots in resumed.state.values() for t in slots.values())
+    assert trained(again, resumed, range(2, 5)) == trained(module, optimizer, range(2, 5))

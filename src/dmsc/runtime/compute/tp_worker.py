@@ -191,8 +191,9 @@ def load_sharded(
             p.copy_(cut(name, held[name].detach()))
             slots = opt.state.get(held[name], {})
             if slots:
-                optimizer.state[p] = {
-                    s: cut(name, v).to(p.device, copy=True) for s, v in slots.items()
+                optimizer.state[p] = {  # contiguous: the fused AdamW (.checkpoints.load_state)
+                    s: cut(name, v).to(p.device, copy=True, memory_format=torch.contiguous_format)
+                    for s, v in slots.items()
                 }
             else:
                 optimizer.state.pop(p, None)
