@@ -42,3 +42,13 @@ def test_a_set_that_kept_its_specs_is_priced_from_them_whatever_the_stand_in() -
     for mode in ("tp2/tp", "dp2-ring/dp", "dp4-ring/dp"):
         assert got[mode]["now"] == pytest.approx(got[mode]["stored"], rel=1e-9), mode
     assert {"dp2-star/dp", "dp2-int8/dp"} <= set(got)  # every mode, the star's and int8's too
+
+
+def test_a_set_stored_later_does_not_move_the_stand_in() -> None:
+    """The stand-in was the newest stored set's first round: storing another set moved every
+    figure priced on it, and the stored summary no longer held (2026-12-05)."""
+    stored = json.loads(RESULTS.read_text())
+    before = stand_in(stored)
+    later = {"runs": [{"calibration": {"spec_by_round": [{"name": "a later set"}]}}]}
+    assert stand_in({**stored, "reruns_later": later}) == before
+    assert stand_in({"only": later}) == {"name": "a later set"}  # none named: the newest
