@@ -20,7 +20,11 @@ long costs only itself. The checks:
    gradient copied down, int8 encoded and decoded on one host thread, copied back) against the
    cost model's price of it on the host figures ``dmsc calibrate --device cuda`` measures and
    on its defaults (:mod:`dmsc.netmodel.sync`'s host side; never run on a GPU yet).
-7. **decode** (run last): ``gpu_decode.py``: a decoding token's time split into the model's
+7. **tp**: ``gpu_tp_path.py``: the runtime's tensor-parallel code path on the one device (its
+   split stages over a one-rank NCCL group: every family, sequence parallelism, a mixture's
+   experts) beside the same stages whole: the losses and gradients against each other, the
+   step times, the calls.
+8. **decode** (run last): ``gpu_decode.py``: a decoding token's time split into the model's
    forward in one process and what the 2-stage service adds, each beside ``transformers``, and
    the ops with the most host time in each.
 
@@ -217,6 +221,11 @@ def part(name: str, tiny: bool, timeout: float, tmp: Path) -> dict[str, Any]:
                 "--tokens", "8"] if tiny else ["--steps", "8", "--tokens", "64"]  # fmt: skip
         rc, out, err = _run(cmd, timeout)
         result = json.loads(out.strip().splitlines()[-1]) if rc == 0 else {"error": _tail(err)}
+    elif name == "tp":
+        cmd = [py, str(HERE / "gpu_tp_path.py"), "--json"]
+        cmd += ["--steps", "2", "--only", "gpt-mini,moe-mini"] if tiny else []
+        rc, out, err = _run(cmd, timeout)
+        result = json.loads(out.strip().splitlines()[-1]) if rc == 0 else {"error": _tail(err)}
     elif name == "decode":
         cmd = [py, str(HERE / "gpu_decode.py"), "--json"]
         cmd += (
@@ -249,7 +258,8 @@ def _has_cuda() -> bool:
 
 
 # (check, its time limit in seconds); all took 231 s on an H100 (results/gpu_check_h100.json),
-# about 220 s on an H200 (gpu_check_h200.json: 172 s before decode, then decode 44-60 s)
+# about 220 s on an H200 (gpu_check_h200.json: 172 s before decode, then decode 44-60 s); tp
+# (added 2026-12-05) has not run on a GPU yet: its five cases took 8.5 s on this project's CPU
 PARTS = [
     ("env", 30),
     ("nccl", 40),
@@ -257,6 +267,7 @@ PARTS = [
     ("train", 160),
     ("runtime", 160),
     ("gemms", 40),
+    ("tp", 60),
     ("decode", 90),
 ]
 

@@ -112,3 +112,21 @@ def test_the_runtime_and_decode_checks_report_what_they_measured_on_the_cpu() ->
         ops = d[f"profile_{who}"]
         assert ops and all(row["calls_a_token"] > 0 for row in ops)
         assert any(row["op"] == "aten::mm" for row in ops)
+
+
+@pytest.mark.integration
+def test_the_tp_check_runs_the_tensor_parallel_path_on_one_device() -> None:
+    """gpu_check's tp check (benchmarks/gpu_tp_path.py) on the CPU at its tiny size: the
+    runtime's split stages over a one-rank group train as the stages whole do, each side
+    timed, the tensor-parallel calls counted (a lent GPU runs the same over NCCL)."""
+    cmd = [sys.executable, str(BENCH / "gpu_check.py"), "--tiny", "--only", "tp", "--json"]
+    res = subprocess.run(cmd, capture_output=True, text=True)
+    assert res.returncode == 0, res.stderr
+    tp = json.loads(res.stdout)["tp"]
+    assert "error" not in tp, tp
+    assert (tp["backend"], tp["world_size"], tp["device"]) == ("gloo", 1, "cpu")
+    assert [c["case"] for c in tp["cases"]] == ["gpt-mini", "moe-mini"]
+    for c in tp["cases"]:
+        assert c["max_loss_diff"] < 1e-5 and c["first_step_max_grad_diff"] < 1e-6, c
+        assert c["split_over_whole"] == c["split_step_s"] / c["whole_step_s"]
+        assert c["tp_calls_per_step"] > 0  # every collective of the path ran
