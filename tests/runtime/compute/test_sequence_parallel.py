@@ -33,7 +33,7 @@ FAMILIES = ("gpt-mini", "llama-mini")
 
 def _collectives(module: nn.Module, tokens: torch.Tensor) -> dict[str, int]:
     """The collectives of one forward and backward (its gradients then dropped)."""
-    names = ("all_reduce", "all_gather_into_tensor", "reduce_scatter_tensor", "all_to_all_single")
+    names = ("all_reduce", "all_gather_single", "reduce_scatter_single", "all_to_all_single")
     calls = dict.fromkeys(names, 0)
     real = {n: getattr(dist, n) for n in names}
 
@@ -107,9 +107,9 @@ def test_sp2_trains_to_the_losses_of_one_process(
         # CPU a reduce-scatter is gloo's all-to-all and a sum: gloo's reduce_scatter_tensor
         # says it is done only once waited for, and the awake wait ran to its bound, 4 ms
         calls = got["calls"]
-        assert calls["reduce_scatter_tensor"] == 0
+        assert calls["reduce_scatter_single"] == 0
         assert calls["all_to_all_single"] == 4 * spec.layers
-        assert calls["all_gather_into_tensor"] == 4 * spec.layers + 2
+        assert calls["all_gather_single"] == 4 * spec.layers + 2
         assert calls["all_reduce"] == (6 if name == "gpt-mini" else 2) * spec.layers + 5
     # the cost model's list for the same micro-batch on a sequence-split plan, its ends as the
     # runtime runs them (sequence_parallel_edges: gathered, the default: the gradient of the
@@ -129,7 +129,7 @@ def test_sp2_trains_to_the_losses_of_one_process(
     for got in sp2[name]:
         assert by_kind == {
             "all_reduce": got["calls"]["all_reduce"],
-            "all_gather": got["calls"]["all_gather_into_tensor"],
+            "all_gather": got["calls"]["all_gather_single"],
             "reduce_scatter": got["calls"]["all_to_all_single"],
         }
         assert got["metered"]["calls"] == sum(by_kind.values())

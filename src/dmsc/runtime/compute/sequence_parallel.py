@@ -61,7 +61,7 @@ def _gather(x: torch.Tensor, group: dist.ProcessGroup | None) -> torch.Tensor:
     part = x.movedim(1, 0).contiguous()
     out = part.new_empty((part.shape[0] * tp, *part.shape[1:]))
     with METER.timed("tp", (tp - 1) * part.numel() * part.element_size()):  # a ring's share
-        work = dist.all_gather_into_tensor(out, part, group=group, async_op=True)
+        work = dist.all_gather_single(out, part, group=group, async_op=True)
         finish(work, cpu=part.device.type == "cpu")  # awake while it runs (.waiting)
     return out.movedim(0, 1)
 
@@ -70,8 +70,9 @@ def _reduce_scatter(x: torch.Tensor, group: dist.ProcessGroup | None) -> torch.T
     """The sum over the ranks of ``x``, this rank's slice of dimension 1.
 
     On the CPU it is gloo's all-to-all of the slices and this rank's sum of what it got: the
-    same bytes on the wire as a reduce-scatter. gloo's own ``reduce_scatter_tensor`` returns a
-    work that says it is done only once waited for (``is_completed`` stays false, and it has no
+    same bytes on the wire as a reduce-scatter. gloo's own reduce-scatter
+    (``reduce_scatter_single``, ``reduce_scatter_tensor`` before torch 2.13) returns a work that
+    says it is done only once waited for (``is_completed`` stays false, and it has no
     future), so the awake wait (:func:`.waiting.finish`) ran to its bound on every call: 4.2-4.3
     ms a call of 256 KB between two processes, 0.6-1.7 blocked, and 0.25-0.32 by the all-to-all
     (torch 2.13, this project's CPU, 2026-12-05)."""
@@ -84,7 +85,7 @@ def _reduce_scatter(x: torch.Tensor, group: dist.ProcessGroup | None) -> torch.T
             finish(dist.all_to_all_single(got, whole, group=group, async_op=True))
             torch.sum(got.view(tp, *out.shape), dim=0, out=out)
         else:
-            work = dist.reduce_scatter_tensor(out, whole, group=group, async_op=True)
+            work = dist.reduce_scatter_single(out, whole, group=group, async_op=True)
             finish(work, cpu=False)
     return out.movedim(0, 1)
 
