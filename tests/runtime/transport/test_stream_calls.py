@@ -230,7 +230,12 @@ def test_with_certificates_calls_are_mutual_tls_and_a_fenced_callers_are_refused
 
 def test_a_call_is_connected_within_its_own_wait(tmp_path: Path) -> None:
     """A listener that never completes the TLS handshake (accepts nothing): the call ends at its
-    own wait, not at the connection timeout of the calls (30 s)."""
+    own wait, not at the connection timeout of the calls (30 s). The listener is looked up
+    first: that is the calls' once for the service, a TCPStore client's connection, bounded by
+    the calls' 30 s and not by the call's wait. In CI (2026-12-05) the call failed as it should
+    ("not connected" within 0.3 s) but the whole took 5.3 s; the dial is bounded at 0.3 s, so
+    the rest was the lookup (a TCPStore made under two busy loops once took 9 s; not seen again
+    here under three to eight)."""
     tls.install_authority(tmp_path)
     silent = socket.create_server(("127.0.0.1", 0))  # listens, never accepts
     store = dist.TCPStore("127.0.0.1", 0, is_master=True, wait_for_workers=False)  # type: ignore[attr-defined]
@@ -238,6 +243,7 @@ def test_a_call_is_connected_within_its_own_wait(tmp_path: Path) -> None:
     stream_calls.publish(addr, SERVICE, f"127.0.0.1:{silent.getsockname()[1]}")
     calls = StreamCalls(addr, TOKEN, timeout_s=30.0)
     try:
+        assert calls._listener(SERVICE) == f"127.0.0.1:{silent.getsockname()[1]}"
         t0 = time.monotonic()
         late = _failed(calls, b"x", wait_s=0.3)
         assert (
