@@ -31,7 +31,7 @@ from dmsc.runtime.compute.pipe_stream import PipeStream
 from dmsc.runtime.transport import stream_calls, tls
 from dmsc.runtime.transport.rpc import BadRequest, Client, NoRoom, bytes_handler, serve
 from dmsc.runtime.transport.stream_calls import CALL_MAGIC, CallFailed, StreamCalls
-from dmsc.runtime.transport.streams import dial, hello, read_exact
+from dmsc.runtime.transport.streams import dial, hello, read_exact, tls_contexts
 
 TOKEN = "secret"
 SERVICE = "127.0.0.1:1"  # the gRPC address the answering worker publishes its listener under
@@ -232,10 +232,11 @@ def test_a_call_is_connected_within_its_own_wait(tmp_path: Path) -> None:
     """A listener that never completes the TLS handshake (accepts nothing): the call ends at its
     own wait, not at the connection timeout of the calls (30 s). The listener is looked up
     first: that is the calls' once for the service, a TCPStore client's connection, bounded by
-    the calls' 30 s and not by the call's wait. In CI (2026-12-05) the call failed as it should
-    ("not connected" within 0.3 s) but the whole took 5.3 s; the dial is bounded at 0.3 s, so
-    the rest was the lookup (a TCPStore made under two busy loops once took 9 s; not seen again
-    here under three to eight)."""
+    the calls' 30 s and not by the call's wait (and the TLS contexts, made once a leaf from
+    files written to a temporary directory). In CI (2026-12-05) the call failed as it should
+    ("not connected" within 0.3 s) but the whole took 5.3 s; the dial and the handshake are
+    bounded at 0.3 s, so the rest was one of those two (a TCPStore made under two busy loops once
+    took 9 s; neither was seen slow again here under three to eight)."""
     tls.install_authority(tmp_path)
     silent = socket.create_server(("127.0.0.1", 0))  # listens, never accepts
     store = dist.TCPStore("127.0.0.1", 0, is_master=True, wait_for_workers=False)  # type: ignore[attr-defined]
@@ -244,6 +245,7 @@ def test_a_call_is_connected_within_its_own_wait(tmp_path: Path) -> None:
     calls = StreamCalls(addr, TOKEN, timeout_s=30.0)
     try:
         assert calls._listener(SERVICE) == f"127.0.0.1:{silent.getsockname()[1]}"
+        assert tls_contexts() is not None  # made once a leaf, from files: not the call's either
         t0 = time.monotonic()
         late = _failed(calls, b"x", wait_s=0.3)
         assert (
