@@ -28,7 +28,6 @@ import time
 from collections.abc import Callable
 from typing import Any, Protocol
 
-from dmsc.data.comm_modes import expert_imbalance
 from dmsc.data.db import Database, RunRecord
 from dmsc.planner.plan import Plan
 from dmsc.runtime.control.advisors import default_modules, orchestrate, read_measurements
@@ -36,7 +35,7 @@ from dmsc.runtime.control.advisors.base import Measurements, Proposal
 from dmsc.runtime.control.advisors.orchestrator import Decision, DecisionRule, apply
 from dmsc.runtime.control.advisors.paths import cluster_mismatch
 from dmsc.runtime.control.advisors.policy import DEDUPE_S, raised_recently
-from dmsc.runtime.control.advisors.prediction import task_prediction
+from dmsc.runtime.control.advisors.prediction import task_prediction, traced_routing
 from dmsc.runtime.control.loop.moves import Gates, apply_move
 from dmsc.runtime.transport.messages import ReplanRequest
 from dmsc.runtime.transport.replies import ReplanReply, parse_reply
@@ -73,8 +72,7 @@ def decide_on(
     measured = dataclasses.replace(read_measurements(db, run_id, now_s), plan=plan)
     params = next((t.params for t in measured.tasks if t.id == measured.task_id), None)
     # a mixture's routing as the task's traces measured it (advisors.prediction.routed)
-    routing = expert_imbalance(list(measured.traces)) if plan.job.ep > 1 else None
-    ran = task_prediction(plan, cluster, model, params, routing)
+    ran = task_prediction(plan, cluster, model, params, traced_routing(plan, measured.traces))
     measured = dataclasses.replace(measured, predicted=ran)
     decisions = orchestrate(default_modules(cluster), measured, rule)
     return measured, not_again(db, run_id, decisions, now_s)

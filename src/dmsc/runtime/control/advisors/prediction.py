@@ -47,11 +47,13 @@ from __future__ import annotations
 
 import json
 import threading
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
+from dmsc.data.comm_modes import expert_imbalance
 from dmsc.data.db import TaskRecord
+from dmsc.data.traces import StepTrace
 from dmsc.netmodel import DEFAULT_CALIBRATION
 from dmsc.planner.plan import Plan
 from dmsc.runtime.compute.outer_sync import by_collective
@@ -126,6 +128,12 @@ def routed(plan: Plan, routing: float | None) -> float | None:
     got = round(min(max(routing, 1.0), float(ep)), 2)  # between even and one rank's all
     planned = plan.job.expert_imbalance
     return None if abs(got - planned) <= SAME_ROUTING * planned else got
+
+
+def traced_routing(plan: Plan, traces: Sequence[StepTrace]) -> float | None:
+    """:func:`routed` of the routing ``traces`` measured (none read where ``plan`` has no
+    expert parallelism)."""
+    return routed(plan, expert_imbalance(traces)) if plan.job.ep > 1 else None
 
 
 def sync_words(sync: SyncSpec, star: str | None = None) -> str:

@@ -33,12 +33,11 @@ from typing import Any, Protocol
 
 from sqlalchemy import select
 
-from dmsc.data.comm_modes import expert_imbalance
 from dmsc.data.db import Database, RunRecord, ScaleEventRecord
 from dmsc.data.traces import step_traces
 from dmsc.planner.plan import Plan
 from dmsc.runtime.control.advisors.base import Measurements, read_measurements, unix_s
-from dmsc.runtime.control.advisors.prediction import Prediction, routed, task_prediction
+from dmsc.runtime.control.advisors.prediction import Prediction, task_prediction, traced_routing
 from dmsc.runtime.control.advisors.traffic import boundary_bytes
 from dmsc.runtime.control.loop.busy import numbered_on
 from dmsc.runtime.control.loop.resizing import NO_DEPLOYMENT, DeviceView, device_view
@@ -74,7 +73,7 @@ class Predictions:
         m: Measurements,
     ) -> Prediction:
         # a mixture's routing as the task's traces measured it (advisors.prediction.routed)
-        routing = routed(plan, expert_imbalance(list(m.traces)) if plan.job.ep > 1 else None)
+        routing = traced_routing(plan, m.traces)
         key = (m.task_id or 0, id(plan), routing)
         if key not in self._kept:
             params = next((t.params for t in m.tasks if t.id == m.task_id), None)
