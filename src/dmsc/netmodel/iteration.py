@@ -380,6 +380,7 @@ def estimate_iteration(
         grad_dense = max(dense for dense, _ in payloads)
         groups = [g for s in range(p) for g in layout.dp_groups(s)]
         whole = not bucketed(sync, job.overlap_dp_comm)  # one call on the whole update
+        window = crit.compute_s * 2 / 3  # the backward of the last micro-batch
         if job.dp > 1:
             c = exchange(comm, groups, grad_dense, codec, job.allreduce, sync.via)
             dense = max(
@@ -388,8 +389,14 @@ def estimate_iteration(
             )
             # and the compute on its path: the codec's passes, the leader's rule (sync.work_s)
             dp_s = c.time_s + work_s(sync, job.dp, dense, host, job.tp, alone)
-            if whole:  # the replicas agree on a quorum first (CommModel.quorum_s)
-                dp_s += comm.quorum_s(groups)
+            if whole:  # the replicas agree on a quorum first (CommModel.quorum_s) ...
+                quorum = comm.quorum_s(groups)
+                if sync.via == "collective" and sync.inner_steps == 1:
+                    # ... every step's by collective in the backward, as the buckets' is
+                    # (dmsc.runtime.compute.dp_collective.DataParallel.agreed): exposed only
+                    # where the last backward is shorter
+                    quorum = max(0.0, quorum - window)
+                dp_s += quorum
             account("dp", c, per_round)
             if job.zero >= 3:  # weights gathered for every forward and backward
                 ag = comm.collective("all_gather", groups, grad_dense)
@@ -405,7 +412,6 @@ def estimate_iteration(
                 expert_s += comm.quorum_s(egroups)
             dp_s += expert_s
             account("dp", c, per_round)
-        window = crit.compute_s * 2 / 3  # the backward of the last micro-batch
         if job.zero >= 3:
             window += m * crit.compute_s
         breakdown["dp_comm"] = exposed_s(dp_s, sync, job.overlap_dp_comm, window)

@@ -108,6 +108,7 @@ class _Step:
     bytes_until: float = 0.0  # when a thin link is through this step's bytes
     launched: threading.Event = field(default_factory=threading.Event)
     over: bool = False  # finished, or left by a step that failed half-way
+    launch: bool = True  # False: the hooks agree on the quorum only (DataParallel.agreed)
     jobs: queue.SimpleQueue[int | None] = field(default_factory=queue.SimpleQueue)
 
 
@@ -147,8 +148,12 @@ class DataParallel:
             self.current.over = True
 
     # -- a training step ---------------------------------------------------------------------
-    def begin(self, step: int, backwards: int, policy: LatePolicy, wait_s: float) -> None:
-        """Arm the hooks for ``step``, whose stage runs ``backwards`` backward passes."""
+    def begin(
+        self, step: int, backwards: int, policy: LatePolicy, wait_s: float, launch: bool = True
+    ) -> None:
+        """Arm the hooks for ``step``, whose stage runs ``backwards`` backward passes; with
+        ``launch`` False they only agree on the step's quorum, once the first bucket's gradients
+        are whole, for an exchange run whole after the backward (:meth:`agreed`)."""
         old = self.current
         if old is not None and not old.over:  # a step that failed half-way
             old.over = True
@@ -157,6 +162,7 @@ class DataParallel:
         seen = [0] * len(self.params)
         waiting = [len(b) for b in self.buckets]
         st = _Step(step, self.inbox.epoch, backwards, policy, wait_s, seen, waiting)
+        st.launch = launch
         self.current = st
         threading.Thread(target=self._communicate, args=(st,), daemon=True, name="dp-comm").start()
 
@@ -218,6 +224,8 @@ class DataParallel:
             st.decision = self._agree(st, f"g{st.step}", st.policy, st.wait_s, True)
             st.pg = self.group.pg
         d = st.decision
+        if not st.launch:
+            return  # the quorum only: the exchange runs whole after the backward (agreed)
         if st.over or d.verdict != "go" or d.rank(self.cfg.replica) is None or len(d.members) < 2:
             return  # nothing to reduce here
         if st.pg is not self.group.pg:  # left since (a later step's begin dropped it)
@@ -262,6 +270,32 @@ class DataParallel:
             return self._average(st, awake)
         finally:
             st.over = True
+
+    def agreed(self, step: int) -> tuple[Decision, int] | None:
+        """The quorum the hooks agreed on in ``step``'s backward (armed by :meth:`begin` with
+        ``launch`` False) and the epoch it was agreed in, once the backward is over; None where
+        the hooks were not so armed for ``step`` or no bucket came to agree on it. The step is
+        over for the hooks then: the exchange that uses the quorum waits on its own."""
+        st = self.current
+        if st is None or st.over or st.launch or st.step != step:
+            return None
+        st.waiting = [0] * len(self.buckets)
+        self._queue_ready(st)
+        st.jobs.put(None)
+        abandoned = self._abandoned(st)
+        try:
+            while not st.launched.wait(0.05):
+                if abandoned():
+                    raise Aborted(f"step {st.step} abandoned: moved to a newer epoch")
+        finally:
+            st.over = True
+        if st.error is not None:
+            raise st.error
+        if st.decision is None:
+            return None
+        if st.pg is not self.group.pg:  # left since (a later quorum's group replaced it)
+            raise RuntimeError(f"step {st.step}: its data-parallel group was left")
+        return st.decision, st.epoch
 
     def _average(self, st: _Step, awake: float = 0.0) -> list[int]:
         """Wait for the step's buckets and set the gradients to their average; awake until the
@@ -406,8 +440,13 @@ class DataParallel:
         """The quorum of a sync round (``restart`` is not a round's policy: read as ``wait``);
         TimeoutError when it does not go."""
         policy = "wait" if policy == "restart" else policy
-        st = _Step(step, self.inbox.epoch, 0, policy, wait_s, [], [])
-        d = self._agree(st, f"r{step}/{round_}", policy, wait_s, False)
+        ahead = self.agreed(step) if round_ == 0 else None  # agreed in the backward
+        if ahead is not None:
+            d, epoch = ahead
+            st = _Step(step, epoch, 0, policy, wait_s, [], [])
+        else:
+            st = _Step(step, self.inbox.epoch, 0, policy, wait_s, [], [])
+            d = self._agree(st, f"r{step}/{round_}", policy, wait_s, False)
         if d.verdict != "go":
             raise TimeoutError(f"stage {self.cfg.stage}: no update from replicas {list(d.late)}")
         return st, d

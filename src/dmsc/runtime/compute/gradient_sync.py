@@ -107,6 +107,14 @@ class LinkShaper:
         sleep_until(self.reserve(nbytes))
 
 
+class SyncMode(Protocol):
+    """A task's sync mode as :meth:`GradientSync.prepare` reads it
+    (:class:`.outer_sync.ReplicaSync`)."""
+
+    @property
+    def quorum_ahead(self) -> bool: ...
+
+
 class GradientSync:
     """This replica's part in averaging its stage's gradients: the leader's or a follower's."""
 
@@ -132,11 +140,15 @@ class GradientSync:
             params = [p for n, p in module.named_parameters() if kind_of(n) == "dense"]
             self.collective = DataParallel(cfg, params, tied, peers, inbox, self.link)
 
-    def prepare(self, m: RunStep, plain: bool) -> None:
+    def prepare(self, m: RunStep, sync: SyncMode | None) -> None:
         """Before a training step: keep its late policy (a round's, ended by ``Commit``, takes
         it too) and arm the collective's hooks when the step's gradients are averaged plainly
-        (``plain``: no sync mode of :mod:`.outer_sync`, and not this replica's own task head),
-        else keep them quiet. Each chunk's parameters see one backward per micro-batch."""
+        (no ``sync`` mode of :mod:`.outer_sync`, and not this replica's own task head), or,
+        where the mode's exchange runs whole after the backward every step (its
+        ``quorum_ahead``: a codec's by collective), arm them to agree on its quorum in the
+        backward, as the buckets' is; else keep them quiet. Each chunk's parameters see one
+        backward per micro-batch."""
+        plain, ahead = sync is None, sync is not None and sync.quorum_ahead
         self.round_policy = (m.late_policy, m.grad_wait_s)
         own_head = (
             m.sync is not None and m.sync.task_heads and getattr(self.module, "is_last", False)
@@ -144,6 +156,9 @@ class GradientSync:
         if self.collective is not None:
             if plain and not own_head:
                 self.collective.begin(m.step, m.microbatches, m.late_policy, m.grad_wait_s)
+            elif ahead and not own_head:  # restart is not a round's policy: read as wait
+                policy = "wait" if m.late_policy == "restart" else m.late_policy
+                self.collective.begin(m.step, m.microbatches, policy, m.grad_wait_s, False)
             else:
                 self.collective.disarm()
 

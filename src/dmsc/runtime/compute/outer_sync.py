@@ -186,6 +186,13 @@ class ReplicaSync:
         # (by_collective): plain rounds, every codec
         self.collective = star.collective if by_collective(settings) else None
 
+    @property
+    def quorum_ahead(self) -> bool:
+        """Whether every step's exchange runs by the replicas' collective, whole after the
+        backward: its quorum is then agreed in the backward
+        (:meth:`.dp_collective.DataParallel.agreed`)."""
+        return self.collective is not None and not self.settings.outer
+
     # -- the agreed update ---------------------------------------------------------------------
     def agree(
         self, step: int, update: torch.Tensor, policy: LatePolicy, wait_s: float

@@ -246,7 +246,7 @@ class StageWorker:
         t0 = time.perf_counter()
         if m.train:
             self._use_sync(m.sync)
-            self.grads.prepare(m, plain=self.sync is None)  # and the step's late policy
+            self.grads.prepare(m, self.sync)  # and the step's late policy
         if m.local_batch is not None:
             self.shard.feed(self.inbox, m.step, m.local_batch, m.microbatches, self.epoch)
         if m.tokens is not None:  # an inference step's tokens, carried in the call
