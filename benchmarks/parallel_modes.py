@@ -46,7 +46,12 @@ counts, the tokens out and back and their gradients: five all-to-alls). The moe-
 also measure their routing's imbalance (:func:`dmsc.data.comm_modes.expert_imbalance`: the
 busiest rank's received tokens over an even share) and price each round again at it
 (``JobSpec.expert_imbalance``): ``expert_imbalance`` and ``at_imbalance`` (the step and the
-expert-parallel time against that prediction). ``--only`` runs a
+expert-parallel time against that prediction). Each run also sets its compute beside the cost
+model's (``compute_s`` against ``predicted_compute_s``, the breakdown's compute and optimizer;
+``compute_over_predicted`` the median of its rounds' ratios): the median over the steps of the
+slowest worker's forward, backward and optimizer less its own waits in the tensor- and
+expert-parallel calls inside them (:func:`own_compute`), so that a step's excess over its
+prediction can be told as compute or communication. ``--only`` runs a
 subset by name. Every run goes ``--rounds`` times (3), in turn, so a slow spell of the machine falls
 on all of them, and each round is predicted from a calibration of its own, made just before it
 (``--calibrate once``: the first round's for all): each mode's measured and predicted seconds
@@ -99,6 +104,7 @@ WHOLE = [("embedding", "head")]
 TWO = [("embedding", "block_1"), ("block_2", "head")]
 BATCH = 8
 DEVICES = 4  # the calibrated node's: the most worker processes a run starts
+WAITS = ("tp", "ep")  # the modes whose calls a worker waits in inside its compute
 
 
 class StarDeployment(Deployment):
@@ -234,7 +240,7 @@ def dmsc_run(
 ) -> dict[str, Any]:
     corpus = _corpus(layout.model)
     kind = StarDeployment if star else Deployment
-    times, links, losses, traces, comm = [], [], [], [], []
+    times, links, losses, traces, comm, computes = [], [], [], [], [], []
     with kind(layout) as dep:
         for s in range(steps):
             # a codec's every step: the whole gradient encoded and exchanged after the backward
@@ -250,6 +256,7 @@ def dmsc_run(
                     for k, c in out["comm"].items()
                 ]
                 comm.append(out["comm"])
+                computes.append(own_compute(out["compute_s"], out["comm"]))
     measured = per_worker(comm)
     imbalance = expert_imbalance(traces)
     modes = []
@@ -275,8 +282,25 @@ def dmsc_run(
         "busiest_link_bytes": max(links),
         "busiest_link_mb": max(links) / 1e6,
         "last_loss": losses[-1],
+        "compute_s": statistics.median(computes),
+        "predicted_compute_s": pred["breakdown"]["compute"] + pred["breakdown"]["optimizer"],
         "modes": modes,
     } | ({"expert_imbalance": imbalance} if imbalance is not None else {})
+
+
+def own_compute(
+    compute_s: dict[str, float], comm: dict[tuple[int, int], dict[str, dict[str, float]]]
+) -> float:
+    """A step's compute on its slowest worker: each worker's compute seconds (its forward,
+    backward and optimizer, ``compute_s``) less its own waits in the tensor- and
+    expert-parallel calls made inside them (``wait_s``, else ``s``: what its meter timed)."""
+    own = []
+    for key, seconds in compute_s.items():
+        stage, replica = (int(x) for x in key.split("/"))
+        figs = comm.get((stage, replica), {})
+        waits = sum(float(f.get("wait_s", f.get("s", 0.0))) for m, f in figs.items() if m in WAITS)
+        own.append(seconds - waits)
+    return max(own)
 
 
 def least_wait(traces: list[StepTrace], mode: str) -> float | None:
@@ -369,6 +393,12 @@ def over_rounds(rounds: list[dict[str, Any]]) -> dict[str, Any]:
     row = dict(rounds[0])
     row["step_s"] = statistics.median(r["step_s"] for r in rounds)
     row["predicted_step_s"] = statistics.median(r["predicted_step_s"] for r in rounds)
+    if all("compute_s" in r for r in rounds):  # (a run stored before 2026-12-05 kept none)
+        for key in ("compute_s", "predicted_compute_s"):
+            row[key] = statistics.median(r[key] for r in rounds)
+        row["compute_over_predicted"] = statistics.median(
+            r["compute_s"] / r["predicted_compute_s"] for r in rounds
+        )
     row["rounds"] = len(rounds)
     if all("at_imbalance" in r for r in rounds):  # moe: each round's routing, measured
         row["expert_imbalance"] = statistics.median(r["expert_imbalance"] for r in rounds)
@@ -552,8 +582,8 @@ def main() -> None:
     print(f"predictions priced from {used['priced_from']}")
     tag = "" if used["collective_measured"] else f" [{used['label']}]"
     print(
-        f"{'run':<12} {'step ms':>9} {'predicted':>9} {'busiest link MB':>16}  "
-        f"comm ms predicted/measured{tag}"
+        f"{'run':<12} {'step ms':>9} {'predicted':>9} {'compute ms pred/meas':>21} "
+        f"{'busiest link MB':>16}  comm ms predicted/measured{tag}"
     )
     for name, r in rows.items():
         modes = "  ".join(
@@ -561,9 +591,10 @@ def main() -> None:
             + (f" (slowest {_ms(m['slowest_s'])})" if m["mode"] in ("dp", "ep") else "")
             for m in r["modes"]
         )
+        compute = f"{_ms(r['predicted_compute_s'])}/{_ms(r['compute_s'])}"
         print(
             f"{name:<12} {r['step_s'] * 1e3:>9.1f} {r['predicted_step_s'] * 1e3:>9.1f} "
-            f"{r['busiest_link_bytes'] / 1e6:>16.2f}  {modes}"
+            f"{compute:>21} {r['busiest_link_bytes'] / 1e6:>16.2f}  {modes}"
         )
     if ddp is not None:
         print(f"{'DDP dp2':<12} {ddp * 1e3:>9.1f}")

@@ -14,7 +14,7 @@ import pytest
 BENCH = Path(__file__).resolve().parents[3] / "benchmarks"
 sys.path.insert(0, str(BENCH))
 try:
-    from parallel_modes import goal_15pct, over_rounds
+    from parallel_modes import goal_15pct, over_rounds, own_compute
 finally:
     sys.path.remove(str(BENCH))
 
@@ -101,3 +101,17 @@ def test_a_runs_predicted_step_is_its_plans_iteration() -> None:
     plan = plan_job(cluster, spec, job, fixed=True).plan
     assert got["iteration_s"] == plan.prediction.iteration_time_s
     assert sum(got["breakdown"].values()) == pytest.approx(got["iteration_s"])
+
+
+def test_a_steps_compute_is_its_slowest_workers_less_its_own_waits_in_the_calls_inside_it() -> None:
+    """A worker's compute seconds hold its forward and backward, and the tensor- and
+    expert-parallel calls it waits in inside them: those waits (its own, ``wait_s``, where the
+    group's exposed time stands in ``s``; else ``s``) come off, the data-parallel exchange
+    after the backward is not in them; the step's figure is its slowest worker's."""
+    compute = {"0/0": 0.100, "0/1": 0.090}
+    comm = {
+        (0, 0): {"ep": {"s": 0.010, "wait_s": 0.030}, "dp": {"s": 0.005}},
+        (0, 1): {"ep": {"s": 0.010}, "tp": {"s": 0.002}},
+    }
+    assert own_compute(compute, comm) == pytest.approx(max(0.100 - 0.030, 0.090 - 0.012))
+    assert own_compute({"0/0": 0.05}, {}) == 0.05  # no calls inside: all of it
