@@ -253,23 +253,28 @@ class DataParallel:
         every all-reduce and set each gradient to the average. Returns the replicas left out."""
         st = self.current
         assert st is not None
-        st.waiting = [0] * len(self.buckets)
-        self._queue_ready(st)
-        st.jobs.put(None)
-        abandoned = self._abandoned(st)
         # the step's wait from here on: awake at first, where the buckets are gloo's own ring
         # (the other algorithms run on Python threads, whose turns a spinning thread would take)
         spin = DP_SPIN_S if self.group.algorithm == "ring" else 0.0
         awake = time.perf_counter() + spin
         try:
-            if spin:
-                awake_until(st.launched.is_set, spin)
-            while not st.launched.wait(0.05):
-                if abandoned():
-                    raise Aborted(f"step {st.step} abandoned: moved to a newer epoch")
+            self._drain(st, spin)
             return self._average(st, awake)
         finally:
             st.over = True
+
+    def _drain(self, st: _Step, spin: float = 0.0) -> None:
+        """Hand the step's communication thread every bucket left and wait until it is through
+        them (awake for at most ``spin`` seconds first); :class:`Aborted` once abandoned."""
+        st.waiting = [0] * len(self.buckets)
+        self._queue_ready(st)
+        st.jobs.put(None)
+        abandoned = self._abandoned(st)
+        if spin:
+            awake_until(st.launched.is_set, spin)
+        while not st.launched.wait(0.05):
+            if abandoned():
+                raise Aborted(f"step {st.step} abandoned: moved to a newer epoch")
 
     def agreed(self, step: int) -> tuple[Decision, int] | None:
         """The quorum the hooks agreed on in ``step``'s backward (armed by :meth:`begin` with
@@ -279,14 +284,8 @@ class DataParallel:
         st = self.current
         if st is None or st.over or st.launch or st.step != step:
             return None
-        st.waiting = [0] * len(self.buckets)
-        self._queue_ready(st)
-        st.jobs.put(None)
-        abandoned = self._abandoned(st)
         try:
-            while not st.launched.wait(0.05):
-                if abandoned():
-                    raise Aborted(f"step {st.step} abandoned: moved to a newer epoch")
+            self._drain(st)
         finally:
             st.over = True
         if st.error is not None:
